@@ -1,0 +1,69 @@
+"""Small real models and data for CPU-sized experiments: HF ViT on scikit-learn's digits.
+
+Digits (1797 8x8 grey images of 10 classes) ships inside scikit-learn, so nothing is downloaded.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, kw_only=True)
+class VitSize:
+    """A ViT for 8x8 single-channel images; ``hidden`` and ``intermediate`` divisible by the TP size."""
+
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    intermediate: int = 128
+    patch: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("hidden", "layers", "heads", "intermediate", "patch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"VitSize.{name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden % self.heads:
+            raise ValueError(f"VitSize.hidden={self.hidden} is not divisible by heads={self.heads}")
+        if 8 % self.patch:
+            raise ValueError(f"VitSize.patch must divide the image size 8, got {self.patch}")
+
+
+def tiny_vit(size: VitSize = VitSize(), *, seed: int = 0) -> torch.nn.Module:
+    """``ViTForImageClassification`` for digits, initialised from ``seed`` (dropout off)."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = ViTConfig(
+        hidden_size=size.hidden,
+        num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
+        intermediate_size=size.intermediate,
+        image_size=8,
+        patch_size=size.patch,
+        num_channels=1,
+        num_labels=10,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    torch.manual_seed(seed)
+    return ViTForImageClassification(config)
+
+
+def digits_split(*, test_fraction: float = 0.25, seed: int = 0):
+    """Fixed train/test split of digits as ``(x_train, y_train, x_test, y_test)`` tensors.
+
+    Images are scaled to [0, 1] and shaped ``[n, 1, 8, 8]``; the split is stratified and
+    depends only on ``seed``.
+    """
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.long)
+    idx_train, idx_test = train_test_split(
+        torch.arange(len(y)).numpy(), test_size=test_fraction, random_state=seed, stratify=y.numpy()
+    )
+    return x[idx_train], y[idx_train], x[idx_test], y[idx_test]

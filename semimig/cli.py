@@ -1,0 +1,68 @@
+"""``semimig`` command line: ``semimig demo``, ``semimig bench``, ``semimig plan``."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Optional, Sequence
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from semimig.bench.demo import run_demo
+
+    losses = run_demo(steps=args.steps, batch=args.batch, seed=args.seed, tp=args.tp)
+    print(f"tiny ViT on digits, HybridParallelPlugin(tp_size={args.tp}), CPU/gloo, seed {args.seed}")
+    print(f"{'step':>4}  {'Colossal-AI policy':>20}  {'SemiMigPolicy':>15}  {'|diff|':>9}")
+    worst = 0.0
+    for i, (a, b) in enumerate(zip(losses["colossalai"], losses["semimig"])):
+        worst = max(worst, abs(a - b))
+        print(f"{i:>4}  {a:>20.6f}  {b:>15.6f}  {abs(a - b):>9.2e}")
+    print(f"largest loss difference: {worst:.2e}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="semimig", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="train a tiny ViT with Colossal-AI's and semimig's layers side by side")
+    demo.add_argument("--steps", type=int, default=5)
+    demo.add_argument("--batch", type=int, default=32)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--tp", type=int, default=2)
+    demo.set_defaults(func=_demo)
+
+    for register in _optional_subcommands():
+        register(sub)
+    return parser
+
+
+def _optional_subcommands():
+    """Subcommands contributed by other packages of semimig (``bench``, ``plan``)."""
+    registers = []
+    try:
+        from semimig.allocation.cli import add_plan_subcommand
+
+        registers.append(add_plan_subcommand)
+    except ImportError:
+        pass
+    try:
+        from semimig.bench.cli import add_bench_subcommand
+
+        registers.append(add_bench_subcommand)
+    except ImportError:
+        pass
+    return registers
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Raw collectives on an explicit tensor-parallel group (no autograd).
+
+Every function takes the group explicitly, addresses peers by their rank *inside* the group and
+returns early when the group has one rank, so single-process runs issue no collective at all.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+
+
+def group_size(group: ProcessGroup | None) -> int:
+    """Ranks in ``group`` (1 when torch.distributed is not initialised)."""
+    if not dist.is_available() or not dist.is_initialized():
+        return 1
+    return dist.get_world_size(group)
+
+
+def group_rank(group: ProcessGroup | None) -> int:
+    """This process's rank inside ``group`` (0 when torch.distributed is not initialised)."""
+    if not dist.is_available() or not dist.is_initialized():
+        return 0
+    return dist.get_rank(group)
+
+
+def _global(group: ProcessGroup | None, rank: int) -> int:
+    return rank if group is None else dist.get_global_rank(group, rank)
+
+
+def all_reduce_(tensor: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
+    """In-place sum over the group."""
+    if group_size(group) > 1:
+        dist.all_reduce(tensor, group=group)
+    return tensor
+
+
+def broadcast_(tensor: torch.Tensor, src: int, group: ProcessGroup | None) -> torch.Tensor:
+    """In-place broadcast from group rank ``src`` (tree-based in NCCL/Gloo)."""
+    if group_size(group) > 1:
+        dist.broadcast(tensor, src=_global(group, src), group=group)
+    return tensor
+
+
+def reduce_(tensor: torch.Tensor, dst: int, group: ProcessGroup | None) -> torch.Tensor:
+    """Sum over the group into ``tensor`` on group rank ``dst``; other ranks' buffers are scratch."""
+    if group_size(group) > 1:
+        dist.reduce(tensor, dst=_global(group, dst), group=group)
+    return tensor
+
+
+def send(tensor: torch.Tensor, dst: int, group: ProcessGroup | None) -> None:
+    """Point-to-point send to group rank ``dst``."""
+    dist.send(tensor.contiguous(), dst=_global(group, dst), group=group)
+
+
+def recv_(tensor: torch.Tensor, src: int, group: ProcessGroup | None) -> torch.Tensor:
+    """Point-to-point receive from group rank ``src`` into ``tensor``."""
+    dist.recv(tensor, src=_global(group, src), group=group)
+    return tensor

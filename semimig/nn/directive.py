@@ -1,0 +1,88 @@
+"""What one semimig layer does in the current iteration on this rank.
+
+A :class:`LayerDirective` is handed to a layer by the balancing runtime before its forward
+(``layer.directive = ...``) and read by the functional module in forward *and* backward.  With
+no directive (``None``) a layer computes exactly what Colossal-AI's layer computes.
+
+Column sets of a rank's ``K`` (shard-local reduction columns), for a directive:
+
+    own   = [0, K - L)            columns this rank is responsible for (L = columns it migrates)
+    keep  ⊆ own, sorted           columns it actually computes (``None``: all of ``own``)
+    pruned = own \\ keep          dropped by ZERO-resizing; gradients imputed (default 0)
+    [K - L, K)                    computed by receivers (exact), results returned
+
+The directive is immutable; per-layer mutable state (the weight block broadcast once per
+iteration, the previous gradient for the ``same`` imputation) lives in :class:`LayerState`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Protocol
+
+import torch
+
+from semimig.migration.exchange import Exchange
+from semimig.migration.layout import MigrationLayout
+
+IMPUTE_POLICIES = ("zero", "same", "average")
+
+
+class GemmTimer(Protocol):
+    """Runs one GEMM closure and accounts its time as this rank's own busy time."""
+
+    def timed(self, fn: Callable[[], Any], *, flops: int, full_flops: int) -> Any: ...
+
+
+@dataclass
+class LayerState:
+    """Mutable per-layer state that outlives one forward/backward.
+
+    ``weight_blocks``: ``{(iteration, straggler): (block, offset)}`` — migrated weight columns,
+    broadcast once per iteration and reused by every forward and backward of that iteration.
+    ``previous_wgrad``: last iteration's weight gradient, kept only for the ``same`` policy.
+    """
+
+    weight_blocks: dict = field(default_factory=dict)
+    previous_wgrad: Optional[torch.Tensor] = None
+
+    def weight_block(self, iteration: int, straggler: int, make: Callable[[], tuple]) -> tuple:
+        key = (iteration, straggler)
+        if key not in self.weight_blocks:
+            for stale in [k for k in self.weight_blocks if k[0] != iteration]:
+                del self.weight_blocks[stale]
+            self.weight_blocks[key] = make()
+        return self.weight_blocks[key]
+
+
+@dataclass(frozen=True)
+class LayerDirective:
+    """One layer's balancing action for one iteration on this rank (see module docstring)."""
+
+    iteration: int
+    keep: Optional[torch.Tensor] = None  # [K'] int64, sorted, within own columns
+    layout: Optional[MigrationLayout] = None
+    exchange: Optional[Exchange] = None
+    impute: str = "zero"
+    timer: Optional[GemmTimer] = None
+    state: LayerState = field(default_factory=LayerState)
+    on_backward: Optional[Callable[[], None]] = None  # e.g. the lineage lookup of the runtime
+
+    def __post_init__(self) -> None:
+        if self.impute not in IMPUTE_POLICIES:
+            raise ValueError(f"impute must be one of {IMPUTE_POLICIES}, got {self.impute!r}")
+        if self.layout is not None and self.layout.active and self.exchange is None:
+            raise ValueError("a directive with migration needs an exchange")
+        if self.keep is not None and self.keep.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"keep must be an int32/int64 tensor, got dtype {self.keep.dtype}")
+
+    def own_columns(self, rank: int, k_total: int) -> int:
+        """``K - L_rank``: the leading columns this rank is responsible for."""
+        if self.layout is None:
+            return k_total
+        if self.layout.k_total != k_total:
+            raise ValueError(f"migration layout is for K={self.layout.k_total}, the layer has K={k_total}")
+        return self.layout.own_columns(rank)
+
+    @property
+    def migrating(self) -> bool:
+        return self.layout is not None and self.layout.active

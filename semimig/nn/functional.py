@@ -1,0 +1,269 @@
+"""The three GEMMs of semimig's 1D tensor-parallel linear layers, as ``autograd.Function``s.
+
+Notation (DESIGN §0): this rank's weight shard ``w`` is ``[N, K]``, the input ``x`` is
+``[M, K]`` after flattening leading dimensions, ``S`` the columns this rank computes itself,
+``P`` the pruned ones, ``mig`` the block ``[K-L, K)`` it hands to receivers (see
+:mod:`semimig.nn.directive`).  ``g`` is the tensor-parallel group.
+
+Column layer (``x`` replicated, ``w`` split along N)::
+
+    y              = x[:, S] @ w[:, S]^T + b            (+ receivers' parts of x[:, mig] @ w[:, mig]^T, reduced to k)
+    dx             = all_reduce_g( scatter_S(dy @ w[:, S]) + receivers' dy_k @ w_k[:, S_r] )
+    dw[:, S]       = dy^T @ x[:, S] ;  dw[:, P] = impute ;  dw[:, mig] = from receivers
+    db             = sum(dy)
+
+Row layer (``x`` split along K, ``w`` split along K)::
+
+    y_partial      = x[:, S] @ w[:, S]^T  + receivers' x_k[:, S_r] @ w_k[:, S_r]^T
+    y              = all_reduce_g(y_partial)            (bias added by the module, as Colossal-AI does)
+    dx[:, S]       = dy @ w[:, S] ;  dx[:, P] = 0 ;     dx[:, mig] = from receivers
+    dw[:, S]       = dy^T @ x[:, S] ;  dw[:, P] = impute ;  dw[:, mig] = from receivers
+
+With no directive both reduce to Colossal-AI's computation, formulated the same way
+(``F.linear`` forward, ``dy.matmul(w)`` and ``dy^T.matmul(x)`` backward), so results agree
+bit for bit.  Pruned GEMMs go through :mod:`semimig.kernels`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch.distributed import ProcessGroup
+
+from semimig.comm import primitives as P
+from semimig.nn.directive import LayerDirective
+
+
+# ----------------------------------------------------------------------------- own GEMMs
+def _timed(directive: Optional[LayerDirective], fn: Callable[[], Any], flops: int, full_flops: int) -> Any:
+    if directive is None or directive.timer is None:
+        return fn()
+    return directive.timer.timed(fn, flops=flops, full_flops=full_flops)
+
+
+def _own_forward(x2d, w, bias, keep, k_own, d):
+    """``x[:, S] @ w[:, S]^T (+ b)`` for S = keep, or the prefix ``[0, k_own)`` when keep is None."""
+    m, (n, k) = x2d.shape[0], w.shape
+    full = 2 * m * n * k
+    if keep is not None:
+        from semimig.kernels import gather_linear_fwd
+
+        return _timed(d, lambda: gather_linear_fwd(x2d, w, bias, keep), 2 * m * n * keep.numel(), full)
+    if k_own == k:
+        return _timed(d, lambda: F.linear(x2d, w, bias), full, full)
+    return _timed(d, lambda: F.linear(x2d[:, :k_own], w[:, :k_own], bias), 2 * m * n * k_own, full)
+
+
+def _own_dgrad(dy2d, w, keep, k_own, d):
+    """``dx[:, S] = dy @ w[:, S]``, exact zeros elsewhere."""
+    m, (n, k) = dy2d.shape[0], w.shape
+    full = 2 * m * n * k
+    if keep is not None:
+        from semimig.kernels import gather_linear_dgrad
+
+        return _timed(d, lambda: gather_linear_dgrad(dy2d, w, keep), 2 * m * n * keep.numel(), full)
+    if k_own == k:
+        return _timed(d, lambda: dy2d.matmul(w), full, full)
+    dx = dy2d.new_zeros(m, k)
+    _timed(d, lambda: dx[:, :k_own].copy_(dy2d.matmul(w[:, :k_own])), 2 * m * n * k_own, full)
+    return dx
+
+
+def _own_wgrad(dy2d, x2d, keep, k_own, d):
+    """``dw[:, S] = dy^T @ x[:, S]``, exact zeros elsewhere."""
+    m, n, k = dy2d.shape[0], dy2d.shape[1], x2d.shape[1]
+    full = 2 * m * n * k
+    if keep is not None:
+        from semimig.kernels import gather_linear_wgrad
+
+        return _timed(d, lambda: gather_linear_wgrad(dy2d, x2d, keep), 2 * m * n * keep.numel(), full)
+    if k_own == k:
+        return _timed(d, lambda: dy2d.t().matmul(x2d), full, full)
+    dw = dy2d.new_zeros(n, k)
+    _timed(d, lambda: dw[:, :k_own].copy_(dy2d.t().matmul(x2d[:, :k_own])), 2 * m * n * k_own, full)
+    return dw
+
+
+def _impute(dw: torch.Tensor, d: LayerDirective) -> None:
+    """Fill the pruned columns of ``dw`` by the directive's policy (zero: nothing to do)."""
+    if d.keep is None:
+        return
+    if d.impute != "zero":
+        from semimig.kernels import impute_
+
+        impute_(dw, d.keep, d.impute, d.state.previous_wgrad)
+    if d.impute == "same":
+        d.state.previous_wgrad = dw.detach().clone()
+
+
+def _span_cols(share, rank, offset, k_total):
+    """For a receiver: (columns of the local x/w block, columns in the shared tensor, width)."""
+    span = share.range_of(rank)
+    if span is None or span[1] == span[0]:
+        return None
+    base = k_total - share.count
+    a, b = span
+    return slice(base + a, base + b), slice(a - offset, b - offset), b - a
+
+
+def _shared_weight(weight: torch.Tensor, d: LayerDirective, share, rank: int):
+    """``w_k[:, mig]`` on every rank (or this receiver's slice), once per iteration."""
+    n, k = weight.shape
+
+    def make():
+        block = weight.detach()[:, k - share.count:] if rank == share.straggler else None
+        return d.exchange.share_block(block, share, (n, share.count), weight.dtype, weight.device)
+
+    return d.state.weight_block(d.iteration, share.straggler, make)
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1])
+
+
+# ----------------------------------------------------------------------------- column layer
+class _ColumnParallelLinear(torch.autograd.Function):
+    """``y = x[:, S] @ w[:, S]^T + b``; backward ``dx = all_reduce(dy @ w[:, S])``, ``dw[:, S] = dy^T @ x[:, S]``."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group: ProcessGroup, d: Optional[LayerDirective]):
+        ctx.group, ctx.d, ctx.use_bias = group, d, bias is not None
+        ctx.save_for_backward(x, weight)
+        if d is None:
+            return F.linear(x, weight, bias)
+        rank, k = P.group_rank(group), weight.shape[1]
+        k_own = d.own_columns(rank, k)
+        x2d = _flat(x)
+        y2d = _own_forward(x2d, weight, bias, d.keep, k_own, d)
+        ctx.blocks = []
+        if d.migrating:
+            for share in d.layout.shares:
+                w_blk, off = _shared_weight(weight, d, share, rank)
+                ctx.blocks.append((w_blk, off))
+                if rank == share.straggler:
+                    d.exchange.return_sum(y2d, share)
+                    continue
+                cols = _span_cols(share, rank, off, k)
+                part = None
+                if cols is not None:
+                    xc, wc, width = cols
+                    part = _timed(d, lambda: x2d[:, xc].matmul(w_blk[:, wc].t()), 2 * x2d.shape[0] * weight.shape[0] * width, 0)
+                if d.exchange.policy == "broadcast-reduce" or part is not None:
+                    d.exchange.return_sum(part if part is not None else y2d.new_zeros(y2d.shape), share)
+        return y2d.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        d, group = ctx.d, ctx.group
+        if d is None:  # Colossal-AI's formulation, operation for operation
+            dx = dy.matmul(weight)
+            dy2d, x2d = dy.contiguous(), x.contiguous()
+            if dy2d.dim() > 2:
+                dy2d, x2d = _flat(dy2d), _flat(x2d)
+            P.all_reduce_(dx, group)
+            dw = dy2d.t().matmul(x2d)
+            db = dy2d.sum(dim=0) if ctx.use_bias else None
+            return dx, dw, db, None, None
+        if d.on_backward is not None:
+            d.on_backward()
+        rank, k = P.group_rank(group), weight.shape[1]
+        k_own = d.own_columns(rank, k)
+        dy2d, x2d = _flat(dy.contiguous()), _flat(x)
+        dx2d = _own_dgrad(dy2d, weight, d.keep, k_own, d)
+        dw = _own_wgrad(dy2d, x2d, d.keep, k_own, d)
+        _impute(dw, d)
+        if d.migrating:
+            m, n = dy2d.shape
+            for share, (w_blk, off) in zip(d.layout.shares, ctx.blocks):
+                dy_k = d.exchange.share_whole(dy2d, share)
+                cols = _span_cols(share, rank, off, k) if rank != share.straggler else None
+                dx_part = dw_part = None
+                if cols is not None:
+                    xc, wc, width = cols
+                    dx_part = _timed(d, lambda: dy_k.matmul(w_blk[:, wc]), 2 * m * n * width, 0)
+                    dw_part = _timed(d, lambda: dy_k.t().matmul(x2d[:, xc]), 2 * m * n * width, 0)
+                d.exchange.merge_block(dx2d[:, k - share.count:], dx_part, share)
+                block = d.exchange.return_block(dw_part, share, (n, share.count), dw.dtype, dw.device)
+                if rank == share.straggler:
+                    dw[:, k - share.count:] = block
+        P.all_reduce_(dx2d, group)
+        db = dy2d.sum(dim=0) if ctx.use_bias else None
+        return dx2d.reshape(x.shape), dw, db, None, None
+
+
+# ----------------------------------------------------------------------------- row layer
+class _RowParallelLinear(torch.autograd.Function):
+    """``y = all_reduce(x[:, S] @ w[:, S]^T)``; backward ``dx[:, S] = dy @ w[:, S]``, ``dw[:, S] = dy^T @ x[:, S]``."""
+
+    @staticmethod
+    def forward(ctx, x, weight, group: ProcessGroup, d: Optional[LayerDirective]):
+        ctx.group, ctx.d = group, d
+        ctx.save_for_backward(x, weight)
+        if d is None:
+            y = F.linear(x, weight)
+            return P.all_reduce_(y, group)
+        rank, k = P.group_rank(group), weight.shape[1]
+        k_own = d.own_columns(rank, k)
+        x2d = _flat(x)
+        y2d = _own_forward(x2d, weight, None, d.keep, k_own, d)
+        ctx.blocks = []
+        if d.migrating:
+            m, n = x2d.shape[0], weight.shape[0]
+            for share in d.layout.shares:
+                x_send = x2d.detach()[:, k - share.count:] if rank == share.straggler else None
+                x_blk, x_off = d.exchange.share_block(x_send, share, (m, share.count), x.dtype, x.device)
+                w_blk, w_off = _shared_weight(weight, d, share, rank)
+                ctx.blocks.append((x_blk, x_off, w_blk, w_off))
+                part = None
+                if rank != share.straggler and _span_cols(share, rank, w_off, k) is not None:
+                    _, wc, width = _span_cols(share, rank, w_off, k)
+                    _, xc, _ = _span_cols(share, rank, x_off, k)
+                    part = _timed(d, lambda: x_blk[:, xc].matmul(w_blk[:, wc].t()), 2 * m * n * width, 0)
+                d.exchange.merge_sum(y2d, part, share)
+        P.all_reduce_(y2d, group)
+        return y2d.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        d = ctx.d
+        if d is None:  # Colossal-AI: autograd of F.linear after an identity-backward all-reduce
+            dy2d, x2d = _flat(dy), _flat(x)
+            return dy.matmul(weight), dy2d.t().matmul(x2d), None, None
+        if d.on_backward is not None:
+            d.on_backward()
+        rank, k = P.group_rank(ctx.group), weight.shape[1]
+        k_own = d.own_columns(rank, k)
+        dy2d, x2d = _flat(dy.contiguous()), _flat(x)
+        dx2d = _own_dgrad(dy2d, weight, d.keep, k_own, d)
+        dw = _own_wgrad(dy2d, x2d, d.keep, k_own, d)
+        _impute(dw, d)
+        if d.migrating:
+            m, n = dy2d.shape
+            for share, (x_blk, x_off, w_blk, w_off) in zip(d.layout.shares, ctx.blocks):
+                dx_part = dw_part = None
+                if rank != share.straggler and _span_cols(share, rank, w_off, k) is not None:
+                    _, wc, width = _span_cols(share, rank, w_off, k)
+                    _, xc, _ = _span_cols(share, rank, x_off, k)
+                    dx_part = _timed(d, lambda: dy2d.matmul(w_blk[:, wc]), 2 * m * n * width, 0)
+                    dw_part = _timed(d, lambda: dy2d.t().matmul(x_blk[:, xc]), 2 * m * n * width, 0)
+                dx_block = d.exchange.return_block(dx_part, share, (m, share.count), dx2d.dtype, dx2d.device)
+                dw_block = d.exchange.return_block(dw_part, share, (n, share.count), dw.dtype, dw.device)
+                if rank == share.straggler:
+                    dx2d[:, k - share.count:] = dx_block
+                    dw[:, k - share.count:] = dw_block
+        return dx2d.reshape(x.shape), dw, None, None
+
+
+def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                           group: ProcessGroup, directive: Optional[LayerDirective] = None) -> torch.Tensor:
+    """Column-parallel linear: no forward collective, ``dx`` all-reduced over ``group`` in backward."""
+    return _ColumnParallelLinear.apply(x, weight, bias, group, directive)
+
+
+def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, group: ProcessGroup,
+                        directive: Optional[LayerDirective] = None) -> torch.Tensor:
+    """Row-parallel linear without bias: ``y`` all-reduced over ``group`` in forward, identity backward."""
+    return _RowParallelLinear.apply(x, weight, group, directive)
