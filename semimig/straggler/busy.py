@@ -1,0 +1,128 @@
+"""Busy time of one rank: its own GEMM compute (plus injected delay), never collective waits.
+
+In tensor parallelism every collective synchronises the group, so wall time per iteration is the
+same on every rank.  A rank's slowness is therefore measured as the time it spends in its own
+linear GEMMs (including the straggler delay injected after each one), accumulated per iteration:
+
+    busy_s           = sum over GEMMs g of  wall(g) + delay(g)
+    work_fraction    = flops_done / full_flops          (1 when nothing was pruned or migrated)
+    full_work_busy_s = busy_s / work_fraction
+
+``full_work_busy_s`` estimates what the rank would need without pruning or migration, so a pruned
+straggler still looks slow to Eq. 1 and keeps its ratio instead of oscillating.  Time blocked in
+collectives is reported through :meth:`BusyMeter.add_collective_wait` and kept apart: a rank that
+only waited must never look slow.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional, TypeVar
+
+import torch
+
+from semimig.straggler.injection import StragglerInjector
+
+__all__ = ["BusyStats", "BusyMeter"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BusyStats:
+    """One iteration's accounting for one rank (see the module docstring for the formulas)."""
+
+    busy_s: float
+    """Seconds in this rank's GEMMs, injected delays included."""
+    full_work_busy_s: float
+    """``busy_s / work_fraction``: estimated busy time without pruning/migration."""
+    work_fraction: float
+    """``flops_done / full_flops`` (1.0 when no GEMM was timed)."""
+    gemm_count: int
+    """Number of GEMMs timed."""
+    collective_wait_s: float
+    """Seconds reported as blocked in collectives; not part of ``busy_s``."""
+
+
+class BusyMeter:
+    """Accumulates a rank's own compute time over one iteration and injects straggler delays.
+
+    Usage inside a layer::
+
+        y = meter.timed(lambda: x[:, keep] @ w[:, keep].T, flops=2*M*N*len(keep), full_flops=2*M*N*K)
+
+    On CUDA the device is synchronised before and after each timed GEMM (and its delay), so the
+    wall time is the GEMM's own; this serialises the stream, which is the price of measuring.
+    """
+
+    def __init__(self, injector: Optional[StragglerInjector] = None, *, device: torch.device | str = "cpu") -> None:
+        self.injector = injector
+        self.device = torch.device(device)
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new iteration: all counters to zero."""
+        self._busy_s = 0.0
+        self._flops_done = 0.0
+        self._full_flops = 0.0
+        self._gemm_count = 0
+        self._wait_s = 0.0
+
+    @contextlib.contextmanager
+    def measure(self, *, flops: float, full_flops: float) -> Iterator[None]:
+        """Context-manager form of :meth:`timed`: times the block, then injects and counts the delay."""
+        if not (flops >= 0 and math.isfinite(flops)):
+            raise ValueError(f"flops must be a finite number >= 0, got {flops!r}")
+        if not (full_flops >= flops and math.isfinite(full_flops)):
+            raise ValueError(f"full_flops must be finite and >= flops={flops!r}, got {full_flops!r}")
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        yield
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        if self.injector is not None:
+            delay = self.injector.delay_for(time.perf_counter() - start, flops)
+            self.injector.inject(delay, self.device)
+            if cuda:
+                torch.cuda.synchronize(self.device)
+        # Actual wall time of GEMM + delay, so sleep overshoot counts as the slowness it is.
+        self._busy_s += time.perf_counter() - start
+        self._flops_done += flops
+        self._full_flops += full_flops
+        self._gemm_count += 1
+
+    def timed(self, fn: Callable[[], T], *, flops: float, full_flops: float) -> T:
+        """Run the GEMM closure ``fn``, count it (and its injected delay) as busy; return its result.
+
+        ``flops``: work actually done (after pruning / migration); ``full_flops``: the unpruned
+        work of the same GEMM.  The injected delay is proportional to ``flops``.
+        """
+        with self.measure(flops=flops, full_flops=full_flops):
+            result = fn()
+        return result
+
+    def add_collective_wait(self, seconds: float) -> None:
+        """Record time blocked in a collective; reported, never counted as busy."""
+        if not (seconds >= 0 and math.isfinite(seconds)):
+            raise ValueError(f"seconds must be a finite number >= 0, got {seconds!r}")
+        self._wait_s += seconds
+
+    def snapshot(self) -> BusyStats:
+        """This iteration's numbers so far.
+
+        If every timed GEMM was pruned to nothing (``flops_done == 0 < full_flops``) the work
+        fraction is 0 and ``full_work_busy_s`` falls back to ``busy_s`` (no basis to scale).
+        """
+        fraction = self._flops_done / self._full_flops if self._full_flops > 0 else 1.0
+        full = self._busy_s / fraction if fraction > 0 else self._busy_s
+        return BusyStats(
+            busy_s=self._busy_s,
+            full_work_busy_s=full,
+            work_fraction=fraction,
+            gemm_count=self._gemm_count,
+            collective_wait_s=self._wait_s,
+        )
