@@ -213,9 +213,18 @@ def test_busy_meter_flops_mode_delay_is_deterministic():
         pass  # an instant "GEMM": the whole busy time is the injected (3 - 1) * 1e6 / 1e8 = 20 ms
     stats = meter.snapshot()
     assert 0.02 <= stats.busy_s < 0.02 + 0.05
-    with pytest.raises(ValueError, match="full_flops must be finite and >= flops=2.0, got 1.0"):
-        with meter.measure(flops=2.0, full_flops=1.0):
+    with pytest.raises(ValueError, match="full_flops must be a finite number >= 0, got -1.0"):
+        with meter.measure(flops=2.0, full_flops=-1.0):
             pass
+
+
+def test_extra_work_of_a_receiver_is_taken_out_of_its_full_work_time():
+    meter = BusyMeter()
+    meter.timed(lambda: time.sleep(0.02), flops=100.0, full_flops=100.0)  # own GEMM
+    meter.timed(lambda: time.sleep(0.02), flops=100.0, full_flops=0.0)  # a straggler's columns
+    stats = meter.snapshot()
+    assert stats.work_fraction == 2.0
+    assert stats.full_work_busy_s == pytest.approx(stats.busy_s / 2)
 
 
 def test_fully_pruned_iteration_does_not_divide_by_zero():

@@ -1,0 +1,310 @@
+"""Colossal-AI compatibility: the supported version range and a minimal CPU shim.
+
+Version range
+-------------
+semimig subclasses ``colossalai.shardformer.layer.Linear1D_Col/Row`` (and ``ParallelModule``),
+hands their constructors the keyword arguments Colossal-AI's own policies pass
+(``fp8_communication``, ``use_zbv``), wraps
+``colossalai.shardformer.policies.auto_policy.get_autopolicy`` and mirrors
+``colossalai.legacy.nn.Linear1D_Col/Row``.  Those layers took their present constructor and
+forward in 0.4.7 (``use_zbv`` arrived there); from 0.4.7 to 0.5.0 they, the ``_operation``
+module behind them, ``ParallelModule``, the legacy 1D layers and launch, the CPU accelerator
+and the legacy seed manager are unchanged.  0.6 is excluded until checked: 0.x minor releases
+have changed these signatures before.  :func:`check_colossalai_version` enforces
+``MIN_COLOSSALAI <= colossalai.__version__ < BELOW_COLOSSALAI``.
+
+CPU shim
+--------
+Without CUDA, Colossal-AI runs on its ``CpuAccelerator``.  :func:`apply_cpu_shim` fills the
+gaps on the paths semimig uses, each only if a probe shows it is broken, so a release that
+fixes one keeps its own code.  On CPU the accelerator's generator *is* torch's default CPU
+generator and CPU work is synchronous, which is all the replacements assume.
+
+1. ``CpuAccelerator.get_rng_state`` calls ``torch.get_rng_state(device)``, which takes no
+   argument (upstream issue hpcaitech/ColossalAI#5211), and ``CpuAccelerator.manual_seed``
+   raises "not supported".  ShardFormer's ``Randomizer`` calls both when it builds
+   ``DropoutForReplicatedInput``/``DropoutForParallelInput``, so ``HybridParallelPlugin``
+   cannot shard any model with dropout: "Failed to replace dropout of type Dropout with
+   DropoutForReplicatedInput with the exception: get_rng_state() takes 0 positional arguments
+   but 1 was given".  Both are routed to torch's CPU generator.  (``set_rng_state`` already
+   works; the other RNG methods stay unsupported because nothing in Colossal-AI calls them.)
+2. ``LowLevelZeroOptimizer`` (``LowLevelZeroPlugin`` stage 1/2, and ``HybridParallelPlugin``
+   with ``zero_stage>0``) asserts ``get_accelerator().name in ["cuda", "npu"]`` ("device is
+   required") and uses ``Stream``, ``current_stream``, ``stream`` and ``synchronize``, which the
+   CPU accelerator refuses.  The four become torch's own CPU stand-ins (``torch.cpu.Stream``
+   ...) and the sanity check loses only its device gate.  ``overlap_communication=True``
+   (both plugins' default) still cannot work on CPU: it calls ``Tensor.record_stream``, which
+   has no CPU implementation, so the patched check refuses it with a message saying to pass
+   ``overlap_communication=False``.
+3. The legacy engine bypasses the accelerator and calls ``torch.cuda`` directly:
+   ``legacy.context.random.seed_manager`` saves, seeds and restores the CUDA generator per
+   parallel mode, ``legacy.context.random._helper.sync_states`` reads it, and
+   ``legacy.context.parallel_context.ParallelContext.set_seed`` registers the per-mode seeds
+   (DATA: ``seed``, TENSOR: ``seed + tp_rank``) only ``if torch.cuda.is_available()``; without
+   them every legacy parallel layer dies in its constructor (``with seed(ParallelMode.TENSOR)``).
+   The shim rebinds the global name ``torch`` in exactly those three modules to a proxy whose
+   ``cuda.get_rng_state/set_rng_state/manual_seed`` drive the CPU generator and whose
+   ``cuda.is_available()`` is ``True``; every other attribute is the real ``torch`` /
+   ``torch.cuda``, which is never modified.  (In ``parallel_context``, ``is_available`` gates
+   only the seed registration in ``set_seed`` and the device binding in ``set_device``, which
+   ``legacy.launch`` calls only under the real ``torch.cuda.is_available()``.)
+
+Not patched: ``colossalai.legacy.launch`` builds ``init_method=f"tcp://[{host}]:{port}"``, and
+Python's URL parser rejects an IPv4 address in brackets ("An IPv4 address cannot be in
+brackets"), so on one machine pass ``host="::1"``, not ``"127.0.0.1"``.
+
+Importing this module is cheap: it imports torch, not colossalai.  :func:`apply_cpu_shim` is
+not applied by ``import semimig``; ``semimig.nn`` applies it, or call it yourself.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import types
+from typing import Any, Callable, ContextManager
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+MIN_COLOSSALAI = "0.4.7"
+"""Oldest supported Colossal-AI release (inclusive)."""
+BELOW_COLOSSALAI = "0.6.0"
+"""First Colossal-AI release that is no longer supported (exclusive)."""
+TESTED_COLOSSALAI = "0.5.0"
+"""The release the test suite runs against."""
+
+
+class ColossalAIVersionError(ImportError):
+    """Colossal-AI is missing or its version is outside ``[MIN_COLOSSALAI, BELOW_COLOSSALAI)``."""
+
+
+# --------------------------------------------------------------------------------------------
+# version range
+# --------------------------------------------------------------------------------------------
+def supported_range() -> str:
+    """The supported range as a pip specifier: ``">=0.4.7,<0.6.0"``."""
+    return f">={MIN_COLOSSALAI},<{BELOW_COLOSSALAI}"
+
+
+def check_colossalai_version() -> str:
+    """Return ``colossalai.__version__`` if it lies in :func:`supported_range`, else raise.
+
+    Reads the version Colossal-AI reports about itself; importing the top-level ``colossalai``
+    package is the only cost, and every caller needs it imported anyway.
+
+    Raises:
+        ColossalAIVersionError: colossalai cannot be imported, its version does not parse, or
+            it is outside the range.  The message names the version found and the range.
+    """
+    from packaging.version import InvalidVersion, Version
+
+    wanted = f"semimig needs colossalai{supported_range()} (tested with {TESTED_COLOSSALAI})"
+    try:
+        import colossalai
+    except ImportError as exc:
+        raise ColossalAIVersionError(f"{wanted}, but it cannot be imported: {exc}") from exc
+    found = str(getattr(colossalai, "__version__", "<no __version__>"))
+    try:
+        version = Version(found)
+    except InvalidVersion as exc:
+        raise ColossalAIVersionError(f"{wanted}, but colossalai reports version {found!r}") from exc
+    release = Version(version.base_version)  # 0.6.0rc1 counts as 0.6.0, so it is refused
+    if not Version(MIN_COLOSSALAI) <= release < Version(BELOW_COLOSSALAI):
+        raise ColossalAIVersionError(
+            f"{wanted}, but found colossalai {found} at {getattr(colossalai, '__file__', '?')}; "
+            f"install it with `pip install --no-deps colossalai=={TESTED_COLOSSALAI}`"
+        )
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# 1 + 2: CpuAccelerator methods
+# --------------------------------------------------------------------------------------------
+def _require_cpu(device: Any) -> None:
+    if device is not None and torch.device(device).type != "cpu":
+        raise ValueError(f"the CPU accelerator has only the CPU device; got device={device!r}")
+
+
+def _get_rng_state(self, device: Any = None) -> torch.Tensor:
+    """State of torch's CPU generator, the accelerator's only generator."""
+    _require_cpu(device)
+    return torch.get_rng_state()
+
+
+def _manual_seed(self, seed: int) -> None:
+    """Seed torch's CPU generator."""
+    torch.manual_seed(seed)
+
+
+def _stream(self, device: Any = None, priority: int = 0, **kwargs: Any) -> torch.cpu.Stream:
+    """torch's CPU stand-in stream."""
+    _require_cpu(device)
+    return torch.cpu.Stream()
+
+
+def _current_stream(self, device: Any = None) -> torch.cpu.Stream:
+    """torch's CPU stand-in for the current stream."""
+    _require_cpu(device)
+    return torch.cpu.current_stream()
+
+
+def _stream_context(self, stream_: torch.cpu.Stream) -> ContextManager:
+    """``torch.cpu.stream(stream_)``, a context that selects the stand-in stream."""
+    return torch.cpu.stream(stream_)
+
+
+def _synchronize(self, device: Any = None) -> None:
+    """``torch.cpu.synchronize()``: CPU work is already finished when it returns."""
+    _require_cpu(device)
+    torch.cpu.synchronize()
+
+
+def _probe_stream_context(acc: Any) -> None:
+    with acc.stream(torch.cpu.current_stream()):
+        pass
+
+
+# method name -> (probe that raises while the method is broken, replacement)
+_ACCELERATOR_FIXES: dict[str, tuple[Callable[[Any], Any], Callable[..., Any]]] = {
+    "get_rng_state": (lambda acc: acc.get_rng_state(), _get_rng_state),
+    "manual_seed": (lambda acc: acc.manual_seed(0), _manual_seed),
+    "Stream": (lambda acc: acc.Stream(), _stream),
+    "current_stream": (lambda acc: acc.current_stream(), _current_stream),
+    "stream": (_probe_stream_context, _stream_context),
+    "synchronize": (lambda acc: acc.synchronize(), _synchronize),
+}
+
+
+def _raises(probe: Callable[[Any], Any], target: Any) -> bool:
+    with torch.random.fork_rng(devices=[]):  # a probe must not move the caller's RNG stream
+        try:
+            probe(target)
+        except (TypeError, RuntimeError, NotImplementedError, AssertionError):
+            return True
+    return False
+
+
+def _patch_cpu_accelerator() -> list[str]:
+    from colossalai.accelerator.cpu_accelerator import CpuAccelerator
+
+    accelerator = CpuAccelerator()
+    patched = []
+    for name, (probe, replacement) in _ACCELERATOR_FIXES.items():
+        if _raises(probe, accelerator):
+            setattr(CpuAccelerator, name, replacement)
+            patched.append(f"CpuAccelerator.{name}")
+    return patched
+
+
+def _zero_sanity_checks(self) -> None:
+    """``LowLevelZeroOptimizer._sanity_checks`` without the "device is required" gate.
+
+    Keeps Colossal-AI's parameter-dtype check; refuses ``overlap_communication=True``, whose
+    ``Tensor.record_stream`` has no CPU implementation.  Installed only on machines without CUDA.
+    """
+    if self._overlap_communication:
+        raise ValueError(
+            "overlap_communication=True needs CUDA streams (Tensor.record_stream has no CPU "
+            "implementation); on CPU pass overlap_communication=False to LowLevelZeroPlugin "
+            "or HybridParallelPlugin"
+        )
+    for param_group in self.optim.param_groups:
+        for param in param_group["params"]:
+            if not getattr(param, "skip_zero_check", False) and param.dtype != self._dtype:
+                raise AssertionError(
+                    f"Parameters are expected to have the same dtype `{self._dtype}`, but got `{param.dtype}`"
+                )
+
+
+def _patch_zero() -> list[str]:
+    from colossalai.zero.low_level.low_level_optim import LowLevelZeroOptimizer
+
+    # the check of an optimizer without parameters fails only on its device gate
+    empty = types.SimpleNamespace(
+        optim=types.SimpleNamespace(param_groups=[]), _dtype=torch.float32, _overlap_communication=False
+    )
+    if _raises(LowLevelZeroOptimizer._sanity_checks, empty):
+        LowLevelZeroOptimizer._sanity_checks = _zero_sanity_checks
+        return ["LowLevelZeroOptimizer._sanity_checks"]
+    return []
+
+
+# --------------------------------------------------------------------------------------------
+# 3: the legacy modules' direct torch.cuda RNG calls
+# --------------------------------------------------------------------------------------------
+_LEGACY_RNG_MODULES = (
+    "colossalai.legacy.context.random.seed_manager",
+    "colossalai.legacy.context.random._helper",
+    "colossalai.legacy.context.parallel_context",
+)
+
+
+class _CpuGeneratorAsCuda:
+    """``torch.cuda`` as the legacy seed modules see it: the CPU generator plays the CUDA one."""
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def get_rng_state(device: Any = "cuda") -> torch.Tensor:
+        return torch.get_rng_state()
+
+    @staticmethod
+    def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
+        torch.set_rng_state(new_state)
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.cuda, name)
+
+
+class _TorchWithCpuGenerator(types.ModuleType):
+    """``torch`` whose ``cuda`` is :class:`_CpuGeneratorAsCuda`; every other name is torch's."""
+
+    def __init__(self) -> None:
+        super().__init__("torch", "torch as Colossal-AI's legacy seed modules see it on CPU")
+        self.cuda = _CpuGeneratorAsCuda()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+
+_TORCH_FOR_LEGACY = _TorchWithCpuGenerator()
+
+
+def _patch_legacy_rng() -> list[str]:
+    patched = []
+    for module_name in _LEGACY_RNG_MODULES:
+        module = importlib.import_module(module_name)
+        if module.torch is not _TORCH_FOR_LEGACY:
+            module.torch = _TORCH_FOR_LEGACY
+            patched.append(f"{module_name}.torch.cuda")
+    return patched
+
+
+# --------------------------------------------------------------------------------------------
+# entry point
+# --------------------------------------------------------------------------------------------
+def apply_cpu_shim() -> list[str]:
+    """Fill Colossal-AI's CPU gaps (module docstring, items 1-3) when CUDA is unavailable.
+
+    Idempotent: a second call finds nothing broken and returns ``[]``.  Costs the import of
+    ``colossalai.zero`` and ``colossalai.legacy.context`` (well under a second once
+    ``colossalai.shardformer`` is loaded).
+
+    Returns:
+        What this call patched, e.g. ``["CpuAccelerator.get_rng_state", ...]``; empty when CUDA
+        is available or nothing is broken.
+    """
+    if torch.cuda.is_available():
+        logger.debug("CUDA is available; Colossal-AI CPU shim not applied")
+        return []
+    patched = _patch_cpu_accelerator() + _patch_zero() + _patch_legacy_rng()
+    if patched:
+        logger.info("Colossal-AI CPU shim patched: %s", ", ".join(patched))
+    return patched
