@@ -65,7 +65,8 @@ class LayerDirective:
     impute: str = "zero"
     timer: Optional[GemmTimer] = None
     state: LayerState = field(default_factory=LayerState)
-    on_backward: Optional[Callable[[], None]] = None  # e.g. the lineage lookup of the runtime
+    on_forward: Optional[Callable[[], None]] = None  # the runtime writes the lineage table here
+    on_backward: Optional[Callable[[], None]] = None  # ... and reads it back here
 
     def __post_init__(self) -> None:
         if self.impute not in IMPUTE_POLICIES:

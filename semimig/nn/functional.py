@@ -86,10 +86,11 @@ def _own_wgrad(dy2d, x2d, keep, k_own, d):
 
 
 def _impute(dw: torch.Tensor, d: LayerDirective) -> None:
-    """Fill the pruned columns of ``dw`` by the directive's policy (zero: nothing to do)."""
-    if d.keep is None:
-        return
-    if d.impute != "zero":
+    """Fill the pruned columns of ``dw`` by the directive's policy (zero: nothing to do).
+
+    ``same`` keeps every iteration's gradient (pruned or not) as the next one's source.
+    """
+    if d.keep is not None and d.impute != "zero":
         from semimig.kernels import impute_
 
         impute_(dw, d.keep, d.impute, d.state.previous_wgrad)
@@ -132,6 +133,8 @@ class _ColumnParallelLinear(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         if d is None:
             return F.linear(x, weight, bias)
+        if d.on_forward is not None:
+            d.on_forward()
         rank, k = P.group_rank(group), weight.shape[1]
         k_own = d.own_columns(rank, k)
         x2d = _flat(x)
@@ -204,6 +207,8 @@ class _RowParallelLinear(torch.autograd.Function):
         if d is None:
             y = F.linear(x, weight)
             return P.all_reduce_(y, group)
+        if d.on_forward is not None:
+            d.on_forward()
         rank, k = P.group_rank(group), weight.shape[1]
         k_own = d.own_columns(rank, k)
         x2d = _flat(x)

@@ -1,0 +1,234 @@
+"""Keep sets: validation and the launch plan every kernel reads.
+
+A keep set ``S ⊂ [0, K)`` is a sorted, duplicate-free integer tensor of the kept reduction
+columns (``keep  # [K'] int, sorted``); ``P = [0, K) \\ S`` are the pruned columns.
+
+Granularity.  ``S`` is *g-grouped* (g in ``GROUP_SIZES``) when it is a union of aligned blocks
+``[b·g, b·g + g)`` and ``K % g == 0`` (so ``P`` is a union of aligned blocks too).  The kernels
+then read one group index ``b`` per g columns and know that the gathered columns come in
+contiguous, g-aligned runs, which restores vectorised loads and stores along the contiguous
+dimension.  Otherwise (g = 1) they gather single columns, as in the paper.
+
+:func:`plan_keep` validates a keep set once and packs everything the launchers need into a
+:class:`KeepPlan`; the autograd function builds one plan in forward and reuses it in backward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["GROUP_SIZES", "KeepPlan", "plan_keep", "validate_keep"]
+
+GROUP_SIZES: tuple[int, ...] = (32, 16, 8)
+"""Aligned group sizes the grouped kernels support, largest first (auto-detection order)."""
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeepPlan:
+    """A validated keep set ``S`` of ``[0, k)`` and its complement ``P``.
+
+    Attributes:
+        k: the full reduction size ``K``.
+        keep: ``[K'] int32``, sorted kept columns ``S``.
+        pruned: ``[K - K'] int32``, sorted pruned columns ``P``.
+        group: granularity ``g``; 1 means single columns.
+        keep_groups: ``[K'/g] int32`` block indices ``S[::g] // g`` when ``g > 1``, else None.
+        pruned_groups: ``[(K-K')/g] int32`` block indices of ``P`` when ``g > 1``, else None.
+    """
+
+    k: int
+    keep: Tensor
+    pruned: Tensor
+    group: int
+    keep_groups: Tensor | None = None
+    pruned_groups: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.k < 0:
+            raise ValueError(f"KeepPlan.k must be >= 0, got {self.k}")
+        if self.group not in (1, *GROUP_SIZES):
+            raise ValueError(f"KeepPlan.group must be 1 or one of {GROUP_SIZES}, got {self.group}")
+        for name in ("keep", "pruned"):
+            t = getattr(self, name)
+            if t.dtype != torch.int32 or t.dim() != 1:
+                raise ValueError(f"KeepPlan.{name} must be a 1-D int32 tensor, got {t.dtype} {tuple(t.shape)}")
+        if self.keep.numel() + self.pruned.numel() != self.k:
+            raise ValueError(
+                f"KeepPlan: |keep| + |pruned| = {self.keep.numel()} + {self.pruned.numel()} != k = {self.k}"
+            )
+        grouped = self.group > 1
+        if grouped != (self.keep_groups is not None) or grouped != (self.pruned_groups is not None):
+            raise ValueError(f"KeepPlan: group indices must be given exactly when group > 1 (group={self.group})")
+
+    @property
+    def n_kept(self) -> int:
+        """``|S| = K'``."""
+        return self.keep.numel()
+
+    @property
+    def n_pruned(self) -> int:
+        """``|P| = K - K'``."""
+        return self.pruned.numel()
+
+    @property
+    def dense(self) -> bool:
+        """True when nothing is pruned (``S = [0, K)``)."""
+        return self.n_kept == self.k
+
+    @property
+    def device(self) -> torch.device:
+        return self.keep.device
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """Device equality where ``cuda`` and ``cuda:<current>`` are the same device."""
+    a, b = torch.device(a), torch.device(b)
+    if a.type != b.type:
+        return False
+    if a.index is None or b.index is None:
+        current = torch.cuda.current_device() if a.type == "cuda" and torch.cuda.is_available() else 0
+        return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
+    return a.index == b.index
+
+
+def _check_structure(keep: object, k: int, device: torch.device) -> Tensor:
+    """Checks that need no look at the values (no device synchronisation)."""
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        raise ValueError(f"K must be a non-negative int, got {k!r}")
+    if not isinstance(keep, Tensor):
+        raise TypeError(f"keep must be a torch.Tensor of column indices or None, got {type(keep).__name__}")
+    if keep.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"keep must be an int32 or int64 tensor, got dtype {keep.dtype}")
+    if keep.dim() != 1:
+        raise ValueError(f"keep must be 1-D, got shape {tuple(keep.shape)}")
+    if not _same_device(keep.device, device):
+        raise ValueError(f"keep is on {keep.device} but the operands are on {device}")
+    if keep.numel() > k:
+        raise ValueError(f"keep has {keep.numel()} entries but K = {k}: it cannot keep more columns than exist")
+    return keep
+
+
+def _check_values(keep: Tensor, k: int) -> None:
+    """Range, sortedness and uniqueness; one host synchronisation."""
+    if keep.numel() == 0:
+        return
+    step = keep[1:] - keep[:-1]
+    min_step = step.min() if step.numel() else torch.ones((), dtype=keep.dtype, device=keep.device)
+    lo, hi, min_step = torch.stack([keep.min(), keep.max(), min_step]).tolist()
+    if lo < 0 or hi >= k:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"keep index {bad} is out of range [0, {k})")
+    if min_step <= 0:
+        i = int(torch.argmax((step <= 0).to(torch.int8)))
+        a, b = int(keep[i]), int(keep[i + 1])
+        what = "duplicate index" if a == b else "unsorted indices"
+        raise ValueError(f"keep must be sorted and unique: {what} {a}, {b} at positions {i}, {i + 1}")
+
+
+def validate_keep(keep: Tensor | None, k: int, device: torch.device | str) -> Tensor:
+    """Validate a keep set for reduction size ``k`` on ``device``; return it as contiguous int32.
+
+    ``None`` means dense and returns ``arange(k)``.  Raises TypeError for a non-tensor or a
+    non-integer dtype and ValueError for a wrong shape or device, more entries than ``k``, an
+    index outside ``[0, k)``, duplicates or unsorted indices; every message names the bad value.
+    Looking at the values costs one device synchronisation on an accelerator.
+    """
+    device = torch.device(device)
+    if keep is None:
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise ValueError(f"K must be a non-negative int, got {k!r}")
+        return torch.arange(k, dtype=torch.int32, device=device)
+    keep = _check_structure(keep, k, device)
+    _check_values(keep, k)
+    return keep.to(torch.int32).contiguous()
+
+
+def _aligned(keep: Tensor, g: int) -> Tensor:
+    """0-d bool tensor: ``keep`` (validated, ``|keep| % g == 0``) is a union of aligned g-blocks."""
+    blocks = keep.view(-1, g)  # [K'/g, g]
+    runs = (blocks == blocks[:, :1] + torch.arange(g, dtype=keep.dtype, device=keep.device)).all()
+    return (blocks[:, 0] % g == 0).all() & runs
+
+
+def _detect_group(keep: Tensor, k: int) -> int:
+    """Largest g in ``GROUP_SIZES`` with ``g | K`` and ``keep`` g-aligned, else 1 (one host sync)."""
+    candidates = [g for g in GROUP_SIZES if k % g == 0 and keep.numel() % g == 0]
+    if not candidates:
+        return 1
+    if keep.numel() in (0, k):  # empty or dense: trivially aligned, no look at the values
+        return candidates[0]
+    flags = torch.stack([_aligned(keep, g) for g in candidates]).tolist()
+    return next((g for g, ok in zip(candidates, flags) if ok), 1)
+
+
+def _is_grouped(keep: Tensor, k: int, g: int) -> bool:
+    """True when ``keep`` (validated) is a union of aligned g-blocks and ``g`` divides ``k``."""
+    if k % g or keep.numel() % g:
+        return False
+    return keep.numel() in (0, k) or bool(_aligned(keep, g))
+
+
+def _complement(keep: Tensor, k: int) -> Tensor:
+    """Sorted ``[0, k) \\ keep`` without a data-dependent size (no host synchronisation)."""
+    is_pruned = torch.ones(k, dtype=torch.int8, device=keep.device)
+    is_pruned[keep.long()] = 0
+    # A stable sort puts the kept columns (0) first, each side in ascending column order.
+    order = torch.sort(is_pruned, stable=True).indices
+    return order[keep.numel():].to(torch.int32)
+
+
+def plan_keep(
+    keep: Tensor | KeepPlan | None,
+    k: int,
+    device: torch.device | str,
+    *,
+    group: int | None = None,
+    check: bool = True,
+) -> KeepPlan:
+    """Build the :class:`KeepPlan` of ``keep`` for reduction size ``k``.
+
+    Args:
+        keep: kept column indices (sorted, unique, int32/int64), ``None`` for dense, or an
+            existing plan (returned as is after checking ``k`` and the device).
+        k: reduction size ``K``.
+        device: device of the operands.
+        group: granularity. ``None`` detects the largest aligned ``g`` in ``GROUP_SIZES``
+            (falling back to 1); an explicit ``g`` must match ``keep`` (checked when ``check``).
+        check: validate the index values.  Validation and group detection each synchronise
+            with the host on an accelerator; with ``check=False`` and an explicit ``group`` the
+            plan is built without any synchronisation.
+    """
+    device = torch.device(device)
+    if isinstance(keep, KeepPlan):
+        if keep.k != k:
+            raise ValueError(f"the keep plan was built for K = {keep.k} but the operands have K = {k}")
+        if not _same_device(keep.device, device):
+            raise ValueError(f"the keep plan is on {keep.device} but the operands are on {device}")
+        return keep
+    if group is not None and group not in (1, *GROUP_SIZES):
+        raise ValueError(f"group must be None, 1 or one of {GROUP_SIZES}, got {group!r}")
+    if keep is None:
+        keep32 = validate_keep(None, k, device)
+    elif check:
+        keep32 = validate_keep(keep, k, device)
+    else:
+        keep32 = _check_structure(keep, k, device).to(torch.int32).contiguous()
+    if group is None:
+        group = _detect_group(keep32, k)
+    elif group > 1 and check and not _is_grouped(keep32, k, group):
+        raise ValueError(f"keep is not a union of aligned groups of {group} columns with K = {k} divisible by {group}")
+    pruned = _complement(keep32, k)
+    if group == 1:
+        return KeepPlan(k=k, keep=keep32, pruned=pruned, group=1)
+    return KeepPlan(
+        k=k,
+        keep=keep32,
+        pruned=pruned,
+        group=group,
+        keep_groups=(keep32[::group] // group).contiguous(),
+        pruned_groups=(pruned[::group] // group).contiguous(),
+    )

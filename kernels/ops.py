@@ -1,0 +1,171 @@
+"""Public launchers: check the operands, plan the keep set, dispatch to Triton or torch.
+
+Every launcher takes a keep set as a sorted unique int32/int64 tensor, ``None`` (dense) or a
+:class:`~semimig.kernels.keep.KeepPlan` (already validated: no further checks or host
+synchronisation), and an optional ``group`` granularity (``None`` detects it; see
+:mod:`semimig.kernels.keep`).  Operands are 2-D and may be non-contiguous.
+
+The backend comes from :mod:`semimig.kernels.backend`.  Whatever it is, a dense keep set runs
+the dense torch products (cuBLAS on a GPU: nothing to gather, and bit-for-bit ``F.linear``), as
+do empty dimensions.
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+from . import reference
+from .backend import resolve_backend
+from .keep import KeepPlan, plan_keep
+
+__all__ = [
+    "check_linear_operands",
+    "gather_linear_dgrad",
+    "gather_linear_fwd",
+    "gather_linear_wgrad",
+    "range_linear_accumulate_",
+]
+
+KeepArg = Tensor | KeepPlan | None
+
+
+def _triton_gather() -> ModuleType:
+    from . import triton_gather  # imported on first use: importing triton is slow
+
+    return triton_gather
+
+
+def _check_matrix(name: str, t: object) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    return t
+
+
+def _check_alike(name: str, t: Tensor, ref_name: str, ref: Tensor) -> None:
+    if t.dtype != ref.dtype:
+        raise TypeError(f"{name} has dtype {t.dtype} but {ref_name} has dtype {ref.dtype}")
+    if t.device != ref.device:
+        raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}")
+
+
+def _check_dim(what: str, got: int, expected: int) -> None:
+    if got != expected:
+        raise ValueError(f"mismatched {what}: {got} != {expected}")
+
+
+def check_linear_operands(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
+    """Check x [M, K], weight [N, K], bias [N] or None: 2-D, floating, same dtype and device."""
+    _check_matrix("x", x)
+    _check_matrix("weight", weight)
+    _check_alike("weight", weight, "x", x)
+    _check_dim("K (x.shape[1] vs weight.shape[1])", x.shape[1], weight.shape[1])
+    if bias is not None:
+        if not isinstance(bias, Tensor) or bias.dim() != 1:
+            raise ValueError(f"bias must be None or a 1-D tensor [N], got {getattr(bias, 'shape', bias)}")
+        _check_alike("bias", bias, "x", x)
+        _check_dim("N (bias.shape[0] vs weight.shape[0])", bias.shape[0], weight.shape[0])
+
+
+# -- dispatch on checked operands (also used by the autograd function) --------------------------
+
+
+def fwd(backend: str, x: Tensor, weight: Tensor, bias: Tensor | None, plan: KeepPlan) -> Tensor:
+    """``y = x[:, S] @ w[:, S]^T (+ bias)`` with a resolved backend; operands checked."""
+    if backend == "torch" or plan.dense or x.shape[0] == 0 or weight.shape[0] == 0:
+        return reference.gather_linear_fwd(x, weight, bias, plan)
+    return _triton_gather().gather_linear_fwd(x, weight, bias, plan)
+
+
+def dgrad(backend: str, dy: Tensor, weight: Tensor, plan: KeepPlan, *, column_major: bool = False) -> Tensor:
+    """``dx[:, S] = dy @ w[:, S]``, zeros on P, with a resolved backend; operands checked.
+
+    ``column_major``: the forward input was column-major; the dense product then follows
+    ``F.linear``'s autograd for such inputs (see :func:`reference.gather_linear_dgrad`).
+    """
+    if backend == "torch" or plan.dense or dy.numel() == 0 or plan.k == 0:
+        return reference.gather_linear_dgrad(dy, weight, plan, column_major=column_major)
+    return _triton_gather().gather_linear_dgrad(dy, weight, plan)
+
+
+def wgrad(backend: str, dy: Tensor, x: Tensor, plan: KeepPlan) -> Tensor:
+    """``dw[:, S] = dy^T @ x[:, S]``, zeros on P, with a resolved backend; operands checked."""
+    if backend == "torch" or plan.dense or dy.shape[1] == 0 or plan.k == 0:
+        return reference.gather_linear_wgrad(dy, x, plan)
+    if dy.shape[0] == 0:  # empty reduction: the sum over no tokens is zero
+        return dy.new_zeros(dy.shape[1], plan.k)
+    return _triton_gather().gather_linear_wgrad(dy, x, plan)
+
+
+# -- public launchers ---------------------------------------------------------------------------
+
+
+def gather_linear_fwd(
+    x: Tensor, weight: Tensor, bias: Tensor | None, keep: KeepArg, *, group: int | None = None
+) -> Tensor:
+    """``y = x[:, S] @ w[:, S]^T (+ bias)``: x [M, K], weight [N, K], bias [N] -> y [M, N].
+
+    ``|S| = 0`` gives the bias broadcast over the rows (zeros without bias).
+    """
+    check_linear_operands(x, weight, bias)
+    plan = plan_keep(keep, weight.shape[1], weight.device, group=group)
+    return fwd(resolve_backend(x.device, x.dtype), x, weight, bias, plan)
+
+
+def gather_linear_dgrad(dy: Tensor, weight: Tensor, keep: KeepArg, *, group: int | None = None) -> Tensor:
+    """``dx[:, S] = dy @ w[:, S]``, exact zeros on P: dy [M, N], weight [N, K] -> dx [M, K]."""
+    _check_matrix("dy", dy)
+    _check_matrix("weight", weight)
+    _check_alike("weight", weight, "dy", dy)
+    _check_dim("N (dy.shape[1] vs weight.shape[0])", dy.shape[1], weight.shape[0])
+    plan = plan_keep(keep, weight.shape[1], weight.device, group=group)
+    return dgrad(resolve_backend(dy.device, dy.dtype), dy, weight, plan)
+
+
+def gather_linear_wgrad(dy: Tensor, x: Tensor, keep: KeepArg, *, group: int | None = None) -> Tensor:
+    """``dw[:, S] = dy^T @ x[:, S]``, exact zeros on P: dy [M, N], x [M, K] -> dw [N, K]."""
+    _check_matrix("dy", dy)
+    _check_matrix("x", x)
+    _check_alike("x", x, "dy", dy)
+    _check_dim("M (dy.shape[0] vs x.shape[0])", dy.shape[0], x.shape[0])
+    plan = plan_keep(keep, x.shape[1], x.device, group=group)
+    return wgrad(resolve_backend(dy.device, dy.dtype), dy, x, plan)
+
+
+def range_linear_accumulate_(
+    out: Tensor, x: Tensor, weight: Tensor, x_start: int, w_start: int, width: int
+) -> Tensor:
+    """``out += x[:, x_start:x_start+width] @ weight[:, w_start:w_start+width]^T`` in place.
+
+    out [M, N], x [M, Kx], weight [N, Kw]; x and weight share a dtype, out has that dtype or
+    fp32.  The product is accumulated in fp32 and added to ``out`` once.  Returns ``out``.
+    """
+    _check_matrix("out", out)
+    _check_matrix("x", x)
+    _check_matrix("weight", weight)
+    _check_alike("weight", weight, "x", x)
+    if out.dtype not in (x.dtype, torch.float32):
+        raise TypeError(f"out must have the operands' dtype {x.dtype} or torch.float32, got {out.dtype}")
+    if out.device != x.device:
+        raise ValueError(f"out is on {out.device} but x is on {x.device}")
+    _check_dim("M (out.shape[0] vs x.shape[0])", out.shape[0], x.shape[0])
+    _check_dim("N (out.shape[1] vs weight.shape[0])", out.shape[1], weight.shape[0])
+    for name, value in (("x_start", x_start), ("w_start", w_start), ("width", width)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    if x_start + width > x.shape[1]:
+        raise ValueError(f"column range [{x_start}, {x_start + width}) exceeds x's {x.shape[1]} columns")
+    if w_start + width > weight.shape[1]:
+        raise ValueError(f"column range [{w_start}, {w_start + width}) exceeds weight's {weight.shape[1]} columns")
+    if width == 0 or out.numel() == 0:
+        return out
+    if resolve_backend(x.device, x.dtype) == "torch":
+        return reference.range_linear_accumulate_(out, x, weight, x_start, w_start, width)
+    from . import triton_range
+
+    return triton_range.range_linear_accumulate_(out, x, weight, x_start, w_start, width)

@@ -1,0 +1,116 @@
+"""Pretest: measure the SEMI cost curves Ω1, Ω2, Φ1, Φ2 on the real group (paper Alg. 2, line 1).
+
+Every sample is the cost, in seconds per iteration, of shedding a share ``s`` of the K columns
+of *every* semimig layer of the model (so it is in the units of the busy times the controller
+compares).  Column counts handed to the curves are ``n = s · REFERENCE_COLUMNS``.
+
+    Ω1        fixed cost of resizing: the gather path at keep = all minus the dense GEMM (>= 0)
+    Ω2(n)     extracting the kept columns: ``x[:, S]`` and ``w[:, S]`` gathers, |S| = n-share of K
+    Φ1(n)     migration traffic: broadcast ``w[:, mig]``, reduce ``[M, N]`` partial outputs and
+              ``[N, |mig|]`` weight gradients, straggler = group rank 0
+    Φ2(n)     receiver compute: forward, dgrad and wgrad GEMMs on n-share columns
+
+Each rank measures, then the samples are all-reduced with MAX so that every rank fits the same
+curves from the same numbers (plans must be identical everywhere).  Shapes come from the layers
+(``[N, K]`` weight shards) and the token count ``M`` seen in the first iteration.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from semimig.comm import primitives as P
+from semimig.controller.curves import CostCurves
+
+logger = logging.getLogger(__name__)
+
+REFERENCE_COLUMNS = 1000
+"""Columns of the reference layer the curves and plans count in (shares × 1000)."""
+
+
+def _best_of(fn: Callable[[], object], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_cost_samples(shapes: Sequence[tuple[int, int, int]], group, *, shares: Sequence[float] = (0.25, 0.5, 0.75),
+                         repeats: int = 3, dtype: torch.dtype = torch.float32,
+                         device: torch.device | str = "cpu") -> dict:
+    """Raw samples ``{"omega1": [...], "omega2": (ns, s), "phi1": (ns, s), "phi2": (ns, s)}``.
+
+    ``shapes``: ``(M, N, K)`` of every semimig GEMM of one iteration on this rank.  Collective:
+    every rank of ``group`` must call it with the same shapes and shares.
+    """
+    if not shapes:
+        raise ValueError("the pretest needs at least one (M, N, K) layer shape")
+    for share in shares:
+        if not 0.0 < share <= 1.0:
+            raise ValueError(f"pretest shares must be in (0, 1], got {share}")
+    from semimig.kernels import gather_linear_fwd
+
+    gen = torch.Generator().manual_seed(0)
+    tensors = [(torch.randn(m, k, generator=gen).to(device, dtype), torch.randn(n, k, generator=gen).to(device, dtype),
+                torch.randn(m, n, generator=gen).to(device, dtype)) for m, n, k in shapes]
+
+    def dense():
+        for x, w, _ in tensors:
+            F.linear(x, w)
+
+    def gather_all():
+        for x, w, _ in tensors:
+            gather_linear_fwd(x, w, None, torch.arange(w.shape[1], device=w.device))
+
+    omega1 = max(0.0, _best_of(gather_all, repeats) - _best_of(dense, repeats))
+    rows = [omega1]
+    for share in shares:
+        cols = [torch.arange(max(1, round(w.shape[1] * (1 - share))), device=w.device) for _, w, _ in tensors]
+        narrow = [max(1, round(w.shape[1] * share)) for _, w, _ in tensors]
+
+        def extract():
+            for (x, w, _), idx in zip(tensors, cols):
+                x.index_select(1, idx), w.index_select(1, idx)
+
+        def receive():
+            for (x, w, dy), c in zip(tensors, narrow):
+                xs, ws = x[:, :c], w[:, :c]
+                F.linear(xs, ws), dy.matmul(ws), dy.t().matmul(xs)
+
+        def traffic():
+            for (x, w, dy), c in zip(tensors, narrow):
+                P.broadcast_(w[:, :c].contiguous(), 0, group)
+                P.reduce_(dy.clone(), 0, group)
+                P.reduce_(torch.zeros(w.shape[0], c, dtype=dtype, device=w.device), 0, group)
+
+        if P.group_size(group) > 1:
+            dist.barrier(group=group)
+        rows += [_best_of(extract, repeats), _best_of(traffic, repeats), _best_of(receive, repeats)]
+    samples = torch.tensor(rows, dtype=torch.float64)
+    if P.group_size(group) > 1:
+        dist.all_reduce(samples, op=dist.ReduceOp.MAX, group=group)
+    values = samples.tolist()
+    ns = [share * REFERENCE_COLUMNS for share in shares]
+    per = [values[1 + 3 * i: 4 + 3 * i] for i in range(len(shares))]
+    return {
+        "omega1": [values[0]],
+        "omega2": (ns, [p[0] for p in per]),
+        "phi1": (ns, [p[1] for p in per]),
+        "phi2": (ns, [p[2] for p in per]),
+    }
+
+
+def run_pretest(shapes: Sequence[tuple[int, int, int]], group, **kwargs) -> CostCurves:
+    """Measure (see :func:`measure_cost_samples`) and fit affine cost curves; logs the result."""
+    samples = measure_cost_samples(shapes, group, **kwargs)
+    curves = CostCurves.fit(omega1_seconds=samples["omega1"], omega2_samples=samples["omega2"],
+                            phi1_samples=samples["phi1"], phi2_samples=samples["phi2"])
+    logger.info("pretest cost curves: %s", curves.to_dict())
+    return curves

@@ -1,0 +1,317 @@
+"""The balancing runtime: binds a model's semimig layers and re-plans them every iteration.
+
+    controller = BalanceController(model, BalanceConfig(mode="semi"))
+    for epoch in range(epochs):
+        controller.set_epoch(epoch)
+        for batch in loader:
+            loss = model(**batch).loss
+            booster.backward(loss, optimizer); optimizer.step(); optimizer.zero_grad()
+            controller.step()            # once per iteration, after the optimizer step
+
+``step()`` closes the iteration: it reads this rank's busy time (its own GEMMs and injected
+delays, never time blocked in collectives), decides the next iteration's actions and hands every
+layer a :class:`~semimig.nn.directive.LayerDirective`.  Every rank of the tensor-parallel group
+must call it, the same number of times: the decision uses collectives (a one-scalar all-reduce
+for ZERO's reference time, an all-gather of busy times for MIG/SEMI) and is computed
+identically everywhere, so no plan is ever broadcast.
+
+Modes: ``baseline`` (dense, only measured and slowed), ``zero-rd`` / ``zero-pri`` /
+``zero-pridiff-e`` / ``zero-pridiff-r`` (stragglers prune, Eq. 1 against the group mean of the
+current busy times, which converges to the fastest rank as the straggler catches up), ``mig``
+(stragglers migrate only), ``semi`` (Eq. 2 / Eq. 3 split between migration and resizing, with
+cost curves from a pretest after the first iteration).
+
+``force(prune=..., migrate=...)`` pins a plan (per-rank shares) for experiments and tests.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from semimig.comm import primitives as P
+from semimig.controller.config import ControllerConfig
+from semimig.controller.curves import CostCurves
+from semimig.controller.plan import GroupPlan, RankAction, decide_plan
+from semimig.controller.pretest import REFERENCE_COLUMNS, run_pretest
+from semimig.migration.exchange import EXCHANGE_POLICIES, make_exchange
+from semimig.migration.layout import MigrationLayout
+from semimig.nn.balanced import BalancedLinearMixin
+from semimig.nn.directive import LayerDirective, LayerState
+from semimig.resizing.config import ResizingConfig
+from semimig.resizing.lineage import LineageTable
+from semimig.resizing.priority import ColumnVariationTracker, achieved_savings, pridiff_ratios, select_pruned
+from semimig.resizing.ratio import ReferenceTime, columns_to_prune, pruning_ratio, refresh_reference
+from semimig.straggler.busy import BusyMeter, BusyStats
+from semimig.straggler.injection import StragglerConfig, StragglerInjector
+
+logger = logging.getLogger(__name__)
+
+MODES = ("baseline", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "mig", "semi")
+DEFAULT_PERIOD = 50
+
+
+@dataclass(frozen=True, kw_only=True)
+class BalanceConfig:
+    """Everything the runtime needs; validated on construction."""
+
+    mode: str = "semi"
+    """One of :data:`MODES`."""
+    resizing: ResizingConfig = field(default_factory=ResizingConfig)
+    """Pruning settings; for ``zero-*`` modes the variant is taken from the mode name."""
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    """SEMI/MIG decision settings; its ``mode`` is derived from :attr:`mode`."""
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    """Injected slowdown (benchmarks and tests); ``pattern="none"`` in production."""
+    exchange: str = "broadcast-reduce"
+    """How migrated operands travel: one of ``EXCHANGE_POLICIES``."""
+    interval: int = 1
+    """Re-plan every ``interval`` iterations (the plan is kept in between)."""
+    curves: Optional[CostCurves] = None
+    """SEMI cost curves; ``None`` runs the pretest after the first iteration."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.exchange not in EXCHANGE_POLICIES:
+            raise ValueError(f"exchange must be one of {EXCHANGE_POLICIES}, got {self.exchange!r}")
+        if isinstance(self.interval, bool) or not isinstance(self.interval, int) or self.interval < 1:
+            raise ValueError(f"interval must be an int >= 1, got {self.interval!r}")
+        if self.mode.startswith("zero-"):
+            object.__setattr__(self, "resizing", dataclasses.replace(self.resizing, variant=self.mode[5:]))
+        plan_mode = {"baseline": "baseline", "mig": "mig", "semi": "semi"}.get(self.mode, "zero")
+        object.__setattr__(self, "controller", dataclasses.replace(
+            self.controller, mode=plan_mode, gamma_max=self.resizing.gamma_max))
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What ``step()`` measured for the iteration that just ended and decided for the next."""
+
+    iteration: int
+    busy: BusyStats
+    gamma_target: float
+    gamma_per_layer: tuple[float, ...]
+    achieved_savings: float
+    migrate: Mapping[int, float]
+    plan: Optional[GroupPlan]
+
+
+@dataclass
+class _Bound:
+    name: str
+    layer: BalancedLinearMixin
+    state: LayerState = field(default_factory=LayerState)
+    tracker: Optional[ColumnVariationTracker] = None
+    delta: Optional[torch.Tensor] = None
+    tokens: int = 0
+
+
+class BalanceController:
+    """Per tensor-parallel group: measures, decides and applies balancing for one model."""
+
+    def __init__(self, model: nn.Module, config: BalanceConfig = BalanceConfig(), *,
+                 process_group=None, iterations_per_epoch: Optional[int] = None) -> None:
+        self.config = config
+        self.bound = [_Bound(name, m) for name, m in model.named_modules() if isinstance(m, BalancedLinearMixin)]
+        if not self.bound:
+            raise ValueError(f"{type(model).__name__} has no semimig layers: shard it with SemiMigPolicy "
+                             "or build it from semimig.nn.Linear1D_Col/Row")
+        groups = {id(b.layer.process_group) for b in self.bound}
+        if process_group is None:
+            if len(groups) != 1:
+                raise ValueError(f"the model's semimig layers use {len(groups)} process groups; pass process_group")
+            process_group = self.bound[0].layer.process_group
+        self.group = process_group
+        self.rank, self.size = P.group_rank(process_group), P.group_size(process_group)
+        device = self.bound[0].layer.weight.device
+        self.injector = StragglerInjector(config.straggler, self.rank, self.size)
+        self.meter = BusyMeter(self.injector, device=device)
+        self.lineage = LineageTable()
+        self.exchange = make_exchange(config.exchange, process_group)
+        self.reference = ReferenceTime(threshold=config.resizing.refresh_threshold, reduce=config.resizing.t_ref)
+        self.period = config.resizing.period or iterations_per_epoch or DEFAULT_PERIOD
+        self.curves = config.curves
+        self.generator = torch.Generator().manual_seed(config.resizing.seed * 1009 + self.rank)
+        self.iteration, self.epoch = 0, 0
+        self.plan: Optional[GroupPlan] = None
+        self.forced: Optional[tuple[dict, dict]] = None
+        self.reports: list[StepReport] = []
+        self._gammas: tuple[float, ...] = (0.0,) * len(self.bound)
+        self._migrate: dict[int, float] = {}
+        for b in self.bound:
+            b.layer.layer_name = b.name
+            if config.resizing.prioritized and config.mode.startswith(("zero", "semi")):
+                b.tracker = ColumnVariationTracker(b.layer.weight.detach())
+            b.layer.register_forward_pre_hook(self._note_tokens(b))
+        self._apply()
+
+    # ------------------------------------------------------------------ public
+    def set_epoch(self, epoch: int) -> None:
+        """Tell the injector (round-robin stragglers) which epoch runs."""
+        self.epoch = epoch
+        self.injector.set_position(epoch, self.iteration)
+
+    def force(self, *, prune: Optional[Mapping[int, float]] = None,
+              migrate: Optional[Mapping[int, float]] = None) -> None:
+        """Pin the plan from the next iteration on: ``prune={rank: γ}``, ``migrate={rank: share}``.
+
+        Shares are of each layer's K columns.  ``force()`` with no argument returns to the mode's
+        own decisions.  Must be called identically on every rank.
+        """
+        if prune is None and migrate is None:
+            self.forced = None
+        else:
+            prune, migrate = dict(prune or {}), dict(migrate or {})
+            for what, table in (("prune", prune), ("migrate", migrate)):
+                for rank, share in table.items():
+                    if not 0 <= rank < self.size:
+                        raise ValueError(f"force({what}=...): rank {rank} is outside the group of size {self.size}")
+                    if not 0.0 <= share <= 1.0:
+                        raise ValueError(f"force({what}=...): share for rank {rank} must be in [0, 1], got {share}")
+            for rank in prune.keys() & migrate.keys():
+                if prune[rank] + migrate[rank] > 1.0:
+                    raise ValueError(f"force: rank {rank} sheds {prune[rank] + migrate[rank]} > 1 of its columns")
+            self.forced = (prune, migrate)
+        self._gammas, self._migrate = self._forced_actions() if self.forced else (self._gammas, self._migrate)
+        self._apply()
+
+    def step(self) -> StepReport:
+        """Close the iteration: measure, decide (collectively), and set the next directives."""
+        stats = self.meter.snapshot()
+        self.meter.reset()
+        self.iteration += 1
+        self.injector.set_position(self.epoch, self.iteration)
+        self._update_priorities()
+        target = 0.0
+        if self.forced:
+            self._gammas, self._migrate = self._forced_actions()
+        elif (self.iteration - 1) % self.config.interval == 0:
+            target = self._decide(stats)
+        flops = [b.layer.weight.shape[0] * b.layer.k_columns for b in self.bound]
+        report = StepReport(self.iteration - 1, stats, target, self._gammas,
+                            achieved_savings(self._gammas, flops), dict(self._migrate), self.plan)
+        self.reports.append(report)
+        self._apply()
+        return report
+
+    # ------------------------------------------------------------------ decisions
+    def _decide(self, stats: BusyStats) -> float:
+        mode = self.config.mode
+        if mode == "baseline":
+            return 0.0
+        if mode.startswith("zero"):
+            t_ref = refresh_reference(self.reference, stats.busy_s, self.group)
+            full = stats.full_work_busy_s
+            gamma = pruning_ratio(full, t_ref, full, self.config.resizing.gamma_max) if full > 0 else 0.0
+            if mode == "zero-pridiff-e" and gamma > 0:
+                gamma = self.config.resizing.empirical_gamma
+            self._gammas = self._layer_gammas(gamma)
+            self._migrate = {}
+            return gamma
+        times = self._gather_times(stats.full_work_busy_s)
+        if self.curves is None:
+            self.curves = run_pretest([(b.tokens, b.layer.weight.shape[0], b.layer.k_columns) for b in self.bound],
+                                      self.group)
+        self.plan = decide_plan(times, REFERENCE_COLUMNS, self.curves, self.config.controller, previous=self.plan)
+        mine = self.plan.actions[self.rank]
+        self._gammas = self._layer_gammas(mine.gamma)
+        self._migrate = {a.rank: a.migrate_share for a in self.plan.actions if a.migrate_share > 0}
+        return mine.shed_share
+
+    def _layer_gammas(self, gamma: float) -> tuple[float, ...]:
+        res = self.config.resizing
+        if res.differentiated and gamma > 0 and all(b.delta is not None for b in self.bound):
+            return tuple(pridiff_ratios([b.delta for b in self.bound], gamma=gamma, alpha=res.alpha,
+                                        theta=res.theta(self.period), gamma_max=res.gamma_max))
+        return (gamma,) * len(self.bound)
+
+    def _forced_actions(self) -> tuple[tuple[float, ...], dict[int, float]]:
+        prune, migrate = self.forced
+        return (prune.get(self.rank, 0.0),) * len(self.bound), {r: s for r, s in migrate.items() if s > 0}
+
+    def _gather_times(self, t_i: float) -> list[float]:
+        if self.size == 1:
+            return [t_i]
+        mine = torch.tensor([t_i], dtype=torch.float64)
+        out = [torch.empty_like(mine) for _ in range(self.size)]
+        dist.all_gather(out, mine, group=self.group)
+        return [float(t) for t in out]
+
+    def _update_priorities(self) -> None:
+        if self.iteration % self.period:
+            return
+        for b in self.bound:
+            if b.tracker is not None:
+                counts = self._prune_counts(b)
+                b.delta = b.tracker.end_period(b.layer.weight.detach(), None if counts is None else counts > 0)
+        self.lineage.reset_period()
+
+    # ------------------------------------------------------------------ directives
+    def _apply(self) -> None:
+        migrate = self._migrate
+        for b, gamma in zip(self.bound, self._gammas):
+            k = b.layer.k_columns
+            counts = {r: RankAction(rank=r, kind="migrate", migrate_share=s).column_counts(k)[1] for r, s in migrate.items()}
+            layout = MigrationLayout.build(self.size, k, counts) if any(counts.values()) else None
+            own = k - counts.get(self.rank, 0)
+            n_prune = min(columns_to_prune(k, gamma), own)
+            keep, pruned = None, torch.empty(0, dtype=torch.long)
+            if n_prune > 0:
+                pruned = self._select(b, own, n_prune)
+                mask = torch.ones(own, dtype=torch.bool)
+                mask[pruned] = False
+                keep = torch.arange(own)[mask].to(b.layer.weight.device)
+            elif own < k:
+                keep = None  # prefix [0, own): the functional core handles it without a gather
+            b.layer.directive = LayerDirective(
+                iteration=self.iteration, keep=keep, layout=layout, exchange=self.exchange,
+                impute=self.config.resizing.impute, timer=self.meter, state=b.state,
+                on_forward=self._recorder(b.name, pruned, k), on_backward=self._reader(b.name, pruned))
+
+    def _select(self, b: _Bound, own: int, n_prune: int) -> torch.Tensor:
+        """The ``n_prune`` columns of ``[0, own)`` to drop: random (rd) or smallest δ first.
+
+        Before the first statistics period ends every δ is equal, and ties go to the columns
+        pruned least often so far, so pruning rotates instead of sticking to the same columns.
+        """
+        if self.config.resizing.variant == "rd":
+            return select_pruned(torch.zeros(own), n_prune, "rd", self.generator)
+        counts = self._prune_counts(b)
+        delta = b.delta[:own] if b.delta is not None else torch.zeros(own, dtype=torch.float64)
+        return select_pruned(delta, n_prune, "pri", tie_break=None if counts is None else counts[:own])
+
+    def _prune_counts(self, b: _Bound) -> Optional[torch.Tensor]:
+        try:
+            return self.lineage.prune_counts(b.name, "weight")
+        except KeyError:  # never pruned yet
+            return None
+
+    def _recorder(self, name: str, pruned: torch.Tensor, k: int):
+        iteration = self.iteration
+
+        def record() -> None:
+            self.lineage.record(name, "weight", pruned, iteration, num_columns=k)
+        return record
+
+    def _reader(self, name: str, pruned: torch.Tensor):
+        def read() -> None:
+            recorded = self.lineage.lookup(name, "weight")
+            if not torch.equal(recorded.cpu(), pruned.cpu()):
+                raise RuntimeError(f"lineage of {name} changed between forward and backward")
+        return read
+
+    def _note_tokens(self, b: _Bound):
+        def hook(module, args) -> None:
+            b.tokens = args[0].numel() // max(1, args[0].shape[-1])
+        return hook
+
+    # ------------------------------------------------------------------ inspection
+    def lineage_entries(self):
+        """The current lineage table entries (see :class:`semimig.resizing.lineage.LineageTable`)."""
+        return self.lineage.entries()
