@@ -37,7 +37,7 @@ import torch.nn as nn
 from semimig.comm import primitives as P
 from semimig.controller.config import ControllerConfig
 from semimig.controller.curves import CostCurves
-from semimig.controller.plan import GroupPlan, RankAction, decide_plan
+from semimig.controller.plan import GroupPlan, decide_plan
 from semimig.controller.pretest import REFERENCE_COLUMNS, run_pretest
 from semimig.migration.exchange import EXCHANGE_POLICIES, make_exchange
 from semimig.migration.layout import MigrationLayout
@@ -257,7 +257,7 @@ class BalanceController:
         migrate = self._migrate
         for b, gamma in zip(self.bound, self._gammas):
             k = b.layer.k_columns
-            counts = {r: RankAction(rank=r, kind="migrate", migrate_share=s).column_counts(k)[1] for r, s in migrate.items()}
+            counts = {r: min(k, round(k * share)) for r, share in migrate.items()}
             layout = MigrationLayout.build(self.size, k, counts) if any(counts.values()) else None
             own = k - counts.get(self.rank, 0)
             n_prune = min(columns_to_prune(k, gamma), own)
