@@ -10,8 +10,11 @@ compares).  Column counts handed to the curves are ``n = s · REFERENCE_COLUMNS`
               ``[N, |mig|]`` weight gradients, straggler = group rank 0
     Φ2(n)     receiver compute: forward, dgrad and wgrad GEMMs on n-share columns
 
-Each rank measures, then the samples are all-reduced with MAX so that every rank fits the same
-curves from the same numbers (plans must be identical everywhere).  Shapes come from the layers
+Each rank measures, then the samples are all-reduced so that every rank fits the same curves
+from the same numbers (plans must be identical everywhere): MAX for the straggler-side and
+traffic costs, MIN for Φ2, because receivers are the fast ranks.  Receiver GEMMs run through
+``gemm_timer`` when one is given (the runtime passes its busy meter), so an emulated or
+injected device speed is part of Φ2 exactly as it is part of the busy times.  Shapes come from the layers
 (``[N, K]`` weight shards) and the token count ``M`` seen in the first iteration.
 """
 from __future__ import annotations
@@ -44,7 +47,7 @@ def _best_of(fn: Callable[[], object], repeats: int) -> float:
 
 def measure_cost_samples(shapes: Sequence[tuple[int, int, int]], group, *, shares: Sequence[float] = (0.25, 0.5, 0.75),
                          repeats: int = 3, dtype: torch.dtype = torch.float32,
-                         device: torch.device | str = "cpu") -> dict:
+                         device: torch.device | str = "cpu", gemm_timer=None) -> dict:
     """Raw samples ``{"omega1": [...], "omega2": (ns, s), "phi1": (ns, s), "phi2": (ns, s)}``.
 
     ``shapes``: ``(M, N, K)`` of every semimig GEMM of one iteration on this rank.  Collective:
@@ -82,7 +85,9 @@ def measure_cost_samples(shapes: Sequence[tuple[int, int, int]], group, *, share
         def receive():
             for (x, w, dy), c in zip(tensors, narrow):
                 xs, ws = x[:, :c], w[:, :c]
-                F.linear(xs, ws), dy.matmul(ws), dy.t().matmul(xs)
+                flops = 2 * x.shape[0] * w.shape[0] * c
+                for gemm in (lambda: F.linear(xs, ws), lambda: dy.matmul(ws), lambda: dy.t().matmul(xs)):
+                    gemm_timer.timed(gemm, flops=flops, full_flops=0) if gemm_timer is not None else gemm()
 
         def traffic():
             for (x, w, dy), c in zip(tensors, narrow):
@@ -94,8 +99,13 @@ def measure_cost_samples(shapes: Sequence[tuple[int, int, int]], group, *, share
             dist.barrier(group=group)
         rows += [_best_of(extract, repeats), _best_of(traffic, repeats), _best_of(receive, repeats)]
     samples = torch.tensor(rows, dtype=torch.float64)
+    phi2 = torch.zeros_like(samples, dtype=torch.bool)
+    phi2[3::3] = True  # rows: omega1, then (omega2, phi1, phi2) per share
     if P.group_size(group) > 1:
-        dist.all_reduce(samples, op=dist.ReduceOp.MAX, group=group)
+        high, low = samples.clone(), samples.clone()
+        dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
+        dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
+        samples = torch.where(phi2, low, high)
     values = samples.tolist()
     ns = [share * REFERENCE_COLUMNS for share in shares]
     per = [values[1 + 3 * i: 4 + 3 * i] for i in range(len(shares))]

@@ -25,6 +25,7 @@ cost curves from a pretest after the first iteration).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass, field
@@ -217,7 +218,8 @@ class BalanceController:
         times = self._gather_times(stats.full_work_busy_s)
         if self.curves is None:
             self.curves = run_pretest([(b.tokens, b.layer.weight.shape[0], b.layer.k_columns) for b in self.bound],
-                                      self.group)
+                                      self.group, gemm_timer=self.meter)
+            self.meter.reset()  # the pretest's GEMMs are not the next iteration's work
         self.plan = decide_plan(times, REFERENCE_COLUMNS, self.curves, self.config.controller, previous=self.plan)
         mine = self.plan.actions[self.rank]
         self._gammas = self._layer_gammas(mine.gamma)
@@ -310,6 +312,18 @@ class BalanceController:
         def hook(module, args) -> None:
             b.tokens = args[0].numel() // max(1, args[0].shape[-1])
         return hook
+
+    @contextlib.contextmanager
+    def dense(self):
+        """Inside the block every layer runs densely (evaluation): no pruning, migration or delay."""
+        saved = [b.layer.directive for b in self.bound]
+        for b in self.bound:
+            b.layer.directive = None
+        try:
+            yield
+        finally:
+            for b, directive in zip(self.bound, saved):
+                b.layer.directive = directive
 
     # ------------------------------------------------------------------ inspection
     def lineage_entries(self):

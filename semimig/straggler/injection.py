@@ -5,6 +5,13 @@ delay is proportional to the work the GEMM actually did, so a pruned GEMM is del
 
     measured mode : delay = (chi - 1) * t_gemm                 t_gemm measured wall time
     flops mode    : delay = (chi - 1) * flops / flops_per_second   deterministic, calibrated rate
+    emulated mode : delay = chi * flops / flops_per_second         every rank, stragglers or not
+
+``emulated`` makes *every* rank's GEMMs take the time of a nominal device of
+``flops_per_second`` (a straggler ``chi`` times that), on top of the small real host compute.
+CPU benchmarks use it: sleeping ranks do not compete for the machine's few cores, just as GPUs
+do not, so the structure of a GPU iteration (compute on each device, waits in collectives) is
+reproduced on a 2-core machine with 4 ranks.
 
 A GEMM that took ``t_gemm`` therefore occupies the rank for ``chi * t_gemm`` (measured mode),
 exactly what a ``chi`` times slower device would need.  On CPU the delay is ``time.sleep``; on
@@ -56,9 +63,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 Pattern = Literal["none", "fixed", "round-robin", "multi", "burst"]
-Mode = Literal["measured", "flops"]
+Mode = Literal["measured", "flops", "emulated"]
 PATTERNS: tuple[str, ...] = ("none", "fixed", "round-robin", "multi", "burst")
-MODES: tuple[str, ...] = ("measured", "flops")
+MODES: tuple[str, ...] = ("measured", "flops", "emulated")
 _OPTION_KEYS: tuple[str, ...] = ("every", "len", "mode", "flops")
 
 
@@ -100,10 +107,10 @@ class StragglerConfig:
             if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c < 1:
                 raise ValueError(f"chi must be a tuple of finite floats >= 1, got {self.chi!r}")
         self._check_pattern_fields()
-        if self.mode == "flops":
+        if self.mode in ("flops", "emulated"):
             rate = self.flops_per_second
             if rate is None or isinstance(rate, bool) or not math.isfinite(rate) or rate <= 0:
-                raise ValueError(f"flops_per_second must be a finite number > 0 for mode='flops', got {rate!r}")
+                raise ValueError(f"flops_per_second must be a finite number > 0 for mode={self.mode!r}, got {rate!r}")
         elif self.flops_per_second is not None and not (self.flops_per_second > 0):
             raise ValueError(f"flops_per_second must be > 0 or None, got {self.flops_per_second!r}")
 
@@ -297,12 +304,15 @@ class StragglerInjector:
     def delay_for(self, elapsed_s: float, flops: float) -> float:
         """Extra seconds for a GEMM that took ``elapsed_s`` and did ``flops`` FLOPs.
 
-        measured: ``(chi - 1) * elapsed_s``; flops: ``(chi - 1) * flops / flops_per_second``.
+        measured: ``(chi - 1) * elapsed_s``; flops: ``(chi - 1) * flops / flops_per_second``;
+        emulated: ``chi * flops / flops_per_second`` (also for ranks that do not straggle).
         """
         if not elapsed_s >= 0:
             raise ValueError(f"elapsed_s must be >= 0, got {elapsed_s!r}")
         if not flops >= 0:
             raise ValueError(f"flops must be >= 0, got {flops!r}")
+        if self.config.mode == "emulated":
+            return self.current_chi() * flops / self.config.flops_per_second
         extra = self.current_chi() - 1.0
         if extra == 0.0:
             return 0.0

@@ -1,0 +1,107 @@
+"""``semimig bench``: the end-to-end straggler benchmark (ViT on digits, HybridParallelPlugin).
+
+    semimig bench                                   # all seven modes, chi 1 and 4, tp 2 (< 10 min on 2 CPU cores)
+    semimig bench --quick                           # smaller still
+    semimig bench --modes baseline,semi --chi 1,4,8 --tp 4 --seeds 0,1,2 --json r.json
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+from semimig.controller.runtime import MODES
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(t) for t in text.split(",") if t)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from err
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(t) for t in text.split(",") if t)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from err
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    modes = tuple(t for t in text.split(",") if t)
+    for mode in modes:
+        if mode not in MODES:
+            raise argparse.ArgumentTypeError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    return modes
+
+
+def add_bench_subcommand(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="end-to-end straggler benchmark (RT and ACC per mode)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--modes", type=_modes, default=MODES, help=f"comma-separated, from {','.join(MODES)}")
+    p.add_argument("--chi", type=_floats, default=None, help="straggler slowdowns, e.g. 1,4,8 (default 1,4)")
+    p.add_argument("--seeds", type=_ints, default=None, help="e.g. 0,1,2 (default 0,1; --quick: 0)")
+    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--dp", type=int, default=1)
+    p.add_argument("--pattern", choices=("fixed", "round-robin", "multi"), default="fixed")
+    p.add_argument("--straggler-rank", type=int, default=1)
+    p.add_argument("--multi-chi", type=_floats, default=(8.0, 6.0, 4.0, 2.0),
+                   help="per-rank factors of the multi pattern at chi = 8 (scaled by chi/8)")
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--iters-per-epoch", type=int, default=None)
+    p.add_argument("--device-ms", type=float, default=40.0,
+                   help="emulated GEMM time of one rank per iteration at chi = 1")
+    p.add_argument("--quick", action="store_true", help="fewer iterations and seeds (a few minutes)")
+    p.add_argument("--json", type=Path, default=Path("results/bench.json"))
+    p.add_argument("--plots", type=Path, default=Path("results"), help="directory for the PNG plots")
+    p.add_argument("--no-plots", action="store_true")
+    p.set_defaults(func=run_bench_command)
+
+
+def config_from_args(args: argparse.Namespace):
+    from semimig.bench.config import BenchConfig
+
+    quick = args.quick
+    return BenchConfig(
+        modes=args.modes,
+        chis=args.chi or ((1.0, 4.0) if not quick else (1.0, 4.0)),
+        seeds=args.seeds or ((0,) if quick else (0, 1)),
+        tp=args.tp, dp=args.dp, pattern=args.pattern, straggler_rank=args.straggler_rank,
+        multi_chis=args.multi_chi,
+        epochs=args.epochs or (2 if quick else 3),
+        iters_per_epoch=args.iters_per_epoch or (12 if quick else 20),
+        device_ms=args.device_ms,
+    )
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from semimig.bench import report
+    from semimig.bench.train import run_cases
+    from semimig.launch import run_on_ranks
+
+    cfg = config_from_args(args)
+    groups = [(chi, seed) for seed in cfg.seeds for chi in cfg.chis]
+    records = []
+    start = time.perf_counter()
+    print(f"semimig bench: ViT {cfg.size} on digits, tp={cfg.tp} dp={cfg.dp}, pattern {cfg.pattern}, "
+          f"{cfg.epochs}x{cfg.iters_per_epoch} iterations, emulated device {cfg.device_ms:g} ms/iter, "
+          f"{len(cfg.modes)} modes x {len(cfg.chis)} chi x {len(cfg.seeds)} seeds on CPU/gloo")
+    with Progress() as progress:
+        task = progress.add_task("training", total=len(groups) * len(cfg.modes))
+        for chi, seed in groups:
+            cases = [(mode, chi, seed) for mode in cfg.modes]
+            records += run_on_ranks(run_cases, cfg.world, cfg, cases, timeout_s=1800)
+            progress.advance(task, len(cases))
+    rows = report.summarize(records)
+    title = f"semimig bench tp={cfg.tp} {cfg.pattern} ({time.perf_counter() - start:.0f} s)"
+    report.print_table(rows, title)
+    config = dataclasses.asdict(cfg)
+    report.write_json(args.json, records, rows, config)
+    print(f"JSON: {args.json}")
+    if not args.no_plots:
+        for path in report.write_plots(args.plots, rows, title):
+            print(f"plot: {path}")
+    return 0

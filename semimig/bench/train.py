@@ -1,0 +1,114 @@
+"""One benchmark case on one rank: train the ViT through ``HybridParallelPlugin`` and time it.
+
+A case is (mode, chi, seed).  ``baseline`` uses Colossal-AI's own policy and layers, slowed by
+hooks; every other mode uses :class:`SemiMigPolicy` and a :class:`BalanceController`.  Both see
+the same injected device emulation, so the only difference is what semimig does about it.
+Iteration time is the wall time from one optimizer step to the next, measured on every rank
+after a barrier-free loop (collectives already synchronise the TP group); rank 0 reports.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from semimig.bench.config import BenchConfig
+from semimig.bench.models import digits_split, tiny_vit
+
+
+def _tp_group_rank(plugin) -> tuple[int, int]:
+    group = plugin.tp_group
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _batches(x, y, cfg: BenchConfig, seed: int, dp_rank: int, epoch: int):
+    """The epoch's batches for this DP rank: a seeded shuffle, disjoint slices per DP rank."""
+    gen = torch.Generator().manual_seed(seed * 1000 + epoch)
+    order = torch.randperm(len(y), generator=gen)
+    for it in range(cfg.iters_per_epoch):
+        start = ((it * cfg.dp + dp_rank) * cfg.batch) % (len(y) - cfg.batch)
+        idx = order[start:start + cfg.batch]
+        yield x[idx], y[idx]
+
+
+def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, seed: int) -> dict:
+    """Train one case; returns timing and accuracy (rank 0's view, identical across TP ranks)."""
+    from colossalai.booster import Booster
+    from colossalai.booster.plugin import HybridParallelPlugin
+
+    import semimig.nn  # noqa: F401 - CPU compatibility shim
+    from semimig.controller import BalanceConfig, BalanceController
+    from semimig.shardformer import SemiMigPolicy
+    from semimig.straggler import BusyMeter, StragglerConfig, StragglerInjector
+    from semimig.straggler.hooks import attach_to_colossalai_layers
+
+    straggler = StragglerConfig.from_cli(
+        f"{cfg.straggler_spec(chi)}:mode=emulated:flops={cfg.device_flops_per_second():.6g}")
+    plugin = HybridParallelPlugin(tp_size=cfg.tp, pp_size=1, precision="fp32",
+                                  custom_policy=None if mode == "baseline" else SemiMigPolicy())
+    model = tiny_vit(cfg.size, seed=seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    booster = Booster(plugin=plugin)
+    model, optimizer, *_ = booster.boost(model, optimizer)
+    tp_rank, tp_size = _tp_group_rank(plugin)
+    dp_rank = dist.get_rank(plugin.dp_group)
+
+    controller = meter = None
+    if mode == "baseline":
+        meter = BusyMeter(StragglerInjector(straggler, tp_rank, tp_size))
+        attach_to_colossalai_layers(model, meter)
+    else:
+        controller = BalanceController(model, BalanceConfig(mode=mode, straggler=straggler),
+                                       process_group=plugin.tp_group, iterations_per_epoch=cfg.iters_per_epoch)
+
+    x_train, y_train, x_test, y_test = digits_split(seed=0)
+    iter_times, epoch_times, shed = [], [], []
+    iteration = 0
+    model.train()
+    for epoch in range(cfg.epochs):
+        if controller is not None:
+            controller.set_epoch(epoch)
+        epoch_start = last = time.perf_counter()
+        for xb, yb in _batches(x_train, y_train, cfg, seed, dp_rank, epoch):
+            if meter is not None:
+                meter.injector.set_position(epoch, iteration)
+            out = model(pixel_values=xb, labels=yb)
+            booster.backward(out.loss, optimizer)
+            optimizer.step()
+            optimizer.zero_grad()
+            if controller is not None:
+                shed.append(controller.step().gamma_target)
+            else:
+                meter.reset()
+            now = time.perf_counter()
+            if iteration >= cfg.warmup_iters:
+                iter_times.append(now - last)
+            last = now
+            iteration += 1
+        epoch_times.append(time.perf_counter() - epoch_start)
+
+    model.eval()
+    correct = 0
+    with torch.no_grad(), (controller.dense() if controller is not None else contextlib.nullcontext()):
+        for lo in range(0, len(y_test), 128):
+            logits = model(pixel_values=x_test[lo:lo + 128]).logits
+            correct += int((logits.argmax(-1) == y_test[lo:lo + 128]).sum())
+    plan = controller.plan.summary() if controller is not None and controller.plan is not None else None
+    shed_by_rank = [None] * tp_size
+    dist.all_gather_object(shed_by_rank, statistics.mean(shed) if shed else 0.0, group=plugin.tp_group)
+    return {
+        "mode": mode, "chi": chi, "seed": seed,
+        "iter_time_s": statistics.median(iter_times),
+        "epoch_time_s": statistics.mean(epoch_times[1:] or epoch_times),
+        "accuracy": correct / len(y_test),
+        "shed_share_by_rank": shed_by_rank,
+        "plan": plan,
+    }
+
+
+def run_cases(rank: int, world: int, cfg: BenchConfig, cases: list) -> list:
+    """Train several (mode, chi, seed) cases one after another in the same ranks."""
+    return [train_case(rank, world, cfg, mode, chi, seed) for mode, chi, seed in cases]
