@@ -69,8 +69,8 @@ def config_from_args(args: argparse.Namespace):
         seeds=args.seeds or ((0,) if quick else (0, 1)),
         tp=args.tp, dp=args.dp, pattern=args.pattern, straggler_rank=args.straggler_rank,
         multi_chis=args.multi_chi,
-        epochs=args.epochs or (2 if quick else 3),
-        iters_per_epoch=args.iters_per_epoch or (12 if quick else 20),
+        epochs=args.epochs or (2 if quick else 4),
+        iters_per_epoch=args.iters_per_epoch or (15 if quick else 25),
         device_ms=args.device_ms,
     )
 

@@ -25,9 +25,9 @@ class BenchConfig:
     ``multi`` (ranks 0..tp-1 with factors ``multi_chis``, paper Fig. 11)."""
     straggler_rank: int = 1
     multi_chis: tuple[float, ...] = (8.0, 6.0, 4.0, 2.0)
-    epochs: int = 3
-    iters_per_epoch: int = 10
-    batch: int = 32
+    epochs: int = 4
+    iters_per_epoch: int = 25
+    batch: int = 64
     lr: float = 2e-3
     device_ms: float = 60.0
     """Emulated device time of one rank's linear GEMMs per iteration at chi = 1 (milliseconds):

@@ -1,0 +1,94 @@
+"""The runtime on real process groups: identical plans on every rank, pretest, forced migration."""
+import copy
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from dist_harness import run_on_ranks
+
+
+class _MLP(nn.Module):
+    def __init__(self, fc1, fc2):
+        super().__init__()
+        self.fc1, self.fc2 = fc1, fc2
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _model(world, width=64):
+    import semimig.nn as snn
+
+    torch.manual_seed(0)
+    fc1, fc2 = nn.Linear(width, width * world), nn.Linear(width * world, width)
+    group = dist.group.WORLD
+    return lambda: _MLP(snn.Linear1D_Col.from_native_module(copy.deepcopy(fc1), group),  # noqa: E731
+                        snn.Linear1D_Row.from_native_module(copy.deepcopy(fc2), group))
+
+
+def _plans_body(rank, world, spec):
+    from semimig.controller import BalanceConfig, BalanceController
+    from semimig.straggler import StragglerConfig
+
+    model = _model(world)()
+    rate = 2 * 32 * 64 * 64 * 3 * 2 / 0.02  # emulated device: ~20 ms of GEMMs per iteration
+    config = BalanceConfig(mode="semi", straggler=StragglerConfig.from_cli(f"{spec}:mode=emulated:flops={rate}"))
+    ctl = BalanceController(model, config)
+    x = torch.randn(32, 64)
+    summaries = []
+    for _ in range(6):
+        model(x).sum().backward()
+        report = ctl.step()
+        summaries.append(None if report.plan is None else report.plan.summary())
+    gathered = [None] * world
+    dist.all_gather_object(gathered, (summaries, ctl.curves.to_dict()))
+    return gathered
+
+
+@pytest.mark.parametrize("world,spec", [(2, "fixed:1:4"), (4, "multi:1=8,3=3")])
+def test_every_rank_computes_the_same_plan(world, spec):
+    gathered = run_on_ranks(_plans_body, world, spec, timeout_s=120)
+    first = gathered[0]
+    assert all(g == first for g in gathered[1:])
+    summaries, curves = first
+    assert all(s is not None for s in summaries)
+    assert "r1:" in summaries[-1]  # the injected straggler acts
+    json.dumps(curves)  # the pretest result is JSON-serialisable (save/load)
+
+
+def _forced_migration_body(rank, world):
+    from semimig.controller import BalanceConfig, BalanceController
+
+    make = _model(world, width=12)
+    plain, balanced = make(), make()
+    ctl = BalanceController(balanced, BalanceConfig(mode="mig"))
+    ctl.force(migrate={1: 0.5})
+    x = torch.randn(5, 12)
+    for model in (plain, balanced):
+        model(x).pow(2).sum().backward()
+    for a, b in zip(plain.parameters(), balanced.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=0)  # migration is exact
+    assert balanced.fc1.directive.layout.migrated_count(1) == 6
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_forced_migration_through_the_runtime_is_exact(world):
+    run_on_ranks(_forced_migration_body, world)
+
+
+def test_a_model_without_semimig_layers_is_rejected():
+    from semimig.controller import BalanceController
+
+    with pytest.raises(ValueError, match="Sequential has no semimig layers"):
+        BalanceController(nn.Sequential(nn.Linear(2, 2)))
+
+
+def test_curves_round_trip_through_json():
+    from semimig.controller import CostCurves, Curve
+
+    curves = CostCurves(omega1=0.001, omega2=Curve.affine(0.0, 1e-6), phi1=Curve.affine(0.002, 3e-6),
+                        phi2=Curve.affine(0.0, 2e-6))
+    assert CostCurves.from_dict(json.loads(json.dumps(curves.to_dict()))) == curves
