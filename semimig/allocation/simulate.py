@@ -1,0 +1,98 @@
+"""Heterogeneous devices on one CPU: configurable speed (sleeps) and memory caps (simulated OOM).
+
+Speed.  A device ``f`` times slower than this CPU spends ``f`` times as long on every micro-step.
+:class:`SlowedModule` wraps a model; each forward of a batch of ``b`` samples, measured at
+``t_real`` seconds, is followed by a sleep of
+
+    delay(b) = (f - 1)·t_real + f·(base_time_s + per_sample_time_s·b)
+
+The first term is the straggler injection of DESIGN §5 applied to the real forward work
+(``(χ - 1)·t``).  The second is optional synthetic "kernel time" standing for a model much larger
+than the toy one being run: on an oversubscribed CPU (several ranks per core) the real compute
+time of a toy model is small and noisy, so benchmarks make the deterministic synthetic term
+dominate (sleeping ranks do not compete for cores).  ``base_time_s`` is a fixed per-micro-step
+cost (launch overhead: it is what makes large micro-batches faster per sample, the shape of
+Poplar's speed curves); ``per_sample_time_s`` the cost per sample.  The backward's real compute
+is not scaled: the delay is charged in the forward, before the backward's collectives, so that a
+slow device reaches them late, as a real one would.
+
+Memory.  A configured byte cap: a step whose peak memory (see :mod:`.memory`) exceeds it raises
+:class:`SimulatedOutOfMemoryError`, a ``torch.OutOfMemoryError``, so the profiler catches real
+and simulated OOM alike.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+
+class SimulatedOutOfMemoryError(torch.OutOfMemoryError):
+    """A step's peak memory exceeded the simulated device's byte cap."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulatedSpeed:
+    """How much slower than the host a simulated device is (see the module docstring)."""
+
+    speed_factor: float = 1.0
+    """``f >= 1``: every micro-step takes ``f`` times as long as on the host."""
+    base_time_s: float = 0.0
+    """Synthetic compute per micro-step at ``f = 1``, seconds (>= 0)."""
+    per_sample_time_s: float = 0.0
+    """Synthetic compute per sample at ``f = 1``, seconds (>= 0)."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.speed_factor, (int, float)) and math.isfinite(self.speed_factor) and self.speed_factor >= 1):
+            raise ValueError(f"SimulatedSpeed.speed_factor must be finite and >= 1, got {self.speed_factor!r}")
+        for name in ("base_time_s", "per_sample_time_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"SimulatedSpeed.{name} must be finite and >= 0, got {value!r}")
+
+    def synthetic_time(self, batch_size: int) -> float:
+        """Synthetic compute of one micro-step at host speed: ``base + per_sample·b`` (0 for b = 0)."""
+        return 0.0 if batch_size == 0 else self.base_time_s + self.per_sample_time_s * batch_size
+
+    def delay(self, batch_size: int, measured_s: float) -> float:
+        """Seconds to sleep after real work of ``measured_s`` on ``batch_size`` samples."""
+        return (self.speed_factor - 1.0) * measured_s + self.speed_factor * self.synthetic_time(batch_size)
+
+
+def _sleep(seconds: float) -> None:
+    """``time.sleep`` with its last 0.2 ms spun (plain sleep overshoots by ~0.1 ms)."""
+    if seconds <= 0:
+        return
+    deadline = time.perf_counter() + seconds
+    if seconds > 2e-4:
+        time.sleep(seconds - 2e-4)
+    while time.perf_counter() < deadline:
+        pass
+
+
+class SlowedModule(nn.Module):
+    """``module`` on a simulated device: each forward is followed by ``speed.delay(b, t_forward)``.
+
+    ``b`` is the leading dimension of the first positional argument (the batch).
+    """
+
+    def __init__(self, module: nn.Module, speed: SimulatedSpeed) -> None:
+        super().__init__()
+        if not isinstance(speed, SimulatedSpeed):
+            raise ValueError(f"speed must be a SimulatedSpeed, got {type(speed).__name__}")
+        self.module = module
+        self.speed = speed
+
+    def forward(self, batch: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        out = self.module(batch, *args, **kwargs)
+        _sleep(self.speed.delay(int(batch.shape[0]), time.perf_counter() - started))
+        return out
+
+    def extra_repr(self) -> str:
+        s = self.speed
+        return f"speed_factor={s.speed_factor}, base_time_s={s.base_time_s}, per_sample_time_s={s.per_sample_time_s}"

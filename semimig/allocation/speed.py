@@ -1,0 +1,183 @@
+"""Speed curves: how long one device takes for one micro-step at each batch size.
+
+Poplar (Algorithm 1, "Offline Analyzing") profiles a device at a few batch sizes ``b_k`` and
+builds its speed curve by cubic-spline interpolation of the measured speeds
+
+    s(b_k) = b_k / τ(b_k)          samples per second, τ the compute time of one micro-step
+
+over ``b ∈ [1, mbs]`` (``mbs`` the largest batch that fits in memory).  The spline is the natural
+cubic spline (zero second derivative at both ends, the Poplar appendix's choice) through the
+points ``(b_k, s(b_k))``, so it reproduces every profiled point exactly.  Between points it is a
+smooth model; outside ``[b_min, b_max]`` of the profiled points the speed is held constant at the
+nearest end (no polynomial extrapolation) and it is floored at a tiny positive value, so that a
+wiggle of the spline can never produce a zero or negative speed.
+
+The time of one micro-step of ``b`` samples is ``τ(b) = b / s(b)`` and ``τ(0) = 0``.  A device
+processes ``B`` samples per iteration as ``gas - 1`` micro-steps of ``mbs`` samples and one of
+``lbs`` samples, taking ``(gas - 1)·τ(mbs) + τ(lbs)``.
+
+A device known only by its peak speed (a JSON spec, say) gets a constant-speed curve:
+``τ(b) = b / s_peak``.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Sequence
+
+import numpy as np
+from scipy.interpolate import CubicSpline
+
+logger = logging.getLogger(__name__)
+
+_MIN_SPEED_FRACTION = 1e-6  # spline floor, as a fraction of the slowest profiled speed
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeedCurve:
+    """A device's profiled micro-step times and the spline through its speeds.
+
+    Build with :meth:`from_points` (profiled ``(batch, seconds)`` pairs) or :meth:`constant`.
+    """
+
+    name: str = "device"
+    """A label for logs, tables and error messages."""
+    batch_sizes: tuple[int, ...]
+    """Profiled batch sizes, strictly increasing, all >= 1."""
+    times_s: tuple[float, ...]
+    """Compute time of one micro-step (fwd + bwd, collectives excluded) at each batch size."""
+    max_batch_size: int
+    """Largest micro-batch the device holds (memory), >= 1."""
+    _table: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ValueError(f"SpeedCurve.name must be a str, got {self.name!r}")
+        if not _is_int(self.max_batch_size) or self.max_batch_size < 1:
+            raise ValueError(
+                f"SpeedCurve({self.name!r}).max_batch_size must be an int >= 1, got {self.max_batch_size!r}"
+            )
+        if len(self.batch_sizes) == 0:
+            raise ValueError(f"SpeedCurve({self.name!r}) needs at least one profiled point, got none")
+        if len(self.batch_sizes) != len(self.times_s):
+            raise ValueError(
+                f"SpeedCurve({self.name!r}): {len(self.batch_sizes)} batch_sizes but {len(self.times_s)} times_s"
+            )
+        previous = 0
+        for b in self.batch_sizes:
+            if not _is_int(b) or b <= previous:
+                raise ValueError(
+                    f"SpeedCurve({self.name!r}).batch_sizes must be strictly increasing ints >= 1, "
+                    f"got {self.batch_sizes!r}"
+                )
+            previous = b
+        for t in self.times_s:
+            if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+                raise ValueError(
+                    f"SpeedCurve({self.name!r}).times_s must be finite and > 0 "
+                    f"(a zero time is an infinitely fast device), got {self.times_s!r}"
+                )
+        if self.batch_sizes[-1] > self.max_batch_size:
+            raise ValueError(
+                f"SpeedCurve({self.name!r}): profiled batch size {self.batch_sizes[-1]} exceeds "
+                f"max_batch_size={self.max_batch_size}"
+            )
+        object.__setattr__(self, "_table", self._build_table())
+
+    # ---------------------------------------------------------------- constructors
+    @classmethod
+    def from_points(
+        cls, points: Sequence[tuple[int, float]], *, max_batch_size: int, name: str = "device"
+    ) -> "SpeedCurve":
+        """Curve through profiled ``(batch_size, time_s)`` points (any order, no duplicates)."""
+        ordered = sorted((int(b), float(t)) for b, t in points)
+        return cls(
+            name=name,
+            batch_sizes=tuple(b for b, _ in ordered),
+            times_s=tuple(t for _, t in ordered),
+            max_batch_size=max_batch_size,
+        )
+
+    @classmethod
+    def constant(cls, *, peak_speed: float, max_batch_size: int, name: str = "device") -> "SpeedCurve":
+        """Constant speed ``peak_speed`` samples/s at every batch size up to ``max_batch_size``."""
+        if not (isinstance(peak_speed, (int, float)) and math.isfinite(peak_speed) and peak_speed > 0):
+            raise ValueError(
+                f"device {name!r}: peak_speed must be finite and > 0 samples/s, got {peak_speed!r}"
+            )
+        if not _is_int(max_batch_size) or max_batch_size < 1:
+            raise ValueError(f"device {name!r}: max_batch_size must be an int >= 1, got {max_batch_size!r}")
+        return cls(name=name, batch_sizes=(1,), times_s=(1.0 / peak_speed,), max_batch_size=max_batch_size)
+
+    # ---------------------------------------------------------------- the model
+    def _build_table(self) -> np.ndarray:
+        """``τ(b)`` for ``b = 0 … max_batch_size`` (index = batch size), float64."""
+        b_points = np.asarray(self.batch_sizes, dtype=np.float64)
+        s_points = b_points / np.asarray(self.times_s, dtype=np.float64)
+        grid = np.arange(1, self.max_batch_size + 1, dtype=np.float64)
+        if len(b_points) == 1:
+            speeds = np.full_like(grid, s_points[0])
+        else:
+            spline = CubicSpline(b_points, s_points, bc_type="natural")
+            speeds = spline(np.clip(grid, b_points[0], b_points[-1]))
+            speeds = np.maximum(speeds, _MIN_SPEED_FRACTION * s_points.min())
+        table = np.empty(self.max_batch_size + 1, dtype=np.float64)
+        table[0] = 0.0
+        table[1:] = grid / speeds
+        # exact at the profiled points (the spline already is, up to rounding)
+        table[np.asarray(self.batch_sizes)] = np.asarray(self.times_s, dtype=np.float64)
+        return table
+
+    @property
+    def micro_step_times(self) -> np.ndarray:
+        """Read-only view of ``τ(b)`` for ``b = 0 … max_batch_size``."""
+        view = self._table.view()
+        view.flags.writeable = False
+        return view
+
+    def time(self, batch_size: int) -> float:
+        """``τ(b)``: seconds for one micro-step of ``batch_size`` samples (0 for 0)."""
+        if not _is_int(batch_size) or not 0 <= batch_size <= self.max_batch_size:
+            raise ValueError(
+                f"device {self.name!r}: batch_size must be an int in [0, {self.max_batch_size}], got {batch_size!r}"
+            )
+        return float(self._table[batch_size])
+
+    def speed(self, batch_size: int) -> float:
+        """``s(b) = b / τ(b)`` samples per second, for ``b >= 1``."""
+        if not _is_int(batch_size) or not 1 <= batch_size <= self.max_batch_size:
+            raise ValueError(
+                f"device {self.name!r}: batch_size must be an int in [1, {self.max_batch_size}], got {batch_size!r}"
+            )
+        return batch_size / float(self._table[batch_size])
+
+    @cached_property
+    def peak_batch_size(self) -> int:
+        """The batch size of highest speed (the largest one on ties)."""
+        speeds = np.arange(1, self.max_batch_size + 1) / self._table[1:]
+        best = speeds.max()
+        return int(np.flatnonzero(speeds >= best * (1 - 1e-12))[-1]) + 1
+
+    @cached_property
+    def peak_speed(self) -> float:
+        """``max_b s(b)`` over ``b ∈ [1, max_batch_size]``, samples per second."""
+        return self.speed(self.peak_batch_size)
+
+    def largest_batch_within(self, seconds: float) -> int:
+        """Largest ``b <= max_batch_size`` with ``τ(b) <= seconds`` (0 if none): Poplar's find(g, t)."""
+        fits = np.flatnonzero(self._table[1:] <= seconds)
+        return int(fits[-1]) + 1 if fits.size else 0
+
+    def iteration_time(self, samples: int, micro_batch_size: int) -> float:
+        """Seconds to process ``samples`` in micro-batches of ``micro_batch_size`` (last one smaller)."""
+        if samples == 0:
+            return 0.0
+        steps = -(-samples // micro_batch_size)
+        last = samples - (steps - 1) * micro_batch_size
+        return (steps - 1) * self.time(micro_batch_size) + self.time(last)

@@ -1,0 +1,253 @@
+"""Pure allocation (Poplar Algorithm 2) and speed curves, against brute-force references."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from semimig.allocation import (
+    AllocationPlan,
+    DevicePlan,
+    SpeedCurve,
+    allocate,
+    allocate_even,
+    allocate_zero01,
+    allocate_zero23,
+    ideal_iteration_time,
+)
+
+
+# ------------------------------------------------------------------------------ strategies
+def _affine_curve(name: str, base: float, per_sample: float, max_batch: int, probes: list[int]) -> SpeedCurve:
+    """τ(b) = base + per_sample·b sampled at ``probes`` (a typical GPU-like saturating speed)."""
+    return SpeedCurve.from_points([(b, base + per_sample * b) for b in probes], max_batch_size=max_batch, name=name)
+
+
+@st.composite
+def clusters(draw, max_devices: int = 4):
+    n = draw(st.integers(1, max_devices))
+    curves = []
+    for i in range(n):
+        max_batch = draw(st.integers(1, 12))
+        base = draw(st.floats(0.0, 0.05))
+        per_sample = draw(st.floats(0.001, 0.05))
+        probes = sorted({1, max_batch} | set(draw(st.lists(st.integers(1, max_batch), max_size=3))))
+        curves.append(_affine_curve(f"d{i}", base, per_sample, max_batch, probes))
+    return curves
+
+
+@st.composite
+def requests(draw):
+    curves = draw(clusters())
+    max_steps = draw(st.one_of(st.none(), st.integers(1, 4)))
+    steps = 30 if max_steps is None else max_steps
+    capacity = sum(c.max_batch_size for c in curves) * steps
+    gbs = draw(st.integers(1, min(capacity, 40)))
+    comm = draw(st.floats(0.0, 0.05))
+    return curves, gbs, max_steps, comm
+
+
+def _check_plan(plan: AllocationPlan, curves: list[SpeedCurve], gbs: int, max_steps) -> None:
+    assert sum(d.samples for d in plan.devices) == gbs
+    assert plan.num_devices == len(curves)
+    for device, curve in zip(plan.devices, curves):
+        assert device.micro_batch_size <= curve.max_batch_size
+        assert 0 <= device.last_batch_size <= device.micro_batch_size
+        if max_steps is not None:
+            assert device.accumulation_steps <= max_steps
+        assert sum(device.micro_batch_sizes) == device.samples
+
+
+# ------------------------------------------------------------------------------ invariants
+@settings(max_examples=60, deadline=None)
+@given(requests(), st.sampled_from([0, 1, 2, 3]))
+def test_plans_cover_global_batch_within_limits_and_are_deterministic(request, stage) -> None:
+    curves, gbs, max_steps, comm = request
+    plan = allocate(curves, gbs, zero_stage=stage, comm_time_s=comm, max_accumulation_steps=max_steps)
+    _check_plan(plan, curves, gbs, max_steps)
+    if stage >= 2:
+        assert len({d.accumulation_steps for d in plan.devices}) == 1
+    again = allocate(list(curves), gbs, zero_stage=stage, comm_time_s=comm, max_accumulation_steps=max_steps)
+    assert again == plan
+    even = allocate_even(curves, gbs, zero_stage=stage, comm_time_s=comm, max_accumulation_steps=None)
+    _check_plan(even, curves, gbs, None)
+    ideal = ideal_iteration_time(curves, gbs, zero_stage=stage, comm_time_s=comm, max_accumulation_steps=max_steps)
+    assert ideal <= plan.predicted_iteration_time_s * (1 + 1e-9)
+
+
+def _device_time(curve: SpeedCurve, samples: int, max_steps) -> float:
+    """Independent: best split of ``samples`` into equal micro-batches plus a last one, by enumeration."""
+    if samples == 0:
+        return 0.0
+    best = math.inf
+    for m in range(1, min(samples, curve.max_batch_size) + 1):
+        steps = math.ceil(samples / m)
+        if max_steps is not None and steps > max_steps:
+            continue
+        best = min(best, (steps - 1) * curve.time(m) + curve.time(samples - (steps - 1) * m))
+    return best
+
+
+def _compositions(total: int, parts: int):
+    if parts == 1:
+        yield (total,)
+        return
+    for first in range(total + 1):
+        for rest in _compositions(total - first, parts - 1):
+            yield (first,) + rest
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.2, 5.0), st.integers(1, 6)), min_size=1, max_size=3), st.integers(1, 14))
+def test_zero01_matches_brute_force_for_constant_speeds(devices, gbs) -> None:
+    """With τ(b) = b/s the makespan problem is solved exactly by the greedy hand-out."""
+    curves = [SpeedCurve.constant(peak_speed=s, max_batch_size=m, name=f"d{i}") for i, (s, m) in enumerate(devices)]
+    plan = allocate_zero01(curves, gbs)
+    best = min(max(_device_time(c, b, None) for c, b in zip(curves, split)) for split in _compositions(gbs, len(curves)))
+    assert plan.predicted_iteration_time_s == pytest.approx(best, rel=1e-9)
+    for device, curve in zip(plan.devices, curves):
+        assert device.predicted_time_s == pytest.approx(_device_time(curve, device.samples, None), rel=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(requests())
+def test_zero01_never_worse_than_even_split(request) -> None:
+    curves, gbs, max_steps, comm = request
+    plan = allocate_zero01(curves, gbs, comm_time_s=comm, max_accumulation_steps=max_steps)
+    try:
+        even = allocate_even(curves, gbs, zero_stage=1, comm_time_s=comm, max_accumulation_steps=max_steps)
+    except ValueError:
+        return
+    assert plan.predicted_iteration_time_s <= even.predicted_iteration_time_s * (1 + 1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(requests())
+def test_zero23_search_minimises_poplar_objective_over_all_step_batches(request) -> None:
+    """(t + t_comm)·gas is minimal over every per-micro-step batch vector, by enumeration."""
+    curves, gbs, max_steps, comm = request
+    if math.prod(c.max_batch_size + 1 for c in curves) > 3000:
+        return
+    plan = allocate_zero23(curves, gbs, comm_time_s=comm, max_accumulation_steps=max_steps)
+    best = math.inf
+    for batches in itertools.product(*(range(c.max_batch_size + 1) for c in curves)):
+        total = sum(batches)
+        if total == 0:
+            continue
+        steps = math.ceil(gbs / total)
+        if max_steps is not None and steps > max_steps:
+            continue
+        step_time = max(c.time(b) for c, b in zip(curves, batches))
+        best = min(best, (step_time + comm) * steps)
+    chosen_step = max(c.time(d.micro_batch_size) for c, d in zip(curves, plan.devices))
+    chosen = (chosen_step + comm) * plan.devices[0].accumulation_steps
+    assert chosen == pytest.approx(best, rel=1e-9)
+
+
+def test_zero01_splits_in_proportion_to_speed() -> None:
+    curves = [SpeedCurve.constant(peak_speed=s, max_batch_size=100, name=n) for n, s in [("a", 4.0), ("b", 2.0), ("c", 1.0), ("d", 1.0)]]
+    plan = allocate_zero01(curves, 80)
+    assert plan.samples == (40, 20, 10, 10)
+    assert plan.predicted_iteration_time_s == pytest.approx(10.0)
+    assert ideal_iteration_time(curves, 80, zero_stage=1) == pytest.approx(10.0)
+
+
+def test_zero01_realises_with_accumulation_when_memory_is_short() -> None:
+    curves = [SpeedCurve.constant(peak_speed=1.0, max_batch_size=4, name="small"), SpeedCurve.constant(peak_speed=1.0, max_batch_size=16, name="big")]
+    plan = allocate_zero01(curves, 20)
+    small, big = plan.devices
+    assert (small.samples, big.samples) == (10, 10)
+    assert small.micro_batch_size <= 4 and small.accumulation_steps == 3
+    assert big.accumulation_steps == 1
+
+
+def test_zero23_prefers_fewer_micro_steps_when_communication_is_expensive() -> None:
+    curves = [_affine_curve("a", 0.0, 0.01, 8, [1, 8]), _affine_curve("b", 0.0, 0.02, 8, [1, 8])]
+    cheap = allocate_zero23(curves, 24, comm_time_s=0.0)
+    dear = allocate_zero23(curves, 24, comm_time_s=1.0)
+    assert dear.devices[0].accumulation_steps <= cheap.devices[0].accumulation_steps
+    assert dear.devices[0].accumulation_steps == 2  # 24 samples need at least ⌈24/16⌉ steps
+
+
+# ------------------------------------------------------------------------------ infeasible requests
+def test_infeasible_requests_raise_clear_errors() -> None:
+    curves = [SpeedCurve.constant(peak_speed=1.0, max_batch_size=4, name="a"), SpeedCurve.constant(peak_speed=2.0, max_batch_size=2, name="b")]
+    with pytest.raises(ValueError, match=r"global_batch_size=13 exceeds .*\[4, 2\].*max_accumulation_steps=2 = 12"):
+        allocate(curves, 13, zero_stage=1, max_accumulation_steps=2)
+    with pytest.raises(ValueError, match=r"global_batch_size=13 exceeds"):
+        allocate(curves, 13, zero_stage=2, max_accumulation_steps=2)
+    with pytest.raises(ValueError, match="empty cluster"):
+        allocate([], 8, zero_stage=1)
+    with pytest.raises(ValueError, match="global_batch_size must be an int >= 1, got -3"):
+        allocate(curves, -3, zero_stage=1)
+    with pytest.raises(ValueError, match="global_batch_size must be an int >= 1, got 0"):
+        allocate(curves, 0, zero_stage=1)
+    with pytest.raises(ValueError, match="comm_time_s must be finite and >= 0, got -0.1"):
+        allocate(curves, 4, zero_stage=2, comm_time_s=-0.1)
+    with pytest.raises(ValueError, match="max_accumulation_steps must be None or an int >= 1, got 0"):
+        allocate(curves, 4, zero_stage=1, max_accumulation_steps=0)
+    with pytest.raises(ValueError, match="zero_stage must be one of"):
+        allocate(curves, 4, zero_stage=4)
+    with pytest.raises(ValueError, match="peak_speed must be finite and > 0 samples/s, got 0"):
+        SpeedCurve.constant(peak_speed=0, max_batch_size=4, name="dead")
+    with pytest.raises(ValueError, match="times_s must be finite and > 0"):
+        SpeedCurve.from_points([(1, 0.0)], max_batch_size=4, name="instant")
+    with pytest.raises(ValueError, match="max_batch_size must be an int >= 1, got 0"):
+        SpeedCurve.constant(peak_speed=1.0, max_batch_size=0, name="no-memory")
+    with pytest.raises(ValueError, match="profiled batch size 8 exceeds max_batch_size=4"):
+        SpeedCurve.from_points([(1, 0.1), (8, 0.5)], max_batch_size=4)
+
+
+def test_plan_validation_names_bad_values() -> None:
+    with pytest.raises(ValueError, match="last_batch_size=5 exceeds micro_batch_size=4"):
+        DevicePlan(name="x", micro_batch_size=4, accumulation_steps=2, last_batch_size=5)
+    with pytest.raises(ValueError, match="accumulation_steps must be >= 1, got 0"):
+        DevicePlan(name="x", micro_batch_size=4, accumulation_steps=0, last_batch_size=4)
+    devices = (
+        DevicePlan(name="a", micro_batch_size=4, accumulation_steps=2, last_batch_size=4),
+        DevicePlan(name="b", micro_batch_size=4, accumulation_steps=1, last_batch_size=4),
+    )
+    with pytest.raises(ValueError, match=r"sum to 12, not global_batch_size=10"):
+        AllocationPlan(zero_stage=1, global_batch_size=10, devices=devices)
+    with pytest.raises(ValueError, match=r"ZeRO-2 needs one accumulation_steps .*\[2, 1\]"):
+        AllocationPlan(zero_stage=2, global_batch_size=12, devices=devices)
+
+
+# ------------------------------------------------------------------------------ speed curves
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 64), st.floats(1e-3, 2.0)), min_size=1, max_size=7, unique_by=lambda p: p[0]),
+    st.integers(0, 32),
+)
+def test_spline_passes_through_profiled_points(points, extra) -> None:
+    max_batch = max(b for b, _ in points) + extra
+    curve = SpeedCurve.from_points(points, max_batch_size=max_batch)
+    for b, t in points:
+        assert curve.time(b) == pytest.approx(t, rel=1e-12)
+        assert curve.speed(b) == pytest.approx(b / t, rel=1e-12)
+    table = curve.micro_step_times
+    assert table[0] == 0.0 and np.all(table[1:] > 0) and np.all(np.isfinite(table))
+    assert curve.peak_speed >= max(b / t for b, t in points) * (1 - 1e-12)
+
+
+def test_spline_is_a_natural_cubic_spline_of_speed() -> None:
+    from scipy.interpolate import CubicSpline
+
+    points = [(1, 0.010), (2, 0.012), (4, 0.016), (8, 0.030), (16, 0.058)]
+    curve = SpeedCurve.from_points(points, max_batch_size=16)
+    b = np.array([p[0] for p in points], float)
+    reference = CubicSpline(b, b / np.array([p[1] for p in points]), bc_type="natural")
+    for batch in range(1, 17):
+        assert curve.speed(batch) == pytest.approx(float(reference(batch)), rel=1e-9)
+
+
+def test_largest_batch_within_is_poplar_find() -> None:
+    curve = SpeedCurve.from_points([(1, 0.1), (4, 0.4)], max_batch_size=6)  # constant 10 samples/s
+    assert curve.largest_batch_within(0.05) == 0
+    assert curve.largest_batch_within(0.35) == 3
+    assert curve.largest_batch_within(10.0) == 6
+    assert curve.iteration_time(10, 4) == pytest.approx(0.4 + 0.4 + 0.2)
