@@ -25,9 +25,11 @@ cost curves from a pretest after the first iteration).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import logging
+import statistics
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
@@ -75,6 +77,9 @@ class BalanceConfig:
     """Re-plan every ``interval`` iterations (the plan is kept in between)."""
     curves: Optional[CostCurves] = None
     """SEMI cost curves; ``None`` runs the pretest after the first iteration."""
+    smoothing: int = 3
+    """Busy times entering a decision are the median of the last ``smoothing`` iterations, so
+    one descheduled GEMM does not turn a rank into a straggler."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -83,6 +88,8 @@ class BalanceConfig:
             raise ValueError(f"exchange must be one of {EXCHANGE_POLICIES}, got {self.exchange!r}")
         if isinstance(self.interval, bool) or not isinstance(self.interval, int) or self.interval < 1:
             raise ValueError(f"interval must be an int >= 1, got {self.interval!r}")
+        if isinstance(self.smoothing, bool) or not isinstance(self.smoothing, int) or self.smoothing < 1:
+            raise ValueError(f"smoothing must be an int >= 1, got {self.smoothing!r}")
         if self.mode.startswith("zero-"):
             object.__setattr__(self, "resizing", dataclasses.replace(self.resizing, variant=self.mode[5:]))
         plan_mode = {"baseline": "baseline", "mig": "mig", "semi": "semi"}.get(self.mode, "zero")
@@ -143,6 +150,7 @@ class BalanceController:
         self.plan: Optional[GroupPlan] = None
         self.forced: Optional[tuple[dict, dict]] = None
         self.reports: list[StepReport] = []
+        self._recent: collections.deque = collections.deque(maxlen=config.smoothing)
         self._gammas: tuple[float, ...] = (0.0,) * len(self.bound)
         self._migrate: dict[int, float] = {}
         for b in self.bound:
@@ -206,16 +214,22 @@ class BalanceController:
         mode = self.config.mode
         if mode == "baseline":
             return 0.0
+        self._recent.append((stats.busy_s, stats.full_work_busy_s))
+        busy = statistics.median(b for b, _ in self._recent)
+        full = statistics.median(f for _, f in self._recent)
         if mode.startswith("zero"):
-            t_ref = refresh_reference(self.reference, stats.busy_s, self.group)
-            full = stats.full_work_busy_s
-            gamma = pruning_ratio(full, t_ref, full, self.config.resizing.gamma_max) if full > 0 else 0.0
+            # Eq. 1 with T_ref the group mean of the *current* busy times: as the straggler sheds
+            # work its current time falls, the refreshed mean follows, and the fixed point is
+            # the fast ranks' time.  Ranks within the noise tolerance of T_ref never prune.
+            t_ref = refresh_reference(self.reference, busy, self.group)
+            straggles = full > t_ref * (1.0 + self.config.controller.tol)
+            gamma = pruning_ratio(full, t_ref, full, self.config.resizing.gamma_max) if straggles else 0.0
             if mode == "zero-pridiff-e" and gamma > 0:
                 gamma = self.config.resizing.empirical_gamma
             self._gammas = self._layer_gammas(gamma)
             self._migrate = {}
             return gamma
-        times = self._gather_times(stats.full_work_busy_s)
+        times = self._gather_times(full)
         if self.curves is None:
             self.curves = run_pretest([(b.tokens, b.layer.weight.shape[0], b.layer.k_columns) for b in self.bound],
                                       self.group, gemm_timer=self.meter)
@@ -279,14 +293,16 @@ class BalanceController:
     def _select(self, b: _Bound, own: int, n_prune: int) -> torch.Tensor:
         """The ``n_prune`` columns of ``[0, own)`` to drop: random (rd) or smallest δ first.
 
-        Before the first statistics period ends every δ is equal, and ties go to the columns
-        pruned least often so far, so pruning rotates instead of sticking to the same columns.
+        Within a statistics period the priority list is stable (paper Alg. 1); across periods the
+        incremental δ update (pruned columns keep their old δ) and ties broken by past prune
+        counts rotate it, so no column stays pruned for ever.
         """
         if self.config.resizing.variant == "rd":
             return select_pruned(torch.zeros(own), n_prune, "rd", self.generator)
+        if b.delta is None:  # first period, no statistics yet: one stable set, like a priority list
+            return torch.arange(n_prune)
         counts = self._prune_counts(b)
-        delta = b.delta[:own] if b.delta is not None else torch.zeros(own, dtype=torch.float64)
-        return select_pruned(delta, n_prune, "pri", tie_break=None if counts is None else counts[:own])
+        return select_pruned(b.delta[:own], n_prune, "pri", tie_break=None if counts is None else counts[:own])
 
     def _prune_counts(self, b: _Bound) -> Optional[torch.Tensor]:
         try:
