@@ -31,7 +31,6 @@ measured iteration time so this can be checked.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
@@ -43,6 +42,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.utils.data import TensorDataset
 
+from semimig._compat import apply_cpu_shim
 from semimig.allocation import (
     HeteroDataLoader,
     ModelStepDevice,
@@ -108,28 +108,6 @@ def _make_batch(batch: int):
     return torch.randn(batch, FEATURES), torch.randn(batch, 1)
 
 
-def _cpu_workaround() -> None:
-    """Colossal-AI 0.5.0 ZeRO on CPU (same patches as tests/test_allocation_colossal.py)."""
-    from colossalai.accelerator.cpu_accelerator import CpuAccelerator
-    from colossalai.zero.low_level import low_level_optim
-
-    from semimig._compat import apply_cpu_shim
-
-    if torch.cuda.is_available():
-        return
-    apply_cpu_shim()
-
-    def _dtype_checks_only(self) -> None:
-        for group in self.optim.param_groups:
-            for param in group["params"]:
-                assert param.dtype == self._dtype
-
-    low_level_optim.LowLevelZeroOptimizer._sanity_checks = _dtype_checks_only
-    CpuAccelerator.Stream = lambda self, *args, **kwargs: None
-    CpuAccelerator.current_stream = lambda self, *args, **kwargs: None
-    CpuAccelerator.stream = lambda self, stream: contextlib.nullcontext()
-
-
 def _memory_caps() -> tuple[int, int]:
     """(X, 2X) bytes: X = model states + SMALL_CAP_SAMPLES samples' activations (CPU memory model)."""
     device = ModelStepDevice(WideMLP(), _mse, _make_batch)
@@ -157,7 +135,7 @@ def _time_iterations(booster, model, optimizer, plan, rank: int, zero_stage: int
 
 
 def _body(rank: int, world: int, gbs: int, iterations: int, repeats: int, zero_stage: int) -> list[dict]:
-    _cpu_workaround()
+    apply_cpu_shim()  # RNG, ZeRO sanity check and streams on CPU (semimig._compat)
     from colossalai.booster import Booster
     from colossalai.booster.plugin import LowLevelZeroPlugin
 

@@ -9,7 +9,6 @@ reassociation of sums across micro-steps and ranks (values are O(1)).
 """
 from __future__ import annotations
 
-import contextlib
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ import torch.nn as nn
 from torch.utils.data import TensorDataset
 
 from dist_harness import run_on_ranks
+from semimig._compat import apply_cpu_shim
 from semimig.allocation import (
     HeteroDataLoader,
     SpeedCurve,
@@ -28,33 +28,6 @@ from semimig.allocation import (
 
 ATOL = 1e-5
 DATASET_SIZE = 40
-
-
-def _cpu_workaround() -> None:
-    """Local CPU patches for Colossal-AI 0.5.0 (reported to the lead; belongs in semimig._compat).
-
-    ``apply_cpu_shim`` fixes the accelerator's RNG methods; on top of it, ZeRO on CPU needs:
-    ``LowLevelZeroOptimizer._sanity_checks`` asserts the accelerator is cuda/npu (its dtype checks
-    are kept), and ``BucketStore`` / ``_run_reduction`` call ``CpuAccelerator.Stream()``,
-    ``current_stream()`` and ``stream(s)``, which raise on CPU (no streams: None / a null context).
-    """
-    from colossalai.accelerator.cpu_accelerator import CpuAccelerator
-    from colossalai.zero.low_level import low_level_optim
-
-    from semimig._compat import apply_cpu_shim
-
-    apply_cpu_shim()
-
-    def _dtype_checks_only(self) -> None:
-        for group in self.optim.param_groups:
-            for param in group["params"]:
-                if not getattr(param, "skip_zero_check", False):
-                    assert param.dtype == self._dtype, f"expected {self._dtype}, got {param.dtype}"
-
-    low_level_optim.LowLevelZeroOptimizer._sanity_checks = _dtype_checks_only
-    CpuAccelerator.Stream = lambda self, *args, **kwargs: None
-    CpuAccelerator.current_stream = lambda self, *args, **kwargs: None
-    CpuAccelerator.stream = lambda self, stream: contextlib.nullcontext()
 
 
 class TinyMLP(nn.Module):
@@ -95,7 +68,7 @@ def _reference_grads(global_batch_size: int) -> dict[str, torch.Tensor]:
 
 
 def _zero_body(rank: int, world: int, stage: int, global_batch_size: int):
-    _cpu_workaround()
+    apply_cpu_shim()  # RNG, ZeRO sanity check and streams on CPU (semimig._compat)
     from colossalai.booster import Booster
     from colossalai.booster.plugin import LowLevelZeroPlugin
 
@@ -179,7 +152,7 @@ def _mlp_policy():
 
 
 def _hybrid_body(rank: int, world: int, global_batch_size: int):
-    _cpu_workaround()
+    apply_cpu_shim()  # RNG, ZeRO sanity check and streams on CPU (semimig._compat)
     import torch.distributed as dist
     from colossalai.booster import Booster
     from colossalai.booster.plugin import HybridParallelPlugin

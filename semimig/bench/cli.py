@@ -65,7 +65,7 @@ def config_from_args(args: argparse.Namespace):
     quick = args.quick
     return BenchConfig(
         modes=args.modes,
-        chis=args.chi or ((1.0, 4.0) if not quick else (1.0, 4.0)),
+        chis=args.chi or (1.0, 4.0),
         seeds=args.seeds or ((0,) if quick else (0, 1)),
         tp=args.tp, dp=args.dp, pattern=args.pattern, straggler_rank=args.straggler_rank,
         multi_chis=args.multi_chi,

@@ -58,6 +58,11 @@ class BenchConfig:
         if self.size.hidden % self.tp or self.size.intermediate % self.tp or self.size.heads % self.tp:
             raise ValueError(f"hidden={self.size.hidden}, intermediate={self.size.intermediate} and "
                              f"heads={self.size.heads} must all be divisible by tp={self.tp}")
+        if self.batch * self.dp > 1000:
+            raise ValueError(f"batch*dp={self.batch * self.dp} exceeds what digits' 1347 training images "
+                             "can serve per iteration (keep it <= 1000)")
+        if not self.seeds or not self.chis:
+            raise ValueError(f"seeds and chis must not be empty, got seeds={self.seeds} chis={self.chis}")
         if not self.device_ms > 0:
             raise ValueError(f"device_ms must be > 0, got {self.device_ms}")
         if self.warmup_iters >= self.epochs * self.iters_per_epoch:

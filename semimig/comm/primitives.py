@@ -24,6 +24,23 @@ def group_rank(group: ProcessGroup | None) -> int:
     return dist.get_rank(group)
 
 
+def collective_device(group: ProcessGroup | None) -> torch.device:
+    """Where small bookkeeping tensors for collectives on ``group`` must live (CUDA for NCCL)."""
+    if dist.is_initialized() and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_gather_floats(value: float, group: ProcessGroup | None) -> list[float]:
+    """Every rank's ``value``, in group-rank order (one float64 all-gather)."""
+    if group_size(group) == 1:
+        return [float(value)]
+    mine = torch.tensor([float(value)], dtype=torch.float64, device=collective_device(group))
+    out = [torch.empty_like(mine) for _ in range(group_size(group))]
+    dist.all_gather(out, mine, group=group)
+    return [float(t) for t in out]
+
+
 def _global(group: ProcessGroup | None, rank: int) -> int:
     return rank if group is None else dist.get_global_rank(group, rank)
 

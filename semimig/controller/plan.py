@@ -58,6 +58,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
+from semimig.resizing.ratio import pruning_ratio
 from semimig.controller.config import ControllerConfig
 from semimig.controller.curves import CostCurves
 
@@ -197,7 +198,7 @@ class GroupPlan:
 
 def shed_share(busy_time: float, t_ref: float, *, gamma_max: float) -> float:
     """Eq. 1 with ``M_i = T_i``: ``clamp(1 − t_ref/busy_time, 0, gamma_max)``."""
-    return min(max(1.0 - t_ref / busy_time, 0.0), gamma_max)
+    return pruning_ratio(busy_time, t_ref, busy_time, gamma_max)
 
 
 def solve_beta(n_shed: float, world_size: int, curves: CostCurves) -> float:

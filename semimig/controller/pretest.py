@@ -37,10 +37,15 @@ REFERENCE_COLUMNS = 1000
 
 
 def _best_of(fn: Callable[[], object], repeats: int) -> float:
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     best = float("inf")
     for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         fn()
+        if cuda:
+            torch.cuda.synchronize()
         best = min(best, time.perf_counter() - start)
     return best
 
@@ -55,6 +60,8 @@ def measure_cost_samples(shapes: Sequence[tuple[int, int, int]], group, *, share
     """
     if not shapes:
         raise ValueError("the pretest needs at least one (M, N, K) layer shape")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     for share in shares:
         if not 0.0 < share <= 1.0:
             raise ValueError(f"pretest shares must be in (0, 1], got {share}")
@@ -75,7 +82,7 @@ def measure_cost_samples(shapes: Sequence[tuple[int, int, int]], group, *, share
     omega1 = max(0.0, _best_of(gather_all, repeats) - _best_of(dense, repeats))
     rows = [omega1]
     for share in shares:
-        cols = [torch.arange(max(1, round(w.shape[1] * (1 - share))), device=w.device) for _, w, _ in tensors]
+        cols = [torch.arange(max(1, round(w.shape[1] * share)), device=w.device) for _, w, _ in tensors]
         narrow = [max(1, round(w.shape[1] * share)) for _, w, _ in tensors]
 
         def extract():
@@ -98,7 +105,7 @@ def measure_cost_samples(shapes: Sequence[tuple[int, int, int]], group, *, share
         if P.group_size(group) > 1:
             dist.barrier(group=group)
         rows += [_best_of(extract, repeats), _best_of(traffic, repeats), _best_of(receive, repeats)]
-    samples = torch.tensor(rows, dtype=torch.float64)
+    samples = torch.tensor(rows, dtype=torch.float64, device=P.collective_device(group))
     phi2 = torch.zeros_like(samples, dtype=torch.bool)
     phi2[3::3] = True  # rows: omega1, then (omega2, phi1, phi2) per share
     if P.group_size(group) > 1:
@@ -106,7 +113,7 @@ def measure_cost_samples(shapes: Sequence[tuple[int, int, int]], group, *, share
         dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
         dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
         samples = torch.where(phi2, low, high)
-    values = samples.tolist()
+    values = samples.cpu().tolist()
     ns = [share * REFERENCE_COLUMNS for share in shares]
     per = [values[1 + 3 * i: 4 + 3 * i] for i in range(len(shares))]
     return {

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from semimig.comm import primitives as P
@@ -143,6 +142,9 @@ class BalanceController:
         self.lineage = LineageTable()
         self.exchange = make_exchange(config.exchange, process_group)
         self.reference = ReferenceTime(threshold=config.resizing.refresh_threshold, reduce=config.resizing.t_ref)
+        if iterations_per_epoch is not None and (isinstance(iterations_per_epoch, bool)
+                                                 or not isinstance(iterations_per_epoch, int) or iterations_per_epoch < 1):
+            raise ValueError(f"iterations_per_epoch must be an int >= 1 or None, got {iterations_per_epoch!r}")
         self.period = config.resizing.period or iterations_per_epoch or DEFAULT_PERIOD
         self.curves = config.curves
         self.generator = torch.Generator().manual_seed(config.resizing.seed * 1009 + self.rank)
@@ -186,8 +188,16 @@ class BalanceController:
             for rank in prune.keys() & migrate.keys():
                 if prune[rank] + migrate[rank] > 1.0:
                     raise ValueError(f"force: rank {rank} sheds {prune[rank] + migrate[rank]} > 1 of its columns")
+            previous = (self.forced, self._gammas, self._migrate)
             self.forced = (prune, migrate)
-        self._gammas, self._migrate = self._forced_actions() if self.forced else (self._gammas, self._migrate)
+            self._gammas, self._migrate = self._forced_actions()
+            try:
+                self._apply()  # builds the layouts: an impossible plan raises here
+            except ValueError:
+                self.forced, self._gammas, self._migrate = previous
+                self._apply()
+                raise
+            return
         self._apply()
 
     def step(self) -> StepReport:
@@ -229,10 +239,14 @@ class BalanceController:
             self._gammas = self._layer_gammas(gamma)
             self._migrate = {}
             return gamma
-        times = self._gather_times(full)
+        times = P.all_gather_floats(full, self.group)
         if self.curves is None:
+            if not all(b.tokens for b in self.bound):
+                raise RuntimeError("the SEMI pretest needs the token count of every layer: call step() after "
+                                   "a training forward/backward, not before")
+            weight = self.bound[0].layer.weight
             self.curves = run_pretest([(b.tokens, b.layer.weight.shape[0], b.layer.k_columns) for b in self.bound],
-                                      self.group, gemm_timer=self.meter)
+                                      self.group, gemm_timer=self.meter, device=weight.device, dtype=weight.dtype)
             self.meter.reset()  # the pretest's GEMMs are not the next iteration's work
         self.plan = decide_plan(times, REFERENCE_COLUMNS, self.curves, self.config.controller, previous=self.plan)
         mine = self.plan.actions[self.rank]
@@ -251,14 +265,6 @@ class BalanceController:
         prune, migrate = self.forced
         return (prune.get(self.rank, 0.0),) * len(self.bound), {r: s for r, s in migrate.items() if s > 0}
 
-    def _gather_times(self, t_i: float) -> list[float]:
-        if self.size == 1:
-            return [t_i]
-        mine = torch.tensor([t_i], dtype=torch.float64)
-        out = [torch.empty_like(mine) for _ in range(self.size)]
-        dist.all_gather(out, mine, group=self.group)
-        return [float(t) for t in out]
-
     def _update_priorities(self) -> None:
         if self.iteration % self.period:
             return
@@ -275,6 +281,8 @@ class BalanceController:
             k = b.layer.k_columns
             counts = {r: min(k, round(k * share)) for r, share in migrate.items()}
             layout = MigrationLayout.build(self.size, k, counts) if any(counts.values()) else None
+            if layout is None:
+                b.state.clear()
             own = k - counts.get(self.rank, 0)
             n_prune = min(columns_to_prune(k, gamma), own)
             keep, pruned = None, torch.empty(0, dtype=torch.long)
@@ -326,7 +334,8 @@ class BalanceController:
 
     def _note_tokens(self, b: _Bound):
         def hook(module, args) -> None:
-            b.tokens = args[0].numel() // max(1, args[0].shape[-1])
+            if module.training:
+                b.tokens = args[0].numel() // max(1, args[0].shape[-1])
         return hook
 
     @contextlib.contextmanager

@@ -29,6 +29,10 @@ class BalancedLinearMixin:
         """``K`` of this rank's GEMMs: the width of its weight shard ``[N, K]``."""
         return self.weight.shape[-1]
 
+    def _active_directive(self) -> Optional[LayerDirective]:
+        """The directive while training; evaluation always runs densely and untimed."""
+        return self.directive if self.training else None
+
     def _check_width(self, input_: torch.Tensor, expected: int) -> None:
         if input_.shape[-1] != expected:
             raise ValueError(

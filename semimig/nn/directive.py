@@ -37,7 +37,7 @@ class GemmTimer(Protocol):
 class LayerState:
     """Mutable per-layer state that outlives one forward/backward.
 
-    ``weight_blocks``: ``{(iteration, straggler): (block, offset)}`` — migrated weight columns,
+    ``weight_blocks``: ``{(iteration, straggler, count, version): (block, offset)}`` — migrated weight columns,
     broadcast once per iteration and reused by every forward and backward of that iteration.
     ``previous_wgrad``: last iteration's weight gradient, kept only for the ``same`` policy.
     """
@@ -45,16 +45,25 @@ class LayerState:
     weight_blocks: dict = field(default_factory=dict)
     previous_wgrad: Optional[torch.Tensor] = None
 
-    def weight_block(self, iteration: int, straggler: int, make: Callable[[], tuple]) -> tuple:
-        key = (iteration, straggler)
+    def weight_block(self, key: tuple, make: Callable[[], tuple]) -> tuple:
+        """The cached block for ``key = (iteration, straggler, count, weight version)``.
+
+        The weight's version counter changes at every in-place update (the optimizer step), so
+        a forward after ``optimizer.step()`` never sees pre-update columns; entries of other
+        iterations are dropped.
+        """
         if key not in self.weight_blocks:
-            for stale in [k for k in self.weight_blocks if k[0] != iteration]:
+            for stale in [k for k in self.weight_blocks if k[0] != key[0]]:
                 del self.weight_blocks[stale]
             self.weight_blocks[key] = make()
         return self.weight_blocks[key]
 
+    def clear(self) -> None:
+        """Drop cached blocks (no migration this iteration)."""
+        self.weight_blocks.clear()
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class LayerDirective:
     """One layer's balancing action for one iteration on this rank (see module docstring)."""
 

@@ -88,12 +88,16 @@ def _own_wgrad(dy2d, x2d, keep, k_own, d):
 def _impute(dw: torch.Tensor, d: LayerDirective) -> None:
     """Fill the pruned columns of ``dw`` by the directive's policy (zero: nothing to do).
 
-    ``same`` keeps every iteration's gradient (pruned or not) as the next one's source.
+    ``same`` reads the gradient :func:`_remember` kept at the end of the previous backward.
     """
     if d.keep is not None and d.impute != "zero":
         from semimig.kernels import impute_
 
         impute_(dw, d.keep, d.impute, d.state.previous_wgrad)
+
+
+def _remember(dw: torch.Tensor, d: LayerDirective) -> None:
+    """``same`` imputes from the previous iteration's complete gradient (migrated block included)."""
     if d.impute == "same":
         d.state.previous_wgrad = dw.detach().clone()
 
@@ -116,7 +120,21 @@ def _shared_weight(weight: torch.Tensor, d: LayerDirective, share, rank: int):
         block = weight.detach()[:, k - share.count:] if rank == share.straggler else None
         return d.exchange.share_block(block, share, (n, share.count), weight.dtype, weight.device)
 
-    return d.state.weight_block(d.iteration, share.straggler, make)
+    key = (d.iteration, share.straggler, share.count, weight._version)
+    return d.state.weight_block(key, make)
+
+
+def _check_directive(d: LayerDirective, group: ProcessGroup, rank: int, k: int) -> int:
+    """Validate a directive against the layer and group; returns ``k_own``."""
+    size = P.group_size(group)
+    if d.layout is not None and d.layout.group_size != size:
+        raise ValueError(f"migration layout is for a group of {d.layout.group_size} ranks, the layer's has {size}")
+    if d.exchange is not None and d.migrating and d.exchange.group is not group:
+        raise ValueError("the directive's exchange runs on another process group than the layer")
+    k_own = d.own_columns(rank, k)
+    if d.keep is not None and d.keep.numel() and int(d.keep.max()) >= k_own:
+        raise ValueError(f"keep reaches column {int(d.keep.max())}, but rank {rank} computes only [0, {k_own})")
+    return k_own
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -136,7 +154,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
         if d.on_forward is not None:
             d.on_forward()
         rank, k = P.group_rank(group), weight.shape[1]
-        k_own = d.own_columns(rank, k)
+        k_own = _check_directive(d, group, rank, k)
         x2d = _flat(x)
         y2d = _own_forward(x2d, weight, bias, d.keep, k_own, d)
         ctx.blocks = []
@@ -191,6 +209,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
                 block = d.exchange.return_block(dw_part, share, (n, share.count), dw.dtype, dw.device)
                 if rank == share.straggler:
                     dw[:, k - share.count:] = block
+        _remember(dw, d)
         P.all_reduce_(dx2d, group)
         db = dy2d.sum(dim=0) if ctx.use_bias else None
         return dx2d.reshape(x.shape), dw, db, None, None
@@ -210,7 +229,7 @@ class _RowParallelLinear(torch.autograd.Function):
         if d.on_forward is not None:
             d.on_forward()
         rank, k = P.group_rank(group), weight.shape[1]
-        k_own = d.own_columns(rank, k)
+        k_own = _check_directive(d, group, rank, k)
         x2d = _flat(x)
         y2d = _own_forward(x2d, weight, None, d.keep, k_own, d)
         ctx.blocks = []
@@ -259,6 +278,7 @@ class _RowParallelLinear(torch.autograd.Function):
                 if rank == share.straggler:
                     dx2d[:, k - share.count:] = dx_block
                     dw[:, k - share.count:] = dw_block
+        _remember(dw, d)
         return dx2d.reshape(x.shape), dw, None, None
 
 

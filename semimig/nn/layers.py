@@ -97,7 +97,7 @@ class Linear1D_Col(BalancedLinearMixin, _CaiLinear1D_Col):
     def forward(self, input_: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
         self._check_width(input_, self.weight.shape[-1])
         bias = None if self.skip_bias_add else self.bias
-        output = column_parallel_linear(input_, self.weight, bias, self.process_group, self.directive)
+        output = column_parallel_linear(input_, self.weight, bias, self.process_group, self._active_directive())
         if self.gather_output:
             output = gather_forward_split_backward(output, dim=-1, process_group=self.process_group)
         return (output, self.bias) if self.skip_bias_add else output
@@ -154,7 +154,7 @@ class Linear1D_Row(BalancedLinearMixin, _CaiLinear1D_Row):
         else:
             self._check_width(input_, self.weight.shape[-1] * self.num_partitions)
             input_ = split_forward_gather_backward(input_, dim=-1, process_group=self.process_group)
-        output = row_parallel_linear(input_, self.weight, self.process_group, self.directive)
+        output = row_parallel_linear(input_, self.weight, self.process_group, self._active_directive())
         if self.skip_bias_add:
             return output, self.bias
         return output + self.bias if self.bias is not None else output

@@ -73,7 +73,7 @@ def _build_classes():
         def forward(self, input_: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
             self._check_width(input_, self.weight.shape[-1])
             bias = None if self.skip_bias_add else self.bias
-            output = column_parallel_linear(input_, self.weight, bias, self.process_group, self.directive)
+            output = column_parallel_linear(input_, self.weight, bias, self.process_group, self._active_directive())
             if self.gather_output:
                 output = gather_forward_split_backward(output, ParallelMode.PARALLEL_1D, dim=-1)
             return (output, self.bias) if self.skip_bias_add else output
@@ -96,7 +96,7 @@ def _build_classes():
             else:
                 self._check_width(input_, self.weight.shape[-1] * gpc.tensor_parallel_size)
                 input_ = split_forward_gather_backward(input_, ParallelMode.PARALLEL_1D, dim=-1)
-            output = row_parallel_linear(input_, self.weight, self.process_group, self.directive)
+            output = row_parallel_linear(input_, self.weight, self.process_group, self._active_directive())
             if self.skip_bias_add:
                 return output, self.bias
             return output + self.bias if self.bias is not None else output

@@ -27,6 +27,8 @@ from typing import Literal, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from semimig.comm.primitives import collective_device
+
 __all__ = ["pruning_ratio", "columns_to_prune", "ReferenceTime", "refresh_reference"]
 
 logger = logging.getLogger(__name__)
@@ -121,7 +123,7 @@ def refresh_reference(tracker: ReferenceTime, t_i: float, group: Optional[dist.P
         assert tracker.t_ref is not None
         return tracker.t_ref
     # gloo and nccl both accept float64; the tensors live on the backend's device.
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    device = collective_device(group)
     flag = torch.tensor([1.0 if vote else 0.0], dtype=torch.float64, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
     if flag.item() > 0:
