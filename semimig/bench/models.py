@@ -29,8 +29,15 @@ class VitSize:
             raise ValueError(f"VitSize.patch must divide the image size 8, got {self.patch}")
 
 
-def tiny_vit(size: VitSize = VitSize(), *, seed: int = 0) -> torch.nn.Module:
-    """``ViTForImageClassification`` for digits, initialised from ``seed`` (dropout off)."""
+def tiny_vit(size: VitSize = VitSize(), *, seed: int = 0, num_labels: int = 10) -> torch.nn.Module:
+    """``ViTForImageClassification`` for digits, initialised from ``seed`` (dropout off).
+
+    ``num_labels`` may exceed the 10 digit classes: Colossal-AI's ViT policy shards the
+    classifier too, so its output size must be divisible by the TP size (the extra logits are
+    never a target and are trained down).
+    """
+    if num_labels < 10:
+        raise ValueError(f"num_labels must be >= 10 (digits has 10 classes), got {num_labels}")
     from transformers import ViTConfig, ViTForImageClassification
 
     config = ViTConfig(
@@ -41,7 +48,7 @@ def tiny_vit(size: VitSize = VitSize(), *, seed: int = 0) -> torch.nn.Module:
         image_size=8,
         patch_size=size.patch,
         num_channels=1,
-        num_labels=10,
+        num_labels=num_labels,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )

@@ -49,7 +49,7 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
         f"{cfg.straggler_spec(chi)}:mode=emulated:flops={cfg.device_flops_per_second():.6g}")
     plugin = HybridParallelPlugin(tp_size=cfg.tp, pp_size=1, precision="fp32",
                                   custom_policy=None if mode == "baseline" else SemiMigPolicy())
-    model = tiny_vit(cfg.size, seed=seed)
+    model = tiny_vit(cfg.size, seed=seed, num_labels=-(-10 // cfg.tp) * cfg.tp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     booster = Booster(plugin=plugin)
     model, optimizer, *_ = booster.boost(model, optimizer)

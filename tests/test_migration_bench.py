@@ -1,0 +1,113 @@
+"""Smoke test of ``benchmarks/migration_bench.py``: its core runs at tiny sizes and writes sane records.
+
+The communication counts are checked against the payload each policy must move, worked out
+from DESIGN §2 by hand (not from the benchmark): per MLP block and migrating rank, with ``M``
+tokens, ``R = e - nu`` receivers, column layer ``N = 4H/e, L = round(gamma H)`` and row layer
+``N = H, L = round(gamma 4H/e)`` (fp32, 4 bytes)::
+
+    broadcast-reduce  broadcast  col: N L (W_k) + M N (dY_k)   row: M L (X_k) + N L (W_k)
+                      reduce     col: M N (Y)   + N L (dW_k)   row: M L (dX_k) + N L (dW_k)
+    scatter-gather    send       col: N L + R M N + R M N + M L + N L
+                                 row: M L + N L + R M N + M L + N L
+
+plus, for every case, the two all-reduces of ``[M, H]`` per block that 1D TP always issues.
+"""
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "benchmarks" / "migration_bench.py"
+TINY = {"hidden": 16, "tokens": 8, "blocks": 2}
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """The benchmark as module ``migration_bench``; the rank processes import it by that name."""
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    monkeypatch.delitem(sys.modules, "migration_bench", raising=False)
+    return importlib.import_module("migration_bench")
+
+
+def _expected_bytes(policy, nu, gamma, hidden, tokens, blocks, world=4):
+    m, h, k_row = tokens, hidden, 4 * hidden // world
+    col_n, col_l, row_n, row_l = k_row, round(gamma * h), h, round(gamma * k_row)
+    expected = {"all_reduce": 2 * blocks * m * h}
+    if col_l == 0:
+        return {op: 4 * v for op, v in expected.items()}
+    per = blocks * nu
+    if policy == "broadcast-reduce":
+        expected["broadcast"] = per * (col_n * col_l + m * col_n + m * row_l + row_n * row_l)
+        expected["reduce"] = per * (m * col_n + col_n * col_l + m * row_l + row_n * row_l)
+    else:
+        r = world - nu
+        col = col_n * col_l + 2 * r * m * col_n + m * col_l + col_n * col_l
+        row = m * row_l + row_n * row_l + r * m * row_n + m * row_l + row_n * row_l
+        expected["send"] = per * (col + row)
+    return {op: 4 * v for op, v in expected.items()}
+
+
+def test_tiny_run_writes_sane_records(bench, tmp_path, capsys):
+    out = tmp_path / "migration.json"
+    argv = ["--json", str(out), "--hidden", str(TINY["hidden"]), "--tokens", str(TINY["tokens"]),
+            "--blocks", str(TINY["blocks"]), "--rounds", "1", "--iters", "2", "--warmup", "0",
+            "--device-ms", "1", "--movement-iters", "1", "--timeout", "120"]
+    assert bench.main(argv) == 0
+    result = json.loads(out.read_text())
+    records = result["records"]
+
+    cases = {(r["policy"], r["nu"], r["gamma"]) for r in records}
+    assert cases == {(p, nu, g) for p in bench.POLICIES for nu in (1, 2) for g in bench.GAMMAS}
+    assert len(records) == len(cases)
+    for r in records:
+        assert {"policy", "nu", "gamma", "iter_time_s", "iterations", "comm", "comm_bytes", "l_mig"} <= r.keys()
+        assert 0 < r["iter_time_p25_s"] <= r["iter_time_s"] <= r["iter_time_p75_s"] < 60
+        assert r["iterations"] == 2 and len(r["busy_s_per_rank"]) == 4
+        assert r["l_mig"] == {"column": round(r["gamma"] * 16), "row": round(r["gamma"] * 16)}
+        assert r["migrating_ranks"] == (list(range(1, r["nu"] + 1)) if r["gamma"] > 0 else [])
+        got = {op: v["bytes"] for op, v in r["comm"].items() if v["bytes"] and op != "recv"}
+        assert got == _expected_bytes(r["policy"], r["nu"], r["gamma"], **TINY), r
+        assert r["comm"]["recv"]["bytes"] == r["comm"]["send"]["bytes"]  # every send was received
+
+    by = {(r["policy"], r["nu"], r["gamma"]): r["iter_time_s"] for r in records}
+    for entry in result["ratios"]:
+        key = (entry["nu"], entry["gamma"])
+        assert entry["sg_over_br"] == pytest.approx(by[("scatter-gather",) + key] / by[("broadcast-reduce",) + key])
+    paper = {(e["nu"], e["gamma"]): e.get("paper_sg_over_br") for e in result["ratios"]}
+    assert paper[1, 1.0] == pytest.approx(963 / 500) and paper[2, 1.0] is None  # the paper has nu = 1, 4
+    t = result["target"]
+    assert t["checked_gammas"] == [0.25, 0.5, 0.75, 1.0]
+    assert t["holds"] == all(e["sg_over_br"] > 1 for e in result["ratios"] if e["nu"] == 1 and e["gamma"] > 0)
+
+    movements = result["movements"]
+    assert len(movements) == 2 * len(bench.MOVEMENTS)
+    assert all(m["time_s"] > 0 for m in movements)
+    printed = capsys.readouterr().out
+    for label in ("broadcast-reduce(1)", "scatter-gather(2)", "SG/BR(1)", "paper SG/BR(1)", "target", "merge_sum"):
+        assert label in printed
+
+
+def test_config_rejects_bad_values(bench):
+    with pytest.raises(ValueError, match=r"nus must be .* got \(4,\)"):
+        bench.BenchConfig(nus=(4,))
+    with pytest.raises(ValueError, match=r"gammas must be .* got \(1.5,\)"):
+        bench.BenchConfig(gammas=(1.5,))
+    with pytest.raises(ValueError, match="hidden must be an int >= 1, got 0"):
+        bench.BenchConfig(hidden=0)
+    with pytest.raises(ValueError, match="4 \\* hidden = 12 is not divisible by world = 8"):
+        bench.BenchConfig(hidden=3, world=8, nus=(1,))
+
+
+def test_help_runs_from_the_repo_root_without_torch():
+    done = subprocess.run([sys.executable, str(BENCH.relative_to(REPO)), "--help"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "--quick" in done.stdout and "--json" in done.stdout
+    done = subprocess.run([sys.executable, "-c", f"import runpy, sys; runpy.run_path({str(BENCH)!r}); "
+                           "assert 'torch' not in sys.modules and 'kernels' not in sys.modules"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
