@@ -302,3 +302,14 @@ def test_only_the_injected_rank_is_flagged():
     t_ref = (t0 + t1) / 2
     assert pruning_ratio(t1, t_ref, t1, 0.9) > 0
     assert pruning_ratio(t0, t_ref, t0, 0.9) == 0.0
+
+
+def test_emulated_busy_time_is_the_emulated_device_time():
+    """Emulated mode counts chi * flops / rate, not the host's wall time around it."""
+    inj = StragglerInjector(StragglerConfig.from_cli("fixed:0:3:mode=emulated:flops=1e9"), 0, 2)
+    meter = BusyMeter(inj)
+    meter.timed(lambda: time.sleep(0.03), flops=1e6, full_flops=1e6)  # 30 ms of host time is not device time
+    assert meter.snapshot().busy_s == pytest.approx(3 * 1e6 / 1e9)
+    fast = BusyMeter(StragglerInjector(StragglerConfig.from_cli("fixed:0:3:mode=emulated:flops=1e9"), 1, 2))
+    fast.timed(lambda: None, flops=1e6, full_flops=1e6)
+    assert fast.snapshot().busy_s == pytest.approx(1e6 / 1e9)

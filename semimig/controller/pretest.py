@@ -6,8 +6,8 @@ compares).  Column counts handed to the curves are ``n = s · REFERENCE_COLUMNS`
 
     Ω1        fixed cost of resizing: the gather path at keep = all minus the dense GEMM (>= 0)
     Ω2(n)     extracting the kept columns: ``x[:, S]`` and ``w[:, S]`` gathers, |S| = n-share of K
-    Φ1(n)     migration traffic: broadcast ``w[:, mig]``, reduce ``[M, N]`` partial outputs and
-              ``[N, |mig|]`` weight gradients, straggler = group rank 0
+    Φ1(n)     migration traffic: broadcast ``w[:, mig]`` and ``dY`` ``[M, N]``, reduce ``[M, N]``
+              partial outputs and ``[N, |mig|]`` weight gradients, straggler = group rank 0
     Φ2(n)     receiver compute: forward, dgrad and wgrad GEMMs on n-share columns
 
 Each rank measures, then the samples are all-reduced so that every rank fits the same curves
@@ -97,8 +97,11 @@ def measure_cost_samples(shapes: Sequence[tuple[int, int, int]], group, *, share
                     gemm_timer.timed(gemm, flops=flops, full_flops=0) if gemm_timer is not None else gemm()
 
         def traffic():
+            # Per layer and iteration, as in training: two broadcasts (w[:, mig], then dY_k or
+            # x_k[:, mig]) and two reduces (partial outputs or dX_k[:, mig], and dW_k[:, mig]).
             for (x, w, dy), c in zip(tensors, narrow):
                 P.broadcast_(w[:, :c].contiguous(), 0, group)
+                P.broadcast_(dy.clone(), 0, group)
                 P.reduce_(dy.clone(), 0, group)
                 P.reduce_(torch.zeros(w.shape[0], c, dtype=dtype, device=w.device), 0, group)
 

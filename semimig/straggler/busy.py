@@ -86,13 +86,19 @@ class BusyMeter:
         yield
         if cuda:
             torch.cuda.synchronize(self.device)
+        delay = 0.0
         if self.injector is not None:
             delay = self.injector.delay_for(time.perf_counter() - start, flops)
             self.injector.inject(delay, self.device)
             if cuda:
                 torch.cuda.synchronize(self.device)
-        # Actual wall time of GEMM + delay, so sleep overshoot counts as the slowness it is.
-        self._busy_s += time.perf_counter() - start
+        if self.injector is not None and self.injector.config.mode == "emulated":
+            # The emulated device's own time: deterministic, whatever the host scheduler does to
+            # the few real CPU cycles around it (4 ranks on 2 cores would otherwise add noise).
+            self._busy_s += delay
+        else:
+            # Actual wall time of GEMM + delay, so sleep overshoot counts as the slowness it is.
+            self._busy_s += time.perf_counter() - start
         self._flops_done += flops
         self._full_flops += full_flops
         self._gemm_count += 1
