@@ -39,7 +39,7 @@ def print_table(rows: Sequence[dict], title: str) -> None:
 
     table = Table(title=title)
     for col in ("mode", "chi", "iter s", "epoch s (RT)", "RT / RT(chi=1)", "ACC mean ± std", "ACC - baseline"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=(col == "mode"))
     for row in rows:
         table.add_row(
             row["mode"], f"{row['chi']:g}", f"{row['iter_time_s']:.3f}", f"{row['epoch_time_s']:.2f}",
