@@ -61,6 +61,22 @@ def _check_divisible(name: str, size: int, tp_size: int) -> None:
         raise ValueError(f"{name}={size} is not divisible by the tensor-parallel size {tp_size}")
 
 
+def _from_native(cls, module: nn.Module, process_group, split: str, **kwargs) -> nn.Module:
+    """Shard ``module`` (a ``torch.nn.Linear``) as ``cls`` along ``split`` ("in"/"out" features).
+
+    As in Colossal-AI, a layer narrower than the group along ``split`` is returned unchanged.
+    """
+    _check_native_linear(module, cls.__name__)
+    group = _single_group(process_group)
+    tp_size = dist.get_world_size(group)
+    size = getattr(module, f"{split}_features")
+    if size < tp_size:
+        return module
+    _check_divisible(f"{split}_features", size, tp_size)
+    return cls(module.in_features, module.out_features, bias=module.bias is not None, device=module.weight.device,
+               process_group=group, weight=module.weight, bias_=module.bias, **kwargs)
+
+
 class Linear1D_Col(BalancedLinearMixin, _CaiLinear1D_Col):
     """Column-parallel linear: weight ``[out/e, in]``, ``x`` replicated, ``dx`` all-reduced in backward."""
 
@@ -84,15 +100,7 @@ class Linear1D_Col(BalancedLinearMixin, _CaiLinear1D_Col):
     def from_native_module(module: nn.Linear, process_group: Union[ProcessGroup, List[ProcessGroup]],
                            **kwargs) -> nn.Module:
         """Shard a ``torch.nn.Linear`` along its output features (returned as-is if ``out < e``)."""
-        _check_native_linear(module, "Linear1D_Col")
-        group = _single_group(process_group)
-        tp_size = dist.get_world_size(group)
-        if module.out_features < tp_size:
-            return module
-        _check_divisible("out_features", module.out_features, tp_size)
-        return Linear1D_Col(module.in_features, module.out_features, bias=module.bias is not None,
-                            device=module.weight.device, process_group=group, weight=module.weight,
-                            bias_=module.bias, **kwargs)
+        return _from_native(Linear1D_Col, module, process_group, "out", **kwargs)
 
     def forward(self, input_: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
         self._check_width(input_, self.weight.shape[-1])
@@ -128,15 +136,7 @@ class Linear1D_Row(BalancedLinearMixin, _CaiLinear1D_Row):
     def from_native_module(module: nn.Linear, process_group: Union[ProcessGroup, List[ProcessGroup]],
                            **kwargs) -> nn.Module:
         """Shard a ``torch.nn.Linear`` along its input features (returned as-is if ``in < e``)."""
-        _check_native_linear(module, "Linear1D_Row")
-        group = _single_group(process_group)
-        tp_size = dist.get_world_size(group)
-        if module.in_features < tp_size:
-            return module
-        _check_divisible("in_features", module.in_features, tp_size)
-        return Linear1D_Row(module.in_features, module.out_features, bias=module.bias is not None,
-                            device=module.weight.device, process_group=group, weight=module.weight,
-                            bias_=module.bias, **kwargs)
+        return _from_native(Linear1D_Row, module, process_group, "in", **kwargs)
 
     @torch.no_grad()
     def reset_parameters(self, weight_initializer, bias_initializer) -> None:
