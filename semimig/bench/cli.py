@@ -50,8 +50,10 @@ def add_bench_subcommand(subparsers) -> None:
                    help="per-rank factors of the multi pattern at chi = 8 (scaled by chi/8)")
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--iters-per-epoch", type=int, default=None)
-    p.add_argument("--device-ms", type=float, default=40.0,
-                   help="emulated GEMM time of one rank per iteration at chi = 1")
+    p.add_argument("--device-ms", type=float, default=None,
+                   help="emulated GEMM time of one rank per iteration at chi = 1 (default 20 ms per rank "
+                        "sharing this machine, at least 40: device time must dominate the host work, "
+                        "which grows with the number of ranks)")
     p.add_argument("--quick", action="store_true", help="fewer iterations and seeds (a few minutes)")
     p.add_argument("--json", type=Path, default=Path("results/bench.json"))
     p.add_argument("--plots", type=Path, default=Path("results"), help="directory for the PNG plots")
@@ -71,7 +73,7 @@ def config_from_args(args: argparse.Namespace):
         multi_chis=args.multi_chi,
         epochs=args.epochs or (2 if quick else 4),
         iters_per_epoch=args.iters_per_epoch or (15 if quick else 25),
-        device_ms=args.device_ms,
+        device_ms=args.device_ms or 20.0 * max(2, args.tp * args.dp),
     )
 
 
