@@ -141,6 +141,35 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
+def _begin_forward(d: LayerDirective, group: ProcessGroup, x, weight, bias):
+    """Both layers' forward with a directive starts alike: lineage hook, checks, own GEMM.
+
+    Returns ``(rank, K, x2d [M, K], y2d [M, N])``.
+    """
+    if d.on_forward is not None:
+        d.on_forward()
+    rank, k = P.group_rank(group), weight.shape[1]
+    k_own = _check_directive(d, group, rank, k)
+    x2d = _flat(x)
+    return rank, k, x2d, _own_forward(x2d, weight, bias, d.keep, k_own, d)
+
+
+def _begin_backward(d: LayerDirective, group: ProcessGroup, dy, x, weight):
+    """Both layers' backward with a directive starts alike: lineage read, own dgrad/wgrad, imputation.
+
+    Returns ``(rank, K, dy2d [M, N], x2d [M, K], dx2d [M, K], dw [N, K])``.
+    """
+    if d.on_backward is not None:
+        d.on_backward()
+    rank, k = P.group_rank(group), weight.shape[1]
+    k_own = d.own_columns(rank, k)
+    dy2d, x2d = _flat(dy.contiguous()), _flat(x)
+    dx2d = _own_dgrad(dy2d, weight, d.keep, k_own, d)
+    dw = _own_wgrad(dy2d, x2d, d.keep, k_own, d)
+    _impute(dw, d)
+    return rank, k, dy2d, x2d, dx2d, dw
+
+
 # ----------------------------------------------------------------------------- column layer
 class _ColumnParallelLinear(torch.autograd.Function):
     """``y = x[:, S] @ w[:, S]^T + b``; backward ``dx = all_reduce(dy @ w[:, S])``, ``dw[:, S] = dy^T @ x[:, S]``."""
@@ -151,12 +180,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         if d is None:
             return F.linear(x, weight, bias)
-        if d.on_forward is not None:
-            d.on_forward()
-        rank, k = P.group_rank(group), weight.shape[1]
-        k_own = _check_directive(d, group, rank, k)
-        x2d = _flat(x)
-        y2d = _own_forward(x2d, weight, bias, d.keep, k_own, d)
+        rank, k, x2d, y2d = _begin_forward(d, group, x, weight, bias)
         ctx.blocks = []
         if d.migrating:
             for share in d.layout.shares:
@@ -187,14 +211,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
             dw = dy2d.t().matmul(x2d)
             db = dy2d.sum(dim=0) if ctx.use_bias else None
             return dx, dw, db, None, None
-        if d.on_backward is not None:
-            d.on_backward()
-        rank, k = P.group_rank(group), weight.shape[1]
-        k_own = d.own_columns(rank, k)
-        dy2d, x2d = _flat(dy.contiguous()), _flat(x)
-        dx2d = _own_dgrad(dy2d, weight, d.keep, k_own, d)
-        dw = _own_wgrad(dy2d, x2d, d.keep, k_own, d)
-        _impute(dw, d)
+        rank, k, dy2d, x2d, dx2d, dw = _begin_backward(d, group, dy, x, weight)
         if d.migrating:
             m, n = dy2d.shape
             for share, (w_blk, off) in zip(d.layout.shares, ctx.blocks):
@@ -226,12 +243,7 @@ class _RowParallelLinear(torch.autograd.Function):
         if d is None:
             y = F.linear(x, weight)
             return P.all_reduce_(y, group)
-        if d.on_forward is not None:
-            d.on_forward()
-        rank, k = P.group_rank(group), weight.shape[1]
-        k_own = _check_directive(d, group, rank, k)
-        x2d = _flat(x)
-        y2d = _own_forward(x2d, weight, None, d.keep, k_own, d)
+        rank, k, x2d, y2d = _begin_forward(d, group, x, weight, None)
         ctx.blocks = []
         if d.migrating:
             m, n = x2d.shape[0], weight.shape[0]
@@ -256,14 +268,7 @@ class _RowParallelLinear(torch.autograd.Function):
         if d is None:  # Colossal-AI: autograd of F.linear after an identity-backward all-reduce
             dy2d, x2d = _flat(dy), _flat(x)
             return dy.matmul(weight), dy2d.t().matmul(x2d), None, None
-        if d.on_backward is not None:
-            d.on_backward()
-        rank, k = P.group_rank(ctx.group), weight.shape[1]
-        k_own = d.own_columns(rank, k)
-        dy2d, x2d = _flat(dy.contiguous()), _flat(x)
-        dx2d = _own_dgrad(dy2d, weight, d.keep, k_own, d)
-        dw = _own_wgrad(dy2d, x2d, d.keep, k_own, d)
-        _impute(dw, d)
+        rank, k, dy2d, x2d, dx2d, dw = _begin_backward(d, ctx.group, dy, x, weight)
         if d.migrating:
             m, n = dy2d.shape
             for share, (x_blk, x_off, w_blk, w_off) in zip(d.layout.shares, ctx.blocks):
