@@ -16,6 +16,7 @@ import torch.nn as nn
 from torch.utils.data import TensorDataset
 
 from dist_harness import run_on_ranks
+from tiny_models import TinyMLP
 from semimig._compat import apply_cpu_shim
 from semimig.allocation import (
     HeteroDataLoader,
@@ -28,16 +29,6 @@ from semimig.allocation import (
 
 ATOL = 1e-5
 DATASET_SIZE = 40
-
-
-class TinyMLP(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(4, 8)
-        self.fc2 = nn.Linear(8, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.tanh(self.fc1(x)))
 
 
 def _dataset() -> TensorDataset:

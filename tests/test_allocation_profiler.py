@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dist_harness import run_on_ranks
+from tiny_models import TinyMLP
 from semimig.allocation import (
     LinearMemoryFit,
     ModelStepDevice,
@@ -27,16 +28,6 @@ from semimig.allocation import (
 )
 
 F32 = 4  # bytes
-
-
-class TinyMLP(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(4, 8)
-        self.fc2 = nn.Linear(8, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.tanh(self.fc1(x)))
 
 
 PARAM_BYTES = (4 * 8 + 8 + 8 * 2 + 2) * F32

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import semimig.kernels as sk
+from kernel_cases import make_keep
 
 UNIT_ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -33,21 +34,6 @@ def assert_within_bound(got, exact, magnitude, n_terms, dtype):
     err = (got.double() - exact).abs()
     assert got.shape == exact.shape
     assert bool((err <= bound).all()), f"max error {err.max().item():.3g} over bound (max bound {bound.max().item():.3g})"
-
-
-def make_keep(kind, k, rng, group=8):
-    """A sorted int64 keep set of ``k`` columns of the given kind."""
-    if kind == "empty":
-        return torch.empty(0, dtype=torch.int64)
-    if kind == "full":
-        return torch.arange(k)
-    if kind == "single":
-        return torch.randint(k, (1,), generator=rng)
-    if kind == "random":
-        n = int(torch.randint(k + 1, (1,), generator=rng))
-        return torch.sort(torch.randperm(k, generator=rng)[:n]).values
-    blocks = torch.randperm(k // group, generator=rng)[: max(1, k // group // 2)]
-    return (torch.sort(blocks).values[:, None] * group + torch.arange(group)).flatten()
 
 
 @st.composite

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import semimig.kernels as sk
+from kernel_cases import make_keep
 from semimig.kernels.keep import plan_keep
 
 pytestmark = [
@@ -46,20 +47,6 @@ def assert_within_bound(got, exact, magnitude, n_terms, dtype):
     assert bool((err <= bound).all()), f"max error {err.max().item():.3g} (max bound {bound.max().item():.3g})"
 
 
-def make_keep(kind, k, rng, group):
-    if kind == "empty":
-        return torch.empty(0, dtype=torch.int64)
-    if kind == "full":
-        return torch.arange(k)
-    if kind == "single":
-        return torch.randint(k, (1,), generator=rng)
-    if kind == "random":
-        n = int(torch.randint(1, k + 1, (1,), generator=rng))
-        return torch.sort(torch.randperm(k, generator=rng)[:n]).values
-    blocks = torch.randperm(k // group, generator=rng)[: max(1, k // group // 2)]
-    return (torch.sort(blocks).values[:, None] * group + torch.arange(group)).flatten()
-
-
 def strided(t, transpose):
     """The same values as a non-contiguous view (column-major) when ``transpose``."""
     return t.t().contiguous().t() if transpose else t
@@ -77,7 +64,7 @@ def problems(draw):
     w = strided(torch.randn(n, k, generator=rng).to(dtype), draw(st.booleans()))
     dy = strided(torch.randn(m, n, generator=rng).to(dtype), draw(st.booleans()))
     b = torch.randn(n, generator=rng).to(dtype) if draw(st.booleans()) else None
-    keep = make_keep(kind, k, rng, group)
+    keep = make_keep(kind, k, rng, group, min_random=1)
     return x, w, dy, b, keep, kind, dtype
 
 
@@ -124,7 +111,7 @@ def test_pruned_linear_on_triton_backend_3d(dtype, kind):
     x = torch.randn(2, 3, k, generator=rng).to(dtype).to(DEVICE).requires_grad_(True)
     w = torch.randn(n, k, generator=rng).to(dtype).to(DEVICE).requires_grad_(True)
     b = torch.randn(n, generator=rng).to(dtype).to(DEVICE).requires_grad_(True)
-    keep = make_keep(kind, k, rng, 16).to(DEVICE)
+    keep = make_keep(kind, k, rng, 16, min_random=1).to(DEVICE)
     y = sk.pruned_linear(x, w, b, keep, impute="average")
     dy = torch.randn(y.shape, generator=rng).to(dtype).to(DEVICE)
     y.backward(dy)

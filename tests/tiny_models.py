@@ -1,0 +1,15 @@
+"""A tiny model shared by the allocation tests."""
+import torch
+import torch.nn as nn
+
+
+class TinyMLP(nn.Module):
+    """4 -> 8 -> 2 with tanh: parameters (4*8 + 8 + 8*2 + 2) floats."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 8)
+        self.fc2 = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.fc1(x)))
