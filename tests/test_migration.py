@@ -8,6 +8,7 @@ whose straggler has its pruned weight columns set to zero, with those gradient c
 the dense result restricted to kept ∪ migrated columns.
 """
 import copy
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -139,8 +140,8 @@ def test_merged_directions_issue_no_separate_reduce():
     row = run_on_ranks(_count_body, 2, "row")
     # forward: broadcast X_k[:, mig] and W_k[:, mig]; receivers' products ride on the all-reduce
     assert row == {("fwd", "broadcast"): 2, ("fwd", "all_reduce"): 1,
-                   # backward: reduce dX_k[:, mig] and dW_k[:, mig] to k
-                   ("bwd", "reduce"): 2}, row
+                   # backward: dX_k[:, mig] and dW_k[:, mig] stacked into one reduce to k
+                   ("bwd", "reduce"): 1}, row
 
 
 def test_layout_spreads_the_remainder_and_renumbers_from_the_straggler():
@@ -159,3 +160,59 @@ def test_layout_spreads_the_remainder_and_renumbers_from_the_straggler():
         MigrationLayout.build(4, 12, {4: 1})
     with pytest.raises(ValueError, match="no receiver is left"):
         MigrationLayout.build(2, 12, {0: 1, 1: 1})
+
+
+def test_layout_takes_the_plans_receivers():
+    """``receivers="normal"`` plans hand migrated columns only to non-stragglers."""
+    from semimig.migration.layout import MigrationLayout
+
+    layout = MigrationLayout.build(4, 12, {0: 6}, receivers=[3, 2])  # rank 1 resizes: not a receiver
+    (share,) = layout.shares
+    assert share.receivers == (2, 3) and share.ranges == ((0, 3), (3, 6))
+    assert share.range_of(1) is None
+    with pytest.raises(ValueError, match="rank 0 cannot both migrate 6 columns and receive"):
+        MigrationLayout.build(4, 12, {0: 6}, receivers=[0, 2])
+    with pytest.raises(ValueError, match="receiver rank 5 is outside the group of size 4"):
+        MigrationLayout.build(4, 12, {0: 6}, receivers=[5])
+    with pytest.raises(ValueError, match="no receiver is left"):
+        MigrationLayout.build(4, 12, {0: 6}, receivers=[])
+
+
+def _order_body(rank, world, kind):
+    """Records, on the straggler (rank 0, whose result run_on_ranks returns), the order of its
+    own GEMMs and its shares."""
+    dense, x, make = _build(kind, world)
+    layer = make(dense)
+    directive = _directive(world, 12, {0: 6}, "broadcast-reduce")
+    events = []
+
+    class Recorder:
+        def timed(self, fn, *, flops, full_flops):
+            events.append("own" if full_flops else "theirs")
+            return fn()
+
+    layer.directive = dataclasses.replace(directive, timer=Recorder())
+    original = dist.broadcast
+
+    def broadcast(tensor, src, *args, **kwargs):
+        events.append("share")
+        return original(tensor, src, *args, **kwargs)
+
+    dist.broadcast = broadcast
+    try:
+        y = layer(x.clone().requires_grad_(True))
+        events.append("|")
+        y.sum().backward()
+    finally:
+        dist.broadcast = original
+    return events
+
+
+@pytest.mark.parametrize("kind", ["col", "row"])
+def test_straggler_shares_before_its_own_gemms(kind):
+    """Receivers must not wait for the straggler's slow GEMM before they can start on its columns."""
+    events = run_on_ranks(_order_body, 2, kind)
+    forward, backward = " ".join(events).split(" | ")
+    assert forward.index("share") < forward.index("own"), events
+    if kind == "col":  # dY_k travels before the straggler's dgrad/wgrad (row: dY is replicated)
+        assert backward.index("share") < backward.index("own"), events

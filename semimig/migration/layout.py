@@ -15,7 +15,7 @@ Every rank builds the same layout from the same numbers, so nothing is communica
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,14 @@ class MigrationLayout:
     shares: tuple[StragglerShare, ...]
 
     @staticmethod
-    def build(group_size: int, k_total: int, migrate: Mapping[int, int]) -> "MigrationLayout":
+    def build(group_size: int, k_total: int, migrate: Mapping[int, int],
+              receivers: Sequence[int] | None = None) -> "MigrationLayout":
         """Lay out ``migrate = {straggler_rank: L_k}`` for a group of ``group_size`` ranks.
 
-        Raises ValueError for ranks outside the group, counts outside ``[0, k_total]`` or a
-        plan in which every rank migrates (nobody would be left to receive).
+        ``receivers``: the ranks that compute migrated columns (the controller's plan, e.g.
+        only the non-stragglers); ``None`` means every rank that does not migrate.
+        Raises ValueError for ranks outside the group, counts outside ``[0, k_total]``, a
+        receiver that migrates itself, or a plan in which nobody is left to receive.
         """
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -69,9 +72,17 @@ class MigrationLayout:
                 raise ValueError(f"rank {rank} cannot migrate {count} of its {k_total} columns")
             if count > 0:
                 active[rank] = int(count)
-        receivers_all = [r for r in range(group_size) if r not in active]
+        if receivers is None:
+            receivers_all = [r for r in range(group_size) if r not in active]
+        else:
+            receivers_all = sorted(set(receivers))
+            for r in receivers_all:
+                if not 0 <= r < group_size:
+                    raise ValueError(f"receiver rank {r} is outside the group of size {group_size}")
+                if r in active:
+                    raise ValueError(f"rank {r} cannot both migrate {active[r]} columns and receive")
         if active and not receivers_all:
-            raise ValueError(f"every rank of the group migrates ({sorted(active)}): no receiver is left")
+            raise ValueError(f"ranks {sorted(active)} migrate but no receiver is left in the group of size {group_size}")
         shares = []
         for k in sorted(active):
             receivers = tuple(sorted(receivers_all, key=lambda r: (r + group_size - k) % group_size))

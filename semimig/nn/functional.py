@@ -141,33 +141,37 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-def _begin_forward(d: LayerDirective, group: ProcessGroup, x, weight, bias):
-    """Both layers' forward with a directive starts alike: lineage hook, checks, own GEMM.
+def _open_forward(d: LayerDirective, group: ProcessGroup, x, weight):
+    """Both layers' forward with a directive opens alike: lineage hook and checks.
 
-    Returns ``(rank, K, x2d [M, K], y2d [M, N])``.
+    Returns ``(rank, K, k_own, x2d [M, K])``.  The own GEMM is left to the caller so that a
+    straggler hands its migrated operands out *before* its own (slow) GEMM: receivers then
+    compute the migrated block while the straggler computes the rest, instead of after it.
     """
     if d.on_forward is not None:
         d.on_forward()
     rank, k = P.group_rank(group), weight.shape[1]
     k_own = _check_directive(d, group, rank, k)
-    x2d = _flat(x)
-    return rank, k, x2d, _own_forward(x2d, weight, bias, d.keep, k_own, d)
+    return rank, k, k_own, _flat(x)
 
 
-def _begin_backward(d: LayerDirective, group: ProcessGroup, dy, x, weight):
-    """Both layers' backward with a directive starts alike: lineage read, own dgrad/wgrad, imputation.
+def _open_backward(d: LayerDirective, group: ProcessGroup, dy, x, weight):
+    """Both layers' backward with a directive opens alike: lineage read.
 
-    Returns ``(rank, K, dy2d [M, N], x2d [M, K], dx2d [M, K], dw [N, K])``.
+    Returns ``(rank, K, k_own, dy2d [M, N], x2d [M, K])``; see :func:`_own_grads`.
     """
     if d.on_backward is not None:
         d.on_backward()
     rank, k = P.group_rank(group), weight.shape[1]
-    k_own = d.own_columns(rank, k)
-    dy2d, x2d = _flat(dy.contiguous()), _flat(x)
+    return rank, k, d.own_columns(rank, k), _flat(dy.contiguous()), _flat(x)
+
+
+def _own_grads(d: LayerDirective, dy2d, x2d, weight, k_own):
+    """This rank's own dgrad and wgrad (pruned columns exactly zero), then imputation: ``(dx2d, dw)``."""
     dx2d = _own_dgrad(dy2d, weight, d.keep, k_own, d)
     dw = _own_wgrad(dy2d, x2d, d.keep, k_own, d)
     _impute(dw, d)
-    return rank, k, dy2d, x2d, dx2d, dw
+    return dx2d, dw
 
 
 # ----------------------------------------------------------------------------- column layer
@@ -180,22 +184,21 @@ class _ColumnParallelLinear(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         if d is None:
             return F.linear(x, weight, bias)
-        rank, k, x2d, y2d = _begin_forward(d, group, x, weight, bias)
-        ctx.blocks = []
-        if d.migrating:
-            for share in d.layout.shares:
-                w_blk, off = _shared_weight(weight, d, share, rank)
-                ctx.blocks.append((w_blk, off))
-                if rank == share.straggler:
-                    d.exchange.return_sum(y2d, share)
-                    continue
-                cols = _span_cols(share, rank, off, k)
-                part = None
-                if cols is not None:
-                    xc, wc, width = cols
-                    part = _timed(d, lambda: x2d[:, xc].matmul(w_blk[:, wc].t()), 2 * x2d.shape[0] * weight.shape[0] * width, 0)
-                if d.exchange.policy == "broadcast-reduce" or part is not None:
-                    d.exchange.return_sum(part if part is not None else y2d.new_zeros(y2d.shape), share)
+        rank, k, k_own, x2d = _open_forward(d, group, x, weight)
+        shares = d.layout.shares if d.migrating else ()
+        ctx.blocks = [_shared_weight(weight, d, share, rank) for share in shares]
+        y2d = _own_forward(x2d, weight, bias, d.keep, k_own, d)
+        for share, (w_blk, off) in zip(shares, ctx.blocks):
+            if rank == share.straggler:
+                d.exchange.return_sum(y2d, share)
+                continue
+            cols = _span_cols(share, rank, off, k)
+            part = None
+            if cols is not None:
+                xc, wc, width = cols
+                part = _timed(d, lambda: x2d[:, xc].matmul(w_blk[:, wc].t()), 2 * x2d.shape[0] * weight.shape[0] * width, 0)
+            if d.exchange.policy == "broadcast-reduce" or part is not None:
+                d.exchange.return_sum(part if part is not None else y2d.new_zeros(y2d.shape), share)
         return y2d.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -211,21 +214,22 @@ class _ColumnParallelLinear(torch.autograd.Function):
             dw = dy2d.t().matmul(x2d)
             db = dy2d.sum(dim=0) if ctx.use_bias else None
             return dx, dw, db, None, None
-        rank, k, dy2d, x2d, dx2d, dw = _begin_backward(d, group, dy, x, weight)
-        if d.migrating:
-            m, n = dy2d.shape
-            for share, (w_blk, off) in zip(d.layout.shares, ctx.blocks):
-                dy_k = d.exchange.share_whole(dy2d, share)
-                cols = _span_cols(share, rank, off, k) if rank != share.straggler else None
-                dx_part = dw_part = None
-                if cols is not None:
-                    xc, wc, width = cols
-                    dx_part = _timed(d, lambda: dy_k.matmul(w_blk[:, wc]), 2 * m * n * width, 0)
-                    dw_part = _timed(d, lambda: dy_k.t().matmul(x2d[:, xc]), 2 * m * n * width, 0)
-                d.exchange.merge_block(dx2d[:, k - share.count:], dx_part, share)
-                block = d.exchange.return_block(dw_part, share, (n, share.count), dw.dtype, dw.device)
-                if rank == share.straggler:
-                    dw[:, k - share.count:] = block
+        rank, k, k_own, dy2d, x2d = _open_backward(d, group, dy, x, weight)
+        shares = d.layout.shares if d.migrating else ()
+        dys = [d.exchange.share_whole(dy2d, share) for share in shares]  # before the own GEMMs
+        dx2d, dw = _own_grads(d, dy2d, x2d, weight, k_own)
+        m, n = dy2d.shape
+        for share, dy_k, (w_blk, off) in zip(shares, dys, ctx.blocks):
+            cols = _span_cols(share, rank, off, k) if rank != share.straggler else None
+            dx_part = dw_part = None
+            if cols is not None:
+                xc, wc, width = cols
+                dx_part = _timed(d, lambda: dy_k.matmul(w_blk[:, wc]), 2 * m * n * width, 0)
+                dw_part = _timed(d, lambda: dy_k.t().matmul(x2d[:, xc]), 2 * m * n * width, 0)
+            d.exchange.merge_block(dx2d[:, k - share.count:], dx_part, share)
+            block = d.exchange.return_block(dw_part, share, (n, share.count), dw.dtype, dw.device)
+            if rank == share.straggler:
+                dw[:, k - share.count:] = block
         _remember(dw, d)
         P.all_reduce_(dx2d, group)
         db = dy2d.sum(dim=0) if ctx.use_bias else None
@@ -243,21 +247,22 @@ class _RowParallelLinear(torch.autograd.Function):
         if d is None:
             y = F.linear(x, weight)
             return P.all_reduce_(y, group)
-        rank, k, x2d, y2d = _begin_forward(d, group, x, weight, None)
+        rank, k, k_own, x2d = _open_forward(d, group, x, weight)
+        shares = d.layout.shares if d.migrating else ()
+        m, n = x2d.shape[0], weight.shape[0]
         ctx.blocks = []
-        if d.migrating:
-            m, n = x2d.shape[0], weight.shape[0]
-            for share in d.layout.shares:
-                x_send = x2d.detach()[:, k - share.count:] if rank == share.straggler else None
-                x_blk, x_off = d.exchange.share_block(x_send, share, (m, share.count), x.dtype, x.device)
-                w_blk, w_off = _shared_weight(weight, d, share, rank)
-                ctx.blocks.append((x_blk, x_off, w_blk, w_off))
-                part = None
-                if rank != share.straggler and _span_cols(share, rank, w_off, k) is not None:
-                    _, wc, width = _span_cols(share, rank, w_off, k)
-                    _, xc, _ = _span_cols(share, rank, x_off, k)
-                    part = _timed(d, lambda: x_blk[:, xc].matmul(w_blk[:, wc].t()), 2 * m * n * width, 0)
-                d.exchange.merge_sum(y2d, part, share)
+        for share in shares:  # hand out x_k[:, mig] and w_k[:, mig] before the own GEMM
+            x_send = x2d.detach()[:, k - share.count:] if rank == share.straggler else None
+            x_blk, x_off = d.exchange.share_block(x_send, share, (m, share.count), x.dtype, x.device)
+            ctx.blocks.append((x_blk, x_off) + _shared_weight(weight, d, share, rank))
+        y2d = _own_forward(x2d, weight, None, d.keep, k_own, d)
+        for share, (x_blk, x_off, w_blk, w_off) in zip(shares, ctx.blocks):
+            part = None
+            if rank != share.straggler and _span_cols(share, rank, w_off, k) is not None:
+                _, wc, width = _span_cols(share, rank, w_off, k)
+                _, xc, _ = _span_cols(share, rank, x_off, k)
+                part = _timed(d, lambda: x_blk[:, xc].matmul(w_blk[:, wc].t()), 2 * m * n * width, 0)
+            d.exchange.merge_sum(y2d, part, share)
         P.all_reduce_(y2d, group)
         return y2d.reshape(*x.shape[:-1], weight.shape[0])
 
@@ -268,21 +273,23 @@ class _RowParallelLinear(torch.autograd.Function):
         if d is None:  # Colossal-AI: autograd of F.linear after an identity-backward all-reduce
             dy2d, x2d = _flat(dy), _flat(x)
             return dy.matmul(weight), dy2d.t().matmul(x2d), None, None
-        rank, k, dy2d, x2d, dx2d, dw = _begin_backward(d, ctx.group, dy, x, weight)
+        rank, k, k_own, dy2d, x2d = _open_backward(d, ctx.group, dy, x, weight)
+        dx2d, dw = _own_grads(d, dy2d, x2d, weight, k_own)
         if d.migrating:
             m, n = dy2d.shape
             for share, (x_blk, x_off, w_blk, w_off) in zip(d.layout.shares, ctx.blocks):
-                dx_part = dw_part = None
+                part = None
                 if rank != share.straggler and _span_cols(share, rank, w_off, k) is not None:
                     _, wc, width = _span_cols(share, rank, w_off, k)
                     _, xc, _ = _span_cols(share, rank, x_off, k)
                     dx_part = _timed(d, lambda: dy2d.matmul(w_blk[:, wc]), 2 * m * n * width, 0)
                     dw_part = _timed(d, lambda: dy2d.t().matmul(x_blk[:, xc]), 2 * m * n * width, 0)
-                dx_block = d.exchange.return_block(dx_part, share, (m, share.count), dx2d.dtype, dx2d.device)
-                dw_block = d.exchange.return_block(dw_part, share, (n, share.count), dw.dtype, dw.device)
+                    part = torch.cat([dx_part, dw_part])
+                # dx_k[:, mig] ([M, L]) and dw_k[:, mig] ([N, L]) travel stacked: one return, not two
+                block = d.exchange.return_block(part, share, (m + n, share.count), dw.dtype, dw.device)
                 if rank == share.straggler:
-                    dx2d[:, k - share.count:] = dx_block
-                    dw[:, k - share.count:] = dw_block
+                    dx2d[:, k - share.count:] = block[:m]
+                    dw[:, k - share.count:] = block[m:]
         _remember(dw, d)
         return dx2d.reshape(x.shape), dw, None, None
 
