@@ -149,6 +149,9 @@ def test_fit_constant_is_mean_and_non_negative():
         ({"gamma_max": float("nan")}, "gamma_max"),
         ({"zero_reference": "avg"}, "zero_reference"),
         ({"receivers": "all"}, "receivers"),
+        ({"migrators": -1}, "migrators"),
+        ({"migrators": 1.5}, "migrators"),
+        ({"migrators": 1, "mode": "zero"}, "migrators"),
     ],
 )
 def test_config_validation_names_field_and_value(kwargs, field):
@@ -296,6 +299,24 @@ def test_fig11_multi_straggler_x(phi1_fixed, phi1_per_l, receivers, expected_x):
     migrated = sum(a.migrate_share for a in plan.actions) * L
     received = sum(a.receive_share for a in plan.actions) * L
     assert received == pytest.approx(migrated)
+
+
+@pytest.mark.parametrize("lam", [0, 1, 2, 3, 4, 7])
+def test_migrators_fix_x_for_the_lambda_sweep(lam):
+    """λ replaces Eq. 3's x (capped at z = 4): the λ slowest migrate, the others resize by Eq. 1."""
+    curves = _curves(phi1=(0.05, 0.5 / L), phi2=(0.0, 1.0 / L))
+    auto = decide_plan(FIG11_TIMES, L, curves, ControllerConfig())
+    plan = decide_plan(FIG11_TIMES, L, curves, ControllerConfig(migrators=lam))
+    x = min(lam, 4)
+    assert plan.x == x and plan.f_values == auto.f_values  # Eq. 3 still reported
+    for i, r in enumerate(plan.stragglers):
+        act = plan.actions[r]
+        expected = 1 - 1 / FIG11_CHI[r]
+        if i < x:
+            assert act.kind == "migrate" and act.migrate_share == pytest.approx(expected) and act.gamma == 0.0
+        else:
+            assert act.kind == "resize" and act.gamma == pytest.approx(expected)
+    assert (plan.x == auto.x) == (x == 3)  # Eq. 3 alone picks 3 on these curves
 
 
 def test_zero_mode_uses_group_mean_or_min():

@@ -41,7 +41,18 @@ class ControllerConfig:
     stragglers receive too) or ``normal`` (only the ``e − z`` non-stragglers receive; Eq. 3's
     ``e − x`` becomes ``e − z`` and ``y`` ranges over the normal ranks)."""
 
+    migrators: int | None = None
+    """λ of the paper's Fig. 11: when set, mode ``semi`` with several stragglers migrates the
+    ``min(λ, z)`` slowest instead of Eq. 3's ``x`` (the others resize), so a sweep over λ shows
+    where Eq. 3's choice lands.  ``None`` (default) lets Eq. 3 decide."""
+
     def __post_init__(self) -> None:
+        if self.migrators is not None:
+            m = self.migrators
+            if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+                raise ValueError(f"ControllerConfig.migrators must be None or an int >= 0, got {m!r}")
+            if self.mode != "semi":
+                raise ValueError(f"ControllerConfig.migrators (λ={m}) only applies to mode 'semi', got mode {self.mode!r}")
         if self.mode not in MODES:
             raise ValueError(f"ControllerConfig.mode must be one of {MODES}, got {self.mode!r}")
         for name in ("tol", "refresh_threshold"):

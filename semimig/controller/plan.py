@@ -40,6 +40,8 @@ traffic plus the slowest receiver's extra compute. The ``x`` slowest stragglers 
 largest ``x ∈ [1, z]`` with ``f(x) > 0`` (``x = 0`` if none); this equals Algorithm 2's scan
 "stop at the first ``f(k) < 0``" whenever ``f`` decreases, and is DESIGN's rule when it does not.
 The other ``z − x`` stragglers resize by ``γ_k`` from Eq. 1 against ``T_min``.
+``ControllerConfig.migrators = λ`` replaces Eq. 3's ``x`` by ``min(λ, z)`` (the paper's Fig. 11
+sweep); ``f_values`` are still reported.
 
 Modes ``zero``: every straggler resizes by Eq. 1. ``mig``: every straggler migrates its Eq. 1
 share to the normal ranks. ``baseline``: every rank normal (stragglers are still reported).
@@ -287,6 +289,8 @@ def decide_plan(
     elif mode == "semi" and len(stragglers) >= 2:  # Eq. 3
         f_values = eq3_f_values(times, cols, stragglers, shares, curves, config.receivers)
         x = max((i + 1 for i, f in enumerate(f_values) if f > 0.0), default=0)
+        if config.migrators is not None:  # λ sweep: the caller fixes x
+            x = min(config.migrators, len(stragglers))
         migrating = stragglers[:x]
         receivers_of = _receivers(e, migrating, stragglers, config.receivers)
         for r in stragglers:

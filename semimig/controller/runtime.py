@@ -92,8 +92,15 @@ class BalanceConfig:
         if self.mode.startswith("zero-"):
             object.__setattr__(self, "resizing", dataclasses.replace(self.resizing, variant=self.mode[5:]))
         plan_mode = {"baseline": "baseline", "mig": "mig", "semi": "semi"}.get(self.mode, "zero")
+        gamma_max = self.resizing.gamma_max
+        default = ControllerConfig.__dataclass_fields__["gamma_max"].default
+        if self.controller.gamma_max not in (default, gamma_max):
+            raise ValueError(f"controller.gamma_max={self.controller.gamma_max!r} disagrees with "
+                             f"resizing.gamma_max={gamma_max!r}: set it once, on resizing")
+        if self.controller.migrators is not None and self.mode != "semi":
+            raise ValueError(f"controller.migrators (λ={self.controller.migrators}) needs mode 'semi', got {self.mode!r}")
         object.__setattr__(self, "controller", dataclasses.replace(
-            self.controller, mode=plan_mode, gamma_max=self.resizing.gamma_max))
+            self.controller, mode=plan_mode, gamma_max=gamma_max))
 
 
 @dataclass(frozen=True)
@@ -155,6 +162,7 @@ class BalanceController:
         self._recent: collections.deque = collections.deque(maxlen=config.smoothing)
         self._gammas: tuple[float, ...] = (0.0,) * len(self.bound)
         self._migrate: dict[int, float] = {}
+        self._receivers: Optional[tuple[int, ...]] = None  # the plan's receivers (None: every non-migrating rank)
         for b in self.bound:
             b.layer.layer_name = b.name
             if config.resizing.prioritized and config.mode.startswith(("zero", "semi")):
@@ -252,6 +260,7 @@ class BalanceController:
         mine = self.plan.actions[self.rank]
         self._gammas = self._layer_gammas(mine.gamma)
         self._migrate = {a.rank: a.migrate_share for a in self.plan.actions if a.migrate_share > 0}
+        self._receivers = tuple(sorted({r for a in self.plan.actions for r in a.receivers})) or None
         return mine.shed_share
 
     def _layer_gammas(self, gamma: float) -> tuple[float, ...]:
@@ -280,7 +289,8 @@ class BalanceController:
         for b, gamma in zip(self.bound, self._gammas):
             k = b.layer.k_columns
             counts = {r: min(k, round(k * share)) for r, share in migrate.items()}
-            layout = MigrationLayout.build(self.size, k, counts) if any(counts.values()) else None
+            receivers = None if self.forced else self._receivers
+            layout = MigrationLayout.build(self.size, k, counts, receivers) if any(counts.values()) else None
             if layout is None:
                 b.state.clear()
             own = k - counts.get(self.rank, 0)
