@@ -36,3 +36,54 @@ def test_bench_rejects_bad_flags(argv, message, capsys):
     with pytest.raises(SystemExit):
         main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_bench_reports_a_refused_combination_without_traceback(capsys):
+    from semimig.cli import main
+
+    assert main(["bench", "--lambdas", "1", "--no-plots"]) == 2
+    assert "a lambda sweep needs several stragglers (pattern 'multi'), got pattern 'fixed'" in capsys.readouterr().err
+
+
+def _record(mode, chi, seed, acc, lam=None, x=0, t=1.0):
+    return {"mode": mode, "chi": chi, "seed": seed, "lambda": lam, "iter_time_s": t / 10, "epoch_time_s": t,
+            "accuracy": acc, "migrating_stragglers": x}
+
+
+def test_summary_keeps_lambda_rows_apart_and_plots_the_sweep(tmp_path):
+    from semimig.bench import report
+
+    records = [_record("baseline", 1.0, s, 0.9 + s / 100) for s in (0, 1)]
+    records += [_record("baseline", 8.0, s, 0.9 + s / 100, t=8.0) for s in (0, 1)]
+    records += [_record("semi", 1.0, s, 0.9 + s / 100) for s in (0, 1)]
+    records += [_record("semi", 8.0, s, 0.85, x=2, t=2.0) for s in (0, 1)]
+    records += [_record("semi", 8.0, s, 0.8 + lam / 100, lam=lam, x=lam, t=3.0 - lam / 2) for s in (0, 1) for lam in (0, 1, 2)]
+    rows = report.summarize(records)
+    by = {(r["label"], r["chi"]): r for r in rows}
+    assert set(by) == {("baseline", 1.0), ("baseline", 8.0), ("semi", 1.0), ("semi", 8.0),
+                       ("semi λ=0", 8.0), ("semi λ=1", 8.0), ("semi λ=2", 8.0)}
+    assert by[("semi λ=1", 8.0)]["acc_delta_vs_baseline"] == pytest.approx(0.81 - 0.905)
+    assert by[("semi λ=2", 8.0)]["rt_vs_chi1"] == pytest.approx(2.0)  # relative to plain semi at chi = 1
+    assert by[("baseline", 8.0)]["accuracy_std"] == pytest.approx(0.01 / 2 ** 0.5)
+    paths = report.write_plots(tmp_path, rows, "t")
+    assert {p.name for p in paths} == {"rt_vs_chi.png", "acc_delta.png", "lambda_sweep.png"}
+    assert all(p.stat().st_size > 0 for p in paths)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"lambdas": (1,)}, "needs several stragglers"),
+    ({"lambdas": (4,), "pattern": "multi", "tp": 4}, "ints in \\[0, tp=4\\), got 4"),
+])
+def test_bench_config_rejects_bad_lambdas(kwargs, message):
+    from semimig.bench.config import BenchConfig
+
+    with pytest.raises(ValueError, match=message):
+        BenchConfig(**kwargs)
+
+
+def test_lambda_cases_only_where_a_straggler_exists():
+    from semimig.bench.config import BenchConfig
+
+    cfg = BenchConfig(modes=("baseline", "semi"), tp=4, pattern="multi", lambdas=(0, 2))
+    assert cfg.cases(1.0, 0) == [("baseline", 1.0, 0, None), ("semi", 1.0, 0, None)]
+    assert cfg.cases(8.0, 1)[2:] == [("semi", 8.0, 1, 0), ("semi", 8.0, 1, 2)]

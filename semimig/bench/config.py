@@ -25,10 +25,14 @@ class BenchConfig:
     ``multi`` (ranks 0..tp-1 with factors ``multi_chis``, paper Fig. 11)."""
     straggler_rank: int = 1
     multi_chis: tuple[float, ...] = (8.0, 6.0, 4.0, 2.0)
+    lambdas: tuple[int, ...] = ()
+    """λ sweep (paper Fig. 11, pattern ``multi``): besides ``modes``, train ``semi`` with exactly
+    λ migrating stragglers (the rest resize) at every chi > 1, for each λ listed."""
     epochs: int = 4
     iters_per_epoch: int = 25
     batch: int = 64
-    lr: float = 2e-3
+    lr: float = 1e-3
+    """Peak learning rate of the one-cycle schedule (AdamW) over ``epochs * iters_per_epoch``."""
     device_ms: float = 60.0
     """Emulated device time of one rank's linear GEMMs per iteration at chi = 1 (milliseconds):
     the GEMMs of every rank sleep as long as a device of that speed would compute (see
@@ -61,6 +65,11 @@ class BenchConfig:
         if self.batch * self.dp > 1000:
             raise ValueError(f"batch*dp={self.batch * self.dp} exceeds what digits' 1347 training images "
                              "can serve per iteration (keep it <= 1000)")
+        for lam in self.lambdas:
+            if isinstance(lam, bool) or not isinstance(lam, int) or not 0 <= lam < self.tp:
+                raise ValueError(f"lambda values count migrating stragglers: ints in [0, tp={self.tp}), got {lam!r}")
+        if self.lambdas and self.pattern != "multi":
+            raise ValueError(f"a lambda sweep needs several stragglers (pattern 'multi'), got pattern {self.pattern!r}")
         if not self.seeds or not self.chis:
             raise ValueError(f"seeds and chis must not be empty, got seeds={self.seeds} chis={self.chis}")
         if not self.device_ms > 0:
@@ -72,6 +81,11 @@ class BenchConfig:
     @property
     def world(self) -> int:
         return self.tp * self.dp
+
+    def cases(self, chi: float, seed: int) -> list[tuple[str, float, int, int | None]]:
+        """``(mode, chi, seed, λ)`` to train for one chi and seed: every mode, then the λ sweep."""
+        sweep = [("semi", chi, seed, lam) for lam in self.lambdas] if chi != 1.0 else []
+        return [(mode, chi, seed, None) for mode in self.modes] + sweep
 
     def straggler_spec(self, chi: float) -> str:
         """The injection (CLI grammar of :class:`StragglerConfig`) for this pattern at ``chi``."""

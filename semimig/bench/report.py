@@ -10,21 +10,27 @@ from typing import Sequence
 
 
 def summarize(records: Sequence[dict]) -> list[dict]:
-    """Per (mode, chi): mean epoch/iteration time, accuracy mean ± std over seeds, RT vs chi = 1."""
+    """Per (mode, λ, chi): mean epoch/iteration time, accuracy mean ± std over seeds, RT vs chi = 1.
+
+    ``label`` names the row (``semi λ=2`` for a λ-sweep run); a λ row's RT is relative to plain
+    ``semi`` at chi = 1 (with no straggler there is nothing to sweep).
+    """
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
-        groups[(r["mode"], r["chi"])].append(r)
+        groups[(r["mode"], r.get("lambda"), r["chi"])].append(r)
     rows = []
-    for (mode, chi), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+    for (mode, lam, chi), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], -1 if kv[0][1] is None else kv[0][1], kv[0][2])):
         acc = [r["accuracy"] for r in rs]
         rows.append({
-            "mode": mode, "chi": chi, "seeds": len(rs),
+            "mode": mode, "lambda": lam, "label": mode if lam is None else f"{mode} λ={lam}",
+            "chi": chi, "seeds": len(rs),
             "iter_time_s": statistics.mean(r["iter_time_s"] for r in rs),
             "epoch_time_s": statistics.mean(r["epoch_time_s"] for r in rs),
             "accuracy_mean": statistics.mean(acc),
             "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
+            "migrating_stragglers": statistics.mean(r.get("migrating_stragglers", 0) for r in rs),
         })
-    base_time = {row["mode"]: row["iter_time_s"] for row in rows if row["chi"] == 1.0}
+    base_time = {row["mode"]: row["iter_time_s"] for row in rows if row["chi"] == 1.0 and row["lambda"] is None}
     base_acc = {row["chi"]: row["accuracy_mean"] for row in rows if row["mode"] == "baseline"}
     for row in rows:
         ref = base_time.get(row["mode"])
@@ -42,7 +48,7 @@ def print_table(rows: Sequence[dict], title: str) -> None:
         table.add_column(col, justify="right", no_wrap=(col == "mode"))
     for row in rows:
         table.add_row(
-            row["mode"], f"{row['chi']:g}", f"{row['iter_time_s']:.3f}", f"{row['epoch_time_s']:.2f}",
+            row["label"], f"{row['chi']:g}", f"{row['iter_time_s']:.3f}", f"{row['epoch_time_s']:.2f}",
             "-" if row["rt_vs_chi1"] is None else f"{row['rt_vs_chi1']:.2f}x",
             f"{100 * row['accuracy_mean']:.1f} ± {100 * row['accuracy_std']:.1f}",
             "-" if row["acc_delta_vs_baseline"] is None else f"{100 * row['acc_delta_vs_baseline']:+.1f}",
@@ -65,20 +71,22 @@ def write_json(path: Path, records: Sequence[dict], rows: Sequence[dict], config
 
 
 def write_plots(directory: Path, rows: Sequence[dict], title: str) -> list[Path]:
-    """``rt_vs_chi.png`` and ``acc_delta.png`` in ``directory``; returns the paths."""
+    """``rt_vs_chi.png`` and ``acc_delta.png`` in ``directory`` (plus ``lambda_sweep.png`` when
+    the rows hold a λ sweep); returns the paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     directory.mkdir(parents=True, exist_ok=True)
-    modes = sorted({row["mode"] for row in rows})
+    plain = [row for row in rows if row.get("lambda") is None]
+    modes = sorted({row["mode"] for row in plain})
     paths = []
     for key, ylabel, name in (("epoch_time_s", "epoch time RT (s)", "rt_vs_chi.png"),
                               ("acc_delta_vs_baseline", "accuracy - baseline (points)", "acc_delta.png")):
         fig, ax = plt.subplots(figsize=(6, 4))
         for mode in modes:
-            pts = [(row["chi"], row[key]) for row in rows if row["mode"] == mode and row[key] is not None]
+            pts = [(row["chi"], row[key]) for row in plain if row["mode"] == mode and row[key] is not None]
             if pts:
                 xs, ys = zip(*sorted(pts))
                 scale = 100.0 if key == "acc_delta_vs_baseline" else 1.0
@@ -93,4 +101,34 @@ def write_plots(directory: Path, rows: Sequence[dict], title: str) -> list[Path]
         fig.savefig(path, dpi=120)
         plt.close(fig)
         paths.append(path)
+    if any(row.get("lambda") is not None for row in rows):
+        paths.append(_plot_lambda_sweep(plt, directory / "lambda_sweep.png", rows, title))
     return paths
+
+
+def _plot_lambda_sweep(plt, path: Path, rows: Sequence[dict], title: str) -> Path:
+    """Paper Fig. 11: RT and ACC delta vs λ (migrating stragglers), one line per chi; a star marks
+    plain ``semi`` (Eq. 3's own x) at its x."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    chis = sorted({row["chi"] for row in rows if row.get("lambda") is not None})
+    for chi in chis:
+        sweep = sorted((row["lambda"], row) for row in rows if row.get("lambda") is not None and row["chi"] == chi)
+        auto = [row for row in rows if row["mode"] == "semi" and row.get("lambda") is None and row["chi"] == chi]
+        for ax, key, scale in ((axes[0], "epoch_time_s", 1.0), (axes[1], "acc_delta_vs_baseline", 100.0)):
+            pts = [(lam, row[key] * scale) for lam, row in sweep if row[key] is not None]
+            if pts:
+                line, = ax.plot(*zip(*pts), marker="o", label=f"chi={chi:g}")
+                for row in auto:
+                    if row[key] is not None:
+                        ax.plot([row["migrating_stragglers"]], [row[key] * scale], marker="*", markersize=14,
+                                color=line.get_color(), linestyle="none", label=f"Eq. 3 choice, chi={chi:g}")
+    for ax, ylabel in ((axes[0], "epoch time RT (s)"), (axes[1], "accuracy - baseline (points)")):
+        ax.set_xlabel("stragglers that migrate (λ); the others resize")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -34,13 +34,17 @@ def _batches(x, y, cfg: BenchConfig, seed: int, dp_rank: int, epoch: int):
         yield x[idx], y[idx]
 
 
-def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, seed: int) -> dict:
-    """Train one case; returns timing and accuracy (rank 0's view, identical across TP ranks)."""
+def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, seed: int,
+               lam: int | None = None) -> dict:
+    """Train one case; returns timing and accuracy (rank 0's view, identical across TP ranks).
+
+    ``lam`` (mode ``semi`` only) fixes how many stragglers migrate (the paper's λ, Fig. 11).
+    """
     from colossalai.booster import Booster
     from colossalai.booster.plugin import HybridParallelPlugin
 
     import semimig.nn  # noqa: F401 - CPU compatibility shim
-    from semimig.controller import BalanceConfig, BalanceController
+    from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
     from semimig.shardformer import SemiMigPolicy
     from semimig.straggler import BusyMeter, StragglerConfig, StragglerInjector
     from semimig.straggler.hooks import attach_to_colossalai_layers
@@ -51,8 +55,12 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
                                   custom_policy=None if mode == "baseline" else SemiMigPolicy())
     model = tiny_vit(cfg.size, seed=seed, num_labels=-(-10 // cfg.tp) * cfg.tp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    # one-cycle schedule over the whole run: the tiny ViT converges on digits within a few
+    # hundred iterations, so accuracy deltas compare trained models, not half-trained ones
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, pct_start=0.1,
+                                                   total_steps=cfg.epochs * cfg.iters_per_epoch)
     booster = Booster(plugin=plugin)
-    model, optimizer, *_ = booster.boost(model, optimizer)
+    model, optimizer, _, _, schedule = booster.boost(model, optimizer, lr_scheduler=schedule)
     tp_rank, tp_size = _tp_group_rank(plugin)
     dp_rank = dist.get_rank(plugin.dp_group)
 
@@ -61,7 +69,8 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
         meter = BusyMeter(StragglerInjector(straggler, tp_rank, tp_size))
         attach_to_colossalai_layers(model, meter)
     else:
-        controller = BalanceController(model, BalanceConfig(mode=mode, straggler=straggler),
+        balance = BalanceConfig(mode=mode, straggler=straggler, controller=ControllerConfig(migrators=lam))
+        controller = BalanceController(model, balance,
                                        process_group=plugin.tp_group, iterations_per_epoch=cfg.iters_per_epoch)
 
     x_train, y_train, x_test, y_test = digits_split(seed=0)
@@ -79,6 +88,7 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
             booster.backward(out.loss, optimizer)
             optimizer.step()
             optimizer.zero_grad()
+            schedule.step()
             if controller is not None:
                 shed.append(controller.step().gamma_target)
             else:
@@ -96,19 +106,20 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
         for lo in range(0, len(y_test), 128):
             logits = model(pixel_values=x_test[lo:lo + 128]).logits
             correct += int((logits.argmax(-1) == y_test[lo:lo + 128]).sum())
-    plan = controller.plan.summary() if controller is not None and controller.plan is not None else None
+    plan = controller.plan if controller is not None else None
     shed_by_rank = [None] * tp_size
     dist.all_gather_object(shed_by_rank, statistics.mean(shed) if shed else 0.0, group=plugin.tp_group)
     return {
-        "mode": mode, "chi": chi, "seed": seed,
+        "mode": mode, "chi": chi, "seed": seed, "lambda": lam,
         "iter_time_s": statistics.median(iter_times),
         "epoch_time_s": statistics.mean(epoch_times[1:] or epoch_times),
         "accuracy": correct / len(y_test),
         "shed_share_by_rank": shed_by_rank,
-        "plan": plan,
+        "plan": plan.summary() if plan is not None else None,
+        "migrating_stragglers": plan.x if plan is not None else 0,
     }
 
 
 def run_cases(rank: int, world: int, cfg: BenchConfig, cases: list) -> list:
-    """Train several (mode, chi, seed) cases one after another in the same ranks."""
-    return [train_case(rank, world, cfg, mode, chi, seed) for mode, chi, seed in cases]
+    """Train several ``(mode, chi, seed, lam)`` cases one after another in the same ranks."""
+    return [train_case(rank, world, cfg, mode, chi, seed, lam) for mode, chi, seed, lam in cases]
