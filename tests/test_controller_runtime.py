@@ -92,3 +92,35 @@ def test_curves_round_trip_through_json():
     curves = CostCurves(omega1=0.001, omega2=Curve.affine(0.0, 1e-6), phi1=Curve.affine(0.002, 3e-6),
                         phi2=Curve.affine(0.0, 2e-6))
     assert CostCurves.from_dict(json.loads(json.dumps(curves.to_dict()))) == curves
+
+
+def _dense_head_body(rank, world):
+    """fc2 named as an output head stays dense under a forced plan; fc1 prunes and migrates."""
+    from semimig.controller import BalanceConfig, BalanceController
+
+    make = _model(world, width=12)
+    plain, balanced = make(), make()
+    ctl = BalanceController(balanced, BalanceConfig(mode="mig", dense_layers=("fc2",)))
+    ctl.force(prune={1: 0.25}, migrate={0: 0.5})
+    x = torch.randn(5, 12)
+    for model in (plain, balanced):
+        model(x).pow(2).sum().backward()
+    head = balanced.fc2.directive
+    assert head.keep is None and head.layout is None and head.timer is ctl.meter  # dense but timed
+    assert balanced.fc1.directive.layout.migrated_count(0) == 6
+    assert (balanced.fc1.directive.keep is not None) == (rank == 1)
+    # fc2's weight gradient is complete on every rank: nothing of the head was pruned
+    torch.testing.assert_close(balanced.fc2.weight.grad.count_nonzero(), plain.fc2.weight.grad.count_nonzero())
+    return True
+
+
+def test_output_head_stays_dense():
+    assert run_on_ranks(_dense_head_body, 2)
+
+
+@pytest.mark.parametrize("bad", ["classifier", ("",), (3,)])
+def test_dense_layers_must_be_a_tuple_of_names(bad):
+    from semimig.controller import BalanceConfig
+
+    with pytest.raises(ValueError, match="dense_layers must be a tuple of non-empty module-name suffixes"):
+        BalanceConfig(dense_layers=bad)

@@ -8,6 +8,7 @@ compares).  Column counts handed to the curves are ``n = s · REFERENCE_COLUMNS`
     Ω2(n)     extracting the kept columns: ``x[:, S]`` and ``w[:, S]`` gathers, |S| = n-share of K
     Φ1(n)     migration traffic: broadcast ``w[:, mig]`` and ``dY`` ``[M, N]``, reduce ``[M, N]``
               partial outputs and ``[N, |mig|]`` weight gradients, straggler = group rank 0
+              (a column layer's pattern, an upper bound for row layers)
     Φ2(n)     receiver compute: forward, dgrad and wgrad GEMMs on n-share columns
 
 Each rank measures, then the samples are all-reduced so that every rank fits the same curves
@@ -97,8 +98,9 @@ def measure_cost_samples(shapes: Sequence[tuple[int, int, int]], group, *, share
                     gemm_timer.timed(gemm, flops=flops, full_flops=0) if gemm_timer is not None else gemm()
 
         def traffic():
-            # Per layer and iteration, as in training: two broadcasts (w[:, mig], then dY_k or
-            # x_k[:, mig]) and two reduces (partial outputs or dX_k[:, mig], and dW_k[:, mig]).
+            # Per layer and iteration, a column layer's traffic in training: two broadcasts
+            # (w[:, mig], dY_k) and two reduces (partial outputs, dW_k[:, mig]).  A row layer
+            # needs one reduce fewer (dX_k and dW_k travel stacked), so Φ1 is an upper bound there.
             for (x, w, dy), c in zip(tensors, narrow):
                 P.broadcast_(w[:, :c].contiguous(), 0, group)
                 P.broadcast_(dy.clone(), 0, group)

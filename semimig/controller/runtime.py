@@ -22,6 +22,7 @@ current busy times, which converges to the fastest rank as the straggler catches
 cost curves from a pretest after the first iteration).
 
 ``force(prune=..., migrate=...)`` pins a plan (per-rank shares) for experiments and tests.
+Layers named by ``BalanceConfig.dense_layers`` (the output head) always run dense.
 """
 from __future__ import annotations
 
@@ -79,6 +80,10 @@ class BalanceConfig:
     smoothing: int = 3
     """Busy times entering a decision are the median of the last ``smoothing`` iterations, so
     one descheduled GEMM does not turn a rank into a straggler."""
+    dense_layers: tuple[str, ...] = ("classifier", "lm_head", "score", "qa_outputs")
+    """Module-name suffixes of layers that never resize or migrate (still timed and slowed): the
+    model's output head.  The paper balances the transformer layers (attention and MLP); pruning
+    a sharded head would train the straggler's logits from a fraction of the features."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -89,6 +94,8 @@ class BalanceConfig:
             raise ValueError(f"interval must be an int >= 1, got {self.interval!r}")
         if isinstance(self.smoothing, bool) or not isinstance(self.smoothing, int) or self.smoothing < 1:
             raise ValueError(f"smoothing must be an int >= 1, got {self.smoothing!r}")
+        if isinstance(self.dense_layers, str) or not all(isinstance(n, str) and n for n in self.dense_layers):
+            raise ValueError(f"dense_layers must be a tuple of non-empty module-name suffixes, got {self.dense_layers!r}")
         if self.mode.startswith("zero-"):
             object.__setattr__(self, "resizing", dataclasses.replace(self.resizing, variant=self.mode[5:]))
         plan_mode = {"baseline": "baseline", "mig": "mig", "semi": "semi"}.get(self.mode, "zero")
@@ -120,6 +127,8 @@ class StepReport:
 class _Bound:
     name: str
     layer: BalancedLinearMixin
+    dense: bool = False
+    """Never resized or migrated (``BalanceConfig.dense_layers``); its GEMMs are still timed."""
     state: LayerState = field(default_factory=LayerState)
     tracker: Optional[ColumnVariationTracker] = None
     delta: Optional[torch.Tensor] = None
@@ -132,7 +141,8 @@ class BalanceController:
     def __init__(self, model: nn.Module, config: BalanceConfig = BalanceConfig(), *,
                  process_group=None, iterations_per_epoch: Optional[int] = None) -> None:
         self.config = config
-        self.bound = [_Bound(name, m) for name, m in model.named_modules() if isinstance(m, BalancedLinearMixin)]
+        self.bound = [_Bound(name, m, dense=any(name == n or name.endswith("." + n) for n in config.dense_layers))
+                      for name, m in model.named_modules() if isinstance(m, BalancedLinearMixin)]
         if not self.bound:
             raise ValueError(f"{type(model).__name__} has no semimig layers: shard it with SemiMigPolicy "
                              "or build it from semimig.nn.Linear1D_Col/Row")
@@ -266,13 +276,16 @@ class BalanceController:
     def _layer_gammas(self, gamma: float) -> tuple[float, ...]:
         res = self.config.resizing
         if res.differentiated and gamma > 0 and all(b.delta is not None for b in self.bound):
-            return tuple(pridiff_ratios([b.delta for b in self.bound], gamma=gamma, alpha=res.alpha,
-                                        theta=res.theta(self.period), gamma_max=res.gamma_max))
-        return (gamma,) * len(self.bound)
+            gammas = pridiff_ratios([b.delta for b in self.bound], gamma=gamma, alpha=res.alpha,
+                                    theta=res.theta(self.period), gamma_max=res.gamma_max)
+        else:
+            gammas = (gamma,) * len(self.bound)
+        return tuple(0.0 if b.dense else g for b, g in zip(self.bound, gammas))
 
     def _forced_actions(self) -> tuple[tuple[float, ...], dict[int, float]]:
         prune, migrate = self.forced
-        return (prune.get(self.rank, 0.0),) * len(self.bound), {r: s for r, s in migrate.items() if s > 0}
+        gamma = prune.get(self.rank, 0.0)
+        return tuple(0.0 if b.dense else gamma for b in self.bound), {r: s for r, s in migrate.items() if s > 0}
 
     def _update_priorities(self) -> None:
         if self.iteration % self.period:
@@ -288,7 +301,7 @@ class BalanceController:
         migrate = self._migrate
         for b, gamma in zip(self.bound, self._gammas):
             k = b.layer.k_columns
-            counts = {r: min(k, round(k * share)) for r, share in migrate.items()}
+            counts = {} if b.dense else {r: min(k, round(k * share)) for r, share in migrate.items()}
             receivers = None if self.forced else self._receivers
             layout = MigrationLayout.build(self.size, k, counts, receivers) if any(counts.values()) else None
             if layout is None:
