@@ -1,4 +1,4 @@
-"""Run a function on N local ranks: gloo process group, free port, short timeout, fail fast.
+"""Run a function on N local ranks: gloo (or NCCL) process group, free port, short timeout, fail fast.
 
     run_on_ranks(body, world_size, *args)
 
@@ -48,7 +48,23 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _child(rank: int, world_size: int, port: int, timeout_s: float, body, args, queue) -> None:
+BACKENDS = ("gloo", "nccl")
+
+
+def check_backend(backend: str, world_size: int) -> None:
+    """Refuse a backend this machine cannot run ``world_size`` local ranks on (message names why)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "nccl":
+        import torch
+
+        found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if found < world_size:
+            raise ValueError(f"backend 'nccl' runs one rank per GPU: {world_size} ranks need {world_size} "
+                             f"GPUs, this machine has {found}")
+
+
+def _child(rank: int, world_size: int, port: int, timeout_s: float, body, args, queue, backend: str = "gloo") -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -62,8 +78,10 @@ def _child(rank: int, world_size: int, port: int, timeout_s: float, body, args, 
 
     torch.set_num_threads(1)
     try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
         dist.init_process_group(
-            "gloo",
+            backend,
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world_size,
@@ -78,15 +96,20 @@ def _child(rank: int, world_size: int, port: int, timeout_s: float, body, args, 
             dist.destroy_process_group()
 
 
-def run_on_ranks(body: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 60.0) -> Any:
-    """Run ``body(rank, world_size, *args)`` on ``world_size`` gloo ranks; return rank 0's result."""
+def run_on_ranks(body: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 60.0,
+                 backend: str = "gloo") -> Any:
+    """Run ``body(rank, world_size, *args)`` on ``world_size`` local ranks; return rank 0's result.
+
+    ``backend="nccl"`` puts rank ``r`` on GPU ``r`` (one machine, one GPU per rank).
+    """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    check_backend(backend, world_size)
     ctx = _context()
     queue = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_child, args=(r, world_size, port, timeout_s / 2, body, args, queue), daemon=True)
+        ctx.Process(target=_child, args=(r, world_size, port, timeout_s / 2, body, args, queue, backend), daemon=True)
         for r in range(world_size)
     ]
     for p in procs:

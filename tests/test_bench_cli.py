@@ -45,6 +45,17 @@ def test_bench_reports_a_refused_combination_without_traceback(capsys):
     assert "a lambda sweep needs several stragglers (pattern 'multi'), got pattern 'fixed'" in capsys.readouterr().err
 
 
+def test_bench_refuses_cuda_without_enough_gpus(capsys):
+    import torch
+
+    from semimig.cli import main
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has the GPUs")
+    assert main(["bench", "--device", "cuda", "--tp", "2", "--no-plots"]) == 2
+    assert "backend 'nccl' runs one rank per GPU: 2 ranks need 2 GPUs" in capsys.readouterr().err
+
+
 def _record(mode, chi, seed, acc, lam=None, x=0, t=1.0):
     return {"mode": mode, "chi": chi, "seed": seed, "lambda": lam, "iter_time_s": t / 10, "epoch_time_s": t,
             "accuracy": acc, "migrating_stragglers": x}

@@ -59,6 +59,8 @@ def add_bench_subcommand(subparsers) -> None:
                    help="emulated GEMM time of one rank per iteration at chi = 1 (default 20 ms per rank "
                         "sharing this machine, at least 40: device time must dominate the host work, "
                         "which grows with the number of ranks)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu: gloo ranks on an emulated device; cuda: one NCCL rank per GPU, real device time")
     p.add_argument("--quick", action="store_true", help="fewer iterations and seeds (a few minutes)")
     p.add_argument("--json", type=Path, default=Path("results/bench.json"))
     p.add_argument("--plots", type=Path, default=Path("results"), help="directory for the PNG plots")
@@ -75,7 +77,7 @@ def config_from_args(args: argparse.Namespace):
         chis=args.chi or (1.0, 4.0),
         seeds=args.seeds or ((0,) if quick else (0, 1)),
         tp=args.tp, dp=args.dp, pattern=args.pattern, straggler_rank=args.straggler_rank,
-        multi_chis=args.multi_chi, lambdas=args.lambdas,
+        multi_chis=args.multi_chi, lambdas=args.lambdas, device=args.device,
         epochs=args.epochs or (2 if quick else 4),
         iters_per_epoch=args.iters_per_epoch or (15 if quick else 25),
         device_ms=args.device_ms or 20.0 * max(2, args.tp * args.dp),
@@ -87,10 +89,11 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
     from semimig.bench import report
     from semimig.bench.train import run_cases
-    from semimig.launch import run_on_ranks
+    from semimig.launch import check_backend, run_on_ranks
 
     try:
         cfg = config_from_args(args)
+        check_backend(cfg.backend, cfg.world)
     except ValueError as err:  # a flag combination BenchConfig refuses: say which, no traceback
         print(f"semimig bench: error: {err}", file=sys.stderr)
         return 2
@@ -98,12 +101,14 @@ def run_bench_command(args: argparse.Namespace) -> int:
     records = []
     start = time.perf_counter()
     print(f"semimig bench: ViT {cfg.size} on digits, tp={cfg.tp} dp={cfg.dp}, pattern {cfg.pattern}, "
-          f"{cfg.epochs}x{cfg.iters_per_epoch} iterations, emulated device {cfg.device_ms:g} ms/iter, "
-          f"{len(cfg.modes)} modes x {len(cfg.chis)} chi x {len(cfg.seeds)} seeds on CPU/gloo")
+          f"{cfg.epochs}x{cfg.iters_per_epoch} iterations, "
+          + (f"emulated device {cfg.device_ms:g} ms/iter, " if cfg.device == "cpu" else "")
+          + f"{len(cfg.modes)} modes x {len(cfg.chis)} chi x {len(cfg.seeds)} seeds on "
+          + ("CPU/gloo" if cfg.device == "cpu" else "GPUs/NCCL"))
     with Progress() as progress:
         task = progress.add_task("training", total=sum(len(cases) for cases in groups))
         for cases in groups:
-            records += run_on_ranks(run_cases, cfg.world, cfg, cases, timeout_s=3600)
+            records += run_on_ranks(run_cases, cfg.world, cfg, cases, timeout_s=3600, backend=cfg.backend)
             progress.advance(task, len(cases))
     rows = report.summarize(records)
     title = f"semimig bench tp={cfg.tp} {cfg.pattern} ({time.perf_counter() - start:.0f} s)"

@@ -37,6 +37,9 @@ class BenchConfig:
     """Emulated device time of one rank's linear GEMMs per iteration at chi = 1 (milliseconds):
     the GEMMs of every rank sleep as long as a device of that speed would compute (see
     ``semimig.straggler.injection``, mode ``emulated``)."""
+    device: str = "cpu"
+    """``cpu``: gloo ranks with the emulated device (``device_ms``).  ``cuda``: one NCCL rank per
+    GPU, real device time, the straggler slowed by ``(chi - 1)`` × its measured GEMM time."""
     warmup_iters: int = 3
     """Iterations left out of the timing (pretest, first plans)."""
     size: VitSize = field(default_factory=lambda: VitSize(hidden=64, layers=2, heads=4, intermediate=256))
@@ -70,6 +73,8 @@ class BenchConfig:
                 raise ValueError(f"lambda values count migrating stragglers: ints in [0, tp={self.tp}), got {lam!r}")
         if self.lambdas and self.pattern != "multi":
             raise ValueError(f"a lambda sweep needs several stragglers (pattern 'multi'), got pattern {self.pattern!r}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if not self.seeds or not self.chis:
             raise ValueError(f"seeds and chis must not be empty, got seeds={self.seeds} chis={self.chis}")
         if not self.device_ms > 0:
@@ -81,6 +86,10 @@ class BenchConfig:
     @property
     def world(self) -> int:
         return self.tp * self.dp
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device == "cuda" else "gloo"
 
     def cases(self, chi: float, seed: int) -> list[tuple[str, float, int, int | None]]:
         """``(mode, chi, seed, λ)`` to train for one chi and seed: every mode, then the λ sweep."""

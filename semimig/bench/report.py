@@ -114,10 +114,15 @@ def _plot_lambda_sweep(plt, path: Path, rows: Sequence[dict], title: str) -> Pat
     for chi in chis:
         sweep = sorted((row["lambda"], row) for row in rows if row.get("lambda") is not None and row["chi"] == chi)
         auto = [row for row in rows if row["mode"] == "semi" and row.get("lambda") is None and row["chi"] == chi]
+        base = [row for row in rows if row["mode"] == "baseline" and row["chi"] == chi]
         for ax, key, scale in ((axes[0], "epoch_time_s", 1.0), (axes[1], "acc_delta_vs_baseline", 100.0)):
             pts = [(lam, row[key] * scale) for lam, row in sweep if row[key] is not None]
             if pts:
                 line, = ax.plot(*zip(*pts), marker="o", label=f"chi={chi:g}")
+                if key == "epoch_time_s":
+                    for row in base:
+                        ax.axhline(row[key], color=line.get_color(), linestyle="--", linewidth=1,
+                                   label=f"baseline, chi={chi:g}")
                 for row in auto:
                     if row[key] is not None:
                         ax.plot([row["migrating_stragglers"]], [row[key] * scale], marker="*", markersize=14,

@@ -30,7 +30,7 @@ def _batches(x, y, cfg: BenchConfig, seed: int, dp_rank: int, epoch: int):
     order = torch.randperm(len(y), generator=gen)
     for it in range(cfg.iters_per_epoch):
         start = ((it * cfg.dp + dp_rank) * cfg.batch) % (len(y) - cfg.batch)
-        idx = order[start:start + cfg.batch]
+        idx = order[start:start + cfg.batch].to(x.device)
         yield x[idx], y[idx]
 
 
@@ -49,8 +49,10 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
     from semimig.straggler import BusyMeter, StragglerConfig, StragglerInjector
     from semimig.straggler.hooks import attach_to_colossalai_layers
 
-    straggler = StragglerConfig.from_cli(
-        f"{cfg.straggler_spec(chi)}:mode=emulated:flops={cfg.device_flops_per_second():.6g}")
+    cuda = cfg.device == "cuda"
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    timing = "mode=measured" if cuda else f"mode=emulated:flops={cfg.device_flops_per_second():.6g}"
+    straggler = StragglerConfig.from_cli(f"{cfg.straggler_spec(chi)}:{timing}")
     plugin = HybridParallelPlugin(tp_size=cfg.tp, pp_size=1, precision="fp32",
                                   custom_policy=None if mode == "baseline" else SemiMigPolicy())
     model = tiny_vit(cfg.size, seed=seed, num_labels=-(-10 // cfg.tp) * cfg.tp)
@@ -66,14 +68,14 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
 
     controller = meter = None
     if mode == "baseline":
-        meter = BusyMeter(StragglerInjector(straggler, tp_rank, tp_size))
+        meter = BusyMeter(StragglerInjector(straggler, tp_rank, tp_size), device=device)
         attach_to_colossalai_layers(model, meter)
     else:
         balance = BalanceConfig(mode=mode, straggler=straggler, controller=ControllerConfig(migrators=lam))
         controller = BalanceController(model, balance,
                                        process_group=plugin.tp_group, iterations_per_epoch=cfg.iters_per_epoch)
 
-    x_train, y_train, x_test, y_test = digits_split(seed=0)
+    x_train, y_train, x_test, y_test = (t.to(device) for t in digits_split(seed=0))
     iter_times, epoch_times, shed = [], [], []
     iteration = 0
     model.train()
@@ -93,6 +95,8 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
                 shed.append(controller.step().gamma_target)
             else:
                 meter.reset()
+            if cuda:
+                torch.cuda.synchronize(device)
             now = time.perf_counter()
             if iteration >= cfg.warmup_iters:
                 iter_times.append(now - last)
