@@ -1,0 +1,26 @@
+"""Smoke test of ``benchmarks/semi_cost_curves.py``: the real pretest on 2 ranks, then Eq. 2."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_cost_curves_script_reports_curves_and_beta():
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "semi_cost_curves.py"), "--tp", "2",
+                           "--device-ms", "20"], capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert out["tp"] == 2 and set(out["at_chi"]) == {"4", "8"}
+    for chi, row in out["at_chi"].items():
+        assert row["shed_columns"] == 1000 * (1 - 1 / float(chi))
+        assert 0.0 <= row["eq2_beta"] <= 1.0
+        assert row["phi1_s"] > 0 and row["phi2_s"] > 0  # real collectives, emulated receiver GEMMs
+        assert row["omega1_plus_omega2_s"] >= 0
+
+
+def test_cost_curves_script_refuses_a_group_without_receivers():
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "semi_cost_curves.py"), "--tp", "1"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2 and "--tp must be >= 2 (migration needs a receiver), got 1" in proc.stderr
