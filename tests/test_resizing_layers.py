@@ -13,17 +13,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dist_harness import run_on_ranks
+from tiny_models import TwoLayerMLP as _MLP
 
 ATOL = 1e-5
-
-
-class _MLP(nn.Module):
-    def __init__(self, fc1, fc2):
-        super().__init__()
-        self.fc1, self.fc2 = fc1, fc2
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x)))
 
 
 def _models(world):

@@ -1,4 +1,4 @@
-"""A tiny model shared by the allocation tests."""
+"""Tiny models shared by the tests."""
 import torch
 import torch.nn as nn
 
@@ -13,3 +13,14 @@ class TinyMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(torch.tanh(self.fc1(x)))
+
+
+class TwoLayerMLP(nn.Module):
+    """``fc2(relu(fc1(x)))`` around two given layers (a column→row pair in the TP tests)."""
+
+    def __init__(self, fc1: nn.Module, fc2: nn.Module) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = fc1, fc2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
