@@ -23,7 +23,7 @@ def _body(rank: int, world: int, device_ms: float) -> dict:
     from semimig.straggler import BusyMeter, StragglerConfig, StragglerInjector
 
     cfg = BenchConfig(tp=world, device_ms=device_ms)
-    m, h, i = cfg.batch * ((8 // cfg.size.patch) ** 2 + 1), cfg.size.hidden, cfg.size.intermediate
+    m, h, i = cfg.tokens, cfg.size.hidden, cfg.size.intermediate
     # per ViT layer: query, key, value (column), attention output (row), intermediate (column), output (row)
     shapes = ([(m, h // world, h)] * 3 + [(m, h, h // world), (m, i // world, h), (m, h, i // world)]) * cfg.size.layers
     emulated = StragglerConfig.from_cli(f"none:mode=emulated:flops={cfg.device_flops_per_second():.6g}")

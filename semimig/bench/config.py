@@ -107,11 +107,15 @@ class BenchConfig:
         pairs = [f"{r}={max(1.0, c * chi / 8.0):g}" for r, c in enumerate(self.multi_chis[: self.tp])]
         return "multi:" + ",".join(pairs)
 
+    @property
+    def tokens(self) -> int:
+        """Tokens per batch, the ``M`` of every GEMM: patches of the 8x8 image plus the CLS token."""
+        return self.batch * ((8 // self.size.patch) ** 2 + 1)
+
     def gemm_flops_per_rank(self) -> float:
         """FLOPs of one rank's tensor-parallel linear GEMMs per iteration (forward + 2 backward)."""
-        tokens = self.batch * ((8 // self.size.patch) ** 2 + 1)
         h, i = self.size.hidden, self.size.intermediate
-        per_layer = 2 * tokens * (4 * h * h + 2 * h * i) / self.tp
+        per_layer = 2 * self.tokens * (4 * h * h + 2 * h * i) / self.tp
         return 3 * per_layer * self.size.layers
 
     def device_flops_per_second(self) -> float:
