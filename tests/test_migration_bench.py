@@ -30,6 +30,7 @@ def bench(monkeypatch):
     """The benchmark as module ``migration_bench``; the rank processes import it by that name."""
     monkeypatch.syspath_prepend(str(BENCH.parent))
     monkeypatch.delitem(sys.modules, "migration_bench", raising=False)
+    monkeypatch.delitem(sys.modules, "migration_report", raising=False)
     return importlib.import_module("migration_bench")
 
 
@@ -107,7 +108,26 @@ def test_help_runs_from_the_repo_root_without_torch():
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "--quick" in done.stdout and "--json" in done.stdout
-    done = subprocess.run([sys.executable, "-c", f"import runpy, sys; runpy.run_path({str(BENCH)!r}); "
+    done = subprocess.run([sys.executable, "-c", f"import runpy, sys; sys.path.insert(0, {str(BENCH.parent)!r}); "
+                           f"runpy.run_path({str(BENCH)!r}); "
                            "assert 'torch' not in sys.modules and 'kernels' not in sys.modules"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_report_reads_saved_records_without_torch(bench):
+    """The report is a pure function of records: hand-made times give hand-computed ratios and verdicts."""
+    report = sys.modules["migration_report"]
+    times = {("broadcast-reduce", 0.0): 0.100, ("scatter-gather", 0.0): 0.100,
+             ("broadcast-reduce", 0.5): 0.120, ("scatter-gather", 0.5): 0.150,
+             ("broadcast-reduce", 1.0): 0.200, ("scatter-gather", 1.0): 0.180}
+    records = [{"policy": p, "nu": 1, "gamma": g, "iter_time_s": t, "iterations": 3} for (p, g), t in times.items()]
+    got = {e["gamma"]: e["sg_over_br"] for e in report.ratios(records)}
+    assert got == pytest.approx({0.0: 1.0, 0.5: 1.25, 1.0: 0.9})
+    t = report.target(records)
+    assert t["checked_gammas"] == [0.5, 1.0] and t["failing_gammas"] == [1.0] and not t["holds"]
+    assert t["sg_over_br_at_gamma_1"] == pytest.approx(0.9)
+    assert report.paper_ratio(4, 0.25) == pytest.approx(779 / 737) and report.paper_ratio(2, 0.25) is None
+    cfg = bench.BenchConfig(nus=(1,), gammas=(0.0, 0.5, 1.0))
+    table = report.format_table(records, cfg)
+    assert "does NOT hold at gamma [1.0]" in table and "0.90x" in table and "1.25x" in table
