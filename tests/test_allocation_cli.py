@@ -75,3 +75,18 @@ def test_bad_specs_exit_2_with_message(tmp_path, capsys, spec, argv, message) ->
 def test_missing_file_exits_2(tmp_path, capsys) -> None:
     assert _run(["plan", str(tmp_path / "nope.json"), "--global-batch-size", "2"]) == 2
     assert "nope.json" in capsys.readouterr().err
+
+
+def test_not_json_names_the_file(tmp_path, capsys) -> None:
+    path = tmp_path / "spec.json"
+    path.write_text("not json")
+    assert _run(["plan", str(path), "--global-batch-size", "2"]) == 2
+    assert f"spec {path} is not JSON: Expecting value" in capsys.readouterr().err
+
+
+def test_unwritable_json_out_exits_2(tmp_path, capsys) -> None:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps([{"name": "a", "max_batch_size": 4, "peak_speed": 10.0}]))
+    out = tmp_path / "missing-dir" / "plan.json"
+    assert _run(["plan", str(path), "--global-batch-size", "2", "--json", str(out)]) == 2
+    assert f"cannot write --json {out}" in capsys.readouterr().err

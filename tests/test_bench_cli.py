@@ -38,6 +38,38 @@ def test_bench_rejects_bad_flags(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["--iters-per-epoch", "0"], "iters_per_epoch must be >= 1, got 0"),
+    (["--epochs", "0"], "epochs must be >= 1, got 0"),
+    (["--device-ms", "0"], "device_ms must be > 0, got 0.0"),
+    (["--chi", ","], "seeds and chis must not be empty"),
+    (["--seeds", ","], "seeds and chis must not be empty"),
+    (["--chi", "0.5"], "chi values must be >= 1, got 0.5"),
+    (["--tp", "4", "--straggler-rank", "4"], "straggler_rank=4 is outside the TP group of size 4"),
+    (["--seeds", "-1"], "seeds must be ints in [0, 2**32), got -1"),
+    (["--tp", "4", "--pattern", "multi", "--multi-chi", "8,0.5"], "each >= 1, got (8.0, 0.5)"),
+])
+def test_bench_refuses_zero_and_empty_values_instead_of_defaulting(argv, message, capsys):
+    """An explicit 0 or empty list is a bad value, not "use the default" (it used to start the full run)."""
+    from semimig.cli import main
+
+    assert main(["bench", *argv, "--no-plots"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bench_refuses_unwritable_outputs_before_training(tmp_path, capsys):
+    from semimig.cli import main
+
+    assert main(["bench", "--json", str(tmp_path), "--no-plots"]) == 2
+    assert f"--json {tmp_path} is a directory" in capsys.readouterr().err
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["bench", "--json", str(blocker / "r.json"), "--no-plots"]) == 2
+    assert f"--json {blocker / 'r.json'}: cannot create {blocker}" in capsys.readouterr().err
+    assert main(["bench", "--json", str(tmp_path / "r.json"), "--plots", str(blocker)]) == 2
+    assert f"--plots {blocker} is a file" in capsys.readouterr().err
+
+
 def test_bench_reports_a_refused_combination_without_traceback(capsys):
     from semimig.cli import main
 

@@ -90,7 +90,10 @@ def run_plan(args: argparse.Namespace) -> int:
     """Handler of ``semimig plan``; returns the exit status."""
     try:
         with open(args.spec, encoding="utf-8") as f:
-            spec = json.load(f)
+            try:
+                spec = json.load(f)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"spec {args.spec} is not JSON: {err}") from err
         curves, spec_comm = curves_from_spec(spec)
         comm = args.comm_time if args.comm_time is not None else (spec_comm if spec_comm is not None else 0.0)
         if not (isinstance(comm, (int, float)) and math.isfinite(comm)):
@@ -109,6 +112,10 @@ def run_plan(args: argparse.Namespace) -> int:
         out = plan.to_dict()
         out["even_iteration_time_s"] = even.predicted_iteration_time_s
         out["ideal_iteration_time_s"] = ideal
-        with open(args.json_out, "w", encoding="utf-8") as f:
-            json.dump(out, f, indent=2)
+        try:
+            with open(args.json_out, "w", encoding="utf-8") as f:
+                json.dump(out, f, indent=2)
+        except OSError as err:
+            print(f"semimig plan: error: cannot write --json {args.json_out}: {err.strerror}", file=sys.stderr)
+            return 2
     return 0

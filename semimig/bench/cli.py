@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
@@ -68,20 +69,40 @@ def add_bench_subcommand(subparsers) -> None:
     p.set_defaults(func=run_bench_command)
 
 
+def _given(value, default):
+    """The flag's value when it was given (even 0 or empty, which BenchConfig then refuses), else ``default``."""
+    return default if value is None else value
+
+
 def config_from_args(args: argparse.Namespace):
     from semimig.bench.config import BenchConfig
 
     quick = args.quick
     return BenchConfig(
         modes=args.modes,
-        chis=args.chi or (1.0, 4.0),
-        seeds=args.seeds or ((0,) if quick else (0, 1)),
+        chis=_given(args.chi, (1.0, 4.0)),
+        seeds=_given(args.seeds, (0,) if quick else (0, 1)),
         tp=args.tp, dp=args.dp, pattern=args.pattern, straggler_rank=args.straggler_rank,
         multi_chis=args.multi_chi, lambdas=args.lambdas, device=args.device,
-        epochs=args.epochs or (2 if quick else 4),
-        iters_per_epoch=args.iters_per_epoch or (15 if quick else 25),
-        device_ms=args.device_ms or 20.0 * max(2, args.tp * args.dp),
+        epochs=_given(args.epochs, 2 if quick else 4),
+        iters_per_epoch=_given(args.iters_per_epoch, 15 if quick else 25),
+        device_ms=_given(args.device_ms, 20.0 * max(2, args.tp * args.dp)),
     )
+
+
+def _check_output(path: Path, flag: str, *, is_dir: bool) -> None:
+    """Refuse an output path that cannot be written before any training starts (not after an hour)."""
+    target = path if is_dir else path.parent
+    if not is_dir and path.is_dir():
+        raise ValueError(f"{flag} {path} is a directory; give a file name")
+    if is_dir and path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {path} is a file; give a directory")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"{flag} {path}: cannot create {target} ({err.strerror})") from err
+    if not os.access(target, os.W_OK):
+        raise ValueError(f"{flag} {path}: {target} is not writable")
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -94,6 +115,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
         check_backend(cfg.backend, cfg.world)
+        _check_output(args.json, "--json", is_dir=False)
+        if not args.no_plots:
+            _check_output(args.plots, "--plots", is_dir=True)
     except ValueError as err:  # a flag combination BenchConfig refuses: say which, no traceback
         print(f"semimig bench: error: {err}", file=sys.stderr)
         return 2

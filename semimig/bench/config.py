@@ -25,6 +25,8 @@ class BenchConfig:
     ``multi`` (ranks 0..tp-1 with factors ``multi_chis``, paper Fig. 11)."""
     straggler_rank: int = 1
     multi_chis: tuple[float, ...] = (8.0, 6.0, 4.0, 2.0)
+    """Pattern ``multi``: rank r's slowdown at chi = 8 (scaled by chi/8, at least 1); entries
+    beyond ``tp`` are unused, missing ranks are not slowed."""
     lambdas: tuple[int, ...] = ()
     """λ sweep (paper Fig. 11, pattern ``multi``): besides ``modes``, train ``semi`` with exactly
     λ migrating stragglers (the rest resize) at every chi > 1, for each λ listed."""
@@ -77,6 +79,11 @@ class BenchConfig:
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if not self.seeds or not self.chis:
             raise ValueError(f"seeds and chis must not be empty, got seeds={self.seeds} chis={self.chis}")
+        for seed in self.seeds:
+            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+                raise ValueError(f"seeds must be ints in [0, 2**32), got {seed!r}")
+        if self.pattern == "multi" and (not self.multi_chis or any(not c >= 1 for c in self.multi_chis)):
+            raise ValueError(f"multi_chis are per-rank slowdowns: non-empty, each >= 1, got {self.multi_chis}")
         if not self.device_ms > 0:
             raise ValueError(f"device_ms must be > 0, got {self.device_ms}")
         if self.warmup_iters >= self.epochs * self.iters_per_epoch:
