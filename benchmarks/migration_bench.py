@@ -398,7 +398,11 @@ def main(argv: list[str] | None = None) -> int:
                  "warmup": args.warmup, "rounds": args.rounds, "iters_per_round": args.iters,
                  "movement_iters": args.movement_iters}
     fields.update({k: v for k, v in overrides.items() if v is not None})
-    cfg = BenchConfig(**fields)
+    try:
+        cfg = BenchConfig(**fields)
+    except ValueError as err:
+        print(f"migration_bench.py: error: {err}", file=sys.stderr)
+        return 2
     print(f"migration bench: {len(cfg.cases())} cases x {cfg.rounds * cfg.iters_per_round} timed iterations "
           f"on {cfg.world} gloo ranks, CPU ({platform.machine()})", flush=True)
     start = time.perf_counter()

@@ -236,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zero-stage", type=int, choices=(1, 2), default=1)
     parser.add_argument("--global-batch-size", type=int, default=192)
     args = parser.parse_args(argv)
+    if args.global_batch_size < 1:
+        parser.error(f"--global-batch-size must be >= 1, got {args.global_batch_size}")
     iterations, repeats = (5, 3) if args.quick else (10, 5)
     started = time.perf_counter()
     records = run_on_ranks(

@@ -47,6 +47,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.tp < 2:
         parser.error(f"--tp must be >= 2 (migration needs a receiver), got {args.tp}")
+    from semimig.bench.config import BenchConfig
+
+    try:  # the ranks build the same config: refuse bad values here, before any rank starts
+        BenchConfig(tp=args.tp, device_ms=args.device_ms)
+    except ValueError as err:
+        parser.error(str(err))
     print(json.dumps(run_on_ranks(_body, args.tp, args.device_ms, timeout_s=300), indent=1))
 
 

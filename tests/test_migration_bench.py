@@ -103,6 +103,12 @@ def test_config_rejects_bad_values(bench):
         bench.BenchConfig(hidden=3, world=8, nus=(1,))
 
 
+def test_main_refuses_bad_sizes_before_starting_ranks(bench, tmp_path, capsys):
+    assert bench.main(["--json", str(tmp_path / "m.json"), "--hidden", "0"]) == 2
+    assert "hidden must be an int >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()
+
+
 def test_help_runs_from_the_repo_root_without_torch():
     done = subprocess.run([sys.executable, str(BENCH.relative_to(REPO)), "--help"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)

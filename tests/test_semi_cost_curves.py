@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -20,7 +22,12 @@ def test_cost_curves_script_reports_curves_and_beta():
         assert row["omega1_plus_omega2_s"] >= 0
 
 
-def test_cost_curves_script_refuses_a_group_without_receivers():
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "semi_cost_curves.py"), "--tp", "1"],
+@pytest.mark.parametrize("argv,message", [
+    (["--tp", "1"], "--tp must be >= 2 (migration needs a receiver), got 1"),
+    (["--tp", "3"], "must all be divisible by tp=3"),
+    (["--device-ms", "-1"], "device_ms must be > 0, got -1.0"),
+])
+def test_cost_curves_script_refuses_bad_values_before_starting_ranks(argv, message):
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "semi_cost_curves.py"), *argv],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert proc.returncode == 2 and "--tp must be >= 2 (migration needs a receiver), got 1" in proc.stderr
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
