@@ -1,4 +1,4 @@
-"""``semimig`` command line: ``semimig demo``, ``semimig bench``, ``semimig plan``."""
+"""``semimig`` command line: ``semimig demo``, ``semimig bench``, ``semimig report``, ``semimig plan``."""
 from __future__ import annotations
 
 import argparse
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _optional_subcommands():
-    """Subcommands contributed by other packages of semimig (``bench``, ``plan``)."""
+    """Subcommands contributed by other packages of semimig (``bench``, ``report``, ``plan``)."""
     registers = []
     try:
         from semimig.allocation.cli import add_plan_subcommand
@@ -48,9 +48,9 @@ def _optional_subcommands():
     except ImportError:
         pass
     try:
-        from semimig.bench.cli import add_bench_subcommand
+        from semimig.bench.cli import add_bench_subcommand, add_report_subcommand
 
-        registers.append(add_bench_subcommand)
+        registers += [add_bench_subcommand, add_report_subcommand]
     except ImportError:
         pass
     return registers

@@ -144,3 +144,39 @@ def run_bench_command(args: argparse.Namespace) -> int:
         for path in report.write_plots(args.plots, rows, title):
             print(f"plot: {path}")
     return 0
+
+
+def add_report_subcommand(subparsers) -> None:
+    p = subparsers.add_parser(
+        "report", help="merge saved `semimig bench` JSONs into one table, JSON and plots (no training)",
+        description="Re-render saved `semimig bench` runs: e.g. the ZERO variants trained in a second run "
+                    "beside the first run's baseline. The runs must share every setting but the modes, chi "
+                    "values, seeds and λs, and measure no case twice.")
+    p.add_argument("saved", nargs="+", type=Path, help="JSON files written by semimig bench --json")
+    p.add_argument("--json", type=Path, default=Path("results/report.json"))
+    p.add_argument("--plots", type=Path, default=Path("results"), help="directory for the PNG plots")
+    p.add_argument("--no-plots", action="store_true")
+    p.set_defaults(func=run_report_command)
+
+
+def run_report_command(args: argparse.Namespace) -> int:
+    from semimig.bench import report
+
+    try:
+        saved = [(str(path), report.load_saved(path)) for path in args.saved]
+        records, config, machine_info = report.merge_saved(saved)
+        _check_output(args.json, "--json", is_dir=False)
+        if not args.no_plots:
+            _check_output(args.plots, "--plots", is_dir=True)
+    except ValueError as err:
+        print(f"semimig report: error: {err}", file=sys.stderr)
+        return 2
+    rows = report.summarize(records)
+    title = f"semimig report tp={config.get('tp')} {config.get('pattern')} ({len(saved)} runs)"
+    report.print_table(rows, title)
+    report.write_json(args.json, records, rows, config, machine_info=machine_info, sources=[n for n, _ in saved])
+    print(f"JSON: {args.json}")
+    if not args.no_plots:
+        for path in report.write_plots(args.plots, rows, title):
+            print(f"plot: {path}")
+    return 0

@@ -64,10 +64,71 @@ def machine() -> dict:
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
-def write_json(path: Path, records: Sequence[dict], rows: Sequence[dict], config: dict) -> None:
+def write_json(path: Path, records: Sequence[dict], rows: Sequence[dict], config: dict, *,
+               machine_info: dict | list | None = None, sources: Sequence[str] | None = None) -> None:
+    """``{"records", "summary", "machine", "config"}`` (+ ``"sources"`` for a merged report)."""
+    out = {"records": list(records), "summary": list(rows),
+           "machine": machine() if machine_info is None else machine_info, "config": config}
+    if sources is not None:
+        out["sources"] = list(sources)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"records": list(records), "summary": list(rows), "machine": machine(),
-                                "config": config}, indent=2, default=str))
+    path.write_text(json.dumps(out, indent=2, default=str))
+
+
+# Config keys along which saved runs may differ and still be compared: the sweep axes.
+SWEEP_KEYS = ("modes", "chis", "seeds", "lambdas")
+
+
+def load_saved(path: Path) -> dict:
+    """A JSON written by ``semimig bench`` (``records`` and ``config``); errors name the file."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise ValueError(f"cannot read {path}: {err.strerror}") from err
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not JSON: {err}") from err
+    for key in ("records", "config"):
+        if not isinstance(data, dict) or key not in data:
+            raise ValueError(f"{path} has no {key!r}: not a JSON written by semimig bench")
+    return data
+
+
+def merge_saved(saved: Sequence[tuple[str, dict]]) -> tuple[list[dict], dict, dict | list]:
+    """Records, config and machine of several saved runs of the same experiment.
+
+    The runs must agree on every config key but the sweep axes (:data:`SWEEP_KEYS`, merged as
+    unions in first-seen order), and no case ``(mode, chi, seed, λ)`` may be measured twice:
+    the summary then compares each mode with the baseline of the same seeds exactly as one run
+    would (a run's baseline accuracy depends only on the seed).  ``machine`` is the runs'
+    common machine, or the list of them when they differ.
+    """
+    if not saved:
+        raise ValueError("no saved runs given")
+    (first_name, first), records, owner = saved[0], [], {}
+    config = {k: v for k, v in first["config"].items()}
+    for name, data in saved:
+        cfg = data["config"]
+        for key in sorted(set(cfg) | set(first["config"])):
+            if key in SWEEP_KEYS:
+                continue
+            if key not in cfg or key not in first["config"]:
+                where = name if key in cfg else first_name
+                raise ValueError(f"config key {key!r} is only in {where}: the runs do not compare")
+            if cfg[key] != first["config"][key]:
+                raise ValueError(f"config {key!r} differs: {first['config'][key]} in {first_name} "
+                                 f"but {cfg[key]} in {name}")
+        for key in SWEEP_KEYS:
+            config[key] = list(dict.fromkeys([*config.get(key, []), *cfg.get(key, [])]))
+        for r in data["records"]:
+            case = (r["mode"], r["chi"], r["seed"], r.get("lambda"))
+            if case in owner:
+                raise ValueError(f"(mode {case[0]!r}, chi {case[1]:g}, seed {case[2]}, lambda {case[3]}) is in "
+                                 f"both {owner[case]} and {name}")
+            owner[case] = name
+            records.append(r)
+    machines = [data.get("machine") for _, data in saved]
+    machine_info = machines[0] if all(m == machines[0] for m in machines) else machines
+    return records, config, machine_info
 
 
 def write_plots(directory: Path, rows: Sequence[dict], title: str) -> list[Path]:

@@ -1,0 +1,90 @@
+"""``semimig report``: merge saved ``semimig bench`` runs into one table, JSON and plots (no training)."""
+import json
+
+import pytest
+
+CONFIG = {"modes": ["baseline", "semi"], "chis": [1.0, 8.0], "seeds": [0, 1], "lambdas": [], "tp": 4, "dp": 1,
+          "pattern": "fixed", "epochs": 12, "iters_per_epoch": 25, "device_ms": 80.0, "device": "cpu"}
+MACHINE = {"platform": "test", "cpus": 2}
+
+
+def _record(mode, chi, seed, acc, t):
+    return {"mode": mode, "chi": chi, "seed": seed, "lambda": None, "iter_time_s": t / 25, "epoch_time_s": t,
+            "accuracy": acc, "migrating_stragglers": 0}
+
+
+def _save(path, records, **config):
+    path.write_text(json.dumps({"records": records, "summary": [], "machine": MACHINE,
+                                "config": {**CONFIG, **config}}))
+    return path
+
+
+@pytest.fixture
+def two_runs(tmp_path):
+    """Run A: baseline and semi at chi 1 and 8; run B: zero-rd alone at chi 1 and 8 (same seeds)."""
+    a = [_record(m, chi, s, acc, t) for s, base in ((0, 0.96), (1, 0.98))
+         for m, chi, acc, t in (("baseline", 1.0, base, 5.0), ("baseline", 8.0, base, 18.0),
+                                ("semi", 1.0, base, 5.0), ("semi", 8.0, base - 0.01, 5.2))]
+    b = [_record("zero-rd", chi, s, acc, t) for s, base in ((0, 0.96), (1, 0.98))
+         for chi, acc, t in ((1.0, base, 4.0), (8.0, base - 0.03, 4.4))]
+    return (_save(tmp_path / "a.json", a),
+            _save(tmp_path / "b.json", b, modes=["zero-rd"], machine_note="ignored"))
+
+
+def test_report_merges_runs_against_the_first_runs_baseline(two_runs, tmp_path, capsys):
+    from semimig.cli import main
+
+    out, plots = tmp_path / "merged.json", tmp_path / "plots"
+    assert main(["report", *map(str, two_runs), "--json", str(out), "--plots", str(plots)]) == 2  # extra key
+    assert "config key 'machine_note' is only in" in capsys.readouterr().err
+
+    data = json.loads(two_runs[1].read_text())
+    del data["config"]["machine_note"]
+    two_runs[1].write_text(json.dumps(data))
+    assert main(["report", *map(str, two_runs), "--json", str(out), "--plots", str(plots)]) == 0
+    merged = json.loads(out.read_text())
+    assert len(merged["records"]) == 12
+    assert merged["config"]["modes"] == ["baseline", "semi", "zero-rd"]
+    assert merged["sources"] == [str(p) for p in two_runs]
+    rows = {(r["mode"], r["chi"]): r for r in merged["summary"]}
+    assert rows["zero-rd", 8.0]["acc_delta_vs_baseline"] == pytest.approx(-0.03)
+    assert rows["zero-rd", 8.0]["rt_vs_chi1"] == pytest.approx(1.1)  # its own chi = 1 time, from run B
+    assert rows["semi", 8.0]["acc_delta_vs_baseline"] == pytest.approx(-0.01)
+    assert {p.name for p in plots.iterdir()} == {"rt_vs_chi.png", "acc_delta.png"}
+    printed = capsys.readouterr().out
+    assert "zero-rd" in printed and "-3.0" in printed
+
+
+def test_report_refuses_runs_that_do_not_compare(two_runs, capsys):
+    from semimig.cli import main
+
+    data = json.loads(two_runs[1].read_text())
+    data["config"].pop("machine_note")
+    data["config"]["epochs"] = 8
+    two_runs[1].write_text(json.dumps(data))
+    assert main(["report", *map(str, two_runs), "--no-plots", "--json", str(two_runs[0].parent / "m.json")]) == 2
+    assert f"config 'epochs' differs: 12 in {two_runs[0]} but 8 in {two_runs[1]}" in capsys.readouterr().err
+
+
+def test_report_refuses_a_case_measured_twice(two_runs, capsys):
+    from semimig.cli import main
+
+    a = str(two_runs[0])
+    assert main(["report", a, a, "--no-plots", "--json", str(two_runs[0].parent / "m.json")]) == 2
+    assert "(mode 'baseline', chi 1, seed 0, lambda None) is in both" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "No such file"),
+    ("not json", "is not JSON"),
+    ('{"records": []}', "has no 'config'"),
+])
+def test_report_names_a_bad_input_file(tmp_path, capsys, content, message):
+    from semimig.cli import main
+
+    path = tmp_path / "saved.json"
+    if content is not None:
+        path.write_text(content)
+    assert main(["report", str(path), "--no-plots", "--json", str(tmp_path / "m.json")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and str(path) in err
