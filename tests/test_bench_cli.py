@@ -18,9 +18,12 @@ def test_bench_writes_json_and_plots(tmp_path, capsys):
     for r in records:
         assert {"mode", "chi", "seed", "iter_time_s", "epoch_time_s", "accuracy"} <= r.keys()
         assert r["iter_time_s"] > 0 and 0.0 <= r["accuracy"] <= 1.0
+        assert len(r["savings_by_rank"]) == 2  # achieved GEMM savings next to the target
     by = {(r["mode"], r["chi"]): r for r in records}
     # the straggler (rank 1) sheds work under ZERO at chi = 4, never at chi = 1 on rank 0
     assert by[("zero-pri", 4.0)]["shed_share_by_rank"][1] > 0
+    assert by[("zero-pri", 4.0)]["savings_by_rank"][1] > 0 and by[("zero-pri", 1.0)]["savings_by_rank"] == [0.0, 0.0]
+    assert data["config"]["theta_iter"] == 1e-3  # the paper's default unless --theta-iter
     assert (tmp_path / "rt_vs_chi.png").stat().st_size > 0
     assert (tmp_path / "acc_delta.png").stat().st_size > 0
     assert "semimig bench" in capsys.readouterr().out
@@ -48,6 +51,8 @@ def test_bench_rejects_bad_flags(argv, message, capsys):
     (["--tp", "4", "--straggler-rank", "4"], "straggler_rank=4 is outside the TP group of size 4"),
     (["--seeds", "-1"], "seeds must be ints in [0, 2**32), got -1"),
     (["--tp", "4", "--pattern", "multi", "--multi-chi", "8,0.5"], "each >= 1, got (8.0, 0.5)"),
+    (["--theta-iter=-1e-4"], "theta_iter must be a finite number >= 0, got -0.0001"),
+    (["--theta-iter", "inf"], "theta_iter must be a finite number >= 0, got inf"),
 ])
 def test_bench_refuses_zero_and_empty_values_instead_of_defaulting(argv, message, capsys):
     """An explicit 0 or empty list is a bad value, not "use the default" (it used to start the full run)."""

@@ -66,6 +66,30 @@ def test_report_refuses_runs_that_do_not_compare(two_runs, capsys):
     assert f"config 'epochs' differs: 12 in {two_runs[0]} but 8 in {two_runs[1]}" in capsys.readouterr().err
 
 
+def test_a_threshold_only_pridiff_reads_may_differ_from_runs_without_pridiff(tmp_path, capsys):
+    """theta_iter is read by the zero-pridiff-* modes only: a run of them at another threshold still
+    compares with a baseline saved before the key existed; two PriDiff runs at different ones do not."""
+    from semimig.cli import main
+
+    base = [_record("baseline", chi, 0, 0.96, t) for chi, t in ((1.0, 5.0), (8.0, 18.0))]
+    pridiff = [_record("zero-pridiff-e", chi, 0, acc, 5.0) for chi, acc in ((1.0, 0.96), (8.0, 0.90))]
+    old = _save(tmp_path / "old.json", base, modes=["baseline"])  # no theta_iter key at all
+    new = _save(tmp_path / "new.json", pridiff, modes=["zero-pridiff-e"], theta_iter=1e-4)
+    out = tmp_path / "m.json"
+    assert main(["report", str(old), str(new), "--no-plots", "--json", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert merged["config"]["theta_iter"] == 1e-4
+    rows = {(r["mode"], r["chi"]): r for r in merged["summary"]}
+    assert rows["zero-pridiff-e", 8.0]["acc_delta_vs_baseline"] == pytest.approx(-0.06)
+
+    other = [dict(r, seed=1) for r in pridiff]
+    clash = _save(tmp_path / "clash.json", other, modes=["zero-pridiff-e"])  # saved with the default 1e-3
+    assert main(["report", str(old), str(new), str(clash), "--no-plots", "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "config 'theta_iter' differs between runs of zero-pridiff-e, zero-pridiff-r" in err
+    assert f"0.0001 in {new} but 0.001 in {clash}" in err
+
+
 def test_report_refuses_a_case_measured_twice(two_runs, capsys):
     from semimig.cli import main
 

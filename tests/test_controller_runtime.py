@@ -116,3 +116,51 @@ def test_dense_layers_must_be_a_tuple_of_names(bad):
 
     with pytest.raises(ValueError, match="dense_layers must be a tuple of non-empty module-name suffixes"):
         BalanceConfig(dense_layers=bad)
+
+
+def _pridiff_body(rank, world, theta_iter):
+    """zero-pridiff-e with weights that barely move (SGD at lr 1e-6): the per-layer ratios and the
+    threshold warning, as the straggler (rank 1) sees them."""
+    import logging
+
+    from semimig.controller import BalanceConfig, BalanceController
+    from semimig.resizing import ResizingConfig
+    from semimig.straggler import StragglerConfig
+
+    model = _model(world)()
+    rate = 2 * 32 * 64 * 64 * 3 * 2 / 0.02
+    config = BalanceConfig(mode="zero-pridiff-e", dense_layers=(),
+                           straggler=StragglerConfig.from_cli(f"fixed:1:4:mode=emulated:flops={rate}"),
+                           resizing=ResizingConfig(period=2, theta_iter=theta_iter))
+    ctl = BalanceController(model, config)
+    caught = []
+    handler = logging.Handler()
+    handler.emit = lambda record: caught.append(record.getMessage())
+    logging.getLogger("semimig.controller.runtime").addHandler(handler)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
+    x = torch.randn(32, 64)
+    for _ in range(8):
+        model(x).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        report = ctl.step()
+    return report.gamma_per_layer, caught
+
+
+
+def _gathered_pridiff(rank, world, theta_iter):
+    gathered = [None] * world
+    dist.all_gather_object(gathered, _pridiff_body(rank, world, theta_iter))
+    return gathered
+
+
+@pytest.mark.parametrize("theta_iter,expected,warns", [(1e-3, 0.9, True), (0.0, 0.4, False)])
+def test_pridiff_ratios_and_the_threshold_warning(theta_iter, expected, warns):
+    """theta above every column's variation: gamma_max in every layer, and the log says so once;
+    theta = 0: no candidate, so each layer prunes the floor alpha * gamma = 0.8 * 1/2."""
+    _, (slow, slow_log) = run_on_ranks(_gathered_pridiff, 2, theta_iter, timeout_s=120)  # rank 1 straggles
+    assert slow == pytest.approx((expected, expected))
+    warnings = [m for m in slow_log if "PriDiff: every column's weight variation is below theta" in m]
+    assert len(warnings) == (1 if warns else 0)
+    if warns:
+        assert "theta=0.002 (theta_iter=0.001 x 2 iterations" in warnings[0]

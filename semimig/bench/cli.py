@@ -60,6 +60,8 @@ def add_bench_subcommand(subparsers) -> None:
                    help="emulated GEMM time of one rank per iteration at chi = 1 (default 20 ms per rank "
                         "sharing this machine, at least 40: device time must dominate the host work, "
                         "which grows with the number of ranks)")
+    p.add_argument("--theta-iter", type=float, default=None,
+                   help="PriDiff micro-threshold of the zero-pridiff-* modes (default 1e-3, the paper's)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu: gloo ranks on an emulated device; cuda: one NCCL rank per GPU, real device time")
     p.add_argument("--quick", action="store_true", help="fewer iterations and seeds (a few minutes)")
@@ -87,6 +89,7 @@ def config_from_args(args: argparse.Namespace):
         epochs=_given(args.epochs, 2 if quick else 4),
         iters_per_epoch=_given(args.iters_per_epoch, 15 if quick else 25),
         device_ms=_given(args.device_ms, 20.0 * max(2, args.tp * args.dp)),
+        theta_iter=_given(args.theta_iter, 1e-3),
     )
 
 

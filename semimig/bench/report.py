@@ -78,6 +78,10 @@ def write_json(path: Path, records: Sequence[dict], rows: Sequence[dict], config
 # Config keys along which saved runs may differ and still be compared: the sweep axes.
 SWEEP_KEYS = ("modes", "chis", "seeds", "lambdas")
 
+# Config keys that only some modes read, with the value a run saved before the key existed used:
+# runs may differ in them as long as every run holding one of those modes agrees.
+MODE_SCOPED_KEYS = {"theta_iter": (("zero-pridiff-e", "zero-pridiff-r"), 1e-3)}
+
 
 def load_saved(path: Path) -> dict:
     """A JSON written by ``semimig bench`` (``records`` and ``config``); errors name the file."""
@@ -106,10 +110,12 @@ def merge_saved(saved: Sequence[tuple[str, dict]]) -> tuple[list[dict], dict, di
         raise ValueError("no saved runs given")
     (first_name, first), records, owner = saved[0], [], {}
     config = {k: v for k, v in first["config"].items()}
+    for key, value in _mode_scoped_values(saved).items():
+        config[key] = value
     for name, data in saved:
         cfg = data["config"]
         for key in sorted(set(cfg) | set(first["config"])):
-            if key in SWEEP_KEYS:
+            if key in SWEEP_KEYS or key in MODE_SCOPED_KEYS:
                 continue
             if key not in cfg or key not in first["config"]:
                 where = name if key in cfg else first_name
@@ -129,6 +135,22 @@ def merge_saved(saved: Sequence[tuple[str, dict]]) -> tuple[list[dict], dict, di
     machines = [data.get("machine") for _, data in saved]
     machine_info = machines[0] if all(m == machines[0] for m in machines) else machines
     return records, config, machine_info
+
+
+def _mode_scoped_values(saved: Sequence[tuple[str, dict]]) -> dict:
+    """The one value of each :data:`MODE_SCOPED_KEYS` key among the runs that hold its modes."""
+    values = {}
+    for key, (modes, default) in MODE_SCOPED_KEYS.items():
+        seen: dict = {}
+        for name, data in saved:
+            if any(r["mode"] in modes for r in data["records"]):
+                seen.setdefault(data["config"].get(key, default), name)
+        if len(seen) > 1:
+            (a, first), (b, second) = list(seen.items())[:2]
+            raise ValueError(f"config {key!r} differs between runs of {', '.join(modes)}: {a} in {first} "
+                             f"but {b} in {second}")
+        values[key] = next(iter(seen), saved[0][1]["config"].get(key, default))
+    return values
 
 
 def write_plots(directory: Path, rows: Sequence[dict], title: str) -> list[Path]:

@@ -45,6 +45,7 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
 
     import semimig.nn  # noqa: F401 - CPU compatibility shim
     from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
+    from semimig.resizing import ResizingConfig
     from semimig.shardformer import SemiMigPolicy
     from semimig.straggler import BusyMeter, StragglerConfig, StragglerInjector
     from semimig.straggler.hooks import attach_to_colossalai_layers
@@ -71,12 +72,13 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
         meter = BusyMeter(StragglerInjector(straggler, tp_rank, tp_size), device=device)
         attach_to_colossalai_layers(model, meter)
     else:
-        balance = BalanceConfig(mode=mode, straggler=straggler, controller=ControllerConfig(migrators=lam))
+        balance = BalanceConfig(mode=mode, straggler=straggler, controller=ControllerConfig(migrators=lam),
+                                resizing=ResizingConfig(theta_iter=cfg.theta_iter))
         controller = BalanceController(model, balance,
                                        process_group=plugin.tp_group, iterations_per_epoch=cfg.iters_per_epoch)
 
     x_train, y_train, x_test, y_test = (t.to(device) for t in digits_split(seed=0))
-    iter_times, epoch_times, shed = [], [], []
+    iter_times, epoch_times, shed, saved = [], [], [], []
     iteration = 0
     model.train()
     for epoch in range(cfg.epochs):
@@ -92,7 +94,9 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
             optimizer.zero_grad()
             schedule.step()
             if controller is not None:
-                shed.append(controller.step().gamma_target)
+                step = controller.step()
+                shed.append(step.gamma_target)
+                saved.append(step.achieved_savings)
             else:
                 meter.reset()
             if cuda:
@@ -113,12 +117,15 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
     plan = controller.plan if controller is not None else None
     shed_by_rank = [None] * tp_size
     dist.all_gather_object(shed_by_rank, statistics.mean(shed) if shed else 0.0, group=plugin.tp_group)
+    savings_by_rank = [None] * tp_size
+    dist.all_gather_object(savings_by_rank, statistics.mean(saved) if saved else 0.0, group=plugin.tp_group)
     return {
         "mode": mode, "chi": chi, "seed": seed, "lambda": lam,
         "iter_time_s": statistics.median(iter_times),
         "epoch_time_s": statistics.mean(epoch_times[1:] or epoch_times),
         "accuracy": correct / len(y_test),
         "shed_share_by_rank": shed_by_rank,
+        "savings_by_rank": savings_by_rank,
         "plan": plan.summary() if plan is not None else None,
         "migrating_stragglers": plan.x if plan is not None else 0,
     }

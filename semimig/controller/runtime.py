@@ -173,6 +173,7 @@ class BalanceController:
         self._gammas: tuple[float, ...] = (0.0,) * len(self.bound)
         self._migrate: dict[int, float] = {}
         self._receivers: Optional[tuple[int, ...]] = None  # the plan's receivers (None: every non-migrating rank)
+        self._theta_warned = False
         for b in self.bound:
             b.layer.layer_name = b.name
             if config.resizing.prioritized and config.mode.startswith(("zero", "semi")):
@@ -276,11 +277,29 @@ class BalanceController:
     def _layer_gammas(self, gamma: float) -> tuple[float, ...]:
         res = self.config.resizing
         if res.differentiated and gamma > 0 and all(b.delta is not None for b in self.bound):
+            theta = res.theta(self.period)
             gammas = pridiff_ratios([b.delta for b in self.bound], gamma=gamma, alpha=res.alpha,
-                                    theta=res.theta(self.period), gamma_max=res.gamma_max)
+                                    theta=theta, gamma_max=res.gamma_max)
+            self._warn_if_theta_covers_all(theta)
         else:
             gammas = (gamma,) * len(self.bound)
         return tuple(0.0 if b.dense else g for b, g in zip(self.bound, gammas))
+
+    def _warn_if_theta_covers_all(self, theta: float) -> None:
+        """Log once when every resizable column is below PriDiff's threshold: each layer then
+        prunes ``gamma_max`` whatever the straggler needs (``theta_iter`` is an absolute weight
+        change per iteration, so an optimizer whose steps are smaller, e.g. Adam at lr <= theta_iter,
+        puts every column under it)."""
+        deltas = [b.delta for b in self.bound if not b.dense]
+        if self._theta_warned or not deltas or not all(bool((d < theta).all()) for d in deltas):
+            return
+        self._theta_warned = True
+        largest = max(float(d.max()) for d in deltas)
+        logger.warning("PriDiff: every column's weight variation is below theta=%g (theta_iter=%g x %d "
+                       "iterations; largest delta %.3g), so every layer prunes gamma_max=%g whatever the "
+                       "straggler needs; set ResizingConfig.theta_iter below %.3g for per-layer ratios",
+                       theta, self.config.resizing.theta_iter, self.period, largest,
+                       self.config.resizing.gamma_max, largest / self.period)
 
     def _forced_actions(self) -> tuple[tuple[float, ...], dict[int, float]]:
         prune, migrate = self.forced
@@ -324,9 +343,12 @@ class BalanceController:
     def _select(self, b: _Bound, own: int, n_prune: int) -> torch.Tensor:
         """The ``n_prune`` columns of ``[0, own)`` to drop: random (rd) or smallest δ first.
 
-        Within a statistics period the priority list is stable (paper Alg. 1); across periods the
-        incremental δ update (pruned columns keep their old δ) and ties broken by past prune
-        counts rotate it, so no column stays pruned for ever.
+        Columns with distinct δ are pruned smallest first.  Ties (above all the columns never
+        measured, δ = inf, e.g. those pruned in the first period) are broken by how often each
+        column was pruned so far in *this* period, so tied columns take turns iteration by
+        iteration.  Known consequence: a column pruned at any iteration keeps its old δ, so tied
+        never-measured columns that take turns stay unmeasured (PriDiff's share below theta is
+        frozen; see README).  Paper Alg. 1 keeps one list per period instead.
         """
         if self.config.resizing.variant == "rd":
             return select_pruned(torch.zeros(own), n_prune, "rd", self.generator)
