@@ -89,7 +89,7 @@ def config_from_args(args: argparse.Namespace):
         epochs=_given(args.epochs, 2 if quick else 4),
         iters_per_epoch=_given(args.iters_per_epoch, 15 if quick else 25),
         device_ms=_given(args.device_ms, 20.0 * max(2, args.tp * args.dp)),
-        theta_iter=_given(args.theta_iter, 1e-3),
+        theta_iter=_given(args.theta_iter, BenchConfig.theta_iter),
     )
 
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from semimig.bench.models import VitSize
 from semimig.controller.runtime import MODES
+from semimig.resizing.config import ResizingConfig
 
 PATTERNS = ("fixed", "round-robin", "multi")
 
@@ -42,7 +43,7 @@ class BenchConfig:
     device: str = "cpu"
     """``cpu``: gloo ranks with the emulated device (``device_ms``).  ``cuda``: one NCCL rank per
     GPU, real device time, the straggler slowed by ``(chi - 1)`` × its measured GEMM time."""
-    theta_iter: float = 1e-3
+    theta_iter: float = ResizingConfig.theta_iter
     """PriDiff micro-threshold (``ResizingConfig.theta_iter``; the paper's default 1e-3).  Used by
     the ``zero-pridiff-*`` modes only: a column is a pruning candidate when its weight moved less
     than ``iters_per_epoch * theta_iter`` (mean absolute change) over the last epoch."""
@@ -88,9 +89,7 @@ class BenchConfig:
                 raise ValueError(f"seeds must be ints in [0, 2**32), got {seed!r}")
         if self.pattern == "multi" and (not self.multi_chis or any(not c >= 1 for c in self.multi_chis)):
             raise ValueError(f"multi_chis are per-rank slowdowns: non-empty, each >= 1, got {self.multi_chis}")
-        if isinstance(self.theta_iter, bool) or not isinstance(self.theta_iter, (int, float)) \
-                or not 0 <= self.theta_iter < float("inf"):
-            raise ValueError(f"theta_iter must be a finite number >= 0, got {self.theta_iter!r}")
+        ResizingConfig(theta_iter=self.theta_iter)  # its check, its message
         if not self.device_ms > 0:
             raise ValueError(f"device_ms must be > 0, got {self.device_ms}")
         if self.warmup_iters >= self.epochs * self.iters_per_epoch:

@@ -8,6 +8,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
+from semimig.resizing.config import ResizingConfig
+
 
 def summarize(records: Sequence[dict]) -> list[dict]:
     """Per (mode, λ, chi): mean epoch/iteration time, accuracy mean ± std over seeds, RT vs chi = 1.
@@ -80,7 +82,7 @@ SWEEP_KEYS = ("modes", "chis", "seeds", "lambdas")
 
 # Config keys that only some modes read, with the value a run saved before the key existed used:
 # runs may differ in them as long as every run holding one of those modes agrees.
-MODE_SCOPED_KEYS = {"theta_iter": (("zero-pridiff-e", "zero-pridiff-r"), 1e-3)}
+MODE_SCOPED_KEYS = {"theta_iter": (("zero-pridiff-e", "zero-pridiff-r"), ResizingConfig.theta_iter)}
 
 
 def load_saved(path: Path) -> dict:

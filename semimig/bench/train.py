@@ -115,10 +115,10 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
             logits = model(pixel_values=x_test[lo:lo + 128]).logits
             correct += int((logits.argmax(-1) == y_test[lo:lo + 128]).sum())
     plan = controller.plan if controller is not None else None
-    shed_by_rank = [None] * tp_size
-    dist.all_gather_object(shed_by_rank, statistics.mean(shed) if shed else 0.0, group=plugin.tp_group)
-    savings_by_rank = [None] * tp_size
-    dist.all_gather_object(savings_by_rank, statistics.mean(saved) if saved else 0.0, group=plugin.tp_group)
+    by_rank = [None] * tp_size  # (mean target, mean achieved GEMM savings) of every TP rank
+    dist.all_gather_object(by_rank, tuple(statistics.mean(v) if v else 0.0 for v in (shed, saved)),
+                           group=plugin.tp_group)
+    shed_by_rank, savings_by_rank = (list(v) for v in zip(*by_rank))
     return {
         "mode": mode, "chi": chi, "seed": seed, "lambda": lam,
         "iter_time_s": statistics.median(iter_times),
