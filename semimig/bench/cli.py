@@ -111,16 +111,13 @@ def _check_output(path: Path, flag: str, *, is_dir: bool) -> None:
 def run_bench_command(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from semimig.bench import report
     from semimig.bench.train import run_cases
     from semimig.launch import check_backend, run_on_ranks
 
     try:
         cfg = config_from_args(args)
         check_backend(cfg.backend, cfg.world)
-        _check_output(args.json, "--json", is_dir=False)
-        if not args.no_plots:
-            _check_output(args.plots, "--plots", is_dir=True)
+        _check_outputs(args)
     except ValueError as err:  # a flag combination BenchConfig refuses: say which, no traceback
         print(f"semimig bench: error: {err}", file=sys.stderr)
         return 2
@@ -137,16 +134,29 @@ def run_bench_command(args: argparse.Namespace) -> int:
         for cases in groups:
             records += run_on_ranks(run_cases, cfg.world, cfg, cases, timeout_s=3600, backend=cfg.backend)
             progress.advance(task, len(cases))
-    rows = report.summarize(records)
     title = f"semimig bench tp={cfg.tp} {cfg.pattern} ({time.perf_counter() - start:.0f} s)"
+    _write_results(args, records, dataclasses.asdict(cfg), title)
+    return 0
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """``--json`` and (unless ``--no-plots``) ``--plots`` of ``bench`` and ``report``."""
+    _check_output(args.json, "--json", is_dir=False)
+    if not args.no_plots:
+        _check_output(args.plots, "--plots", is_dir=True)
+
+
+def _write_results(args: argparse.Namespace, records: list, config: dict, title: str, **json_extra) -> None:
+    """The table, the JSON and (unless ``--no-plots``) the plots of ``bench`` and ``report``."""
+    from semimig.bench import report
+
+    rows = report.summarize(records)
     report.print_table(rows, title)
-    config = dataclasses.asdict(cfg)
-    report.write_json(args.json, records, rows, config)
+    report.write_json(args.json, records, rows, config, **json_extra)
     print(f"JSON: {args.json}")
     if not args.no_plots:
         for path in report.write_plots(args.plots, rows, title):
             print(f"plot: {path}")
-    return 0
 
 
 def add_report_subcommand(subparsers) -> None:
@@ -168,18 +178,10 @@ def run_report_command(args: argparse.Namespace) -> int:
     try:
         saved = [(str(path), report.load_saved(path)) for path in args.saved]
         records, config, machine_info = report.merge_saved(saved)
-        _check_output(args.json, "--json", is_dir=False)
-        if not args.no_plots:
-            _check_output(args.plots, "--plots", is_dir=True)
+        _check_outputs(args)
     except ValueError as err:
         print(f"semimig report: error: {err}", file=sys.stderr)
         return 2
-    rows = report.summarize(records)
     title = f"semimig report tp={config.get('tp')} {config.get('pattern')} ({len(saved)} runs)"
-    report.print_table(rows, title)
-    report.write_json(args.json, records, rows, config, machine_info=machine_info, sources=[n for n, _ in saved])
-    print(f"JSON: {args.json}")
-    if not args.no_plots:
-        for path in report.write_plots(args.plots, rows, title):
-            print(f"plot: {path}")
+    _write_results(args, records, config, title, machine_info=machine_info, sources=[n for n, _ in saved])
     return 0

@@ -111,9 +111,7 @@ def merge_saved(saved: Sequence[tuple[str, dict]]) -> tuple[list[dict], dict, di
     if not saved:
         raise ValueError("no saved runs given")
     (first_name, first), records, owner = saved[0], [], {}
-    config = {k: v for k, v in first["config"].items()}
-    for key, value in _mode_scoped_values(saved).items():
-        config[key] = value
+    config = {**first["config"], **_mode_scoped_values(saved)}
     for name, data in saved:
         cfg = data["config"]
         for key in sorted(set(cfg) | set(first["config"])):

@@ -277,29 +277,30 @@ class BalanceController:
     def _layer_gammas(self, gamma: float) -> tuple[float, ...]:
         res = self.config.resizing
         if res.differentiated and gamma > 0 and all(b.delta is not None for b in self.bound):
-            theta = res.theta(self.period)
             gammas = pridiff_ratios([b.delta for b in self.bound], gamma=gamma, alpha=res.alpha,
-                                    theta=theta, gamma_max=res.gamma_max)
-            self._warn_if_theta_covers_all(theta)
+                                    theta=res.theta(self.period), gamma_max=res.gamma_max)
         else:
             gammas = (gamma,) * len(self.bound)
         return tuple(0.0 if b.dense else g for b, g in zip(self.bound, gammas))
 
-    def _warn_if_theta_covers_all(self, theta: float) -> None:
-        """Log once when every resizable column is below PriDiff's threshold: each layer then
-        prunes ``gamma_max`` whatever the straggler needs (``theta_iter`` is an absolute weight
+    def _warn_if_theta_covers_all(self) -> None:
+        """Log once when every resizable column is below PriDiff's threshold: a straggler then
+        prunes ``gamma_max`` in each layer whatever it needs (``theta_iter`` is an absolute weight
         change per iteration, so an optimizer whose steps are smaller, e.g. Adam at lr <= theta_iter,
-        puts every column under it)."""
-        deltas = [b.delta for b in self.bound if not b.dense]
-        if self._theta_warned or not deltas or not all(bool((d < theta).all()) for d in deltas):
+        puts every column under it).  Runs where δ changes, once per period."""
+        res = self.config.resizing
+        deltas = [b.delta for b in self.bound if not b.dense and b.delta is not None]
+        if self._theta_warned or not res.differentiated or not deltas:
+            return
+        theta = res.theta(self.period)
+        if not all(bool((d < theta).all()) for d in deltas):
             return
         self._theta_warned = True
         largest = max(float(d.max()) for d in deltas)
         logger.warning("PriDiff: every column's weight variation is below theta=%g (theta_iter=%g x %d "
-                       "iterations; largest delta %.3g), so every layer prunes gamma_max=%g whatever the "
-                       "straggler needs; set ResizingConfig.theta_iter below %.3g for per-layer ratios",
-                       theta, self.config.resizing.theta_iter, self.period, largest,
-                       self.config.resizing.gamma_max, largest / self.period)
+                       "iterations; largest delta %.3g), so a straggler prunes gamma_max=%g in every layer "
+                       "whatever it needs; set ResizingConfig.theta_iter below %.3g for per-layer ratios",
+                       theta, res.theta_iter, self.period, largest, res.gamma_max, largest / self.period)
 
     def _forced_actions(self) -> tuple[tuple[float, ...], dict[int, float]]:
         prune, migrate = self.forced
@@ -314,6 +315,7 @@ class BalanceController:
                 counts = self._prune_counts(b)
                 b.delta = b.tracker.end_period(b.layer.weight.detach(), None if counts is None else counts > 0)
         self.lineage.reset_period()
+        self._warn_if_theta_covers_all()
 
     # ------------------------------------------------------------------ directives
     def _apply(self) -> None:
