@@ -8,3 +8,7 @@ Importing ``semimig`` itself is cheap and changes nothing in Colossal-AI; ``semi
 the Colossal-AI version and applies the CPU compatibility shim (:mod:`semimig._compat`).
 """
 __version__ = "0.1.0"
+
+from semimig.errors import ConfigError, PlanDisagreement  # noqa: E402  (cheap: no torch import)
+
+__all__ = ["ConfigError", "PlanDisagreement", "__version__"]

@@ -1,0 +1,87 @@
+"""Small validators shared by every config of semimig (one place, one wording).
+
+Each ``check_*`` returns the value (normalised where stated) or raises
+:class:`semimig.errors.ConfigError` naming ``name`` and the bad value, e.g.
+``check_int("interval", 0, minimum=1)`` -> ``ConfigError("interval must be an int >= 1, got 0")``.
+``bool`` is never accepted as a number.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Optional
+
+from semimig.errors import ConfigError
+
+__all__ = ["is_int", "is_number", "check_int", "check_number", "check_choice", "check_str_tuple"]
+
+
+def is_int(value: object) -> bool:
+    """An ``int`` (numpy integers included), not a ``bool``."""
+    import numbers
+
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    """A finite real number, not a ``bool``."""
+    import numbers
+
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+
+
+def _bounds(minimum, maximum, *, low_open: bool = False, high_open: bool = False) -> str:
+    parts = []
+    if minimum is not None:
+        parts.append(f"{'>' if low_open else '>='} {minimum:g}" if isinstance(minimum, float) else
+                     f"{'>' if low_open else '>='} {minimum}")
+    if maximum is not None:
+        parts.append(f"{'<' if high_open else '<='} {maximum:g}" if isinstance(maximum, float) else
+                     f"{'<' if high_open else '<='} {maximum}")
+    return " and ".join(parts)
+
+
+def check_int(name: str, value: Any, *, minimum: Optional[int] = None, maximum: Optional[int] = None,
+              allow_none: bool = False) -> Optional[int]:
+    """An int in ``[minimum, maximum]`` (either bound optional); ``None`` only if ``allow_none``."""
+    if value is None and allow_none:
+        return None
+    ok = is_int(value) and (minimum is None or value >= minimum) and (maximum is None or value <= maximum)
+    if not ok:
+        bounds = _bounds(minimum, maximum)
+        raise ConfigError(f"{name} must be an int{' ' + bounds if bounds else ''}"
+                          f"{' or None' if allow_none else ''}, got {value!r}")
+    return int(value)
+
+
+def check_number(name: str, value: Any, *, minimum: Optional[float] = None, maximum: Optional[float] = None,
+                 low_open: bool = False, high_open: bool = False, allow_none: bool = False) -> Optional[float]:
+    """A finite number in the given range (``low_open``/``high_open`` exclude the bound); as ``float``."""
+    if value is None and allow_none:
+        return None
+    ok = is_number(value)
+    if ok and minimum is not None:
+        ok = value > minimum if low_open else value >= minimum
+    if ok and maximum is not None:
+        ok = value < maximum if high_open else value <= maximum
+    if not ok:
+        bounds = _bounds(minimum, maximum, low_open=low_open, high_open=high_open)
+        raise ConfigError(f"{name} must be a finite number{' ' + bounds if bounds else ''}"
+                          f"{' or None' if allow_none else ''}, got {value!r}")
+    return float(value)
+
+
+def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
+    """One of ``choices`` (compared with ``==``, type included for strings)."""
+    choices = tuple(choices)
+    if not any(type(value) is type(c) and value == c for c in choices):
+        raise ConfigError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+def check_str_tuple(name: str, value: Any, *, allow_empty: bool = True) -> tuple[str, ...]:
+    """A tuple (or list) of non-empty strings, returned as a tuple; a bare string is refused."""
+    if isinstance(value, str) or not isinstance(value, (tuple, list)) or \
+            not all(isinstance(v, str) and v for v in value) or (not allow_empty and not value):
+        raise ConfigError(f"{name} must be a tuple of non-empty strings{'' if allow_empty else ' (at least one)'}, "
+                          f"got {value!r}")
+    return tuple(value)
