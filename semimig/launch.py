@@ -1,32 +1,56 @@
-"""Run a function on N local ranks: gloo (or NCCL) process group, free port, short timeout, fail fast.
+"""Run a function on N local ranks: gloo (or NCCL) process group, free port, bounded failure.
 
-    run_on_ranks(body, world_size, *args)
+    run_on_ranks(body, world_size, *args, timeout_s=60)
 
-Used by the test suite (every multi-rank case) and by the CPU benchmarks, which start their
-ranks on one machine.
-It starts ``world_size`` processes (from a forkserver that has torch and colossalai preloaded,
-so a test case costs a fork, not an interpreter start), initialises a fresh gloo process group
-in each with a short timeout, calls ``body(rank, world_size, *args)`` and re-raises the first
-failure in the calling process with the child's traceback.  A rank that hangs in a collective
-fails after ``timeout_s``: first the process-group timeout fires inside the child, and the
-parent kills everything still alive once its own deadline passes.
+Used by the test suite (every multi-rank case), ``semimig bench`` and the CPU benchmarks, which
+start their ranks on one machine.  It starts ``world_size`` processes (from a forkserver that has
+torch and colossalai preloaded, so a rank costs a fork, not an interpreter start), initialises a
+fresh process group in each, calls ``body(rank, world_size, *args)`` and returns rank 0's result.
+
+Failure is bounded and names the culprit:
+
+- Every process group of the ranks, including those Colossal-AI creates later with
+  ``dist.new_group`` (which would otherwise wait 30 minutes), times out after
+  ``collective_timeout_s`` (default ``timeout_s / 2``): a rank blocked on a frozen peer fails.
+- The parent watches each rank's pipe and process at once.  On the first failure it waits a short
+  grace period for the other ranks' news, then blames, in this order: a rank that died without a
+  word (its signal or exit code), a rank that is stopped (SIGSTOP), a rank whose body raised, a
+  rank that is still running but answers nothing while its peers failed in a collective; only then
+  the ranks whose collective failed.  The message says what each rank was doing
+  (:func:`report_activity`), e.g. ``rank 1 of 2 was killed by SIGKILL while training semi chi=4``.
+- ``timeout_s`` bounds the whole run (``None``: no bound, for long benchmarks; the collective
+  timeout still bounds every wait).  A rank stopped for longer than the collective timeout fails
+  the run even if no peer is waiting on it.
+- No process outlives the caller: SIGTERM/SIGHUP to the parent raise :class:`Terminated` in it
+  and SIGINT raises ``KeyboardInterrupt`` (ranks ignore SIGINT, so a Ctrl-C reaches the parent
+  only); either way the ranks are terminated and reaped before the exception leaves.  A rank whose
+  parent dies without cleaning up (SIGKILL) notices through its parent pipe and exits at once.
 
 ``body`` must be a module-level function (it is pickled by reference).
-Whatever ``body`` returns on rank 0 is returned.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import multiprocessing as mp
 import os
-import queue as queue_mod
+import signal
 import socket
+import threading
 import time
 import traceback
-from typing import Any, Callable
+from dataclasses import dataclass
+from multiprocessing.connection import wait as wait_for
+from typing import Any, Callable, Iterator, Optional
+
+__all__ = ["RankFailure", "RanksTimedOut", "Terminated", "BACKENDS", "check_backend", "free_port",
+           "report_activity", "run_on_ranks", "set_collective_timeout"]
 
 _PRELOAD = ["torch", "torch.distributed", "colossalai.shardformer", "colossalai.booster", "semimig.nn"]
 _CTX = None
+_GRACE_S = 2.0  # after the first failure: how long to wait for the other ranks' news before blaming
+_COLLECTIVE_MARKERS = ("/gloo/", "gloo::", "NCCL", "Connection reset by peer", "Connection closed by peer",
+                       "Timed out waiting", "DistBackendError", "DistNetworkError", "Broken pipe")
 
 
 def _context():
@@ -38,7 +62,19 @@ def _context():
 
 
 class RankFailure(RuntimeError):
-    """A rank raised or died; the message carries its traceback."""
+    """A rank raised, died or froze; the message names it, what it was doing, and its traceback."""
+
+
+class RanksTimedOut(RankFailure, TimeoutError):
+    """The ranks did not finish within ``timeout_s`` (also a ``TimeoutError``)."""
+
+
+class Terminated(BaseException):
+    """The parent received SIGTERM or SIGHUP while ranks ran; they have been stopped and reaped."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"terminated by {signal.Signals(signum).name}")
+        self.signum = signum
 
 
 def free_port() -> int:
@@ -53,26 +89,75 @@ BACKENDS = ("gloo", "nccl")
 
 def check_backend(backend: str, world_size: int) -> None:
     """Refuse a backend this machine cannot run ``world_size`` local ranks on (message names why)."""
+    from semimig.errors import ConfigError
+
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "nccl":
         import torch
 
         found = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if found < world_size:
-            raise ValueError(f"backend 'nccl' runs one rank per GPU: {world_size} ranks need {world_size} "
-                             f"GPUs, this machine has {found}")
+            raise ConfigError(f"backend 'nccl' runs one rank per GPU: {world_size} ranks need {world_size} "
+                              f"GPUs, this machine has {found}")
 
 
-def _child(rank: int, world_size: int, port: int, timeout_s: float, body, args, queue, backend: str = "gloo") -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        OMP_NUM_THREADS="1",
-    )
+def set_collective_timeout(seconds: float) -> None:
+    """Make ``seconds`` the timeout of every process group created from now on in this process.
+
+    ``dist.new_group`` (called by Colossal-AI's ``ProcessGroupMesh``) takes torch's module default
+    of 30 minutes unless given a timeout; this replaces that default (gloo and NCCL).
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    delta = datetime.timedelta(seconds=seconds)
+    c10d.default_pg_timeout = delta
+    if isinstance(getattr(c10d, "default_pg_nccl_timeout", None), datetime.timedelta):
+        c10d.default_pg_nccl_timeout = delta
+
+
+# ---------------------------------------------------------------------------------------- child
+_PARENT_CONN = None  # this rank's pipe to the parent, set in the child only
+
+
+def report_activity(text: str) -> None:
+    """Tell the parent what this rank is doing now (named in its error if the rank fails).
+
+    A no-op outside :func:`run_on_ranks` (e.g. under torchrun).
+    """
+    if _PARENT_CONN is not None:
+        with contextlib.suppress(OSError):
+            _PARENT_CONN.send(("activity", str(text)))
+
+
+def _exit_with_parent() -> None:
+    """Exit this rank as soon as the process that started it is gone (it was SIGKILLed)."""
+    parent = mp.parent_process()
+    if parent is None or parent.sentinel is None:
+        return
+
+    def watch() -> None:
+        wait_for([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="semimig-parent-watch", daemon=True).start()
+
+
+def _looks_collective(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__}: {exc}"
+    return any(marker in text for marker in _COLLECTIVE_MARKERS)
+
+
+def _child(rank: int, world_size: int, port: int, collective_timeout_s: float, body, args, conn,
+           backend: str = "gloo") -> None:
+    global _PARENT_CONN
+    _PARENT_CONN = conn
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it terminates us
+    _exit_with_parent()
+    for key in [k for k in os.environ if k.startswith("TORCHELASTIC_")]:
+        del os.environ[key]  # an agent store named here would make init wait for a torchrun agent
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1")
     import torch
     import torch.distributed as dist
 
@@ -80,62 +165,204 @@ def _child(rank: int, world_size: int, port: int, timeout_s: float, body, args, 
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        set_collective_timeout(collective_timeout_s)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size, timeout=datetime.timedelta(seconds=collective_timeout_s))
         result = body(rank, world_size, *args)
-        queue.put((rank, "ok", result if rank == 0 else None))
-    except BaseException:  # noqa: BLE001 - everything must reach the parent
-        queue.put((rank, "error", traceback.format_exc()))
+        conn.send(("ok", result if rank == 0 else None))
+    except BaseException as exc:  # noqa: BLE001 - everything must reach the parent
+        kind = "collective" if _looks_collective(exc) else "raised"
+        with contextlib.suppress(OSError):
+            conn.send(("error", (kind, traceback.format_exc())))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def run_on_ranks(body: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 60.0,
-                 backend: str = "gloo") -> Any:
+# --------------------------------------------------------------------------------------- parent
+@dataclass
+class _Rank:
+    """What the parent knows of one rank."""
+
+    rank: int
+    proc: Any
+    conn: Any
+    activity: str = ""
+    outcome: Optional[str] = None  # "ok", "raised", "collective", "died"
+    payload: Any = None
+    stopped_since: Optional[float] = None
+
+    def doing(self) -> str:
+        return f" while {self.activity}" if self.activity else ""
+
+    def is_stopped(self) -> bool:
+        import psutil
+
+        try:
+            return psutil.Process(self.proc.pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+        except (psutil.Error, ValueError):
+            return False
+
+    def death(self) -> str:
+        code = self.proc.exitcode
+        if code is not None and code < 0:
+            try:
+                return f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"was killed by signal {-code}"
+        return f"exited with code {code} without a result"
+
+
+def _receive(rank: _Rank) -> None:
+    try:
+        kind, payload = rank.conn.recv()
+    except (EOFError, OSError):  # the pipe closed: the process is gone or going
+        rank.conn = None
+        return
+    if kind == "activity":
+        rank.activity = payload
+    elif kind == "ok":
+        rank.outcome, rank.payload = "ok", payload
+    else:
+        rank.outcome, (_, rank.payload) = payload[0], payload
+
+
+def _blame(ranks: list[_Rank], world_size: int, collective_timeout_s: float) -> str:
+    """The failure message: the culprit first (see the module docstring), then the others' news."""
+    lines = []
+    for r in ranks:
+        if r.outcome == "died":
+            lines.append(f"rank {r.rank} of {world_size} {r.death()}{r.doing()}")
+    for r in ranks:
+        if r.outcome is None and r.is_stopped():
+            lines.append(f"rank {r.rank} of {world_size} is stopped (SIGSTOP) and stopped answering{r.doing()}")
+    for r in ranks:
+        if r.outcome == "raised":
+            lines.append(f"rank {r.rank} of {world_size} failed{r.doing()}:\n{r.payload}")
+    collective = [r for r in ranks if r.outcome == "collective"]
+    silent = [r for r in ranks if r.outcome is None and not r.is_stopped()]
+    if collective and silent and not lines:
+        for r in silent:
+            lines.append(f"rank {r.rank} of {world_size} stopped making progress (running, no answer within "
+                         f"the {collective_timeout_s:g} s collective timeout){r.doing()}")
+    for i, r in enumerate(collective):
+        if lines:
+            first = r.payload.strip().splitlines()[-1]
+            lines.append(f"rank {r.rank} then failed in a collective{r.doing()}: {first}")
+        else:
+            lines.append(f"rank {r.rank} of {world_size} failed in a collective{r.doing()}:\n{r.payload}")
+    return "\n".join(lines) if lines else f"ranks of {world_size} failed without a report"
+
+
+@contextlib.contextmanager
+def _terminate_on_signals() -> Iterator[None]:
+    """SIGTERM / SIGHUP raise :class:`Terminated` in the main thread while ranks run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, _frame):
+        raise Terminated(signum)
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+
+
+def _reap(ranks: list[_Rank], *, grace_s: float) -> None:
+    """Stop every rank and wait for all of them: ranks that succeeded get ``grace_s`` to leave their
+    process group; the others are terminated at once (killed if stopped or still there after it)."""
+    started = [r for r in ranks if r.proc.pid is not None]
+    for r in started:
+        if r.outcome != "ok" and r.proc.is_alive():
+            if r.is_stopped():
+                r.proc.kill()  # a stopped process would hold SIGTERM pending
+            else:
+                r.proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for r in started:
+        r.proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        if r.proc.is_alive():
+            r.proc.kill()
+            r.proc.join()
+    for r in ranks:
+        if r.conn is not None:
+            r.conn.close()
+
+
+def run_on_ranks(body: Callable[..., Any], world_size: int, *args: Any, timeout_s: Optional[float] = 60.0,
+                 backend: str = "gloo", collective_timeout_s: Optional[float] = None) -> Any:
     """Run ``body(rank, world_size, *args)`` on ``world_size`` local ranks; return rank 0's result.
 
+    ``timeout_s`` bounds the whole run (``None``: unbounded); ``collective_timeout_s`` (default
+    ``timeout_s / 2``, or 300 s when ``timeout_s`` is ``None``) bounds every collective wait.
+    Raises :class:`RankFailure` (:class:`RanksTimedOut` past ``timeout_s``) naming the culprit.
     ``backend="nccl"`` puts rank ``r`` on GPU ``r`` (one machine, one GPU per rank).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     check_backend(backend, world_size)
+    if collective_timeout_s is None:
+        collective_timeout_s = timeout_s / 2 if timeout_s is not None else 300.0
     ctx = _context()
-    queue = ctx.Queue()
     port = free_port()
-    procs = [
-        ctx.Process(target=_child, args=(r, world_size, port, timeout_s / 2, body, args, queue, backend), daemon=True)
-        for r in range(world_size)
-    ]
-    for p in procs:
-        p.start()
-    results: dict[int, tuple[str, Any]] = {}
-    try:
-        start = time.monotonic()
-        while len(results) < world_size:
-            remaining = timeout_s - (time.monotonic() - start)
-            if remaining <= 0:
-                missing = sorted(set(range(world_size)) - set(results))
-                raise TimeoutError(f"ranks {missing} did not finish within {timeout_s:.0f}s")
-            try:
-                rank, status, payload = queue.get(timeout=min(remaining, 1.0))
-            except queue_mod.Empty:
-                dead = [r for r, p in enumerate(procs) if not p.is_alive() and r not in results and p.exitcode]
-                if dead:
-                    raise RankFailure(f"ranks {dead} died with exit codes {[procs[r].exitcode for r in dead]}")
-                continue
-            results[rank] = (status, payload)
-            if status == "error":
-                raise RankFailure(f"rank {rank} of {world_size} failed:\n{payload}")
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    return results[0][1]
+    ranks, senders = [], []
+    for r in range(world_size):
+        receive, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_child, args=(r, world_size, port, collective_timeout_s, body, args, send, backend),
+                           daemon=True, name=f"semimig-rank-{r}")
+        ranks.append(_Rank(r, proc, receive))
+        senders.append(send)
+    with _terminate_on_signals():
+        try:
+            for r, send in zip(ranks, senders):
+                r.proc.start()
+                send.close()  # the rank holds the only write end: its death closes the pipe
+            _supervise(ranks, world_size, timeout_s, collective_timeout_s)
+        finally:
+            _reap(ranks, grace_s=5.0)
+    return ranks[0].payload
+
+
+def _supervise(ranks: list[_Rank], world_size: int, timeout_s: Optional[float], collective_timeout_s: float) -> None:
+    """Wait for every rank's result; raise :class:`RankFailure` at the first failure (after the grace)."""
+    start = time.monotonic()
+    failed_at: Optional[float] = None
+    while True:
+        now = time.monotonic()
+        pending = [r for r in ranks if r.outcome is None]
+        if not pending:
+            break
+        if failed_at is not None and now - failed_at >= _GRACE_S:
+            break
+        if timeout_s is not None and now - start >= timeout_s:
+            raise RanksTimedOut(f"ranks {[r.rank for r in pending]} of {world_size} did not finish within "
+                                f"{timeout_s:g} s: " + "; ".join(f"rank {r.rank}{r.doing() or ' running'}"
+                                                                  for r in pending))
+        waitables = {}
+        for r in pending:
+            if r.conn is not None:
+                waitables[r.conn] = r
+            else:
+                waitables[r.proc.sentinel] = r
+        for ready in wait_for(list(waitables), timeout=1.0):
+            r = waitables[ready]
+            if ready is r.conn:
+                _receive(r)
+            elif r.outcome is None:  # exited, and its pipe is drained: no result is coming
+                r.proc.join(timeout=1.0)
+                r.outcome = "died"
+        for r in ranks:
+            if r.outcome is None and r.is_stopped():
+                r.stopped_since = r.stopped_since or now
+                if now - r.stopped_since > collective_timeout_s + _GRACE_S and failed_at is None:
+                    failed_at = now - _GRACE_S  # stopped longer than any collective may wait: fail now
+            else:
+                r.stopped_since = None
+        if failed_at is None and any(r.outcome not in (None, "ok") for r in ranks):
+            failed_at = time.monotonic()
+    if any(r.outcome != "ok" for r in ranks):
+        raise RankFailure(_blame(ranks, world_size, collective_timeout_s))
