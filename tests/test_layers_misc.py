@@ -61,6 +61,7 @@ def test_sharded_state_dict_round_trip(world):
 
 def _bad_input_body(rank, world):
     import semimig.nn as snn
+    from semimig.errors import ConfigError
 
     group = dist.group.WORLD
     col = snn.Linear1D_Col(8, 12, process_group=group)
@@ -77,9 +78,13 @@ def _bad_input_body(rank, world):
         snn.Linear1D_Row.from_native_module(nn.Linear(9, 4), group)
     with pytest.raises(TypeError, match="expects a torch.nn.Linear, got Conv1d"):
         snn.Linear1D_Col.from_native_module(nn.Conv1d(2, 2, 1), group)
-    with pytest.raises(ValueError, match="seq_parallel_mode=None only, got 'split_gather'"):
-        snn.Linear1D_Col(8, 12, process_group=group, seq_parallel_mode="split_gather")
-    with pytest.raises(ValueError, match="stream_chunk_num=1 only, got 2"):
+    with pytest.raises(ConfigError, match=r"Linear1D_Col: seq_parallel_mode must be one of .*got 'ring'"):
+        snn.Linear1D_Col(8, 12, process_group=group, seq_parallel_mode="ring")
+    with pytest.raises(ConfigError, match="Linear1D_Col: fp8_communication must be False, got True"):
+        snn.Linear1D_Col.from_native_module(nn.Linear(8, 12), group, fp8_communication=True)
+    with pytest.raises(ConfigError, match="Linear1D_Row: use_zbv must be False"):
+        snn.Linear1D_Row.from_native_module(nn.Linear(8, 12), group, use_zbv=True)
+    with pytest.raises(ConfigError, match="stream_chunk_num must be 1 .*got 2"):
         snn.Linear1D_Row(8, 12, process_group=group, stream_chunk_num=2)
 
 
@@ -90,7 +95,9 @@ def test_bad_inputs_are_clear_errors():
 def test_linear1d_outside_a_legacy_program_is_a_clear_error():
     import semimig.nn as snn
 
-    with pytest.raises(RuntimeError, match="legacy 1D layer"):
+    from semimig.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="legacy 1D layer"):
         snn.Linear1D(4, 4)
 
 

@@ -1,11 +1,38 @@
-"""What every semimig linear layer adds to Colossal-AI's: a balancing directive and clear errors."""
+"""What every semimig linear layer adds to Colossal-AI's: a balancing directive and the shared forwards.
+
+Every layer (plain, packed, GPT-2 ``Conv1D``; ShardFormer and legacy flavours) runs one of two
+forwards, differing only in how the layer's outputs or inputs are gathered or split:
+
+column (``w = gemm_weight  # [N/e, K]``)::
+
+    x  = gather_seq(x)                                   split_gather sequence parallelism only
+    y  = column_parallel_linear(x, w, b)                 (semimig.nn.functional; dx all-reduced)
+    y  = gather_out(y)                                   gather_output only (layer-specific order)
+
+row (``w = gemm_weight  # [N, K/e]``)::
+
+    x  = split_in(x)                                     parallel_input=False only
+    y  = row_parallel_linear(x, w)                       (y all-reduced)
+    y  = split_seq(y) + b                                split_gather only for split_seq
+
+With ``split_gather`` Colossal-AI gathers the sequence before the column GEMM and reduce-scatters
+``dx`` (column) or ``y`` (row) along it.  semimig all-reduces and keeps its own sequence chunk
+instead: the same sums, so the same numbers, with the directive's GEMMs unchanged; it costs one
+all-gather's worth more traffic in those two collectives.
+"""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional, Tuple, Union
 
 import torch
+from colossalai.shardformer.layer._operation import gather_forward_split_backward, split_forward_gather_backward
 
+from semimig.comm import primitives as P
 from semimig.nn.directive import LayerDirective
+from semimig.nn.functional import column_parallel_linear, row_parallel_linear
+
+TensorFn = Callable[[torch.Tensor], torch.Tensor]
+Output = Union[torch.Tensor, Tuple[torch.Tensor, Optional[torch.Tensor]]]
 
 
 class BalancedLinearMixin:
@@ -14,6 +41,8 @@ class BalancedLinearMixin:
     ``directive``  the :class:`LayerDirective` of the current iteration, or ``None`` (dense).
     ``layer_name`` the module's qualified name, set by the runtime when it binds the model.
     ``matrix_kind`` ``"column"`` or ``"row"``: which 1D tensor-parallel GEMM the layer runs.
+    ``gemm_weight`` this rank's weight as the ``[N, K]`` matrix of its GEMMs (a view for layers
+    that store ``[K, N]``, like GPT-2's ``Conv1D``); ``k_columns`` its ``K``.
     """
 
     matrix_kind: str = ""
@@ -25,9 +54,14 @@ class BalancedLinearMixin:
         self.layer_name = None
 
     @property
+    def gemm_weight(self) -> torch.Tensor:
+        """This rank's weight shard as ``[N, K]`` (the stored weight; Conv1D layers return a view)."""
+        return self.weight
+
+    @property
     def k_columns(self) -> int:
-        """``K`` of this rank's GEMMs: the width of its weight shard ``[N, K]``."""
-        return self.weight.shape[-1]
+        """``K`` of this rank's GEMMs: the width of :attr:`gemm_weight`."""
+        return self.gemm_weight.shape[-1]
 
     def _active_directive(self) -> Optional[LayerDirective]:
         """The directive while training; evaluation always runs densely and untimed."""
@@ -40,8 +74,50 @@ class BalancedLinearMixin:
                 f"got shape {tuple(input_.shape)}"
             )
 
+    # --- sequence parallelism (split_gather): see the module docstring --------------------
+    def _sequence_split(self) -> bool:
+        return getattr(self, "seq_parallel_mode", None) == "split_gather"
+
+    def _sequence_dim(self) -> int:
+        return getattr(self, "seq_parallel_dim", 1)  # GPT-2's layers have no attribute: Colossal-AI uses 1
+
+    # --- the two forwards -----------------------------------------------------------------
+    def _column_forward(self, input_: torch.Tensor, gather_out: TensorFn) -> Output:
+        weight = self.gemm_weight  # [N/e, K]
+        self._check_width(input_, weight.shape[-1])
+        if self._sequence_split():
+            input_ = gather_forward_split_backward(input_, dim=self._sequence_dim(), process_group=self.process_group)
+        bias = None if self.skip_bias_add else self.bias
+        output = column_parallel_linear(input_, weight, bias, self.process_group, self._active_directive())
+        if self.gather_output:
+            output = gather_out(output)
+        return (output, self.bias) if self.skip_bias_add else output
+
+    def _row_forward(self, input_: torch.Tensor, split_in: TensorFn) -> Output:
+        weight = self.gemm_weight  # [N, K/e]
+        if self.parallel_input:
+            self._check_width(input_, weight.shape[-1])
+        else:
+            self._check_width(input_, weight.shape[-1] * P.group_size(self.process_group))
+            input_ = split_in(input_)
+        output = row_parallel_linear(input_, weight, self.process_group, self._active_directive())
+        if self._sequence_split():
+            output = split_forward_gather_backward(output, dim=self._sequence_dim(), process_group=self.process_group)
+        if self.skip_bias_add:
+            return output, self.bias
+        return output + self.bias if self.bias is not None else output
+
+    @torch.no_grad()
+    def _init_row_parameters(self, weight_initializer, bias_initializer) -> None:
+        """Colossal-AI's row-layer initialisation; the replicated bias is broadcast from the group's
+        first rank on the bias's own device (Colossal-AI moves it to CUDA, which CPU lacks)."""
+        weight_initializer(self.weight, fan_in=self.in_features, fan_out=self.out_features)
+        if self.bias is not None:
+            bias_initializer(self.bias, fan_in=self.in_features)
+            P.broadcast_(self.bias.data, 0, self.process_group)
+
     def extra_repr(self) -> str:
-        n, k = self.weight.shape
+        n, k = self.gemm_weight.shape
         active = "dense" if self.directive is None else f"balanced(iter={self.directive.iteration})"
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "

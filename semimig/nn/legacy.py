@@ -9,12 +9,12 @@ no ``process_group`` is given inside a program started by ``colossalai.legacy.la
 from __future__ import annotations
 
 import sys
-from typing import Tuple, Union
 
 import torch
 
-from semimig.nn.balanced import BalancedLinearMixin
-from semimig.nn.functional import column_parallel_linear, row_parallel_linear
+from semimig.errors import ConfigError
+from semimig.nn.balanced import BalancedLinearMixin, Output
+from semimig.nn.conversion import check_options
 
 
 def legacy_1d_active() -> bool:
@@ -54,7 +54,7 @@ def _group():
 
 
 def _build_classes():
-    ParallelMode, gpc, layers = _legacy()
+    ParallelMode, _, layers = _legacy()
     from colossalai.legacy.nn.layer.parallel_1d._utils import (
         gather_forward_split_backward,
         split_forward_gather_backward,
@@ -70,13 +70,9 @@ def _build_classes():
             self.process_group = _group()
             self._init_balancing()
 
-        def forward(self, input_: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-            self._check_width(input_, self.weight.shape[-1])
-            bias = None if self.skip_bias_add else self.bias
-            output = column_parallel_linear(input_, self.weight, bias, self.process_group, self._active_directive())
-            if self.gather_output:
-                output = gather_forward_split_backward(output, ParallelMode.PARALLEL_1D, dim=-1)
-            return (output, self.bias) if self.skip_bias_add else output
+        def forward(self, input_: torch.Tensor) -> Output:
+            return self._column_forward(
+                input_, lambda y: gather_forward_split_backward(y, ParallelMode.PARALLEL_1D, dim=-1))
 
     class Linear1D_Row(BalancedLinearMixin, layers.Linear1D_Row):
         """Legacy row-parallel linear on the ``PARALLEL_1D`` group, balanced by semimig."""
@@ -84,22 +80,14 @@ def _build_classes():
         matrix_kind = "row"
 
         def __init__(self, *args, **kwargs) -> None:
-            if kwargs.get("stream_chunk_num", 1) != 1:
-                raise ValueError(f"semimig Linear1D_Row supports stream_chunk_num=1 only, got {kwargs['stream_chunk_num']}")
+            check_options(type(self).__name__, kwargs)
             super().__init__(*args, **kwargs)
             self.process_group = _group()
             self._init_balancing()
 
-        def forward(self, input_: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-            if self.parallel_input:
-                self._check_width(input_, self.weight.shape[-1])
-            else:
-                self._check_width(input_, self.weight.shape[-1] * gpc.tensor_parallel_size)
-                input_ = split_forward_gather_backward(input_, ParallelMode.PARALLEL_1D, dim=-1)
-            output = row_parallel_linear(input_, self.weight, self.process_group, self._active_directive())
-            if self.skip_bias_add:
-                return output, self.bias
-            return output + self.bias if self.bias is not None else output
+        def forward(self, input_: torch.Tensor) -> Output:
+            return self._row_forward(
+                input_, lambda x: split_forward_gather_backward(x, ParallelMode.PARALLEL_1D, dim=-1))
 
     return Linear1D_Col, Linear1D_Row
 
@@ -126,7 +114,7 @@ def Linear1D(in_features: int, out_features: int, bias: bool = True, dtype: torc
     semimig layer is returned directly so the balancing runtime finds it.
     """
     if not legacy_1d_active():
-        raise RuntimeError(
+        raise ConfigError(
             "semimig.nn.Linear1D is the legacy 1D layer: call it inside a program started by "
             "colossalai.legacy.launch with parallel.tensor.mode='1d' (for ShardFormer use Linear1D_Col/Linear1D_Row)"
         )
