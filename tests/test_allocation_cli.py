@@ -7,7 +7,8 @@ import json
 import pytest
 
 from semimig.allocation import DeviceProfile, ProbeResult, SpeedCurve, allocate
-from semimig.allocation.cli import add_plan_subcommand, curves_from_spec, profiles_to_spec
+from semimig.allocation.cli import add_plan_subcommand
+from semimig.allocation.spec import curves_from_spec, profiles_to_spec
 
 
 def _run(argv: list[str]) -> int:
@@ -39,7 +40,8 @@ def test_plan_from_device_specs(tmp_path, capsys) -> None:
     )
     assert [d["samples"] for d in written["devices"]] == list(expected.samples)
     assert written["predicted_iteration_time_s"] == pytest.approx(expected.predicted_iteration_time_s)
-    assert written["ideal_iteration_time_s"] <= written["predicted_iteration_time_s"] <= written["even_iteration_time_s"]
+    assert written["ideal_iteration_time_s"] <= written["integer_iteration_time_s"] <= written["predicted_iteration_time_s"]
+    assert written["predicted_iteration_time_s"] <= written["even_iteration_time_s"]
 
 
 def test_plan_from_measured_profile(tmp_path, capsys) -> None:
@@ -58,11 +60,11 @@ def test_plan_from_measured_profile(tmp_path, capsys) -> None:
     ("spec", "argv", "message"),
     [
         ({"devices": [{"name": "a", "max_batch_size": 2, "peak_speed": 1.0}]}, ["--global-batch-size", "9", "--max-accumulation-steps", "4"], "global_batch_size=9 exceeds"),
-        ({"devices": [{"name": "dead", "max_batch_size": 2, "peak_speed": 0.0}]}, ["--global-batch-size", "2"], "device 'dead': peak_speed must be finite and > 0"),
+        ({"devices": [{"name": "dead", "max_batch_size": 2, "peak_speed": 0.0}]}, ["--global-batch-size", "2"], "devices[0].peak_speed (samples/s) must be a finite number >= 1e-09 and <= 1e+09, got 0.0"),
         ({"devices": []}, ["--global-batch-size", "2"], "empty cluster"),
         ({"devices": [{"name": "a", "peak_speed": 1.0}]}, ["--global-batch-size", "2"], "has no 'max_batch_size'"),
         ({"devices": [{"name": "a", "max_batch_size": 2}]}, ["--global-batch-size", "2"], "exactly one of 'points' and 'peak_speed'"),
-        ({"devices": [{"name": "a", "max_batch_size": 2, "peak_speed": 1.0}]}, ["--global-batch-size", "-1"], "global_batch_size must be an int >= 1, got -1"),
+        ({"devices": [{"name": "a", "max_batch_size": 2, "peak_speed": 1.0}]}, ["--global-batch-size", "-1"], "--global-batch-size must be an int >= 1 and <= 2147483647, got -1"),
     ],
 )
 def test_bad_specs_exit_2_with_message(tmp_path, capsys, spec, argv, message) -> None:
@@ -70,6 +72,53 @@ def test_bad_specs_exit_2_with_message(tmp_path, capsys, spec, argv, message) ->
     path.write_text(json.dumps(spec))
     assert _run(["plan", str(path), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("spec", "argv", "message"),
+    [
+        # issue 19: 10**11 asked numpy for 745 GiB; now refused by the curve's documented bound
+        ([{"name": "a", "max_batch_size": 10**11, "peak_speed": 1.0}], [], "devices[0].max_batch_size must be an int >= 1 and <= 1048576, got 100000000000"),
+        ([{"name": "a", "max_batch_size": 4, "peak_speed": 5e-324}], [], "devices[0].peak_speed (samples/s) must be a finite number >= 1e-09"),
+        ([{"name": "a", "max_batch_size": 4, "peak_speed": "fast"}], [], "devices[0].peak_speed (samples/s) must be a finite number >= 1e-09 and <= 1e+09, got 'fast'"),
+        ([{"name": "a", "max_batch_size": True, "peak_speed": 1.0}], [], "devices[0].max_batch_size must be an int >= 1 and <= 1048576, got True"),
+        ([{"name": "a", "max_batch_size": 4, "peak_speed": 1.0, "speed": 2}], [], "devices[0] has unknown key(s) ['speed']"),
+        ({"devices": [{"max_batch_size": 4, "peak_speed": 1.0}], "comm_time": 0.1}, [], "spec has unknown key(s) ['comm_time']"),
+        ({"devices": [{"max_batch_size": 4, "peak_speed": 1.0}], "comm_time_s": -1}, [], "comm_time_s must be a finite number >= 0, got -1"),
+        ({"devices": "all"}, [], "devices must be a list, got 'all'"),
+        ("a100", [], "spec must be a list of devices or an object with 'devices', got 'a100'"),
+        ([3], [], "devices[0] must be an object, got 3"),
+        ([{"name": 7, "max_batch_size": 4, "peak_speed": 1.0}], [], "devices[0].name must be a non-empty string, got 7"),
+        ([{"max_batch_size": 4, "points": []}], [], "devices[0].points must be a non-empty list of [batch_size, seconds], got []"),
+        ([{"max_batch_size": 4, "points": [[1, 0.1, 3]]}], [], "devices[0].points[0] must be [batch_size, seconds], got [1, 0.1, 3]"),
+        ([{"max_batch_size": 4, "points": [[1.5, 0.1]]}], [], "devices[0].points[0][0] (batch size) must be an int >= 1 and <= 1048576, got 1.5"),
+        ([{"max_batch_size": 4, "points": [[1, 0]]}], [], "devices[0].points[0][1] (seconds) must be a finite number >= 1e-09 and <= 1e+09, got 0"),
+        ([{"max_batch_size": 4, "points": [[1, 0.1], [1, 0.2]]}], [], "devices[0].points repeats a batch size: [1, 1]"),
+        ([{"max_batch_size": 4, "points": [[8, 0.1]]}], [], "devices[0].points has batch size 8 above max_batch_size=4"),
+        ([{"max_batch_size": 4, "peak_speed": 1.0}], ["--comm-time", "nan"], "--comm-time must be a finite number >= 0 or None, got nan"),
+        ([{"max_batch_size": 4, "peak_speed": 1.0}], ["--max-accumulation-steps", "0"], "--max-accumulation-steps must be an int >= 1 or None, got 0"),
+        ([{"max_batch_size": 4, "peak_speed": 1.0}], ["--global-batch-size", "99999999999"], "--global-batch-size must be an int >= 1 and <= 2147483647, got 99999999999"),
+    ],
+)
+def test_schema_errors_are_one_line_naming_key_and_value(tmp_path, capsys, spec, argv, message) -> None:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    argv = argv if "--global-batch-size" in argv else ["--global-batch-size", "4", *argv]
+    assert _run(["plan", str(path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1, err
+
+
+def test_deeply_nested_or_binary_spec_is_refused_in_one_line(tmp_path, capsys) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    assert _run(["plan", str(deep), "--global-batch-size", "2"]) == 2
+    assert "nests too deeply" in capsys.readouterr().err
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe\x00")
+    assert _run(["plan", str(binary), "--global-batch-size", "2"]) == 2
+    assert "is not UTF-8 text" in capsys.readouterr().err
 
 
 def test_missing_file_exits_2(tmp_path, capsys) -> None:

@@ -77,7 +77,7 @@ def test_partition_rejects_wrong_batch_length() -> None:
 def test_loss_scale_values_and_errors() -> None:
     assert loss_scale(3, global_batch_size=12, dp_world_size=4) == pytest.approx(1.0)
     assert loss_scale(3, global_batch_size=12, dp_world_size=4, reduction="sum") == pytest.approx(1 / 3)
-    with pytest.raises(ValueError, match="reduction must be 'mean' or 'sum', got 'max'"):
+    with pytest.raises(ValueError, match=r"reduction must be one of \('mean', 'sum'\), got 'max'"):
         loss_scale(3, global_batch_size=12, dp_world_size=4, reduction="max")
     with pytest.raises(ValueError, match="dp_world_size must be an int >= 1, got 0"):
         loss_scale(3, global_batch_size=12, dp_world_size=0)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from dist_harness import run_on_ranks
 from tiny_models import TinyMLP
+from semimig.errors import ConfigError
 from semimig.allocation import (
     LinearMemoryFit,
     ModelStepDevice,
@@ -141,12 +142,18 @@ def test_device_that_cannot_hold_one_sample_is_an_error() -> None:
 
 
 def test_profiler_config_validation() -> None:
-    with pytest.raises(ValueError, match="max_batch_size must be an int >= 1, got 0"):
+    with pytest.raises(ConfigError, match="ProfilerConfig.max_batch_size must be an int >= 1 and <= 1048576, got 0"):
         ProfilerConfig(max_batch_size=0)
-    with pytest.raises(ValueError, match="repeats must be an int >= 1, got 0"):
+    with pytest.raises(ConfigError, match="ProfilerConfig.repeats must be an int >= 1, got 0"):
         ProfilerConfig(repeats=0)
-    with pytest.raises(ValueError, match="memory_capacity_bytes must be None or an int >= 1, got -5"):
+    with pytest.raises(ConfigError, match="ProfilerConfig.warmup must be an int >= 0, got '1'"):
+        ProfilerConfig(warmup="1")
+    with pytest.raises(ConfigError, match="memory_capacity_bytes must be an int >= 1 or None, got -5"):
         profile_device(lambda b: None, memory_capacity_bytes=-5)
+    with pytest.raises(ConfigError, match="ProbeResult.time_s must be a finite number >= 0, got nan"):
+        ProbeResult(batch_size=1, time_s=float("nan"), peak_bytes=1, before_bytes=0)
+    with pytest.raises(ConfigError, match="ProbeResult.after_forward_bytes must be an int >= 0 or None, got 1.5"):
+        ProbeResult(batch_size=1, time_s=1.0, peak_bytes=1, before_bytes=0, after_forward_bytes=1.5)
 
 
 # ------------------------------------------------------------------------------ a real model step
@@ -181,8 +188,12 @@ def test_speed_factor_slows_each_step_by_the_factor() -> None:
     result = device(5)
     assert result.time_s >= 3 * 0.02  # lower bound is deterministic: the sleep alone
     assert result.time_s < 3 * 0.02 + 0.5  # and nothing else of note (loose: shared CI cores)
-    with pytest.raises(ValueError, match="speed_factor must be finite and >= 1, got 0.5"):
+    with pytest.raises(ConfigError, match="speed_factor must be a finite number >= 1 and <= 1000, got 0.5"):
         SimulatedSpeed(speed_factor=0.5)
+    with pytest.raises(ConfigError, match="speed_factor must be a finite number >= 1 and <= 1000, got 1000000.0"):
+        SimulatedSpeed(speed_factor=1e6)  # would sleep for hours
+    with pytest.raises(ConfigError, match="per_sample_time_s must be a finite number >= 0 and <= 60, got 'slow'"):
+        SimulatedSpeed(per_sample_time_s="slow")
 
 
 # ------------------------------------------------------------------------------ collectives

@@ -4,7 +4,10 @@ Notation: devices ``i = 1 … n`` with speed curve ``τ_i`` (:class:`~.speed.Spe
 micro-batch ``M_i``, peak speed ``s_i = max_b b/τ_i(b)``; global batch ``gbs``; optional cap
 ``A`` on accumulation steps (``None``: unlimited); ``t_comm`` the collective time.
 
-ZeRO-0/1 (:func:`allocate_zero01`).  Gradients are reduced once per iteration, so each device
+Every function takes its inputs as an :class:`~.request.AllocationRequest` (validated once);
+:func:`allocate` and :func:`allocate_even` are the same with the request's fields as arguments.
+
+ZeRO-0/1 (:func:`poplar_plan`, stages 0 and 1).  Gradients are reduced once per iteration, so each device
 only has to finish its own ``B_i`` samples; the iteration takes ``max_i T_i(B_i) + t_comm`` with
 ``T_i(B) = min over micro-batch m of (gas-1)·τ_i(m) + τ_i(lbs)`` (``gas = ⌈B/m⌉ <= A``,
 ``lbs = B - (gas-1)·m``, ties to the larger ``m``).
@@ -19,7 +22,7 @@ only has to finish its own ``B_i`` samples; the iteration takes ``max_i T_i(B_i)
    proportions ignore that a device given few samples runs below its peak speed; this undoes that
    error and can only improve the model time.
 
-ZeRO-2/3 (:func:`allocate_zero23`).  Every micro-step ends in a reduce-scatter that all devices
+ZeRO-2/3 (:func:`poplar_plan`, stages 2 and 3).  Every micro-step ends in a reduce-scatter that all devices
 join, so all share one ``gas``.  For each candidate step time ``t`` (every value ``τ_i(b)``
 takes, which is every ``t`` at which some device's answer changes): ``b_i(t)`` = the largest batch
 device ``i`` finishes within ``t`` (Poplar's find), ``S = Σ b_i``, ``gas = ⌈gbs/S⌉ <= A``, and
@@ -27,6 +30,9 @@ the objective ``(t + t_comm)·gas`` with ``t = max_i τ_i(b_i(t))``; minimise (t
 micro-steps).  The ``R = gbs - (gas-1)·S`` samples of the last micro-step go one at a time to the
 device with the smallest ``τ_i(l_i + 1)``, ``l_i < b_i``.  Reported iteration time:
 ``(gas-1)·(max_i τ_i(b_i) + t_comm) + max_i τ_i(l_i) + t_comm``.
+
+The baseline (:func:`even_plan`) is what a heterogeneity-unaware setup runs; the bounds that
+no integer allocation beats are in :mod:`.bounds`.
 
 All functions are deterministic: same numbers in, same plan out, on every rank.
 """
@@ -39,50 +45,69 @@ from typing import Optional, Sequence
 import numpy as np
 
 from semimig.allocation.plan import AllocationPlan, DevicePlan
+from semimig.allocation.request import AllocationRequest
 from semimig.allocation.speed import SpeedCurve
+from semimig.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["allocate", "allocate_zero01", "allocate_zero23", "allocate_even", "ideal_iteration_time"]
+__all__ = ["allocate", "allocate_even", "even_plan", "poplar_plan"]
 
 _REL_TOL = 1e-12
 
 
-# ------------------------------------------------------------------------------ validation
-def _check_request(
-    curves: Sequence[SpeedCurve], global_batch_size: int, comm_time_s: float, max_accumulation_steps: Optional[int]
-) -> list[SpeedCurve]:
-    curves = list(curves)
-    if not curves:
-        raise ValueError("cannot allocate a batch over an empty cluster: got 0 devices")
-    for i, curve in enumerate(curves):
-        if not isinstance(curve, SpeedCurve):
-            raise ValueError(f"device {i} must be a SpeedCurve, got {type(curve).__name__}")
-    if not isinstance(global_batch_size, int) or isinstance(global_batch_size, bool) or global_batch_size < 1:
-        raise ValueError(f"global_batch_size must be an int >= 1, got {global_batch_size!r}")
-    if not (isinstance(comm_time_s, (int, float)) and math.isfinite(comm_time_s) and comm_time_s >= 0):
-        raise ValueError(f"comm_time_s must be finite and >= 0, got {comm_time_s!r}")
-    if max_accumulation_steps is not None and (
-        not isinstance(max_accumulation_steps, int) or isinstance(max_accumulation_steps, bool) or max_accumulation_steps < 1
-    ):
-        raise ValueError(f"max_accumulation_steps must be None or an int >= 1, got {max_accumulation_steps!r}")
-    steps = global_batch_size if max_accumulation_steps is None else max_accumulation_steps
-    capacity = sum(c.max_batch_size for c in curves) * steps
-    if capacity < global_batch_size:
-        raise ValueError(
-            f"global_batch_size={global_batch_size} exceeds what the devices can hold: "
-            f"max batch sizes {[c.max_batch_size for c in curves]} x max_accumulation_steps="
-            f"{max_accumulation_steps} = {capacity} samples per iteration"
-        )
-    return curves
+# ------------------------------------------------------------------------------ entry points
+def allocate(curves: Sequence[SpeedCurve], global_batch_size: int, *, zero_stage: int, comm_time_s: float = 0.0,
+             max_accumulation_steps: Optional[int] = None) -> AllocationPlan:
+    """:func:`poplar_plan` of the request these arguments describe (:class:`~.request.AllocationRequest`)."""
+    return poplar_plan(AllocationRequest.of(curves, global_batch_size, zero_stage=zero_stage, comm_time_s=comm_time_s,
+                                            max_accumulation_steps=max_accumulation_steps))
 
 
-def _check_stage(zero_stage: int, allowed: tuple[int, ...]) -> None:
-    if zero_stage not in allowed or isinstance(zero_stage, bool):
-        raise ValueError(f"zero_stage must be one of {allowed} here, got {zero_stage!r}")
+def allocate_even(curves: Sequence[SpeedCurve], global_batch_size: int, *, zero_stage: int, comm_time_s: float = 0.0,
+                  max_accumulation_steps: Optional[int] = None) -> AllocationPlan:
+    """:func:`even_plan` of the request these arguments describe."""
+    return even_plan(AllocationRequest.of(curves, global_batch_size, zero_stage=zero_stage, comm_time_s=comm_time_s,
+                                          max_accumulation_steps=max_accumulation_steps))
 
 
-# ------------------------------------------------------------------------------ ZeRO-0/1
+def poplar_plan(request: AllocationRequest) -> AllocationPlan:
+    """Poplar's Algorithm 2 for the request's stage: ZeRO-0/1 split or ZeRO-2/3 search (module docs)."""
+    plan = _zero23(request) if request.lockstep else _zero01(request)
+    logger.debug("ZeRO-%d allocation: samples %s, predicted %.4g s", request.zero_stage, plan.samples,
+                 plan.predicted_iteration_time_s)
+    return plan
+
+
+# ------------------------------------------------------------------------------ realisation
+def _device_plans(request: AllocationRequest, micro: Sequence[int], steps: Sequence[int],
+                  last: Sequence[int]) -> tuple[DevicePlan, ...]:
+    """Device ``i`` runs ``steps[i] - 1`` micro-steps of ``micro[i]`` samples, then one of ``last[i]``."""
+    return tuple(
+        DevicePlan(name=c.name, micro_batch_size=m, accumulation_steps=g, last_batch_size=lbs,
+                   predicted_time_s=(g - 1) * c.time(m) + c.time(lbs))
+        for c, m, g, lbs in zip(request.curves, micro, steps, last)
+    )
+
+
+def _plan(request: AllocationRequest, devices: tuple[DevicePlan, ...]) -> AllocationPlan:
+    """The plan and its model iteration time.
+
+    ZeRO-0/1: ``max_i T_i + t_comm`` (devices run their micro-steps independently).
+    ZeRO-2/3 (one ``gas``): ``(gas-1)·(max_i τ_i(mbs_i) + t_comm) + max_i τ_i(lbs_i) + t_comm``.
+    """
+    comm = request.comm_time_s
+    if request.lockstep:
+        steps = devices[0].accumulation_steps
+        full_step = max(c.time(d.micro_batch_size) for c, d in zip(request.curves, devices))
+        last_step = max(c.time(d.last_batch_size) for c, d in zip(request.curves, devices))
+        predicted = (steps - 1) * (full_step + comm) + last_step + comm
+    else:
+        predicted = max(d.predicted_time_s for d in devices) + comm
+    return AllocationPlan(zero_stage=request.zero_stage, global_batch_size=request.global_batch_size,
+                          devices=devices, comm_time_s=float(comm), predicted_iteration_time_s=predicted)
+
+
 class _Realiser:
     """``T_i(B)`` and the micro-batch realising it, memoised per sample count."""
 
@@ -91,11 +116,6 @@ class _Realiser:
         self.tau = curve.micro_step_times
         self.max_steps = max_steps
         self._cache: dict[int, tuple[float, int, int, int]] = {}
-
-    def capacity(self, global_batch_size: int) -> int:
-        if self.max_steps is None:
-            return global_batch_size
-        return min(global_batch_size, self.curve.max_batch_size * self.max_steps)
 
     def best(self, samples: int) -> tuple[float, int, int, int]:
         """``(time, mbs, gas, lbs)`` minimising the time of ``samples`` samples."""
@@ -112,7 +132,7 @@ class _Realiser:
                 times = np.where(gas <= self.max_steps, times, np.inf)
             best_time = times.min()
             if not math.isfinite(best_time):
-                raise ValueError(
+                raise ConfigError(
                     f"device {self.curve.name!r} cannot take {samples} samples within "
                     f"max_accumulation_steps={self.max_steps} (max batch size {self.curve.max_batch_size})"
                 )
@@ -125,6 +145,7 @@ class _Realiser:
         return self.best(samples)[0]
 
 
+# ------------------------------------------------------------------------------ ZeRO-0/1
 def _water_level(speeds: list[float], caps: list[int], total: int) -> list[float]:
     """Continuous shares ``min(C_i, T·s_i)`` summing to ``total``."""
     capped = [False] * len(speeds)
@@ -141,44 +162,22 @@ def _water_level(speeds: list[float], caps: list[int], total: int) -> list[float
             capped[i] = True
 
 
-def allocate_zero01(
-    curves: Sequence[SpeedCurve],
-    global_batch_size: int,
-    *,
-    zero_stage: int = 1,
-    comm_time_s: float = 0.0,
-    max_accumulation_steps: Optional[int] = None,
-) -> AllocationPlan:
-    """Poplar ZeRO-0/1 allocation (see the module docstring); ``comm_time_s`` once per iteration."""
-    _check_stage(zero_stage, (0, 1))
-    curves = _check_request(curves, global_batch_size, comm_time_s, max_accumulation_steps)
-    realisers = [_Realiser(c, max_accumulation_steps) for c in curves]
-    caps = [r.capacity(global_batch_size) for r in realisers]
-    shares = _water_level([c.peak_speed for c in curves], caps, global_batch_size)
+def _zero01(request: AllocationRequest) -> AllocationPlan:
+    """Steps 1-3 of the module docstring's ZeRO-0/1 allocation."""
+    curves, gbs = request.curves, request.global_batch_size
+    realisers = [_Realiser(c, request.max_accumulation_steps) for c in curves]
+    caps = [request.device_capacity(i) for i in range(len(curves))]
+    shares = _water_level([c.peak_speed for c in curves], caps, gbs)
     samples = [min(int(math.floor(x + 1e-9)), cap) for x, cap in zip(shares, caps)]
 
-    for _ in range(global_batch_size - sum(samples)):  # remainder, least-loaded first
+    for _ in range(gbs - sum(samples)):  # remainder, least-loaded first
         open_devices = [i for i in range(len(curves)) if samples[i] < caps[i]]
         target = min(open_devices, key=lambda i: (realisers[i].time(samples[i] + 1), realisers[i].time(samples[i]), i))
         samples[target] += 1
 
     _refine(samples, caps, realisers)
-    devices = []
-    for curve, realiser, count in zip(curves, realisers, samples):
-        time_s, mbs, gas, lbs = realiser.best(count)
-        devices.append(
-            DevicePlan(name=curve.name, micro_batch_size=mbs, accumulation_steps=gas, last_batch_size=lbs, predicted_time_s=time_s)
-        )
-    makespan = max(d.predicted_time_s for d in devices)
-    plan = AllocationPlan(
-        zero_stage=zero_stage,
-        global_batch_size=global_batch_size,
-        devices=tuple(devices),
-        comm_time_s=float(comm_time_s),
-        predicted_iteration_time_s=makespan + comm_time_s,
-    )
-    logger.debug("ZeRO-%d allocation: samples %s, predicted %.4g s", zero_stage, plan.samples, plan.predicted_iteration_time_s)
-    return plan
+    best = [r.best(count) for r, count in zip(realisers, samples)]
+    return _plan(request, _device_plans(request, [b[1] for b in best], [b[2] for b in best], [b[3] for b in best]))
 
 
 def _refine(samples: list[int], caps: list[int], realisers: list[_Realiser]) -> None:
@@ -207,8 +206,8 @@ def _refine(samples: list[int], caps: list[int], realisers: list[_Realiser]) -> 
 
 
 # ------------------------------------------------------------------------------ ZeRO-2/3
-def _largest_batch_table(curve: SpeedCurve, candidates: np.ndarray) -> np.ndarray:
-    """``b_i(t)`` for every candidate ``t``: the largest ``b`` with ``τ_i(b) <= t`` (0 if none)."""
+def largest_batch_table(curve: SpeedCurve, candidates: np.ndarray) -> np.ndarray:
+    """``b(t)`` for every candidate ``t``: the largest ``b`` with ``τ(b) <= t`` (0 if none)."""
     tau = curve.micro_step_times[1:]
     order = np.argsort(tau, kind="stable")
     running_max_batch = np.maximum.accumulate(order + 1)
@@ -227,86 +226,37 @@ def _fill_last_step(batches: list[int], remaining: int, curves: Sequence[SpeedCu
     return last
 
 
-def allocate_zero23(
-    curves: Sequence[SpeedCurve],
-    global_batch_size: int,
-    *,
-    zero_stage: int = 2,
-    comm_time_s: float = 0.0,
-    max_accumulation_steps: Optional[int] = None,
-) -> AllocationPlan:
-    """Poplar ZeRO-2/3 search (see the module docstring); ``comm_time_s`` once per micro-step."""
-    _check_stage(zero_stage, (2, 3))
-    curves = _check_request(curves, global_batch_size, comm_time_s, max_accumulation_steps)
+def _zero23(request: AllocationRequest) -> AllocationPlan:
+    """The module docstring's ZeRO-2/3 search over candidate step times ``t``.
+
+    Memory ``O(Σ_i M_i)``: ``S(t)`` and ``max_i τ_i(b_i(t))`` are accumulated device by device.
+    """
+    curves, gbs, comm = request.curves, request.global_batch_size, request.comm_time_s
     candidates = np.unique(np.concatenate([c.micro_step_times[1:] for c in curves]))
-    per_device = np.stack([_largest_batch_table(c, candidates) for c in curves])  # [n, K]
-    step_batch = per_device.sum(axis=0)  # S(t)
-    step_time = np.stack([c.micro_step_times[b] for c, b in zip(curves, per_device)]).max(axis=0)
-    gas = np.where(step_batch > 0, -(-global_batch_size // np.maximum(step_batch, 1)), np.iinfo(np.int64).max)
-    wall = np.where(step_batch > 0, (step_time + comm_time_s) * gas, np.inf)
-    if max_accumulation_steps is not None:
-        wall = np.where(gas <= max_accumulation_steps, wall, np.inf)
+    step_batch = np.zeros(candidates.shape, dtype=np.int64)  # S(t)
+    step_time = np.zeros(candidates.shape, dtype=np.float64)  # max_i τ_i(b_i(t))
+    for c in curves:
+        b = largest_batch_table(c, candidates)
+        step_batch += b
+        np.maximum(step_time, c.micro_step_times[b], out=step_time)
+    gas = np.where(step_batch > 0, -(-gbs // np.maximum(step_batch, 1)), np.iinfo(np.int64).max)
+    wall = np.where(step_batch > 0, (step_time + comm) * gas, np.inf)
+    if request.max_accumulation_steps is not None:
+        wall = np.where(gas <= request.max_accumulation_steps, wall, np.inf)
     best_wall = wall.min()
-    # _check_request guarantees t = max τ gives S = Σ M_i, within the step cap
+    # the request's capacity check guarantees t = max τ gives S = Σ M_i, within the step cap
     assert math.isfinite(best_wall), "capacity check let an infeasible request through"
     ties = np.flatnonzero(wall <= best_wall * (1 + 1e-9))
     k = int(ties[np.argmin(gas[ties])])  # among (near-)ties: fewest micro-steps, then smallest t
 
-    batches = [int(b) for b in per_device[:, k]]
+    batches = [int(largest_batch_table(c, candidates[k:k + 1])[0]) for c in curves]  # b_i(t) at the best t
     steps = int(gas[k])
-    last = _fill_last_step(batches, global_batch_size - (steps - 1) * sum(batches), curves)
-    devices = tuple(
-        DevicePlan(
-            name=c.name,
-            micro_batch_size=b,
-            accumulation_steps=steps,
-            last_batch_size=lbs,
-            predicted_time_s=(steps - 1) * c.time(b) + c.time(lbs),
-        )
-        for c, b, lbs in zip(curves, batches, last)
-    )
-    full_step = max(c.time(b) for c, b in zip(curves, batches))
-    last_step = max(c.time(lbs) for c, lbs in zip(curves, last))
-    plan = AllocationPlan(
-        zero_stage=zero_stage,
-        global_batch_size=global_batch_size,
-        devices=devices,
-        comm_time_s=float(comm_time_s),
-        predicted_iteration_time_s=(steps - 1) * (full_step + comm_time_s) + last_step + comm_time_s,
-    )
-    logger.debug("ZeRO-%d allocation: batches %s x %d, predicted %.4g s", zero_stage, batches, steps, plan.predicted_iteration_time_s)
-    return plan
+    last = _fill_last_step(batches, gbs - (steps - 1) * sum(batches), curves)
+    return _plan(request, _device_plans(request, batches, [steps] * len(curves), last))
 
 
-# ------------------------------------------------------------------------------ entry points
-def allocate(
-    curves: Sequence[SpeedCurve],
-    global_batch_size: int,
-    *,
-    zero_stage: int,
-    comm_time_s: float = 0.0,
-    max_accumulation_steps: Optional[int] = None,
-) -> AllocationPlan:
-    """Dispatch to :func:`allocate_zero01` (stages 0, 1) or :func:`allocate_zero23` (2, 3)."""
-    _check_stage(zero_stage, (0, 1, 2, 3))
-    fn = allocate_zero01 if zero_stage <= 1 else allocate_zero23
-    return fn(
-        curves,
-        global_batch_size,
-        zero_stage=zero_stage,
-        comm_time_s=comm_time_s,
-        max_accumulation_steps=max_accumulation_steps,
-    )
-
-
-def allocate_even(
-    curves: Sequence[SpeedCurve],
-    global_batch_size: int,
-    *,
-    zero_stage: int,
-    comm_time_s: float = 0.0,
-    max_accumulation_steps: Optional[int] = None,
-) -> AllocationPlan:
+# ------------------------------------------------------------------------------ baseline
+def even_plan(request: AllocationRequest) -> AllocationPlan:
     """The homogeneous baseline: what a heterogeneity-unaware ZeRO setup runs.
 
     One micro-batch size ``m = min(min_i M_i, ⌈gbs/n⌉)`` everywhere (it must fit on the smallest
@@ -314,61 +264,16 @@ def allocate_even(
     ``R = gbs - (gas-1)·n·m`` samples of the last micro-step split evenly (the first ``R mod n``
     devices take one more).  ``1 <= R <= n·m``, so every last batch fits.
     """
-    _check_stage(zero_stage, (0, 1, 2, 3))
-    curves = _check_request(curves, global_batch_size, comm_time_s, max_accumulation_steps)
+    curves, gbs = request.curves, request.global_batch_size
     n = len(curves)
-    per_device = -(-global_batch_size // n)
+    per_device = -(-gbs // n)
     m = min(min(c.max_batch_size for c in curves), per_device)
     steps = -(-per_device // m)
-    if max_accumulation_steps is not None and steps > max_accumulation_steps:
-        raise ValueError(
-            f"even split of global_batch_size={global_batch_size} over {n} devices needs {steps} "
-            f"micro-steps of {m} (the smallest max batch size), above max_accumulation_steps={max_accumulation_steps}"
+    if request.max_accumulation_steps is not None and steps > request.max_accumulation_steps:
+        raise ConfigError(
+            f"even split of global_batch_size={gbs} over {n} devices needs {steps} micro-steps of {m} "
+            f"(the smallest max batch size), above max_accumulation_steps={request.max_accumulation_steps}"
         )
-    remaining = global_batch_size - (steps - 1) * n * m
+    remaining = gbs - (steps - 1) * n * m
     last = [remaining // n + (1 if i < remaining % n else 0) for i in range(n)]
-    devices = tuple(
-        DevicePlan(
-            name=c.name,
-            micro_batch_size=m,
-            accumulation_steps=steps,
-            last_batch_size=lbs,
-            predicted_time_s=(steps - 1) * c.time(m) + c.time(lbs),
-        )
-        for c, lbs in zip(curves, last)
-    )
-    if zero_stage <= 1:
-        predicted = max(d.predicted_time_s for d in devices) + comm_time_s
-    else:
-        full_step = max(c.time(m) for c in curves)
-        last_step = max(c.time(lbs) for c, lbs in zip(curves, last))
-        predicted = (steps - 1) * (full_step + comm_time_s) + last_step + comm_time_s
-    return AllocationPlan(
-        zero_stage=zero_stage,
-        global_batch_size=global_batch_size,
-        devices=devices,
-        comm_time_s=float(comm_time_s),
-        predicted_iteration_time_s=predicted,
-    )
-
-
-def ideal_iteration_time(
-    curves: Sequence[SpeedCurve],
-    global_batch_size: int,
-    *,
-    zero_stage: int,
-    comm_time_s: float = 0.0,
-    max_accumulation_steps: Optional[int] = None,
-) -> float:
-    """The speed model's optimum: every device busy at its peak speed until the same instant.
-
-    ``gbs / Σ_i s_i`` (fractional samples, no micro-step granularity) plus the collectives:
-    ``t_comm`` once (ZeRO-0/1) or once per micro-step of the fewest micro-steps any allocation
-    needs, ``⌈gbs / Σ_i M_i⌉`` (ZeRO-2/3).  No integer allocation beats it.
-    """
-    _check_stage(zero_stage, (0, 1, 2, 3))
-    curves = _check_request(curves, global_batch_size, comm_time_s, max_accumulation_steps)
-    compute = global_batch_size / sum(c.peak_speed for c in curves)
-    if zero_stage <= 1:
-        return compute + comm_time_s
-    return compute + comm_time_s * -(-global_batch_size // sum(c.max_batch_size for c in curves))
+    return _plan(request, _device_plans(request, [m] * n, [steps] * n, last))

@@ -24,6 +24,8 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch.distributed as dist
 
+from semimig._validate import check_int
+
 COLLECTIVES: tuple[str, ...] = (
     "all_reduce",
     "reduce",
@@ -108,8 +110,7 @@ def measure_collective_time(
     each run so that no rank waits for a late peer inside ``fn``; the result is the max over the
     ranks of each run (the step is done when the last rank is done), then the median over runs.
     """
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    check_int("repeats", repeats, minimum=1)
     samples = []
     for _ in range(repeats):
         dist.barrier(group=group)

@@ -29,6 +29,7 @@ import torch.nn as nn
 
 from semimig.allocation.data import MicroBatch, Reduction
 from semimig.allocation.plan import AllocationPlan
+from semimig.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +56,9 @@ def data_parallel_info(plugin: Any) -> DataParallelInfo:
         return DataParallelInfo(rank=dist.get_rank(), size=dist.get_world_size(), group=None, zero_stage=plugin.stage)
     if isinstance(plugin, HybridParallelPlugin):
         if plugin.pp_size != 1:
-            raise ValueError(f"Poplar allocation supports HybridParallelPlugin with pp_size=1 only, got pp_size={plugin.pp_size}")
+            raise ConfigError(f"Poplar allocation supports HybridParallelPlugin with pp_size=1 only, got pp_size={plugin.pp_size}")
         if plugin.mixed_dp_group is not plugin.dp_group:
-            raise ValueError(
+            raise ConfigError(
                 "Poplar allocation does not support sequence parallelism folded into the DP group "
                 f"(sp_size={plugin.sp_size}, sequence_parallelism_mode={plugin.shard_config.sequence_parallelism_mode!r})"
             )
@@ -67,7 +68,7 @@ def data_parallel_info(plugin: Any) -> DataParallelInfo:
         )
     if isinstance(plugin, TorchDDPPlugin):
         return DataParallelInfo(rank=dist.get_rank(), size=dist.get_world_size(), group=None, zero_stage=0)
-    raise ValueError(
+    raise ConfigError(
         f"unsupported plugin {type(plugin).__name__}; expected LowLevelZeroPlugin, HybridParallelPlugin or TorchDDPPlugin"
     )
 
@@ -75,11 +76,11 @@ def data_parallel_info(plugin: Any) -> DataParallelInfo:
 def check_plan(plan: AllocationPlan, info: DataParallelInfo) -> None:
     """Raise ValueError unless ``plan`` can run on this DP setup (one device per DP rank, ZeRO-2 steps)."""
     if plan.num_devices != info.size:
-        raise ValueError(f"plan has {plan.num_devices} devices but the data-parallel group has {info.size} ranks")
+        raise ConfigError(f"plan has {plan.num_devices} devices but the data-parallel group has {info.size} ranks")
     if info.zero_stage >= 2:
         steps = [d.accumulation_steps for d in plan.devices]
         if len(set(steps)) != 1:
-            raise ValueError(
+            raise ConfigError(
                 f"ZeRO-{info.zero_stage} reduce-scatters after every micro-step, so every device needs the same "
                 f"accumulation_steps; the plan has {steps} (allocate with zero_stage={info.zero_stage})"
             )
@@ -114,4 +115,4 @@ def run_iteration(
         total += float(scaled.detach())
         if micro.is_last:
             return total
-    raise ValueError("micro_batches ended before the iteration's last micro-step")
+    raise ConfigError("micro_batches ended before the iteration's last micro-step")

@@ -32,30 +32,27 @@ from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data._utils.collate import default_collate
 
+from semimig._validate import check_choice, check_int, is_int
 from semimig.allocation.plan import AllocationPlan
+from semimig.errors import ConfigError
 
 Reduction = Literal["mean", "sum"]
 
 
 def loss_scale(micro_batch_size: int, *, global_batch_size: int, dp_world_size: int, reduction: Reduction = "mean") -> float:
     """Factor for one micro-step's loss (module docstring): ``m·D/G`` (mean) or ``D/G`` (sum)."""
-    if not isinstance(micro_batch_size, int) or micro_batch_size < 0:
-        raise ValueError(f"micro_batch_size must be an int >= 0, got {micro_batch_size!r}")
-    if not isinstance(global_batch_size, int) or global_batch_size < 1:
-        raise ValueError(f"global_batch_size must be an int >= 1, got {global_batch_size!r}")
-    if not isinstance(dp_world_size, int) or dp_world_size < 1:
-        raise ValueError(f"dp_world_size must be an int >= 1, got {dp_world_size!r}")
-    if reduction == "mean":
+    check_int("micro_batch_size", micro_batch_size, minimum=0)
+    check_int("global_batch_size", global_batch_size, minimum=1)
+    check_int("dp_world_size", dp_world_size, minimum=1)
+    if check_choice("reduction", reduction, ("mean", "sum")) == "mean":
         return micro_batch_size * dp_world_size / global_batch_size
-    if reduction == "sum":
-        return dp_world_size / global_batch_size
-    raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    return dp_world_size / global_batch_size
 
 
 def partition_global_batch(plan: AllocationPlan, indices: Sequence[int]) -> list[list[list[int]]]:
     """``[device][micro_step] -> sample indices`` for one global batch ``indices`` (len ``gbs``)."""
     if len(indices) != plan.global_batch_size:
-        raise ValueError(f"a global batch has {plan.global_batch_size} samples, got {len(indices)} indices")
+        raise ConfigError(f"a global batch has {plan.global_batch_size} samples, got {len(indices)} indices")
     out, start = [], 0
     for device in plan.devices:
         steps = []
@@ -71,8 +68,8 @@ class HeteroBatchSampler(Sampler[list[int]]):
 
     def __init__(self, plan: AllocationPlan, device: int, *, dataset_size: int, shuffle: bool = False, seed: int = 0) -> None:
         plan.device(device)  # validates the index
-        if not isinstance(dataset_size, int) or dataset_size < plan.global_batch_size:
-            raise ValueError(
+        if not is_int(dataset_size) or dataset_size < plan.global_batch_size:
+            raise ConfigError(
                 f"dataset_size must be an int >= global_batch_size={plan.global_batch_size}, got {dataset_size!r}"
             )
         self.plan = plan

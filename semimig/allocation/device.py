@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from semimig._validate import check_int
 from semimig.allocation.collectives import timed_collectives
 from semimig.allocation.memory import SavedActivationMeter, model_state_bytes, optimizer_state_bytes, tensor_bytes
 from semimig.allocation.profiler import ProbeResult
@@ -65,10 +66,7 @@ class ModelStepDevice:
         group: Optional[dist.ProcessGroup] = None,
         name: str = "device",
     ) -> None:
-        if memory_cap_bytes is not None and (
-            not isinstance(memory_cap_bytes, int) or isinstance(memory_cap_bytes, bool) or memory_cap_bytes < 1
-        ):
-            raise ValueError(f"memory_cap_bytes must be None or an int >= 1, got {memory_cap_bytes!r}")
+        check_int("memory_cap_bytes", memory_cap_bytes, minimum=1, allow_none=True)
         self.model = model
         self.loss_fn = loss_fn
         self.make_batch = make_batch

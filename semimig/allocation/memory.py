@@ -32,6 +32,9 @@ from typing import Iterable, Iterator, Optional
 
 import torch
 
+from semimig._validate import check_number
+from semimig.errors import ConfigError
+
 
 def _storage_key(tensor: torch.Tensor) -> tuple[str, int]:
     return (str(tensor.device), tensor.untyped_storage().data_ptr())
@@ -118,16 +121,14 @@ class LinearMemoryFit:
     """> 0: a step whose memory does not grow with the batch gives no bound on the batch size."""
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.intercept_bytes):
-            raise ValueError(f"LinearMemoryFit.intercept_bytes must be finite, got {self.intercept_bytes!r}")
-        if not (math.isfinite(self.bytes_per_sample) and self.bytes_per_sample > 0):
-            raise ValueError(f"LinearMemoryFit.bytes_per_sample must be finite and > 0, got {self.bytes_per_sample!r}")
+        check_number("LinearMemoryFit.intercept_bytes", self.intercept_bytes)
+        check_number("LinearMemoryFit.bytes_per_sample", self.bytes_per_sample, minimum=0.0, low_open=True)
 
     @classmethod
     def through(cls, b1: int, peak1: float, b2: int, peak2: float) -> Optional["LinearMemoryFit"]:
         """The line through ``(b1, peak1)`` and ``(b2, peak2)``; ``None`` if it does not rise."""
         if b1 == b2:
-            raise ValueError(f"LinearMemoryFit.through needs two different batch sizes, got {b1} twice")
+            raise ConfigError(f"LinearMemoryFit.through needs two different batch sizes, got {b1} twice")
         slope = (peak2 - peak1) / (b2 - b1)
         if not slope > 0:
             return None

@@ -11,12 +11,10 @@ is empty (``lbs_i = 0``) still runs that micro-step on an empty batch.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+from semimig._validate import check_choice, check_int, check_number, is_int
+from semimig.errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,23 +33,17 @@ class DevicePlan:
     """Model compute time of this device's micro-steps in one iteration (collectives excluded)."""
 
     def __post_init__(self) -> None:
-        for field_name in ("micro_batch_size", "accumulation_steps", "last_batch_size"):
-            value = getattr(self, field_name)
-            if not _is_int(value) or value < 0:
-                raise ValueError(f"DevicePlan({self.name!r}).{field_name} must be an int >= 0, got {value!r}")
-        if self.accumulation_steps < 1:
-            raise ValueError(
-                f"DevicePlan({self.name!r}).accumulation_steps must be >= 1, got {self.accumulation_steps}"
-            )
+        if not isinstance(self.name, str):
+            raise ConfigError(f"DevicePlan.name must be a str, got {self.name!r}")
+        where = f"DevicePlan({self.name!r})"
+        check_int(f"{where}.micro_batch_size", self.micro_batch_size, minimum=0)
+        check_int(f"{where}.accumulation_steps", self.accumulation_steps, minimum=1)
+        check_int(f"{where}.last_batch_size", self.last_batch_size, minimum=0)
         if self.last_batch_size > self.micro_batch_size:
-            raise ValueError(
-                f"DevicePlan({self.name!r}).last_batch_size={self.last_batch_size} exceeds "
-                f"micro_batch_size={self.micro_batch_size}"
+            raise ConfigError(
+                f"{where}.last_batch_size={self.last_batch_size} exceeds micro_batch_size={self.micro_batch_size}"
             )
-        if not (math.isfinite(self.predicted_time_s) and self.predicted_time_s >= 0):
-            raise ValueError(
-                f"DevicePlan({self.name!r}).predicted_time_s must be finite and >= 0, got {self.predicted_time_s!r}"
-            )
+        check_number(f"{where}.predicted_time_s", self.predicted_time_s, minimum=0.0)
 
     @property
     def samples(self) -> int:
@@ -80,29 +72,26 @@ class AllocationPlan:
     """Model iteration time: slowest device plus collectives (see the allocator docs)."""
 
     def __post_init__(self) -> None:
-        if self.zero_stage not in (0, 1, 2, 3) or not _is_int(self.zero_stage):
-            raise ValueError(f"AllocationPlan.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
-        if not _is_int(self.global_batch_size) or self.global_batch_size < 1:
-            raise ValueError(f"AllocationPlan.global_batch_size must be an int >= 1, got {self.global_batch_size!r}")
-        if not isinstance(self.devices, tuple) or len(self.devices) == 0:
-            raise ValueError(f"AllocationPlan.devices must be a non-empty tuple of DevicePlan, got {self.devices!r}")
+        check_choice("AllocationPlan.zero_stage", self.zero_stage, (0, 1, 2, 3))
+        check_int("AllocationPlan.global_batch_size", self.global_batch_size, minimum=1)
+        if not isinstance(self.devices, tuple) or not self.devices or \
+                not all(isinstance(d, DevicePlan) for d in self.devices):
+            raise ConfigError(f"AllocationPlan.devices must be a non-empty tuple of DevicePlan, got {self.devices!r}")
         total = sum(d.samples for d in self.devices)
         if total != self.global_batch_size:
-            raise ValueError(
+            raise ConfigError(
                 f"AllocationPlan: device samples {[d.samples for d in self.devices]} sum to {total}, "
                 f"not global_batch_size={self.global_batch_size}"
             )
         if self.zero_stage >= 2:
             steps = {d.accumulation_steps for d in self.devices}
             if len(steps) != 1:
-                raise ValueError(
+                raise ConfigError(
                     f"AllocationPlan: ZeRO-{self.zero_stage} needs one accumulation_steps on every device "
                     f"(every micro-step ends in a reduce-scatter), got {[d.accumulation_steps for d in self.devices]}"
                 )
         for field_name in ("comm_time_s", "predicted_iteration_time_s"):
-            value = getattr(self, field_name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"AllocationPlan.{field_name} must be finite and >= 0, got {value!r}")
+            check_number(f"AllocationPlan.{field_name}", getattr(self, field_name), minimum=0.0)
 
     @property
     def num_devices(self) -> int:
@@ -123,8 +112,8 @@ class AllocationPlan:
         return self.devices[device]
 
     def _check_device(self, device: int) -> None:
-        if not _is_int(device) or not 0 <= device < len(self.devices):
-            raise ValueError(f"device index must be an int in [0, {len(self.devices)}), got {device!r}")
+        if not is_int(device) or not 0 <= device < len(self.devices):
+            raise ConfigError(f"device index must be an int in [0, {len(self.devices)}), got {device!r}")
 
     def to_dict(self) -> dict:
         """A JSON-ready description (what ``semimig plan --json`` writes)."""

@@ -27,7 +27,6 @@ compute the same plan.
 from __future__ import annotations
 
 import logging
-import math
 import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -35,16 +34,14 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from semimig._validate import check_int, check_number
 from semimig.allocation.memory import LinearMemoryFit, one_batch_estimate
-from semimig.allocation.speed import SpeedCurve
+from semimig.allocation.speed import MAX_BATCH_SIZE, SpeedCurve
+from semimig.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["ProbeResult", "ProfilerConfig", "DeviceProfile", "profile_device", "gather_profiles"]
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,18 +61,11 @@ class ProbeResult:
     """Memory held after the forward (Poplar's ``af``); None if the device cannot tell."""
 
     def __post_init__(self) -> None:
-        if not _is_int(self.batch_size) or self.batch_size < 1:
-            raise ValueError(f"ProbeResult.batch_size must be an int >= 1, got {self.batch_size!r}")
+        check_int("ProbeResult.batch_size", self.batch_size, minimum=1)
         for name in ("time_s", "collective_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"ProbeResult.{name} must be finite and >= 0, got {value!r}")
+            check_number(f"ProbeResult.{name}", getattr(self, name), minimum=0.0)
         for name in ("peak_bytes", "before_bytes", "after_forward_bytes"):
-            value = getattr(self, name)
-            if name == "after_forward_bytes" and value is None:
-                continue
-            if not _is_int(value) or value < 0:
-                raise ValueError(f"ProbeResult.{name} must be an int >= 0, got {value!r}")
+            check_int(f"ProbeResult.{name}", getattr(self, name), minimum=0, allow_none=name == "after_forward_bytes")
 
     @property
     def compute_s(self) -> float:
@@ -88,19 +78,17 @@ class ProfilerConfig:
     """Knobs of :func:`profile_device`."""
 
     max_batch_size: int = 4096
-    """Search ceiling: no batch above it is tried (needed when memory never runs out)."""
+    """Search ceiling: no batch above it is tried (needed when memory never runs out); at most
+    :data:`~.speed.MAX_BATCH_SIZE`, the largest a speed curve accepts."""
     repeats: int = 1
     """Timed runs per probed batch size; the median compute time is kept."""
     warmup: int = 1
     """Untimed runs at batch size 1 before probing (first-call costs)."""
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_batch_size) or self.max_batch_size < 1:
-            raise ValueError(f"ProfilerConfig.max_batch_size must be an int >= 1, got {self.max_batch_size!r}")
-        if not _is_int(self.repeats) or self.repeats < 1:
-            raise ValueError(f"ProfilerConfig.repeats must be an int >= 1, got {self.repeats!r}")
-        if not _is_int(self.warmup) or self.warmup < 0:
-            raise ValueError(f"ProfilerConfig.warmup must be an int >= 0, got {self.warmup!r}")
+        check_int("ProfilerConfig.max_batch_size", self.max_batch_size, minimum=1, maximum=MAX_BATCH_SIZE)
+        check_int("ProfilerConfig.repeats", self.repeats, minimum=1)
+        check_int("ProfilerConfig.warmup", self.warmup, minimum=0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,13 +108,17 @@ class DeviceProfile:
     """CAPTURE's line through the two largest successful probes (None with fewer than two)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ConfigError(f"DeviceProfile.name must be a str, got {self.name!r}")
+        if not isinstance(self.probes, tuple) or not all(isinstance(p, ProbeResult) for p in self.probes):
+            raise ConfigError(f"DeviceProfile({self.name!r}).probes must be a tuple of ProbeResult, got {self.probes!r}")
         if not self.probes:
-            raise ValueError(f"DeviceProfile({self.name!r}) needs at least one successful probe")
+            raise ConfigError(f"DeviceProfile({self.name!r}) needs at least one successful probe")
         sizes = [p.batch_size for p in self.probes]
         if sizes != sorted(set(sizes)):
-            raise ValueError(f"DeviceProfile({self.name!r}).probes must have increasing batch sizes, got {sizes}")
+            raise ConfigError(f"DeviceProfile({self.name!r}).probes must have increasing batch sizes, got {sizes}")
         if self.max_batch_size != sizes[-1]:
-            raise ValueError(
+            raise ConfigError(
                 f"DeviceProfile({self.name!r}).max_batch_size={self.max_batch_size} is not the largest probe {sizes[-1]}"
             )
 
@@ -222,8 +214,9 @@ def profile_device(
         memory_capacity_bytes = getattr(step, "memory_capacity_bytes", None)
     if name is None:
         name = str(getattr(step, "name", "device"))
-    if memory_capacity_bytes is not None and (not _is_int(memory_capacity_bytes) or memory_capacity_bytes < 1):
-        raise ValueError(f"memory_capacity_bytes must be None or an int >= 1, got {memory_capacity_bytes!r}")
+    check_int("memory_capacity_bytes", memory_capacity_bytes, minimum=1, allow_none=True)
+    if not isinstance(config, ProfilerConfig):
+        raise ConfigError(f"config must be a ProfilerConfig, got {config!r}")
     search = _Search(step, config, name)
     ceiling = config.max_batch_size
     for _ in range(config.warmup):

@@ -22,13 +22,20 @@ and simulated OOM alike.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn as nn
+
+from semimig._validate import check_number
+from semimig.errors import ConfigError
+
+MAX_SPEED_FACTOR = 1e3
+"""Slowest simulated device accepted, relative to the host: beyond it a benchmark sleeps for hours."""
+MAX_SYNTHETIC_TIME_S = 60.0
+"""Longest synthetic ``base_time_s`` / ``per_sample_time_s`` accepted (seconds at ``f = 1``)."""
 
 
 class SimulatedOutOfMemoryError(torch.OutOfMemoryError):
@@ -47,12 +54,9 @@ class SimulatedSpeed:
     """Synthetic compute per sample at ``f = 1``, seconds (>= 0)."""
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.speed_factor, (int, float)) and math.isfinite(self.speed_factor) and self.speed_factor >= 1):
-            raise ValueError(f"SimulatedSpeed.speed_factor must be finite and >= 1, got {self.speed_factor!r}")
+        check_number("SimulatedSpeed.speed_factor", self.speed_factor, minimum=1.0, maximum=MAX_SPEED_FACTOR)
         for name in ("base_time_s", "per_sample_time_s"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"SimulatedSpeed.{name} must be finite and >= 0, got {value!r}")
+            check_number(f"SimulatedSpeed.{name}", getattr(self, name), minimum=0.0, maximum=MAX_SYNTHETIC_TIME_S)
 
     def synthetic_time(self, batch_size: int) -> float:
         """Synthetic compute of one micro-step at host speed: ``base + per_sample·b`` (0 for b = 0)."""
@@ -83,7 +87,7 @@ class SlowedModule(nn.Module):
     def __init__(self, module: nn.Module, speed: SimulatedSpeed) -> None:
         super().__init__()
         if not isinstance(speed, SimulatedSpeed):
-            raise ValueError(f"speed must be a SimulatedSpeed, got {type(speed).__name__}")
+            raise ConfigError(f"speed must be a SimulatedSpeed, got {type(speed).__name__}")
         self.module = module
         self.speed = speed
 

@@ -22,7 +22,7 @@ A device known only by its peak speed (a JSON spec, say) gets a constant-speed c
 from __future__ import annotations
 
 import logging
-import math
+import numbers
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Sequence
@@ -30,13 +30,31 @@ from typing import Sequence
 import numpy as np
 from scipy.interpolate import CubicSpline
 
+from semimig._validate import check_int, check_number, is_int, is_number
+from semimig.errors import ConfigError
+
 logger = logging.getLogger(__name__)
+
+__all__ = ["SpeedCurve", "MAX_BATCH_SIZE", "MIN_TIME_S", "MAX_TIME_S"]
 
 _MIN_SPEED_FRACTION = 1e-6  # spline floor, as a fraction of the slowest profiled speed
 
+MAX_BATCH_SIZE = 2**20
+"""Largest ``max_batch_size`` a curve accepts (1 048 576 samples in one micro-step).
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+The curve tabulates ``τ(b)`` for every ``b <= M`` (8 bytes each: 8 MiB at the limit) and the
+allocators scan that table (ZeRO-2/3: every micro-step time of every device), so ``M`` is a
+memory and time budget; ``10**11`` would ask numpy for 745 GiB.  No accelerator holds a
+micro-batch of a million samples of a model worth data parallelism (Poplar's profiled maxima are
+in the tens to hundreds), so the limit only refuses unit mistakes."""
+MIN_TIME_S = 1e-9
+"""Shortest micro-step time accepted (1 ns, below any kernel launch): keeps ``b/τ`` finite."""
+MAX_TIME_S = 1e9
+"""Longest micro-step time accepted (~31 years): keeps sums of times and speeds finite."""
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,42 +69,38 @@ class SpeedCurve:
     batch_sizes: tuple[int, ...]
     """Profiled batch sizes, strictly increasing, all >= 1."""
     times_s: tuple[float, ...]
-    """Compute time of one micro-step (fwd + bwd, collectives excluded) at each batch size."""
+    """Compute time of one micro-step (fwd + bwd, collectives excluded) at each batch size,
+    in ``[MIN_TIME_S, MAX_TIME_S]``."""
     max_batch_size: int
-    """Largest micro-batch the device holds (memory), >= 1."""
+    """Largest micro-batch the device holds (memory), in ``[1, MAX_BATCH_SIZE]``."""
     _table: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
-            raise ValueError(f"SpeedCurve.name must be a str, got {self.name!r}")
-        if not _is_int(self.max_batch_size) or self.max_batch_size < 1:
-            raise ValueError(
-                f"SpeedCurve({self.name!r}).max_batch_size must be an int >= 1, got {self.max_batch_size!r}"
-            )
+            raise ConfigError(f"SpeedCurve.name must be a str, got {self.name!r}")
+        where = f"SpeedCurve({self.name!r})"
+        check_int(f"{where}.max_batch_size", self.max_batch_size, minimum=1, maximum=MAX_BATCH_SIZE)
+        for field_name in ("batch_sizes", "times_s"):
+            if not isinstance(getattr(self, field_name), tuple):
+                raise ConfigError(f"{where}.{field_name} must be a tuple, got {getattr(self, field_name)!r}")
         if len(self.batch_sizes) == 0:
-            raise ValueError(f"SpeedCurve({self.name!r}) needs at least one profiled point, got none")
+            raise ConfigError(f"{where} needs at least one profiled point, got none")
         if len(self.batch_sizes) != len(self.times_s):
-            raise ValueError(
-                f"SpeedCurve({self.name!r}): {len(self.batch_sizes)} batch_sizes but {len(self.times_s)} times_s"
-            )
+            raise ConfigError(f"{where}: {len(self.batch_sizes)} batch_sizes but {len(self.times_s)} times_s")
         previous = 0
         for b in self.batch_sizes:
-            if not _is_int(b) or b <= previous:
-                raise ValueError(
-                    f"SpeedCurve({self.name!r}).batch_sizes must be strictly increasing ints >= 1, "
-                    f"got {self.batch_sizes!r}"
-                )
+            if not is_int(b) or b <= previous:
+                raise ConfigError(f"{where}.batch_sizes must be strictly increasing ints >= 1, got {self.batch_sizes!r}")
             previous = b
         for t in self.times_s:
-            if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
-                raise ValueError(
-                    f"SpeedCurve({self.name!r}).times_s must be finite and > 0 "
+            if not (is_number(t) and MIN_TIME_S <= t <= MAX_TIME_S):
+                raise ConfigError(
+                    f"{where}.times_s must be finite seconds in [{MIN_TIME_S:g}, {MAX_TIME_S:g}] "
                     f"(a zero time is an infinitely fast device), got {self.times_s!r}"
                 )
         if self.batch_sizes[-1] > self.max_batch_size:
-            raise ValueError(
-                f"SpeedCurve({self.name!r}): profiled batch size {self.batch_sizes[-1]} exceeds "
-                f"max_batch_size={self.max_batch_size}"
+            raise ConfigError(
+                f"{where}: profiled batch size {self.batch_sizes[-1]} exceeds max_batch_size={self.max_batch_size}"
             )
         object.__setattr__(self, "_table", self._build_table())
 
@@ -96,6 +110,8 @@ class SpeedCurve:
         cls, points: Sequence[tuple[int, float]], *, max_batch_size: int, name: str = "device"
     ) -> "SpeedCurve":
         """Curve through profiled ``(batch_size, time_s)`` points (any order, no duplicates)."""
+        if not all(isinstance(p, (tuple, list)) and len(p) == 2 and is_int(p[0]) and _is_real(p[1]) for p in points):
+            raise ConfigError(f"device {name!r}: points must be (batch_size int, seconds) pairs, got {points!r}")
         ordered = sorted((int(b), float(t)) for b, t in points)
         return cls(
             name=name,
@@ -106,13 +122,14 @@ class SpeedCurve:
 
     @classmethod
     def constant(cls, *, peak_speed: float, max_batch_size: int, name: str = "device") -> "SpeedCurve":
-        """Constant speed ``peak_speed`` samples/s at every batch size up to ``max_batch_size``."""
-        if not (isinstance(peak_speed, (int, float)) and math.isfinite(peak_speed) and peak_speed > 0):
-            raise ValueError(
-                f"device {name!r}: peak_speed must be finite and > 0 samples/s, got {peak_speed!r}"
-            )
-        if not _is_int(max_batch_size) or max_batch_size < 1:
-            raise ValueError(f"device {name!r}: max_batch_size must be an int >= 1, got {max_batch_size!r}")
+        """Constant speed ``peak_speed`` samples/s at every batch size up to ``max_batch_size``.
+
+        ``peak_speed`` must lie in ``[1/MAX_TIME_S, 1/MIN_TIME_S]`` (one sample's time in the range
+        a curve accepts).
+        """
+        check_number(f"device {name!r}: peak_speed (samples/s)", peak_speed,
+                     minimum=1.0 / MAX_TIME_S, maximum=1.0 / MIN_TIME_S)
+        check_int(f"device {name!r}: max_batch_size", max_batch_size, minimum=1, maximum=MAX_BATCH_SIZE)
         return cls(name=name, batch_sizes=(1,), times_s=(1.0 / peak_speed,), max_batch_size=max_batch_size)
 
     # ---------------------------------------------------------------- the model
@@ -143,18 +160,12 @@ class SpeedCurve:
 
     def time(self, batch_size: int) -> float:
         """``τ(b)``: seconds for one micro-step of ``batch_size`` samples (0 for 0)."""
-        if not _is_int(batch_size) or not 0 <= batch_size <= self.max_batch_size:
-            raise ValueError(
-                f"device {self.name!r}: batch_size must be an int in [0, {self.max_batch_size}], got {batch_size!r}"
-            )
+        check_int(f"device {self.name!r}: batch_size", batch_size, minimum=0, maximum=self.max_batch_size)
         return float(self._table[batch_size])
 
     def speed(self, batch_size: int) -> float:
         """``s(b) = b / τ(b)`` samples per second, for ``b >= 1``."""
-        if not _is_int(batch_size) or not 1 <= batch_size <= self.max_batch_size:
-            raise ValueError(
-                f"device {self.name!r}: batch_size must be an int in [1, {self.max_batch_size}], got {batch_size!r}"
-            )
+        check_int(f"device {self.name!r}: batch_size", batch_size, minimum=1, maximum=self.max_batch_size)
         return batch_size / float(self._table[batch_size])
 
     @cached_property
