@@ -7,11 +7,10 @@ The three GEMMs of a linear layer whose reduction columns ``K`` are pruned to a 
     gather_linear_dgrad: dx[:, S] = dy @ w[:, S],     dx[:, P] = 0
     gather_linear_wgrad: dw[:, S] = dy^T @ x[:, S],   dw[:, P] = 0
     impute_            : dw[:, P] = zero / previous gradient / row mean of dw[:, S]
-    range_linear_accumulate_: out += x[:, a:a+n] @ w[:, b:b+n]^T   (migration)
     pruned_linear      : the autograd function over the three GEMMs
 
 Layout: ``keep`` (validation, plans, groups), ``backend`` (Triton or torch), ``reference``
-(pure-torch twins), ``triton_common`` / ``triton_gather`` / ``triton_range`` (kernels),
+(pure-torch twins), ``triton_common`` / ``triton_gather`` (kernels),
 ``ops`` (public launchers), ``impute``, ``autograd``.  Triton is imported only when a Triton
 kernel first runs.
 """
@@ -25,7 +24,7 @@ from .autograd import clear_imputation_state, pruned_linear
 from .backend import get_backend, resolve_backend, set_backend, triton_available, use_backend
 from .impute import IMPUTE_POLICIES, impute_
 from .keep import GROUP_SIZES, KeepPlan, plan_keep, validate_keep
-from .ops import gather_linear_dgrad, gather_linear_fwd, gather_linear_wgrad, range_linear_accumulate_
+from .ops import gather_linear_dgrad, gather_linear_fwd, gather_linear_wgrad
 
 __all__ = [
     "GROUP_SIZES",
@@ -39,7 +38,6 @@ __all__ = [
     "impute_",
     "plan_keep",
     "pruned_linear",
-    "range_linear_accumulate_",
     "resolve_backend",
     "set_backend",
     "triton_available",

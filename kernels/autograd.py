@@ -18,6 +18,8 @@ import torch
 from torch import Tensor
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from semimig.errors import ConfigError
+
 from . import ops
 from .backend import resolve_backend
 from .impute import ImputePolicy, check_policy, impute_
@@ -104,12 +106,12 @@ def pruned_linear(
     """
     check_policy(impute)
     if not isinstance(x, Tensor) or x.dim() < 1:
-        raise ValueError(f"x must be a tensor with at least one dimension, got {getattr(x, 'shape', x)}")
+        raise ConfigError(f"x must be a tensor with at least one dimension, got {getattr(x, 'shape', x)}")
     if not isinstance(weight, Tensor) or weight.dim() != 2:
-        raise ValueError(f"weight must be a 2-D tensor [N, K], got {getattr(weight, 'shape', weight)}")
+        raise ConfigError(f"weight must be a 2-D tensor [N, K], got {getattr(weight, 'shape', weight)}")
     k = weight.shape[1]
     if x.shape[-1] != k:
-        raise ValueError(f"mismatched K: x has {x.shape[-1]} features but weight has {k} columns")
+        raise ConfigError(f"mismatched K: x has {x.shape[-1]} features but weight has {k} columns")
     x2d = x.reshape(-1, k)  # [M, K]
     ops.check_linear_operands(x2d, weight, bias)
     plan = plan_keep(keep, k, weight.device, group=group)

@@ -20,6 +20,8 @@ from typing import Literal
 
 import torch
 
+from semimig.errors import ConfigError
+
 __all__ = ["Backend", "get_backend", "resolve_backend", "set_backend", "triton_available", "use_backend"]
 
 Backend = Literal["auto", "torch", "triton"]
@@ -43,7 +45,7 @@ def set_backend(name: Backend) -> None:
     """Choose the backend for all later launches: ``"auto"``, ``"torch"`` or ``"triton"``."""
     global _backend
     if name not in _BACKENDS:
-        raise ValueError(f"backend must be one of {_BACKENDS}, got {name!r}")
+        raise ConfigError(f"backend must be one of {_BACKENDS}, got {name!r}")
     _backend = name
 
 
@@ -73,7 +75,7 @@ def resolve_backend(device: torch.device, dtype: torch.dtype) -> Literal["torch"
     if not triton_available():
         raise RuntimeError("backend 'triton' was requested but the triton package is not installed")
     if dtype not in TRITON_DTYPES:
-        raise TypeError(f"the Triton kernels support {TRITON_DTYPES}, got {dtype}; use backend 'torch' or 'auto'")
+        raise ConfigError(f"the Triton kernels support {TRITON_DTYPES}, got {dtype}; use backend 'torch' or 'auto'")
     if device.type != "cuda" and not triton_interpreting():
         raise RuntimeError(
             f"backend 'triton' needs CUDA tensors (got {device}) unless TRITON_INTERPRET=1 is set "

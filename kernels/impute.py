@@ -14,6 +14,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from semimig.errors import ConfigError
+
 from .keep import KeepPlan, plan_keep
 
 __all__ = ["IMPUTE_POLICIES", "ImputePolicy", "check_policy", "impute_"]
@@ -23,9 +25,9 @@ IMPUTE_POLICIES: tuple[str, ...] = ("zero", "same", "average")
 
 
 def check_policy(policy: str) -> str:
-    """Return ``policy`` if it is one of ``IMPUTE_POLICIES``, else raise ValueError."""
+    """Return ``policy`` if it is one of ``IMPUTE_POLICIES``, else raise ConfigError."""
     if policy not in IMPUTE_POLICIES:
-        raise ValueError(f"impute policy must be one of {IMPUTE_POLICIES}, got {policy!r}")
+        raise ConfigError(f"impute policy must be one of {IMPUTE_POLICIES}, got {policy!r}")
     return policy
 
 
@@ -39,7 +41,7 @@ def impute_(
     """
     check_policy(policy)
     if not isinstance(dw, Tensor) or dw.dim() != 2:
-        raise ValueError(f"dw must be a 2-D tensor [N, K], got {getattr(dw, 'shape', type(dw).__name__)}")
+        raise ConfigError(f"dw must be a 2-D tensor [N, K], got {getattr(dw, 'shape', type(dw).__name__)}")
     plan = plan_keep(keep, dw.shape[1], dw.device)
     if policy == "zero" or plan.n_pruned == 0:
         return dw
@@ -48,7 +50,7 @@ def impute_(
         if previous is None:
             return dw.index_fill_(1, pruned, 0)
         if previous.shape != dw.shape or previous.device != dw.device:
-            raise ValueError(
+            raise ConfigError(
                 f"previous gradient has shape {tuple(previous.shape)} on {previous.device}, "
                 f"expected {tuple(dw.shape)} on {dw.device}"
             )

@@ -1,20 +1,23 @@
 """Public launchers: check the operands, plan the keep set, dispatch to Triton or torch.
 
 Every launcher takes a keep set as a sorted unique int32/int64 tensor, ``None`` (dense) or a
-:class:`~semimig.kernels.keep.KeepPlan` (already validated: no further checks or host
-synchronisation), and an optional ``group`` granularity (``None`` detects it; see
-:mod:`semimig.kernels.keep`).  Operands are 2-D and may be non-contiguous.
+:class:`~semimig.kernels.keep.KeepPlan` (made by :func:`~semimig.kernels.keep.plan_keep`, the
+only way to make one, so already validated: no further checks or host synchronisation), and an
+optional ``group`` granularity (``None`` detects it; see :mod:`semimig.kernels.keep`).
+Operands are 2-D and may be non-contiguous.
 
 The backend comes from :mod:`semimig.kernels.backend`.  Whatever it is, a dense keep set runs
 the dense torch products (cuBLAS on a GPU: nothing to gather, and bit-for-bit ``F.linear``), as
-do empty dimensions.
+do empty dimensions and a keep set that is one contiguous run (strided slices: cuBLAS reads
+them in place, better than any gather).
 """
 from __future__ import annotations
 
 from types import ModuleType
 
-import torch
 from torch import Tensor
+
+from semimig.errors import ConfigError
 
 from . import reference
 from .backend import resolve_backend
@@ -25,7 +28,6 @@ __all__ = [
     "gather_linear_dgrad",
     "gather_linear_fwd",
     "gather_linear_wgrad",
-    "range_linear_accumulate_",
 ]
 
 KeepArg = Tensor | KeepPlan | None
@@ -39,24 +41,24 @@ def _triton_gather() -> ModuleType:
 
 def _check_matrix(name: str, t: object) -> Tensor:
     if not isinstance(t, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise ConfigError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != 2:
-        raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+        raise ConfigError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
     if not t.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+        raise ConfigError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
     return t
 
 
 def _check_alike(name: str, t: Tensor, ref_name: str, ref: Tensor) -> None:
     if t.dtype != ref.dtype:
-        raise TypeError(f"{name} has dtype {t.dtype} but {ref_name} has dtype {ref.dtype}")
+        raise ConfigError(f"{name} has dtype {t.dtype} but {ref_name} has dtype {ref.dtype}")
     if t.device != ref.device:
-        raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}")
+        raise ConfigError(f"{name} is on {t.device} but {ref_name} is on {ref.device}")
 
 
 def _check_dim(what: str, got: int, expected: int) -> None:
     if got != expected:
-        raise ValueError(f"mismatched {what}: {got} != {expected}")
+        raise ConfigError(f"mismatched {what}: {got} != {expected}")
 
 
 def check_linear_operands(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
@@ -67,7 +69,7 @@ def check_linear_operands(x: Tensor, weight: Tensor, bias: Tensor | None) -> Non
     _check_dim("K (x.shape[1] vs weight.shape[1])", x.shape[1], weight.shape[1])
     if bias is not None:
         if not isinstance(bias, Tensor) or bias.dim() != 1:
-            raise ValueError(f"bias must be None or a 1-D tensor [N], got {getattr(bias, 'shape', bias)}")
+            raise ConfigError(f"bias must be None or a 1-D tensor [N], got {getattr(bias, 'shape', bias)}")
         _check_alike("bias", bias, "x", x)
         _check_dim("N (bias.shape[0] vs weight.shape[0])", bias.shape[0], weight.shape[0])
 
@@ -77,7 +79,7 @@ def check_linear_operands(x: Tensor, weight: Tensor, bias: Tensor | None) -> Non
 
 def fwd(backend: str, x: Tensor, weight: Tensor, bias: Tensor | None, plan: KeepPlan) -> Tensor:
     """``y = x[:, S] @ w[:, S]^T (+ bias)`` with a resolved backend; operands checked."""
-    if backend == "torch" or plan.dense or x.shape[0] == 0 or weight.shape[0] == 0:
+    if backend == "torch" or plan.dense or plan.span is not None or x.shape[0] == 0 or weight.shape[0] == 0:
         return reference.gather_linear_fwd(x, weight, bias, plan)
     return _triton_gather().gather_linear_fwd(x, weight, bias, plan)
 
@@ -88,14 +90,14 @@ def dgrad(backend: str, dy: Tensor, weight: Tensor, plan: KeepPlan, *, column_ma
     ``column_major``: the forward input was column-major; the dense product then follows
     ``F.linear``'s autograd for such inputs (see :func:`reference.gather_linear_dgrad`).
     """
-    if backend == "torch" or plan.dense or dy.numel() == 0 or plan.k == 0:
+    if backend == "torch" or plan.dense or plan.span is not None or dy.numel() == 0 or plan.k == 0:
         return reference.gather_linear_dgrad(dy, weight, plan, column_major=column_major)
     return _triton_gather().gather_linear_dgrad(dy, weight, plan)
 
 
 def wgrad(backend: str, dy: Tensor, x: Tensor, plan: KeepPlan) -> Tensor:
     """``dw[:, S] = dy^T @ x[:, S]``, zeros on P, with a resolved backend; operands checked."""
-    if backend == "torch" or plan.dense or dy.shape[1] == 0 or plan.k == 0:
+    if backend == "torch" or plan.dense or plan.span is not None or dy.shape[1] == 0 or plan.k == 0:
         return reference.gather_linear_wgrad(dy, x, plan)
     if dy.shape[0] == 0:  # empty reduction: the sum over no tokens is zero
         return dy.new_zeros(dy.shape[1], plan.k)
@@ -135,37 +137,3 @@ def gather_linear_wgrad(dy: Tensor, x: Tensor, keep: KeepArg, *, group: int | No
     _check_dim("M (dy.shape[0] vs x.shape[0])", dy.shape[0], x.shape[0])
     plan = plan_keep(keep, x.shape[1], x.device, group=group)
     return wgrad(resolve_backend(dy.device, dy.dtype), dy, x, plan)
-
-
-def range_linear_accumulate_(
-    out: Tensor, x: Tensor, weight: Tensor, x_start: int, w_start: int, width: int
-) -> Tensor:
-    """``out += x[:, x_start:x_start+width] @ weight[:, w_start:w_start+width]^T`` in place.
-
-    out [M, N], x [M, Kx], weight [N, Kw]; x and weight share a dtype, out has that dtype or
-    fp32.  The product is accumulated in fp32 and added to ``out`` once.  Returns ``out``.
-    """
-    _check_matrix("out", out)
-    _check_matrix("x", x)
-    _check_matrix("weight", weight)
-    _check_alike("weight", weight, "x", x)
-    if out.dtype not in (x.dtype, torch.float32):
-        raise TypeError(f"out must have the operands' dtype {x.dtype} or torch.float32, got {out.dtype}")
-    if out.device != x.device:
-        raise ValueError(f"out is on {out.device} but x is on {x.device}")
-    _check_dim("M (out.shape[0] vs x.shape[0])", out.shape[0], x.shape[0])
-    _check_dim("N (out.shape[1] vs weight.shape[0])", out.shape[1], weight.shape[0])
-    for name, value in (("x_start", x_start), ("w_start", w_start), ("width", width)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    if x_start + width > x.shape[1]:
-        raise ValueError(f"column range [{x_start}, {x_start + width}) exceeds x's {x.shape[1]} columns")
-    if w_start + width > weight.shape[1]:
-        raise ValueError(f"column range [{w_start}, {w_start + width}) exceeds weight's {weight.shape[1]} columns")
-    if width == 0 or out.numel() == 0:
-        return out
-    if resolve_backend(x.device, x.dtype) == "torch":
-        return reference.range_linear_accumulate_(out, x, weight, x_start, w_start, width)
-    from . import triton_range
-
-    return triton_range.range_linear_accumulate_(out, x, weight, x_start, w_start, width)

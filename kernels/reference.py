@@ -6,13 +6,18 @@ a :class:`~semimig.kernels.keep.KeepPlan`) and computes, with ``S = plan.keep``:
     gather_linear_fwd  : y        = x[:, S] @ w[:, S]^T (+ bias)          y  [M, N]
     gather_linear_dgrad: dx[:, S] = dy @ w[:, S],      dx[:, P] = 0        dx [M, K]
     gather_linear_wgrad: dw[:, S] = dy^T @ x[:, S],    dw[:, P] = 0        dw [N, K]
-    range_linear_accumulate_: out += x[:, a:a+n] @ w[:, b:b+n]^T           out [M, N]
 
-Unlike the kernels, these materialise ``x[:, S]`` / ``w[:, S]`` with ``index_select`` and
-scatter with ``index_copy_``.  With nothing pruned they are exactly the products that
-``F.linear`` and its autograd compute (``F.linear``, ``dy @ w`` or for a column-major input
-``(w^T @ dy^T)^T``, and ``dy^T @ x``), so a fully kept layer is bit-for-bit the dense layer on
-this path.
+How, cheapest first (the fixed cost ``F`` of a pruned GEMM on a CPU is what these choices set):
+
+- nothing pruned: exactly the products that ``F.linear`` and its autograd compute
+  (``F.linear``, ``dy @ w`` or for a column-major input ``(w^T @ dy^T)^T``, and ``dy^T @ x``),
+  so a fully kept layer is bit-for-bit the dense layer on this path;
+- ``S`` one contiguous run ``[a, b)`` (a prefix when a straggler migrates its tail, a suffix
+  when the first columns are pruned): slices, no copy at all; the products are written straight
+  into ``dx[:, a:b]`` / ``dw[:, a:b]`` and only the rest is zeroed;
+- otherwise ``x[:, S]`` / ``w[:, S]`` are gathered with ``index_select`` and the scattered
+  result is a second gather, ``[products | zero column].index_select(1, plan.scatter_source)``
+  (``index_copy_`` into a zero-filled tensor costs several times more on a CPU).
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ from torch import Tensor
 
 from .keep import KeepPlan
 
-__all__ = ["gather_linear_dgrad", "gather_linear_fwd", "gather_linear_wgrad", "range_linear_accumulate_"]
+__all__ = ["gather_linear_dgrad", "gather_linear_fwd", "gather_linear_wgrad"]
 
 
 def gather_linear_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, plan: KeepPlan) -> Tensor:
@@ -32,8 +37,47 @@ def gather_linear_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, plan: Keep
     if plan.n_kept == 0:
         y = x.new_zeros(x.shape[0], weight.shape[0])
         return y.add_(bias) if bias is not None else y
+    if plan.span is not None:
+        a, b = plan.span
+        return F.linear(x[:, a:b], weight[:, a:b], bias)
     keep = plan.keep
     return F.linear(x.index_select(1, keep), weight.index_select(1, keep), bias)
+
+
+def _scattered(plan: KeepPlan, rows: int, like: Tensor, product) -> Tensor:
+    """``out [rows, K]`` with ``out[:, S] = product(S columns)`` and exact zeros on ``P``.
+
+    ``product(out_view)`` writes the ``[rows, |S|]`` product of the kept columns into
+    ``out_view`` (a strided view: no temporary for the GEMM's result).
+    """
+    if plan.span is not None:
+        a, b = plan.span
+        out = like.new_empty(rows, plan.k)
+        product(out[:, a:b])
+        out[:, :a].zero_()
+        out[:, b:].zero_()
+        return out
+    buf = like.new_empty(rows, plan.n_kept + 1)  # [products of S | one zero column]
+    if plan.n_kept:
+        product(buf[:, : plan.n_kept])
+    buf[:, plan.n_kept].zero_()
+    return buf.index_select(1, plan.scatter_source)
+
+
+def _mm_into(out: Tensor, a: Tensor, b: Tensor) -> None:
+    """``out = a @ b`` written in place; through autograd (a copy) when an operand needs a gradient."""
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        out.copy_(a.mm(b))
+    else:
+        torch.mm(a, b, out=out)
+
+
+def _kept_columns(t: Tensor, plan: KeepPlan) -> Tensor:
+    """``t[:, S]``: a view for a contiguous run, else a gathered copy."""
+    if plan.span is not None:
+        a, b = plan.span
+        return t[:, a:b]
+    return t.index_select(1, plan.keep)
 
 
 def gather_linear_dgrad(dy: Tensor, weight: Tensor, plan: KeepPlan, *, column_major: bool = False) -> Tensor:
@@ -45,35 +89,11 @@ def gather_linear_dgrad(dy: Tensor, weight: Tensor, plan: KeepPlan, *, column_ma
     """
     if plan.dense:
         return weight.t().mm(dy.t()).t() if column_major else dy.mm(weight)
-    dx = dy.new_zeros(dy.shape[0], plan.k)
-    if plan.n_kept:
-        dx.index_copy_(1, plan.keep.long(), dy.mm(weight.index_select(1, plan.keep)))
-    return dx
+    return _scattered(plan, dy.shape[0], dy, lambda out: _mm_into(out, dy, _kept_columns(weight, plan)))
 
 
 def gather_linear_wgrad(dy: Tensor, x: Tensor, plan: KeepPlan) -> Tensor:
     """``dw[:, S] = dy^T @ x[:, S]``, zeros on ``P``; dy [M, N], x [M, K] -> dw [N, K]."""
     if plan.dense:
         return dy.t().mm(x)
-    dw = dy.new_zeros(dy.shape[1], plan.k)
-    if plan.n_kept:
-        dw.index_copy_(1, plan.keep.long(), dy.t().mm(x.index_select(1, plan.keep)))
-    return dw
-
-
-def range_linear_accumulate_(
-    out: Tensor, x: Tensor, weight: Tensor, x_start: int, w_start: int, width: int
-) -> Tensor:
-    """``out += x[:, x_start:x_start+width] @ weight[:, w_start:w_start+width]^T`` in place.
-
-    The product is accumulated in fp32 (or in the operands' dtype when that is wider) and
-    rounded once when added to ``out``.
-    """
-    if width == 0:
-        return out
-    xs = x[:, x_start : x_start + width]
-    ws = weight[:, w_start : w_start + width]
-    if out.dtype == x.dtype:
-        return out.addmm_(xs, ws.t())
-    # out is wider than the operands (fp32 buffer for fp16/bf16 inputs): widen exactly first.
-    return out.addmm_(xs.to(out.dtype), ws.to(out.dtype).t())
+    return _scattered(plan, dy.shape[1], dy, lambda out: _mm_into(out, dy.t(), _kept_columns(x, plan)))

@@ -5,8 +5,9 @@ import torch
 def make_keep(kind, k, rng, group=8, *, min_random=0):
     """A sorted int64 keep set of ``k`` columns of the given kind.
 
-    ``random`` keeps between ``min_random`` and ``k`` columns; ``grouped`` keeps about half of
-    the aligned blocks of ``group`` columns (``k`` must be a multiple of ``group``).
+    ``run`` keeps one contiguous range of at least one column; ``random`` keeps between
+    ``min_random`` and ``k`` columns; ``grouped`` keeps about half of the aligned blocks of
+    ``group`` columns (``k`` must be a multiple of ``group``).
     """
     if kind == "empty":
         return torch.empty(0, dtype=torch.int64)
@@ -14,6 +15,9 @@ def make_keep(kind, k, rng, group=8, *, min_random=0):
         return torch.arange(k)
     if kind == "single":
         return torch.randint(k, (1,), generator=rng)
+    if kind == "run":  # one contiguous run [a, b), k >= 1: the slice path of the torch twins
+        a = int(torch.randint(k, (1,), generator=rng))
+        return torch.arange(a, int(torch.randint(a + 1, k + 1, (1,), generator=rng)))
     if kind == "random":
         n = int(torch.randint(min_random, k + 1, (1,), generator=rng))
         return torch.sort(torch.randperm(k, generator=rng)[:n]).values

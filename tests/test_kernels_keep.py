@@ -1,4 +1,6 @@
 """Keep sets, plans, backends and bad input: every mistake gets a clear error naming the value."""
+import re
+
 import pytest
 import torch
 
@@ -113,11 +115,37 @@ def test_plan_is_reused_and_checked_against_k():
         plan_keep(plan, 9, "cpu")
 
 
-def test_keep_plan_rejects_inconsistent_fields():
-    with pytest.raises(ValueError, match="KeepPlan.group"):
-        KeepPlan(k=2, keep=torch.zeros(1, dtype=torch.int32), pruned=torch.ones(1, dtype=torch.int32), group=3)
-    with pytest.raises(ValueError, match=r"\|keep\| \+ \|pruned\|"):
-        KeepPlan(k=5, keep=torch.zeros(1, dtype=torch.int32), pruned=torch.ones(1, dtype=torch.int32), group=1)
+def test_keep_plans_are_built_by_plan_keep_only():
+    """A hand-made plan (or a replaced field) could hold any index: it is refused at construction."""
+    import dataclasses
+
+    from semimig.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="built by plan_keep"):
+        KeepPlan(k=4, keep=torch.tensor([0, 9], dtype=torch.int32), pruned=torch.tensor([1, 2], dtype=torch.int32),
+                 group=1, first=0, last=9)
+    plan = plan_keep(torch.tensor([0, 2]), 4, "cpu")
+    with pytest.raises(ConfigError, match="built by plan_keep"):
+        dataclasses.replace(plan, keep=torch.tensor([-1, 2], dtype=torch.int32))
+
+
+def test_plan_owns_its_indices_and_knows_its_bounds():
+    keep = torch.tensor([2, 3, 4], dtype=torch.int32)
+    plan = plan_keep(keep, 8, "cpu")
+    keep[0] = 7  # the caller's tensor changes afterwards; the plan must not
+    assert plan.keep.tolist() == [2, 3, 4] and (plan.first, plan.last, plan.span) == (2, 4, (2, 5))
+    gappy = plan_keep(torch.tensor([1, 3]), 8, "cpu")
+    assert gappy.span is None and gappy.scatter_source.tolist() == [2, 0, 2, 1, 2, 2, 2, 2]
+    empty = plan_keep(torch.empty(0, dtype=torch.long), 3, "cpu")
+    assert (empty.first, empty.last, empty.span) == (-1, -1, None)
+
+
+@pytest.mark.parametrize("keep, bad, position", [(torch.tensor([0, 3, 64]), 64, 2), (torch.tensor([-1, 3]), -1, 0)])
+def test_bad_index_is_a_config_error_naming_it(keep, bad, position):
+    from semimig.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(f"keep index {bad} is out of range [0, 64) (at position {position})")):
+        plan_keep(keep, K, "cpu")
 
 
 # -- operand errors -----------------------------------------------------------------------------
@@ -145,18 +173,6 @@ def test_mismatched_dims_dtype_and_bias():
         sk.gather_linear_fwd(x[None], w, None, None)
     with pytest.raises(TypeError, match="floating-point"):
         sk.gather_linear_fwd(x.long(), w.long(), None, None)
-
-
-def test_range_accumulate_bad_ranges():
-    out, x, w = torch.zeros(3, 5), torch.randn(3, 10), torch.randn(5, 6)
-    with pytest.raises(ValueError, match=r"column range \[8, 12\) exceeds x's 10 columns"):
-        sk.range_linear_accumulate_(out, x, w, 8, 0, 4)
-    with pytest.raises(ValueError, match=r"column range \[3, 7\) exceeds weight's 6 columns"):
-        sk.range_linear_accumulate_(out, x, w, 0, 3, 4)
-    with pytest.raises(ValueError, match="width must be a non-negative int, got -1"):
-        sk.range_linear_accumulate_(out, x, w, 0, 0, -1)
-    with pytest.raises(TypeError, match="out must have the operands' dtype"):
-        sk.range_linear_accumulate_(out.double(), x, w, 0, 0, 2)
 
 
 def test_impute_bad_policy_and_previous():

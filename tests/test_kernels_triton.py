@@ -8,6 +8,7 @@ one rounding to the output dtype, times two), i.e.
     |got - exact| <= 2 ((K' u_fp32 + u_out) (|a| @ |b|) + u_out tiny_out)     elementwise
 """
 import os
+import re
 
 import pytest
 import torch
@@ -54,7 +55,7 @@ def strided(t, transpose):
 
 @st.composite
 def problems(draw):
-    kind = draw(st.sampled_from(["empty", "full", "single", "random", "grouped"]))
+    kind = draw(st.sampled_from(["empty", "full", "single", "run", "random", "grouped"]))
     group = draw(st.sampled_from([8, 16, 32]))
     m, n = draw(st.sampled_from([1, 2, 5, 17, 33])), draw(st.sampled_from([1, 3, 16, 19]))
     k = group * draw(st.integers(1, 3)) if kind == "grouped" else draw(st.sampled_from([1, 7, 33, 64, 70]))
@@ -135,18 +136,18 @@ def test_pruned_linear_on_triton_backend_3d(dtype, kind):
     assert_within_bound(w.grad.cpu()[:, pruned], row_mean, row_mag, len(s), dtype)
 
 
-@pytest.mark.parametrize("dtype, out_dtype", [(torch.float32, torch.float32), (torch.float16, torch.float16), (torch.float16, torch.float32)])
-@pytest.mark.parametrize("m, n, width", [(1, 3, 5), (17, 19, 40), (4, 16, 64)])
-def test_range_accumulate_kernel(dtype, out_dtype, m, n, width):
-    rng = torch.Generator().manual_seed(m * n + width)
-    x = strided(torch.randn(m, width + 9, generator=rng).to(dtype), transpose=m > 1).to(DEVICE)
-    w = torch.randn(n, width + 2, generator=rng).to(dtype).to(DEVICE)
-    out = torch.randn(m, n, generator=rng).to(out_dtype).to(DEVICE)
-    xs, ws = x.double().cpu()[:, 7 : 7 + width], w.double().cpu()[:, 1 : 1 + width]
-    exact, magnitude = out.double().cpu() + xs @ ws.T, out.double().cpu().abs() + xs.abs() @ ws.abs().T
-    got = sk.range_linear_accumulate_(out, x, w, 7, 1, width)
-    assert got is out
-    assert_within_bound(out, exact, magnitude, width + 1, out_dtype)
+@pytest.mark.parametrize("bad, position", [(48, 2), (-1, 0)])
+def test_triton_entry_points_refuse_out_of_range_keep(bad, position):
+    """An index outside [0, K) never reaches a kernel (it would read out of bounds): ConfigError naming it."""
+    from semimig.errors import ConfigError
+
+    x, w, dy = torch.randn(5, 48, device=DEVICE), torch.randn(7, 48, device=DEVICE), torch.randn(5, 7, device=DEVICE)
+    keep = torch.tensor([0, 5, bad] if bad > 0 else [bad, 5, 6], device=DEVICE)
+    message = f"keep index {bad} is out of range [0, 48) (at position {position})"
+    for launch in (lambda: sk.gather_linear_fwd(x, w, None, keep), lambda: sk.gather_linear_dgrad(dy, w, keep),
+                   lambda: sk.gather_linear_wgrad(dy, x, keep), lambda: sk.pruned_linear(x, w, None, keep)):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            launch()
 
 
 def test_dispatch_uses_triton_and_matches_torch_path():
