@@ -42,14 +42,39 @@ generator and CPU work is synchronous, which is all the replacements assume.
    ``legacy.context.parallel_context.ParallelContext.set_seed`` registers the per-mode seeds
    (DATA: ``seed``, TENSOR: ``seed + tp_rank``) only ``if torch.cuda.is_available()``; without
    them every legacy parallel layer dies in its constructor (``with seed(ParallelMode.TENSOR)``).
-   The shim rebinds the global name ``torch`` in exactly those three modules to a proxy whose
-   ``cuda.get_rng_state/set_rng_state/manual_seed`` drive the CPU generator and whose
+   The shim rebinds the global name ``torch`` in exactly those three modules to a view of torch
+   whose ``cuda.get_rng_state/set_rng_state/manual_seed`` drive the CPU generator and whose
    ``cuda.is_available()`` is ``True``; every other attribute is the real ``torch`` /
-   ``torch.cuda``, which is never modified.  (In ``parallel_context``, ``is_available`` gates
-   only the seed registration in ``set_seed`` and the device binding in ``set_device``, which
-   ``legacy.launch`` calls only under the real ``torch.cuda.is_available()``.)
+   ``torch.cuda``, which is never modified (probe: ``torch.cuda.get_rng_state()`` raises).
+   (In ``parallel_context``, ``is_available`` gates only the seed registration in ``set_seed``
+   and the device binding in ``set_device``, which ``legacy.launch`` calls only under the real
+   ``torch.cuda.is_available()``.)
+4. ``HybridParallelPlugin(precision="fp16")`` builds a ``DynamicGradScaler``, whose constructor
+   calls ``get_accelerator().device_count()``; the CPU accelerator raises "this method is not
+   supported for cpu accelerator".  ``CpuAccelerator.device_count`` becomes
+   ``torch.cpu.device_count()`` (1).  With it fp16 AMP trains on CPU exactly as Colossal-AI
+   intends (loss scaling, overflow check).
+5. Every pipeline send/receive (``pp_size > 1``) first asks
+   ``colossalai.pipeline.p2p._check_for_nccl_hccl_backend``, which calls
+   ``torch.distributed.is_hccl_available()``; torch 2.13 has no such function
+   (``AttributeError``; ``Backend.HCCL`` is gone as well, but the check never reaches it on a
+   gloo group).  ``p2p``'s ``torch`` becomes a view whose ``distributed.is_hccl_available()``
+   says whether a backend named ``hccl`` is registered (``torch_npu`` registers it), so on
+   this stack ``False``.  Probe: calling it on ``p2p``'s own ``torch`` raises.
+6. ShardFormer's GPT-2, GPT-J, OPT and T5 forwards call ``torch.cuda.set_device(<the hidden
+   states' device>)`` for every block (a leftover of naive model parallelism), and
+   ``torch.cuda.set_device`` refuses a CPU device ("Expected a cuda device, but got: cpu"),
+   so ``HybridParallelPlugin`` cannot run these models on CPU at all.  Their modules'
+   ``torch`` becomes a view whose ``cuda.set_device`` returns at once for a CPU device (there
+   is nothing to select) and calls the real one for anything else; ``cuda.is_available`` and
+   every other name stay torch's.  Probe: ``set_device(torch.device("cpu"))`` on the
+   module's own ``torch`` raises.
 
-Not patched: ``colossalai.legacy.launch`` builds ``init_method=f"tcp://[{host}]:{port}"``, and
+Not patched, because a shim would have to reimplement Colossal-AI rather than fill a gap:
+``enable_flash_attention`` (and so ``enable_all_optimization``, which turns it on) has no CPU
+kernel ("No usable kernel found for FlashAttentionForFloatAndCustomMaskLoader"; BERT's policy
+does not use it and runs); ``enable_fused_normalization`` on RMSNorm models needs apex.  And
+``colossalai.legacy.launch`` builds ``init_method=f"tcp://[{host}]:{port}"``, and
 Python's URL parser rejects an IPv4 address in brackets ("An IPv4 address cannot be in
 brackets"), so on one machine pass ``host="::1"``, not ``"127.0.0.1"``.
 
@@ -160,6 +185,11 @@ def _synchronize(self, device: Any = None) -> None:
     torch.cpu.synchronize()
 
 
+def _device_count(self) -> int:
+    """``torch.cpu.device_count()``: one device, the CPU."""
+    return torch.cpu.device_count()
+
+
 def _probe_stream_context(acc: Any) -> None:
     with acc.stream(torch.cpu.current_stream()):
         pass
@@ -173,6 +203,7 @@ _ACCELERATOR_FIXES: dict[str, tuple[Callable[[Any], Any], Callable[..., Any]]] =
     "current_stream": (lambda acc: acc.current_stream(), _current_stream),
     "stream": (_probe_stream_context, _stream_context),
     "synchronize": (lambda acc: acc.synchronize(), _synchronize),
+    "device_count": (lambda acc: acc.device_count(), _device_count),
 }
 
 
@@ -180,7 +211,7 @@ def _raises(probe: Callable[[Any], Any], target: Any) -> bool:
     with torch.random.fork_rng(devices=[]):  # a probe must not move the caller's RNG stream
         try:
             probe(target)
-        except (TypeError, RuntimeError, NotImplementedError, AssertionError):
+        except (TypeError, RuntimeError, NotImplementedError, AssertionError, AttributeError, ValueError):
             return True
     return False
 
@@ -231,59 +262,79 @@ def _patch_zero() -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
-# 3: the legacy modules' direct torch.cuda RNG calls
+# 3, 5, 6: Colossal-AI modules that call torch directly see a view of torch
 # --------------------------------------------------------------------------------------------
+class _ModuleView(types.ModuleType):
+    """A module as one Colossal-AI module sees it: ``overrides`` replace names, all else is ``real``'s.
+
+    Bound as the global ``torch`` of chosen Colossal-AI modules, so the fix reaches only them;
+    the real ``torch`` (and ``torch.cuda``, ``torch.distributed``) is never modified.
+    """
+
+    def __init__(self, real: types.ModuleType, purpose: str, **overrides: Any) -> None:
+        super().__init__(real.__name__, purpose)
+        self.__dict__["_real"] = real
+        self.__dict__.update(overrides)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_real"], name)
+
+
+def _cpu_get_rng_state(device: Any = "cuda") -> torch.Tensor:
+    return torch.get_rng_state()
+
+
+def _cpu_set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
+    torch.set_rng_state(new_state)
+
+
+def _set_device_unless_cpu(device: Any) -> None:
+    """``torch.cuda.set_device`` that leaves a CPU device alone (there is nothing to select)."""
+    if isinstance(device, (str, torch.device)) and torch.device(device).type == "cpu":
+        return
+    torch.cuda.set_device(device)
+
+
+def _is_hccl_available() -> bool:
+    """Whether a backend named ``hccl`` is registered (by ``torch_npu``); torch 2.13 dropped the test."""
+    import torch.distributed as dist
+
+    return "hccl" in dist.Backend.backend_list
+
+
+_TORCH_FOR_LEGACY = _ModuleView(torch, "torch as Colossal-AI's legacy seed modules see it on CPU", cuda=_ModuleView(
+    torch.cuda, "the CPU generator plays the CUDA one", is_available=lambda: True,
+    get_rng_state=_cpu_get_rng_state, set_rng_state=_cpu_set_rng_state, manual_seed=torch.manual_seed))
+_TORCH_FOR_P2P = _ModuleView(torch, "torch as colossalai.pipeline.p2p sees it", distributed=_ModuleView(
+    torch.distributed, "with is_hccl_available", is_hccl_available=_is_hccl_available))
+_TORCH_FOR_MODELING = _ModuleView(torch, "torch as ShardFormer's forwards see it on CPU", cuda=_ModuleView(
+    torch.cuda, "set_device accepts the CPU", set_device=_set_device_unless_cpu))
+
 _LEGACY_RNG_MODULES = (
     "colossalai.legacy.context.random.seed_manager",
     "colossalai.legacy.context.random._helper",
     "colossalai.legacy.context.parallel_context",
 )
+_MODELING_SET_DEVICE_MODULES = tuple(f"colossalai.shardformer.modeling.{m}" for m in ("gpt2", "gptj", "opt", "t5"))
+
+# (modules, what the view changes, probe that raises on the module's own torch while it is broken, view)
+_TORCH_VIEWS: tuple[tuple[tuple[str, ...], str, Callable[[Any], Any], _ModuleView], ...] = (
+    (_LEGACY_RNG_MODULES, "cuda", lambda t: t.cuda.get_rng_state(), _TORCH_FOR_LEGACY),
+    (("colossalai.pipeline.p2p",), "distributed.is_hccl_available",
+     lambda t: t.distributed.is_hccl_available(), _TORCH_FOR_P2P),
+    (_MODELING_SET_DEVICE_MODULES, "cuda.set_device", lambda t: t.cuda.set_device(t.device("cpu")),
+     _TORCH_FOR_MODELING),
+)
 
 
-class _CpuGeneratorAsCuda:
-    """``torch.cuda`` as the legacy seed modules see it: the CPU generator plays the CUDA one."""
-
-    @staticmethod
-    def is_available() -> bool:
-        return True
-
-    @staticmethod
-    def get_rng_state(device: Any = "cuda") -> torch.Tensor:
-        return torch.get_rng_state()
-
-    @staticmethod
-    def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
-        torch.set_rng_state(new_state)
-
-    @staticmethod
-    def manual_seed(seed: int) -> None:
-        torch.manual_seed(seed)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch.cuda, name)
-
-
-class _TorchWithCpuGenerator(types.ModuleType):
-    """``torch`` whose ``cuda`` is :class:`_CpuGeneratorAsCuda`; every other name is torch's."""
-
-    def __init__(self) -> None:
-        super().__init__("torch", "torch as Colossal-AI's legacy seed modules see it on CPU")
-        self.cuda = _CpuGeneratorAsCuda()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
-
-
-_TORCH_FOR_LEGACY = _TorchWithCpuGenerator()
-
-
-def _patch_legacy_rng() -> list[str]:
+def _patch_torch_views() -> list[str]:
     patched = []
-    for module_name in _LEGACY_RNG_MODULES:
-        module = importlib.import_module(module_name)
-        if module.torch is not _TORCH_FOR_LEGACY:
-            module.torch = _TORCH_FOR_LEGACY
-            patched.append(f"{module_name}.torch.cuda")
+    for module_names, what, probe, view in _TORCH_VIEWS:
+        for module_name in module_names:
+            module = importlib.import_module(module_name)
+            if module.torch is not view and _raises(probe, module.torch):
+                module.torch = view
+                patched.append(f"{module_name}.torch.{what}")
     return patched
 
 
@@ -291,10 +342,11 @@ def _patch_legacy_rng() -> list[str]:
 # entry point
 # --------------------------------------------------------------------------------------------
 def apply_cpu_shim() -> list[str]:
-    """Fill Colossal-AI's CPU gaps (module docstring, items 1-3) when CUDA is unavailable.
+    """Fill Colossal-AI's CPU gaps (module docstring, items 1-6) when CUDA is unavailable.
 
     Idempotent: a second call finds nothing broken and returns ``[]``.  Costs the import of
-    ``colossalai.zero`` and ``colossalai.legacy.context`` (well under a second once
+    ``colossalai.zero``, ``colossalai.legacy.context``, ``colossalai.pipeline.p2p`` and four
+    ``colossalai.shardformer.modeling`` modules (well under a second once
     ``colossalai.shardformer`` is loaded).
 
     Returns:
@@ -304,7 +356,7 @@ def apply_cpu_shim() -> list[str]:
     if torch.cuda.is_available():
         logger.debug("CUDA is available; Colossal-AI CPU shim not applied")
         return []
-    patched = _patch_cpu_accelerator() + _patch_zero() + _patch_legacy_rng()
+    patched = _patch_cpu_accelerator() + _patch_zero() + _patch_torch_views()
     if patched:
         logger.info("Colossal-AI CPU shim patched: %s", ", ".join(patched))
     return patched

@@ -5,7 +5,8 @@ not imported ``semimig.nn`` reproduces each gap with Colossal-AI's own error, ch
 ``import semimig`` leaves them alone, applies the shim and repeats the same calls.
 "Sufficient": with the shim, HybridParallelPlugin(tp_size=2) trains a tiny ViT exactly like a
 dense single-process model, and LowLevelZeroPlugin stage 1/2 matches dense Adam, on 2 ranks.
-The legacy engine is covered in ``test_legacy_launch.py``.
+The legacy engine is covered in ``test_legacy_launch.py``; pipeline parallelism, fp16 and GPT-2
+under ``HybridParallelPlugin`` (shim items 4-6) in ``test_plugin_matrix.py``.
 """
 from __future__ import annotations
 
@@ -119,7 +120,35 @@ def _zero_optimizer() -> None:
     LowLevelZeroOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), overlap_communication=False)
 
 
-_PROBES = {"shard_vit": _shard_tiny_vit, "legacy_add_seed": _legacy_add_seed, "zero_optimizer": _zero_optimizer}
+def _fp16_grad_scaler() -> None:
+    """What HybridParallelPlugin(precision="fp16") builds for its mixed-precision optimizer."""
+    from colossalai.amp.naive_amp.grad_scaler import DynamicGradScaler
+
+    DynamicGradScaler()
+
+
+def _pipeline_backend_check() -> None:
+    """What every pipeline send/recv asks first (pp_size > 1)."""
+    from colossalai.pipeline.p2p import _check_for_nccl_hccl_backend
+
+    assert _check_for_nccl_hccl_backend(None) is False  # gloo
+
+
+def _gpt2_shardformer_forward() -> None:
+    """Colossal-AI's GPT-2 forward (the one HybridParallelPlugin installs), on an unsharded model."""
+    from colossalai.shardformer import ShardConfig
+    from colossalai.shardformer.modeling.gpt2 import GPT2PipelineForwards
+    from transformers import GPT2Config, GPT2Model
+
+    model = GPT2Model(GPT2Config(vocab_size=16, n_embd=8, n_layer=1, n_head=2, n_positions=8))
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    GPT2PipelineForwards.gpt2_model_forward(model, input_ids=ids, attention_mask=torch.ones_like(ids),
+                                            shard_config=ShardConfig(enable_tensor_parallelism=False))
+
+
+_PROBES = {"shard_vit": _shard_tiny_vit, "legacy_add_seed": _legacy_add_seed, "zero_optimizer": _zero_optimizer,
+           "fp16_grad_scaler": _fp16_grad_scaler, "pipeline_backend_check": _pipeline_backend_check,
+           "gpt2_forward": _gpt2_shardformer_forward}
 
 
 def _probe_cpu_gaps() -> dict:
@@ -159,6 +188,17 @@ def test_without_shim_legacy_seeding_and_zero_fail(cpu_gaps: dict) -> None:
     assert cpu_gaps["before"]["zero_optimizer"] == "AssertionError: device is required"
 
 
+def test_without_shim_fp16_pipeline_and_gpt2_fail(cpu_gaps: dict) -> None:
+    before = cpu_gaps["before"]
+    assert before["fp16_grad_scaler"] == "RuntimeError: this method is not supported for cpu accelerator"
+    if hasattr(torch.distributed, "is_hccl_available"):  # torch < 2.13 still has it: nothing to show
+        assert before["pipeline_backend_check"] == "ok"
+    else:
+        assert before["pipeline_backend_check"] == \
+            "AttributeError: module 'torch.distributed' has no attribute 'is_hccl_available'"
+    assert before["gpt2_forward"] == "ValueError: Expected a cuda device, but got: cpu"
+
+
 def test_import_semimig_does_not_apply_the_shim(cpu_gaps: dict) -> None:
     assert not cpu_gaps["semimig_nn_imported"]
     assert DROPOUT_FAILURE in cpu_gaps["after_import_semimig"]
@@ -172,10 +212,17 @@ def test_shim_patches_exactly_the_gaps_once(cpu_gaps: dict) -> None:
         "CpuAccelerator.current_stream",
         "CpuAccelerator.stream",
         "CpuAccelerator.synchronize",
+        "CpuAccelerator.device_count",
         "LowLevelZeroOptimizer._sanity_checks",
         "colossalai.legacy.context.random.seed_manager.torch.cuda",
         "colossalai.legacy.context.random._helper.torch.cuda",
         "colossalai.legacy.context.parallel_context.torch.cuda",
+        *(["colossalai.pipeline.p2p.torch.distributed.is_hccl_available"]
+          if not hasattr(torch.distributed, "is_hccl_available") else []),
+        "colossalai.shardformer.modeling.gpt2.torch.cuda.set_device",
+        "colossalai.shardformer.modeling.gptj.torch.cuda.set_device",
+        "colossalai.shardformer.modeling.opt.torch.cuda.set_device",
+        "colossalai.shardformer.modeling.t5.torch.cuda.set_device",
     ]
     assert cpu_gaps["patched_again"] == []
 
@@ -215,6 +262,30 @@ def test_patched_accelerator_rejects_a_cuda_device(shimmed: None) -> None:
     with pytest.raises(ValueError, match="device='cuda'"):
         CpuAccelerator().get_rng_state("cuda")
     assert torch.equal(CpuAccelerator().get_rng_state(), torch.get_rng_state())
+
+
+def test_patched_accelerator_counts_one_cpu_device(shimmed: None) -> None:
+    from colossalai.accelerator.cpu_accelerator import CpuAccelerator
+
+    assert CpuAccelerator().device_count() == 1
+
+
+def test_views_change_only_their_names_and_leave_torch_alone(shimmed: None) -> None:
+    import colossalai.pipeline.p2p as p2p
+    import colossalai.shardformer.modeling.gpt2 as gpt2_modeling
+
+    view = gpt2_modeling.torch
+    assert view is not torch and view.Tensor is torch.Tensor and view.cuda.is_available() is torch.cuda.is_available()
+    view.cuda.set_device(torch.device("cpu"))  # the CPU: nothing to select
+    with pytest.raises(Exception) as theirs:
+        torch.cuda.set_device("cuda:0")
+    with pytest.raises(type(theirs.value)):
+        view.cuda.set_device("cuda:0")  # anything else gets torch's own answer
+    assert p2p.torch.distributed.is_hccl_available() is False  # no torch_npu here
+    assert p2p.torch.distributed.all_reduce is torch.distributed.all_reduce
+    assert getattr(torch.distributed, "is_hccl_available", None) is not p2p.torch.distributed.is_hccl_available
+    with pytest.raises(ValueError, match="Expected a cuda device"):
+        torch.cuda.set_device(torch.device("cpu"))  # the real torch.cuda is unchanged
 
 
 def test_legacy_seed_manager_switches_cpu_streams(shimmed: None) -> None:
