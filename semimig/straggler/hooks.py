@@ -1,51 +1,175 @@
-"""Straggler injection for layers semimig does not own (Colossal-AI's own, for the baseline).
+"""Straggler injection for layers semimig does not own (Colossal-AI's own: the baseline).
 
-Forward and full-backward hooks on ``colossalai.shardformer.layer.Linear1D_Col/Row`` charge the
-delay of the layer's GEMMs to a :class:`BusyMeter`: one GEMM (``2·M·N·K`` FLOPs) after forward,
-two after backward.  The hooks cannot time the GEMMs apart from the collectives inside those
-layers, so only the deterministic ``flops`` and ``emulated`` modes are accepted.  Hooks do
-nothing while the module is in eval mode.
+Hooks on ``colossalai.shardformer.layer.Linear1D_Col/Row`` slow their GEMMs the way semimig's own
+layers are slowed, in every injection mode.  A layer of ``N x K`` weight on ``M`` tokens does one
+GEMM of ``f = 2·M·N·K`` FLOPs forward and two (dgrad, wgrad) backward.  Each GEMM is charged
+
+    delay = injector.delay_for(t, f)       flops   : (chi - 1) · f / rate   (t unused)
+                                           emulated: chi · f / rate        (t unused)
+                                           measured: (chi - 1) · t
+
+where ``t`` is the GEMM's own time.  Hooks cannot time a GEMM apart from the collectives inside a
+layer (the row forward all-reduces its output; the column backward all-reduces ``dX`` while it
+computes ``dW``), except in one place: the column forward with ``gather_output=False`` and no
+sequence parallelism is a bare ``F.linear``.  In measured mode that forward is timed (forward
+pre-hook to forward hook, the device synchronised on CUDA), which gives this rank's GEMM rate
+
+    rate = Σ f / Σ t   over the timed column forwards of the iteration so far
+                       (the previous iteration's rate until the first one of a new iteration)
+
+and every other GEMM's time is estimated as ``t = f / rate``.  The straggler is thus slowed by
+``(chi - 1)`` times its own measured compute, as semimig's layers are, without timing any
+collective; the estimate assumes backward GEMMs run at the forward GEMMs' rate.
+
+Nothing happens while a module is in eval mode.  :meth:`BaselineInjection.snapshot` gives the
+iteration's busy time (GEMM time, measured or estimated, plus delays) for the bench's records.
 """
 from __future__ import annotations
 
-from typing import List
+import time
+from dataclasses import dataclass
+from typing import List, Optional
 
+import torch
 import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
+from semimig.errors import ConfigError
 from semimig.straggler.busy import BusyMeter
+from semimig.straggler.injection import StragglerInjector
+
+__all__ = ["BaselineInjection", "GemmCharge", "attach_to_colossalai_layers"]
 
 
-def _is_colossalai_linear(module: nn.Module) -> bool:
+@dataclass(frozen=True)
+class GemmCharge:
+    """One hooked GEMM: which layer, which pass, its FLOPs, its time and the delay injected."""
+
+    layer: str
+    kind: str  # "col-forward", "row-forward", "col-backward", "row-backward"
+    flops: float
+    seconds: float
+    """Measured (column forward in measured mode), else ``flops / rate`` (``0`` outside measured mode)."""
+    delay_s: float
+
+
+def _linear_classes():
     from colossalai.shardformer.layer import Linear1D_Col, Linear1D_Row
 
-    return type(module) in (Linear1D_Col, Linear1D_Row)
+    return Linear1D_Col, Linear1D_Row
+
+
+def _forward_is_bare_gemm(module: nn.Module) -> bool:
+    """A column layer whose forward runs no collective (no output gather, no shared SP/TP)."""
+    from colossalai.shardformer.layer.utils import is_share_sp_tp
+
+    mode = getattr(module, "seq_parallel_mode", None)
+    return not getattr(module, "gather_output", False) and not (mode is not None and is_share_sp_tp(mode))
+
+
+class BaselineInjection:
+    """Slows every Colossal-AI 1D linear layer of ``model`` by ``injector``'s straggler (module docstring)."""
+
+    def __init__(self, model: nn.Module, injector: StragglerInjector, *, device: torch.device | str = "cpu",
+                 keep_charges: bool = False) -> None:
+        if not isinstance(injector, StragglerInjector):
+            raise ConfigError(f"injector must be a StragglerInjector, got {injector!r}")
+        self.injector = injector
+        self.device = torch.device(device)
+        self.keep_charges = keep_charges
+        self.charges: List[GemmCharge] = []
+        self._rate: Optional[float] = None  # FLOP/s of the timed forwards, carried across iterations
+        self._timed_flops = self._timed_s = 0.0
+        self.reset()
+        col, row = _linear_classes()
+        layers = [(name, m) for name, m in model.named_modules() if type(m) in (col, row)]
+        if not layers:
+            raise ConfigError(f"{type(model).__name__} has no Colossal-AI Linear1D_Col/Row layers to slow down")
+        self.measured = injector.config.mode == "measured"
+        timed = [name for name, m in layers if type(m) is col and _forward_is_bare_gemm(m)]
+        if self.measured and not timed:
+            raise ConfigError("measured injection times the column layers' forward GEMMs, but every Linear1D_Col "
+                              "of this model gathers its output or shares sequence parallelism (a collective "
+                              "inside the forward); use injection mode 'flops' or 'emulated'")
+        self.handles: List[RemovableHandle] = []
+        for name, module in layers:
+            kind = "col" if type(module) is col else "row"
+            self._hook(name, module, kind, timed=self.measured and name in timed)
+
+    # ------------------------------------------------------------------ accounting
+    def reset(self) -> None:
+        """Start a new iteration (the measured rate carries over until a new forward is timed)."""
+        self._rate = self.rate()
+        self._timed_flops = self._timed_s = 0.0
+        self._busy_s = self._delay_s = self._flops = 0.0
+        self.charges = []
+
+    def rate(self) -> Optional[float]:
+        """This rank's measured GEMM rate (FLOP/s): this iteration's timed forwards, else the last one's."""
+        return self._timed_flops / self._timed_s if self._timed_s > 0 else self._rate
+
+    def snapshot(self) -> dict:
+        """This iteration so far: ``busy_s`` (GEMM time + delays), ``delay_s``, ``flops``, ``rate``."""
+        return {"busy_s": self._busy_s, "delay_s": self._delay_s, "flops": self._flops, "rate": self.rate()}
+
+    def _charge(self, layer: str, kind: str, flops: float, seconds: Optional[float]) -> None:
+        if seconds is None:
+            rate = self.rate()
+            seconds = flops / rate if (self.measured and rate) else 0.0
+        delay = self.injector.delay_for(seconds, flops)
+        self.injector.inject(delay, self.device)
+        self._busy_s += seconds + delay
+        self._delay_s += delay
+        self._flops += flops
+        if self.keep_charges:
+            self.charges.append(GemmCharge(layer, kind, flops, seconds, delay))
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # ------------------------------------------------------------------ hooks
+    def _hook(self, name: str, module: nn.Module, kind: str, *, timed: bool) -> None:
+        state = {}
+
+        def pre_forward(mod, args):
+            if mod.training and timed:
+                self._sync()
+                state["start"] = time.perf_counter()
+
+        def forward(mod, args, output):
+            if not mod.training:
+                return
+            n, k = mod.weight.shape
+            state["flops"] = flops = 2.0 * (args[0].numel() // args[0].shape[-1]) * n * k
+            seconds = None
+            if timed:
+                self._sync()
+                seconds = time.perf_counter() - state.pop("start")
+                self._timed_flops += flops
+                self._timed_s += seconds
+            self._charge(name, f"{kind}-forward", flops, seconds)
+
+        def backward(mod, grad_input, grad_output):
+            if mod.training and "flops" in state:
+                self._charge(name, f"{kind}-backward", 2.0 * state["flops"], None)
+
+        if timed:
+            self.handles.append(module.register_forward_pre_hook(pre_forward))
+        self.handles.append(module.register_forward_hook(forward))
+        self.handles.append(module.register_full_backward_hook(backward))
+
+    def remove(self) -> None:
+        """Detach every hook."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
 
 
 def attach_to_colossalai_layers(model: nn.Module, meter: BusyMeter) -> List[RemovableHandle]:
-    """Hook every Colossal-AI 1D linear layer of ``model``; returns the handles (``.remove()``)."""
-    injector = meter.injector
-    if injector is None or injector.config.mode == "measured":
-        raise ValueError("hook injection needs a BusyMeter whose injector uses mode 'flops' or 'emulated', "
-                         f"got {None if injector is None else injector.config.mode!r}")
-    handles = []
-    for module in model.modules():
-        if not _is_colossalai_linear(module):
-            continue
-
-        def forward_hook(mod, args, output):
-            if mod.training:
-                n, k = mod.weight.shape
-                mod._semimig_flops = 2 * (args[0].numel() // args[0].shape[-1]) * n * k
-                meter.timed(lambda: None, flops=mod._semimig_flops, full_flops=mod._semimig_flops)
-
-        def backward_hook(mod, grad_input, grad_output):
-            if mod.training:
-                flops = 2 * getattr(mod, "_semimig_flops", 0)
-                meter.timed(lambda: None, flops=flops, full_flops=flops)
-
-        handles.append(module.register_forward_hook(forward_hook))
-        handles.append(module.register_full_backward_hook(backward_hook))
-    if not handles:
-        raise ValueError(f"{type(model).__name__} has no Colossal-AI Linear1D_Col/Row layers to slow down")
-    return handles
+    """Hook every Colossal-AI 1D linear layer of ``model`` with ``meter``'s injector and device (any
+    mode); returns the handles (``.remove()``).  Kept for callers of the older interface; the bench
+    uses :class:`BaselineInjection`, which also reports the iteration's busy time."""
+    if meter.injector is None:
+        raise ConfigError("hook injection needs a BusyMeter with an injector, got one without")
+    return BaselineInjection(model, meter.injector, device=meter.device).handles
