@@ -7,12 +7,19 @@ Supported plugins and what a "device" is:
   parallelism): a device is one TP group; every TP rank of a group takes the same micro-batches.
   The DP group is ``plugin.dp_group``; the device index is the rank in it.
 - ``TorchDDPPlugin``: every rank is a device (ZeRO-0).
+- ``TorchFSDPPlugin`` (torch FSDP): every rank of its process group is a device; the sharding
+  strategy gives the stage: ``FULL_SHARD`` (the default) is ZeRO-3, ``SHARD_GRAD_OP`` ZeRO-2.  The plugin's ``configure`` places FSDP on ``torch.cuda.current_device()``,
+  so it needs a GPU (tests/test_allocation_zero3.py runs it on CPU by answering that call with
+  the CPU device while ``booster.boost`` runs).  (``GeminiPlugin``, Colossal-AI's other ZeRO-3,
+  is not supported: it trains only in fp16/bf16 with its own optimizers, which need a GPU.)
 
 Micro-steps (:func:`run_iteration`).  ZeRO-0/1: all micro-steps but the last run under
 ``booster.no_sync`` (gradients accumulate locally) and the last one reduces; devices may run
 different numbers of micro-steps.  ZeRO-2: Colossal-AI cannot defer the reduce-scatter
 (``no_sync`` is refused), so every micro-step reduces and every device must run the same number
 of micro-steps: the plan must have one common ``accumulation_steps`` (ZeRO-2/3 plans do).
+ZeRO-3 (FSDP) is the same, with the parameters also all-gathered in every forward; FSDP
+accumulates the reduce-scattered gradient shards over the micro-steps.
 Gradients accumulate in the optimizer's store in both cases; call ``optimizer.step()`` and
 ``optimizer.zero_grad()`` after the iteration as usual.
 """
@@ -50,7 +57,7 @@ class DataParallelInfo:
 
 def data_parallel_info(plugin: Any) -> DataParallelInfo:
     """Read the DP rank, size, group and ZeRO stage from a Colossal-AI booster plugin."""
-    from colossalai.booster.plugin import HybridParallelPlugin, LowLevelZeroPlugin, TorchDDPPlugin
+    from colossalai.booster.plugin import HybridParallelPlugin, LowLevelZeroPlugin, TorchDDPPlugin, TorchFSDPPlugin
 
     if isinstance(plugin, LowLevelZeroPlugin):
         return DataParallelInfo(rank=dist.get_rank(), size=dist.get_world_size(), group=None, zero_stage=plugin.stage)
@@ -68,9 +75,27 @@ def data_parallel_info(plugin: Any) -> DataParallelInfo:
         )
     if isinstance(plugin, TorchDDPPlugin):
         return DataParallelInfo(rank=dist.get_rank(), size=dist.get_world_size(), group=None, zero_stage=0)
+    if isinstance(plugin, TorchFSDPPlugin):
+        return _fsdp_info(plugin)
     raise ConfigError(
-        f"unsupported plugin {type(plugin).__name__}; expected LowLevelZeroPlugin, HybridParallelPlugin or TorchDDPPlugin"
+        f"unsupported plugin {type(plugin).__name__}; expected LowLevelZeroPlugin, HybridParallelPlugin, "
+        "TorchDDPPlugin or TorchFSDPPlugin"
     )
+
+
+def _fsdp_info(plugin: Any) -> DataParallelInfo:
+    """DP place and ZeRO stage of a ``TorchFSDPPlugin`` (stage from its sharding strategy)."""
+    from torch.distributed.fsdp import ShardingStrategy
+
+    strategy = plugin.fsdp_kwargs.get("sharding_strategy") or ShardingStrategy.FULL_SHARD
+    stages = {ShardingStrategy.FULL_SHARD: 3, ShardingStrategy.SHARD_GRAD_OP: 2}
+    if strategy not in stages:  # NO_SHARD plans defer the reduction, and the plugin refuses no_sync
+        raise ConfigError(f"Poplar allocation supports TorchFSDPPlugin with sharding_strategy in "
+                          f"{[s.name for s in stages]}, got {strategy.name} (NO_SHARD: use TorchDDPPlugin; "
+                          "hybrid strategies have no single flat DP group)")
+    group = plugin.fsdp_kwargs.get("process_group")
+    return DataParallelInfo(rank=dist.get_rank(group), size=dist.get_world_size(group), group=group,
+                            zero_stage=stages[strategy])
 
 
 def check_plan(plan: AllocationPlan, info: DataParallelInfo) -> None:
