@@ -1,6 +1,7 @@
 """The runtime on real process groups: identical plans on every rank, pretest, forced migration."""
 import copy
 import json
+import time
 
 import pytest
 import torch
@@ -30,13 +31,15 @@ def _plans_body(rank, world, spec):
     config = BalanceConfig(mode="semi", straggler=StragglerConfig.from_cli(f"{spec}:mode=emulated:flops={rate}"))
     ctl = BalanceController(model, config)
     x = torch.randn(32, 64)
-    summaries = []
-    for _ in range(6):
+    summaries, digests, targets = [], [], []
+    for _ in range(12):
         model(x).sum().backward()
         report = ctl.step()
         summaries.append(None if report.plan is None else report.plan.summary())
+        digests.append(report.digest)
+        targets.append(report.decision.shed if report.decision else None)
     gathered = [None] * world
-    dist.all_gather_object(gathered, (summaries, ctl.curves.to_dict()))
+    dist.all_gather_object(gathered, (summaries, digests, targets, ctl.curves.to_dict()))
     return gathered
 
 
@@ -44,10 +47,13 @@ def _plans_body(rank, world, spec):
 def test_every_rank_computes_the_same_plan(world, spec):
     gathered = run_on_ranks(_plans_body, world, spec, timeout_s=120)
     first = gathered[0]
-    assert all(g == first for g in gathered[1:])
-    summaries, curves = first
-    assert all(s is not None for s in summaries)
-    assert "r1:" in summaries[-1]  # the injected straggler acts
+    assert all(g == first for g in gathered[1:])  # plans, digests and shares identical on every rank
+    summaries, digests, targets, curves = first
+    assert summaries[0] is None  # no evidence yet: nobody sheds in the first iterations
+    assert "r1:" in summaries[-1]  # the injected straggler acts once the evidence is in
+    assert targets[-1][0] == 0.0  # a fast rank never sheds
+    if spec == "fixed:1:4":  # emulated device, no fixed cost: Eq. 1 gives 1 - 1/chi
+        assert targets[-1][1] == pytest.approx(0.75, abs=0.03)
     json.dumps(curves)  # the pretest result is JSON-serialisable (save/load)
 
 
@@ -114,11 +120,11 @@ def test_output_head_stays_dense():
 def test_dense_layers_must_be_a_tuple_of_names(bad):
     from semimig.controller import BalanceConfig
 
-    with pytest.raises(ValueError, match="dense_layers must be a tuple of non-empty module-name suffixes"):
+    with pytest.raises(ValueError, match="dense_layers must be a tuple of non-empty strings"):
         BalanceConfig(dense_layers=bad)
 
 
-def _pridiff_body(rank, world, theta_iter):
+def _pridiff_body(rank, world, theta_mode):
     """zero-pridiff-e with weights that barely move (SGD at lr 1e-6): the per-layer ratios and the
     threshold warning, as the straggler (rank 1) sees them."""
     import logging
@@ -131,36 +137,157 @@ def _pridiff_body(rank, world, theta_iter):
     rate = 2 * 32 * 64 * 64 * 3 * 2 / 0.02
     config = BalanceConfig(mode="zero-pridiff-e", dense_layers=(),
                            straggler=StragglerConfig.from_cli(f"fixed:1:4:mode=emulated:flops={rate}"),
-                           resizing=ResizingConfig(period=2, theta_iter=theta_iter))
+                           resizing=ResizingConfig(period=2, theta_mode=theta_mode))
     ctl = BalanceController(model, config)
     caught = []
     handler = logging.Handler()
     handler.emit = lambda record: caught.append(record.getMessage())
-    logging.getLogger("semimig.controller.runtime").addHandler(handler)
+    logging.getLogger("semimig.controller.binding").addHandler(handler)
+    logging.getLogger("semimig.controller.binding").setLevel(logging.INFO)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
     x = torch.randn(32, 64)
-    for _ in range(8):
+    reports = []
+    for _ in range(12):
         model(x).sum().backward()
         optimizer.step()
         optimizer.zero_grad()
-        report = ctl.step()
-    return report.gamma_per_layer, caught
+        reports.append(ctl.step())
+    return reports[-1].gamma_per_layer, [r.gamma_per_layer for r in reports], caught
 
 
-
-def _gathered_pridiff(rank, world, theta_iter):
+def _gathered_pridiff(rank, world, theta_mode):
     gathered = [None] * world
-    dist.all_gather_object(gathered, _pridiff_body(rank, world, theta_iter))
+    dist.all_gather_object(gathered, _pridiff_body(rank, world, theta_mode))
     return gathered
 
 
-@pytest.mark.parametrize("theta_iter,expected,warns", [(1e-3, 0.9, True), (0.0, 0.4, False)])
-def test_pridiff_ratios_and_the_threshold_warning(theta_iter, expected, warns):
-    """theta above every column's variation: gamma_max in every layer, and the log says so once;
-    theta = 0: no candidate, so each layer prunes the floor alpha * gamma = 0.8 * 1/2."""
-    _, (slow, slow_log) = run_on_ranks(_gathered_pridiff, 2, theta_iter, timeout_s=120)  # rank 1 straggles
-    assert slow == pytest.approx((expected, expected))
+@pytest.mark.parametrize("theta_mode,warns", [("absolute", True), ("relative", False)])
+def test_pridiff_ratios_and_the_threshold_warning(theta_mode, warns):
+    """Absolute theta (1e-3 x 2 iterations) above every column's variation: gamma_max in every layer,
+    and the log says so once.  Relative theta (half the layer's median change): some candidates,
+    each layer between the floor alpha * 1/2 and gamma_max.  The fast rank never prunes."""
+    (fast, fast_history, _), (slow, _, slow_log) = run_on_ranks(_gathered_pridiff, 2, theta_mode, timeout_s=120)
+    assert all(g == 0.0 for step in fast_history for g in step)
     warnings = [m for m in slow_log if "PriDiff: every column's weight variation is below theta" in m]
     assert len(warnings) == (1 if warns else 0)
     if warns:
+        assert slow == pytest.approx((0.9, 0.9))
         assert "theta=0.002 (theta_iter=0.001 x 2 iterations" in warnings[0]
+    else:
+        assert all(0.4 - 1e-9 <= g < 0.9 for g in slow)
+        assert any("share of columns below theta per layer" in m for m in slow_log)
+
+
+def _disagreeing_force_body(rank, world):
+    from semimig.controller import BalanceConfig, BalanceController
+    from semimig.errors import PlanDisagreement
+
+    ctl = BalanceController(_model(world, width=12)(), BalanceConfig(mode="mig"))
+    start = time.perf_counter()
+    try:
+        ctl.force(migrate={1: 0.5 if rank == 0 else 0.25})
+    except PlanDisagreement as err:
+        return str(err), time.perf_counter() - start
+    return None, time.perf_counter() - start
+
+
+def _disagreeing_force_all(rank, world):
+    out = [None] * world
+    dist.all_gather_object(out, _disagreeing_force_body(rank, world))
+    return out
+
+
+def test_a_force_that_differs_between_ranks_stops_every_rank_at_once():
+    """Issue 19: different forced plans used to give NaN outputs silently."""
+    results = run_on_ranks(_disagreeing_force_all, 2, timeout_s=60)
+    for message, seconds in results:
+        assert message is not None
+        assert "ranks [0] vs ranks [1]" in message and "forced" in message
+        assert "0.5" in message and "0.25" in message  # the differing field, both values
+        assert seconds < 5
+
+
+def _diverging_plan_body(rank, world):
+    """A decision that differs on one rank (a bug, a non-deterministic measurement) is caught at the
+    next step, before any layer uses it: plans are applied only once their digests agree."""
+    from semimig.controller import BalanceConfig, BalanceController
+    from semimig.controller.runtime import GroupActions
+    from semimig.errors import PlanDisagreement
+
+    model = _model(world, width=12)()
+    ctl = BalanceController(model, BalanceConfig(mode="mig"))
+    x = torch.randn(5, 12)
+    model(x).sum().backward()
+    ctl.step()
+    if rank == 1:
+        ctl._pending = GroupActions(prune=(0.0,) * world, migrate={0: 0.25})  # rank 1 alone decided this
+    start = time.perf_counter()
+    try:
+        model(x).sum().backward()  # still the agreed plan: no hang, no garbage
+        ctl.step()
+    except PlanDisagreement as err:
+        return str(err), time.perf_counter() - start
+    return None, None
+
+
+def _diverging_all(rank, world):
+    out = [None] * world
+    dist.all_gather_object(out, _diverging_plan_body(rank, world))
+    return out
+
+
+def test_a_plan_that_diverges_on_one_rank_is_caught_at_the_next_step():
+    results = run_on_ranks(_diverging_all, 2, timeout_s=60)
+    for message, seconds in results:
+        assert message is not None and "plan decided at iteration 0" in message
+        assert "migrate" in message and "ranks [0] vs ranks [1]" in message
+        assert seconds < 5
+
+
+def _force_refusal_body(rank, world, bad):
+    from semimig.controller import BalanceController
+    from semimig.errors import ConfigError
+
+    ctl = BalanceController(_model(world, width=8)())
+    try:
+        ctl.force(**bad)
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"prune": {"0": 0.5}}, "rank '0' must be an int"),
+    ({"prune": {0: 1.5}}, "share for rank 0 must be a number in \\[0, 1\\], got 1.5"),
+    ({"migrate": [0.5]}, "must be a mapping rank -> share"),
+    ({"prune": {5: 0.5}}, "rank 5 must be an int in \\[0, 1\\)"),
+])
+def test_force_refuses_bad_input_with_the_value_named(bad, match):
+    import re
+
+    message = run_on_ranks(_force_refusal_body, 1, bad, timeout_s=60)
+    assert message is not None and re.search(match, message), message
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"resizing": "pri"}, "BalanceConfig.resizing must be a ResizingConfig, got 'pri'"),
+    ({"controller": {"tol": 0.1}}, "BalanceConfig.controller must be a ControllerConfig"),
+    ({"straggler": "fixed:1"}, "straggler spec 'fixed:1'"),
+    ({"straggler": 4}, "BalanceConfig.straggler must be a StragglerConfig or a spec"),
+    ({"curves": "x"}, "BalanceConfig.curves must be CostCurves or None, got 'x'"),
+    ({"mode": "fast"}, "BalanceConfig.mode must be one of"),
+    ({"interval": 0}, "BalanceConfig.interval must be an int >= 1"),
+])
+def test_balance_config_refuses_wrong_types(kwargs, match):
+    from semimig.controller import BalanceConfig
+    from semimig.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        BalanceConfig(**kwargs)
+
+
+def test_a_straggler_spec_string_is_parsed():
+    from semimig.controller import BalanceConfig
+    from semimig.straggler import StragglerConfig
+
+    assert BalanceConfig(straggler="fixed:1:4").straggler == StragglerConfig.from_cli("fixed:1:4")

@@ -1,9 +1,11 @@
-"""Configuration of the pure SEMI-migration decision core (DESIGN §3)."""
+"""Configuration of the controller: the pure decision core (DESIGN §3) and its evidence on real time (§3a)."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
+
+from semimig._validate import check_choice, check_int, check_number
+from semimig.errors import ConfigError
 
 Mode = Literal["baseline", "zero", "mig", "semi"]
 MODES: tuple[str, ...] = ("baseline", "zero", "mig", "semi")
@@ -13,26 +15,35 @@ RECEIVER_POLICIES: tuple[str, ...] = ("non_migrating", "normal")
 
 @dataclass(frozen=True, kw_only=True)
 class ControllerConfig:
-    """How :func:`semimig.controller.plan.decide_plan` turns busy times into a plan."""
+    """How busy times become a plan: who sheds how much (Eq. 1), split how (Eqs. 2, 3).
+
+    The first group of fields drives :func:`semimig.controller.plan.decide_plan`; the second
+    (``window`` … ``backoff_iterations``) drives the evidence on real time
+    (:mod:`semimig.controller.timing`, :mod:`semimig.controller.shedding`): no rank sheds work
+    without a sustained, significant imbalance, and a rank whose pruning does not pay backs off.
+    """
 
     mode: Mode = "semi"
     """``baseline``: every rank normal. ``zero``: every straggler resizes (Eq. 1 against
     ``zero_reference``). ``mig``: every straggler migrates, nobody prunes. ``semi``: Eq. 2 for a
     single straggler, Eq. 3 for several (paper IV-B)."""
 
-    tol: float = 0.05
-    """Noise tolerance of the straggler test: rank ``i`` straggles iff ``T_i > T_ref·(1 + tol)``."""
+    tol: float = 0.10
+    """Relative noise band of the straggler test: rank ``i`` straggles only if its unpruned time
+    exceeds the fastest rank's by more than ``tol`` (and, on real time, by more than
+    ``noise_sigmas`` measured standard deviations)."""
 
     refresh_threshold: float = 0.10
-    """Hysteresis: the previous plan is kept while every rank's busy time differs from the times
-    that plan was decided on by less than this relative amount (``|T_i − T_i'| < thr·T_i'``)."""
+    """Hysteresis of :func:`decide_plan`: the previous plan is kept while every rank's busy time
+    differs from the times that plan was decided on by less than this relative amount."""
 
     gamma_max: float = 0.9
     """Upper bound of a rank's shed share (pruned + migrated share of its K columns), so a
     straggler always computes at least ``1 − gamma_max`` of its own columns. In ``[0, 1)``."""
 
     zero_reference: Literal["mean", "min"] = "mean"
-    """``T_ref`` of mode ``zero``: the group mean (ZERO alone, paper Eq. 1) or the minimum.
+    """``T_ref`` of mode ``zero``: the mean over the ranks that do not straggle (the fixed point of
+    the paper's group average, which converges there as the straggler catches up) or the minimum.
     The other modes always use ``T_min`` (paper IV-B)."""
 
     receivers: Literal["non_migrating", "normal"] = "non_migrating"
@@ -46,29 +57,46 @@ class ControllerConfig:
     ``min(λ, z)`` slowest instead of Eq. 3's ``x`` (the others resize), so a sweep over λ shows
     where Eq. 3's choice lands.  ``None`` (default) lets Eq. 3 decide."""
 
+    # ---------------------------------------------------------------- evidence on real time (§3a)
+    window: int = 7
+    """Observations per rank the timing model keeps: its unpruned time is their median."""
+
+    patience: int = 3
+    """Consecutive decisions a rank must look like a straggler before it sheds work (and look
+    normal before it stops): one descheduled iteration never triggers pruning."""
+
+    noise_sigmas: float = 3.0
+    """The imbalance must also exceed this many robust standard deviations (MAD-based) of the two
+    ranks' recent unpruned times."""
+
+    gamma_step: float = 0.02
+    """A rank's shed share changes only when the new target differs by at least this much, so
+    noise does not rebuild keep sets every iteration."""
+
+    max_fixed_fraction: float = 0.5
+    """Pruning must pay: if the fitted fixed fraction ``f`` of a pruned rank's path (the part that
+    does not shrink with the kept columns: gathers, copies, launches) exceeds this, pruning saves
+    less than half of what it costs in accuracy, and the rank backs off."""
+
+    backoff_iterations: int = 100
+    """After a back-off the rank does not prune for this many iterations (doubling at each
+    repeated back-off), then may try again if it still straggles."""
+
     def __post_init__(self) -> None:
+        check_choice("ControllerConfig.mode", self.mode, MODES)
         if self.migrators is not None:
-            m = self.migrators
-            if isinstance(m, bool) or not isinstance(m, int) or m < 0:
-                raise ValueError(f"ControllerConfig.migrators must be None or an int >= 0, got {m!r}")
+            check_int("ControllerConfig.migrators", self.migrators, minimum=0)
             if self.mode != "semi":
-                raise ValueError(f"ControllerConfig.migrators (λ={m}) only applies to mode 'semi', got mode {self.mode!r}")
-        if self.mode not in MODES:
-            raise ValueError(f"ControllerConfig.mode must be one of {MODES}, got {self.mode!r}")
-        for name in ("tol", "refresh_threshold"):
-            value = getattr(self, name)
-            is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if not is_number or not math.isfinite(value) or value < 0:
-                raise ValueError(f"ControllerConfig.{name} must be a finite number >= 0, got {value!r}")
-        gm = self.gamma_max
-        if isinstance(gm, bool) or not isinstance(gm, (int, float)) or not (0.0 <= gm < 1.0):
-            raise ValueError(f"ControllerConfig.gamma_max must be in [0, 1), got {gm!r}")
-        if self.zero_reference not in ZERO_REFERENCES:
-            raise ValueError(
-                f"ControllerConfig.zero_reference must be one of {ZERO_REFERENCES}, "
-                f"got {self.zero_reference!r}"
-            )
-        if self.receivers not in RECEIVER_POLICIES:
-            raise ValueError(
-                f"ControllerConfig.receivers must be one of {RECEIVER_POLICIES}, got {self.receivers!r}"
-            )
+                raise ConfigError(f"ControllerConfig.migrators (λ={self.migrators}) only applies to mode 'semi', "
+                                  f"got mode {self.mode!r}")
+        check_number("ControllerConfig.tol", self.tol, minimum=0.0)
+        check_number("ControllerConfig.refresh_threshold", self.refresh_threshold, minimum=0.0)
+        check_number("ControllerConfig.gamma_max", self.gamma_max, minimum=0.0, maximum=1.0, high_open=True)
+        check_choice("ControllerConfig.zero_reference", self.zero_reference, ZERO_REFERENCES)
+        check_choice("ControllerConfig.receivers", self.receivers, RECEIVER_POLICIES)
+        check_int("ControllerConfig.window", self.window, minimum=3, maximum=1000)
+        check_int("ControllerConfig.patience", self.patience, minimum=1, maximum=1000)
+        check_number("ControllerConfig.noise_sigmas", self.noise_sigmas, minimum=0.0, maximum=100.0)
+        check_number("ControllerConfig.gamma_step", self.gamma_step, minimum=0.0, maximum=0.5)
+        check_number("ControllerConfig.max_fixed_fraction", self.max_fixed_fraction, minimum=0.0, maximum=1.0)
+        check_int("ControllerConfig.backoff_iterations", self.backoff_iterations, minimum=1, maximum=10**7)

@@ -237,6 +237,8 @@ def decide_plan(
     curves: CostCurves,
     config: ControllerConfig,
     previous: GroupPlan | None = None,
+    *,
+    shed: Sequence[float] | None = None,
 ) -> GroupPlan:
     """Decide who resizes and who migrates for the next iteration (see the module docstring).
 
@@ -247,12 +249,17 @@ def decide_plan(
         curves: fitted Ω1, Ω2, Φ1, Φ2.
         config: mode, tolerances, γ_max.
         previous: the plan in force; returned unchanged while the hysteresis test holds.
+        shed: the shed share of every rank, decided elsewhere (on real time:
+            :class:`semimig.controller.shedding.ShedPolicy`, which has the evidence and the fixed
+            costs Eq. 1 lacks); the stragglers are then the ranks with a share > 0, and Eqs. 2
+            and 3 only split those shares.  ``None``: the straggler test and Eq. 1 from ``busy_times``.
     """
     times = _check_times(busy_times)
     e = len(times)
     cols = _check_columns(columns, e)
     if (
         previous is not None
+        and shed is None
         and previous.config == config
         and previous.holds_for(times, config.refresh_threshold)
     ):
@@ -261,9 +268,15 @@ def decide_plan(
     mode = config.mode
     t_min = min(times)
     t_ref = sum(times) / e if (mode == "zero" and config.zero_reference == "mean") else t_min
-    slow = [r for r in range(e) if times[r] > t_ref * (1.0 + config.tol)]
+    if shed is None:
+        slow = [r for r in range(e) if times[r] > t_ref * (1.0 + config.tol)]
+    else:
+        if len(shed) != e or not all(math.isfinite(s) and 0.0 <= s <= config.gamma_max for s in shed):
+            raise ValueError(f"shed must hold one share in [0, {config.gamma_max}] per rank, got {tuple(shed)!r}")
+        slow = [r for r in range(e) if shed[r] > 0.0]
     stragglers = tuple(sorted(slow, key=lambda r: (-times[r], r)))  # slowest first, ties by rank
-    shares = {r: shed_share(times[r], t_ref, gamma_max=config.gamma_max) for r in stragglers}
+    shares = ({r: shed_share(times[r], t_ref, gamma_max=config.gamma_max) for r in stragglers} if shed is None
+              else {r: float(shed[r]) for r in stragglers})
     gamma = [0.0] * e
     migrate = [0.0] * e
     migrating: tuple[int, ...] = ()

@@ -4,19 +4,26 @@ Every sample is the cost, in seconds per iteration, of shedding a share ``s`` of
 of *every* semimig layer of the model (so it is in the units of the busy times the controller
 compares).  Column counts handed to the curves are ``n = s · REFERENCE_COLUMNS``.
 
-    Ω1        fixed cost of resizing: the gather path at keep = all minus the dense GEMM (>= 0)
-    Ω2(n)     extracting the kept columns: ``x[:, S]`` and ``w[:, S]`` gathers, |S| = n-share of K
-    Φ1(n)     migration traffic: broadcast ``w[:, mig]`` and ``dY`` ``[M, N]``, reduce ``[M, N]``
-              partial outputs and ``[N, |mig|]`` weight gradients, straggler = group rank 0
-              (a column layer's pattern, an upper bound for row layers)
-    Φ2(n)     receiver compute: forward, dgrad and wgrad GEMMs on n-share columns
+    Ω1 + Ω2(n)  resizing overhead: the real pruned path (gather forward, dgrad and wgrad with the
+                zero fill) at ``n`` pruned columns, minus dense GEMMs of the kept width
+                ``(1 − s)K``; ``Ω1`` is the smallest sampled overhead, ``Ω2`` the rest
+    Φ1(n)       migration traffic: broadcast ``w[:, mig]`` and ``dY`` ``[M, N]``, reduce ``[M, N]``
+                partial outputs and ``[N, |mig|]`` weight gradients, straggler = group rank 0
+                (a column layer's pattern, an upper bound for row layers)
+    Φ2(n)       receiver compute: forward, dgrad and wgrad GEMMs on n-share columns
+
+One currency (DESIGN §3a).  Compute costs (Ω, Φ2) are charged the way the iteration's busy time
+is: through ``gemm_timer`` (the runtime passes its :class:`~semimig.straggler.busy.BusyMeter`),
+so on real compute they are measured wall times (a straggler's own injected slowdown included)
+and under the emulated device they are the emulated device time (which charges FLOPs only:
+``Ω = 0`` there, as on a device whose gathers are free).  Φ1 is the wall time of real
+collectives in both cases — the emulation models compute, not the network.  Without a timer
+every sample is wall time.
 
 Each rank measures, then the samples are all-reduced so that every rank fits the same curves
 from the same numbers (plans must be identical everywhere): MAX for the straggler-side and
-traffic costs, MIN for Φ2, because receivers are the fast ranks.  Receiver GEMMs run through
-``gemm_timer`` when one is given (the runtime passes its busy meter), so an emulated or
-injected device speed is part of Φ2 exactly as it is part of the busy times.  Shapes come from the layers
-(``[N, K]`` weight shards) and the token count ``M`` seen in the first iteration.
+traffic costs, MIN for Φ2, because receivers are the fast ranks.  Shapes come from the layers
+(``[N, K]`` weight shards) and the token count ``M`` seen in training.
 """
 from __future__ import annotations
 
@@ -37,10 +44,16 @@ REFERENCE_COLUMNS = 1000
 """Columns of the reference layer the curves and plans count in (shares × 1000)."""
 
 
-def _best_of(fn: Callable[[], object], repeats: int) -> float:
+def _best_of(fn: Callable[[], object], repeats: int, timer=None) -> float:
+    """Smallest of ``repeats`` timings of ``fn``: busy-time deltas of ``timer`` if given, else wall time."""
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     best = float("inf")
     for _ in range(repeats):
+        if timer is not None:
+            before = timer.snapshot().busy_s
+            fn()
+            best = min(best, timer.snapshot().busy_s - before)
+            continue
         if cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -49,6 +62,13 @@ def _best_of(fn: Callable[[], object], repeats: int) -> float:
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def _charged(timer, gemm: Callable[[], object], flops: int, full_flops: int) -> None:
+    if timer is None:
+        gemm()
+    else:
+        timer.timed(gemm, flops=flops, full_flops=full_flops)
 
 
 def measure_cost_samples(shapes: Sequence[tuple[int, int, int]], group, *, shares: Sequence[float] = (0.25, 0.5, 0.75),
@@ -64,53 +84,55 @@ def measure_cost_samples(shapes: Sequence[tuple[int, int, int]], group, *, share
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     for share in shares:
-        if not 0.0 < share <= 1.0:
-            raise ValueError(f"pretest shares must be in (0, 1], got {share}")
-    from semimig.kernels import gather_linear_fwd
+        if not 0.0 < share < 1.0:
+            raise ValueError(f"pretest shares must be in (0, 1), got {share}")
+    from semimig.kernels import gather_linear_dgrad, gather_linear_fwd, gather_linear_wgrad
 
     gen = torch.Generator().manual_seed(0)
     tensors = [(torch.randn(m, k, generator=gen).to(device, dtype), torch.randn(n, k, generator=gen).to(device, dtype),
                 torch.randn(m, n, generator=gen).to(device, dtype)) for m, n, k in shapes]
+    timer = gemm_timer
 
-    def dense():
-        for x, w, _ in tensors:
-            F.linear(x, w)
-
-    def gather_all():
-        for x, w, _ in tensors:
-            gather_linear_fwd(x, w, None, torch.arange(w.shape[1], device=w.device))
-
-    omega1 = max(0.0, _best_of(gather_all, repeats) - _best_of(dense, repeats))
-    rows = [omega1]
+    overheads, rows = [], []
     for share in shares:
-        cols = [torch.arange(max(1, round(w.shape[1] * share)), device=w.device) for _, w, _ in tensors]
-        narrow = [max(1, round(w.shape[1] * share)) for _, w, _ in tensors]
+        kept = [max(1, round(w.shape[1] * (1.0 - share))) for _, w, _ in tensors]
+        keeps = [torch.randperm(w.shape[1], generator=gen)[:c].sort().values.to(w.device)
+                 for (_, w, _), c in zip(tensors, kept)]
+        migrated = [max(1, round(w.shape[1] * share)) for _, w, _ in tensors]
 
-        def extract():
-            for (x, w, _), idx in zip(tensors, cols):
-                x.index_select(1, idx), w.index_select(1, idx)
+        def pruned():  # the straggler's own three GEMMs on the kept columns, gathers and zero fill included
+            for (x, w, dy), keep in zip(tensors, keeps):
+                flops, full = 2 * x.shape[0] * w.shape[0] * keep.numel(), 2 * x.shape[0] * w.shape[0] * w.shape[1]
+                _charged(timer, lambda: gather_linear_fwd(x, w, None, keep), flops, full)
+                _charged(timer, lambda: gather_linear_dgrad(dy, w, keep), flops, full)
+                _charged(timer, lambda: gather_linear_wgrad(dy, x, keep), flops, full)
 
-        def receive():
-            for (x, w, dy), c in zip(tensors, narrow):
+        def narrow(widths=kept, full_flops=True):  # dense GEMMs of the same widths: the physical limit
+            for (x, w, dy), c in zip(tensors, widths):
                 xs, ws = x[:, :c], w[:, :c]
                 flops = 2 * x.shape[0] * w.shape[0] * c
+                full = 2 * x.shape[0] * w.shape[0] * w.shape[1] if full_flops else 0
                 for gemm in (lambda: F.linear(xs, ws), lambda: dy.matmul(ws), lambda: dy.t().matmul(xs)):
-                    gemm_timer.timed(gemm, flops=flops, full_flops=0) if gemm_timer is not None else gemm()
+                    _charged(timer, gemm, flops, full)
 
         def traffic():
             # Per layer and iteration, a column layer's traffic in training: two broadcasts
             # (w[:, mig], dY_k) and two reduces (partial outputs, dW_k[:, mig]).  A row layer
             # needs one reduce fewer (dX_k and dW_k travel stacked), so Φ1 is an upper bound there.
-            for (x, w, dy), c in zip(tensors, narrow):
+            for (x, w, dy), c in zip(tensors, migrated):
                 P.broadcast_(w[:, :c].contiguous(), 0, group)
                 P.broadcast_(dy.clone(), 0, group)
                 P.reduce_(dy.clone(), 0, group)
                 P.reduce_(torch.zeros(w.shape[0], c, dtype=dtype, device=w.device), 0, group)
 
+        overheads.append(max(0.0, _best_of(pruned, repeats, timer) - _best_of(narrow, repeats, timer)))
         if P.group_size(group) > 1:
             dist.barrier(group=group)
-        rows += [_best_of(extract, repeats), _best_of(traffic, repeats), _best_of(receive, repeats)]
-    samples = torch.tensor(rows, dtype=torch.float64, device=P.collective_device(group))
+        rows += [_best_of(traffic, repeats), _best_of(lambda: narrow(migrated, False), repeats, timer)]
+    omega1 = min(overheads)
+    values_local = [omega1] + [v for o, (phi1, phi2) in zip(overheads, zip(rows[::2], rows[1::2]))
+                               for v in (o - omega1, phi1, phi2)]
+    samples = torch.tensor(values_local, dtype=torch.float64, device=P.collective_device(group))
     phi2 = torch.zeros_like(samples, dtype=torch.bool)
     phi2[3::3] = True  # rows: omega1, then (omega2, phi1, phi2) per share
     if P.group_size(group) > 1:

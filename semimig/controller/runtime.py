@@ -1,6 +1,6 @@
 """The balancing runtime: binds a model's semimig layers and re-plans them every iteration.
 
-    controller = BalanceController(model, BalanceConfig(mode="semi"))
+    controller = BalanceController(model, BalanceConfig(mode="semi"), process_group=plugin.tp_group)
     for epoch in range(epochs):
         controller.set_epoch(epoch)
         for batch in loader:
@@ -8,21 +8,25 @@
             booster.backward(loss, optimizer); optimizer.step(); optimizer.zero_grad()
             controller.step()            # once per iteration, after the optimizer step
 
-``step()`` closes the iteration: it reads this rank's busy time (its own GEMMs and injected
-delays, never time blocked in collectives), decides the next iteration's actions and hands every
-layer a :class:`~semimig.nn.directive.LayerDirective`.  Every rank of the tensor-parallel group
-must call it, the same number of times: the decision uses collectives (a one-scalar all-reduce
-for ZERO's reference time, an all-gather of busy times for MIG/SEMI) and is computed
-identically everywhere, so no plan is ever broadcast.
+``step()`` closes the iteration.  Every rank of the tensor-parallel group must call it, the same
+number of times: it performs one small all-gather (every rank's work fraction and busy time, and
+the digest of the plan it applied, :mod:`semimig.controller.agreement`), raises
+:class:`~semimig.errors.PlanDisagreement` on every rank if the plans differed, updates the timing
+model of every rank (:mod:`semimig.controller.timing`), decides who sheds how much
+(:mod:`semimig.controller.shedding`, DESIGN §3a: only on sustained, significant evidence, and only
+while pruning pays) and, in modes ``semi``/``mig``, how the shed columns split between migration
+and resizing (:func:`~semimig.controller.plan.decide_plan`, Eqs. 2-3), and hands every layer its
+:class:`~semimig.nn.directive.LayerDirective` for the next iteration.  All ranks decide from the
+same gathered numbers, so no plan is ever broadcast.
 
 Modes: ``baseline`` (dense, only measured and slowed), ``zero-rd`` / ``zero-pri`` /
-``zero-pridiff-e`` / ``zero-pridiff-r`` (stragglers prune, Eq. 1 against the group mean of the
-current busy times, which converges to the fastest rank as the straggler catches up), ``mig``
-(stragglers migrate only), ``semi`` (Eq. 2 / Eq. 3 split between migration and resizing, with
-cost curves from a pretest after the first iteration).
+``zero-pridiff-e`` / ``zero-pridiff-r`` (stragglers prune), ``mig`` (stragglers migrate),
+``semi`` (Eq. 2 / Eq. 3 split; SEMI's cost curves come from a pretest run the first time a
+straggler is flagged, so a run without stragglers never pays for it).
 
-``force(prune=..., migrate=...)`` pins a plan (per-rank shares) for experiments and tests.
-Layers named by ``BalanceConfig.dense_layers`` (the output head) always run dense.
+``force(prune=..., migrate=...)`` pins a plan (per-rank shares) for experiments and tests; it is
+collective and checks at once that every rank forced the same plan.  Layers named by
+``BalanceConfig.dense_layers`` (the output head) always run dense.
 """
 from __future__ import annotations
 
@@ -30,26 +34,27 @@ import collections
 import contextlib
 import dataclasses
 import logging
-import statistics
+import math
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Union
 
-import torch
 import torch.nn as nn
 
+from semimig._validate import check_choice, check_int, check_str_tuple, is_int, is_number
 from semimig.comm import primitives as P
+from semimig.controller.agreement import check_agreement, describe, exchange_observations, plan_digest
 from semimig.controller.config import ControllerConfig
-from semimig.controller.curves import CostCurves
+from semimig.controller.curves import CostCurves, Curve
 from semimig.controller.plan import GroupPlan, decide_plan
 from semimig.controller.pretest import REFERENCE_COLUMNS, run_pretest
+from semimig.controller.binding import LayerBinding
+from semimig.controller.shedding import ShedDecision, ShedPolicy
+from semimig.controller.timing import RankTiming
+from semimig.errors import ConfigError
 from semimig.migration.exchange import EXCHANGE_POLICIES, make_exchange
-from semimig.migration.layout import MigrationLayout
 from semimig.nn.balanced import BalancedLinearMixin
-from semimig.nn.directive import LayerDirective, LayerState
 from semimig.resizing.config import ResizingConfig
-from semimig.resizing.lineage import LineageTable
-from semimig.resizing.priority import ColumnVariationTracker, achieved_savings, pridiff_ratios, select_pruned
-from semimig.resizing.ratio import ReferenceTime, columns_to_prune, pruning_ratio, refresh_reference
+from semimig.resizing.pridiff import achieved_savings
 from semimig.straggler.busy import BusyMeter, BusyStats
 from semimig.straggler.injection import StragglerConfig, StragglerInjector
 
@@ -57,6 +62,8 @@ logger = logging.getLogger(__name__)
 
 MODES = ("baseline", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "mig", "semi")
 DEFAULT_PERIOD = 50
+_NO_COST = CostCurves(omega1=0.0, omega2=Curve.constant(0.0), phi1=Curve.constant(0.0), phi2=Curve.constant(0.0))
+"""Mode ``mig`` needs no cost curves (every straggler migrates its whole share)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,46 +75,48 @@ class BalanceConfig:
     resizing: ResizingConfig = field(default_factory=ResizingConfig)
     """Pruning settings; for ``zero-*`` modes the variant is taken from the mode name."""
     controller: ControllerConfig = field(default_factory=ControllerConfig)
-    """SEMI/MIG decision settings; its ``mode`` is derived from :attr:`mode`."""
-    straggler: StragglerConfig = field(default_factory=StragglerConfig)
-    """Injected slowdown (benchmarks and tests); ``pattern="none"`` in production."""
+    """Evidence, Eq. 1-3 settings; its ``mode`` is derived from :attr:`mode`."""
+    straggler: Union[StragglerConfig, str] = field(default_factory=StragglerConfig)
+    """Injected slowdown (benchmarks and tests): a :class:`StragglerConfig` or its CLI spec
+    (``"fixed:1:4"``); ``pattern="none"`` in production."""
     exchange: str = "broadcast-reduce"
     """How migrated operands travel: one of ``EXCHANGE_POLICIES``."""
     interval: int = 1
     """Re-plan every ``interval`` iterations (the plan is kept in between)."""
     curves: Optional[CostCurves] = None
-    """SEMI cost curves; ``None`` runs the pretest after the first iteration."""
-    smoothing: int = 3
-    """Busy times entering a decision are the median of the last ``smoothing`` iterations, so
-    one descheduled GEMM does not turn a rank into a straggler."""
+    """SEMI cost curves; ``None`` runs the pretest when the first straggler is flagged."""
     dense_layers: tuple[str, ...] = ("classifier", "lm_head", "score", "qa_outputs")
     """Module-name suffixes of layers that never resize or migrate (still timed and slowed): the
     model's output head.  The paper balances the transformer layers (attention and MLP); pruning
     a sharded head would train the straggler's logits from a fraction of the features."""
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.exchange not in EXCHANGE_POLICIES:
-            raise ValueError(f"exchange must be one of {EXCHANGE_POLICIES}, got {self.exchange!r}")
-        if isinstance(self.interval, bool) or not isinstance(self.interval, int) or self.interval < 1:
-            raise ValueError(f"interval must be an int >= 1, got {self.interval!r}")
-        if isinstance(self.smoothing, bool) or not isinstance(self.smoothing, int) or self.smoothing < 1:
-            raise ValueError(f"smoothing must be an int >= 1, got {self.smoothing!r}")
-        if isinstance(self.dense_layers, str) or not all(isinstance(n, str) and n for n in self.dense_layers):
-            raise ValueError(f"dense_layers must be a tuple of non-empty module-name suffixes, got {self.dense_layers!r}")
+        check_choice("BalanceConfig.mode", self.mode, MODES)
+        for name, kind in (("resizing", ResizingConfig), ("controller", ControllerConfig)):
+            if not isinstance(getattr(self, name), kind):
+                raise ConfigError(f"BalanceConfig.{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+        if isinstance(self.straggler, str):
+            object.__setattr__(self, "straggler", StragglerConfig.from_cli(self.straggler))
+        if not isinstance(self.straggler, StragglerConfig):
+            raise ConfigError(f"BalanceConfig.straggler must be a StragglerConfig or a spec like 'fixed:1:4', "
+                              f"got {self.straggler!r}")
+        if self.curves is not None and not isinstance(self.curves, CostCurves):
+            raise ConfigError(f"BalanceConfig.curves must be CostCurves or None, got {self.curves!r}")
+        check_choice("BalanceConfig.exchange", self.exchange, EXCHANGE_POLICIES)
+        check_int("BalanceConfig.interval", self.interval, minimum=1, maximum=10**6)
+        object.__setattr__(self, "dense_layers", check_str_tuple("BalanceConfig.dense_layers", self.dense_layers))
         if self.mode.startswith("zero-"):
             object.__setattr__(self, "resizing", dataclasses.replace(self.resizing, variant=self.mode[5:]))
         plan_mode = {"baseline": "baseline", "mig": "mig", "semi": "semi"}.get(self.mode, "zero")
         gamma_max = self.resizing.gamma_max
         default = ControllerConfig.__dataclass_fields__["gamma_max"].default
         if self.controller.gamma_max not in (default, gamma_max):
-            raise ValueError(f"controller.gamma_max={self.controller.gamma_max!r} disagrees with "
-                             f"resizing.gamma_max={gamma_max!r}: set it once, on resizing")
+            raise ConfigError(f"controller.gamma_max={self.controller.gamma_max!r} disagrees with "
+                              f"resizing.gamma_max={gamma_max!r}: set it once, on resizing")
         if self.controller.migrators is not None and self.mode != "semi":
-            raise ValueError(f"controller.migrators (λ={self.controller.migrators}) needs mode 'semi', got {self.mode!r}")
-        object.__setattr__(self, "controller", dataclasses.replace(
-            self.controller, mode=plan_mode, gamma_max=gamma_max))
+            raise ConfigError(f"controller.migrators (λ={self.controller.migrators}) needs mode 'semi', "
+                              f"got {self.mode!r}")
+        object.__setattr__(self, "controller", dataclasses.replace(self.controller, mode=plan_mode, gamma_max=gamma_max))
 
 
 @dataclass(frozen=True)
@@ -117,74 +126,102 @@ class StepReport:
     iteration: int
     busy: BusyStats
     gamma_target: float
+    """This rank's shed share (pruned + migrated) for the next iteration."""
     gamma_per_layer: tuple[float, ...]
     achieved_savings: float
     migrate: Mapping[int, float]
     plan: Optional[GroupPlan]
+    decision: Optional[ShedDecision] = None
+    """The group's evidence and shares (flags, unpruned times, reference); ``None`` while forced."""
+    digest: int = 0
+    """Digest of the plan every rank applied in this iteration (checked equal on all ranks)."""
+
+    @property
+    def flagged(self) -> tuple[int, ...]:
+        """The ranks treated as stragglers at this decision (slowest first)."""
+        return () if self.decision is None else self.decision.flagged
 
 
-@dataclass
-class _Bound:
-    name: str
-    layer: BalancedLinearMixin
-    dense: bool = False
-    """Never resized or migrated (``BalanceConfig.dense_layers``); its GEMMs are still timed."""
-    state: LayerState = field(default_factory=LayerState)
-    tracker: Optional[ColumnVariationTracker] = None
-    delta: Optional[torch.Tensor] = None
-    tokens: int = 0
+@dataclass(frozen=True)
+class GroupActions:
+    """A group-level plan: what every rank does (identical on every rank, hence digested)."""
+
+    prune: tuple[float, ...]
+    """Pruned share of every rank's K columns."""
+    migrate: Mapping[int, float] = field(default_factory=dict)
+    """Migrated share per migrating rank."""
+    receivers: Optional[tuple[int, ...]] = None
+    """The plan's receivers (``None``: every non-migrating rank)."""
+    plan: Optional[GroupPlan] = field(default=None, compare=False)
+    decision: Optional[ShedDecision] = field(default=None, compare=False)
+
+    def describe(self, mode: str) -> dict[str, str]:
+        return describe(mode=mode, prune=self.prune, migrate=dict(self.migrate), receivers=self.receivers,
+                        flagged=None if self.decision is None else self.decision.flagged)
 
 
 class BalanceController:
-    """Per tensor-parallel group: measures, decides and applies balancing for one model."""
+    """Per tensor-parallel group: measures, decides and applies balancing for one model.
+
+    A plan decided at ``step()`` of iteration ``j`` is *pending*: its digest travels in the
+    all-gather of iteration ``j + 1``, and it is applied from iteration ``j + 2`` only once every
+    rank is known to hold the same one — so a plan that differs between ranks never reaches a layer.
+    """
 
     def __init__(self, model: nn.Module, config: BalanceConfig = BalanceConfig(), *,
                  process_group=None, iterations_per_epoch: Optional[int] = None) -> None:
+        if not isinstance(config, BalanceConfig):
+            raise ConfigError(f"config must be a BalanceConfig, got {config!r}")
+        check_int("iterations_per_epoch", iterations_per_epoch, minimum=1, allow_none=True)
         self.config = config
-        self.bound = [_Bound(name, m, dense=any(name == n or name.endswith("." + n) for n in config.dense_layers))
-                      for name, m in model.named_modules() if isinstance(m, BalancedLinearMixin)]
-        if not self.bound:
-            raise ValueError(f"{type(model).__name__} has no semimig layers: shard it with SemiMigPolicy "
-                             "or build it from semimig.nn.Linear1D_Col/Row")
-        groups = {id(b.layer.process_group) for b in self.bound}
+        res = config.resizing
+        prioritized = res.prioritized and config.mode.startswith(("zero", "semi"))
+        layers = [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
+        groups = {id(m.process_group) for m in layers}
         if process_group is None:
-            if len(groups) != 1:
-                raise ValueError(f"the model's semimig layers use {len(groups)} process groups; pass process_group")
-            process_group = self.bound[0].layer.process_group
+            if len(groups) > 1:
+                raise ConfigError(f"the model's semimig layers use {len(groups)} process groups; pass process_group")
+            process_group = layers[0].process_group if layers else None
         self.group = process_group
         self.rank, self.size = P.group_rank(process_group), P.group_size(process_group)
-        device = self.bound[0].layer.weight.device
+        self.binding = LayerBinding(model, res, config.dense_layers, prioritized=prioritized, rank=self.rank)
+        device = self.binding.layers[0].layer.weight.device
+        self._collective_device = P.collective_device(process_group)
         self.injector = StragglerInjector(config.straggler, self.rank, self.size)
         self.meter = BusyMeter(self.injector, device=device)
-        self.lineage = LineageTable()
         self.exchange = make_exchange(config.exchange, process_group)
-        self.reference = ReferenceTime(threshold=config.resizing.refresh_threshold, reduce=config.resizing.t_ref)
-        if iterations_per_epoch is not None and (isinstance(iterations_per_epoch, bool)
-                                                 or not isinstance(iterations_per_epoch, int) or iterations_per_epoch < 1):
-            raise ValueError(f"iterations_per_epoch must be an int >= 1 or None, got {iterations_per_epoch!r}")
-        self.period = config.resizing.period or iterations_per_epoch or DEFAULT_PERIOD
+        self.period = res.period or iterations_per_epoch or DEFAULT_PERIOD
         self.curves = config.curves
-        self.generator = torch.Generator().manual_seed(config.resizing.seed * 1009 + self.rank)
+        ctl = config.controller
+        self.timings = [RankTiming(ctl.window) for _ in range(self.size)]
+        fixed = res.empirical_gamma if res.variant == "pridiff-e" and config.mode.startswith("zero") else None
+        self.policy = ShedPolicy(self.size, ctl, fixed_shed=fixed)
         self.iteration, self.epoch = 0, 0
-        self.plan: Optional[GroupPlan] = None
         self.forced: Optional[tuple[dict, dict]] = None
-        self.reports: list[StepReport] = []
-        self._recent: collections.deque = collections.deque(maxlen=config.smoothing)
-        self._gammas: tuple[float, ...] = (0.0,) * len(self.bound)
-        self._migrate: dict[int, float] = {}
-        self._receivers: Optional[tuple[int, ...]] = None  # the plan's receivers (None: every non-migrating rank)
-        self._theta_warned = False
-        for b in self.bound:
-            b.layer.layer_name = b.name
-            if config.resizing.prioritized and config.mode.startswith(("zero", "semi")):
-                b.tracker = ColumnVariationTracker(b.layer.weight.detach())
-            b.layer.register_forward_pre_hook(self._note_tokens(b))
+        self.reports: collections.deque = collections.deque(maxlen=4096)
+        self._current = self._pending = GroupActions(prune=(0.0,) * self.size)
+        self._gammas: tuple[float, ...] = (0.0,) * len(self.binding.layers)
         self._apply()
 
     # ------------------------------------------------------------------ public
+    @property
+    def lineage(self):
+        """The lineage table (what was pruned where and when)."""
+        return self.binding.lineage
+
+    @property
+    def plan(self) -> Optional[GroupPlan]:
+        """The SEMI/MIG plan in force (``None`` in the zero modes, while balanced, or while forced)."""
+        return None if self.forced else self._current.plan
+
+    @property
+    def decision(self) -> Optional[ShedDecision]:
+        """The latest evidence and shares of the group (flags, unpruned times, reference)."""
+        return self._pending.decision
+
     def set_epoch(self, epoch: int) -> None:
         """Tell the injector (round-robin stragglers) which epoch runs."""
-        self.epoch = epoch
+        self.epoch = check_int("epoch", epoch, minimum=0)
         self.injector.set_position(epoch, self.iteration)
 
     def force(self, *, prune: Optional[Mapping[int, float]] = None,
@@ -192,210 +229,146 @@ class BalanceController:
         """Pin the plan from the next iteration on: ``prune={rank: γ}``, ``migrate={rank: share}``.
 
         Shares are of each layer's K columns.  ``force()`` with no argument returns to the mode's
-        own decisions.  Must be called identically on every rank.
+        own decisions.  Collective: every rank must call it with the same arguments; a mismatch
+        raises :class:`~semimig.errors.PlanDisagreement` on every rank, before any layer uses it.
         """
         if prune is None and migrate is None:
             self.forced = None
-        else:
-            prune, migrate = dict(prune or {}), dict(migrate or {})
-            for what, table in (("prune", prune), ("migrate", migrate)):
-                for rank, share in table.items():
-                    if not 0 <= rank < self.size:
-                        raise ValueError(f"force({what}=...): rank {rank} is outside the group of size {self.size}")
-                    if not 0.0 <= share <= 1.0:
-                        raise ValueError(f"force({what}=...): share for rank {rank} must be in [0, 1], got {share}")
-            for rank in prune.keys() & migrate.keys():
-                if prune[rank] + migrate[rank] > 1.0:
-                    raise ValueError(f"force: rank {rank} sheds {prune[rank] + migrate[rank]} > 1 of its columns")
-            previous = (self.forced, self._gammas, self._migrate)
-            self.forced = (prune, migrate)
-            self._gammas, self._migrate = self._forced_actions()
-            try:
-                self._apply()  # builds the layouts: an impossible plan raises here
-            except ValueError:
-                self.forced, self._gammas, self._migrate = previous
-                self._apply()
-                raise
+            self._apply()
             return
-        self._apply()
+        prune, migrate = self._check_forced("prune", prune), self._check_forced("migrate", migrate)
+        for rank in prune.keys() & migrate.keys():
+            if prune[rank] + migrate[rank] > 1.0:
+                raise ConfigError(f"force: rank {rank} sheds {prune[rank] + migrate[rank]} > 1 of its columns")
+        wanted = describe(forced=(prune, migrate))
+        digests = [row[2] for row in exchange_observations(1.0, 1.0, (plan_digest(wanted), 0), False, self.group,
+                                                           self._collective_device)]
+        check_agreement(digests, wanted, self.group, what="forced plan (force() arguments)")
+        previous = self.forced
+        self.forced = (prune, migrate)
+        try:
+            self._apply()  # builds the layouts: an impossible plan raises here
+        except ValueError:
+            self.forced = previous
+            self._apply()
+            raise
 
     def step(self) -> StepReport:
-        """Close the iteration: measure, decide (collectively), and set the next directives."""
+        """Close the iteration: measure, check agreement, decide (collectively), set the next directives."""
         stats = self.meter.snapshot()
         self.meter.reset()
+        valid = stats.gemm_count > 0 and stats.busy_s > 0.0 and math.isfinite(stats.busy_s)
+        pending = self._pending.describe(self.config.mode)
+        rows = exchange_observations(stats.work_fraction, stats.busy_s, (self._digest, plan_digest(pending)), valid,
+                                     self.group, self._collective_device)
+        check_agreement([row[2] for row in rows], self._description, self.group,
+                        what=f"plan applied in iteration {self.iteration}")
+        check_agreement([row[3] for row in rows], pending, self.group,
+                        what=f"plan decided at iteration {self.iteration - 1}")
+        digest = self._digest
         self.iteration += 1
         self.injector.set_position(self.epoch, self.iteration)
-        self._update_priorities()
-        target = 0.0
-        if self.forced:
-            self._gammas, self._migrate = self._forced_actions()
-        elif (self.iteration - 1) % self.config.interval == 0:
-            target = self._decide(stats)
-        flops = [b.layer.weight.shape[0] * b.layer.k_columns for b in self.bound]
-        report = StepReport(self.iteration - 1, stats, target, self._gammas,
-                            achieved_savings(self._gammas, flops), dict(self._migrate), self.plan)
-        self.reports.append(report)
+        if self.iteration % self.period == 0:
+            self.binding.end_period(self.period)
+        for timing, (work, busy, _, _, ok) in zip(self.timings, rows):
+            if ok:
+                timing.observe(work, busy)
+        self._current = self._pending  # verified equal on every rank: now it may reach the layers
+        if not self.forced and (self.iteration - 1) % self.config.interval == 0:
+            self._pending = self._decide(self._pending)
         self._apply()
+        report = StepReport(self.iteration - 1, stats, self._shed_target(), self._gammas,
+                            achieved_savings(self._gammas, self.binding.layer_flops()),
+                            dict(self._migrate()), self.plan, self._pending.decision, digest)
+        self.reports.append(report)
         return report
 
     # ------------------------------------------------------------------ decisions
-    def _decide(self, stats: BusyStats) -> float:
+    def _decide(self, previous: GroupActions) -> GroupActions:
+        """The next group-level actions from every rank's timing model (identical on every rank)."""
         mode = self.config.mode
         if mode == "baseline":
-            return 0.0
-        self._recent.append((stats.busy_s, stats.full_work_busy_s))
-        busy = statistics.median(b for b, _ in self._recent)
-        full = statistics.median(f for _, f in self._recent)
+            return previous
+        decision = self.policy.decide(self.iteration, [t.estimate() for t in self.timings])
+        changed = previous.decision is None or decision.shed != previous.decision.shed
         if mode.startswith("zero"):
-            # Eq. 1 with T_ref the group mean of the *current* busy times: as the straggler sheds
-            # work its current time falls, the refreshed mean follows, and the fixed point is
-            # the fast ranks' time.  Ranks within the noise tolerance of T_ref never prune.
-            t_ref = refresh_reference(self.reference, busy, self.group)
-            straggles = full > t_ref * (1.0 + self.config.controller.tol)
-            gamma = pruning_ratio(full, t_ref, full, self.config.resizing.gamma_max) if straggles else 0.0
-            if mode == "zero-pridiff-e" and gamma > 0:
-                gamma = self.config.resizing.empirical_gamma
-            self._gammas = self._layer_gammas(gamma)
-            self._migrate = {}
-            return gamma
-        times = P.all_gather_floats(full, self.group)
-        if self.curves is None:
-            if not all(b.tokens for b in self.bound):
-                raise RuntimeError("the SEMI pretest needs the token count of every layer: call step() after "
-                                   "a training forward/backward, not before")
-            weight = self.bound[0].layer.weight
-            self.curves = run_pretest([(b.tokens, b.layer.weight.shape[0], b.layer.k_columns) for b in self.bound],
-                                      self.group, gemm_timer=self.meter, device=weight.device, dtype=weight.dtype)
-            self.meter.reset()  # the pretest's GEMMs are not the next iteration's work
-        self.plan = decide_plan(times, REFERENCE_COLUMNS, self.curves, self.config.controller, previous=self.plan)
-        mine = self.plan.actions[self.rank]
-        self._gammas = self._layer_gammas(mine.gamma)
-        self._migrate = {a.rank: a.migrate_share for a in self.plan.actions if a.migrate_share > 0}
-        self._receivers = tuple(sorted({r for a in self.plan.actions for r in a.receivers})) or None
-        return mine.shed_share
+            return GroupActions(prune=decision.shed, decision=decision)
+        if not any(decision.shed):
+            return GroupActions(prune=(0.0,) * self.size, decision=decision)
+        if not changed and previous.plan is not None:
+            return dataclasses.replace(previous, decision=decision)
+        if mode == "semi" and self.curves is None:
+            self.curves = self._pretest()
+        plan = decide_plan(decision.unpruned_s, REFERENCE_COLUMNS, self.curves or _NO_COST,
+                           self.config.controller, shed=decision.shed)
+        logger.info("semimig plan at iteration %d: %s", self.iteration, plan.summary())
+        return GroupActions(prune=tuple(a.gamma for a in plan.actions),
+                            migrate={a.rank: a.migrate_share for a in plan.actions if a.migrate_share > 0},
+                            receivers=tuple(sorted({r for a in plan.actions for r in a.receivers})) or None,
+                            plan=plan, decision=decision)
 
-    def _layer_gammas(self, gamma: float) -> tuple[float, ...]:
-        res = self.config.resizing
-        if res.differentiated and gamma > 0 and all(b.delta is not None for b in self.bound):
-            gammas = pridiff_ratios([b.delta for b in self.bound], gamma=gamma, alpha=res.alpha,
-                                    theta=res.theta(self.period), gamma_max=res.gamma_max)
-        else:
-            gammas = (gamma,) * len(self.bound)
-        return tuple(0.0 if b.dense else g for b, g in zip(self.bound, gammas))
+    def _pretest(self) -> CostCurves:
+        layers = self.binding.layers
+        if not all(b.tokens for b in layers):
+            raise RuntimeError("the SEMI pretest needs the token count of every layer: call step() after "
+                               "a training forward/backward, not before")
+        weight = layers[0].layer.weight
+        curves = run_pretest([(b.tokens,) + b.shape for b in layers], self.group, gemm_timer=self.meter,
+                             device=weight.device, dtype=weight.dtype)
+        self.meter.reset()  # the pretest's GEMMs are not the next iteration's work
+        return curves
 
-    def _warn_if_theta_covers_all(self) -> None:
-        """Log once when every resizable column is below PriDiff's threshold: a straggler then
-        prunes ``gamma_max`` in each layer whatever it needs (``theta_iter`` is an absolute weight
-        change per iteration, so an optimizer whose steps are smaller, e.g. Adam at lr <= theta_iter,
-        puts every column under it).  Runs where δ changes, once per period."""
-        res = self.config.resizing
-        deltas = [b.delta for b in self.bound if not b.dense and b.delta is not None]
-        if self._theta_warned or not res.differentiated or not deltas:
-            return
-        theta = res.theta(self.period)
-        if not all(bool((d < theta).all()) for d in deltas):
-            return
-        self._theta_warned = True
-        largest = max(float(d.max()) for d in deltas)
-        logger.warning("PriDiff: every column's weight variation is below theta=%g (theta_iter=%g x %d "
-                       "iterations; largest delta %.3g), so a straggler prunes gamma_max=%g in every layer "
-                       "whatever it needs; set ResizingConfig.theta_iter below %.3g for per-layer ratios",
-                       theta, res.theta_iter, self.period, largest, res.gamma_max, largest / self.period)
+    def _shed_target(self) -> float:
+        """This rank's shed share (pruned + migrated) in force for the next iteration."""
+        if self.forced:
+            prune, migrate = self.forced
+            return prune.get(self.rank, 0.0) + migrate.get(self.rank, 0.0)
+        return self._current.prune[self.rank] + self._current.migrate.get(self.rank, 0.0)
 
-    def _forced_actions(self) -> tuple[tuple[float, ...], dict[int, float]]:
-        prune, migrate = self.forced
-        gamma = prune.get(self.rank, 0.0)
-        return tuple(0.0 if b.dense else gamma for b in self.bound), {r: s for r, s in migrate.items() if s > 0}
+    def _migrate(self) -> Mapping[int, float]:
+        if self.forced:
+            return {r: s for r, s in self.forced[1].items() if s > 0}
+        return self._current.migrate
 
-    def _update_priorities(self) -> None:
-        if self.iteration % self.period:
-            return
-        for b in self.bound:
-            if b.tracker is not None:
-                counts = self._prune_counts(b)
-                b.delta = b.tracker.end_period(b.layer.weight.detach(), None if counts is None else counts > 0)
-        self.lineage.reset_period()
-        self._warn_if_theta_covers_all()
+    def _check_forced(self, what: str, table: Optional[Mapping[int, float]]) -> dict[int, float]:
+        if table is None:
+            return {}
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"force({what}=...) must be a mapping rank -> share, got {table!r}")
+        out = {}
+        for rank, share in table.items():
+            if not is_int(rank) or not 0 <= rank < self.size:
+                raise ConfigError(f"force({what}=...): rank {rank!r} must be an int in [0, {self.size})")
+            if not is_number(share) or not 0.0 <= share <= 1.0:
+                raise ConfigError(f"force({what}=...): share for rank {rank} must be a number in [0, 1], got {share!r}")
+            out[int(rank)] = float(share)
+        return out
 
     # ------------------------------------------------------------------ directives
     def _apply(self) -> None:
-        migrate = self._migrate
-        for b, gamma in zip(self.bound, self._gammas):
-            k = b.layer.k_columns
-            counts = {} if b.dense else {r: min(k, round(k * share)) for r, share in migrate.items()}
-            receivers = None if self.forced else self._receivers
-            layout = MigrationLayout.build(self.size, k, counts, receivers) if any(counts.values()) else None
-            if layout is None:
-                b.state.clear()
-            own = k - counts.get(self.rank, 0)
-            n_prune = min(columns_to_prune(k, gamma), own)
-            keep, pruned = None, torch.empty(0, dtype=torch.long)
-            if n_prune > 0:
-                pruned = self._select(b, own, n_prune)
-                mask = torch.ones(own, dtype=torch.bool)
-                mask[pruned] = False
-                keep = torch.arange(own)[mask].to(b.layer.weight.device)
-            elif own < k:
-                keep = None  # prefix [0, own): the functional core handles it without a gather
-            b.layer.directive = LayerDirective(
-                iteration=self.iteration, keep=keep, layout=layout, exchange=self.exchange,
-                impute=self.config.resizing.impute, timer=self.meter, state=b.state,
-                on_forward=self._recorder(b.name, pruned, k), on_backward=self._reader(b.name, pruned))
-
-    def _select(self, b: _Bound, own: int, n_prune: int) -> torch.Tensor:
-        """The ``n_prune`` columns of ``[0, own)`` to drop: random (rd) or smallest δ first.
-
-        Columns with distinct δ are pruned smallest first.  Ties (above all the columns never
-        measured, δ = inf, e.g. those pruned in the first period) are broken by how often each
-        column was pruned so far in *this* period, so tied columns take turns iteration by
-        iteration.  Known consequence: a column pruned at any iteration keeps its old δ, so tied
-        never-measured columns that take turns stay unmeasured (PriDiff's share below theta is
-        frozen; see README).  Paper Alg. 1 keeps one list per period instead.
-        """
-        if self.config.resizing.variant == "rd":
-            return select_pruned(torch.zeros(own), n_prune, "rd", self.generator)
-        if b.delta is None:  # first period, no statistics yet: one stable set, like a priority list
-            return torch.arange(n_prune)
-        counts = self._prune_counts(b)
-        return select_pruned(b.delta[:own], n_prune, "pri", tie_break=None if counts is None else counts[:own])
-
-    def _prune_counts(self, b: _Bound) -> Optional[torch.Tensor]:
-        try:
-            return self.lineage.prune_counts(b.name, "weight")
-        except KeyError:  # never pruned yet
-            return None
-
-    def _recorder(self, name: str, pruned: torch.Tensor, k: int):
-        iteration = self.iteration
-
-        def record() -> None:
-            self.lineage.record(name, "weight", pruned, iteration, num_columns=k)
-        return record
-
-    def _reader(self, name: str, pruned: torch.Tensor):
-        def read() -> None:
-            recorded = self.lineage.lookup(name, "weight")
-            if not torch.equal(recorded.cpu(), pruned.cpu()):
-                raise RuntimeError(f"lineage of {name} changed between forward and backward")
-        return read
-
-    def _note_tokens(self, b: _Bound):
-        def hook(module, args) -> None:
-            if module.training:
-                b.tokens = args[0].numel() // max(1, args[0].shape[-1])
-        return hook
+        """Hand the layers the actions in force (forced, or the verified current plan)."""
+        if self.forced:
+            gamma = self.forced[0].get(self.rank, 0.0)
+            self._gammas = tuple(0.0 if b.dense else gamma for b in self.binding.layers)
+            receivers = None
+            self._description = describe(mode=self.config.mode, forced=self.forced)
+        else:
+            self._gammas = self.binding.layer_gammas(self._current.prune[self.rank], self.period)
+            receivers = self._current.receivers
+            self._description = self._current.describe(self.config.mode)
+        self._digest = plan_digest(self._description)
+        self.binding.apply(iteration=self.iteration, gammas=self._gammas, migrate=self._migrate(),
+                           receivers=receivers, group_size=self.size, rank=self.rank, exchange=self.exchange,
+                           meter=self.meter)
 
     @contextlib.contextmanager
     def dense(self):
         """Inside the block every layer runs densely (evaluation): no pruning, migration or delay."""
-        saved = [b.layer.directive for b in self.bound]
-        for b in self.bound:
-            b.layer.directive = None
+        saved = self.binding.clear_directives()
         try:
             yield
         finally:
-            for b, directive in zip(self.bound, saved):
-                b.layer.directive = directive
+            self.binding.restore(saved)
 
     # ------------------------------------------------------------------ inspection
     def lineage_entries(self):

@@ -6,30 +6,29 @@ Variants (paper Sec. V):
     pri        prune the columns with the smallest weight variation delta, ratio from Eq. 1
     pridiff-e  per-layer ratios max(share(delta < theta), alpha * gamma) with the empirical
                gamma = ``empirical_gamma`` (1/2 in the paper)
-    pridiff-r  the same with gamma from Eq. 1
+    pridiff-r  per-layer ratios max(share(delta < theta), alpha * g) with g chosen so that the
+               FLOP-weighted savings equal Eq. 1's gamma (see :mod:`semimig.resizing.pridiff`)
+
+PriDiff's threshold (``theta_mode``):
+
+    relative   theta_k = theta_rel * median_c(delta_kc), per layer k (default; scale-free)
+    absolute   theta   = N_iter * theta_iter, the paper's (an absolute weight change)
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-__all__ = ["VARIANTS", "IMPUTES", "T_REFS", "ResizingConfig"]
+from semimig._validate import check_choice, check_int, check_number
+
+__all__ = ["VARIANTS", "IMPUTES", "THETA_MODES", "ResizingConfig"]
 
 Variant = Literal["rd", "pri", "pridiff-e", "pridiff-r"]
 Impute = Literal["zero", "same", "average"]
-TRef = Literal["mean", "min"]
+ThetaMode = Literal["relative", "absolute"]
 VARIANTS: tuple[str, ...] = ("rd", "pri", "pridiff-e", "pridiff-r")
 IMPUTES: tuple[str, ...] = ("zero", "same", "average")
-T_REFS: tuple[str, ...] = ("mean", "min")
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+THETA_MODES: tuple[str, ...] = ("relative", "absolute")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,40 +43,33 @@ class ResizingConfig:
     """Value of pruned weight-gradient columns: ``zero``, ``same`` (previous iteration's), ``average``."""
     alpha: float = 0.8
     """PriDiff decay: a layer prunes at least ``alpha * gamma``; in (0, 1]."""
+    theta_mode: ThetaMode = "relative"
+    """How PriDiff's threshold is set: ``relative`` to each layer's own column changes (the
+    default: it means the same for any optimizer and learning-rate schedule) or ``absolute``
+    (the paper's ``N_iter * theta_iter``)."""
+    theta_rel: float = 0.5
+    """Relative threshold: a column is a pruning candidate when it moved less than ``theta_rel``
+    times the median change of its layer's columns in the period; in (0, 10]."""
     theta_iter: float = 1e-3
-    """PriDiff micro-threshold; theta = iterations per period * theta_iter; >= 0."""
+    """Absolute micro-threshold (``theta_mode="absolute"``): theta = iterations per period * theta_iter; >= 0."""
     period: Optional[int] = None
     """Statistics period in iterations (>= 1); None = iterations per epoch when known."""
-    refresh_threshold: float = 0.10
-    """Relative change of a rank's own busy time that triggers a group refresh of T_ref; > 0."""
-    t_ref: TRef = "mean"
-    """Reference time of Eq. 1: group ``mean`` (ZERO alone) or ``min`` (inside SEMI)."""
     empirical_gamma: float = 0.5
     """The fixed gamma of ``pridiff-e`` (paper: 1/2); in [0, 1)."""
     seed: int = 0
     """Seed of the random keep sets (``rd``); >= 0."""
 
     def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
-        if self.impute not in IMPUTES:
-            raise ValueError(f"impute must be one of {IMPUTES}, got {self.impute!r}")
-        if self.t_ref not in T_REFS:
-            raise ValueError(f"t_ref must be one of {T_REFS}, got {self.t_ref!r}")
-        if not (_is_number(self.gamma_max) and 0 <= self.gamma_max < 1):
-            raise ValueError(f"gamma_max must be in [0, 1), got {self.gamma_max!r}")
-        if not (_is_number(self.alpha) and 0 < self.alpha <= 1):
-            raise ValueError(f"alpha must be in (0, 1], got {self.alpha!r}")
-        if not (_is_number(self.theta_iter) and self.theta_iter >= 0):
-            raise ValueError(f"theta_iter must be a finite number >= 0, got {self.theta_iter!r}")
-        if self.period is not None and not (_is_int(self.period) and self.period >= 1):
-            raise ValueError(f"period must be an int >= 1 or None, got {self.period!r}")
-        if not (_is_number(self.refresh_threshold) and self.refresh_threshold > 0):
-            raise ValueError(f"refresh_threshold must be a finite number > 0, got {self.refresh_threshold!r}")
-        if not (_is_number(self.empirical_gamma) and 0 <= self.empirical_gamma < 1):
-            raise ValueError(f"empirical_gamma must be in [0, 1), got {self.empirical_gamma!r}")
-        if not (_is_int(self.seed) and self.seed >= 0):
-            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+        check_choice("variant", self.variant, VARIANTS)
+        check_choice("impute", self.impute, IMPUTES)
+        check_choice("theta_mode", self.theta_mode, THETA_MODES)
+        check_number("gamma_max", self.gamma_max, minimum=0.0, maximum=1.0, high_open=True)
+        check_number("alpha", self.alpha, minimum=0.0, maximum=1.0, low_open=True)
+        check_number("theta_rel", self.theta_rel, minimum=0.0, maximum=10.0, low_open=True)
+        check_number("theta_iter", self.theta_iter, minimum=0.0)
+        check_int("period", self.period, minimum=1, allow_none=True)
+        check_number("empirical_gamma", self.empirical_gamma, minimum=0.0, maximum=1.0, high_open=True)
+        check_int("seed", self.seed, minimum=0, maximum=2**63 - 1)
 
     @property
     def prioritized(self) -> bool:
@@ -90,7 +82,6 @@ class ResizingConfig:
         return self.variant in ("pridiff-e", "pridiff-r")
 
     def theta(self, iterations_per_period: int) -> float:
-        """PriDiff threshold ``theta = N_iter * theta_iter``."""
-        if not (_is_int(iterations_per_period) and iterations_per_period >= 1):
-            raise ValueError(f"iterations_per_period must be an int >= 1, got {iterations_per_period!r}")
+        """The absolute PriDiff threshold ``theta = N_iter * theta_iter``."""
+        check_int("iterations_per_period", iterations_per_period, minimum=1)
         return iterations_per_period * self.theta_iter

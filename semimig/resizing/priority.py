@@ -10,14 +10,14 @@ zero-imputed column barely moves, and a full update would prune it again forever
 measured have ``delta = +inf`` (never preferred for pruning).
 
 Selection of ``|P|`` pruned columns: ``rd`` uniformly at random; ``pri`` (and both PriDiff
-variants) the smallest ``delta``, ties broken by an optional secondary key (e.g. how often each
-column was pruned so far, which rotates equal columns round-robin), then by index.
+variants) by Algorithm 1's priority list (:class:`PriorityList`): built once per statistics
+period, smallest ``delta`` first, ties broken by how often each column was pruned in *earlier*
+periods (fewer first), then by index; an iteration prunes the first ``|P|`` columns of the list
+that the rank computes itself.  Within a period the pruned set is therefore stable (the paper's
+list), and across periods a column pruned before yields its place among equals, so columns that
+were never measured (``delta = inf``) get measured within a bounded number of periods.
 
-PriDiff per-layer ratios (a straggler with uniform ratio ``gamma > 0``)::
-
-    gamma_k = min( max( share_c(delta_kc < theta), alpha * gamma ), gamma_max ),  theta = N_iter * theta_iter
-
-and the achieved GEMM savings ``sum_k gamma_k F_k / sum_k F_k`` to report next to ``gamma``.
+PriDiff's per-layer ratios live in :mod:`semimig.resizing.pridiff`.
 """
 from __future__ import annotations
 
@@ -29,13 +29,7 @@ import torch
 
 from semimig.resizing.config import VARIANTS
 
-__all__ = [
-    "column_variation",
-    "ColumnVariationTracker",
-    "select_pruned",
-    "pridiff_ratios",
-    "achieved_savings",
-]
+__all__ = ["column_variation", "ColumnVariationTracker", "PriorityList", "priority_order", "select_pruned"]
 
 logger = logging.getLogger(__name__)
 
@@ -135,59 +129,60 @@ def select_pruned(
         return perm[:n_prune].sort().values.to(delta.device)
     if torch.isnan(delta).any():
         raise ValueError("delta contains NaN")
+    if tie_break is not None and tie_break.shape != delta.shape:
+        raise ValueError(f"tie_break must have shape {tuple(delta.shape)}, got {tuple(tie_break.shape)}")
     # Lexicographic (delta, tie_break, index) via stable sorts, least significant key first.
-    order = torch.arange(num_columns, device=delta.device)
+    return _lexicographic(delta, tie_break)[:n_prune].sort().values
+
+
+def priority_order(delta: torch.Tensor, earlier_counts: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``[K]`` int64 permutation: smallest ``delta`` first, then fewest ``earlier_counts``, then index."""
+    if delta.dim() != 1 or (earlier_counts is not None and earlier_counts.shape != delta.shape):
+        raise ValueError(f"delta must be [K] and earlier_counts [K] or None, got {tuple(delta.shape)}")
+    return _lexicographic(delta, earlier_counts)
+
+
+def _lexicographic(delta: torch.Tensor, tie_break: Optional[torch.Tensor]) -> torch.Tensor:
+    order = torch.arange(delta.numel(), device=delta.device)
     if tie_break is not None:
-        if tie_break.shape != delta.shape:
-            raise ValueError(f"tie_break must have shape {tuple(delta.shape)}, got {tuple(tie_break.shape)}")
         order = torch.sort(tie_break.to(delta.device), stable=True).indices
-    order = order[torch.sort(delta[order], stable=True).indices]
-    return order[:n_prune].sort().values
+    return order[torch.sort(delta[order], stable=True).indices]
 
 
-def pridiff_ratios(
-    deltas_per_layer: Sequence[torch.Tensor],
-    *,
-    gamma: float,
-    alpha: float,
-    theta: float,
-    gamma_max: float,
-) -> list[float]:
-    """Per-layer ``gamma_k = min(max(share(delta_k < theta), alpha * gamma), gamma_max)``.
+class PriorityList:
+    """Algorithm 1 for one ``[N, K]`` weight: the period's priority list and its statistics.
 
-    A rank that is not a straggler (``gamma == 0``) prunes nothing: all ratios are 0.
+    ``delta`` (``[K]`` float64, inf = never measured), ``earlier_counts`` (``[K]`` int64: in how
+    many iterations of all *completed* periods each column was pruned) and ``order`` (this
+    period's list) are rebuilt by :meth:`end_period`.
     """
-    if not (isinstance(gamma, (int, float)) and 0 <= gamma <= 1):
-        raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
-    if not (isinstance(alpha, (int, float)) and 0 < alpha <= 1):
-        raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
-    if not (isinstance(theta, (int, float)) and theta >= 0):
-        raise ValueError(f"theta must be >= 0, got {theta!r}")
-    if not (isinstance(gamma_max, (int, float)) and 0 <= gamma_max < 1):
-        raise ValueError(f"gamma_max must be in [0, 1), got {gamma_max!r}")
-    ratios = []
-    for k, delta in enumerate(deltas_per_layer):
-        if delta.dim() != 1 or delta.numel() == 0:
-            raise ValueError(f"delta of layer {k} must be a non-empty 1-D tensor, got shape {tuple(delta.shape)}")
-        if gamma == 0:
-            ratios.append(0.0)
-            continue
-        share = float((delta < theta).sum()) / delta.numel()
-        ratios.append(min(max(share, alpha * gamma), gamma_max))
-    return ratios
 
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.tracker = ColumnVariationTracker(weight)
+        k = self.tracker.num_columns
+        self.delta = self.tracker.delta.clone()
+        self.earlier_counts = torch.zeros(k, dtype=torch.int64)
+        self.order = torch.arange(k)
+        self.measured = False
+        """True once a period has ended (``delta`` holds measurements)."""
 
-def achieved_savings(gammas: Sequence[float], layer_flops: Sequence[float]) -> float:
-    """FLOP-weighted pruned share ``sum_k gamma_k F_k / sum_k F_k`` (0 when there is no work)."""
-    if len(gammas) != len(layer_flops):
-        raise ValueError(f"got {len(gammas)} ratios for {len(layer_flops)} layers")
-    for g in gammas:
-        if not 0 <= g <= 1:
-            raise ValueError(f"every gamma must be in [0, 1], got {g!r}")
-    for f in layer_flops:
-        if not (f >= 0 and math.isfinite(f)):
-            raise ValueError(f"every layer_flops must be finite and >= 0, got {f!r}")
-    total = math.fsum(layer_flops)
-    if total == 0:
-        return 0.0
-    return math.fsum(g * f for g, f in zip(gammas, layer_flops)) / total
+    def end_period(self, weight: torch.Tensor, period_counts: Optional[torch.Tensor]) -> torch.Tensor:
+        """Close the period with the ``[K]`` counts of iterations each column was pruned in it.
+
+        Columns pruned at any iteration keep their old ``delta`` (incremental update); the new
+        list orders by the new ``delta`` and the counts of every completed period.
+        """
+        counts = None if period_counts is None else period_counts.to("cpu", torch.int64)
+        self.delta = self.tracker.end_period(weight, None if counts is None else counts > 0)
+        if counts is not None:
+            self.earlier_counts += counts
+        self.order = _lexicographic(self.delta, self.earlier_counts)
+        self.measured = True
+        return self.delta
+
+    def select(self, own: int, n_prune: int) -> torch.Tensor:
+        """Sorted ``[n_prune]`` int64: the first ``n_prune`` columns of the list within ``[0, own)``."""
+        if not 0 <= n_prune <= own <= self.order.numel():
+            raise ValueError(f"need 0 <= n_prune={n_prune} <= own={own} <= K={self.order.numel()}")
+        mine = self.order if own == self.order.numel() else self.order[self.order < own]
+        return mine[:n_prune].sort().values

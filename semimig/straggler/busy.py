@@ -4,14 +4,16 @@ In tensor parallelism every collective synchronises the group, so wall time per 
 same on every rank.  A rank's slowness is therefore measured as the time it spends in its own
 linear GEMMs (including the straggler delay injected after each one), accumulated per iteration:
 
-    busy_s           = sum over GEMMs g of  wall(g) + delay(g)
+    busy_s           = sum over timed work g of  wall(g) + delay(g)
     work_fraction    = flops_done / full_flops          (1 when nothing was pruned or migrated)
-    full_work_busy_s = busy_s / work_fraction
 
-``full_work_busy_s`` estimates what the rank would need without pruning or migration, so a pruned
-straggler still looks slow to Eq. 1 and keeps its ratio instead of oscillating.  Time blocked in
-collectives is reported through :meth:`BusyMeter.add_collective_wait` and kept apart: a rank that
-only waited must never look slow.
+"Timed work" is everything on the rank's own balanced path — gathers, index copies, GEMMs,
+imputation — so a pruned iteration costs what it really cost.  The meter does not estimate the
+unpruned time: dividing ``busy_s`` by ``work_fraction`` would charge the fixed cost of the pruned
+path (gathers, launches) to the columns it dropped and inflate the estimate the more a rank
+prunes; :mod:`semimig.controller.timing` fits the fixed part instead (DESIGN §3a).  Time blocked
+in collectives is reported through :meth:`BusyMeter.add_collective_wait` and kept apart: a rank
+that only waited must never look slow.
 """
 from __future__ import annotations
 
@@ -36,8 +38,6 @@ class BusyStats:
 
     busy_s: float
     """Seconds in this rank's GEMMs, injected delays included."""
-    full_work_busy_s: float
-    """``busy_s / work_fraction``: estimated busy time without pruning/migration."""
     work_fraction: float
     """``flops_done / full_flops`` (1.0 when no GEMM was timed)."""
     gemm_count: int
@@ -76,7 +76,7 @@ class BusyMeter:
         if not (flops >= 0 and math.isfinite(flops)):
             raise ValueError(f"flops must be a finite number >= 0, got {flops!r}")
         # full_flops < flops is extra work: a migration receiver computing a straggler's columns
-        # (full_flops = 0).  Its work fraction then exceeds 1 and full_work_busy_s removes it.
+        # (full_flops = 0).  Its work fraction then exceeds 1.
         if not (full_flops >= 0 and math.isfinite(full_flops)):
             raise ValueError(f"full_flops must be a finite number >= 0, got {full_flops!r}")
         cuda = self.device.type == "cuda"
@@ -120,16 +120,10 @@ class BusyMeter:
         self._wait_s += seconds
 
     def snapshot(self) -> BusyStats:
-        """This iteration's numbers so far.
-
-        If every timed GEMM was pruned to nothing (``flops_done == 0 < full_flops``) the work
-        fraction is 0 and ``full_work_busy_s`` falls back to ``busy_s`` (no basis to scale).
-        """
+        """This iteration's numbers so far (work fraction 1.0 when nothing was timed)."""
         fraction = self._flops_done / self._full_flops if self._full_flops > 0 else 1.0
-        full = self._busy_s / fraction if fraction > 0 else self._busy_s
         return BusyStats(
             busy_s=self._busy_s,
-            full_work_busy_s=full,
             work_fraction=fraction,
             gemm_count=self._gemm_count,
             collective_wait_s=self._wait_s,

@@ -51,9 +51,13 @@ from typing import Literal, Optional
 
 import torch
 
+from semimig._validate import check_number, is_int, is_number
+from semimig.errors import ConfigError
+
 __all__ = [
     "PATTERNS",
     "MODES",
+    "MAX_CHI",
     "StragglerConfig",
     "StragglerInjector",
     "calibrate_flops_per_second",
@@ -67,10 +71,13 @@ Mode = Literal["measured", "flops", "emulated"]
 PATTERNS: tuple[str, ...] = ("none", "fixed", "round-robin", "multi", "burst")
 MODES: tuple[str, ...] = ("measured", "flops", "emulated")
 _OPTION_KEYS: tuple[str, ...] = ("every", "len", "mode", "flops")
+MAX_CHI = 100.0
+"""Largest slowdown factor: beyond it an injected straggler sleeps for minutes per iteration of any
+real model (the paper's experiments go to 8), which is a typo rather than an experiment."""
 
 
 def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return is_int(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,55 +101,56 @@ class StragglerConfig:
 
     def __post_init__(self) -> None:
         if self.pattern not in PATTERNS:
-            raise ValueError(f"pattern must be one of {PATTERNS}, got {self.pattern!r}")
+            raise ConfigError(f"pattern must be one of {PATTERNS}, got {self.pattern!r}")
         if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+            raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
         if not isinstance(self.ranks, tuple) or not all(_is_int(r) and r >= 0 for r in self.ranks):
-            raise ValueError(f"ranks must be a tuple of ints >= 0, got {self.ranks!r}")
+            raise ConfigError(f"ranks must be a tuple of ints >= 0, got {self.ranks!r}")
         if len(set(self.ranks)) != len(self.ranks):
-            raise ValueError(f"ranks must not repeat, got {self.ranks!r}")
+            raise ConfigError(f"ranks must not repeat, got {self.ranks!r}")
         if not isinstance(self.chi, tuple):
-            raise ValueError(f"chi must be a tuple of floats >= 1, got {self.chi!r}")
+            raise ConfigError(f"chi must be a tuple of floats in [1, {MAX_CHI:g}], got {self.chi!r}")
         for c in self.chi:
-            if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c < 1:
-                raise ValueError(f"chi must be a tuple of finite floats >= 1, got {self.chi!r}")
+            if not is_number(c) or not 1 <= c <= MAX_CHI:
+                raise ConfigError(f"chi must be a tuple of finite floats in [1, {MAX_CHI:g}], got {self.chi!r}")
         self._check_pattern_fields()
         if self.mode in ("flops", "emulated"):
             rate = self.flops_per_second
-            if rate is None or isinstance(rate, bool) or not math.isfinite(rate) or rate <= 0:
-                raise ValueError(f"flops_per_second must be a finite number > 0 for mode={self.mode!r}, got {rate!r}")
-        elif self.flops_per_second is not None and not (self.flops_per_second > 0):
-            raise ValueError(f"flops_per_second must be > 0 or None, got {self.flops_per_second!r}")
+            if rate is None or not (is_number(rate) and 1.0 <= rate <= 1e18):
+                raise ConfigError(f"flops_per_second must be a finite number in [1, 1e18] FLOP/s for "
+                                  f"mode={self.mode!r}, got {rate!r}")
+        elif self.flops_per_second is not None:
+            check_number("flops_per_second", self.flops_per_second, minimum=1.0, maximum=1e18)
 
     def _check_pattern_fields(self) -> None:
         p = self.pattern
         if p == "none":
             if self.ranks or self.chi:
-                raise ValueError(f"pattern 'none' takes no ranks or chi, got ranks={self.ranks!r} chi={self.chi!r}")
+                raise ConfigError(f"pattern 'none' takes no ranks or chi, got ranks={self.ranks!r} chi={self.chi!r}")
         elif p == "round-robin":
             if self.ranks:
-                raise ValueError(f"pattern 'round-robin' picks rank epoch % group_size itself, got ranks={self.ranks!r}")
+                raise ConfigError(f"pattern 'round-robin' picks rank epoch % group_size itself, got ranks={self.ranks!r}")
             if len(self.chi) != 1:
-                raise ValueError(f"pattern 'round-robin' needs exactly one chi, got chi={self.chi!r}")
+                raise ConfigError(f"pattern 'round-robin' needs exactly one chi, got chi={self.chi!r}")
         elif p == "multi":
             if not self.ranks or len(self.chi) != len(self.ranks):
-                raise ValueError(
+                raise ConfigError(
                     f"pattern 'multi' needs one chi per rank, got ranks={self.ranks!r} chi={self.chi!r}"
                 )
         else:  # fixed, burst
             if not self.ranks:
-                raise ValueError(f"pattern {p!r} needs at least one rank, got ranks={self.ranks!r}")
+                raise ConfigError(f"pattern {p!r} needs at least one rank, got ranks={self.ranks!r}")
             if len(self.chi) != 1:
-                raise ValueError(f"pattern {p!r} needs exactly one chi, got chi={self.chi!r}")
+                raise ConfigError(f"pattern {p!r} needs exactly one chi, got chi={self.chi!r}")
         if p == "burst":
             if not (_is_int(self.burst_every) and self.burst_every >= 1):
-                raise ValueError(f"burst_every must be an int >= 1 for pattern 'burst', got {self.burst_every!r}")
+                raise ConfigError(f"burst_every must be an int >= 1 for pattern 'burst', got {self.burst_every!r}")
             if not (_is_int(self.burst_length) and 1 <= self.burst_length <= self.burst_every):
-                raise ValueError(
+                raise ConfigError(
                     f"burst_length must be an int in [1, burst_every={self.burst_every}], got {self.burst_length!r}"
                 )
         elif self.burst_every is not None or self.burst_length is not None:
-            raise ValueError(
+            raise ConfigError(
                 f"burst_every/burst_length only apply to pattern 'burst', got pattern={p!r} "
                 f"burst_every={self.burst_every!r} burst_length={self.burst_length!r}"
             )
@@ -168,22 +176,22 @@ class StragglerConfig:
     def from_cli(cls, spec: str) -> "StragglerConfig":
         """Parse the compact grammar of the module docstring; errors name the bad token."""
         if not isinstance(spec, str) or not spec.strip():
-            raise ValueError(f"straggler spec must be a non-empty string, got {spec!r}")
+            raise ConfigError(f"straggler spec must be a non-empty string, got {spec!r}")
         head, *segments = [s.strip() for s in spec.strip().split(":")]
         if head not in PATTERNS:
-            raise ValueError(f"unknown straggler pattern {head!r} in spec {spec!r}; expected one of {PATTERNS}")
+            raise ConfigError(f"unknown straggler pattern {head!r} in spec {spec!r}; expected one of {PATTERNS}")
         positional: list[str] = []
         options: dict[str, str] = {}
         for seg in segments:
             key, eq, value = seg.partition("=")
             if eq and key.isalpha():
                 if key not in _OPTION_KEYS:
-                    raise ValueError(f"unknown option {key!r} in straggler spec {spec!r}; expected one of {_OPTION_KEYS}")
+                    raise ConfigError(f"unknown option {key!r} in straggler spec {spec!r}; expected one of {_OPTION_KEYS}")
                 if key in options:
-                    raise ValueError(f"option {key!r} given twice in straggler spec {spec!r}")
+                    raise ConfigError(f"option {key!r} given twice in straggler spec {spec!r}")
                 options[key] = value
             elif options:
-                raise ValueError(f"positional token {seg!r} after options in straggler spec {spec!r}")
+                raise ConfigError(f"positional token {seg!r} after options in straggler spec {spec!r}")
             else:
                 positional.append(seg)
 
@@ -196,7 +204,7 @@ class StragglerConfig:
             "burst": "burst:<ranks>:<chi>:every=<n>:len=<m>",
         }[head]
         if len(positional) != expected:
-            raise ValueError(
+            raise ConfigError(
                 f"straggler spec {spec!r} has {len(positional)} positional token(s) {positional!r}; "
                 f"expected {usage}"
             )
@@ -211,7 +219,7 @@ class StragglerConfig:
             for pair in positional[0].split(","):
                 rank_s, eq, chi_s = pair.partition("=")
                 if not eq:
-                    raise ValueError(f"bad token {pair!r} in straggler spec {spec!r}; expected <rank>=<chi>")
+                    raise ConfigError(f"bad token {pair!r} in straggler spec {spec!r}; expected <rank>=<chi>")
                 ranks.append(_parse_int(rank_s, "rank", spec))
                 chis.append(_parse_float(chi_s, "chi", spec))
             kwargs["ranks"], kwargs["chi"] = tuple(ranks), tuple(chis)
@@ -253,16 +261,16 @@ def _parse_int(token: str, what: str, spec: str) -> int:
     try:
         return int(token)
     except ValueError:
-        raise ValueError(f"bad {what} {token!r} in straggler spec {spec!r}; expected an integer") from None
+        raise ConfigError(f"bad {what} {token!r} in straggler spec {spec!r}; expected an integer") from None
 
 
 def _parse_float(token: str, what: str, spec: str) -> float:
     try:
         value = float(token)
     except ValueError:
-        raise ValueError(f"bad {what} {token!r} in straggler spec {spec!r}; expected a number") from None
+        raise ConfigError(f"bad {what} {token!r} in straggler spec {spec!r}; expected a number") from None
     if not math.isfinite(value):
-        raise ValueError(f"bad {what} {token!r} in straggler spec {spec!r}; expected a finite number")
+        raise ConfigError(f"bad {what} {token!r} in straggler spec {spec!r}; expected a finite number")
     return value
 
 
@@ -280,7 +288,7 @@ class StragglerInjector:
             raise ValueError(f"group_rank must be an int in [0, {group_size}), got {group_rank!r}")
         bad = [r for r in config.ranks if r >= group_size]
         if bad:
-            raise ValueError(f"straggler ranks {bad} do not exist in a TP group of size {group_size}")
+            raise ConfigError(f"straggler ranks {bad} do not exist in a TP group of size {group_size}")
         self.config = config
         self.group_rank = group_rank
         self.group_size = group_size

@@ -1,0 +1,99 @@
+"""Plan agreement: the ranks of a group check, every iteration, that they applied the same plan.
+
+Every rank computes the plan from the same all-gathered numbers, so the plans agree by
+construction — unless a bug, a non-deterministic measurement or a caller's mistake (a ``force``
+called with different arguments on two ranks) breaks that; then migration layouts no longer
+match and training silently computes garbage or hangs.  DESIGN §3a: verify it anyway, cheaply.
+
+The plan a rank applied is described by a flat dict of fields (:func:`describe`), hashed to a
+48-bit integer (exact in a float64) by :func:`plan_digest`, and the digest travels in the one
+small all-gather each iteration performs anyway (:func:`exchange_observations`, a ``[size, 5]``
+float64 all-gather: work fraction, busy time, the digests of the plan applied in the iteration
+and of the plan decided for later, validity).  The runtime applies a decided plan only after its
+digest was found equal on every rank, so a plan that differs never reaches a layer.  Only on a mismatch are the
+described plans gathered (``all_gather_object``) to name the ranks and the differing fields; then
+every rank raises :class:`semimig.errors.PlanDisagreement` with the same message.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Mapping, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from semimig.errors import PlanDisagreement
+
+__all__ = ["describe", "plan_digest", "exchange_observations", "check_agreement", "difference_report"]
+
+_DIGEST_BYTES = 6  # 48 bits: exactly representable in a float64
+
+
+def describe(**fields: object) -> dict[str, str]:
+    """A plan as ``{field: repr(value)}`` with sorted mapping keys, so equal plans describe equally."""
+    out = {}
+    for name, value in fields.items():
+        if isinstance(value, Mapping):
+            value = tuple(sorted(value.items()))
+        out[name] = repr(value)
+    return out
+
+
+def plan_digest(description: Mapping[str, str]) -> int:
+    """48-bit digest of a :func:`describe` dict (blake2b of its canonical text)."""
+    text = "\n".join(f"{k}={description[k]}" for k in sorted(description))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=_DIGEST_BYTES).digest(), "big")
+
+
+def exchange_observations(work: float, busy_s: float, digests: tuple[int, int], valid: bool, group,
+                          device: torch.device) -> list[tuple[float, float, int, int, bool]]:
+    """One float64 all-gather of ``(work, busy, applied digest, pending digest, valid)``, rank order.
+
+    Collective: every rank of ``group`` calls it once per iteration.  A size-1 group gathers
+    nothing.
+    """
+    mine = (float(work), float(busy_s), int(digests[0]), int(digests[1]), bool(valid))
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return [mine]
+    row = torch.tensor([mine[0], mine[1], float(mine[2]), float(mine[3]), 1.0 if valid else 0.0],
+                       dtype=torch.float64, device=device)
+    rows = [torch.empty_like(row) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(rows, row, group=group)
+    return [(float(r[0]), float(r[1]), int(r[2]), int(r[3]), bool(r[4] > 0.5)) for r in (t.cpu() for t in rows)]
+
+
+def difference_report(descriptions: Sequence[Mapping[str, str]]) -> str:
+    """Which ranks hold which value of every field on which they disagree (one line per field)."""
+    lines = []
+    for name in sorted(set().union(*descriptions)):
+        values: dict[str, list[int]] = {}
+        for rank, d in enumerate(descriptions):
+            values.setdefault(d.get(name, "<missing>"), []).append(rank)
+        if len(values) > 1:
+            lines.append(f"  {name}: " + "; ".join(f"ranks {ranks} hold {value}" for value, ranks in values.items()))
+    return "\n".join(lines)
+
+
+def check_agreement(digests: Sequence[int], description: Mapping[str, str], group, *, what: str,
+                    global_ranks: Optional[Sequence[int]] = None) -> None:
+    """Raise :class:`PlanDisagreement` on every rank if the gathered ``digests`` differ.
+
+    Collective only on a mismatch (every rank sees the same ``digests``, so either all call the
+    ``all_gather_object`` below or none does).  ``what`` names the plan in the message.
+    """
+    if len(set(digests)) <= 1:
+        return
+    gathered: list = [None] * len(digests)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_gather_object(gathered, dict(description), group=group)
+    else:
+        gathered = [dict(description)]
+    ranks = list(global_ranks) if global_ranks is not None else list(range(len(digests)))
+    groups: dict[int, list[int]] = {}
+    for rank, d in zip(ranks, digests):
+        groups.setdefault(d, []).append(rank)
+    raise PlanDisagreement(
+        f"the ranks of the group disagree on the {what}: " +
+        " vs ".join(f"ranks {r}" for r in groups.values()) +
+        " hold different plans (every rank must call the controller identically); differing fields "
+        f"(group ranks):\n{difference_report(gathered)}")

@@ -1,0 +1,210 @@
+"""The layer side of the runtime: a model's semimig layers, their priorities, and their directives.
+
+:class:`LayerBinding` holds, per semimig layer of a model, what outlives one iteration (the
+per-layer :class:`LayerState`, Algorithm 1's :class:`PriorityList`, the token count), turns a
+rank-level shed share into per-layer ratios (uniform, or PriDiff), and hands each layer the
+:class:`LayerDirective` of the next iteration: which of its own K columns it keeps, which it
+migrates, and the lineage hooks that record the pruned set in forward and check it in backward.
+
+Everything here is local to the rank: per-layer ratios depend on the rank's own weight statistics,
+but the rank-level shares, migration layouts and receivers come from the group's plan, which every
+rank holds identically (:mod:`semimig.controller.agreement` checks it).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+import torch
+import torch.nn as nn
+
+from semimig.migration.layout import MigrationLayout
+from semimig.nn.balanced import BalancedLinearMixin
+from semimig.nn.directive import LayerDirective, LayerState
+from semimig.resizing.config import ResizingConfig
+from semimig.resizing.lineage import LineageTable
+from semimig.resizing.pridiff import candidate_shares, layer_thresholds, pridiff_ratios, pridiff_ratios_for_savings
+from semimig.resizing.priority import PriorityList, select_pruned
+from semimig.resizing.ratio import columns_to_prune
+
+__all__ = ["BoundLayer", "LayerBinding", "gemm_weight"]
+
+logger = logging.getLogger(__name__)
+
+
+def gemm_weight(layer: BalancedLinearMixin) -> torch.Tensor:
+    """The layer's weight as its GEMMs see it, ``[N, K]`` (GPT-2's Conv1D layers store ``[K, N]``)."""
+    weight = getattr(layer, "gemm_weight", None)
+    return (weight if weight is not None else layer.weight).detach()
+
+
+@dataclass
+class BoundLayer:
+    name: str
+    layer: BalancedLinearMixin
+    dense: bool = False
+    """Never resized or migrated (``BalanceConfig.dense_layers``); its GEMMs are still timed."""
+    state: LayerState = field(default_factory=LayerState)
+    priority: Optional[PriorityList] = None
+    tokens: int = 0
+    """``M`` of the layer's GEMMs in the last training forward (the pretest's shapes)."""
+    timed_only: Optional[LayerDirective] = None
+    """The reusable directive of a dense iteration (timed, nothing pruned or migrated)."""
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(N, K)`` of this rank's shard."""
+        n, k = gemm_weight(self.layer).shape
+        return int(n), int(k)
+
+
+class LayerBinding:
+    """Every semimig layer of ``model`` and how a rank-level plan becomes per-layer directives."""
+
+    def __init__(self, model: nn.Module, resizing: ResizingConfig, dense_layers: Sequence[str], *,
+                 prioritized: bool, rank: int) -> None:
+        self.resizing = resizing
+        self.layers = [BoundLayer(name, m, dense=any(name == n or name.endswith("." + n) for n in dense_layers))
+                       for name, m in model.named_modules() if isinstance(m, BalancedLinearMixin)]
+        if not self.layers:
+            raise ValueError(f"{type(model).__name__} has no semimig layers: shard it with SemiMigPolicy "
+                             "or build it from semimig.nn.Linear1D_Col/Row")
+        self.lineage = LineageTable()
+        self._theta_warned = False
+        self.generator = torch.Generator().manual_seed(resizing.seed * 1009 + rank)
+        for b in self.layers:
+            b.layer.layer_name = b.name
+            if prioritized:
+                b.priority = PriorityList(gemm_weight(b.layer))
+            b.layer.register_forward_pre_hook(self._note_tokens(b))
+
+    # ------------------------------------------------------------------ statistics (Alg. 1)
+    def end_period(self, period: int) -> None:
+        """Close a statistics period: new δ and priority lists, log PriDiff's candidate shares."""
+        for b in self.layers:
+            if b.priority is not None:
+                b.priority.end_period(gemm_weight(b.layer), self._prune_counts(b))
+        self.lineage.reset_period()
+        if self.resizing.differentiated and self.layers[0].priority is not None:
+            self._log_candidates(period)
+
+    def _log_candidates(self, period: int) -> None:
+        """Per layer, the share of columns below PriDiff's threshold this period (INFO); once, a
+        WARNING when an absolute threshold covers every column of every layer (then a straggler
+        prunes gamma_max everywhere, whatever it needs: the absolute theta is too large for this
+        optimizer's steps)."""
+        res = self.resizing
+        resizable = [b for b in self.layers if not b.dense]
+        deltas = [b.priority.delta for b in resizable]
+        thetas = layer_thresholds(deltas, res, period)
+        shares = candidate_shares(deltas, thetas)
+        logger.info("PriDiff (theta %s): share of columns below theta per layer: %s", res.theta_mode,
+                    ", ".join(f"{b.name}={s:.2f}" for b, s in zip(resizable, shares)))
+        if res.theta_mode == "absolute" and shares and min(shares) == 1.0 and not self._theta_warned:
+            self._theta_warned = True
+            largest = max(float(d[d.isfinite()].max()) for d in deltas if d.isfinite().any())
+            logger.warning("PriDiff: every column's weight variation is below theta=%g (theta_iter=%g x %d "
+                           "iterations; largest delta %.3g), so a straggler prunes gamma_max=%g in every layer "
+                           "whatever it needs; use theta_mode='relative' or theta_iter below %.3g",
+                           thetas[0], res.theta_iter, period, largest, res.gamma_max, largest / period)
+
+    # ------------------------------------------------------------------ ratios
+    def layer_flops(self) -> list[float]:
+        """``N·K`` of every layer (GEMM FLOPs per token, up to a constant)."""
+        return [float(n * k) for n, k in (b.shape for b in self.layers)]
+
+    def layer_gammas(self, shed: float, period: int) -> tuple[float, ...]:
+        """Per-layer pruning ratios for a rank-level shed share (dense layers: 0).
+
+        Uniform for rd/pri; PriDiff (:mod:`semimig.resizing.pridiff`) once the first period has
+        measured the columns: E takes ``shed`` as its uniform γ, R raises the floor until the
+        FLOP-weighted savings of the resizable layers reach ``shed``.
+        """
+        res = self.resizing
+        resizable = [b for b in self.layers if not b.dense]
+        if shed <= 0 or not resizable:
+            return (0.0,) * len(self.layers)
+        if not res.differentiated or not all(b.priority is not None and b.priority.measured for b in resizable):
+            return tuple(0.0 if b.dense else shed for b in self.layers)
+        deltas = [b.priority.delta for b in resizable]
+        shares = candidate_shares(deltas, layer_thresholds(deltas, res, period))
+        if res.variant == "pridiff-r":
+            flops = [float(n * k) for n, k in (b.shape for b in resizable)]
+            ratios = pridiff_ratios_for_savings(shares, flops, gamma=shed, alpha=res.alpha, gamma_max=res.gamma_max)
+        else:
+            ratios = pridiff_ratios(shares, gamma=shed, alpha=res.alpha, gamma_max=res.gamma_max)
+        it = iter(ratios)
+        return tuple(0.0 if b.dense else next(it) for b in self.layers)
+
+    # ------------------------------------------------------------------ directives
+    def apply(self, *, iteration: int, gammas: Sequence[float], migrate: Mapping[int, float],
+              receivers: Optional[tuple[int, ...]], group_size: int, rank: int, exchange, meter) -> None:
+        """Hand every layer its directive for ``iteration`` (see the module docstring)."""
+        for b, gamma in zip(self.layers, gammas):
+            n, k = b.shape
+            counts = {} if b.dense else {r: min(k, round(k * share)) for r, share in migrate.items()}
+            layout = MigrationLayout.build(group_size, k, counts, receivers) if any(counts.values()) else None
+            if layout is None:
+                b.state.clear()
+            own = k - counts.get(rank, 0)
+            n_prune = min(columns_to_prune(k, gamma), own)
+            if n_prune == 0 and layout is None:
+                # Dense and timed: one directive per layer, reused while nothing changes (no
+                # per-iteration allocation, no lineage record of an empty set).
+                if b.timed_only is None or b.timed_only.timer is not meter:
+                    b.timed_only = LayerDirective(iteration=0, impute=self.resizing.impute, timer=meter, state=b.state)
+                b.layer.directive = b.timed_only
+                continue
+            keep, pruned = None, torch.empty(0, dtype=torch.long)
+            if n_prune > 0:
+                pruned = self._select(b, own, n_prune)
+                mask = torch.ones(own, dtype=torch.bool)
+                mask[pruned] = False
+                keep = torch.arange(own)[mask].to(b.layer.weight.device)
+            b.layer.directive = LayerDirective(
+                iteration=iteration, keep=keep, layout=layout, exchange=exchange,
+                impute=self.resizing.impute, timer=meter, state=b.state,
+                on_forward=self._recorder(b.name, pruned, k, iteration), on_backward=self._reader(b.name, pruned))
+
+    def _select(self, b: BoundLayer, own: int, n_prune: int) -> torch.Tensor:
+        """The ``n_prune`` columns of ``[0, own)`` to drop: random (rd) or the period's priority list."""
+        if self.resizing.variant == "rd" or b.priority is None:
+            return select_pruned(torch.zeros(own), n_prune, "rd", self.generator)
+        return b.priority.select(own, n_prune)
+
+    def _prune_counts(self, b: BoundLayer) -> Optional[torch.Tensor]:
+        try:
+            return self.lineage.prune_counts(b.name, "weight")
+        except KeyError:  # never pruned yet
+            return None
+
+    def _recorder(self, name: str, pruned: torch.Tensor, k: int, iteration: int):
+        def record() -> None:
+            self.lineage.record(name, "weight", pruned, iteration, num_columns=k)
+        return record
+
+    def _reader(self, name: str, pruned: torch.Tensor):
+        def read() -> None:
+            recorded = self.lineage.lookup(name, "weight")
+            if not torch.equal(recorded.cpu(), pruned.cpu()):
+                raise RuntimeError(f"lineage of {name} changed between forward and backward")
+        return read
+
+    @staticmethod
+    def _note_tokens(b: BoundLayer):
+        def hook(module, args) -> None:
+            if module.training:
+                b.tokens = args[0].numel() // max(1, args[0].shape[-1])
+        return hook
+
+    def clear_directives(self) -> list:
+        """Detach every directive (dense evaluation); returns them for :meth:`restore`."""
+        saved = [b.layer.directive for b in self.layers]
+        for b in self.layers:
+            b.layer.directive = None
+        return saved
+
+    def restore(self, saved: list) -> None:
+        for b, directive in zip(self.layers, saved):
+            b.layer.directive = directive

