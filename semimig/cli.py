@@ -22,6 +22,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from semimig.allocation.cli import add_plan_subcommand
+    from semimig.bench.cli import add_bench_subcommand, add_report_subcommand
+
     parser = argparse.ArgumentParser(prog="semimig", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -33,32 +36,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--tp", type=int, default=2)
     demo.set_defaults(func=_demo)
 
-    for register in _optional_subcommands():
-        register(sub)
+    add_bench_subcommand(sub)
+    add_report_subcommand(sub)
+    add_plan_subcommand(sub)
     return parser
 
 
-def _optional_subcommands():
-    """Subcommands contributed by other packages of semimig (``bench``, ``report``, ``plan``)."""
-    registers = []
-    try:
-        from semimig.allocation.cli import add_plan_subcommand
-
-        registers.append(add_plan_subcommand)
-    except ImportError:
-        pass
-    try:
-        from semimig.bench.cli import add_bench_subcommand, add_report_subcommand
-
-        registers += [add_bench_subcommand, add_report_subcommand]
-    except ImportError:
-        pass
-    return registers
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run one subcommand; returns its exit status (2: a refused input, named in one line)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = argv  # the subcommand's own words, for hints such as how to resume
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     return args.func(args)

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_for
 from typing import Any, Callable, Iterator, Optional
 
-__all__ = ["RankFailure", "RanksTimedOut", "Terminated", "BACKENDS", "check_backend", "free_port",
-           "report_activity", "run_on_ranks", "set_collective_timeout"]
+__all__ = ["RankFailure", "RanksTimedOut", "Terminated", "TorchrunEnv", "BACKENDS", "check_backend", "free_port",
+           "report_activity", "run_on_ranks", "set_collective_timeout", "terminate_on_signals"]
 
 _PRELOAD = ["torch", "torch.distributed", "colossalai.shardformer", "colossalai.booster", "semimig.nn"]
 _CTX = None
@@ -255,7 +255,7 @@ def _blame(ranks: list[_Rank], world_size: int, collective_timeout_s: float) -> 
 
 
 @contextlib.contextmanager
-def _terminate_on_signals() -> Iterator[None]:
+def terminate_on_signals() -> Iterator[None]:
     """SIGTERM / SIGHUP raise :class:`Terminated` in the main thread while ranks run."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -316,7 +316,7 @@ def run_on_ranks(body: Callable[..., Any], world_size: int, *args: Any, timeout_
                            daemon=True, name=f"semimig-rank-{r}")
         ranks.append(_Rank(r, proc, receive))
         senders.append(send)
-    with _terminate_on_signals():
+    with terminate_on_signals():
         try:
             for r, send in zip(ranks, senders):
                 r.proc.start()
@@ -366,3 +366,63 @@ def _supervise(ranks: list[_Rank], world_size: int, timeout_s: Optional[float], 
             failed_at = time.monotonic()
     if any(r.outcome != "ok" for r in ranks):
         raise RankFailure(_blame(ranks, world_size, collective_timeout_s))
+
+
+# -------------------------------------------------------------------------------------- torchrun
+_TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class TorchrunEnv:
+    """The ranks a launcher (torchrun, ``colossalai run``) started: this process's place among them."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+    @classmethod
+    def from_environ(cls, environ: Optional[dict] = None) -> Optional["TorchrunEnv"]:
+        """``None`` when no launcher started this process (``RANK`` and ``WORLD_SIZE`` unset);
+        :class:`~semimig.errors.ConfigError` for a partial or inconsistent environment."""
+        from semimig.errors import ConfigError
+
+        env = os.environ if environ is None else environ
+        if "RANK" not in env and "WORLD_SIZE" not in env:
+            return None
+        missing = [k for k in _TORCHRUN_KEYS if not env.get(k)]
+        if missing:
+            raise ConfigError(f"started by a launcher (RANK or WORLD_SIZE is set) but {', '.join(missing)} "
+                              "is not set: run under torchrun, or unset RANK and WORLD_SIZE to let semimig "
+                              "start its own ranks")
+        values = {}
+        for key, name in (("RANK", "rank"), ("WORLD_SIZE", "world_size"), ("LOCAL_RANK", "local_rank"),
+                          ("LOCAL_WORLD_SIZE", "local_world_size"), ("MASTER_PORT", "port")):
+            text = env.get(key)
+            if text is None:
+                continue
+            try:
+                values[name] = int(text)
+            except ValueError:
+                raise ConfigError(f"environment variable {key} must be an integer, got {text!r}") from None
+        world, rank = values["world_size"], values["rank"]
+        local_world = values.get("local_world_size", world)
+        local_rank = values.get("local_rank", rank)
+        if world < 1 or not 0 <= rank < world or not 0 <= local_rank < local_world <= world:
+            raise ConfigError(f"inconsistent launcher environment: RANK={rank} WORLD_SIZE={world} "
+                              f"LOCAL_RANK={local_rank} LOCAL_WORLD_SIZE={local_world}")
+        if not 0 < values["port"] < 65536:
+            raise ConfigError(f"environment variable MASTER_PORT must be a TCP port, got {values['port']}")
+        return cls(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world)
+
+    def init_process_group(self, backend: str, timeout_s: float) -> None:
+        """Join the launcher's process group (``env://``; torchrun's agent store when it offers one);
+        every group made later in this process gets the same ``timeout_s``."""
+        import torch
+        import torch.distributed as dist
+
+        if backend == "nccl":
+            torch.cuda.set_device(self.local_rank)
+        set_collective_timeout(timeout_s)
+        dist.init_process_group(backend, init_method="env://", rank=self.rank, world_size=self.world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))

@@ -5,28 +5,42 @@ import pytest
 
 
 def test_bench_writes_json_and_plots(tmp_path, capsys):
+    """Emulated compute (deterministic, fast): every record's keys, the per-iteration trajectory of
+    every rank, the straggler shedding at chi = 4 and nobody at chi = 1, the plots of a time-only run."""
     from semimig.cli import main
 
     out = tmp_path / "r.json"
-    code = main(["bench", "--quick", "--modes", "baseline,zero-pri,semi", "--chi", "1,4", "--epochs", "1",
-                 "--iters-per-epoch", "6", "--json", str(out), "--plots", str(tmp_path)])
+    iterations = 16
+    code = main(["bench", "--quick", "--compute", "emulated", "--modes", "baseline,zero-pri", "--chi", "1,4",
+                 "--epochs", "1", "--iters-per-epoch", str(iterations), "--json", str(out), "--plots", str(tmp_path)])
     assert code == 0
     data = json.loads(out.read_text())
-    assert {"records", "machine", "config"} <= data.keys()
+    assert {"records", "machine", "config", "status"} <= data.keys()
+    assert data["status"] == {"complete": True, "cases_done": 4, "cases_total": 4}
+    assert data["config"]["compute"] == "emulated" and data["config"]["evaluate"] is False
     records = data["records"]
-    assert len(records) == 6
+    assert len(records) == 4
     for r in records:
-        assert {"mode", "chi", "seed", "iter_time_s", "epoch_time_s", "accuracy"} <= r.keys()
-        assert r["iter_time_s"] > 0 and 0.0 <= r["accuracy"] <= 1.0
-        assert len(r["savings_by_rank"]) == 2  # achieved GEMM savings next to the target
+        assert {"mode", "chi", "seed", "iter_time_s", "epoch_time_s", "accuracy", "trajectory"} <= r.keys()
+        assert r["iter_time_s"] > 0 and r["accuracy"] is None  # --quick: time only
+        assert len(r["savings_by_rank"]) == 2 and len(r["busy_share_by_rank"]) == 2
+        trajectory = r["trajectory"]
+        assert len(trajectory["iter_time_s"]) == iterations and len(trajectory["by_rank"]) == 2
+        for rank in trajectory["by_rank"]:
+            assert len(rank["busy_s"]) == iterations and all(b > 0 for b in rank["busy_s"])
+            if r["mode"] != "baseline":
+                assert len(rank["gamma_target"]) == iterations and len(rank["gamma_per_layer"][0]) > 1
     by = {(r["mode"], r["chi"]): r for r in records}
-    # the straggler (rank 1) sheds work under ZERO at chi = 4, never at chi = 1 on rank 0
-    assert by[("zero-pri", 4.0)]["shed_share_by_rank"][1] > 0
-    assert by[("zero-pri", 4.0)]["savings_by_rank"][1] > 0 and by[("zero-pri", 1.0)]["savings_by_rank"] == [0.0, 0.0]
+    straggling = by[("zero-pri", 4.0)]["trajectory"]["by_rank"][1]["busy_s"]
+    steady = by[("zero-pri", 4.0)]["trajectory"]["by_rank"][0]["busy_s"]
+    assert straggling[0] > 3 * steady[0]  # chi = 4 before any shedding
+    assert by[("zero-pri", 4.0)]["shed_share_by_rank"][1] > 0 and by[("zero-pri", 4.0)]["shed_share_by_rank"][0] == 0
+    assert by[("zero-pri", 1.0)]["savings_by_rank"] == [0.0, 0.0]
     assert data["config"]["theta_iter"] == 1e-3  # the paper's default unless --theta-iter
     assert (tmp_path / "rt_vs_chi.png").stat().st_size > 0
-    assert (tmp_path / "acc_delta.png").stat().st_size > 0
-    assert "semimig bench" in capsys.readouterr().out
+    assert not (tmp_path / "acc_delta.png").exists()  # no accuracy, no accuracy plot
+    printed = capsys.readouterr().out
+    assert "emulated compute, time only" in printed and "accuracy not measured" in printed
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -42,43 +56,75 @@ def test_bench_rejects_bad_flags(argv, message, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--iters-per-epoch", "0"], "iters_per_epoch must be >= 1, got 0"),
-    (["--epochs", "0"], "epochs must be >= 1, got 0"),
-    (["--device-ms", "0"], "device_ms must be > 0, got 0.0"),
-    (["--chi", ","], "seeds and chis must not be empty"),
-    (["--seeds", ","], "seeds and chis must not be empty"),
-    (["--chi", "0.5"], "chi values must be >= 1, got 0.5"),
+    (["--iters-per-epoch", "0"], "--iters-per-epoch: iters_per_epoch must be an int >= 1 and <= 100000, got 0"),
+    (["--epochs", "0"], "--epochs: epochs must be an int >= 1 and <= 10000, got 0"),
+    (["--compute", "emulated", "--device-ms", "0"], "--device-ms: device_ms must be a finite number > 0"),
+    (["--chi", ","], "--chi: chis must be a non-empty tuple, got ()"),
+    (["--seeds", ","], "--seeds: seeds must be a non-empty tuple, got ()"),
+    (["--chi", "0.5"], "--chi: chis[0] must be a finite number >= 1 and <= 100, got 0.5"),
     (["--tp", "4", "--straggler-rank", "4"], "straggler_rank=4 is outside the TP group of size 4"),
-    (["--seeds", "-1"], "seeds must be ints in [0, 2**32), got -1"),
-    (["--tp", "4", "--pattern", "multi", "--multi-chi", "8,0.5"], "each >= 1, got (8.0, 0.5)"),
-    (["--theta-iter=-1e-4"], "theta_iter must be a finite number >= 0, got -0.0001"),
-    (["--theta-iter", "inf"], "theta_iter must be a finite number >= 0, got inf"),
+    (["--seeds", "-1"], "--seeds: seeds[0] must be an int >= 0 and <= 4294967295, got -1"),
+    (["--tp", "4", "--pattern", "multi", "--multi-chi", "8,0.5"], "--multi-chi: multi_chis[1] must be a finite number >= 1"),
+    (["--theta-iter=-1e-4"], "--theta-iter: theta_iter must be a finite number >= 0, got -0.0001"),
+    (["--theta-iter", "inf"], "--theta-iter: theta_iter must be a finite number >= 0, got inf"),
+    # issue 19: accepted before, then slept for ever or failed inside the ranks
+    (["--chi", "1e6"], "--chi: chis[0] must be a finite number >= 1 and <= 100, got 1000000.0"),
+    (["--chi", "inf"], "--chi: chis[0] must be a finite number >= 1 and <= 100, got inf"),
+    (["--chi", "1e300"], "--chi: chis[0] must be a finite number >= 1 and <= 100, got 1e+300"),
+    (["--chi", "nan"], "--chi: chis[0] must be a finite number >= 1 and <= 100, got nan"),
+    (["--compute", "emulated", "--device-ms", "inf"], "--device-ms: device_ms must be a finite number > 0 and <= 10000"),
+    (["--chi", "1,1", "--seeds", "0,0"], "--chi: chis lists 1.0 twice"),
+    (["--seeds", "0,0"], "--seeds: seeds lists 0 twice"),
+    (["--modes", "semi,semi"], "--modes: modes lists 'semi' twice"),
+    (["--timeout-s", "0"], "--timeout-s: timeout_s must be a finite number >= 1 and <= 86400, got 0.0"),
+    (["--compute", "emulated", "--chi", "1,100", "--device-ms", "5000", "--timeout-s", "100"],
+     "timeout_s=100 is shorter than the straggler's emulated GEMM time per iteration (chi 100 x device_ms 5000"),
+    (["--compute", "measured", "--device-ms", "40"], "--device-ms 40 sets the emulated device"),
+    (["--device", "cuda", "--compute", "emulated"], "device 'cuda' measures real device time"),
 ])
-def test_bench_refuses_zero_and_empty_values_instead_of_defaulting(argv, message, capsys):
+def test_bench_refuses_zero_and_empty_values_instead_of_defaulting(argv, message, capsys, tmp_path):
     """An explicit 0 or empty list is a bad value, not "use the default" (it used to start the full run)."""
     from semimig.cli import main
 
-    assert main(["bench", *argv, "--no-plots"]) == 2
-    assert message in capsys.readouterr().err
+    assert main(["bench", *argv, "--no-plots", "--dry-run", "--json", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_measured_compute_needs_a_core_per_rank_and_is_the_default_where_there_are_enough(monkeypatch, capsys,
+                                                                                         tmp_path):
+    from semimig.bench import runner
+    from semimig.cli import main
+
+    monkeypatch.setattr(runner, "usable_cores", lambda: 2)
+    argv = ["bench", "--no-plots", "--dry-run", "--json", str(tmp_path / "r.json")]
+    assert main([*argv, "--compute", "measured", "--tp", "4"]) == 2
+    assert ("--compute measured runs each rank's real GEMMs on one core: 4 ranks on this machine need 4 cores, "
+            "it has 2; use --compute emulated") in capsys.readouterr().err
+    assert main([*argv, "--tp", "4"]) == 0
+    assert "emulated device 80 ms/iter" in capsys.readouterr().out  # 4 ranks > 2 cores: emulated
+    assert main([*argv, "--tp", "2"]) == 0
+    assert "measured compute" in capsys.readouterr().out
+    assert not (tmp_path / "r.json").exists()  # a dry run writes nothing
 
 
 def test_bench_refuses_unwritable_outputs_before_training(tmp_path, capsys):
     from semimig.cli import main
 
-    assert main(["bench", "--json", str(tmp_path), "--no-plots"]) == 2
+    assert main(["bench", "--json", str(tmp_path), "--no-plots", "--dry-run"]) == 2
     assert f"--json {tmp_path} is a directory" in capsys.readouterr().err
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert main(["bench", "--json", str(blocker / "r.json"), "--no-plots"]) == 2
+    assert main(["bench", "--json", str(blocker / "r.json"), "--no-plots", "--dry-run"]) == 2
     assert f"--json {blocker / 'r.json'}: cannot create {blocker}" in capsys.readouterr().err
-    assert main(["bench", "--json", str(tmp_path / "r.json"), "--plots", str(blocker)]) == 2
+    assert main(["bench", "--json", str(tmp_path / "r.json"), "--plots", str(blocker), "--dry-run"]) == 2
     assert f"--plots {blocker} is a file" in capsys.readouterr().err
 
 
 def test_bench_reports_a_refused_combination_without_traceback(capsys):
     from semimig.cli import main
 
-    assert main(["bench", "--lambdas", "1", "--no-plots"]) == 2
+    assert main(["bench", "--lambdas", "1", "--no-plots", "--dry-run"]) == 2
     assert "a lambda sweep needs several stragglers (pattern 'multi'), got pattern 'fixed'" in capsys.readouterr().err
 
 
@@ -89,7 +135,7 @@ def test_bench_refuses_cuda_without_enough_gpus(capsys):
 
     if torch.cuda.device_count() >= 2:
         pytest.skip("this machine has the GPUs")
-    assert main(["bench", "--device", "cuda", "--tp", "2", "--no-plots"]) == 2
+    assert main(["bench", "--device", "cuda", "--tp", "2", "--no-plots", "--dry-run"]) == 2
     assert "backend 'nccl' runs one rank per GPU: 2 ranks need 2 GPUs" in capsys.readouterr().err
 
 
@@ -120,7 +166,7 @@ def test_summary_keeps_lambda_rows_apart_and_plots_the_sweep(tmp_path):
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"lambdas": (1,)}, "needs several stragglers"),
-    ({"lambdas": (4,), "pattern": "multi", "tp": 4}, "ints in \\[0, tp=4\\), got 4"),
+    ({"lambdas": (4,), "pattern": "multi", "tp": 4}, "lambdas\\[0\\] must be an int >= 0 and <= 3, got 4"),
 ])
 def test_bench_config_rejects_bad_lambdas(kwargs, message):
     from semimig.bench.config import BenchConfig

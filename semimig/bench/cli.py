@@ -1,20 +1,23 @@
 """``semimig bench``: the end-to-end straggler benchmark (ViT on digits, HybridParallelPlugin).
 
     semimig bench                                   # all seven modes, chi 1 and 4, tp 2 (< 10 min on 2 CPU cores)
-    semimig bench --quick                           # smaller still
+    semimig bench --quick                           # 40 iterations, one seed, time only
+    semimig bench --compute emulated --tp 4         # 4 ranks on 2 cores: an emulated device
+    torchrun --nproc_per_node 2 -m semimig bench    # the launcher's ranks (several nodes: its rendezvous flags)
     semimig bench --modes baseline,semi --chi 1,4,8 --tp 4 --seeds 0,1,2 --json r.json
     semimig bench --tp 4 --pattern multi --modes baseline,semi --chi 1,8 --lambdas 0,1,2,3   # Fig. 11
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
-import time
 from pathlib import Path
+from typing import Optional
 
+from semimig.bench.config import COMPUTES
 from semimig.controller.runtime import MODES
+from semimig.errors import ConfigError
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -43,7 +46,7 @@ def add_bench_subcommand(subparsers) -> None:
     p = subparsers.add_parser("bench", help="end-to-end straggler benchmark (RT and ACC per mode)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", type=_modes, default=MODES, help=f"comma-separated, from {','.join(MODES)}")
-    p.add_argument("--chi", type=_floats, default=None, help="straggler slowdowns, e.g. 1,4,8 (default 1,4)")
+    p.add_argument("--chi", type=_floats, default=None, help="straggler slowdowns in [1, 100], e.g. 1,4,8 (default 1,4)")
     p.add_argument("--seeds", type=_ints, default=None, help="e.g. 0,1,2 (default 0,1; --quick: 0)")
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--dp", type=int, default=1)
@@ -56,18 +59,31 @@ def add_bench_subcommand(subparsers) -> None:
                         "(paper Fig. 11; plot lambda_sweep.png)")
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--iters-per-epoch", type=int, default=None)
+    p.add_argument("--compute", choices=COMPUTES, default=None,
+                   help="measured: real GEMMs, one thread per rank, the straggler sleeps (chi-1) x its measured "
+                        "time (default when every rank has a core); emulated: every GEMM sleeps chi x flops / "
+                        "rate of a nominal device (default otherwise; ranks may share cores)")
     p.add_argument("--device-ms", type=float, default=None,
-                   help="emulated GEMM time of one rank per iteration at chi = 1 (default 20 ms per rank "
-                        "sharing this machine, at least 40: device time must dominate the host work, "
-                        "which grows with the number of ranks)")
+                   help="emulated compute: GEMM time of one rank per iteration at chi = 1 (default 20 ms per rank "
+                        "sharing this machine, at least 40: device time must dominate the host work)")
     p.add_argument("--theta-iter", type=float, default=None,
                    help="PriDiff micro-threshold of the zero-pridiff-* modes (default 1e-3, the paper's)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="cpu: gloo ranks on an emulated device; cuda: one NCCL rank per GPU, real device time")
-    p.add_argument("--quick", action="store_true", help="fewer iterations and seeds (a few minutes)")
-    p.add_argument("--json", type=Path, default=Path("results/bench.json"))
+                   help="cpu: gloo ranks; cuda: one NCCL rank per GPU, real device time (measured compute)")
+    p.add_argument("--timeout-s", type=float, default=None,
+                   help="collective timeout: a frozen or dead rank ends the run within it (default: sized to the "
+                        "work, 120-300 s)")
+    p.add_argument("--quick", action="store_true",
+                   help="40 iterations, one seed, time only: too few iterations for accuracy to mean anything, "
+                        "so none is measured (a few minutes)")
+    p.add_argument("--json", type=Path, default=Path("results/bench.json"),
+                   help="results file, rewritten atomically after every finished case")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the cases already in --json (same settings) and train only the missing ones")
+    p.add_argument("--overwrite", action="store_true", help="replace a --json file that holds other settings")
     p.add_argument("--plots", type=Path, default=Path("results"), help="directory for the PNG plots")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--dry-run", action="store_true", help="check every setting and list the cases; start no rank")
     p.set_defaults(func=run_bench_command)
 
 
@@ -76,78 +92,83 @@ def _given(value, default):
     return default if value is None else value
 
 
-def config_from_args(args: argparse.Namespace):
+_FLAGS = {"modes": "--modes", "chis": "--chi", "seeds": "--seeds", "tp": "--tp", "dp": "--dp",
+          "straggler_rank": "--straggler-rank", "multi_chis": "--multi-chi", "lambdas": "--lambdas",
+          "epochs": "--epochs", "iters_per_epoch": "--iters-per-epoch", "device_ms": "--device-ms",
+          "theta_iter": "--theta-iter", "timeout_s": "--timeout-s", "compute": "--compute"}
+
+
+def _flag_of(message: str) -> str:
+    """``--chi: `` when the message starts with a BenchConfig field a flag sets, else nothing."""
+    field = message.split(" ", 1)[0].split("[", 1)[0].split("=", 1)[0]
+    return f"{_FLAGS[field]}: " if field in _FLAGS else ""
+
+
+def default_compute(device: str, local_ranks: int) -> str:
+    """Measured wherever each local rank gets a core of its own (or a GPU), emulated otherwise."""
+    from semimig.bench.runner import usable_cores
+
+    return "measured" if device == "cuda" or local_ranks <= usable_cores() else "emulated"
+
+
+def config_from_args(args: argparse.Namespace, *, local_ranks: Optional[int] = None):
+    """The :class:`BenchConfig` of the flags (``local_ranks``: ranks on this machine, default tp*dp)."""
     from semimig.bench.config import BenchConfig
 
     quick = args.quick
+    compute = args.compute or default_compute(args.device, local_ranks or args.tp * args.dp)
+    if compute == "measured" and args.device_ms is not None:
+        raise ConfigError(f"--device-ms {args.device_ms:g} sets the emulated device; measured compute times the real "
+                          "GEMMs: drop it or add --compute emulated")
     return BenchConfig(
         modes=args.modes,
         chis=_given(args.chi, (1.0, 4.0)),
         seeds=_given(args.seeds, (0,) if quick else (0, 1)),
         tp=args.tp, dp=args.dp, pattern=args.pattern, straggler_rank=args.straggler_rank,
-        multi_chis=args.multi_chi, lambdas=args.lambdas, device=args.device,
+        multi_chis=args.multi_chi, lambdas=args.lambdas, device=args.device, compute=compute,
         epochs=_given(args.epochs, 2 if quick else 4),
-        iters_per_epoch=_given(args.iters_per_epoch, 15 if quick else 25),
+        iters_per_epoch=_given(args.iters_per_epoch, 20 if quick else 25),
         device_ms=_given(args.device_ms, 20.0 * max(2, args.tp * args.dp)),
         theta_iter=_given(args.theta_iter, BenchConfig.theta_iter),
+        evaluate=not quick,
+        timeout_s=args.timeout_s,
     )
 
 
-def _check_output(path: Path, flag: str, *, is_dir: bool) -> None:
-    """Refuse an output path that cannot be written before any training starts (not after an hour)."""
-    target = path if is_dir else path.parent
-    if not is_dir and path.is_dir():
-        raise ValueError(f"{flag} {path} is a directory; give a file name")
-    if is_dir and path.exists() and not path.is_dir():
-        raise ValueError(f"{flag} {path} is a file; give a directory")
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"{flag} {path}: cannot create {target} ({err.strerror})") from err
-    if not os.access(target, os.W_OK):
-        raise ValueError(f"{flag} {path}: {target} is not writable")
-
-
 def run_bench_command(args: argparse.Namespace) -> int:
-    from rich.progress import Progress
+    """Check every flag before any rank starts; then train on spawned or launcher-given ranks."""
+    from semimig.bench import runner
+    from semimig.launch import TorchrunEnv
 
-    from semimig.bench.train import run_cases
-    from semimig.launch import check_backend, run_on_ranks
-
+    env = None
     try:
-        cfg = config_from_args(args)
-        check_backend(cfg.backend, cfg.world)
-        _check_outputs(args)
-    except ValueError as err:  # a flag combination BenchConfig refuses: say which, no traceback
-        print(f"semimig bench: error: {err}", file=sys.stderr)
-        return 2
-    groups = [cfg.cases(chi, seed) for seed in cfg.seeds for chi in cfg.chis]
-    records = []
-    start = time.perf_counter()
-    print(f"semimig bench: ViT {cfg.size} on digits, tp={cfg.tp} dp={cfg.dp}, pattern {cfg.pattern}, "
-          f"{cfg.epochs}x{cfg.iters_per_epoch} iterations, "
-          + (f"emulated device {cfg.device_ms:g} ms/iter, " if cfg.device == "cpu" else "")
-          + f"{len(cfg.modes)} modes x {len(cfg.chis)} chi x {len(cfg.seeds)} seeds on "
-          + ("CPU/gloo" if cfg.device == "cpu" else "GPUs/NCCL"))
-    with Progress() as progress:
-        task = progress.add_task("training", total=sum(len(cases) for cases in groups))
-        for cases in groups:
-            records += run_on_ranks(run_cases, cfg.world, cfg, cases, timeout_s=3600, backend=cfg.backend)
-            progress.advance(task, len(cases))
-    title = f"semimig bench tp={cfg.tp} {cfg.pattern} ({time.perf_counter() - start:.0f} s)"
-    _write_results(args, records, dataclasses.asdict(cfg), title)
-    return 0
+        env = TorchrunEnv.from_environ()
+        cfg = config_from_args(args, local_ranks=env.local_world_size if env else None)
+        out = runner.Outputs(json=args.json, plots=None if args.no_plots else args.plots, resume=args.resume,
+                             overwrite=args.overwrite, dry_run=args.dry_run, argv=getattr(args, "argv", None))
+        if env is None:
+            return runner.run_spawned(cfg, out)
+        return runner.run_launched(cfg, out, env)
+    except (ConfigError, runner.Refused) as err:  # refused before training: say which, no traceback
+        if env is None or env.local_rank == 0:
+            message = str(err)
+            print(f"semimig bench: error: {_flag_of(message)}{message}", file=sys.stderr)
+        return getattr(err, "code", 2)
+    except runner.Stopped as err:
+        if env is None or env.rank == 0:
+            print(f"semimig bench: {err}", file=sys.stderr)
+        return err.code
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
-    """``--json`` and (unless ``--no-plots``) ``--plots`` of ``bench`` and ``report``."""
-    _check_output(args.json, "--json", is_dir=False)
-    if not args.no_plots:
-        _check_output(args.plots, "--plots", is_dir=True)
+    """``--json`` and (unless ``--no-plots``) ``--plots`` of ``report``."""
+    from semimig.bench.results import check_outputs
+
+    check_outputs(args.json, None if args.no_plots else args.plots)
 
 
 def _write_results(args: argparse.Namespace, records: list, config: dict, title: str, **json_extra) -> None:
-    """The table, the JSON and (unless ``--no-plots``) the plots of ``bench`` and ``report``."""
+    """The table, the JSON and (unless ``--no-plots``) the plots of ``report``."""
     from semimig.bench import report
 
     rows = report.summarize(records)
@@ -179,7 +200,7 @@ def run_report_command(args: argparse.Namespace) -> int:
         saved = [(str(path), report.load_saved(path)) for path in args.saved]
         records, config, machine_info = report.merge_saved(saved)
         _check_outputs(args)
-    except ValueError as err:
+    except ConfigError as err:
         print(f"semimig report: error: {err}", file=sys.stderr)
         return 2
     title = f"semimig report tp={config.get('tp')} {config.get('pattern')} ({len(saved)} runs)"

@@ -1,23 +1,75 @@
-"""What one ``semimig bench`` run trains and measures (frozen, validated)."""
+"""What one ``semimig bench`` run trains and measures (frozen, validated where it enters).
+
+Compute modes (``compute``):
+
+    emulated  every rank's linear GEMMs take ``chi * flops / rate`` seconds of sleep, the rate set so
+              that one rank's GEMMs take ``device_ms`` per iteration at chi = 1 (the host compute is
+              small beside it).  Ranks that sleep do not compete for cores, so 4 ranks run on 2.
+    measured  nothing is modelled but the straggler: each rank runs its real GEMMs on one thread and
+              its busy time is the measured time of the work it did; a straggler sleeps
+              ``(chi - 1) x`` its own measured GEMM time (the paper's method).  Needs one core per
+              rank; ``--device cuda`` is always measured.
+
+Bounds, and why:
+
+- ``chi <= 100``: the paper sweeps chi <= 8; balancing can hide at most chi = 1 / (1 - gamma_max)
+  = 10 at gamma_max = 0.9; beyond 100 a rank is dead, not slow, and the baseline case would take
+  100x its chi = 1 time (chi = 1e6 "slept for ever").
+- ``device_ms <= 10000``: ten seconds of emulated GEMM per iteration already makes one case of the
+  default 100 iterations last 17 minutes; larger values are typos.
+- The collective timeout must outlast the longest wait a rank can cause: the straggler's emulated
+  GEMM time of one iteration, ``max chi * device_ms``; a timeout shorter than that is refused.
+"""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Optional
 
+from semimig._validate import check_choice, check_int, check_number
 from semimig.bench.models import VitSize
 from semimig.controller.runtime import MODES
+from semimig.errors import ConfigError
 from semimig.resizing.config import ResizingConfig
 
 PATTERNS = ("fixed", "round-robin", "multi")
+COMPUTES = ("emulated", "measured")
+DEVICES = ("cpu", "cuda")
+CHI_MAX = 100.0
+DEVICE_MS_MAX = 10_000.0
+TIMEOUT_MAX_S = 86_400.0
+MAX_WORLD = 64
+EMULATED_SIZE = VitSize(hidden=64, layers=2, heads=4, intermediate=256)
+"""Emulated mode: the GEMM time is slept, so the model only needs to learn digits."""
+MEASURED_SIZE = VitSize(hidden=256, layers=2, heads=4, intermediate=1024)
+"""Measured mode: large enough that the tensor-parallel GEMMs dominate a CPU iteration (the record's
+``gemm_share`` reports the measured share), small enough for the default run to stay short."""
+
+
+def _check_sweep(name: str, values, check) -> tuple:
+    """A non-empty tuple of distinct values, each passing ``check(item_name, value)``."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (tuple, list)) or not values:
+        raise ConfigError(f"{name} must be a non-empty tuple, got {values!r}")
+    for i, value in enumerate(values):
+        check(f"{name}[{i}]", value)
+    seen = set()
+    for value in values:
+        if value in seen:
+            raise ConfigError(f"{name} lists {value!r} twice, got {tuple(values)!r}: every case would be "
+                              "trained twice")
+        seen.add(value)
+    return tuple(values)
 
 
 @dataclass(frozen=True, kw_only=True)
 class BenchConfig:
-    """One benchmark sweep: every mode × chi × seed trains the same ViT on digits."""
+    """One benchmark sweep: every mode x chi x seed trains the same ViT on digits."""
 
     modes: tuple[str, ...] = MODES
     """Balancing modes (``baseline`` = Colossal-AI's own layers with the same injection)."""
     chis: tuple[float, ...] = (1.0, 4.0, 8.0)
-    """Slowdown factors of the straggler(s); ``multi`` scales its per-rank factors by chi/8."""
+    """Slowdown factors of the straggler(s), each in [1, 100]; ``multi`` scales its per-rank
+    factors by chi/8."""
     seeds: tuple[int, ...] = (0, 1, 2)
     tp: int = 2
     dp: int = 1
@@ -36,66 +88,98 @@ class BenchConfig:
     batch: int = 64
     lr: float = 1e-3
     """Peak learning rate of the one-cycle schedule (AdamW) over ``epochs * iters_per_epoch``."""
+    compute: str = "emulated"
+    """``emulated`` or ``measured`` (module docstring); ``device="cuda"`` needs ``measured``."""
     device_ms: float = 60.0
-    """Emulated device time of one rank's linear GEMMs per iteration at chi = 1 (milliseconds):
-    the GEMMs of every rank sleep as long as a device of that speed would compute (see
-    ``semimig.straggler.injection``, mode ``emulated``)."""
+    """Emulated mode: device time of one rank's linear GEMMs per iteration at chi = 1 (ms)."""
     device: str = "cpu"
-    """``cpu``: gloo ranks with the emulated device (``device_ms``).  ``cuda``: one NCCL rank per
-    GPU, real device time, the straggler slowed by ``(chi - 1)`` × its measured GEMM time."""
+    """``cpu``: gloo ranks.  ``cuda``: one NCCL rank per GPU, real device time (measured)."""
     theta_iter: float = ResizingConfig.theta_iter
-    """PriDiff micro-threshold (``ResizingConfig.theta_iter``; the paper's default 1e-3).  Used by
-    the ``zero-pridiff-*`` modes only: a column is a pruning candidate when its weight moved less
-    than ``iters_per_epoch * theta_iter`` (mean absolute change) over the last epoch."""
+    """PriDiff micro-threshold (``ResizingConfig.theta_iter``), read by the ``zero-pridiff-*`` modes."""
     warmup_iters: int = 3
     """Iterations left out of the timing (pretest, first plans)."""
-    size: VitSize = field(default_factory=lambda: VitSize(hidden=64, layers=2, heads=4, intermediate=256))
+    evaluate: bool = True
+    """Measure test accuracy after training; ``False`` (``--quick``) reports time only, since a few
+    dozen iterations leave the model at chance and an accuracy column would show noise."""
+    timeout_s: Optional[float] = None
+    """Collective timeout of every process group (seconds): a frozen or dead rank ends the run
+    within it.  ``None``: sized to the work (:meth:`default_timeout_s`)."""
+    size: Optional[VitSize] = None
+    """The ViT; ``None``: :data:`EMULATED_SIZE` or :data:`MEASURED_SIZE` by ``compute``."""
 
     def __post_init__(self) -> None:
-        for mode in self.modes:
-            if mode not in MODES:
-                raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
-        if not self.modes:
-            raise ValueError("modes must not be empty")
-        for chi in self.chis:
-            if not chi >= 1:
-                raise ValueError(f"chi values must be >= 1, got {chi}")
-        if self.pattern not in PATTERNS:
-            raise ValueError(f"pattern must be one of {PATTERNS}, got {self.pattern!r}")
-        for name in ("tp", "dp", "epochs", "iters_per_epoch", "batch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.pattern == "fixed" and not 0 <= self.straggler_rank < self.tp:
-            raise ValueError(f"straggler_rank={self.straggler_rank} is outside the TP group of size {self.tp}")
-        if self.tp < 2 and self.pattern != "fixed":
-            raise ValueError(f"pattern {self.pattern!r} needs tp >= 2, got tp={self.tp}")
-        if self.size.hidden % self.tp or self.size.intermediate % self.tp or self.size.heads % self.tp:
-            raise ValueError(f"hidden={self.size.hidden}, intermediate={self.size.intermediate} and "
-                             f"heads={self.size.heads} must all be divisible by tp={self.tp}")
-        if self.batch * self.dp > 1000:
-            raise ValueError(f"batch*dp={self.batch * self.dp} exceeds what digits' 1347 training images "
-                             "can serve per iteration (keep it <= 1000)")
-        for lam in self.lambdas:
-            if isinstance(lam, bool) or not isinstance(lam, int) or not 0 <= lam < self.tp:
-                raise ValueError(f"lambda values count migrating stragglers: ints in [0, tp={self.tp}), got {lam!r}")
-        if self.lambdas and self.pattern != "multi":
-            raise ValueError(f"a lambda sweep needs several stragglers (pattern 'multi'), got pattern {self.pattern!r}")
-        if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
-        if not self.seeds or not self.chis:
-            raise ValueError(f"seeds and chis must not be empty, got seeds={self.seeds} chis={self.chis}")
-        for seed in self.seeds:
-            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
-                raise ValueError(f"seeds must be ints in [0, 2**32), got {seed!r}")
-        if self.pattern == "multi" and (not self.multi_chis or any(not c >= 1 for c in self.multi_chis)):
-            raise ValueError(f"multi_chis are per-rank slowdowns: non-empty, each >= 1, got {self.multi_chis}")
-        ResizingConfig(theta_iter=self.theta_iter)  # its check, its message
-        if not self.device_ms > 0:
-            raise ValueError(f"device_ms must be > 0, got {self.device_ms}")
-        if self.warmup_iters >= self.epochs * self.iters_per_epoch:
-            raise ValueError(f"warmup_iters={self.warmup_iters} leaves no timed iteration "
-                             f"(epochs*iters_per_epoch={self.epochs * self.iters_per_epoch})")
+        modes = _check_sweep("modes", self.modes, lambda n, v: check_choice(n, v, MODES))
+        object.__setattr__(self, "modes", modes)
+        chis = _check_sweep("chis", self.chis, lambda n, v: check_number(n, v, minimum=1.0, maximum=CHI_MAX))
+        object.__setattr__(self, "chis", tuple(float(c) for c in chis))
+        object.__setattr__(self, "seeds", _check_sweep(
+            "seeds", self.seeds, lambda n, v: check_int(n, v, minimum=0, maximum=2**32 - 1)))
+        check_int("tp", self.tp, minimum=1, maximum=MAX_WORLD)
+        check_int("dp", self.dp, minimum=1, maximum=MAX_WORLD)
+        if self.tp * self.dp > MAX_WORLD:
+            raise ConfigError(f"tp*dp = {self.tp * self.dp} ranks exceeds {MAX_WORLD}")
+        check_choice("pattern", self.pattern, PATTERNS)
+        check_int("straggler_rank", self.straggler_rank, minimum=0)
+        check_choice("compute", self.compute, COMPUTES)
+        check_choice("device", self.device, DEVICES)
+        if self.device == "cuda" and self.compute != "measured":
+            raise ConfigError("device 'cuda' measures real device time: compute must be 'measured', "
+                              f"got {self.compute!r}")
+        for name, maximum in (("epochs", 10_000), ("iters_per_epoch", 100_000), ("batch", 1000),
+                              ("warmup_iters", 100_000)):
+            check_int(name, getattr(self, name), minimum=0 if name == "warmup_iters" else 1, maximum=maximum)
+        check_number("lr", self.lr, minimum=0.0, maximum=1.0, low_open=True)
+        check_number("device_ms", self.device_ms, minimum=0.0, maximum=DEVICE_MS_MAX, low_open=True)
+        check_number("theta_iter", self.theta_iter, minimum=0.0)
+        ResizingConfig(theta_iter=self.theta_iter)  # its own range, its message
+        if not isinstance(self.evaluate, bool):
+            raise ConfigError(f"evaluate must be a bool, got {self.evaluate!r}")
+        if self.size is None:
+            object.__setattr__(self, "size", MEASURED_SIZE if self.compute == "measured" else EMULATED_SIZE)
+        if not isinstance(self.size, VitSize):
+            raise ConfigError(f"size must be a VitSize, got {self.size!r}")
+        self._check_pattern()
+        self._check_shapes()
+        if self.timeout_s is None:
+            object.__setattr__(self, "timeout_s", self.default_timeout_s())
+        check_number("timeout_s", self.timeout_s, minimum=1.0, maximum=TIMEOUT_MAX_S)
+        if self.compute == "emulated" and self.longest_wait_s() >= self.timeout_s:
+            raise ConfigError(f"timeout_s={self.timeout_s:g} is shorter than the straggler's emulated GEMM time per "
+                              f"iteration (chi {self.max_chi:g} x device_ms {self.device_ms:g} = "
+                              f"{self.longest_wait_s():g} s): raise --timeout-s or lower --chi / --device-ms")
 
+    def _check_pattern(self) -> None:
+        if self.pattern == "fixed" and self.straggler_rank >= self.tp:
+            raise ConfigError(f"straggler_rank={self.straggler_rank} is outside the TP group of size {self.tp}")
+        if self.tp < 2 and self.pattern != "fixed":
+            raise ConfigError(f"pattern {self.pattern!r} needs tp >= 2, got tp={self.tp}")
+        if isinstance(self.multi_chis, (str, bytes)) or not isinstance(self.multi_chis, (tuple, list)) or (
+                self.pattern == "multi" and not self.multi_chis):
+            raise ConfigError(f"multi_chis must be a non-empty tuple of per-rank slowdowns, got {self.multi_chis!r}")
+        for i, chi in enumerate(self.multi_chis):  # per rank: repeats are fine (two ranks at chi 4)
+            check_number(f"multi_chis[{i}]", chi, minimum=1.0, maximum=CHI_MAX)
+        object.__setattr__(self, "multi_chis", tuple(float(c) for c in self.multi_chis))
+        if self.lambdas:
+            _check_sweep("lambdas", self.lambdas, lambda n, v: check_int(n, v, minimum=0, maximum=self.tp - 1))
+            if self.pattern != "multi":
+                raise ConfigError(f"a lambda sweep needs several stragglers (pattern 'multi'), got pattern "
+                                  f"{self.pattern!r}")
+        elif not isinstance(self.lambdas, tuple):
+            raise ConfigError(f"lambdas must be a tuple of ints, got {self.lambdas!r}")
+
+    def _check_shapes(self) -> None:
+        s = self.size
+        if s.hidden % self.tp or s.intermediate % self.tp or s.heads % self.tp:
+            raise ConfigError(f"hidden={s.hidden}, intermediate={s.intermediate} and heads={s.heads} must all be "
+                              f"divisible by tp={self.tp}")
+        if self.batch * self.dp > 1000:
+            raise ConfigError(f"batch*dp={self.batch * self.dp} exceeds what digits' 1347 training images can serve "
+                              "per iteration (keep it <= 1000)")
+        if self.warmup_iters >= self.epochs * self.iters_per_epoch:
+            raise ConfigError(f"warmup_iters={self.warmup_iters} leaves no timed iteration "
+                              f"(epochs*iters_per_epoch={self.epochs * self.iters_per_epoch})")
+
+    # ------------------------------------------------------------------ derived
     @property
     def world(self) -> int:
         return self.tp * self.dp
@@ -104,10 +188,31 @@ class BenchConfig:
     def backend(self) -> str:
         return "nccl" if self.device == "cuda" else "gloo"
 
+    @property
+    def max_chi(self) -> float:
+        """The largest slowdown any rank gets in this sweep."""
+        multi = max(self.multi_chis[: self.tp], default=1.0) / 8.0 if self.pattern == "multi" else 1.0
+        return max(max(self.chis), max(self.chis) * multi)
+
+    def longest_wait_s(self) -> float:
+        """Emulated mode: the straggler's GEMM time of one iteration, the longest a peer can wait on it."""
+        return self.max_chi * self.device_ms / 1000.0 if self.compute == "emulated" else 0.0
+
+    def default_timeout_s(self) -> float:
+        """Minutes, sized to the work: 120 s, or ten of the longest emulated waits if that is more;
+        measured: 300 s (a CPU iteration of the measured model takes well under a second at chi = 1)."""
+        if self.compute == "measured":
+            return 300.0
+        return float(min(TIMEOUT_MAX_S, max(120.0, math.ceil(10 * self.longest_wait_s()))))
+
     def cases(self, chi: float, seed: int) -> list[tuple[str, float, int, int | None]]:
         """``(mode, chi, seed, λ)`` to train for one chi and seed: every mode, then the λ sweep."""
         sweep = [("semi", chi, seed, lam) for lam in self.lambdas] if chi != 1.0 else []
         return [(mode, chi, seed, None) for mode in self.modes] + sweep
+
+    def all_cases(self) -> list[tuple[str, float, int, int | None]]:
+        """Every case of the sweep, grouped by seed then chi (the order they are trained in)."""
+        return [case for seed in self.seeds for chi in self.chis for case in self.cases(chi, seed)]
 
     def straggler_spec(self, chi: float) -> str:
         """The injection (CLI grammar of :class:`StragglerConfig`) for this pattern at ``chi``."""
@@ -119,6 +224,12 @@ class BenchConfig:
             return f"round-robin:{chi:g}"
         pairs = [f"{r}={max(1.0, c * chi / 8.0):g}" for r, c in enumerate(self.multi_chis[: self.tp])]
         return "multi:" + ",".join(pairs)
+
+    def timing_spec(self) -> str:
+        """The ``mode=...`` options of the injection for this compute mode."""
+        if self.compute == "measured":
+            return "mode=measured"
+        return f"mode=emulated:flops={self.device_flops_per_second():.6g}"
 
     @property
     def tokens(self) -> int:
@@ -134,3 +245,6 @@ class BenchConfig:
     def device_flops_per_second(self) -> float:
         """The emulated device rate that makes one iteration's GEMMs take ``device_ms``."""
         return self.gemm_flops_per_rank() / (self.device_ms / 1000.0)
+
+
+__all__ = ["BenchConfig", "PATTERNS", "COMPUTES", "CHI_MAX", "DEVICE_MS_MAX", "EMULATED_SIZE", "MEASURED_SIZE"]

@@ -8,6 +8,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
+from semimig.bench.results import RUN_ONLY_KEYS, SWEEP_KEYS
+from semimig.errors import ConfigError
 from semimig.resizing.config import ResizingConfig
 
 
@@ -15,30 +17,59 @@ def summarize(records: Sequence[dict]) -> list[dict]:
     """Per (mode, λ, chi): mean epoch/iteration time, accuracy mean ± std over seeds, RT vs chi = 1.
 
     ``label`` names the row (``semi λ=2`` for a λ-sweep run); a λ row's RT is relative to plain
-    ``semi`` at chi = 1 (with no straggler there is nothing to sweep).
+    ``semi`` at chi = 1 (with no straggler there is nothing to sweep).  Accuracy is ``None`` for
+    time-only runs.  ``acc_delta_vs_baseline`` is the mean over the seeds both measured of the
+    per-seed difference to the baseline (same seed, same chi); ``acc_delta_std`` its spread over
+    those seeds (``None`` below two seeds: no noise estimate), and ``acc_delta_within_noise`` says
+    whether ``|delta| <= std`` — such a delta is not a gain or a loss.
     """
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
         groups[(r["mode"], r.get("lambda"), r["chi"])].append(r)
     rows = []
     for (mode, lam, chi), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], -1 if kv[0][1] is None else kv[0][1], kv[0][2])):
-        acc = [r["accuracy"] for r in rs]
+        acc = [r["accuracy"] for r in rs if r.get("accuracy") is not None]
         rows.append({
             "mode": mode, "lambda": lam, "label": mode if lam is None else f"{mode} λ={lam}",
             "chi": chi, "seeds": len(rs),
             "iter_time_s": statistics.mean(r["iter_time_s"] for r in rs),
             "epoch_time_s": statistics.mean(r["epoch_time_s"] for r in rs),
-            "accuracy_mean": statistics.mean(acc),
-            "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
+            "accuracy_mean": statistics.mean(acc) if acc else None,
+            "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else (0.0 if acc else None),
             "migrating_stragglers": statistics.mean(r.get("migrating_stragglers", 0) for r in rs),
+            "_by_seed": {r["seed"]: r.get("accuracy") for r in rs},
         })
     base_time = {row["mode"]: row["iter_time_s"] for row in rows if row["chi"] == 1.0 and row["lambda"] is None}
-    base_acc = {row["chi"]: row["accuracy_mean"] for row in rows if row["mode"] == "baseline"}
+    base_acc = {row["chi"]: row["_by_seed"] for row in rows if row["mode"] == "baseline" and row["lambda"] is None}
     for row in rows:
         ref = base_time.get(row["mode"])
         row["rt_vs_chi1"] = row["iter_time_s"] / ref if ref else None
-        row["acc_delta_vs_baseline"] = (row["accuracy_mean"] - base_acc[row["chi"]]) if row["chi"] in base_acc else None
+        row.update(_acc_delta(row.pop("_by_seed"), base_acc.get(row["chi"], {})))
     return rows
+
+
+def _acc_delta(mine: dict, baseline: dict) -> dict:
+    """Paired per-seed accuracy differences to the baseline: mean, spread, within the noise."""
+    diffs = [mine[s] - baseline[s] for s in mine if mine[s] is not None and baseline.get(s) is not None]
+    if not diffs:
+        return {"acc_delta_vs_baseline": None, "acc_delta_std": None, "acc_delta_within_noise": None}
+    delta = statistics.mean(diffs)
+    std = statistics.stdev(diffs) if len(diffs) > 1 else None
+    return {"acc_delta_vs_baseline": delta, "acc_delta_std": std,
+            "acc_delta_within_noise": None if std is None else abs(delta) <= std}
+
+
+def _accuracy_cells(row: dict) -> tuple[str, str]:
+    if row["accuracy_mean"] is None:
+        return "-", "-"
+    acc = f"{100 * row['accuracy_mean']:.1f} ± {100 * row['accuracy_std']:.1f}"
+    delta = row["acc_delta_vs_baseline"]
+    if delta is None:
+        return acc, "-"
+    text = f"{100 * delta:+.1f}"
+    if row["acc_delta_std"] is not None:
+        text += f" ± {100 * row['acc_delta_std']:.1f}" + (" (noise)" if row["acc_delta_within_noise"] else "")
+    return acc, text
 
 
 def print_table(rows: Sequence[dict], title: str) -> None:
@@ -51,11 +82,13 @@ def print_table(rows: Sequence[dict], title: str) -> None:
     for row in rows:
         table.add_row(
             row["label"], f"{row['chi']:g}", f"{row['iter_time_s']:.3f}", f"{row['epoch_time_s']:.2f}",
-            "-" if row["rt_vs_chi1"] is None else f"{row['rt_vs_chi1']:.2f}x",
-            f"{100 * row['accuracy_mean']:.1f} ± {100 * row['accuracy_std']:.1f}",
-            "-" if row["acc_delta_vs_baseline"] is None else f"{100 * row['acc_delta_vs_baseline']:+.1f}",
-        )
+            "-" if row["rt_vs_chi1"] is None else f"{row['rt_vs_chi1']:.2f}x", *_accuracy_cells(row))
     Console().print(table)
+    if any(row["accuracy_mean"] is None for row in rows):
+        print("accuracy not measured (time-only run: too few iterations for accuracy to differ from chance)")
+    elif any(row["acc_delta_vs_baseline"] is not None and row["acc_delta_std"] is None for row in rows):
+        print("ACC - baseline from one seed has no noise estimate: run several seeds before reading it as a "
+              "gain or a loss")
 
 
 def machine() -> dict:
@@ -68,17 +101,15 @@ def machine() -> dict:
 
 def write_json(path: Path, records: Sequence[dict], rows: Sequence[dict], config: dict, *,
                machine_info: dict | list | None = None, sources: Sequence[str] | None = None) -> None:
-    """``{"records", "summary", "machine", "config"}`` (+ ``"sources"`` for a merged report)."""
+    """``{"records", "summary", "machine", "config"}`` (+ ``"sources"`` for a merged report), atomically."""
+    from semimig.bench.results import write_atomically
+
     out = {"records": list(records), "summary": list(rows),
            "machine": machine() if machine_info is None else machine_info, "config": config}
     if sources is not None:
         out["sources"] = list(sources)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2, default=str))
+    write_atomically(path, out)
 
-
-# Config keys along which saved runs may differ and still be compared: the sweep axes.
-SWEEP_KEYS = ("modes", "chis", "seeds", "lambdas")
 
 # Config keys that only some modes read, with the value a run saved before the key existed used:
 # runs may differ in them as long as every run holding one of those modes agrees.
@@ -86,17 +117,19 @@ MODE_SCOPED_KEYS = {"theta_iter": (("zero-pridiff-e", "zero-pridiff-r"), Resizin
 
 
 def load_saved(path: Path) -> dict:
-    """A JSON written by ``semimig bench`` (``records`` and ``config``); errors name the file."""
+    """A JSON written by ``semimig bench``, schema-checked (:mod:`semimig.bench.schema`); errors
+    (:class:`~semimig.errors.ConfigError`) name the file, the key and the bad value in one line."""
+    from semimig.bench.schema import validate_saved
+
     try:
         data = json.loads(Path(path).read_text())
     except OSError as err:
-        raise ValueError(f"cannot read {path}: {err.strerror}") from err
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not JSON: {err}") from err
-    for key in ("records", "config"):
-        if not isinstance(data, dict) or key not in data:
-            raise ValueError(f"{path} has no {key!r}: not a JSON written by semimig bench")
-    return data
+        raise ConfigError(f"cannot read {path}: {err.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path} is not JSON: {err}") from None
+    except RecursionError:
+        raise ConfigError(f"{path} nests too deeply to be a semimig bench result") from None
+    return validate_saved(data, str(path))
 
 
 def merge_saved(saved: Sequence[tuple[str, dict]]) -> tuple[list[dict], dict, dict | list]:
@@ -109,26 +142,26 @@ def merge_saved(saved: Sequence[tuple[str, dict]]) -> tuple[list[dict], dict, di
     common machine, or the list of them when they differ.
     """
     if not saved:
-        raise ValueError("no saved runs given")
+        raise ConfigError("no saved runs given")
     (first_name, first), records, owner = saved[0], [], {}
     config = {**first["config"], **_mode_scoped_values(saved)}
     for name, data in saved:
         cfg = data["config"]
         for key in sorted(set(cfg) | set(first["config"])):
-            if key in SWEEP_KEYS or key in MODE_SCOPED_KEYS:
+            if key in SWEEP_KEYS or key in MODE_SCOPED_KEYS or key in RUN_ONLY_KEYS:
                 continue
             if key not in cfg or key not in first["config"]:
                 where = name if key in cfg else first_name
-                raise ValueError(f"config key {key!r} is only in {where}: the runs do not compare")
+                raise ConfigError(f"config key {key!r} is only in {where}: the runs do not compare")
             if cfg[key] != first["config"][key]:
-                raise ValueError(f"config {key!r} differs: {first['config'][key]} in {first_name} "
+                raise ConfigError(f"config {key!r} differs: {first['config'][key]} in {first_name} "
                                  f"but {cfg[key]} in {name}")
         for key in SWEEP_KEYS:
             config[key] = list(dict.fromkeys([*config.get(key, []), *cfg.get(key, [])]))
         for r in data["records"]:
             case = (r["mode"], r["chi"], r["seed"], r.get("lambda"))
             if case in owner:
-                raise ValueError(f"(mode {case[0]!r}, chi {case[1]:g}, seed {case[2]}, lambda {case[3]}) is in "
+                raise ConfigError(f"(mode {case[0]!r}, chi {case[1]:g}, seed {case[2]}, lambda {case[3]}) is in "
                                  f"both {owner[case]} and {name}")
             owner[case] = name
             records.append(r)
@@ -147,76 +180,109 @@ def _mode_scoped_values(saved: Sequence[tuple[str, dict]]) -> dict:
                 seen.setdefault(data["config"].get(key, default), name)
         if len(seen) > 1:
             (a, first), (b, second) = list(seen.items())[:2]
-            raise ValueError(f"config {key!r} differs between runs of {', '.join(modes)}: {a} in {first} "
+            raise ConfigError(f"config {key!r} differs between runs of {', '.join(modes)}: {a} in {first} "
                              f"but {b} in {second}")
         values[key] = next(iter(seen), saved[0][1]["config"].get(key, default))
     return values
 
 
 def write_plots(directory: Path, rows: Sequence[dict], title: str) -> list[Path]:
-    """``rt_vs_chi.png`` and ``acc_delta.png`` in ``directory`` (plus ``lambda_sweep.png`` when
-    the rows hold a λ sweep); returns the paths."""
+    """``rt_vs_chi.png`` and, where seeds give a noise estimate, ``acc_delta.png`` in ``directory``
+    (plus ``lambda_sweep.png`` when the rows hold a λ sweep); returns the paths.
+
+    An accuracy delta is drawn with its spread over seeds as an error bar, and hollow and grey when
+    it is within that spread (not a gain, not a loss); deltas from one seed are not drawn at all.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     plain = [row for row in rows if row.get("lambda") is None]
-    modes = sorted({row["mode"] for row in plain})
-    paths = []
-    for key, ylabel, name in (("epoch_time_s", "epoch time RT (s)", "rt_vs_chi.png"),
-                              ("acc_delta_vs_baseline", "accuracy - baseline (points)", "acc_delta.png")):
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for mode in modes:
-            pts = [(row["chi"], row[key]) for row in plain if row["mode"] == mode and row[key] is not None]
-            if pts:
-                xs, ys = zip(*sorted(pts))
-                scale = 100.0 if key == "acc_delta_vs_baseline" else 1.0
-                ax.plot(xs, [y * scale for y in ys], marker="o", label=mode)
-        ax.set_xlabel("straggler slowdown chi")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title, fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = directory / name
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        paths.append(path)
+    paths = [_plot_times(plt, directory / "rt_vs_chi.png", plain, title)]
+    if any(row.get("acc_delta_std") is not None for row in plain):
+        paths.append(_plot_acc_delta(plt, directory / "acc_delta.png", plain, title))
     if any(row.get("lambda") is not None for row in rows):
         paths.append(_plot_lambda_sweep(plt, directory / "lambda_sweep.png", rows, title))
     return paths
 
 
-def _plot_lambda_sweep(plt, path: Path, rows: Sequence[dict], title: str) -> Path:
-    """Paper Fig. 11: RT and ACC delta vs λ (migrating stragglers), one line per chi; a star marks
-    plain ``semi`` (Eq. 3's own x) at its x."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    chis = sorted({row["chi"] for row in rows if row.get("lambda") is not None})
-    for chi in chis:
-        sweep = sorted((row["lambda"], row) for row in rows if row.get("lambda") is not None and row["chi"] == chi)
-        auto = [row for row in rows if row["mode"] == "semi" and row.get("lambda") is None and row["chi"] == chi]
-        base = [row for row in rows if row["mode"] == "baseline" and row["chi"] == chi]
-        for ax, key, scale in ((axes[0], "epoch_time_s", 1.0), (axes[1], "acc_delta_vs_baseline", 100.0)):
-            pts = [(lam, row[key] * scale) for lam, row in sweep if row[key] is not None]
-            if pts:
-                line, = ax.plot(*zip(*pts), marker="o", label=f"chi={chi:g}")
-                if key == "epoch_time_s":
-                    for row in base:
-                        ax.axhline(row[key], color=line.get_color(), linestyle="--", linewidth=1,
-                                   label=f"baseline, chi={chi:g}")
-                for row in auto:
-                    if row[key] is not None:
-                        ax.plot([row["migrating_stragglers"]], [row[key] * scale], marker="*", markersize=14,
-                                color=line.get_color(), linestyle="none", label=f"Eq. 3 choice, chi={chi:g}")
-    for ax, ylabel in ((axes[0], "epoch time RT (s)"), (axes[1], "accuracy - baseline (points)")):
-        ax.set_xlabel("stragglers that migrate (λ); the others resize")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
+def _save(plt, fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _plot_times(plt, path: Path, rows: Sequence[dict], title: str) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode in sorted({row["mode"] for row in rows}):
+        pts = sorted((row["chi"], row["epoch_time_s"]) for row in rows if row["mode"] == mode)
+        ax.plot(*zip(*pts), marker="o", label=mode)
+    ax.set(xlabel="straggler slowdown chi", ylabel="epoch time RT (s)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(plt, fig, path)
+
+
+def _draw_deltas(ax, points: Sequence[tuple[float, dict]], **line) -> None:
+    """Accuracy deltas at x with error bars (seed spread); within the spread: hollow, grey."""
+    points = [(x, row) for x, row in points if row.get("acc_delta_std") is not None]
+    if not points:
+        return
+    xs = [x for x, _ in points]
+    ys = [100 * row["acc_delta_vs_baseline"] for _, row in points]
+    errs = [100 * row["acc_delta_std"] for _, row in points]
+    ax.errorbar(xs, ys, yerr=errs, capsize=3, **{"marker": "o", **line})
+    noise = [(x, y) for (x, row), y in zip(points, ys) if row["acc_delta_within_noise"]]
+    if noise:
+        ax.plot(*zip(*noise), marker="o", linestyle="none", markersize=8, markerfacecolor="white",
+                markeredgecolor="grey", zorder=3)
+
+
+def _plot_acc_delta(plt, path: Path, rows: Sequence[dict], title: str) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode in sorted({row["mode"] for row in rows} - {"baseline"}):
+        _draw_deltas(ax, sorted(((row["chi"], row) for row in rows if row["mode"] == mode), key=lambda p: p[0]),
+                     label=mode)
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set(xlabel="straggler slowdown chi", ylabel="accuracy - baseline (points)")
+    ax.set_title(title + "\nbars: spread over seeds; hollow grey: within it (no difference)", fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(plt, fig, path)
+
+
+def _plot_lambda_sweep(plt, path: Path, rows: Sequence[dict], title: str) -> Path:
+    """Paper Fig. 11: RT and ACC delta vs λ (migrating stragglers), one line per chi; a star marks
+    plain ``semi`` (Eq. 3's own x) at its x.  Accuracy as in :func:`write_plots` (bars, noise grey)."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    chis = sorted({row["chi"] for row in rows if row.get("lambda") is not None})
+    for chi in chis:
+        sweep = sorted(((row["lambda"], row) for row in rows if row.get("lambda") is not None and row["chi"] == chi),
+                       key=lambda p: p[0])
+        auto = [row for row in rows if row["mode"] == "semi" and row.get("lambda") is None and row["chi"] == chi]
+        base = [row for row in rows if row["mode"] == "baseline" and row["chi"] == chi]
+        line, = axes[0].plot(*zip(*[(lam, row["epoch_time_s"]) for lam, row in sweep]), marker="o",
+                             label=f"chi={chi:g}")
+        color = line.get_color()
+        for row in base:
+            axes[0].axhline(row["epoch_time_s"], color=color, linestyle="--", linewidth=1,
+                            label=f"baseline, chi={chi:g}")
+        _draw_deltas(axes[1], sweep, color=color, label=f"chi={chi:g}")
+        for row in auto:
+            axes[0].plot([row["migrating_stragglers"]], [row["epoch_time_s"]], marker="*", markersize=14,
+                         color=color, linestyle="none", label=f"Eq. 3 choice, chi={chi:g}")
+            _draw_deltas(axes[1], [(row["migrating_stragglers"], row)], color=color, marker="*", markersize=14,
+                         linestyle="none")
+    for ax, ylabel in ((axes[0], "epoch time RT (s)"), (axes[1], "accuracy - baseline (points)")):
+        ax.set_xlabel("stragglers that migrate (λ); the others resize")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.suptitle(title + " (accuracy: bars = spread over seeds, hollow grey = within it)", fontsize=9)
+    return _save(plt, fig, path)

@@ -1,27 +1,30 @@
 """One benchmark case on one rank: train the ViT through ``HybridParallelPlugin`` and time it.
 
-A case is (mode, chi, seed).  ``baseline`` uses Colossal-AI's own policy and layers, slowed by
-hooks; every other mode uses :class:`SemiMigPolicy` and a :class:`BalanceController`.  Both see
-the same injected device emulation, so the only difference is what semimig does about it.
-Iteration time is the wall time from one optimizer step to the next, measured on every rank
-after a barrier-free loop (collectives already synchronise the TP group); rank 0 reports.
+A case is (mode, chi, seed, λ).  ``baseline`` uses Colossal-AI's own policy and layers, slowed by
+hooks (:class:`~semimig.straggler.hooks.BaselineInjection`); every other mode uses
+:class:`SemiMigPolicy` and a :class:`BalanceController`.  Both see the same straggler in the same
+compute mode (``BenchConfig.compute``), so the only difference is what semimig does about it.
+Iteration time is the wall time from one optimizer step to the next on every rank (collectives
+already synchronise the TP group); rank 0 reports.
+
+The record keeps, besides times and accuracy, the trajectory of every iteration: per rank the busy
+time, the shed target γ, the per-layer γs, the achieved GEMM savings and the migrated shares, and
+once per iteration the group's decision (flagged ranks, unpruned-time estimates, reference).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
 import statistics
 import time
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
 from semimig.bench.config import BenchConfig
 from semimig.bench.models import digits_split, tiny_vit
-
-
-def _tp_group_rank(plugin) -> tuple[int, int]:
-    group = plugin.tp_group
-    return dist.get_rank(group), dist.get_world_size(group)
 
 
 def _batches(x, y, cfg: BenchConfig, seed: int, dp_rank: int, epoch: int):
@@ -34,11 +37,45 @@ def _batches(x, y, cfg: BenchConfig, seed: int, dp_rank: int, epoch: int):
         yield x[idx], y[idx]
 
 
+def _plain(value: Any, digits: int = 6) -> Any:
+    """``value`` as compact JSON-ready data: floats rounded to ``digits`` significant digits, NaN -> None."""
+    if isinstance(value, float):
+        return None if not math.isfinite(value) else float(f"{value:.{digits}g}")
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, digits) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v, digits) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name), digits) for f in dataclasses.fields(value)}
+    return value
+
+
+class _Trajectory:
+    """Per-iteration columns of one rank (and the group's decisions, identical on every rank)."""
+
+    def __init__(self) -> None:
+        self.rank: dict[str, list] = {"busy_s": []}
+        self.decisions: list = []
+
+    def add_step(self, step) -> None:
+        row = {"busy_s": step.busy.busy_s, "work_fraction": step.busy.work_fraction,
+               "gamma_target": step.gamma_target, "gamma_per_layer": list(step.gamma_per_layer),
+               "achieved_savings": step.achieved_savings, "migrate": dict(step.migrate)}
+        for key, value in row.items():
+            self.rank.setdefault(key, []).append(value)
+        decision = getattr(step, "decision", None)
+        self.decisions.append(None if decision is None else _plain(decision))
+
+    def add_busy(self, busy_s: float) -> None:
+        self.rank["busy_s"].append(busy_s)
+
+
 def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, seed: int,
-               lam: int | None = None) -> dict:
-    """Train one case; returns timing and accuracy (rank 0's view, identical across TP ranks).
+               lam: Optional[int] = None, *, local_rank: Optional[int] = None) -> dict:
+    """Train one case; returns its record (identical on every rank: per-rank parts are gathered).
 
     ``lam`` (mode ``semi`` only) fixes how many stragglers migrate (the paper's λ, Fig. 11).
+    ``local_rank`` picks the GPU under a launcher (default: the current device).
     """
     from colossalai.booster import Booster
     from colossalai.booster.plugin import HybridParallelPlugin
@@ -47,13 +84,15 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
     from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
     from semimig.resizing import ResizingConfig
     from semimig.shardformer import SemiMigPolicy
-    from semimig.straggler import BusyMeter, StragglerConfig, StragglerInjector
-    from semimig.straggler.hooks import attach_to_colossalai_layers
+    from semimig.straggler import StragglerConfig, StragglerInjector
+    from semimig.straggler.hooks import BaselineInjection
 
     cuda = cfg.device == "cuda"
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    timing = "mode=measured" if cuda else f"mode=emulated:flops={cfg.device_flops_per_second():.6g}"
-    straggler = StragglerConfig.from_cli(f"{cfg.straggler_spec(chi)}:{timing}")
+    if cuda:
+        device = torch.device("cuda", torch.cuda.current_device() if local_rank is None else local_rank)
+    else:
+        device = torch.device("cpu")
+    straggler = StragglerConfig.from_cli(f"{cfg.straggler_spec(chi)}:{cfg.timing_spec()}")
     plugin = HybridParallelPlugin(tp_size=cfg.tp, pp_size=1, precision="fp32",
                                   custom_policy=None if mode == "baseline" else SemiMigPolicy())
     model = tiny_vit(cfg.size, seed=seed, num_labels=-(-10 // cfg.tp) * cfg.tp)
@@ -64,13 +103,12 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
                                                    total_steps=cfg.epochs * cfg.iters_per_epoch)
     booster = Booster(plugin=plugin)
     model, optimizer, _, _, schedule = booster.boost(model, optimizer, lr_scheduler=schedule)
-    tp_rank, tp_size = _tp_group_rank(plugin)
+    tp_rank, tp_size = dist.get_rank(plugin.tp_group), dist.get_world_size(plugin.tp_group)
     dp_rank = dist.get_rank(plugin.dp_group)
 
-    controller = meter = None
+    controller = injection = None
     if mode == "baseline":
-        meter = BusyMeter(StragglerInjector(straggler, tp_rank, tp_size), device=device)
-        attach_to_colossalai_layers(model, meter)
+        injection = BaselineInjection(model, StragglerInjector(straggler, tp_rank, tp_size), device=device)
     else:
         balance = BalanceConfig(mode=mode, straggler=straggler, controller=ControllerConfig(migrators=lam),
                                 resizing=ResizingConfig(theta_iter=cfg.theta_iter))
@@ -78,7 +116,8 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
                                        process_group=plugin.tp_group, iterations_per_epoch=cfg.iters_per_epoch)
 
     x_train, y_train, x_test, y_test = (t.to(device) for t in digits_split(seed=0))
-    iter_times, epoch_times, shed, saved = [], [], [], []
+    iter_times, epoch_times, all_iter_times = [], [], []
+    trajectory = _Trajectory()
     iteration = 0
     model.train()
     for epoch in range(cfg.epochs):
@@ -86,51 +125,70 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
             controller.set_epoch(epoch)
         epoch_start = last = time.perf_counter()
         for xb, yb in _batches(x_train, y_train, cfg, seed, dp_rank, epoch):
-            if meter is not None:
-                meter.injector.set_position(epoch, iteration)
+            if injection is not None:
+                injection.injector.set_position(epoch, iteration)
             out = model(pixel_values=xb, labels=yb)
             booster.backward(out.loss, optimizer)
             optimizer.step()
             optimizer.zero_grad()
             schedule.step()
             if controller is not None:
-                step = controller.step()
-                shed.append(step.gamma_target)
-                saved.append(step.achieved_savings)
+                trajectory.add_step(controller.step())
             else:
-                meter.reset()
+                trajectory.add_busy(injection.snapshot()["busy_s"])
+                injection.reset()
             if cuda:
                 torch.cuda.synchronize(device)
             now = time.perf_counter()
+            all_iter_times.append(now - last)
             if iteration >= cfg.warmup_iters:
                 iter_times.append(now - last)
             last = now
             iteration += 1
         epoch_times.append(time.perf_counter() - epoch_start)
 
+    accuracy = _evaluate(model, controller, x_test, y_test) if cfg.evaluate else None
+    plan = controller.plan if controller is not None else None
+    timed = slice(cfg.warmup_iters, None)
+    mine = {
+        "shed": statistics.mean(trajectory.rank["gamma_target"][timed]) if controller is not None else 0.0,
+        "savings": statistics.mean(trajectory.rank["achieved_savings"][timed]) if controller is not None else 0.0,
+        "busy_share": statistics.mean(trajectory.rank["busy_s"][timed]) / statistics.mean(iter_times),
+        "trajectory": _plain(trajectory.rank),
+    }
+    by_rank: list = [None] * tp_size
+    dist.all_gather_object(by_rank, mine, group=plugin.tp_group)
+    return {
+        "mode": mode, "chi": chi, "seed": seed, "lambda": lam,
+        "iter_time_s": statistics.median(iter_times),
+        "epoch_time_s": statistics.mean(epoch_times[1:] or epoch_times),
+        "accuracy": accuracy,
+        "shed_share_by_rank": [r["shed"] for r in by_rank],
+        "savings_by_rank": [r["savings"] for r in by_rank],
+        "busy_share_by_rank": [r["busy_share"] for r in by_rank],
+        "plan": plan.summary() if plan is not None else None,
+        "migrating_stragglers": plan.x if plan is not None else 0,
+        "trajectory": {"iter_time_s": _plain(all_iter_times), "by_rank": [r["trajectory"] for r in by_rank],
+                       "decisions": trajectory.decisions if controller is not None else None},
+    }
+
+
+def _evaluate(model, controller, x_test, y_test) -> float:
+    """Test accuracy with every layer dense (no pruning, migration or delay)."""
     model.eval()
     correct = 0
     with torch.no_grad(), (controller.dense() if controller is not None else contextlib.nullcontext()):
         for lo in range(0, len(y_test), 128):
             logits = model(pixel_values=x_test[lo:lo + 128]).logits
             correct += int((logits.argmax(-1) == y_test[lo:lo + 128]).sum())
-    plan = controller.plan if controller is not None else None
-    by_rank = [None] * tp_size  # (mean target, mean achieved GEMM savings) of every TP rank
-    dist.all_gather_object(by_rank, tuple(statistics.mean(v) if v else 0.0 for v in (shed, saved)),
-                           group=plugin.tp_group)
-    shed_by_rank, savings_by_rank = (list(v) for v in zip(*by_rank))
-    return {
-        "mode": mode, "chi": chi, "seed": seed, "lambda": lam,
-        "iter_time_s": statistics.median(iter_times),
-        "epoch_time_s": statistics.mean(epoch_times[1:] or epoch_times),
-        "accuracy": correct / len(y_test),
-        "shed_share_by_rank": shed_by_rank,
-        "savings_by_rank": savings_by_rank,
-        "plan": plan.summary() if plan is not None else None,
-        "migrating_stragglers": plan.x if plan is not None else 0,
-    }
+    model.train()
+    return correct / len(y_test)
 
 
-def run_cases(rank: int, world: int, cfg: BenchConfig, cases: list) -> list:
-    """Train several ``(mode, chi, seed, lam)`` cases one after another in the same ranks."""
-    return [train_case(rank, world, cfg, mode, chi, seed, lam) for mode, chi, seed, lam in cases]
+def run_case(rank: int, world: int, cfg: BenchConfig, case: tuple) -> dict:
+    """One case on spawned ranks (the body :func:`semimig.launch.run_on_ranks` runs)."""
+    from semimig.bench.results import describe_case
+    from semimig.launch import report_activity
+
+    report_activity(f"training {describe_case(case)}")
+    return train_case(rank, world, cfg, *case)

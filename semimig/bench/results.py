@@ -1,0 +1,160 @@
+"""The results file of ``semimig bench``: one JSON rewritten atomically after every finished case.
+
+    {"records": [...], "summary": [...], "machine": {...}, "config": {...},
+     "status": {"complete": false, "cases_done": 3, "cases_total": 14}}
+
+Each record is one trained case ``(mode, chi, seed, λ)``.  After each case the whole file is
+written to a temporary file in the same directory and renamed over the old one, so an interrupt
+(Ctrl-C, SIGTERM, a failed rank, a power cut) leaves either the previous or the new complete file,
+never a torn one, and every finished case is kept.
+
+Settings: two runs are the "same experiment" when their configs agree on every key but the sweep
+axes (:data:`SWEEP_KEYS`) and the keys that do not change a result (:data:`RUN_ONLY_KEYS`).
+``--resume`` keeps the cases of an existing file with the same settings and trains only the
+missing ones; a file from other settings is never overwritten without ``--overwrite``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from semimig.errors import ConfigError
+
+SWEEP_KEYS = ("modes", "chis", "seeds", "lambdas")
+"""Config keys along which runs of one experiment may differ (merged as unions)."""
+RUN_ONLY_KEYS = ("timeout_s",)
+"""Config keys that change how a run is supervised, not what it measures."""
+
+Case = tuple  # (mode, chi, seed, lambda)
+
+
+def case_of(record: dict) -> Case:
+    """The case a record measured: ``(mode, chi, seed, λ)``."""
+    return (record["mode"], float(record["chi"]), int(record["seed"]), record.get("lambda"))
+
+
+def describe_case(case: Case) -> str:
+    mode, chi, seed, lam = case
+    return f"{mode}{'' if lam is None else f' λ={lam}'} chi={chi:g} seed={seed}"
+
+
+def as_json(value: Any) -> Any:
+    """``value`` as it reads back from JSON (tuples become lists, dataclasses dicts via the caller)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def settings_difference(a: dict, b: dict) -> Optional[str]:
+    """``None`` if configs ``a`` and ``b`` describe the same experiment, else the first differing key."""
+    skip = set(SWEEP_KEYS) | set(RUN_ONLY_KEYS)
+    for key in sorted((set(a) | set(b)) - skip):
+        if key not in a or key not in b:
+            return f"{key!r} is only in {'the file' if key in b else 'this run'}"
+        if a[key] != b[key]:
+            return f"{key!r} is {b[key]!r} in the file but {a[key]!r} in this run"
+    return None
+
+
+def check_output_path(path: Path, flag: str, *, is_dir: bool) -> None:
+    """Refuse an output path that cannot be written, before any training starts (not after an hour)."""
+    path = Path(path)
+    target = path if is_dir else path.parent
+    if not is_dir and path.is_dir():
+        raise ConfigError(f"{flag} {path} is a directory; give a file name")
+    if is_dir and path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {path} is a file; give a directory")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{flag} {path}: cannot create {target} ({err.strerror})") from None
+    if not os.access(target, os.W_OK):
+        raise ConfigError(f"{flag} {path}: {target} is not writable")
+
+
+def check_outputs(json_path: Path, plots: Optional[Path]) -> None:
+    """``--json`` and (when plots are drawn) ``--plots``."""
+    check_output_path(json_path, "--json", is_dir=False)
+    if plots is not None:
+        check_output_path(plots, "--plots", is_dir=True)
+
+
+def write_atomically(path: Path, data: dict) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file and a rename (never torn)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out, indent=2, default=str)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class ResultsFile:
+    """The records of one run (and, with ``resume``, the kept records of an earlier one)."""
+
+    def __init__(self, path: Path, config: dict, *, machine: dict, records: Sequence[dict] = ()) -> None:
+        self.path = Path(path)
+        self.config = as_json(config)
+        self.machine = machine
+        self.records = list(records)
+
+    @classmethod
+    def open(cls, path: Path, config: dict, *, machine: dict, resume: bool, overwrite: bool) -> "ResultsFile":
+        """Check ``path`` against this run's settings before any training (errors name the fix).
+
+        No file: a fresh run.  A file with the same settings: kept with ``resume``, otherwise
+        replaced (it holds the same experiment).  A file with other settings, or not written by
+        ``semimig bench``: refused unless ``overwrite``.
+        """
+        from semimig.bench.schema import validate_saved
+
+        if resume and overwrite:
+            raise ConfigError("--resume keeps the cases in the results file and --overwrite discards them: "
+                              "give one of them")
+        path = Path(path)
+        config = as_json(config)
+        if not path.exists() or overwrite:
+            return cls(path, config, machine=machine)
+        try:
+            saved = validate_saved(json.loads(path.read_text()), str(path))
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"--json {path} exists and is not a semimig bench result ({err}); "
+                              "pass --overwrite to replace it or choose another --json") from None
+        difference = settings_difference(config, saved["config"])
+        if difference is not None:
+            raise ConfigError(f"--json {path} holds a run with other settings ({difference}); pass --overwrite "
+                              "to replace it or choose another --json")
+        if not resume:
+            return cls(path, config, machine=machine)
+        merged = dict(config)
+        for key in SWEEP_KEYS:
+            merged[key] = list(dict.fromkeys([*saved["config"].get(key, []), *config.get(key, [])]))
+        return cls(path, merged, machine=machine, records=saved["records"])
+
+    @property
+    def done(self) -> set:
+        return {case_of(r) for r in self.records}
+
+    def missing(self, cases: Iterable[Case]) -> list:
+        done = self.done
+        return [c for c in cases if (c[0], float(c[1]), int(c[2]), c[3]) not in done]
+
+    def add(self, record: dict, *, cases_total: int) -> None:
+        """Append one finished case and rewrite the file atomically."""
+        self.records.append(record)
+        self.write(complete=False, cases_total=cases_total)
+
+    def write(self, *, complete: bool, cases_total: int) -> None:
+        from semimig.bench import report
+
+        data = {"records": self.records, "summary": report.summarize(self.records), "machine": self.machine,
+                "config": self.config,
+                "status": {"complete": complete, "cases_done": len(self.records), "cases_total": cases_total}}
+        write_atomically(self.path, data)
