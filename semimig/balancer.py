@@ -1,0 +1,269 @@
+"""Turn straggler tolerance on in your own training script: one call after ``booster.boost``.
+
+    plugin = HybridParallelPlugin(tp_size=2, pp_size=1, custom_policy=SemiMigPolicy())
+    model, optimizer, *_ = Booster(plugin=plugin).boost(model, optimizer)
+    balancer = semimig.enable(model, plugin, optimizer=optimizer, mode="semi")
+    for batch in loader:                       # the loop is unchanged
+        loss = model(**batch).loss
+        booster.backward(loss, optimizer)
+        optimizer.step()                       # ...and the balancer re-plans right after it
+        optimizer.zero_grad()
+    print(balancer.report)                     # the latest StepReport
+
+What it does: it builds a :class:`~semimig.controller.BalanceController` over the model's semimig
+layers on the plugin's tensor-parallel group (``plugin.tp_group``) and calls its ``step()`` once
+per optimizer step.  Modes are the controller's (``semi``, ``mig``, ``zero-rd``, ``zero-pri``,
+``zero-pridiff-e``, ``zero-pridiff-r``, ``baseline``) plus ``off``, a synonym of ``baseline``: the
+layers are timed (and slowed, if a test straggler is injected) but never resized or migrated.
+``straggler="fixed:1:4"`` (any :meth:`~semimig.straggler.injection.StragglerConfig.from_cli`
+spec) injects a test straggler: TP-group rank 1's GEMMs take 4x as long, in every TP group.
+
+Why the optimizer is hooked.  The controller's ``step()`` is collective over the TP group and must
+run once per iteration, after the optimizer step, on every rank of the group.  ``optimizer.step()``
+is the one call of a training loop that every rank makes exactly once per iteration whatever the
+loop looks like (gradient accumulation, ``booster.execute_pipeline``, an fp16 step skipped for
+overflow all still call it once), so hooking it keeps the controller in lock-step with the
+user's loop with no line added.  The hook wraps the boosted optimizer's own ``step`` (the
+instance attribute; :meth:`Balancer.close` removes it) rather than torch's
+``register_step_post_hook`` on the inner optimizer, because Colossal-AI's wrappers skip the
+inner step on fp16 overflow and ZeRO steps the inner optimizer on its own copies.  Pass no
+``optimizer`` to call :meth:`Balancer.step` yourself instead.
+
+What it logs (logger ``semimig.balancer``, on the first rank of each TP group, whose plan every rank
+shares): at INFO the layers it binds, the first plan, every change of plan, every straggler
+flagged or unflagged, and every ``log_every`` steps a line with the ranks' busy times and shed
+shares; at WARNING, once, the first time a straggler is balanced — Python prints WARNING records
+even when logging is not configured, so a run always shows that the balancer acted.
+
+Refused (:class:`~semimig.errors.ConfigError`, naming the input): a plugin that is not
+``HybridParallelPlugin``, a model with no semimig layers (boost it with
+``custom_policy=SemiMigPolicy()``), an unknown mode, a straggler spec that does not parse, an
+optimizer without ``step``, a pipeline schedule other than 1F1B (interleaved and zero-bubble
+schedules run several model chunks per stage, whose forwards and backwards interleave across
+iterations of the plan).  ``tp_size=1`` has nothing to balance: one warning, and the handle does
+nothing.  With ``pp_size > 1`` (1F1B) each stage's TP group balances its own layers.
+
+Nothing of the balancer is saved in a checkpoint, by design: semimig layers hold no extra
+parameters or buffers, so ``booster.save_model``/``load_model`` and the optimizer state are
+exactly Colossal-AI's.  Priorities, lineage and timing history describe the machine (which rank
+is slow now), not the model, so after a resume ``enable`` is called again and rebuilds them from
+the first iterations (the first plan comes after the controller's ``patience`` decisions, the
+PriDiff priorities after one period).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional, Union
+
+import torch.nn as nn
+
+from semimig._validate import check_choice, check_int
+from semimig.errors import ConfigError
+
+__all__ = ["Balancer", "PlanView", "enable", "ENABLE_MODES"]
+
+logger = logging.getLogger(__name__)
+
+ENABLE_MODES = ("semi", "mig", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "baseline", "off")
+BALANCED_SCHEDULES = ("OneForwardOneBackwardSchedule",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanView:
+    """A TP group's balancing decision as one report shows it (identical on every rank of the group).
+
+    Two views are equal when the same ranks are flagged and shed the same shares; how a semi/mig
+    plan splits a share between migration and resizing (``split``) is shown, not compared, since
+    the controller applies a decision one or two iterations after it is made.
+    """
+
+    flagged: tuple[int, ...]
+    """Ranks the controller treats as stragglers, slowest first."""
+    shed: tuple[float, ...]
+    """Share of each rank's K columns it is to shed (pruned + migrated), rounded to 0.001."""
+    split: str = field(default="", compare=False)
+    """The plan in force, e.g. ``"rank 1: prune 44.8%, migrate 30.7% to [0]"`` (semi/mig only)."""
+
+    @classmethod
+    def from_report(cls, report: Any, group_size: int) -> "PlanView":
+        decision, plan = report.decision, report.plan
+        shed = decision.shed if decision is not None else (0.0,) * group_size
+        split = "" if plan is None else "; ".join(
+            f"rank {a.rank}: prune {a.gamma:.1%}, migrate {a.migrate_share:.1%} to {list(a.receivers)}"
+            for a in plan.actions if a.gamma > 0 or a.migrate_share > 0)
+        return cls(flagged=tuple(report.flagged), shed=tuple(round(float(s), 3) for s in shed), split=split)
+
+    @property
+    def balancing(self) -> bool:
+        """Some rank sheds work."""
+        return any(s > 0 for s in self.shed)
+
+    def describe(self) -> str:
+        if not self.balancing:
+            return "every rank dense" + (f" (flagged {list(self.flagged)}, not shedding)" if self.flagged else "")
+        text = ", ".join(f"rank {r} sheds {s:.1%}" for r, s in enumerate(self.shed) if s > 0)
+        return text + (f" ({self.split})" if self.split else "")
+
+
+class Balancer:
+    """The handle :func:`enable` returns: the controller, the latest report, and the hook."""
+
+    def __init__(self, controller: Any, layers: list, *, optimizer: Any = None, log_every: int = 0,
+                 active: bool = True) -> None:
+        self.controller = controller
+        self._layers = layers
+        self.active = active
+        self.log_every = log_every
+        self.report = None
+        """The latest :class:`~semimig.controller.StepReport` (``None`` before the first step)."""
+        self.steps = 0
+        self._view: Optional[PlanView] = None
+        self._warned = False
+        self._optimizer = None
+        self._speaks = controller is None or controller.rank == 0
+        if optimizer is not None:
+            self._hook(optimizer)
+
+    # ------------------------------------------------------------------ the loop
+    def step(self):
+        """Close the iteration (after ``optimizer.step()``): the controller's ``step()``, then the logs."""
+        if not self.active:
+            return None
+        report = self.controller.step()
+        self.report = report
+        self.steps += 1
+        self._log(report)
+        return report
+
+    def set_epoch(self, epoch: int) -> None:
+        """Tell the controller which epoch runs (round-robin test stragglers follow it)."""
+        if self.active:
+            self.controller.set_epoch(epoch)
+
+    @contextlib.contextmanager
+    def dense(self) -> Iterator[None]:
+        """Evaluation: inside the block every layer runs densely, unslowed and untimed."""
+        with (self.controller.dense() if self.active else contextlib.nullcontext()):
+            yield
+
+    def close(self) -> None:
+        """Remove the optimizer hook; the layers return to dense."""
+        if self._optimizer is not None and getattr(self._optimizer, "step", None) is self._hooked_step:
+            del self._optimizer.step  # the class's own step again
+        self._optimizer = None
+        if self.active:
+            for layer in self._layers:
+                layer.directive = None
+            self.active = False
+
+    # ------------------------------------------------------------------ internals
+    def _hook(self, optimizer: Any) -> None:
+        original = getattr(optimizer, "step", None)
+        if not callable(original):
+            raise ConfigError(f"optimizer must be the boosted optimizer (with a step method), got {optimizer!r}")
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            self.step()
+            return result
+
+        self._hooked_step = step
+        self._optimizer = optimizer
+        optimizer.step = step
+
+    def _log(self, report: Any) -> None:
+        view = PlanView.from_report(report, self.controller.size)
+        previous, self._view = self._view, view
+        if not self._speaks:
+            return
+        step = report.iteration
+        if previous is None:
+            logger.info("semimig step %d: first plan: %s", step, view.describe())
+        else:
+            for rank in view.flagged:
+                if rank not in previous.flagged:
+                    logger.info("semimig step %d: TP rank %d flagged as a straggler", step, rank)
+            for rank in previous.flagged:
+                if rank not in view.flagged:
+                    logger.info("semimig step %d: TP rank %d no longer straggles", step, rank)
+            if view.shed != previous.shed:
+                logger.info("semimig step %d: plan changed: %s", step, view.describe())
+        if view.balancing and not self._warned:
+            self._warned = True
+            logger.warning("semimig is balancing straggler(s) %s of its tensor-parallel group from step %d: %s",
+                           list(view.flagged), step, view.describe())
+        if self.log_every and (step + 1) % self.log_every == 0:
+            decision = report.decision
+            times = "n/a" if decision is None else ", ".join(f"{t * 1e3:.1f}" for t in decision.unpruned_s)
+            logger.info("semimig step %d: busy %.1f ms on TP rank 0, unpruned times [%s] ms, %s",
+                        step, report.busy.busy_s * 1e3, times, view.describe())
+
+
+def _check_plugin(plugin: Any) -> None:
+    from colossalai.booster.plugin import HybridParallelPlugin
+
+    if not isinstance(plugin, HybridParallelPlugin):
+        raise ConfigError(f"plugin must be a colossalai HybridParallelPlugin (semimig balances its tensor-parallel "
+                          f"group), got {type(plugin).__name__}")
+    schedule = type(getattr(plugin, "scheduler", None)).__name__
+    if plugin.pp_size > 1 and schedule not in BALANCED_SCHEDULES:
+        raise ConfigError(f"plugin pipeline schedule {schedule} (pp_style={getattr(plugin, 'pp_style', '?')!r}) "
+                          f"cannot be balanced: semimig balances pp_style='1f1b' with one model chunk per stage")
+
+
+def _config(mode: Optional[str], straggler: Any, config: Any):
+    from semimig.controller import BalanceConfig
+
+    if config is not None and not isinstance(config, BalanceConfig):
+        raise ConfigError(f"config must be a BalanceConfig or None, got {config!r}")
+    base = config or BalanceConfig()
+    mode = base.mode if mode is None else check_choice("mode", mode, ENABLE_MODES)
+    changes = {"mode": "baseline" if mode == "off" else mode}
+    if straggler is not None:
+        changes["straggler"] = straggler  # a spec string is parsed (and checked) by BalanceConfig
+    return dataclasses.replace(base, **changes)
+
+
+def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Optional[str] = None,
+           straggler: Union[str, Any, None] = None, log_every: int = 0, config: Any = None,
+           iterations_per_epoch: Optional[int] = None) -> Balancer:
+    """Balance ``model``'s tensor-parallel layers against stragglers (module docstring).
+
+    Args:
+        model: the boosted model (``booster.boost`` with ``custom_policy=SemiMigPolicy()``).
+        plugin: its ``HybridParallelPlugin``.
+        optimizer: the boosted optimizer; its ``step`` is hooked.  ``None``: call
+            :meth:`Balancer.step` after every ``optimizer.step()`` yourself.
+        mode: one of :data:`ENABLE_MODES` (default ``config.mode``, else ``"semi"``).
+        straggler: a test straggler: a spec like ``"fixed:1:4"`` or a ``StragglerConfig``.
+        log_every: an INFO line every this many steps (0: only plan changes and flags).
+        config: a :class:`~semimig.controller.BalanceConfig` for every other setting.
+        iterations_per_epoch: the PriDiff period when ``config.resizing.period`` is unset.
+
+    Returns:
+        The :class:`Balancer`; ``.report`` is the latest ``StepReport``.
+    """
+    _check_plugin(plugin)
+    log_every = check_int("log_every", log_every, minimum=0)
+    balance_config = _config(mode, straggler, config)
+    from semimig.nn.balanced import BalancedLinearMixin
+
+    layers = [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
+    if not layers:
+        raise ConfigError(f"model {type(model).__name__} has no semimig layers: boost it with "
+                          "HybridParallelPlugin(..., custom_policy=semimig.shardformer.SemiMigPolicy())")
+    if plugin.tp_size == 1:
+        logger.warning("semimig: tp_size=1, so there is no tensor-parallel group to balance; balancing is off")
+        return Balancer(None, layers, active=False)
+    from semimig.controller import BalanceController
+
+    controller = BalanceController(model, balance_config, process_group=plugin.tp_group,
+                                   iterations_per_epoch=iterations_per_epoch)
+    if controller.rank == 0:
+        logger.info("semimig: %d semimig layers in a tensor-parallel group of %d, mode=%s, straggler=%s "
+                    "(output heads named %s stay dense)", len(layers), controller.size, balance_config.mode,
+                    balance_config.straggler.to_cli(), "/".join(balance_config.dense_layers))
+    return Balancer(controller, layers, optimizer=optimizer, log_every=log_every)

@@ -1,0 +1,200 @@
+"""``semimig.enable``: straggler tolerance in a user's own loop, under HybridParallelPlugin.
+
+What must hold: bad input is refused by name before anything runs; with balancing ``off`` the
+hooked loop trains exactly like Colossal-AI's policy (and a forced prune does not, so the
+comparison can fail); with an injected straggler the balancer flags it, sheds its work, logs the
+plan at INFO and — with no logging configured at all — prints exactly one WARNING line; the
+optimizer hook runs the controller once per ``optimizer.step()`` and ``close()`` removes it; a
+1F1B pipeline's stages balance their own TP groups.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import sys
+
+import pytest
+import torch
+
+import plugin_cases as pc
+from dist_harness import run_on_ranks
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")
+
+TP2 = dict(tp_size=2, pp_size=1, precision="fp32")
+# A deterministic straggler: rank 1's GEMMs are delayed by 3 x flops / 2e8 FLOP/s (~1 ms per
+# GEMM of the tiny Llama, ~40 ms per iteration), far above the timing noise of a loaded machine.
+FLOPS_STRAGGLER = "fixed:1:4:mode=flops:flops=2e8"
+
+
+# --------------------------------------------------------------------------------------------
+# refusals
+# --------------------------------------------------------------------------------------------
+def test_enable_is_exported_lazily() -> None:
+    import semimig
+    from semimig.balancer import enable
+
+    assert semimig.enable is enable and semimig.enable is enable  # the function, not the module
+
+
+def test_a_plugin_that_is_not_hybrid_parallel_is_refused() -> None:
+    import semimig
+
+    with pytest.raises(semimig.ConfigError, match="plugin must be a colossalai HybridParallelPlugin.*got object"):
+        semimig.enable(torch.nn.Linear(2, 2), object())
+
+
+def _refusals_body(rank: int, world_size: int) -> dict:
+    from colossalai.booster.plugin import HybridParallelPlugin
+
+    import semimig
+
+    out = {}
+    plugin = HybridParallelPlugin(tp_size=1, pp_size=1, precision="fp32")
+    model = torch.nn.Linear(2, 2)
+    out["mode"] = pc.outcome(lambda: semimig.enable(model, plugin, mode="fast"))
+    out["straggler"] = pc.outcome(lambda: semimig.enable(model, plugin, straggler="fixed:1"))
+    out["log_every"] = pc.outcome(lambda: semimig.enable(model, plugin, log_every=-1))
+    out["config"] = pc.outcome(lambda: semimig.enable(model, plugin, config={"mode": "semi"}))
+    out["no_layers"] = pc.outcome(lambda: semimig.enable(model, plugin))
+    interleaved = HybridParallelPlugin(tp_size=1, pp_size=2, num_microbatches=2, pp_style="interleaved",
+                                       num_model_chunks=2, precision="fp32")
+    out["interleaved"] = pc.outcome(lambda: semimig.enable(model, interleaved))
+    return out
+
+
+def test_bad_input_is_refused_by_name() -> None:
+    out = run_on_ranks(_refusals_body, 2, timeout_s=90)
+    assert out["mode"].startswith("ConfigError: mode must be one of") and "'fast'" in out["mode"]
+    assert out["straggler"].startswith("ConfigError: straggler spec 'fixed:1'")
+    assert out["log_every"] == "ConfigError: log_every must be an int >= 0, got -1"
+    assert out["config"].startswith("ConfigError: config must be a BalanceConfig or None")
+    assert out["no_layers"].startswith("ConfigError: model Linear has no semimig layers") and \
+        "custom_policy=semimig.shardformer.SemiMigPolicy()" in out["no_layers"]
+    assert out["interleaved"].startswith("ConfigError: plugin pipeline schedule InterleavedSchedule") and \
+        "pp_style='1f1b'" in out["interleaved"]
+
+
+def _colossalai_model_body(rank: int, world_size: int) -> str:
+    import semimig
+
+    run = pc.boost("llama", TP2, semimig=False)
+    return pc.outcome(lambda: semimig.enable(run.model, run.plugin, optimizer=run.optimizer))
+
+
+def test_a_model_boosted_without_semimig_policy_is_refused() -> None:
+    assert "has no semimig layers" in run_on_ranks(_colossalai_model_body, 2, timeout_s=90)
+
+
+# --------------------------------------------------------------------------------------------
+# exactness and the hook
+# --------------------------------------------------------------------------------------------
+def _off_and_forced_body(rank: int, world_size: int) -> dict:
+    import semimig
+
+    out = {"colossalai": pc.train_losses(pc.boost("llama", TP2, semimig=False), "llama", (0, 1, 2, 3))}
+    run = pc.boost("llama", TP2, semimig=True)
+    balancer = semimig.enable(run.model, run.plugin, optimizer=run.optimizer, mode="off")
+    out["off"] = pc.train_losses(run, "llama", (0, 1, 2, 3))
+    out["off_steps"] = (balancer.steps, balancer.report.iteration)
+    balancer.close()
+    out["closed_step_is_the_class_method"] = "step" not in vars(run.optimizer)
+    pc.train_step(run, pc.batch_for("llama", 4))
+    out["steps_after_close"] = balancer.steps
+
+    run = pc.boost("llama", TP2, semimig=True)
+    balancer = semimig.enable(run.model, run.plugin, optimizer=run.optimizer, mode="off")
+    balancer.controller.force(prune={1: 0.5})
+    out["forced"] = pc.train_losses(run, "llama", (0, 1, 2, 3))
+    return out
+
+
+def test_off_trains_exactly_like_colossalai_and_a_forced_prune_does_not() -> None:
+    out = run_on_ranks(_off_and_forced_body, 2, timeout_s=180)
+    # balancing off: the timed dense path runs the same GEMMs and collectives as Colossal-AI's layers
+    assert out["off"] == out["colossalai"]
+    assert out["off_steps"] == (4, 3)
+    assert out["closed_step_is_the_class_method"] and out["steps_after_close"] == 4
+    forced, theirs = torch.tensor(out["forced"][0]), torch.tensor(out["colossalai"][0])
+    assert (forced - theirs).abs().max() > 1e-3, "pruning half of rank 1's columns must change the loss"
+
+
+# --------------------------------------------------------------------------------------------
+# a straggler is balanced, and it shows
+# --------------------------------------------------------------------------------------------
+def _straggler_body(rank: int, world_size: int, mode: str, steps: int) -> dict:
+    import semimig
+
+    assert not logging.getLogger().handlers, "the test needs an unconfigured logging system"
+    captured, saved = io.StringIO(), sys.stderr
+    sys.stderr = captured  # Python's last-resort handler writes WARNING records to sys.stderr
+    try:
+        run = pc.boost("llama", TP2, semimig=True)
+        balancer = semimig.enable(run.model, run.plugin, optimizer=run.optimizer, mode=mode,
+                                  straggler=FLOPS_STRAGGLER, log_every=5)
+        reports = []
+        for step in range(steps):
+            pc.train_step(run, pc.batch_for("llama", step))
+            reports.append(balancer.report)
+    finally:
+        sys.stderr = saved
+    return {"stderr": captured.getvalue(), "flagged": [r.flagged for r in reports],
+            "shed": [r.decision.shed if r.decision is not None else None for r in reports],
+            "last_is_report": balancer.report is reports[-1] and balancer.report.iteration == steps - 1}
+
+
+@pytest.mark.parametrize("mode", ["semi", "zero-pri", "mig"])
+def test_a_straggler_is_flagged_balanced_and_warned_about_once(mode: str) -> None:
+    out = run_on_ranks(_straggler_body, 2, mode, 12, timeout_s=240)
+    assert out["last_is_report"]
+    assert any(1 in flagged for flagged in out["flagged"]), out["flagged"]
+    assert not any(0 in flagged for flagged in out["flagged"]), "the fast rank must never be flagged"
+    assert any(shed is not None and shed[1] > 0 for shed in out["shed"]), out["shed"]
+    warnings = [line for line in out["stderr"].splitlines() if "semimig is balancing straggler" in line]
+    assert len(warnings) == 1 and "[1]" in warnings[0] and "rank 1 sheds" in warnings[0], out["stderr"]
+
+
+def _info_log_body(rank: int, world_size: int) -> list:
+    import semimig
+
+    records: list = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append((record.levelname, record.getMessage()))
+
+    logger = logging.getLogger("semimig.balancer")
+    logger.addHandler(Keep())
+    logger.setLevel(logging.INFO)
+    run = pc.boost("llama", TP2, semimig=True)
+    semimig.enable(run.model, run.plugin, optimizer=run.optimizer, mode="zero-pri", straggler=FLOPS_STRAGGLER,
+                   log_every=4)
+    for step in range(8):
+        pc.train_step(run, pc.batch_for("llama", step))
+    return records
+
+
+def test_info_logs_name_the_layers_the_first_plan_flags_changes_and_progress() -> None:
+    records = run_on_ranks(_info_log_body, 2, timeout_s=180)  # rank 0: the TP group's first rank speaks
+    text = "\n".join(f"{level} {message}" for level, message in records)
+    assert "INFO semimig: 14 semimig layers in a tensor-parallel group of 2, mode=zero-pri, straggler=fixed:1:4" in text
+    assert "INFO semimig step 0: first plan: every rank dense" in text
+    assert "TP rank 1 flagged as a straggler" in text
+    assert "plan changed: rank 1 sheds" in text
+    assert text.count("busy ") == 2, text  # log_every=4 over 8 steps
+
+
+def _pipeline_body(rank: int, world_size: int) -> tuple:
+    import semimig
+
+    run = pc.boost("llama", dict(tp_size=2, pp_size=2, num_microbatches=2, precision="fp32"), semimig=True)
+    balancer = semimig.enable(run.model, run.plugin, optimizer=run.optimizer, mode="zero-pri")
+    balancer.controller.force(prune={1: 0.5})
+    losses = pc.train_losses(run, "llama", (0, 1, 2))
+    return losses, balancer.steps, balancer.report.gamma_per_layer
+
+
+def test_a_1f1b_pipeline_balances_each_stage_group() -> None:
+    losses, steps, gammas = run_on_ranks(_pipeline_body, 4, timeout_s=180)
+    assert steps == 3 and len(gammas) == 7  # rank 0 holds stage 0's 7 semimig layers
+    assert all(loss is not None for loss in losses[2] + losses[3])
