@@ -128,9 +128,9 @@ class ShedPolicy:
                 length = cfg.backoff_iterations * 2 ** (state.backoffs - 1)
                 state.backoff_until, state.shed = iteration + length, 0.0
                 backed.append(r)
-                events.append(f"rank {r}: pruning does not pay (fixed fraction {est.fixed_fraction:.2f} > "
-                              f"{cfg.max_fixed_fraction:g} of its busy time does not shrink with the kept "
-                              f"columns); dense for {length} iterations")
+                events.append(f"rank {r}: shedding work does not pay (a fixed fraction {est.fixed_fraction:.2f} > "
+                              f"{cfg.max_fixed_fraction:g} of its busy time does not shrink with the columns it "
+                              f"keeps); dense for {length} iterations")
                 continue
             target = self._target(est, reference)
             if abs(target - state.shed) >= cfg.gamma_step or target in (0.0, cfg.gamma_max) or state.shed == 0.0:
