@@ -105,3 +105,117 @@ def test_three_hybrid_parallel_steps_give_identical_losses():
     cai, ours = run_on_ranks(_hybrid_body, 2, timeout_s=180)
     assert len(cai) == 3 and cai == ours
     assert cai[0] != cai[2]  # the model really trained
+
+
+# ----------------------------------------------------------------------------- lazy init
+def _lazy_plugin_body(rank, world, name):
+    from colossalai.lazy import LazyInitContext
+
+    import plugin_cases as pc
+
+    runs = {}
+    for semimig in (False, True):
+        with LazyInitContext():
+            model = pc.build_model(name)
+        run = pc.boost(name, dict(tp_size=2, pp_size=1, precision="fp32"), semimig=semimig, model=model)
+        runs[semimig] = (pc.train_losses(run, name), pc.semimig_layer_count(run.model))
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_lazily_built_model_under_the_plugin_trains_like_colossalai(name):
+    """LazyInitContext + HybridParallelPlugin(tp=2): SemiMigPolicy shards the materialised weights
+    (it used to keep the full lazy weight and die in booster.boost with RecursionError) and its
+    3 AdamW steps give Colossal-AI's losses (fp32, atol 1e-5)."""
+    runs = run_on_ranks(_lazy_plugin_body, 2, name, timeout_s=240)
+    (cai, cai_layers), (ours, our_layers) = runs[False], runs[True]
+    assert cai_layers == 0 and our_layers == {"llama": 2 * 7, "gpt2": 2 * 4}[name]  # per block: q k v o gate up down; c_attn c_proj c_fc c_proj
+    for rank_cai, rank_ours in zip(cai, ours):
+        assert rank_cai[2] < rank_cai[0]  # it trained
+        torch.testing.assert_close(rank_ours, rank_cai, atol=1e-5, rtol=0)
+
+
+# ----------------------------------------------------------------------------- what stays unbalanced
+def _stub_policy(replacements):
+    """A base policy whose ``module_policy`` holds ``replacements`` under one key (no model needed)."""
+    from colossalai.shardformer.policies.base_policy import ModulePolicyDescription, Policy
+
+    class Stub(Policy):
+        def config_sanity_check(self):
+            pass
+
+        def preprocess(self):
+            return self.model
+
+        def postprocess(self):
+            return self.model
+
+        def module_policy(self):
+            return {"Block": ModulePolicyDescription(sub_module_replacement=list(replacements))}
+
+        def get_held_layers(self):
+            return []
+
+        def get_shared_params(self):
+            return []
+
+    return Stub()
+
+
+def test_one_warning_names_every_layer_left_unbalanced(caplog):
+    import logging
+
+    from colossalai.shardformer import layer as cai
+    from colossalai.shardformer.layer.parallel_module import ParallelModule
+    from colossalai.shardformer.policies.base_policy import SubModuleReplacementDescription as R
+
+    import semimig.nn as snn
+    from semimig.shardformer import SemiMigPolicy
+
+    class MyLinear1D(ParallelModule):  # a user's own TP linear class
+        @staticmethod
+        def from_native_module(module, process_group=None, **kwargs):
+            return module
+
+    policy = SemiMigPolicy(base=_stub_policy([
+        R("attn.qkv", cai.FusedLinear1D_Col, kwargs={"split_sizes": [4, 4, 4]}),
+        R("attn.c_proj", cai.GPT2FusedLinearConv1D_Row, kwargs={"seq_parallel_mode": None}),
+        R("mlp.up", cai.Linear1D_Col, kwargs={"fp8_communication": True}),
+        R("mlp.down", cai.Linear1D_Row, kwargs={"seq_parallel_mode": "ring"}),
+        R("mlp.custom", MyLinear1D),
+        R("lm_head", cai.VocabParallelLMHead1D),
+        R("no_tp", cai.LinearWithGradAccum),
+        R("norm", cai.LayerNorm),
+    ]))
+    with caplog.at_level(logging.INFO, logger="semimig.shardformer.policy"):
+        described = policy.module_policy()
+        policy.module_policy()  # asked again: no second warning
+    targets = {r.suffix: r.target_module for r in described["Block"].sub_module_replacement}
+    assert targets["attn.qkv"] is snn.FusedLinear1D_Col and targets["attn.c_proj"] is snn.GPT2FusedLinearConv1D_Row
+    assert targets["mlp.up"] is cai.Linear1D_Col and targets["mlp.down"] is cai.Linear1D_Row  # refused: kept
+    assert policy.swapped == ["Block.attn.qkv", "Block.attn.c_proj"]
+    assert sorted(policy.unbalanced) == ["Block.mlp.custom", "Block.mlp.down", "Block.mlp.up"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    for text in ("Block.mlp.up (Linear1D_Col: fp8_communication", "Block.mlp.down (Linear1D_Row: seq_parallel_mode",
+                 "Block.mlp.custom (MyLinear1D: a layer class semimig does not know"):
+        assert text in warnings[0], warnings[0]
+    assert "lm_head" not in warnings[0] and "no_tp" not in warnings[0] and "norm" not in warnings[0]
+    infos = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
+    assert "Block.lm_head (VocabParallelLMHead1D)" in infos
+
+
+def test_a_policy_with_nothing_to_balance_warns_once(caplog):
+    import logging
+
+    from colossalai.shardformer import layer as cai
+    from colossalai.shardformer.policies.base_policy import SubModuleReplacementDescription as R
+
+    from semimig.shardformer import SemiMigPolicy
+
+    policy = SemiMigPolicy(base=_stub_policy([R("fc", cai.LinearWithGradAccum)]))
+    with caplog.at_level(logging.WARNING, logger="semimig.shardformer.policy"):
+        policy.module_policy()
+    assert [r.getMessage() for r in caplog.records] == ["SemiMigPolicy: Stub replaces no tensor-parallel linear "
+                                                        "layer; semimig balances nothing"]

@@ -17,7 +17,10 @@ script cannot tell them apart at γ = 0:
 4. The split dimension (each fused part, for packed layers) must divide by the group size.
 
 The module layouts: ``"linear"`` is ``torch.nn.Linear`` (weight ``[N, K]``), ``"conv1d"`` is a
-Hugging Face ``Conv1D`` (GPT-2; weight ``[K, N]``, ``y = x @ W + b``).
+Hugging Face ``Conv1D`` (GPT-2; weight ``[K, N]``, ``y = x @ W + b``, output width ``nf``): any
+module with a 2-D ``weight`` and ``nf`` (Colossal-AI's own tests define their own ``Conv1D``).
+A module of another class is refused by name: read in the wrong layout its weight would be
+transposed silently.
 
 :func:`unsupported_options` names the constructor options semimig's balanced GEMMs cannot serve;
 the layers refuse them with :class:`~semimig.errors.ConfigError` and ``SemiMigPolicy`` leaves such
@@ -97,8 +100,9 @@ def _check_layout(module: nn.Module, cls_name: str, layout: str) -> None:
             raise ConfigError(f"{cls_name}.from_native_module expects a torch.nn.Linear, got {got}")
         return
     weight = getattr(module, "weight", None)
-    if isinstance(module, nn.Linear) or not isinstance(weight, nn.Parameter) or weight.dim() != 2:
-        raise ConfigError(f"{cls_name}.from_native_module expects a GPT-2 Conv1D (weight [in, out]), got {got}")
+    if not hasattr(module, "nf") or not isinstance(weight, nn.Parameter) or weight.dim() != 2:
+        raise ConfigError(f"{cls_name}.from_native_module expects a GPT-2 Conv1D (weight [in, out], "
+                          f"output width nf), got {got}")
 
 
 def _features(module: nn.Module, layout: str) -> tuple[int, int]:
@@ -106,7 +110,7 @@ def _features(module: nn.Module, layout: str) -> tuple[int, int]:
     if layout == "linear":
         return module.in_features, module.out_features
     in_features, out_features = module.weight.shape
-    nf = getattr(module, "nf", out_features)
+    nf = module.nf
     if nf != out_features:
         raise ConfigError(f"{type(module).__name__}: weight {tuple(module.weight.shape)} does not end in nf={nf}")
     return in_features, out_features
