@@ -81,22 +81,22 @@ class KeepPlan:
         if grouped != (self.keep_groups is not None) or grouped != (self.pruned_groups is not None):
             raise ConfigError(f"KeepPlan: group indices must be given exactly when group > 1 (group={self.group})")
 
-    @property
+    @cached_property
     def n_kept(self) -> int:
         """``|S| = K'``."""
         return self.keep.numel()
 
-    @property
+    @cached_property
     def n_pruned(self) -> int:
         """``|P| = K - K'``."""
         return self.pruned.numel()
 
-    @property
+    @cached_property
     def dense(self) -> bool:
         """True when nothing is pruned (``S = [0, K)``)."""
         return self.n_kept == self.k
 
-    @property
+    @cached_property
     def span(self) -> tuple[int, int] | None:
         """``(a, b)`` when ``S = [a, b)`` is one contiguous run (then slices replace gathers), else None."""
         if self.n_kept and self.last - self.first + 1 == self.n_kept:

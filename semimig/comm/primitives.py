@@ -52,6 +52,23 @@ def all_reduce_(tensor: torch.Tensor, group: ProcessGroup | None) -> torch.Tenso
     return tensor
 
 
+def all_reduce_start(tensor: torch.Tensor, group: ProcessGroup | None) -> dist.Work | None:
+    """Start an in-place sum over the group; :func:`wait` before reading ``tensor`` (None: nothing to wait for).
+
+    Lets a backward overlap the ``dX`` all-reduce with its weight-gradient GEMM, as
+    Colossal-AI's ``LinearWithAsyncCommunication`` does.
+    """
+    if group_size(group) > 1:
+        return dist.all_reduce(tensor, group=group, async_op=True)
+    return None
+
+
+def wait(handle: dist.Work | None) -> None:
+    """Complete a collective started by :func:`all_reduce_start`."""
+    if handle is not None:
+        handle.wait()
+
+
 def broadcast_(tensor: torch.Tensor, src: int, group: ProcessGroup | None) -> torch.Tensor:
     """In-place broadcast from group rank ``src`` (tree-based in NCCL/Gloo)."""
     if group_size(group) > 1:

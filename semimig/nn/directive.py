@@ -12,7 +12,8 @@ Column sets of a rank's ``K`` (shard-local reduction columns), for a directive:
     [K - L, K)                    computed by receivers (exact), results returned
 
 The directive is immutable; per-layer mutable state (the weight block broadcast once per
-iteration, the previous gradient for the ``same`` imputation) lives in :class:`LayerState`.
+iteration, the previous gradient for the ``same`` imputation, the validated keep plan) lives in
+:class:`LayerState`.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from typing import Any, Callable, Optional, Protocol
 
 import torch
 
+from semimig.errors import ConfigError
+from semimig.kernels import KeepPlan, plan_keep
 from semimig.migration.exchange import Exchange
 from semimig.migration.layout import MigrationLayout
 
@@ -39,11 +42,15 @@ class LayerState:
 
     ``weight_blocks``: ``{(iteration, straggler, count, version): (block, offset)}`` — migrated weight columns,
     broadcast once per iteration and reused by every forward and backward of that iteration.
-    ``previous_wgrad``: last iteration's weight gradient, kept only for the ``same`` policy.
+    ``previous_wgrad``: last iteration's weight gradient, kept only for the ``same`` imputation.
+    The keep plan of the rank's own columns is cached too (see :meth:`own_plan`).
     """
 
     weight_blocks: dict = field(default_factory=dict)
     previous_wgrad: Optional[torch.Tensor] = None
+    _plan_key: Optional[tuple] = field(default=None, repr=False)
+    _plan_keep: Optional[torch.Tensor] = field(default=None, repr=False)
+    _plan: Optional[KeepPlan] = field(default=None, repr=False)
 
     def weight_block(self, key: tuple, make: Callable[[], tuple]) -> tuple:
         """The cached block for ``key = (iteration, straggler, count, weight version)``.
@@ -57,6 +64,24 @@ class LayerState:
                 del self.weight_blocks[stale]
             self.weight_blocks[key] = make()
         return self.weight_blocks[key]
+
+    def own_plan(self, keep: Optional[torch.Tensor], k_total: int, k_own: int, device: torch.device,
+                 group: Optional[int]) -> KeepPlan:
+        """The validated :class:`~semimig.kernels.KeepPlan` of the columns this rank computes.
+
+        ``keep`` (within ``[0, k_own)``), or the prefix ``[0, k_own)`` when ``keep`` is None, as a
+        plan over all ``k_total`` columns.  Built by ``plan_keep`` (validation, complement) only
+        when the keep set changes — same values as last time, same plan — so an unchanged plan
+        costs one comparison per forward instead of a validation per GEMM.
+        """
+        key = (k_total, k_own, device, group, keep is None)
+        if self._plan is not None and key == self._plan_key and (
+                keep is None or (keep.shape == self._plan_keep.shape and torch.equal(keep, self._plan_keep))):
+            return self._plan
+        columns = torch.arange(k_own, device=device) if keep is None else keep
+        self._plan = plan_keep(columns, k_total, device, group=group)
+        self._plan_key, self._plan_keep = key, None if keep is None else keep.clone()
+        return self._plan
 
     def clear(self) -> None:
         """Drop cached blocks (no migration this iteration)."""
@@ -79,18 +104,19 @@ class LayerDirective:
 
     def __post_init__(self) -> None:
         if self.impute not in IMPUTE_POLICIES:
-            raise ValueError(f"impute must be one of {IMPUTE_POLICIES}, got {self.impute!r}")
+            raise ConfigError(f"impute must be one of {IMPUTE_POLICIES}, got {self.impute!r}")
         if self.layout is not None and self.layout.active and self.exchange is None:
-            raise ValueError("a directive with migration needs an exchange")
-        if self.keep is not None and self.keep.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"keep must be an int32/int64 tensor, got dtype {self.keep.dtype}")
+            raise ConfigError("a directive with migration needs an exchange")
+        if self.keep is not None and (not isinstance(self.keep, torch.Tensor)
+                                      or self.keep.dtype not in (torch.int32, torch.int64)):
+            raise ConfigError(f"keep must be an int32/int64 tensor, got {getattr(self.keep, 'dtype', type(self.keep).__name__)}")
 
     def own_columns(self, rank: int, k_total: int) -> int:
         """``K - L_rank``: the leading columns this rank is responsible for."""
         if self.layout is None:
             return k_total
         if self.layout.k_total != k_total:
-            raise ValueError(f"migration layout is for K={self.layout.k_total}, the layer has K={k_total}")
+            raise ConfigError(f"migration layout is for K={self.layout.k_total}, the layer has K={k_total}")
         return self.layout.own_columns(rank)
 
     @property

@@ -20,8 +20,16 @@ Row layer (``x`` split along K, ``w`` split along K)::
     dw[:, S]       = dy^T @ x[:, S] ;  dw[:, P] = impute ;  dw[:, mig] = from receivers
 
 With no directive both reduce to Colossal-AI's computation, formulated the same way
-(``F.linear`` forward, ``dy.matmul(w)`` and ``dy^T.matmul(x)`` backward), so results agree
-bit for bit.  Pruned GEMMs go through :mod:`semimig.kernels`.
+(``F.linear`` forward, ``dy.matmul(w)`` and ``dy^T.matmul(x)`` backward) and scheduled the same
+way (the column backward starts the ``dx`` all-reduce, computes ``dw`` while it runs, then
+waits), so results agree bit for bit.  Pruned GEMMs go through :mod:`semimig.kernels` with one
+validated keep plan per layer, rebuilt only when the keep set changes.
+
+Busy time (DESIGN §3a).  With a directive, every piece of a rank's own work runs inside
+``directive.timer.timed``: plan building, the own GEMMs with their gathers and zero-filled
+scatters, imputation and the ``same`` policy's copy, the bias gradient, receivers' GEMMs for a
+straggler's columns (``full_flops = 0``: work a rank does on top of its own) and the straggler's
+copy of returned blocks into its gradients.  Collectives are never timed.
 """
 from __future__ import annotations
 
@@ -32,74 +40,71 @@ import torch.nn.functional as F
 from torch.distributed import ProcessGroup
 
 from semimig.comm import primitives as P
+from semimig.errors import ConfigError
+from semimig.kernels import KeepPlan, impute_
+from semimig.kernels import ops as kernel_ops
+from semimig.kernels.backend import resolve_backend
 from semimig.nn.directive import LayerDirective
 
 
-# ----------------------------------------------------------------------------- own GEMMs
-def _timed(directive: Optional[LayerDirective], fn: Callable[[], Any], flops: int, full_flops: int) -> Any:
-    if directive is None or directive.timer is None:
+# ----------------------------------------------------------------------------- own work, timed
+def _timed(d: LayerDirective, fn: Callable[[], Any], flops: int, full_flops: int) -> Any:
+    if d.timer is None:
         return fn()
-    return directive.timer.timed(fn, flops=flops, full_flops=full_flops)
+    return d.timer.timed(fn, flops=flops, full_flops=full_flops)
 
 
-def _own_forward(x2d, w, bias, keep, k_own, d):
-    """``x[:, S] @ w[:, S]^T (+ b)`` for S = keep, or the prefix ``[0, k_own)`` when keep is None."""
+def _own_plan(d: LayerDirective, rank: int, k: int, k_own: int, device: torch.device,
+              backend: str) -> Optional[KeepPlan]:
+    """The keep plan of this rank's own GEMMs, or None when it computes all K columns densely."""
+    if d.keep is None and k_own == k:
+        return None
+    group = 1 if backend == "torch" else None  # the torch twins gather single columns anyway
+    plan = _timed(d, lambda: d.state.own_plan(d.keep, k, k_own, device, group), 0, 0)
+    if plan.last >= k_own:
+        raise ConfigError(f"keep reaches column {plan.last}, but rank {rank} computes only [0, {k_own})")
+    return plan
+
+
+def _own_forward(x2d, w, bias, plan: Optional[KeepPlan], backend: str, d: LayerDirective):
+    """``x[:, S] @ w[:, S]^T (+ b)``; S = all columns when ``plan`` is None."""
     m, (n, k) = x2d.shape[0], w.shape
     full = 2 * m * n * k
-    if keep is not None:
-        from semimig.kernels import gather_linear_fwd
-
-        return _timed(d, lambda: gather_linear_fwd(x2d, w, bias, keep), 2 * m * n * keep.numel(), full)
-    if k_own == k:
+    if plan is None:
         return _timed(d, lambda: F.linear(x2d, w, bias), full, full)
-    return _timed(d, lambda: F.linear(x2d[:, :k_own], w[:, :k_own], bias), 2 * m * n * k_own, full)
+    return _timed(d, lambda: kernel_ops.fwd(backend, x2d, w, bias, plan), 2 * m * n * plan.n_kept, full)
 
 
-def _own_dgrad(dy2d, w, keep, k_own, d):
+def _own_dgrad(dy2d, w, plan: Optional[KeepPlan], backend: str, d: LayerDirective):
     """``dx[:, S] = dy @ w[:, S]``, exact zeros elsewhere."""
     m, (n, k) = dy2d.shape[0], w.shape
     full = 2 * m * n * k
-    if keep is not None:
-        from semimig.kernels import gather_linear_dgrad
-
-        return _timed(d, lambda: gather_linear_dgrad(dy2d, w, keep), 2 * m * n * keep.numel(), full)
-    if k_own == k:
+    if plan is None:
         return _timed(d, lambda: dy2d.matmul(w), full, full)
-    dx = dy2d.new_zeros(m, k)
-    _timed(d, lambda: dx[:, :k_own].copy_(dy2d.matmul(w[:, :k_own])), 2 * m * n * k_own, full)
-    return dx
+    return _timed(d, lambda: kernel_ops.dgrad(backend, dy2d, w, plan), 2 * m * n * plan.n_kept, full)
 
 
-def _own_wgrad(dy2d, x2d, keep, k_own, d):
-    """``dw[:, S] = dy^T @ x[:, S]``, exact zeros elsewhere."""
+def _own_wgrad(dy2d, x2d, plan: Optional[KeepPlan], backend: str, d: LayerDirective, use_bias: bool):
+    """``(dw, db)``: ``dw[:, S] = dy^T @ x[:, S]``, pruned columns imputed (zero: exact zeros), ``db = sum(dy)``."""
     m, n, k = dy2d.shape[0], dy2d.shape[1], x2d.shape[1]
     full = 2 * m * n * k
-    if keep is not None:
-        from semimig.kernels import gather_linear_wgrad
 
-        return _timed(d, lambda: gather_linear_wgrad(dy2d, x2d, keep), 2 * m * n * keep.numel(), full)
-    if k_own == k:
-        return _timed(d, lambda: dy2d.t().matmul(x2d), full, full)
-    dw = dy2d.new_zeros(n, k)
-    _timed(d, lambda: dw[:, :k_own].copy_(dy2d.t().matmul(x2d[:, :k_own])), 2 * m * n * k_own, full)
-    return dw
+    def work():
+        if plan is None:
+            dw = dy2d.t().matmul(x2d)
+        else:
+            dw = kernel_ops.wgrad(backend, dy2d, x2d, plan)
+            if d.keep is not None and d.impute != "zero":  # the prefix of a migrating rank has nothing to impute
+                impute_(dw, plan, d.impute, d.state.previous_wgrad)
+        return dw, (dy2d.sum(dim=0) if use_bias else None)
 
-
-def _impute(dw: torch.Tensor, d: LayerDirective) -> None:
-    """Fill the pruned columns of ``dw`` by the directive's policy (zero: nothing to do).
-
-    ``same`` reads the gradient :func:`_remember` kept at the end of the previous backward.
-    """
-    if d.keep is not None and d.impute != "zero":
-        from semimig.kernels import impute_
-
-        impute_(dw, d.keep, d.impute, d.state.previous_wgrad)
+    return _timed(d, work, full if plan is None else 2 * m * n * plan.n_kept, full)
 
 
 def _remember(dw: torch.Tensor, d: LayerDirective) -> None:
     """``same`` imputes from the previous iteration's complete gradient (migrated block included)."""
     if d.impute == "same":
-        d.state.previous_wgrad = dw.detach().clone()
+        d.state.previous_wgrad = _timed(d, lambda: dw.detach().clone(), 0, 0)
 
 
 def _span_cols(share, rank, offset, k_total):
@@ -126,52 +131,40 @@ def _shared_weight(weight: torch.Tensor, d: LayerDirective, share, rank: int):
 
 def _check_directive(d: LayerDirective, group: ProcessGroup, rank: int, k: int) -> int:
     """Validate a directive against the layer and group; returns ``k_own``."""
-    size = P.group_size(group)
-    if d.layout is not None and d.layout.group_size != size:
-        raise ValueError(f"migration layout is for a group of {d.layout.group_size} ranks, the layer's has {size}")
+    if d.layout is not None and d.layout.group_size != P.group_size(group):
+        raise ConfigError(f"migration layout is for a group of {d.layout.group_size} ranks, "
+                          f"the layer's has {P.group_size(group)}")
     if d.exchange is not None and d.migrating and d.exchange.group is not group:
-        raise ValueError("the directive's exchange runs on another process group than the layer")
-    k_own = d.own_columns(rank, k)
-    if d.keep is not None and d.keep.numel() and int(d.keep.max()) >= k_own:
-        raise ValueError(f"keep reaches column {int(d.keep.max())}, but rank {rank} computes only [0, {k_own})")
-    return k_own
+        raise ConfigError("the directive's exchange runs on another process group than the layer")
+    return d.own_columns(rank, k)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-def _open_forward(d: LayerDirective, group: ProcessGroup, x, weight):
-    """Both layers' forward with a directive opens alike: lineage hook and checks.
+def _open_forward(ctx, d: LayerDirective, group: ProcessGroup, x, weight):
+    """Both layers' forward with a directive opens alike: lineage hook, checks, the keep plan.
 
-    Returns ``(rank, K, k_own, x2d [M, K])``.  The own GEMM is left to the caller so that a
-    straggler hands its migrated operands out *before* its own (slow) GEMM: receivers then
-    compute the migrated block while the straggler computes the rest, instead of after it.
+    Returns ``(rank, K, x2d [M, K])`` and leaves ``rank``, ``k_own``, ``plan`` and ``backend``
+    on ``ctx`` for backward.  The own GEMM is left to the caller so that a straggler hands its
+    migrated operands out *before* its own (slow) GEMM: receivers then compute the migrated
+    block while the straggler computes the rest, instead of after it.
     """
     if d.on_forward is not None:
         d.on_forward()
     rank, k = P.group_rank(group), weight.shape[1]
-    k_own = _check_directive(d, group, rank, k)
-    return rank, k, k_own, _flat(x)
+    ctx.rank, ctx.k_own = rank, _check_directive(d, group, rank, k)
+    ctx.backend = resolve_backend(x.device, x.dtype)
+    ctx.plan = _own_plan(d, rank, k, ctx.k_own, weight.device, ctx.backend)
+    return rank, k, _flat(x)
 
 
-def _open_backward(d: LayerDirective, group: ProcessGroup, dy, x, weight):
-    """Both layers' backward with a directive opens alike: lineage read.
-
-    Returns ``(rank, K, k_own, dy2d [M, N], x2d [M, K])``; see :func:`_own_grads`.
-    """
+def _open_backward(ctx, d: LayerDirective, dy, x):
+    """Both layers' backward with a directive opens alike: lineage read; ``(dy2d [M, N], x2d [M, K])``."""
     if d.on_backward is not None:
         d.on_backward()
-    rank, k = P.group_rank(group), weight.shape[1]
-    return rank, k, d.own_columns(rank, k), _flat(dy.contiguous()), _flat(x)
-
-
-def _own_grads(d: LayerDirective, dy2d, x2d, weight, k_own):
-    """This rank's own dgrad and wgrad (pruned columns exactly zero), then imputation: ``(dx2d, dw)``."""
-    dx2d = _own_dgrad(dy2d, weight, d.keep, k_own, d)
-    dw = _own_wgrad(dy2d, x2d, d.keep, k_own, d)
-    _impute(dw, d)
-    return dx2d, dw
+    return _flat(dy.contiguous()), _flat(x)
 
 
 # ----------------------------------------------------------------------------- column layer
@@ -184,10 +177,10 @@ class _ColumnParallelLinear(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         if d is None:
             return F.linear(x, weight, bias)
-        rank, k, k_own, x2d = _open_forward(d, group, x, weight)
+        rank, k, x2d = _open_forward(ctx, d, group, x, weight)
         shares = d.layout.shares if d.migrating else ()
         ctx.blocks = [_shared_weight(weight, d, share, rank) for share in shares]
-        y2d = _own_forward(x2d, weight, bias, d.keep, k_own, d)
+        y2d = _own_forward(x2d, weight, bias, ctx.plan, ctx.backend, d)
         for share, (w_blk, off) in zip(shares, ctx.blocks):
             if rank == share.straggler:
                 d.exchange.return_sum(y2d, share)
@@ -205,34 +198,43 @@ class _ColumnParallelLinear(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
         d, group = ctx.d, ctx.group
-        if d is None:  # Colossal-AI's formulation, operation for operation
+        if d is None:  # Colossal-AI's LinearWithAsyncCommunication, operation for operation
             dx = dy.matmul(weight)
             dy2d, x2d = dy.contiguous(), x.contiguous()
             if dy2d.dim() > 2:
                 dy2d, x2d = _flat(dy2d), _flat(x2d)
-            P.all_reduce_(dx, group)
+            handle = P.all_reduce_start(dx, group)  # overlaps the weight gradient below
             dw = dy2d.t().matmul(x2d)
             db = dy2d.sum(dim=0) if ctx.use_bias else None
+            P.wait(handle)
             return dx, dw, db, None, None
-        rank, k, k_own, dy2d, x2d = _open_backward(d, group, dy, x, weight)
+        rank, k = ctx.rank, weight.shape[1]
+        dy2d, x2d = _open_backward(ctx, d, dy, x)
         shares = d.layout.shares if d.migrating else ()
         dys = [d.exchange.share_whole(dy2d, share) for share in shares]  # before the own GEMMs
-        dx2d, dw = _own_grads(d, dy2d, x2d, weight, k_own)
+        dx2d = _own_dgrad(dy2d, weight, ctx.plan, ctx.backend, d)
         m, n = dy2d.shape
+        blocks = []
         for share, dy_k, (w_blk, off) in zip(shares, dys, ctx.blocks):
             cols = _span_cols(share, rank, off, k) if rank != share.straggler else None
-            dx_part = dw_part = None
+            dx_part = None
             if cols is not None:
                 xc, wc, width = cols
                 dx_part = _timed(d, lambda: dy_k.matmul(w_blk[:, wc]), 2 * m * n * width, 0)
-                dw_part = _timed(d, lambda: dy_k.t().matmul(x2d[:, xc]), 2 * m * n * width, 0)
             d.exchange.merge_block(dx2d[:, k - share.count:], dx_part, share)
+            blocks.append(cols)
+        handle = P.all_reduce_start(dx2d, group)  # dx complete: reduce it while the weight gradients run
+        dw, db = _own_wgrad(dy2d, x2d, ctx.plan, ctx.backend, d, ctx.use_bias)
+        for share, dy_k, cols in zip(shares, dys, blocks):
+            dw_part = None
+            if cols is not None:
+                xc, _, width = cols
+                dw_part = _timed(d, lambda: dy_k.t().matmul(x2d[:, xc]), 2 * m * n * width, 0)
             block = d.exchange.return_block(dw_part, share, (n, share.count), dw.dtype, dw.device)
             if rank == share.straggler:
-                dw[:, k - share.count:] = block
+                _timed(d, lambda: dw[:, k - share.count:].copy_(block), 0, 0)
         _remember(dw, d)
-        P.all_reduce_(dx2d, group)
-        db = dy2d.sum(dim=0) if ctx.use_bias else None
+        P.wait(handle)
         return dx2d.reshape(x.shape), dw, db, None, None
 
 
@@ -247,7 +249,7 @@ class _RowParallelLinear(torch.autograd.Function):
         if d is None:
             y = F.linear(x, weight)
             return P.all_reduce_(y, group)
-        rank, k, k_own, x2d = _open_forward(d, group, x, weight)
+        rank, k, x2d = _open_forward(ctx, d, group, x, weight)
         shares = d.layout.shares if d.migrating else ()
         m, n = x2d.shape[0], weight.shape[0]
         ctx.blocks = []
@@ -255,7 +257,7 @@ class _RowParallelLinear(torch.autograd.Function):
             x_send = x2d.detach()[:, k - share.count:] if rank == share.straggler else None
             x_blk, x_off = d.exchange.share_block(x_send, share, (m, share.count), x.dtype, x.device)
             ctx.blocks.append((x_blk, x_off) + _shared_weight(weight, d, share, rank))
-        y2d = _own_forward(x2d, weight, None, d.keep, k_own, d)
+        y2d = _own_forward(x2d, weight, None, ctx.plan, ctx.backend, d)
         for share, (x_blk, x_off, w_blk, w_off) in zip(shares, ctx.blocks):
             part = None
             if rank != share.straggler and _span_cols(share, rank, w_off, k) is not None:
@@ -273,8 +275,10 @@ class _RowParallelLinear(torch.autograd.Function):
         if d is None:  # Colossal-AI: autograd of F.linear after an identity-backward all-reduce
             dy2d, x2d = _flat(dy), _flat(x)
             return dy.matmul(weight), dy2d.t().matmul(x2d), None, None
-        rank, k, k_own, dy2d, x2d = _open_backward(d, ctx.group, dy, x, weight)
-        dx2d, dw = _own_grads(d, dy2d, x2d, weight, k_own)
+        rank, k = ctx.rank, weight.shape[1]
+        dy2d, x2d = _open_backward(ctx, d, dy, x)
+        dx2d = _own_dgrad(dy2d, weight, ctx.plan, ctx.backend, d)
+        dw, _ = _own_wgrad(dy2d, x2d, ctx.plan, ctx.backend, d, False)
         if d.migrating:
             m, n = dy2d.shape
             for share, (x_blk, x_off, w_blk, w_off) in zip(d.layout.shares, ctx.blocks):
@@ -282,14 +286,12 @@ class _RowParallelLinear(torch.autograd.Function):
                 if rank != share.straggler and _span_cols(share, rank, w_off, k) is not None:
                     _, wc, width = _span_cols(share, rank, w_off, k)
                     _, xc, _ = _span_cols(share, rank, x_off, k)
-                    dx_part = _timed(d, lambda: dy2d.matmul(w_blk[:, wc]), 2 * m * n * width, 0)
-                    dw_part = _timed(d, lambda: dy2d.t().matmul(x_blk[:, xc]), 2 * m * n * width, 0)
-                    part = torch.cat([dx_part, dw_part])
-                # dx_k[:, mig] ([M, L]) and dw_k[:, mig] ([N, L]) travel stacked: one return, not two
+                    # dx_k[:, mig] ([M, L]) and dw_k[:, mig] ([N, L]) travel stacked: one return, not two
+                    part = _timed(d, lambda: torch.cat([dy2d.matmul(w_blk[:, wc]), dy2d.t().matmul(x_blk[:, xc])]),
+                                  4 * m * n * width, 0)
                 block = d.exchange.return_block(part, share, (m + n, share.count), dw.dtype, dw.device)
                 if rank == share.straggler:
-                    dx2d[:, k - share.count:] = block[:m]
-                    dw[:, k - share.count:] = block[m:]
+                    _timed(d, lambda: (dx2d[:, k - share.count:].copy_(block[:m]), dw[:, k - share.count:].copy_(block[m:])), 0, 0)
         _remember(dw, d)
         return dx2d.reshape(x.shape), dw, None, None
 

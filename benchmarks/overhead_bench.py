@@ -1,0 +1,338 @@
+"""γ = 0 overhead of semimig's layers against Colossal-AI's, on real compute (issue 16 item 5).
+
+    python benchmarks/overhead_bench.py [--quick] [--parts layers,mlp,model] [--json out.json]
+
+Nothing is emulated and nobody straggles: two gloo ranks on this machine, one torch thread
+each, run the same work through Colossal-AI's layers (``cai``) and through semimig's, side by
+side in one process per rank.  Variants of one case are *interleaved*: a repetition runs
+``iters`` iterations of every variant in turn (the order rotates each repetition), so load from
+elsewhere on the machine hits all of them alike.  A repetition's figure is the median of its
+iterations on the slower rank; a case reports the median over repetitions and the spread
+(min-max and interquartile range) of the per-repetition figures, and the ratio to ``cai``
+computed per repetition (paired) and summarised the same way.  Two clocks: ``wall`` (the
+figure that counts) and ``cpu``, the main thread's CPU time, which is blind to waiting and to
+overlap with communication but also to other processes' load, so it shows per-call host work
+(bookkeeping, copies) clearly on a busy machine.
+
+Parts and variants:
+
+``layers``  one ``Linear1D_Col`` or ``Linear1D_Row`` forward + backward (input gradient
+            included) for several ``tokens x in x out`` shapes.  ``cai``; ``semimig`` (no
+            directive: must equal Colossal-AI bit for bit); ``directive`` (a γ = 0 directive
+            with no timer: the balanced code path's own bookkeeping); ``timed`` (the same with a
+            :class:`~semimig.straggler.BusyMeter`, as the controller runs it).
+``mlp``     a whole training iteration (forward, backward, SGD step) of a column -> GELU -> row
+            MLP, 512 -> 2048 -> 512, batch 256 (issue 16's reference: 1.055-1.061x).  ``cai``,
+            ``semimig`` and ``semi`` (semimig with a ``BalanceController`` in mode ``semi``, no
+            straggler, ``step()`` after every optimizer step).
+``model``   the bench ViT (:class:`semimig.bench.config.BenchConfig`'s size and batch) boosted by
+            ``HybridParallelPlugin(tp_size=2)``: Colossal-AI's policy (``cai``), ``SemiMigPolicy``
+            (``semimig``) and ``SemiMigPolicy`` with a ``semi`` controller (``semi``).
+
+Figures on a shared machine are smoke figures; the interleaving makes the ratios fair, not the
+absolute times quiet.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PARTS = ("layers", "mlp", "model")
+LAYER_SHAPES = ((256, 512, 2048), (256, 2048, 512), (1040, 64, 256), (1040, 256, 64))
+"""``tokens x in x out`` of the single-layer cases: the MLP's two layers, the bench ViT's."""
+CLOCKS = ("wall", "cpu")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverheadConfig:
+    """Repetitions and sizes of one run."""
+
+    parts: tuple[str, ...] = PARTS
+    reps: int = 15
+    """Interleaved repetitions; each gives one figure per variant."""
+    iters: int = 10
+    """Timed iterations of each variant per repetition (their median is the repetition's figure)."""
+    warmup: int = 3
+    """Untimed iterations of each variant before the first repetition."""
+    layer_shapes: tuple[tuple[int, int, int], ...] = LAYER_SHAPES
+    mlp: tuple[int, int, int] = (256, 512, 2048)
+    """``batch, hidden, intermediate`` of the MLP part."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.parts or any(p not in PARTS for p in self.parts):
+            raise ValueError(f"parts must be a non-empty subset of {PARTS}, got {self.parts!r}")
+        for name in ("reps", "iters"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
+        if not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"warmup must be an int >= 0, got {self.warmup!r}")
+        for shape in self.layer_shapes + (self.mlp,):
+            if len(shape) != 3 or any(not isinstance(v, int) or v < 2 or v % 2 for v in shape):
+                raise ValueError(f"sizes must be three even ints >= 2 (two ranks split them), got {shape!r}")
+
+
+QUICK = dict(reps=7, iters=5, warmup=2, layer_shapes=LAYER_SHAPES[:1] + LAYER_SHAPES[2:3])
+
+
+# ----------------------------------------------------------------------------- statistics (pure)
+def summarise(values: list[float]) -> dict:
+    """Median, min, max and interquartile range of per-repetition figures."""
+    ordered = sorted(values)
+    q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1 else ordered * 3
+    return {"median": statistics.median(ordered), "min": ordered[0], "max": ordered[-1], "q1": q1, "q3": q3}
+
+
+def case_record(part: str, case: str, per_rep: dict[str, dict[str, list[float]]]) -> dict:
+    """One case: per clock, each variant's per-repetition seconds summarised and paired ratios to ``cai``."""
+    record = {"part": part, "case": case}
+    for clock, variants in per_rep.items():
+        base = variants["cai"]
+        record[clock] = {
+            "seconds": {v: summarise(t) for v, t in variants.items()},
+            "ratio_to_cai": {v: summarise([a / b for a, b in zip(t, base)]) for v, t in variants.items() if v != "cai"},
+            "per_rep_s": variants,
+        }
+    return record
+
+
+def _ratio_text(ratio: dict | None) -> str:
+    if ratio is None:
+        return ""
+    return f"{ratio['median']:.3f} [{ratio['min']:.3f}-{ratio['max']:.3f}] ({ratio['q1']:.3f}-{ratio['q3']:.3f})"
+
+
+def format_records(records: list[dict]) -> str:
+    """A table: per variant the median wall ms and, per clock, the ratio to cai: median [min-max] (q1-q3)."""
+    lines = [f"{'part':<7} {'case':<24} {'variant':<10} {'wall ms':>9}  "
+             f"{'wall / cai: median [min-max] (q1-q3)':<42} cpu / cai"]
+    for rec in records:
+        for variant, s in rec["wall"]["seconds"].items():
+            wall, cpu = (_ratio_text(rec[c]["ratio_to_cai"].get(variant)) for c in CLOCKS)
+            lines.append(f"{rec['part']:<7} {rec['case']:<24} {variant:<10} {s['median'] * 1e3:>9.3f}  {wall:<42} {cpu}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- on the ranks
+def _interleave(steps: dict, cfg: OverheadConfig) -> dict[str, dict[str, list[float]]]:
+    """Per clock and variant, one figure per repetition: the median iteration seconds of the slower rank.
+
+    Clocks: ``wall`` (what a user waits for) and ``cpu`` (this rank's main-thread CPU time: blind
+    to waiting in collectives and to overlap, but also to the host's other load).
+    """
+    import torch
+    import torch.distributed as dist
+
+    names = list(steps)
+    for name in names:
+        for _ in range(cfg.warmup):
+            steps[name]()
+    per_rep = {clock: {name: [] for name in names} for clock in CLOCKS}
+    for rep in range(cfg.reps):
+        order = names[rep % len(names):] + names[:rep % len(names)]
+        for name in order:
+            dist.barrier()
+            wall, cpu = [], []
+            for _ in range(cfg.iters):
+                start, start_cpu = time.perf_counter(), time.thread_time()
+                steps[name]()
+                wall.append(time.perf_counter() - start)
+                cpu.append(time.thread_time() - start_cpu)
+            per_rep["wall"][name].append(statistics.median(wall))
+            per_rep["cpu"][name].append(statistics.median(cpu))
+    table = torch.tensor([per_rep[c][n] for c in CLOCKS for n in names], dtype=torch.float64)
+    dist.all_reduce(table, op=dist.ReduceOp.MAX)  # the slower rank sets the pace
+    rows = iter(table.tolist())
+    return {c: {n: next(rows) for n in names} for c in CLOCKS}
+
+
+def _layer_steps(kind: str, shape: tuple[int, int, int], seed: int) -> dict:
+    """Forward + backward of one layer: cai, semimig, semimig with a γ = 0 directive (untimed, timed)."""
+    import copy
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from colossalai.shardformer.layer import Linear1D_Col as CaiCol
+    from colossalai.shardformer.layer import Linear1D_Row as CaiRow
+
+    import semimig.nn as snn
+    from semimig.straggler import BusyMeter
+
+    tokens, d_in, d_out = shape
+    group, world = dist.group.WORLD, dist.get_world_size()
+    torch.manual_seed(seed)
+    dense = nn.Linear(d_in, d_out)
+    if kind == "col":
+        make = lambda cls: cls.from_native_module(copy.deepcopy(dense), group)  # noqa: E731
+        ours_cls, cai_cls, x, dy = snn.Linear1D_Col, CaiCol, torch.randn(tokens, d_in), torch.randn(tokens, d_out // world)
+    else:
+        make = lambda cls: cls.from_native_module(copy.deepcopy(dense), group, parallel_input=True)  # noqa: E731
+        ours_cls, cai_cls, x, dy = snn.Linear1D_Row, CaiRow, torch.randn(tokens, d_in // world), torch.randn(tokens, d_out)
+    x.requires_grad_(True)
+    layers = {"cai": make(cai_cls), "semimig": make(ours_cls), "directive": make(ours_cls), "timed": make(ours_cls)}
+    layers["directive"].directive = snn.LayerDirective(iteration=0)
+    layers["timed"].directive = snn.LayerDirective(iteration=0, timer=BusyMeter())
+
+    def step(layer):
+        def run():
+            x.grad = None
+            for p in layer.parameters():
+                p.grad = None
+            layer(x).backward(dy)
+        return run
+
+    return {name: step(layer) for name, layer in layers.items()}
+
+
+def _mlp_steps(cfg: OverheadConfig) -> dict:
+    """A whole iteration of column -> GELU -> row: cai, semimig, semimig + semi controller."""
+    import copy
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from colossalai.shardformer.layer import Linear1D_Col as CaiCol
+    from colossalai.shardformer.layer import Linear1D_Row as CaiRow
+
+    import semimig.nn as snn
+    from semimig.controller import BalanceConfig, BalanceController
+
+    batch, hidden, inter = cfg.mlp
+    group = dist.group.WORLD
+    torch.manual_seed(cfg.seed)
+    fc1, fc2 = nn.Linear(hidden, inter), nn.Linear(inter, hidden)
+    x = torch.randn(batch, hidden)
+
+    def build(col_cls, row_cls):
+        return nn.Sequential(col_cls.from_native_module(copy.deepcopy(fc1), group), nn.GELU(),
+                             row_cls.from_native_module(copy.deepcopy(fc2), group, parallel_input=True))
+
+    def step(model, controller=None):
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+        def run():
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if controller is not None:
+                controller.step()
+        return run
+
+    semi_model = build(snn.Linear1D_Col, snn.Linear1D_Row)
+    controller = BalanceController(semi_model, BalanceConfig(mode="semi"), process_group=group)
+    return {"cai": step(build(CaiCol, CaiRow)), "semimig": step(build(snn.Linear1D_Col, snn.Linear1D_Row)),
+            "semi": step(semi_model, controller)}
+
+
+def _model_steps(cfg: OverheadConfig) -> tuple[dict, str]:
+    """A whole iteration of the bench ViT through HybridParallelPlugin: cai, semimig, semimig + semi."""
+    import torch
+    from colossalai.booster import Booster
+    from colossalai.booster.plugin import HybridParallelPlugin
+
+    from semimig.bench.config import BenchConfig
+    from semimig.bench.models import digits_split, tiny_vit
+    from semimig.controller import BalanceConfig, BalanceController
+    from semimig.shardformer import SemiMigPolicy
+
+    bench = BenchConfig(tp=2)
+    x_train, y_train, _, _ = digits_split(seed=0)
+    xb, yb = x_train[:bench.batch], y_train[:bench.batch]
+
+    def step(policy, mode=None):
+        plugin = HybridParallelPlugin(tp_size=2, pp_size=1, precision="fp32", custom_policy=policy)
+        model = tiny_vit(bench.size, seed=cfg.seed, num_labels=10)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        booster = Booster(plugin=plugin)
+        model, optimizer, _, _, _ = booster.boost(model, optimizer)
+        controller = None
+        if mode is not None:
+            controller = BalanceController(model, BalanceConfig(mode=mode), process_group=plugin.tp_group)
+
+        def run():
+            loss = model(pixel_values=xb, labels=yb).loss
+            booster.backward(loss, optimizer)
+            optimizer.step()
+            optimizer.zero_grad()
+            if controller is not None:
+                controller.step()
+        return run
+
+    size = bench.size
+    case = f"vit h{size.hidden} i{size.intermediate} L{size.layers} b{bench.batch}"
+    return {"cai": step(None), "semimig": step(SemiMigPolicy()), "semi": step(SemiMigPolicy(), "semi")}, case
+
+
+def _bench_body(rank: int, world: int, cfg: OverheadConfig) -> list[dict]:
+    import torch
+
+    torch.set_num_threads(1)
+    records = []
+    if "layers" in cfg.parts:
+        for shape in cfg.layer_shapes:
+            for kind in ("col", "row"):
+                per_rep = _interleave(_layer_steps(kind, shape, cfg.seed), cfg)
+                records.append(case_record("layers", f"{kind} {shape[0]}x{shape[1]}x{shape[2]}", per_rep))
+    if "mlp" in cfg.parts:
+        batch, hidden, inter = cfg.mlp
+        records.append(case_record("mlp", f"{hidden}-{inter}-{hidden} b{batch}", _interleave(_mlp_steps(cfg), cfg)))
+    if "model" in cfg.parts:
+        steps, case = _model_steps(cfg)
+        records.append(case_record("model", case, _interleave(steps, cfg)))
+    return records
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", type=Path, help="write the records here")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions and shapes (smoke run)")
+    parser.add_argument("--parts", help=f"comma-separated subset of {','.join(PARTS)} (default all)")
+    parser.add_argument("--reps", type=int, help="interleaved repetitions (default 15, --quick 7)")
+    parser.add_argument("--iters", type=int, help="timed iterations per variant and repetition (default 10)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the ranks are killed")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    fields = dict(QUICK) if args.quick else {}
+    if args.parts is not None:
+        fields["parts"] = tuple(p.strip() for p in args.parts.split(","))
+    fields.update({k: v for k, v in (("reps", args.reps), ("iters", args.iters)) if v is not None})
+    try:
+        cfg = OverheadConfig(**fields)
+    except ValueError as err:
+        print(f"overhead_bench.py: error: {err}", file=sys.stderr)
+        return 2
+    if args.json is not None and args.json.is_dir():
+        print(f"overhead_bench.py: error: --json {args.json} is a directory", file=sys.stderr)
+        return 2
+    from semimig.launch import run_on_ranks
+
+    print(f"overhead bench: parts {','.join(cfg.parts)}, {cfg.reps} interleaved repetitions x {cfg.iters} "
+          f"iterations, 2 gloo ranks x 1 thread, CPU ({platform.machine()})", flush=True)
+    start = time.perf_counter()
+    records = run_on_ranks(_bench_body, 2, cfg, timeout_s=args.timeout)
+    print(format_records(records))
+    print(f"wall time {time.perf_counter() - start:.0f} s")
+    if args.json is not None:
+        out = {"benchmark": "overhead_bench", "argv": sys.argv[1:] if argv is None else list(argv),
+               "machine": {"platform": platform.platform(), "python": platform.python_version(), "device": "cpu"},
+               "config": asdict(cfg), "records": records}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Busy time covers a rank's own work; the column backward overlaps its dX all-reduce with dW.
+
+Every aten op that runs during a balanced layer's forward and backward is logged through a
+``TorchDispatchMode``, together with whether it ran inside ``directive.timer.timed``.  On the
+balanced path nothing that computes may run outside the timer (gathers, index copies, GEMMs,
+imputation, zero fills, plan building); only views, collectives and the module's own bias add
+(Colossal-AI's, identical with or without balancing) may.  With migration, every GEMM a rank
+runs is timed, the receivers' ones with ``full_flops = 0``.
+"""
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from dist_harness import run_on_ranks
+
+# Ops that compute nothing (metadata, aliasing, allocation without a fill).
+VIEWS = {"view", "_unsafe_view", "reshape", "t", "transpose", "slice", "select", "as_strided", "alias",
+         "detach", "expand", "empty", "new_empty", "lift_fresh"}
+GEMMS = {"mm", "addmm", "bmm", "matmul", "linear"}
+
+
+def _name(func) -> str:
+    return str(func).split(".")[1] if str(func).startswith("aten.") else str(func)
+
+
+class _Timer:
+    """A GemmTimer that counts nesting (so the op log knows what ran inside) and the FLOP accounting."""
+
+    def __init__(self):
+        self.depth, self.flops, self.full_flops = 0, 0, 0
+
+    def timed(self, fn, *, flops, full_flops):
+        self.depth += 1
+        self.flops, self.full_flops = self.flops + flops, self.full_flops + full_flops
+        try:
+            return fn()
+        finally:
+            self.depth -= 1
+
+
+class _OpLog(TorchDispatchMode):
+    def __init__(self, timer):
+        super().__init__()
+        self.timer, self.outside, self.inside = timer, [], []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        (self.inside if self.timer.depth else self.outside).append(_name(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _layer(kind, world):
+    import semimig.nn as snn
+
+    torch.manual_seed(0)
+    dense = nn.Linear(16, 8 * world)
+    group = dist.group.WORLD
+    if kind == "col":
+        return snn.Linear1D_Col.from_native_module(copy.deepcopy(dense), group), torch.randn(2, 3, 16)
+    return snn.Linear1D_Row.from_native_module(copy.deepcopy(dense), group, parallel_input=True), torch.randn(2, 3, 16 // world)
+
+
+def _ops_body(rank, world, kind, impute, migrate):
+    import semimig.nn as snn
+    from semimig.migration.exchange import make_exchange
+    from semimig.migration.layout import MigrationLayout
+
+    layer, x = _layer(kind, world)
+    k = layer.weight.shape[1]
+    timer = _Timer()
+    layout = MigrationLayout.build(world, k, {0: k // 4}) if migrate else None
+    own = k - (k // 4 if migrate and rank == 0 else 0)
+    keep = torch.tensor([c for c in range(own) if c % 3])  # prune every third own column
+    layer.directive = snn.LayerDirective(iteration=0, keep=keep, impute=impute, timer=timer, layout=layout,
+                                         exchange=make_exchange("broadcast-reduce", dist.group.WORLD) if migrate else None)
+    x.requires_grad_(True)
+    dy = torch.ones(*x.shape[:-1], layer.weight.shape[0])
+    with _OpLog(timer) as log:
+        layer(x).backward(dy)
+    return sorted(set(log.outside)), sorted(set(log.inside)), timer.flops, timer.full_flops
+
+
+@pytest.mark.parametrize("kind", ["col", "row"])
+@pytest.mark.parametrize("impute", ["zero", "same", "average"])
+def test_every_piece_of_own_work_is_timed(kind, impute):
+    outside, inside, flops, full_flops = run_on_ranks(_ops_body, 2, kind, impute, False)
+    module_bias = {"add", "sum"} if kind == "row" else set()  # Linear1D_Row adds its bias after the reduce
+    computing = {op for op in outside if op not in VIEWS | module_bias and not op.startswith("c10d")}
+    assert not computing, f"ran outside the timer: {computing}"
+    assert GEMMS & set(inside) and "index_select" in inside, inside
+    assert 0 < flops < full_flops  # a third of the own columns pruned
+
+
+@pytest.mark.parametrize("kind", ["col", "row"])
+def test_migration_gemms_are_timed_and_receivers_count_no_full_flops(kind):
+    outside, inside, flops, full_flops = run_on_ranks(_ops_body, 2, kind, "zero", True)
+    assert not GEMMS & set(outside), outside
+    # rank 0 (returned) migrates a quarter of K and prunes a third of the rest: it did less than its full work
+    assert 0 < flops < full_flops
+
+
+def _dense_order_body(rank, world):
+    """The ops of the dense column backward in order (no directive: Colossal-AI's schedule)."""
+    layer, x = _layer("col", world)
+    x.requires_grad_(True)
+    y = layer(x)
+    dy, timer, calls = torch.ones_like(y), _Timer(), []
+    original = dist.all_reduce
+
+    def all_reduce(tensor, *args, **kwargs):
+        calls.append(kwargs.get("async_op", False))
+        return original(tensor, *args, **kwargs)
+
+    dist.all_reduce = all_reduce
+    try:
+        with _OpLog(timer) as log:
+            y.backward(dy)
+    finally:
+        dist.all_reduce = original
+    return log.outside, calls
+
+
+def test_dense_column_backward_overlaps_the_dx_all_reduce_with_dw():
+    """As Colossal-AI's LinearWithAsyncCommunication: dx GEMM, start the all-reduce, dw GEMM, wait."""
+    ops, async_flags = run_on_ranks(_dense_order_body, 2)
+    assert async_flags == [True]
+    gemms = [i for i, op in enumerate(ops) if op in GEMMS]
+    reduce_at = next(i for i, op in enumerate(ops) if op.startswith("c10d") and "allreduce" in op)
+    assert len(gemms) == 2 and gemms[0] < reduce_at < gemms[1], ops
