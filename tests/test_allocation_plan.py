@@ -225,9 +225,10 @@ def test_plan_validation_names_bad_values() -> None:
     st.lists(st.tuples(st.integers(1, 64), st.floats(1e-3, 2.0)), min_size=1, max_size=7, unique_by=lambda p: p[0]),
     st.integers(0, 32),
 )
-def test_spline_passes_through_profiled_points(points, extra) -> None:
+@pytest.mark.parametrize("interpolation", ["linear", "spline"])
+def test_curves_pass_through_profiled_points(interpolation, points, extra) -> None:
     max_batch = max(b for b, _ in points) + extra
-    curve = SpeedCurve.from_points(points, max_batch_size=max_batch)
+    curve = SpeedCurve.from_points(points, max_batch_size=max_batch, interpolation=interpolation)
     for b, t in points:
         assert curve.time(b) == pytest.approx(t, rel=1e-12)
         assert curve.speed(b) == pytest.approx(b / t, rel=1e-12)
@@ -240,11 +241,36 @@ def test_spline_is_a_natural_cubic_spline_of_speed() -> None:
     from scipy.interpolate import CubicSpline
 
     points = [(1, 0.010), (2, 0.012), (4, 0.016), (8, 0.030), (16, 0.058)]
-    curve = SpeedCurve.from_points(points, max_batch_size=16)
+    curve = SpeedCurve.from_points(points, max_batch_size=16, interpolation="spline")
     b = np.array([p[0] for p in points], float)
     reference = CubicSpline(b, b / np.array([p[1] for p in points]), bc_type="natural")
     for batch in range(1, 17):
         assert curve.speed(batch) == pytest.approx(float(reference(batch)), rel=1e-9)
+
+
+def test_linear_curve_is_piecewise_linear_in_time_and_holds_speed_outside() -> None:
+    points = [(1, 0.010), (4, 0.016), (8, 0.030)]
+    curve = SpeedCurve.from_points(points, max_batch_size=12)
+    assert curve.time(2) == pytest.approx(0.010 + (0.016 - 0.010) / 3)
+    assert curve.time(6) == pytest.approx(0.023)
+    assert curve.time(12) == pytest.approx(12 * 0.030 / 8)  # constant speed past the last point
+
+
+def test_noisy_probe_does_not_bend_the_linear_curve_between_far_points() -> None:
+    """The benchmark's case: τ = 12 ms + 6 ms/sample, probed at 1, 2, 4, 8, 16 with τ(4) 20 % high.
+
+    The spline of speed moves τ(12) by several percent and the allocator realises 47 samples in
+    four micro-steps instead of three; the linear curve keeps τ(12) exact and three micro-steps.
+    """
+    true = {b: 0.012 + 0.006 * b for b in (1, 2, 4, 8, 16)}
+    noisy = {**true, 4: true[4] * 1.2}
+    linear = SpeedCurve.from_points(list(noisy.items()), max_batch_size=16)
+    spline = SpeedCurve.from_points(list(noisy.items()), max_batch_size=16, interpolation="spline")
+    assert linear.time(12) == pytest.approx(0.012 + 0.006 * 12, rel=1e-12)
+    assert abs(spline.time(12) / (0.012 + 0.006 * 12) - 1) > 0.02
+    steps = {name: allocate([c], 47, zero_stage=1).devices[0].accumulation_steps for name, c in
+             (("linear", linear), ("spline", spline))}
+    assert steps == {"linear": 3, "spline": 4}
 
 
 def test_largest_batch_within_is_poplar_find() -> None:

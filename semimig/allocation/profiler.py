@@ -19,7 +19,7 @@ batch size ``b`` (raising ``torch.OutOfMemoryError`` when it does not fit), e.g.
 Every successful probe records its compute time (median of ``repeats`` runs), with the time spent
 inside collectives subtracted (``ProbeResult.compute_s``, Poplar's ZeRO-2/3 rule; a device whose
 step has no collectives reports 0 for them).  :meth:`DeviceProfile.curve` turns those points into
-the spline speed curve of :mod:`.speed`.
+the speed curve of :mod:`.speed`.
 
 :func:`gather_profiles` shares the profiles of all data-parallel devices, so that every rank can
 compute the same plan.
@@ -122,11 +122,10 @@ class DeviceProfile:
                 f"DeviceProfile({self.name!r}).max_batch_size={self.max_batch_size} is not the largest probe {sizes[-1]}"
             )
 
-    def curve(self) -> SpeedCurve:
-        """The spline speed curve through ``(b, compute_s)`` of every successful probe."""
-        return SpeedCurve.from_points(
-            [(p.batch_size, p.compute_s) for p in self.probes], max_batch_size=self.max_batch_size, name=self.name
-        )
+    def curve(self, *, interpolation: str = "linear") -> SpeedCurve:
+        """The speed curve through ``(b, compute_s)`` of every successful probe (:mod:`.speed`)."""
+        return SpeedCurve.from_points([(p.batch_size, p.compute_s) for p in self.probes],
+                                      max_batch_size=self.max_batch_size, name=self.name, interpolation=interpolation)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready; ``points`` is what ``semimig plan`` reads."""

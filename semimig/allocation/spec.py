@@ -5,7 +5,8 @@ SPEC is either a list of devices or ``{"devices": [...], "comm_time_s": <seconds
     {"name": "a100", "max_batch_size": 64, "peak_speed": 900.0}           constant speed, samples/s
     {"name": "v100", "max_batch_size": 32, "points": [[1, 0.004], ...]}   (batch, seconds) per micro-step
 
-``name`` is optional (``device<i>``); exactly one of ``peak_speed`` and ``points``.  A measured
+``name`` is optional (``device<i>``); exactly one of ``peak_speed`` and ``points``; with
+``points``, ``"interpolation": "linear"`` (default) or ``"spline"`` (:mod:`.speed`).  A measured
 profile (:func:`profiles_to_spec`, from :meth:`~.profiler.DeviceProfile.to_dict`) is the same
 with the extra keys ``probes``, ``failed_batch_sizes``, ``first_estimate`` and ``memory_fit``,
 which are ignored here.  Any other key is refused (a misspelt ``comm_time`` would otherwise be
@@ -16,15 +17,15 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from semimig._validate import check_int, check_number
+from semimig._validate import check_choice, check_int, check_number
 from semimig.allocation.profiler import DeviceProfile
-from semimig.allocation.speed import MAX_BATCH_SIZE, MAX_TIME_S, MIN_TIME_S, SpeedCurve
+from semimig.allocation.speed import INTERPOLATIONS, MAX_BATCH_SIZE, MAX_TIME_S, MIN_TIME_S, SpeedCurve
 from semimig.errors import ConfigError
 
 __all__ = ["curves_from_spec", "profiles_to_spec"]
 
 _TOP_KEYS = frozenset({"devices", "comm_time_s"})
-_DEVICE_KEYS = frozenset({"name", "max_batch_size", "peak_speed", "points"})
+_DEVICE_KEYS = frozenset({"name", "max_batch_size", "peak_speed", "points", "interpolation"})
 _PROFILE_KEYS = frozenset({"probes", "failed_batch_sizes", "first_estimate", "memory_fit"})
 _MAX_REPR = 80
 
@@ -77,7 +78,8 @@ def _device_curve(i: int, device: Any) -> SpeedCurve:
         raise ConfigError(f"{where}.points repeats a batch size: {batches}")
     if max(batches) > max_batch:
         raise ConfigError(f"{where}.points has batch size {max(batches)} above max_batch_size={max_batch}")
-    return SpeedCurve.from_points(points, max_batch_size=max_batch, name=name)
+    interpolation = check_choice(f"{where}.interpolation", device.get("interpolation", "linear"), INTERPOLATIONS)
+    return SpeedCurve.from_points(points, max_batch_size=max_batch, name=name, interpolation=interpolation)
 
 
 def curves_from_spec(spec: Any) -> tuple[list[SpeedCurve], Optional[float]]:

@@ -1,20 +1,31 @@
 """Speed curves: how long one device takes for one micro-step at each batch size.
 
 Poplar (Algorithm 1, "Offline Analyzing") profiles a device at a few batch sizes ``b_k`` and
-builds its speed curve by cubic-spline interpolation of the measured speeds
+interpolates between them over ``b ∈ [1, mbs]`` (``mbs`` the largest batch that fits in memory).
+Two interpolations, both exact at every profiled point:
 
-    s(b_k) = b_k / τ(b_k)          samples per second, τ the compute time of one micro-step
+``linear`` (the default): the micro-step time ``τ(b)`` is piecewise linear between profiled
+points.  Poplar's profiler probes ``b = 1, 2, 4, 8, …`` (then a binary search), so the points are
+sparse where the batches are large; a device whose time is ``fixed + per_sample·b`` (the usual
+shape: launch costs, then work) is reproduced exactly between them, and noise at one point
+moves only its two neighbouring segments.
 
-over ``b ∈ [1, mbs]`` (``mbs`` the largest batch that fits in memory).  The spline is the natural
-cubic spline (zero second derivative at both ends, the Poplar appendix's choice) through the
-points ``(b_k, s(b_k))``, so it reproduces every profiled point exactly.  Between points it is a
-smooth model; outside ``[b_min, b_max]`` of the profiled points the speed is held constant at the
-nearest end (no polynomial extrapolation) and it is floored at a tiny positive value, so that a
-wiggle of the spline can never produce a zero or negative speed.
+``spline`` (Poplar's own choice): the natural cubic spline (zero second derivative at both ends,
+the Poplar appendix) through the measured speeds
 
-The time of one micro-step of ``b`` samples is ``τ(b) = b / s(b)`` and ``τ(0) = 0``.  A device
-processes ``B`` samples per iteration as ``gas - 1`` micro-steps of ``mbs`` samples and one of
-``lbs`` samples, taking ``(gas - 1)·τ(mbs) + τ(lbs)``.
+    s(b_k) = b_k / τ(b_k)          samples per second, τ the compute time of one micro-step,
+
+floored at a tiny positive value so that a wiggle can never produce a zero or negative speed.
+Measured on the Poplar benchmark (benchmarks/poplar_bench.py, a loaded 2-core machine): one noisy
+probe at ``b = 4`` bent the spline by 5 % at ``b = 12``, halfway between the probes 8 and 16, so
+the allocator realised 47 samples as four micro-steps of 12 instead of three of 16 and the device
+lost one whole micro-step's fixed cost (12 ms, 3.6 % of the iteration).  The linear model has no
+such reach, hence the default.
+
+Outside ``[b_min, b_max]`` of the profiled points both hold the speed constant at the nearest end
+(no extrapolation).  The time of one micro-step of ``b`` samples is ``τ(b) = b / s(b)`` and
+``τ(0) = 0``.  A device processes ``B`` samples per iteration as ``gas - 1`` micro-steps of
+``mbs`` samples and one of ``lbs`` samples, taking ``(gas - 1)·τ(mbs) + τ(lbs)``.
 
 A device known only by its peak speed (a JSON spec, say) gets a constant-speed curve:
 ``τ(b) = b / s_peak``.
@@ -30,12 +41,15 @@ from typing import Sequence
 import numpy as np
 from scipy.interpolate import CubicSpline
 
-from semimig._validate import check_int, check_number, is_int, is_number
+from semimig._validate import check_choice, check_int, check_number, is_int, is_number
 from semimig.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SpeedCurve", "MAX_BATCH_SIZE", "MIN_TIME_S", "MAX_TIME_S"]
+__all__ = ["SpeedCurve", "INTERPOLATIONS", "MAX_BATCH_SIZE", "MIN_TIME_S", "MAX_TIME_S"]
+
+INTERPOLATIONS = ("linear", "spline")
+"""How a curve fills the batch sizes between its profiled points (module docstring)."""
 
 _MIN_SPEED_FRACTION = 1e-6  # spline floor, as a fraction of the slowest profiled speed
 
@@ -73,6 +87,8 @@ class SpeedCurve:
     in ``[MIN_TIME_S, MAX_TIME_S]``."""
     max_batch_size: int
     """Largest micro-batch the device holds (memory), in ``[1, MAX_BATCH_SIZE]``."""
+    interpolation: str = "linear"
+    """One of :data:`INTERPOLATIONS`: ``linear`` in time (default) or Poplar's cubic ``spline`` of speed."""
     _table: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -80,6 +96,7 @@ class SpeedCurve:
             raise ConfigError(f"SpeedCurve.name must be a str, got {self.name!r}")
         where = f"SpeedCurve({self.name!r})"
         check_int(f"{where}.max_batch_size", self.max_batch_size, minimum=1, maximum=MAX_BATCH_SIZE)
+        check_choice(f"{where}.interpolation", self.interpolation, INTERPOLATIONS)
         for field_name in ("batch_sizes", "times_s"):
             if not isinstance(getattr(self, field_name), tuple):
                 raise ConfigError(f"{where}.{field_name} must be a tuple, got {getattr(self, field_name)!r}")
@@ -107,7 +124,8 @@ class SpeedCurve:
     # ---------------------------------------------------------------- constructors
     @classmethod
     def from_points(
-        cls, points: Sequence[tuple[int, float]], *, max_batch_size: int, name: str = "device"
+        cls, points: Sequence[tuple[int, float]], *, max_batch_size: int, name: str = "device",
+        interpolation: str = "linear",
     ) -> "SpeedCurve":
         """Curve through profiled ``(batch_size, time_s)`` points (any order, no duplicates)."""
         if not all(isinstance(p, (tuple, list)) and len(p) == 2 and is_int(p[0]) and _is_real(p[1]) for p in points):
@@ -118,6 +136,7 @@ class SpeedCurve:
             batch_sizes=tuple(b for b, _ in ordered),
             times_s=tuple(t for _, t in ordered),
             max_batch_size=max_batch_size,
+            interpolation=interpolation,
         )
 
     @classmethod
@@ -136,19 +155,22 @@ class SpeedCurve:
     def _build_table(self) -> np.ndarray:
         """``τ(b)`` for ``b = 0 … max_batch_size`` (index = batch size), float64."""
         b_points = np.asarray(self.batch_sizes, dtype=np.float64)
-        s_points = b_points / np.asarray(self.times_s, dtype=np.float64)
+        t_points = np.asarray(self.times_s, dtype=np.float64)
+        s_points = b_points / t_points
         grid = np.arange(1, self.max_batch_size + 1, dtype=np.float64)
+        inside = np.clip(grid, b_points[0], b_points[-1])
         if len(b_points) == 1:
             speeds = np.full_like(grid, s_points[0])
+        elif self.interpolation == "linear":
+            speeds = inside / np.interp(inside, b_points, t_points)  # constant speed outside the points
         else:
-            spline = CubicSpline(b_points, s_points, bc_type="natural")
-            speeds = spline(np.clip(grid, b_points[0], b_points[-1]))
+            speeds = CubicSpline(b_points, s_points, bc_type="natural")(inside)
             speeds = np.maximum(speeds, _MIN_SPEED_FRACTION * s_points.min())
         table = np.empty(self.max_batch_size + 1, dtype=np.float64)
         table[0] = 0.0
         table[1:] = grid / speeds
-        # exact at the profiled points (the spline already is, up to rounding)
-        table[np.asarray(self.batch_sizes)] = np.asarray(self.times_s, dtype=np.float64)
+        # exact at the profiled points (the interpolants already are, up to rounding)
+        table[np.asarray(self.batch_sizes)] = t_points
         return table
 
     @property
