@@ -28,6 +28,7 @@ import torch
 from colossalai.shardformer.layer._operation import gather_forward_split_backward, split_forward_gather_backward
 
 from semimig.comm import primitives as P
+from semimig.nn.conversion import check_divisible, check_options, check_split_sizes
 from semimig.nn.directive import LayerDirective
 from semimig.nn.functional import column_parallel_linear, row_parallel_linear
 
@@ -48,6 +49,19 @@ class BalancedLinearMixin:
     matrix_kind: str = ""
     directive: Optional[LayerDirective]
     layer_name: Optional[str]
+
+    def _refuse_unservable(self, options: dict, process_group, in_features: int, out_features: int,
+                           split_sizes: Optional[list] = None) -> None:
+        """Before Colossal-AI's constructor: refuse options semimig cannot serve and a split
+        dimension (``out`` for column, ``in`` for row layers; each part if packed) the group does
+        not divide (:class:`~semimig.errors.ConfigError` naming the layer and the value)."""
+        name, tp_size = type(self).__name__, P.group_size(process_group)
+        check_options(name, options)
+        split, size = ("in_features", in_features) if self.matrix_kind == "row" else ("out_features", out_features)
+        if split_sizes is None:
+            check_divisible(name, split, size, tp_size)
+        else:
+            check_split_sizes(name, split_sizes, split, size, tp_size)
 
     def _init_balancing(self) -> None:
         self.directive = None
@@ -123,3 +137,26 @@ class BalancedLinearMixin:
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}, shard=[{n}, {k}], {active}"
         )
+
+
+class BalancedShardFormerLinear(BalancedLinearMixin):
+    """The ShardFormer flavour's constructor, Colossal-AI's signature: refuse what semimig cannot
+    serve, build Colossal-AI's layer (the next class in the MRO), start dense."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype: torch.dtype = None,
+                 device: torch.device = None, process_group=None, **kwargs) -> None:
+        self._refuse_unservable(kwargs, process_group, in_features, out_features)
+        super().__init__(in_features, out_features, bias=bias, dtype=dtype, device=device,
+                         process_group=process_group, **kwargs)
+        self._init_balancing()
+
+
+class BalancedPackedLinear(BalancedLinearMixin):
+    """:class:`BalancedShardFormerLinear` for packed layers, whose constructors take ``split_sizes`` third."""
+
+    def __init__(self, in_features: int, out_features: int, split_sizes: list, bias: bool = True,
+                 dtype: torch.dtype = None, device: torch.device = None, process_group=None, **kwargs) -> None:
+        self._refuse_unservable(kwargs, process_group, in_features, out_features, split_sizes)
+        super().__init__(in_features, out_features, split_sizes, bias=bias, dtype=dtype, device=device,
+                         process_group=process_group, **kwargs)
+        self._init_balancing()

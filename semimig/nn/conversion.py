@@ -37,8 +37,11 @@ from torch.distributed import ProcessGroup
 from semimig.comm import primitives as P
 from semimig.errors import ConfigError
 
-__all__ = ["SEQUENCE_MODES", "unsupported_options", "check_options", "check_divisible", "check_split_sizes",
+__all__ = ["Group", "SEQUENCE_MODES", "unsupported_options", "check_options", "check_divisible", "check_split_sizes",
            "from_native"]
+
+Group = Union[ProcessGroup, Sequence[ProcessGroup], None]
+"""What ``from_native_module`` accepts as its process group (a list must hold exactly one)."""
 
 SEQUENCE_MODES = (None, "split_gather", "all_to_all", "ring_attn")
 """``seq_parallel_mode`` values the layers serve.  ``all_to_all`` and ``ring_attn`` leave the linear
@@ -84,7 +87,7 @@ def check_split_sizes(cls_name: str, split_sizes: Any, total_name: str, total: i
         check_divisible(cls_name, f"split_sizes[{i}]", size, tp_size)
 
 
-def single_group(process_group: Union[ProcessGroup, Sequence[ProcessGroup], None]) -> Optional[ProcessGroup]:
+def single_group(process_group: Group) -> Optional[ProcessGroup]:
     if isinstance(process_group, (list, tuple)):
         if len(process_group) != 1:
             raise ConfigError(f"process_group: expected exactly one process group, got {len(process_group)}")
@@ -127,7 +130,7 @@ def build(cls: type, **kwargs: Any) -> nn.Module:
     return layer
 
 
-def from_native(cls: type, module: nn.Module, process_group, *, layout: str, split: str, **kwargs: Any) -> nn.Module:
+def from_native(cls: type, module: nn.Module, process_group: Group, *, layout: str, split: str, **kwargs: Any) -> nn.Module:
     """Shard ``module`` as ``cls`` along ``split`` (``"in"`` or ``"out"`` features), Colossal-AI's steps 1-4.
 
     ``split_sizes`` in ``kwargs`` (packed layers) is checked part by part.

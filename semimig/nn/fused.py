@@ -24,21 +24,17 @@ Colossal-AI's; only the GEMMs (and the row layers' CPU-safe bias broadcast) are 
 """
 from __future__ import annotations
 
-from typing import List, Union
+from typing import List
 
 import torch
 import torch.nn as nn
 from colossalai.shardformer.layer import qkv_fused_linear as _cai
 from colossalai.shardformer.layer._operation import split_forward_gather_backward
-from torch.distributed import ProcessGroup
 
-from semimig.comm import primitives as P
-from semimig.nn.balanced import BalancedLinearMixin, Output
-from semimig.nn.conversion import check_divisible, check_options, check_split_sizes, from_native
+from semimig.nn.balanced import BalancedPackedLinear, BalancedShardFormerLinear, Output
+from semimig.nn.conversion import Group, from_native
 
 __all__ = ["GPT2FusedLinearConv1D_Col", "GPT2FusedLinearConv1D_Row", "FusedLinear1D_Col", "FusedLinear1D_Row"]
-
-Group = Union[ProcessGroup, List[ProcessGroup], None]
 
 
 class _Conv1DWeight:
@@ -49,20 +45,18 @@ class _Conv1DWeight:
         return self.weight.t()
 
 
-class GPT2FusedLinearConv1D_Col(_Conv1DWeight, BalancedLinearMixin, _cai.GPT2FusedLinearConv1D_Col):
-    """GPT-2 ``c_attn`` / ``c_fc``: column-parallel ``Conv1D``, weight ``[K, N/e]`` packed by ``split_sizes``."""
+class _PackedColumn(BalancedPackedLinear):
+    """Column layers packed by ``split_sizes``: gathered output re-interleaved part by part."""
 
     matrix_kind = "column"
 
-    def __init__(self, in_features: int, out_features: int, split_sizes: List[int], bias: bool = True,
-                 dtype: torch.dtype = None, device: torch.device = None, process_group: ProcessGroup = None,
-                 **kwargs) -> None:
-        name = type(self).__name__
-        check_options(name, kwargs)
-        check_split_sizes(name, split_sizes, "out_features", out_features, P.group_size(process_group))
-        super().__init__(in_features, out_features, split_sizes, bias=bias, dtype=dtype, device=device,
-                         process_group=process_group, **kwargs)
-        self._init_balancing()
+    def forward(self, input_: torch.Tensor) -> Output:
+        return self._column_forward(
+            input_, lambda y: _cai.gather_forward_split_backward_fused_qkv(y, self.split_sizes, self.process_group))
+
+
+class GPT2FusedLinearConv1D_Col(_Conv1DWeight, _PackedColumn, _cai.GPT2FusedLinearConv1D_Col):
+    """GPT-2 ``c_attn`` / ``c_fc``: column-parallel ``Conv1D``, weight ``[K, N/e]`` packed by ``split_sizes``."""
 
     @staticmethod
     def from_native_module(module: nn.Module, process_group: Group, split_sizes: List[int], **kwargs) -> nn.Module:
@@ -70,23 +64,11 @@ class GPT2FusedLinearConv1D_Col(_Conv1DWeight, BalancedLinearMixin, _cai.GPT2Fus
         return from_native(GPT2FusedLinearConv1D_Col, module, process_group, layout="conv1d", split="out",
                            split_sizes=split_sizes, **kwargs)
 
-    def forward(self, input_: torch.Tensor) -> Output:
-        return self._column_forward(
-            input_, lambda y: _cai.gather_forward_split_backward_fused_qkv(y, self.split_sizes, self.process_group))
 
-
-class GPT2FusedLinearConv1D_Row(_Conv1DWeight, BalancedLinearMixin, _cai.GPT2FusedLinearConv1D_Row):
+class GPT2FusedLinearConv1D_Row(_Conv1DWeight, BalancedShardFormerLinear, _cai.GPT2FusedLinearConv1D_Row):
     """GPT-2 attention/MLP ``c_proj``: row-parallel ``Conv1D``, weight ``[K/e, N]``, bias replicated."""
 
     matrix_kind = "row"
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype: torch.dtype = None,
-                 device: torch.device = None, process_group: ProcessGroup = None, **kwargs) -> None:
-        check_options(type(self).__name__, kwargs)
-        check_divisible(type(self).__name__, "in_features", in_features, P.group_size(process_group))
-        super().__init__(in_features, out_features, bias=bias, dtype=dtype, device=device,
-                         process_group=process_group, **kwargs)
-        self._init_balancing()
 
     @staticmethod
     def from_native_module(module: nn.Module, process_group: Group, **kwargs) -> nn.Module:
@@ -102,20 +84,8 @@ class GPT2FusedLinearConv1D_Row(_Conv1DWeight, BalancedLinearMixin, _cai.GPT2Fus
             input_, lambda x: split_forward_gather_backward(x, dim=-1, process_group=self.process_group))
 
 
-class FusedLinear1D_Col(BalancedLinearMixin, _cai.FusedLinear1D_Col):
+class FusedLinear1D_Col(_PackedColumn, _cai.FusedLinear1D_Col):
     """Packed ``torch.nn.Linear`` (e.g. QKV), column-parallel: weight ``[N/e, K]`` packed by ``split_sizes``."""
-
-    matrix_kind = "column"
-
-    def __init__(self, in_features: int, out_features: int, split_sizes: List[int], bias: bool = True,
-                 dtype: torch.dtype = None, device: torch.device = None, process_group: ProcessGroup = None,
-                 **kwargs) -> None:
-        name = type(self).__name__
-        check_options(name, kwargs)
-        check_split_sizes(name, split_sizes, "out_features", out_features, P.group_size(process_group))
-        super().__init__(in_features, out_features, split_sizes, bias=bias, dtype=dtype, device=device,
-                         process_group=process_group, **kwargs)
-        self._init_balancing()
 
     @staticmethod
     def from_native_module(module: nn.Linear, process_group: Group, split_sizes: List[int], **kwargs) -> nn.Module:
@@ -123,25 +93,11 @@ class FusedLinear1D_Col(BalancedLinearMixin, _cai.FusedLinear1D_Col):
         return from_native(FusedLinear1D_Col, module, process_group, layout="linear", split="out",
                            split_sizes=split_sizes, **kwargs)
 
-    def forward(self, input_: torch.Tensor) -> Output:
-        return self._column_forward(
-            input_, lambda y: _cai.gather_forward_split_backward_fused_qkv(y, self.split_sizes, self.process_group))
 
-
-class FusedLinear1D_Row(BalancedLinearMixin, _cai.FusedLinear1D_Row):
+class FusedLinear1D_Row(BalancedPackedLinear, _cai.FusedLinear1D_Row):
     """Row-parallel ``torch.nn.Linear`` whose input is packed: weight ``[N, K/e]`` packed by ``split_sizes``."""
 
     matrix_kind = "row"
-
-    def __init__(self, in_features: int, out_features: int, split_sizes: List[int], bias: bool = True,
-                 dtype: torch.dtype = None, device: torch.device = None, process_group: ProcessGroup = None,
-                 **kwargs) -> None:
-        name = type(self).__name__
-        check_options(name, kwargs)
-        check_split_sizes(name, split_sizes, "in_features", in_features, P.group_size(process_group))
-        super().__init__(in_features, out_features, split_sizes, bias=bias, dtype=dtype, device=device,
-                         process_group=process_group, **kwargs)
-        self._init_balancing()
 
     @staticmethod
     def from_native_module(module: nn.Linear, process_group: Group, split_sizes: List[int], **kwargs) -> nn.Module:

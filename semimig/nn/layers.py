@@ -14,22 +14,18 @@ instead, so ``from colossalai.legacy.nn import Linear1D_Col`` can be swapped for
 """
 from __future__ import annotations
 
-from typing import List, Union
-
 import torch
 import torch.nn as nn
 from colossalai.shardformer.layer import Linear1D_Col as _CaiLinear1D_Col
 from colossalai.shardformer.layer import Linear1D_Row as _CaiLinear1D_Row
 from colossalai.shardformer.layer._operation import gather_forward_split_backward, split_forward_gather_backward
-from torch.distributed import ProcessGroup
 
-from semimig.comm import primitives as P
 from semimig.nn import legacy
-from semimig.nn.balanced import BalancedLinearMixin, Output
-from semimig.nn.conversion import check_divisible, check_options, from_native
+from semimig.nn.balanced import BalancedShardFormerLinear, Output
+from semimig.nn.conversion import Group, from_native
 
 
-class Linear1D_Col(BalancedLinearMixin, _CaiLinear1D_Col):
+class Linear1D_Col(BalancedShardFormerLinear, _CaiLinear1D_Col):
     """Column-parallel linear: weight ``[out/e, in]``, ``x`` replicated, ``dx`` all-reduced in backward."""
 
     matrix_kind = "column"
@@ -39,17 +35,8 @@ class Linear1D_Col(BalancedLinearMixin, _CaiLinear1D_Col):
             return legacy.Linear1D_Col(*args, **kwargs)
         return super().__new__(cls)
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype: torch.dtype = None,
-                 device: torch.device = None, process_group: ProcessGroup = None, **kwargs) -> None:
-        check_options(type(self).__name__, kwargs)
-        check_divisible(type(self).__name__, "out_features", out_features, P.group_size(process_group))
-        super().__init__(in_features, out_features, bias=bias, dtype=dtype, device=device,
-                         process_group=process_group, **kwargs)
-        self._init_balancing()
-
     @staticmethod
-    def from_native_module(module: nn.Linear, process_group: Union[ProcessGroup, List[ProcessGroup]],
-                           **kwargs) -> nn.Module:
+    def from_native_module(module: nn.Linear, process_group: Group, **kwargs) -> nn.Module:
         """Shard a ``torch.nn.Linear`` along its output features (returned as-is if ``out < e``)."""
         return from_native(Linear1D_Col, module, process_group, layout="linear", split="out", **kwargs)
 
@@ -58,7 +45,7 @@ class Linear1D_Col(BalancedLinearMixin, _CaiLinear1D_Col):
             input_, lambda y: gather_forward_split_backward(y, dim=-1, process_group=self.process_group))
 
 
-class Linear1D_Row(BalancedLinearMixin, _CaiLinear1D_Row):
+class Linear1D_Row(BalancedShardFormerLinear, _CaiLinear1D_Row):
     """Row-parallel linear: weight ``[out, in/e]``, ``x`` split along K, ``y`` all-reduced in forward."""
 
     matrix_kind = "row"
@@ -68,17 +55,8 @@ class Linear1D_Row(BalancedLinearMixin, _CaiLinear1D_Row):
             return legacy.Linear1D_Row(*args, **kwargs)
         return super().__new__(cls)
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype: torch.dtype = None,
-                 device: torch.device = None, process_group: ProcessGroup = None, **kwargs) -> None:
-        check_options(type(self).__name__, kwargs)
-        check_divisible(type(self).__name__, "in_features", in_features, P.group_size(process_group))
-        super().__init__(in_features, out_features, bias=bias, dtype=dtype, device=device,
-                         process_group=process_group, **kwargs)
-        self._init_balancing()
-
     @staticmethod
-    def from_native_module(module: nn.Linear, process_group: Union[ProcessGroup, List[ProcessGroup]],
-                           **kwargs) -> nn.Module:
+    def from_native_module(module: nn.Linear, process_group: Group, **kwargs) -> nn.Module:
         """Shard a ``torch.nn.Linear`` along its input features (returned as-is if ``in < e``)."""
         return from_native(Linear1D_Row, module, process_group, layout="linear", split="in", **kwargs)
 
