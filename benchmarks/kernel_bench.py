@@ -9,7 +9,8 @@ in sequence):
 - ``fused``: the Triton kernels (gather through the index tensor, scatter with zero fill);
   called directly, so at gamma = 0 this is the kernel itself, not the dense shortcut that
   ``semimig.kernels`` takes for a dense keep set.
-- ``torch_gather``: the pure-torch twins (``index_select`` + matmul + ``index_copy_`` into zeros).
+- ``torch_gather``: the pure-torch twins (the CPU path: ``index_select`` + matmul, the scatter as a
+  second gather; slices for a contiguous keep set).
 - ``dense_kprime``: dense matmuls on operands compacted beforehand to K' = |S| columns (the
   compaction is not timed): the physical limit for this amount of work.
 - ``dense_full``: dense matmuls at the full K.
@@ -19,8 +20,16 @@ Shapes: ViT-1B-like (hidden 2048, MLP 4·2048, M = 64·65 tokens) and LLM-like (
 sets ``random`` (single columns) and ``grouped`` (aligned groups of g).  GPU times are medians of
 ``triton.testing.do_bench``; TFLOP/s count the useful work 2·M·N·K' per pass (K for dense_full).
 
-Without a CUDA device the torch implementations run on small shapes and the report says so:
-the Triton interpreter is not a performance model, so ``fused`` is not timed on CPU.
+Without a CUDA device (issue 16 item 8) the torch implementations run in fp32 with one torch
+thread (as a rank of the measured bench does) on the shapes of the bench model's TP layers and of
+the column -> row MLP, gamma in {.25, .5, .75}, keep sets ``random``, ``grouped`` (g = 32) and
+``run`` (one contiguous range: the slice path).  Implementations are interleaved repetition by
+repetition, so machine load hits them alike.  The report prints, side by side, the pruned path
+against dense at K' and at K, and fits the controller's model ``T(gamma) = F + V (1 - gamma)``
+to each case's totals: ``F`` is the fixed cost of the pruned path (what does not shrink with the
+kept columns).  ``--cpu-costs`` also times the pieces of the pruned path apart (plan building,
+the operand gathers, the GEMMs at K', the scatters), so ``F`` can be traced to its source.
+The Triton interpreter is not a performance model, so ``fused`` is not timed on CPU.
 """
 from __future__ import annotations
 
@@ -41,7 +50,8 @@ from semimig.kernels import reference
 from semimig.kernels.keep import KeepPlan, plan_keep
 
 GAMMAS = (0.0, 0.25, 0.5, 0.75, 0.9)
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+CPU_GAMMAS = (0.25, 0.5, 0.75)
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 PASSES = ("fwd", "dgrad", "wgrad", "total")
 # name -> (M, N, K): y [M, N] = x [M, K] @ w[N, K]^T
 GPU_SHAPES = {
@@ -50,38 +60,66 @@ GPU_SHAPES = {
     "llm_4096x4096": (8192, 4096, 4096),
     "llm_11008x4096": (8192, 11008, 4096),
 }
-CPU_SHAPES = {"cpu_small": (128, 256, 512), "cpu_mlp": (128, 1024, 256)}
-CPU_QUICK_SHAPES = {"cpu_quick": (64, 256, 256)}
 TARGET = {"gamma": 0.5, "dtype": "bf16", "keep": "grouped", "max_vs_kprime": 1.15, "min_vs_torch": 1.3}
 
 
+def cpu_shapes() -> dict[str, tuple[int, int, int]]:
+    """The TP layers of one rank at tp = 2: the measured bench ViT's and the column -> row MLP's."""
+    from semimig.bench.config import BenchConfig
+
+    bench = BenchConfig(tp=2, compute="measured")
+    m, h, i, tp = bench.tokens, bench.size.hidden, bench.size.intermediate, bench.tp
+    return {
+        "vit_qkv_col": (m, h // tp, h), "vit_out_row": (m, h, h // tp),
+        "vit_fc1_col": (m, i // tp, h), "vit_fc2_row": (m, h, i // tp),
+        "mlp_fc1_col": (256, 2048 // tp, 512), "mlp_fc2_row": (256, 512, 2048 // tp),
+    }
+
+
 def make_keep(kind: str, k: int, gamma: float, group: int, gen: torch.Generator) -> torch.Tensor:
-    """Kept columns for pruning ratio ``gamma``: |S| = round(K (1 - gamma)) (whole groups if grouped)."""
+    """Kept columns for pruning ratio ``gamma``: |S| = round(K (1 - gamma)) (whole groups if grouped).
+
+    ``run`` keeps the contiguous range ``[K - |S|, K)`` (what a rank keeps when the first
+    columns are pruned, or its prefix when it migrates its tail): the slice path.
+    """
     if kind == "random":
         n_kept = round(k * (1 - gamma))
         return torch.sort(torch.randperm(k, generator=gen)[:n_kept]).values
+    if kind == "run":
+        return torch.arange(k - round(k * (1 - gamma)), k)
     n_blocks = round(k // group * (1 - gamma))
     blocks = torch.sort(torch.randperm(k // group, generator=gen)[:n_blocks]).values
     return (blocks[:, None] * group + torch.arange(group)).flatten()
 
 
-def timer(cuda: bool, quick: bool) -> Callable[[Callable[[], object]], float]:
-    """Median milliseconds of a callable: ``do_bench`` on GPU, wall clock on CPU."""
-    if cuda:
-        import triton.testing
+def gpu_timer() -> Callable[[Callable[[], object]], float]:
+    """Median milliseconds of a callable with ``triton.testing.do_bench``."""
+    import triton.testing
 
-        return lambda fn: float(triton.testing.do_bench(fn, return_mode="median"))
+    return lambda fn: float(triton.testing.do_bench(fn, return_mode="median"))
 
-    def cpu_median(fn: Callable[[], object]) -> float:
+
+def interleaved_cpu_times(fns: dict, reps: int) -> dict:
+    """``{key: (median ms, min ms)}``: every callable once per repetition, in turn (load hits all alike)."""
+    for fn in fns.values():
         fn()  # warm-up
-        samples = []
-        for _ in range(5 if quick else 7):
+    samples = {key: [] for key in fns}
+    for _ in range(reps):
+        for key, fn in fns.items():
             start = time.perf_counter()
             fn()
-            samples.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(samples)
+            samples[key].append((time.perf_counter() - start) * 1e3)
+    return {key: (statistics.median(v), min(v)) for key, v in samples.items()}
 
-    return cpu_median
+
+def fit_fixed_cost(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares ``(F, V)`` of ``t = F + V (1 - gamma)`` through ``[(gamma, t), ...]`` (>= 2 gammas)."""
+    xs, ys = [1.0 - g for g, _ in points], [t for _, t in points]
+    if len(set(xs)) < 2:
+        raise ValueError(f"fitting F + V (1 - gamma) needs two different gammas, got {sorted(set(1 - x for x in xs))}")
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    v = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - v * mx, v
 
 
 def implementations(x, w, dy, plan: KeepPlan, cuda: bool) -> dict[str, dict[str, Callable[[], object]]]:
@@ -128,23 +166,39 @@ def check_fused(impls: dict, dtype: torch.dtype) -> float:
     return worst
 
 
+def _record(impl, p, gamma, dtype_name, shape_name, m, n, k, keep_kind, group, plan, ms, ms_min=None) -> dict:
+    k_eff = k if impl == "dense_full" else plan.n_kept
+    flops = 2 * m * n * k_eff * (3 if p == "total" else 1)
+    return {
+        "impl": impl, "pass": p, "gamma": gamma, "dtype": dtype_name,
+        "shape": {"name": shape_name, "M": m, "N": n, "K": k},
+        "keep": keep_kind, "group": group, "k_kept": plan.n_kept,
+        "time_ms": ms, "time_min_ms": ms_min, "tflops": flops / (ms * 1e-3) / 1e12 if ms > 0 else None,
+    }  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> dict:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
+    all_shapes = {**GPU_SHAPES, **cpu_shapes()}
     if cuda:
         shapes = {"llm_4096x4096": GPU_SHAPES["llm_4096x4096"]} if args.quick else GPU_SHAPES
-        gammas, dtypes = ((0.0, 0.5, 0.9), ["bf16"]) if args.quick else (GAMMAS, list(DTYPES))
+        gammas, dtypes = ((0.0, 0.5, 0.9), ["bf16"]) if args.quick else (GAMMAS, ["fp16", "bf16"])
+        keeps = [("random", 1)] + [("grouped", g) for g in args.groups]
         device_name = torch.cuda.get_device_name(device)
     else:
-        shapes = CPU_QUICK_SHAPES if args.quick else CPU_SHAPES
-        gammas, dtypes = ((0.0, 0.5, 0.9) if args.quick else GAMMAS), list(DTYPES)
-        device_name = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
-        print("NOTE: no CUDA device. Timing the torch implementations only (torch_gather, dense_kprime,")
-        print("      dense_full) on small CPU shapes; the Triton 'fused' kernels are not timed (the")
-        print("      interpreter is not a performance model). These numbers say nothing about the GPU target.")
+        torch.set_num_threads(args.threads)
+        shapes = {"vit_qkv_col": all_shapes["vit_qkv_col"]} if args.quick else cpu_shapes()
+        gammas, dtypes = ((0.25, 0.75) if args.quick else CPU_GAMMAS), ["fp32"]
+        keeps = [("random", 1), ("run", 1)] + [("grouped", g) for g in args.groups]
+        device_name = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, {args.threads} torch thread(s))"
+        print("NOTE: no CUDA device. Timing the torch implementations (torch_gather, dense_kprime, dense_full) in")
+        print("      fp32 on the bench model's and the MLP's TP shapes, interleaved; the Triton 'fused' kernels are")
+        print("      not timed (the interpreter is not a performance model).  Nothing here says anything about a GPU.")
     if args.shapes is not None:
-        shapes = {name: shape for name, shape in {**GPU_SHAPES, **CPU_SHAPES}.items() if name in args.shapes}
-    bench = timer(cuda, args.quick)
+        shapes = {name: shape for name, shape in all_shapes.items() if name in args.shapes}
+    bench = gpu_timer() if cuda else None
+    reps = 7 if args.quick else 15
     gen = torch.Generator().manual_seed(0)
     records, checks = [], []
     for shape_name, (m, n, k) in shapes.items():
@@ -154,32 +208,80 @@ def run(args: argparse.Namespace) -> dict:
             w = torch.randn(n, k, generator=gen).to(device=device, dtype=dtype) / k**0.5
             dy = torch.randn(m, n, generator=gen).to(device=device, dtype=dtype)
             for gamma in gammas:
-                for keep_kind, group in [("random", 1)] + [("grouped", g) for g in args.groups]:
+                for keep_kind, group in keeps:
                     keep = make_keep(keep_kind, k, gamma, group, gen).to(device)
                     plan = plan_keep(keep, k, device, group=group)
                     impls = implementations(x, w, dy, plan, cuda)
                     if cuda:
                         checks.append((shape_name, dtype_name, gamma, keep_kind, group, check_fused(impls, dtype)))
-                    for impl, passes in impls.items():
-                        k_eff = k if impl == "dense_full" else plan.n_kept
-                        for p in PASSES:
-                            ms = bench(passes[p])
-                            flops = 2 * m * n * k_eff * (3 if p == "total" else 1)
-                            records.append({
-                                "impl": impl, "pass": p, "gamma": gamma, "dtype": dtype_name,
-                                "shape": {"name": shape_name, "M": m, "N": n, "K": k},
-                                "keep": keep_kind, "group": group, "k_kept": plan.n_kept,
-                                "time_ms": ms, "tflops": flops / (ms * 1e-3) / 1e12 if ms > 0 else None,
-                            })  # fmt: skip
+                        times = {(i, p): (bench(fn), None) for i, passes in impls.items() for p, fn in passes.items()}
+                    else:
+                        times = interleaved_cpu_times({(i, p): fn for i, passes in impls.items()
+                                                       for p, fn in passes.items()}, reps)
+                    for (impl, p), (ms, ms_min) in times.items():
+                        records.append(_record(impl, p, gamma, dtype_name, shape_name, m, n, k, keep_kind, group,
+                                               plan, ms, ms_min))
                     print(f"  {shape_name} {dtype_name} gamma={gamma} keep={keep_kind} g={group}: done", flush=True)
     meta = {
         "device": device_name, "cuda": cuda, "quick": args.quick, "torch": torch.__version__,
         "triton": _triton_version(), "python": sys.version.split()[0], "groups": args.groups,
-        "timing": "triton.testing.do_bench median" if cuda else "wall-clock median (CPU)",
-        "note": None if cuda else "CPU only: torch paths on small shapes; fused not timed",
+        "threads": None if cuda else args.threads,
+        "timing": "triton.testing.do_bench median" if cuda else f"wall-clock median of {reps} interleaved repetitions (CPU)",
+        "note": None if cuda else "CPU only: torch paths; fused not timed",
         "max_rel_diff_fused_vs_torch": max((c[-1] for c in checks), default=None),
     }  # fmt: skip
-    return {"meta": meta, "records": records}
+    result = {"meta": meta, "records": records}
+    if not cuda:
+        result["fixed_cost_fits"] = fixed_cost_fits(records)
+        if args.cpu_costs:
+            result["cpu_costs"] = cpu_costs({n: all_shapes[n] for n in shapes}, reps)
+    return result
+
+
+def fixed_cost_fits(records: list[dict]) -> list[dict]:
+    """Per (shape, keep, impl): ``F`` and ``V`` of ``total(gamma) = F + V (1 - gamma)`` over the gammas run."""
+    points: dict[tuple, list] = {}
+    for r in records:
+        if r["pass"] == "total" and r["impl"] != "dense_full":
+            points.setdefault((r["shape"]["name"], r["keep"], r["group"], r["impl"]), []).append((r["gamma"], r["time_ms"]))
+    fits = []
+    for (shape, keep, group, impl), pts in points.items():
+        if len({g for g, _ in pts}) >= 2:
+            f, v = fit_fixed_cost(pts)
+            fits.append({"shape": shape, "keep": keep, "group": group, "impl": impl, "F_ms": f, "V_ms": v,
+                         "F_share_at_gamma0": f / (f + v) if f + v > 0 else None})
+    return fits
+
+
+def cpu_costs(shapes: dict, reps: int, gamma: float = 0.5) -> list[dict]:
+    """The pieces of the pruned path timed apart (random keep set, fp32), in ms per training step."""
+    gen = torch.Generator().manual_seed(1)
+    rows = []
+    for name, (m, n, k) in shapes.items():
+        x, w, dy = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen), torch.randn(m, n, generator=gen)
+        keep = make_keep("random", k, gamma, 1, gen)
+        plan = plan_keep(keep, k, "cpu", group=1)
+        kp, keep64 = plan.n_kept, plan.keep.long()
+        x_kp, w_kp = x.index_select(1, plan.keep), w.index_select(1, plan.keep)
+        buf_m, buf_n = torch.zeros(m, kp + 1), torch.zeros(n, kp + 1)
+        pieces = {
+            "plan_keep (once per iteration)": lambda: plan_keep(keep, k, "cpu", group=1),
+            "gather x[:, S] (fwd, wgrad)": lambda: (x.index_select(1, plan.keep), x.index_select(1, plan.keep)),
+            "gather w[:, S] (fwd, dgrad)": lambda: (w.index_select(1, plan.keep), w.index_select(1, plan.keep)),
+            "GEMMs at K' (fwd, dgrad, wgrad)": lambda: (F.linear(x_kp, w_kp), dy.mm(w_kp), dy.t().mm(x_kp)),
+            "scatter dx, dw (gather from [S | 0])": lambda: (buf_m.index_select(1, plan.scatter_source),
+                                                              buf_n.index_select(1, plan.scatter_source)),
+            "old scatter: zeros + index_copy_": lambda: (torch.zeros(m, k).index_copy_(1, keep64, buf_m[:, :kp]),
+                                                         torch.zeros(n, k).index_copy_(1, keep64, buf_n[:, :kp])),
+            "torch_gather total": lambda: (reference.gather_linear_fwd(x, w, None, plan),
+                                           reference.gather_linear_dgrad(dy, w, plan),
+                                           reference.gather_linear_wgrad(dy, x, plan)),
+            "dense at K total": lambda: (F.linear(x, w), dy.mm(w), dy.t().mm(x)),
+        }
+        times = interleaved_cpu_times(pieces, reps)
+        rows.extend({"shape": name, "M": m, "N": n, "K": k, "gamma": gamma, "piece": piece, "time_ms": t[0],
+                     "time_min_ms": t[1]} for piece, t in times.items())
+    return rows
 
 
 def _triton_version() -> str | None:
@@ -192,7 +294,7 @@ def _triton_version() -> str | None:
 
 
 def report(result: dict) -> None:
-    """Print total-pass times and the ratios fused/dense_kprime and torch_gather/fused."""
+    """Print total-pass times and ratios: fused/dense_kprime and torch_gather/fused (GPU), or the CPU table."""
     totals: dict[tuple, dict[str, float]] = {}
     for r in result["records"]:
         if r["pass"] == "total":
@@ -200,25 +302,17 @@ def report(result: dict) -> None:
             totals.setdefault(key, {})[r["impl"]] = r["time_ms"]
     cuda = result["meta"]["cuda"]
     print(f"\ndevice: {result['meta']['device']}  torch {result['meta']['torch']}  triton {result['meta']['triton']}")
-    print("total pass (fwd + dgrad + wgrad), median ms")
-    header = f"{'shape':16s} {'dtype':5s} {'gamma':>5s} {'keep':8s} {'g':>3s} {'fused':>9s} {'torch_g':>9s} {'dense_K`':>9s} {'dense_K':>9s}"
-    ratio_head = "  fused/dK'  torch_g/fused" if cuda else "  torch_g/dK'"
-    print(header + ratio_head)
-    for (shape, dtype, gamma, keep, group), t in totals.items():
-        fused = t.get("fused", float("nan"))
-        fused_text = f"{fused:9.3f}" if cuda else f"{'n/a':>9s}"
-        line = (
-            f"{shape:16s} {dtype:5s} {gamma:5.2f} {keep:8s} {group:3d} {fused_text} {t['torch_gather']:9.3f} "
-            f"{t['dense_kprime']:9.3f} {t['dense_full']:9.3f}"
-        )
-        if cuda:
-            line += f"  {fused / t['dense_kprime']:9.2f}  {t['torch_gather'] / fused:13.2f}"
-        else:
-            line += f"  {t['torch_gather'] / t['dense_kprime']:11.2f}"
-        print(line)
+    print(f"total pass (fwd + dgrad + wgrad), {result['meta']['timing']}, ms")
     if not cuda:
-        print("\nTarget (GPU only) not evaluated: no CUDA device in this run.")
+        _report_cpu(result, totals)
         return
+    print(f"{'shape':16s} {'dtype':5s} {'gamma':>5s} {'keep':8s} {'g':>3s} {'fused':>9s} {'torch_g':>9s} "
+          f"{'dense_K`':>9s} {'dense_K':>9s}  fused/dK'  torch_g/fused")
+    for (shape, dtype, gamma, keep, group), t in totals.items():
+        fused = t["fused"]
+        print(f"{shape:16s} {dtype:5s} {gamma:5.2f} {keep:8s} {group:3d} {fused:9.3f} {t['torch_gather']:9.3f} "
+              f"{t['dense_kprime']:9.3f} {t['dense_full']:9.3f}  {fused / t['dense_kprime']:9.2f}  "
+              f"{t['torch_gather'] / fused:13.2f}")
     for (shape, dtype, gamma, keep, group), t in totals.items():
         if (gamma, dtype, keep) == (TARGET["gamma"], TARGET["dtype"], TARGET["keep"]):
             vs_kprime, vs_torch = t["fused"] / t["dense_kprime"], t["torch_gather"] / t["fused"]
@@ -230,27 +324,49 @@ def report(result: dict) -> None:
     print(f"max relative difference fused vs torch_gather: {result['meta']['max_rel_diff_fused_vs_torch']:.2e}")
 
 
+def _report_cpu(result: dict, totals: dict) -> None:
+    print(f"{'shape':12s} {'gamma':>5s} {'keep':8s} {'g':>3s} {'torch_g':>9s} {'dense_K`':>9s} {'dense_K':>9s}"
+          f"  {'torch_g/dK`':>11s} {'torch_g/dK':>10s} {'dK`/dK':>7s} {'1-gamma':>7s}")
+    for (shape, _, gamma, keep, group), t in totals.items():
+        tg, kp, full = t["torch_gather"], t["dense_kprime"], t["dense_full"]
+        print(f"{shape:12s} {gamma:5.2f} {keep:8s} {group:3d} {tg:9.3f} {kp:9.3f} {full:9.3f}"
+              f"  {tg / kp:11.2f} {tg / full:10.2f} {kp / full:7.2f} {1 - gamma:7.2f}")
+    print("\nfit total(gamma) = F + V (1 - gamma) over the gammas run (F: fixed cost of the path, ms)")
+    print(f"{'shape':12s} {'keep':8s} {'g':>3s} {'impl':13s} {'F':>8s} {'V':>8s} {'F/(F+V)':>8s}")
+    for fit in result["fixed_cost_fits"]:
+        share = fit["F_share_at_gamma0"]
+        print(f"{fit['shape']:12s} {fit['keep']:8s} {fit['group']:3d} {fit['impl']:13s} {fit['F_ms']:8.3f} "
+              f"{fit['V_ms']:8.3f} {share if share is not None else float('nan'):8.2f}")
+    if result.get("cpu_costs"):
+        print("\npieces of the pruned path (random keep set), ms per training step")
+        for row in result["cpu_costs"]:
+            print(f"{row['shape']:12s} gamma {row['gamma']:.2f}  {row['piece']:40s} {row['time_ms']:8.3f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, required=True, help="where to write {meta, records}")
-    parser.add_argument("--quick", action="store_true", help="one shape, three gammas (a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="one shape, few gammas (a smoke run)")
     parser.add_argument(
         "--groups", type=lambda s: [int(g) for g in s.split(",")], default=None,
-        help="group sizes for the grouped keep sets (default 8,16,32; --quick: 32)",
+        help="group sizes for the grouped keep sets (default 8,16,32 on GPU, 32 on CPU and with --quick)",
     )  # fmt: skip
     parser.add_argument(
         "--shapes", type=lambda s: s.split(","), default=None,
-        help=f"subset of shapes to run (to split a long GPU run), from {', '.join(GPU_SHAPES)}",
+        help=f"subset of shapes to run (to split a long run), from {', '.join([*GPU_SHAPES, *cpu_shapes()])}",
     )  # fmt: skip
+    parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU (default 1, as a bench rank)")
+    parser.add_argument("--cpu-costs", action="store_true", help="CPU: also time the pieces of the pruned path apart")
     args = parser.parse_args(argv)
-    if args.shapes is not None:
-        unknown = set(args.shapes) - set(GPU_SHAPES) - set(CPU_SHAPES)
-        if unknown:
-            parser.error(f"--shapes: unknown {sorted(unknown)}; known {sorted(GPU_SHAPES) + sorted(CPU_SHAPES)}")
+    known = [*GPU_SHAPES, *cpu_shapes()]
+    if args.shapes is not None and set(args.shapes) - set(known):
+        parser.error(f"--shapes: unknown {sorted(set(args.shapes) - set(known))}; known {sorted(known)}")
     if args.groups is None:
-        args.groups = [32] if args.quick else [8, 16, 32]
+        args.groups = [32] if args.quick or not torch.cuda.is_available() else [8, 16, 32]
     if any(g not in (8, 16, 32) for g in args.groups):
         parser.error(f"--groups must be drawn from 8, 16, 32, got {args.groups}")
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
     result = run(args)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))

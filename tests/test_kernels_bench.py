@@ -3,29 +3,39 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_bench.py"
 
 
-def test_kernel_bench_quick_writes_records(tmp_path, capsys):
+def _bench_module():
     spec = importlib.util.spec_from_file_location("kernel_bench", BENCH)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_kernel_bench_quick_writes_records(tmp_path, capsys):
+    bench = _bench_module()
     out = tmp_path / "kernels.json"
-    assert bench.main(["--json", str(out), "--quick"]) == 0
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["--json", str(out), "--quick", "--cpu-costs"]) == 0
+    finally:
+        torch.set_num_threads(threads)
     result = json.loads(out.read_text())
     records = result["records"]
     cuda = torch.cuda.is_available()
     impls = {"torch_gather", "dense_kprime", "dense_full"} | ({"fused"} if cuda else set())
     assert {r["impl"] for r in records} == impls
     assert {r["pass"] for r in records} == {"fwd", "dgrad", "wgrad", "total"}
-    assert {r["keep"] for r in records} == {"random", "grouped"}
+    assert {r["keep"] for r in records} == ({"random", "grouped"} if cuda else {"random", "run", "grouped"})
     for r in records:
         assert {"impl", "pass", "gamma", "dtype", "shape", "keep", "time_ms", "tflops"} <= r.keys()
-        assert r["time_ms"] > 0 and r["dtype"] in ("fp16", "bf16")
+        assert r["time_ms"] > 0 and r["dtype"] in (("fp16", "bf16") if cuda else ("fp32",))
         k_eff = r["shape"]["K"] if r["impl"] == "dense_full" else r["k_kept"]
-        if r["keep"] == "random":
+        if r["keep"] in ("random", "run"):
             assert r["k_kept"] == round(r["shape"]["K"] * (1 - r["gamma"]))
         else:  # whole groups: |S| = round(K/g (1 - gamma)) g
             assert r["k_kept"] == round(r["shape"]["K"] // r["group"] * (1 - r["gamma"])) * r["group"]
@@ -33,4 +43,15 @@ def test_kernel_bench_quick_writes_records(tmp_path, capsys):
         assert abs(r["tflops"] - flops / (r["time_ms"] * 1e-3) / 1e12) <= 1e-9 * max(1.0, r["tflops"])
     printed = capsys.readouterr().out
     assert ("no CUDA device" in printed) != cuda  # the CPU run says so
-    assert "torch_g/dK'" in printed or "fused/dK'" in printed
+    if not cuda:
+        assert "torch_g/dK`" in printed and "F/(F+V)" in printed
+        assert {(f["keep"], f["impl"]) for f in result["fixed_cost_fits"]} >= {("random", "torch_gather")}
+        assert {row["piece"] for row in result["cpu_costs"]} >= {"plan_keep (once per iteration)", "torch_gather total"}
+
+
+def test_fixed_cost_fit_recovers_f_and_v():
+    bench = _bench_module()
+    f, v = bench.fit_fixed_cost([(g, 0.3 + 2.0 * (1 - g)) for g in (0.25, 0.5, 0.75)])
+    assert f == pytest.approx(0.3) and v == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="two different gammas"):
+        bench.fit_fixed_cost([(0.5, 1.0), (0.5, 1.1)])
