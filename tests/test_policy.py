@@ -178,12 +178,16 @@ def test_one_warning_names_every_layer_left_unbalanced(caplog):
         def from_native_module(module, process_group=None, **kwargs):
             return module
 
+    class MoEGate_Col(MyLinear1D):  # named like Colossal-AI's DeepseekMoEGate_Col
+        pass
+
     policy = SemiMigPolicy(base=_stub_policy([
         R("attn.qkv", cai.FusedLinear1D_Col, kwargs={"split_sizes": [4, 4, 4]}),
         R("attn.c_proj", cai.GPT2FusedLinearConv1D_Row, kwargs={"seq_parallel_mode": None}),
         R("mlp.up", cai.Linear1D_Col, kwargs={"fp8_communication": True}),
         R("mlp.down", cai.Linear1D_Row, kwargs={"seq_parallel_mode": "ring"}),
         R("mlp.custom", MyLinear1D),
+        R("moe.gate", MoEGate_Col),
         R("lm_head", cai.VocabParallelLMHead1D),
         R("no_tp", cai.LinearWithGradAccum),
         R("norm", cai.LayerNorm),
@@ -195,7 +199,7 @@ def test_one_warning_names_every_layer_left_unbalanced(caplog):
     assert targets["attn.qkv"] is snn.FusedLinear1D_Col and targets["attn.c_proj"] is snn.GPT2FusedLinearConv1D_Row
     assert targets["mlp.up"] is cai.Linear1D_Col and targets["mlp.down"] is cai.Linear1D_Row  # refused: kept
     assert policy.swapped == ["Block.attn.qkv", "Block.attn.c_proj"]
-    assert sorted(policy.unbalanced) == ["Block.mlp.custom", "Block.mlp.down", "Block.mlp.up"]
+    assert sorted(policy.unbalanced) == ["Block.mlp.custom", "Block.mlp.down", "Block.mlp.up", "Block.moe.gate"]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     for text in ("Block.mlp.up (Linear1D_Col: fp8_communication", "Block.mlp.down (Linear1D_Row: seq_parallel_mode",

@@ -58,12 +58,14 @@ NOT_TENSOR_PARALLEL = (cai.LinearWithGradAccum, cai.GPT2FusedLinearConv, cai.Fus
 
 
 def _is_tp_linear(target: object) -> bool:
-    """A tensor-parallel linear class (Colossal-AI's, a subclass, or a ParallelModule named like one)."""
+    """A tensor-parallel linear class: Colossal-AI's, a subclass, or a ParallelModule named like one
+    (``...Linear...``, ``..._Col``, ``..._Row``: e.g. Colossal-AI's ``DeepseekMoEGate_Col``)."""
     if not isinstance(target, type) or issubclass(target, NOT_TENSOR_PARALLEL):
         return False
     if issubclass(target, tuple(SWAPS)) or issubclass(target, HEADS):
         return True
-    return issubclass(target, ParallelModule) and "linear" in target.__name__.lower()
+    name = target.__name__.lower()
+    return issubclass(target, ParallelModule) and ("linear" in name or name.endswith(("_col", "_row")))
 
 
 class SemiMigPolicy(Policy):
