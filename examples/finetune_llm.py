@@ -1,0 +1,220 @@
+"""Fine-tune a causal LM with Colossal-AI's HybridParallelPlugin, with semimig's straggler tolerance.
+
+One node, two ranks (CPU/gloo, or one GPU per rank/NCCL when CUDA is there)::
+
+    torchrun --nproc_per_node 2 examples/finetune_llm.py --straggler fixed:1:4            # balanced
+    torchrun --nproc_per_node 2 examples/finetune_llm.py --straggler fixed:1:4 --balance off
+    colossalai run --nproc_per_node 2 examples/finetune_llm.py --straggler fixed:1:4
+
+Several nodes (run on every node, ``--node_rank`` 0..N-1; the endpoint is node 0)::
+
+    torchrun --nnodes 2 --nproc_per_node 4 --node_rank 0 --rdzv_backend c10d \\
+        --rdzv_endpoint node0.example:29500 --rdzv_id finetune1 examples/finetune_llm.py --tp 4
+
+The model is a tiny Llama built in code (no download) unless ``--model NAME`` names a Hugging Face
+causal LM, which is read with ``from_pretrained(NAME, local_files_only=True)``: the weights must
+already be on disk (a local directory, or the Hugging Face cache).  The data are synthetic token
+sequences from a seeded generator, ``x_t = (a + b·t) mod V`` with random ``a`` and a stride ``b``
+in 1..7, which any LM learns within a few dozen steps (no data set to fetch).
+
+The whole pipeline: ``HybridParallelPlugin(tp_size=--tp, zero_stage=--zero-stage,
+precision=--precision, custom_policy=SemiMigPolicy())``, ``booster.boost``, then one line,
+``semimig.enable(model, plugin, optimizer=optimizer, mode=--balance, straggler=--straggler)``,
+which hooks the optimizer's step.  ``--policy colossalai`` boosts with Colossal-AI's own policy
+instead (no balancing), for comparison.  Rank 0 shows a progress bar, logs loss, step time and
+the balancing plan every ``--log-every`` steps and prints one summary line at the end::
+
+    summary: steps=30 median_step_s=0.0412 final_loss=3.2101 shed=0.000,0.512 flagged=1 balance=semi ...
+
+A rank that dies or hangs makes the others fail within ``--timeout-s`` (the collective timeout
+of every process group), never a silent hang.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from typing import Iterator, Optional
+
+import torch
+
+logger = logging.getLogger("finetune_llm")
+
+BALANCE_MODES = ("semi", "mig", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "off")
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny-llama",
+                   help="'tiny-llama' (built in code) or a Hugging Face causal LM name/path, weights on disk")
+    p.add_argument("--hidden", type=int, default=256, help="tiny-llama hidden size (default 256)")
+    p.add_argument("--layers", type=int, default=4, help="tiny-llama decoder layers (default 4)")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: every rank)")
+    p.add_argument("--zero-stage", type=int, default=0, choices=(0, 1, 2), help="ZeRO stage beside TP")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
+    p.add_argument("--policy", default="semimig", choices=("semimig", "colossalai"),
+                   help="semimig's layers (default) or Colossal-AI's own policy (no balancing)")
+    p.add_argument("--balance", default="semi", choices=BALANCE_MODES, help="balancing mode; 'off': none")
+    p.add_argument("--straggler", default=None, help="test straggler, e.g. fixed:1:4 (TP rank 1 4x slower)")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-every", type=int, default=5)
+    p.add_argument("--timeout-s", type=float, default=180.0, help="collective timeout of every process group")
+    p.add_argument("--json", default=None, help="write losses, step times and the summary here (rank 0)")
+    args = p.parse_args(argv)
+    for name in ("hidden", "layers", "steps", "batch_size", "seq_len", "log_every"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.tp is not None and args.tp < 1:
+        p.error(f"--tp must be >= 1, got {args.tp}")
+    if not args.timeout_s > 0 or not args.lr > 0:
+        p.error(f"--timeout-s and --lr must be > 0, got {args.timeout_s} and {args.lr}")
+    if args.policy == "colossalai" and (args.balance != "off" or args.straggler):
+        p.error("--policy colossalai has no semimig layers: use it with --balance off and no --straggler")
+    return args
+
+
+def init_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
+    """The process group torchrun (or colossalai run) describes in the environment, with a bounded timeout."""
+    import torch.distributed as dist
+
+    from semimig.launch import set_collective_timeout
+
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        sys.exit("finetune_llm.py: start it with torchrun or colossalai run (RANK/WORLD_SIZE are not set), e.g.\n"
+                 "  torchrun --nproc_per_node 2 examples/finetune_llm.py")
+    cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    set_collective_timeout(timeout_s)  # also the groups HybridParallelPlugin creates later
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def build_model(args: argparse.Namespace) -> torch.nn.Module:
+    """The tiny Llama (seeded), or ``--model`` read from disk."""
+    import transformers as T
+
+    torch.manual_seed(args.seed)
+    if args.model == "tiny-llama":
+        config = T.LlamaConfig(vocab_size=512, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
+                               num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=4,
+                               max_position_embeddings=max(256, args.seq_len))
+        model = T.LlamaForCausalLM(config)
+    else:
+        model = T.AutoModelForCausalLM.from_pretrained(args.model, local_files_only=True)
+    model.config.use_cache = False  # training: no KV cache (Colossal-AI warns about it otherwise)
+    return model
+
+
+def synthetic_batches(vocab: int, batch: int, seq: int, seed: int, device: torch.device) -> Iterator[dict]:
+    """Endless batches of ``x_t = (a + b·t) mod vocab`` (labels = inputs; the model shifts them)."""
+    gen = torch.Generator().manual_seed(seed)
+    steps = torch.arange(seq)
+    while True:
+        start = torch.randint(0, vocab, (batch, 1), generator=gen)
+        stride = torch.randint(1, 8, (batch, 1), generator=gen)
+        ids = (start + stride * steps) % vocab
+        yield {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device),
+               "labels": ids.to(device)}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    rank, world, device = init_distributed(args.timeout_s)
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("colossalai").setLevel(logging.WARNING)
+
+    from colossalai.booster import Booster
+    from colossalai.booster.plugin import HybridParallelPlugin
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    import semimig
+    from semimig._compat import apply_cpu_shim
+    from semimig.balancer import PlanView
+    from semimig.shardformer import SemiMigPolicy
+
+    apply_cpu_shim()  # fills Colossal-AI's CPU gaps; a no-op with CUDA
+    tp = args.tp or world
+    if world % tp:
+        raise semimig.ConfigError(f"--tp {tp} must divide the number of ranks {world}")
+    plugin = HybridParallelPlugin(tp_size=tp, pp_size=1, precision=args.precision, zero_stage=args.zero_stage,
+                                  overlap_communication=torch.cuda.is_available(),  # CPU: no CUDA streams
+                                  custom_policy=SemiMigPolicy() if args.policy == "semimig" else None)
+    booster = Booster(plugin=plugin)
+    model = build_model(args)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    model, optimizer, *_ = booster.boost(model, optimizer)
+    balancer = None
+    if args.policy == "semimig":
+        balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=args.balance, straggler=args.straggler,
+                                  log_every=args.log_every)
+
+    dp_rank = torch.distributed.get_rank(plugin.dp_group)  # TP ranks share a batch; DP ranks do not
+    vocab = model.unwrap().config.vocab_size
+    batches = synthetic_batches(vocab, args.batch_size, args.seq_len, args.seed * 1000 + dp_rank, device)
+    losses, times = [], []
+    model.train()
+    with logging_redirect_tqdm(), tqdm(total=args.steps, disable=rank != 0, desc="finetune", unit="step") as bar:
+        for step in range(args.steps):
+            batch = next(batches)
+            start = time.perf_counter()
+            loss = model(**batch).loss
+            booster.backward(loss, optimizer)
+            optimizer.step()  # semimig.enable hooked it: the balancer re-plans right after
+            optimizer.zero_grad()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+            losses.append(float(loss.detach().float()))
+            plan = _plan(balancer, tp, PlanView)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", step_ms=f"{times[-1] * 1e3:.0f}")
+            bar.update()
+            if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
+                logger.info("step %d/%d loss %.4f step %.1f ms plan: %s", step + 1, args.steps, losses[-1],
+                            times[-1] * 1e3, plan.describe())
+
+    summary = _summary(args, tp, world, losses, times, _plan(balancer, tp, PlanView))
+    if rank == 0:
+        print("summary: " + " ".join(f"{k}={v}" for k, v in summary.items()), flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"summary": summary, "losses": losses, "step_s": times}, f, indent=1)
+    if balancer is not None:
+        balancer.close()
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+def _plan(balancer, tp: int, plan_view):
+    """The balancing state to show: the latest report's plan, or 'every rank dense'."""
+    if balancer is None or balancer.report is None:
+        return plan_view(flagged=(), shed=(0.0,) * tp)
+    return plan_view.from_report(balancer.report, tp)
+
+
+def _summary(args: argparse.Namespace, tp: int, world: int, losses: list, times: list, plan) -> dict:
+    """One line's worth: the median step time skips the first fifth (warm-up, first plans)."""
+    steady = times[len(times) // 5:] or times
+    return {"steps": len(losses), "median_step_s": f"{statistics.median(steady):.4f}",
+            "final_loss": f"{losses[-1]:.4f}", "shed": ",".join(f"{s:.3f}" for s in plan.shed),
+            "flagged": ",".join(str(r) for r in plan.flagged) or "none", "balance": args.balance if args.policy == "semimig" else "none",
+            "policy": args.policy, "straggler": args.straggler or "none", "tp": tp, "world": world,
+            "precision": args.precision, "zero_stage": args.zero_stage}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""``examples/finetune_llm.py`` under torchrun: 2 ranks, a few steps, with and without a straggler.
+
+Each case runs ``python -m torch.distributed.run --standalone --nproc_per_node 2`` (torchrun
+itself; ``--standalone`` picks a free port) in a subprocess with a deadline, and checks the exit
+status, the summary line and the JSON the script writes.  With balancing off the losses equal a
+run boosted with Colossal-AI's own policy (same seed, same synthetic batches): fp32, the matrix's
+tolerance.  With ``--straggler fixed:1:4`` the balancer flags TP rank 1 and says so at WARNING.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")]
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--hidden", "32", "--layers", "2", "--seq-len", "16", "--batch-size", "4", "--lr", "1e-2",
+        "--log-every", "3", "--timeout-s", "60"]
+
+
+def _torchrun(tmp_path: Path, name: str, *flags: str, timeout_s: float = 240) -> tuple[str, dict]:
+    out = tmp_path / f"{name}.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(REPO / "examples" / "finetune_llm.py"), *TINY, *flags, "--json", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, f"exit {done.returncode}:\n{text[-4000:]}"
+    summaries = [line for line in done.stdout.splitlines() if line.startswith("summary: ")]
+    assert len(summaries) == 1, text[-4000:]  # rank 0 only
+    return text, json.loads(out.read_text())
+
+
+def test_balancing_off_trains_like_colossalai_policy(tmp_path: Path) -> None:
+    _, off = _torchrun(tmp_path, "off", "--steps", "6", "--balance", "off")
+    _, theirs = _torchrun(tmp_path, "colossalai", "--steps", "6", "--policy", "colossalai", "--balance", "off")
+    assert off["summary"]["policy"] == "semimig" and theirs["summary"]["policy"] == "colossalai"
+    torch.testing.assert_close(torch.tensor(off["losses"]), torch.tensor(theirs["losses"]), atol=1e-5, rtol=1e-3)
+    assert len(off["step_s"]) == 6 and off["summary"]["final_loss"] == f"{off['losses'][-1]:.4f}"
+
+
+def test_a_straggler_is_balanced_and_summarised(tmp_path: Path) -> None:
+    text, run = _torchrun(tmp_path, "straggler", "--steps", "12", "--straggler", "fixed:1:4")
+    summary = run["summary"]
+    assert summary["straggler"] == "fixed:1:4" and summary["balance"] == "semi" and summary["steps"] == 12
+    assert "WARNING semimig.balancer: semimig is balancing straggler(s) [1]" in text, text[-4000:]
+    assert "TP rank 1 flagged as a straggler" in text
+    assert len(summary["shed"].split(",")) == 2 and float(summary["median_step_s"]) > 0
+
+
+def test_without_torchrun_it_says_how_to_start_it() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "finetune_llm.py"), "--steps", "1"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "start it with torchrun or colossalai run" in done.stderr
+
+
+def test_a_colossalai_policy_run_cannot_balance() -> None:
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "finetune_llm.py"), "--policy", "colossalai",
+                           "--straggler", "fixed:1:4"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--policy colossalai has no semimig layers" in done.stderr
