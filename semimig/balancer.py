@@ -41,7 +41,8 @@ Refused (:class:`~semimig.errors.ConfigError`, naming the input): a plugin that 
 optimizer without ``step``, a pipeline schedule other than 1F1B (interleaved and zero-bubble
 schedules run several model chunks per stage, whose forwards and backwards interleave across
 iterations of the plan).  ``tp_size=1`` has nothing to balance: one warning, and the handle does
-nothing.  With ``pp_size > 1`` (1F1B) each stage's TP group balances its own layers.
+nothing.  A model already balanced (a second ``enable`` before ``close()``) is refused, and so is
+``Balancer.step()`` when the optimizer is hooked (it would step the controller twice).  With ``pp_size > 1`` (1F1B) each stage's TP group balances its own layers.
 
 Nothing of the balancer is saved in a checkpoint, by design: semimig layers hold no extra
 parameters or buffers, so ``booster.save_model``/``load_model`` and the optimizer state are
@@ -129,7 +130,17 @@ class Balancer:
 
     # ------------------------------------------------------------------ the loop
     def step(self):
-        """Close the iteration (after ``optimizer.step()``): the controller's ``step()``, then the logs."""
+        """Close the iteration (after ``optimizer.step()``): the controller's ``step()``, then the logs.
+
+        Only without a hooked optimizer: the hook already calls it, and a second call per
+        iteration would desynchronise the plan from the loop (refused).
+        """
+        if self._optimizer is not None:
+            raise ConfigError("balancer.step() is called by the hooked optimizer.step(); do not call it as well "
+                              "(or enable(..., optimizer=None) to call it yourself)")
+        return self._step()
+
+    def _step(self):
         if not self.active:
             return None
         report = self.controller.step()
@@ -167,7 +178,7 @@ class Balancer:
 
         def step(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
-            self.step()
+            self._step()
             return result
 
         self._hooked_step = step
@@ -255,6 +266,9 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
     if not layers:
         raise ConfigError(f"model {type(model).__name__} has no semimig layers: boost it with "
                           "HybridParallelPlugin(..., custom_policy=semimig.shardformer.SemiMigPolicy())")
+    if any(m.directive is not None for m in layers):
+        raise ConfigError(f"model {type(model).__name__} is already balanced (its layers hold directives): "
+                          "close() the previous balancer or controller first")
     if plugin.tp_size == 1:
         logger.warning("semimig: tp_size=1, so there is no tensor-parallel group to balance; balancing is off")
         return Balancer(None, layers, active=False)

@@ -97,6 +97,8 @@ def _off_and_forced_body(rank: int, world_size: int) -> dict:
     balancer = semimig.enable(run.model, run.plugin, optimizer=run.optimizer, mode="off")
     out["off"] = pc.train_losses(run, "llama", (0, 1, 2, 3))
     out["off_steps"] = (balancer.steps, balancer.report.iteration)
+    out["manual_step"] = pc.outcome(balancer.step)
+    out["twice"] = pc.outcome(lambda: semimig.enable(run.model, run.plugin, mode="off"))
     balancer.close()
     out["closed_step_is_the_class_method"] = "step" not in vars(run.optimizer)
     pc.train_step(run, pc.batch_for("llama", 4))
@@ -115,6 +117,8 @@ def test_off_trains_exactly_like_colossalai_and_a_forced_prune_does_not() -> Non
     assert out["off"] == out["colossalai"]
     assert out["off_steps"] == (4, 3)
     assert out["closed_step_is_the_class_method"] and out["steps_after_close"] == 4
+    assert out["manual_step"].startswith("ConfigError: balancer.step() is called by the hooked optimizer.step()")
+    assert out["twice"].startswith("ConfigError: model HybridParallelModule is already balanced")
     forced, theirs = torch.tensor(out["forced"][0]), torch.tensor(out["colossalai"][0])
     assert (forced - theirs).abs().max() > 1e-3, "pruning half of rank 1's columns must change the loss"
 
