@@ -216,3 +216,35 @@ def test_straggler_shares_before_its_own_gemms(kind):
     assert forward.index("share") < forward.index("own"), events
     if kind == "col":  # dY_k travels before the straggler's dgrad/wgrad (row: dY is replicated)
         assert backward.index("share") < backward.index("own"), events
+
+
+def _traffic_body(rank, world):
+    from semimig.comm import primitives as P
+    from semimig.comm.traffic import count_traffic, current
+
+    group = dist.group.WORLD
+    t = torch.ones(10)  # 40 bytes
+    assert current() is None
+    with count_traffic() as counter:
+        P.broadcast_(t, 1, group)
+        P.reduce_(t, 1, group)
+        P.all_reduce_(t, group)
+        P.wait(P.all_reduce_start(t, group))
+        if rank == 0:
+            P.send(t, 1, group)
+        elif rank == 1:
+            P.recv_(t, 0, group)
+    assert current() is None
+    return counter.totals()
+
+
+def test_traffic_counter_counts_payload_and_link_bytes_by_role():
+    """Rank 1 is the root: its link carries B out for the broadcast, B in for the reduce and the recv."""
+    world = 2
+    totals = run_on_ranks(_traffic_body, world)  # rank 0's view: a peer and the sender
+    assert totals["broadcast"]["payload_bytes"] == 40 and totals["broadcast"]["in_bytes"] == 40
+    assert totals["reduce"]["out_bytes"] == 40 and totals["reduce"]["in_bytes"] == 0
+    ring = 2 * 40 * (world - 1) / world
+    assert totals["all_reduce"] == pytest.approx({"calls": 2, "payload_bytes": 80, "out_bytes": 2 * ring,
+                                                  "in_bytes": 2 * ring, "seconds": totals["all_reduce"]["seconds"]})
+    assert totals["send"]["out_bytes"] == 40 and "recv" not in totals

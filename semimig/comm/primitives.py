@@ -2,12 +2,16 @@
 
 Every function takes the group explicitly, addresses peers by their rank *inside* the group and
 returns early when the group has one rank, so single-process runs issue no collective at all.
+Inside :func:`semimig.comm.traffic.count_traffic` every call is counted (bytes, link model,
+seconds); outside it the count costs one check.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
+
+from semimig.comm import traffic
 
 
 def group_size(group: ProcessGroup | None) -> int:
@@ -45,10 +49,20 @@ def _global(group: ProcessGroup | None, rank: int) -> int:
     return rank if group is None else dist.get_global_rank(group, rank)
 
 
+def _counted(op: str, tensor: torch.Tensor, group: ProcessGroup | None, call, *, root: int | None = None,
+             timed: bool = True):
+    """``call()``, counted when a :func:`~semimig.comm.traffic.count_traffic` block is active."""
+    counter = traffic.current()
+    if counter is None:
+        return call()
+    role = "root" if root is not None and group_rank(group) == root else "peer"
+    return counter.count(op, role, tensor.numel() * tensor.element_size(), group_size(group), call, timed=timed)
+
+
 def all_reduce_(tensor: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
     """In-place sum over the group."""
     if group_size(group) > 1:
-        dist.all_reduce(tensor, group=group)
+        _counted("all_reduce", tensor, group, lambda: dist.all_reduce(tensor, group=group))
     return tensor
 
 
@@ -59,7 +73,8 @@ def all_reduce_start(tensor: torch.Tensor, group: ProcessGroup | None) -> dist.W
     Colossal-AI's ``LinearWithAsyncCommunication`` does.
     """
     if group_size(group) > 1:
-        return dist.all_reduce(tensor, group=group, async_op=True)
+        return _counted("all_reduce", tensor, group, lambda: dist.all_reduce(tensor, group=group, async_op=True),
+                        timed=False)
     return None
 
 
@@ -72,23 +87,25 @@ def wait(handle: dist.Work | None) -> None:
 def broadcast_(tensor: torch.Tensor, src: int, group: ProcessGroup | None) -> torch.Tensor:
     """In-place broadcast from group rank ``src`` (tree-based in NCCL/Gloo)."""
     if group_size(group) > 1:
-        dist.broadcast(tensor, src=_global(group, src), group=group)
+        _counted("broadcast", tensor, group, lambda: dist.broadcast(tensor, src=_global(group, src), group=group),
+                 root=src)
     return tensor
 
 
 def reduce_(tensor: torch.Tensor, dst: int, group: ProcessGroup | None) -> torch.Tensor:
     """Sum over the group into ``tensor`` on group rank ``dst``; other ranks' buffers are scratch."""
     if group_size(group) > 1:
-        dist.reduce(tensor, dst=_global(group, dst), group=group)
+        _counted("reduce", tensor, group, lambda: dist.reduce(tensor, dst=_global(group, dst), group=group), root=dst)
     return tensor
 
 
 def send(tensor: torch.Tensor, dst: int, group: ProcessGroup | None) -> None:
     """Point-to-point send to group rank ``dst``."""
-    dist.send(tensor.contiguous(), dst=_global(group, dst), group=group)
+    tensor = tensor.contiguous()
+    _counted("send", tensor, group, lambda: dist.send(tensor, dst=_global(group, dst), group=group))
 
 
 def recv_(tensor: torch.Tensor, src: int, group: ProcessGroup | None) -> torch.Tensor:
     """Point-to-point receive from group rank ``src`` into ``tensor``."""
-    dist.recv(tensor, src=_global(group, src), group=group)
+    _counted("recv", tensor, group, lambda: dist.recv(tensor, src=_global(group, src), group=group))
     return tensor
