@@ -11,6 +11,8 @@ tokens, ``R = e - nu`` receivers, column layer ``N = 4H/e, L = round(gamma H)`` 
                                  row: M L + N L + R M N + M L + N L
 
 plus, for every case, the two all-reduces of ``[M, H]`` per block that 1D TP always issues.
+The bytes through the migrating rank's own link, counted at the calls, must equal what
+``migration_report.straggler_traffic`` works out from the same formulas.
 """
 import importlib
 import json
@@ -54,12 +56,13 @@ def _expected_bytes(policy, nu, gamma, hidden, tokens, blocks, world=4):
 
 def test_tiny_run_writes_sane_records(bench, tmp_path, capsys):
     out = tmp_path / "migration.json"
-    argv = ["--json", str(out), "--hidden", str(TINY["hidden"]), "--tokens", str(TINY["tokens"]),
-            "--blocks", str(TINY["blocks"]), "--rounds", "1", "--iters", "2", "--warmup", "0",
-            "--device-ms", "1", "--movement-iters", "1", "--timeout", "120"]
+    argv = ["--json", str(out), "--compute", "emulated", "--hidden", str(TINY["hidden"]), "--tokens",
+            str(TINY["tokens"]), "--blocks", str(TINY["blocks"]), "--rounds", "2", "--iters", "1", "--warmup", "0",
+            "--device-ms", "1", "--movement-iters", "1", "--link-iters", "1", "--link", "10,12.5", "--timeout", "120"]
     assert bench.main(argv) == 0
     result = json.loads(out.read_text())
     records = result["records"]
+    report = sys.modules["migration_report"]
 
     cases = {(r["policy"], r["nu"], r["gamma"]) for r in records}
     assert cases == {(p, nu, g) for p in bench.POLICIES for nu in (1, 2) for g in bench.GAMMAS}
@@ -67,17 +70,22 @@ def test_tiny_run_writes_sane_records(bench, tmp_path, capsys):
     for r in records:
         assert {"policy", "nu", "gamma", "iter_time_s", "iterations", "comm", "comm_bytes", "l_mig"} <= r.keys()
         assert 0 < r["iter_time_p25_s"] <= r["iter_time_s"] <= r["iter_time_p75_s"] < 60
-        assert r["iterations"] == 2 and len(r["busy_s_per_rank"]) == 4
+        assert r["iterations"] == 2 and len(r["busy_s_per_rank"]) == 4 and len(r["round_medians_s"]) == 2
         assert r["l_mig"] == {"column": round(r["gamma"] * 16), "row": round(r["gamma"] * 16)}
         assert r["migrating_ranks"] == (list(range(1, r["nu"] + 1)) if r["gamma"] > 0 else [])
         got = {op: v["bytes"] for op, v in r["comm"].items() if v["bytes"] and op != "recv"}
         assert got == _expected_bytes(r["policy"], r["nu"], r["gamma"], **TINY), r
         assert r["comm"]["recv"]["bytes"] == r["comm"]["send"]["bytes"]  # every send was received
+        link = report.straggler_traffic(r["policy"], r["nu"], r["gamma"], world=4, **TINY)
+        counted = r["straggler_link"]
+        assert (counted["out_bytes"], counted["in_bytes"], counted["calls"]) == \
+            (link["out_bytes"], link["in_bytes"], link["calls"]), (r["policy"], r["nu"], r["gamma"])
 
     by = {(r["policy"], r["nu"], r["gamma"]): r["iter_time_s"] for r in records}
     for entry in result["ratios"]:
         key = (entry["nu"], entry["gamma"])
         assert entry["sg_over_br"] == pytest.approx(by[("scatter-gather",) + key] / by[("broadcast-reduce",) + key])
+        assert entry["rounds"] == 2 and entry["rounds_min"] <= entry["rounds_max"]
     paper = {(e["nu"], e["gamma"]): e.get("paper_sg_over_br") for e in result["ratios"]}
     assert paper[1, 1.0] == pytest.approx(963 / 500) and paper[2, 1.0] is None  # the paper has nu = 1, 4
     t = result["target"]
@@ -87,14 +95,55 @@ def test_tiny_run_writes_sane_records(bench, tmp_path, capsys):
     movements = result["movements"]
     assert len(movements) == 2 * len(bench.MOVEMENTS)
     assert all(m["time_s"] > 0 for m in movements)
+    assert set(result["link_fits"]) == {"ping-pong", "broadcast"}
+    assert len(result["alpha_beta_estimates"]) == 2  # measured constants and the named link
+    for rows in result["alpha_beta_estimates"].values():
+        assert [row["gamma"] for row in rows] == list(bench.GAMMAS) and rows[0]["world"] == 8
     printed = capsys.readouterr().out
-    for label in ("broadcast-reduce(1)", "scatter-gather(2)", "SG/BR(1)", "paper SG/BR(1)", "target", "merge_sum"):
+    for label in ("EMULATED device", "broadcast-reduce(1)", "scatter-gather(2)", "SG/BR(1)", "paper SG/BR(1)",
+                  "target", "merge_sum", "straggler's link", "alpha-beta estimate", "not a NIC-bound cluster"):
         assert label in printed
+
+
+def test_measured_run_uses_two_ranks_and_real_gemms(bench, tmp_path, capsys):
+    out = tmp_path / "measured.json"
+    argv = ["--json", str(out), "--hidden", "16", "--tokens", "8", "--blocks", "1", "--rounds", "1", "--iters", "1",
+            "--warmup", "0", "--movement-iters", "0", "--link-iters", "0", "--timeout", "120"]
+    assert bench.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["config"]["compute"] == "measured" and result["config"]["world"] == 2
+    assert result["config"]["device_ms"] == 0 and result["config"]["nus"] == [1]
+    assert all(busy == 0.0 for r in result["records"] for busy in r["busy_s_per_rank"])  # no emulated meter
+    assert "measured: real GEMMs" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="compute 'measured' runs real GEMMs only"):
+        bench.BenchConfig(device_ms=40.0)
+
+
+def test_straggler_traffic_by_hand(bench):
+    """H = 16, 8 tokens, e = 4, gamma = 1, one block: col N = 16, L = 16; row N = 16, L = 16; R = 3."""
+    report = sys.modules["migration_report"]
+
+    br = report.straggler_traffic("broadcast-reduce", 1, 1.0, hidden=16, tokens=8, blocks=1, world=4)
+    assert br == {"calls": 7, "tree_calls": 7, "out_bytes": 4 * (16 * 16 + 8 * 16 + 8 * 16 + 16 * 16),
+                  "in_bytes": 4 * (8 * 16 + 16 * 16 + 24 * 16)}
+    sg = report.straggler_traffic("scatter-gather", 1, 1.0, hidden=16, tokens=8, blocks=1, world=4)
+    assert sg["calls"] == 27 and sg["tree_calls"] == 0
+    assert sg["out_bytes"] == 4 * (16 * 16 + 3 * 8 * 16 + 8 * 16 + 16 * 16)
+    assert sg["in_bytes"] == 4 * (3 * 8 * 16 + 8 * 16 + 16 * 16 + 3 * 8 * 16 + 24 * 16)
+    fit = report.fit_link([1000, 2000, 4000], [1e-5 + 1e-9 * b for b in (1000, 2000, 4000)])
+    assert fit["alpha_s"] == pytest.approx(1e-5) and fit["beta_s_per_byte"] == pytest.approx(1e-9)
+    rows = report.alpha_beta_estimate(fit, hidden=16, tokens=8, blocks=1, world=4, gammas=(0.0, 1.0))
+    assert rows[0]["broadcast-reduce"]["time_s"] == 0 and rows[0]["sg_over_br"] is None
+    expected_br = 7 * 2 * 1e-5 + 1e-9 * (br["out_bytes"] + br["in_bytes"])  # tree depth ceil(log2 4) = 2
+    assert rows[1]["broadcast-reduce"]["time_s"] == pytest.approx(expected_br)
+    assert rows[1]["scatter-gather"]["time_s"] == pytest.approx(27 * 1e-5 + 1e-9 * (sg["out_bytes"] + sg["in_bytes"]))
 
 
 def test_config_rejects_bad_values(bench):
     with pytest.raises(ValueError, match=r"nus must be .* got \(4,\)"):
-        bench.BenchConfig(nus=(4,))
+        bench.BenchConfig(compute="emulated", nus=(4,))
+    with pytest.raises(ValueError, match="compute must be one of"):
+        bench.BenchConfig(compute="fast")
     with pytest.raises(ValueError, match=r"gammas must be .* got \(1.5,\)"):
         bench.BenchConfig(gammas=(1.5,))
     with pytest.raises(ValueError, match="hidden must be an int >= 1, got 0"):
@@ -134,6 +183,6 @@ def test_report_reads_saved_records_without_torch(bench):
     assert t["checked_gammas"] == [0.5, 1.0] and t["failing_gammas"] == [1.0] and not t["holds"]
     assert t["sg_over_br_at_gamma_1"] == pytest.approx(0.9)
     assert report.paper_ratio(4, 0.25) == pytest.approx(779 / 737) and report.paper_ratio(2, 0.25) is None
-    cfg = bench.BenchConfig(nus=(1,), gammas=(0.0, 0.5, 1.0))
+    cfg = bench.BenchConfig(compute="emulated", nus=(1,), gammas=(0.0, 0.5, 1.0))
     table = report.format_table(records, cfg)
     assert "does NOT hold at gamma [1.0]" in table and "0.90x" in table and "1.25x" in table
