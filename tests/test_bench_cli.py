@@ -36,7 +36,7 @@ def test_bench_writes_json_and_plots(tmp_path, capsys):
     assert straggling[0] > 3 * steady[0]  # chi = 4 before any shedding
     assert by[("zero-pri", 4.0)]["shed_share_by_rank"][1] > 0 and by[("zero-pri", 4.0)]["shed_share_by_rank"][0] == 0
     assert by[("zero-pri", 1.0)]["savings_by_rank"] == [0.0, 0.0]
-    assert data["config"]["theta_iter"] == 1e-3  # the paper's default unless --theta-iter
+    assert data["config"]["theta_iter"] is None  # ResizingConfig's relative threshold unless --theta-iter
     assert (tmp_path / "rt_vs_chi.png").stat().st_size > 0
     assert not (tmp_path / "acc_delta.png").exists()  # no accuracy, no accuracy plot
     printed = capsys.readouterr().out
@@ -65,8 +65,8 @@ def test_bench_rejects_bad_flags(argv, message, capsys):
     (["--tp", "4", "--straggler-rank", "4"], "straggler_rank=4 is outside the TP group of size 4"),
     (["--seeds", "-1"], "--seeds: seeds[0] must be an int >= 0 and <= 4294967295, got -1"),
     (["--tp", "4", "--pattern", "multi", "--multi-chi", "8,0.5"], "--multi-chi: multi_chis[1] must be a finite number >= 1"),
-    (["--theta-iter=-1e-4"], "--theta-iter: theta_iter must be a finite number >= 0, got -0.0001"),
-    (["--theta-iter", "inf"], "--theta-iter: theta_iter must be a finite number >= 0, got inf"),
+    (["--theta-iter=-1e-4"], "--theta-iter: theta_iter must be a finite number >= 0 or None, got -0.0001"),
+    (["--theta-iter", "inf"], "--theta-iter: theta_iter must be a finite number >= 0 or None, got inf"),
     # issue 19: accepted before, then slept for ever or failed inside the ranks
     (["--chi", "1e6"], "--chi: chis[0] must be a finite number >= 1 and <= 100, got 1000000.0"),
     (["--chi", "inf"], "--chi: chis[0] must be a finite number >= 1 and <= 100, got inf"),

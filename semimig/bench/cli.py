@@ -42,6 +42,15 @@ def _modes(text: str) -> tuple[str, ...]:
     return modes
 
 
+def _size(text: str):
+    from semimig.bench.models import VitSize
+
+    try:
+        return VitSize.parse(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def add_bench_subcommand(subparsers) -> None:
     p = subparsers.add_parser("bench", help="end-to-end straggler benchmark (RT and ACC per mode)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,11 +72,14 @@ def add_bench_subcommand(subparsers) -> None:
                    help="measured: real GEMMs, one thread per rank, the straggler sleeps (chi-1) x its measured "
                         "time (default when every rank has a core); emulated: every GEMM sleeps chi x flops / "
                         "rate of a nominal device (default otherwise; ranks may share cores)")
+    p.add_argument("--model", type=_size, default=None, metavar="HxIxL",
+                   help="ViT hidden x intermediate x layers (default 256x1536x1 measured, 64x256x2 emulated)")
     p.add_argument("--device-ms", type=float, default=None,
                    help="emulated compute: GEMM time of one rank per iteration at chi = 1 (default 20 ms per rank "
                         "sharing this machine, at least 40: device time must dominate the host work)")
     p.add_argument("--theta-iter", type=float, default=None,
-                   help="PriDiff micro-threshold of the zero-pridiff-* modes (default 1e-3, the paper's)")
+                   help="zero-pridiff-* modes: the paper's absolute micro-threshold, e.g. 1e-3 (default: a "
+                        "threshold relative to each layer's median column change)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu: gloo ranks; cuda: one NCCL rank per GPU, real device time (measured compute)")
     p.add_argument("--timeout-s", type=float, default=None,
@@ -129,9 +141,10 @@ def config_from_args(args: argparse.Namespace, *, local_ranks: Optional[int] = N
         epochs=_given(args.epochs, 2 if quick else 4),
         iters_per_epoch=_given(args.iters_per_epoch, 20 if quick else 25),
         device_ms=_given(args.device_ms, 20.0 * max(2, args.tp * args.dp)),
-        theta_iter=_given(args.theta_iter, BenchConfig.theta_iter),
+        theta_iter=args.theta_iter,
         evaluate=not quick,
         timeout_s=args.timeout_s,
+        size=args.model,
     )
 
 

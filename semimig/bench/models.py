@@ -8,6 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
+from semimig._validate import check_int
+from semimig.errors import ConfigError
+
 
 @dataclass(frozen=True, kw_only=True)
 class VitSize:
@@ -20,13 +23,24 @@ class VitSize:
     patch: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("hidden", "layers", "heads", "intermediate", "patch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"VitSize.{name} must be >= 1, got {getattr(self, name)}")
+        for name, maximum in (("hidden", 8192), ("layers", 64), ("heads", 256), ("intermediate", 32768), ("patch", 8)):
+            check_int(f"VitSize.{name}", getattr(self, name), minimum=1, maximum=maximum)
         if self.hidden % self.heads:
-            raise ValueError(f"VitSize.hidden={self.hidden} is not divisible by heads={self.heads}")
+            raise ConfigError(f"VitSize.hidden={self.hidden} is not divisible by heads={self.heads}")
         if 8 % self.patch:
-            raise ValueError(f"VitSize.patch must divide the image size 8, got {self.patch}")
+            raise ConfigError(f"VitSize.patch must divide the image size 8, got {self.patch}")
+
+    @classmethod
+    def parse(cls, text: str) -> "VitSize":
+        """``HIDDENxINTERMEDIATExLAYERS`` (e.g. ``256x1536x1``); 4 heads."""
+        parts = text.lower().split("x")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            raise ConfigError(f"model size must be HIDDENxINTERMEDIATExLAYERS, e.g. 256x1536x1, got {text!r}")
+        hidden, intermediate, layers = (int(p) for p in parts)
+        return cls(hidden=hidden, intermediate=intermediate, layers=layers)
+
+    def __str__(self) -> str:
+        return f"{self.hidden}x{self.intermediate}x{self.layers}"
 
 
 def tiny_vit(size: VitSize = VitSize(), *, seed: int = 0, num_labels: int = 10) -> torch.nn.Module:
@@ -37,7 +51,7 @@ def tiny_vit(size: VitSize = VitSize(), *, seed: int = 0, num_labels: int = 10) 
     never a target and are trained down).
     """
     if num_labels < 10:
-        raise ValueError(f"num_labels must be >= 10 (digits has 10 classes), got {num_labels}")
+        raise ConfigError(f"num_labels must be >= 10 (digits has 10 classes), got {num_labels}")
     from transformers import ViTConfig, ViTForImageClassification
 
     config = ViTConfig(
@@ -66,7 +80,7 @@ def digits_split(*, test_fraction: float = 0.25, seed: int = 0):
     from sklearn.model_selection import train_test_split
 
     if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+        raise ConfigError(f"test_fraction must be in (0, 1), got {test_fraction}")
     digits = load_digits()
     x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     y = torch.tensor(digits.target, dtype=torch.long)

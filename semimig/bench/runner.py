@@ -86,7 +86,7 @@ def banner(cfg: BenchConfig, todo: int, total: int, env: Optional[TorchrunEnv]) 
         where += f", the launcher's {env.world_size} ranks"
     compute = (f"emulated device {cfg.device_ms:g} ms/iter" if cfg.compute == "emulated"
                else "measured compute (real GEMMs, one thread per rank)")
-    return (f"semimig bench: ViT {cfg.size.hidden}x{cfg.size.intermediate}x{cfg.size.layers} on digits, "
+    return (f"semimig bench: ViT {cfg.size} on digits, "
             f"tp={cfg.tp} dp={cfg.dp}, pattern {cfg.pattern}, {cfg.epochs}x{cfg.iters_per_epoch} iterations, "
             f"{compute}, {len(cfg.modes)} modes x {len(cfg.chis)} chi x {len(cfg.seeds)} seeds on {where}; "
             f"{todo} of {total} cases to train; collective timeout {cfg.timeout_s:g} s"
@@ -138,8 +138,10 @@ def _train_all(results: Optional[ResultsFile], todo: Sequence[Case], train: Call
                 done += 1
                 progress.advance(task)
     except (KeyboardInterrupt, Terminated, Exception) as err:  # noqa: BLE001 - every stop keeps the results
-        kept = f"{done} of {len(todo)} cases of this run finished" + (
-            f"; every finished case is in {results.path}" if results is not None else "")
+        kept = f"{done} of {len(todo)} cases of this run finished"
+        if results is not None:
+            kept += (f"; every finished case is in {results.path}" if results.records
+                     else f"; nothing was written to {results.path}")
         if isinstance(err, KeyboardInterrupt):
             why, code = "interrupted (SIGINT)", 130
         elif isinstance(err, Terminated):

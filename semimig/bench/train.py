@@ -82,7 +82,6 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
 
     import semimig.nn  # noqa: F401 - CPU compatibility shim
     from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
-    from semimig.resizing import ResizingConfig
     from semimig.shardformer import SemiMigPolicy
     from semimig.straggler import StragglerConfig, StragglerInjector
     from semimig.straggler.hooks import BaselineInjection
@@ -111,7 +110,7 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
         injection = BaselineInjection(model, StragglerInjector(straggler, tp_rank, tp_size), device=device)
     else:
         balance = BalanceConfig(mode=mode, straggler=straggler, controller=ControllerConfig(migrators=lam),
-                                resizing=ResizingConfig(theta_iter=cfg.theta_iter))
+                                resizing=cfg.resizing())
         controller = BalanceController(model, balance,
                                        process_group=plugin.tp_group, iterations_per_epoch=cfg.iters_per_epoch)
 
