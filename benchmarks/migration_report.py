@@ -154,21 +154,21 @@ def format_table(records: list[dict], cfg) -> str:
                else f"EMULATED device: every rank's GEMMs also sleep, {cfg.device_ms:g} ms/iteration")
     lines = [f"Table I on CPU/gloo ({compute}): median iteration time (ms) over {records[0]['iterations']} "
              f"iterations; e={cfg.world}, H={cfg.hidden}, tokens={cfg.tokens}, blocks={cfg.blocks}",
-             row("policy(nu) / gamma") + "".join(f"{g:>15.2f}" for g in gammas)]
+             row("policy(nu) / gamma") + "".join(f"{g:>19.2f}" for g in gammas)]
     for nu in nus:
         for policy in POLICIES:
-            lines.append(row(f"{policy}({nu})") + "".join(f"{by[policy, nu, g] * 1e3:>15.1f}" for g in gammas))
+            lines.append(row(f"{policy}({nu})") + "".join(f"{by[policy, nu, g] * 1e3:>19.1f}" for g in gammas))
     for nu in nus:
         cells = []
         for g in gammas:
             r = ratio[nu, g]
             spread = f" [{r['rounds_min']:.2f}-{r['rounds_max']:.2f}]" if "rounds_min" in r else ""
-            cells.append(f"{r['sg_over_br']:.2f}x{spread}".rjust(15))
+            cells.append(f"{r['sg_over_br']:.2f}x{spread}".rjust(19))
         lines.append(row(f"SG/BR({nu}) [rounds]") + "".join(cells))
     for nu in (1, 4):
         paper = [paper_ratio(nu, g) for g in gammas]
         if all(p is not None for p in paper):
-            lines.append(row(f"paper SG/BR({nu})") + "".join(f"{p:>14.2f}x" for p in paper))
+            lines.append(row(f"paper SG/BR({nu})") + "".join(f"{p:>18.2f}x" for p in paper))
     t = target(records)
     verdict = "holds" if t["holds"] else f"does NOT hold at gamma {t['failing_gammas']}"
     at_one = t["sg_over_br_at_gamma_1"]
@@ -192,7 +192,7 @@ def format_traffic(records: list[dict]) -> str:
 
 def format_estimate(links: dict, estimates: dict) -> str:
     """Measured link constants and the alpha-beta estimate for the paper's setting, plus the caveat."""
-    lines = ["Link constants measured on this machine (gloo, loopback), t(B) = alpha + beta B:"]
+    lines = ["Link constants measured on this machine (gloo, loopback; fastest message per size), t(B) = alpha + beta B:"]
     for name, fit in links.items():
         bw = fit["bandwidth_gb_s"]
         lines.append(f"  {name:<10} alpha {fit['alpha_s'] * 1e6:8.1f} us   beta {fit['beta_s_per_byte'] * 1e9:8.4f} ns/B"
