@@ -1,0 +1,42 @@
+"""Heterogeneous 2-D training: Poplar's batch allocation across data-parallel groups, SEMI inside each TP group.
+
+A cluster with mixed accelerators has two problems at once: replicas of different speed (give
+the faster ones more samples: Poplar, :mod:`semimig.allocation`) and a slow accelerator inside a
+tensor-parallel group (rebalance its GEMMs: SEMI, :mod:`semimig.controller`).  Here one
+``HybridParallelPlugin(tp_size=t, zero_stage=z)`` runs both: every TP group is one Poplar device
+(its ranks take the same samples; its speed is its slowest member's after SEMI balancing), and
+the batch plan is re-computed when a group's speed moves.
+
+    layout   GridLayout.from_plugin(plugin)              which rank is in which group (layout)
+    profile  profile_group_curves(layout, probe, ...)    a speed curve per TP group (balancer)
+    run      HybridBalancer(plugin, curves=..., controller=semi_controller, ...)
+             .micro_batches(global_batch) / .step()      plan, SEMI step, re-plan, agreement
+    decide   ReplanTrigger / ReplanConfig                 when to re-plan, pure (replan)
+    verify   verify_batch_plan(plan)                      every rank holds the same plan (agreement)
+    bench    run_2d_cases(rank, world, Hybrid2DConfig(...), cases)   the bench's body (train, config)
+
+Gradients stay exactly the global-batch mean (each micro-step's loss scaled by ``m·D/G``, SEMI's
+migration exact); tests/test_hybrid_*.py compare with one process on the whole batch.
+"""
+from semimig.hybrid.agreement import batch_plan_digest, describe_batch_plan, verify_batch_plan
+from semimig.hybrid.balancer import ALLOCATIONS, HybridBalancer, HybridStepReport, profile_group_curves
+from semimig.hybrid.config import MODES_2D, TIMINGS, Hybrid2DConfig
+from semimig.hybrid.layout import GridLayout, group_maxima
+from semimig.hybrid.replan import ReplanConfig, ReplanDecision, ReplanTrigger, scale_curve
+
+__all__ = [
+    "ALLOCATIONS", "MODES_2D", "TIMINGS",
+    "GridLayout", "Hybrid2DConfig", "HybridBalancer", "HybridStepReport",
+    "ReplanConfig", "ReplanDecision", "ReplanTrigger",
+    "batch_plan_digest", "describe_batch_plan", "group_maxima", "profile_group_curves", "run_2d_cases",
+    "scale_curve", "verify_batch_plan",
+]
+
+
+def __getattr__(name):
+    # the training body imports the bench model (transformers); load it only when asked for
+    if name in ("run_2d_cases", "train_2d_case"):
+        from semimig.hybrid import train
+
+        return getattr(train, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,225 @@
+"""The 2-D composition's runtime: Poplar's batch plan across the DP groups, SEMI inside each TP group.
+
+    plugin = HybridParallelPlugin(tp_size=2, pp_size=1, zero_stage=1, custom_policy=SemiMigPolicy())
+    model, optimizer, *_ = booster.boost(model, optimizer)
+    semi = BalanceController(model, BalanceConfig(mode="semi"), process_group=plugin.tp_group)
+    layout = GridLayout.from_plugin(plugin)
+    curves = profile_group_curves(layout, probe, batch_sizes=(16, 32), max_batch_size=64)
+    balancer = HybridBalancer(plugin, layout=layout, curves=curves, global_batch_size=64, controller=semi)
+    for batch in global_batches:                      # the same global batch on every rank
+        micro = balancer.micro_batches(batch)         # this group's share, cut into micro-steps
+        run_iteration(booster, model, optimizer, iter(micro), loss_fn, zero_stage=balancer.zero_stage)
+        optimizer.step(); optimizer.zero_grad()
+        balancer.step()                               # SEMI step, group times, re-plan check
+
+Per iteration ``step()`` closes the SEMI controller's iteration (or reads a busy source when the
+TP layers are not semimig's, e.g. the baseline's straggler hooks), then does ONE all-gather over all ranks of ``(busy time, batch
+plan digest)``: the busy times give each group's measured compute ``T_g`` (its slowest member's,
+:func:`~.layout.group_maxima`), the digests prove every rank used the same batch plan
+(:mod:`.agreement`).  ``T_g`` and the plan's predictions feed the re-plan trigger (:mod:`.replan`);
+when it fires, every rank rescales the curves, allocates again, verifies the new plan (one int64
+all-gather) and logs it.  Gradients stay the global-batch mean: each micro-step's loss is scaled
+by ``m·D/G`` (:mod:`semimig.allocation.data`), whatever the split, and the SEMI controller's
+migration is exact.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.utils._pytree import tree_map
+
+from semimig._validate import check_choice, check_int
+from semimig.allocation.allocate import even_plan, poplar_plan
+from semimig.allocation.data import MicroBatch
+from semimig.allocation.plan import AllocationPlan
+from semimig.allocation.request import AllocationRequest
+from semimig.allocation.speed import MIN_TIME_S, SpeedCurve
+from semimig.comm import primitives as P
+from semimig.controller.agreement import check_agreement
+from semimig.errors import ConfigError
+from semimig.hybrid.agreement import batch_plan_digest, describe_batch_plan, verify_batch_plan
+from semimig.hybrid.layout import GridLayout, group_maxima
+from semimig.hybrid.replan import ReplanConfig, ReplanDecision, ReplanTrigger, scale_curve
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ALLOCATIONS", "HybridBalancer", "HybridStepReport", "profile_group_curves"]
+
+ALLOCATIONS = ("even", "poplar")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HybridStepReport:
+    """What :meth:`HybridBalancer.step` measured and decided."""
+
+    iteration: int
+    group_busy_s: tuple[float, ...]
+    """``T_g``: each group's slowest member's busy time in the iteration that ended."""
+    samples: tuple[int, ...]
+    """Samples per group in the plan for the next iteration."""
+    replan: Optional[ReplanDecision] = None
+    """The re-plan decided at this step, if any."""
+    balance: Any = None
+    """The SEMI controller's :class:`~semimig.controller.runtime.StepReport` (None without one)."""
+
+
+class HybridBalancer:
+    """Batch plan across the DP groups of a ``HybridParallelPlugin`` (module docstring).
+
+    Args:
+        plugin: the booster's ``HybridParallelPlugin`` (its ``zero_stage`` is the plan's stage).
+        curves: one speed curve per group (group order), in the currency of the busy times.
+        global_batch_size: samples per iteration over all groups.
+        controller: the group's SEMI ``BalanceController`` (its ``step()`` is called here), or
+        busy_source: when the layers are not semimig's, a callable returning this rank's busy
+            seconds of the iteration that just ended and starting the next (e.g. reading and
+            resetting a :class:`~semimig.straggler.hooks.BaselineInjection`); at most one of the
+            two; with neither, no busy time is measured and no re-plan happens.
+        allocation: ``"poplar"`` (Algorithm 2) or ``"even"`` (the homogeneous split, never re-planned).
+        replan: the re-plan trigger's settings; ``None`` keeps the first plan.
+        layout: the grid (read from ``plugin`` when omitted; a collective).
+    """
+
+    def __init__(self, plugin: Any, *, curves: Sequence[SpeedCurve], global_batch_size: int,
+                 controller: Any = None, busy_source: Optional[Callable[[], float]] = None,
+                 allocation: str = "poplar",
+                 replan: Optional[ReplanConfig] = ReplanConfig(), comm_time_s: float = 0.0,
+                 max_accumulation_steps: Optional[int] = None, layout: Optional[GridLayout] = None) -> None:
+        check_choice("allocation", allocation, ALLOCATIONS)
+        if controller is not None and busy_source is not None:
+            raise ConfigError("pass a SEMI controller or a busy source, not both")
+        if busy_source is not None and not callable(busy_source):
+            raise ConfigError(f"busy_source must be a callable returning seconds, got {busy_source!r}")
+        self.layout = layout if layout is not None else GridLayout.from_plugin(plugin)
+        if len(curves) != self.layout.dp_size:
+            raise ConfigError(f"curves must hold one speed curve per data-parallel group ({self.layout.dp_size}), "
+                              f"got {len(curves)}")
+        self.controller, self.busy_source, self.allocation = controller, busy_source, allocation
+        self.zero_stage = int(plugin.zero_stage)
+        self.request = AllocationRequest(curves=tuple(curves), global_batch_size=global_batch_size,
+                                         zero_stage=self.zero_stage, comm_time_s=comm_time_s,
+                                         max_accumulation_steps=max_accumulation_steps)
+        measured = controller is not None or busy_source is not None
+        self.trigger = ReplanTrigger(self.layout.dp_size, replan) if replan and allocation == "poplar" and measured \
+            else None
+        self.iteration = 0
+        self.replans: list[ReplanDecision] = []
+        self._set_plan(self._allocate(self.request))
+
+    # ------------------------------------------------------------------ plan
+    @property
+    def plan(self) -> AllocationPlan:
+        """The batch plan in force (identical on every rank, verified)."""
+        return self._plan
+
+    def _allocate(self, request: AllocationRequest) -> AllocationPlan:
+        return poplar_plan(request) if self.allocation == "poplar" else even_plan(request)
+
+    def _set_plan(self, plan: AllocationPlan) -> None:
+        verify_batch_plan(plan)
+        self._plan = plan
+
+    def micro_batches(self, batch: Any) -> list[MicroBatch]:
+        """This group's micro-batches of one global ``batch`` (tensors with ``gbs`` rows, same on every rank).
+
+        Group ``g`` takes rows ``[offset_g, offset_g + samples_g)`` (:meth:`AllocationPlan.offset`),
+        cut into its micro-steps; every TP rank of the group gets the same rows.
+        """
+        plan, g = self._plan, self.layout.dp_rank
+        rows = {int(t.shape[0]) for t in _tensors(batch)}
+        if rows != {plan.global_batch_size}:
+            raise ConfigError(f"a global batch has {plan.global_batch_size} rows in every tensor, got {sorted(rows)}")
+        device = plan.device(g)
+        start, out = plan.offset(g), []
+        for step, size in enumerate(device.micro_batch_sizes):
+            data = tree_map(lambda t, a=start, b=start + size: t[a:b] if isinstance(t, torch.Tensor) else t, batch)
+            out.append(MicroBatch(data=data, size=size, step=step, is_last=step == device.accumulation_steps - 1,
+                                  global_batch_size=plan.global_batch_size, dp_world_size=plan.num_devices))
+            start += size
+        return out
+
+    # ------------------------------------------------------------------ per iteration
+    def step(self) -> HybridStepReport:
+        """Close the iteration (collective over all ranks): SEMI step, group times, agreement, re-plan."""
+        balance = self.controller.step() if self.controller is not None else None
+        busy = self._busy(balance)
+        rows = _all_gather_rows([busy, float(batch_plan_digest(self._plan))])  # the plan actually used
+        check_agreement([int(r[1]) for r in rows], describe_batch_plan(self._plan), None,
+                        what=f"Poplar batch plan used in iteration {self.iteration}")
+        group_busy = group_maxima([r[0] for r in rows], self.layout.group_of_rank, self.layout.dp_size)
+        decision = None
+        if self.trigger is not None:
+            decision = self.trigger.observe(group_busy, [d.predicted_time_s for d in self._plan.devices])
+            if decision is not None:
+                self._replan(decision)
+        self.iteration += 1
+        return HybridStepReport(iteration=self.iteration - 1, group_busy_s=tuple(group_busy),
+                                samples=self._plan.samples, replan=decision, balance=balance)
+
+    def _busy(self, balance: Any) -> float:
+        if balance is not None:
+            return float(balance.busy.busy_s)
+        return float(self.busy_source()) if self.busy_source is not None else 0.0
+
+    def _replan(self, decision: ReplanDecision) -> None:
+        old = self._plan.samples
+        curves = tuple(scale_curve(c, s) for c, s in zip(self.request.curves, decision.scales))
+        self.request = AllocationRequest(curves=curves, global_batch_size=self.request.global_batch_size,
+                                         zero_stage=self.zero_stage, comm_time_s=self.request.comm_time_s,
+                                         max_accumulation_steps=self.request.max_accumulation_steps)
+        self._set_plan(self._allocate(self.request))
+        self.replans.append(decision)
+        logger.info("re-planned the batch at iteration %d: groups %s ran %s x their model; samples %s -> %s",
+                    self.iteration, list(decision.changed_groups), [round(s, 3) for s in decision.scales], list(old),
+                    list(self._plan.samples))
+
+
+# ---------------------------------------------------------------------------------- profiling
+def profile_group_curves(layout: GridLayout, probe: Callable[[int], float], *, batch_sizes: Sequence[int],
+                         max_batch_size: int, repeats: int = 2) -> list[SpeedCurve]:
+    """Poplar's time profile per TP group (collective over all ranks; identical result everywhere).
+
+    ``probe(b)`` runs one forward/backward of ``b`` samples on this rank's group (no optimizer
+    step) and returns this rank's busy seconds.  For each ``b`` of ``batch_sizes`` and each of
+    ``repeats`` runs the busy times are all-gathered; group ``g``'s time at ``b`` is the median
+    over runs of its slowest member's.  Memory is not searched (``max_batch_size`` is given):
+    the curve's points are ``(b, time)`` and its interpolation :mod:`~semimig.allocation.speed`'s.
+    """
+    check_int("repeats", repeats, minimum=1)
+    check_int("max_batch_size", max_batch_size, minimum=1)
+    sizes = sorted({check_int("batch size", b, minimum=1, maximum=max_batch_size) for b in batch_sizes})
+    if not sizes:
+        raise ConfigError("batch_sizes must name at least one batch size to profile")
+    points: list[list[tuple[int, float]]] = [[] for _ in range(layout.dp_size)]
+    for b in sizes:
+        runs = [group_maxima(P.all_gather_floats(probe(b), None), layout.group_of_rank, layout.dp_size)
+                for _ in range(repeats)]
+        for g in range(layout.dp_size):
+            seconds = statistics.median(run[g] for run in runs)
+            if not seconds >= MIN_TIME_S:
+                raise ConfigError(f"group {g} measured no busy time at batch {b} ({seconds!r} s): the probe must "
+                                  "run timed GEMMs (semimig layers or straggler hooks)")
+            points[g].append((b, seconds))
+    return [SpeedCurve.from_points(p, max_batch_size=max_batch_size, name=f"group{g}") for g, p in enumerate(points)]
+
+
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    tree_map(lambda t: found.append(t) if isinstance(t, torch.Tensor) else None, batch)
+    return found
+
+
+def _all_gather_rows(values: list[float]) -> list[list[float]]:
+    """Every rank's ``values`` (one float64 all-gather over all ranks), rank order."""
+    size = P.group_size(None)
+    if size == 1:
+        return [values]
+    mine = torch.tensor(values, dtype=torch.float64, device=P.collective_device(None))
+    rows = [torch.empty_like(mine) for _ in range(size)]
+    dist.all_gather(rows, mine)
+    return [r.cpu().tolist() for r in rows]

@@ -1,0 +1,222 @@
+"""The 2-D training body: one rank's side of every case of a :class:`~.config.Hybrid2DConfig`.
+
+    records = run_2d_cases(rank, world, cfg, cfg.cases())     # on every rank (e.g. run_on_ranks)
+
+Each case builds a fresh ``HybridParallelPlugin(tp_size=tp, zero_stage=z)`` and the bench ViT
+(:func:`semimig.bench.models.tiny_vit`) from the case's seed, and trains it on digits with the
+same sequence of global batches in every mode (so ``baseline`` and ``poplar`` apply the same
+updates, up to floating-point order).  Stragglers: rank ``t`` of DP group ``g`` is slowed by
+``cfg.chis()[g][t]``.  With emulated timing every GEMM sleeps ``χ · flops / rate``, the rate
+chosen so that one rank's GEMMs take ``device_ms`` per iteration at the even batch; the
+``baseline`` and ``poplar`` modes use Colossal-AI's layers slowed by the baseline hooks
+(:class:`semimig.straggler.hooks.BaselineInjection`, which also reports their busy time), the
+SEMI modes semimig's layers under the controller; with measured timing a straggler sleeps
+``(χ - 1)`` times its measured GEMM time in both.
+
+Poplar modes first profile every group (:func:`~.balancer.profile_group_curves`: forward/backward
+without optimizer step at ``cfg.profile_sizes()``, after ``settle_iters`` passes when SEMI must
+balance first), then train under :class:`~.balancer.HybridBalancer`, which re-plans when a
+group's speed moves.  Iteration time: wall time from one ``balancer.step()`` to the next (every
+collective synchronises the ranks), median after ``warmup_iters``; epoch time: mean over epochs
+(the first left out when there are several).  Rank 0's record is returned; group batches, shed
+shares and re-plans are identical on or gathered from every rank.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from typing import Any, Optional, Sequence
+
+import torch
+
+from semimig.allocation.colossal import run_iteration
+from semimig.allocation.data import MicroBatch
+from semimig.allocation.speed import SpeedCurve
+from semimig.bench.models import digits_split, tiny_vit
+from semimig.comm import primitives as P
+from semimig.hybrid.balancer import HybridBalancer, profile_group_curves
+from semimig.hybrid.config import Hybrid2DConfig
+from semimig.hybrid.layout import GridLayout
+
+__all__ = ["run_2d_cases", "train_2d_case"]
+
+
+def run_2d_cases(rank: int, world: int, cfg: Hybrid2DConfig, cases: Sequence[tuple[str, int]]) -> list[dict]:
+    """Train every ``(mode, seed)`` of ``cases`` one after another on this rank; rank 0's records."""
+    if world != cfg.world:
+        raise ValueError(f"cfg needs tp*dp = {cfg.world} ranks, running on {world}")
+    return [train_2d_case(cfg, mode, seed) for mode, seed in cases]
+
+
+def _vit_loss(model: torch.nn.Module, data: Any) -> torch.Tensor:
+    x, y = data
+    return model(pixel_values=x, labels=y).loss
+
+
+def _emulated_rate(model: torch.nn.Module, cfg: Hybrid2DConfig) -> float:
+    """FLOP/s that make one rank's tensor-parallel GEMMs (fwd + 2 bwd) take ``device_ms`` at the even batch."""
+    from colossalai.shardformer.layer import Linear1D_Col, Linear1D_Row
+
+    flops = sum(3 * 2 * cfg.tokens * m.weight.shape[0] * m.weight.shape[1]
+                for m in model.modules() if isinstance(m, (Linear1D_Col, Linear1D_Row)))
+    return flops / (cfg.device_ms / 1000.0)
+
+
+def _straggler(cfg: Hybrid2DConfig, group: int, rate: Optional[float]):
+    """This group's :class:`StragglerConfig` (``rate`` None: measured timing)."""
+    from semimig.straggler import StragglerConfig
+
+    chis = cfg.chis()[group]
+    timing = {"mode": "measured"} if rate is None else {"mode": "emulated", "flops_per_second": rate}
+    slowed = tuple(t for t, chi in enumerate(chis) if chi != 1.0)
+    if not slowed:
+        return StragglerConfig(pattern="none", **timing)
+    if cfg.straggler_until is not None:  # a burst that never repeats: the stragglers leave
+        return StragglerConfig(pattern="burst", ranks=slowed, chi=(chis[slowed[0]],), burst_every=2**62,
+                               burst_length=cfg.straggler_until, **timing)
+    return StragglerConfig(pattern="multi", ranks=slowed, chi=tuple(chis[t] for t in slowed), **timing)
+
+
+class _Case:
+    """One case on one rank: the boosted model, its balancing and its data."""
+
+    def __init__(self, cfg: Hybrid2DConfig, mode: str, seed: int) -> None:
+        from colossalai.booster import Booster
+        from colossalai.booster.plugin import HybridParallelPlugin
+
+        import semimig.nn  # noqa: F401 - CPU compatibility shim
+        from semimig.controller import BalanceConfig, BalanceController
+        from semimig.shardformer import SemiMigPolicy
+        from semimig.straggler import StragglerInjector
+        from semimig.straggler.hooks import BaselineInjection
+
+        self.cfg, self.mode, self.seed = cfg, mode, seed
+        self.semi = mode.endswith("semi")
+        self.plugin = HybridParallelPlugin(tp_size=cfg.tp, pp_size=1, zero_stage=cfg.zero_stage,
+                                           precision=cfg.precision, overlap_communication=False,
+                                           custom_policy=SemiMigPolicy() if self.semi else None)
+        model = tiny_vit(cfg.size, seed=seed, num_labels=-(-10 // cfg.tp) * cfg.tp)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, pct_start=0.1,
+                                                       total_steps=cfg.epochs * cfg.iters_per_epoch)
+        self.booster = Booster(plugin=self.plugin)
+        self.model, self.optimizer, _, _, self.schedule = self.booster.boost(model, optimizer, lr_scheduler=schedule)
+        self.model.train()  # the straggler hooks and the controller time training passes only
+        self.layout = GridLayout.from_plugin(self.plugin)
+        rate = _emulated_rate(self.model, cfg) if cfg.timing == "emulated" else None
+        straggler = _straggler(cfg, self.layout.dp_rank, rate)
+        self.controller = self.injection = None
+        if self.semi:
+            self.controller = BalanceController(self.model, BalanceConfig(mode="semi", straggler=straggler),
+                                                process_group=self.plugin.tp_group,
+                                                iterations_per_epoch=cfg.iters_per_epoch)
+        else:
+            self.injection = BaselineInjection(self.model, StragglerInjector(straggler, self.layout.tp_rank,
+                                                                             self.layout.tp_size))
+        self.x_train, self.y_train, self.x_test, self.y_test = digits_split(seed=0)
+
+    # ------------------------------------------------------------------ pieces
+    def hook_busy(self) -> float:
+        """The baseline hooks' busy seconds of the iteration that ended; starts the next."""
+        busy = float(self.injection.snapshot()["busy_s"])
+        self.injection.reset()
+        return busy
+
+    def busy_of_iteration(self) -> float:
+        """Close an iteration (SEMI step or hooks) and return this rank's busy seconds."""
+        if self.controller is not None:
+            return float(self.controller.step().busy.busy_s)
+        return self.hook_busy()
+
+    def probe(self, batch: int) -> float:
+        """Forward/backward of ``batch`` samples per group, no optimizer step; this rank's busy seconds."""
+        g, dp = self.layout.dp_rank, self.cfg.dp
+        rows = slice(g * batch, (g + 1) * batch)
+        micro = MicroBatch(data=(self.x_train[rows], self.y_train[rows]), size=batch, step=0, is_last=True,
+                           global_batch_size=batch * dp, dp_world_size=dp)
+        run_iteration(self.booster, self.model, self.optimizer, iter([micro]), _vit_loss,
+                      zero_stage=self.cfg.zero_stage)
+        self.optimizer.zero_grad()
+        return self.busy_of_iteration()
+
+    def curves(self) -> list[SpeedCurve]:
+        """Per-group speed curves: profiled (Poplar modes) or equal constant speeds (even split)."""
+        gbs = self.cfg.global_batch_size
+        if not self.mode.startswith("poplar"):
+            return [SpeedCurve.constant(peak_speed=1.0, max_batch_size=gbs, name=f"group{g}")
+                    for g in range(self.cfg.dp)]
+        for _ in range(self.cfg.settle_iters if self.semi else 0):
+            self.probe(self.cfg.batch)
+        return profile_group_curves(self.layout, self.probe, batch_sizes=self.cfg.profile_sizes(),
+                                    max_batch_size=gbs, repeats=self.cfg.profile_repeats)
+
+    def global_batches(self, epoch: int):
+        """The epoch's global batches: a shuffle seeded by (seed, epoch), the same on every rank."""
+        gbs = self.cfg.global_batch_size
+        order = torch.randperm(len(self.y_train), generator=torch.Generator().manual_seed(self.seed * 1000 + epoch))
+        for it in range(self.cfg.iters_per_epoch):
+            start = (it * gbs) % (len(order) - gbs)
+            idx = order[start:start + gbs]
+            yield self.x_train[idx], self.y_train[idx]
+
+    def accuracy(self) -> float:
+        self.model.eval()
+        correct = 0
+        dense = self.controller.dense() if self.controller is not None else contextlib.nullcontext()
+        with torch.no_grad(), dense:
+            for lo in range(0, len(self.y_test), 128):
+                logits = self.model(pixel_values=self.x_test[lo:lo + 128]).logits
+                correct += int((logits.argmax(-1) == self.y_test[lo:lo + 128]).sum())
+        self.model.train()
+        return correct / len(self.y_test)
+
+
+def train_2d_case(cfg: Hybrid2DConfig, mode: str, seed: int) -> dict:
+    """Train one case on this rank (collective over all ranks); the record (module docstring)."""
+    case = _Case(cfg, mode, seed)
+    profile_started = time.perf_counter()
+    curves = case.curves()
+    profile_s = time.perf_counter() - profile_started
+    balancer = HybridBalancer(case.plugin, layout=case.layout, curves=curves, global_batch_size=cfg.global_batch_size,
+                              controller=case.controller,
+                              busy_source=case.hook_busy if case.injection is not None else None,
+                              allocation="poplar" if mode.startswith("poplar") else "even", replan=cfg.replan)
+    first_samples = balancer.plan.samples
+    iter_times, epoch_times, shed = [], [], []
+    iteration = 0
+    for epoch in range(cfg.epochs):
+        if case.controller is not None:
+            case.controller.set_epoch(epoch)
+        epoch_start = last = time.perf_counter()
+        for batch in case.global_batches(epoch):
+            if case.injection is not None:
+                case.injection.injector.set_position(epoch, iteration)
+            run_iteration(case.booster, case.model, case.optimizer, iter(balancer.micro_batches(batch)), _vit_loss,
+                          zero_stage=balancer.zero_stage)
+            case.optimizer.step()
+            case.optimizer.zero_grad()
+            case.schedule.step()
+            report = balancer.step()
+            if report.balance is not None:
+                shed.append(report.balance.gamma_target)
+            now = time.perf_counter()
+            if iteration >= cfg.warmup_iters:
+                iter_times.append(now - last)
+            last, iteration = now, iteration + 1
+        epoch_times.append(time.perf_counter() - epoch_start)
+    shed_by_rank = P.all_gather_floats(statistics.fmean(shed) if shed else 0.0, None)
+    return {
+        "mode": mode, "seed": seed, "tp": cfg.tp, "dp": cfg.dp, "zero_stage": cfg.zero_stage, "timing": cfg.timing,
+        "chis": [list(row) for row in cfg.chis()],
+        "iter_time_s": statistics.median(iter_times),
+        "epoch_time_s": statistics.fmean(epoch_times[1:] or epoch_times),
+        "accuracy": case.accuracy(),
+        "profile_s": profile_s,
+        "group_samples_first": list(first_samples),
+        "group_samples": list(balancer.plan.samples),
+        "replans": [{"iteration": d.iteration, "scales": list(d.scales), "changed_groups": list(d.changed_groups)}
+                    for d in balancer.replans],
+        "shed_share_by_rank": shed_by_rank,
+    }
+

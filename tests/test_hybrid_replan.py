@@ -1,0 +1,98 @@
+"""The re-plan trigger (pure): sustained moves beyond the threshold re-plan, noise and spikes do not.
+
+Expected iterations are worked out from the definition (module docstring of semimig.hybrid.replan):
+with window 5 and patience 3, a group whose ratio jumps at iteration k has a median beyond the
+threshold from iteration k+2 (three of the last five are new) and fires at k+4.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from semimig.allocation import SpeedCurve, allocate
+from semimig.errors import ConfigError
+from semimig.hybrid import ReplanConfig, ReplanTrigger, group_maxima, scale_curve
+
+PREDICTED = (0.2, 0.4)
+
+
+def _feed(trigger: ReplanTrigger, ratios_per_iteration):
+    decisions = []
+    for ratios in ratios_per_iteration:
+        decision = trigger.observe([r * p for r, p in zip(ratios, PREDICTED)], PREDICTED)
+        if decision is not None:
+            decisions.append(decision)
+    return decisions
+
+
+def test_noise_inside_the_threshold_never_replans() -> None:
+    rng = random.Random(0)
+    trigger = ReplanTrigger(2, ReplanConfig(threshold=0.15, window=5, patience=3))
+    assert _feed(trigger, [(1 + rng.uniform(-0.1, 0.1), 1 + rng.uniform(-0.1, 0.1)) for _ in range(500)]) == []
+
+
+def test_isolated_spikes_never_replan() -> None:
+    trigger = ReplanTrigger(2, ReplanConfig(window=5, patience=3))
+    ratios = [(1.0, 1.0)] * 100
+    for i in range(0, 100, 3):  # one slow iteration in three: the median of five stays at 1
+        ratios[i] = (3.0, 1.0)
+    assert _feed(trigger, ratios) == []
+
+
+@pytest.mark.parametrize("new_ratio", [1.5, 0.6])  # a straggler appears / leaves
+def test_a_sustained_change_replans_at_the_predicted_iteration_with_the_median_scale(new_ratio: float) -> None:
+    trigger = ReplanTrigger(2, ReplanConfig(threshold=0.15, window=5, patience=3))
+    k = 10
+    decisions = _feed(trigger, [(1.0, 1.0)] * (k - 1) + [(1.0, new_ratio)] * 30)
+    first = decisions[0]
+    assert first.iteration == k + 4
+    assert first.scales == (1.0, pytest.approx(new_ratio)) and first.changed_groups == (1,)
+    # the windows restart: the same ratio (the curve is not rescaled in this pure test) fires again
+    # only after a full window plus the patience
+    assert decisions[1].iteration == first.iteration + 5 + 2
+
+
+def test_same_numbers_same_decisions_on_every_rank() -> None:
+    rng = random.Random(1)
+    ratios = [(rng.uniform(0.5, 2.0), rng.uniform(0.5, 2.0)) for _ in range(200)]
+    runs = [_feed(ReplanTrigger(2, ReplanConfig(window=3, patience=2)), ratios) for _ in range(3)]
+    assert runs[0] == runs[1] == runs[2] and runs[0]
+
+
+def test_a_group_without_prediction_keeps_scale_one() -> None:
+    trigger = ReplanTrigger(2, ReplanConfig(window=1, patience=1))
+    decision = trigger.observe([0.0, 0.8], [0.0, 0.4])
+    assert decision is not None and decision.scales == (1.0, 2.0)
+
+
+def test_rescaled_curves_move_samples_to_the_faster_group() -> None:
+    curves = [SpeedCurve.from_points([(1, 0.01), (32, 0.2)], max_batch_size=64, name=f"group{g}") for g in range(2)]
+    even = allocate(curves, 64, zero_stage=1).samples
+    slowed = [curves[0], scale_curve(curves[1], 2.0)]
+    assert slowed[1].times_s == (0.02, 0.4) and slowed[1].batch_sizes == (1, 32)
+    after = allocate(slowed, 64, zero_stage=1).samples
+    assert even == (32, 32) and after[0] > after[1]
+
+
+def test_group_maxima_takes_the_slowest_member() -> None:
+    assert group_maxima([0.1, 0.4, 0.3, 0.2], [0, 0, 1, 1], 2) == [0.4, 0.3]
+    with pytest.raises(ConfigError, match="3 values for 4 ranks"):
+        group_maxima([0.1, 0.2, 0.3], [0, 0, 1, 1], 2)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"threshold": 0.0}, "ReplanConfig.threshold must be a finite number > 0 and <= 10"),
+    ({"threshold": "0.1"}, "got '0.1'"),
+    ({"window": 0}, "ReplanConfig.window must be an int >= 1 and <= 10000, got 0"),
+    ({"patience": 1.5}, "ReplanConfig.patience must be an int"),
+])
+def test_config_refuses_bad_values_by_name(kwargs, message) -> None:
+    with pytest.raises(ConfigError) as caught:
+        ReplanConfig(**kwargs)
+    assert message in str(caught.value)
+
+
+def test_observe_refuses_the_wrong_number_of_groups() -> None:
+    with pytest.raises(ConfigError, match="need 2 measured and predicted times, got 3 and 2"):
+        ReplanTrigger(2).observe([1.0, 1.0, 1.0], [1.0, 1.0])
