@@ -112,3 +112,49 @@ def test_report_names_a_bad_input_file(tmp_path, capsys, content, message):
     assert main(["report", str(path), "--no-plots", "--json", str(tmp_path / "m.json")]) == 2
     err = capsys.readouterr().err
     assert message in err and str(path) in err
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d["records"][0].pop("mode"), "records[0] has no 'mode'"),
+    (lambda d: d.update(records="abc"), "records must be a list, got str 'abc'"),
+    (lambda d: d.update(config=[1, 2]), "config must be an object, got list [1, 2]"),
+    (lambda d: d["records"][1].update(accuracy="high"),
+     "records[1].accuracy must be a finite number >= 0 and <= 1 or None, got 'high'"),
+    (lambda d: d["records"][2].update(chi="1"), "records[2].chi must be a finite number >= 1, got '1'"),
+    (lambda d: d["records"][0].update(seed=1.5), "records[0].seed must be an int >= 0, got 1.5"),
+    (lambda d: d["records"][0].update(iter_time_s=float("nan")), "records[0].iter_time_s must be a finite number > 0"),
+    (lambda d: d["records"].append(dict(d["records"][0])), "records[8] measures the case of records[0] again"),
+    (lambda d: d["config"].update(chis="1,4"), "config.chis must be a list, got str '1,4'"),
+    (lambda d: d.update(records=[[1]]), "records[0] must be an object, got list [1]"),
+    (lambda d: d.clear(), "has no 'records'"),
+])
+def test_report_refuses_a_malformed_saved_run_in_one_line(two_runs, tmp_path, capsys, mutate, message):
+    """Issue 19: each of these was a traceback from deep inside the summary."""
+    from semimig.cli import main
+
+    data = json.loads(two_runs[0].read_text())
+    mutate(data)
+    two_runs[0].write_text(json.dumps(data))
+    assert main(["report", str(two_runs[0]), "--no-plots", "--json", str(tmp_path / "m.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and str(two_runs[0]) in err, err
+
+
+def test_accuracy_deltas_within_the_seed_noise_are_marked_and_single_seed_deltas_are_not_plotted(tmp_path):
+    from semimig.bench import report
+
+    records = [_record("baseline", 4.0, s, acc, 10.0) for s, acc in ((0, 0.90), (1, 0.94), (2, 0.92))]
+    records += [_record("semi", 4.0, s, acc, 5.0) for s, acc in ((0, 0.91), (1, 0.93), (2, 0.93))]  # +0.0033
+    records += [_record("zero-rd", 4.0, s, acc, 5.0) for s, acc in ((0, 0.80), (1, 0.85), (2, 0.82))]  # -0.097
+    rows = {r["mode"]: r for r in report.summarize(records)}
+    semi, rd = rows["semi"], rows["zero-rd"]
+    assert semi["acc_delta_vs_baseline"] == pytest.approx(0.01 / 3)
+    assert semi["acc_delta_std"] == pytest.approx(0.02 / 3 ** 0.5)  # stdev of the paired +0.01, -0.01, +0.01
+    assert semi["acc_delta_within_noise"] is True
+    assert rd["acc_delta_within_noise"] is False
+    paths = report.write_plots(tmp_path / "three", list(rows.values()), "t")
+    assert {p.name for p in paths} == {"rt_vs_chi.png", "acc_delta.png"}
+
+    single = report.summarize([r for r in records if r["seed"] == 0])
+    assert all(row["acc_delta_std"] is None for row in single)
+    assert {p.name for p in report.write_plots(tmp_path / "one", single, "t")} == {"rt_vs_chi.png"}
