@@ -119,21 +119,23 @@ def gather_linear_fwd(
     return fwd(resolve_backend(x.device, x.dtype), x, weight, bias, plan)
 
 
+def _grad_plan(dy: Tensor, name: str, operand: Tensor, shared: str, dy_dim: int, keep: KeepArg,
+               group: int | None) -> tuple[str, KeepPlan]:
+    """Check ``dy`` against the gathered ``operand`` (sharing dimension ``shared``); backend and plan."""
+    _check_matrix("dy", dy)
+    _check_matrix(name, operand)
+    _check_alike(name, operand, "dy", dy)
+    _check_dim(f"{shared} (dy.shape[{dy_dim}] vs {name}.shape[0])", dy.shape[dy_dim], operand.shape[0])
+    return resolve_backend(dy.device, dy.dtype), plan_keep(keep, operand.shape[1], operand.device, group=group)
+
+
 def gather_linear_dgrad(dy: Tensor, weight: Tensor, keep: KeepArg, *, group: int | None = None) -> Tensor:
     """``dx[:, S] = dy @ w[:, S]``, exact zeros on P: dy [M, N], weight [N, K] -> dx [M, K]."""
-    _check_matrix("dy", dy)
-    _check_matrix("weight", weight)
-    _check_alike("weight", weight, "dy", dy)
-    _check_dim("N (dy.shape[1] vs weight.shape[0])", dy.shape[1], weight.shape[0])
-    plan = plan_keep(keep, weight.shape[1], weight.device, group=group)
-    return dgrad(resolve_backend(dy.device, dy.dtype), dy, weight, plan)
+    backend, plan = _grad_plan(dy, "weight", weight, "N", 1, keep, group)
+    return dgrad(backend, dy, weight, plan)
 
 
 def gather_linear_wgrad(dy: Tensor, x: Tensor, keep: KeepArg, *, group: int | None = None) -> Tensor:
     """``dw[:, S] = dy^T @ x[:, S]``, exact zeros on P: dy [M, N], x [M, K] -> dw [N, K]."""
-    _check_matrix("dy", dy)
-    _check_matrix("x", x)
-    _check_alike("x", x, "dy", dy)
-    _check_dim("M (dy.shape[0] vs x.shape[0])", dy.shape[0], x.shape[0])
-    plan = plan_keep(keep, x.shape[1], x.device, group=group)
-    return wgrad(resolve_backend(dy.device, dy.dtype), dy, x, plan)
+    backend, plan = _grad_plan(dy, "x", x, "M", 0, keep, group)
+    return wgrad(backend, dy, x, plan)

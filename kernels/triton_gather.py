@@ -2,11 +2,15 @@
 
 With ``S`` the kept and ``P`` the pruned reduction columns (a :class:`KeepPlan`):
 
-    _gather_fwd_kernel  : y        = x[:, S] @ w[:, S]^T (+ bias)     tiles [M, N], loop over S
-    _gather_dgrad_kernel: dx[:, S] = dy @ w[:, S]                     tiles [M, S], loop over N
-                          dx[:, P] = 0                                tiles [M, P], no loop
-    _gather_wgrad_kernel: dw[:, S] = dy^T @ x[:, S]                   tiles [N, S], loop over M
-                          dw[:, P] = 0                                tiles [N, P], no loop
+    _gather_fwd_kernel    : y        = x[:, S] @ w[:, S]^T (+ bias)   tiles [M, N], loop over S
+    _scatter_grad_kernel  : out[:, S] = a @ b[:, S]                   tiles [R, S], loop over RED
+                            out[:, P] = 0                             tiles [R, P], no loop
+        dgrad: out = dx [M, K], a = dy [M, N],     b = w [N, K]   (R = M, RED = N)
+        wgrad: out = dw [N, K], a = dy^T [N, M],   b = x [M, K]   (R = N, RED = M)
+
+dgrad and wgrad are one kernel: the same product with the operands' strides swapped (``dy^T``
+is ``dy`` read with its strides exchanged, no copy).  Autotuning keys on which gradient it is
+(``PASS``), since the best tile differs with the access pattern even for equal sizes.
 
 No ``x[:, S]`` / ``w[:, S]`` copy is made: each K step loads the next ``BLOCK_K`` column indices
 and gathers the operand tiles through them.  dgrad and wgrad write every output element
@@ -76,99 +80,51 @@ def _gather_fwd_kernel(
 
 
 @triton.autotune(
-    configs=gemm_configs("BLOCK_M", "BLOCK_K", "BLOCK_N"),
-    key=_KEY,
-    prune_configs_by={"early_config_prune": prune_configs("BLOCK_M", "M")},
+    configs=gemm_configs("BLOCK_R", "BLOCK_K", "BLOCK_RED"),
+    key=["R", "RED", "K_KEPT_BUCKET", "GROUP", "PASS"],
+    prune_configs_by={"early_config_prune": prune_configs("BLOCK_R", "R")},
 )
 @triton.jit
-def _gather_dgrad_kernel(
+def _scatter_grad_kernel(
     # pointers
-    dy_ptr, w_ptr, dx_ptr, keep_ptr, pruned_ptr,
-    # sizes
-    M, N, K_KEPT, K_PRUNED, K_KEPT_BUCKET,
+    a_ptr, b_ptr, out_ptr, keep_ptr, pruned_ptr,
+    # sizes (R output rows, RED reduction length, PASS 0 = dgrad / 1 = wgrad: autotune key only)
+    R, RED, K_KEPT, K_PRUNED, K_KEPT_BUCKET, PASS,
     # strides
-    stride_dym, stride_dyn, stride_wn, stride_wk, stride_dxm, stride_dxk,
+    stride_ar, stride_ared, stride_bred, stride_bk, stride_outr, stride_outk,
     # meta-parameters
     GROUP: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_ROWS: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_RED: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_ROWS: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    n_m_tiles = tl.cdiv(M, BLOCK_M)
-    n_gemm_tiles = n_m_tiles * tl.cdiv(K_KEPT, BLOCK_K)
+    n_r_tiles = tl.cdiv(R, BLOCK_R)
+    n_gemm_tiles = n_r_tiles * tl.cdiv(K_KEPT, BLOCK_K)
     if pid < n_gemm_tiles:
-        # -- GEMM tile [BLOCK_M, BLOCK_K] of dx[:, S]: reduction over N
-        pid_m, pid_k = tile_ids(pid, n_m_tiles, tl.cdiv(K_KEPT, BLOCK_K), GROUP_ROWS)
-        rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        # -- GEMM tile [BLOCK_R, BLOCK_K] of out[:, S]: reduction over RED
+        pid_r, pid_k = tile_ids(pid, n_r_tiles, tl.cdiv(K_KEPT, BLOCK_K), GROUP_ROWS)
+        rr = (pid_r * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
         cols, k_mask = gather_columns(keep_ptr, pid_k * BLOCK_K + tl.arange(0, BLOCK_K), K_KEPT, GROUP)
-        m_mask = rm < M
-        dy_rows = dy_ptr + rm[:, None] * stride_dym  # [BLOCK_M, 1]
-        w_cols = w_ptr + cols[None, :] * stride_wk  # [1, BLOCK_K]
-        acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
-        for n0 in range(0, N, BLOCK_N):
-            rn = (n0 + tl.arange(0, BLOCK_N)).to(tl.int64)
-            n_mask = rn < N
-            a = tl.load(dy_rows + rn[None, :] * stride_dyn, mask=m_mask[:, None] & n_mask[None, :], other=0.0)
-            b = tl.load(w_cols + rn[:, None] * stride_wn, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        r_mask = rr < R
+        a_rows = a_ptr + rr[:, None] * stride_ar  # [BLOCK_R, 1]
+        b_cols = b_ptr + cols[None, :] * stride_bk  # [1, BLOCK_K]
+        acc = tl.zeros((BLOCK_R, BLOCK_K), dtype=tl.float32)
+        for red0 in range(0, RED, BLOCK_RED):
+            rred = (red0 + tl.arange(0, BLOCK_RED)).to(tl.int64)
+            red_mask = rred < RED
+            a = tl.load(a_rows + rred[None, :] * stride_ared, mask=r_mask[:, None] & red_mask[None, :], other=0.0)
+            b = tl.load(b_cols + rred[:, None] * stride_bred, mask=red_mask[:, None] & k_mask[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-        tile = acc.to(dx_ptr.dtype.element_ty)
+        tile = acc.to(out_ptr.dtype.element_ty)
     else:
-        # -- zero-fill tile [BLOCK_M, BLOCK_K] of dx[:, P]
+        # -- zero-fill tile [BLOCK_R, BLOCK_K] of out[:, P]
         q = pid - n_gemm_tiles
-        rm = ((q % n_m_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        cols, k_mask = gather_columns(pruned_ptr, (q // n_m_tiles) * BLOCK_K + tl.arange(0, BLOCK_K), K_PRUNED, GROUP)
-        m_mask = rm < M
-        tile = tl.zeros((BLOCK_M, BLOCK_K), dtype=dx_ptr.dtype.element_ty)
-    # -- scattered store into the columns of dx
-    dx_ptrs = dx_ptr + rm[:, None] * stride_dxm + cols[None, :] * stride_dxk
-    tl.store(dx_ptrs, tile, mask=m_mask[:, None] & k_mask[None, :])
-
-
-@triton.autotune(
-    configs=gemm_configs("BLOCK_N", "BLOCK_K", "BLOCK_M"),
-    key=_KEY,
-    prune_configs_by={"early_config_prune": prune_configs("BLOCK_N", "N")},
-)
-@triton.jit
-def _gather_wgrad_kernel(
-    # pointers
-    dy_ptr, x_ptr, dw_ptr, keep_ptr, pruned_ptr,
-    # sizes
-    M, N, K_KEPT, K_PRUNED, K_KEPT_BUCKET,
-    # strides
-    stride_dym, stride_dyn, stride_xm, stride_xk, stride_dwn, stride_dwk,
-    # meta-parameters
-    GROUP: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_ROWS: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    n_n_tiles = tl.cdiv(N, BLOCK_N)
-    n_gemm_tiles = n_n_tiles * tl.cdiv(K_KEPT, BLOCK_K)
-    if pid < n_gemm_tiles:
-        # -- GEMM tile [BLOCK_N, BLOCK_K] of dw[:, S]: reduction over M
-        pid_n, pid_k = tile_ids(pid, n_n_tiles, tl.cdiv(K_KEPT, BLOCK_K), GROUP_ROWS)
-        rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-        cols, k_mask = gather_columns(keep_ptr, pid_k * BLOCK_K + tl.arange(0, BLOCK_K), K_KEPT, GROUP)
-        n_mask = rn < N
-        dy_cols = dy_ptr + rn[:, None] * stride_dyn  # [BLOCK_N, 1]: rows of dy^T
-        x_cols = x_ptr + cols[None, :] * stride_xk  # [1, BLOCK_K]
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for m0 in range(0, M, BLOCK_M):
-            rm = (m0 + tl.arange(0, BLOCK_M)).to(tl.int64)
-            m_mask = rm < M
-            a = tl.load(dy_cols + rm[None, :] * stride_dym, mask=n_mask[:, None] & m_mask[None, :], other=0.0)
-            b = tl.load(x_cols + rm[:, None] * stride_xm, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-        tile = acc.to(dw_ptr.dtype.element_ty)
-    else:
-        # -- zero-fill tile [BLOCK_N, BLOCK_K] of dw[:, P]
-        q = pid - n_gemm_tiles
-        rn = ((q % n_n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-        cols, k_mask = gather_columns(pruned_ptr, (q // n_n_tiles) * BLOCK_K + tl.arange(0, BLOCK_K), K_PRUNED, GROUP)
-        n_mask = rn < N
-        tile = tl.zeros((BLOCK_N, BLOCK_K), dtype=dw_ptr.dtype.element_ty)
-    # -- scattered store into the columns of dw
-    dw_ptrs = dw_ptr + rn[:, None] * stride_dwn + cols[None, :] * stride_dwk
-    tl.store(dw_ptrs, tile, mask=n_mask[:, None] & k_mask[None, :])
+        rr = ((q % n_r_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+        cols, k_mask = gather_columns(pruned_ptr, (q // n_r_tiles) * BLOCK_K + tl.arange(0, BLOCK_K), K_PRUNED, GROUP)
+        r_mask = rr < R
+        tile = tl.zeros((BLOCK_R, BLOCK_K), dtype=out_ptr.dtype.element_ty)
+    # -- scattered store into the columns of out
+    out_ptrs = out_ptr + rr[:, None] * stride_outr + cols[None, :] * stride_outk
+    tl.store(out_ptrs, tile, mask=r_mask[:, None] & k_mask[None, :])
 
 
 def _indices(plan: KeepPlan) -> tuple[Tensor, Tensor]:
@@ -198,41 +154,31 @@ def gather_linear_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, plan: Keep
     return y
 
 
-def gather_linear_dgrad(dy: Tensor, weight: Tensor, plan: KeepPlan) -> Tensor:
-    """``dx[:, S] = dy @ w[:, S]``, zeros on P; dy [M, N], weight [N, K] -> dx [M, K]."""
-    m, n = dy.shape
-    dx = torch.empty(m, plan.k, dtype=dy.dtype, device=dy.device)
+def _scatter_grad(a: Tensor, b: Tensor, plan: KeepPlan, pass_id: int) -> Tensor:
+    """``out [R, K]``: ``out[:, S] = a @ b[:, S]``, zeros on P; a [R, RED], b [RED, K] (any strides)."""
+    r, red = a.shape
+    out = torch.empty(r, plan.k, dtype=a.dtype, device=a.device)
     keep, pruned = _indices(plan)
 
     def grid(meta: dict) -> tuple[int]:
         tiles_k = triton.cdiv(plan.n_kept, meta["BLOCK_K"]) + triton.cdiv(plan.n_pruned, meta["BLOCK_K"])
-        return (triton.cdiv(m, meta["BLOCK_M"]) * tiles_k,)
+        return (triton.cdiv(r, meta["BLOCK_R"]) * tiles_k,)
 
-    with device_guard(dy):
-        _gather_dgrad_kernel[grid](
-            dy, weight, dx, keep, pruned,
-            m, n, plan.n_kept, plan.n_pruned, kept_bucket(plan.n_kept),
-            dy.stride(0), dy.stride(1), weight.stride(0), weight.stride(1), dx.stride(0), dx.stride(1),
-            GROUP=plan.group, INPUT_PRECISION=input_precision(dy.dtype),
+    with device_guard(a):
+        _scatter_grad_kernel[grid](
+            a, b, out, keep, pruned,
+            r, red, plan.n_kept, plan.n_pruned, kept_bucket(plan.n_kept), pass_id,
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
+            GROUP=plan.group, INPUT_PRECISION=input_precision(a.dtype),
         )  # fmt: skip
-    return dx
+    return out
+
+
+def gather_linear_dgrad(dy: Tensor, weight: Tensor, plan: KeepPlan) -> Tensor:
+    """``dx[:, S] = dy @ w[:, S]``, zeros on P; dy [M, N], weight [N, K] -> dx [M, K]."""
+    return _scatter_grad(dy, weight, plan, 0)
 
 
 def gather_linear_wgrad(dy: Tensor, x: Tensor, plan: KeepPlan) -> Tensor:
     """``dw[:, S] = dy^T @ x[:, S]``, zeros on P; dy [M, N], x [M, K] -> dw [N, K]."""
-    m, n = dy.shape
-    dw = torch.empty(n, plan.k, dtype=dy.dtype, device=dy.device)
-    keep, pruned = _indices(plan)
-
-    def grid(meta: dict) -> tuple[int]:
-        tiles_k = triton.cdiv(plan.n_kept, meta["BLOCK_K"]) + triton.cdiv(plan.n_pruned, meta["BLOCK_K"])
-        return (triton.cdiv(n, meta["BLOCK_N"]) * tiles_k,)
-
-    with device_guard(dy):
-        _gather_wgrad_kernel[grid](
-            dy, x, dw, keep, pruned,
-            m, n, plan.n_kept, plan.n_pruned, kept_bucket(plan.n_kept),
-            dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), dw.stride(0), dw.stride(1),
-            GROUP=plan.group, INPUT_PRECISION=input_precision(dy.dtype),
-        )  # fmt: skip
-    return dw
+    return _scatter_grad(dy.t(), x, plan, 1)
