@@ -47,7 +47,6 @@ the movement table and the alpha-beta estimate.  ``--json`` writes all of it.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -57,6 +56,7 @@ from typing import Optional
 
 from semimig.errors import ConfigError
 
+from bench_output import write_result
 from migration_ranks import MOVEMENTS
 from migration_report import (GAMMAS, GLOO_CAVEAT, POLICIES, alpha_beta_estimate, fit_link, format_estimate,
                               format_movements, format_table, format_traffic, ratios, target)
@@ -242,21 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("Caveat: " + GLOO_CAVEAT)
     print(f"wall time {time.perf_counter() - start:.0f} s")
-    out = {
-        "benchmark": "migration_bench",
-        "argv": sys.argv[1:] if argv is None else list(argv),
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "device": "cpu"},
-        "config": asdict(cfg),
-        "records": result["records"],
-        "ratios": ratios(result["records"]),
-        "target": target(result["records"]),
-        "movements": result["movements"],
-        "link": result["link"], "link_fits": fits, "alpha_beta_estimates": estimate,
-        "caveat": GLOO_CAVEAT,
-    }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(out, indent=2))
-    print(f"wrote {args.json}")
+    write_result(args.json, "migration_bench", argv, asdict(cfg), records=result["records"],
+                 ratios=ratios(result["records"]), target=target(result["records"]), movements=result["movements"],
+                 link=result["link"], link_fits=fits, alpha_beta_estimates=estimate, caveat=GLOO_CAVEAT)
     return 0
 
 
