@@ -67,7 +67,8 @@ def _balancer_body(rank: int, world: int):
 
     plugin = HybridParallelPlugin(tp_size=2, pp_size=1, zero_stage=0, precision="fp32")
     curves = [SpeedCurve.constant(peak_speed=s, max_batch_size=12, name=f"group{g}") for g, s in enumerate((1.0, 1.0))]
-    balancer = HybridBalancer(plugin, curves=curves, global_batch_size=12, replan=ReplanConfig())
+    balancer = HybridBalancer(plugin, curves=curves, global_batch_size=12, replan=ReplanConfig(),
+                              busy_source=lambda: 0.1)  # a busy source: the per-iteration gather runs
     balancer.step()  # agreed
     if rank == 3:  # a bug that changes one rank's plan in place, after it was verified
         balancer._plan = _plan(3.0)

@@ -9,8 +9,9 @@ and hang in a reduce-scatter.  The check (DESIGN §3a, issue 19):
   batch, and per group the micro-batch size, micro-steps and last batch), the only ones that
   decide which samples a rank takes; model times are left out;
 - when: whenever the plan changes, one all-gather of a 48-bit digest over all ranks
-  (:func:`verify_batch_plan`, an int64 per rank), and every iteration the digest of the plan in
-  force rides in the all-gather the balancer does anyway (:mod:`.balancer`);
+  (:func:`verify_batch_plan`, an int64 per rank), and, while a re-plan trigger runs, every
+  iteration the digest of the plan actually used rides in the all-gather of busy times the
+  balancer does for the trigger anyway (:mod:`.balancer`);
 - on a mismatch: the plans are gathered (only then) and every rank raises
   :class:`semimig.errors.PlanDisagreement` naming the ranks and the differing fields
   (:func:`semimig.controller.agreement.check_agreement`, the same wording as the TP plan check).

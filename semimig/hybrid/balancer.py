@@ -13,12 +13,14 @@
         balancer.step()                               # SEMI step, group times, re-plan check
 
 Per iteration ``step()`` closes the SEMI controller's iteration (or reads a busy source when the
-TP layers are not semimig's, e.g. the baseline's straggler hooks), then does ONE all-gather over all ranks of ``(busy time, batch
-plan digest)``: the busy times give each group's measured compute ``T_g`` (its slowest member's,
+TP layers are not semimig's, e.g. the baseline's straggler hooks); when the plan may change (Poplar
+with a re-plan trigger) it then does ONE all-gather over all ranks of ``(busy time, batch plan
+digest)``: the busy times give each group's measured compute ``T_g`` (its slowest member's,
 :func:`~.layout.group_maxima`), the digests prove every rank used the same batch plan
 (:mod:`.agreement`).  ``T_g`` and the plan's predictions feed the re-plan trigger (:mod:`.replan`);
 when it fires, every rank rescales the curves, allocates again, verifies the new plan (one int64
-all-gather) and logs it.  Gradients stay the global-batch mean: each micro-step's loss is scaled
+all-gather) and logs it.  A plan that cannot change (even split, or no trigger) is verified once,
+when it is set, and costs no collective per iteration.  Gradients stay the global-batch mean: each micro-step's loss is scaled
 by ``m·D/G`` (:mod:`semimig.allocation.data`), whatever the split, and the SEMI controller's
 migration is exact.
 """
@@ -59,7 +61,8 @@ class HybridStepReport:
 
     iteration: int
     group_busy_s: tuple[float, ...]
-    """``T_g``: each group's slowest member's busy time in the iteration that ended."""
+    """``T_g``: each group's slowest member's busy time in the iteration that ended (empty when
+    nothing is gathered: no re-plan trigger)."""
     samples: tuple[int, ...]
     """Samples per group in the plan for the next iteration."""
     replan: Optional[ReplanDecision] = None
@@ -148,12 +151,13 @@ class HybridBalancer:
         """Close the iteration (collective over all ranks): SEMI step, group times, agreement, re-plan."""
         balance = self.controller.step() if self.controller is not None else None
         busy = self._busy(balance)
-        rows = _all_gather_rows([busy, float(batch_plan_digest(self._plan))])  # the plan actually used
-        check_agreement([int(r[1]) for r in rows], describe_batch_plan(self._plan), None,
-                        what=f"Poplar batch plan used in iteration {self.iteration}")
-        group_busy = group_maxima([r[0] for r in rows], self.layout.group_of_rank, self.layout.dp_size)
+        group_busy: list[float] = []
         decision = None
-        if self.trigger is not None:
+        if self.trigger is not None:  # without a trigger the plan never changes: verified once, no collective
+            rows = _all_gather_rows([busy, float(batch_plan_digest(self._plan))])  # the plan actually used
+            check_agreement([int(r[1]) for r in rows], describe_batch_plan(self._plan), None,
+                            what=f"Poplar batch plan used in iteration {self.iteration}")
+            group_busy = group_maxima([r[0] for r in rows], self.layout.group_of_rank, self.layout.dp_size)
             decision = self.trigger.observe(group_busy, [d.predicted_time_s for d in self._plan.devices])
             if decision is not None:
                 self._replan(decision)
