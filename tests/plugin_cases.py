@@ -22,7 +22,7 @@ VOCAB = 128
 SEQ = 16
 BATCH = 4
 MODELS = ("llama", "qwen2", "mistral", "gpt2", "bert", "opt", "vit")
-DECODERS = ("llama", "qwen2", "mistral", "gpt2", "opt")
+"""The models of the matrix (``build_model`` also knows ``llama-mha``: Llama with 4 KV heads)."""
 
 
 def _decoder_kwargs() -> dict:
@@ -37,6 +37,8 @@ def build_model(name: str) -> nn.Module:
     torch.manual_seed(0)
     if name == "llama":
         return T.LlamaForCausalLM(T.LlamaConfig(**_decoder_kwargs(), num_key_value_heads=2))
+    if name == "llama-mha":  # all_to_all sequence parallelism splits KV heads over tp x sp = 4 ranks
+        return T.LlamaForCausalLM(T.LlamaConfig(**_decoder_kwargs(), num_key_value_heads=4))
     if name == "qwen2":
         return T.Qwen2ForCausalLM(T.Qwen2Config(**_decoder_kwargs(), num_key_value_heads=2))
     if name == "mistral":
