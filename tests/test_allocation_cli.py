@@ -5,6 +5,8 @@ import argparse
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from semimig.allocation import DeviceProfile, ProbeResult, SpeedCurve, allocate
 from semimig.allocation.cli import add_plan_subcommand
@@ -139,3 +141,41 @@ def test_unwritable_json_out_exits_2(tmp_path, capsys) -> None:
     out = tmp_path / "missing-dir" / "plan.json"
     assert _run(["plan", str(path), "--global-batch-size", "2", "--json", str(out)]) == 2
     assert f"cannot write --json {out}" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ fuzz (issue 19)
+_json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.text(max_size=5),
+                          st.floats(allow_nan=True, allow_infinity=True))
+_json_values = st.recursive(_json_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                                   st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+                            max_leaves=6)
+_device = st.fixed_dictionaries(
+    {},
+    optional={"name": _json_values, "max_batch_size": st.one_of(st.integers(-3, 10**12), _json_values),
+              "peak_speed": st.one_of(st.floats(allow_nan=True, allow_infinity=True), _json_values),
+              "points": st.one_of(st.lists(st.lists(st.one_of(st.integers(-2, 40), st.floats()), max_size=3), max_size=4),
+                                  _json_values),
+              "interpolation": st.one_of(st.sampled_from(["linear", "spline"]), _json_values)},
+)
+_spec = st.one_of(st.lists(_device, max_size=3),
+                  st.fixed_dictionaries({"devices": st.one_of(st.lists(_device, max_size=3), _json_values)},
+                                        optional={"comm_time_s": _json_values, "extra": _json_values}),
+                  _json_values)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_spec, st.integers(-5, 3000), st.sampled_from([0, 1, 2, 3]))
+def test_any_json_spec_plans_or_exits_2_with_one_line(tmp_path_factory, spec, gbs, stage) -> None:
+    """Whatever the JSON holds: exit 0 with a plan, or exit 2 with one line on stderr — never a traceback."""
+    import contextlib
+    import io
+
+    path = tmp_path_factory.mktemp("fuzz") / "spec.json"
+    path.write_text(json.dumps(spec))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        status = _run(["plan", str(path), "--global-batch-size", str(gbs), "--zero-stage", str(stage)])
+    assert status in (0, 2)
+    if status == 2:
+        message = err.getvalue()
+        assert message.startswith("semimig plan: error: ") and message.count("\n") == 1, message
