@@ -111,13 +111,18 @@ def _ratio_text(ratio: dict | None) -> str:
 
 
 def format_records(records: list[dict]) -> str:
-    """A table: per variant the median wall ms and, per clock, the ratio to cai: median [min-max] (q1-q3)."""
+    """A table: per variant the median wall ms and, per clock, the ratio to cai: median [min-max] (q1-q3);
+    then, for controlled variants, how often each rank was given a target gamma > 0 (no straggler: never)."""
     lines = [f"{'part':<7} {'case':<24} {'variant':<10} {'wall ms':>9}  "
              f"{'wall / cai: median [min-max] (q1-q3)':<42} cpu / cai"]
     for rec in records:
         for variant, s in rec["wall"]["seconds"].items():
             wall, cpu = (_ratio_text(rec[c]["ratio_to_cai"].get(variant)) for c in CLOCKS)
             lines.append(f"{rec['part']:<7} {rec['case']:<24} {variant:<10} {s['median'] * 1e3:>9.3f}  {wall:<42} {cpu}")
+    for rec in records:
+        for variant, c in rec.get("controller", {}).items():
+            lines.append(f"{rec['part']} {variant}: target gamma > 0 in {c['pruned_iterations_by_rank']} of "
+                         f"{c['iterations']} iterations per rank, largest {c['max_gamma_by_rank']}")
     return "\n".join(lines)
 
 
@@ -225,7 +230,9 @@ def _mlp_steps(cfg: OverheadConfig) -> dict:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if controller is not None:
-                controller.step()
+                run.gammas.append(controller.step().gamma_target)
+        if controller is not None:
+            run.gammas = []
         return run
 
     semi_model = build(snn.Linear1D_Col, snn.Linear1D_Row)
@@ -265,12 +272,26 @@ def _model_steps(cfg: OverheadConfig) -> tuple[dict, str]:
             optimizer.step()
             optimizer.zero_grad()
             if controller is not None:
-                controller.step()
+                run.gammas.append(controller.step().gamma_target)
+        if controller is not None:
+            run.gammas = []
         return run
 
     size = bench.size
     case = f"vit h{size.hidden} i{size.intermediate} L{size.layers} b{bench.batch}"
     return {"cai": step(None), "semimig": step(SemiMigPolicy()), "semi": step(SemiMigPolicy(), "semi")}, case
+
+
+def _controller_gammas(steps: dict) -> dict:
+    """Per controlled variant: every rank's count of iterations with a target gamma > 0, and the largest."""
+    import torch.distributed as dist
+
+    mine = {name: (sum(g > 0 for g in fn.gammas), max(fn.gammas, default=0.0), len(fn.gammas))
+            for name, fn in steps.items() if hasattr(fn, "gammas")}
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, mine)
+    return {name: {"iterations": ranks[0][name][2], "pruned_iterations_by_rank": [r[name][0] for r in ranks],
+                   "max_gamma_by_rank": [r[name][1] for r in ranks]} for name in mine}
 
 
 def _bench_body(rank: int, world: int, cfg: OverheadConfig) -> list[dict]:
@@ -283,12 +304,17 @@ def _bench_body(rank: int, world: int, cfg: OverheadConfig) -> list[dict]:
             for kind in ("col", "row"):
                 per_rep = _interleave(_layer_steps(kind, shape, cfg.seed), cfg)
                 records.append(case_record("layers", f"{kind} {shape[0]}x{shape[1]}x{shape[2]}", per_rep))
+    whole = []
     if "mlp" in cfg.parts:
         batch, hidden, inter = cfg.mlp
-        records.append(case_record("mlp", f"{hidden}-{inter}-{hidden} b{batch}", _interleave(_mlp_steps(cfg), cfg)))
+        whole.append(("mlp", f"{hidden}-{inter}-{hidden} b{batch}", _mlp_steps(cfg)))
     if "model" in cfg.parts:
         steps, case = _model_steps(cfg)
-        records.append(case_record("model", case, _interleave(steps, cfg)))
+        whole.append(("model", case, steps))
+    for part, case, steps in whole:
+        record = case_record(part, case, _interleave(steps, cfg))
+        record["controller"] = _controller_gammas(steps)
+        records.append(record)
     return records
 
 
