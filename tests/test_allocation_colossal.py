@@ -31,17 +31,18 @@ ATOL = 1e-5
 DATASET_SIZE = 40
 
 
-def _dataset() -> TensorDataset:
+# full_batch_dataset, mse_loss, uneven_plan and reference_grads are shared with test_allocation_zero3.py
+def full_batch_dataset() -> TensorDataset:
     gen = torch.Generator().manual_seed(1)
     return TensorDataset(torch.randn(DATASET_SIZE, 4, generator=gen), torch.randn(DATASET_SIZE, 2, generator=gen))
 
 
-def _mse(model: nn.Module, data) -> torch.Tensor:
+def mse_loss(model: nn.Module, data) -> torch.Tensor:
     x, y = data
     return nn.functional.mse_loss(model(x), y, reduction="mean")
 
 
-def _plan(world: int, zero_stage: int, global_batch_size: int):
+def uneven_plan(world: int, zero_stage: int, global_batch_size: int):
     speeds = [1.0, 3.0, 2.0, 0.5][:world]
     max_batches = [3, 5, 2, 4][:world]
     curves = [
@@ -50,11 +51,11 @@ def _plan(world: int, zero_stage: int, global_batch_size: int):
     return allocate(curves, global_batch_size, zero_stage=zero_stage, comm_time_s=0.3)
 
 
-def _reference_grads(global_batch_size: int) -> dict[str, torch.Tensor]:
+def reference_grads(global_batch_size: int) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     model = TinyMLP()
-    x, y = _dataset()[:global_batch_size]
-    _mse(model, (x, y)).backward()
+    x, y = full_batch_dataset()[:global_batch_size]
+    mse_loss(model, (x, y)).backward()
     return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
 
 
@@ -71,10 +72,10 @@ def _zero_body(rank: int, world: int, stage: int, global_batch_size: int):
     model, optimizer, *_ = booster.boost(model, optimizer)
 
     info = data_parallel_info(plugin)
-    plan = _plan(world, stage, global_batch_size)
+    plan = uneven_plan(world, stage, global_batch_size)
     check_plan(plan, info)
-    loader = HeteroDataLoader(_dataset(), plan, info.rank)
-    run_iteration(booster, model, optimizer, iter(loader), _mse, zero_stage=info.zero_stage)
+    loader = HeteroDataLoader(full_batch_dataset(), plan, info.rank)
+    run_iteration(booster, model, optimizer, iter(loader), mse_loss, zero_stage=info.zero_stage)
     grads = {name: optimizer.get_param_grad(p).detach().numpy().copy() for name, p in model.unwrap().named_parameters()}
     return plan, grads
 
@@ -90,14 +91,14 @@ def test_low_level_zero_uneven_batches_match_full_batch_gradient(stage: int, wor
         assert len({d.accumulation_steps for d in plan.devices}) > 1 or max(d.accumulation_steps for d in plan.devices) > 1
     else:
         assert plan.devices[0].accumulation_steps > 1, "stage-2 case should accumulate"
-    reference = _reference_grads(global_batch_size)
+    reference = reference_grads(global_batch_size)
     assert set(grads) == set(reference)
     for name, expected in reference.items():
         torch.testing.assert_close(torch.from_numpy(grads[name]), expected, atol=ATOL, rtol=0, msg=name)
 
 
 def test_stage2_rejects_plan_with_different_accumulation_steps() -> None:
-    plan = _plan(2, 1, 13)
+    plan = uneven_plan(2, 1, 13)
     assert len({d.accumulation_steps for d in plan.devices}) > 1
     from semimig.allocation import DataParallelInfo
 
@@ -156,10 +157,10 @@ def _hybrid_body(rank: int, world: int, global_batch_size: int):
     model, optimizer, *_ = booster.boost(model, optimizer)
 
     info = data_parallel_info(plugin)
-    plan = _plan(info.size, 1, global_batch_size)
+    plan = uneven_plan(info.size, 1, global_batch_size)
     check_plan(plan, info)
-    loader = HeteroDataLoader(_dataset(), plan, info.rank)
-    run_iteration(booster, model, optimizer, iter(loader), _mse, zero_stage=info.zero_stage)
+    loader = HeteroDataLoader(full_batch_dataset(), plan, info.rank)
+    run_iteration(booster, model, optimizer, iter(loader), mse_loss, zero_stage=info.zero_stage)
     tp_rank = dist.get_group_rank(plugin.tp_group, dist.get_rank())
     shards = {name: p.grad.detach().numpy().copy() for name, p in model.unwrap().named_parameters()}
     gathered = [None] * world
@@ -171,7 +172,7 @@ def test_hybrid_parallel_tp_groups_as_devices_match_full_batch_gradient() -> Non
     """tp=2 x dp=2 on 4 ranks: both TP ranks of a group get the group's batch; DP over groups."""
     plan, gathered = run_on_ranks(_hybrid_body, 4, 11, timeout_s=120)
     assert len(set(plan.samples)) > 1, f"plan is not uneven: {plan.samples}"
-    reference = _reference_grads(11)
+    reference = reference_grads(11)
     # column layer fc1: weight/bias split along the output dim; row layer fc2: weight split along input
     split_dim = {"fc1.weight": 0, "fc1.bias": 0, "fc2.weight": 1, "fc2.bias": None}
     for dp_rank, tp_rank, shards in gathered:

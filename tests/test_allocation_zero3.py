@@ -29,33 +29,14 @@ from unittest import mock
 import pytest
 import torch
 import torch.nn as nn
-from torch.utils.data import TensorDataset
 
 from dist_harness import run_on_ranks
+from test_allocation_colossal import full_batch_dataset, mse_loss, reference_grads, uneven_plan
 from tiny_models import TinyMLP
-from semimig.allocation import HeteroDataLoader, SpeedCurve, allocate, check_plan, data_parallel_info, run_iteration
+from semimig.allocation import HeteroDataLoader, check_plan, data_parallel_info, run_iteration
 
 ATOL = 1e-5
-DATASET_SIZE = 40
 needs_cpu_only_torch = pytest.mark.skipif(torch.cuda.is_available(), reason="documents the CPU-only failure")
-
-
-def _dataset() -> TensorDataset:
-    gen = torch.Generator().manual_seed(1)
-    return TensorDataset(torch.randn(DATASET_SIZE, 4, generator=gen), torch.randn(DATASET_SIZE, 2, generator=gen))
-
-
-def _mse(model: nn.Module, data) -> torch.Tensor:
-    x, y = data
-    return nn.functional.mse_loss(model(x), y, reduction="mean")
-
-
-def _reference_grads(global_batch_size: int) -> dict[str, torch.Tensor]:
-    torch.manual_seed(0)
-    model = TinyMLP()
-    x, y = _dataset()[:global_batch_size]
-    _mse(model, (x, y)).backward()
-    return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
 
 
 @contextlib.contextmanager
@@ -63,13 +44,6 @@ def _fsdp_on_cpu():
     """While open, ``torch.cuda.current_device()`` is the CPU device (TorchFSDPPlugin's only GPU call)."""
     with mock.patch.object(torch.cuda, "current_device", lambda: torch.device("cpu")):
         yield
-
-
-def _plan(world: int, global_batch_size: int):
-    speeds, max_batches = [1.0, 3.0, 2.0, 0.5][:world], [3, 5, 2, 4][:world]
-    curves = [SpeedCurve.constant(peak_speed=s, max_batch_size=m, name=f"dev{i}")
-              for i, (s, m) in enumerate(zip(speeds, max_batches))]
-    return allocate(curves, global_batch_size, zero_stage=3, comm_time_s=0.05)
 
 
 def _fsdp_body(rank: int, world: int, global_batch_size: int):
@@ -84,10 +58,10 @@ def _fsdp_body(rank: int, world: int, global_batch_size: int):
     with _fsdp_on_cpu():
         model, optimizer, *_ = booster.boost(model, optimizer)
     info = data_parallel_info(plugin)
-    plan = _plan(world, global_batch_size)
+    plan = uneven_plan(world, 3, global_batch_size)
     check_plan(plan, info)
     sharded = [tuple(p.shape) for p in model.parameters()]
-    run_iteration(booster, model, optimizer, iter(HeteroDataLoader(_dataset(), plan, info.rank)), _mse,
+    run_iteration(booster, model, optimizer, iter(HeteroDataLoader(full_batch_dataset(), plan, info.rank)), mse_loss,
                   zero_stage=info.zero_stage)
     return info.zero_stage, plan, sharded, _full_grads(model.module, world)
 
@@ -112,7 +86,7 @@ def test_zero3_uneven_lockstep_batches_match_full_batch_gradient(world: int, glo
     assert plan.devices[0].accumulation_steps > 1, "the case should accumulate over micro-steps"
     total = sum(p.numel() for p in TinyMLP().parameters())
     assert sum(torch.Size(s).numel() for s in sharded) < total, "parameters are not sharded (not ZeRO-3)"
-    reference = _reference_grads(global_batch_size)
+    reference = reference_grads(global_batch_size)
     assert set(grads) == set(reference)
     for name, expected in reference.items():
         torch.testing.assert_close(torch.from_numpy(grads[name]), expected, atol=ATOL, rtol=0, msg=name)
