@@ -295,6 +295,8 @@ def test_largest_batch_within_is_poplar_find() -> None:
         (lambda: SpeedCurve.constant(peak_speed=1.0, max_batch_size=4.0), "max_batch_size must be an int"),
         (lambda: SpeedCurve.from_points([(1, "0.1")], max_batch_size=4), "points must be (batch_size int, seconds) pairs"),
         (lambda: SpeedCurve.from_points([(1.5, 0.1)], max_batch_size=4), "points must be (batch_size int, seconds) pairs"),
+        (lambda: SpeedCurve.from_points(None, max_batch_size=4), "points must be (batch_size int, seconds) pairs, got None"),
+        (lambda: SpeedCurve.from_points(5, max_batch_size=4), "points must be (batch_size int, seconds) pairs, got 5"),
         (lambda: SpeedCurve.from_points([(1, 0.1), (1, 0.2)], max_batch_size=4), "strictly increasing"),
         (lambda: SpeedCurve(name=3, batch_sizes=(1,), times_s=(1.0,), max_batch_size=1), "SpeedCurve.name must be a str, got 3"),
         (lambda: SpeedCurve(batch_sizes=[1], times_s=(1.0,), max_batch_size=1), "batch_sizes must be a tuple"),

@@ -128,7 +128,7 @@ class SpeedCurve:
         interpolation: str = "linear",
     ) -> "SpeedCurve":
         """Curve through profiled ``(batch_size, time_s)`` points (any order, no duplicates)."""
-        if not all(isinstance(p, (tuple, list)) and len(p) == 2 and is_int(p[0]) and _is_real(p[1]) for p in points):
+        if not isinstance(points, (list, tuple)) or not all(isinstance(p, (tuple, list)) and len(p) == 2 and is_int(p[0]) and _is_real(p[1]) for p in points):
             raise ConfigError(f"device {name!r}: points must be (batch_size int, seconds) pairs, got {points!r}")
         ordered = sorted((int(b), float(t)) for b, t in points)
         return cls(
