@@ -7,9 +7,25 @@ import sys
 from typing import Optional, Sequence
 
 
+def _check_demo(args: argparse.Namespace) -> None:
+    """The demo's flags, refused by name before any rank starts (its ViT has hidden 64 and 4 heads)."""
+    from semimig._validate import check_choice, check_int
+
+    check_int("--steps", args.steps, minimum=1, maximum=10_000)
+    check_int("--batch", args.batch, minimum=1, maximum=1000)
+    check_int("--seed", args.seed, minimum=0, maximum=2**32 - 1)
+    check_choice("--tp (must divide the demo ViT's 4 heads)", args.tp, (1, 2, 4))
+
+
 def _demo(args: argparse.Namespace) -> int:
     from semimig.bench.demo import run_demo
+    from semimig.errors import ConfigError
 
+    try:
+        _check_demo(args)
+    except ConfigError as err:
+        print(f"semimig demo: error: {err}", file=sys.stderr)
+        return 2
     losses = run_demo(steps=args.steps, batch=args.batch, seed=args.seed, tp=args.tp)
     print(f"tiny ViT on digits, HybridParallelPlugin(tp_size={args.tp}), CPU/gloo, seed {args.seed}")
     print(f"{'step':>4}  {'Colossal-AI policy':>20}  {'SemiMigPolicy':>15}  {'|diff|':>9}")

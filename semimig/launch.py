@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_for
 from typing import Any, Callable, Iterator, Optional
 
+from semimig.errors import ConfigError
+
 __all__ = ["RankFailure", "RanksTimedOut", "Terminated", "TorchrunEnv", "BACKENDS", "check_backend", "free_port",
            "report_activity", "run_on_ranks", "set_collective_timeout", "terminate_on_signals"]
 
@@ -89,8 +91,6 @@ BACKENDS = ("gloo", "nccl")
 
 def check_backend(backend: str, world_size: int) -> None:
     """Refuse a backend this machine cannot run ``world_size`` local ranks on (message names why)."""
-    from semimig.errors import ConfigError
-
     if backend not in BACKENDS:
         raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "nccl":
@@ -302,11 +302,16 @@ def run_on_ranks(body: Callable[..., Any], world_size: int, *args: Any, timeout_
     Raises :class:`RankFailure` (:class:`RanksTimedOut` past ``timeout_s``) naming the culprit.
     ``backend="nccl"`` puts rank ``r`` on GPU ``r`` (one machine, one GPU per rank).
     """
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    from semimig._validate import check_int, check_number
+
+    if not callable(body):
+        raise ConfigError(f"body must be a module-level function, got {body!r}")
+    check_int("world_size", world_size, minimum=1, maximum=1024)
+    check_number("timeout_s", timeout_s, minimum=0.0, low_open=True, allow_none=True)
     check_backend(backend, world_size)
     if collective_timeout_s is None:
         collective_timeout_s = timeout_s / 2 if timeout_s is not None else 300.0
+    check_number("collective_timeout_s", collective_timeout_s, minimum=0.1, maximum=86_400.0)
     ctx = _context()
     port = free_port()
     ranks, senders = [], []
@@ -385,8 +390,6 @@ class TorchrunEnv:
     def from_environ(cls, environ: Optional[dict] = None) -> Optional["TorchrunEnv"]:
         """``None`` when no launcher started this process (``RANK`` and ``WORLD_SIZE`` unset);
         :class:`~semimig.errors.ConfigError` for a partial or inconsistent environment."""
-        from semimig.errors import ConfigError
-
         env = os.environ if environ is None else environ
         if "RANK" not in env and "WORLD_SIZE" not in env:
             return None
