@@ -37,6 +37,7 @@ def summarize(records: Sequence[dict]) -> list[dict]:
             "accuracy_mean": statistics.mean(acc) if acc else None,
             "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else (0.0 if acc else None),
             "migrating_stragglers": statistics.mean(r.get("migrating_stragglers", 0) for r in rs),
+            "busy_share": _mean_busy_share(rs),
             "_by_seed": {r["seed"]: r.get("accuracy") for r in rs},
         })
     base_time = {row["mode"]: row["iter_time_s"] for row in rows if row["chi"] == 1.0 and row["lambda"] is None}
@@ -46,6 +47,13 @@ def summarize(records: Sequence[dict]) -> list[dict]:
         row["rt_vs_chi1"] = row["iter_time_s"] / ref if ref else None
         row.update(_acc_delta(row.pop("_by_seed"), base_acc.get(row["chi"], {})))
     return rows
+
+
+def _mean_busy_share(records: Sequence[dict]) -> float | None:
+    """Mean over records and ranks of the share of the iteration each rank was busy (its GEMMs and
+    their injected delays): at chi = 1 in measured compute, the share of the TP linear GEMMs."""
+    shares = [s for r in records for s in r.get("busy_share_by_rank") or () if isinstance(s, (int, float))]
+    return statistics.mean(shares) if shares else None
 
 
 def _acc_delta(mine: dict, baseline: dict) -> dict:

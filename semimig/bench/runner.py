@@ -160,6 +160,10 @@ def _finish(cfg: BenchConfig, results: ResultsFile, out: Outputs, *, total: int,
     name = title(cfg, time.perf_counter() - start)
     rows = summarize(results.records)
     print_table(rows, name)
+    shares = [row["busy_share"] for row in rows if row["chi"] == 1.0 and row.get("busy_share") is not None]
+    if shares and cfg.compute == "measured":
+        print(f"TP linear GEMMs took {100 * sum(shares) / len(shares):.0f} % of an iteration at chi = 1 (mean over "
+              "ranks and modes; busy_share_by_rank in the JSON)")
     print(f"JSON: {results.path}")
     if out.plots is not None:
         for path in write_plots(out.plots, rows, name):

@@ -47,10 +47,10 @@ def validate_record(record: Any, where: str) -> dict:
         check_number(f"{where}.{key}", record[key], minimum=0.0, low_open=True)
     check_number(f"{where}.accuracy", record.get("accuracy"), minimum=0.0, maximum=1.0, allow_none=True)
     check_number(f"{where}.migrating_stragglers", record.get("migrating_stragglers", 0), minimum=0.0)
-    for key in ("shed_share_by_rank", "savings_by_rank"):
+    for key, maximum in (("shed_share_by_rank", 1.0), ("savings_by_rank", 1.0), ("busy_share_by_rank", None)):
         if key in record:
             for i, value in enumerate(_check_list(f"{where}.{key}", record[key])):
-                check_number(f"{where}.{key}[{i}]", value, minimum=0.0, maximum=1.0)
+                check_number(f"{where}.{key}[{i}]", value, minimum=0.0, maximum=maximum)
     return record
 
 
