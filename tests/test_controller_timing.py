@@ -19,8 +19,11 @@ from semimig.controller.timing import MIN_SPREAD, RankTiming, fit_fixed_fraction
 
 
 def simulate(chis, iterations, *, fixed=0.2, variable=1.0, gather=0.0, noise=0.03, seed=0, mode="semi",
-             config=None, chi_at=None):
-    """Run the controller on the synthetic clock; returns per-iteration shed shares and decisions."""
+             config=None, chi_at=None, migrate=False):
+    """Run the controller on the synthetic clock; returns per-iteration shed shares and decisions.
+
+    ``migrate``: shed columns go to the other ranks (equal shares) instead of being pruned, so a
+    receiver's work fraction is ``1 + sum of the migrated shares / (e - 1)``."""
     cfg = config or ControllerConfig(mode=mode)
     size = len(chis)
     timings = [RankTiming(cfg.window) for _ in range(size)]
@@ -30,9 +33,10 @@ def simulate(chis, iterations, *, fixed=0.2, variable=1.0, gather=0.0, noise=0.0
     trajectory, decisions = [], []
     for it in range(iterations):
         current = chi_at(it) if chi_at else chis
+        received = sum(shed) / (size - 1) if migrate else 0.0
         for r in range(size):
-            w = 1.0 - shed[r]
-            busy = current[r] * (fixed + variable * w + (gather if shed[r] > 0 else 0.0))
+            w = 1.0 - shed[r] + (received - (shed[r] / (size - 1) if migrate else 0.0))
+            busy = current[r] * (fixed + variable * w + (gather if shed[r] > 0 and not migrate else 0.0))
             timings[r].observe(w, busy * max(0.05, 1.0 + rng.gauss(0.0, noise)))
         decision = policy.decide(it, [t.estimate() for t in timings])
         shed = list(decision.shed)
@@ -141,3 +145,25 @@ def test_fixed_fraction_fit():
     assert est.work_for(0.6) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="busy time"):
         timing.observe(0.5, math.nan)
+
+
+def test_a_clear_straggler_is_flagged_even_on_a_noisy_machine():
+    """χ = 4 with 25 % noise per iteration (a loaded 2-core machine): flagged within 20 iterations."""
+    trajectory, decisions = simulate([1.0, 4.0], 60, fixed=0.0, noise=0.25, seed=3)
+    first = next(i for i, d in enumerate(decisions) if d.flagged == (1,))
+    assert first < 20
+    assert all(step[0] == 0.0 for step in trajectory)
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_a_migrating_straggler_stops_where_its_receivers_become_the_bottleneck(size):
+    """Migration loads the receivers: the straggler settles where its time equals theirs,
+    χ(1 − m) = 1 + m/(e − 1), not at Eq. 1's 1 − 1/χ (the receivers would then be the slowest)."""
+    chi = 4.0
+    chis = [1.0] * (size - 1) + [chi]
+    trajectory, _ = simulate(chis, 300, fixed=0.0, noise=0.02, migrate=True, mode="mig")
+    tail = [step[-1] for step in trajectory[-80:]]
+    expected = (chi - 1.0) / (chi + 1.0 / (size - 1))
+    assert sum(tail) / len(tail) == pytest.approx(expected, abs=0.06)
+    assert max(tail) - min(tail) <= 0.15
+    assert all(step[r] == 0.0 for step in trajectory for r in range(size - 1))

@@ -65,9 +65,11 @@ class ControllerConfig:
     """Consecutive decisions a rank must look like a straggler before it sheds work (and look
     normal before it stops): one descheduled iteration never triggers pruning."""
 
-    noise_sigmas: float = 3.0
-    """The imbalance must also exceed this many robust standard deviations (MAD-based) of the two
-    ranks' recent unpruned times."""
+    noise_sigmas: float = 5.0
+    """The imbalance must also exceed this many standard errors of the difference of the two
+    ranks' median unpruned times (their noise estimated robustly, MAD-based).  Five, not three:
+    the fastest of ``e`` ranks is an order statistic, biased low by about one standard error at
+    ``e = 4``, and one false straggler costs accuracy."""
 
     gamma_step: float = 0.02
     """A rank's shed share changes only when the new target differs by at least this much, so

@@ -27,7 +27,9 @@ traffic costs, MIN for Φ2, because receivers are the fast ranks.  Shapes come f
 """
 from __future__ import annotations
 
+import collections
 import logging
+import math
 import time
 from typing import Callable, Sequence
 
@@ -88,47 +90,62 @@ def measure_cost_samples(shapes: Sequence[tuple[int, int, int]], group, *, share
             raise ValueError(f"pretest shares must be in (0, 1), got {share}")
     from semimig.kernels import gather_linear_dgrad, gather_linear_fwd, gather_linear_wgrad
 
+    # Transformer blocks repeat their shapes: each distinct (M, N, K) is measured once and counted
+    # as often as it occurs (a 32-block model costs what one block costs).
+    distinct = collections.Counter((int(m), int(n), int(k)) for m, n, k in shapes)
     gen = torch.Generator().manual_seed(0)
     tensors = [(torch.randn(m, k, generator=gen).to(device, dtype), torch.randn(n, k, generator=gen).to(device, dtype),
-                torch.randn(m, n, generator=gen).to(device, dtype)) for m, n, k in shapes]
+                torch.randn(m, n, generator=gen).to(device, dtype), count) for (m, n, k), count in distinct.items()]
     timer = gemm_timer
+
+    def per_shape(make: Callable[[tuple], Callable[[], object]], charged: bool) -> float:
+        """``sum over distinct shapes of count x best time`` of the closure ``make(shape)``."""
+        return math.fsum(t[3] * _best_of(make(t), repeats, timer if charged else None) for t in tensors)
 
     overheads, rows = [], []
     for share in shares:
-        kept = [max(1, round(w.shape[1] * (1.0 - share))) for _, w, _ in tensors]
-        keeps = [torch.randperm(w.shape[1], generator=gen)[:c].sort().values.to(w.device)
-                 for (_, w, _), c in zip(tensors, kept)]
-        migrated = [max(1, round(w.shape[1] * share)) for _, w, _ in tensors]
+        def pruned(t, share=share):  # the straggler's three GEMMs on the kept columns, gathers and zero fill included
+            x, w, dy, _ = t
+            keep = torch.randperm(w.shape[1], generator=gen)[:max(1, round(w.shape[1] * (1.0 - share)))]
+            keep = keep.sort().values.to(w.device)
+            flops, full = 2 * x.shape[0] * w.shape[0] * keep.numel(), 2 * x.shape[0] * w.shape[0] * w.shape[1]
 
-        def pruned():  # the straggler's own three GEMMs on the kept columns, gathers and zero fill included
-            for (x, w, dy), keep in zip(tensors, keeps):
-                flops, full = 2 * x.shape[0] * w.shape[0] * keep.numel(), 2 * x.shape[0] * w.shape[0] * w.shape[1]
+            def run():
                 _charged(timer, lambda: gather_linear_fwd(x, w, None, keep), flops, full)
                 _charged(timer, lambda: gather_linear_dgrad(dy, w, keep), flops, full)
                 _charged(timer, lambda: gather_linear_wgrad(dy, x, keep), flops, full)
+            return run
 
-        def narrow(widths=kept, full_flops=True):  # dense GEMMs of the same widths: the physical limit
-            for (x, w, dy), c in zip(tensors, widths):
-                xs, ws = x[:, :c], w[:, :c]
-                flops = 2 * x.shape[0] * w.shape[0] * c
-                full = 2 * x.shape[0] * w.shape[0] * w.shape[1] if full_flops else 0
+        def narrow(t, fraction, full_flops):  # dense GEMMs of that width: the physical limit
+            x, w, dy, _ = t
+            c = max(1, round(w.shape[1] * fraction))
+            xs, ws = x[:, :c], w[:, :c]
+            flops = 2 * x.shape[0] * w.shape[0] * c
+            full = 2 * x.shape[0] * w.shape[0] * w.shape[1] if full_flops else 0
+
+            def run():
                 for gemm in (lambda: F.linear(xs, ws), lambda: dy.matmul(ws), lambda: dy.t().matmul(xs)):
                     _charged(timer, gemm, flops, full)
+            return run
 
-        def traffic():
+        def traffic(t, share=share):
             # Per layer and iteration, a column layer's traffic in training: two broadcasts
             # (w[:, mig], dY_k) and two reduces (partial outputs, dW_k[:, mig]).  A row layer
             # needs one reduce fewer (dX_k and dW_k travel stacked), so Φ1 is an upper bound there.
-            for (x, w, dy), c in zip(tensors, migrated):
+            x, w, dy, _ = t
+            c = max(1, round(w.shape[1] * share))
+
+            def run():
                 P.broadcast_(w[:, :c].contiguous(), 0, group)
                 P.broadcast_(dy.clone(), 0, group)
                 P.reduce_(dy.clone(), 0, group)
                 P.reduce_(torch.zeros(w.shape[0], c, dtype=dtype, device=w.device), 0, group)
+            return run
 
-        overheads.append(max(0.0, _best_of(pruned, repeats, timer) - _best_of(narrow, repeats, timer)))
+        overheads.append(max(0.0, per_shape(pruned, True) - per_shape(lambda t: narrow(t, 1.0 - share, True), True)))
         if P.group_size(group) > 1:
             dist.barrier(group=group)
-        rows += [_best_of(traffic, repeats), _best_of(lambda: narrow(migrated, False), repeats, timer)]
+        rows += [per_shape(traffic, False), per_shape(lambda t: narrow(t, share, False), True)]
     omega1 = min(overheads)
     values_local = [omega1] + [v for o, (phi1, phi2) in zip(overheads, zip(rows[::2], rows[1::2]))
                                for v in (o - omega1, phi1, phi2)]

@@ -4,19 +4,25 @@ Pure and deterministic: every rank feeds the same all-gathered observations into
 :class:`ShedPolicy`, so every rank holds the same decision.  Per decision, with ``S_i``, ``f_i``,
 ``σ_i`` the estimates of :mod:`semimig.controller.timing`:
 
-Evidence (no phantom stragglers).  ``S_fast = min_j S_j`` (ties: lowest rank).  Rank ``i`` looks
-slow when
+Evidence (no phantom stragglers).  ``S_fast = min_j S_j`` (ties: lowest rank).  ``S`` is a median
+over the ``n`` observations of the window, so its standard error is ``ε_j = 1.2533 σ_j / sqrt(n_j)``
+(the median of normal samples).  Rank ``i`` looks slow when
 
-    S_i − S_fast > max( tol · S_fast ,  noise_sigmas · sqrt(σ_i² + σ_fast²) )
+    S_i − S_fast > max( tol · S_fast ,  noise_sigmas · sqrt(ε_i² + ε_fast²) )
 
 and looks normal when the excess is below half that margin (hysteresis).  It is *flagged* after
 ``patience`` consecutive slow-looking decisions and unflagged after ``patience`` normal-looking
 ones.  The unpruned time ``S`` is the reference of every comparison, so ranks that prune never
 drag the reference down and fast ranks never look slow (issue 17).
 
-Shed share (Eq. 1 with a fixed cost).  A flagged rank should finish in ``T_ref``: ``T_ref =
-S_fast`` (modes semi, mig; paper IV-B), or the mean ``S`` of the unflagged ranks in mode zero
-with ``zero_reference="mean"`` (the fixed point of the paper's group average).  Solving
+Shed share (Eq. 1 with a fixed cost).  A flagged rank should finish in ``T_ref``, the time the
+rest of the group needs: in modes semi and mig ``T_ref = max_r S_r · max(1, w_r)`` over the
+unflagged ranks ``r`` (``T_min`` of paper IV-B while nobody migrates; once columns migrate, the
+receivers' time with their extra columns, so a migrating straggler does not shed past the point
+where its receivers become the bottleneck: with one straggler of time ``S_k`` and ``e − 1``
+receivers of time ``S_r`` the fixed point is ``S_k(1 − m) = S_r(1 + m/(e − 1))``); in mode zero
+the mean ``S`` of the unflagged ranks (``zero_reference="mean"``, the fixed point of the paper's
+group average) or their minimum.  Solving
 ``S_i (f_i + (1 − f_i) w) = T_ref`` for the kept work ``w``,
 
     γ_i = clamp( 1 − (T_ref / S_i − f_i) / (1 − f_i) ,  0 ,  γ_max )
@@ -24,11 +30,11 @@ with ``zero_reference="mean"`` (the fixed point of the paper's group average).  
 which is the paper's ``(T_i − T_ref) / M_i`` with ``M_i = (1 − f_i) S_i`` the time that scales with
 the kept columns.  ``γ_i`` moves only by steps of at least ``gamma_step``.  Unflagged ranks: 0.
 
-Pruning must pay.  Once a rank's ``f`` has been fitted from pruned iterations and exceeds
-``max_fixed_fraction``, pruning saves less than half of its proportional share (small layers,
-where the gather's fixed cost dominates, or a slower pruned path): the rank backs off to 0 for
-``backoff_iterations · 2^(k−1)`` decisions at its ``k``-th back-off, is logged, and may try again
-afterwards if it still straggles.
+Shedding must pay.  Once a rank's ``f`` has been fitted from iterations at reduced work and has
+exceeded ``max_fixed_fraction`` for ``patience`` consecutive decisions, shedding saves less than
+half of its proportional share (small layers, where the gather's fixed cost dominates, or a
+slower pruned path): the rank backs off to 0 for ``backoff_iterations · 2^(k−1)`` decisions at
+its ``k``-th back-off, is logged, and may try again afterwards if it still straggles.
 """
 from __future__ import annotations
 
@@ -54,6 +60,8 @@ class RankState:
     """Consecutive decisions that contradict ``flagged`` (slow-looking while not flagged, or
     normal-looking while flagged)."""
     shed: float = 0.0
+    unpaid: int = 0
+    """Consecutive decisions at which shedding did not pay (see the module docstring)."""
     backoff_until: int = -1
     backoffs: int = 0
 
@@ -76,6 +84,11 @@ class ShedDecision:
     """Ranks that straggle but do not prune because pruning did not pay (see module docstring)."""
     events: tuple[str, ...] = field(default=(), compare=False)
     """What changed at this decision (flagged, unflagged, backed off), for logs."""
+
+
+def _median_error(est: RankEstimate) -> float:
+    """Standard error of a median of ``n`` normal observations of standard deviation ``σ``."""
+    return 1.2533 * est.noise_s / math.sqrt(est.observations)
 
 
 class ShedPolicy:
@@ -101,10 +114,10 @@ class ShedPolicy:
             return ShedDecision(iteration, tuple(s.shed for s in self.states), self._flagged(unpruned), unpruned,
                                 fixed, math.nan)
         fast = min(range(self.size), key=lambda r: (unpruned[r], r))
-        s_fast, noise_fast = unpruned[fast], estimates[fast].noise_s
+        s_fast, error_fast = unpruned[fast], _median_error(estimates[fast])
         events = []
         for r, (state, est) in enumerate(zip(self.states, estimates)):
-            margin = max(cfg.tol * s_fast, cfg.noise_sigmas * math.hypot(est.noise_s, noise_fast))
+            margin = max(cfg.tol * s_fast, cfg.noise_sigmas * math.hypot(_median_error(est), error_fast))
             excess = est.unpruned_s - s_fast
             contradicts = excess <= 0.5 * margin if state.flagged else excess > margin
             state.streak = state.streak + 1 if contradicts else 0
@@ -113,7 +126,7 @@ class ShedPolicy:
                 events.append(f"rank {r} {'straggles' if state.flagged else 'no longer straggles'}: "
                               f"unpruned {est.unpruned_s * 1e3:.3g} ms vs fastest {s_fast * 1e3:.3g} ms "
                               f"(margin {margin * 1e3:.2g} ms)")
-        reference = self._reference(unpruned, s_fast)
+        reference = self._reference(estimates, s_fast)
         backed = []
         for r, (state, est) in enumerate(zip(self.states, estimates)):
             if not state.flagged:
@@ -123,8 +136,10 @@ class ShedPolicy:
                 state.shed = 0.0
                 backed.append(r)
                 continue
-            if state.shed > 0.0 and est.informed and est.work < 1.0 and est.fixed_fraction > cfg.max_fixed_fraction:
-                state.backoffs += 1
+            unpaid = state.shed > 0.0 and est.informed and est.work < 1.0 and est.fixed_fraction > cfg.max_fixed_fraction
+            state.unpaid = state.unpaid + 1 if unpaid else 0
+            if state.unpaid >= cfg.patience:
+                state.backoffs, state.unpaid = state.backoffs + 1, 0
                 length = cfg.backoff_iterations * 2 ** (state.backoffs - 1)
                 state.backoff_until, state.shed = iteration + length, 0.0
                 backed.append(r)
@@ -140,11 +155,15 @@ class ShedPolicy:
         return ShedDecision(iteration, tuple(s.shed for s in self.states), self._flagged(unpruned), unpruned, fixed,
                             reference, tuple(backed), tuple(events))
 
-    def _reference(self, unpruned: Sequence[float], s_fast: float) -> float:
-        if self.config.mode == "zero" and self.config.zero_reference == "mean":
-            normal = [s for s, state in zip(unpruned, self.states) if not state.flagged]
-            return math.fsum(normal) / len(normal) if normal else s_fast
-        return s_fast
+    def _reference(self, estimates: Sequence[RankEstimate], s_fast: float) -> float:
+        normal = [est for est, state in zip(estimates, self.states) if not state.flagged]
+        if not normal:
+            return s_fast
+        if self.config.mode == "zero":
+            if self.config.zero_reference == "mean":
+                return math.fsum(est.unpruned_s for est in normal) / len(normal)
+            return s_fast
+        return max(est.unpruned_s * max(1.0, est.work) for est in normal)
 
     def _target(self, est: RankEstimate, reference: float) -> float:
         if self.fixed_shed is not None:
