@@ -190,12 +190,12 @@ def test_straggler_cli_grammar(spec):
                    "device_ms": st.sampled_from([40.0, 0.0, 1e5, float("inf")]),
                    "timeout_s": st.sampled_from([None, 0.5, 60.0, 1e6])}))
 def test_bench_config(kwargs):
-    from semimig.bench.config import CHI_MAX, BenchConfig
+    from semimig.bench.config import MAX_CHI, BenchConfig
 
     cfg = build(BenchConfig, **kwargs)
     if cfg is not None:
         assert_conforms(cfg)
-        assert all(1.0 <= c <= CHI_MAX for c in cfg.chis)
+        assert all(1.0 <= c <= MAX_CHI for c in cfg.chis)
         assert len(set(cfg.chis)) == len(cfg.chis) and len(set(cfg.seeds)) == len(cfg.seeds)
         assert len(set(cfg.modes)) == len(cfg.modes)
         assert cfg.compute == "measured" or cfg.longest_wait_s() < cfg.timeout_s

@@ -122,3 +122,38 @@ def _gathering_body(rank, world):
 def test_measured_mode_refuses_a_model_whose_column_forwards_all_hold_a_collective():
     message = run_on_ranks(_gathering_body, 2, timeout_s=60)
     assert message is not None and "gathers its output" in message
+
+
+def _gpt2_body(rank, world):
+    """GPT-2's fused Conv1D layers (weights stored [K, N]): an MLP c_fc -> c_proj, rank 1 at chi = 3."""
+    import torch
+    import torch.distributed as dist
+    from colossalai.shardformer.layer import GPT2FusedLinearConv1D_Col, GPT2FusedLinearConv1D_Row
+    from transformers.pytorch_utils import Conv1D
+
+    import semimig.nn  # noqa: F401
+    from semimig.straggler import StragglerConfig, StragglerInjector
+    from semimig.straggler.hooks import BaselineInjection
+
+    torch.manual_seed(0)
+    group = dist.group.WORLD
+    model = torch.nn.Sequential(
+        GPT2FusedLinearConv1D_Col.from_native_module(Conv1D(HIDDEN, IN), process_group=group, split_sizes=[HIDDEN]),
+        torch.nn.GELU(),
+        GPT2FusedLinearConv1D_Row.from_native_module(Conv1D(IN, HIDDEN), process_group=group))
+    spec = f"fixed:1:3:mode=flops:flops={RATE:g}"
+    injection = BaselineInjection(model, StragglerInjector(StragglerConfig.from_cli(spec), rank, world),
+                                  keep_charges=True)
+    model(torch.randn(M, IN, requires_grad=True)).sum().backward()
+    out = [None] * world
+    dist.all_gather_object(out, list(injection.charges))
+    return out
+
+
+def test_gpt2_fused_conv1d_layers_are_slowed_like_the_plain_ones():
+    charges = run_on_ranks(_gpt2_body, 2, timeout_s=120)
+    expected = _expected_flops()
+    assert [c.kind for c in charges[1]] == list(expected)
+    for c in charges[1]:
+        assert c.flops == expected[c.kind] and c.delay_s == pytest.approx(2.0 * c.flops / RATE, rel=1e-12)
+    assert all(c.delay_s == 0.0 for c in charges[0])

@@ -12,7 +12,7 @@ Compute modes (``compute``):
 
 Bounds, and why:
 
-- ``chi <= 100``: the paper sweeps chi <= 8; balancing can hide at most chi = 1 / (1 - gamma_max)
+- ``chi <= 100`` (:data:`semimig.straggler.injection.MAX_CHI`, the injector's own bound): the paper sweeps chi <= 8; balancing can hide at most chi = 1 / (1 - gamma_max)
   = 10 at gamma_max = 0.9; beyond 100 a rank is dead, not slow, and the baseline case would take
   100x its chi = 1 time (chi = 1e6 "slept for ever").
 - ``device_ms <= 10000``: ten seconds of emulated GEMM per iteration already makes one case of the
@@ -31,11 +31,11 @@ from semimig.bench.models import VitSize
 from semimig.controller.runtime import MODES
 from semimig.errors import ConfigError
 from semimig.resizing.config import ResizingConfig
+from semimig.straggler.injection import MAX_CHI
 
 PATTERNS = ("fixed", "round-robin", "multi")
 COMPUTES = ("emulated", "measured")
 DEVICES = ("cpu", "cuda")
-CHI_MAX = 100.0
 DEVICE_MS_MAX = 10_000.0
 TIMEOUT_MAX_S = 86_400.0
 MAX_WORLD = 64
@@ -114,7 +114,7 @@ class BenchConfig:
     def __post_init__(self) -> None:
         modes = _check_sweep("modes", self.modes, lambda n, v: check_choice(n, v, MODES))
         object.__setattr__(self, "modes", modes)
-        chis = _check_sweep("chis", self.chis, lambda n, v: check_number(n, v, minimum=1.0, maximum=CHI_MAX))
+        chis = _check_sweep("chis", self.chis, lambda n, v: check_number(n, v, minimum=1.0, maximum=MAX_CHI))
         object.__setattr__(self, "chis", tuple(float(c) for c in chis))
         object.__setattr__(self, "seeds", _check_sweep(
             "seeds", self.seeds, lambda n, v: check_int(n, v, minimum=0, maximum=2**32 - 1)))
@@ -160,7 +160,7 @@ class BenchConfig:
                 self.pattern == "multi" and not self.multi_chis):
             raise ConfigError(f"multi_chis must be a non-empty tuple of per-rank slowdowns, got {self.multi_chis!r}")
         for i, chi in enumerate(self.multi_chis):  # per rank: repeats are fine (two ranks at chi 4)
-            check_number(f"multi_chis[{i}]", chi, minimum=1.0, maximum=CHI_MAX)
+            check_number(f"multi_chis[{i}]", chi, minimum=1.0, maximum=MAX_CHI)
         object.__setattr__(self, "multi_chis", tuple(float(c) for c in self.multi_chis))
         if self.lambdas:
             _check_sweep("lambdas", self.lambdas, lambda n, v: check_int(n, v, minimum=0, maximum=self.tp - 1))
@@ -256,4 +256,4 @@ class BenchConfig:
         return self.gemm_flops_per_rank() / (self.device_ms / 1000.0)
 
 
-__all__ = ["BenchConfig", "PATTERNS", "COMPUTES", "CHI_MAX", "DEVICE_MS_MAX", "EMULATED_SIZE", "MEASURED_SIZE"]
+__all__ = ["BenchConfig", "PATTERNS", "COMPUTES", "MAX_CHI", "DEVICE_MS_MAX", "EMULATED_SIZE", "MEASURED_SIZE"]

@@ -1,7 +1,8 @@
 """Straggler injection for layers semimig does not own (Colossal-AI's own: the baseline).
 
-Hooks on ``colossalai.shardformer.layer.Linear1D_Col/Row`` slow their GEMMs the way semimig's own
-layers are slowed, in every injection mode.  A layer of ``N x K`` weight on ``M`` tokens does one
+Hooks on Colossal-AI's tensor-parallel linear layers (``Linear1D_Col/Row``, the fused
+``FusedLinear1D_Col/Row`` and GPT-2's ``GPT2FusedLinearConv1D_Col/Row``: every class semimig's
+policy swaps) slow their GEMMs the way semimig's own layers are slowed, in every injection mode.  A layer of ``N x K`` weight on ``M`` tokens does one
 GEMM of ``f = 2·M·N·K`` FLOPs forward and two (dgrad, wgrad) backward.  Each GEMM is charged
 
     delay = injector.delay_for(t, f)       flops   : (chi - 1) · f / rate   (t unused)
@@ -53,10 +54,13 @@ class GemmCharge:
     delay_s: float
 
 
-def _linear_classes():
-    from colossalai.shardformer.layer import Linear1D_Col, Linear1D_Row
+def _linear_kinds() -> dict[type, str]:
+    """Colossal-AI's tensor-parallel linear classes (the ones :data:`semimig.shardformer.policy.SWAPS`
+    replaces) and whether each is a column (``col``) or row (``row``) layer."""
+    from colossalai.shardformer import layer as cai
 
-    return Linear1D_Col, Linear1D_Row
+    return {cai.Linear1D_Col: "col", cai.GPT2FusedLinearConv1D_Col: "col", cai.FusedLinear1D_Col: "col",
+            cai.Linear1D_Row: "row", cai.GPT2FusedLinearConv1D_Row: "row", cai.FusedLinear1D_Row: "row"}
 
 
 def _forward_is_bare_gemm(module: nn.Module) -> bool:
@@ -68,7 +72,8 @@ def _forward_is_bare_gemm(module: nn.Module) -> bool:
 
 
 class BaselineInjection:
-    """Slows every Colossal-AI 1D linear layer of ``model`` by ``injector``'s straggler (module docstring)."""
+    """Slows every Colossal-AI tensor-parallel linear layer of ``model`` by ``injector``'s straggler
+    (module docstring)."""
 
     def __init__(self, model: nn.Module, injector: StragglerInjector, *, device: torch.device | str = "cpu",
                  keep_charges: bool = False) -> None:
@@ -81,19 +86,19 @@ class BaselineInjection:
         self._rate: Optional[float] = None  # FLOP/s of the timed forwards, carried across iterations
         self._timed_flops = self._timed_s = 0.0
         self.reset()
-        col, row = _linear_classes()
-        layers = [(name, m) for name, m in model.named_modules() if type(m) in (col, row)]
+        kinds = _linear_kinds()
+        layers = [(name, m, kinds[type(m)]) for name, m in model.named_modules() if type(m) in kinds]
         if not layers:
-            raise ConfigError(f"{type(model).__name__} has no Colossal-AI Linear1D_Col/Row layers to slow down")
+            raise ConfigError(f"{type(model).__name__} has no Colossal-AI tensor-parallel linear layers to slow down "
+                              f"(looked for {sorted(c.__name__ for c in kinds)})")
         self.measured = injector.config.mode == "measured"
-        timed = [name for name, m in layers if type(m) is col and _forward_is_bare_gemm(m)]
+        timed = {name for name, m, kind in layers if kind == "col" and _forward_is_bare_gemm(m)}
         if self.measured and not timed:
-            raise ConfigError("measured injection times the column layers' forward GEMMs, but every Linear1D_Col "
+            raise ConfigError("measured injection times the column layers' forward GEMMs, but every column layer "
                               "of this model gathers its output or shares sequence parallelism (a collective "
                               "inside the forward); use injection mode 'flops' or 'emulated'")
         self.handles: List[RemovableHandle] = []
-        for name, module in layers:
-            kind = "col" if type(module) is col else "row"
+        for name, module, kind in layers:
             self._hook(name, module, kind, timed=self.measured and name in timed)
 
     # ------------------------------------------------------------------ accounting
@@ -140,8 +145,8 @@ class BaselineInjection:
         def forward(mod, args, output):
             if not mod.training:
                 return
-            n, k = mod.weight.shape
-            state["flops"] = flops = 2.0 * (args[0].numel() // args[0].shape[-1]) * n * k
+            tokens = args[0].numel() // args[0].shape[-1]
+            state["flops"] = flops = 2.0 * tokens * mod.weight.numel()  # [N, K], or [K, N] for GPT-2's Conv1D
             seconds = None
             if timed:
                 self._sync()
