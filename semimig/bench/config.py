@@ -12,9 +12,10 @@ Compute modes (``compute``):
 
 Bounds, and why:
 
-- ``chi <= 100`` (:data:`semimig.straggler.injection.MAX_CHI`, the injector's own bound): the paper sweeps chi <= 8; balancing can hide at most chi = 1 / (1 - gamma_max)
-  = 10 at gamma_max = 0.9; beyond 100 a rank is dead, not slow, and the baseline case would take
-  100x its chi = 1 time (chi = 1e6 "slept for ever").
+- ``chi <= 100`` (:data:`semimig.straggler.injection.MAX_CHI`, the injector's own bound): the paper
+  sweeps chi <= 8; balancing can hide at most chi = 1 / (1 - gamma_max) = 10 at gamma_max = 0.9;
+  beyond 100 a rank is dead, not slow, and the baseline case would take 100x its chi = 1 time
+  (chi = 1e6 "slept for ever").
 - ``device_ms <= 10000``: ten seconds of emulated GEMM per iteration already makes one case of the
   default 100 iterations last 17 minutes; larger values are typos.
 - The collective timeout must outlast the longest wait a rank can cause: the straggler's emulated
