@@ -70,6 +70,14 @@ generator and CPU work is synchronous, which is all the replacements assume.
    every other name stay torch's.  Probe: ``set_device(torch.device("cpu"))`` on the
    module's own ``torch`` raises.
 
+7. ``colossalai.shardformer.layer.qkv_fused_linear.gather_fused_qkv_in_gpt2_style`` (GPT-2's
+   and the packed-QKV layers' state dict, and their ``gather_output=True``) moves its operand
+   with ``qkv.cuda()`` before the all-gather and back after it, so a GPT-2 or packed-QKV model
+   cannot save a checkpoint on CPU.  The module's function is wrapped: a CPU operand enters as
+   a tensor whose ``.cuda()`` leaves it where it is (:class:`_StaysOnCpu`, the same storage),
+   and the result comes back as a plain tensor; the rest is Colossal-AI's function unchanged.
+   Probe: ``.cuda()`` on a CPU tensor raises (the function calls it unconditionally).
+
 Not patched, because a shim would have to reimplement Colossal-AI rather than fill a gap:
 ``enable_flash_attention`` (and so ``enable_all_optimization``, which turns it on) has no CPU
 kernel ("No usable kernel found for FlashAttentionForFloatAndCustomMaskLoader"; BERT's policy
@@ -83,6 +91,7 @@ not applied by ``import semimig``; ``semimig.nn`` applies it, or call it yoursel
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import types
@@ -327,6 +336,33 @@ _TORCH_VIEWS: tuple[tuple[tuple[str, ...], str, Callable[[Any], Any], _ModuleVie
 )
 
 
+class _StaysOnCpu(torch.Tensor):
+    """A CPU tensor whose ``.cuda()`` returns itself (Colossal-AI's packed-QKV gather, item 7)."""
+
+    def cuda(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self
+
+
+def _gather_qkv_on_cpu(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    @functools.wraps(original)
+    def gather_fused_qkv_in_gpt2_style(qkv: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if qkv.device.type != "cpu":
+            return original(qkv, *args, **kwargs)
+        return original(qkv.as_subclass(_StaysOnCpu), *args, **kwargs).as_subclass(torch.Tensor)
+
+    gather_fused_qkv_in_gpt2_style.semimig_cpu_shim = True
+    return gather_fused_qkv_in_gpt2_style
+
+
+def _patch_packed_qkv_gather() -> list[str]:
+    module = importlib.import_module("colossalai.shardformer.layer.qkv_fused_linear")
+    current = module.gather_fused_qkv_in_gpt2_style
+    if getattr(current, "semimig_cpu_shim", False) or not _raises(lambda t: t.zeros(1).cuda(), torch):
+        return []
+    module.gather_fused_qkv_in_gpt2_style = _gather_qkv_on_cpu(current)
+    return ["qkv_fused_linear.gather_fused_qkv_in_gpt2_style"]
+
+
 def _patch_torch_views() -> list[str]:
     patched = []
     for module_names, what, probe, view in _TORCH_VIEWS:
@@ -342,7 +378,7 @@ def _patch_torch_views() -> list[str]:
 # entry point
 # --------------------------------------------------------------------------------------------
 def apply_cpu_shim() -> list[str]:
-    """Fill Colossal-AI's CPU gaps (module docstring, items 1-6) when CUDA is unavailable.
+    """Fill Colossal-AI's CPU gaps (module docstring, items 1-7) when CUDA is unavailable.
 
     Idempotent: a second call finds nothing broken and returns ``[]``.  Costs the import of
     ``colossalai.zero``, ``colossalai.legacy.context``, ``colossalai.pipeline.p2p`` and four
@@ -356,7 +392,7 @@ def apply_cpu_shim() -> list[str]:
     if torch.cuda.is_available():
         logger.debug("CUDA is available; Colossal-AI CPU shim not applied")
         return []
-    patched = _patch_cpu_accelerator() + _patch_zero() + _patch_torch_views()
+    patched = _patch_cpu_accelerator() + _patch_zero() + _patch_torch_views() + _patch_packed_qkv_gather()
     if patched:
         logger.info("Colossal-AI CPU shim patched: %s", ", ".join(patched))
     return patched

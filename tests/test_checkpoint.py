@@ -135,3 +135,25 @@ def test_nothing_of_balancing_is_saved_and_it_restarts_after_resume(checkpoints)
     assert sorted(os.listdir(root / "balancing" / "model")) == sorted(os.listdir(root / "colossalai" / "model"))
     steps, report, iteration = out["fresh_balancer"]
     assert (steps, report, iteration) == (0, None, 0)
+
+
+def _gpt2_checkpoint_body(rank: int, world_size: int, root: str) -> dict:
+    """GPT-2's packed c_attn gathers its shards to save (the CPU shim's item 7): semimig saves,
+    both kinds resume to the same losses."""
+    run = pc.boost("gpt2", TP2, semimig=True)
+    pc.train_losses(run, "gpt2", (0,))
+    _save(run, root)
+    continued = pc.train_losses(run, "gpt2", (1, 2))[0]
+    resumed = {}
+    for kind, semimig_policy in KINDS.items():
+        fresh = pc.boost("gpt2", TP2, semimig=semimig_policy)
+        fresh.booster.load_model(fresh.model, os.path.join(root, "model"))
+        fresh.booster.load_optimizer(fresh.optimizer, os.path.join(root, "optim"))
+        resumed[kind] = pc.train_losses(fresh, "gpt2", (1, 2))[0]
+    return {"continued": continued, "resumed": resumed}
+
+
+def test_gpt2_packed_layers_save_on_cpu_and_resume_in_both_kinds(tmp_path: Path) -> None:
+    out = run_on_ranks(_gpt2_checkpoint_body, 2, str(tmp_path), timeout_s=300)
+    assert out["resumed"]["semimig"] == out["continued"]
+    assert out["resumed"]["colossalai"] == pytest.approx(out["continued"], rel=1e-5)

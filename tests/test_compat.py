@@ -146,7 +146,18 @@ def _gpt2_shardformer_forward() -> None:
                                             shard_config=ShardConfig(enable_tensor_parallelism=False))
 
 
-_PROBES = {"shard_vit": _shard_tiny_vit, "legacy_add_seed": _legacy_add_seed, "zero_optimizer": _zero_optimizer,
+def _packed_qkv_state_dict() -> None:
+    """The gather GPT-2's packed c_attn runs for its state dict (a checkpoint save) or gather_output."""
+    import torch.distributed as dist
+    from colossalai.shardformer.layer import qkv_fused_linear
+
+    qkv = torch.arange(24.0).reshape(2, 12)  # Conv1D layout [in, out], Q K V of 4 columns each
+    gathered = qkv_fused_linear.gather_fused_qkv_in_gpt2_style(qkv, [4, 4, 4], dist.group.WORLD, is_transposed=True)
+    assert torch.equal(gathered, qkv) and gathered.device.type == "cpu"  # one rank: nothing moves
+    assert type(gathered) is torch.Tensor  # a plain tensor again, not the shim's subclass
+
+
+_PROBES = {"shard_vit": _shard_tiny_vit, "packed_qkv_state_dict": _packed_qkv_state_dict, "legacy_add_seed": _legacy_add_seed, "zero_optimizer": _zero_optimizer,
            "fp16_grad_scaler": _fp16_grad_scaler, "pipeline_backend_check": _pipeline_backend_check,
            "gpt2_forward": _gpt2_shardformer_forward}
 
@@ -197,6 +208,7 @@ def test_without_shim_fp16_pipeline_and_gpt2_fail(cpu_gaps: dict) -> None:
         assert before["pipeline_backend_check"] == \
             "AttributeError: module 'torch.distributed' has no attribute 'is_hccl_available'"
     assert before["gpt2_forward"] == "ValueError: Expected a cuda device, but got: cpu"
+    assert before["packed_qkv_state_dict"] == "AssertionError: Torch not compiled with CUDA enabled"
 
 
 def test_import_semimig_does_not_apply_the_shim(cpu_gaps: dict) -> None:
@@ -223,6 +235,7 @@ def test_shim_patches_exactly_the_gaps_once(cpu_gaps: dict) -> None:
         "colossalai.shardformer.modeling.gptj.torch.cuda.set_device",
         "colossalai.shardformer.modeling.opt.torch.cuda.set_device",
         "colossalai.shardformer.modeling.t5.torch.cuda.set_device",
+        "qkv_fused_linear.gather_fused_qkv_in_gpt2_style",
     ]
     assert cpu_gaps["patched_again"] == []
 
