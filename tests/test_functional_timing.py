@@ -130,3 +130,20 @@ def test_dense_column_backward_overlaps_the_dx_all_reduce_with_dw():
     gemms = [i for i, op in enumerate(ops) if op in GEMMS]
     reduce_at = next(i for i, op in enumerate(ops) if op.startswith("c10d") and "allreduce" in op)
     assert len(gemms) == 2 and gemms[0] < reduce_at < gemms[1], ops
+
+
+def test_keep_plan_is_rebuilt_only_when_the_keep_set_changes():
+    """One validated plan per keep set: equal values reuse it, new values or an in-place edit rebuild it."""
+    from semimig.nn import LayerState
+
+    state, cpu = LayerState(), torch.device("cpu")
+    keep = torch.tensor([0, 2, 5])
+    plan = state.own_plan(keep, 8, 6, cpu, 1)
+    assert plan.keep.tolist() == [0, 2, 5] and plan.k == 8
+    assert state.own_plan(keep, 8, 6, cpu, 1) is plan
+    assert state.own_plan(torch.tensor([0, 2, 5]), 8, 6, cpu, 1) is plan  # a new tensor, same values
+    keep[2] = 4  # edited in place: the version counter moves
+    assert state.own_plan(keep, 8, 6, cpu, 1).keep.tolist() == [0, 2, 4]
+    prefix = state.own_plan(None, 8, 6, cpu, 1)  # a migrating rank's own prefix [0, 6)
+    assert prefix.span == (0, 6) and state.own_plan(None, 8, 6, cpu, 1) is prefix
+    assert state.own_plan(None, 8, 5, cpu, 1).span == (0, 5)

@@ -49,7 +49,7 @@ class LayerState:
     weight_blocks: dict = field(default_factory=dict)
     previous_wgrad: Optional[torch.Tensor] = None
     _plan_key: Optional[tuple] = field(default=None, repr=False)
-    _plan_keep: Optional[torch.Tensor] = field(default=None, repr=False)
+    _plan_keep: Optional[tuple] = field(default=None, repr=False)
     _plan: Optional[KeepPlan] = field(default=None, repr=False)
 
     def weight_block(self, key: tuple, make: Callable[[], tuple]) -> tuple:
@@ -75,13 +75,21 @@ class LayerState:
         costs one comparison per forward instead of a validation per GEMM.
         """
         key = (k_total, k_own, device, group, keep is None)
-        if self._plan is not None and key == self._plan_key and (
-                keep is None or (keep.shape == self._plan_keep.shape and torch.equal(keep, self._plan_keep))):
+        if self._plan is not None and key == self._plan_key and (keep is None or self._same_keep(keep)):
             return self._plan
         columns = torch.arange(k_own, device=device) if keep is None else keep
         self._plan = plan_keep(columns, k_total, device, group=group)
-        self._plan_key, self._plan_keep = key, None if keep is None else keep.clone()
+        self._plan_key = key
+        self._plan_keep = None if keep is None else (keep, keep._version, keep.clone())
         return self._plan
+
+    def _same_keep(self, keep: torch.Tensor) -> bool:
+        """The cached plan's keep set: the same unchanged tensor (no look at the values, no device
+        sync), or equal values."""
+        source, version, values = self._plan_keep
+        if keep is source and keep._version == version:
+            return True
+        return keep.shape == values.shape and bool(torch.equal(keep, values))
 
     def clear(self) -> None:
         """Drop cached blocks (no migration this iteration)."""
