@@ -51,6 +51,8 @@ class BoundLayer:
     """``M`` of the layer's GEMMs in the last training forward (the pretest's shapes)."""
     timed_only: Optional[LayerDirective] = None
     """The reusable directive of a dense iteration (timed, nothing pruned or migrated)."""
+    keep_cache: Optional[tuple] = None
+    """``(key, keep, pruned)`` of the last keep set (see :meth:`LayerBinding._keep_set`)."""
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -158,14 +160,25 @@ class LayerBinding:
                 continue
             keep, pruned = None, torch.empty(0, dtype=torch.long)
             if n_prune > 0:
-                pruned = self._select(b, own, n_prune)
-                mask = torch.ones(own, dtype=torch.bool)
-                mask[pruned] = False
-                keep = torch.arange(own)[mask].to(b.layer.weight.device)
+                keep, pruned = self._keep_set(b, own, n_prune)
             b.layer.directive = LayerDirective(
                 iteration=iteration, keep=keep, layout=layout, exchange=exchange,
                 impute=self.resizing.impute, timer=meter, state=b.state,
                 on_forward=self._recorder(b.name, pruned, k, iteration), on_backward=self._reader(b.name, pruned))
+
+    def _keep_set(self, b: BoundLayer, own: int, n_prune: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(keep, pruned)`` index tensors; the same objects while the period's list and the
+        sizes stay (the kernels' plan cache and the lineage checks then skip their work)."""
+        key = None if self.resizing.variant == "rd" or b.priority is None else (own, n_prune, b.priority.tracker.periods)
+        if key is not None and b.keep_cache is not None and b.keep_cache[0] == key:
+            return b.keep_cache[1], b.keep_cache[2]
+        pruned = self._select(b, own, n_prune)
+        mask = torch.ones(own, dtype=torch.bool)
+        mask[pruned] = False
+        keep = torch.arange(own)[mask].to(b.layer.weight.device)
+        if key is not None:
+            b.keep_cache = (key, keep, pruned)
+        return keep, pruned
 
     def _select(self, b: BoundLayer, own: int, n_prune: int) -> torch.Tensor:
         """The ``n_prune`` columns of ``[0, own)`` to drop: random (rd) or the period's priority list."""

@@ -45,6 +45,7 @@ class LineageTable:
         self._counts: dict[Key, torch.Tensor] = {}
         self._period_iterations: dict[Key, int] = {}
         self._counted: set[Key] = set()  # keys whose current entry is inside the counts
+        self._validated: dict[Key, torch.Tensor] = {}  # the last index tensor checked per key (same object: skip)
 
     @property
     def iteration(self) -> Optional[int]:
@@ -59,7 +60,12 @@ class LineageTable:
             raise ValueError(f"iteration must be an int >= 0, got {iteration!r}")
         if isinstance(num_columns, bool) or not isinstance(num_columns, int) or num_columns < 0:
             raise ValueError(f"num_columns must be an int >= 0, got {num_columns!r}")
-        pruned = self._check_indices(layer, matrix, pruned, num_columns)
+        key = (layer, matrix)
+        if self._validated.get(key) is not pruned:  # a keep set reused across iterations is checked once
+            checked = self._check_indices(layer, matrix, pruned, num_columns)
+            if checked is pruned:
+                self._validated[key] = pruned
+            pruned = checked
         if self._iteration is not None and iteration < self._iteration:
             raise ValueError(
                 f"iteration {iteration} for {layer}.{matrix} is older than the table's iteration {self._iteration}"
@@ -69,7 +75,6 @@ class LineageTable:
             self._counted.clear()
             self._iteration = iteration
 
-        key = (layer, matrix)
         counts = self._counts.get(key)
         if counts is not None and counts.numel() != num_columns:
             raise ValueError(f"{layer}.{matrix} was recorded with {counts.numel()} columns, now {num_columns}")

@@ -60,6 +60,7 @@ class BusyMeter:
     def __init__(self, injector: Optional[StragglerInjector] = None, *, device: torch.device | str = "cpu") -> None:
         self.injector = injector
         self.device = torch.device(device)
+        self._cuda = self.device.type == "cuda"
         self.reset()
 
     def reset(self) -> None:
@@ -70,47 +71,56 @@ class BusyMeter:
         self._gemm_count = 0
         self._wait_s = 0.0
 
-    @contextlib.contextmanager
-    def measure(self, *, flops: float, full_flops: float) -> Iterator[None]:
-        """Context-manager form of :meth:`timed`: times the block, then injects and counts the delay."""
+    def _start(self, flops: float, full_flops: float) -> float:
         if not (flops >= 0 and math.isfinite(flops)):
             raise ValueError(f"flops must be a finite number >= 0, got {flops!r}")
         # full_flops < flops is extra work: a migration receiver computing a straggler's columns
         # (full_flops = 0).  Its work fraction then exceeds 1.
         if not (full_flops >= 0 and math.isfinite(full_flops)):
             raise ValueError(f"full_flops must be a finite number >= 0, got {full_flops!r}")
-        cuda = self.device.type == "cuda"
-        if cuda:
+        if self._cuda:
             torch.cuda.synchronize(self.device)
-        start = time.perf_counter()
-        yield
-        if cuda:
+        return time.perf_counter()
+
+    def _finish(self, start: float, flops: float, full_flops: float) -> None:
+        if self._cuda:
             torch.cuda.synchronize(self.device)
-        delay = 0.0
-        if self.injector is not None:
-            delay = self.injector.delay_for(time.perf_counter() - start, flops)
-            self.injector.inject(delay, self.device)
-            if cuda:
-                torch.cuda.synchronize(self.device)
-        if self.injector is not None and self.injector.config.mode == "emulated":
-            # The emulated device's own time: deterministic, whatever the host scheduler does to
-            # the few real CPU cycles around it (4 ranks on 2 cores would otherwise add noise).
-            self._busy_s += delay
-        else:
-            # Actual wall time of GEMM + delay, so sleep overshoot counts as the slowness it is.
+        injector = self.injector
+        if injector is None:
             self._busy_s += time.perf_counter() - start
+        else:
+            delay = injector.delay_for(time.perf_counter() - start, flops)
+            injector.inject(delay, self.device)
+            if self._cuda:
+                torch.cuda.synchronize(self.device)
+            if injector.config.mode == "emulated":
+                # The emulated device's own time: deterministic, whatever the host scheduler does
+                # to the few real CPU cycles around it (4 ranks on 2 cores would otherwise add noise).
+                self._busy_s += delay
+            else:
+                # Actual wall time of GEMM + delay, so sleep overshoot counts as the slowness it is.
+                self._busy_s += time.perf_counter() - start
         self._flops_done += flops
         self._full_flops += full_flops
         self._gemm_count += 1
+
+    @contextlib.contextmanager
+    def measure(self, *, flops: float, full_flops: float) -> Iterator[None]:
+        """Context-manager form of :meth:`timed`: times the block, then injects and counts the delay."""
+        start = self._start(flops, full_flops)
+        yield
+        self._finish(start, flops, full_flops)
 
     def timed(self, fn: Callable[[], T], *, flops: float, full_flops: float) -> T:
         """Run the GEMM closure ``fn``, count it (and its injected delay) as busy; return its result.
 
         ``flops``: work actually done (after pruning / migration); ``full_flops``: the unpruned
-        work of the same GEMM.  The injected delay is proportional to ``flops``.
+        work of the same GEMM.  The injected delay is proportional to ``flops``.  (No context
+        manager here: this runs several times per layer and iteration.)
         """
-        with self.measure(flops=flops, full_flops=full_flops):
-            result = fn()
+        start = self._start(flops, full_flops)
+        result = fn()
+        self._finish(start, flops, full_flops)
         return result
 
     def add_collective_wait(self, seconds: float) -> None:
