@@ -26,13 +26,15 @@ from test_fuzz_configs import FUZZ, assert_conforms
 NUMBERS = ["0", "1", "-1", "2", "4", "8", "0.5", "1e6", "1e300", "inf", "-inf", "nan", "100", "101", "1,1", "0,0",
            "1,4", ",", "", "x", "1e-300", "3", "64", "65", "2**3", " 1"]
 FLAGS = {
-    "--modes": ["baseline", "semi", "zero-pri,semi", "semi,semi", "zero-foo", "", ","],
+    "--modes": ["baseline", "semi", "zero-pri,semi", "semi,semi", "zero-foo", "", ",", "poplar", "poplar+semi,baseline"],
     "--chi": NUMBERS, "--seeds": NUMBERS, "--tp": NUMBERS, "--dp": NUMBERS, "--straggler-rank": NUMBERS,
     "--pattern": ["fixed", "round-robin", "multi", "burst", ""],
     "--multi-chi": NUMBERS + ["8,6,4,2", "8,0.5"], "--lambdas": NUMBERS + ["0,1"],
     "--epochs": NUMBERS, "--iters-per-epoch": NUMBERS, "--compute": ["measured", "emulated", "x"],
     "--model": ["256x1536x1", "64x256x2", "130x512x1", "0x0x0", "1x1", "99999x1x1", "x"],
     "--device-ms": NUMBERS, "--theta-iter": NUMBERS, "--device": ["cpu", "cuda", "tpu"], "--timeout-s": NUMBERS,
+    "--allocation": ["even", "poplar", "uneven"], "--group-chis": ["1,4/2,2", "1,4", "1,4/2", "1,inf/1,1", "x", "/"],
+    "--zero-stage": ["0", "1", "2", "3", "-1", "x"],
 }
 SWITCHES = ["--quick", "--resume", "--overwrite"]
 
@@ -91,7 +93,7 @@ BENCH_ARGV = st.lists(st.one_of(
 @FUZZ
 @given(BENCH_ARGV)
 def test_bench_command_lines(argv):
-    from semimig.bench.cli import config_from_args
+    from semimig.bench.cli import config_from_args, grid_config_from_args
     from semimig.cli import build_parser
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,7 +102,8 @@ def test_bench_command_lines(argv):
         assert_clean(code, err, "bench")
         if code == 0:
             assert "dry run: settings checked, no rank started" in out
-            cfg = config_from_args(build_parser().parse_args(full))
+            args = build_parser().parse_args(full)
+            cfg = (config_from_args if args.allocation is None else grid_config_from_args)(args)
             assert_conforms(cfg)
             assert not (Path(tmp) / "r.json").exists()
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from semimig._validate import check_number
 from semimig.bench.config import COMPUTES
 from semimig.controller.runtime import MODES
 from semimig.errors import ConfigError
@@ -35,11 +36,22 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def _modes(text: str) -> tuple[str, ...]:
+    from semimig.hybrid.config import MODES_2D
+
+    known = MODES + tuple(m for m in MODES_2D if m not in MODES)
     modes = tuple(t for t in text.split(",") if t)
     for mode in modes:
-        if mode not in MODES:
-            raise argparse.ArgumentTypeError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+        if mode not in known:
+            raise argparse.ArgumentTypeError(f"unknown mode {mode!r}; choose from {', '.join(known)}")
     return modes
+
+
+def _group_chis(text: str) -> tuple[tuple[float, ...], ...]:
+    """``1,4/2,2``: DP groups separated by ``/``, the TP ranks' slowdowns of a group by ``,``."""
+    try:
+        return tuple(tuple(float(t) for t in group.split(",")) for group in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected per-group slowdowns like 1,4/2,2, got {text!r}") from None
 
 
 def _size(text: str):
@@ -54,18 +66,28 @@ def _size(text: str):
 def add_bench_subcommand(subparsers) -> None:
     p = subparsers.add_parser("bench", help="end-to-end straggler benchmark (RT and ACC per mode)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--modes", type=_modes, default=MODES, help=f"comma-separated, from {','.join(MODES)}")
+    p.add_argument("--modes", type=_modes, default=None,
+                   help=f"comma-separated, from {','.join(MODES)}; with --allocation from baseline,poplar,semi,"
+                        "poplar+semi (default: all of them)")
     p.add_argument("--chi", type=_floats, default=None, help="straggler slowdowns in [1, 100], e.g. 1,4,8 (default 1,4)")
     p.add_argument("--seeds", type=_ints, default=None, help="e.g. 0,1,2 (default 0,1; --quick: 0)")
     p.add_argument("--tp", type=int, default=2)
-    p.add_argument("--dp", type=int, default=1)
-    p.add_argument("--pattern", choices=("fixed", "round-robin", "multi"), default="fixed")
-    p.add_argument("--straggler-rank", type=int, default=1)
-    p.add_argument("--multi-chi", type=_floats, default=(8.0, 6.0, 4.0, 2.0),
-                   help="per-rank factors of the multi pattern at chi = 8 (scaled by chi/8)")
-    p.add_argument("--lambdas", type=_ints, default=(),
+    p.add_argument("--dp", type=int, default=None, help="data-parallel groups (default 1; with --allocation 2)")
+    p.add_argument("--pattern", choices=("fixed", "round-robin", "multi"), default=None, help="default fixed")
+    p.add_argument("--straggler-rank", type=int, default=None, help="pattern fixed: the straggler (default 1)")
+    p.add_argument("--multi-chi", type=_floats, default=None,
+                   help="per-rank factors of the multi pattern at chi = 8 (scaled by chi/8; default 8,6,4,2)")
+    p.add_argument("--lambdas", type=_ints, default=None,
                    help="with --pattern multi: also train semi with exactly λ migrating stragglers, e.g. 0,1,2,3 "
                         "(paper Fig. 11; plot lambda_sweep.png)")
+    p.add_argument("--allocation", choices=("even", "poplar"), default=None,
+                   help="the 2-D benchmark (tp x dp, issue 18): even batches, or Poplar's plan across the DP groups; "
+                        "modes baseline, poplar (allocation only), semi (TP balancing only), poplar+semi")
+    p.add_argument("--group-chis", type=_group_chis, default=None, metavar="C,C/C,C",
+                   help="with --allocation: slowdown of every TP rank of every DP group, groups separated by '/' "
+                        "(default: rank 1 of group 0 at 4, group 1 at half speed: 1,4/2,2)")
+    p.add_argument("--zero-stage", type=int, default=None,
+                   help="with --allocation: ZeRO stage 0, 1 or 2 (1 and 2 train in bf16, as Colossal-AI requires)")
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--iters-per-epoch", type=int, default=None)
     p.add_argument("--compute", choices=COMPUTES, default=None,
@@ -107,7 +129,8 @@ def _given(value, default):
 _FLAGS = {"modes": "--modes", "chis": "--chi", "seeds": "--seeds", "tp": "--tp", "dp": "--dp",
           "straggler_rank": "--straggler-rank", "multi_chis": "--multi-chi", "lambdas": "--lambdas",
           "epochs": "--epochs", "iters_per_epoch": "--iters-per-epoch", "device_ms": "--device-ms",
-          "theta_iter": "--theta-iter", "timeout_s": "--timeout-s", "compute": "--compute"}
+          "theta_iter": "--theta-iter", "timeout_s": "--timeout-s", "compute": "--compute",
+          "group_chis": "--group-chis", "zero_stage": "--zero-stage"}
 
 
 def _flag_of(message: str) -> str:
@@ -123,21 +146,32 @@ def default_compute(device: str, local_ranks: int) -> str:
     return "measured" if device == "cuda" or local_ranks <= usable_cores() else "emulated"
 
 
+_ONE_D_ONLY = {"chi": "--chi", "pattern": "--pattern", "straggler_rank": "--straggler-rank",
+               "multi_chi": "--multi-chi", "lambdas": "--lambdas", "theta_iter": "--theta-iter"}
+_TWO_D_ONLY = {"group_chis": "--group-chis", "zero_stage": "--zero-stage"}
+
+
+def _refuse_given(args: argparse.Namespace, flags: dict, why: str) -> None:
+    given = [flag for name, flag in flags.items() if getattr(args, name) is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)} {why}")
+
+
 def config_from_args(args: argparse.Namespace, *, local_ranks: Optional[int] = None):
-    """The :class:`BenchConfig` of the flags (``local_ranks``: ranks on this machine, default tp*dp)."""
+    """The 1-D :class:`BenchConfig` of the flags (``local_ranks``: ranks on this machine, default tp*dp)."""
     from semimig.bench.config import BenchConfig
 
+    _refuse_given(args, _TWO_D_ONLY, "applies to the 2-D benchmark: add --allocation even|poplar")
     quick = args.quick
-    compute = args.compute or default_compute(args.device, local_ranks or args.tp * args.dp)
-    if compute == "measured" and args.device_ms is not None:
-        raise ConfigError(f"--device-ms {args.device_ms:g} sets the emulated device; measured compute times the real "
-                          "GEMMs: drop it or add --compute emulated")
+    args.dp = _given(args.dp, 1)
+    compute = _compute(args, local_ranks)
     return BenchConfig(
-        modes=args.modes,
+        modes=_given(args.modes, MODES),
         chis=_given(args.chi, (1.0, 4.0)),
         seeds=_given(args.seeds, (0,) if quick else (0, 1)),
-        tp=args.tp, dp=args.dp, pattern=args.pattern, straggler_rank=args.straggler_rank,
-        multi_chis=args.multi_chi, lambdas=args.lambdas, device=args.device, compute=compute,
+        tp=args.tp, dp=args.dp, pattern=_given(args.pattern, "fixed"),
+        straggler_rank=_given(args.straggler_rank, 1), multi_chis=_given(args.multi_chi, (8.0, 6.0, 4.0, 2.0)),
+        lambdas=_given(args.lambdas, ()), device=args.device, compute=compute,
         epochs=_given(args.epochs, 2 if quick else 4),
         iters_per_epoch=_given(args.iters_per_epoch, 20 if quick else 25),
         device_ms=_given(args.device_ms, 20.0 * max(2, args.tp * args.dp)),
@@ -148,6 +182,60 @@ def config_from_args(args: argparse.Namespace, *, local_ranks: Optional[int] = N
     )
 
 
+def _compute(args: argparse.Namespace, local_ranks: Optional[int]) -> str:
+    compute = args.compute or default_compute(args.device, local_ranks or args.tp * args.dp)
+    if compute == "measured" and args.device_ms is not None:
+        raise ConfigError(f"--device-ms {args.device_ms:g} sets the emulated device; measured compute times the real "
+                          "GEMMs: drop it or add --compute emulated")
+    return compute
+
+
+def grid_config_from_args(args: argparse.Namespace, *, local_ranks: Optional[int] = None):
+    """The 2-D :class:`~semimig.hybrid.Hybrid2DConfig` of the flags (``--allocation`` given)."""
+    from semimig.bench.config import MEASURED_SIZE
+    from semimig.bench.sweeps import MODES_BY_ALLOCATION
+    from semimig.hybrid.config import Hybrid2DConfig
+
+    _refuse_given(args, _ONE_D_ONLY, "applies to the 1-D straggler sweep, not to --allocation (give the 2-D "
+                                     "slowdowns with --group-chis)")
+    if args.device != "cpu":
+        raise ConfigError(f"--allocation runs on CPU ranks only, got --device {args.device}")
+    allowed = MODES_BY_ALLOCATION[args.allocation]
+    modes = _given(args.modes, allowed)
+    for mode in modes:
+        if mode not in allowed:
+            raise ConfigError(f"--modes: mode {mode!r} does not go with --allocation {args.allocation} (it compares "
+                              f"{', '.join(allowed)})")
+    args.dp = _given(args.dp, 2)
+    quick, world = args.quick, args.tp * args.dp
+    compute = _compute(args, local_ranks)
+    zero = _given(args.zero_stage, 0)
+    return Hybrid2DConfig(
+        tp=args.tp, dp=args.dp, zero_stage=zero, precision="bf16" if zero else "fp32", modes=modes,
+        seeds=_given(args.seeds, (0,) if quick else (0, 1)), group_chis=_given(args.group_chis, ()),
+        timing=compute, device_ms=_given(args.device_ms, max(150.0, 40.0 * world)),
+        epochs=_given(args.epochs, 2 if quick else 4), iters_per_epoch=_given(args.iters_per_epoch, 20 if quick else 25),
+        size=args.model or (MEASURED_SIZE if compute == "measured" else Hybrid2DConfig().size),
+    )
+
+
+def sweep_from_args(args: argparse.Namespace, *, local_ranks: Optional[int] = None):
+    """The :class:`~semimig.bench.runner.Sweep` the flags ask for: 1-D, or 2-D with ``--allocation``."""
+    from semimig.bench import sweeps
+
+    if args.allocation is None:
+        return sweeps.straggler_sweep(config_from_args(args, local_ranks=local_ranks))
+    cfg = grid_config_from_args(args, local_ranks=local_ranks)
+    if args.timeout_s is not None:
+        check_number("timeout_s", args.timeout_s, minimum=1.0, maximum=86_400.0)
+        wait = sweeps.grid_longest_wait_s(cfg)
+        if args.timeout_s <= wait:
+            raise ConfigError(f"timeout_s={args.timeout_s:g} is shorter than the slowest rank's emulated GEMM time "
+                              f"per iteration ({wait:g} s): raise --timeout-s")
+    return sweeps.grid_sweep(cfg, allocation=args.allocation, timeout_s=sweeps.grid_timeout_s(cfg, args.timeout_s),
+                             evaluate=not args.quick)
+
+
 def run_bench_command(args: argparse.Namespace) -> int:
     """Check every flag before any rank starts; then train on spawned or launcher-given ranks."""
     from semimig.bench import runner
@@ -156,12 +244,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
     env = None
     try:
         env = TorchrunEnv.from_environ()
-        cfg = config_from_args(args, local_ranks=env.local_world_size if env else None)
+        sweep = sweep_from_args(args, local_ranks=env.local_world_size if env else None)
         out = runner.Outputs(json=args.json, plots=None if args.no_plots else args.plots, resume=args.resume,
                              overwrite=args.overwrite, dry_run=args.dry_run, argv=getattr(args, "argv", None))
         if env is None:
-            return runner.run_spawned(cfg, out)
-        return runner.run_launched(cfg, out, env)
+            return runner.run_spawned(sweep, out)
+        return runner.run_launched(sweep, out, env)
     except (ConfigError, runner.Refused) as err:  # refused before training: say which, no traceback
         if env is None or env.local_rank == 0:
             message = str(err)
@@ -181,16 +269,21 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def _write_results(args: argparse.Namespace, records: list, config: dict, title: str, **json_extra) -> None:
-    """The table, the JSON and (unless ``--no-plots``) the plots of ``report``."""
-    from semimig.bench import report
+    """The table, the JSON and (unless ``--no-plots``) the plots of ``report`` (1-D or 2-D runs)."""
+    from semimig.bench import grid, report
 
-    rows = report.summarize(records)
-    report.print_table(rows, title)
+    if "allocation" in config:
+        rows = grid.summarize(records)
+        grid.print_table(rows, title)
+        plots = [] if args.no_plots else [grid.write_plot(args.plots, rows, title)]
+    else:
+        rows = report.summarize(records)
+        report.print_table(rows, title)
+        plots = [] if args.no_plots else report.write_plots(args.plots, rows, title)
     report.write_json(args.json, records, rows, config, **json_extra)
     print(f"JSON: {args.json}")
-    if not args.no_plots:
-        for path in report.write_plots(args.plots, rows, title):
-            print(f"plot: {path}")
+    for path in plots:
+        print(f"plot: {path}")
 
 
 def add_report_subcommand(subparsers) -> None:
@@ -216,6 +309,10 @@ def run_report_command(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"semimig report: error: {err}", file=sys.stderr)
         return 2
-    title = f"semimig report tp={config.get('tp')} {config.get('pattern')} ({len(saved)} runs)"
+    if "allocation" in config:
+        title = (f"semimig report 2-D tp={config.get('tp')} dp={config.get('dp')}, {config.get('allocation')} "
+                 f"allocation ({len(saved)} runs)")
+    else:
+        title = f"semimig report tp={config.get('tp')} {config.get('pattern')} ({len(saved)} runs)"
     _write_results(args, records, config, title, machine_info=machine_info, sources=[n for n, _ in saved])
     return 0

@@ -167,10 +167,11 @@ def merge_saved(saved: Sequence[tuple[str, dict]]) -> tuple[list[dict], dict, di
         for key in SWEEP_KEYS:
             config[key] = list(dict.fromkeys([*config.get(key, []), *cfg.get(key, [])]))
         for r in data["records"]:
-            case = (r["mode"], r["chi"], r["seed"], r.get("lambda"))
+            case = (r["mode"], r.get("chi"), r["seed"], r.get("lambda"))
             if case in owner:
-                raise ConfigError(f"(mode {case[0]!r}, chi {case[1]:g}, seed {case[2]}, lambda {case[3]}) is in "
-                                 f"both {owner[case]} and {name}")
+                chi = "" if case[1] is None else f", chi {case[1]:g}"
+                raise ConfigError(f"(mode {case[0]!r}{chi}, seed {case[2]}, lambda {case[3]}) is in "
+                                  f"both {owner[case]} and {name}")
             owner[case] = name
             records.append(r)
     machines = [data.get("machine") for _, data in saved]

@@ -32,13 +32,19 @@ Case = tuple  # (mode, chi, seed, lambda)
 
 
 def case_of(record: dict) -> Case:
-    """The case a record measured: ``(mode, chi, seed, λ)``."""
-    return (record["mode"], float(record["chi"]), int(record["seed"]), record.get("lambda"))
+    """The case a record measured: ``(mode, chi, seed, λ)`` (chi ``None`` for 2-D records)."""
+    return normal_case((record["mode"], record.get("chi"), record["seed"], record.get("lambda")))
+
+
+def normal_case(case: Case) -> Case:
+    """``case`` with chi as a float (or ``None``) and the seed as an int, for comparisons."""
+    mode, chi, seed, lam = case
+    return (mode, None if chi is None else float(chi), int(seed), lam)
 
 
 def describe_case(case: Case) -> str:
     mode, chi, seed, lam = case
-    return f"{mode}{'' if lam is None else f' λ={lam}'} chi={chi:g} seed={seed}"
+    return f"{mode}{'' if lam is None else f' λ={lam}'}{'' if chi is None else f' chi={chi:g}'} seed={seed}"
 
 
 def as_json(value: Any) -> Any:
@@ -144,17 +150,18 @@ class ResultsFile:
 
     def missing(self, cases: Iterable[Case]) -> list:
         done = self.done
-        return [c for c in cases if (c[0], float(c[1]), int(c[2]), c[3]) not in done]
+        return [c for c in cases if normal_case(c) not in done]
 
     def add(self, record: dict, *, cases_total: int) -> None:
-        """Append one finished case and rewrite the file atomically."""
+        """Append one finished case and rewrite the file atomically (kept only once written)."""
+        self.write(complete=False, cases_total=cases_total, records=[*self.records, record])
         self.records.append(record)
-        self.write(complete=False, cases_total=cases_total)
 
-    def write(self, *, complete: bool, cases_total: int) -> None:
-        from semimig.bench import report
+    def write(self, *, complete: bool, cases_total: int, records: Optional[list] = None) -> None:
+        from semimig.bench import grid, report
 
-        data = {"records": self.records, "summary": report.summarize(self.records), "machine": self.machine,
-                "config": self.config,
-                "status": {"complete": complete, "cases_done": len(self.records), "cases_total": cases_total}}
+        records = self.records if records is None else records
+        summarize = grid.summarize if "allocation" in self.config else report.summarize
+        data = {"records": records, "summary": summarize(records), "machine": self.machine, "config": self.config,
+                "status": {"complete": complete, "cases_done": len(records), "cases_total": cases_total}}
         write_atomically(self.path, data)

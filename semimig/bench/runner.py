@@ -3,23 +3,23 @@
     semimig bench ...                                  # spawned: one run_on_ranks per case
     torchrun --nproc_per_node 2 -m semimig bench ...   # launched: every rank loops over the cases
 
-Either way each finished case is added to the results file at once (:mod:`semimig.bench.results`),
-only rank 0 (or the parent) prints and writes, and an interrupt or a failed rank keeps every
-finished case and says how to resume.  Under a launcher the checks only some ranks can make
-(outputs and results file on rank 0, cores or GPUs on each node) are gathered, so a refusal ends
-every rank at once instead of leaving the others waiting in a collective.
+A :class:`Sweep` says what to train (the 1-D straggler sweep of :mod:`.sweeps`, or the 2-D one);
+this module runs it.  Either way each finished case is added to the results file at once
+(:mod:`semimig.bench.results`), only rank 0 (or the parent) prints and writes, and an interrupt
+or a failed rank keeps every finished case and says how to resume.  Under a launcher the checks
+only some ranks can make (outputs and results file on rank 0, cores or GPUs on each node) are
+gathered, so a refusal ends every rank at once instead of leaving the others in a collective.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import shlex
 import signal
-import sys
 import time
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
 
-from semimig.bench.config import BenchConfig
 from semimig.bench.results import ResultsFile, check_outputs, describe_case
 from semimig.errors import ConfigError
 from semimig.launch import RankFailure, Terminated, TorchrunEnv, terminate_on_signals
@@ -27,17 +27,41 @@ from semimig.launch import RankFailure, Terminated, TorchrunEnv, terminate_on_si
 Case = tuple
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class Outputs:
     """Where results go and how an existing results file is treated (the bench CLI's flags)."""
 
-    json: "os.PathLike"
-    plots: Optional["os.PathLike"]
+    json: Path
+    plots: Optional[Path]
     resume: bool = False
     overwrite: bool = False
     dry_run: bool = False
     argv: Optional[Sequence[str]] = None
     """The command line after ``semimig`` (for the resume hint)."""
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A benchmark as the runner sees it: settings, cases, how a rank trains one, how to show them."""
+
+    config: dict
+    """The settings saved with the results (what ``--resume`` compares)."""
+    cases: tuple
+    world: int
+    device: str
+    compute: str
+    timeout_s: float
+    body: Callable[..., dict]
+    """Module-level ``body(rank, world, *body_args, case) -> record`` (run on every rank)."""
+    body_args: tuple
+    banner: Callable[[int, int, Optional[TorchrunEnv]], str]
+    """``banner(cases to train, cases in all, launcher or None)``."""
+    finish: Callable[[list, float, Optional[Path]], None]
+    """``finish(records, seconds, plots directory or None)``: table, notes, plots."""
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device == "cuda" else "gloo"
 
 
 class Refused(Exception):
@@ -64,39 +88,20 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def check_local_resources(cfg: BenchConfig, local_ranks: int) -> None:
+def check_local_resources(device: str, compute: str, local_ranks: int) -> None:
     """Refuse what this machine cannot give ``local_ranks`` ranks: one core each for measured compute
     on CPU, one GPU each on CUDA."""
-    if cfg.device == "cuda":
+    if device == "cuda":
         import torch
 
         found = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if found < local_ranks:
             raise ConfigError(f"backend 'nccl' runs one rank per GPU: {local_ranks} ranks need {local_ranks} "
                               f"GPUs, this machine has {found}")
-    elif cfg.compute == "measured" and local_ranks > usable_cores():
+    elif compute == "measured" and local_ranks > usable_cores():
         raise ConfigError(f"--compute measured runs each rank's real GEMMs on one core: {local_ranks} ranks on this "
                           f"machine need {local_ranks} cores, it has {usable_cores()}; use --compute emulated "
                           "(sleeping ranks share cores) or fewer ranks")
-
-
-def banner(cfg: BenchConfig, todo: int, total: int, env: Optional[TorchrunEnv]) -> str:
-    where = "GPUs/NCCL" if cfg.device == "cuda" else "CPU/gloo"
-    if env is not None:
-        where += f", the launcher's {env.world_size} ranks"
-    compute = (f"emulated device {cfg.device_ms:g} ms/iter" if cfg.compute == "emulated"
-               else "measured compute (real GEMMs, one thread per rank)")
-    return (f"semimig bench: ViT {cfg.size} on digits, "
-            f"tp={cfg.tp} dp={cfg.dp}, pattern {cfg.pattern}, {cfg.epochs}x{cfg.iters_per_epoch} iterations, "
-            f"{compute}, {len(cfg.modes)} modes x {len(cfg.chis)} chi x {len(cfg.seeds)} seeds on {where}; "
-            f"{todo} of {total} cases to train; collective timeout {cfg.timeout_s:g} s"
-            + ("" if cfg.evaluate else "; time only (accuracy not measured)"))
-
-
-def title(cfg: BenchConfig, seconds: float) -> str:
-    """The table and plot title: the setting, the compute mode, time-only runs marked."""
-    return (f"semimig bench tp={cfg.tp} {cfg.pattern}, {cfg.compute} compute"
-            + ("" if cfg.evaluate else ", time only") + f" ({seconds:.0f} s)")
 
 
 def resume_hint(argv: Optional[Sequence[str]], launched: bool) -> str:
@@ -106,18 +111,17 @@ def resume_hint(argv: Optional[Sequence[str]], launched: bool) -> str:
                                                   "--resume"])
 
 
-def _open_results(cfg: BenchConfig, out: Outputs) -> ResultsFile:
+def _open_results(sweep: Sweep, out: Outputs) -> ResultsFile:
     """Check the outputs and the existing results file against this run's settings."""
     from semimig.bench import report
 
     check_outputs(out.json, out.plots)
-    return ResultsFile.open(out.json, dataclasses.asdict(cfg), machine=report.machine(), resume=out.resume,
+    return ResultsFile.open(out.json, sweep.config, machine=report.machine(), resume=out.resume,
                             overwrite=out.overwrite)
 
 
-def _plan(cfg: BenchConfig, results: ResultsFile) -> tuple[list, int]:
-    cases = cfg.all_cases()
-    todo = results.missing(cases)
+def _plan(sweep: Sweep, results: ResultsFile) -> tuple[list, int]:
+    todo = results.missing(sweep.cases)
     return todo, len(todo) + len(results.records)
 
 
@@ -153,75 +157,67 @@ def _train_all(results: Optional[ResultsFile], todo: Sequence[Case], train: Call
         raise Stopped(f"{why}\n{kept}\n{resume_hint(out.argv, launched)}", code) from None
 
 
-def _finish(cfg: BenchConfig, results: ResultsFile, out: Outputs, *, total: int, start: float) -> None:
-    from semimig.bench.report import print_table, summarize, write_plots
-
+def _finish(sweep: Sweep, results: ResultsFile, out: Outputs, *, total: int, start: float) -> None:
     results.write(complete=True, cases_total=total)
-    name = title(cfg, time.perf_counter() - start)
-    rows = summarize(results.records)
-    print_table(rows, name)
-    shares = [row["busy_share"] for row in rows if row["chi"] == 1.0 and row.get("busy_share") is not None]
-    if shares and cfg.compute == "measured":
-        print(f"TP linear GEMMs took {100 * sum(shares) / len(shares):.0f} % of an iteration at chi = 1 (mean over "
-              "ranks and modes; busy_share_by_rank in the JSON)")
+    sweep.finish(results.records, time.perf_counter() - start, out.plots)
     print(f"JSON: {results.path}")
-    if out.plots is not None:
-        for path in write_plots(out.plots, rows, name):
-            print(f"plot: {path}")
 
 
-def run_spawned(cfg: BenchConfig, out: Outputs) -> int:
+def _print_cases(todo: Sequence[Case]) -> None:
+    for case in todo:
+        print(f"  would train {describe_case(case)}")
+    print("dry run: settings checked, no rank started")
+
+
+def run_spawned(sweep: Sweep, out: Outputs) -> int:
     """``semimig bench`` as one command: this process starts the ranks of each case."""
-    from semimig.bench.train import run_case
     from semimig.launch import run_on_ranks
 
-    check_local_resources(cfg, cfg.world)
-    results = _open_results(cfg, out)
-    todo, total = _plan(cfg, results)
-    print(banner(cfg, len(todo), total, None), flush=True)
+    check_local_resources(sweep.device, sweep.compute, sweep.world)
+    results = _open_results(sweep, out)
+    todo, total = _plan(sweep, results)
+    print(sweep.banner(len(todo), total, None), flush=True)
     if out.dry_run:
         _print_cases(todo)
         return 0
     start = time.perf_counter()
 
     def train(case: Case) -> dict:
-        return run_on_ranks(run_case, cfg.world, cfg, case, timeout_s=None, backend=cfg.backend,
-                            collective_timeout_s=cfg.timeout_s)
+        return run_on_ranks(sweep.body, sweep.world, *sweep.body_args, case, timeout_s=None, backend=sweep.backend,
+                            collective_timeout_s=sweep.timeout_s)
 
     _train_all(results, todo, train, total=total, out=out, launched=False)
-    _finish(cfg, results, out, total=total, start=start)
+    _finish(sweep, results, out, total=total, start=start)
     return 0
 
 
-def run_launched(cfg: BenchConfig, out: Outputs, env: TorchrunEnv) -> int:
+def run_launched(sweep: Sweep, out: Outputs, env: TorchrunEnv) -> int:
     """``semimig bench`` under torchrun: this process is one of the launcher's ranks."""
     import torch
     import torch.distributed as dist
 
-    from semimig.bench.train import train_case
-
-    if env.world_size != cfg.world:
-        raise Refused(f"the launcher started {env.world_size} ranks but tp={cfg.tp} x dp={cfg.dp} needs {cfg.world}: "
-                      f"start {cfg.world} ranks or change --tp/--dp")
+    if env.world_size != sweep.world:
+        raise Refused(f"the launcher started {env.world_size} ranks but tp={sweep.config.get('tp')} x "
+                      f"dp={sweep.config.get('dp')} needs {sweep.world}: start {sweep.world} ranks or change --tp/--dp")
     torch.set_num_threads(1)  # measured compute: one thread per rank, like the spawned ranks
     try:
-        env.init_process_group(cfg.backend, cfg.timeout_s)
+        env.init_process_group(sweep.backend, sweep.timeout_s)
     except Exception as err:  # noqa: BLE001 - the launcher's store or peers are unreachable
-        raise Refused(f"cannot join the launcher's process group within {cfg.timeout_s:g} s: {err}", 1) from None
+        raise Refused(f"cannot join the launcher's process group within {sweep.timeout_s:g} s: {err}", 1) from None
     try:
         results, refusal = None, None
         try:
-            check_local_resources(cfg, env.local_world_size)
+            check_local_resources(sweep.device, sweep.compute, env.local_world_size)
             if env.rank == 0:
-                results = _open_results(cfg, out)
+                results = _open_results(sweep, out)
         except ConfigError as err:
             refusal = str(err)
         refusals = _gather(refusal, env)
         if refusals:
             raise Refused("; ".join(refusals))
-        todo, total = _broadcast(_plan(cfg, results) if env.rank == 0 else None)
+        todo, total = _broadcast(_plan(sweep, results) if env.rank == 0 else None)
         if env.rank == 0:
-            print(banner(cfg, len(todo), total, env), flush=True)
+            print(sweep.banner(len(todo), total, env), flush=True)
         if out.dry_run:
             if env.rank == 0:
                 _print_cases(todo)
@@ -229,11 +225,11 @@ def run_launched(cfg: BenchConfig, out: Outputs, env: TorchrunEnv) -> int:
         start = time.perf_counter()
 
         def train(case: Case) -> dict:
-            return train_case(env.rank, env.world_size, cfg, *case, local_rank=env.local_rank)
+            return sweep.body(env.rank, env.world_size, *sweep.body_args, case)
 
         _train_all(results, todo, train, total=total, out=out, launched=True)
         if env.rank == 0:
-            _finish(cfg, results, out, total=total, start=start)
+            _finish(sweep, results, out, total=total, start=start)
         return 0
     finally:
         if dist.is_initialized():
@@ -249,20 +245,10 @@ def _gather(refusal: Optional[str], env: TorchrunEnv) -> list[str]:
     return [f"rank {r}: {e}" for r, e in enumerate(everything) if e is not None]
 
 
-def _broadcast(value):
+def _broadcast(value: Any) -> Any:
     """Rank 0's ``value`` on every rank."""
     import torch.distributed as dist
 
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def _print_cases(todo: Sequence[Case]) -> None:
-    for case in todo:
-        print(f"  would train {describe_case(case)}")
-    print("dry run: settings checked, no rank started")
-
-
-def eprint(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)

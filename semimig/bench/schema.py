@@ -32,15 +32,16 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def validate_record(record: Any, where: str) -> dict:
-    """One case's record; ``where`` names it (``file: records[3]``)."""
+def validate_record(record: Any, where: str, *, grid: bool = False) -> dict:
+    """One case's record; ``where`` names it (``file: records[3]``); ``grid``: a 2-D run's record,
+    which has no chi (its slowdowns are a per-group pattern in the config)."""
     if not isinstance(record, dict):
         raise ConfigError(f"{where} must be an object, got {type(record).__name__} {_short(record)}")
-    for key in ("mode", "chi", "seed", "iter_time_s", "epoch_time_s"):
+    for key in ("mode", "seed", "iter_time_s", "epoch_time_s") + (() if grid else ("chi",)):
         if key not in record:
             raise ConfigError(f"{where} has no {key!r}")
     _check_str(f"{where}.mode", record["mode"])
-    check_number(f"{where}.chi", record["chi"], minimum=1.0)
+    check_number(f"{where}.chi", record.get("chi"), minimum=1.0, allow_none=grid)
     check_int(f"{where}.seed", record["seed"], minimum=0)
     check_int(f"{where}.lambda", record.get("lambda"), minimum=0, allow_none=True)
     for key in ("iter_time_s", "epoch_time_s"):
@@ -82,12 +83,13 @@ def validate_saved(data: Any, source: str) -> dict:
             raise ConfigError(f"{source} has no {key!r}: not a JSON written by semimig bench")
     validate_config(data["config"], f"{source}: config")
     records = _check_list(f"{source}: records", data["records"])
+    grid = "allocation" in data["config"]
     seen = {}
     for i, record in enumerate(records):
-        validate_record(record, f"{source}: records[{i}]")
-        case = (record["mode"], float(record["chi"]), record["seed"], record.get("lambda"))
+        validate_record(record, f"{source}: records[{i}]", grid=grid)
+        case = (record["mode"], record.get("chi"), record["seed"], record.get("lambda"))
         if case in seen:
             raise ConfigError(f"{source}: records[{i}] measures the case of records[{seen[case]}] again "
-                              f"(mode {case[0]!r}, chi {case[1]:g}, seed {case[2]}, lambda {case[3]})")
+                              f"(mode {case[0]!r}, chi {case[1]}, seed {case[2]}, lambda {case[3]})")
         seen[case] = i
     return data
