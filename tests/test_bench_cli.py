@@ -181,3 +181,24 @@ def test_lambda_cases_only_where_a_straggler_exists():
     cfg = BenchConfig(modes=("baseline", "semi"), tp=4, pattern="multi", lambdas=(0, 2))
     assert cfg.cases(1.0, 0) == [("baseline", 1.0, 0, None), ("semi", 1.0, 0, None)]
     assert cfg.cases(8.0, 1)[2:] == [("semi", 8.0, 1, 0), ("semi", 8.0, 1, 2)]
+
+
+@pytest.mark.slow
+def test_measured_compute_slows_the_straggler_by_its_own_measured_time(tmp_path):
+    """Real GEMMs on one thread per rank; the chi = 4 straggler's busy time (its GEMMs plus (chi - 1) x
+    their measured time) is several times its peer's, in the baseline (hooks) and semi (controller)."""
+    from semimig.bench.runner import usable_cores
+    from semimig.cli import main
+
+    if usable_cores() < 2:
+        pytest.skip("measured compute needs a core per rank")
+    out = tmp_path / "r.json"
+    assert main(["bench", "--compute", "measured", "--model", "128x512x1", "--quick", "--modes", "baseline,semi",
+                 "--chi", "4", "--epochs", "1", "--iters-per-epoch", "8", "--no-plots", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["config"]["compute"] == "measured" and data["config"]["size"]["hidden"] == 128
+    for record in data["records"]:
+        assert all(0.0 < share < 1.5 for share in record["busy_share_by_rank"])
+        busy = record["trajectory"]["by_rank"]
+        first = [rank["busy_s"][0] for rank in busy]  # before any balancing decision
+        assert first[1] > 2.0 * first[0], (record["mode"], first)
