@@ -56,8 +56,10 @@ class BoundLayer:
 
     @property
     def shape(self) -> tuple[int, int]:
-        """``(N, K)`` of this rank's shard."""
-        n, k = gemm_weight(self.layer).shape
+        """``(N, K)`` of this rank's shard (read without detaching: a distributed tensor's detach
+        deep-copies its sharding spec)."""
+        weight = getattr(self.layer, "gemm_weight", None)
+        n, k = (weight if weight is not None else self.layer.weight).shape
         return int(n), int(k)
 
 
@@ -74,6 +76,7 @@ class LayerBinding:
                              "or build it from semimig.nn.Linear1D_Col/Row")
         self.lineage = LineageTable()
         self._theta_warned = False
+        self._flops: Optional[list[float]] = None
         self.generator = torch.Generator().manual_seed(resizing.seed * 1009 + rank)
         for b in self.layers:
             b.layer.layer_name = b.name
@@ -113,8 +116,10 @@ class LayerBinding:
 
     # ------------------------------------------------------------------ ratios
     def layer_flops(self) -> list[float]:
-        """``N·K`` of every layer (GEMM FLOPs per token, up to a constant)."""
-        return [float(n * k) for n, k in (b.shape for b in self.layers)]
+        """``N·K`` of every layer (GEMM FLOPs per token, up to a constant); shapes never change."""
+        if self._flops is None:
+            self._flops = [float(n * k) for n, k in (b.shape for b in self.layers)]
+        return self._flops
 
     def layer_gammas(self, shed: float, period: int) -> tuple[float, ...]:
         """Per-layer pruning ratios for a rank-level shed share (dense layers: 0).
@@ -132,7 +137,7 @@ class LayerBinding:
         deltas = [b.priority.delta for b in resizable]
         shares = candidate_shares(deltas, layer_thresholds(deltas, res, period))
         if res.variant == "pridiff-r":
-            flops = [float(n * k) for n, k in (b.shape for b in resizable)]
+            flops = [f for f, b in zip(self.layer_flops(), self.layers) if not b.dense]
             ratios = pridiff_ratios_for_savings(shares, flops, gamma=shed, alpha=res.alpha, gamma_max=res.gamma_max)
         else:
             ratios = pridiff_ratios(shares, gamma=shed, alpha=res.alpha, gamma_max=res.gamma_max)

@@ -42,7 +42,13 @@ import torch.nn as nn
 
 from semimig._validate import check_choice, check_int, check_str_tuple, is_int, is_number
 from semimig.comm import primitives as P
-from semimig.controller.agreement import check_agreement, describe, exchange_observations, plan_digest
+from semimig.controller.agreement import (
+    ObservationExchange,
+    check_agreement,
+    describe,
+    exchange_observations,
+    plan_digest,
+)
 from semimig.controller.config import ControllerConfig
 from semimig.controller.curves import CostCurves, Curve
 from semimig.controller.plan import GroupPlan, decide_plan
@@ -163,9 +169,11 @@ class GroupActions:
 class BalanceController:
     """Per tensor-parallel group: measures, decides and applies balancing for one model.
 
-    A plan decided at ``step()`` of iteration ``j`` is *pending*: its digest travels in the
-    all-gather of iteration ``j + 1``, and it is applied from iteration ``j + 2`` only once every
-    rank is known to hold the same one — so a plan that differs between ranks never reaches a layer.
+    A plan decided at ``step()`` ``j`` is *pending*: its digest travels in the background
+    all-gather posted at that step, collected at step ``j + 1``, and the plan reaches the layers
+    from iteration ``j + 2`` only once every rank is known to hold the same one — so a plan that
+    differs between ranks never reaches a layer.  Decisions use the observations collected at
+    the same step (those of the iteration before), so a measurement acts three iterations later.
     """
 
     def __init__(self, model: nn.Module, config: BalanceConfig = BalanceConfig(), *,
@@ -200,6 +208,10 @@ class BalanceController:
         self.forced: Optional[tuple[dict, dict]] = None
         self.reports: collections.deque = collections.deque(maxlen=4096)
         self._current = self._pending = GroupActions(prune=(0.0,) * self.size)
+        self._exchange = ObservationExchange(process_group, self._collective_device)
+        self._posted: tuple = ({}, {}, self._pending)
+        """What the posted all-gather checks: the applied plan's description, the pending one's, and
+        the pending actions themselves (applied once the check passes)."""
         self._gammas: tuple[float, ...] = (0.0,) * len(self.binding.layers)
         self._apply()
 
@@ -254,28 +266,37 @@ class BalanceController:
             raise
 
     def step(self) -> StepReport:
-        """Close the iteration: measure, check agreement, decide (collectively), set the next directives."""
+        """Close the iteration: measure, check agreement, decide (collectively), set the next directives.
+
+        The iteration's observation and the digests of the plan it applied and of the plan
+        decided for later are posted in a background all-gather, collected at the next
+        ``step()``; there every rank checks the digests (a pending plan reaches the layers only
+        once they agree), feeds every rank's observation to its timing model and decides.
+        """
         stats = self.meter.snapshot()
         self.meter.reset()
         valid = stats.gemm_count > 0 and stats.busy_s > 0.0 and math.isfinite(stats.busy_s)
-        pending = self._pending.describe(self.config.mode)
-        rows = exchange_observations(stats.work_fraction, stats.busy_s, (self._digest, plan_digest(pending)), valid,
-                                     self.group, self._collective_device)
-        check_agreement([row[2] for row in rows], self._description, self.group,
-                        what=f"plan applied in iteration {self.iteration}")
-        check_agreement([row[3] for row in rows], pending, self.group,
-                        what=f"plan decided at iteration {self.iteration - 1}")
+        rows = self._exchange.collect()
+        if rows is not None:
+            applied, pending, verified = self._posted
+            check_agreement([row[2] for row in rows], applied, self.group,
+                            what=f"plan applied in iteration {self.iteration - 1}")
+            check_agreement([row[3] for row in rows], pending, self.group,
+                            what=f"plan decided at step {self.iteration}")
+            for timing, (work, busy, _, _, ok) in zip(self.timings, rows):
+                if ok:
+                    timing.observe(work, busy)
+            self._current = verified  # equal on every rank: now it may reach the layers
         digest = self._digest
         self.iteration += 1
         self.injector.set_position(self.epoch, self.iteration)
         if self.iteration % self.period == 0:
             self.binding.end_period(self.period)
-        for timing, (work, busy, _, _, ok) in zip(self.timings, rows):
-            if ok:
-                timing.observe(work, busy)
-        self._current = self._pending  # verified equal on every rank: now it may reach the layers
-        if not self.forced and (self.iteration - 1) % self.config.interval == 0:
+        if not self.forced and (self.iteration - 1) % self.config.interval == 0 and rows is not None:
             self._pending = self._decide(self._pending)
+        pending = self._pending.describe(self.config.mode)
+        self._posted = (self._description, pending, self._pending)
+        self._exchange.post(stats.work_fraction, stats.busy_s, (digest, plan_digest(pending)), valid)
         self._apply()
         report = StepReport(self.iteration - 1, stats, self._shed_target(), self._gammas,
                             achieved_savings(self._gammas, self.binding.layer_flops()),
