@@ -6,6 +6,8 @@
     torchrun --nproc_per_node 2 -m semimig bench    # the launcher's ranks (several nodes: its rendezvous flags)
     semimig bench --modes baseline,semi --chi 1,4,8 --tp 4 --seeds 0,1,2 --json r.json
     semimig bench --tp 4 --pattern multi --modes baseline,semi --chi 1,8 --lambdas 0,1,2,3   # Fig. 11
+    semimig bench --tp 2 --dp 2 --allocation poplar # 2-D: Poplar across DP groups + SEMI in each TP group
+    semimig bench ... --resume                      # an interrupted run: train only the missing cases
 """
 from __future__ import annotations
 
