@@ -88,7 +88,11 @@ def measure_cost_samples(shapes: Sequence[tuple[int, int, int]], group, *, share
     for share in shares:
         if not 0.0 < share < 1.0:
             raise ValueError(f"pretest shares must be in (0, 1), got {share}")
-    from semimig.kernels import gather_linear_dgrad, gather_linear_fwd, gather_linear_wgrad
+    from semimig.kernels import ops as kernel_ops
+    from semimig.kernels import plan_keep
+    from semimig.kernels.backend import resolve_backend
+
+    backend = resolve_backend(torch.device(device), dtype)
 
     # Transformer blocks repeat their shapes: each distinct (M, N, K) is measured once and counted
     # as often as it occurs (a 32-block model costs what one block costs).
@@ -107,13 +111,15 @@ def measure_cost_samples(shapes: Sequence[tuple[int, int, int]], group, *, share
         def pruned(t, share=share):  # the straggler's three GEMMs on the kept columns, gathers and zero fill included
             x, w, dy, _ = t
             keep = torch.randperm(w.shape[1], generator=gen)[:max(1, round(w.shape[1] * (1.0 - share)))]
-            keep = keep.sort().values.to(w.device)
-            flops, full = 2 * x.shape[0] * w.shape[0] * keep.numel(), 2 * x.shape[0] * w.shape[0] * w.shape[1]
+            # the layers' own path: one validated plan per keep set (cached across iterations there)
+            plan = plan_keep(keep.sort().values.to(w.device), w.shape[1], w.device,
+                             group=1 if backend == "torch" else None)
+            flops, full = 2 * x.shape[0] * w.shape[0] * plan.n_kept, 2 * x.shape[0] * w.shape[0] * w.shape[1]
 
             def run():
-                _charged(timer, lambda: gather_linear_fwd(x, w, None, keep), flops, full)
-                _charged(timer, lambda: gather_linear_dgrad(dy, w, keep), flops, full)
-                _charged(timer, lambda: gather_linear_wgrad(dy, x, keep), flops, full)
+                _charged(timer, lambda: kernel_ops.fwd(backend, x, w, None, plan), flops, full)
+                _charged(timer, lambda: kernel_ops.dgrad(backend, dy, w, plan), flops, full)
+                _charged(timer, lambda: kernel_ops.wgrad(backend, dy, x, plan), flops, full)
             return run
 
         def narrow(t, fraction, full_flops):  # dense GEMMs of that width: the physical limit
