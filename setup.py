@@ -17,6 +17,7 @@ PACKAGES = [
     "semimig.straggler",
     "semimig.allocation",
     "semimig.bench",
+    "semimig.hybrid",
     "semimig.kernels",
 ]
 
