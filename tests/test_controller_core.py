@@ -220,6 +220,19 @@ def test_heavy_straggler_splits_by_eq2_closed_form():
         assert plan.actions[r].receive_share == pytest.approx(gamma * beta / 3, rel=1e-12)
 
 
+def test_a_sliver_of_migration_resizes_instead():
+    """Eq. 2 wants β = 0.03 of a 0.75 share (2 % of the columns): below min_migrate_share the
+    straggler only resizes; with the threshold at 0, Eq. 2's own β stands."""
+    e, times = 2, [1.0, 4.0]
+    a, b, c, d, p = 0.0, 1e-6, 0.0, 1e-6, 3e-5  # β = b n / (n (b + d + p)) = 1/32
+    curves = _curves(omega1=a, omega2=(0.0, b), phi1=(c, d), phi2=(0.0, p))
+    plan = decide_plan(times, L, curves, ControllerConfig())
+    assert plan.actions[1].kind == "resize" and plan.actions[1].gamma == pytest.approx(0.75)
+    assert plan.beta == 0.0
+    raw = decide_plan(times, L, curves, ControllerConfig(min_migrate_share=0.0))
+    assert raw.beta == pytest.approx(1 / 32) and raw.actions[1].migrate_share == pytest.approx(0.75 / 32)
+
+
 def test_single_straggler_with_cheap_migration_migrates_everything():
     curves = _curves(omega1=0.05, omega2=(0.0, 1e-4), phi1=(0.0, 1e-6), phi2=(0.0, 1e-6))
     plan = decide_plan([3.0, 1.0], L, curves, ControllerConfig())
