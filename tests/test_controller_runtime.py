@@ -191,15 +191,16 @@ def _disagreeing_force_body(rank, world):
     return None, time.perf_counter() - start
 
 
-def _disagreeing_force_all(rank, world):
+def _every_rank(rank, world, body_name):
+    """Run the module's ``body_name`` on every rank and return every rank's result (rank order)."""
     out = [None] * world
-    dist.all_gather_object(out, _disagreeing_force_body(rank, world))
+    dist.all_gather_object(out, globals()[body_name](rank, world))
     return out
 
 
 def test_a_force_that_differs_between_ranks_stops_every_rank_at_once():
     """Issue 19: different forced plans used to give NaN outputs silently."""
-    results = run_on_ranks(_disagreeing_force_all, 2, timeout_s=60)
+    results = run_on_ranks(_every_rank, 2, "_disagreeing_force_body", timeout_s=60)
     for message, seconds in results:
         assert message is not None
         assert "ranks [0] vs ranks [1]" in message and "forced" in message
@@ -231,14 +232,8 @@ def _diverging_plan_body(rank, world):
     return None, None
 
 
-def _diverging_all(rank, world):
-    out = [None] * world
-    dist.all_gather_object(out, _diverging_plan_body(rank, world))
-    return out
-
-
 def test_a_plan_that_diverges_on_one_rank_is_caught_at_the_next_step():
-    results = run_on_ranks(_diverging_all, 2, timeout_s=60)
+    results = run_on_ranks(_every_rank, 2, "_diverging_plan_body", timeout_s=60)
     for message, seconds in results:
         assert message is not None and "plan decided at step 2" in message
         assert "migrate" in message and "ranks [0] vs ranks [1]" in message
