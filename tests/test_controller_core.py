@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from semimig.controller.config import ControllerConfig
+from semimig.errors import ConfigError
 from semimig.controller.curves import CostCurves, Curve, fit_constant, fit_curve
 from semimig.controller.plan import (
     GroupPlan,
@@ -201,7 +202,7 @@ def test_heavy_straggler_splits_by_eq2_closed_form():
     times = [1.0, 1.0, 1.0, 4.0]
     a, b, c, d, p = 0.02, 1e-4, 0.01, 2e-5, 1e-4
     curves = _curves(omega1=a, omega2=(0.0, b), phi1=(c, d), phi2=(0.0, p))
-    plan = decide_plan(times, L, curves, ControllerConfig())
+    plan = decide_plan(times, L, curves, ControllerConfig(max_receiver_load=None))
 
     gamma = 1 - 1.0 / 4.0  # 0.75
     n = L * gamma
@@ -233,9 +234,27 @@ def test_a_sliver_of_migration_resizes_instead():
     assert raw.beta == pytest.approx(1 / 32) and raw.actions[1].migrate_share == pytest.approx(0.75 / 32)
 
 
-def test_single_straggler_with_cheap_migration_migrates_everything():
+def test_receiver_load_caps_eq2_and_the_rest_is_pruned():
+    """Eq. 2 alone migrates everything (cheap migration); with the default cap a receiver computes at
+    most max_receiver_load of its own columns on top: e = 2, shed 2/3 of L -> 0.15 L migrate, the
+    rest of the shed share is pruned; with e = 4 three receivers take 3 x 0.15 = 0.45 L of the 2/3."""
     curves = _curves(omega1=0.05, omega2=(0.0, 1e-4), phi1=(0.0, 1e-6), phi2=(0.0, 1e-6))
     plan = decide_plan([3.0, 1.0], L, curves, ControllerConfig())
+    act = plan.actions[0]
+    assert act.migrate_share == pytest.approx(0.15, rel=1e-12)
+    assert act.gamma == pytest.approx(2 / 3 - 0.15, rel=1e-12)
+    assert plan.actions[1].receive_share == pytest.approx(0.15, rel=1e-12)
+    wide = decide_plan([3.0, 1.0, 1.0, 1.0], L, curves, ControllerConfig())
+    assert wide.actions[0].migrate_share == pytest.approx(0.45, rel=1e-12)
+    assert wide.actions[0].gamma == pytest.approx(2 / 3 - 0.45, rel=1e-12)
+    assert decide_plan([3.0, 1.0], L, curves, ControllerConfig(max_receiver_load=None)).beta == 1.0
+    with pytest.raises(ConfigError, match="max_receiver_load"):
+        ControllerConfig(max_receiver_load=-0.1)
+
+
+def test_single_straggler_with_cheap_migration_migrates_everything():
+    curves = _curves(omega1=0.05, omega2=(0.0, 1e-4), phi1=(0.0, 1e-6), phi2=(0.0, 1e-6))
+    plan = decide_plan([3.0, 1.0], L, curves, ControllerConfig(max_receiver_load=None))
     # g(1) = 0.05 + 0 - 1e-6 n - 1e-6 n = 0.05 - 2e-6 * 666.7 > 0: migrating all is cheaper.
     assert plan.beta == 1.0
     assert plan.actions[0].migrate_share == pytest.approx(2 / 3) and plan.actions[0].gamma == 0.0
@@ -459,7 +478,7 @@ def test_solve_beta_degenerate_curves_do_not_crash():
     flat = Curve.constant(0.0)
     huge = CostCurves(omega1=1e30, omega2=flat, phi1=flat, phi2=flat)
     assert solve_beta(500.0, 4, huge) == 1.0
-    plan = decide_plan([5.0, 1.0], L, zero, ControllerConfig())
+    plan = decide_plan([5.0, 1.0], L, zero, ControllerConfig(max_receiver_load=None))
     assert plan.beta == 1.0 and plan.actions[0].migrate_share == pytest.approx(0.8)
 
 

@@ -65,6 +65,18 @@ class ControllerConfig:
     at the straggler's pace inside the layer; that fixed cost is not in the pretest's Φ1 (bare
     traffic), and a sliver of migration never pays for it."""
 
+    max_receiver_load: float | None = 0.15
+    """Mode ``semi``, one straggler: Eq. 2's β is capped so that every receiver computes at most
+    this share of its own columns on top of them, ``β·n/(e − 1) ≤ max_receiver_load·L`` (so at
+    most ``max_receiver_load·(e − 1)`` of the straggler's columns migrate); the rest is pruned.
+    Eq. 2 equates the straggler's resizing overhead with the receivers' migration overhead but
+    bounds neither against ``T_min``: where the pruned path is dear (a CPU gather, f ≈ 0.25) it
+    lets a single receiver take two thirds of the straggler's columns, and the group then runs at
+    the receiver's loaded pace, 1.7x the fast ranks' time (measured, tp = 2).  The cap keeps
+    SEMI's time within about this share of ZERO's (DESIGN §3a: the controller must never hurt) and
+    is harmless where the paper applies Eq. 2: with ``e = 8`` a whole χ = 8 straggler's shed share
+    spread over 7 receivers is 0.125 each.  ``None``: Eq. 2 alone."""
+
     # ---------------------------------------------------------------- evidence on real time (§3a)
     window: int = 7
     """Observations per rank the timing model keeps: its unpruned time is their median."""
@@ -103,6 +115,8 @@ class ControllerConfig:
         check_number("ControllerConfig.refresh_threshold", self.refresh_threshold, minimum=0.0)
         check_number("ControllerConfig.gamma_max", self.gamma_max, minimum=0.0, maximum=1.0, high_open=True)
         check_number("ControllerConfig.min_migrate_share", self.min_migrate_share, minimum=0.0, maximum=1.0)
+        check_number("ControllerConfig.max_receiver_load", self.max_receiver_load, minimum=0.0, allow_none=True,
+                     maximum=100.0)
         check_choice("ControllerConfig.zero_reference", self.zero_reference, ZERO_REFERENCES)
         check_choice("ControllerConfig.receivers", self.receivers, RECEIVER_POLICIES)
         check_int("ControllerConfig.window", self.window, minimum=3, maximum=1000)

@@ -27,7 +27,10 @@ the largest β with ``g(β) ≥ 0`` by bisection: β = 1 when migration stays ch
 ``ControllerConfig.min_migrate_share`` is rounded to 0 (the straggler then only resizes): every
 migrating layer adds collectives that synchronise the receivers with the straggler inside the
 layer, a fixed cost the pretest's traffic sample does not see (measured: a 2.5 % migrated share
-made a 2-rank CPU iteration 60 ms slower than resizing alone).
+made a 2-rank CPU iteration 60 ms slower than resizing alone).  And β is capped so that no
+receiver computes more than ``ControllerConfig.max_receiver_load`` of its own columns on top of
+them (``β·n/(e−1) ≤ max_receiver_load·L``): Eq. 2 bounds neither side against ``T_min``, and a
+single receiver loaded with most of a straggler's columns sets the group's pace.
 
 Mode ``semi``, ``z ≥ 2`` stragglers (Eq. 3). With ``s_k`` the Eq. 1 shed share of the ``k``-th
 slowest straggler (``k = 1 … z``), ``Γ(x) = Σ_{k≤x} L_k·s_k`` columns migrate when the ``x``
@@ -301,6 +304,11 @@ def decide_plan(
         migrating = stragglers
         receivers_of = _receivers(e, migrating, stragglers, "non_migrating")
         beta = solve_beta(cols[r] * shares[r], e, curves)
+        if config.max_receiver_load is not None and shares[r] > 0.0:
+            # each receiver computes at most max_receiver_load of its own columns on top (config doc)
+            receiver_columns = min(cols[y] for y in range(e) if y != r)
+            cap = config.max_receiver_load * (e - 1) * receiver_columns / (cols[r] * shares[r])
+            beta = min(beta, cap)
         if shares[r] * beta < config.min_migrate_share:
             beta = 0.0  # a sliver of migration cannot pay for its per-layer collectives (config doc)
         migrate[r] = shares[r] * beta
