@@ -279,3 +279,27 @@ def test_plan_keep(values, k, kind, group):
         kept, pruned = plan.keep.tolist(), plan.pruned.tolist()
         assert kept == sorted(set(kept)) and all(0 <= c < k for c in kept)
         assert sorted(kept + pruned) == list(range(k))
+
+
+# ------------------------------------------------------------- the issue's own list, by name
+@pytest.mark.parametrize(("build_it", "named"), [
+    (lambda: __import__("semimig.controller.runtime", fromlist=["x"]).BalanceConfig(resizing="pri"), "'pri'"),
+    (lambda: __import__("semimig.controller.runtime", fromlist=["x"]).BalanceConfig(controller={"mode": "semi"}),
+     "{'mode': 'semi'}"),
+    (lambda: __import__("semimig.controller.runtime", fromlist=["x"]).BalanceConfig(curves="x"), "'x'"),
+    (lambda: __import__("semimig.straggler.injection", fromlist=["x"]).StragglerConfig(flops_per_second="fast"),
+     "'fast'"),
+])
+def test_issue_19_config_inputs_are_refused_naming_the_value(build_it, named) -> None:
+    """Inputs issue 19 found giving AttributeErrors now or later: one ConfigError, value named."""
+    with pytest.raises(ConfigError) as info:
+        build_it()
+    assert named in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_straggler_spec_string_is_parsed_not_kept_as_a_string() -> None:
+    """``BalanceConfig(straggler="fixed:1:4")`` (an AttributeError later, issue 19) is the parsed config."""
+    from semimig.controller.runtime import BalanceConfig
+    from semimig.straggler.injection import StragglerConfig
+
+    assert BalanceConfig(straggler="fixed:1:4").straggler == StragglerConfig.from_cli("fixed:1:4")
