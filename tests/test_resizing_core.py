@@ -373,3 +373,40 @@ def test_algorithm1_measures_every_column_within_bounded_periods():
             w = w + torch.where(counts > 0, 0.0, 2.0**-5)
         tracker.end_period(w, counts > 0)
     assert torch.isinf(tracker.delta).sum() >= n_prune - 2
+
+
+@pytest.mark.parametrize("optimizer_name", ["SGD", "AdamW"])
+def test_relative_threshold_selects_a_proper_share_under_sgd_and_adamw(optimizer_name):
+    """Issue 17: a real training run (linear regression on fresh mini-batches, 25 steps = one
+    period) in which the target depends on 3/4 of the input columns: those weights move steadily,
+    the other quarter only random-walks, so the columns move unequally.  Under both optimizers
+    the relative threshold makes some but not all columns candidates (share strictly in (0, 1):
+    the random-walking quarter), while the paper's absolute θ (25 × 1e-3) calls every column
+    unchanged under AdamW, which moves a weight by about lr per step whatever its gradient."""
+    from semimig.resizing import ResizingConfig
+    from semimig.resizing.priority import ColumnVariationTracker
+
+    torch.manual_seed(0)
+    n, k, steps = 16, 64, 25
+    informative = 3 * k // 4
+    w_true = torch.randn(informative, n)
+    layer = torch.nn.Linear(k, n, bias=False)
+    opt = (torch.optim.SGD(layer.parameters(), lr=1e-2) if optimizer_name == "SGD"
+           else torch.optim.AdamW(layer.parameters(), lr=1e-3, weight_decay=0.0))
+    tracker = ColumnVariationTracker(layer.weight)
+    for _ in range(steps):
+        x = torch.randn(64, k)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(layer(x), x[:, :informative] @ w_true).backward()
+        opt.step()
+        tracker.observe_step(layer.weight)
+    delta = tracker.end_period(layer.weight)
+    assert torch.isfinite(delta).all() and float(delta.max()) > 4 * float(delta.min()) > 0  # unequal moves
+
+    share = candidate_shares([delta], layer_thresholds([delta], ResizingConfig(), period=steps))[0]
+    assert 0.0 < share < 1.0
+    assert 0.15 <= share <= 0.3  # the random-walking quarter, not the steadily trained columns
+    absolute = ResizingConfig(theta_mode="absolute", theta_iter=1e-3)
+    share_abs = candidate_shares([delta], layer_thresholds([delta], absolute, period=steps))[0]
+    if optimizer_name == "AdamW":
+        assert share_abs == 1.0
