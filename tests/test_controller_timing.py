@@ -167,3 +167,43 @@ def test_a_migrating_straggler_stops_where_its_receivers_become_the_bottleneck(s
     assert sum(tail) / len(tail) == pytest.approx(expected, abs=0.06)
     assert max(tail) - min(tail) <= 0.15
     assert all(step[r] == 0.0 for step in trajectory for r in range(size - 1))
+
+
+def test_semi_retries_resizing_only_when_shedding_with_migration_does_not_pay():
+    """The runtime's rule (``BalanceController._retry_resizing_only``) on the synthetic clock, with
+    the real ShedPolicy and RankTiming: migrating adds a large fixed cost to the straggler (its
+    operand hand-out), resizing only a small gather.  The first back-off, taken while migrating,
+    is forgiven and the rank resizes only from then on; resizing pays, so it keeps shedding and
+    never backs off again.  A rank already resizing only backs off as usual."""
+    from types import SimpleNamespace
+
+    from semimig.controller.runtime import BalanceController, GroupActions
+
+    cfg = ControllerConfig(mode="semi")
+    chis = [1.0, 4.0]
+    state = SimpleNamespace(policy=ShedPolicy(2, cfg), timings=[RankTiming(cfg.window) for _ in chis],
+                            resize_only=set(), iteration=0)
+    previous, shed, history = GroupActions(prune=(0.0, 0.0)), [0.0, 0.0], []
+    for it in range(300):
+        state.iteration = it
+        migrating = shed[1] > 0.0 and 1 not in state.resize_only
+        for r, chi in enumerate(chis):
+            w = 1.0 - shed[r]
+            extra = (0.1 if shed[r] > 0 else 0.0) + (3.0 if migrating and r == 1 else 0.0)
+            state.timings[r].observe(w, chi * (0.2 + w + extra))
+        decision = BalanceController._retry_resizing_only(state, state.policy.decide(it, [t.estimate() for t in state.timings]),
+                                                          previous)
+        shed = list(decision.shed)
+        migrate = {1: shed[1] / 2} if shed[1] > 0 and 1 not in state.resize_only else {}
+        previous = GroupActions(prune=(0.0, shed[1] - migrate.get(1, 0.0)), migrate=migrate)
+        history.append((shed[1], decision.backed_off, 1 in state.resize_only))
+    assert state.resize_only == {1}
+    switched = next(i for i, h in enumerate(history) if h[2])
+    assert 5 <= switched < 40  # after patience decisions of a migration that does not pay
+    assert not any(1 in h[1] for h in history[switched:])  # forgiven, then resizing pays: never backs off
+    assert all(h[0] >= 0.85 for h in history[switched + 20:])  # resizing only, balancing the straggler
+
+    # a rank that already resizes only is not retried: its back-off stands
+    state.policy.states[1].backoff_until, state.policy.states[1].backoffs = 10_000, 1
+    held = state.policy.decide(301, [t.estimate() for t in state.timings])
+    assert BalanceController._retry_resizing_only(state, held, previous).backed_off == (1,)

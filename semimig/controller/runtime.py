@@ -204,6 +204,8 @@ class BalanceController:
         self.timings = [RankTiming(ctl.window) for _ in range(self.size)]
         fixed = res.empirical_gamma if res.variant == "pridiff-e" and config.mode.startswith("zero") else None
         self.policy = ShedPolicy(self.size, ctl, fixed_shed=fixed)
+        self.resize_only: set[int] = set()
+        """Mode semi: ranks whose shedding with migration did not pay; they only resize from then on."""
         self.iteration, self.epoch = 0, 0
         self.forced: Optional[tuple[dict, dict]] = None
         self.reports: collections.deque = collections.deque(maxlen=4096)
@@ -311,6 +313,8 @@ class BalanceController:
         if mode == "baseline":
             return previous
         decision = self.policy.decide(self.iteration, [t.estimate() for t in self.timings])
+        if mode == "semi":
+            decision = self._retry_resizing_only(decision, previous)
         changed = previous.decision is None or decision.shed != previous.decision.shed
         if mode.startswith("zero"):
             return GroupActions(prune=decision.shed, decision=decision)
@@ -320,13 +324,37 @@ class BalanceController:
             return dataclasses.replace(previous, decision=decision)
         if mode == "semi" and self.curves is None:
             self.curves = self._pretest()
+        controller = self.config.controller
+        if self.resize_only & set(decision.flagged):  # Eq. 2 with no receiver capacity: β = 0
+            controller = dataclasses.replace(controller, max_receiver_load=0.0)
         plan = decide_plan(decision.unpruned_s, REFERENCE_COLUMNS, self.curves or _NO_COST,
-                           self.config.controller, shed=decision.shed)
+                           controller, shed=decision.shed)
         logger.info("semimig plan at iteration %d: %s", self.iteration, plan.summary())
         return GroupActions(prune=tuple(a.gamma for a in plan.actions),
                             migrate={a.rank: a.migrate_share for a in plan.actions if a.migrate_share > 0},
                             receivers=tuple(sorted({r for a in plan.actions for r in a.receivers})) or None,
                             plan=plan, decision=decision)
+
+    def _retry_resizing_only(self, decision: ShedDecision, previous: GroupActions) -> ShedDecision:
+        """Mode semi: a rank that backs off while it migrates retries with resizing only.
+
+        Migration adds the straggler's own operand hand-out and the receivers' synchronisation to
+        its balanced path; where that makes shedding not pay (a fixed fraction above
+        ``max_fixed_fraction``) resizing alone may still pay (measured: the example's tiny Llama
+        on CPU, 0.58 s/step backed off vs 0.29 s resizing only).  So the first back-off of a
+        migrating rank is forgiven, its fitted fixed fraction forgotten, and Eq. 2 splits its
+        share with β = 0 from then on; if resizing does not pay either, it backs off as usual.
+        Identical on every rank (the decision is)."""
+        retried = [r for r in decision.backed_off if previous.migrate.get(r, 0.0) > 0.0 and r not in self.resize_only]
+        for r in retried:
+            self.resize_only.add(r)
+            self.policy.forgive(r)
+            self.timings[r].forget_reduced_work()
+            logger.warning("iteration %d: rank %d: shedding with migration does not pay; it resizes only from now on",
+                           self.iteration, r)
+        if not retried:
+            return decision
+        return dataclasses.replace(decision, backed_off=tuple(r for r in decision.backed_off if r not in retried))
 
     def _pretest(self) -> CostCurves:
         layers = self.binding.layers

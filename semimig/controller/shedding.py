@@ -155,6 +155,14 @@ class ShedPolicy:
         return ShedDecision(iteration, tuple(s.shed for s in self.states), self._flagged(unpruned), unpruned, fixed,
                             reference, tuple(backed), tuple(events))
 
+    def forgive(self, rank: int) -> None:
+        """Undo ``rank``'s latest back-off (it will shed again at the next decision with evidence):
+        the runtime changes how the rank sheds (mode semi: resizing only) instead of going dense."""
+        state = self.states[rank]
+        if state.backoff_until >= 0:
+            state.backoff_until, state.backoffs = -1, max(0, state.backoffs - 1)
+        state.unpaid = 0
+
     def _reference(self, estimates: Sequence[RankEstimate], s_fast: float) -> float:
         normal = [est for est, state in zip(estimates, self.states) if not state.flagged]
         if not normal:

@@ -135,6 +135,12 @@ class RankTiming:
         if len(per_obs) >= 3:
             self._deviations.append(abs(per_obs[-1] / statistics.median(per_obs) - 1.0))
 
+    def forget_reduced_work(self, prior_fixed_fraction: float = 0.0) -> None:
+        """Drop the observations at ``w != 1`` and the fitted ``f`` (back to the prior): the rank's
+        balanced path changes (mode semi stops migrating), so its old fixed fraction no longer holds."""
+        self._obs = collections.deque(((w, t) for w, t in self._obs if w == 1.0), maxlen=self.window)
+        self.fixed_fraction, self.informed = prior_fixed_fraction, False
+
     def _per_observation(self) -> list[float]:
         f = self.fixed_fraction
         return [t / w if w > 1.0 else t / (f + (1.0 - f) * w) for w, t in self._obs]
