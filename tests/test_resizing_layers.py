@@ -149,7 +149,7 @@ def test_only_the_injected_rank_is_flagged(mode):
 
 
 def _straggler_sheds_body(rank, world, mode):
-    shed = _flag_body(rank, world, mode, 16)
+    shed = _flag_body(rank, world, mode, 30)
     gathered = [None] * world
     dist.all_gather_object(gathered, shed)
     return gathered
@@ -161,7 +161,8 @@ def test_the_injected_rank_sheds_work(mode):
     assert all(s == 0.0 for s in shed0), shed0
     # Eq. 1 against the fastest rank at chi = 4 wants 1 - 1/4; the controller flags a rank only on
     # sustained evidence (a window of iterations) and timing noise on 2 shared cores moves the
-    # ratio, so only "clearly a straggler within 16 iterations" is asserted.
+    # ratio, so only "clearly a straggler within 30 iterations" is asserted (flagging takes 4
+    # decisions after 4 observations, the agreed plan 2 more steps; a noisy stretch delays it).
     assert max(shed1) > 0.4, shed1
 
 
