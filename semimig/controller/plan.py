@@ -306,8 +306,8 @@ def decide_plan(
         beta = solve_beta(cols[r] * shares[r], e, curves)
         if config.max_receiver_load is not None and shares[r] > 0.0:
             # each receiver computes at most max_receiver_load of its own columns on top (config doc)
-            receiver_columns = min(cols[y] for y in range(e) if y != r)
-            cap = config.max_receiver_load * (e - 1) * receiver_columns / (cols[r] * shares[r])
+            receiver_columns = min(cols[y] for y in receivers_of)
+            cap = config.max_receiver_load * len(receivers_of) * receiver_columns / (cols[r] * shares[r])
             beta = min(beta, cap)
         if shares[r] * beta < config.min_migrate_share:
             beta = 0.0  # a sliver of migration cannot pay for its per-layer collectives (config doc)

@@ -116,6 +116,7 @@ class RankTiming:
         if not 0.0 <= prior_fixed_fraction <= 1.0:
             raise ValueError(f"prior_fixed_fraction must be in [0, 1], got {prior_fixed_fraction}")
         self.window = window
+        self.prior_fixed_fraction = prior_fixed_fraction
         self.fixed_fraction = prior_fixed_fraction
         self.informed = False
         self._obs: collections.deque = collections.deque(maxlen=window)
@@ -135,11 +136,11 @@ class RankTiming:
         if len(per_obs) >= 3:
             self._deviations.append(abs(per_obs[-1] / statistics.median(per_obs) - 1.0))
 
-    def forget_reduced_work(self, prior_fixed_fraction: float = 0.0) -> None:
+    def forget_reduced_work(self) -> None:
         """Drop the observations at ``w != 1`` and the fitted ``f`` (back to the prior): the rank's
         balanced path changes (mode semi stops migrating), so its old fixed fraction no longer holds."""
         self._obs = collections.deque(((w, t) for w, t in self._obs if w == 1.0), maxlen=self.window)
-        self.fixed_fraction, self.informed = prior_fixed_fraction, False
+        self.fixed_fraction, self.informed = self.prior_fixed_fraction, False
 
     def _per_observation(self) -> list[float]:
         f = self.fixed_fraction
