@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from semimig.controller.config import ControllerConfig
-from semimig.errors import ConfigError
 from semimig.controller.curves import CostCurves, Curve, fit_constant, fit_curve
 from semimig.controller.plan import (
     GroupPlan,
@@ -24,6 +23,7 @@ from semimig.controller.plan import (
     solve_beta,
     unbalanced_times,
 )
+from semimig.errors import ConfigError
 
 L = 1000  # reference K columns per rank
 
