@@ -350,7 +350,8 @@ class BalanceController:
             self.resize_only.add(r)
             self.policy.forgive(r)
             self.timings[r].forget_reduced_work()
-            logger.warning("iteration %d: rank %d: shedding with migration does not pay; it resizes only from now on",
+            logger.warning("iteration %d: rank %d: its back-off is lifted: shedding with migration does not pay, "
+                           "so it resizes only from now on",
                            self.iteration, r)
         if not retried:
             return decision
