@@ -105,12 +105,25 @@ def test_pruning_that_costs_more_than_it_saves_is_backed_off():
     assert any("does not pay" in e for d in decisions for e in d.events)
 
 
+@pytest.mark.parametrize("noise", [0.15, 0.2])
+@pytest.mark.parametrize("seed", range(16))
+def test_a_straggler_that_pays_off_is_never_backed_off_by_noise(noise, seed):
+    """A χ = 4 straggler whose pruned path keeps ~20 % of its time (F = 0.2, G = 0.05: real
+    compute's f) prunes steadily at γ_max with 15-20 % noise per iteration: ``f`` is fitted
+    against the dense observations and kept, never refitted from two nearby pruned clusters, so
+    no phantom "does not pay" sends it back to dense (it did, on the quick benchmark)."""
+    trajectory, decisions = simulate([1.0, 4.0], 200, fixed=0.2, variable=1.0, gather=0.05, noise=noise, seed=seed)
+    assert all(d.backed_off == () for d in decisions)
+    fitted = [d.fixed_fraction[1] for d in decisions[20:]]
+    assert max(fitted) < 0.4
+    assert all(step[1] > 0.5 for step in trajectory[30:])
+
+
 def test_one_straggler_and_three_fast_ranks_fast_ranks_stay_dense():
     """Issue 17 item 3: the fast ranks are at γ = 0 in every iteration (mode zero, mean reference)."""
     trajectory, decisions = simulate([1.0, 1.0, 8.0, 1.0], 300, noise=0.05, mode="zero")
     assert all(step[r] == 0.0 for step in trajectory for r in (0, 1, 3))
     assert decisions[-1].flagged == (2,)
-    assert trajectory[-1][2] == pytest.approx(1.0 - (1.2 / 8 - 0.2) / 1.0 if False else trajectory[-1][2])
     tail = [step[2] for step in trajectory[-50:]]
     assert sum(tail) / len(tail) > 0.8  # at chi = 8 with F = 0.2: gamma* = 1 - (1.2/8 - 0.2) -> gamma_max
 
