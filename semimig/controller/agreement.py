@@ -7,9 +7,10 @@ match and training silently computes garbage or hangs.  DESIGN §3a: verify it a
 
 The plan a rank applied is described by a flat dict of fields (:func:`describe`), hashed to a
 48-bit integer (exact in a float64) by :func:`plan_digest`, and the digest travels in the one
-small all-gather each iteration performs anyway (:class:`ObservationExchange`, a ``[size, 5]``
+small all-gather each iteration performs anyway (:class:`ObservationExchange`, a ``[size, 6]``
 float64 all-gather, asynchronous: work fraction, busy time, the digests of the plan applied in the
-iteration and of the plan decided for later, validity).  The runtime applies a decided plan only after its
+iteration and of the plan decided for later, validity, and the iteration's wall time, which SEMI's
+migration trial reads).  The runtime applies a decided plan only after its
 digest was found equal on every rank, so a plan that differs never reaches a layer.  Only on a mismatch are the
 described plans gathered (``all_gather_object``) to name the ranks and the differing fields; then
 every rank raises :class:`semimig.errors.PlanDisagreement` with the same message.
@@ -79,20 +80,22 @@ class ObservationExchange:
         self.size = dist.get_world_size(group) if dist.is_initialized() else 1
         self._pending = None
 
-    def post(self, work: float, busy_s: float, digests: tuple[int, int], valid: bool) -> None:
+    def post(self, work: float, busy_s: float, digests: tuple[int, int], valid: bool, wall_s: float = 0.0) -> None:
+        """Start gathering this rank's row; ``wall_s``: the iteration's wall time (0 = unknown)."""
         if self._pending is not None:
             raise RuntimeError("collect() the previous observations before posting new ones")
-        mine = (float(work), float(busy_s), int(digests[0]), int(digests[1]), bool(valid))
+        mine = (float(work), float(busy_s), int(digests[0]), int(digests[1]), bool(valid), float(wall_s))
         if self.size == 1:
             self._pending = ([mine], None)
             return
-        row = torch.tensor([mine[0], mine[1], float(mine[2]), float(mine[3]), 1.0 if valid else 0.0],
+        row = torch.tensor([mine[0], mine[1], float(mine[2]), float(mine[3]), 1.0 if valid else 0.0, mine[5]],
                            dtype=torch.float64, device=self.device)
         rows = [torch.empty_like(row) for _ in range(self.size)]
         self._pending = (rows, dist.all_gather(rows, row, group=self.group, async_op=True))
 
-    def collect(self) -> Optional[list[tuple[float, float, int, int, bool]]]:
-        """The rows posted last, in rank order (``None`` if nothing was posted)."""
+    def collect(self) -> Optional[list[tuple[float, float, int, int, bool, float]]]:
+        """The rows posted last, in rank order (``None`` if nothing was posted):
+        ``(work, busy_s, applied digest, pending digest, valid, wall_s)``."""
         if self._pending is None:
             return None
         rows, work = self._pending
@@ -100,7 +103,8 @@ class ObservationExchange:
         if work is None:
             return rows
         work.wait()
-        return [(float(r[0]), float(r[1]), int(r[2]), int(r[3]), bool(r[4] > 0.5)) for r in (t.cpu() for t in rows)]
+        return [(float(r[0]), float(r[1]), int(r[2]), int(r[3]), bool(r[4] > 0.5), float(r[5]))
+                for r in (t.cpu() for t in rows)]
 
 
 def difference_report(descriptions: Sequence[Mapping[str, str]]) -> str:

@@ -22,7 +22,10 @@ same gathered numbers, so no plan is ever broadcast.
 Modes: ``baseline`` (dense, only measured and slowed), ``zero-rd`` / ``zero-pri`` /
 ``zero-pridiff-e`` / ``zero-pridiff-r`` (stragglers prune), ``mig`` (stragglers migrate),
 ``semi`` (Eq. 2 / Eq. 3 split; SEMI's cost curves come from a pretest run the first time a
-straggler is flagged, so a run without stragglers never pays for it).
+straggler is flagged, so a run without stragglers never pays for it).  In mode ``semi`` migration
+must also pay in wall time: after a few iterations of it the same stragglers try resizing only,
+and the faster split is kept (:mod:`semimig.controller.trial`; the iteration's wall time travels
+in the same all-gather).
 
 ``force(prune=..., migrate=...)`` pins a plan (per-rank shares) for experiments and tests; it is
 collective and checks at once that every rank forced the same plan.  Layers named by
@@ -35,6 +38,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Union
 
@@ -56,6 +60,7 @@ from semimig.controller.pretest import REFERENCE_COLUMNS, run_pretest
 from semimig.controller.binding import LayerBinding
 from semimig.controller.shedding import ShedDecision, ShedPolicy
 from semimig.controller.timing import RankTiming
+from semimig.controller.trial import MigrationTrial
 from semimig.errors import ConfigError
 from semimig.migration.exchange import EXCHANGE_POLICIES, make_exchange
 from semimig.nn.balanced import BalancedLinearMixin
@@ -206,14 +211,20 @@ class BalanceController:
         self.policy = ShedPolicy(self.size, ctl, fixed_shed=fixed)
         self.resize_only: set[int] = set()
         """Mode semi: ranks whose shedding with migration did not pay; they only resize from then on."""
+        self.trial = MigrationTrial(ctl.migration_trial) if ctl.migration_trial and config.mode == "semi" else None
+        """Mode semi: the wall-time check that migration pays (:mod:`semimig.controller.trial`)."""
+        self._replan = False
+        self._trial_events: list[str] = []
+        self._step_clock: Optional[float] = None
         self.iteration, self.epoch = 0, 0
         self.forced: Optional[tuple[dict, dict]] = None
         self.reports: collections.deque = collections.deque(maxlen=4096)
         self._current = self._pending = GroupActions(prune=(0.0,) * self.size)
         self._exchange = ObservationExchange(process_group, self._collective_device)
-        self._posted: tuple = ({}, {}, self._pending)
-        """What the posted all-gather checks: the applied plan's description, the pending one's, and
-        the pending actions themselves (applied once the check passes)."""
+        self._posted: tuple = ({}, {}, self._pending, None)
+        """What the posted all-gather checks: the applied plan's description, the pending one's, the
+        pending actions themselves (applied once the check passes), and the actions applied in the
+        posted iteration (what SEMI's migration trial classifies its wall time by)."""
         self._gammas: tuple[float, ...] = (0.0,) * len(self.binding.layers)
         self._apply()
 
@@ -277,18 +288,23 @@ class BalanceController:
         """
         stats = self.meter.snapshot()
         self.meter.reset()
+        now = time.perf_counter()
+        wall = 0.0 if self._step_clock is None else now - self._step_clock
+        self._step_clock = now
         valid = stats.gemm_count > 0 and stats.busy_s > 0.0 and math.isfinite(stats.busy_s)
+        applied_now = None if self.forced else self._current
         rows = self._exchange.collect()
         if rows is not None:
-            applied, pending, verified = self._posted
+            applied, pending, verified, applied_actions = self._posted
             check_agreement([row[2] for row in rows], applied, self.group,
                             what=f"plan applied in iteration {self.iteration - 1}")
             check_agreement([row[3] for row in rows], pending, self.group,
                             what=f"plan decided at step {self.iteration}")
-            for timing, (work, busy, _, _, ok) in zip(self.timings, rows):
+            for timing, (work, busy, _, _, ok, _) in zip(self.timings, rows):
                 if ok:
                     timing.observe(work, busy)
             self._current = verified  # equal on every rank: now it may reach the layers
+            self._run_trial(min(row[5] for row in rows), max(row[5] for row in rows), applied_actions)
         digest = self._digest
         self.iteration += 1
         self.injector.set_position(self.epoch, self.iteration)
@@ -297,8 +313,8 @@ class BalanceController:
         if not self.forced and (self.iteration - 1) % self.config.interval == 0 and rows is not None:
             self._pending = self._decide(self._pending)
         pending = self._pending.describe(self.config.mode)
-        self._posted = (self._description, pending, self._pending)
-        self._exchange.post(stats.work_fraction, stats.busy_s, (digest, plan_digest(pending)), valid)
+        self._posted = (self._description, pending, self._pending, applied_now)
+        self._exchange.post(stats.work_fraction, stats.busy_s, (digest, plan_digest(pending)), valid, wall)
         self._apply()
         report = StepReport(self.iteration - 1, stats, self._shed_target(), self._gammas,
                             achieved_savings(self._gammas, self.binding.layer_flops()),
@@ -315,7 +331,11 @@ class BalanceController:
         decision = self.policy.decide(self.iteration, [t.estimate() for t in self.timings])
         if mode == "semi":
             decision = self._retry_resizing_only(decision, previous)
-        changed = previous.decision is None or decision.shed != previous.decision.shed
+            if self._trial_events:
+                decision = dataclasses.replace(decision, events=decision.events + tuple(self._trial_events))
+                self._trial_events = []
+        changed = previous.decision is None or decision.shed != previous.decision.shed or self._replan
+        self._replan = False
         if mode.startswith("zero"):
             return GroupActions(prune=decision.shed, decision=decision)
         if not any(decision.shed):
@@ -325,7 +345,7 @@ class BalanceController:
         if mode == "semi" and self.curves is None:
             self.curves = self._pretest()
         controller = self.config.controller
-        if self.resize_only & set(decision.flagged):  # Eq. 2 with no receiver capacity: β = 0
+        if (self.resize_only | self.trial_probing) & set(decision.flagged):  # Eq. 2 with no receiver capacity: β = 0
             controller = dataclasses.replace(controller, max_receiver_load=0.0)
         plan = decide_plan(decision.unpruned_s, REFERENCE_COLUMNS, self.curves or _NO_COST,
                            controller, shed=decision.shed)
@@ -356,6 +376,25 @@ class BalanceController:
         if not retried:
             return decision
         return dataclasses.replace(decision, backed_off=tuple(r for r in decision.backed_off if r not in retried))
+
+    @property
+    def trial_probing(self) -> set[int]:
+        """Ranks the migration trial holds at resizing only right now (mode semi)."""
+        return set(self.trial.probing) if self.trial is not None else set()
+
+    def _run_trial(self, shortest_wall: float, wall: float, applied: Optional[GroupActions]) -> None:
+        """Feed SEMI's migration trial the iteration's wall time (the slowest rank's, from the
+        gathered rows: the same number on every rank) and what its applied plan did."""
+        if self.trial is None or applied is None or self.forced or not shortest_wall > 0.0:
+            return
+        verdict = self.trial.observe(wall, {r for r, s in applied.migrate.items() if s > 0.0},
+                                     {r for r, g in enumerate(applied.prune) if g > 0.0})
+        if verdict.probe or verdict.restore or verdict.resize_only:
+            self._replan = True
+        self.resize_only.update(verdict.resize_only)
+        if verdict.message:
+            (logger.warning if verdict.resize_only else logger.info)("iteration %d: %s", self.iteration, verdict.message)
+            self._trial_events.append(verdict.message)
 
     def _pretest(self) -> CostCurves:
         layers = self.binding.layers
