@@ -375,6 +375,40 @@ def test_algorithm1_measures_every_column_within_bounded_periods():
     assert torch.isinf(tracker.delta).sum() >= n_prune - 2
 
 
+@pytest.mark.parametrize("revisit", [True, False])
+def test_pruned_columns_are_revisited_instead_of_staying_pruned_on_an_old_delta(revisit):
+    """A learning rate that drops 10x between periods: the columns pruned in period 2 keep their
+    period-1 delta (incremental update), which is smaller than any fresh one.  The paper's list
+    (``revisit=False``, the control) prunes the same columns again, period after period; with
+    ``revisit`` the columns computed in period 2 go first and the pruned ones are computed again."""
+    k, n_prune = 8, 3
+    moves_1 = torch.tensor([0.01, 0.02, 0.03, 0.5, 0.6, 0.7, 0.8, 0.9], dtype=torch.float64)
+    w = torch.zeros(2, k, dtype=torch.float64)
+    plist = PriorityList(w, revisit=revisit)
+    w = w + moves_1
+    plist.end_period(w, None)  # period 1: nobody pruned, every column measured
+    first = plist.select(k, n_prune)
+    assert first.tolist() == [0, 1, 2]
+    counts = torch.zeros(k, dtype=torch.int64)
+    counts[first] = 5
+    w = w + torch.where(counts > 0, 0.0, moves_1 / 10)  # period 2: the others move 10x less
+    plist.end_period(w, counts)
+    assert plist.delta[:3].tolist() == pytest.approx([0.01, 0.02, 0.03])  # the paper's incremental delta is kept
+    second = plist.select(k, n_prune).tolist()
+    assert second == ([3, 4, 5] if revisit else [0, 1, 2])
+    # a rank that must prune more than it computed last period prunes some of the old ones again
+    assert plist.select(k, 6).tolist() == ([0, 3, 4, 5, 6, 7] if revisit else [0, 1, 2, 3, 4, 5])
+
+
+def test_revisit_must_be_a_bool():
+    from semimig.errors import ConfigError
+
+    with pytest.raises(ValueError, match="revisit must be a bool, got 1"):
+        PriorityList(torch.zeros(2, 4), revisit=1)
+    with pytest.raises(ConfigError, match="revisit_pruned must be a bool, got 'yes'"):
+        ResizingConfig(revisit_pruned="yes")
+
+
 @pytest.mark.parametrize("optimizer_name", ["SGD", "AdamW"])
 def test_relative_threshold_selects_a_proper_share_under_sgd_and_adamw(optimizer_name):
     """Issue 17: a real training run (linear regression on fresh mini-batches, 25 steps = one

@@ -81,7 +81,7 @@ class LayerBinding:
         for b in self.layers:
             b.layer.layer_name = b.name
             if prioritized:
-                b.priority = PriorityList(gemm_weight(b.layer))
+                b.priority = PriorityList(gemm_weight(b.layer), revisit=resizing.revisit_pruned)
             b.layer.register_forward_pre_hook(self._note_tokens(b))
 
     # ------------------------------------------------------------------ statistics (Alg. 1)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from semimig._validate import check_choice, check_int, check_number
+from semimig.errors import ConfigError
 
 __all__ = ["VARIANTS", "IMPUTES", "THETA_MODES", "ResizingConfig"]
 
@@ -54,6 +55,10 @@ class ResizingConfig:
     """Absolute micro-threshold (``theta_mode="absolute"``): theta = iterations per period * theta_iter; >= 0."""
     period: Optional[int] = None
     """Statistics period in iterations (>= 1); None = iterations per epoch when known."""
+    revisit_pruned: bool = True
+    """Algorithm 1's list puts the columns pruned in the last period after every column computed
+    in it, so pruned columns are computed and measured again instead of staying pruned on an old
+    ``delta`` (:mod:`semimig.resizing.priority`); False: the paper's list as written."""
     empirical_gamma: float = 0.5
     """The fixed gamma of ``pridiff-e`` (paper: 1/2); in [0, 1)."""
     seed: int = 0
@@ -69,6 +74,8 @@ class ResizingConfig:
         check_number("theta_iter", self.theta_iter, minimum=0.0)
         check_int("period", self.period, minimum=1, allow_none=True)
         check_number("empirical_gamma", self.empirical_gamma, minimum=0.0, maximum=1.0, high_open=True)
+        if not isinstance(self.revisit_pruned, bool):
+            raise ConfigError(f"revisit_pruned must be a bool, got {self.revisit_pruned!r}")
         check_int("seed", self.seed, minimum=0, maximum=2**63 - 1)
 
     @property

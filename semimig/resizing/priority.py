@@ -17,6 +17,18 @@ that the rank computes itself.  Within a period the pruned set is therefore stab
 list), and across periods a column pruned before yields its place among equals, so columns that
 were never measured (``delta = inf``) get measured within a bounded number of periods.
 
+Revisiting pruned columns (``revisit=True``, the default; ``ResizingConfig.revisit_pruned``):
+the list puts the columns pruned in the period that just ended after every column that was
+computed in it, i.e. the key is ``(pruned last period, delta, earlier counts, index)``.  The
+incremental update keeps a pruned column's old ``delta`` so that its own zero change cannot trap
+it, but an old ``delta`` still ranks it against fresh ones measured at another point of the
+schedule (a warm-up's small steps): measured on a PriDiff-E straggler (tp = 4, χ = 8, 300
+iterations, seed 2) some columns were pruned in 9 of 10 periods and others never, and the dense
+model lost 9.6 points; revisiting, each column is computed in about every other period (README,
+Results).  A rank that must prune more than the columns it computed last period still
+prunes some of them again (fewest earlier prunes first).  ``delta`` itself keeps the paper's
+incremental values, so PriDiff's thresholds and candidate shares are unchanged.
+
 PriDiff's per-layer ratios live in :mod:`semimig.resizing.pridiff`.
 """
 from __future__ import annotations
@@ -142,11 +154,16 @@ def priority_order(delta: torch.Tensor, earlier_counts: Optional[torch.Tensor] =
     return _lexicographic(delta, earlier_counts)
 
 
-def _lexicographic(delta: torch.Tensor, tie_break: Optional[torch.Tensor]) -> torch.Tensor:
+def _lexicographic(delta: torch.Tensor, tie_break: Optional[torch.Tensor],
+                   first: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Indices sorted by ``(first, delta, tie_break, index)`` (stable sorts, least significant first)."""
     order = torch.arange(delta.numel(), device=delta.device)
     if tie_break is not None:
         order = torch.sort(tie_break.to(delta.device), stable=True).indices
-    return order[torch.sort(delta[order], stable=True).indices]
+    order = order[torch.sort(delta[order], stable=True).indices]
+    if first is not None:
+        order = order[torch.sort(first.to(delta.device)[order], stable=True).indices]
+    return order
 
 
 class PriorityList:
@@ -154,10 +171,14 @@ class PriorityList:
 
     ``delta`` (``[K]`` float64, inf = never measured), ``earlier_counts`` (``[K]`` int64: in how
     many iterations of all *completed* periods each column was pruned) and ``order`` (this
-    period's list) are rebuilt by :meth:`end_period`.
+    period's list) are rebuilt by :meth:`end_period`.  ``revisit``: order the columns pruned in
+    the last period after the others (module docstring); False is the paper's list.
     """
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, *, revisit: bool = True) -> None:
+        if not isinstance(revisit, bool):
+            raise ValueError(f"revisit must be a bool, got {revisit!r}")
+        self.revisit = revisit
         self.tracker = ColumnVariationTracker(weight)
         k = self.tracker.num_columns
         self.delta = self.tracker.delta.clone()
@@ -176,7 +197,8 @@ class PriorityList:
         self.delta = self.tracker.end_period(weight, None if counts is None else counts > 0)
         if counts is not None:
             self.earlier_counts += counts
-        self.order = _lexicographic(self.delta, self.earlier_counts)
+        recent = (counts > 0).to(torch.int8) if self.revisit and counts is not None else None
+        self.order = _lexicographic(self.delta, self.earlier_counts, recent)
         self.measured = True
         return self.delta
 
