@@ -111,6 +111,25 @@ def test_a_bad_wall_time_is_refused_by_name(wall):
         MigrationTrial(3).observe(wall, {1}, {1})
 
 
+def _lambda_body(rank, world):
+    import torch.nn as nn
+
+    import semimig.nn as snn
+    from semimig.controller import BalanceConfig, BalanceController
+    from semimig.controller.config import ControllerConfig
+
+    model = nn.Sequential(snn.Linear1D_Col(8, 8 * world, process_group=dist.group.WORLD))
+    on = BalanceController(model, BalanceConfig(mode="semi"))
+    off = BalanceController(model, BalanceConfig(mode="semi", controller=ControllerConfig(migrators=1)))
+    zero = BalanceController(model, BalanceConfig(mode="zero-pri"))
+    return on.trial is not None, off.trial is None, zero.trial is None
+
+
+def test_the_trial_runs_only_where_semi_chooses_who_migrates():
+    """An explicit λ (``migrators``, the Fig. 11 sweep) is an instruction, not a guess to check."""
+    assert run_on_ranks(_lambda_body, 2, timeout_s=60) == (True, True, True)
+
+
 def test_controller_config_validates_the_trial_length():
     from semimig.controller.config import ControllerConfig
     from semimig.errors import ConfigError

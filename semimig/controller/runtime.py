@@ -211,8 +211,10 @@ class BalanceController:
         self.policy = ShedPolicy(self.size, ctl, fixed_shed=fixed)
         self.resize_only: set[int] = set()
         """Mode semi: ranks whose shedding with migration did not pay; they only resize from then on."""
-        self.trial = MigrationTrial(ctl.migration_trial) if ctl.migration_trial and config.mode == "semi" else None
-        """Mode semi: the wall-time check that migration pays (:mod:`semimig.controller.trial`)."""
+        wants_trial = ctl.migration_trial and config.mode == "semi" and ctl.migrators is None
+        self.trial = MigrationTrial(ctl.migration_trial) if wants_trial else None
+        """Mode semi: the wall-time check that migration pays (:mod:`semimig.controller.trial`);
+        off when ``ControllerConfig.migrators`` fixes who migrates (the λ sweep)."""
         self._replan = False
         self._trial_events: list[str] = []
         self._step_clock: Optional[float] = None
