@@ -12,7 +12,7 @@ from typing import Any, Iterable, Optional
 
 from semimig.errors import ConfigError
 
-__all__ = ["is_int", "is_number", "check_int", "check_number", "check_choice", "check_str_tuple"]
+__all__ = ["is_int", "is_number", "check_bool", "check_int", "check_number", "check_choice", "check_str_tuple"]
 
 
 def is_int(value: object) -> bool:
@@ -38,6 +38,13 @@ def _bounds(minimum, maximum, *, low_open: bool = False, high_open: bool = False
         parts.append(f"{'<' if high_open else '<='} {maximum:g}" if isinstance(maximum, float) else
                      f"{'<' if high_open else '<='} {maximum}")
     return " and ".join(parts)
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """A ``bool`` (not ``0``/``1`` nor a string)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be a bool, got {value!r}")
+    return value
 
 
 def check_int(name: str, value: Any, *, minimum: Optional[int] = None, maximum: Optional[int] = None,

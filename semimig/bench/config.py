@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from semimig._validate import check_choice, check_int, check_number
+from semimig._validate import check_bool, check_choice, check_int, check_number
 from semimig.bench.models import VitSize
 from semimig.controller.runtime import MODES
 from semimig.errors import ConfigError
@@ -136,8 +136,7 @@ class BenchConfig:
         check_number("lr", self.lr, minimum=0.0, maximum=1.0, low_open=True)
         check_number("device_ms", self.device_ms, minimum=0.0, maximum=DEVICE_MS_MAX, low_open=True)
         check_number("theta_iter", self.theta_iter, minimum=0.0, allow_none=True)
-        if not isinstance(self.evaluate, bool):
-            raise ConfigError(f"evaluate must be a bool, got {self.evaluate!r}")
+        check_bool("evaluate", self.evaluate)
         if self.size is None:
             object.__setattr__(self, "size", MEASURED_SIZE if self.compute == "measured" else EMULATED_SIZE)
         if not isinstance(self.size, VitSize):

@@ -22,14 +22,13 @@ the same verdict at the same step.
 """
 from __future__ import annotations
 
-import logging
 import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
-__all__ = ["MigrationTrial", "TrialVerdict"]
+from semimig._validate import check_int, check_number
 
-logger = logging.getLogger(__name__)
+__all__ = ["MigrationTrial", "TrialVerdict"]
 
 
 @dataclass(frozen=True)
@@ -61,10 +60,8 @@ class MigrationTrial:
     _settled: dict[frozenset[int], str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
-            raise ValueError(f"samples must be an int >= 1, got {self.samples!r}")
-        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not 0.0 <= self.margin < 1.0:
-            raise ValueError(f"margin must be a number in [0, 1), got {self.margin!r}")
+        check_int("samples", self.samples, minimum=1)
+        check_number("margin", self.margin, minimum=0.0, maximum=1.0, high_open=True)
 
     @property
     def probing(self) -> frozenset[int]:
@@ -81,8 +78,7 @@ class MigrationTrial:
         ``migrating``: ranks that handed columns to others in that iteration; ``resizing``: ranks
         that pruned.  Returns what to change from the next decision on.
         """
-        if isinstance(wall_s, bool) or not isinstance(wall_s, (int, float)) or not wall_s > 0.0:
-            raise ValueError(f"wall_s must be a number > 0, got {wall_s!r}")
+        check_number("wall_s", wall_s, minimum=0.0, low_open=True)
         migrating, resizing = frozenset(migrating), frozenset(resizing)
         if self._probing:
             return self._observe_probe(wall_s, migrating, resizing)

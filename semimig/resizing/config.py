@@ -19,8 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from semimig._validate import check_choice, check_int, check_number
-from semimig.errors import ConfigError
+from semimig._validate import check_bool, check_choice, check_int, check_number
 
 __all__ = ["VARIANTS", "IMPUTES", "THETA_MODES", "ResizingConfig"]
 
@@ -74,8 +73,7 @@ class ResizingConfig:
         check_number("theta_iter", self.theta_iter, minimum=0.0)
         check_int("period", self.period, minimum=1, allow_none=True)
         check_number("empirical_gamma", self.empirical_gamma, minimum=0.0, maximum=1.0, high_open=True)
-        if not isinstance(self.revisit_pruned, bool):
-            raise ConfigError(f"revisit_pruned must be a bool, got {self.revisit_pruned!r}")
+        check_bool("revisit_pruned", self.revisit_pruned)
         check_int("seed", self.seed, minimum=0, maximum=2**63 - 1)
 
     @property

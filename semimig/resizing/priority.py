@@ -39,6 +39,7 @@ from typing import Literal, Optional, Sequence
 
 import torch
 
+from semimig._validate import check_bool
 from semimig.resizing.config import VARIANTS
 
 __all__ = ["column_variation", "ColumnVariationTracker", "PriorityList", "priority_order", "select_pruned"]
@@ -176,9 +177,7 @@ class PriorityList:
     """
 
     def __init__(self, weight: torch.Tensor, *, revisit: bool = True) -> None:
-        if not isinstance(revisit, bool):
-            raise ValueError(f"revisit must be a bool, got {revisit!r}")
-        self.revisit = revisit
+        self.revisit = check_bool("revisit", revisit)
         self.tracker = ColumnVariationTracker(weight)
         k = self.tracker.num_columns
         self.delta = self.tracker.delta.clone()
