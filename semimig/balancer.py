@@ -168,6 +168,7 @@ class Balancer:
         if self.active:
             for layer in self._layers:
                 layer.directive = None
+            self.controller.close()
             self.active = False
 
     # ------------------------------------------------------------------ internals

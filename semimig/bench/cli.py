@@ -77,6 +77,9 @@ def add_bench_subcommand(subparsers) -> None:
     p.add_argument("--dp", type=int, default=None, help="data-parallel groups (default 1; with --allocation 2)")
     p.add_argument("--pattern", choices=("fixed", "round-robin", "multi"), default=None, help="default fixed")
     p.add_argument("--straggler-rank", type=int, default=None, help="pattern fixed: the straggler (default 1)")
+    p.add_argument("--scope", choices=("gemm", "device"), default=None,
+                   help="what of the straggler is slow: its linear GEMMs (gemm, the paper's method; default) or "
+                        "all of its work between collectives (device; measured compute only)")
     p.add_argument("--multi-chi", type=_floats, default=None,
                    help="per-rank factors of the multi pattern at chi = 8 (scaled by chi/8; default 8,6,4,2)")
     p.add_argument("--lambdas", type=_ints, default=None,
@@ -129,7 +132,7 @@ def _given(value, default):
 
 
 _FLAGS = {"modes": "--modes", "chis": "--chi", "seeds": "--seeds", "tp": "--tp", "dp": "--dp",
-          "straggler_rank": "--straggler-rank", "multi_chis": "--multi-chi", "lambdas": "--lambdas",
+          "straggler_rank": "--straggler-rank", "scope": "--scope", "multi_chis": "--multi-chi", "lambdas": "--lambdas",
           "epochs": "--epochs", "iters_per_epoch": "--iters-per-epoch", "device_ms": "--device-ms",
           "theta_iter": "--theta-iter", "timeout_s": "--timeout-s", "compute": "--compute",
           "group_chis": "--group-chis", "zero_stage": "--zero-stage"}
@@ -148,7 +151,7 @@ def default_compute(device: str, local_ranks: int) -> str:
     return "measured" if device == "cuda" or local_ranks <= usable_cores() else "emulated"
 
 
-_ONE_D_ONLY = {"chi": "--chi", "pattern": "--pattern", "straggler_rank": "--straggler-rank",
+_ONE_D_ONLY = {"chi": "--chi", "pattern": "--pattern", "straggler_rank": "--straggler-rank", "scope": "--scope",
                "multi_chi": "--multi-chi", "lambdas": "--lambdas", "theta_iter": "--theta-iter"}
 _TWO_D_ONLY = {"group_chis": "--group-chis", "zero_stage": "--zero-stage"}
 
@@ -172,7 +175,7 @@ def config_from_args(args: argparse.Namespace, *, local_ranks: Optional[int] = N
         chis=_given(args.chi, (1.0, 4.0)),
         seeds=_given(args.seeds, (0,) if quick else (0, 1)),
         tp=args.tp, dp=args.dp, pattern=_given(args.pattern, "fixed"),
-        straggler_rank=_given(args.straggler_rank, 1), multi_chis=_given(args.multi_chi, (8.0, 6.0, 4.0, 2.0)),
+        straggler_rank=_given(args.straggler_rank, 1), scope=_given(args.scope, "gemm"), multi_chis=_given(args.multi_chi, (8.0, 6.0, 4.0, 2.0)),
         lambdas=_given(args.lambdas, ()), device=args.device, compute=compute,
         epochs=_given(args.epochs, 2 if quick else 4),
         iters_per_epoch=_given(args.iters_per_epoch, 20 if quick else 25),

@@ -32,7 +32,7 @@ from semimig.bench.models import VitSize
 from semimig.controller.runtime import MODES
 from semimig.errors import ConfigError
 from semimig.resizing.config import ResizingConfig
-from semimig.straggler.injection import MAX_CHI
+from semimig.straggler.injection import MAX_CHI, SCOPES
 
 PATTERNS = ("fixed", "round-robin", "multi")
 COMPUTES = ("emulated", "measured")
@@ -80,6 +80,9 @@ class BenchConfig:
     """``fixed`` (rank ``straggler_rank``), ``round-robin`` (rank = epoch % tp, paper) or
     ``multi`` (ranks 0..tp-1 with factors ``multi_chis``, paper Fig. 11)."""
     straggler_rank: int = 1
+    scope: str = "gemm"
+    """What of a straggler is slow: ``gemm`` (its linear GEMMs, the paper's method) or ``device``
+    (all of its work between collectives, :mod:`semimig.straggler.device`; measured compute only)."""
     multi_chis: tuple[float, ...] = (8.0, 6.0, 4.0, 2.0)
     """Pattern ``multi``: rank r's slowdown at chi = 8 (scaled by chi/8, at least 1); entries
     beyond ``tp`` are unused, missing ranks are not slowed."""
@@ -125,8 +128,12 @@ class BenchConfig:
             raise ConfigError(f"tp*dp = {self.tp * self.dp} ranks exceeds {MAX_WORLD}")
         check_choice("pattern", self.pattern, PATTERNS)
         check_int("straggler_rank", self.straggler_rank, minimum=0)
+        check_choice("scope", self.scope, SCOPES)
         check_choice("compute", self.compute, COMPUTES)
         check_choice("device", self.device, DEVICES)
+        if self.scope == "device" and self.compute != "measured":
+            raise ConfigError("scope 'device' slows a rank's real work between collectives: compute must be "
+                              f"'measured', got {self.compute!r}")
         if self.device == "cuda" and self.compute != "measured":
             raise ConfigError("device 'cuda' measures real device time: compute must be 'measured', "
                               f"got {self.compute!r}")
@@ -237,7 +244,7 @@ class BenchConfig:
     def timing_spec(self) -> str:
         """The ``mode=...`` options of the injection for this compute mode."""
         if self.compute == "measured":
-            return "mode=measured"
+            return f"mode=measured:scope={self.scope}"
         return f"mode=emulated:flops={self.device_flops_per_second():.6g}"
 
     @property

@@ -38,6 +38,7 @@ def summarize(records: Sequence[dict]) -> list[dict]:
             "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else (0.0 if acc else None),
             "migrating_stragglers": statistics.mean(r.get("migrating_stragglers", 0) for r in rs),
             "busy_share": _mean_busy_share(rs),
+            "balanced_share_by_rank": _mean_by_rank(rs, "balanced_share_by_rank"),
             "_by_seed": {r["seed"]: r.get("accuracy") for r in rs},
         })
     base_time = {row["mode"]: row["iter_time_s"] for row in rows if row["chi"] == 1.0 and row["lambda"] is None}
@@ -54,6 +55,15 @@ def _mean_busy_share(records: Sequence[dict]) -> float | None:
     their injected delays): at chi = 1 in measured compute, the share of the TP linear GEMMs."""
     shares = [s for r in records for s in r.get("busy_share_by_rank") or () if isinstance(s, (int, float))]
     return statistics.mean(shares) if shares else None
+
+
+def _mean_by_rank(records: Sequence[dict], key: str) -> list | None:
+    """Per rank, the mean of ``key``'s per-rank values over the records that have them (``None``: none do)."""
+    columns = [r.get(key) for r in records if r.get(key)]
+    if not columns:
+        return None
+    return [statistics.mean(v for v in values if isinstance(v, (int, float))) if any(
+        isinstance(v, (int, float)) for v in values) else None for values in zip(*columns)]
 
 
 def _acc_delta(mine: dict, baseline: dict) -> dict:
@@ -85,12 +95,15 @@ def print_table(rows: Sequence[dict], title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("mode", "chi", "iter s", "epoch s (RT)", "RT / RT(chi=1)", "ACC mean ± std", "ACC - baseline"):
+    for col in ("mode", "chi", "iter s", "epoch s (RT)", "RT / RT(chi=1)", "ACC mean ± std", "ACC - baseline",
+                "balanced share by rank"):
         table.add_column(col, justify="right", no_wrap=(col == "mode"))
     for row in rows:
+        shares = row.get("balanced_share_by_rank")
         table.add_row(
             row["label"], f"{row['chi']:g}", f"{row['iter_time_s']:.3f}", f"{row['epoch_time_s']:.2f}",
-            "-" if row["rt_vs_chi1"] is None else f"{row['rt_vs_chi1']:.2f}x", *_accuracy_cells(row))
+            "-" if row["rt_vs_chi1"] is None else f"{row['rt_vs_chi1']:.2f}x", *_accuracy_cells(row),
+            "-" if not shares else " / ".join("-" if s is None else f"{s:.2f}" for s in shares))
     Console().print(table)
     if any(row["accuracy_mean"] is None for row in rows):
         print("accuracy not measured (time-only run: too few iterations for accuracy to differ from chance)")

@@ -38,7 +38,7 @@ def straggler_sweep(cfg: BenchConfig) -> Sweep:
         compute = (f"emulated device {cfg.device_ms:g} ms/iter" if cfg.compute == "emulated"
                    else "measured compute (real GEMMs, one thread per rank)")
         return (f"semimig bench: ViT {cfg.size} on digits, tp={cfg.tp} dp={cfg.dp}, pattern {cfg.pattern}, "
-                f"{cfg.epochs}x{cfg.iters_per_epoch} iterations, {compute}, {len(cfg.modes)} modes x "
+                f"{cfg.epochs}x{cfg.iters_per_epoch} iterations, {compute}, straggler scope {cfg.scope}, {len(cfg.modes)} modes x "
                 f"{len(cfg.chis)} chi x {len(cfg.seeds)} seeds on {_where(cfg.device, env)}; {todo} of {total} "
                 f"cases to train; collective timeout {cfg.timeout_s:g} s"
                 + ("" if cfg.evaluate else "; time only (accuracy not measured)"))
@@ -46,7 +46,7 @@ def straggler_sweep(cfg: BenchConfig) -> Sweep:
     def finish(records: list, seconds: float, plots: Optional[Path]) -> None:
         from semimig.bench.report import print_table, summarize, write_plots
 
-        title = (f"semimig bench tp={cfg.tp} {cfg.pattern}, {cfg.compute} compute"
+        title = (f"semimig bench tp={cfg.tp} {cfg.pattern}, straggler scope={cfg.scope}, {cfg.compute} compute"
                  + ("" if cfg.evaluate else ", time only") + f" ({seconds:.0f} s)")
         rows = summarize(records)
         print_table(rows, title)

@@ -54,11 +54,11 @@ class _Trajectory:
     """Per-iteration columns of one rank (and the group's decisions, identical on every rank)."""
 
     def __init__(self) -> None:
-        self.rank: dict[str, list] = {"busy_s": []}
+        self.rank: dict[str, list] = {"busy_s": [], "compute_s": []}
         self.decisions: list = []
 
     def add_step(self, step) -> None:
-        row = {"busy_s": step.busy.busy_s, "work_fraction": step.busy.work_fraction,
+        row = {"busy_s": step.busy.busy_s, "compute_s": step.device.compute_s, "work_fraction": step.busy.work_fraction,
                "gamma_target": step.gamma_target, "gamma_per_layer": list(step.gamma_per_layer),
                "achieved_savings": step.achieved_savings, "migrate": dict(step.migrate)}
         for key, value in row.items():
@@ -66,8 +66,9 @@ class _Trajectory:
         decision = getattr(step, "decision", None)
         self.decisions.append(None if decision is None else _plain(decision))
 
-    def add_busy(self, busy_s: float) -> None:
+    def add_busy(self, busy_s: float, compute_s: float) -> None:
         self.rank["busy_s"].append(busy_s)
+        self.rank["compute_s"].append(compute_s)
 
 
 def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, seed: int,
@@ -84,6 +85,7 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
     from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
     from semimig.shardformer import SemiMigPolicy
     from semimig.straggler import StragglerConfig, StragglerInjector
+    from semimig.straggler.device import DeviceClock
     from semimig.straggler.hooks import BaselineInjection
 
     cuda = cfg.device == "cuda"
@@ -105,9 +107,10 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
     tp_rank, tp_size = dist.get_rank(plugin.tp_group), dist.get_world_size(plugin.tp_group)
     dp_rank = dist.get_rank(plugin.dp_group)
 
-    controller = injection = None
+    controller = injection = clock = None
     if mode == "baseline":
         injection = BaselineInjection(model, StragglerInjector(straggler, tp_rank, tp_size), device=device)
+        clock = DeviceClock(injection.injector, device=device).attach()  # the controller has its own
     else:
         balance = BalanceConfig(mode=mode, straggler=straggler, controller=ControllerConfig(migrators=lam),
                                 resizing=cfg.resizing())
@@ -134,7 +137,7 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
             if controller is not None:
                 trajectory.add_step(controller.step())
             else:
-                trajectory.add_busy(injection.snapshot()["busy_s"])
+                trajectory.add_busy(injection.snapshot()["busy_s"], clock.take().compute_s)
                 injection.reset()
             if cuda:
                 torch.cuda.synchronize(device)
@@ -146,30 +149,44 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
             iteration += 1
         epoch_times.append(time.perf_counter() - epoch_start)
 
+    if clock is not None:
+        clock.detach()
     accuracy = _evaluate(model, controller, x_test, y_test) if cfg.evaluate else None
+    if controller is not None:
+        controller.close()
     plan = controller.plan if controller is not None else None
     timed = slice(cfg.warmup_iters, None)
     mine = {
         "shed": statistics.mean(trajectory.rank["gamma_target"][timed]) if controller is not None else 0.0,
         "savings": statistics.mean(trajectory.rank["achieved_savings"][timed]) if controller is not None else 0.0,
         "busy_share": statistics.mean(trajectory.rank["busy_s"][timed]) / statistics.mean(iter_times),
+        "balanced_share": _balanced_share(trajectory.rank, timed),
         "trajectory": _plain(trajectory.rank),
     }
     by_rank: list = [None] * tp_size
     dist.all_gather_object(by_rank, mine, group=plugin.tp_group)
     return {
-        "mode": mode, "chi": chi, "seed": seed, "lambda": lam,
+        "mode": mode, "chi": chi, "seed": seed, "lambda": lam, "scope": cfg.scope,
         "iter_time_s": statistics.median(iter_times),
         "epoch_time_s": statistics.mean(epoch_times[1:] or epoch_times),
         "accuracy": accuracy,
         "shed_share_by_rank": [r["shed"] for r in by_rank],
         "savings_by_rank": [r["savings"] for r in by_rank],
         "busy_share_by_rank": [r["busy_share"] for r in by_rank],
+        "balanced_share_by_rank": [r["balanced_share"] for r in by_rank],
         "plan": plan.summary() if plan is not None else None,
         "migrating_stragglers": plan.x if plan is not None else 0,
         "trajectory": {"iter_time_s": _plain(all_iter_times), "by_rank": [r["trajectory"] for r in by_rank],
                        "decisions": trajectory.decisions if controller is not None else None},
     }
+
+
+def _balanced_share(columns: dict, timed: slice) -> Optional[float]:
+    """Share of the rank's own work (wall minus time in collectives) spent in the balanced GEMMs:
+    DESIGN §5's ``B``, the ceiling of what shedding can save on this rank."""
+    busy, compute = columns["busy_s"][timed], columns["compute_s"][timed]
+    total = sum(compute)
+    return min(sum(busy) / total, 1.0) if total > 0 else None
 
 
 def _evaluate(model, controller, x_test, y_test) -> float:

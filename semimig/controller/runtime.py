@@ -39,6 +39,7 @@ import dataclasses
 import logging
 import math
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Union
 
@@ -67,6 +68,7 @@ from semimig.nn.balanced import BalancedLinearMixin
 from semimig.resizing.config import ResizingConfig
 from semimig.resizing.pridiff import achieved_savings
 from semimig.straggler.busy import BusyMeter, BusyStats
+from semimig.straggler.device import DeviceClock, DeviceTime
 from semimig.straggler.injection import StragglerConfig, StragglerInjector
 
 logger = logging.getLogger(__name__)
@@ -146,6 +148,15 @@ class StepReport:
     """The group's evidence and shares (flags, unpruned times, reference); ``None`` while forced."""
     digest: int = 0
     """Digest of the plan every rank applied in this iteration (checked equal on all ranks)."""
+    device: Optional[DeviceTime] = None
+    """This rank's step split into compute and communication (:mod:`semimig.straggler.device`)."""
+
+    @property
+    def balanced_share(self) -> Optional[float]:
+        """Share of this rank's own work (``compute_s``) spent in the GEMMs semimig sheds (DESIGN §5's B)."""
+        if self.device is None or self.device.compute_s <= 0:
+            return None
+        return min(self.busy.busy_s / self.device.compute_s, 1.0)
 
     @property
     def flagged(self) -> tuple[int, ...]:
@@ -202,6 +213,9 @@ class BalanceController:
         self._collective_device = P.collective_device(process_group)
         self.injector = StragglerInjector(config.straggler, self.rank, self.size)
         self.meter = BusyMeter(self.injector, device=device)
+        self.clock = DeviceClock(self.injector, device=device).attach()
+        """Splits each step into compute and communication; slows all work under ``scope=device``."""
+        weakref.finalize(self, self.clock.detach)
         self.exchange = make_exchange(config.exchange, process_group)
         self.period = res.period or iterations_per_epoch or DEFAULT_PERIOD
         self.curves = config.curves
@@ -280,6 +294,10 @@ class BalanceController:
             self._apply()
             raise
 
+    def close(self) -> None:
+        """Stop the device clock (the collectives are unwrapped once no clock is attached); idempotent."""
+        self.clock.detach()
+
     def step(self) -> StepReport:
         """Close the iteration: measure, check agreement, decide (collectively), set the next directives.
 
@@ -290,6 +308,7 @@ class BalanceController:
         """
         stats = self.meter.snapshot()
         self.meter.reset()
+        device_time = self.clock.take()
         now = time.perf_counter()
         wall = 0.0 if self._step_clock is None else now - self._step_clock
         self._step_clock = now
@@ -320,7 +339,7 @@ class BalanceController:
         self._apply()
         report = StepReport(self.iteration - 1, stats, self._shed_target(), self._gammas,
                             achieved_savings(self._gammas, self.binding.layer_flops()),
-                            dict(self._migrate()), self.plan, self._pending.decision, digest)
+                            dict(self._migrate()), self.plan, self._pending.decision, digest, device_time)
         self.reports.append(report)
         return report
 

@@ -89,17 +89,19 @@ class BusyMeter:
         if injector is None:
             self._busy_s += time.perf_counter() - start
         else:
-            delay = injector.delay_for(time.perf_counter() - start, flops)
+            elapsed = time.perf_counter() - start
+            delay = injector.delay_for(elapsed, flops)
             injector.inject(delay, self.device)
             if self._cuda:
                 torch.cuda.synchronize(self.device)
-            if injector.config.mode == "emulated":
-                # The emulated device's own time: deterministic, whatever the host scheduler does
-                # to the few real CPU cycles around it (4 ranks on 2 cores would otherwise add noise).
-                self._busy_s += delay
-            else:
+            if injector.config.mode == "measured" and injector.config.scope == "gemm":
                 # Actual wall time of GEMM + delay, so sleep overshoot counts as the slowness it is.
                 self._busy_s += time.perf_counter() - start
+            else:
+                # Emulated: the nominal device's own time, deterministic whatever the host scheduler
+                # does to the few real CPU cycles around it (4 ranks on 2 cores would otherwise add
+                # noise).  scope=device: chi times the GEMM's wall (slept at the next collective).
+                self._busy_s += injector.charged_s(elapsed, delay)
         self._flops_done += flops
         self._full_flops += full_flops
         self._gemm_count += 1

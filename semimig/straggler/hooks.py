@@ -123,7 +123,7 @@ class BaselineInjection:
             seconds = flops / rate if (self.measured and rate) else 0.0
         delay = self.injector.delay_for(seconds, flops)
         self.injector.inject(delay, self.device)
-        self._busy_s += seconds + delay
+        self._busy_s += self.injector.charged_s(seconds, delay)
         self._delay_s += delay
         self._flops += flops
         if self.keep_charges:

@@ -37,7 +37,21 @@ Compact CLI grammar (:meth:`StragglerConfig.from_cli`), segments separated by ``
     burst:<ranks>:<chi>:every=<n>:len=<m>   burst:1:4:every=10:len=3
 
 followed on any pattern by optional ``key=value`` segments: ``mode=measured|flops`` and
-``flops=<rate in FLOP/s>`` (required by ``mode=flops``), e.g. ``fixed:1:4:mode=flops:flops=2e10``.
+``flops=<rate in FLOP/s>`` (required by ``mode=flops``), e.g. ``fixed:1:4:mode=flops:flops=2e10``,
+and ``scope=gemm|device``.
+
+Scope (what of the straggler is slow):
+
+    gemm    only its semimig / Colossal-AI linear GEMMs (the paper's method; the default)
+    device  all of its work: every span between two collectives takes chi times as long,
+            communication unchanged (:mod:`semimig.straggler.device`), e.g. ``fixed:1:4:scope=device``.
+            Measured mode only; composes with every pattern (bursts, round-robin), so a device
+            that comes and goes is emulated by ``burst:1:4:every=20:len=5:scope=device``.
+
+Under ``scope=device`` no GEMM is slowed by itself (:meth:`StragglerInjector.delay_for` is 0): the
+sleep comes before the next collective and covers the GEMM too; the busy time the controller sees
+for a GEMM of wall time ``t`` is ``chi · t`` (:meth:`StragglerInjector.charged_s`), what a real
+``chi`` times slower device would show.
 """
 from __future__ import annotations
 
@@ -57,6 +71,7 @@ from semimig.errors import ConfigError
 __all__ = [
     "PATTERNS",
     "MODES",
+    "SCOPES",
     "MAX_CHI",
     "StragglerConfig",
     "StragglerInjector",
@@ -68,9 +83,11 @@ logger = logging.getLogger(__name__)
 
 Pattern = Literal["none", "fixed", "round-robin", "multi", "burst"]
 Mode = Literal["measured", "flops", "emulated"]
+Scope = Literal["gemm", "device"]
 PATTERNS: tuple[str, ...] = ("none", "fixed", "round-robin", "multi", "burst")
 MODES: tuple[str, ...] = ("measured", "flops", "emulated")
-_OPTION_KEYS: tuple[str, ...] = ("every", "len", "mode", "flops")
+SCOPES: tuple[str, ...] = ("gemm", "device")
+_OPTION_KEYS: tuple[str, ...] = ("every", "len", "mode", "flops", "scope")
 MAX_CHI = 100.0
 """Largest slowdown factor: beyond it an injected straggler sleeps for minutes per iteration of any
 real model (the paper's experiments go to 8), which is a typo rather than an experiment."""
@@ -98,12 +115,20 @@ class StragglerConfig:
     """Burst period in iterations (burst only)."""
     burst_length: Optional[int] = None
     """Iterations at the start of each period during which the ranks straggle (burst only)."""
+    scope: Scope = "gemm"
+    """``gemm``: only the linear GEMMs are slow (the paper's method); ``device``: all of the rank's
+    work between collectives (:mod:`semimig.straggler.device`).  Measured mode only."""
 
     def __post_init__(self) -> None:
         if self.pattern not in PATTERNS:
             raise ConfigError(f"pattern must be one of {PATTERNS}, got {self.pattern!r}")
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.scope not in SCOPES:
+            raise ConfigError(f"scope must be one of {SCOPES}, got {self.scope!r}")
+        if self.scope == "device" and self.mode != "measured":
+            raise ConfigError(f"scope='device' slows all measured work of a rank and needs mode='measured', "
+                              f"got mode={self.mode!r}")
         if not isinstance(self.ranks, tuple) or not all(_is_int(r) and r >= 0 for r in self.ranks):
             raise ConfigError(f"ranks must be a tuple of ints >= 0, got {self.ranks!r}")
         if len(set(self.ranks)) != len(self.ranks):
@@ -231,6 +256,8 @@ class StragglerConfig:
             kwargs["mode"] = options["mode"]
         if "flops" in options:
             kwargs["flops_per_second"] = _parse_float(options["flops"], "flops", spec)
+        if "scope" in options:
+            kwargs["scope"] = options["scope"]
         return cls(**kwargs)  # type: ignore[arg-type]
 
     def to_cli(self) -> str:
@@ -250,6 +277,8 @@ class StragglerConfig:
             parts.append(f"mode={self.mode}")
         if self.flops_per_second is not None:
             parts.append(f"flops={self.flops_per_second!r}")
+        if self.scope != "gemm":
+            parts.append(f"scope={self.scope}")
         return ":".join(parts)
 
     def replace(self, **changes: object) -> "StragglerConfig":
@@ -322,11 +351,23 @@ class StragglerInjector:
         if self.config.mode == "emulated":
             return self.current_chi() * flops / self.config.flops_per_second
         extra = self.current_chi() - 1.0
-        if extra == 0.0:
-            return 0.0
+        if extra == 0.0 or self.config.scope == "device":
+            return 0.0  # device scope: slept before the next collective (semimig.straggler.device)
         if self.config.mode == "flops":
             return extra * flops / self.config.flops_per_second
         return extra * elapsed_s
+
+    def charged_s(self, elapsed_s: float, delay_s: float) -> float:
+        """Seconds a GEMM occupied this rank's (emulated) device: what its busy time counts.
+
+        emulated: ``delay_s`` (the nominal device's time); ``scope=device``: ``chi · elapsed_s``
+        (its sleep comes at the next collective); otherwise ``elapsed_s + delay_s``.
+        """
+        if self.config.mode == "emulated":
+            return delay_s
+        if self.config.scope == "device":
+            return self.current_chi() * elapsed_s
+        return elapsed_s + delay_s
 
     def inject(self, delay_s: float, device: torch.device | str) -> None:
         """Occupy ``device`` for ``delay_s`` seconds: CPU sleeps, CUDA spins on the current stream."""
