@@ -1,0 +1,208 @@
+"""Time to the same model under a really slow device (issue: a real slow device and a real task).
+
+Runs the LLM example (tiny Llama, real text, torchrun tp=2, ranks pinned one per core) once with no
+straggler (``healthy``) and then in every balancing mode with TP rank 1 slowed::
+
+    --straggler real     rank 1's process under a cgroup CPU-bandwidth limit (--fraction of its core,
+                         default 0.25; ``semimig throttle``), nothing injected
+    --straggler device   ``--straggler fixed:1:<chi>:scope=device``: every span of rank 1's work
+                         between collectives takes chi times as long (default chi 4)
+    --pattern ON:OFF     the throttle (or the device straggler, as bursts) comes and goes
+
+and writes ``{"modes": {"healthy": {...}, "off": {...}, "zero-pri": {...}, "semi": {...}}, ...}``
+with ``steady_step_s``, ``final_val_loss``, ``time_to_target_s`` (training wall time to healthy's
+final validation loss within 2 %, evaluation excluded; ``null`` if never), ``balanced_share`` per
+rank and the straggler's scope; ``--plot`` draws validation loss against training time, one line
+per mode, a band over the repeats.  Analysis: :mod:`semimig.bench.time_to_loss`.
+
+    python benchmarks/time_to_loss.py --straggler real --quick --json results/ttl_real.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODES = ("healthy", "off", "zero-pri", "semi")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--straggler", choices=("real", "device"), required=True)
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {MODES} (healthy always runs)")
+    p.add_argument("--fraction", type=float, default=0.25, help="--straggler real: rank 1's share of its core")
+    p.add_argument("--chi", type=float, default=4.0, help="--straggler device: rank 1's slowdown")
+    p.add_argument("--pattern", default=None, metavar="ON:OFF",
+                   help="real: throttled ON s, free OFF s, repeating; device: as bursts of steps")
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 60; --quick 40)")
+    p.add_argument("--repeats", type=int, default=None, help="runs per mode (default 3; --quick 1)")
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--quick", action="store_true", help="one repeat of 40 steps (about 10 minutes on 2 cores)")
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--plot", type=Path, default=None, help="PNG: validation loss against training time")
+    p.add_argument("--timeout-s", type=float, default=1800.0, help="wall-clock limit of one run")
+    args = p.parse_args(argv)
+    args.steps = args.steps or (40 if args.quick else 60)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    modes = [m for m in args.modes.split(",") if m]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        p.error(f"--modes: unknown mode(s) {bad}; expected some of {MODES}")
+    args.modes = ["healthy"] + [m for m in modes if m != "healthy"]
+    if not 0 < args.fraction <= 1:
+        p.error(f"--fraction must be in (0, 1], got {args.fraction}")
+    if not 1 <= args.chi <= 100:
+        p.error(f"--chi must be in [1, 100], got {args.chi}")
+    for name in ("steps", "repeats", "eval_every", "hidden", "layers", "batch_size", "seq_len"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.pattern is not None:
+        on, sep, off = args.pattern.partition(":")
+        try:
+            args.on_off = (float(on), float(off))
+        except ValueError:
+            p.error(f"--pattern must be ON:OFF in seconds, e.g. 20:40, got {args.pattern!r}")
+        if not sep or min(args.on_off) <= 0:
+            p.error(f"--pattern must be ON:OFF with both > 0, got {args.pattern!r}")
+    if args.json.exists() and not args.json.is_file():
+        p.error(f"--json {args.json} exists and is not a regular file")
+    if not args.json.parent.is_dir():
+        p.error(f"--json: directory {args.json.parent} does not exist")
+    return args
+
+
+def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
+    """The run's command line: the example under torchrun, wrapped by ``semimig throttle`` (which also
+    pins each rank to its own core; fraction 1 for the runs that are not really throttled)."""
+    example = [str(ROOT / "examples" / "finetune_llm.py"), "--data", "shakespeare",
+               "--hidden", str(args.hidden), "--layers", str(args.layers), "--batch-size", str(args.batch_size),
+               "--seq-len", str(args.seq_len), "--steps", str(args.steps), "--eval-every", str(args.eval_every),
+               "--balance", "off" if mode in ("healthy", "off") else mode, "--json", str(out), "--log-every", "10"]
+    fraction = 1.0
+    if mode != "healthy":
+        if args.straggler == "device":
+            example += ["--straggler", device_spec(args)]
+        else:
+            fraction = args.fraction
+    throttle = [sys.executable, "-m", "semimig.cli", "throttle", "--rank", "1", "--fraction", f"{fraction:g}", "--pin"]
+    if mode != "healthy" and args.straggler == "real" and args.pattern:
+        throttle += ["--pattern", args.pattern]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    return throttle + ["--"] + torchrun + example
+
+
+def device_spec(args: argparse.Namespace) -> str:
+    """``fixed:1:chi:scope=device``, or bursts of steps when a pattern is given (seconds → steps at the
+    healthy step time are not known before the run: ON and OFF are read as steps here)."""
+    if args.pattern:
+        on, off = (int(round(v)) for v in args.on_off)
+        return f"burst:1:{args.chi:g}:every={on + off}:len={on}:scope=device"
+    return f"fixed:1:{args.chi:g}:scope=device"
+
+
+def run_once(args: argparse.Namespace, mode: str, workdir: Path, repeat: int) -> dict:
+    out = workdir / f"{mode}-{repeat}.json"
+    cmd = command(args, mode, out)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    print(f"[{time.strftime('%H:%M:%S')}] {mode} #{repeat}: {' '.join(cmd[cmd.index('--') + 1:])}", flush=True)
+    log = workdir / f"{mode}-{repeat}.log"
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=args.timeout_s)
+    if proc.returncode != 0 or not out.is_file():
+        tail = log.read_text().splitlines()[-15:]
+        raise SystemExit(f"time_to_loss: {mode} run {repeat} failed (exit {proc.returncode}); last lines of {log}:\n"
+                         + "\n".join(tail))
+    return json.loads(out.read_text())
+
+
+def main(argv=None) -> int:
+    from semimig.bench.time_to_loss import TARGET_TOLERANCE, RunResult, exact_limit, summarize_mode
+
+    args = parse_args(argv)
+    started = time.time()
+    raw: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="semimig-ttl-") as tmp:
+        for mode in args.modes:
+            raw[mode] = [run_once(args, mode, Path(tmp), k) for k in range(args.repeats)]
+    runs = {mode: [RunResult.from_json(d, f"{mode} run {k}") for k, d in enumerate(rs)] for mode, rs in raw.items()}
+    healthy = summarize_mode(runs["healthy"], None)
+    target = None if healthy["final_val_loss"] is None else healthy["final_val_loss"] * (1 + TARGET_TOLERANCE)
+    modes = {mode: summarize_mode(rs, target) for mode, rs in runs.items()}
+    base_step, base_time = modes["healthy"]["steady_step_s"], modes["healthy"]["time_to_target_s"]
+    chi = args.chi if args.straggler == "device" else 1 / args.fraction
+    result = {
+        "straggler": args.straggler, "scope": "device" if args.straggler == "device" else "real-throttle",
+        "spec": device_spec(args) if args.straggler == "device" else f"rank 1 at {args.fraction:g} of its core",
+        "pattern": args.pattern, "target_val_loss": target, "exact_limit_vs_healthy": exact_limit(chi),
+        "unigram_entropy_nats": raw["healthy"][0]["summary"].get("unigram_entropy_nats"),
+        "model": {k: getattr(args, k) for k in ("hidden", "layers", "batch_size", "seq_len", "steps", "eval_every")},
+        "repeats": args.repeats, "wall_s": time.time() - started, "modes": modes,
+        "raw": {mode: [{"step_s": d["step_s"], "val_losses": d["val_losses"], "summary": d["summary"]} for d in rs]
+                for mode, rs in raw.items()},
+    }
+    from semimig.bench.results import write_atomically
+
+    write_atomically(args.json, result)
+    print(f"\ntime to the same model: {result['spec']}, tiny Llama h{args.hidden} x{args.layers}, tp=2, "
+          f"{args.steps} steps x {args.repeats}; target val loss {target if target is None else round(target, 4)} "
+          f"(healthy's final + {TARGET_TOLERANCE:.0%}); exact limit {result['exact_limit_vs_healthy']:.2f}x")
+    print(f"{'mode':>10} {'steady s':>9} {'vs healthy':>10} {'final val':>9} {'to target s':>11} {'vs healthy':>10}"
+          f"  balanced share by rank")
+    for mode, m in modes.items():
+        ttt = m["time_to_target_s"]
+        share = " / ".join("-" if s is None else f"{s:.2f}" for s in (m["balanced_share"] or []))
+        print(f"{mode:>10} {m['steady_step_s']:>9.3f} {m['steady_step_s'] / base_step:>9.2f}x "
+              f"{m['final_val_loss'] if m['final_val_loss'] is not None else float('nan'):>9.4f} "
+              f"{'never' if ttt is None else f'{ttt:.1f}':>11} "
+              f"{'-' if ttt is None or not base_time else f'{ttt / base_time:.2f}x':>10}  {share}")
+    print(f"JSON: {args.json}")
+    if args.plot:
+        plot(result, args.plot)
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def plot(result: dict, path: Path) -> None:
+    """Validation loss against training time (evaluation excluded), one line per mode, a band over repeats."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for mode, runs in result["raw"].items():
+        curves = []
+        for run in runs:
+            cum = [0.0]
+            for t in run["step_s"]:
+                cum.append(cum[-1] + t)
+            curves.append([(cum[s], v) for s, v in run["val_losses"]])
+        xs = [min(c[i][0] for c in curves) for i in range(len(curves[0]))]
+        lo = [min(c[i][1] for c in curves) for i in range(len(curves[0]))]
+        hi = [max(c[i][1] for c in curves) for i in range(len(curves[0]))]
+        mid = [sorted(c[i][1] for c in curves)[len(curves) // 2] for i in range(len(curves[0]))]
+        line, = ax.plot(xs, mid, marker="o", markersize=3, label=mode)
+        if len(curves) > 1:
+            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
+    if result["target_val_loss"]:
+        ax.axhline(result["target_val_loss"], color="grey", linestyle="--", linewidth=1, label="target")
+    ax.set(xlabel="training wall time (s, evaluation excluded)", ylabel="validation loss (nats/byte)",
+           title=f"{result['spec']} ({result['scope']}), {result['repeats']} repeat(s), measured compute")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

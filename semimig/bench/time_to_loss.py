@@ -1,0 +1,117 @@
+"""Time to the same model: the headline benchmark's analysis (pure functions) and its run plan.
+
+Every mode trains the same model on the same data for the same number of steps (the LLM example,
+``examples/finetune_llm.py``, real text); the healthy run (no straggler) sets the target::
+
+    target          = (1 + tolerance) · final_val_loss(healthy)          tolerance 2 %
+    time_to_target  = Σ_{s ≤ s*} step_s[s]      s* = first evaluated step with val_loss ≤ target
+                                                (evaluation time excluded; None if never reached)
+    steady_step_s   = median(step_s of the last half of the steps)
+
+A mode that drops work (resizing) may be faster per step and still slower to the target, or never
+reach it: that is what this benchmark is for.  ``balanced_share`` per rank is the share of the
+rank's own work spent in the GEMMs semimig can shed (DESIGN §5's ``B``), the ceiling of what
+resizing and migration can save; it is reported beside every figure.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from semimig._validate import check_number
+from semimig.errors import ConfigError
+
+__all__ = ["TARGET_TOLERANCE", "RunResult", "steady_step_s", "time_to_target_s", "summarize_mode",
+           "exact_limit"]
+
+TARGET_TOLERANCE = 0.02
+"""A mode reaches the healthy model when its validation loss is within 2 % of healthy's final one."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run of the example, as its ``--json`` file gives it."""
+
+    step_s: tuple[float, ...]
+    """Wall time of every training step (evaluation excluded)."""
+    val_losses: tuple[tuple[int, float], ...]
+    """``(steps done, validation loss)`` at every evaluation."""
+    balanced_share: tuple[Optional[float], ...] = ()
+    """Per TP rank, the share of its own work in the balanced GEMMs (``None`` where not measured)."""
+
+    @classmethod
+    def from_json(cls, data: dict, where: str = "run") -> "RunResult":
+        """The example's ``--json`` output; a missing or malformed key is named with ``where``."""
+        try:
+            step_s = tuple(float(t) for t in data["step_s"])
+            val = tuple((int(s), float(v)) for s, v in data["val_losses"])
+            shares = tuple(None if b is None else float(b) for b in data["summary"].get("balanced_share_by_rank", ()))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ConfigError(f"{where}: not an examples/finetune_llm.py --json result ({err!r})") from None
+        if not step_s:
+            raise ConfigError(f"{where}: no training steps recorded")
+        return cls(step_s=step_s, val_losses=val, balanced_share=shares)
+
+    @property
+    def final_val_loss(self) -> Optional[float]:
+        return self.val_losses[-1][1] if self.val_losses else None
+
+
+def steady_step_s(step_s: Sequence[float]) -> float:
+    """Median step time of the last half of the run (warm-up, first plans and re-plans left out)."""
+    if not step_s:
+        raise ConfigError("steady_step_s needs at least one step time, got none")
+    return float(statistics.median(step_s[len(step_s) // 2:]))
+
+
+def time_to_target_s(step_s: Sequence[float], val_losses: Sequence[tuple[int, float]], target: float) -> Optional[float]:
+    """Training wall time until the first evaluation at or below ``target`` (``None``: never).
+
+    ``val_losses[k] = (n, loss)`` is the loss after ``n`` steps, so the time is ``sum(step_s[:n])``.
+    """
+    check_number("target", target, minimum=0.0)
+    for steps, loss in val_losses:
+        if not 0 <= steps <= len(step_s):
+            raise ConfigError(f"validation after {steps} steps, but the run has {len(step_s)} step times")
+        if math.isfinite(loss) and loss <= target:
+            return float(sum(step_s[:steps]))
+    return None
+
+
+def summarize_mode(runs: Sequence[RunResult], target: Optional[float]) -> dict:
+    """Median and range over repeats of one mode: steady step, final validation loss, time to target."""
+    if not runs:
+        raise ConfigError("summarize_mode needs at least one run")
+    steady = [steady_step_s(r.step_s) for r in runs]
+    finals = [r.final_val_loss for r in runs if r.final_val_loss is not None]
+    reach = [None if target is None else time_to_target_s(r.step_s, r.val_losses, target) for r in runs]
+    reached = [t for t in reach if t is not None]
+    shares = [r.balanced_share for r in runs if r.balanced_share]
+    return {
+        "repeats": len(runs),
+        "steady_step_s": statistics.median(steady), "steady_step_s_range": [min(steady), max(steady)],
+        "final_val_loss": statistics.median(finals) if finals else None,
+        "final_val_loss_range": [min(finals), max(finals)] if finals else None,
+        "time_to_target_s": statistics.median(reached) if len(reached) * 2 > len(runs) else None,
+        "time_to_target_s_each": reach,
+        "train_s": statistics.median(sum(r.step_s) for r in runs),
+        "balanced_share": [_median_or_none(col) for col in zip(*shares)] if shares else None,
+        "val_losses": [list(v) for v in runs[0].val_losses],
+    }
+
+
+def _median_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def exact_limit(chi: float, ranks: int = 2) -> float:
+    """The group's exact limit with one rank ``chi`` times slower and work re-split in proportion to
+    speed (DESIGN §8, replicated work R = 0 or small enough that every share stays >= 0)::
+
+        t / t_healthy = e / (e − 1 + 1/chi) = e·chi / ((e − 1)·chi + 1)      2chi/(chi+1) for e = 2
+    """
+    check_number("chi", chi, minimum=1.0)
+    return ranks * chi / ((ranks - 1) * chi + 1)

@@ -1,0 +1,54 @@
+"""The time-to-the-same-model analysis: steady step, time to target, summaries over repeats."""
+import pytest
+
+from semimig.bench.time_to_loss import RunResult, exact_limit, steady_step_s, summarize_mode, time_to_target_s
+from semimig.errors import ConfigError
+
+
+def test_steady_step_is_the_median_of_the_last_half():
+    assert steady_step_s([9.0, 9.0, 9.0, 1.0, 2.0, 3.0]) == 2.0
+    assert steady_step_s([5.0]) == 5.0
+    with pytest.raises(ConfigError, match="at least one"):
+        steady_step_s([])
+
+
+def test_time_to_target_sums_the_steps_before_the_first_evaluation_at_or_below_it():
+    steps = [1.0, 2.0, 3.0, 4.0]
+    val = [(0, 5.0), (2, 3.0), (4, 2.0)]
+    assert time_to_target_s(steps, val, 3.0) == 3.0  # after 2 steps: 1 + 2
+    assert time_to_target_s(steps, val, 2.5) == 10.0
+    assert time_to_target_s(steps, val, 1.0) is None
+    assert time_to_target_s(steps, [(0, float("nan")), (4, 2.0)], 3.0) == 10.0  # NaN never counts as reached
+    with pytest.raises(ConfigError, match="5 steps"):
+        time_to_target_s(steps, [(5, 1.0)], 3.0)
+
+
+def test_summary_takes_median_and_range_over_repeats():
+    runs = [RunResult(step_s=(1.0, 1.0, 1.0, 1.0), val_losses=((2, 3.0), (4, 2.0)), balanced_share=(0.5, 0.7)),
+            RunResult(step_s=(2.0, 2.0, 2.0, 2.0), val_losses=((2, 2.9), (4, 2.2)), balanced_share=(0.4, None)),
+            RunResult(step_s=(3.0, 3.0, 3.0, 3.0), val_losses=((2, 3.1), (4, 2.6)), balanced_share=(0.6, 0.9))]
+    s = summarize_mode(runs, target=2.3)
+    assert s["steady_step_s"] == 2.0 and s["steady_step_s_range"] == [1.0, 3.0]
+    assert s["final_val_loss"] == 2.2 and s["final_val_loss_range"] == [2.0, 2.6]
+    assert s["time_to_target_s_each"] == [4.0, 8.0, None]
+    assert s["time_to_target_s"] == 6.0  # median of the repeats that reached it (a majority did)
+    assert s["balanced_share"] == [0.5, 0.8]
+
+
+def test_a_mode_most_of_whose_repeats_never_reach_the_target_has_no_time():
+    runs = [RunResult(step_s=(1.0,), val_losses=((1, 3.0),)), RunResult(step_s=(1.0,), val_losses=((1, 1.0),))]
+    assert summarize_mode(runs, target=2.0)["time_to_target_s"] is None
+
+
+def test_example_json_is_read_and_a_broken_one_refused_by_name():
+    data = {"step_s": [0.5, 0.6], "val_losses": [[2, 2.5]], "summary": {"balanced_share_by_rank": [0.6, 0.7]}}
+    run = RunResult.from_json(data)
+    assert run.final_val_loss == 2.5 and run.balanced_share == (0.6, 0.7)
+    with pytest.raises(ConfigError, match="semi run 1"):
+        RunResult.from_json({"step_s": [1.0]}, "semi run 1")
+
+
+@pytest.mark.parametrize("chi, ranks, limit", [(4, 2, 1.6), (2, 2, 4 / 3), (1, 2, 1.0), (4, 4, 16 / 13)])
+def test_exact_limit_of_a_group_with_one_slow_rank(chi, ranks, limit):
+    # e ranks, one chi times slower, work split in proportion to speed: t = S / (e - 1 + 1/chi), healthy S / e
+    assert exact_limit(chi, ranks) == pytest.approx(limit)
