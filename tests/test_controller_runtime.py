@@ -22,24 +22,26 @@ def _model(world, width=64):
                         snn.Linear1D_Row.from_native_module(copy.deepcopy(fc2), group))
 
 
-def _plans_body(rank, world, spec):
-    from semimig.controller import BalanceConfig, BalanceController
+def _plans_body(rank, world, spec, tasks_per_step=0, iterations=12):
+    from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
     from semimig.straggler import StragglerConfig
 
     model = _model(world)()
     rate = 2 * 32 * 64 * 64 * 3 * 2 / 0.02  # emulated device: ~20 ms of GEMMs per iteration
-    config = BalanceConfig(mode="semi", straggler=StragglerConfig.from_cli(f"{spec}:mode=emulated:flops={rate}"))
+    config = BalanceConfig(mode="semi", straggler=StragglerConfig.from_cli(f"{spec}:mode=emulated:flops={rate}"),
+                           controller=ControllerConfig(pretest_tasks_per_step=tasks_per_step))
     ctl = BalanceController(model, config)
     x = torch.randn(32, 64)
-    summaries, digests, targets = [], [], []
-    for _ in range(12):
+    summaries, digests, targets, remaining = [], [], [], []
+    for _ in range(iterations):
         model(x).sum().backward()
         report = ctl.step()
         summaries.append(None if report.plan is None else report.plan.summary())
         digests.append(report.digest)
         targets.append(report.decision.shed if report.decision else None)
+        remaining.append(None if ctl._pretest_run is None else ctl._pretest_run.remaining)
     gathered = [None] * world
-    dist.all_gather_object(gathered, (summaries, digests, targets, ctl.curves.to_dict()))
+    dist.all_gather_object(gathered, (summaries, digests, targets, ctl.curves.to_dict(), remaining))
     return gathered
 
 
@@ -48,13 +50,28 @@ def test_every_rank_computes_the_same_plan(world, spec):
     gathered = run_on_ranks(_plans_body, world, spec, timeout_s=120)
     first = gathered[0]
     assert all(g == first for g in gathered[1:])  # plans, digests and shares identical on every rank
-    summaries, digests, targets, curves = first
+    summaries, digests, targets, curves, _ = first
     assert summaries[0] is None  # no evidence yet: nobody sheds in the first iterations
     assert "r1:" in summaries[-1]  # the injected straggler acts once the evidence is in
     assert targets[-1][0] == 0.0  # a fast rank never sheds
     if spec == "fixed:1:4":  # emulated device, no fixed cost: Eq. 1 gives 1 - 1/chi
         assert targets[-1][1] == pytest.approx(0.75, abs=0.03)
     json.dumps(curves)  # the pretest result is JSON-serialisable (save/load)
+
+
+def test_the_pretest_spreads_one_task_per_step_and_the_straggler_resizes_only_meanwhile():
+    gathered = run_on_ranks(_plans_body, 2, "fixed:1:4", 1, 50, timeout_s=180)
+    assert all(g == gathered[0] for g in gathered[1:])  # same tasks, same curves, same plans on every rank
+    summaries, _, targets, curves, remaining = gathered[0]
+    started = next(i for i, r in enumerate(remaining) if r is not None)
+    running = [r for r in remaining if r is not None]
+    assert running == list(range(running[0], 0, -1))  # exactly one task per step, no step runs the whole pretest
+    assert running[0] == 35  # 36 tasks (4 kinds x 3 shares x 3 repeats), the first ran in the starting step
+    during = summaries[started:started + len(running)]
+    assert any(s and "r1:" in s for s in during)  # the straggler already sheds while the pretest runs...
+    assert all("mig=0.000" in s for s in during if s and "r1:" in s)  # ...by resizing only (β = 0) until the curves exist
+    assert targets[-1][1] > 0.5 and targets[-1][0] == 0.0  # the straggler sheds throughout, fast rank never
+    json.dumps(curves)
 
 
 def _forced_migration_body(rank, world):

@@ -113,6 +113,12 @@ class ControllerConfig:
     per iteration at a 15 % migrated share, measured).  0 disables the trial; so does setting
     ``migrators`` (λ fixes who migrates)."""
 
+    pretest_tasks_per_step: int = 1
+    """Mode ``semi``: the pretest (SEMI's cost curves) runs this many of its small tasks per
+    training step (:class:`~semimig.controller.pretest.PretestRun`; 36 tasks by default), so no
+    step stalls; until the curves exist the stragglers resize only.  0 runs the whole pretest in
+    the step that first needs it (seconds on a large model: one stalled step)."""
+
     def __post_init__(self) -> None:
         check_choice("ControllerConfig.mode", self.mode, MODES)
         if self.migrators is not None:
@@ -135,3 +141,4 @@ class ControllerConfig:
         check_number("ControllerConfig.max_fixed_fraction", self.max_fixed_fraction, minimum=0.0, maximum=1.0)
         check_int("ControllerConfig.backoff_iterations", self.backoff_iterations, minimum=1, maximum=10**7)
         check_int("ControllerConfig.migration_trial", self.migration_trial, minimum=0, maximum=10**6)
+        check_int("ControllerConfig.pretest_tasks_per_step", self.pretest_tasks_per_step, minimum=0, maximum=10**6)

@@ -20,6 +20,10 @@ and under the emulated device they are the emulated device time (which charges F
 collectives in both cases — the emulation models compute, not the network.  Without a timer
 every sample is wall time.
 
+Spread over training (:class:`PretestRun`): the runtime runs one small task per training step
+(one kind of timing at one share, for every distinct layer shape, ~1/36 of the whole pretest),
+so no step stalls; SEMI resizes only until the curves exist.
+
 Each rank measures, then the samples are all-reduced so that every rank fits the same curves
 from the same numbers (plans must be identical everywhere): MAX for the straggler-side and
 traffic costs, MIN for Φ2, because receivers are the fast ranks.  Shapes come from the layers
@@ -31,7 +35,7 @@ import collections
 import logging
 import math
 import time
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -73,45 +77,79 @@ def _charged(timer, gemm: Callable[[], object], flops: int, full_flops: int) -> 
         timer.timed(gemm, flops=flops, full_flops=full_flops)
 
 
-def measure_cost_samples(shapes: Sequence[tuple[int, int, int]], group, *, shares: Sequence[float] = (0.25, 0.5, 0.75),
-                         repeats: int = 3, dtype: torch.dtype = torch.float32,
-                         device: torch.device | str = "cpu", gemm_timer=None) -> dict:
-    """Raw samples ``{"omega1": [...], "omega2": (ns, s), "phi1": (ns, s), "phi2": (ns, s)}``.
+class PretestRun:
+    """The pretest as a list of small tasks, so it can be spread over ordinary training steps.
 
-    ``shapes``: ``(M, N, K)`` of every semimig GEMM of one iteration on this rank.  Collective:
-    every rank of ``group`` must call it with the same shapes and shares.
+    A task is one timing of one kind at one share for every distinct layer shape: ``pruned``
+    (the straggler's three GEMMs on the kept columns, gathers and zero fill included), ``kept``
+    (dense GEMMs of the kept width, the physical limit), ``traffic`` (a column layer's migration
+    traffic, collective) and ``moved`` (dense GEMMs of the shed width, the receivers' work); the
+    tasks cycle through the shares ``repeats`` times and every kind keeps its best (smallest)
+    time.  :meth:`advance` runs the next ``tasks`` of them; once all have run it all-reduces the
+    samples (MAX for the straggler-side and traffic costs, MIN for Φ2) and returns them.
+
+    Collective: every rank of ``group`` runs the same tasks in the same order (the runtime
+    advances it once per ``step()`` on every rank, from a decision identical everywhere).
     """
-    if not shapes:
-        raise ValueError("the pretest needs at least one (M, N, K) layer shape")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
-    for share in shares:
-        if not 0.0 < share < 1.0:
-            raise ValueError(f"pretest shares must be in (0, 1), got {share}")
-    from semimig.kernels import ops as kernel_ops
-    from semimig.kernels import plan_keep
-    from semimig.kernels.backend import resolve_backend
 
-    backend = resolve_backend(torch.device(device), dtype)
+    KINDS = ("pruned", "kept", "traffic", "moved")
 
-    # Transformer blocks repeat their shapes: each distinct (M, N, K) is measured once and counted
-    # as often as it occurs (a 32-block model costs what one block costs).
-    distinct = collections.Counter((int(m), int(n), int(k)) for m, n, k in shapes)
-    gen = torch.Generator().manual_seed(0)
-    tensors = [(torch.randn(m, k, generator=gen).to(device, dtype), torch.randn(n, k, generator=gen).to(device, dtype),
-                torch.randn(m, n, generator=gen).to(device, dtype), count) for (m, n, k), count in distinct.items()]
-    timer = gemm_timer
+    def __init__(self, shapes: Sequence[tuple[int, int, int]], group, *,
+                 shares: Sequence[float] = (0.25, 0.5, 0.75), repeats: int = 3, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu", gemm_timer=None) -> None:
+        if not shapes:
+            raise ValueError("the pretest needs at least one (M, N, K) layer shape")
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+        for share in shares:
+            if not 0.0 < share < 1.0:
+                raise ValueError(f"pretest shares must be in (0, 1), got {share}")
+        from semimig.kernels.backend import resolve_backend
 
-    def per_shape(make: Callable[[tuple], Callable[[], object]], charged: bool) -> float:
-        """``sum over distinct shapes of count x best time`` of the closure ``make(shape)``."""
-        return math.fsum(t[3] * _best_of(make(t), repeats, timer if charged else None) for t in tensors)
+        self.group, self.shares, self.dtype, self.timer = group, tuple(shares), dtype, gemm_timer
+        self.backend = resolve_backend(torch.device(device), dtype)
+        # Transformer blocks repeat their shapes: each distinct (M, N, K) is measured once and
+        # counted as often as it occurs (a 32-block model costs what one block costs).
+        distinct = collections.Counter((int(m), int(n), int(k)) for m, n, k in shapes)
+        self._gen = torch.Generator().manual_seed(0)
+        gen = self._gen
+        self.tensors = [(torch.randn(m, k, generator=gen).to(device, dtype),
+                         torch.randn(n, k, generator=gen).to(device, dtype),
+                         torch.randn(m, n, generator=gen).to(device, dtype), count)
+                        for (m, n, k), count in distinct.items()]
+        self.tasks = [(kind, share) for _ in range(repeats) for share in self.shares for kind in self.KINDS]
+        self.best: dict[tuple[str, float], float] = {}
+        self.position = 0
 
-    overheads, rows = [], []
-    for share in shares:
-        def pruned(t, share=share):  # the straggler's three GEMMs on the kept columns, gathers and zero fill included
-            x, w, dy, _ = t
-            keep = torch.randperm(w.shape[1], generator=gen)[:max(1, round(w.shape[1] * (1.0 - share)))]
-            # the layers' own path: one validated plan per keep set (cached across iterations there)
+    @property
+    def remaining(self) -> int:
+        """Tasks still to run."""
+        return len(self.tasks) - self.position
+
+    def advance(self, tasks: int = 1) -> Optional[dict]:
+        """Run the next ``tasks`` tasks; the samples once the last has run (see :meth:`run_all`), else ``None``."""
+        for kind, share in self.tasks[self.position:self.position + tasks]:
+            if kind == "traffic" and P.group_size(self.group) > 1:
+                dist.barrier(group=self.group)  # start aligned: the traffic time is not a wait for a peer
+            seconds = math.fsum(t[3] * _best_of(self._closure(kind, share, t), 1,
+                                                None if kind == "traffic" else self.timer) for t in self.tensors)
+            key = (kind, share)
+            self.best[key] = min(self.best.get(key, float("inf")), seconds)
+            self.position += 1
+        return self._samples() if self.remaining == 0 else None
+
+    def run_all(self) -> dict:
+        """Every task now: ``{"omega1": [...], "omega2": (ns, s), "phi1": (ns, s), "phi2": (ns, s)}``."""
+        return self.advance(self.remaining)
+
+    def _closure(self, kind: str, share: float, t: tuple) -> Callable[[], object]:
+        x, w, dy, _ = t
+        timer, backend = self.timer, self.backend
+        if kind == "pruned":  # the layers' own path: one validated plan per keep set
+            from semimig.kernels import ops as kernel_ops
+            from semimig.kernels import plan_keep
+
+            keep = torch.randperm(w.shape[1], generator=self._gen)[:max(1, round(w.shape[1] * (1.0 - share)))]
             plan = plan_keep(keep.sort().values.to(w.device), w.shape[1], w.device,
                              group=1 if backend == "torch" else None)
             flops, full = 2 * x.shape[0] * w.shape[0] * plan.n_kept, 2 * x.shape[0] * w.shape[0] * w.shape[1]
@@ -121,25 +159,11 @@ def measure_cost_samples(shapes: Sequence[tuple[int, int, int]], group, *, share
                 _charged(timer, lambda: kernel_ops.dgrad(backend, dy, w, plan), flops, full)
                 _charged(timer, lambda: kernel_ops.wgrad(backend, dy, x, plan), flops, full)
             return run
-
-        def narrow(t, fraction, full_flops):  # dense GEMMs of that width: the physical limit
-            x, w, dy, _ = t
-            c = max(1, round(w.shape[1] * fraction))
-            xs, ws = x[:, :c], w[:, :c]
-            flops = 2 * x.shape[0] * w.shape[0] * c
-            full = 2 * x.shape[0] * w.shape[0] * w.shape[1] if full_flops else 0
-
-            def run():
-                for gemm in (lambda: F.linear(xs, ws), lambda: dy.matmul(ws), lambda: dy.t().matmul(xs)):
-                    _charged(timer, gemm, flops, full)
-            return run
-
-        def traffic(t, share=share):
+        if kind == "traffic":
             # Per layer and iteration, a column layer's traffic in training: two broadcasts
             # (w[:, mig], dY_k) and two reduces (partial outputs, dW_k[:, mig]).  A row layer
             # needs one reduce fewer (dX_k and dW_k travel stacked), so Φ1 is an upper bound there.
-            x, w, dy, _ = t
-            c = max(1, round(w.shape[1] * share))
+            c, group, dtype = max(1, round(w.shape[1] * share)), self.group, self.dtype
 
             def run():
                 P.broadcast_(w[:, :c].contiguous(), 0, group)
@@ -147,37 +171,64 @@ def measure_cost_samples(shapes: Sequence[tuple[int, int, int]], group, *, share
                 P.reduce_(dy.clone(), 0, group)
                 P.reduce_(torch.zeros(w.shape[0], c, dtype=dtype, device=w.device), 0, group)
             return run
+        # dense GEMMs of a narrower width: "kept" the straggler's limit, "moved" the receivers' work
+        fraction, straggler_side = (1.0 - share, True) if kind == "kept" else (share, False)
+        c = max(1, round(w.shape[1] * fraction))
+        xs, ws = x[:, :c], w[:, :c]
+        flops = 2 * x.shape[0] * w.shape[0] * c
+        full = 2 * x.shape[0] * w.shape[0] * w.shape[1] if straggler_side else 0
 
-        overheads.append(max(0.0, per_shape(pruned, True) - per_shape(lambda t: narrow(t, 1.0 - share, True), True)))
+        def run():
+            for gemm in (lambda: F.linear(xs, ws), lambda: dy.matmul(ws), lambda: dy.t().matmul(xs)):
+                _charged(timer, gemm, flops, full)
+        return run
+
+    def _samples(self) -> dict:
+        b = self.best
+        overheads = [max(0.0, b["pruned", s] - b["kept", s]) for s in self.shares]
+        omega1 = min(overheads)
+        values_local = [omega1] + [v for o, s in zip(overheads, self.shares)
+                                   for v in (o - omega1, b["traffic", s], b["moved", s])]
+        group = self.group
+        samples = torch.tensor(values_local, dtype=torch.float64, device=P.collective_device(group))
+        phi2 = torch.zeros_like(samples, dtype=torch.bool)
+        phi2[3::3] = True  # rows: omega1, then (omega2, phi1, phi2) per share
         if P.group_size(group) > 1:
-            dist.barrier(group=group)
-        rows += [per_shape(traffic, False), per_shape(lambda t: narrow(t, share, False), True)]
-    omega1 = min(overheads)
-    values_local = [omega1] + [v for o, (phi1, phi2) in zip(overheads, zip(rows[::2], rows[1::2]))
-                               for v in (o - omega1, phi1, phi2)]
-    samples = torch.tensor(values_local, dtype=torch.float64, device=P.collective_device(group))
-    phi2 = torch.zeros_like(samples, dtype=torch.bool)
-    phi2[3::3] = True  # rows: omega1, then (omega2, phi1, phi2) per share
-    if P.group_size(group) > 1:
-        high, low = samples.clone(), samples.clone()
-        dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
-        dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
-        samples = torch.where(phi2, low, high)
-    values = samples.cpu().tolist()
-    ns = [share * REFERENCE_COLUMNS for share in shares]
-    per = [values[1 + 3 * i: 4 + 3 * i] for i in range(len(shares))]
-    return {
-        "omega1": [values[0]],
-        "omega2": (ns, [p[0] for p in per]),
-        "phi1": (ns, [p[1] for p in per]),
-        "phi2": (ns, [p[2] for p in per]),
-    }
+            high, low = samples.clone(), samples.clone()
+            dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
+            dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
+            samples = torch.where(phi2, low, high)
+        values = samples.cpu().tolist()
+        ns = [share * REFERENCE_COLUMNS for share in self.shares]
+        per = [values[1 + 3 * i: 4 + 3 * i] for i in range(len(self.shares))]
+        return {
+            "omega1": [values[0]],
+            "omega2": (ns, [p[0] for p in per]),
+            "phi1": (ns, [p[1] for p in per]),
+            "phi2": (ns, [p[2] for p in per]),
+        }
 
 
-def run_pretest(shapes: Sequence[tuple[int, int, int]], group, **kwargs) -> CostCurves:
-    """Measure (see :func:`measure_cost_samples`) and fit affine cost curves; logs the result."""
-    samples = measure_cost_samples(shapes, group, **kwargs)
+def measure_cost_samples(shapes: Sequence[tuple[int, int, int]], group, *, shares: Sequence[float] = (0.25, 0.5, 0.75),
+                         repeats: int = 3, dtype: torch.dtype = torch.float32,
+                         device: torch.device | str = "cpu", gemm_timer=None) -> dict:
+    """Raw samples ``{"omega1": [...], "omega2": (ns, s), "phi1": (ns, s), "phi2": (ns, s)}``, all at once.
+
+    ``shapes``: ``(M, N, K)`` of every semimig GEMM of one iteration on this rank.  Collective:
+    every rank of ``group`` must call it with the same shapes and shares.
+    """
+    return PretestRun(shapes, group, shares=shares, repeats=repeats, dtype=dtype, device=device,
+                      gemm_timer=gemm_timer).run_all()
+
+
+def fit_curves(samples: dict) -> CostCurves:
+    """Affine cost curves through the samples of :class:`PretestRun`; logs the result."""
     curves = CostCurves.fit(omega1_seconds=samples["omega1"], omega2_samples=samples["omega2"],
                             phi1_samples=samples["phi1"], phi2_samples=samples["phi2"])
     logger.info("pretest cost curves: %s", curves.to_dict())
     return curves
+
+
+def run_pretest(shapes: Sequence[tuple[int, int, int]], group, **kwargs) -> CostCurves:
+    """Measure (see :func:`measure_cost_samples`) and fit affine cost curves; logs the result."""
+    return fit_curves(measure_cost_samples(shapes, group, **kwargs))

@@ -57,7 +57,7 @@ from semimig.controller.agreement import (
 from semimig.controller.config import ControllerConfig
 from semimig.controller.curves import CostCurves, Curve
 from semimig.controller.plan import GroupPlan, decide_plan
-from semimig.controller.pretest import REFERENCE_COLUMNS, run_pretest
+from semimig.controller.pretest import REFERENCE_COLUMNS, PretestRun, fit_curves
 from semimig.controller.binding import LayerBinding
 from semimig.controller.shedding import ShedDecision, ShedPolicy
 from semimig.controller.timing import RankTiming
@@ -230,6 +230,8 @@ class BalanceController:
         """Mode semi: the wall-time check that migration pays (:mod:`semimig.controller.trial`);
         off when ``ControllerConfig.migrators`` fixes who migrates (the λ sweep)."""
         self._replan = False
+        self._pretest_run: Optional[PretestRun] = None
+        """Mode semi: the pretest in progress (one task per step), ``None`` before and after."""
         self._trial_events: list[str] = []
         self._step_clock: Optional[float] = None
         self.iteration, self.epoch = 0, 0
@@ -333,6 +335,8 @@ class BalanceController:
             self.binding.end_period(self.period)
         if not self.forced and (self.iteration - 1) % self.config.interval == 0 and rows is not None:
             self._pending = self._decide(self._pending)
+        if self._pretest_run is not None:
+            self._advance_pretest()
         pending = self._pending.describe(self.config.mode)
         self._posted = (self._description, pending, self._pending, applied_now)
         self._exchange.post(stats.work_fraction, stats.busy_s, (digest, plan_digest(pending)), valid, wall)
@@ -363,11 +367,11 @@ class BalanceController:
             return GroupActions(prune=(0.0,) * self.size, decision=decision)
         if not changed and previous.plan is not None:
             return dataclasses.replace(previous, decision=decision)
-        if mode == "semi" and self.curves is None:
-            self.curves = self._pretest()
+        if mode == "semi" and self.curves is None and self._pretest_run is None:
+            self._start_pretest()
         controller = self.config.controller
-        if (self.resize_only | self.trial_probing) & set(decision.flagged):  # Eq. 2 with no receiver capacity: β = 0
-            controller = dataclasses.replace(controller, max_receiver_load=0.0)
+        if (self.resize_only | self.trial_probing) & set(decision.flagged) or (mode == "semi" and self.curves is None):
+            controller = dataclasses.replace(controller, max_receiver_load=0.0)  # Eq. 2 with no receiver capacity: β = 0
         plan = decide_plan(decision.unpruned_s, REFERENCE_COLUMNS, self.curves or _NO_COST,
                            controller, shed=decision.shed)
         logger.info("semimig plan at iteration %d: %s", self.iteration, plan.summary())
@@ -417,16 +421,27 @@ class BalanceController:
             (logger.warning if verdict.resize_only else logger.info)("iteration %d: %s", self.iteration, verdict.message)
             self._trial_events.append(verdict.message)
 
-    def _pretest(self) -> CostCurves:
+    def _start_pretest(self) -> None:
+        """Mode semi, first straggler: start measuring the cost curves (spread over the next steps)."""
         layers = self.binding.layers
         if not all(b.tokens for b in layers):
             raise RuntimeError("the SEMI pretest needs the token count of every layer: call step() after "
                                "a training forward/backward, not before")
         weight = layers[0].layer.weight
-        curves = run_pretest([(b.tokens,) + b.shape for b in layers], self.group, gemm_timer=self.meter,
-                             device=weight.device, dtype=weight.dtype)
+        self._pretest_run = PretestRun([(b.tokens,) + b.shape for b in layers], self.group, gemm_timer=self.meter,
+                                       device=weight.device, dtype=weight.dtype)
+        logger.info("iteration %d: SEMI pretest started (%d tasks, %s per step); stragglers resize only until "
+                    "it ends", self.iteration, self._pretest_run.remaining,
+                    self.config.controller.pretest_tasks_per_step or "all")
+
+    def _advance_pretest(self) -> None:
+        """Run this step's share of the pretest (collective: every rank, same tasks); fit once done."""
+        run, per_step = self._pretest_run, self.config.controller.pretest_tasks_per_step
+        samples = run.advance(per_step or run.remaining)
         self.meter.reset()  # the pretest's GEMMs are not the next iteration's work
-        return curves
+        if samples is not None:
+            self.curves, self._pretest_run = fit_curves(samples), None
+            self._replan = True  # Eq. 2 may now split the shed share between migration and resizing
 
     def _shed_target(self) -> float:
         """This rank's shed share (pruned + migrated) in force for the next iteration."""
