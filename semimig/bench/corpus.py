@@ -159,7 +159,8 @@ def _locate(path: Union[str, os.PathLike, None]) -> tuple[Path, str]:
 
 
 def _cut(data: bytes, val_fraction: float) -> int:
-    """Where a file's validation tail starts: ``n - floor(n·f)``, moved to just after the next newline."""
+    """Where a file's validation tail starts: ``n - floor(n·f)``, moved to just after the next newline
+    (kept where it is when no line starts after it)."""
     nominal = len(data) - math.floor(len(data) * val_fraction)
     if nominal >= len(data):
         return len(data)  # too short to give a tail
