@@ -85,7 +85,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", default="shakespeare", choices=("shakespeare", "synthetic"),
                    help="Shakespeare's plays as bytes (default; fetched by make setup) or synthetic sequences")
-    p.add_argument("--eval-every", type=int, default=10, help="validation loss every N steps and after the last; 0: never")
+    p.add_argument("--eval-every", type=int, default=10,
+                   help="validation loss every N steps and after the last (default 10); 0: never")
     p.add_argument("--eval-batches", type=int, default=8, help="fixed validation batches per evaluation (default 8)")
     p.add_argument("--log-every", type=int, default=5)
     p.add_argument("--timeout-s", type=float, default=180.0, help="collective timeout of every process group")
@@ -179,7 +180,8 @@ def make_data(args: argparse.Namespace, vocab: int, dp_rank: int,
     except ConfigError as err:
         sys.exit(f"finetune_llm.py: {err}")
     train = (as_batch(ids) for ids in corpus.train_batches(args.batch_size, args.seq_len, seed))
-    return train, [as_batch(ids) for ids in corpus.val_batches(args.batch_size, args.seq_len, args.eval_batches)], corpus
+    val = [as_batch(ids) for ids in corpus.val_batches(args.batch_size, args.seq_len, args.eval_batches)]
+    return train, val, corpus
 
 
 def evaluate(model: torch.nn.Module, batches: list) -> float:
