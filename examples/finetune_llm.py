@@ -45,8 +45,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import logging
+import math
 import os
 import statistics
 import sys
@@ -91,19 +91,52 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=5)
     p.add_argument("--timeout-s", type=float, default=180.0, help="collective timeout of every process group")
     p.add_argument("--json", default=None, help="write losses, step times and the summary here (rank 0)")
+    p.add_argument("--allow-nonfinite", action="store_true",
+                   help="keep training when the loss becomes NaN or inf (default: stop, naming the step)")
     args = p.parse_args(argv)
-    for name in ("hidden", "layers", "steps", "batch_size", "seq_len", "log_every"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.eval_every < 0 or args.eval_batches < 1:
-        p.error(f"--eval-every must be >= 0 and --eval-batches >= 1, got {args.eval_every} and {args.eval_batches}")
-    if args.tp is not None and args.tp < 1:
-        p.error(f"--tp must be >= 1, got {args.tp}")
-    if not args.timeout_s > 0 or not args.lr > 0:
-        p.error(f"--timeout-s and --lr must be > 0, got {args.timeout_s} and {args.lr}")
-    if args.policy == "colossalai" and (args.balance != "off" or args.straggler):
-        p.error("--policy colossalai has no semimig layers: use it with --balance off and no --straggler")
+    try:
+        check_flags(args)
+    except Exception as err:  # ConfigError: one line naming the flag and the value
+        p.error(str(err))
     return args
+
+
+# Flag bounds: wide enough for any CPU or GPU run of the example, narrow enough that a typo
+# (a stray zero, a minus sign, inf) is refused before any process group or model is built.
+_INT_FLAGS = {"hidden": (8, 65536), "layers": (1, 1024), "steps": (1, 10**7), "batch_size": (1, 65536),
+              "seq_len": (2, 1 << 20), "seed": (0, 2**32 - 1), "eval_every": (0, 10**7), "eval_batches": (1, 10**5),
+              "log_every": (1, 10**7)}
+TINY_LLAMA_HEADS, TINY_LLAMA_KV_HEADS = 8, 4
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Every numeric flag bounded and finite, consistent with the tiny Llama and the output path
+    writable: refused here (:class:`~semimig.errors.ConfigError`, naming the flag) rather than by
+    torch or Colossal-AI after the ranks started, or by ``open`` after the run finished."""
+    from semimig._validate import check_int, check_number
+    from semimig.errors import ConfigError
+
+    for name, (low, high) in _INT_FLAGS.items():
+        check_int(f"--{name.replace('_', '-')}", getattr(args, name), minimum=low, maximum=high)
+    check_int("--tp", args.tp, minimum=1, maximum=4096, allow_none=True)
+    check_number("--lr", args.lr, minimum=0.0, maximum=100.0, low_open=True)
+    check_number("--timeout-s", args.timeout_s, minimum=1.0, maximum=7 * 86400.0)
+    if args.model == "tiny-llama":
+        if args.hidden % TINY_LLAMA_HEADS:
+            raise ConfigError(f"--hidden must be a multiple of the tiny Llama's {TINY_LLAMA_HEADS} attention heads, "
+                              f"got {args.hidden}")
+        if args.tp is not None and TINY_LLAMA_KV_HEADS % args.tp:
+            raise ConfigError(f"--tp must divide the tiny Llama's {TINY_LLAMA_KV_HEADS} key/value heads, got {args.tp}")
+    if args.policy == "colossalai" and (args.balance != "off" or args.straggler):
+        raise ConfigError("--policy colossalai has no semimig layers: use it with --balance off and no --straggler")
+    if args.straggler is not None:
+        from semimig.straggler import StragglerConfig
+
+        StragglerConfig.from_cli(args.straggler)  # names the bad token
+    if args.json is not None:
+        from semimig.bench.results import check_output_path
+
+        check_output_path(args.json, "--json", is_dir=False)
 
 
 def init_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
@@ -233,7 +266,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     baseline = f" (unigram entropy {corpus.unigram_entropy():.4f})" if corpus is not None else ""
     if corpus is not None and rank == 0:
         logger.info("data: %s", corpus.describe())
-    losses, times, val_losses, eval_s = [], [], [], 0.0
+    losses, times, val_losses, eval_s, shares = [], [], [], 0.0, []
     model.train()
     with logging_redirect_tqdm(), tqdm(total=args.steps, disable=rank != 0, desc="finetune", unit="step") as bar:
         for step in range(args.steps):
@@ -247,6 +280,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
             losses.append(float(loss.detach().float()))
+            check_loss(losses[-1], step + 1, args)
+            if balancer is not None and balancer.report is not None:
+                shares.append(balancer.report.balanced_share)
             plan = _plan(balancer, tp, PlanView)
             bar.set_postfix(loss=f"{losses[-1]:.3f}", step_ms=f"{times[-1] * 1e3:.0f}")
             bar.update()
@@ -260,18 +296,48 @@ def main(argv: Optional[list[str]] = None) -> int:
                 logger.info("step %d/%d validation loss %.4f%s", step + 1, args.steps, val_losses[-1][1], baseline)
 
     summary = _summary(args, tp, world, losses, times, _plan(balancer, tp, PlanView))
-    summary.update(final_val_loss=f"{val_losses[-1][1]:.4f}" if val_losses else "none", eval_s=f"{eval_s:.3f}")
+    by_rank = _balanced_share_by_rank(shares, plugin.tp_group, tp)
+    summary.update(final_val_loss=f"{val_losses[-1][1]:.4f}" if val_losses else "none", eval_s=f"{eval_s:.3f}",
+                   balanced_share=",".join("-" if b is None else f"{b:.2f}" for b in by_rank))
     if rank == 0:
         print("summary: " + " ".join(f"{k}={v}" for k, v in summary.items()), flush=True)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"summary": summary, "losses": losses, "step_s": times, "val_losses": val_losses,
-                           "eval_s": eval_s, "data": corpus.describe() if corpus is not None else
-                           {"synthetic": True, "vocab": vocab}}, f, indent=1)
+            from semimig.bench.results import write_atomically
+
+            summary["balanced_share_by_rank"] = by_rank
+            if corpus is not None:
+                summary["unigram_entropy_nats"] = corpus.unigram_entropy()
+            write_atomically(args.json, {"summary": summary, "losses": losses, "step_s": times,
+                                         "val_losses": val_losses, "eval_s": eval_s,
+                                         "data": corpus.describe() if corpus is not None else
+                                         {"synthetic": True, "vocab": vocab}})
     if balancer is not None:
         balancer.close()
     torch.distributed.destroy_process_group()
     return 0
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or inf: the run stops, naming the step (``--allow-nonfinite`` keeps going)."""
+
+
+def check_loss(loss: float, step: int, args: argparse.Namespace) -> None:
+    """Stop at a NaN or inf loss (naming the step) unless ``--allow-nonfinite``: a diverged run
+    must not train on, exit 0 and hand the balancer meaningless timings."""
+    if not math.isfinite(loss) and not args.allow_nonfinite:
+        raise NonFiniteLoss(f"the training loss is {loss} at step {step} (--lr {args.lr:g}); stopping "
+                            "(--allow-nonfinite keeps training)")
+
+
+def _balanced_share_by_rank(shares: list, tp_group, tp: int) -> list:
+    """Per TP rank, the median over the second half of the steps of the share of its own work
+    (wall minus time in collectives) spent in the GEMMs semimig sheds (DESIGN §5's ``B``);
+    ``None`` where not measured (Colossal-AI's policy).  Collective over the TP group."""
+    steady = [s for s in shares[len(shares) // 2:] if s is not None]
+    mine = statistics.median(steady) if steady else None
+    gathered = [None] * tp
+    torch.distributed.all_gather_object(gathered, mine, group=tp_group)
+    return [None if g is None else round(float(g), 4) for g in gathered]
 
 
 def _plan(balancer, tp: int, plan_view):
@@ -292,4 +358,7 @@ def _summary(args: argparse.Namespace, tp: int, world: int, losses: list, times:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except NonFiniteLoss as err:
+        sys.exit(f"finetune_llm.py: error: {err}")

@@ -87,3 +87,61 @@ def test_a_colossalai_policy_run_cannot_balance() -> None:
     done = subprocess.run([sys.executable, str(REPO / "examples" / "finetune_llm.py"), "--policy", "colossalai",
                            "--straggler", "fixed:1:4"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--policy colossalai has no semimig layers" in done.stderr
+
+
+def _example():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("finetune_llm_example", REPO / "examples" / "finetune_llm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--lr", "inf"], "--lr"), (["--lr", "nan"], "--lr"), (["--lr", "-1"], "--lr"), (["--lr", "0"], "--lr"),
+    (["--timeout-s", "inf"], "--timeout-s"), (["--timeout-s", "0"], "--timeout-s"),
+    (["--hidden", "0"], "--hidden"), (["--hidden", "100"], "--hidden"), (["--hidden", "10000000"], "--hidden"),
+    (["--layers", "0"], "--layers"), (["--steps", "-3"], "--steps"), (["--batch-size", "0"], "--batch-size"),
+    (["--seq-len", "1"], "--seq-len"), (["--seed", "-1"], "--seed"), (["--eval-every", "-1"], "--eval-every"),
+    (["--eval-batches", "0"], "--eval-batches"), (["--log-every", "0"], "--log-every"), (["--tp", "0"], "--tp"),
+    (["--tp", "3"], "--tp"), (["--straggler", "fixed:1:4:scope=node"], "scope"),
+    (["--straggler", "fixed:1"], "fixed:1"), (["--policy", "colossalai", "--balance", "semi"], "--policy"),
+])
+def test_bad_flags_are_refused_before_any_rank_starts(flags, named, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _example().parse_args(flags)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert named in err and "Traceback" not in err, err
+
+
+def test_a_json_path_that_cannot_be_written_is_refused_before_training(tmp_path, capsys):
+    example = _example()
+    (tmp_path / "file").write_text("x")
+    for path, fragment in ((tmp_path, "is a directory"), (tmp_path / "file" / "out.json", "cannot create")):
+        with pytest.raises(SystemExit):
+            example.parse_args(["--json", str(path)])
+        assert fragment in capsys.readouterr().err, path
+
+
+def test_a_nonfinite_loss_stops_the_run_naming_the_step():
+    example = _example()
+    args = example.parse_args([])
+    example.check_loss(2.5, 3, args)  # finite: nothing happens
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(example.NonFiniteLoss, match=r"at step 7 \(--lr 0.001\)"):
+            example.check_loss(bad, 7, args)
+    example.check_loss(float("nan"), 7, example.parse_args(["--allow-nonfinite"]))  # asked for: trains on
+
+
+def test_a_whole_device_straggler_reports_the_balanced_share_of_every_rank(tmp_path: Path) -> None:
+    text, run = _torchrun(tmp_path, "device", "--steps", "6", "--balance", "off",
+                          "--straggler", "fixed:1:3:scope=device")
+    summary = run["summary"]
+    assert summary["straggler"] == "fixed:1:3:scope=device"
+    shares = summary["balanced_share_by_rank"]
+    assert len(shares) == 2 and all(0.0 < s <= 1.0 for s in shares), shares
+    # the straggler's GEMMs are chi times its own, and so is the rest of its work: its share stays that of a
+    # healthy rank, within noise; the fast rank waits in collectives, which never count as its work
+    assert summary["balanced_share"] == ",".join(f"{s:.2f}" for s in shares)
