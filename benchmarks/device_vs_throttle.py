@@ -1,0 +1,104 @@
+"""Check the whole-device straggler against a real throttle, side by side on one machine.
+
+Runs the LLM example unbalanced (``--balance off``) three ways, interleaved so that drift in the
+machine's speed hits all three alike::
+
+    healthy   no straggler
+    real      TP rank 1's process under a cgroup CPU-bandwidth limit (``--fraction`` of its core)
+    device    ``--straggler fixed:1:<chi>:scope=device`` (every span of rank 1's work between
+              collectives takes chi times as long; chi = 1 / fraction by default)
+
+and prints each one's steady step (median of the last half) over healthy's, and device / real:
+the emulation is good where that ratio is near 1 (issue: within 15 % at chi = 4).
+
+    python benchmarks/device_vs_throttle.py --repeats 3 --json results/device_vs_throttle.json
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from time_to_loss import run_once  # noqa: E402  (the same runner as the headline benchmark)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--fraction", type=float, default=0.25, help="real: rank 1's share of its core (default 0.25)")
+    p.add_argument("--chi", type=float, default=None, help="device: rank 1's slowdown (default 1 / fraction)")
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--timeout-s", type=float, default=1800.0)
+    args = p.parse_args(argv)
+    if not 0 < args.fraction <= 1:
+        p.error(f"--fraction must be in (0, 1], got {args.fraction}")
+    args.chi = args.chi or 1.0 / args.fraction
+    if not 1 <= args.chi <= 100:
+        p.error(f"--chi must be in [1, 100], got {args.chi}")
+    for name in ("steps", "repeats", "hidden", "layers", "batch_size", "seq_len"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.json.exists() and not args.json.is_file():
+        p.error(f"--json {args.json} exists and is not a regular file")
+    if not args.json.parent.is_dir():
+        p.error(f"--json: directory {args.json.parent} does not exist")
+    # what time_to_loss.command reads
+    args.straggler, args.pattern, args.eval_every = "real", None, 0
+    return args
+
+
+def main(argv=None) -> int:
+    from semimig.bench.results import write_atomically
+    from semimig.bench.time_to_loss import steady_step_s
+
+    args = parse_args(argv)
+    started = time.time()
+    kinds = {"healthy": ("real", "healthy"), "real": ("real", "off"), "device": ("device", "off")}
+    runs: dict[str, list[dict]] = {k: [] for k in kinds}
+    with tempfile.TemporaryDirectory(prefix="semimig-dvt-") as tmp:
+        for repeat in range(args.repeats):
+            for kind, (straggler, mode) in kinds.items():
+                args.straggler = straggler
+                data = run_once(args, mode, Path(tmp), repeat * 10 + len(runs[kind]))
+                runs[kind].append({"steady_step_s": steady_step_s(data["step_s"]),
+                                   "balanced_share_by_rank": data["summary"].get("balanced_share_by_rank"),
+                                   "step_s": data["step_s"], "final_loss": data["summary"]["final_loss"]})
+    steady = {k: [r["steady_step_s"] for r in rs] for k, rs in runs.items()}
+    healthy = statistics.median(steady["healthy"])
+    slowdown = {k: [s / healthy for s in v] for k, v in steady.items()}
+    ratios = [d / r for d, r in zip(steady["device"], steady["real"])]
+    result = {
+        "fraction": args.fraction, "chi": args.chi, "repeats": args.repeats, "wall_s": time.time() - started,
+        "model": {k: getattr(args, k) for k in ("hidden", "layers", "batch_size", "seq_len", "steps")},
+        "slowdown_vs_healthy": {k: {"median": statistics.median(v), "range": [min(v), max(v)]}
+                                for k, v in slowdown.items()},
+        "device_over_real": {"median": statistics.median(ratios), "range": [min(ratios), max(ratios)]},
+        "runs": runs,
+    }
+    write_atomically(args.json, result)
+    print(f"\nunbalanced tiny Llama h{args.hidden} x{args.layers}, tp=2, {args.steps} steps x {args.repeats} "
+          f"(interleaved); rank 1 real: {args.fraction:g} of its core, device: chi {args.chi:g}")
+    print(f"{'run':>8} {'steady s':>9} {'vs healthy (median, range)':>28}  balanced share by rank (first repeat)")
+    for kind in kinds:
+        s = result["slowdown_vs_healthy"][kind]
+        shares = runs[kind][0]["balanced_share_by_rank"] or []
+        print(f"{kind:>8} {statistics.median(steady[kind]):>9.3f} {s['median']:>12.2f}x "
+              f"({s['range'][0]:.2f}-{s['range'][1]:.2f})  "
+              + " / ".join("-" if b is None else f"{b:.2f}" for b in shares))
+    d = result["device_over_real"]
+    print(f"device / real: {d['median']:.3f} (range {d['range'][0]:.3f}-{d['range'][1]:.3f})")
+    print(f"JSON: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
