@@ -241,3 +241,17 @@ def run_throttle_cli(args: argparse.Namespace) -> int:
     except FileNotFoundError as err:
         print(f"semimig throttle: error: cannot run {command[0]!r}: {err.strerror}", file=sys.stderr)
         return 127
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m semimig.straggler.throttle_cli ...`` = ``semimig throttle ...`` (no other subcommand loaded)."""
+    parser = argparse.ArgumentParser(prog="semimig")
+    add_throttle_subcommand(parser.add_subparsers(dest="command_name", required=True))
+    args = parser.parse_args(["throttle", *(sys.argv[1:] if argv is None else argv)])
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
