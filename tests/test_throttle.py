@@ -319,7 +319,7 @@ def test_run_throttled_with_a_pattern_and_timeout(controller, caplog):
         rc = run_throttled(argv, rank=0, fraction=0.25, pattern=ThrottlePattern(on_s=0.3, off_s=0.3, fraction=0.25),
                            pin=False, timeout_s=1.5, announce=lines.append)
     assert rc == 124
-    assert len(lines) == 1 and "pattern 0.3s at 0.25 / 0.3s free" in lines[0], lines
+    assert len(lines) == 1 and "pattern 0.3s at 0.25 of a core / 0.3s free" in lines[0], lines
     changes = [r.getMessage() for r in caplog.records if "throttle pattern at" in r.getMessage()]
     assert any("0.25 -> 1" in m for m in changes) and any("1 -> 0.25" in m for m in changes), changes
     assert {n for n in os.listdir(controller.root) if n.startswith(NAME_PREFIX)} <= before
@@ -350,3 +350,36 @@ def test_cli_forwards_a_signal_and_leaves_no_cgroup(controller, signum):
     finally:
         launcher.kill()
         launcher.wait()
+
+
+def test_run_throttled_kills_a_command_that_ignores_sigterm(controller, tmp_path, monkeypatch):
+    """Past the grace after --timeout's SIGTERM, the command and its workers in their own sessions
+    (as torchrun starts them) are killed; nothing of them survives, no cgroup is left."""
+    from semimig.straggler import throttle_cli
+
+    monkeypatch.setattr(throttle_cli, "KILL_GRACE_S", 0.5)
+    pids = tmp_path / "pids"
+    code = textwrap.dedent(f"""
+        import os, signal, subprocess, sys, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
+                                  env={{**os.environ, "RANK": "0"}})
+        open({str(pids)!r}, "w").write(f"{{os.getpid()}} {{worker.pid}}")
+        time.sleep(60)
+    """)
+    lines = []
+    before = set(os.listdir(controller.root))
+    rc = throttle_cli.run_throttled([sys.executable, "-c", code], rank=0, fraction=0.5, pin=False,
+                                    timeout_s=1.5, announce=lines.append)
+    assert rc == 124
+    assert len(lines) == 1 and "RANK 0" in lines[0], lines
+    launcher_pid, worker_pid = map(int, pids.read_text().split())
+    time.sleep(0.2)
+    import psutil
+
+    survivors = [pid for pid in (launcher_pid, worker_pid)
+                 if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors
+    assert {n for n in os.listdir(controller.root) if n.startswith(NAME_PREFIX)} <= before

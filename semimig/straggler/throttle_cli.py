@@ -106,10 +106,15 @@ class _Watcher:
             return
         if not self.found:
             self.found = True
-            what = (f"pattern {self._pattern.on_s:g}s at {self._pattern.fraction:g} / {self._pattern.off_s:g}s free"
-                    if self._pattern else f"fraction {self._throttle.fraction:g}")
+            if self._pattern is not None:
+                what = (f"pattern {self._pattern.on_s:g}s at {self._pattern.fraction:g} of a core / "
+                        f"{self._pattern.off_s:g}s free")
+            elif self._throttle.fraction >= 1.0:
+                what = "fraction 1 (unlimited)"
+            else:
+                what = f"fraction {self._throttle.fraction:g} of a core"
             self._announce(f"semimig throttle: pid {pid} (RANK {info['rank']}, LOCAL_RANK {info['local_rank']}) "
-                           f"throttled, {what} of a core, period {self._throttle.period_us} us, "
+                           f"throttled, {what}, period {self._throttle.period_us} us, "
                            f"cgroup {self._throttle.path}")
             if self._pattern is not None:
                 self.driver = PatternDriver(self._throttle, self._pattern).start()
@@ -131,6 +136,25 @@ class _Watcher:
             except OSError as err:
                 logger.warning("cannot pin pid %d to core %d: %s", pid, core, err)
                 done.update(tids)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``'s process group and every descendant (torchrun starts its workers in sessions of their own)."""
+    import psutil
+
+    try:
+        descendants = psutil.Process(pid).children(recursive=True)  # before the root dies and they are re-parented
+    except psutil.NoSuchProcess:
+        descendants = []
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for child in descendants:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def _exit_status(returncode: int) -> int:
@@ -190,16 +214,14 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
                     forward(signal.SIGTERM, None)
                 if kill_at and now > min(kill_at):
                     kill_at.clear()
-                    try:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                    logger.warning("throttle: %s still running %g s after a signal; killing it", argv[0], KILL_GRACE_S)
+                    _kill_tree(proc.pid)
                 time.sleep(poll_s if not watcher.found else max(poll_s, 0.25))
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             if proc.poll() is None:   # we are leaving on an exception: do not leave the command running
-                os.killpg(proc.pid, signal.SIGKILL)
+                _kill_tree(proc.pid)
                 proc.wait()
             if watcher.driver is not None:
                 watcher.driver.stop()
