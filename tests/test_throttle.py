@@ -383,3 +383,17 @@ def test_run_throttled_kills_a_command_that_ignores_sigterm(controller, tmp_path
         os.kill(pid, signal.SIGKILL)
     assert not survivors
     assert {n for n in os.listdir(controller.root) if n.startswith(NAME_PREFIX)} <= before
+
+
+def test_a_forked_child_does_not_remove_its_parents_throttle(controller):
+    with CpuThrottle(0.5, controller=controller) as throttle:
+        pid = os.fork()
+        if pid == 0:   # the child inherits the throttle, the atexit hook and the SIGTERM handler
+            try:
+                throttle.close()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.path.isdir(throttle.path)
+        path = throttle.path
+    assert not os.path.exists(path)

@@ -241,6 +241,7 @@ class CpuThrottle:
         self._homes: Dict[int, str] = {}
         self._previous_handlers: Dict[int, object] = {}
         self._lock = threading.RLock()
+        self._owner_pid = os.getpid()   # a forked child inherits this object and its handlers: it must not clean up
 
     # -- life cycle --------------------------------------------------------------------------
     def __enter__(self) -> "CpuThrottle":
@@ -272,7 +273,8 @@ class CpuThrottle:
             if self._path is not None:
                 return self
             controller = self._controller = self._controller or find_cpu_controller()
-            path = os.path.join(controller.root, f"{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
+            self._owner_pid = os.getpid()
+            path = os.path.join(controller.root, f"{NAME_PREFIX}{self._owner_pid}-{secrets.token_hex(4)}")
             try:
                 if controller.version == 2:
                     _write(os.path.join(controller.root, "cgroup.subtree_control"), "+cpu")
@@ -298,7 +300,12 @@ class CpuThrottle:
             return self
 
     def close(self) -> None:
-        """Move every process out (unthrottled), remove the cgroup, restore signal handlers.  Idempotent."""
+        """Move every process out (unthrottled), remove the cgroup, restore signal handlers.  Idempotent.
+
+        In a forked child of the owner (which inherits this object) it does nothing: the owner cleans up.
+        """
+        if os.getpid() != self._owner_pid:
+            return
         with self._lock:
             if threading.current_thread() is threading.main_thread():
                 for signum, previous in self._previous_handlers.items():
