@@ -1,4 +1,4 @@
-"""``semimig`` command line: ``semimig demo``, ``semimig bench``, ``semimig report``, ``semimig plan``."""
+"""``semimig`` command line: ``semimig demo``, ``semimig bench``, ``semimig report``, ``semimig plan``, ``semimig throttle``."""
 from __future__ import annotations
 
 import argparse
@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_subcommand(sub)
     add_report_subcommand(sub)
     add_plan_subcommand(sub)
+    from semimig.straggler.throttle_cli import add_throttle_subcommand  # no torch: a cgroup launcher
+    add_throttle_subcommand(sub)
     return parser
 
 

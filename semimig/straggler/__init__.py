@@ -1,11 +1,22 @@
-"""Injected stragglers (benchmarks, tests) and per-rank busy-time measurement."""
-from semimig.straggler.busy import BusyMeter, BusyStats
-from semimig.straggler.injection import (
-    StragglerConfig,
-    StragglerInjector,
-    calibrate_cuda_sleep_rate,
-    calibrate_flops_per_second,
-)
+"""Injected stragglers (benchmarks, tests), a real CPU throttle, and per-rank busy-time measurement.
 
-__all__ = ["BusyMeter", "BusyStats", "StragglerConfig", "StragglerInjector", "calibrate_cuda_sleep_rate",
-           "calibrate_flops_per_second"]
+The names below are imported on first use, so ``semimig.straggler.throttle`` (no torch) stays cheap.
+"""
+import importlib
+
+_WHERE = {
+    "BusyMeter": "semimig.straggler.busy",
+    "BusyStats": "semimig.straggler.busy",
+    "StragglerConfig": "semimig.straggler.injection",
+    "StragglerInjector": "semimig.straggler.injection",
+    "calibrate_cuda_sleep_rate": "semimig.straggler.injection",
+    "calibrate_flops_per_second": "semimig.straggler.injection",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

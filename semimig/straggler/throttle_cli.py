@@ -1,0 +1,279 @@
+"""``semimig throttle``: run a command and throttle its worker of one rank (a real CPU straggler).
+
+    semimig [-v] throttle --rank R --fraction F [--period-us P] [--pattern ON:OFF] [--pin]
+                          [--timeout S] -- COMMAND ARGS...
+
+e.g. ``semimig throttle --rank 1 --fraction 0.25 --pin -- torchrun --nproc_per_node 2 train.py``.
+COMMAND starts in its own process group.  Its descendants are watched (every ``poll_s``); one whose
+environment has ``RANK == R`` (``LOCAL_RANK`` where ``RANK`` is absent) is attached to a
+:class:`~semimig.straggler.throttle.CpuThrottle` as soon as it appears, together with any process
+it started before that (they share the rank's quota; later children follow by themselves).
+``--pin`` pins every worker (all threads) to core ``LOCAL_RANK mod ncpu`` of the cores this
+launcher may use.  ``--pattern ON:OFF`` throttles for ON seconds then frees for OFF, repeating,
+from the moment the worker is attached.  SIGINT and SIGTERM are forwarded to COMMAND's process
+group (SIGKILL follows if it is still running 10 s later); the cgroup is removed on every exit
+path, and leftovers of crashed runs are removed first.
+
+Exit status: COMMAND's (128 + N when it died of signal N, 124 after ``--timeout``), or 2 with a
+one-line message when a throttle cannot be made here (nothing is started then).
+:func:`run_throttled` is the same launcher for benchmarks.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from semimig._validate import check_bool, check_int, check_number
+from semimig.errors import ConfigError
+from semimig.straggler.throttle import (
+    DEFAULT_PERIOD_US,
+    CpuController,
+    CpuThrottle,
+    PatternDriver,
+    ThrottlePattern,
+    pin_to_core,
+    remove_stale_throttles,
+)
+
+__all__ = ["add_throttle_subcommand", "run_throttled"]
+
+logger = logging.getLogger(__name__)
+
+KILL_GRACE_S = 10.0
+
+
+def _rank_env(proc: Any) -> Optional[Dict[str, int]]:
+    """``{"rank": .., "local_rank": ..}`` from a process's environment, or None (no rank / unreadable)."""
+    import psutil
+
+    try:
+        env = proc.environ()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+        return None
+    rank, local = env.get("RANK", env.get("LOCAL_RANK")), env.get("LOCAL_RANK", env.get("RANK"))
+    try:
+        return None if rank is None else {"rank": int(rank), "local_rank": int(local)}
+    except ValueError:
+        return None
+
+
+class _Watcher:
+    """The per-poll work: find ranked descendants, attach rank R's, pin workers."""
+
+    def __init__(self, root_pid: int, throttle: CpuThrottle, *, rank: int, pin: bool,
+                 pattern: Optional[ThrottlePattern], announce: Callable[[str], None]) -> None:
+        import psutil
+
+        self._root = psutil.Process(root_pid)
+        self._throttle, self._rank, self._pin, self._pattern = throttle, rank, pin, pattern
+        self._announce = announce
+        self._cpus = sorted(os.sched_getaffinity(0))
+        self._ranked: Dict[int, Dict[str, int]] = {}
+        self._pinned: Dict[int, set] = {}
+        self.driver: Optional[PatternDriver] = None
+        self.found = False
+        """Whether a process of rank R has been attached (and announced)."""
+
+    def poll(self) -> None:
+        import psutil
+
+        try:
+            procs = [self._root] + self._root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        for proc in procs:
+            if proc.pid not in self._ranked:
+                info = _rank_env(proc)
+                if info is None:
+                    continue
+                self._ranked[proc.pid] = info
+                if info["rank"] == self._rank:
+                    self._attach(proc.pid, info)
+            if self._pin:
+                self._pin_new_threads(proc.pid, self._ranked[proc.pid]["local_rank"])
+
+    def _attach(self, pid: int, info: Dict[str, int]) -> None:
+        try:
+            self._throttle.attach(pid)
+        except ProcessLookupError:
+            return
+        if not self.found:
+            self.found = True
+            if self._pattern is not None:
+                what = (f"pattern {self._pattern.on_s:g}s at {self._pattern.fraction:g} of a core / "
+                        f"{self._pattern.off_s:g}s free")
+            elif self._throttle.fraction >= 1.0:
+                what = "fraction 1 (unlimited)"
+            else:
+                what = f"fraction {self._throttle.fraction:g} of a core"
+            self._announce(f"semimig throttle: pid {pid} (RANK {info['rank']}, LOCAL_RANK {info['local_rank']}) "
+                           f"throttled, {what}, period {self._throttle.period_us} us, "
+                           f"cgroup {self._throttle.path}")
+            if self._pattern is not None:
+                self.driver = PatternDriver(self._throttle, self._pattern).start()
+        else:
+            logger.info("throttle: pid %d (RANK %d) joins %s", pid, info["rank"], self._throttle.path)
+
+    def _pin_new_threads(self, pid: int, local_rank: int) -> None:
+        core = self._cpus[local_rank % len(self._cpus)]
+        try:
+            tids = {int(t) for t in os.listdir(f"/proc/{pid}/task")}
+        except FileNotFoundError:
+            return
+        done = self._pinned.setdefault(pid, set())
+        if tids - done:
+            if not done:
+                logger.info("throttle: pid %d (LOCAL_RANK %d) pinned to core %d", pid, local_rank, core)
+            try:
+                done.update(pin_to_core(pid, core))
+            except OSError as err:
+                logger.warning("cannot pin pid %d to core %d: %s", pid, core, err)
+                done.update(tids)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``'s process group and every descendant (torchrun starts its workers in sessions of their own)."""
+    import psutil
+
+    try:
+        descendants = psutil.Process(pid).children(recursive=True)  # before the root dies and they are re-parented
+    except psutil.NoSuchProcess:
+        descendants = []
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for child in descendants:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _exit_status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us: int = DEFAULT_PERIOD_US,
+                  pattern: Optional[ThrottlePattern] = None, pin: bool = True, timeout_s: Optional[float] = None,
+                  poll_s: float = 0.05, controller: Optional[CpuController] = None,
+                  announce: Optional[Callable[[str], None]] = None) -> int:
+    """Run ``argv`` with its rank-``rank`` worker throttled (module docstring); returns the exit status.
+
+    ``pattern`` (its own fraction) replaces ``fraction`` when given.  ``announce`` receives the one
+    line saying what was throttled (default: logged at INFO).  ThrottleUnavailable is raised before
+    anything starts when no throttle can be made.  Signals are forwarded only when called from the
+    main thread.
+    """
+    argv = [str(a) for a in argv]
+    if not argv:
+        raise ConfigError("command must not be empty, got []")
+    check_int("rank", rank, minimum=0)
+    fraction = check_number("fraction", fraction, minimum=0.0, maximum=1.0, low_open=True)
+    check_bool("pin", pin)
+    check_number("timeout_s", timeout_s, minimum=0.0, low_open=True, allow_none=True)
+    check_number("poll_s", poll_s, minimum=0.0, low_open=True)
+    announce = announce or logger.info
+
+    with CpuThrottle(pattern.fraction if pattern else fraction, period_us=period_us, controller=controller,
+                     handle_signals=False) as throttle:
+        # after the throttle exists, so that an unusable cgroup refuses before anything is started
+        for path in remove_stale_throttles(controller):
+            logger.warning("removed a stale throttle cgroup left by a dead run: %s", path)
+        proc = subprocess.Popen(argv, start_new_session=True)
+        watcher = _Watcher(proc.pid, throttle, rank=rank, pin=pin, pattern=pattern, announce=announce)
+        kill_at: List[float] = []
+
+        def forward(signum: int, _frame: object) -> None:
+            logger.info("throttle: forwarding signal %d to process group %d", signum, proc.pid)
+            try:
+                os.killpg(proc.pid, signum)
+            except ProcessLookupError:
+                pass
+            kill_at.append(time.monotonic() + KILL_GRACE_S)
+
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        timed_out = False
+        try:
+            while proc.poll() is None:
+                watcher.poll()
+                now = time.monotonic()
+                if deadline is not None and now > deadline and not timed_out:
+                    logger.warning("throttle: %s ran past %g s; terminating it", argv[0], timeout_s)
+                    timed_out = True
+                    forward(signal.SIGTERM, None)
+                if kill_at and now > min(kill_at):
+                    kill_at.clear()
+                    logger.warning("throttle: %s still running %g s after a signal; killing it", argv[0], KILL_GRACE_S)
+                    _kill_tree(proc.pid)
+                time.sleep(poll_s if not watcher.found else max(poll_s, 0.25))
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            if proc.poll() is None:   # we are leaving on an exception: do not leave the command running
+                _kill_tree(proc.pid)
+                proc.wait()
+            if watcher.driver is not None:
+                watcher.driver.stop()
+        if not watcher.found:
+            announce(f"semimig throttle: no process with RANK {rank} appeared; nothing was throttled")
+    return 124 if timed_out else _exit_status(proc.returncode)
+
+
+def add_throttle_subcommand(subparsers: Any) -> None:
+    """Register ``throttle`` on an ``argparse`` subparsers object; its handler is ``args.func``."""
+    parser = subparsers.add_parser("throttle", help="run a command with one rank's worker CPU-throttled "
+                                   "(a real straggler; Linux cgroups, root)", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rank", type=int, required=True, help="throttle the process whose RANK is this")
+    parser.add_argument("--fraction", type=float, required=True, help="share of one core it may use, (0, 1]")
+    parser.add_argument("--period-us", type=int, default=DEFAULT_PERIOD_US,
+                        help=f"CFS period in microseconds (default {DEFAULT_PERIOD_US})")
+    parser.add_argument("--pattern", default=None, help="ON:OFF seconds: throttled ON, free OFF, repeating")
+    parser.add_argument("--pin", action="store_true", help="pin each worker to core LOCAL_RANK mod ncpu")
+    parser.add_argument("--timeout", type=float, default=None, help="terminate COMMAND after this many seconds")
+    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log at INFO level")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
+    parser.set_defaults(func=run_throttle_cli)
+
+
+def run_throttle_cli(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    try:
+        if not command:
+            raise ConfigError("a command to run is required after --, got none")
+        pattern = None if args.pattern is None else ThrottlePattern.parse(args.pattern, fraction=args.fraction)
+        return run_throttled(command, rank=args.rank, fraction=args.fraction, period_us=args.period_us,
+                             pattern=pattern, pin=args.pin, timeout_s=args.timeout,
+                             announce=lambda line: print(line, file=sys.stderr, flush=True))
+    except ConfigError as err:
+        print(f"semimig throttle: error: {err}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as err:
+        print(f"semimig throttle: error: cannot run {command[0]!r}: {err.strerror}", file=sys.stderr)
+        return 127
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m semimig.straggler.throttle_cli ...`` = ``semimig throttle ...`` (no other subcommand loaded)."""
+    parser = argparse.ArgumentParser(prog="semimig")
+    add_throttle_subcommand(parser.add_subparsers(dest="command_name", required=True))
+    args = parser.parse_args(["throttle", *(sys.argv[1:] if argv is None else argv)])
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
