@@ -31,6 +31,7 @@ from semimig.comm import primitives as P
 from semimig.nn.conversion import check_divisible, check_options, check_split_sizes
 from semimig.nn.directive import LayerDirective
 from semimig.nn.functional import column_parallel_linear, row_parallel_linear
+from semimig.nn.uneven import presharded, uneven_plan
 
 TensorFn = Callable[[torch.Tensor], torch.Tensor]
 Output = Union[torch.Tensor, Tuple[torch.Tensor, Optional[torch.Tensor]]]
@@ -51,17 +52,23 @@ class BalancedLinearMixin:
     layer_name: Optional[str]
 
     def _refuse_unservable(self, options: dict, process_group, in_features: int, out_features: int,
-                           split_sizes: Optional[list] = None) -> None:
+                           split_sizes: Optional[list] = None, shard_sizes=None):
         """Before Colossal-AI's constructor: refuse options semimig cannot serve and a split
         dimension (``out`` for column, ``in`` for row layers; each part if packed) the group does
-        not divide (:class:`~semimig.errors.ConfigError` naming the layer and the value)."""
+        not divide (:class:`~semimig.errors.ConfigError` naming the layer and the value).
+
+        With ``shard_sizes`` (plain layers, :mod:`semimig.nn.uneven`) the sizes must cover the split
+        dimension instead; returns their :class:`~semimig.sharding.ShardPlan`, ``None`` when even or absent."""
         name, tp_size = type(self).__name__, P.group_size(process_group)
         check_options(name, options)
         split, size = ("in_features", in_features) if self.matrix_kind == "row" else ("out_features", out_features)
+        if shard_sizes is not None:
+            return uneven_plan(name, shard_sizes, split, size, tp_size)
         if split_sizes is None:
             check_divisible(name, split, size, tp_size)
         else:
             check_split_sizes(name, split_sizes, split, size, tp_size)
+        return None
 
     def _init_balancing(self) -> None:
         self.directive = None
@@ -144,10 +151,12 @@ class BalancedShardFormerLinear(BalancedLinearMixin):
     serve, build Colossal-AI's layer (the next class in the MRO), start dense."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype: torch.dtype = None,
-                 device: torch.device = None, process_group=None, **kwargs) -> None:
-        self._refuse_unservable(kwargs, process_group, in_features, out_features)
-        super().__init__(in_features, out_features, bias=bias, dtype=dtype, device=device,
-                         process_group=process_group, **kwargs)
+                 device: torch.device = None, process_group=None, shard_sizes=None, **kwargs) -> None:
+        plan = self._refuse_unservable(kwargs, process_group, in_features, out_features, shard_sizes=shard_sizes)
+        with presharded(type(self).__name__, self.matrix_kind, kwargs, plan, process_group):
+            super().__init__(in_features, out_features, bias=bias, dtype=dtype, device=device,
+                             process_group=process_group, **kwargs)
+        self.shard_plan = plan  # None: Colossal-AI's even layout
         self._init_balancing()
 
 

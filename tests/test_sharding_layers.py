@@ -1,0 +1,183 @@
+"""Uneven Col→GELU→Row MLPs (DESIGN §8) equal the dense MLP: semimig.nn layers with ``shard_sizes``.
+
+Each spawn runs several plans on a fresh gloo group (a spawn costs seconds, a plan milliseconds);
+hypothesis draws the plans.  The reference is the dense ``nn.Linear`` pair built on every rank from
+the same seed.  Checked per plan: the output ``y``, the input gradient ``dx``, each rank's shard of
+the weight and bias gradients, ``state_dict`` (the full tensors, gathered) and ``load_state_dict``
+(a full tensor cut at the plan's offsets).
+
+Tolerances.  fp32: the sharded pair sums over the intermediate dimension in a different order
+(per-rank partial sums, then the all-reduce), ~1e-6 relative at these sizes; rtol = atol = 1e-5.
+bf16: weights and activations bf16 in both; each rank's partial ``y`` and ``dx`` is rounded to
+bf16 (eps 2^-8 ≈ 3.9e-3) before the all-reduce, so a few eps of the output's magnitude
+(measured: at most 7.4e-3 · max|reference| for y and dx over five plans): rtol = 2e-2,
+atol = 2e-2 · max|reference|.
+"""
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from dist_harness import run_on_ranks
+
+FP32_TOL = dict(rtol=1e-5, atol=1e-5)
+SPAWN_PHASES = (Phase.explicit, Phase.generate)  # no shrinking: every example is a multi-second spawn
+
+
+def _shard(t, plan, rank, dim):
+    from semimig.sharding.split import shard
+
+    return shard(t, plan, rank, dim=dim)
+
+
+def _tol(dtype, ref):
+    if dtype == torch.float32:
+        return FP32_TOL
+    return dict(rtol=2e-2, atol=2e-2 * float(ref.abs().max()))
+
+
+def _one_plan(rank, world, units, unit_size, hidden, dtype, seed, bias, seq_split):
+    import semimig.nn as snn
+    from semimig.sharding import ShardPlan
+
+    plan = ShardPlan(units=tuple(units), unit_size=unit_size)
+    inter = plan.dimension
+    torch.manual_seed(seed)
+    col, row = nn.Linear(hidden, inter, bias=bias).to(dtype), nn.Linear(inter, hidden, bias=bias).to(dtype)
+    x = torch.randn(2, 2 * world, hidden, dtype=dtype)  # [B, T, H]; T divides by world for sequence splits
+    dy = torch.randn(2, 2 * world, hidden, dtype=dtype)
+    group = dist.group.WORLD
+    extra = {"seq_parallel_mode": "split_gather"} if seq_split else {}
+
+    # dense reference, same weights
+    xr = x.clone().requires_grad_(True)
+    yr = row(nn.functional.gelu(col(xr)))
+    yr.backward(dy)
+
+    c = snn.Linear1D_Col.from_native_module(copy.deepcopy(col), group, shard_sizes=plan.sizes, **extra)
+    r = snn.Linear1D_Row.from_native_module(copy.deepcopy(row), group, shard_sizes=plan.sizes, **extra)
+    assert c.weight.shape == (plan.sizes[rank], hidden) and r.weight.shape == (hidden, plan.sizes[rank])
+    assert (c.shard_plan is None) == plan.is_even
+
+    def local(t):  # this rank's sequence chunk under split_gather, else the whole tensor
+        return t.chunk(world, dim=1)[rank] if seq_split else t
+
+    xs = local(x).clone().requires_grad_(True)
+    y = r(nn.functional.gelu(c(xs)))
+    y.backward(local(dy))
+
+    torch.testing.assert_close(y, local(yr).detach(), **_tol(dtype, yr))
+    torch.testing.assert_close(xs.grad, local(xr.grad), **_tol(dtype, xr.grad))
+    torch.testing.assert_close(c.weight.grad, _shard(col.weight.grad, plan, rank, 0), **_tol(dtype, col.weight.grad))
+    torch.testing.assert_close(r.weight.grad, _shard(row.weight.grad, plan, rank, 1), **_tol(dtype, row.weight.grad))
+    if bias:
+        torch.testing.assert_close(c.bias.grad, _shard(col.bias.grad, plan, rank, 0), **_tol(dtype, col.bias.grad))
+        db = r.bias.grad.clone()
+        if seq_split:  # the replicated bias sees only this rank's sequence chunk (Colossal-AI all-reduces it later)
+            dist.all_reduce(db, group=group)
+        torch.testing.assert_close(db, row.bias.grad, **_tol(dtype, row.bias.grad))
+
+    # state_dict holds the full tensors; load_state_dict cuts full tensors at the plan's offsets
+    for layer, dense in ((c, col), (r, row)):
+        state = layer.state_dict()
+        assert torch.equal(state["weight"], dense.weight.detach())
+        if bias:
+            assert torch.equal(state["bias"], dense.bias.detach())
+        fresh = {k: torch.randn_like(v) for k, v in state.items()}
+        layer.load_state_dict(fresh)
+        dim = 0 if layer is c else 1
+        assert torch.equal(layer.weight.detach(), _shard(fresh["weight"], plan, rank, dim))
+        assert torch.equal(layer.state_dict()["weight"], fresh["weight"])
+
+
+def _even_is_colossalai(rank, world):
+    """Even shard_sizes take Colossal-AI's own path: the same shards (dist_layout and all) as no shard_sizes."""
+    import semimig.nn as snn
+    from colossalai.tensor.d_tensor import is_distributed_tensor
+
+    torch.manual_seed(1)
+    col, row = nn.Linear(8, 4 * world), nn.Linear(4 * world, 8)
+    group = dist.group.WORLD
+    for cls, dense in ((snn.Linear1D_Col, col), (snn.Linear1D_Row, row)):
+        a = cls.from_native_module(copy.deepcopy(dense), group, shard_sizes=(4,) * world)
+        b = cls.from_native_module(copy.deepcopy(dense), group)
+        assert a.shard_plan is None and is_distributed_tensor(a.weight)
+        assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
+
+
+def _refusals(rank, world):
+    import semimig.nn as snn
+    from semimig.errors import ConfigError
+
+    group = dist.group.WORLD
+    uneven = (5,) + (1,) * (world - 1)
+    cases = [
+        (snn.Linear1D_Col, {"gather_output": True}, "gather_output=True"),
+        (snn.Linear1D_Row, {"parallel_input": False}, "parallel_input=False"),
+    ]
+    for cls, extra, needle in cases:
+        with pytest.raises(ConfigError, match=needle):
+            cls.from_native_module(nn.Linear(4 + world, 4 + world), group, shard_sizes=uneven, **extra)
+    with pytest.raises(ConfigError, match="no weight given"):
+        snn.Linear1D_Col(8, 4 + world, process_group=group, shard_sizes=uneven)
+    with pytest.raises(ConfigError, match=rf"sum to {5 + world}, not out_features=8"):
+        snn.Linear1D_Col.from_native_module(nn.Linear(4, 8), group, shard_sizes=(6,) + (1,) * (world - 1))
+    with pytest.raises(ConfigError, match="has 1 entries"):
+        snn.Linear1D_Row.from_native_module(nn.Linear(8, 4), group, shard_sizes=(8,))
+    with pytest.raises(ConfigError, match=r"units\[1\] must be an int >= 1"):
+        snn.Linear1D_Row.from_native_module(nn.Linear(8, 4), group, shard_sizes=(8,) + (0,) * (world - 1))
+
+
+def _body(rank, world, cases, checks):
+    for case in cases:
+        _one_plan(rank, world, **case)
+    if "even" in checks:
+        _even_is_colossalai(rank, world)
+    if "refusals" in checks:
+        _refusals(rank, world)
+    return len(cases)
+
+
+def _plans(world, max_units=9):
+    """Random uneven plans of ``world`` ranks: units ≥ 1 each, unit sizes 1-8."""
+    return st.fixed_dictionaries({
+        "units": st.lists(st.integers(1, max_units), min_size=world, max_size=world),
+        "unit_size": st.integers(1, 8),
+        "hidden": st.sampled_from([8, 16, 24]),
+        "seed": st.integers(0, 2**16),
+        "bias": st.booleans(),
+        "seq_split": st.booleans(),
+    })
+
+
+def _run(world, cases, dtype, checks=()):
+    cases = [dict(c, dtype=dtype) for c in cases]
+    assert run_on_ranks(_body, world, cases, tuple(checks), timeout_s=120) == len(cases)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=SPAWN_PHASES)
+@given(cases=st.lists(_plans(2), min_size=6, max_size=6))
+def test_uneven_mlp_tp2_fp32(cases):
+    _run(2, cases, torch.float32)
+
+
+def test_extreme_plans_even_path_and_refusals_tp2():
+    cases = [dict(units=u, unit_size=s, hidden=16, seed=i, bias=True, seq_split=False)
+             for i, (u, s) in enumerate([((1, 31), 4), ((31, 1), 4), ((8, 8), 4), ((1, 1), 1)])]
+    _run(2, cases, torch.float32, checks=("even", "refusals"))
+
+
+@settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=SPAWN_PHASES)
+@given(cases=st.lists(_plans(4, max_units=5), min_size=4, max_size=4))
+def test_uneven_mlp_tp4_fp32(cases):
+    _run(4, cases, torch.float32, checks=("even", "refusals"))
+
+
+@settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=SPAWN_PHASES)
+@given(cases=st.lists(_plans(2), min_size=4, max_size=4))
+def test_uneven_mlp_tp2_bf16(cases):
+    _run(2, cases, torch.bfloat16)
