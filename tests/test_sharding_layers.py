@@ -181,3 +181,97 @@ def test_uneven_mlp_tp4_fp32(cases):
 @given(cases=st.lists(_plans(2), min_size=4, max_size=4))
 def test_uneven_mlp_tp2_bf16(cases):
     _run(2, cases, torch.bfloat16)
+
+
+# ----------------------------------------------------------------------------- Llama attention, uneven KV groups
+def _llama_attention(n_q, n_kv, head_dim, seed, dtype):
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+    config = LlamaConfig(hidden_size=n_q * head_dim, num_attention_heads=n_q, num_key_value_heads=n_kv,
+                         intermediate_size=8, num_hidden_layers=1, vocab_size=16, attention_bias=False)
+    config._attn_implementation = "sdpa"  # causal for q_len > 1 without a mask
+    torch.manual_seed(seed)
+    attention = LlamaAttention(config, layer_idx=0).to(dtype)
+    x = torch.randn(2, 6, config.hidden_size, dtype=dtype)
+    dy = torch.randn(2, 6, config.hidden_size, dtype=dtype)
+    cos, sin = LlamaRotaryEmbedding(config)(x, torch.arange(6).unsqueeze(0))
+    return attention, x, dy, (cos.to(dtype), sin.to(dtype))
+
+
+def _attention_plan(units, n_q, n_kv, head_dim):
+    from semimig.sharding import ShardPlan, kv_group_unit
+
+    q_cols, _ = kv_group_unit(num_heads=n_q, num_kv_heads=n_kv, head_dim=head_dim)
+    return ShardPlan.for_dimension(tuple(units), dimension=n_q * head_dim, unit_size=q_cols)
+
+
+def _attention_body(rank, world, cases):
+    """Hugging Face's LlamaAttention with q/k/v as uneven Linear1D_Col and o as Linear1D_Row (shard_sizes from a
+    KV-group plan) equals the dense module: output, dx, and each projection's weight-gradient shard.
+    transformers >= 4.48 reshapes heads with -1, so no per-rank head count is needed in its own forward."""
+    import semimig.nn as snn
+    from semimig.sharding.split import shard
+
+    group = dist.group.WORLD
+    for units, n_q, n_kv, head_dim, seed in cases:
+        dense, x, dy, pos = _llama_attention(n_q, n_kv, head_dim, seed, torch.float32)
+        plan = _attention_plan(units, n_q, n_kv, head_dim)
+        kv_plan = plan.with_unit_size(head_dim)
+        sharded = copy.deepcopy(dense)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            sizes = (plan if name == "q_proj" else kv_plan).sizes
+            setattr(sharded, name, snn.Linear1D_Col.from_native_module(getattr(sharded, name), group,
+                                                                        shard_sizes=sizes))
+        sharded.o_proj = snn.Linear1D_Row.from_native_module(sharded.o_proj, group, shard_sizes=plan.sizes)
+
+        xr = x.clone().requires_grad_(True)
+        yr = dense(xr, pos, None)[0]
+        yr.backward(dy)
+        xs = x.clone().requires_grad_(True)
+        y = sharded(xs, pos, None)[0]
+        y.backward(dy)
+        torch.testing.assert_close(y, yr.detach(), **FP32_TOL)
+        torch.testing.assert_close(xs.grad, xr.grad, **FP32_TOL)
+        for name, p, dim in (("q_proj", plan, 0), ("k_proj", kv_plan, 0), ("v_proj", kv_plan, 0), ("o_proj", plan, 1)):
+            got, full = getattr(sharded, name).weight.grad, getattr(dense, name).weight.grad
+            torch.testing.assert_close(got, shard(full, p, rank, dim=dim), **FP32_TOL)
+    return len(cases)
+
+
+def _kv_units(world, n_kv):
+    """Random compositions of ``n_kv`` KV groups into ``world`` parts ≥ 1."""
+    return st.sets(st.integers(1, n_kv - 1), min_size=world - 1, max_size=world - 1).map(
+        lambda cut: tuple(b - a for a, b in zip([0] + sorted(cut), sorted(cut) + [n_kv])))
+
+
+@settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=SPAWN_PHASES)
+@given(data=st.data())
+def test_uneven_llama_attention_tp2_fp32(data):
+    cases = []
+    for n_q, n_kv, seed in ((8, 4, 0), (6, 3, 1), (8, 8, 2), (4, 2, 3)):  # GQA 2:1, 2:1, MHA, GQA
+        cases.append((data.draw(_kv_units(2, n_kv)), n_q, n_kv, 4, seed))
+    assert run_on_ranks(_attention_body, 2, cases, timeout_s=120) == len(cases)
+
+
+def test_uneven_kv_groups_through_hf_llama_attention_single_process():
+    """The split alone, one process, fp64: Σ_r LlamaAttention_r(x) with rank r's q/k/v rows and o columns
+    equals the full LlamaAttention (sums over heads reordered only: 1e-12)."""
+    from semimig.sharding.split import split_attention
+
+    for units, n_q, n_kv in (((1, 3), 8, 4), ((2, 1, 3), 12, 6), ((1, 1, 1, 2), 10, 5)):
+        dense, x, _, pos = _llama_attention(n_q, n_kv, 4, sum(units), torch.float64)
+        plan = _attention_plan(units, n_q, n_kv, 4)
+        full = dense(x, pos, None)[0]
+        total = torch.zeros_like(full)
+        for r in range(plan.tp):
+            part = split_attention(dense.q_proj.weight, dense.k_proj.weight, dense.v_proj.weight,
+                                   dense.o_proj.weight, plan, r, head_dim=4)
+            assert (part.num_heads, part.num_kv_heads) == (units[r] * n_q // n_kv, units[r])
+            rank_module = copy.deepcopy(dense)
+            for name, weight in (("q_proj", part.q), ("k_proj", part.k), ("v_proj", part.v), ("o_proj", part.o)):
+                layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=torch.float64)
+                layer.weight.data.copy_(weight)
+                setattr(rank_module, name, layer)
+            total += rank_module(x, pos, None)[0]
+        torch.testing.assert_close(total, full, rtol=1e-12, atol=1e-12)

@@ -22,7 +22,7 @@ all-gather's worth more traffic in those two collectives.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple, Union
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
 from colossalai.shardformer.layer._operation import gather_forward_split_backward, split_forward_gather_backward
@@ -32,6 +32,7 @@ from semimig.nn.conversion import check_divisible, check_options, check_split_si
 from semimig.nn.directive import LayerDirective
 from semimig.nn.functional import column_parallel_linear, row_parallel_linear
 from semimig.nn.uneven import presharded, uneven_plan
+from semimig.sharding.plan import ShardPlan
 
 TensorFn = Callable[[torch.Tensor], torch.Tensor]
 Output = Union[torch.Tensor, Tuple[torch.Tensor, Optional[torch.Tensor]]]
@@ -52,7 +53,8 @@ class BalancedLinearMixin:
     layer_name: Optional[str]
 
     def _refuse_unservable(self, options: dict, process_group, in_features: int, out_features: int,
-                           split_sizes: Optional[list] = None, shard_sizes=None):
+                           split_sizes: Optional[list] = None,
+                           shard_sizes: Optional[Sequence[int]] = None) -> Optional[ShardPlan]:
         """Before Colossal-AI's constructor: refuse options semimig cannot serve and a split
         dimension (``out`` for column, ``in`` for row layers; each part if packed) the group does
         not divide (:class:`~semimig.errors.ConfigError` naming the layer and the value).
@@ -148,10 +150,14 @@ class BalancedLinearMixin:
 
 class BalancedShardFormerLinear(BalancedLinearMixin):
     """The ShardFormer flavour's constructor, Colossal-AI's signature: refuse what semimig cannot
-    serve, build Colossal-AI's layer (the next class in the MRO), start dense."""
+    serve, build Colossal-AI's layer (the next class in the MRO), start dense.
+
+    ``shard_sizes`` (optional, columns per rank along the split dimension) makes the shards uneven
+    (:mod:`semimig.nn.uneven`); equal sizes or ``None`` are Colossal-AI's even layout."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype: torch.dtype = None,
-                 device: torch.device = None, process_group=None, shard_sizes=None, **kwargs) -> None:
+                 device: torch.device = None, process_group=None, shard_sizes: Optional[Sequence[int]] = None,
+                 **kwargs) -> None:
         plan = self._refuse_unservable(kwargs, process_group, in_features, out_features, shard_sizes=shard_sizes)
         with presharded(type(self).__name__, self.matrix_kind, kwargs, plan, process_group):
             super().__init__(in_features, out_features, bias=bias, dtype=dtype, device=device,

@@ -86,7 +86,7 @@ class ShardPlan:
     @classmethod
     def for_dimension(cls, units, *, dimension: int, unit_size: int = 1) -> "ShardPlan":
         """A plan of ``units`` checked against a dimension of ``dimension`` columns."""
-        plan = cls(units=tuple(units) if isinstance(units, list) else units, unit_size=unit_size)
+        plan = cls(units=units, unit_size=unit_size)
         plan.check_dimension("dimension", dimension)
         return plan
 

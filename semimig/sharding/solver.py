@@ -28,7 +28,7 @@ every rank given the same numbers computes the same plan.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence, Tuple
 
 from semimig._validate import check_int, check_number
@@ -64,9 +64,8 @@ class StepModel:
     def normalised(cls, speeds: Sequence[float], *, replicated_share: float) -> "StepModel":
         """``R = ρ``, ``S = e·(1 − ρ)``: a healthy even step is 1 and ρ of it is replicated."""
         rho = check_number("replicated_share", replicated_share, minimum=0.0, maximum=1.0, high_open=True)
-        speeds = tuple(speeds) if isinstance(speeds, list) else speeds
-        e = len(speeds) if isinstance(speeds, tuple) else 0
-        return cls(speeds=speeds, replicated=rho, shardable=max(e, 1) * (1.0 - rho))
+        model = cls(speeds=speeds, replicated=rho, shardable=1.0)  # validates the speeds first
+        return replace(model, shardable=model.tp * (1.0 - rho))
 
     @property
     def tp(self) -> int:
