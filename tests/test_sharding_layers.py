@@ -132,6 +132,35 @@ def _refusals(rank, world):
         snn.Linear1D_Row.from_native_module(nn.Linear(8, 4), group, shard_sizes=(8,) + (0,) * (world - 1))
 
 
+def _resizing_on_uneven(rank, world):
+    """ZERO-resizing on top of an uneven row layer: each rank keeps every other column of its own shard;
+    y, dx and dw equal the dense layer's with the dropped columns of x zeroed (pruned dw = 0, impute zero)."""
+    import semimig.nn as snn
+    from semimig.sharding import ShardPlan
+
+    plan = ShardPlan(units=(1,) + (3,) * (world - 1), unit_size=4)
+    torch.manual_seed(5)
+    row = nn.Linear(plan.dimension, 8)
+    x, dy = torch.randn(3, plan.dimension), torch.randn(3, 8)
+    layer = snn.Linear1D_Row.from_native_module(copy.deepcopy(row), dist.group.WORLD, shard_sizes=plan.sizes)
+    layer.directive = snn.LayerDirective(iteration=0, keep=torch.arange(0, plan.sizes[rank], 2))
+    mask = torch.zeros(plan.dimension)
+    for q in range(world):
+        first, last = plan.column_range(q)
+        mask[first:last:2] = 1.0
+    start, stop = plan.column_range(rank)
+    xs = x[:, start:stop].clone().requires_grad_(True)
+    y = layer(xs)
+    y.backward(dy)
+    xr = x.clone().requires_grad_(True)
+    yr = nn.functional.linear(xr * mask, row.weight, row.bias)
+    yr.backward(dy)
+    torch.testing.assert_close(y, yr.detach(), **FP32_TOL)
+    torch.testing.assert_close(xs.grad, xr.grad[:, start:stop], **FP32_TOL)
+    dw = torch.outer(torch.ones(8), mask) * (dy.T @ x)  # dense dw on kept columns, zero on pruned ones
+    torch.testing.assert_close(layer.weight.grad, dw[:, start:stop], **FP32_TOL)
+
+
 def _body(rank, world, cases, checks):
     for case in cases:
         _one_plan(rank, world, **case)
@@ -139,6 +168,8 @@ def _body(rank, world, cases, checks):
         _even_is_colossalai(rank, world)
     if "refusals" in checks:
         _refusals(rank, world)
+    if "resizing" in checks:
+        _resizing_on_uneven(rank, world)
     return len(cases)
 
 
@@ -168,13 +199,13 @@ def test_uneven_mlp_tp2_fp32(cases):
 def test_extreme_plans_even_path_and_refusals_tp2():
     cases = [dict(units=u, unit_size=s, hidden=16, seed=i, bias=True, seq_split=False)
              for i, (u, s) in enumerate([((1, 31), 4), ((31, 1), 4), ((8, 8), 4), ((1, 1), 1)])]
-    _run(2, cases, torch.float32, checks=("even", "refusals"))
+    _run(2, cases, torch.float32, checks=("even", "refusals", "resizing"))
 
 
 @settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=SPAWN_PHASES)
 @given(cases=st.lists(_plans(4, max_units=5), min_size=4, max_size=4))
 def test_uneven_mlp_tp4_fp32(cases):
-    _run(4, cases, torch.float32, checks=("even", "refusals"))
+    _run(4, cases, torch.float32, checks=("even", "refusals", "resizing"))
 
 
 @settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=SPAWN_PHASES)
