@@ -61,7 +61,7 @@ def _one_plan(rank, world, units, unit_size, hidden, dtype, seed, bias, seq_spli
     c = snn.Linear1D_Col.from_native_module(copy.deepcopy(col), group, shard_sizes=plan.sizes, **extra)
     r = snn.Linear1D_Row.from_native_module(copy.deepcopy(row), group, shard_sizes=plan.sizes, **extra)
     assert c.weight.shape == (plan.sizes[rank], hidden) and r.weight.shape == (hidden, plan.sizes[rank])
-    assert (c.shard_plan is None) == plan.is_even
+    assert (c.shard_plans is None) == plan.is_even
 
     def local(t):  # this rank's sequence chunk under split_gather, else the whole tensor
         return t.chunk(world, dim=1)[rank] if seq_split else t
@@ -105,7 +105,7 @@ def _even_is_colossalai(rank, world):
     for cls, dense in ((snn.Linear1D_Col, col), (snn.Linear1D_Row, row)):
         a = cls.from_native_module(copy.deepcopy(dense), group, shard_sizes=(4,) * world)
         b = cls.from_native_module(copy.deepcopy(dense), group)
-        assert a.shard_plan is None and is_distributed_tensor(a.weight)
+        assert a.shard_plans is None and is_distributed_tensor(a.weight)
         assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
 
 
@@ -364,3 +364,99 @@ def test_twenty_adamw_steps_under_uneven_plans_match_dense_tp2():
     plans = [(1, 5), (5, 1), (2, 4), (3, 3)]  # units of 8 columns of 48; (3, 3) is the even layout
     worst = run_on_ranks(_train_body, 2, plans, 20, timeout_s=120)
     assert set(worst) == {tuple(p) for p in plans}
+
+
+# ----------------------------------------------------------------------------- GPT-2 (fused QKV, Conv1D)
+def _gpt2_block_body(rank, world, cases):
+    """Hugging Face's GPT2Attention and GPT2MLP with semimig's GPT-2 layers under uneven head / block plans
+    (as Colossal-AI's GPT-2 policy builds them: c_attn packed [Q, K, V], c_fc one part, Conv1D
+    weights stored [in, out]; attn.split_size set to this rank's width) equal the dense modules."""
+    import semimig.nn as snn
+    from semimig.sharding import ShardPlan
+    from semimig.sharding.split import shard, shard_packed
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Attention, GPT2MLP
+
+    group = dist.group.WORLD
+    for heads, blocks, seed in cases:
+        n_head, head_dim, block = sum(heads), 4, 8
+        hidden = n_head * head_dim
+        config = GPT2Config(n_embd=hidden, n_head=n_head, n_inner=block * sum(blocks), attn_pdrop=0.0,
+                            resid_pdrop=0.0, n_layer=1, vocab_size=16)
+        config._attn_implementation = "eager"
+        head_plan, mlp_plan = ShardPlan(units=heads, unit_size=head_dim), ShardPlan(units=blocks, unit_size=block)
+        torch.manual_seed(seed)
+        dense = nn.ModuleList([GPT2Attention(config, layer_idx=0), GPT2MLP(config.n_inner, config)]).eval()
+        sharded = copy.deepcopy(dense)
+        attn, mlp = sharded
+        attn.c_attn = snn.GPT2FusedLinearConv1D_Col.from_native_module(
+            attn.c_attn, group, split_sizes=[hidden] * 3, shard_sizes=head_plan.sizes)
+        attn.c_proj = snn.GPT2FusedLinearConv1D_Row.from_native_module(attn.c_proj, group, shard_sizes=head_plan.sizes)
+        attn.split_size = attn.embed_dim = head_plan.sizes[rank]
+        attn.num_heads = heads[rank]
+        mlp.c_fc = snn.GPT2FusedLinearConv1D_Col.from_native_module(
+            mlp.c_fc, group, split_sizes=[config.n_inner], shard_sizes=mlp_plan.sizes)
+        mlp.c_proj = snn.GPT2FusedLinearConv1D_Row.from_native_module(mlp.c_proj, group, shard_sizes=mlp_plan.sizes)
+
+        x, dy = torch.randn(2, 5, hidden), torch.randn(2, 5, hidden)
+        outs = []
+        for model in (dense, sharded):
+            xi = x.clone().requires_grad_(True)
+            y = model[1](model[0](xi)[0])
+            y.backward(dy)
+            outs.append((y.detach(), xi.grad))
+        torch.testing.assert_close(outs[1][0], outs[0][0], **FP32_TOL)
+        torch.testing.assert_close(outs[1][1], outs[0][1], **FP32_TOL)
+        (d_attn, d_mlp), (s_attn, s_mlp) = dense, sharded
+        torch.testing.assert_close(s_attn.c_attn.weight.grad, shard_packed(
+            d_attn.c_attn.weight.grad, [hidden] * 3, [head_plan] * 3, rank, dim=1), **FP32_TOL)
+        torch.testing.assert_close(s_attn.c_attn.bias.grad, shard_packed(
+            d_attn.c_attn.bias.grad, [hidden] * 3, [head_plan] * 3, rank, dim=0), **FP32_TOL)
+        torch.testing.assert_close(s_attn.c_proj.weight.grad, shard(d_attn.c_proj.weight.grad, head_plan, rank, dim=0),
+                                   **FP32_TOL)
+        torch.testing.assert_close(s_mlp.c_fc.weight.grad, shard(d_mlp.c_fc.weight.grad, mlp_plan, rank, dim=1),
+                                   **FP32_TOL)
+        torch.testing.assert_close(s_mlp.c_proj.weight.grad, shard(d_mlp.c_proj.weight.grad, mlp_plan, rank, dim=0),
+                                   **FP32_TOL)
+        # state_dict gathers the packed and transposed shards back to Hugging Face's full tensors
+        for got, want in zip(sharded.state_dict().items(), dense.state_dict().items()):
+            assert got[0] == want[0] and torch.equal(got[1], want[1]), got[0]
+    return len(cases)
+
+
+def _packed_gqa_body(rank, world, kv_units):
+    """FusedLinear1D_Col over a packed GQA projection [Q, K, V] (Q twice as wide as K, V) with one plan per part
+    (KV groups: 2 query heads per KV head): y is the packed shard [Q_r, K_r, V_r] of the dense y, dx the dense
+    dx, dw the packed shard of the dense dw; state_dict gathers the full packed weight."""
+    import semimig.nn as snn
+    from semimig.sharding import ShardPlan
+    from semimig.sharding.split import shard_packed
+
+    head_dim, hidden = 4, 12
+    q_plan, kv_plan = ShardPlan(units=kv_units, unit_size=2 * head_dim), ShardPlan(units=kv_units, unit_size=head_dim)
+    parts, plans = [q_plan.dimension, kv_plan.dimension, kv_plan.dimension], [q_plan, kv_plan, kv_plan]
+    torch.manual_seed(11)
+    dense = nn.Linear(hidden, sum(parts))
+    layer = snn.FusedLinear1D_Col.from_native_module(copy.deepcopy(dense), dist.group.WORLD, split_sizes=parts,
+                                                     shard_sizes=tuple(p.sizes for p in plans))
+    x, dy = torch.randn(3, hidden), torch.randn(3, sum(parts))
+    xr, xs = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    yr = dense(xr)
+    yr.backward(dy)
+    y = layer(xs)
+    y.backward(shard_packed(dy, parts, plans, rank, dim=-1))
+    torch.testing.assert_close(y, shard_packed(yr.detach(), parts, plans, rank, dim=-1), **FP32_TOL)
+    torch.testing.assert_close(xs.grad, xr.grad, **FP32_TOL)
+    torch.testing.assert_close(layer.weight.grad, shard_packed(dense.weight.grad, parts, plans, rank, dim=0), **FP32_TOL)
+    assert torch.equal(layer.state_dict()["weight"], dense.weight.detach())
+    assert torch.equal(layer.state_dict()["bias"], dense.bias.detach())
+
+
+def _gpt2_and_packed_body(rank, world, cases, kv_units):
+    _packed_gqa_body(rank, world, kv_units)
+    return _gpt2_block_body(rank, world, cases)
+
+
+def test_uneven_gpt2_attention_and_mlp_tp2_fp32():
+    cases = [((1, 3), (1, 5), 0), ((3, 1), (4, 2), 1), ((2, 2), (3, 3), 2), ((2, 5), (6, 1), 3)]
+    assert run_on_ranks(_gpt2_and_packed_body, 2, cases, (1, 2), timeout_s=120) == len(cases)

@@ -24,7 +24,7 @@ from semimig.sharding import (
     speeds_from_times,
     units_of,
 )
-from semimig.sharding.split import gather, shard, split_attention, split_mlp
+from semimig.sharding.split import gather, gather_packed, shard, shard_packed, split_attention, split_mlp
 
 REL = 1e-9  # float64 closed forms: a few ulps of reassociation
 
@@ -90,6 +90,21 @@ def test_split_and_gather_round_trip():
         gather([parts[0].column_weight, torch.zeros(3, 5), parts[2].column_weight], plan, dim=0)
     with pytest.raises(ConfigError, match=r"column_weight.shape\[0\]=14 is 7 units of 2"):
         split_mlp(torch.zeros(14, 5), None, torch.zeros(5, 14), plan, 0)
+
+
+def test_packed_split_and_gather_round_trip():
+    """[Q, K, V] with Q twice K and V, one plan per part: rank r holds [Q_r, K_r, V_r]; gathered back exactly."""
+    q_plan, kv_plan = ShardPlan(units=(1, 3), unit_size=4), ShardPlan(units=(1, 3), unit_size=2)
+    parts, plans = [16, 8, 8], [q_plan, kv_plan, kv_plan]
+    full = torch.arange(32 * 3).reshape(3, 32)  # packed along dim 1
+    pieces = [shard_packed(full, parts, plans, r, dim=1) for r in range(2)]
+    assert torch.equal(pieces[0], torch.cat([full[:, 0:4], full[:, 16:18], full[:, 24:26]], dim=1))
+    assert torch.equal(pieces[1], torch.cat([full[:, 4:16], full[:, 18:24], full[:, 26:32]], dim=1))
+    assert torch.equal(gather_packed(pieces, parts, plans, dim=1), full)
+    with pytest.raises(ConfigError, match=r"parts \[16, 8, 4\] sum to 28"):
+        shard_packed(full, [16, 8, 4], plans, 0, dim=1)
+    with pytest.raises(ConfigError, match="one plan per part"):
+        shard_packed(full, parts, plans[:2], 0, dim=1)
 
 
 # ----------------------------------------------------------------------------- the solver

@@ -31,8 +31,7 @@ from semimig.comm import primitives as P
 from semimig.nn.conversion import check_divisible, check_options, check_split_sizes
 from semimig.nn.directive import LayerDirective
 from semimig.nn.functional import column_parallel_linear, row_parallel_linear
-from semimig.nn.uneven import presharded, uneven_plan
-from semimig.sharding.plan import ShardPlan
+from semimig.nn.uneven import Plans, presharded, uneven_plans
 
 TensorFn = Callable[[torch.Tensor], torch.Tensor]
 Output = Union[torch.Tensor, Tuple[torch.Tensor, Optional[torch.Tensor]]]
@@ -49,23 +48,27 @@ class BalancedLinearMixin:
     """
 
     matrix_kind: str = ""
+    weight_transposed: bool = False  # stored [in, out] (GPT-2's Conv1D): the split dimension of the weight flips
     directive: Optional[LayerDirective]
     layer_name: Optional[str]
 
     def _refuse_unservable(self, options: dict, process_group, in_features: int, out_features: int,
                            split_sizes: Optional[list] = None,
-                           shard_sizes: Optional[Sequence[int]] = None) -> Optional[ShardPlan]:
+                           shard_sizes: Optional[Sequence] = None) -> Optional[Plans]:
         """Before Colossal-AI's constructor: refuse options semimig cannot serve and a split
         dimension (``out`` for column, ``in`` for row layers; each part if packed) the group does
         not divide (:class:`~semimig.errors.ConfigError` naming the layer and the value).
 
-        With ``shard_sizes`` (plain layers, :mod:`semimig.nn.uneven`) the sizes must cover the split
-        dimension instead; returns their :class:`~semimig.sharding.ShardPlan`, ``None`` when even or absent."""
+        With ``shard_sizes`` (:mod:`semimig.nn.uneven`) the sizes must cover the split dimension (each
+        packed part) instead; returns one :class:`~semimig.sharding.ShardPlan` per part, ``None`` when all
+        are even or ``shard_sizes`` is absent."""
         name, tp_size = type(self).__name__, P.group_size(process_group)
         check_options(name, options)
         split, size = ("in_features", in_features) if self.matrix_kind == "row" else ("out_features", out_features)
         if shard_sizes is not None:
-            return uneven_plan(name, shard_sizes, split, size, tp_size)
+            if split_sizes is not None:
+                check_split_sizes(name, split_sizes, split, size, 1)  # the parts must sum; divisibility not needed
+            return uneven_plans(name, shard_sizes, split, size, tp_size, split_sizes)
         if split_sizes is None:
             check_divisible(name, split, size, tp_size)
         else:
@@ -158,20 +161,27 @@ class BalancedShardFormerLinear(BalancedLinearMixin):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype: torch.dtype = None,
                  device: torch.device = None, process_group=None, shard_sizes: Optional[Sequence[int]] = None,
                  **kwargs) -> None:
-        plan = self._refuse_unservable(kwargs, process_group, in_features, out_features, shard_sizes=shard_sizes)
-        with presharded(type(self).__name__, self.matrix_kind, kwargs, plan, process_group):
+        plans = self._refuse_unservable(kwargs, process_group, in_features, out_features, shard_sizes=shard_sizes)
+        with presharded(type(self).__name__, self.matrix_kind, kwargs, plans, process_group,
+                        transposed=self.weight_transposed):
             super().__init__(in_features, out_features, bias=bias, dtype=dtype, device=device,
                              process_group=process_group, **kwargs)
-        self.shard_plan = plan  # None: Colossal-AI's even layout
+        self.shard_plans = plans  # None: Colossal-AI's even layout
         self._init_balancing()
 
 
 class BalancedPackedLinear(BalancedLinearMixin):
-    """:class:`BalancedShardFormerLinear` for packed layers, whose constructors take ``split_sizes`` third."""
+    """:class:`BalancedShardFormerLinear` for packed layers, whose constructors take ``split_sizes`` third
+    (``shard_sizes`` as there, applied part by part, see :mod:`semimig.nn.uneven`)."""
 
     def __init__(self, in_features: int, out_features: int, split_sizes: list, bias: bool = True,
-                 dtype: torch.dtype = None, device: torch.device = None, process_group=None, **kwargs) -> None:
-        self._refuse_unservable(kwargs, process_group, in_features, out_features, split_sizes)
-        super().__init__(in_features, out_features, split_sizes, bias=bias, dtype=dtype, device=device,
-                         process_group=process_group, **kwargs)
+                 dtype: torch.dtype = None, device: torch.device = None, process_group=None,
+                 shard_sizes: Optional[Sequence] = None, **kwargs) -> None:
+        plans = self._refuse_unservable(kwargs, process_group, in_features, out_features, split_sizes,
+                                        shard_sizes=shard_sizes)
+        with presharded(type(self).__name__, self.matrix_kind, kwargs, plans, process_group,
+                        transposed=self.weight_transposed):
+            super().__init__(in_features, out_features, split_sizes, bias=bias, dtype=dtype, device=device,
+                             process_group=process_group, **kwargs)
+        self.shard_plans = plans  # None: Colossal-AI's even layout
         self._init_balancing()

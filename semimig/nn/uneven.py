@@ -22,6 +22,12 @@ Refused with uneven sizes (:class:`~semimig.errors.ConfigError`): ``gather_outpu
 (build it with ``from_native_module``), sizes that are not ``tp`` ints ``≥ 1`` summing to the
 split dimension.  ``seq_parallel_mode="split_gather"`` gathers and splits along the sequence,
 not the split dimension, and is left as it is.
+
+Packed layers (``split_sizes``, e.g. GPT-2's ``c_attn`` = ``[Q, K, V]``) cut every part with the
+same ``shard_sizes`` (each part must then have ``Σ shard_sizes`` columns), or part ``i`` with
+``shard_sizes[i]`` when ``shard_sizes`` is a tuple of tuples (GQA's smaller K, V); rank ``r``
+holds ``[Q_r, K_r, V_r]`` as with Colossal-AI.  GPT-2's ``Conv1D`` layers store the weight
+transposed (``[in, out]``), so their split dimension is the other one.
 """
 from __future__ import annotations
 
@@ -35,35 +41,49 @@ from colossalai.tensor.d_tensor.api import customized_distributed_tensor_to_exis
 from semimig.comm import primitives as P
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
-from semimig.sharding.split import shard_functions
+from semimig.sharding.split import packed_shard_functions
 
-__all__ = ["uneven_plan", "presharded"]
+__all__ = ["uneven_plans", "presharded"]
 
 _MARK = "dist_layout"  # what Colossal-AI's constructors test (is_distributed_tensor) before sharding
+Plans = Tuple[ShardPlan, ...]
 
 
-def uneven_plan(cls_name: str, shard_sizes: Any, split_name: str, size: int, tp_size: int) -> Optional[ShardPlan]:
-    """The plan of ``shard_sizes`` (columns per rank) along ``split_name``; ``None`` when absent or even."""
-    if shard_sizes is None:
-        return None
-    if isinstance(shard_sizes, ShardPlan):
-        shard_sizes = shard_sizes.sizes
-    if isinstance(shard_sizes, (str, bytes)) or not isinstance(shard_sizes, (list, tuple)):
-        raise ConfigError(f"semimig {cls_name}: shard_sizes must be a tuple of ints (one per rank), got {shard_sizes!r}")
+def _plan(cls_name: str, sizes: Any, what: str, size: int, tp_size: int) -> ShardPlan:
+    if isinstance(sizes, ShardPlan):
+        sizes = sizes.sizes
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, (list, tuple)):
+        raise ConfigError(f"semimig {cls_name}: shard_sizes must be a tuple of ints (one per rank), got {sizes!r}")
     try:
-        plan = ShardPlan(units=tuple(shard_sizes))
+        plan = ShardPlan(units=tuple(sizes))
     except ConfigError as err:
-        raise ConfigError(f"semimig {cls_name}: shard_sizes={tuple(shard_sizes)!r}: {err}") from None
+        raise ConfigError(f"semimig {cls_name}: shard_sizes={tuple(sizes)!r}: {err}") from None
     if plan.tp != tp_size:
         raise ConfigError(f"semimig {cls_name}: shard_sizes={plan.units} has {plan.tp} entries, the tensor-parallel "
                           f"group has {tp_size} ranks")
     if plan.dimension != size:
-        raise ConfigError(f"semimig {cls_name}: shard_sizes={plan.units} sum to {plan.dimension}, not "
-                          f"{split_name}={size}")
-    return None if plan.is_even else plan
+        raise ConfigError(f"semimig {cls_name}: shard_sizes={plan.units} sum to {plan.dimension}, not {what}={size}")
+    return plan
 
 
-def _refuse_options(cls_name: str, matrix_kind: str, options: dict, plan: ShardPlan) -> None:
+def uneven_plans(cls_name: str, shard_sizes: Any, split_name: str, size: int, tp_size: int,
+                 split_sizes: Optional[Sequence[int]] = None) -> Optional[Plans]:
+    """One plan per packed part (one part, ``[size]``, for plain layers); ``None`` when absent or all even."""
+    if shard_sizes is None:
+        return None
+    parts = [size] if split_sizes is None else list(split_sizes)
+    nested = isinstance(shard_sizes, (list, tuple)) and len(shard_sizes) > 0 and \
+        all(isinstance(s, (list, tuple, ShardPlan)) for s in shard_sizes)
+    if nested and len(shard_sizes) != len(parts):
+        raise ConfigError(f"semimig {cls_name}: shard_sizes has {len(shard_sizes)} per-part entries, "
+                          f"split_sizes has {len(parts)} parts")
+    names = [split_name] if split_sizes is None else [f"split_sizes[{i}]" for i in range(len(parts))]
+    plans = tuple(_plan(cls_name, shard_sizes[i] if nested else shard_sizes, names[i], part, tp_size)
+                  for i, part in enumerate(parts))
+    return None if all(plan.is_even for plan in plans) else plans
+
+
+def _refuse_options(cls_name: str, matrix_kind: str, options: dict, plans: Plans) -> None:
     reasons = []
     if matrix_kind == "column" and options.get("gather_output", False):
         reasons.append("gather_output=True (Colossal-AI's output gather assumes even shards)")
@@ -72,26 +92,32 @@ def _refuse_options(cls_name: str, matrix_kind: str, options: dict, plan: ShardP
     if options.get("weight") is None:
         reasons.append("no weight given (build uneven layers with from_native_module from the full module)")
     if reasons:
-        raise ConfigError(f"semimig {cls_name} with uneven shard_sizes={plan.units}: refused " + "; ".join(reasons))
+        sizes = [plan.units for plan in plans]
+        raise ConfigError(f"semimig {cls_name} with uneven shard_sizes={sizes[0] if len(sizes) == 1 else sizes}: "
+                          "refused " + "; ".join(reasons))
 
 
 @contextmanager
-def presharded(cls_name: str, matrix_kind: str, options: dict, plan: Optional[ShardPlan], group) -> Iterator[None]:
+def presharded(cls_name: str, matrix_kind: str, options: dict, plans: Optional[Plans], group, *,
+               transposed: bool = False) -> Iterator[None]:
     """Around Colossal-AI's constructor: cut ``options["weight"]`` (and a column layer's ``bias_``) to this
-    rank's slice of ``plan`` as customised distributed tensors, hidden from the constructor's even sharding.
+    rank's slices of ``plans`` (one per packed part) as customised distributed tensors, hidden from the
+    constructor's even sharding.  ``transposed``: the weight is stored ``[in, out]`` (GPT-2's ``Conv1D``).
 
-    Does nothing when ``plan`` is ``None`` (no or even ``shard_sizes``).
+    Does nothing when ``plans`` is ``None`` (no or even ``shard_sizes``).
     """
-    if plan is None:
+    if plans is None:
         yield
         return
-    _refuse_options(cls_name, matrix_kind, options, plan)
+    _refuse_options(cls_name, matrix_kind, options, plans)
     rank = P.group_rank(group)
-    params: List[Tuple[torch.nn.Parameter, int]] = [(options["weight"], 0 if matrix_kind == "column" else 1)]
+    parts = [plan.dimension for plan in plans]
+    weight_dim = (0 if matrix_kind == "column" else 1) ^ int(transposed)
+    params: List[Tuple[torch.nn.Parameter, int]] = [(options["weight"], weight_dim)]
     if matrix_kind == "column" and options.get("bias_") is not None:
         params.append((options["bias_"], 0))
     for param, dim in params:
-        shard_fn, gather_fn = shard_functions(plan, rank, dim=dim, group=group)
+        shard_fn, gather_fn = packed_shard_functions(parts, plans, rank, dim=dim, group=group)
         piece = distribute_tensor_with_customization(param.data, shard_fn, gather_fn)
         customized_distributed_tensor_to_existing_param(piece, param)
         setattr(param, _MARK, None)
@@ -101,4 +127,3 @@ def presharded(cls_name: str, matrix_kind: str, options: dict, plan: Optional[Sh
         for param, _ in params:
             if _MARK in param.__dict__:
                 delattr(param, _MARK)
-

@@ -14,6 +14,11 @@ so ``Σ_r row_r(act(col_r(x))) = row(act(col(x)))`` exactly up to the order of t
 ``q``'s rows (:func:`split_attention`).  :func:`gather` is the single-process inverse;
 :func:`all_gather_shards` the collective one (every rank gets the full tensor), which pads the
 shards to the largest so that backends needing equal sizes (NCCL) can run it.
+
+Packed tensors (GPT-2's ``c_attn`` ``[Q, K, V]``, any fused projection) hold several *parts*
+along the split dimension; each part ``i`` is cut by its own plan and rank ``r`` holds the
+concatenation ``[P0_r, P1_r, …]`` (Colossal-AI's ``split_fused_qkv_in_gpt2_style`` order, with
+uneven pieces): :func:`shard_packed`, :func:`gather_packed`, :func:`all_gather_packed`.
 """
 from __future__ import annotations
 
@@ -25,8 +30,8 @@ import torch.distributed as dist
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 
-__all__ = ["shard", "gather", "all_gather_shards", "shard_functions", "MlpShard", "split_mlp",
-           "AttentionShard", "split_attention"]
+__all__ = ["shard", "gather", "all_gather_shards", "shard_functions", "shard_packed", "gather_packed",
+           "all_gather_packed", "packed_shard_functions", "MlpShard", "split_mlp", "AttentionShard", "split_attention"]
 
 
 def _check_dim(tensor: torch.Tensor, plan: ShardPlan, dim: int, name: str) -> int:
@@ -90,6 +95,68 @@ def shard_functions(plan: ShardPlan, rank: int, *, dim: int, group=None
 
     def gather_fn(piece: torch.Tensor) -> torch.Tensor:
         return all_gather_shards(piece.data, plan, dim=dim, group=group)
+
+    return shard_fn, gather_fn
+
+
+def _check_parts(full_size: int, parts: Sequence[int], plans: Sequence[ShardPlan], name: str) -> None:
+    if len(parts) != len(plans) or not parts:
+        raise ConfigError(f"{name}: one plan per part, got {len(plans)} plans for parts {list(parts)}")
+    if sum(parts) != full_size:
+        raise ConfigError(f"{name}: parts {list(parts)} sum to {sum(parts)}, the dimension has {full_size}")
+    for i, (size, plan) in enumerate(zip(parts, plans)):
+        plan.check_dimension(f"{name} part {i}", size)
+        plan.check_tp(plans[0].tp)
+
+
+def shard_packed(full: torch.Tensor, parts: Sequence[int], plans: Sequence[ShardPlan], rank: int, *,
+                 dim: int, name: str = "tensor") -> torch.Tensor:
+    """``[P0_r, P1_r, …]``: each part of ``full`` along ``dim`` cut at its plan's offsets, concatenated."""
+    dim %= full.dim()
+    _check_parts(full.shape[dim], parts, plans, name)
+    pieces = torch.split(full, list(parts), dim=dim)
+    return torch.cat([shard(p, plan, rank, dim=dim, name=f"{name} part {i}")
+                      for i, (p, plan) in enumerate(zip(pieces, plans))], dim=dim)
+
+
+def _unpack(per_rank: Sequence[torch.Tensor], plans: Sequence[ShardPlan], dim: int) -> torch.Tensor:
+    """``[P0_0, P1_0, …], [P0_1, P1_1, …], …`` -> ``[P0_0, P0_1, …, P1_0, P1_1, …]``."""
+    split = [torch.split(t, [plan.sizes[r] for plan in plans], dim=dim) for r, t in enumerate(per_rank)]
+    return torch.cat([split[r][i] for i in range(len(plans)) for r in range(len(per_rank))], dim=dim)
+
+
+def gather_packed(shards: Sequence[torch.Tensor], parts: Sequence[int], plans: Sequence[ShardPlan], *,
+                  dim: int) -> torch.Tensor:
+    """The full packed tensor from every rank's ``[P0_r, P1_r, …]`` (single process)."""
+    _check_parts(sum(parts), parts, plans, "packed")
+    plans[0].check_tp(len(shards))
+    return _unpack(shards, plans, dim)
+
+
+def _rank_totals(plans: Sequence[ShardPlan]) -> ShardPlan:
+    """Each rank's packed width ``Σ_i sizes_i[r]``, as a plan of unit 1."""
+    return ShardPlan(units=tuple(sum(plan.sizes[r] for plan in plans) for r in range(plans[0].tp)))
+
+
+def all_gather_packed(piece: torch.Tensor, parts: Sequence[int], plans: Sequence[ShardPlan], *, dim: int,
+                      group=None) -> torch.Tensor:
+    """The full packed tensor on every rank of ``group`` from each rank's ``[P0_r, P1_r, …]`` (one all-gather)."""
+    _check_parts(sum(parts), parts, plans, "packed")
+    dim %= piece.dim()
+    totals = _rank_totals(plans)
+    gathered = all_gather_shards(piece, totals, dim=dim, group=group)
+    return _unpack(torch.split(gathered, list(totals.units), dim=dim), plans, dim)
+
+
+def packed_shard_functions(parts: Sequence[int], plans: Sequence[ShardPlan], rank: int, *, dim: int, group=None
+                           ) -> Tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]:
+    """:func:`shard_functions` for a packed tensor (one part: the same as :func:`shard_functions`)."""
+    def shard_fn(full: torch.Tensor) -> torch.Tensor:
+        return shard_packed(full.detach() if isinstance(full, torch.nn.Parameter) else full, parts, plans, rank,
+                            dim=dim)
+
+    def gather_fn(piece: torch.Tensor) -> torch.Tensor:
+        return all_gather_packed(piece.data, parts, plans, dim=dim, group=group)
 
     return shard_fn, gather_fn
 
