@@ -447,7 +447,8 @@ def _packed_gqa_body(rank, world, kv_units):
     y.backward(shard_packed(dy, parts, plans, rank, dim=-1))
     torch.testing.assert_close(y, shard_packed(yr.detach(), parts, plans, rank, dim=-1), **FP32_TOL)
     torch.testing.assert_close(xs.grad, xr.grad, **FP32_TOL)
-    torch.testing.assert_close(layer.weight.grad, shard_packed(dense.weight.grad, parts, plans, rank, dim=0), **FP32_TOL)
+    dw = shard_packed(dense.weight.grad, parts, plans, rank, dim=0)
+    torch.testing.assert_close(layer.weight.grad, dw, **FP32_TOL)
     assert torch.equal(layer.state_dict()["weight"], dense.weight.detach())
     assert torch.equal(layer.state_dict()["bias"], dense.bias.detach())
 

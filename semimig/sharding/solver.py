@@ -119,7 +119,8 @@ def solve_plan(model: StepModel, *, total_units: int, unit_size: int = 1, min_un
     shares = continuous_shares(model, min_share=min_units / total_units)
     units = [max(min_units, math.floor(p * total_units)) for p in shares]
     while sum(units) > total_units:  # float residue only: take back from the slowest rank above the minimum
-        r = max((r for r in range(e) if units[r] > min_units), key=lambda r: (_time(model, r, units[r], total_units), -r))
+        above = [r for r in range(e) if units[r] > min_units]
+        r = max(above, key=lambda r: (_time(model, r, units[r], total_units), -r))
         units[r] -= 1
     while sum(units) < total_units:
         r = min(range(e), key=lambda r: (_time(model, r, units[r] + 1, total_units), r))
@@ -134,7 +135,8 @@ def predicted_step(model: StepModel, plan: ShardPlan) -> float:
 
 
 def speeds_from_times(times: Sequence[float], plan: ShardPlan, *, replicated: float, shardable: float) -> StepModel:
-    """The model whose speeds explain the per-rank step ``times`` measured under ``plan``: ``v_r = (R + S·p_r)/t_r``."""
+    """The model whose speeds explain the per-rank step ``times`` measured under ``plan``:
+    ``v_r = (R + S·p_r)/t_r``."""
     if len(times) != plan.tp:
         raise ConfigError(f"times must have one entry per rank of the plan ({plan.tp}), got {len(times)}")
     times = [check_number(f"times[{r}]", t, minimum=0.0, low_open=True) for r, t in enumerate(times)]

@@ -162,7 +162,8 @@ def packed_shard_functions(parts: Sequence[int], plans: Sequence[ShardPlan], ran
 
 
 class MlpShard(NamedTuple):
-    """One rank's part of a Col→Row pair: column weight ``[n_r, H]``, bias ``[n_r]`` (or None), row weight ``[H, n_r]``."""
+    """One rank's part of a Col→Row pair: column weight ``[n_r, H]``, bias ``[n_r]`` (or None),
+    row weight ``[H, n_r]``."""
 
     column_weight: torch.Tensor
     column_bias: Optional[torch.Tensor]
@@ -181,7 +182,8 @@ def split_mlp(column_weight: torch.Tensor, column_bias: Optional[torch.Tensor], 
 
 
 class AttentionShard(NamedTuple):
-    """One rank's attention: ``q [h_r·d, H]``, ``k, v [g_r·d, H]``, ``o [H, h_r·d]``; ``h_r`` query heads, ``g_r`` KV heads."""
+    """One rank's attention: ``q [h_r·d, H]``, ``k, v [g_r·d, H]``, ``o [H, h_r·d]``;
+    ``h_r`` query heads, ``g_r`` KV heads."""
 
     q: torch.Tensor
     k: torch.Tensor
