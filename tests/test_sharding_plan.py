@@ -17,6 +17,7 @@ from semimig.sharding import (
     ShardPlan,
     StepModel,
     continuous_shares,
+    fit_step_model,
     kv_group_unit,
     predicted_step,
     slowest_per_position,
@@ -27,6 +28,7 @@ from semimig.sharding import (
 from semimig.sharding.split import gather, gather_packed, shard, shard_packed, split_attention, split_mlp
 
 REL = 1e-9  # float64 closed forms: a few ulps of reassociation
+speeds_st = st.lists(st.floats(min_value=0.05, max_value=1.0, allow_nan=False), min_size=1, max_size=6)
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -154,6 +156,27 @@ def test_fit_speeds_from_measured_times():
     assert predicted_step(model, plan) == pytest.approx(1.6)
 
 
+@settings(max_examples=200, deadline=None)
+@given(speeds=speeds_st, rho=st.floats(min_value=0.0, max_value=0.9), scale=st.floats(min_value=1e-3, max_value=1e3),
+       data=st.data())
+def test_fit_from_split_times_recovers_the_model(speeds, rho, scale, data):
+    """Per-rank replicated and shardable seconds measured under any plan give back R, S and v (up to the
+    scale fixed by R + S/e = 1, here undone by ``scale``), hence a plan as good."""
+    truth = StepModel.normalised(speeds, replicated_share=rho)
+    e = truth.tp
+    units = tuple(data.draw(st.lists(st.integers(1, 9), min_size=e, max_size=e)))
+    plan = ShardPlan(units=units)
+    a = [scale * truth.replicated / v for v in truth.speeds]
+    b = [scale * truth.shardable * p / v for p, v in zip(plan.shares(), truth.speeds)]
+    model = fit_step_model(a, b, plan)
+    assert model.replicated == pytest.approx(truth.replicated, rel=1e-9, abs=1e-12)
+    assert model.shardable == pytest.approx(truth.shardable, rel=1e-9)
+    assert model.speeds == pytest.approx(tuple(v / scale for v in truth.speeds), rel=1e-9)
+    # the same plan up to ties (ulps apart in the fitted speeds may break them differently): the same step
+    fitted, best = solve_plan(model, total_units=32), solve_plan(truth, total_units=32)
+    assert predicted_step(truth, fitted) == pytest.approx(predicted_step(truth, best), rel=1e-9)
+
+
 def test_solver_refusals():
     with pytest.raises(ConfigError, match=r"speeds\[1\] must be a finite number > 0, got 0"):
         StepModel(speeds=(1.0, 0), replicated=0.1, shardable=1.0)
@@ -163,12 +186,12 @@ def test_solver_refusals():
         solve_plan(StepModel.normalised((1, 1, 1, 1), replicated_share=0.1), total_units=3)
     with pytest.raises(ConfigError, match="times must have one entry per rank"):
         speeds_from_times([1.0], ShardPlan.even(2, 2), replicated=0.1, shardable=1.0)
+    with pytest.raises(ConfigError, match=r"shardable_times\[1\] must be a finite number > 0, got 0"):
+        fit_step_model([0.1, 0.1], [1.0, 0], ShardPlan.even(2, 2))
     with pytest.raises(ConfigError, match="equal-length rows"):
         slowest_per_position([[1.0, 2.0], [1.0]])
     assert slowest_per_position([[1.0, 0.5], [0.25, 1.0]]) == (0.25, 0.5)
 
-
-speeds_st = st.lists(st.floats(min_value=0.05, max_value=1.0, allow_nan=False), min_size=1, max_size=6)
 
 
 @settings(max_examples=300, deadline=None)

@@ -8,11 +8,12 @@ from semimig.sharding.plan import ShardPlan, kv_group_unit, units_of
 from semimig.sharding.solver import (
     StepModel,
     continuous_shares,
+    fit_step_model,
     predicted_step,
     slowest_per_position,
     solve_plan,
     speeds_from_times,
 )
 
-__all__ = ["ShardPlan", "units_of", "kv_group_unit", "StepModel", "continuous_shares", "solve_plan",
+__all__ = ["ShardPlan", "units_of", "kv_group_unit", "StepModel", "continuous_shares", "fit_step_model", "solve_plan",
            "predicted_step", "speeds_from_times", "slowest_per_position"]

@@ -35,7 +35,7 @@ from semimig._validate import check_int, check_number
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 
-__all__ = ["StepModel", "continuous_shares", "solve_plan", "predicted_step", "speeds_from_times",
+__all__ = ["StepModel", "continuous_shares", "solve_plan", "predicted_step", "speeds_from_times", "fit_step_model",
            "slowest_per_position"]
 
 
@@ -143,6 +143,27 @@ def speeds_from_times(times: Sequence[float], plan: ShardPlan, *, replicated: fl
     R = check_number("replicated", replicated, minimum=0.0)
     S = check_number("shardable", shardable, minimum=0.0, low_open=True)
     return StepModel(speeds=tuple((R + S * p) / t for p, t in zip(plan.shares(), times)), replicated=R, shardable=S)
+
+
+def fit_step_model(replicated_times: Sequence[float], shardable_times: Sequence[float], plan: ShardPlan) -> StepModel:
+    """``R``, ``S`` and every ``v_r`` from each rank's step split into its replicated seconds ``a_r = R/v_r``
+    and its shardable seconds ``b_r = S·p_r/v_r``, measured under ``plan`` (shares ``p_r``).
+
+    Each rank estimates ``R/S = a_r·p_r/b_r``; their mean ``k`` is taken, the scale fixed by
+    ``R + S/e = 1`` (a healthy even step is 1: ``S = 1/(k + 1/e)``, ``R = k·S``), and
+    ``v_r = (R + S·p_r)/(a_r + b_r)`` (so the model reproduces every rank's measured step).
+    """
+    e = plan.tp
+    if len(replicated_times) != e or len(shardable_times) != e:
+        raise ConfigError(f"replicated_times and shardable_times must have one entry per rank of the plan ({e}), "
+                          f"got {len(replicated_times)} and {len(shardable_times)}")
+    a = [check_number(f"replicated_times[{r}]", t, minimum=0.0) for r, t in enumerate(replicated_times)]
+    b = [check_number(f"shardable_times[{r}]", t, minimum=0.0, low_open=True) for r, t in enumerate(shardable_times)]
+    shares = plan.shares()
+    k = sum(a[r] * shares[r] / b[r] for r in range(e)) / e
+    S = 1.0 / (k + 1.0 / e)
+    R = k * S
+    return StepModel(speeds=tuple((R + S * shares[r]) / (a[r] + b[r]) for r in range(e)), replicated=R, shardable=S)
 
 
 def slowest_per_position(speeds_by_replica: Sequence[Sequence[float]]) -> Tuple[float, ...]:
