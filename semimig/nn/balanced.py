@@ -22,7 +22,7 @@ all-gather's worth more traffic in those two collectives.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple, Union
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
 from colossalai.shardformer.layer._operation import gather_forward_split_backward, split_forward_gather_backward
@@ -31,6 +31,7 @@ from semimig.comm import primitives as P
 from semimig.nn.conversion import check_divisible, check_options, check_split_sizes
 from semimig.nn.directive import LayerDirective
 from semimig.nn.functional import column_parallel_linear, row_parallel_linear
+from semimig.nn.uneven import Plans, presharded, uneven_plans
 
 TensorFn = Callable[[torch.Tensor], torch.Tensor]
 Output = Union[torch.Tensor, Tuple[torch.Tensor, Optional[torch.Tensor]]]
@@ -47,21 +48,32 @@ class BalancedLinearMixin:
     """
 
     matrix_kind: str = ""
+    weight_transposed: bool = False  # stored [in, out] (GPT-2's Conv1D): the split dimension of the weight flips
     directive: Optional[LayerDirective]
     layer_name: Optional[str]
 
     def _refuse_unservable(self, options: dict, process_group, in_features: int, out_features: int,
-                           split_sizes: Optional[list] = None) -> None:
+                           split_sizes: Optional[list] = None,
+                           shard_sizes: Optional[Sequence] = None) -> Optional[Plans]:
         """Before Colossal-AI's constructor: refuse options semimig cannot serve and a split
         dimension (``out`` for column, ``in`` for row layers; each part if packed) the group does
-        not divide (:class:`~semimig.errors.ConfigError` naming the layer and the value)."""
+        not divide (:class:`~semimig.errors.ConfigError` naming the layer and the value).
+
+        With ``shard_sizes`` (:mod:`semimig.nn.uneven`) the sizes must cover the split dimension (each
+        packed part) instead; returns one :class:`~semimig.sharding.ShardPlan` per part, ``None`` when all
+        are even or ``shard_sizes`` is absent."""
         name, tp_size = type(self).__name__, P.group_size(process_group)
         check_options(name, options)
         split, size = ("in_features", in_features) if self.matrix_kind == "row" else ("out_features", out_features)
+        if shard_sizes is not None:
+            if split_sizes is not None:
+                check_split_sizes(name, split_sizes, split, size, 1)  # the parts must sum; divisibility not needed
+            return uneven_plans(name, shard_sizes, split, size, tp_size, split_sizes)
         if split_sizes is None:
             check_divisible(name, split, size, tp_size)
         else:
             check_split_sizes(name, split_sizes, split, size, tp_size)
+        return None
 
     def _init_balancing(self) -> None:
         self.directive = None
@@ -141,22 +153,35 @@ class BalancedLinearMixin:
 
 class BalancedShardFormerLinear(BalancedLinearMixin):
     """The ShardFormer flavour's constructor, Colossal-AI's signature: refuse what semimig cannot
-    serve, build Colossal-AI's layer (the next class in the MRO), start dense."""
+    serve, build Colossal-AI's layer (the next class in the MRO), start dense.
+
+    ``shard_sizes`` (optional, columns per rank along the split dimension) makes the shards uneven
+    (:mod:`semimig.nn.uneven`); equal sizes or ``None`` are Colossal-AI's even layout."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype: torch.dtype = None,
-                 device: torch.device = None, process_group=None, **kwargs) -> None:
-        self._refuse_unservable(kwargs, process_group, in_features, out_features)
-        super().__init__(in_features, out_features, bias=bias, dtype=dtype, device=device,
-                         process_group=process_group, **kwargs)
+                 device: torch.device = None, process_group=None, shard_sizes: Optional[Sequence[int]] = None,
+                 **kwargs) -> None:
+        plans = self._refuse_unservable(kwargs, process_group, in_features, out_features, shard_sizes=shard_sizes)
+        with presharded(type(self).__name__, self.matrix_kind, kwargs, plans, process_group,
+                        transposed=self.weight_transposed):
+            super().__init__(in_features, out_features, bias=bias, dtype=dtype, device=device,
+                             process_group=process_group, **kwargs)
+        self.shard_plans = plans  # None: Colossal-AI's even layout
         self._init_balancing()
 
 
 class BalancedPackedLinear(BalancedLinearMixin):
-    """:class:`BalancedShardFormerLinear` for packed layers, whose constructors take ``split_sizes`` third."""
+    """:class:`BalancedShardFormerLinear` for packed layers, whose constructors take ``split_sizes`` third
+    (``shard_sizes`` as there, applied part by part, see :mod:`semimig.nn.uneven`)."""
 
     def __init__(self, in_features: int, out_features: int, split_sizes: list, bias: bool = True,
-                 dtype: torch.dtype = None, device: torch.device = None, process_group=None, **kwargs) -> None:
-        self._refuse_unservable(kwargs, process_group, in_features, out_features, split_sizes)
-        super().__init__(in_features, out_features, split_sizes, bias=bias, dtype=dtype, device=device,
-                         process_group=process_group, **kwargs)
+                 dtype: torch.dtype = None, device: torch.device = None, process_group=None,
+                 shard_sizes: Optional[Sequence] = None, **kwargs) -> None:
+        plans = self._refuse_unservable(kwargs, process_group, in_features, out_features, split_sizes,
+                                        shard_sizes=shard_sizes)
+        with presharded(type(self).__name__, self.matrix_kind, kwargs, plans, process_group,
+                        transposed=self.weight_transposed):
+            super().__init__(in_features, out_features, split_sizes, bias=bias, dtype=dtype, device=device,
+                             process_group=process_group, **kwargs)
+        self.shard_plans = plans  # None: Colossal-AI's even layout
         self._init_balancing()

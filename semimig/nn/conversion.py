@@ -144,7 +144,9 @@ def from_native(cls: type, module: nn.Module, process_group: Group, *, layout: s
     size = in_features if split == "in" else out_features
     if size < tp_size:
         return module
-    if kwargs.get("split_sizes") is not None:
+    if kwargs.get("shard_sizes") is not None:
+        pass  # uneven shards (semimig.nn.uneven): the layer's constructor checks them against the dimension
+    elif kwargs.get("split_sizes") is not None:
         check_split_sizes(cls.__name__, kwargs["split_sizes"], f"{split}_features", size, tp_size)
     else:
         check_divisible(cls.__name__, f"{split}_features", size, tp_size)

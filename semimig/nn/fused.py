@@ -40,6 +40,8 @@ __all__ = ["GPT2FusedLinearConv1D_Col", "GPT2FusedLinearConv1D_Row", "FusedLinea
 class _Conv1DWeight:
     """GPT-2 ``Conv1D`` layers store ``[K, N]``; their GEMMs see the ``[N, K]`` view."""
 
+    weight_transposed = True
+
     @property
     def gemm_weight(self) -> torch.Tensor:
         return self.weight.t()

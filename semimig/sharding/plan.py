@@ -1,0 +1,153 @@
+"""A shard plan: how many units of a paired dimension each tensor-parallel rank holds (DESIGN §8).
+
+A *paired dimension* is the one a column layer splits its outputs along and the next row layer
+its inputs along, so that the pair needs no collective beyond the row layer's all-reduce of
+``y`` and the column layer's all-reduce of ``dx``: the MLP intermediate dimension ``I`` (rows of
+``gate/up/c_fc``, the same columns of ``down/c_proj``) and the attention heads (rows of
+``q, k, v``, the same columns of ``o``).  It is split in whole *units* of ``unit_size`` columns:
+
+- MLP: blocks of ``b`` columns of ``I`` (``unit_size = b``, ``I = b · total_units``);
+- attention: KV groups, each one KV head and its ``n_q/n_kv`` query heads, i.e.
+  ``unit_size = (n_q/n_kv)·head_dim`` columns of ``q`` / ``o`` and ``head_dim`` rows of ``k``, ``v``
+  (:meth:`ShardPlan.with_unit_size` gives the ``k, v`` view of the same plan).
+
+Rank ``r`` holds ``units[r] ≥ 1`` consecutive units, in rank order: its columns are
+``[offsets()[r], offsets()[r] + sizes[r])`` with ``sizes[r] = units[r]·unit_size``.  Its share
+is ``p_r = units[r]/total_units``.  :meth:`ShardPlan.even` is today's (Colossal-AI's) layout:
+``torch.chunk`` of the dimension into ``tp`` equal parts; like Colossal-AI it refuses a
+``total_units`` that ``tp`` does not divide.  An uneven split exists only as an explicit plan.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Tuple
+
+from semimig._validate import check_int, is_int
+from semimig.errors import ConfigError
+
+__all__ = ["ShardPlan", "units_of", "kv_group_unit"]
+
+
+def units_of(name: str, dimension: int, unit_size: int) -> int:
+    """``dimension // unit_size``; :class:`ConfigError` naming ``name`` unless ``unit_size`` divides it."""
+    check_int(name, dimension, minimum=1)
+    check_int("unit_size", unit_size, minimum=1)
+    if dimension % unit_size != 0:
+        raise ConfigError(f"{name}={dimension} is not divisible by the unit size {unit_size}")
+    return dimension // unit_size
+
+
+def kv_group_unit(*, num_heads: int, num_kv_heads: int, head_dim: int) -> Tuple[int, int]:
+    """``(q_columns, kv_columns)`` of one KV group: ``(n_q/n_kv · head_dim, head_dim)``.
+
+    :class:`ConfigError` unless ``num_kv_heads`` divides ``num_heads`` (GQA/MQA/MHA all do).
+    """
+    check_int("num_heads", num_heads, minimum=1)
+    check_int("num_kv_heads", num_kv_heads, minimum=1)
+    check_int("head_dim", head_dim, minimum=1)
+    if num_heads % num_kv_heads != 0:
+        raise ConfigError(f"num_heads={num_heads} is not divisible by num_kv_heads={num_kv_heads}")
+    return num_heads // num_kv_heads * head_dim, head_dim
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardPlan:
+    """Per tensor-parallel rank, its number of units of one paired dimension.
+
+    ``units``     per rank (group-rank order), ints ``≥ 1``; ``tp = len(units)``.
+    ``unit_size`` columns of the dimension per unit (block size, or a KV group's columns).
+    """
+
+    units: Tuple[int, ...]
+    unit_size: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.units, (str, bytes)) or not isinstance(self.units, (tuple, list)) or not self.units:
+            raise ConfigError(f"units must be a non-empty tuple of ints (one per tensor-parallel rank), "
+                              f"got {self.units!r}")
+        for r, n in enumerate(self.units):
+            if not is_int(n) or n < 1:
+                raise ConfigError(f"units[{r}] must be an int >= 1 (every rank keeps at least one unit), "
+                                  f"got {n!r} in units={tuple(self.units)!r}")
+        object.__setattr__(self, "units", tuple(int(n) for n in self.units))
+        object.__setattr__(self, "unit_size", check_int("unit_size", self.unit_size, minimum=1))
+
+    # --- construction -------------------------------------------------------------------
+    @classmethod
+    def even(cls, total_units: int, tp: int, *, unit_size: int = 1) -> "ShardPlan":
+        """``tp`` equal parts: Colossal-AI's layout.  Refuses ``total_units`` not divisible by ``tp``."""
+        check_int("total_units", total_units, minimum=1)
+        check_int("tp", tp, minimum=1)
+        if total_units % tp != 0:
+            raise ConfigError(f"total_units={total_units} is not divisible by the tensor-parallel size tp={tp}: "
+                              "the even plan needs equal shards (give an explicit uneven ShardPlan instead)")
+        return cls(units=(total_units // tp,) * tp, unit_size=unit_size)
+
+    @classmethod
+    def for_dimension(cls, units, *, dimension: int, unit_size: int = 1) -> "ShardPlan":
+        """A plan of ``units`` checked against a dimension of ``dimension`` columns."""
+        plan = cls(units=units, unit_size=unit_size)
+        plan.check_dimension("dimension", dimension)
+        return plan
+
+    def with_unit_size(self, unit_size: int) -> "ShardPlan":
+        """The same units measured in another unit (e.g. a KV group's ``k, v`` rows instead of its ``q`` rows)."""
+        return ShardPlan(units=self.units, unit_size=unit_size)
+
+    # --- reading ------------------------------------------------------------------------
+    @property
+    def tp(self) -> int:
+        return len(self.units)
+
+    @property
+    def total_units(self) -> int:
+        return sum(self.units)
+
+    @property
+    def dimension(self) -> int:
+        """Columns of the whole dimension: ``total_units · unit_size``."""
+        return self.total_units * self.unit_size
+
+    @property
+    def sizes(self) -> Tuple[int, ...]:
+        """Columns per rank: ``units[r] · unit_size``."""
+        return tuple(n * self.unit_size for n in self.units)
+
+    @property
+    def is_even(self) -> bool:
+        return len(set(self.units)) == 1
+
+    def shares(self) -> Tuple[float, ...]:
+        """``p_r = units[r] / total_units`` (sums to 1)."""
+        total = self.total_units
+        return tuple(n / total for n in self.units)
+
+    def offsets(self) -> Tuple[int, ...]:
+        """First column of each rank: ``offsets()[r] = Σ_{q<r} sizes[q]`` (length ``tp``)."""
+        out, start = [], 0
+        for size in self.sizes:
+            out.append(start)
+            start += size
+        return tuple(out)
+
+    def column_range(self, rank: int) -> Tuple[int, int]:
+        """``(start, stop)``: the columns ``[start, stop)`` of the dimension rank ``rank`` holds."""
+        check_int("rank", rank, minimum=0, maximum=self.tp - 1)
+        start = self.offsets()[rank]
+        return start, start + self.sizes[rank]
+
+    def check_dimension(self, name: str, dimension: int) -> None:
+        """:class:`ConfigError` naming ``name`` unless the plan covers exactly ``dimension`` columns."""
+        total = units_of(name, dimension, self.unit_size)
+        if total != self.total_units:
+            raise ConfigError(f"{name}={dimension} is {total} units of {self.unit_size}, but the plan's units "
+                              f"{self.units} sum to {self.total_units}")
+
+    def check_tp(self, tp: int) -> None:
+        """:class:`ConfigError` unless the plan has one entry per rank of a group of ``tp``."""
+        if self.tp != tp:
+            raise ConfigError(f"the plan has {self.tp} ranks (units={self.units}) but the tensor-parallel group "
+                              f"has tp={tp}")
+
+    def __str__(self) -> str:
+        return f"ShardPlan(units={list(self.units)} x {self.unit_size})"

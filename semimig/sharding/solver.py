@@ -1,0 +1,174 @@
+"""The plan that minimises the step of a tensor-parallel group with ranks of unequal speed (DESIGN §8).
+
+Model.  A step of rank ``r`` is ``t_r = (R + S·p_r) / v_r``: ``R`` the replicated work every rank
+does whole (norms, embeddings, head, loss, host), ``S`` the shardable work of the whole group
+(the paired GEMMs, their heads' attention, their parameters' optimizer update), ``p_r`` the
+rank's share of the paired dimension (``Σ p_r = 1``) and ``v_r > 0`` its speed on its whole
+work.  Units are free (``R``, ``S`` in work, ``v`` in work per second, ``t`` in seconds); with
+``R + S/e = 1`` and a healthy rank at ``v = 1`` the even step of a healthy group is 1.
+
+Continuous optimum.  ``t = max_r t_r`` is minimal when every rank finishes together:
+``p_r = (t·v_r − R)/S`` and, summing, ``t = (S + e·R)/Σ v_r``.  A rank with
+``t·v_r − R < S·p_min`` (it cannot finish even its replicated work in ``t``) is pinned at the
+minimum share ``p_min`` and the rest re-solved, ``t = (S·(1 − |F|·p_min) + |A|·R)/Σ_{A} v_r`` for
+the free ranks ``A`` and pinned ranks ``F``; pinning a rank lowers ``t``, so this repeats until
+no free rank falls below ``p_min`` (at most ``e`` rounds).  The step is then
+``max(t, max_{F} (R + S·p_min)/v_r)``.  Two ranks, one ``χ`` times slower, ``R + S/2 = 1``:
+``t = 2/(1 + 1/χ) = 2χ/(χ+1)`` (1.6 at ``χ = 4``) while ``p_slow = (t/χ − R)/S ≥ 0``, i.e.
+``R ≤ 2/(χ+1)`` (0.4 at ``χ = 4``).
+
+Whole units.  Each rank holds ``n_r ≥ min_units`` of ``U`` units, ``t_r(n) = (R + S·n/U)/v_r``.
+Start from ``max(min_units, ⌊p_r·U⌋)`` and hand the remaining units one at a time to the rank
+whose time *after* the unit is smallest (ties: lowest rank).  Every unit of ``⌊p_r·U⌋`` finishes
+by ``t`` and every further unit after it, so this equals the greedy from ``min_units`` upwards,
+which minimises ``max_r t_r(n_r)`` (the classic exchange argument); if floating point ever
+over-assigns, units are taken back from the slowest rank.  Pure arithmetic in a fixed order:
+every rank given the same numbers computes the same plan.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Sequence, Tuple
+
+from semimig._validate import check_int, check_number
+from semimig.errors import ConfigError
+from semimig.sharding.plan import ShardPlan
+
+__all__ = ["StepModel", "continuous_shares", "solve_plan", "predicted_step", "speeds_from_times", "fit_step_model",
+           "slowest_per_position"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepModel:
+    """The numbers a plan is solved from.
+
+    ``speeds``      ``v_r > 0`` per rank (group-rank order), on the whole step.
+    ``replicated``  ``R ≥ 0``: work every rank does whole.
+    ``shardable``   ``S > 0``: the whole group's work along the paired dimension.
+    """
+
+    speeds: Tuple[float, ...]
+    replicated: float
+    shardable: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.speeds, (str, bytes)) or not isinstance(self.speeds, (tuple, list)) or not self.speeds:
+            raise ConfigError(f"speeds must be a non-empty tuple of numbers > 0 (one per rank), got {self.speeds!r}")
+        speeds = tuple(check_number(f"speeds[{r}]", v, minimum=0.0, low_open=True) for r, v in enumerate(self.speeds))
+        object.__setattr__(self, "speeds", speeds)
+        object.__setattr__(self, "replicated", check_number("replicated", self.replicated, minimum=0.0))
+        object.__setattr__(self, "shardable", check_number("shardable", self.shardable, minimum=0.0, low_open=True))
+
+    @classmethod
+    def normalised(cls, speeds: Sequence[float], *, replicated_share: float) -> "StepModel":
+        """``R = ρ``, ``S = e·(1 − ρ)``: a healthy even step is 1 and ρ of it is replicated."""
+        rho = check_number("replicated_share", replicated_share, minimum=0.0, maximum=1.0, high_open=True)
+        model = cls(speeds=speeds, replicated=rho, shardable=1.0)  # validates the speeds first
+        return replace(model, shardable=model.tp * (1.0 - rho))
+
+    @property
+    def tp(self) -> int:
+        return len(self.speeds)
+
+    def rank_time(self, rank: int, share: float) -> float:
+        """``(R + S·p)/v_r``."""
+        return (self.replicated + self.shardable * share) / self.speeds[rank]
+
+    def step(self, shares: Sequence[float]) -> float:
+        """``max_r (R + S·p_r)/v_r``."""
+        if len(shares) != self.tp:
+            raise ConfigError(f"shares must have one entry per rank ({self.tp}), got {len(shares)}")
+        return max(self.rank_time(r, p) for r, p in enumerate(shares))
+
+
+def continuous_shares(model: StepModel, *, min_share: float = 0.0) -> Tuple[float, ...]:
+    """The real-valued optimum ``p_r`` (module docstring), every ``p_r ≥ min_share``, ``Σ p_r = 1``."""
+    e = model.tp
+    check_number("min_share", min_share, minimum=0.0, maximum=1.0 / e)
+    R, S, v = model.replicated, model.shardable, model.speeds
+    pinned: set[int] = set()
+    while True:
+        free = [r for r in range(e) if r not in pinned]
+        t = (S * (1.0 - len(pinned) * min_share) + len(free) * R) / sum(v[r] for r in free)
+        low = [r for r in free if (t * v[r] - R) / S < min_share]
+        if not low or len(low) == len(free):  # all free ranks low: only float noise at min_share = 1/e
+            break
+        pinned.update(low)
+    shares = [min_share if r in pinned else (t * v[r] - R) / S for r in range(e)]
+    # renormalise the free ranks' float residue so the shares sum to 1 exactly enough
+    free = [r for r in range(e) if r not in pinned]
+    if free:
+        residue = 1.0 - sum(shares)
+        for r in free:
+            shares[r] += residue / len(free)
+    return tuple(shares)
+
+
+def _time(model: StepModel, rank: int, n: int, total: int) -> float:
+    return model.rank_time(rank, n / total)
+
+
+def solve_plan(model: StepModel, *, total_units: int, unit_size: int = 1, min_units: int = 1) -> ShardPlan:
+    """The whole-unit plan minimising ``max_r t_r(n_r)`` with every ``n_r ≥ min_units`` (module docstring)."""
+    e = model.tp
+    check_int("total_units", total_units, minimum=1)
+    check_int("min_units", min_units, minimum=1)
+    if total_units < e * min_units:
+        raise ConfigError(f"total_units={total_units} cannot give each of tp={e} ranks min_units={min_units}")
+    shares = continuous_shares(model, min_share=min_units / total_units)
+    units = [max(min_units, math.floor(p * total_units)) for p in shares]
+    while sum(units) > total_units:  # float residue only: take back from the slowest rank above the minimum
+        above = [r for r in range(e) if units[r] > min_units]
+        r = max(above, key=lambda r: (_time(model, r, units[r], total_units), -r))
+        units[r] -= 1
+    while sum(units) < total_units:
+        r = min(range(e), key=lambda r: (_time(model, r, units[r] + 1, total_units), r))
+        units[r] += 1
+    return ShardPlan(units=tuple(units), unit_size=unit_size)
+
+
+def predicted_step(model: StepModel, plan: ShardPlan) -> float:
+    """``max_r (R + S·n_r/U)/v_r`` for the plan's units ``n_r`` of ``U``."""
+    plan.check_tp(model.tp)
+    return model.step(plan.shares())
+
+
+def speeds_from_times(times: Sequence[float], plan: ShardPlan, *, replicated: float, shardable: float) -> StepModel:
+    """The model whose speeds explain the per-rank step ``times`` measured under ``plan``:
+    ``v_r = (R + S·p_r)/t_r``."""
+    if len(times) != plan.tp:
+        raise ConfigError(f"times must have one entry per rank of the plan ({plan.tp}), got {len(times)}")
+    times = [check_number(f"times[{r}]", t, minimum=0.0, low_open=True) for r, t in enumerate(times)]
+    R = check_number("replicated", replicated, minimum=0.0)
+    S = check_number("shardable", shardable, minimum=0.0, low_open=True)
+    return StepModel(speeds=tuple((R + S * p) / t for p, t in zip(plan.shares(), times)), replicated=R, shardable=S)
+
+
+def fit_step_model(replicated_times: Sequence[float], shardable_times: Sequence[float], plan: ShardPlan) -> StepModel:
+    """``R``, ``S`` and every ``v_r`` from each rank's step split into its replicated seconds ``a_r = R/v_r``
+    and its shardable seconds ``b_r = S·p_r/v_r``, measured under ``plan`` (shares ``p_r``).
+
+    Each rank estimates ``R/S = a_r·p_r/b_r``; their mean ``k`` is taken, the scale fixed by
+    ``R + S/e = 1`` (a healthy even step is 1: ``S = 1/(k + 1/e)``, ``R = k·S``), and
+    ``v_r = (R + S·p_r)/(a_r + b_r)`` (so the model reproduces every rank's measured step).
+    """
+    e = plan.tp
+    if len(replicated_times) != e or len(shardable_times) != e:
+        raise ConfigError(f"replicated_times and shardable_times must have one entry per rank of the plan ({e}), "
+                          f"got {len(replicated_times)} and {len(shardable_times)}")
+    a = [check_number(f"replicated_times[{r}]", t, minimum=0.0) for r, t in enumerate(replicated_times)]
+    b = [check_number(f"shardable_times[{r}]", t, minimum=0.0, low_open=True) for r, t in enumerate(shardable_times)]
+    shares = plan.shares()
+    k = sum(a[r] * shares[r] / b[r] for r in range(e)) / e
+    S = 1.0 / (k + 1.0 / e)
+    R = k * S
+    return StepModel(speeds=tuple((R + S * shares[r]) / (a[r] + b[r]) for r in range(e)), replicated=R, shardable=S)
+
+
+def slowest_per_position(speeds_by_replica: Sequence[Sequence[float]]) -> Tuple[float, ...]:
+    """Every DP replica shares one plan (DESIGN §8): the slowest speed at each TP position."""
+    rows = [tuple(row) for row in speeds_by_replica]
+    if not rows or len({len(row) for row in rows}) != 1 or not rows[0]:
+        raise ConfigError(f"speeds_by_replica must be a non-empty list of equal-length rows, got {speeds_by_replica!r}")
+    return tuple(min(col) for col in zip(*rows))
