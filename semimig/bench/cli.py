@@ -264,10 +264,10 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
-    """``--json`` and (unless ``--no-plots``) ``--plots`` of ``report``."""
+    """``--json`` (never one of the saved runs it reads) and (unless ``--no-plots``) ``--plots`` of ``report``."""
     from semimig.bench.results import check_outputs
 
-    check_outputs(args.json, None if args.no_plots else args.plots)
+    check_outputs(args.json, None if args.no_plots else args.plots, inputs=args.saved)
 
 
 def _write_results(args: argparse.Namespace, records: list, config: dict, title: str, **json_extra) -> None:
@@ -305,9 +305,9 @@ def run_report_command(args: argparse.Namespace) -> int:
     from semimig.bench import report
 
     try:
+        _check_outputs(args)
         saved = [(str(path), report.load_saved(path)) for path in args.saved]
         records, config, machine_info = report.merge_saved(saved)
-        _check_outputs(args)
     except ConfigError as err:
         print(f"semimig report: error: {err}", file=sys.stderr)
         return 2
