@@ -116,7 +116,9 @@ def add_bench_subcommand(subparsers) -> None:
                    help="results file, rewritten atomically after every finished case")
     p.add_argument("--resume", action="store_true",
                    help="keep the cases already in --json (same settings) and train only the missing ones")
-    p.add_argument("--overwrite", action="store_true", help="replace a --json file that holds other settings")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --json file and its finished cases (without it, or --resume, an existing "
+                        "results file is refused before any training)")
     p.add_argument("--plots", type=Path, default=Path("results"), help="directory for the PNG plots")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--dry-run", action="store_true", help="check every setting and list the cases; start no rank")
