@@ -28,12 +28,21 @@ import torch
 from colossalai.shardformer.layer._operation import gather_forward_split_backward, split_forward_gather_backward
 
 from semimig.comm import primitives as P
-from semimig.nn.conversion import check_divisible, check_options, check_split_sizes
+from semimig.errors import ConfigError
+from semimig.nn.conversion import check_constructor, check_divisible, check_options, check_split_sizes
 from semimig.nn.directive import LayerDirective
 from semimig.nn.functional import column_parallel_linear, row_parallel_linear
 
 TensorFn = Callable[[torch.Tensor], torch.Tensor]
 Output = Union[torch.Tensor, Tuple[torch.Tensor, Optional[torch.Tensor]]]
+
+
+def _autocast(device: torch.device) -> bool:
+    """Whether autocast is on for ``device``'s type (it then casts the GEMM's operands itself)."""
+    try:
+        return torch.is_autocast_enabled(device.type)
+    except TypeError:  # torch < 2.4: no device argument
+        return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
 
 
 class BalancedLinearMixin:
@@ -51,11 +60,15 @@ class BalancedLinearMixin:
     layer_name: Optional[str]
 
     def _refuse_unservable(self, options: dict, process_group, in_features: int, out_features: int,
-                           split_sizes: Optional[list] = None) -> None:
-        """Before Colossal-AI's constructor: refuse options semimig cannot serve and a split
-        dimension (``out`` for column, ``in`` for row layers; each part if packed) the group does
-        not divide (:class:`~semimig.errors.ConfigError` naming the layer and the value)."""
-        name, tp_size = type(self).__name__, P.group_size(process_group)
+                           split_sizes: Optional[list] = None, *, bias: bool = True, dtype=None, device=None) -> None:
+        """Before Colossal-AI's constructor: refuse bad arguments (:func:`check_constructor`), options
+        semimig cannot serve and a split dimension (``out`` for column, ``in`` for row layers; each
+        part if packed) the group does not divide (:class:`~semimig.errors.ConfigError` naming the
+        layer and the value)."""
+        name = type(self).__name__
+        check_constructor(name, in_features=in_features, out_features=out_features, bias=bias, dtype=dtype,
+                          device=device, process_group=process_group)
+        tp_size = P.group_size(process_group)
         check_options(name, options)
         split, size = ("in_features", in_features) if self.matrix_kind == "row" else ("out_features", out_features)
         if split_sizes is None:
@@ -82,9 +95,21 @@ class BalancedLinearMixin:
         return self.directive if self.training else None
 
     def _check_width(self, input_: torch.Tensor, expected: int) -> None:
+        """The input before any GEMM or collective: a floating tensor of at least one dimension, on
+        the weight's device, of the weight's dtype (unless autocast casts it), ``expected`` wide.
+        :class:`~semimig.errors.ConfigError` (a ``ValueError``) names the layer and the value."""
+        name, weight = type(self).__name__, self.gemm_weight
+        if not isinstance(input_, torch.Tensor):
+            raise ConfigError(f"{name} input must be a torch.Tensor, got {type(input_).__name__}")
+        if input_.dim() < 1:
+            raise ConfigError(f"{name} input must have at least one dimension (features last), got a 0-d tensor")
+        if input_.device != weight.device:
+            raise ConfigError(f"{name} input is on {input_.device} but the layer's weight is on {weight.device}")
+        if input_.dtype != weight.dtype and not (input_.is_floating_point() and _autocast(input_.device)):
+            raise ConfigError(f"{name} input has dtype {input_.dtype} but the layer's weight has dtype {weight.dtype}")
         if input_.shape[-1] != expected:
-            raise ValueError(
-                f"{type(self).__name__} expects inputs of width {expected} (last dimension), "
+            raise ConfigError(
+                f"{name} expects inputs of width {expected} (last dimension), "
                 f"got shape {tuple(input_.shape)}"
             )
 
@@ -145,7 +170,8 @@ class BalancedShardFormerLinear(BalancedLinearMixin):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype: torch.dtype = None,
                  device: torch.device = None, process_group=None, **kwargs) -> None:
-        self._refuse_unservable(kwargs, process_group, in_features, out_features)
+        self._refuse_unservable(kwargs, process_group, in_features, out_features, bias=bias, dtype=dtype,
+                                device=device)
         super().__init__(in_features, out_features, bias=bias, dtype=dtype, device=device,
                          process_group=process_group, **kwargs)
         self._init_balancing()
@@ -156,7 +182,8 @@ class BalancedPackedLinear(BalancedLinearMixin):
 
     def __init__(self, in_features: int, out_features: int, split_sizes: list, bias: bool = True,
                  dtype: torch.dtype = None, device: torch.device = None, process_group=None, **kwargs) -> None:
-        self._refuse_unservable(kwargs, process_group, in_features, out_features, split_sizes)
+        self._refuse_unservable(kwargs, process_group, in_features, out_features, split_sizes, bias=bias,
+                                dtype=dtype, device=device)
         super().__init__(in_features, out_features, split_sizes, bias=bias, dtype=dtype, device=device,
                          process_group=process_group, **kwargs)
         self._init_balancing()
