@@ -94,7 +94,7 @@ class BalancedLinearMixin:
         """The directive while training; evaluation always runs densely and untimed."""
         return self.directive if self.training else None
 
-    def _check_width(self, input_: torch.Tensor, expected: int) -> None:
+    def _check_input(self, input_: torch.Tensor, expected: int) -> None:
         """The input before any GEMM or collective: a floating tensor of at least one dimension, on
         the weight's device, of the weight's dtype (unless autocast casts it), ``expected`` wide.
         :class:`~semimig.errors.ConfigError` (a ``ValueError``) names the layer and the value."""
@@ -123,7 +123,7 @@ class BalancedLinearMixin:
     # --- the two forwards -----------------------------------------------------------------
     def _column_forward(self, input_: torch.Tensor, gather_out: TensorFn) -> Output:
         weight = self.gemm_weight  # [N/e, K]
-        self._check_width(input_, weight.shape[-1])
+        self._check_input(input_, weight.shape[-1])
         if self._sequence_split():
             input_ = gather_forward_split_backward(input_, dim=self._sequence_dim(), process_group=self.process_group)
         bias = None if self.skip_bias_add else self.bias
@@ -135,9 +135,9 @@ class BalancedLinearMixin:
     def _row_forward(self, input_: torch.Tensor, split_in: TensorFn) -> Output:
         weight = self.gemm_weight  # [N, K/e]
         if self.parallel_input:
-            self._check_width(input_, weight.shape[-1])
+            self._check_input(input_, weight.shape[-1])
         else:
-            self._check_width(input_, weight.shape[-1] * P.group_size(self.process_group))
+            self._check_input(input_, weight.shape[-1] * P.group_size(self.process_group))
             input_ = split_in(input_)
         output = row_parallel_linear(input_, weight, self.process_group, self._active_directive())
         if self._sequence_split():
