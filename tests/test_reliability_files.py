@@ -115,6 +115,23 @@ def test_report_refuses_to_write_over_a_saved_run_it_reads(tmp_path, capsys):
     assert saved.read_bytes() == before
 
 
+def test_report_never_replaces_a_bench_run_it_does_not_read(tmp_path, capsys):
+    from semimig.cli import main
+
+    argv = [*FAST, "--modes", "baseline", "--chi", "1"]
+    one, other = tmp_path / "one.json", tmp_path / "other.json"
+    _saved_run(one, [*argv, "--json", str(one)], [("baseline", 1.0, 0)])
+    _saved_run(other, [*argv, "--json", str(other)], [("baseline", 1.0, 1)])
+    before = other.read_bytes()
+    assert main(["report", str(one), "--json", str(other), "--no-plots"]) == 2
+    assert f"--json {other} holds a semimig bench run" in capsys.readouterr().err
+    assert other.read_bytes() == before
+    report = tmp_path / "report.json"
+    assert main(["report", str(one), "--json", str(report), "--no-plots"]) == 0
+    assert main(["report", str(one), str(other), "--json", str(report), "--no-plots"]) == 0  # a report: replaced
+    assert len(json.loads(report.read_text())["records"]) == 2
+
+
 def test_report_input_fifo_is_refused_without_hanging(tmp_path, capsys):
     from semimig.cli import main
 

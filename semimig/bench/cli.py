@@ -270,6 +270,20 @@ def _check_outputs(args: argparse.Namespace) -> None:
     from semimig.bench.results import check_outputs
 
     check_outputs(args.json, None if args.no_plots else args.plots, inputs=args.saved)
+    if _is_bench_run(args.json):
+        raise ConfigError(f"--json {args.json} holds a semimig bench run (its records are not among the inputs); "
+                          "a report would replace it: choose another --json, or pass it as an input to merge it")
+
+
+def _is_bench_run(path: Path) -> bool:
+    """Whether ``path`` is a results file written by ``semimig bench`` (a report has ``sources``, no ``status``)."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and "status" in data and "records" in data
 
 
 def _write_results(args: argparse.Namespace, records: list, config: dict, title: str, **json_extra) -> None:
