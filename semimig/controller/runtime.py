@@ -183,6 +183,8 @@ class BalanceController:
 
     def __init__(self, model: nn.Module, config: BalanceConfig = BalanceConfig(), *,
                  process_group=None, iterations_per_epoch: Optional[int] = None) -> None:
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(config, BalanceConfig):
             raise ConfigError(f"config must be a BalanceConfig, got {config!r}")
         check_int("iterations_per_epoch", iterations_per_epoch, minimum=1, allow_none=True)
