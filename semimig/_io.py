@@ -33,6 +33,15 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 def _umask() -> int:
+    """The process's umask: read from ``/proc`` where it can be (setting it, the only portable way
+    to read it, would race with other threads creating files)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
