@@ -114,3 +114,38 @@ def test_bad_constructor_and_forward_arguments_are_refused_by_name() -> None:
     draws = sum(v for k, v in checked.items() if not k.endswith(".good"))
     assert draws >= 300, checked  # the probe count reported in docs/reliability.md
     print(f"{draws} bad layer arguments refused by name")
+
+
+def _legacy_body(rank: int, world_size: int, port: int) -> dict:
+    from legacy_helpers import launch_legacy_1d
+
+    launch_legacy_1d(rank, world_size, port)
+    from semimig import nn as ours
+    from semimig.errors import ConfigError
+
+    out = {}
+    for cls in (ours.Linear1D_Col, ours.Linear1D_Row):
+        for label, args, kwargs in (("in_features", (0, 4), {}), ("out_features", (4, "4"), {}),
+                                    ("dtype", (4, 4), {"dtype": torch.int64}), ("bias", (4, 4), {"bias": None}),
+                                    ("unexpected", (4, 4), {"colour": "red"})):
+            try:
+                cls(*args, **kwargs)
+                out[f"{cls.__name__}.{label}"] = "accepted"
+            except ConfigError as err:
+                out[f"{cls.__name__}.{label}"] = str(err)
+        out[f"{cls.__name__}.good"] = type(cls(4, 4)).__name__
+    return out
+
+
+def test_the_legacy_flavour_refuses_the_same_arguments() -> None:
+    from legacy_helpers import free_ipv6_port
+
+    out = run_on_ranks(_legacy_body, 1, free_ipv6_port(), timeout_s=120)
+    for cls in ("Linear1D_Col", "Linear1D_Row"):
+        for label, expected in (("in_features", "in_features must be an int >= 1, got 0"),
+                                ("out_features", "out_features must be an int >= 1, got '4'"),
+                                ("dtype", "dtype must be a floating-point torch.dtype"),
+                                ("bias", "bias must be a bool, got None"),
+                                ("unexpected", "unexpected keyword argument 'colour'")):
+            assert out[f"{cls}.{label}"].startswith(f"semimig {cls}: ") and expected in out[f"{cls}.{label}"], out
+        assert out[f"{cls}.good"] == cls
