@@ -34,7 +34,6 @@ The Triton interpreter is not a performance model, so ``fused`` is not timed on 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -46,6 +45,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from semimig._io import check_output_file, write_json
+from semimig.errors import ConfigError
 from semimig.kernels import reference
 from semimig.kernels.keep import KeepPlan, plan_keep
 
@@ -378,9 +379,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--groups must be drawn from 8, 16, 32, got {args.groups}")
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
+    try:
+        check_output_file(args.json, "--json")
+    except ConfigError as err:
+        parser.error(str(err))
     result = run(args)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1))
+    write_json(args.json, result, indent=1)
     report(result)
     print(f"\nwrote {len(result['records'])} records to {args.json}")
     return 0

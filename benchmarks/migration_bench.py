@@ -56,7 +56,7 @@ from typing import Optional
 
 from semimig.errors import ConfigError
 
-from bench_output import write_result
+from bench_output import output_problem, write_result
 from migration_ranks import MOVEMENTS
 from migration_report import (GAMMAS, GLOO_CAVEAT, POLICIES, alpha_beta_estimate, fit_link, format_estimate,
                               format_movements, format_table, format_traffic, ratios, target)
@@ -227,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = BenchConfig(**fields)
     except ValueError as err:
         print(f"migration_bench.py: error: {err}", file=sys.stderr)
+        return 2
+    if output_problem(args.json):
+        print(f"migration_bench.py: error: {output_problem(args.json)}", file=sys.stderr)
         return 2
     print(f"migration bench ({cfg.compute}): {len(cfg.cases())} cases x {cfg.rounds * cfg.iters_per_round} timed "
           f"iterations on {cfg.world} gloo ranks, CPU ({platform.machine()})", flush=True)

@@ -42,7 +42,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench_output import write_result
+from bench_output import output_problem, write_result
 
 PARTS = ("layers", "mlp", "model")
 LAYER_SHAPES = ((256, 512, 2048), (256, 2048, 512), (1088, 256, 1024), (1088, 1024, 256), (1088, 64, 256))
@@ -341,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"overhead_bench.py: error: {err}", file=sys.stderr)
         return 2
-    if args.json is not None and args.json.is_dir():
-        print(f"overhead_bench.py: error: --json {args.json} is a directory", file=sys.stderr)
+    if output_problem(args.json):
+        print(f"overhead_bench.py: error: {output_problem(args.json)}", file=sys.stderr)
         return 2
     from semimig.launch import run_on_ranks
 

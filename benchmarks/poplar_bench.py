@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 import time
@@ -71,6 +70,7 @@ import torch.nn as nn
 from torch.utils.data import TensorDataset
 
 from semimig._compat import apply_cpu_shim
+from semimig._io import check_output_file, write_json
 from semimig.allocation import (
     AllocationRequest,
     HeteroDataLoader,
@@ -89,6 +89,7 @@ from semimig.allocation import (
     run_iteration,
     timed_collectives,
 )
+from semimig.errors import ConfigError
 from semimig.launch import run_on_ranks
 
 WORLD = 4
@@ -401,30 +402,32 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.global_batch_size < 1:
         parser.error(f"--global-batch-size must be >= 1, got {args.global_batch_size}")
+    try:
+        check_output_file(args.json, "--json")
+    except ConfigError as err:
+        parser.error(str(err))
     iterations, repeats = (5, 3) if args.quick else (10, 5)
     started = time.perf_counter()
     records = run_on_ranks(
         _body, WORLD, args.global_batch_size, iterations, repeats, args.zero_stage, timeout_s=1200
     )
     verdict = _report(records)
-    with open(args.json, "w", encoding="utf-8") as f:  # {meta, records, verdict}
-        json.dump(
-            {
-                "meta": {
-                    "world_size": WORLD,
-                    "zero_stage": args.zero_stage,
-                    "global_batch_size": args.global_batch_size,
-                    "iterations": iterations,
-                    "profiling_repeats": repeats,
-                    "base_time_s": BASE_TIME_S,
-                    "per_sample_time_s": PER_SAMPLE_TIME_S,
-                },
-                "records": records,
-                "verdict": verdict,
+    write_json(  # {meta, records, verdict}
+        args.json,
+        {
+            "meta": {
+                "world_size": WORLD,
+                "zero_stage": args.zero_stage,
+                "global_batch_size": args.global_batch_size,
+                "iterations": iterations,
+                "profiling_repeats": repeats,
+                "base_time_s": BASE_TIME_S,
+                "per_sample_time_s": PER_SAMPLE_TIME_S,
             },
-            f,
-            indent=2,
-        )
+            "records": records,
+            "verdict": verdict,
+        },
+    )
     print(f"wrote {args.json} ({time.perf_counter() - started:.0f} s)")
     return 0
 

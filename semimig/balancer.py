@@ -173,9 +173,7 @@ class Balancer:
 
     # ------------------------------------------------------------------ internals
     def _hook(self, optimizer: Any) -> None:
-        original = getattr(optimizer, "step", None)
-        if not callable(original):
-            raise ConfigError(f"optimizer must be the boosted optimizer (with a step method), got {optimizer!r}")
+        original = _check_optimizer(optimizer)
 
         def step(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
@@ -212,6 +210,14 @@ class Balancer:
             times = "n/a" if decision is None else ", ".join(f"{t * 1e3:.1f}" for t in decision.unpruned_s)
             logger.info("semimig step %d: busy %.1f ms on TP rank 0, unpruned times [%s] ms, %s",
                         step, report.busy.busy_s * 1e3, times, view.describe())
+
+
+def _check_optimizer(optimizer: Any) -> Any:
+    """The optimizer's ``step`` (checked before anything is bound, so a refusal leaves no state)."""
+    original = getattr(optimizer, "step", None)
+    if not callable(original):
+        raise ConfigError(f"optimizer must be the boosted optimizer (with a step method) or None, got {optimizer!r}")
+    return original
 
 
 def _check_plugin(plugin: Any) -> None:
@@ -258,7 +264,11 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
     Returns:
         The :class:`Balancer`; ``.report`` is the latest ``StepReport``.
     """
-    _check_plugin(plugin)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model must be the boosted torch.nn.Module, got {type(model).__name__}")
+    _check_plugin(plugin)  # every argument is checked before a layer is touched: a refusal leaves no state
+    if optimizer is not None:
+        _check_optimizer(optimizer)
     log_every = check_int("log_every", log_every, minimum=0)
     balance_config = _config(mode, straggler, config)
     from semimig.nn.balanced import BalancedLinearMixin
@@ -281,4 +291,9 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
         logger.info("semimig: %d semimig layers in a tensor-parallel group of %d, mode=%s, straggler=%s "
                     "(output heads named %s stay dense)", len(layers), controller.size, balance_config.mode,
                     balance_config.straggler.to_cli(), "/".join(balance_config.dense_layers))
-    return Balancer(controller, layers, optimizer=optimizer, log_every=log_every)
+    try:
+        return Balancer(controller, layers, optimizer=optimizer, log_every=log_every)
+    except BaseException:
+        for layer in layers:  # undo the controller's binding: a corrected call must not find it "balanced"
+            layer.directive = None
+        raise

@@ -38,8 +38,10 @@ def test_resume_trains_only_the_missing_cases_and_other_settings_need_overwrite(
     assert main(["bench", *argv, "--resume", "--dry-run"]) == 0
     printed = capsys.readouterr().out
     assert "3 of 4 cases to train" in printed and "would train baseline chi=1" not in printed
-    assert main(["bench", *argv, "--dry-run"]) == 0  # same settings, no --resume: retrain all
-    assert "4 of 4 cases to train" in capsys.readouterr().out
+    assert main(["bench", *argv, "--dry-run"]) == 2  # same settings, no --resume: its cases would be lost
+    err = capsys.readouterr().err
+    assert f"--json {out} already holds 1 finished case of this experiment" in err
+    assert "--resume" in err and "--overwrite" in err
 
     other = [a if a != "8" else "9" for a in argv]  # --iters-per-epoch 9
     assert main(["bench", *other, "--dry-run"]) == 2
@@ -70,17 +72,17 @@ def test_a_different_timeout_is_the_same_experiment(tmp_path, capsys):
 
 def test_the_file_is_replaced_atomically(tmp_path, monkeypatch):
     """A failure while writing leaves the previous complete file and no temporary behind."""
-    from semimig.bench import results
+    from semimig import _io
 
     path = tmp_path / "r.json"
-    results.write_atomically(path, {"records": [1]})
+    _io.write_json(path, {"records": [1]})
 
-    def broken_dump(*args, **kwargs):
+    def broken_fsync(fd):
         raise OSError("disk full")
 
-    monkeypatch.setattr(results.json, "dump", broken_dump)
+    monkeypatch.setattr(_io.os, "fsync", broken_fsync)  # fails after the bytes went to the temporary
     with pytest.raises(OSError, match="disk full"):
-        results.write_atomically(path, {"records": [1, 2]})
+        _io.write_json(path, {"records": [1, 2]})
     assert json.loads(path.read_text()) == {"records": [1]}
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
 

@@ -97,8 +97,12 @@ def test_forced_migration_through_the_runtime_is_exact(world):
 def test_a_model_without_semimig_layers_is_rejected():
     from semimig.controller import BalanceController
 
-    with pytest.raises(ValueError, match="Sequential has no semimig layers"):
+    from semimig.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="Sequential has no semimig layers"):
         BalanceController(nn.Sequential(nn.Linear(2, 2)))
+    with pytest.raises(ConfigError, match="model must be a torch.nn.Module, got str"):  # issue 30: was AttributeError
+        BalanceController("model")
 
 
 def test_curves_round_trip_through_json():

@@ -156,8 +156,43 @@ def test_fixed_fraction_fit():
     assert est.unpruned_s == pytest.approx(1.0)
     assert est.time_at(0.5) == pytest.approx(0.6)
     assert est.work_for(0.6) == pytest.approx(0.5)
-    with pytest.raises(ValueError, match="busy time"):
-        timing.observe(0.5, math.nan)
+    assert timing.observe(0.5, math.nan) is False and timing.estimate() == est  # skipped, nothing changed
+
+
+@pytest.mark.parametrize("work, busy", [(0.5, math.nan), (0.5, math.inf), (math.nan, 1.0), (math.inf, 1.0),
+                                        (0.0, 0.3), (-0.1, 0.3), (0.5, 0.0), (0.5, -1.0), (0.5, None)])
+def test_what_is_not_an_observation_leaves_the_model_as_it_was(work, busy):
+    """Issue 30: a NaN/inf time (a run whose loss went NaN) and a full prune's w = 0 (force(prune={r: 1.0}))
+    raised out of optimizer.step(); they are skipped instead, and the estimate stays what it was."""
+    from semimig.controller.timing import observation_problem
+
+    timing = RankTiming(5)
+    for w, t in [(1.0, 1.0), (0.5, 0.6), (0.25, 0.4)]:
+        assert timing.observe(w, t) is True
+    before = timing.estimate()
+    assert observation_problem(work, busy) is not None
+    assert timing.observe(work, busy) is False
+    assert timing.estimate() == before
+
+
+def test_the_balancer_does_not_shed_on_non_finite_timings():
+    """Equal ranks whose busy times turn NaN/inf (a NaN loss) after 30 iterations: no rank ever sheds,
+    and the estimates are frozen at the last finite ones (nothing is decided from the NaNs)."""
+    cfg = ControllerConfig(mode="zero")
+    timings, policy = [RankTiming(cfg.window) for _ in range(2)], ShedPolicy(2, cfg)
+    rng = random.Random(0)
+    frozen = None
+    for it in range(120):
+        for r in range(2):
+            busy = 1.0 + rng.gauss(0.0, 0.03)
+            if it >= 30 and r == 1:
+                busy = (math.nan, math.inf)[it % 2]
+            timings[r].observe(1.0, busy)
+        if it == 29:
+            frozen = timings[1].estimate()
+        decision = policy.decide(it, [t.estimate() for t in timings])
+        assert decision.shed == (0.0, 0.0) and decision.flagged == ()
+    assert timings[1].estimate() == frozen
 
 
 def test_a_clear_straggler_is_flagged_even_on_a_noisy_machine():

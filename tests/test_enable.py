@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import sys
 
 import pytest
@@ -122,6 +123,45 @@ def test_off_trains_exactly_like_colossalai_and_a_forced_prune_does_not() -> Non
     assert out["twice"].startswith("ConfigError: model HybridParallelModule is already balanced")
     forced, theirs = torch.tensor(out["forced"][0]), torch.tensor(out["colossalai"][0])
     assert (forced - theirs).abs().max() > 1e-3, "pruning half of rank 1's columns must change the loss"
+
+
+def _refused_then_corrected_body(rank: int, world_size: int) -> dict:
+    import semimig
+
+    run = pc.boost("llama", TP2, semimig=True)
+    out = {"refused": pc.outcome(lambda: semimig.enable(run.model, run.plugin, optimizer=object())),
+           "not_a_model": pc.outcome(lambda: semimig.enable(object(), run.plugin))}
+    balancer = semimig.enable(run.model, run.plugin, optimizer=run.optimizer, mode="off")  # the corrected call
+    ctl = balancer.controller
+    out["bad_force"] = [pc.outcome(lambda a=a: ctl.force(**a)) for a in (
+        {"prune": {2: 0.5}}, {"prune": {1: float("nan")}}, {"prune": {1: 1.5}}, {"prune": [1]},
+        {"prune": {True: 0.5}}, {"migrate": {"1": 0.5}}, {"prune": {1: 0.6}, "migrate": {1: 0.6}})]
+    ctl.force(prune={1: 1.0})  # a forced full prune: rank 1 keeps no column of any layer
+    out["full_prune"] = pc.train_losses(run, "llama", (0, 1, 2, 3))
+    import torch.distributed as dist
+
+    every = [None] * world_size
+    dist.all_gather_object(every, (balancer.report.gamma_target, balancer.report.busy.work_fraction))
+    out["targets_and_work"] = every
+    balancer.close()
+    return out
+
+
+def test_a_refused_enable_leaves_no_state_and_a_forced_full_prune_trains() -> None:
+    """Issue 30: enable(optimizer=object()) left directives behind, so the corrected call was refused as
+    'already balanced'; force(prune={1: 1.0}) made every second step() raise from the timing model."""
+    out = run_on_ranks(_refused_then_corrected_body, 2, timeout_s=180)
+    assert out["refused"].startswith("ConfigError: optimizer must be the boosted optimizer") and "object" in out["refused"]
+    assert out["not_a_model"] == "ConfigError: model must be the boosted torch.nn.Module, got object"
+    rank, nan, share, mapping, boolean, key, total = out["bad_force"]
+    assert rank.startswith("ConfigError: force(prune=...): rank 2 must be an int in [0, 2)")
+    assert nan.startswith("ConfigError: force(prune=...): share for rank 1") and "nan" in nan
+    assert "1.5" in share and mapping.startswith("ConfigError: force(prune=...) must be a mapping")
+    assert boolean.startswith("ConfigError: force(prune=...): rank True") and key.startswith("ConfigError: force(migrate")
+    assert total.startswith("ConfigError: force: rank 1 sheds 1.2 > 1")
+    losses = [x for x in out["full_prune"][0] if x is not None]
+    assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
+    assert out["targets_and_work"] == [(0.0, 1.0), (1.0, 0.0)]  # rank 1 really computed nothing
 
 
 # --------------------------------------------------------------------------------------------

@@ -96,3 +96,12 @@ def test_config_refuses_bad_values_by_name(kwargs, message) -> None:
 def test_observe_refuses_the_wrong_number_of_groups() -> None:
     with pytest.raises(ConfigError, match="need 2 measured and predicted times, got 3 and 2"):
         ReplanTrigger(2).observe([1.0, 1.0, 1.0], [1.0, 1.0])
+
+
+def test_non_finite_group_times_are_not_measurements() -> None:
+    """Issue 30: a NaN or inf group time (a NaN loss, a broken clock) neither re-plans nor raises;
+    the trigger acts on the finite ratios only (here: none moved, so no re-plan in 100 iterations)."""
+    trigger = ReplanTrigger(2, ReplanConfig(window=5, patience=3))
+    ratios = [(1.0, 1.0)] * 10 + [(float("inf"), float("nan"))] * 90
+    assert _feed(trigger, ratios) == []
+    assert trigger.medians() == (1.0, 1.0)

@@ -318,3 +318,15 @@ def test_emulated_busy_time_is_the_emulated_device_time():
     fast = BusyMeter(StragglerInjector(StragglerConfig.from_cli("fixed:0:3:mode=emulated:flops=1e9"), 1, 2))
     fast.timed(lambda: None, flops=1e6, full_flops=1e6)
     assert fast.snapshot().busy_s == pytest.approx(1e6 / 1e9)
+
+
+@pytest.mark.parametrize("spec", ["fixed:1:4:flops=1e9", "fixed:1:4:mode=measured:flops=1e9",
+                                  "round-robin:2:flops=5e7", "multi:0=8,1=2:flops=1e10"])
+def test_a_flops_rate_that_measured_mode_would_ignore_is_refused(spec):
+    """Issue 30: ``flops=`` was accepted and silently unused in measured mode."""
+    with pytest.raises(ValueError, match=r"straggler spec '.*flops=.*': flops=.* is used only by mode=flops or "
+                                         r"mode=emulated, not mode=measured"):
+        StragglerConfig.from_cli(spec)
+    with pytest.raises(ValueError, match="not mode=measured"):
+        StragglerConfig(pattern="fixed", ranks=(1,), chi=(2.0,), flops_per_second=1e9)
+    assert StragglerConfig.from_cli(spec.replace("flops=", "mode=flops:flops=").replace("mode=measured:", "")).mode == "flops"

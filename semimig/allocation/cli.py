@@ -19,6 +19,7 @@ import logging
 import sys
 from typing import Any
 
+from semimig._io import check_input_file, check_output_file, write_json
 from semimig._validate import check_int, check_number
 from semimig.allocation.allocate import even_plan, poplar_plan
 from semimig.allocation.bounds import ideal_time, integer_time
@@ -47,6 +48,7 @@ def add_plan_subcommand(subparsers: Any) -> None:
 
 def _read_spec(path: str) -> Any:
     """The parsed JSON file, or a ConfigError naming the file and what is wrong with it."""
+    check_input_file(path, "spec")  # a FIFO or a directory: refused, never opened
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -61,7 +63,13 @@ def _read_spec(path: str) -> Any:
 
 
 def _request(args: argparse.Namespace) -> AllocationRequest:
-    """The flags checked (named as typed) and the spec read into one allocation request."""
+    """The flags checked (named as typed) and the spec read into one allocation request.
+
+    ``--json`` is checked first, before the spec is read: never the spec itself, never a directory
+    or a FIFO, its directory writable.
+    """
+    if args.json_out:
+        check_output_file(args.json_out, "--json", inputs=[args.spec])
     gbs = check_int("--global-batch-size", args.global_batch_size, minimum=1, maximum=MAX_GLOBAL_BATCH_SIZE)
     steps = check_int("--max-accumulation-steps", args.max_accumulation_steps, minimum=1, allow_none=True)
     flag_comm = check_number("--comm-time", args.comm_time, minimum=0.0, allow_none=True)
@@ -92,8 +100,7 @@ def run_plan(args: argparse.Namespace) -> int:
         out.update(even_iteration_time_s=even_time, ideal_iteration_time_s=ideal,
                    integer_iteration_time_s=integer)
         try:
-            with open(args.json_out, "w", encoding="utf-8") as f:
-                json.dump(out, f, indent=2)
+            write_json(args.json_out, out)
         except OSError as err:
             print(f"semimig plan: error: cannot write --json {args.json_out}: {err.strerror}", file=sys.stderr)
             return 2

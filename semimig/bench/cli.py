@@ -119,7 +119,9 @@ def add_bench_subcommand(subparsers) -> None:
                    help="results file, rewritten atomically after every finished case")
     p.add_argument("--resume", action="store_true",
                    help="keep the cases already in --json (same settings) and train only the missing ones")
-    p.add_argument("--overwrite", action="store_true", help="replace a --json file that holds other settings")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --json file and its finished cases (without it, or --resume, an existing "
+                        "results file is refused before any training)")
     p.add_argument("--plots", type=Path, default=Path("results"), help="directory for the PNG plots")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--dry-run", action="store_true", help="check every setting and list the cases; start no rank")
@@ -267,10 +269,24 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
-    """``--json`` and (unless ``--no-plots``) ``--plots`` of ``report``."""
+    """``--json`` (never one of the saved runs it reads) and (unless ``--no-plots``) ``--plots`` of ``report``."""
     from semimig.bench.results import check_outputs
 
-    check_outputs(args.json, None if args.no_plots else args.plots)
+    check_outputs(args.json, None if args.no_plots else args.plots, inputs=args.saved)
+    if _is_bench_run(args.json):
+        raise ConfigError(f"--json {args.json} holds a semimig bench run (its records are not among the inputs); "
+                          "a report would replace it: choose another --json, or pass it as an input to merge it")
+
+
+def _is_bench_run(path: Path) -> bool:
+    """Whether ``path`` is a results file written by ``semimig bench`` (a report has ``sources``, no ``status``)."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and "status" in data and "records" in data
 
 
 def _write_results(args: argparse.Namespace, records: list, config: dict, title: str, **json_extra) -> None:
@@ -308,9 +324,9 @@ def run_report_command(args: argparse.Namespace) -> int:
     from semimig.bench import report
 
     try:
+        _check_outputs(args)
         saved = [(str(path), report.load_saved(path)) for path in args.saved]
         records, config, machine_info = report.merge_saved(saved)
-        _check_outputs(args)
     except ConfigError as err:
         print(f"semimig report: error: {err}", file=sys.stderr)
         return 2

@@ -102,7 +102,9 @@ def write_plot(directory: Path, rows: Sequence[dict], title: str) -> Path:
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     path = directory / "grid_modes.png"
-    fig.savefig(path, dpi=120)
+    from semimig._io import write_figure
+
+    write_figure(fig, path, dpi=120)
     plt.close(fig)
     return path
 

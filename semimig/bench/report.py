@@ -123,13 +123,13 @@ def machine() -> dict:
 def write_json(path: Path, records: Sequence[dict], rows: Sequence[dict], config: dict, *,
                machine_info: dict | list | None = None, sources: Sequence[str] | None = None) -> None:
     """``{"records", "summary", "machine", "config"}`` (+ ``"sources"`` for a merged report), atomically."""
-    from semimig.bench.results import write_atomically
+    from semimig import _io
 
     out = {"records": list(records), "summary": list(rows),
            "machine": machine() if machine_info is None else machine_info, "config": config}
     if sources is not None:
         out["sources"] = list(sources)
-    write_atomically(path, out)
+    _io.write_json(path, out)
 
 
 # Config keys that only some modes read, with the value a run saved before the key existed used:
@@ -140,8 +140,10 @@ MODE_SCOPED_KEYS = {"theta_iter": (("zero-pridiff-e", "zero-pridiff-r"), Resizin
 def load_saved(path: Path) -> dict:
     """A JSON written by ``semimig bench``, schema-checked (:mod:`semimig.bench.schema`); errors
     (:class:`~semimig.errors.ConfigError`) name the file, the key and the bad value in one line."""
+    from semimig._io import check_input_file
     from semimig.bench.schema import validate_saved
 
+    check_input_file(path, "saved run")
     try:
         data = json.loads(Path(path).read_text())
     except OSError as err:
@@ -232,8 +234,10 @@ def write_plots(directory: Path, rows: Sequence[dict], title: str) -> list[Path]
 
 
 def _save(plt, fig, path: Path) -> Path:
+    from semimig._io import write_figure
+
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_figure(fig, path, dpi=120)
     plt.close(fig)
     return path
 

@@ -11,16 +11,16 @@ never a torn one, and every finished case is kept.
 Settings: two runs are the "same experiment" when their configs agree on every key but the sweep
 axes (:data:`SWEEP_KEYS`) and the keys that do not change a result (:data:`RUN_ONLY_KEYS`).
 ``--resume`` keeps the cases of an existing file with the same settings and trains only the
-missing ones; a file from other settings is never overwritten without ``--overwrite``.
+missing ones; the finished cases of an existing file are never replaced without ``--overwrite``
+(same settings and no ``--resume`` is refused, naming both flags).
 """
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
+from semimig._io import check_output_dir, check_output_file, write_json
 from semimig.errors import ConfigError
 
 SWEEP_KEYS = ("modes", "chis", "seeds", "lambdas")
@@ -63,43 +63,11 @@ def settings_difference(a: dict, b: dict) -> Optional[str]:
     return None
 
 
-def check_output_path(path: Path, flag: str, *, is_dir: bool) -> None:
-    """Refuse an output path that cannot be written, before any training starts (not after an hour)."""
-    path = Path(path)
-    target = path if is_dir else path.parent
-    if not is_dir and path.is_dir():
-        raise ConfigError(f"{flag} {path} is a directory; give a file name")
-    if is_dir and path.exists() and not path.is_dir():
-        raise ConfigError(f"{flag} {path} is a file; give a directory")
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"{flag} {path}: cannot create {target} ({err.strerror})") from None
-    if not os.access(target, os.W_OK):
-        raise ConfigError(f"{flag} {path}: {target} is not writable")
-
-
-def check_outputs(json_path: Path, plots: Optional[Path]) -> None:
-    """``--json`` and (when plots are drawn) ``--plots``."""
-    check_output_path(json_path, "--json", is_dir=False)
+def check_outputs(json_path: Path, plots: Optional[Path], *, inputs: Sequence[Path] = ()) -> None:
+    """``--json`` and (when plots are drawn) ``--plots``, before any training (not after an hour)."""
+    check_output_file(json_path, "--json", inputs=inputs, make_parents=True)
     if plots is not None:
-        check_output_path(plots, "--plots", is_dir=True)
-
-
-def write_atomically(path: Path, data: dict) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file and a rename (never torn)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(data, out, indent=2, default=str)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        check_output_dir(plots, "--plots")
 
 
 class ResultsFile:
@@ -115,9 +83,10 @@ class ResultsFile:
     def open(cls, path: Path, config: dict, *, machine: dict, resume: bool, overwrite: bool) -> "ResultsFile":
         """Check ``path`` against this run's settings before any training (errors name the fix).
 
-        No file: a fresh run.  A file with the same settings: kept with ``resume``, otherwise
-        replaced (it holds the same experiment).  A file with other settings, or not written by
-        ``semimig bench``: refused unless ``overwrite``.
+        No file (or one with no finished case): a fresh run.  A file with the same settings: kept
+        with ``resume``; without it refused, naming ``--resume`` and ``--overwrite``, because a
+        fresh run would replace its finished cases.  A file with other settings, or not written by
+        ``semimig bench``: refused unless ``overwrite``.  Only ``overwrite`` ever replaces cases.
         """
         from semimig.bench.schema import validate_saved
 
@@ -138,7 +107,12 @@ class ResultsFile:
             raise ConfigError(f"--json {path} holds a run with other settings ({difference}); pass --overwrite "
                               "to replace it or choose another --json")
         if not resume:
-            return cls(path, config, machine=machine)
+            if not saved["records"]:
+                return cls(path, config, machine=machine)  # nothing finished there: nothing to lose
+            n = len(saved["records"])
+            raise ConfigError(f"--json {path} already holds {n} finished case{'s' if n != 1 else ''} of this "
+                              "experiment; pass --resume to keep them and train only the missing cases, "
+                              "or --overwrite to replace the file, or choose another --json")
         merged = dict(config)
         for key in SWEEP_KEYS:
             merged[key] = list(dict.fromkeys([*saved["config"].get(key, []), *config.get(key, [])]))
@@ -164,4 +138,4 @@ class ResultsFile:
         summarize = grid.summarize if "allocation" in self.config else report.summarize
         data = {"records": records, "summary": summarize(records), "machine": self.machine, "config": self.config,
                 "status": {"complete": complete, "cases_done": len(records), "cases_total": cases_total}}
-        write_atomically(self.path, data)
+        write_json(self.path, data)

@@ -19,6 +19,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 import torch.nn as nn
 
+from semimig.errors import ConfigError
 from semimig.migration.layout import MigrationLayout
 from semimig.nn.balanced import BalancedLinearMixin
 from semimig.nn.directive import LayerDirective, LayerState
@@ -72,7 +73,7 @@ class LayerBinding:
         self.layers = [BoundLayer(name, m, dense=any(name == n or name.endswith("." + n) for n in dense_layers))
                        for name, m in model.named_modules() if isinstance(m, BalancedLinearMixin)]
         if not self.layers:
-            raise ValueError(f"{type(model).__name__} has no semimig layers: shard it with SemiMigPolicy "
+            raise ConfigError(f"{type(model).__name__} has no semimig layers: shard it with SemiMigPolicy "
                              "or build it from semimig.nn.Linear1D_Col/Row")
         self.lineage = LineageTable()
         self._theta_warned = False

@@ -60,7 +60,7 @@ from semimig.controller.plan import GroupPlan, decide_plan
 from semimig.controller.pretest import REFERENCE_COLUMNS, PretestRun, fit_curves
 from semimig.controller.binding import LayerBinding
 from semimig.controller.shedding import ShedDecision, ShedPolicy
-from semimig.controller.timing import RankTiming
+from semimig.controller.timing import RankTiming, observation_problem
 from semimig.controller.trial import MigrationTrial
 from semimig.errors import ConfigError
 from semimig.migration.exchange import EXCHANGE_POLICIES, make_exchange
@@ -194,6 +194,8 @@ class BalanceController:
 
     def __init__(self, model: nn.Module, config: BalanceConfig = BalanceConfig(), *,
                  process_group=None, iterations_per_epoch: Optional[int] = None) -> None:
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(config, BalanceConfig):
             raise ConfigError(f"config must be a BalanceConfig, got {config!r}")
         check_int("iterations_per_epoch", iterations_per_epoch, minimum=1, allow_none=True)
@@ -234,6 +236,7 @@ class BalanceController:
         """Mode semi: the pretest in progress (one task per step), ``None`` before and after."""
         self._trial_events: list[str] = []
         self._step_clock: Optional[float] = None
+        self._nonfinite_warned = False
         self.iteration, self.epoch = 0, 0
         self.forced: Optional[tuple[dict, dict]] = None
         self.reports: collections.deque = collections.deque(maxlen=4096)
@@ -314,7 +317,14 @@ class BalanceController:
         now = time.perf_counter()
         wall = 0.0 if self._step_clock is None else now - self._step_clock
         self._step_clock = now
-        valid = stats.gemm_count > 0 and stats.busy_s > 0.0 and math.isfinite(stats.busy_s)
+        problem = observation_problem(stats.work_fraction, stats.busy_s)
+        valid = stats.gemm_count > 0 and problem is None
+        if not math.isfinite(wall):
+            problem, wall = f"non-finite wall time {wall!r} s", 0.0  # 0: unknown to the migration trial
+        if problem is not None and problem.startswith("non-finite") and not self._nonfinite_warned:
+            self._nonfinite_warned = True  # once: a NaN run would repeat it every iteration
+            logger.warning("semimig: iteration %d on rank %d: %s; not an observation: skipped (this warning is "
+                           "given once)", self.iteration, self.rank, problem)
         applied_now = None if self.forced else self._current
         rows = self._exchange.collect()
         if rows is not None:
@@ -327,7 +337,9 @@ class BalanceController:
                 if ok:
                     timing.observe(work, busy)
             self._current = verified  # equal on every rank: now it may reach the layers
-            self._run_trial(min(row[5] for row in rows), max(row[5] for row in rows), applied_actions)
+            walls = [row[5] for row in rows]
+            if all(math.isfinite(w) for w in walls):  # every rank posts a finite wall (0 = unknown)
+                self._run_trial(min(walls), max(walls), applied_actions)
         digest = self._digest
         self.iteration += 1
         self.injector.set_position(self.epoch, self.iteration)

@@ -43,11 +43,12 @@ from __future__ import annotations
 
 import collections
 import math
+import numbers
 import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-__all__ = ["MIN_SPREAD", "RankEstimate", "RankTiming", "fit_fixed_fraction"]
+__all__ = ["MIN_SPREAD", "RankEstimate", "RankTiming", "fit_fixed_fraction", "observation_problem"]
 
 MIN_SPREAD = 0.05
 """Smallest spread of the work fractions in the window for which ``f`` is refitted."""
@@ -85,6 +86,25 @@ class RankEstimate:
         if variable <= 0.0 or self.unpruned_s <= 0.0:
             return 1.0 if target_s >= self.unpruned_s else -math.inf
         return (target_s / self.unpruned_s - self.fixed_fraction) / variable
+
+
+def observation_problem(work: float, busy_s: float) -> Optional[str]:
+    """``None`` when ``(w, T)`` observes the rank's speed, else why it does not (it is then skipped).
+
+    Not observations: a non-finite ``w`` or ``T`` (a NaN loss can make every GEMM produce NaN, a
+    broken clock inf; acting on them would shed work for nothing), ``T <= 0`` (nothing timed), and
+    ``w <= 0``: a rank that kept no column (a forced full prune, ``γ = 1``) computed nothing, so its
+    time is the fixed part ``S·f`` alone and says nothing about ``S`` while ``f`` is unknown.
+    """
+    if not (isinstance(work, numbers.Real) and isinstance(busy_s, numbers.Real)):
+        return f"not numbers (w={work!r}, T={busy_s!r})"
+    if not (math.isfinite(work) and math.isfinite(busy_s)):
+        return f"non-finite measurement (w={work!r}, T={busy_s!r} s)"
+    if work <= 0.0:
+        return f"no work kept (w={work!r}): a full prune times only the fixed part"
+    if busy_s <= 0.0:
+        return f"no busy time (T={busy_s!r} s)"
+    return None
 
 
 def fit_fixed_fraction(points: Sequence[tuple[float, float]]) -> Optional[float]:
@@ -129,12 +149,13 @@ class RankTiming:
         self._obs: collections.deque = collections.deque(maxlen=window)
         self._deviations: collections.deque = collections.deque(maxlen=NOISE_HISTORY)
 
-    def observe(self, work: float, busy_s: float) -> None:
-        """Add one iteration's ``(w, T)``; both finite, ``w > 0``, ``T > 0``."""
-        if not (math.isfinite(work) and work > 0.0):
-            raise ValueError(f"work fraction must be finite and > 0, got {work!r}")
-        if not (math.isfinite(busy_s) and busy_s > 0.0):
-            raise ValueError(f"busy time must be finite and > 0 seconds, got {busy_s!r}")
+    def observe(self, work: float, busy_s: float) -> bool:
+        """Add one iteration's ``(w, T)`` if it is an observation (:func:`observation_problem`).
+
+        Returns whether it was kept; a skipped pair leaves the model exactly as it was.
+        """
+        if observation_problem(work, busy_s) is not None:
+            return False
         self._obs.append((float(work), float(busy_s)))
         fitted = None
         if any(w == 1.0 for w, _ in self._obs):  # a dense anchor (see ``f`` in the module docstring)
@@ -144,6 +165,7 @@ class RankTiming:
         per_obs = self._per_observation()
         if len(per_obs) >= 3:
             self._deviations.append(abs(per_obs[-1] / statistics.median(per_obs) - 1.0))
+        return True
 
     def forget_reduced_work(self) -> None:
         """Drop the observations at ``w != 1`` and the fitted ``f`` (back to the prior): the rank's

@@ -22,6 +22,7 @@ same iteration; nothing is broadcast.  A straggler that appears (``r_g`` rises) 
 from __future__ import annotations
 
 import collections
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -88,7 +89,7 @@ class ReplanTrigger:
                               f"{len(predicted)}")
         self.iteration += 1
         for history, t, p in zip(self._ratios, measured, predicted):
-            if p > 0 and t >= 0:
+            if math.isfinite(t) and math.isfinite(p) and p > 0 and t >= 0:  # NaN/inf: not a measurement
                 history.append(t / p)
         full = all(len(r) == self.config.window for r, p in zip(self._ratios, predicted) if p > 0)
         medians = self.medians()

@@ -28,13 +28,22 @@ import torch
 from colossalai.shardformer.layer._operation import gather_forward_split_backward, split_forward_gather_backward
 
 from semimig.comm import primitives as P
-from semimig.nn.conversion import check_divisible, check_options, check_split_sizes
+from semimig.errors import ConfigError
+from semimig.nn.conversion import check_constructor, check_divisible, check_options, check_split_sizes
 from semimig.nn.directive import LayerDirective
 from semimig.nn.functional import column_parallel_linear, row_parallel_linear
 from semimig.nn.uneven import Plans, presharded, uneven_plans
 
 TensorFn = Callable[[torch.Tensor], torch.Tensor]
 Output = Union[torch.Tensor, Tuple[torch.Tensor, Optional[torch.Tensor]]]
+
+
+def _autocast(device: torch.device) -> bool:
+    """Whether autocast is on for ``device``'s type (it then casts the GEMM's operands itself)."""
+    try:
+        return torch.is_autocast_enabled(device.type)
+    except TypeError:  # torch < 2.4: no device argument
+        return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
 
 
 class BalancedLinearMixin:
@@ -53,16 +62,20 @@ class BalancedLinearMixin:
     layer_name: Optional[str]
 
     def _refuse_unservable(self, options: dict, process_group, in_features: int, out_features: int,
-                           split_sizes: Optional[list] = None,
-                           shard_sizes: Optional[Sequence] = None) -> Optional[Plans]:
-        """Before Colossal-AI's constructor: refuse options semimig cannot serve and a split
-        dimension (``out`` for column, ``in`` for row layers; each part if packed) the group does
-        not divide (:class:`~semimig.errors.ConfigError` naming the layer and the value).
+                           split_sizes: Optional[list] = None, shard_sizes: Optional[Sequence] = None, *,
+                           bias: bool = True, dtype=None, device=None) -> Optional[Plans]:
+        """Before Colossal-AI's constructor: refuse bad arguments (:func:`check_constructor`), options
+        semimig cannot serve and a split dimension (``out`` for column, ``in`` for row layers; each
+        part if packed) the group does not divide (:class:`~semimig.errors.ConfigError` naming the
+        layer and the value).
 
         With ``shard_sizes`` (:mod:`semimig.nn.uneven`) the sizes must cover the split dimension (each
         packed part) instead; returns one :class:`~semimig.sharding.ShardPlan` per part, ``None`` when all
         are even or ``shard_sizes`` is absent."""
-        name, tp_size = type(self).__name__, P.group_size(process_group)
+        name = type(self).__name__
+        check_constructor(name, in_features=in_features, out_features=out_features, bias=bias, dtype=dtype,
+                          device=device, process_group=process_group)
+        tp_size = P.group_size(process_group)
         check_options(name, options)
         split, size = ("in_features", in_features) if self.matrix_kind == "row" else ("out_features", out_features)
         if shard_sizes is not None:
@@ -93,10 +106,22 @@ class BalancedLinearMixin:
         """The directive while training; evaluation always runs densely and untimed."""
         return self.directive if self.training else None
 
-    def _check_width(self, input_: torch.Tensor, expected: int) -> None:
+    def _check_input(self, input_: torch.Tensor, expected: int) -> None:
+        """The input before any GEMM or collective: a floating tensor of at least one dimension, on
+        the weight's device, of the weight's dtype (unless autocast casts it), ``expected`` wide.
+        :class:`~semimig.errors.ConfigError` (a ``ValueError``) names the layer and the value."""
+        name, weight = type(self).__name__, self.gemm_weight
+        if not isinstance(input_, torch.Tensor):
+            raise ConfigError(f"{name} input must be a torch.Tensor, got {type(input_).__name__}")
+        if input_.dim() < 1:
+            raise ConfigError(f"{name} input must have at least one dimension (features last), got a 0-d tensor")
+        if input_.device != weight.device:
+            raise ConfigError(f"{name} input is on {input_.device} but the layer's weight is on {weight.device}")
+        if input_.dtype != weight.dtype and not (input_.is_floating_point() and _autocast(input_.device)):
+            raise ConfigError(f"{name} input has dtype {input_.dtype} but the layer's weight has dtype {weight.dtype}")
         if input_.shape[-1] != expected:
-            raise ValueError(
-                f"{type(self).__name__} expects inputs of width {expected} (last dimension), "
+            raise ConfigError(
+                f"{name} expects inputs of width {expected} (last dimension), "
                 f"got shape {tuple(input_.shape)}"
             )
 
@@ -110,7 +135,7 @@ class BalancedLinearMixin:
     # --- the two forwards -----------------------------------------------------------------
     def _column_forward(self, input_: torch.Tensor, gather_out: TensorFn) -> Output:
         weight = self.gemm_weight  # [N/e, K]
-        self._check_width(input_, weight.shape[-1])
+        self._check_input(input_, weight.shape[-1])
         if self._sequence_split():
             input_ = gather_forward_split_backward(input_, dim=self._sequence_dim(), process_group=self.process_group)
         bias = None if self.skip_bias_add else self.bias
@@ -122,9 +147,9 @@ class BalancedLinearMixin:
     def _row_forward(self, input_: torch.Tensor, split_in: TensorFn) -> Output:
         weight = self.gemm_weight  # [N, K/e]
         if self.parallel_input:
-            self._check_width(input_, weight.shape[-1])
+            self._check_input(input_, weight.shape[-1])
         else:
-            self._check_width(input_, weight.shape[-1] * P.group_size(self.process_group))
+            self._check_input(input_, weight.shape[-1] * P.group_size(self.process_group))
             input_ = split_in(input_)
         output = row_parallel_linear(input_, weight, self.process_group, self._active_directive())
         if self._sequence_split():
@@ -161,7 +186,8 @@ class BalancedShardFormerLinear(BalancedLinearMixin):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype: torch.dtype = None,
                  device: torch.device = None, process_group=None, shard_sizes: Optional[Sequence[int]] = None,
                  **kwargs) -> None:
-        plans = self._refuse_unservable(kwargs, process_group, in_features, out_features, shard_sizes=shard_sizes)
+        plans = self._refuse_unservable(kwargs, process_group, in_features, out_features, shard_sizes=shard_sizes,
+                                        bias=bias, dtype=dtype, device=device)
         with presharded(type(self).__name__, self.matrix_kind, kwargs, plans, process_group,
                         transposed=self.weight_transposed):
             super().__init__(in_features, out_features, bias=bias, dtype=dtype, device=device,
@@ -178,7 +204,7 @@ class BalancedPackedLinear(BalancedLinearMixin):
                  dtype: torch.dtype = None, device: torch.device = None, process_group=None,
                  shard_sizes: Optional[Sequence] = None, **kwargs) -> None:
         plans = self._refuse_unservable(kwargs, process_group, in_features, out_features, split_sizes,
-                                        shard_sizes=shard_sizes)
+                                        shard_sizes=shard_sizes, bias=bias, dtype=dtype, device=device)
         with presharded(type(self).__name__, self.matrix_kind, kwargs, plans, process_group,
                         transposed=self.weight_transposed):
             super().__init__(in_features, out_features, split_sizes, bias=bias, dtype=dtype, device=device,

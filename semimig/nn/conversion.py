@@ -34,10 +34,11 @@ import torch.nn as nn
 from colossalai.lazy import LazyInitContext
 from torch.distributed import ProcessGroup
 
+from semimig._validate import is_int
 from semimig.comm import primitives as P
 from semimig.errors import ConfigError
 
-__all__ = ["Group", "SEQUENCE_MODES", "unsupported_options", "check_options", "check_divisible", "check_split_sizes",
+__all__ = ["Group", "SEQUENCE_MODES", "unsupported_options", "check_options", "check_constructor", "check_divisible", "check_split_sizes",
            "from_native"]
 
 Group = Union[ProcessGroup, Sequence[ProcessGroup], None]
@@ -70,6 +71,36 @@ def check_options(cls_name: str, options: dict) -> None:
     reasons = unsupported_options(options)
     if reasons:
         raise ConfigError(f"semimig {cls_name}: " + "; ".join(reasons))
+
+
+def check_constructor(cls_name: str, *, in_features: Any, out_features: Any, bias: Any, dtype: Any, device: Any,
+                      process_group: Any) -> None:
+    """The constructor's own arguments, before Colossal-AI's code (or torch) meets them: sizes are
+    ints >= 1, ``bias`` a bool, ``dtype`` a floating ``torch.dtype``, ``device`` one torch can name,
+    ``process_group`` a ``ProcessGroup`` this rank belongs to (or ``None``).  :class:`ConfigError`
+    names the layer, the argument and the value."""
+    import torch
+    import torch.distributed as dist
+
+    prefix = f"semimig {cls_name}: "
+    for name, value in (("in_features", in_features), ("out_features", out_features)):
+        if not is_int(value) or value < 1:
+            raise ConfigError(f"{prefix}{name} must be an int >= 1, got {value!r}")
+    if not isinstance(bias, bool):
+        raise ConfigError(f"{prefix}bias must be a bool, got {bias!r}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ConfigError(f"{prefix}dtype must be a floating-point torch.dtype or None, got {dtype!r}")
+    if device is not None:
+        try:
+            torch.device(device)
+        except (RuntimeError, TypeError, ValueError):
+            raise ConfigError(f"{prefix}device must be a torch.device (or its name) or None, got {device!r}") from None
+    if process_group is not None:
+        if not isinstance(process_group, ProcessGroup):
+            raise ConfigError(f"{prefix}process_group must be a torch.distributed ProcessGroup or None, "
+                              f"got {type(process_group).__name__}")
+        if dist.is_initialized() and dist.get_rank(process_group) < 0:
+            raise ConfigError(f"{prefix}process_group does not hold this rank (global rank {dist.get_rank()})")
 
 
 def check_divisible(cls_name: str, name: str, size: int, tp_size: int) -> None:

@@ -14,7 +14,7 @@ import torch
 
 from semimig.errors import ConfigError
 from semimig.nn.balanced import BalancedLinearMixin, Output
-from semimig.nn.conversion import check_options
+from semimig.nn.conversion import check_constructor, check_options
 
 
 def legacy_1d_active() -> bool:
@@ -48,6 +48,19 @@ def _legacy():
     return ParallelMode, gpc, layers
 
 
+def _check_arguments(cls_name: str, base: type, args: tuple, kwargs: dict) -> None:
+    """The legacy constructor's arguments bound as Colossal-AI's would bind them, then checked like
+    the ShardFormer flavour's (:func:`~semimig.nn.conversion.check_constructor`; no group argument)."""
+    import inspect
+
+    try:
+        bound = inspect.signature(base.__init__).bind(None, *args, **kwargs).arguments
+    except TypeError as err:
+        raise ConfigError(f"semimig {cls_name}: {err}") from None
+    check_constructor(cls_name, in_features=bound.get("in_features"), out_features=bound.get("out_features"),
+                      bias=bound.get("bias", True), dtype=bound.get("dtype"), device=None, process_group=None)
+
+
 def _group():
     ParallelMode, gpc, _ = _legacy()
     return gpc.get_group(ParallelMode.PARALLEL_1D)
@@ -66,6 +79,7 @@ def _build_classes():
         matrix_kind = "column"
 
         def __init__(self, *args, **kwargs) -> None:
+            _check_arguments(type(self).__name__, layers.Linear1D_Col, args, kwargs)
             super().__init__(*args, **kwargs)
             self.process_group = _group()
             self._init_balancing()
@@ -81,6 +95,7 @@ def _build_classes():
 
         def __init__(self, *args, **kwargs) -> None:
             check_options(type(self).__name__, kwargs)
+            _check_arguments(type(self).__name__, layers.Linear1D_Row, args, kwargs)
             super().__init__(*args, **kwargs)
             self.process_group = _group()
             self._init_balancing()

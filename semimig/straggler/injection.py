@@ -144,8 +144,9 @@ class StragglerConfig:
             if rate is None or not (is_number(rate) and 1.0 <= rate <= 1e18):
                 raise ConfigError(f"flops_per_second must be a finite number in [1, 1e18] FLOP/s for "
                                   f"mode={self.mode!r}, got {rate!r}")
-        elif self.flops_per_second is not None:
-            check_number("flops_per_second", self.flops_per_second, minimum=1.0, maximum=1e18)
+        elif self.flops_per_second is not None:  # measured mode times real GEMMs: a rate would go unused
+            raise ConfigError(f"straggler spec {self.to_cli()!r}: flops={self.flops_per_second!r} is used only by "
+                              f"mode=flops or mode=emulated, not mode={self.mode}; drop flops= or add mode=flops")
 
     def _check_pattern_fields(self) -> None:
         p = self.pattern
