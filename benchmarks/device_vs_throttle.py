@@ -47,17 +47,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("steps", "repeats", "hidden", "layers", "batch_size", "seq_len"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.json.exists() and not args.json.is_file():
-        p.error(f"--json {args.json} exists and is not a regular file")
-    if not args.json.parent.is_dir():
-        p.error(f"--json: directory {args.json.parent} does not exist")
+    from semimig._io import check_output_file
+    from semimig.errors import ConfigError
+
+    try:
+        check_output_file(args.json, "--json")
+        if getattr(args, "plot", None) is not None:
+            check_output_file(args.plot, "--plot")
+    except ConfigError as err:
+        p.error(str(err))
     # what time_to_loss.command reads
     args.straggler, args.pattern, args.eval_every = "real", None, 0
     return args
 
 
 def main(argv=None) -> int:
-    from semimig.bench.results import write_atomically
+    from semimig._io import write_json
     from semimig.bench.time_to_loss import steady_step_s
 
     args = parse_args(argv)
@@ -84,7 +89,7 @@ def main(argv=None) -> int:
         "device_over_real": {"median": statistics.median(ratios), "range": [min(ratios), max(ratios)]},
         "runs": runs,
     }
-    write_atomically(args.json, result)
+    write_json(args.json, result)
     print(f"\nunbalanced tiny Llama h{args.hidden} x{args.layers}, tp=2, {args.steps} steps x {args.repeats} "
           f"(interleaved); rank 1 real: {args.fraction:g} of its core, device: chi {args.chi:g}")
     print(f"{'run':>8} {'steady s':>9} {'vs healthy (median, range)':>28}  balanced share by rank (first repeat)")

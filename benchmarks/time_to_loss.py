@@ -74,10 +74,15 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--pattern must be ON:OFF in seconds, e.g. 20:40, got {args.pattern!r}")
         if not sep or min(args.on_off) <= 0:
             p.error(f"--pattern must be ON:OFF with both > 0, got {args.pattern!r}")
-    if args.json.exists() and not args.json.is_file():
-        p.error(f"--json {args.json} exists and is not a regular file")
-    if not args.json.parent.is_dir():
-        p.error(f"--json: directory {args.json.parent} does not exist")
+    from semimig._io import check_output_file
+    from semimig.errors import ConfigError
+
+    try:
+        check_output_file(args.json, "--json")
+        if getattr(args, "plot", None) is not None:
+            check_output_file(args.plot, "--plot")
+    except ConfigError as err:
+        p.error(str(err))
     return args
 
 
@@ -150,9 +155,9 @@ def main(argv=None) -> int:
         "raw": {mode: [{"step_s": d["step_s"], "val_losses": d["val_losses"], "summary": d["summary"]} for d in rs]
                 for mode, rs in raw.items()},
     }
-    from semimig.bench.results import write_atomically
+    from semimig._io import write_json
 
-    write_atomically(args.json, result)
+    write_json(args.json, result)
     print(f"\ntime to the same model: {result['spec']}, tiny Llama h{args.hidden} x{args.layers}, tp=2, "
           f"{args.steps} steps x {args.repeats}; target val loss {target if target is None else round(target, 4)} "
           f"(healthy's final + {TARGET_TOLERANCE:.0%}); exact limit {result['exact_limit_vs_healthy']:.2f}x")
@@ -200,7 +205,9 @@ def plot(result: dict, path: Path) -> None:
            title=f"{result['spec']} ({result['scope']}), {result['repeats']} repeat(s), measured compute")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    from semimig._io import write_figure
+
+    write_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

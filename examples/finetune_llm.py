@@ -134,9 +134,9 @@ def check_flags(args: argparse.Namespace) -> None:
 
         StragglerConfig.from_cli(args.straggler)  # names the bad token
     if args.json is not None:
-        from semimig.bench.results import check_output_path
+        from semimig._io import check_output_file
 
-        check_output_path(args.json, "--json", is_dir=False)
+        check_output_file(args.json, "--json")
 
 
 def init_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
@@ -302,12 +302,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if rank == 0:
         print("summary: " + " ".join(f"{k}={v}" for k, v in summary.items()), flush=True)
         if args.json:
-            from semimig.bench.results import write_atomically
+            from semimig._io import write_json
 
             summary["balanced_share_by_rank"] = by_rank
             if corpus is not None:
                 summary["unigram_entropy_nats"] = corpus.unigram_entropy()
-            write_atomically(args.json, {"summary": summary, "losses": losses, "step_s": times,
+            write_json(args.json, {"summary": summary, "losses": losses, "step_s": times,
                                          "val_losses": val_losses, "eval_s": eval_s,
                                          "data": corpus.describe() if corpus is not None else
                                          {"synthetic": True, "vocab": vocab}})
