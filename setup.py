@@ -19,6 +19,7 @@ PACKAGES = [
     "semimig.bench",
     "semimig.hybrid",
     "semimig.kernels",
+    "semimig.cluster",
 ]
 
 setup(

@@ -1,4 +1,4 @@
-"""``semimig`` command line: ``semimig demo``, ``semimig bench``, ``semimig report``, ``semimig plan``."""
+"""``semimig`` command line: ``semimig demo``, ``semimig bench``, ``semimig report``, ``semimig plan``, ``semimig cluster``."""
 from __future__ import annotations
 
 import argparse
@@ -40,6 +40,7 @@ def _demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from semimig.allocation.cli import add_plan_subcommand
     from semimig.bench.cli import add_bench_subcommand, add_report_subcommand
+    from semimig.cluster.cli import add_cluster_subcommand
 
     parser = argparse.ArgumentParser(prog="semimig", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_subcommand(sub)
     add_report_subcommand(sub)
     add_plan_subcommand(sub)
+    add_cluster_subcommand(sub)
     return parser
 
 
