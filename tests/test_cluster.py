@@ -277,6 +277,20 @@ def test_reap_stale_removes_a_dead_owners_network_and_not_a_live_ones(tmp_path):
     finally:
         procs[live_id].kill()
         procs[live_id].wait(timeout=10)
-        reap_stale()  # now dead too
+    from semimig.cluster import cli
+
+    assert cli.main(["--reap-stale"]) == 0  # now dead too
     _assert_clean(before, dead_id)
     _assert_clean(before, live_id)
+
+
+def test_migration_bench_refuses_two_ranks_on_a_cluster(tmp_path, monkeypatch, capsys):
+    """With 2 ranks both schemes move the same bytes: the cluster mode needs e >= 3."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.delitem(sys.modules, "migration_bench", raising=False)
+    bench = importlib.import_module("migration_bench")
+    argv = ["--json", str(tmp_path / "m.json"), "--straggler-link-gbit", "1", "--world", "2"]
+    assert bench.main(argv) == 2
+    assert "--world must be >= 3" in capsys.readouterr().err

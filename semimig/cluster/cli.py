@@ -2,6 +2,7 @@
 
     semimig cluster --nodes N --nproc-per-node P --link-gbit G [--link-delay-ms D]
                     [--straggler-link-gbit G1 [--straggler-node K]] [--run-id ID] [--timeout S] -- SCRIPT [ARGS...]
+    semimig cluster --reap-stale
 
 This module imports only ``argparse`` at load time (the ``semimig`` command builds every
 subcommand's parser on each start); the work is in :mod:`semimig.cluster.launcher`.
@@ -28,15 +29,17 @@ def add_cluster_subcommand(sub) -> None:
     p = sub.add_parser("cluster", help="run a torchrun script on N emulated nodes with shaped links (root)",
                        description=__doc__.split("\n")[0], epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nodes", type=int, required=True, help="emulated nodes (network namespaces)")
+    p.add_argument("--nodes", type=int, help="emulated nodes (network namespaces); required")
     p.add_argument("--nproc-per-node", type=int, default=1, help="ranks per node (default 1)")
-    p.add_argument("--link-gbit", type=float, required=True, help="every node's link rate, Gbit/s each way")
+    p.add_argument("--link-gbit", type=float, help="every node's link rate, Gbit/s each way; required")
     p.add_argument("--link-delay-ms", type=float, default=0.0, help="delay per link direction, ms (needs sch_netem)")
     p.add_argument("--straggler-link-gbit", type=float, help="the straggler node's link rate, Gbit/s")
     p.add_argument("--straggler-node", type=int, help="which node has the straggler link (default: the last)")
     p.add_argument("--run-id", help="1-6 characters of [a-z0-9] in every name the run makes (default: random)")
     p.add_argument("--timeout", type=float, help="stop the job after this many seconds (exit 124)")
     p.add_argument("--grace", type=float, default=10.0, help="seconds the agents get to stop (default 10)")
+    p.add_argument("--reap-stale", action="store_true",
+                   help="only remove the leftovers of crashed runs (dead owner), then exit")
     p.add_argument("script", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS...]: the torchrun script and its args")
     p.set_defaults(func=cluster_main)
 
@@ -48,10 +51,24 @@ def cluster_main(args: argparse.Namespace) -> int:
     from semimig.cluster.topology import RUN_ID_RE, ClusterConfig
     from semimig.errors import ConfigError
 
+    if args.reap_stale:
+        try:
+            check_support()
+            from semimig.cluster.netns import reap_stale
+
+            reaped = reap_stale()
+        except NetnsError as err:
+            print(f"semimig cluster: {err}", file=sys.stderr)
+            return 2
+        print(f"semimig cluster: removed the leftovers of {len(reaped)} crashed run(s) {' '.join(reaped)}".rstrip())
+        return 0
     words = list(args.script)
     if words and words[0] == "--":
         words = words[1:]
     try:
+        for flag, value in (("--nodes", args.nodes), ("--link-gbit", args.link_gbit)):
+            if value is None:
+                raise ConfigError(f"{flag} is required")
         if not words:
             raise ConfigError("no script: put it after '--', e.g. semimig cluster --nodes 2 --link-gbit 1 -- train.py")
         if args.run_id is not None and not RUN_ID_RE.fullmatch(args.run_id):

@@ -258,6 +258,8 @@ class Cluster:
             (STATE_DIR / self.run_id / "state.json").write_text(json.dumps(
                 {"run_id": self.run_id, "owner": owner, "subnet": subnet, **names}))
         for step in self.plan.steps:
+            if step.undo is not None:  # first: a signal between the command and this line must not leak it
+                self._undo.append(step.undo)
             try:
                 run(step.argv)
             except NetnsError as err:
@@ -269,8 +271,6 @@ class Cluster:
                 if step.argv[:3] == ("ip", "netns", "add") or "veth" in step.argv or "bridge" in step.argv:
                     raise Unsupported(f"semimig cluster cannot make its network here: {err}") from None
                 raise
-            if step.undo is not None:
-                self._undo.append(step.undo)
 
     def close(self) -> None:
         """Undo everything made so far, in reverse order (idempotent; errors are logged, not raised)."""
@@ -283,8 +283,13 @@ class Cluster:
             undo = self._undo.pop()
             try:
                 run(undo)
-            except NetnsError as err:
-                log.warning("cleanup: %s", err)
+            except NetnsError as err:  # e.g. the step it undoes never ran, or went with its veth
+                log.debug("cleanup: %s", err)
         if self._state_written:
+            with contextlib.suppress(NetnsError):  # belt and braces: anything of this run still there
+                left = leftovers(self.run_id).get(self.run_id)
+                if left:
+                    log.warning("cleanup: removing what the undo stack missed: %s", left)
+                    _remove_run(self.run_id, left["netns"], [name for name, _ in left["links"]])
             shutil.rmtree(STATE_DIR / self.run_id, ignore_errors=True)
             self._state_written = False
