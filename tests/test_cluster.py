@@ -60,7 +60,7 @@ def test_plan_shapes_both_ends_and_default_straggler_is_last_node():
     assert sum("500000kbit" in a for a in tbf) == 2
     delayed = plan_cluster(ClusterConfig(nodes=2, link_gbit=1, link_delay_ms=2), "x1", "10.213.9.0/24")
     assert sum("netem" in s.argv for s in delayed.steps) == 4
-    assert tbf_burst_bytes(0.1) == 64 * 1024 and tbf_burst_bytes(100) == 50_000_000
+    assert tbf_burst_bytes(0.5) == 64 * 1024 and tbf_burst_bytes(100) == 12_500_000
     assert "node 2" in plan.describe() and "0.5 Gbit/s" in plan.describe()
 
 
