@@ -294,3 +294,45 @@ def test_migration_bench_refuses_two_ranks_on_a_cluster(tmp_path, monkeypatch, c
     argv = ["--json", str(tmp_path / "m.json"), "--straggler-link-gbit", "1", "--world", "2"]
     assert bench.main(argv) == 2
     assert "--world must be >= 3" in capsys.readouterr().err
+
+
+PINGER = """
+import os, socket, sys, time
+node, addrs = int(os.environ["SEMIMIG_CLUSTER_NODE"]), os.environ["SEMIMIG_CLUSTER_ADDRS"].split(",")
+if node == 0:
+    srv = socket.create_server((addrs[0], 29611)); srv.settimeout(60)
+    conn, _ = srv.accept()
+    for _ in range(5):
+        conn.sendall(conn.recv(1))
+else:
+    for _ in range(300):
+        try:
+            conn = socket.create_connection((addrs[0], 29611), timeout=5); break
+        except OSError:
+            time.sleep(0.1)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    rtts = []
+    for _ in range(5):
+        s = time.perf_counter(); conn.sendall(b"x"); conn.recv(1); rtts.append(time.perf_counter() - s)
+    print(f"RTT_MS {min(rtts) * 1e3:.2f}", flush=True)
+"""
+
+
+@needs_netns
+def test_link_delay_or_a_plain_refusal_without_netem(tmp_path):
+    """--link-delay-ms D puts D on each link direction: node to node and back crosses 4 of them.
+    Without sch_netem the launcher says so in one line, exits 2 and leaves nothing."""
+    script = tmp_path / "ping.py"
+    script.write_text(PINGER)
+    run_id, before = _rid(), _snapshot()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "semimig.cluster.cli", "--nodes", "2", "--link-gbit", "1",
+                           "--link-delay-ms", "5", "--run-id", run_id, "--timeout", "90", "--", str(script)],
+                          env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    if proc.returncode == 2:
+        assert "netem" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        rtt = float(proc.stdout.split("RTT_MS ")[1].split()[0])
+        assert rtt >= 4 * 5 * 0.9, proc.stdout
+    _assert_clean(before, run_id)

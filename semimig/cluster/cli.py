@@ -18,7 +18,7 @@ EPILOG = """\
 Each node is a network namespace (smc-<id>-n<k>) joined to a bridge (smc-<id>-b) by a veth pair
 whose two ends are shaped with tc tbf (and netem for a delay); node k holds ranks k*P .. k*P+P-1
 and its ranks run torchrun's c10d rendezvous on node 0.  GLOO_SOCKET_IFNAME and
-SEMIMIG_CLUSTER_{RUN,NODE,NODES,IF,NETNS} are set for every rank.  Everything the run makes is
+SEMIMIG_CLUSTER_{RUN,NODE,NODES,IF,NETNS,ADDRS} are set for every rank.  Everything the run makes is
 removed when it ends (success, failure, Ctrl-C, SIGTERM); a crashed run's leftovers are removed
 by the next run.  Needs root, iproute2 and network namespaces (exit 2 otherwise).  Exit code: the
 job's (128 + signal when interrupted, 124 past --timeout)."""

@@ -178,6 +178,7 @@ class ClusterPlan:
         return {"GLOO_SOCKET_IFNAME": node.node_if, "TP_SOCKET_IFNAME": node.node_if,
                 "SEMIMIG_CLUSTER_RUN": self.run_id, "SEMIMIG_CLUSTER_NODE": str(k),
                 "SEMIMIG_CLUSTER_NODES": str(self.config.nodes), "SEMIMIG_CLUSTER_IF": node.node_if,
+                "SEMIMIG_CLUSTER_ADDRS": ",".join(n.address for n in self.nodes),
                 "SEMIMIG_CLUSTER_NETNS": node.netns}
 
 
