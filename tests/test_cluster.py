@@ -223,12 +223,16 @@ def _wait_ready(folder: Path, count: int, procs, timeout_s: float = 60.0) -> Non
 
 
 @needs_netns
-def test_sigterm_and_sigint_to_the_launcher_clean_up(tmp_path):
+def test_sigterm_and_sigint_to_the_launcher_clean_up_and_sigkill_is_reaped(tmp_path):
+    """SIGTERM / SIGINT: the launcher stops the job and removes its network.  SIGKILL: nothing runs
+    in the launcher, so its network and its ranks stay until the next reap removes (and kills) them."""
+    from semimig.cluster.netns import reap_stale
+
     script = tmp_path / "sleep.py"
     script.write_text(SLEEPER)
     before = _snapshot()
     runs = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
         ready = tmp_path / sig.name
         ready.mkdir()
         run_id = _rid()
@@ -237,10 +241,21 @@ def test_sigterm_and_sigint_to_the_launcher_clean_up(tmp_path):
         _wait_ready(ready, 2, [proc])
     for sig, run_id, ready, proc in runs:
         proc.send_signal(sig)
-    outs = [proc.communicate(timeout=60)[0] for _, _, _, proc in runs]
+    killed_id = runs[-1][1]
+    runs[-1][3].wait(timeout=10)  # its agents hold its stdout open until the reap kills them
+    orphans = [int(p) for k in (0, 1) for p in subprocess.run(["ip", "netns", "pids", f"smc-{killed_id}-n{k}"],
+                                                            capture_output=True, text=True).stdout.split()]
+    assert len(orphans) >= 2  # the torchrun agents (and ranks) of the SIGKILLed launcher still run
+    outs = [proc.communicate(timeout=60)[0] for _, _, _, proc in runs[:-1]]
+    assert killed_id in reap_stale()
+    outs.append(runs[-1][3].communicate(timeout=30)[0])
+    time.sleep(0.5)
+    assert not [p for p in orphans if Path(f"/proc/{p}").exists() and "Z" not in
+                Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]], "reaped run's processes survive"
     for (sig, run_id, ready, proc), out in zip(runs, outs):
-        assert proc.returncode == 128 + sig, out
-        assert f"interrupted by {sig.name}" in out
+        assert proc.returncode == (128 + sig if sig != signal.SIGKILL else -sig), out
+        if sig != signal.SIGKILL:
+            assert f"interrupted by {sig.name}" in out
         _assert_clean(before, run_id)
 
 

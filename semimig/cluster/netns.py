@@ -188,7 +188,9 @@ def reap_stale() -> list[str]:
             if state:
                 names |= set(state.get("links", []))
                 netns |= set(state.get("netns", []))
-            log.warning("removing the leftovers of crashed run %s (owner %s): %s", rid, owners, sorted(names | netns))
+            dead = sorted({o["pid"] for o in owners if o})
+            log.warning("removing the leftovers of crashed run %s (owner pid %s, gone): %s", rid, dead or "unknown",
+                        sorted(names | netns))
             _remove_run(rid, sorted(netns), sorted(names))
             reaped.append(rid)
     return reaped
