@@ -20,6 +20,7 @@ PACKAGES = [
     "semimig.hybrid",
     "semimig.kernels",
     "semimig.sharding",
+    "semimig.cluster",
 ]
 
 setup(

@@ -39,6 +39,24 @@ Gloo on one machine cannot show what a NIC-bound cluster shows (see
 ``migration_report.GLOO_CAVEAT``, printed with the results): no byte crosses a link, every byte
 is a copy on the shared cores, and gloo's broadcast is an unpipelined binomial tree.
 
+Emulated cluster (``--straggler-link-gbit G``, root only).  Each rank runs on its own emulated
+node (:mod:`semimig.cluster`: a network namespace whose veth link to a bridge is shaped with
+``tc tbf``), rank 1's node at ``G`` Gbit/s and the others at ``--link-gbit`` (default 10), so the
+straggler's NIC is the bottleneck, as in the paper.  ``e = --world`` ranks (default 4: with
+``e >= 3`` the schemes differ in what the straggler's link carries).  Beside the times it
+reports the bytes each link actually carried per iteration, read from the interface counters
+(``/sys/class/net/<if>/statistics/{tx,rx}_bytes``) inside every namespace: a case runs ``1`` and
+then ``1 + link_bytes_iters`` iterations, and the difference of the two counter deltas divided by
+``link_bytes_iters`` is one iteration's traffic (TCP headers and acknowledgements included).
+The alpha-beta estimate is priced with the link constants measured across the straggler's
+link and with the tc rate itself, and again with gloo's own algorithms
+(:func:`gloo_straggler_bytes`: the counters follow it to 0.05 MiB, the pipelined count does not):
+gloo's binomial broadcast makes the straggler send its block ``ceil(log2 e)`` times and its ring
+reduce makes it send ``(e-1)/e`` of each reduced block, so at ``e = 4``, ``gamma = 1`` the
+straggler's busier direction carries 11.3 MiB per iteration under broadcast-reduce against 12.0
+under scatter-gather: a link-bound ceiling of about 1.07x (1.23x at ``gamma = 0.5``; 1.7x at
+``e = 8``), far below the paper's 1.93x.
+
 Output.  The table in the paper's format (ms), SG/BR per ``gamma`` with its per-round range
 beside the paper's, the target check (broadcast-reduce beats scatter-gather at every
 ``gamma > 0`` for ``nu = 1``; the paper: 1.93x at ``gamma = 1``), the counted straggler traffic,
@@ -164,6 +182,199 @@ class BenchConfig:
 QUICK = dict(tokens=512, warmup=1, rounds=3, iters_per_round=4, movement_iters=30)
 
 
+@dataclass(frozen=True, kw_only=True)
+class _OneCase(BenchConfig):
+    """``cfg`` restricted to one (policy, nu, gamma) case (for the link-counter pass)."""
+
+    case: tuple = ()
+
+    def cases(self) -> list[tuple[str, int, float]]:
+        return [tuple(self.case)]
+
+
+def _if_counters() -> tuple[int, int]:
+    """``(tx_bytes, rx_bytes)`` of this node's link (``SEMIMIG_CLUSTER_IF``, seen inside its namespace)."""
+    import os
+
+    stats = Path("/sys/class/net") / os.environ["SEMIMIG_CLUSTER_IF"] / "statistics"
+    return int((stats / "tx_bytes").read_text()), int((stats / "rx_bytes").read_text())
+
+
+def link_bytes(rank: int, world: int, cfg: BenchConfig, iters: int) -> list[dict]:
+    """Per case: the bytes each rank's link sent and received in one iteration (counter deltas of
+    ``1 + iters`` minus ``1`` iterations, over ``iters``: set-up and result gathering cancel)."""
+    import torch.distributed as dist
+    from dataclasses import fields
+
+    from migration_ranks import iteration_times
+
+    base = {f.name: getattr(cfg, f.name) for f in fields(BenchConfig)}
+    out = []
+    for case in cfg.cases():
+        deltas = []
+        for k in (1, 1 + iters):
+            one = _OneCase(**{**base, "warmup": 0, "rounds": 1, "iters_per_round": k}, case=case)
+            dist.barrier()
+            tx0, rx0 = _if_counters()
+            iteration_times(rank, world, one)
+            dist.barrier()
+            tx1, rx1 = _if_counters()
+            deltas.append((tx1 - tx0, rx1 - rx0))
+        mine = [(deltas[1][i] - deltas[0][i]) / iters for i in range(2)]
+        gathered = [None] * world
+        dist.all_gather_object(gathered, mine)
+        out.append({"policy": case[0], "nu": case[1], "gamma": case[2],
+                    "tx_bytes": [g[0] for g in gathered], "rx_bytes": [g[1] for g in gathered]})
+    return out
+
+
+def _rank_entry(cfg_path: str, out_path: str) -> int:
+    """What each torchrun rank of the emulated cluster runs: the usual body, then the counter pass."""
+    import datetime
+    import json
+    import pickle
+
+    import torch.distributed as dist
+
+    from migration_ranks import bench_body
+    from semimig.launch import set_collective_timeout
+
+    spec = json.loads(Path(cfg_path).read_text())
+    cfg = BenchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec["config"].items()})
+    set_collective_timeout(300.0)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        result = bench_body(rank, world, cfg)
+        counted = link_bytes(rank, world, cfg, spec["link_bytes_iters"])
+        if rank == 0:
+            Path(out_path).write_bytes(pickle.dumps({**result, "link_bytes": counted}))
+        dist.barrier()  # nobody tears its connections down while a peer still reads (gloo aborts then)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def run_on_cluster(cfg: BenchConfig, *, straggler_gbit: float, link_gbit: float, link_bytes_iters: int,
+                   timeout_s: float) -> dict:
+    """Run ``cfg`` with rank ``r`` on emulated node ``r``, rank 1's link at ``straggler_gbit``."""
+    import json
+    import pickle
+    import tempfile
+
+    from migration_ranks import STRAGGLER
+    from semimig.cluster.launcher import run_cluster
+    from semimig.cluster.topology import ClusterConfig
+
+    cluster = ClusterConfig(nodes=cfg.world, nproc_per_node=1, link_gbit=link_gbit,
+                            straggler_link_gbit=straggler_gbit, straggler_node=STRAGGLER)
+    with tempfile.TemporaryDirectory(prefix="semimig-migbench-") as tmp:
+        spec, out = Path(tmp) / "cfg.json", Path(tmp) / "result.pkl"
+        spec.write_text(json.dumps({"config": asdict(cfg), "link_bytes_iters": link_bytes_iters}))
+        code = run_cluster(cluster, str(Path(__file__).resolve()), ["--rank-entry", str(spec), str(out)],
+                           timeout_s=timeout_s, echo=lambda text: print(text, flush=True))
+        if not out.exists():
+            raise RuntimeError(f"the emulated-cluster run failed (exit {code}) before rank 0 wrote its result")
+        if code != 0:
+            print(f"warning: the emulated-cluster job exited {code} after rank 0 wrote its result", flush=True)
+        result = pickle.loads(out.read_bytes())
+    result["cluster"] = {"nodes": cfg.world, "link_gbit": link_gbit, "straggler_link_gbit": straggler_gbit,
+                         "straggler_node": STRAGGLER}
+    return result
+
+
+def format_link_bytes(records: list[dict], link_bytes: list[dict], straggler: int, cfg: BenchConfig) -> str:
+    """Per case: time, the straggler link's measured MiB out / in beside the counted migration
+    traffic and the gloo model's prediction (gamma = 0 traffic + :func:`gloo_straggler_bytes`), and
+    the other links' largest out / in."""
+    times = {(r["policy"], r["nu"], r["gamma"]): r for r in records}
+    lines = [f"Bytes on the links per iteration (interface counters, TCP included; MiB). Straggler = node {straggler}:",
+             f"  {'policy':<17}{'nu':>3}{'gamma':>6}{'ms':>8}{'strag out':>11}{'strag in':>10}"
+             f"{'counted out/in (migration only)':>33}{'gloo model out/in':>19}{'max other out':>15}{'max other in':>14}"]
+    base = {(lb["policy"], lb["nu"]): lb for lb in link_bytes if lb["gamma"] == 0}
+    for lb in link_bytes:
+        rec = times[lb["policy"], lb["nu"], lb["gamma"]]
+        others = [i for i in range(len(lb["tx_bytes"])) if i != straggler]
+        counted = rec["straggler_link"]
+        zero = base.get((lb["policy"], lb["nu"]))
+        model = "-"
+        if zero is not None and lb["nu"] == 1:  # the gamma = 0 traffic (TP all-reduces) + gloo's migration bytes
+            out, in_ = gloo_straggler_bytes(lb["policy"], 1, lb["gamma"], hidden=cfg.hidden, tokens=cfg.tokens,
+                                            blocks=cfg.blocks, world=len(lb["tx_bytes"]))
+            model = (f"{(zero['tx_bytes'][straggler] + out) / 2**20:.2f} / "
+                     f"{(zero['rx_bytes'][straggler] + in_) / 2**20:.2f}")
+        lines.append(f"  {lb['policy']:<17}{lb['nu']:>3}{lb['gamma']:>6.2f}{rec['iter_time_s'] * 1e3:>8.1f}"
+                     f"{lb['tx_bytes'][straggler] / 2**20:>11.2f}{lb['rx_bytes'][straggler] / 2**20:>10.2f}"
+                     f"{counted['out_bytes'] / 2**20:>23.2f} / {counted['in_bytes'] / 2**20:<7.2f}{model:>19}"
+                     f"{max(lb['tx_bytes'][i] for i in others) / 2**20:>15.2f}"
+                     f"{max(lb['rx_bytes'][i] for i in others) / 2**20:>14.2f}")
+    return "\n".join(lines)
+
+
+def gloo_straggler_bytes(policy: str, nu: int, gamma: float, *, hidden: int, tokens: int, blocks: int,
+                         world: int) -> tuple[float, float]:
+    """Migration bytes (out, in) through one straggler's link per iteration under gloo's algorithms.
+
+    :func:`migration_report.straggler_traffic` counts a pipelined collective (the root's link
+    carries each block once).  gloo's CPU broadcast is a binomial tree whose root sends the block
+    once per level, ``ceil(log2 e)`` times, and its reduce is a ring reduce-scatter plus a gather at
+    the root, whose link then sends ``(e - 1)/e`` and receives ``2 (e - 1)/e`` of the block.  With
+    ``B`` the broadcast and ``R`` the reduce payload of the straggler's own collectives (``nu = 1``)::
+
+        broadcast-reduce  out = ceil(log2 e) B + (e - 1)/e R        in = 2 (e - 1)/e R
+        scatter-gather    as counted (point to point: each byte crosses the link once)
+
+    Measured on the emulated cluster (e = 4, H = 256, 512 tokens, gamma = 1): 8.28 / 4.53 MiB
+    for broadcast-reduce against 8.25 / 4.50 here, 5.02 / 9.02 for scatter-gather against 5.0 / 9.0.
+    """
+    import math
+
+    from migration_report import straggler_traffic
+
+    t = straggler_traffic(policy, nu, gamma, hidden=hidden, tokens=tokens, blocks=blocks, world=world)
+    if policy != "broadcast-reduce":
+        return float(t["out_bytes"]), float(t["in_bytes"])
+    if nu != 1:
+        raise ValueError(f"the gloo model covers nu = 1 only, got nu = {nu}")
+    share = (world - 1) / world
+    return math.ceil(math.log2(world)) * t["out_bytes"] + share * t["in_bytes"], 2 * share * t["in_bytes"]
+
+
+def gloo_estimate(cfg: BenchConfig, link: dict, *, world: int = PAPER_WORLD) -> list[dict]:
+    """The paper's setting (``world`` ranks, nu = 1) priced on ``link`` with gloo's algorithms and a
+    full-duplex link: ``time = beta max(out, in)`` (the straggler's link binds; alpha is left out,
+    its calls overlap on the two directions)."""
+    rows = []
+    for gamma in cfg.gammas:
+        row = {"world": world, "nu": 1, "gamma": gamma}
+        for policy in POLICIES:
+            out, in_ = gloo_straggler_bytes(policy, 1, gamma, hidden=cfg.hidden, tokens=cfg.tokens, blocks=cfg.blocks,
+                                            world=world)
+            row[policy] = {"out_bytes": out, "in_bytes": in_, "time_s": link["beta_s_per_byte"] * max(out, in_)}
+        br, sg = row["broadcast-reduce"]["time_s"], row["scatter-gather"]["time_s"]
+        row["sg_over_br"] = sg / br if br > 0 else None
+        rows.append(row)
+    return rows
+
+
+def format_gloo_estimate(rows: list[dict], gbit: float) -> str:
+    lines = [f"alpha-beta estimate with gloo's algorithms (binomial broadcast, ring reduce), e={rows[0]['world']}, "
+             f"nu=1, straggler link {gbit:g} Gbit/s full duplex, migration traffic only:",
+             f"  {'gamma':>6} {'BR MiB out/in':>15} {'SG MiB out/in':>15} {'BR ms':>8} {'SG ms':>8} {'SG/BR':>7}"]
+    for row in rows:
+        br, sg = row["broadcast-reduce"], row["scatter-gather"]
+        ratio = f"{row['sg_over_br']:6.2f}x" if row["sg_over_br"] else "     -"
+        lines.append(f"  {row['gamma']:>6.2f} {br['out_bytes'] / 2**20:>7.2f}/{br['in_bytes'] / 2**20:<7.2f}"
+                     f" {sg['out_bytes'] / 2**20:>7.2f}/{sg['in_bytes'] / 2**20:<7.2f}"
+                     f" {br['time_s'] * 1e3:>8.2f} {sg['time_s'] * 1e3:>8.2f} {ratio}")
+    return "\n".join(lines)
+
+
+CLUSTER_NOTE = ("emulated cluster: every rank is its own network namespace on a bridge; the straggler's veth is "
+                "tbf-shaped on both ends, the other links too (at their own rate). Ranks still share this machine's "
+                "cores, so compute and gloo's copies are contended as before; only the links are real.")
+
+
 def run_bench(cfg: BenchConfig, *, timeout_s: float = 900.0) -> dict:
     """Run ``cfg`` on ``cfg.world`` gloo ranks: ``{"records": [...], "movements": [...], "link": ...}``."""
     from migration_ranks import bench_body
@@ -213,41 +424,91 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--link-iters", type=int, help="timed messages per size in the link sweep; 0 = skip")
     parser.add_argument("--link", type=_link_arg, help="also price the paper's setting on a link ALPHA_US,GBPS")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before the ranks are killed")
+    parser.add_argument("--straggler-link-gbit", type=float,
+                        help="run on an emulated cluster (root): one node per rank, rank 1's link at this rate")
+    parser.add_argument("--link-gbit", type=float, default=10.0, help="the other nodes' link rate (cluster; default 10)")
+    parser.add_argument("--world", type=int, help="ranks e (default 2 measured, 4 emulated or on a cluster)")
+    parser.add_argument("--link-bytes-iters", type=int, default=3,
+                        help="iterations per case of the interface-counter pass (cluster; default 3)")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else list(argv)
+    if words[:1] == ["--rank-entry"]:
+        return _rank_entry(*words[1:3])
     args = _parse_args(argv)
+    cluster = args.straggler_link_gbit is not None
     fields = dict(QUICK) if args.quick else {}
     overrides = {"compute": args.compute, "hidden": args.hidden, "tokens": args.tokens, "blocks": args.blocks,
                  "device_ms": args.device_ms, "warmup": args.warmup, "rounds": args.rounds,
-                 "iters_per_round": args.iters, "movement_iters": args.movement_iters, "link_iters": args.link_iters}
+                 "iters_per_round": args.iters, "movement_iters": args.movement_iters, "link_iters": args.link_iters,
+                 "world": args.world if args.world is not None else (4 if cluster else None)}
     fields.update({k: v for k, v in overrides.items() if v is not None})
     try:
         cfg = BenchConfig(**fields)
+        if cluster:
+            from semimig._validate import check_int, check_number
+
+            check_number("--straggler-link-gbit", args.straggler_link_gbit, minimum=0.001, maximum=400.0)
+            check_number("--link-gbit", args.link_gbit, minimum=0.001, maximum=400.0)
+            check_int("--link-bytes-iters", args.link_bytes_iters, minimum=1, maximum=100)
+            if cfg.world < 3:
+                raise ConfigError(f"--world must be >= 3 on a cluster (with 2 ranks the schemes move the same "
+                                  f"bytes), got {cfg.world}")
     except ValueError as err:
         print(f"migration_bench.py: error: {err}", file=sys.stderr)
         return 2
     if output_problem(args.json):
         print(f"migration_bench.py: error: {output_problem(args.json)}", file=sys.stderr)
         return 2
+    where = (f"{cfg.world} emulated nodes, rank 1's link {args.straggler_link_gbit:g} Gbit/s, others "
+             f"{args.link_gbit:g} Gbit/s" if cluster else f"{cfg.world} gloo ranks")
     print(f"migration bench ({cfg.compute}): {len(cfg.cases())} cases x {cfg.rounds * cfg.iters_per_round} timed "
-          f"iterations on {cfg.world} gloo ranks, CPU ({platform.machine()})", flush=True)
+          f"iterations on {where}, CPU ({platform.machine()})", flush=True)
     start = time.perf_counter()
-    result = run_bench(cfg, timeout_s=args.timeout)
+    named_link = args.link
+    if cluster:
+        from semimig.cluster.netns import Unsupported
+
+        try:
+            result = run_on_cluster(cfg, straggler_gbit=args.straggler_link_gbit, link_gbit=args.link_gbit,
+                                    link_bytes_iters=args.link_bytes_iters, timeout_s=args.timeout)
+        except Unsupported as err:
+            print(f"migration_bench.py: {err}", file=sys.stderr)
+            return 2
+    else:
+        result = run_bench(cfg, timeout_s=args.timeout)
     print(format_table(result["records"], cfg))
     print(format_traffic(result["records"]))
+    if cluster:
+        print(format_link_bytes(result["records"], result["link_bytes"], result["cluster"]["straggler_node"], cfg))
     if result["movements"]:
         print(format_movements(result["movements"]))
-    fits, estimate = estimates(cfg, result["link"], args.link) if result["link"] else ({}, {})
+    fits, estimate = estimates(cfg, result["link"], named_link) if result["link"] else ({}, {})
+    if cluster and fits and named_link is None:  # the straggler link's tc rate with the measured latency
+        named_link = {"alpha_s": max(fits["ping-pong"]["alpha_s"], 0.0),
+                      "beta_s_per_byte": 8 / (args.straggler_link_gbit * 1e9)}
+        fits, estimate = estimates(cfg, result["link"], named_link)
+        estimate = {key.replace("loopback", "straggler-link"): rows for key, rows in estimate.items()}
+    gloo_rows = gloo_estimate(cfg, named_link) if cluster and named_link is not None else []
+    caveat = CLUSTER_NOTE if cluster else GLOO_CAVEAT
     if fits:
-        print(format_estimate(fits, estimate))
+        text = format_estimate(fits, estimate)
+        if cluster:  # the report's wording is loopback's; here the fit crosses the straggler's shaped link
+            text = text.replace("gloo, loopback;", "gloo across the straggler's emulated link;")
+            text = text.replace("Caveat: " + GLOO_CAVEAT, "Note: " + CLUSTER_NOTE)
+        print(text)
     else:
-        print("Caveat: " + GLOO_CAVEAT)
+        print("Caveat: " + caveat)
+    if gloo_rows:
+        print(format_gloo_estimate(gloo_rows, 8e-9 / named_link["beta_s_per_byte"]))
     print(f"wall time {time.perf_counter() - start:.0f} s")
+    extra = {"cluster": result["cluster"], "link_bytes": result["link_bytes"],
+             "gloo_alpha_beta_estimate": gloo_rows} if cluster else {}
     write_result(args.json, "migration_bench", argv, asdict(cfg), records=result["records"],
                  ratios=ratios(result["records"]), target=target(result["records"]), movements=result["movements"],
-                 link=result["link"], link_fits=fits, alpha_beta_estimates=estimate, caveat=GLOO_CAVEAT)
+                 link=result["link"], link_fits=fits, alpha_beta_estimates=estimate, caveat=caveat, **extra)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""``semimig`` command line: ``semimig demo``, ``semimig bench``, ``semimig report``, ``semimig plan``, ``semimig throttle``."""
+"""``semimig`` command line: ``semimig demo``, ``bench``, ``report``, ``plan``, ``throttle``, ``cluster``."""
 from __future__ import annotations
 
 import argparse
@@ -40,6 +40,8 @@ def _demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from semimig.allocation.cli import add_plan_subcommand
     from semimig.bench.cli import add_bench_subcommand, add_report_subcommand
+    from semimig.cluster.cli import add_cluster_subcommand
+    from semimig.straggler.throttle_cli import add_throttle_subcommand
 
     parser = argparse.ArgumentParser(prog="semimig", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -55,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_subcommand(sub)
     add_report_subcommand(sub)
     add_plan_subcommand(sub)
-    from semimig.straggler.throttle_cli import add_throttle_subcommand  # no torch: a cgroup launcher
     add_throttle_subcommand(sub)
+    add_cluster_subcommand(sub)
     return parser
 
 
