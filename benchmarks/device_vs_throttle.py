@@ -23,39 +23,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from time_to_loss import run_once  # noqa: E402  (the same runner as the headline benchmark)
+from time_to_loss import add_run_flags, check_run_flags, run_once  # noqa: E402  (the headline benchmark's runner)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--fraction", type=float, default=0.25, help="real: rank 1's share of its core (default 0.25)")
-    p.add_argument("--chi", type=float, default=None, help="device: rank 1's slowdown (default 1 / fraction)")
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--json", type=Path, required=True)
-    p.add_argument("--timeout-s", type=float, default=1800.0)
+    add_run_flags(p)
     args = p.parse_args(argv)
-    if not 0 < args.fraction <= 1:
-        p.error(f"--fraction must be in (0, 1], got {args.fraction}")
-    args.chi = args.chi or 1.0 / args.fraction
-    if not 1 <= args.chi <= 100:
-        p.error(f"--chi must be in [1, 100], got {args.chi}")
-    for name in ("steps", "repeats", "hidden", "layers", "batch_size", "seq_len"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    from semimig._io import check_output_file
-    from semimig.errors import ConfigError
-
-    try:
-        check_output_file(args.json, "--json")
-        if getattr(args, "plot", None) is not None:
-            check_output_file(args.plot, "--plot")
-    except ConfigError as err:
-        p.error(str(err))
+    args.chi = args.chi or 1.0 / args.fraction  # default: the throttle's own slowdown
+    check_run_flags(p, args, ("steps", "repeats"))
     # what time_to_loss.command reads
     args.straggler, args.pattern, args.eval_every = "real", None, 0
     return args

@@ -32,57 +32,69 @@ ROOT = Path(__file__).resolve().parent.parent
 MODES = ("healthy", "off", "zero-pri", "semi")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--straggler", choices=("real", "device"), required=True)
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {MODES} (healthy always runs)")
-    p.add_argument("--fraction", type=float, default=0.25, help="--straggler real: rank 1's share of its core")
-    p.add_argument("--chi", type=float, default=4.0, help="--straggler device: rank 1's slowdown")
-    p.add_argument("--pattern", default=None, metavar="ON:OFF",
-                   help="real: throttled ON s, free OFF s, repeating; device: as bursts of steps")
-    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 60; --quick 40)")
-    p.add_argument("--repeats", type=int, default=None, help="runs per mode (default 3; --quick 1)")
-    p.add_argument("--eval-every", type=int, default=10)
+def add_run_flags(p: argparse.ArgumentParser) -> None:
+    """The flags every run of the example shares (this script and ``device_vs_throttle.py``)."""
+    p.add_argument("--fraction", type=float, default=0.25, help="real throttle: rank 1's share of its core")
+    p.add_argument("--chi", type=float, default=None, help="device straggler: rank 1's slowdown (default 4)")
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--quick", action="store_true", help="one repeat of 40 steps (about 10 minutes on 2 cores)")
     p.add_argument("--json", type=Path, required=True)
-    p.add_argument("--plot", type=Path, default=None, help="PNG: validation loss against training time")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="wall-clock limit of one run")
-    args = p.parse_args(argv)
-    args.steps = args.steps or (40 if args.quick else 60)
-    args.repeats = args.repeats or (1 if args.quick else 3)
-    modes = [m for m in args.modes.split(",") if m]
-    bad = [m for m in modes if m not in MODES]
-    if bad:
-        p.error(f"--modes: unknown mode(s) {bad}; expected some of {MODES}")
-    args.modes = ["healthy"] + [m for m in modes if m != "healthy"]
+
+
+def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, counts: tuple[str, ...]) -> None:
+    """Bounds of the shared flags and of ``counts`` (each >= 1); ``--json`` (and ``--plot``) writable."""
+    from semimig._io import check_output_file
+    from semimig.errors import ConfigError
+
     if not 0 < args.fraction <= 1:
         p.error(f"--fraction must be in (0, 1], got {args.fraction}")
     if not 1 <= args.chi <= 100:
         p.error(f"--chi must be in [1, 100], got {args.chi}")
-    for name in ("steps", "repeats", "eval_every", "hidden", "layers", "batch_size", "seq_len"):
+    for name in ("hidden", "layers", "batch_size", "seq_len") + counts:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.pattern is not None:
-        on, sep, off = args.pattern.partition(":")
-        try:
-            args.on_off = (float(on), float(off))
-        except ValueError:
-            p.error(f"--pattern must be ON:OFF in seconds, e.g. 20:40, got {args.pattern!r}")
-        if not sep or min(args.on_off) <= 0:
-            p.error(f"--pattern must be ON:OFF with both > 0, got {args.pattern!r}")
-    from semimig._io import check_output_file
-    from semimig.errors import ConfigError
-
     try:
         check_output_file(args.json, "--json")
         if getattr(args, "plot", None) is not None:
             check_output_file(args.plot, "--plot")
     except ConfigError as err:
         p.error(str(err))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--straggler", choices=("real", "device"), required=True)
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {MODES} (healthy always runs)")
+    p.add_argument("--pattern", default=None, metavar="ON:OFF",
+                   help="real: throttled ON s, free OFF s, repeating; device: as bursts of steps")
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 60; --quick 40)")
+    p.add_argument("--repeats", type=int, default=None, help="runs per mode (default 3; --quick 1)")
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--quick", action="store_true", help="one repeat of 40 steps (about 10 minutes on 2 cores)")
+    p.add_argument("--plot", type=Path, default=None, help="PNG: validation loss against training time")
+    add_run_flags(p)
+    args = p.parse_args(argv)
+    args.steps = args.steps or (40 if args.quick else 60)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.chi = args.chi or 4.0
+    modes = [m for m in args.modes.split(",") if m]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        p.error(f"--modes: unknown mode(s) {bad}; expected some of {MODES}")
+    args.modes = ["healthy"] + [m for m in modes if m != "healthy"]
+    check_run_flags(p, args, ("steps", "repeats", "eval_every"))
+    if args.pattern is not None:
+        from semimig.errors import ConfigError
+        from semimig.straggler.throttle import ThrottlePattern
+
+        try:
+            pattern = ThrottlePattern.parse(args.pattern, fraction=args.fraction)
+        except ConfigError as err:
+            p.error(f"--pattern: {err}")
+        args.on_off = (pattern.on_s, pattern.off_s)
     return args
 
 
