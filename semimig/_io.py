@@ -104,12 +104,7 @@ def check_output_file(path: PathLike, flag: str, *, inputs: Iterable[PathLike] =
     parent = Path(os.path.realpath(path)).parent
     if not parent.exists() and not make_parents:
         raise ConfigError(f"cannot write {flag} {path}: directory {parent} does not exist")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"{flag} {path}: cannot create {parent} ({err.strerror})") from None
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {path}: {parent} is not writable")
+    _writable_directory(parent, flag, path)
     return path
 
 
@@ -118,13 +113,19 @@ def check_output_dir(path: PathLike, flag: str) -> Path:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{flag} {path} is a file; give a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"{flag} {path}: cannot create {path} ({err.strerror})") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {path}: {path} is not writable")
+    _writable_directory(path, flag, path)
     return path
+
+
+def _writable_directory(directory: Path, flag: str, given: Path) -> None:
+    """Create ``directory`` if missing; refuse (naming ``flag`` and the ``given`` path) if that fails
+    or it is not writable."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{flag} {given}: cannot create {directory} ({err.strerror})") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {given}: {directory} is not writable")
 
 
 def write_atomically(path: PathLike, content: Union[str, bytes]) -> Path:
