@@ -17,14 +17,13 @@ import argparse
 import json
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from semimig._validate import check_int, check_number
-from semimig.allocation.allocate import even_plan, poplar_plan
-from semimig.allocation.bounds import ideal_time, integer_time
-from semimig.allocation.request import MAX_GLOBAL_BATCH_SIZE, AllocationRequest
-from semimig.allocation.spec import curves_from_spec
 from semimig.errors import ConfigError
+
+if TYPE_CHECKING:  # the allocation modules import torch: imported where a plan is made, not for --help
+    from semimig.allocation.request import AllocationRequest
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +61,9 @@ def _read_spec(path: str) -> Any:
 
 def _request(args: argparse.Namespace) -> AllocationRequest:
     """The flags checked (named as typed) and the spec read into one allocation request."""
+    from semimig.allocation.request import MAX_GLOBAL_BATCH_SIZE, AllocationRequest
+    from semimig.allocation.spec import curves_from_spec
+
     gbs = check_int("--global-batch-size", args.global_batch_size, minimum=1, maximum=MAX_GLOBAL_BATCH_SIZE)
     steps = check_int("--max-accumulation-steps", args.max_accumulation_steps, minimum=1, allow_none=True)
     flag_comm = check_number("--comm-time", args.comm_time, minimum=0.0, allow_none=True)
@@ -73,6 +75,9 @@ def _request(args: argparse.Namespace) -> AllocationRequest:
 
 def run_plan(args: argparse.Namespace) -> int:
     """Handler of ``semimig plan``; returns the exit status."""
+    from semimig.allocation.allocate import even_plan, poplar_plan
+    from semimig.allocation.bounds import ideal_time, integer_time
+
     try:
         request = _request(args)
         plan, ideal, integer = poplar_plan(request), ideal_time(request), integer_time(request)

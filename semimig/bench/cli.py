@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from semimig._validate import check_number
-from semimig.bench.config import COMPUTES
-from semimig.controller.runtime import MODES
+from semimig.bench.choices import COMPUTES, MODES  # not their owners: those import torch (--help stays quick)
 from semimig.errors import ConfigError
 
 
