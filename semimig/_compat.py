@@ -91,8 +91,9 @@ Third-party warnings
 :func:`quiet_third_party` (defined in :mod:`semimig._quiet`, which imports neither torch nor
 colossalai, so that ``semimig --help`` stays quick) hides the third-party warnings that say
 nothing about a semimig run: tensornvme and apex missing (Colossal-AI, at import), DDP's
-``broadcast_buffers`` deprecation (raised through Colossal-AI's plugin, once per rank) and the
-bitsandbytes kernel probe (a log record).  Each is matched by package, message and mechanism;
+``broadcast_buffers`` deprecation (raised through Colossal-AI's plugin, once per rank), torch's
+renamed collectives that Colossal-AI's ZeRO still calls, and the bitsandbytes kernel probe (a
+log record).  Each is matched by package, message and mechanism;
 :mod:`semimig._quiet` says why each is harmless.  ``semimig`` calls it first thing (``-v`` shows
 them again); scripts call ``quiet_third_party()`` before importing Colossal-AI.
 

@@ -86,20 +86,17 @@ def test_allocation_names_resolve_lazily_to_the_same_objects():
 # the filters, against Python's own warnings and logging machinery
 # --------------------------------------------------------------------------------------------
 @pytest.fixture
-def ours():
-    """The ``warnings.filters`` entries ``quiet_third_party(False)`` installs (undone afterwards)."""
-    from semimig._quiet import ENV_VAR, quiet_third_party
+def ours(monkeypatch, tmp_path):
+    """The ``warnings.filters`` entries ``quiet_third_party(False)`` installs (all undone afterwards)."""
+    from semimig._quiet import ENV_VAR, SEEN_DIR_VAR, quiet_third_party
 
-    env = os.environ.get(ENV_VAR)
-    with warnings.catch_warnings():
+    monkeypatch.setenv(ENV_VAR, "unset")  # restored by monkeypatch, like the marker directory
+    monkeypatch.setenv(SEEN_DIR_VAR, str(tmp_path))
+    with warnings.catch_warnings():  # restores warnings.filters and warnings.showwarning
         warnings.resetwarnings()
         quiet_third_party(verbose=False)
         yield list(warnings.filters)
         quiet_third_party(verbose=True)
-    if env is None:
-        os.environ.pop(ENV_VAR, None)
-    else:
-        os.environ[ENV_VAR] = env
 
 
 def _shown(filters: list, category, message: str, module: str) -> bool:
@@ -119,9 +116,15 @@ def _shown(filters: list, category, message: str, module: str) -> bool:
      "colossalai.shardformer.layer.normalization"),
     (FutureWarning, "`broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead. ...",
      "colossalai.booster.plugin.hybrid_parallel_plugin"),
+    (FutureWarning, "`torch.distributed.all_gather_into_tensor` is deprecated. Please use ...",
+     "torch.distributed.c10d_logger"),
+    (FutureWarning, "`torch.distributed.reduce_scatter_tensor` is deprecated. Please use ...",
+     "torch.distributed.c10d_logger"),
 ])
 def test_each_listed_warning_is_hidden_and_only_it(ours, category, message, module):
-    assert len(ours) == 3
+    from semimig._quiet import _WARNINGS
+
+    assert len(ours) == len(_WARNINGS)
     assert _shown([], category, message, module)  # the reference: shown without the filters
     assert not _shown(ours, category, message, module)
     assert _shown(ours, category, message, module + "_other")  # another module's same words
@@ -142,6 +145,22 @@ def test_verbose_removes_the_filters(ours):
     assert sorted(map(repr, warnings.filters)) == sorted(map(repr, ours))
 
 
+def test_verbose_shows_each_listed_warning_once_per_run(ours, tmp_path):
+    """-v: a listed warning shows once per run (a marker file the ranks share), any other as usual."""
+    from semimig._quiet import quiet_third_party
+
+    shown = []
+    warnings.showwarning = lambda message, *args, **kwargs: shown.append(str(message))  # what -v wraps
+    quiet_third_party(verbose=True)
+    ddp = "/site-packages/colossalai/booster/plugin/hybrid_parallel_plugin.py"
+    for _ in range(3):  # e.g. three ranks, or three cases
+        warnings.showwarning(FutureWarning("`broadcast_buffers` is deprecated. Use ..."), FutureWarning, ddp, 117)
+        warnings.showwarning(UserWarning("our own warning"), UserWarning, "/semimig/x.py", 1)
+    assert shown == ["`broadcast_buffers` is deprecated. Use ...", "our own warning", "our own warning",
+                     "our own warning"]
+    assert len(list(tmp_path.iterdir())) == 1  # the marker another process would find
+
+
 def test_bitsandbytes_probe_record_dropped_by_message(ours):
     from semimig._quiet import quiet_third_party
 
@@ -156,6 +175,7 @@ def test_bitsandbytes_probe_record_dropped_by_message(ours):
         logger.warning("an unrelated bitsandbytes warning")
         quiet_third_party(verbose=True)
         logger.warning(probe, "No module named 'kernels'")
+        logger.warning(probe, "No module named 'kernels'")  # -v: once per run
     finally:
         logger.removeHandler(handler)
     assert [r.getMessage()[:22] for r in records] == ["an unrelated bitsandby", "Failed to load CPU gem"]
