@@ -78,6 +78,9 @@ def test_allocation_names_resolve_lazily_to_the_same_objects():
 
     assert allocation.allocate is allocate and allocation.SpeedCurve is SpeedCurve
     assert set(allocation.__all__) <= set(dir(allocation))
+    for name in allocation.__all__:
+        value = getattr(allocation, name)
+        assert getattr(value, "__name__", name) == name  # the object itself, not its module
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         allocation.nope  # noqa: B018
 

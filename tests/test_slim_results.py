@@ -25,7 +25,8 @@ def test_slim_record_drops_only_the_traces():
     original = copy.deepcopy(record)
     slim = slim_record(record)
     assert record == original  # the input is not modified
-    assert {k: v for k, v in slim.items() if k != "trajectory"} == {k: v for k, v in record.items() if k != "trajectory"}
+    rest = {k: v for k, v in record.items() if k != "trajectory"}
+    assert {k: v for k, v in slim.items() if k != "trajectory"} == rest
     assert slim["trajectory"] == {k: v for k, v in record["trajectory"].items() if k not in TRACE_KEYS}
     assert slim["trajectory"]["iter_time_s"] == record["trajectory"]["iter_time_s"]
     assert slim_record(slim) is slim  # nothing left to drop
