@@ -53,13 +53,9 @@ Importing this module is cheap (no torch, no Colossal-AI).
 """
 from __future__ import annotations
 
-import atexit
-import hashlib
 import logging
 import os
 import re
-import shutil
-import tempfile
 import warnings
 
 __all__ = ["ENV_VAR", "SEEN_DIR_VAR", "quiet_third_party"]
@@ -101,6 +97,8 @@ def _listed(category: type, message: str, filename: str) -> bool:
 
 def _first_in_run(what: str) -> bool:
     """True for the first process of this run to show ``what`` (it creates the marker file)."""
+    import hashlib
+
     directory = os.environ.get(SEEN_DIR_VAR)
     if directory is None:
         return True
@@ -136,6 +134,10 @@ _ONCE = {name: _DropMessage(prefix, once_per_run=True) for name, prefix in _LOG_
 
 def _show_once_per_run() -> None:
     """``-v``: each listed warning at most once per run, across this process and its ranks."""
+    import atexit
+    import shutil
+    import tempfile
+
     directory = os.environ.get(SEEN_DIR_VAR)
     if directory is None or not os.path.isdir(directory):  # the command's own process: make it
         os.environ[SEEN_DIR_VAR] = tempfile.mkdtemp(prefix="semimig-warned-")
