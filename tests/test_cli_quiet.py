@@ -48,16 +48,13 @@ def test_help_imports_no_torch_and_prints_no_warning(command):
     assert not re.search(r"\w+Warning\b|warnings\.warn|Failed to load", proc.stdout)  # -v's help names "warnings"
 
 
-def test_a_command_still_imports_its_implementation():
+def test_a_command_still_imports_its_implementation(tmp_path):
     """The lazy parser must not hide a command's code: ``plan`` runs and imports what it needs."""
-    spec = ROOT / "tests" / "_quiet_spec.json"
-    try:
-        spec.write_text('{"devices": [{"name": "a", "max_batch_size": 64, "peak_speed": 100.0},'
-                        ' {"name": "b", "max_batch_size": 64, "peak_speed": 50.0}]}')
-        proc = _python(_RUN_CLI.format(heavy=("semimig.allocation.allocate",)), "plan", str(spec),
-                       "--global-batch-size", "60", "--zero-stage", "0")
-    finally:
-        spec.unlink(missing_ok=True)
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"devices": [{"name": "a", "max_batch_size": 64, "peak_speed": 100.0},'
+                    ' {"name": "b", "max_batch_size": 64, "peak_speed": 50.0}]}')
+    proc = _python(_RUN_CLI.format(heavy=("semimig.allocation.allocate",)), "plan", str(spec),
+                   "--global-batch-size", "60", "--zero-stage", "0")
     assert proc.returncode == 0, proc.stderr
     assert "IMPORTED=semimig.allocation.allocate" in proc.stderr
     assert "even split" in proc.stdout
