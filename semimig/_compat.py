@@ -86,6 +86,17 @@ does not use it and runs); ``enable_fused_normalization`` on RMSNorm models need
 Python's URL parser rejects an IPv4 address in brackets ("An IPv4 address cannot be in
 brackets"), so on one machine pass ``host="::1"``, not ``"127.0.0.1"``.
 
+Third-party warnings
+--------------------
+:func:`quiet_third_party` (defined in :mod:`semimig._quiet`, which imports neither torch nor
+colossalai, so that ``semimig --help`` stays quick) hides the third-party warnings that say
+nothing about a semimig run: tensornvme and apex missing (Colossal-AI, at import), DDP's
+``broadcast_buffers`` deprecation (raised through Colossal-AI's plugin, once per rank), torch's
+renamed collectives that Colossal-AI's ZeRO still calls, and the bitsandbytes kernel probe (a
+log record).  Each is matched by package, message and mechanism;
+:mod:`semimig._quiet` says why each is harmless.  ``semimig`` calls it first thing (``-v`` shows
+them again); scripts call ``quiet_third_party()`` before importing Colossal-AI.
+
 Importing this module is cheap: it imports torch, not colossalai.  :func:`apply_cpu_shim` is
 not applied by ``import semimig``; ``semimig.nn`` applies it, or call it yourself.
 """
@@ -98,6 +109,8 @@ import types
 from typing import Any, Callable, ContextManager
 
 import torch
+
+from semimig._quiet import quiet_third_party  # noqa: F401  (re-exported: see "Third-party warnings")
 
 logger = logging.getLogger(__name__)
 

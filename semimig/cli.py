@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     from semimig.straggler.throttle_cli import add_throttle_subcommand
 
     parser = argparse.ArgumentParser(prog="semimig", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log at INFO level and show third-party warnings")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="train a tiny ViT with Colossal-AI's and semimig's layers side by side")
@@ -62,9 +63,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _verbose_requested(argv: Sequence[str]) -> bool:
+    """``-v``/``--verbose`` among ``argv``, read before the full parse (which may import a command's code)."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("-v", "--verbose", action="store_true")
+    return pre.parse_known_args(argv)[0].verbose
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run one subcommand; returns its exit status (2: a refused input, named in one line)."""
+    """Run one subcommand; returns its exit status (2: a refused input, named in one line).
+
+    Third-party warnings (:mod:`semimig._quiet`) are hidden unless ``-v`` is given.  Building the
+    parser imports neither torch nor Colossal-AI (``--help`` is quick); a command imports its
+    implementation when it runs.
+    """
+    from semimig._quiet import quiet_third_party
+
     argv = list(sys.argv[1:] if argv is None else argv)
+    quiet_third_party(verbose=_verbose_requested(argv))
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv  # the subcommand's own words, for hints such as how to resume

@@ -48,7 +48,8 @@ from semimig.errors import ConfigError
 __all__ = ["RankFailure", "RanksTimedOut", "Terminated", "TorchrunEnv", "BACKENDS", "check_backend", "free_port",
            "report_activity", "run_on_ranks", "set_collective_timeout", "terminate_on_signals"]
 
-_PRELOAD = ["torch", "torch.distributed", "colossalai.shardformer", "colossalai.booster", "semimig.nn"]
+# semimig._quiet first: it hides third-party warnings in the ranks when the CLI asked for it (before they import)
+_PRELOAD = ["semimig._quiet", "torch", "torch.distributed", "colossalai.shardformer", "colossalai.booster", "semimig.nn"]
 _CTX = None
 _GRACE_S = 2.0  # after the first failure: how long to wait for the other ranks' news before blaming
 _COLLECTIVE_MARKERS = ("/gloo/", "gloo::", "NCCL", "Connection reset by peer", "Connection closed by peer",

@@ -12,7 +12,8 @@ def test_bench_writes_json_and_plots(tmp_path, capsys):
     out = tmp_path / "r.json"
     iterations = 16
     code = main(["bench", "--quick", "--compute", "emulated", "--modes", "baseline,zero-pri", "--chi", "1,4",
-                 "--epochs", "1", "--iters-per-epoch", str(iterations), "--json", str(out), "--plots", str(tmp_path)])
+                 "--epochs", "1", "--iters-per-epoch", str(iterations), "--json", str(out), "--plots", str(tmp_path),
+                 "--full-trace"])
     assert code == 0
     data = json.loads(out.read_text())
     assert {"records", "machine", "config", "status"} <= data.keys()
@@ -194,7 +195,8 @@ def test_measured_compute_slows_the_straggler_by_its_own_measured_time(tmp_path)
         pytest.skip("measured compute needs a core per rank")
     out = tmp_path / "r.json"
     assert main(["bench", "--compute", "measured", "--model", "128x512x1", "--quick", "--modes", "baseline,semi",
-                 "--chi", "4", "--epochs", "1", "--iters-per-epoch", "8", "--no-plots", "--json", str(out)]) == 0
+                 "--chi", "4", "--epochs", "1", "--iters-per-epoch", "8", "--no-plots", "--json", str(out),
+                 "--full-trace"]) == 0
     data = json.loads(out.read_text())
     assert data["config"]["compute"] == "measured" and data["config"]["size"]["hidden"] == 128
     for record in data["records"]:

@@ -12,31 +12,36 @@ Modules: ``speed`` (curves), ``request`` (a validated allocation problem), ``pla
 (peak memory, CAPTURE fit), ``collectives`` (time inside collectives), ``simulate`` (CPU speed
 factors and memory caps), ``profiler`` (Algorithm 1), ``device`` (a profilable model step),
 ``data`` (sampler / loader / loss scale), ``colossal`` (plugins), ``cli`` (``semimig plan``).
+
+The names above are imported on first use (PEP 562), so ``semimig.allocation.cli`` can build
+``semimig plan --help`` without importing torch.
 """
-from semimig.allocation.allocate import allocate, allocate_even, even_plan, poplar_plan
-from semimig.allocation.bounds import ideal_iteration_time, ideal_time, integer_time, max_samples_within
-from semimig.allocation.collectives import CollectiveClock, measure_collective_time, timed_collectives
-from semimig.allocation.colossal import DataParallelInfo, check_plan, data_parallel_info, run_iteration
-from semimig.allocation.data import (
-    HeteroBatchSampler,
-    HeteroDataLoader,
-    MicroBatch,
-    loss_scale,
-    partition_global_batch,
-)
-from semimig.allocation.device import ModelStepDevice
-from semimig.allocation.memory import (
-    LinearMemoryFit,
-    SavedActivationMeter,
-    model_state_bytes,
-    one_batch_estimate,
-    optimizer_state_bytes,
-)
-from semimig.allocation.plan import AllocationPlan, DevicePlan
-from semimig.allocation.request import AllocationRequest
-from semimig.allocation.profiler import DeviceProfile, ProbeResult, ProfilerConfig, gather_profiles, profile_device
-from semimig.allocation.simulate import SimulatedOutOfMemoryError, SimulatedSpeed, SlowedModule
-from semimig.allocation.speed import SpeedCurve
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import Any
+
+_WHERE = {  # public name -> the module that defines it
+    "allocate": "allocate", "allocate_even": "allocate", "even_plan": "allocate", "poplar_plan": "allocate",
+    "ideal_iteration_time": "bounds", "ideal_time": "bounds", "integer_time": "bounds",
+    "max_samples_within": "bounds",
+    "CollectiveClock": "collectives", "measure_collective_time": "collectives", "timed_collectives": "collectives",
+    "DataParallelInfo": "colossal", "check_plan": "colossal", "data_parallel_info": "colossal",
+    "run_iteration": "colossal",
+    "HeteroBatchSampler": "data", "HeteroDataLoader": "data", "MicroBatch": "data", "loss_scale": "data",
+    "partition_global_batch": "data",
+    "ModelStepDevice": "device",
+    "LinearMemoryFit": "memory", "SavedActivationMeter": "memory", "model_state_bytes": "memory",
+    "one_batch_estimate": "memory", "optimizer_state_bytes": "memory",
+    "AllocationPlan": "plan", "DevicePlan": "plan",
+    "AllocationRequest": "request",
+    "DeviceProfile": "profiler", "ProbeResult": "profiler", "ProfilerConfig": "profiler",
+    "gather_profiles": "profiler", "profile_device": "profiler",
+    "SimulatedOutOfMemoryError": "simulate", "SimulatedSpeed": "simulate", "SlowedModule": "simulate",
+    "SpeedCurve": "speed",
+}
 
 __all__ = [
     "AllocationPlan",
@@ -78,3 +83,31 @@ __all__ = [
     "run_iteration",
     "timed_collectives",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """This package, whose ``allocate`` stays the function when the submodule ``allocate`` loads.
+
+    Importing a submodule binds it on its package; the eager imports this file had bound the
+    function over it, and ``semimig.allocation.allocate`` is read as the function elsewhere.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "allocate" and isinstance(value, types.ModuleType):
+            value = value.allocate
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

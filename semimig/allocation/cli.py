@@ -17,15 +17,14 @@ import argparse
 import json
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from semimig._io import check_input_file, check_output_file, write_json
 from semimig._validate import check_int, check_number
-from semimig.allocation.allocate import even_plan, poplar_plan
-from semimig.allocation.bounds import ideal_time, integer_time
-from semimig.allocation.request import MAX_GLOBAL_BATCH_SIZE, AllocationRequest
-from semimig.allocation.spec import curves_from_spec
 from semimig.errors import ConfigError
+
+if TYPE_CHECKING:  # the allocation modules import torch: imported where a plan is made, not for --help
+    from semimig.allocation.request import AllocationRequest
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +67,9 @@ def _request(args: argparse.Namespace) -> AllocationRequest:
     ``--json`` is checked first, before the spec is read: never the spec itself, never a directory
     or a FIFO, its directory writable.
     """
+    from semimig.allocation.request import MAX_GLOBAL_BATCH_SIZE, AllocationRequest
+    from semimig.allocation.spec import curves_from_spec
+
     if args.json_out:
         check_output_file(args.json_out, "--json", inputs=[args.spec])
     gbs = check_int("--global-batch-size", args.global_batch_size, minimum=1, maximum=MAX_GLOBAL_BATCH_SIZE)
@@ -81,6 +83,9 @@ def _request(args: argparse.Namespace) -> AllocationRequest:
 
 def run_plan(args: argparse.Namespace) -> int:
     """Handler of ``semimig plan``; returns the exit status."""
+    from semimig.allocation.allocate import even_plan, poplar_plan
+    from semimig.allocation.bounds import ideal_time, integer_time
+
     try:
         request = _request(args)
         plan, ideal, integer = poplar_plan(request), ideal_time(request), integer_time(request)

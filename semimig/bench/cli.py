@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from semimig._validate import check_number
-from semimig.bench.config import COMPUTES
-from semimig.controller.runtime import MODES
+from semimig.bench.choices import COMPUTES, MODES  # not their owners: those import torch (--help stays quick)
 from semimig.errors import ConfigError
 
 
@@ -122,6 +121,9 @@ def add_bench_subcommand(subparsers) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing --json file and its finished cases (without it, or --resume, an existing "
                         "results file is refused before any training)")
+    p.add_argument("--full-trace", action="store_true",
+                   help="also keep every rank's per-iteration trace and the per-iteration decisions in --json "
+                        "(~0.5 MB per case at tp 4; by default: summaries and the per-iteration iteration time)")
     p.add_argument("--plots", type=Path, default=Path("results"), help="directory for the PNG plots")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--dry-run", action="store_true", help="check every setting and list the cases; start no rank")
@@ -253,7 +255,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
         env = TorchrunEnv.from_environ()
         sweep = sweep_from_args(args, local_ranks=env.local_world_size if env else None)
         out = runner.Outputs(json=args.json, plots=None if args.no_plots else args.plots, resume=args.resume,
-                             overwrite=args.overwrite, dry_run=args.dry_run, argv=getattr(args, "argv", None))
+                             overwrite=args.overwrite, dry_run=args.dry_run, argv=getattr(args, "argv", None),
+                             full_trace=args.full_trace)
         if env is None:
             return runner.run_spawned(sweep, out)
         return runner.run_launched(sweep, out, env)

@@ -3,7 +3,12 @@
     {"records": [...], "summary": [...], "machine": {...}, "config": {...},
      "status": {"complete": false, "cases_done": 3, "cases_total": 14}}
 
-Each record is one trained case ``(mode, chi, seed, λ)``.  After each case the whole file is
+Each record is one trained case ``(mode, chi, seed, λ)``: its summaries (times, accuracy, per-rank
+shares) and the group's per-iteration ``trajectory.iter_time_s``.  The per-rank traces
+(``trajectory.by_rank``: every rank's busy time, γs, savings and migrations at every iteration;
+``trajectory.decisions``: the group's decision at every iteration) are most of a record's size
+(a 4-rank, 300-iteration case: ~0.5 MB) and no table or plot reads them; they are kept only with
+``semimig bench --full-trace`` (:data:`TRACE_KEYS`, :func:`slim_record`).  After each case the whole file is
 written to a temporary file in the same directory and renamed over the old one, so an interrupt
 (Ctrl-C, SIGTERM, a failed rank, a power cut) leaves either the previous or the new complete file,
 never a torn one, and every finished case is kept.
@@ -28,7 +33,22 @@ SWEEP_KEYS = ("modes", "chis", "seeds", "lambdas")
 RUN_ONLY_KEYS = ("timeout_s",)
 """Config keys that change how a run is supervised, not what it measures."""
 
+TRACE_KEYS = ("by_rank", "decisions")
+"""The keys of a record's ``trajectory`` kept only with ``--full-trace`` (per-rank and per-decision traces)."""
+
 Case = tuple  # (mode, chi, seed, lambda)
+
+
+def slim_record(record: dict) -> dict:
+    """``record`` without the per-rank traces (:data:`TRACE_KEYS` of its ``trajectory``).
+
+    Everything else stays: the summaries the table and plots read, and the per-iteration series
+    ``trajectory.iter_time_s``.  A record without those traces is returned as it is.
+    """
+    trajectory = record.get("trajectory")
+    if not isinstance(trajectory, dict) or not any(key in trajectory for key in TRACE_KEYS):
+        return record
+    return {**record, "trajectory": {k: v for k, v in trajectory.items() if k not in TRACE_KEYS}}
 
 
 def case_of(record: dict) -> Case:
@@ -73,14 +93,18 @@ def check_outputs(json_path: Path, plots: Optional[Path], *, inputs: Sequence[Pa
 class ResultsFile:
     """The records of one run (and, with ``resume``, the kept records of an earlier one)."""
 
-    def __init__(self, path: Path, config: dict, *, machine: dict, records: Sequence[dict] = ()) -> None:
+    def __init__(self, path: Path, config: dict, *, machine: dict, records: Sequence[dict] = (),
+                 full_trace: bool = False) -> None:
         self.path = Path(path)
         self.config = as_json(config)
         self.machine = machine
         self.records = list(records)
+        self.full_trace = full_trace
+        """Keep each new record's per-rank traces (:data:`TRACE_KEYS`); kept records stay as they were."""
 
     @classmethod
-    def open(cls, path: Path, config: dict, *, machine: dict, resume: bool, overwrite: bool) -> "ResultsFile":
+    def open(cls, path: Path, config: dict, *, machine: dict, resume: bool, overwrite: bool,
+             full_trace: bool = False) -> "ResultsFile":
         """Check ``path`` against this run's settings before any training (errors name the fix).
 
         No file (or one with no finished case): a fresh run.  A file with the same settings: kept
@@ -96,7 +120,7 @@ class ResultsFile:
         path = Path(path)
         config = as_json(config)
         if not path.exists() or overwrite:
-            return cls(path, config, machine=machine)
+            return cls(path, config, machine=machine, full_trace=full_trace)
         try:
             saved = validate_saved(json.loads(path.read_text()), str(path))
         except (OSError, ValueError) as err:
@@ -108,7 +132,7 @@ class ResultsFile:
                               "to replace it or choose another --json")
         if not resume:
             if not saved["records"]:
-                return cls(path, config, machine=machine)  # nothing finished there: nothing to lose
+                return cls(path, config, machine=machine, full_trace=full_trace)  # nothing finished: nothing to lose
             n = len(saved["records"])
             raise ConfigError(f"--json {path} already holds {n} finished case{'s' if n != 1 else ''} of this "
                               "experiment; pass --resume to keep them and train only the missing cases, "
@@ -116,7 +140,7 @@ class ResultsFile:
         merged = dict(config)
         for key in SWEEP_KEYS:
             merged[key] = list(dict.fromkeys([*saved["config"].get(key, []), *config.get(key, [])]))
-        return cls(path, merged, machine=machine, records=saved["records"])
+        return cls(path, merged, machine=machine, records=saved["records"], full_trace=full_trace)
 
     @property
     def done(self) -> set:
@@ -128,6 +152,8 @@ class ResultsFile:
 
     def add(self, record: dict, *, cases_total: int) -> None:
         """Append one finished case and rewrite the file atomically (kept only once written)."""
+        if not self.full_trace:
+            record = slim_record(record)
         self.write(complete=False, cases_total=cases_total, records=[*self.records, record])
         self.records.append(record)
 

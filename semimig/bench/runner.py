@@ -38,6 +38,8 @@ class Outputs:
     dry_run: bool = False
     argv: Optional[Sequence[str]] = None
     """The command line after ``semimig`` (for the resume hint)."""
+    full_trace: bool = False
+    """Keep every record's per-rank traces (``--full-trace``; :func:`semimig.bench.results.slim_record`)."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ def _open_results(sweep: Sweep, out: Outputs) -> ResultsFile:
 
     check_outputs(out.json, out.plots)
     return ResultsFile.open(out.json, sweep.config, machine=report.machine(), resume=out.resume,
-                            overwrite=out.overwrite)
+                            overwrite=out.overwrite, full_trace=out.full_trace)
 
 
 def _plan(sweep: Sweep, results: ResultsFile) -> tuple[list, int]:

@@ -1,0 +1,13 @@
+"""The words ``semimig bench`` offers on its command line, importable without torch.
+
+``semimig bench --help`` lists the modes and compute kinds; their owners
+(:data:`semimig.controller.runtime.MODES`, :data:`semimig.bench.config.COMPUTES`) import torch
+and Colossal-AI, which would make ``--help`` take seconds.  These are copies of the owners'
+tuples, kept equal by ``tests/test_cli_quiet.py``.
+"""
+from __future__ import annotations
+
+MODES: tuple[str, ...] = ("baseline", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "mig", "semi")
+"""The 1-D modes (:data:`semimig.controller.runtime.MODES`)."""
+COMPUTES: tuple[str, ...] = ("emulated", "measured")
+"""How a straggler's compute is produced (:data:`semimig.bench.config.COMPUTES`)."""
