@@ -91,6 +91,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=5)
     p.add_argument("--timeout-s", type=float, default=180.0, help="collective timeout of every process group")
     p.add_argument("--json", default=None, help="write losses, step times and the summary here (rank 0)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also show third-party warnings (Colossal-AI's optional-package notices, deprecations)")
     p.add_argument("--allow-nonfinite", action="store_true",
                    help="keep training when the loss becomes NaN or inf (default: stop, naming the step)")
     args = p.parse_args(argv)
@@ -229,6 +231,9 @@ def evaluate(model: torch.nn.Module, batches: list) -> float:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
+    from semimig._quiet import quiet_third_party
+
+    quiet_third_party(verbose=args.verbose)  # before torch.distributed and Colossal-AI are imported
     rank, world, device = init_distributed(args.timeout_s)
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
@@ -268,7 +273,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         logger.info("data: %s", corpus.describe())
     losses, times, val_losses, eval_s, shares = [], [], [], 0.0, []
     model.train()
-    with logging_redirect_tqdm(), tqdm(total=args.steps, disable=rank != 0, desc="finetune", unit="step") as bar:
+    # a progress bar only on a terminal: redirected output gets the periodic log lines instead of redraws
+    bar_off = rank != 0 or not sys.stderr.isatty()
+    with logging_redirect_tqdm(), tqdm(total=args.steps, disable=bar_off, desc="finetune", unit="step") as bar:
         for step in range(args.steps):
             batch = next(batches)
             start = time.perf_counter()

@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from semimig.bench.results import slim_record, write_atomically
+from semimig._io import write_json
+from semimig.bench.results import slim_record
 
 
 def slim(data: dict) -> tuple[dict, int]:
@@ -33,7 +34,7 @@ def slim(data: dict) -> tuple[dict, int]:
 
 
 def _size(data: dict) -> int:
-    return len(json.dumps(data, indent=2, default=str).encode())  # as write_atomically writes it
+    return len(json.dumps(data, indent=2, default=str).encode())  # as write_json writes it
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -61,7 +62,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         verb = "would write" if args.check else "wrote"
         print(f"{path}: {before / 1e6:.2f} MB -> {after / 1e6:.2f} MB ({changed} records slimmed); {verb} {target}")
         if not args.check:
-            write_atomically(target, new)
+            write_json(target, new)
     return 0
 
 
