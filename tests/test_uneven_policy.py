@@ -243,3 +243,75 @@ def test_whole_model_refusals_name_the_problem():
     assert "model_type='bert'" in out["bert"] and out["bert"].startswith("ConfigError"), out["bert"]
     assert "kv_units=(3, 2) sum to 5, the model has 4 KV heads" in out["kv-sum"], out["kv-sum"]
     assert "the plan has 3 ranks" in out["tp"], out["tp"]
+
+
+# ----------------------------------------------------------------------------- more models and modes
+def _config_model(kind, **sizes):
+    import transformers as T
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=VOCAB, num_hidden_layers=2, max_position_embeddings=2 * SEQ)
+    if kind == "gpt2":
+        return T.GPT2LMHeadModel(T.GPT2Config(vocab_size=VOCAB, n_layer=2, n_positions=2 * SEQ, resid_pdrop=0.0,
+                                              embd_pdrop=0.0, attn_pdrop=0.0, **sizes))
+    config_cls, model_cls = {"llama": (T.LlamaConfig, T.LlamaForCausalLM), "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM),
+                             "mistral": (T.MistralConfig, T.MistralForCausalLM)}[kind]
+    return model_cls(config_cls(**common, **sizes))
+
+
+GQA = dict(hidden_size=64, intermediate_size=256, num_attention_heads=8, num_key_value_heads=4)
+MORE = {  # case -> (model kind, sizes, (mlp_units, kv_units, block), extra plugin kwargs, reference)
+    # Qwen2 (q/k/v biases: uneven column biases) and Mistral take the Llama path
+    "qwen2": ("qwen2", GQA, ((3, 1), (1, 3), 64), {}, "even"),
+    "mistral": ("mistral", GQA, ((1, 3), (3, 1), 64), {}, "even"),
+    # heads tp does not divide (Colossal-AI's policy refuses them): 6 heads, 3 KV groups, 3 MLP blocks
+    "llama-3kv": ("llama", dict(hidden_size=48, intermediate_size=192, num_attention_heads=6, num_key_value_heads=3),
+                  ((2, 1), (2, 1), 64), {}, "tp1"),
+    "gpt2-5heads": ("gpt2", dict(n_embd=40, n_inner=160, n_head=5), ((3, 2), (3, 2), 32), {}, "tp1"),
+    # split_gather sequence parallelism with uneven shards
+    "llama-split_gather": ("llama", GQA, ((3, 1), (3, 1), 64),
+                           dict(enable_sequence_parallelism=True, sequence_parallelism_mode="split_gather"), "even"),
+}
+
+
+def _train_model(build, tp, policy, steps=3, **plugin_kwargs):
+    from colossalai.booster import Booster
+    from colossalai.booster.plugin import HybridParallelPlugin
+
+    booster = Booster(plugin=HybridParallelPlugin(tp_size=tp, pp_size=1, precision="fp32", custom_policy=policy,
+                                                  **plugin_kwargs))
+    model = build()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer, *_ = booster.boost(model, optimizer)
+    losses = []
+    for step in range(steps):
+        loss = model(**_batch(step)).loss
+        booster.backward(loss, optimizer)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def _more_body(rank, world):
+    from semimig.shardformer import SemiMigPolicy, UnevenPlan
+
+    out = {}
+    for case, (kind, sizes, (mlp, kv, block), extra, reference) in MORE.items():
+        def build():
+            return _config_model(kind, **sizes)
+
+        uneven = _train_model(build, 2, SemiMigPolicy(shard_plan=UnevenPlan(mlp_units=mlp, kv_units=kv,
+                                                                            block_size=block)), **extra)
+        ref = _train_model(build, 2, SemiMigPolicy(), **extra) if reference == "even" else _train_model(build, 1, None)
+        out[case] = (uneven, ref)
+    return out
+
+
+def test_more_models_heads_tp_does_not_divide_and_split_gather():
+    """Qwen2, Mistral and split_gather against the even layout; models whose heads tp=2 does not
+    divide (Colossal-AI refuses them) against the same model with TP off (tp_size=1); 3 steps each."""
+    out = run_on_ranks(_more_body, 2, timeout_s=600)
+    for case, (uneven, ref) in out.items():
+        torch.testing.assert_close(uneven, ref, **LOSS_TOL, msg=case)
+        assert uneven[0] != uneven[-1], case
