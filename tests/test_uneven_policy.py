@@ -219,6 +219,24 @@ def test_plan_from_flags_parses_and_names_bad_values():
         SemiMigPolicy(shard_plan=(3, 1))
 
 
+def test_plan_for_speeds_follows_the_step_model():
+    """DESIGN §8, two ranks, rank 1 χ = 4 times slower, ρ = 0.2 replicated: S = 2·0.8, t = (S + 2ρ)/Σv = 1.6,
+    p_1 = (t·v_1 − ρ)/S = 0.125, i.e. 4 of 32 MLP blocks of 128; KV groups 4·0.125 = 0.5 -> at least 1."""
+    import transformers as T
+
+    from semimig.errors import ConfigError
+    from semimig.shardformer.uneven import UnevenPlan, plan_for_speeds, speeds_from_flag
+
+    cfg = T.LlamaConfig(hidden_size=1024, intermediate_size=4096, num_attention_heads=8, num_key_value_heads=4)
+    assert plan_for_speeds(cfg, speeds_from_flag("1,0.25", 2), replicated_share=0.2) == \
+        UnevenPlan(mlp_units=(28, 4), kv_units=(3, 1))
+    assert plan_for_speeds(cfg, (1.0, 1.0), replicated_share=0.3) == UnevenPlan(mlp_units=(16, 16), kv_units=(2, 2))
+    with pytest.raises(ConfigError, match="speed 'x' of rank 1"):
+        speeds_from_flag("1,x", 2)
+    with pytest.raises(ConfigError, match="2 speeds"):
+        speeds_from_flag("1,1", 4)
+
+
 def _refusal_body(rank, world):
     from colossalai.shardformer import ShardConfig, ShardFormer
 

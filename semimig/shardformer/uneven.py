@@ -15,21 +15,24 @@ the block size divides ``I``) and gives the three column plans the layers take a
 ``kv_units[r]`` KV heads and width ``h_r·d``.  Any plan computes the same function as the even
 one: only the order of the sums over ``I`` and over the heads' columns of ``o`` changes.
 
-:func:`plan_from_flags` parses the command-line form ``MLP_UNITS[:KV_UNITS]`` (``"28,4:3,1"``).
+:func:`plan_from_flags` parses the command-line form ``MLP_UNITS[:KV_UNITS]`` (``"28,4:3,1"``);
+:func:`plan_for_speeds` solves a plan from per-rank speeds and the replicated share of a step
+(:func:`semimig.sharding.solve_plan`, the same shares for both dimensions, rounded per dimension).
 Supported models: :data:`SUPPORTED` (Llama-family GQA and GPT-2's fused QKV); every other
 model is refused in one line naming it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
-from semimig._validate import check_int
+from semimig._validate import check_int, check_number
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan, kv_group_unit, units_of
+from semimig.sharding.solver import StepModel, solve_plan
 
-__all__ = ["UnevenPlan", "ModelDims", "ResolvedPlan", "model_dims", "plan_from_flags", "SUPPORTED",
-           "DEFAULT_BLOCK_SIZE"]
+__all__ = ["UnevenPlan", "ModelDims", "ResolvedPlan", "model_dims", "plan_from_flags", "plan_for_speeds",
+           "speeds_from_flag", "SUPPORTED", "DEFAULT_BLOCK_SIZE"]
 
 LLAMA_LIKE = ("llama", "qwen2", "mistral")
 SUPPORTED = LLAMA_LIKE + ("gpt2",)
@@ -201,3 +204,35 @@ def plan_from_flags(text: Optional[str], config: Any, tp: int, *, block_size: in
     except ConfigError as err:
         raise ConfigError(f"{flag} {text!r}: {err}") from None
     return plan
+
+
+def plan_for_speeds(config: Any, speeds: Sequence[float], *, replicated_share: float,
+                    block_size: int = DEFAULT_BLOCK_SIZE) -> UnevenPlan:
+    """The plan minimising the step (DESIGN §8) for ranks of relative ``speeds`` (``v_r``, e.g.
+    ``(1, 0.25)``: rank 1 four times slower) when ``replicated_share`` (``ρ``) of a healthy even
+    step is replicated work: :func:`~semimig.sharding.solve_plan` on
+    ``StepModel.normalised(speeds, replicated_share=ρ)``, once in MLP blocks and once in KV groups,
+    every rank keeping at least one unit of each."""
+    model = StepModel.normalised(tuple(speeds), replicated_share=replicated_share)
+    dims = model_dims(config)
+    blocks = units_of(f"the MLP intermediate size (block_size={block_size})", dims.intermediate, block_size)
+    mlp = solve_plan(model, total_units=blocks, unit_size=block_size)
+    kv = solve_plan(model, total_units=dims.num_kv_heads)
+    plan = UnevenPlan(mlp_units=mlp.units, kv_units=kv.units, block_size=block_size)
+    plan.resolve(config, model.tp)
+    return plan
+
+
+def speeds_from_flag(text: str, tp: int, *, flag: str = "--shard-for-speeds") -> Tuple[float, ...]:
+    """``"1,0.25"`` -> ``(1.0, 0.25)``: one speed ``> 0`` per tensor-parallel rank, or :class:`ConfigError`."""
+    items = [item.strip() for item in str(text).split(",")]
+    if len(items) != tp:
+        raise ConfigError(f"{flag} {text!r}: {len(items)} speeds, one per tensor-parallel rank is needed (tp={tp})")
+    speeds = []
+    for r, item in enumerate(items):
+        try:
+            value = float(item)
+        except ValueError:
+            raise ConfigError(f"{flag} {text!r}: speed {item!r} of rank {r} is not a number") from None
+        speeds.append(check_number(f"{flag} speed of rank {r}", value, minimum=0.0, low_open=True))
+    return tuple(speeds)
