@@ -333,3 +333,71 @@ def test_more_models_heads_tp_does_not_divide_and_split_gather():
     for case, (uneven, ref) in out.items():
         torch.testing.assert_close(uneven, ref, **LOSS_TOL, msg=case)
         assert uneven[0] != uneven[-1], case
+
+
+# ----------------------------------------------------------------------------- precision, ZeRO, pipeline
+MODE_PLAN = dict(mlp_units=(3, 1), kv_units=(3, 1), block_size=64)
+
+
+def _modes_body(rank, world, cases):
+    """Per case, 3 steps of the tiny Llama under the even layout and under MODE_PLAN: every rank's
+    losses and clip norms, the last rank's returned (it holds the loss under a pipeline)."""
+    from colossalai.booster import Booster
+    from colossalai.booster.plugin import HybridParallelPlugin
+
+    from semimig.shardformer import SemiMigPolicy, UnevenPlan
+
+    out = {}
+    for case, kwargs in cases.items():
+        for layout, policy in (("even", SemiMigPolicy()), ("uneven", SemiMigPolicy(shard_plan=UnevenPlan(**MODE_PLAN)))):
+            plugin = HybridParallelPlugin(tp_size=2, custom_policy=policy, **kwargs)
+            booster = Booster(plugin=plugin)
+            model = _model("llama")
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            model, optimizer, *_ = booster.boost(model, optimizer)
+            losses, norms = [], []
+            for step in range(3):
+                if plugin.pp_size > 1:
+                    loss = booster.execute_pipeline(iter([_batch(step)]), model, lambda o, i: o.loss, optimizer,
+                                                    return_loss=True)["loss"]
+                else:
+                    loss = model(**_batch(step)).loss
+                    booster.backward(loss, optimizer)
+                optimizer.step()
+                norms.append(getattr(optimizer, "_current_grad_norm", None))
+                optimizer.zero_grad()
+                losses.append(None if loss is None else float(loss.detach().float()))
+            out[(case, layout)] = (losses, norms)
+    every = [None] * world
+    dist.all_gather_object(every, out)
+    return every[-1]
+
+
+def _compare_modes(out, cases, tolerances):
+    for case in cases:
+        (even_losses, even_norms), (losses, norms) = out[(case, "even")], out[(case, "uneven")]
+        loss_atol, norm_rtol = tolerances[case]
+        assert None not in losses, case
+        torch.testing.assert_close(losses, even_losses, atol=loss_atol, rtol=0.0, msg=case)
+        if cases[case].get("max_norm"):
+            torch.testing.assert_close(norms, even_norms, rtol=norm_rtol, atol=0.0, msg=case)
+
+
+def test_mixed_precision_clipping_counts_every_shard_once():
+    """bf16 and fp16 (AMP: the norm is of the loss-scaled gradients), max_norm 0.05.  Tolerances: bf16
+    weights and activations, eps 2^-8 ≈ 3.9e-3, differently rounded partial sums (measured: losses
+    4e-4 apart, norms 4e-4 relative): atol 3e-3 on the losses, rtol 3e-3 on the norms; fp16, eps
+    2^-11 ≈ 4.9e-4 (measured 6e-5, 3e-4): atol 5e-4, rtol 1e-3."""
+    cases = {"bf16": dict(pp_size=1, precision="bf16", max_norm=0.05),
+             "fp16": dict(pp_size=1, precision="fp16", max_norm=0.05)}
+    out = run_on_ranks(_modes_body, 2, cases, timeout_s=300)
+    _compare_modes(out, cases, {"bf16": (3e-3, 3e-3), "fp16": (5e-4, 1e-3)})
+
+
+@pytest.mark.slow
+def test_zero1_and_pipeline_with_uneven_shards():
+    """tp=2 x dp=2 ZeRO-1 bf16 with clipping (every DP replica the same plan), and pp=2 x tp=2 fp32."""
+    cases = {"zero1": dict(pp_size=1, precision="bf16", zero_stage=1, max_norm=0.05, overlap_communication=False),
+             "pp2": dict(pp_size=2, num_microbatches=2, precision="fp32")}
+    out = run_on_ranks(_modes_body, 4, cases, timeout_s=400)
+    _compare_modes(out, cases, {"zero1": (3e-3, 3e-3), "pp2": (LOSS_TOL["atol"], None)})
