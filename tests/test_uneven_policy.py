@@ -349,7 +349,8 @@ def _modes_body(rank, world, cases):
 
     out = {}
     for case, kwargs in cases.items():
-        for layout, policy in (("even", SemiMigPolicy()), ("uneven", SemiMigPolicy(shard_plan=UnevenPlan(**MODE_PLAN)))):
+        layouts = (("even", SemiMigPolicy()), ("uneven", SemiMigPolicy(shard_plan=UnevenPlan(**MODE_PLAN))))
+        for layout, policy in layouts:
             plugin = HybridParallelPlugin(tp_size=2, custom_policy=policy, **kwargs)
             booster = Booster(plugin=plugin)
             model = _model("llama")
@@ -401,3 +402,35 @@ def test_zero1_and_pipeline_with_uneven_shards():
              "pp2": dict(pp_size=2, num_microbatches=2, precision="fp32")}
     out = run_on_ranks(_modes_body, 4, cases, timeout_s=400)
     _compare_modes(out, cases, {"zero1": (3e-3, 3e-3), "pp2": (LOSS_TOL["atol"], None)})
+
+
+def _enable_body(rank, world):
+    from colossalai.booster import Booster
+    from colossalai.booster.plugin import HybridParallelPlugin
+
+    import plugin_cases as pc
+    import semimig
+    from semimig.shardformer import SemiMigPolicy, UnevenPlan
+
+    out = {}
+    for mode in ("mig", "semi", "zero-pri"):
+        plugin = HybridParallelPlugin(tp_size=2, pp_size=1, precision="fp32",
+                                      custom_policy=SemiMigPolicy(shard_plan=UnevenPlan(**MODE_PLAN)))
+        booster = Booster(plugin=plugin)
+        model = _model("llama")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model, optimizer, *_ = booster.boost(model, optimizer)
+        balancer = []
+        out[mode] = pc.outcome(lambda: balancer.append(semimig.enable(model, plugin, optimizer=optimizer, mode=mode)))
+        for b in balancer:
+            b.close()
+    return out
+
+
+def test_migrating_modes_refuse_uneven_shards():
+    """Migration moves columns between equal shards (with uneven ones gloo aborts on a size mismatch):
+    semimig.enable refuses 'mig' and 'semi' on an uneven layout; resizing modes run."""
+    out = run_on_ranks(_enable_body, 2, timeout_s=180)
+    for mode in ("mig", "semi"):
+        assert out[mode].startswith("ConfigError") and "uneven tensor-parallel shards" in out[mode], out[mode]
+    assert out["zero-pri"] == "ok"

@@ -139,7 +139,11 @@ class SemiMigPolicy(Policy):
         if self.resolved is not None:
             uneven_norm.install()
             marked = uneven_norm.mark_tp_shards(self.model)
-            logger.debug("SemiMigPolicy: %d shard(s) marked for the grad norm", marked)
+            _, rank = self._tp()
+            heads, kv_heads = self.resolved.heads(rank)
+            logger.info("SemiMigPolicy: %s on TP rank %d: %d MLP columns, %d query / %d KV heads "
+                        "(%d shard(s) marked for the grad norm)", self.shard_plan, rank,
+                        self.resolved.mlp.sizes[rank], heads, kv_heads, marked)
         return self.model
 
     def get_held_layers(self) -> List[nn.Module]:
