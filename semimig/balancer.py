@@ -280,6 +280,10 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
     if any(m.directive is not None for m in layers):
         raise ConfigError(f"model {type(model).__name__} is already balanced (its layers hold directives): "
                           "close() the previous balancer or controller first")
+    if balance_config.mode in ("semi", "mig") and any(getattr(m, "shard_plans", None) for m in layers):
+        raise ConfigError(f"mode={balance_config.mode!r} migrates columns between equal shards, but "
+                          f"{type(model).__name__} has uneven tensor-parallel shards (SemiMigPolicy(shard_plan=...)): "
+                          "use a zero-* mode or 'off'")
     if plugin.tp_size == 1:
         logger.warning("semimig: tp_size=1, so there is no tensor-parallel group to balance; balancing is off")
         return Balancer(None, layers, active=False)

@@ -20,13 +20,28 @@ named, with the reason, in ONE warning per policy.  Output heads (``VocabParalle
 ``PaddingLMHead``) stay Colossal-AI's by design — the controller never balances the head — and
 are only logged at INFO; ``LinearWithGradAccum``, ``GPT2FusedLinearConv`` and ``FusedLinear`` run
 no tensor-parallel GEMM (Colossal-AI uses them when TP is off) and are not listed.
+
+Uneven shards (DESIGN §8): ``SemiMigPolicy(shard_plan=UnevenPlan(mlp_units=..., kv_units=...))``
+(:mod:`semimig.shardformer.uneven`) gives each rank its plan's MLP blocks and KV groups, for the
+models in :data:`semimig.shardformer.uneven.SUPPORTED` (Llama, Qwen2, Mistral; GPT-2) and refuses
+others in one line.  The base policy's descriptions get ``shard_sizes`` for the paired layers
+(``q/o`` and GPT-2's ``c_attn`` parts and ``attn.c_proj``: KV groups in query rows; ``k/v``: KV
+groups in KV rows; ``gate/up/down``, ``c_fc/mlp.c_proj``: MLP blocks) and this rank's attention
+sizes (``self_attn.num_heads/num_key_value_heads/hidden_size``, GPT-2's
+``attn.num_heads/embed_dim/split_size``).  Embeddings and the head stay even.  Refused with a plan:
+sequence parallelism other than ``split_gather``, and any paired layer semimig cannot serve.
+After sharding, the shards Colossal-AI's grad norm would count ``1/tp`` times are marked
+(:mod:`semimig.shardformer.uneven_norm`) so clipping counts each once.  ``shard_plan=None`` is
+exactly the behaviour above.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Dict, List, Optional, Union
+from contextlib import contextmanager
+from typing import Dict, Iterator, List, Optional, Union
 
+import torch.distributed as dist
 import torch.nn as nn
 from colossalai.shardformer import layer as cai
 from colossalai.shardformer.layer.parallel_module import ParallelModule
@@ -37,6 +52,8 @@ from colossalai.shardformer.shard import ShardConfig
 import semimig.nn as snn
 from semimig.errors import ConfigError
 from semimig.nn.conversion import unsupported_options
+from semimig.shardformer import uneven_norm
+from semimig.shardformer.uneven import ResolvedPlan, UnevenPlan
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +73,14 @@ HEADS = (cai.VocabParallelLMHead1D, cai.PaddingLMHead)
 NOT_TENSOR_PARALLEL = (cai.LinearWithGradAccum, cai.GPT2FusedLinearConv, cai.FusedLinear)
 """Linear classes with the full weight on every rank (TP off): nothing to balance."""
 
+PLANNED = {
+    "llama": {"self_attn.q_proj": "q", "self_attn.k_proj": "kv", "self_attn.v_proj": "kv", "self_attn.o_proj": "q",
+              "mlp.gate_proj": "mlp", "mlp.up_proj": "mlp", "mlp.down_proj": "mlp"},
+    "gpt2": {"attn.c_attn": "q", "attn.c_proj": "q", "mlp.c_fc": "mlp", "mlp.c_proj": "mlp"},
+}
+"""Per model family, the paired layers (replacement suffixes) and which plan of a
+:class:`~semimig.shardformer.uneven.ResolvedPlan` gives their ``shard_sizes``."""
+
 
 def _is_tp_linear(target: object) -> bool:
     """A tensor-parallel linear class: Colossal-AI's, a subclass, or a ParallelModule named like one
@@ -71,11 +96,16 @@ def _is_tp_linear(target: object) -> bool:
 class SemiMigPolicy(Policy):
     """Wraps ``base`` (a Colossal-AI ``Policy``, or None for the model's auto policy)."""
 
-    def __init__(self, base: Optional[Policy] = None) -> None:
+    def __init__(self, base: Optional[Policy] = None, *, shard_plan: Optional[UnevenPlan] = None) -> None:
         super().__init__()
         if base is not None and not isinstance(base, Policy):
             raise ConfigError(f"SemiMigPolicy(base=...) expects a colossalai Policy, got {type(base).__name__}")
+        if shard_plan is not None and not isinstance(shard_plan, UnevenPlan):
+            raise ConfigError(f"SemiMigPolicy(shard_plan=...) expects a semimig.shardformer.UnevenPlan or None, "
+                              f"got {type(shard_plan).__name__}")
         self.base = base
+        self.shard_plan = shard_plan
+        self.resolved: Optional[ResolvedPlan] = None  # shard_plan checked against the model (module_policy)
         self.swapped: List[str] = []
         self.unbalanced: Dict[str, str] = {}
         self._reported: Optional[tuple] = None
@@ -106,6 +136,14 @@ class SemiMigPolicy(Policy):
 
     def postprocess(self) -> nn.Module:
         self.model = self._require_base().postprocess()
+        if self.resolved is not None:
+            uneven_norm.install()
+            marked = uneven_norm.mark_tp_shards(self.model)
+            _, rank = self._tp()
+            heads, kv_heads = self.resolved.heads(rank)
+            logger.info("SemiMigPolicy: %s on TP rank %d: %d MLP columns, %d query / %d KV heads "
+                        "(%d shard(s) marked for the grad norm)", self.shard_plan, rank,
+                        self.resolved.mlp.sizes[rank], heads, kv_heads, marked)
         return self.model
 
     def get_held_layers(self) -> List[nn.Module]:
@@ -116,7 +154,11 @@ class SemiMigPolicy(Policy):
 
     def module_policy(self) -> Dict[Union[str, nn.Module], ModulePolicyDescription]:
         """The base policy's descriptions, with each servable replacement's target swapped (see module doc)."""
-        policy = self._require_base().module_policy()
+        planned = self._resolve_plan()
+        with self._divisible_heads(planned):
+            policy = self._require_base().module_policy()
+        if planned is not None:
+            self._apply_plan(policy, planned)
         self.swapped, self.unbalanced, heads = [], {}, {}
         for key, description in policy.items():
             for i, replacement in enumerate(description.sub_module_replacement or []):
@@ -134,7 +176,104 @@ class SemiMigPolicy(Policy):
                 elif _is_tp_linear(target):
                     self.unbalanced[where] = f"{target.__name__}: a layer class semimig does not know"
         self._report(heads)
+        if planned is not None:
+            self._check_planned_swapped(policy)
         return policy
+
+    # --- uneven shards (shard_plan) ------------------------------------------------------
+    def _tp(self) -> tuple:
+        """``(tp, rank in the TP group)``."""
+        config = self.shard_config
+        tp = config.tensor_parallel_size if config.enable_tensor_parallelism else 1
+        group = config.tensor_parallel_process_group
+        rank = dist.get_rank(group) if tp > 1 else 0
+        return tp, rank
+
+    def _resolve_plan(self) -> Optional[ResolvedPlan]:
+        """``shard_plan`` checked against the model and the group; ``None`` without a plan or with TP off."""
+        self.resolved = None
+        if self.shard_plan is None:
+            return None
+        tp, _ = self._tp()
+        try:
+            resolved = self.shard_plan.resolve(self.model.config, tp)
+        except ConfigError as err:
+            raise ConfigError(f"SemiMigPolicy(shard_plan={self.shard_plan}): {err}") from None
+        if tp == 1:
+            return None
+        config = self.shard_config
+        mode = config.sequence_parallelism_mode if config.enable_sequence_parallelism else None
+        if mode not in (None, "split_gather"):
+            raise ConfigError(f"SemiMigPolicy(shard_plan=...): sequence_parallelism_mode={mode!r} is refused with "
+                              "uneven shards (it splits heads or exchanges evenly); use 'split_gather' or none")
+        self.resolved = resolved
+        return resolved
+
+    @contextmanager
+    def _divisible_heads(self, planned: Optional[ResolvedPlan]) -> Iterator[None]:
+        """The base policies assert ``tp`` divides the heads; under a plan the plan decides, so the
+        config shows them ``tp``-divisible values while the base policy is built (all its per-rank
+        values are overwritten by :meth:`_apply_plan`), and gets its own back after."""
+        if planned is None:
+            yield
+            return
+        tp, _ = self._tp()
+        config, dims = self.model.config, planned.dims
+        saved = {}
+        if dims.num_heads % tp or dims.num_kv_heads % tp:
+            saved["num_attention_heads"] = config.num_attention_heads
+            config.num_attention_heads = tp * (dims.num_heads // dims.num_kv_heads)
+            if dims.family == "llama" and getattr(config, "num_key_value_heads", None):
+                saved["num_key_value_heads"] = config.num_key_value_heads
+                config.num_key_value_heads = tp
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                setattr(config, key, value)
+
+    def _apply_plan(self, policy: Dict, planned: ResolvedPlan) -> None:
+        """Add ``shard_sizes`` to the paired layers' kwargs and this rank's attention sizes."""
+        _, rank = self._tp()
+        table = PLANNED[planned.dims.family]
+        plans = {"q": planned.q, "kv": planned.kv, "mlp": planned.mlp}
+        found = set()
+        for description in policy.values():
+            replacements = description.sub_module_replacement or []
+            hit = False
+            for i, replacement in enumerate(replacements):
+                kind = table.get(replacement.suffix)
+                if kind is None:
+                    continue
+                kwargs = dict(replacement.kwargs or {}, shard_sizes=plans[kind].sizes)
+                replacements[i] = dataclasses.replace(replacement, kwargs=kwargs)
+                found.add(replacement.suffix)
+                hit = True
+            if hit:
+                heads, kv_heads = planned.heads(rank)
+                width = planned.q.sizes[rank]
+                if planned.dims.family == "llama":
+                    update = {"self_attn.hidden_size": width, "self_attn.num_heads": heads,
+                              "self_attn.num_key_value_heads": kv_heads}
+                else:
+                    update = {"attn.embed_dim": width, "attn.split_size": width, "attn.num_heads": heads}
+                description.attribute_replacement = dict(description.attribute_replacement or {}, **update)
+        missing = sorted(set(table) - found)
+        if missing:
+            raise ConfigError(f"SemiMigPolicy(shard_plan=...): {type(self.base).__name__} has no tensor-parallel "
+                              f"replacement for {', '.join(missing)}; this policy cannot take an uneven plan")
+
+    def _check_planned_swapped(self, policy: Dict) -> None:
+        """Every layer given ``shard_sizes`` must be semimig's (Colossal-AI's would not know the argument)."""
+        ours = tuple(SWAPS.values())
+        for key, description in policy.items():
+            for replacement in description.sub_module_replacement or []:
+                if "shard_sizes" in (replacement.kwargs or {}) and replacement.target_module not in ours:
+                    where = f"{getattr(key, '__name__', key)}.{replacement.suffix}"
+                    raise ConfigError(f"SemiMigPolicy(shard_plan=...): {where} stays Colossal-AI's "
+                                      f"{getattr(replacement.target_module, '__name__', replacement.target_module)} "
+                                      f"({self.unbalanced.get(where, 'not servable')}); uneven shards need "
+                                      "semimig's layers")
 
     def _report(self, heads: Dict[str, str]) -> None:
         """Log the outcome once per distinct outcome (module_policy may be asked more than once)."""
