@@ -9,7 +9,9 @@ straggler (``healthy``) and then in every balancing mode with TP rank 1 slowed::
                          between collectives takes chi times as long (default chi 4)
     --pattern ON:OFF     the throttle (or the device straggler, as bursts) comes and goes
 
-and writes ``{"modes": {"healthy": {...}, "off": {...}, "zero-pri": {...}, "semi": {...}}, ...}``
+(``--modes ...,uneven`` adds a static uneven tensor-parallel layout, ``--shard-plan``: exact, the
+slow rank holding fewer MLP blocks and KV groups) and writes
+``{"modes": {"healthy": {...}, "off": {...}, "zero-pri": {...}, "semi": {...}}, ...}``
 with ``steady_step_s``, ``final_val_loss``, ``time_to_target_s`` (training wall time to healthy's
 final validation loss within 2 %, evaluation excluded; ``null`` if never), ``balanced_share`` per
 rank and the straggler's scope; ``--plot`` draws validation loss against training time, one line
@@ -29,7 +31,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODES = ("healthy", "off", "zero-pri", "semi")
+MODES = ("healthy", "off", "zero-pri", "semi", "uneven")
+DEFAULT_MODES = ("healthy", "off", "zero-pri", "semi")
 
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
@@ -67,7 +70,11 @@ def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, counts
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--straggler", choices=("real", "device"), required=True)
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {MODES} (healthy always runs)")
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                   help=f"comma-separated, from {MODES} (healthy always runs; default {','.join(DEFAULT_MODES)})")
+    p.add_argument("--shard-plan", default="28,4:3,1", metavar="MLP_UNITS:KV_UNITS",
+                   help="mode uneven: the static uneven TP layout (the example's --shard-plan; default 28,4:3,1, "
+                        "the DESIGN §8 plan for rank 1 four times slower at h1024)")
     p.add_argument("--pattern", default=None, metavar="ON:OFF",
                    help="real: throttled ON s, free OFF s, repeating; device: as bursts of steps")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 60; --quick 40)")
@@ -104,7 +111,10 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
     example = [str(ROOT / "examples" / "finetune_llm.py"), "--data", "shakespeare",
                "--hidden", str(args.hidden), "--layers", str(args.layers), "--batch-size", str(args.batch_size),
                "--seq-len", str(args.seq_len), "--steps", str(args.steps), "--eval-every", str(args.eval_every),
-               "--balance", "off" if mode in ("healthy", "off") else mode, "--json", str(out), "--log-every", "10"]
+               "--balance", "off" if mode in ("healthy", "off", "uneven") else mode, "--json", str(out),
+               "--log-every", "10"]
+    if mode == "uneven":
+        example += ["--shard-plan", args.shard_plan]
     fraction = 1.0
     if mode != "healthy":
         if args.straggler == "device":

@@ -77,6 +77,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--policy", default="semimig", choices=("semimig", "colossalai"),
                    help="semimig's layers (default) or Colossal-AI's own policy (no balancing)")
     p.add_argument("--balance", default="semi", choices=BALANCE_MODES, help="balancing mode; 'off': none")
+    p.add_argument("--shard-plan", default=None, metavar="MLP_UNITS[:KV_UNITS]",
+                   help="uneven tensor-parallel shards: MLP blocks of --shard-block columns and KV groups per TP "
+                        "rank, e.g. 28,4:3,1 (needs --policy semimig, --balance off or a zero-* mode)")
+    p.add_argument("--shard-block", type=int, default=128, help="MLP intermediate columns per --shard-plan unit")
     p.add_argument("--straggler", default=None, help="test straggler, e.g. fixed:1:4 (TP rank 1 4x slower)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=8)
@@ -107,7 +111,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 # (a stray zero, a minus sign, inf) is refused before any process group or model is built.
 _INT_FLAGS = {"hidden": (8, 65536), "layers": (1, 1024), "steps": (1, 10**7), "batch_size": (1, 65536),
               "seq_len": (2, 1 << 20), "seed": (0, 2**32 - 1), "eval_every": (0, 10**7), "eval_batches": (1, 10**5),
-              "log_every": (1, 10**7)}
+              "log_every": (1, 10**7), "shard_block": (1, 1 << 20)}
 TINY_LLAMA_HEADS, TINY_LLAMA_KV_HEADS = 8, 4
 
 
@@ -131,6 +135,9 @@ def check_flags(args: argparse.Namespace) -> None:
             raise ConfigError(f"--tp must divide the tiny Llama's {TINY_LLAMA_KV_HEADS} key/value heads, got {args.tp}")
     if args.policy == "colossalai" and (args.balance != "off" or args.straggler):
         raise ConfigError("--policy colossalai has no semimig layers: use it with --balance off and no --straggler")
+    if args.shard_plan and (args.policy != "semimig" or args.balance in ("semi", "mig")):
+        raise ConfigError(f"--shard-plan {args.shard_plan} needs --policy semimig and --balance off or a zero-* mode "
+                          f"(migration needs equal shards), got --policy {args.policy} --balance {args.balance}")
     if args.straggler is not None:
         from semimig.straggler import StragglerConfig
 
@@ -247,17 +254,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     import semimig
     from semimig._compat import apply_cpu_shim
     from semimig.balancer import PlanView
-    from semimig.shardformer import SemiMigPolicy
+    from semimig.shardformer import SemiMigPolicy, plan_from_flags
 
     apply_cpu_shim()  # fills Colossal-AI's CPU gaps; a no-op with CUDA
     tp = args.tp or world
     if world % tp:
         raise semimig.ConfigError(f"--tp {tp} must divide the number of ranks {world}")
+    model = build_model(args)  # before the plugin: the shard plan is checked against model.config
+    try:
+        shard_plan = plan_from_flags(args.shard_plan, model.config, tp, block_size=args.shard_block)
+    except semimig.ConfigError as err:
+        sys.exit(f"finetune_llm.py: error: {err}")
     plugin = HybridParallelPlugin(tp_size=tp, pp_size=1, precision=args.precision, zero_stage=args.zero_stage,
                                   overlap_communication=torch.cuda.is_available(),  # CPU: no CUDA streams
-                                  custom_policy=SemiMigPolicy() if args.policy == "semimig" else None)
+                                  custom_policy=SemiMigPolicy(shard_plan=shard_plan) if args.policy == "semimig"
+                                  else None)
     booster = Booster(plugin=plugin)
-    model = build_model(args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     model, optimizer, *_ = booster.boost(model, optimizer)
     balancer = None
@@ -361,7 +373,8 @@ def _summary(args: argparse.Namespace, tp: int, world: int, losses: list, times:
             "final_loss": f"{losses[-1]:.4f}", "shed": ",".join(f"{s:.3f}" for s in plan.shed),
             "flagged": ",".join(str(r) for r in plan.flagged) or "none", "balance": args.balance if args.policy == "semimig" else "none",
             "policy": args.policy, "straggler": args.straggler or "none", "tp": tp, "world": world,
-            "precision": args.precision, "zero_stage": args.zero_stage, "data": args.data}
+            "precision": args.precision, "zero_stage": args.zero_stage, "data": args.data,
+            "shard_plan": args.shard_plan or "even"}
 
 
 if __name__ == "__main__":
