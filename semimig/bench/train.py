@@ -7,9 +7,12 @@ compute mode (``BenchConfig.compute``), so the only difference is what semimig d
 Iteration time is the wall time from one optimizer step to the next on every rank (collectives
 already synchronise the TP group); rank 0 reports.
 
-The record keeps, besides times and accuracy, the trajectory of every iteration: per rank the busy
-time, the shed target γ, the per-layer γs, the achieved GEMM savings and the migrated shares, and
-once per iteration the group's decision (flagged ranks, unpruned-time estimates, reference).
+The record keeps, besides times, accuracy and per rank the shed share, the savings and the
+balanced share (GEMM busy time over the rank's own work, wall time minus time in collectives),
+the trajectory of every iteration: per rank the busy time, own work, shed target γ, per-layer
+γs, achieved GEMM savings and migrated shares, and once per iteration the group's decision
+(flagged ranks, unpruned-time estimates, reference).  Results files keep the per-rank trajectory
+and the decisions only with ``semimig bench --full-trace`` (:data:`semimig.bench.results.TRACE_KEYS`).
 """
 from __future__ import annotations
 

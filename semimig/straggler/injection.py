@@ -65,7 +65,7 @@ from typing import Literal, Optional
 
 import torch
 
-from semimig._validate import check_number, is_int, is_number
+from semimig._validate import is_int, is_number
 from semimig.errors import ConfigError
 
 __all__ = [
