@@ -14,7 +14,7 @@ bench: setup
 	$(VENV)/bin/semimig bench $(BENCH_ARGS)
 
 test: setup
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=15
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
