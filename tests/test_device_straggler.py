@@ -16,7 +16,7 @@ from semimig.straggler import device as device_mod
 from semimig.straggler.busy import BusyMeter
 from semimig.straggler.device import DeviceClock
 from semimig.straggler.injection import StragglerConfig, StragglerInjector
-from tests.dist_harness import free_port
+from dist_harness import free_port
 
 
 class FakeTime:
