@@ -30,7 +30,7 @@ def _torchrun(args, timeout):
 @pytest.mark.slow
 def test_torchrun_ranks_train_and_rank_zero_alone_reports(tmp_path):
     out = tmp_path / "r.json"
-    done = _torchrun([*TINY, "--json", str(out)], timeout=300)
+    done = _torchrun([*TINY, "--json", str(out), "--full-trace"], timeout=300)  # per-rank traces: --full-trace
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("semimig bench: ViT") == 1  # one banner, not one per rank
     assert "the launcher's 2 ranks" in done.stdout

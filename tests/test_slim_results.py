@@ -12,7 +12,7 @@ import pytest
 from semimig.bench.results import TRACE_KEYS, ResultsFile, slim_record
 
 ROOT = Path(__file__).resolve().parent.parent
-SAVED = ROOT / "docs" / "results" / "bench_quick_measured.json"  # a real 1-D run with full traces
+SAVED = ROOT / "tests" / "data" / "bench_quick_measured_full_trace.json"  # a real 1-D run with full traces (docs/results/ holds it slimmed)
 
 
 def _saved() -> dict:
