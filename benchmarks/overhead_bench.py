@@ -225,18 +225,22 @@ def _mlp_steps(cfg: OverheadConfig) -> dict:
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 
         def run():
+            if controller is not None:
+                controller.clock.attach()  # its collective clock, only while its own variant runs
             loss = model(x).pow(2).mean()
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if controller is not None:
                 run.gammas.append(controller.step().gamma_target)
+                controller.clock.detach()
         if controller is not None:
             run.gammas = []
         return run
 
     semi_model = build(snn.Linear1D_Col, snn.Linear1D_Row)
     controller = BalanceController(semi_model, BalanceConfig(mode="semi"), process_group=group)
+    controller.clock.detach()  # not while the other variants are timed (run() attaches it)
     return {"cai": step(build(CaiCol, CaiRow)), "semimig": step(build(snn.Linear1D_Col, snn.Linear1D_Row)),
             "semi": step(semi_model, controller)}
 
@@ -265,14 +269,18 @@ def _model_steps(cfg: OverheadConfig) -> tuple[dict, str]:
         controller = None
         if mode is not None:
             controller = BalanceController(model, BalanceConfig(mode=mode), process_group=plugin.tp_group)
+            controller.clock.detach()  # not while the other variants are timed (run() attaches it)
 
         def run():
+            if controller is not None:
+                controller.clock.attach()
             loss = model(pixel_values=xb, labels=yb).loss
             booster.backward(loss, optimizer)
             optimizer.step()
             optimizer.zero_grad()
             if controller is not None:
                 run.gammas.append(controller.step().gamma_target)
+                controller.clock.detach()
         if controller is not None:
             run.gammas = []
         return run

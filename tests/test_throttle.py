@@ -397,3 +397,15 @@ def test_a_forked_child_does_not_remove_its_parents_throttle(controller):
         assert os.path.isdir(throttle.path)
         path = throttle.path
     assert not os.path.exists(path)
+
+
+def test_a_command_that_cannot_run_is_refused_in_one_line_with_the_shells_code(controller, tmp_path, capsys):
+    from semimig.straggler.throttle_cli import main
+
+    not_executable = tmp_path / "script.sh"
+    not_executable.write_text("#!/bin/sh\nexit 0\n")  # mode 0644: exists, cannot be executed
+    assert main(["--rank", "1", "--fraction", "0.5", "--", str(not_executable)]) == 126
+    assert main(["--rank", "1", "--fraction", "0.5", "--", str(tmp_path / "missing")]) == 127
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 2 and all(line.startswith("semimig throttle: error: cannot run") for line in err), err
+    assert not [d for d in os.listdir(controller.root) if d.startswith("semimig-throttle-")]

@@ -125,38 +125,39 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
     trajectory = _Trajectory()
     iteration = 0
     model.train()
-    for epoch in range(cfg.epochs):
-        if controller is not None:
-            controller.set_epoch(epoch)
-        epoch_start = last = time.perf_counter()
-        for xb, yb in _batches(x_train, y_train, cfg, seed, dp_rank, epoch):
-            if injection is not None:
-                injection.injector.set_position(epoch, iteration)
-            out = model(pixel_values=xb, labels=yb)
-            booster.backward(out.loss, optimizer)
-            optimizer.step()
-            optimizer.zero_grad()
-            schedule.step()
+    try:  # the collectives are unwrapped (the clocks detached) whatever happens
+        for epoch in range(cfg.epochs):
             if controller is not None:
-                trajectory.add_step(controller.step())
-            else:
-                trajectory.add_busy(injection.snapshot()["busy_s"], clock.take().compute_s)
-                injection.reset()
-            if cuda:
-                torch.cuda.synchronize(device)
-            now = time.perf_counter()
-            all_iter_times.append(now - last)
-            if iteration >= cfg.warmup_iters:
-                iter_times.append(now - last)
-            last = now
-            iteration += 1
-        epoch_times.append(time.perf_counter() - epoch_start)
-
-    if clock is not None:
-        clock.detach()
+                controller.set_epoch(epoch)
+            epoch_start = last = time.perf_counter()
+            for xb, yb in _batches(x_train, y_train, cfg, seed, dp_rank, epoch):
+                if injection is not None:
+                    injection.injector.set_position(epoch, iteration)
+                out = model(pixel_values=xb, labels=yb)
+                booster.backward(out.loss, optimizer)
+                optimizer.step()
+                optimizer.zero_grad()
+                schedule.step()
+                if controller is not None:
+                    trajectory.add_step(controller.step())
+                else:
+                    trajectory.add_busy(injection.snapshot()["busy_s"], clock.take().compute_s)
+                    injection.reset()
+                if cuda:
+                    torch.cuda.synchronize(device)
+                now = time.perf_counter()
+                all_iter_times.append(now - last)
+                if iteration >= cfg.warmup_iters:
+                    iter_times.append(now - last)
+                last = now
+                iteration += 1
+            epoch_times.append(time.perf_counter() - epoch_start)
+    finally:
+        if clock is not None:
+            clock.detach()
+        if controller is not None:
+            controller.close()
     accuracy = _evaluate(model, controller, x_test, y_test) if cfg.evaluate else None
-    if controller is not None:
-        controller.close()
     plan = controller.plan if controller is not None else None
     timed = slice(cfg.warmup_iters, None)
     mine = {

@@ -254,7 +254,11 @@ class Cluster:
                                  "choose another --run-id")
             subnet = choose_subnet(_used_subnets(), self.run_id)
             self.plan = plan_cluster(self.config, self.run_id, subnet, owner=f"pid={owner['pid']} start={owner['start']}")
-            (STATE_DIR / self.run_id).mkdir(mode=0o700)
+            try:
+                (STATE_DIR / self.run_id).mkdir(mode=0o700)
+            except FileExistsError:  # a run that crashed between mkdir and its state file
+                raise NetnsError(f"run id {self.run_id!r} is in use ({STATE_DIR / self.run_id} exists without a "
+                                 "state file); choose another --run-id or run semimig cluster --reap-stale") from None
             self._state_written = True
             names = self.plan.names()
             (STATE_DIR / self.run_id / "state.json").write_text(json.dumps(

@@ -349,6 +349,7 @@ class BalanceController:
             self._pending = self._decide(self._pending)
         if self._pretest_run is not None:
             self._advance_pretest()
+            self.clock.take()  # the pretest's own time is not the next iteration's work or traffic
         pending = self._pending.describe(self.config.mode)
         self._posted = (self._description, pending, self._pending, applied_now)
         self._exchange.post(stats.work_fraction, stats.busy_s, (digest, plan_digest(pending)), valid, wall)

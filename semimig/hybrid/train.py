@@ -175,36 +175,40 @@ class _Case:
 def train_2d_case(cfg: Hybrid2DConfig, mode: str, seed: int) -> dict:
     """Train one case on this rank (collective over all ranks); the record (module docstring)."""
     case = _Case(cfg, mode, seed)
-    profile_started = time.perf_counter()
-    curves = case.curves()
-    profile_s = time.perf_counter() - profile_started
-    balancer = HybridBalancer(case.plugin, layout=case.layout, curves=curves, global_batch_size=cfg.global_batch_size,
-                              controller=case.controller,
-                              busy_source=case.hook_busy if case.injection is not None else None,
-                              allocation="poplar" if mode.startswith("poplar") else "even", replan=cfg.replan)
-    first_samples = balancer.plan.samples
-    iter_times, epoch_times, shed = [], [], []
-    iteration = 0
-    for epoch in range(cfg.epochs):
+    try:  # the controller's device clock unwraps the collectives whatever happens
+        profile_started = time.perf_counter()
+        curves = case.curves()
+        profile_s = time.perf_counter() - profile_started
+        balancer = HybridBalancer(case.plugin, layout=case.layout, curves=curves, global_batch_size=cfg.global_batch_size,
+                                  controller=case.controller,
+                                  busy_source=case.hook_busy if case.injection is not None else None,
+                                  allocation="poplar" if mode.startswith("poplar") else "even", replan=cfg.replan)
+        first_samples = balancer.plan.samples
+        iter_times, epoch_times, shed = [], [], []
+        iteration = 0
+        for epoch in range(cfg.epochs):
+            if case.controller is not None:
+                case.controller.set_epoch(epoch)
+            epoch_start = last = time.perf_counter()
+            for batch in case.global_batches(epoch):
+                if case.injection is not None:
+                    case.injection.injector.set_position(epoch, iteration)
+                run_iteration(case.booster, case.model, case.optimizer, iter(balancer.micro_batches(batch)), _vit_loss,
+                              zero_stage=balancer.zero_stage)
+                case.optimizer.step()
+                case.optimizer.zero_grad()
+                case.schedule.step()
+                report = balancer.step()
+                if report.balance is not None:
+                    shed.append(report.balance.gamma_target)
+                now = time.perf_counter()
+                if iteration >= cfg.warmup_iters:
+                    iter_times.append(now - last)
+                last, iteration = now, iteration + 1
+            epoch_times.append(time.perf_counter() - epoch_start)
+    finally:
         if case.controller is not None:
-            case.controller.set_epoch(epoch)
-        epoch_start = last = time.perf_counter()
-        for batch in case.global_batches(epoch):
-            if case.injection is not None:
-                case.injection.injector.set_position(epoch, iteration)
-            run_iteration(case.booster, case.model, case.optimizer, iter(balancer.micro_batches(batch)), _vit_loss,
-                          zero_stage=balancer.zero_stage)
-            case.optimizer.step()
-            case.optimizer.zero_grad()
-            case.schedule.step()
-            report = balancer.step()
-            if report.balance is not None:
-                shed.append(report.balance.gamma_target)
-            now = time.perf_counter()
-            if iteration >= cfg.warmup_iters:
-                iter_times.append(now - last)
-            last, iteration = now, iteration + 1
-        epoch_times.append(time.perf_counter() - epoch_start)
+            case.controller.close()
     shed_by_rank = P.all_gather_floats(statistics.fmean(shed) if shed else 0.0, None)
     return {
         "mode": mode, "seed": seed, "tp": cfg.tp, "dp": cfg.dp, "zero_stage": cfg.zero_stage, "timing": cfg.timing,

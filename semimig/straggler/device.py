@@ -75,7 +75,7 @@ class DeviceTime:
     sleep_s: float
     """Seconds slept by the whole-device straggler (part of ``compute_s``)."""
     collectives: int
-    """Collectives issued."""
+    """Collectives issued (an async collective's ``wait()`` is timed, not counted again)."""
 
     @property
     def compute_s(self) -> float:
@@ -149,19 +149,19 @@ class DeviceClock:
     def _before(self) -> None:
         """Called right before a collective is issued: sleep the span's slowdown (if this rank slows)."""
         if self.slows:
-            if self._cuda:
-                torch.cuda.synchronize(self.device)
             chi = self.injector.current_chi()
-            if chi > 1.0:
+            if chi > 1.0:  # only a rank slow now pays the sync (fast ranks and off-phases run free)
+                if self._cuda:
+                    torch.cuda.synchronize(self.device)
                 span = time.perf_counter() - self._span_start - self._excluded
                 delay = (chi - 1.0) * max(span, 0.0)
                 self.injector.inject(delay, self.device)
                 self._sleep_s += delay
 
-    def _after(self, issued: float) -> None:
+    def _after(self, issued: float, *, issue: bool = True) -> None:
         now = time.perf_counter()
         self._comm_s += now - issued
-        self._count += 1
+        self._count += issue  # an async collective's wait() is no second collective
         self._span_start, self._excluded = now, 0.0
 
 
@@ -178,7 +178,7 @@ class _CollectivePatch:
         with self._lock:
             if not self._clocks:
                 self._install()
-            self._clocks.append(clock)
+            self._clocks = self._clocks + [clock]  # rebound, never mutated: a collective iterates it as is
 
     def remove(self, clock: DeviceClock) -> None:
         with self._lock:
@@ -193,7 +193,7 @@ class _CollectivePatch:
         work = getattr(dist, "Work", None)
         if work is not None:
             self._originals["Work.wait"] = work.wait
-            work.wait = self._wrap(work.wait)
+            work.wait = self._wrap(work.wait, issue=False)
 
         for name in COLLECTIVES:
             original = getattr(c10d, name, None) or getattr(dist, name, None)
@@ -219,14 +219,14 @@ class _CollectivePatch:
                     setattr(module, name, original)
         self._originals = {}
 
-    def _wrap(self, original: Callable) -> Callable:
+    def _wrap(self, original: Callable, *, issue: bool = True) -> Callable:
         local = self._local
 
         @functools.wraps(original)
         def collective(*args, **kwargs):
-            if getattr(local, "depth", 0) or not self._clocks:
+            clocks = self._clocks
+            if getattr(local, "depth", 0) or not clocks:
                 return original(*args, **kwargs)  # nested inside a wrapped collective: counted there
-            clocks = list(self._clocks)
             for clock in clocks:
                 clock._before()
             issued = time.perf_counter()  # after every sleep: a sleep is work, never communication
@@ -236,7 +236,7 @@ class _CollectivePatch:
             finally:
                 local.depth = 0
                 for clock in clocks:
-                    clock._after(issued)
+                    clock._after(issued, issue=issue)
 
         return collective
 

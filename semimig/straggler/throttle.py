@@ -189,7 +189,8 @@ def _remove_cgroup(cgroup_dir: str, homes: Dict[int, str], *, attempts: int = 50
                 logger.warning("cannot remove cgroup %s: %s", cgroup_dir, err)
                 return False
             time.sleep(0.01)
-    logger.warning("cgroup %s still busy after %d attempts; left in place", cgroup_dir, attempts)
+    logger.warning("cgroup %s still busy after %d attempts; left in place (the next run's "
+                   "remove_stale_throttles() removes it once its owner is gone)", cgroup_dir, attempts)
     return False
 
 

@@ -187,11 +187,14 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
         # after the throttle exists, so that an unusable cgroup refuses before anything is started
         for path in remove_stale_throttles(controller):
             logger.warning("removed a stale throttle cgroup left by a dead run: %s", path)
-        proc = subprocess.Popen(argv, start_new_session=True)
-        watcher = _Watcher(proc.pid, throttle, rank=rank, pin=pin, pattern=pattern, announce=announce)
         kill_at: List[float] = []
+        pending: List[int] = []  # signals that arrive before the command has started
+        proc: Optional[subprocess.Popen] = None
 
         def forward(signum: int, _frame: object) -> None:
+            if proc is None:
+                pending.append(signum)
+                return
             logger.info("throttle: forwarding signal %d to process group %d", signum, proc.pid)
             try:
                 os.killpg(proc.pid, signum)
@@ -200,8 +203,17 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
             kill_at.append(time.monotonic() + KILL_GRACE_S)
 
         previous = {}
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread():  # before Popen: no signal slips between
             previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            proc = subprocess.Popen(argv, start_new_session=True)
+        except BaseException:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            raise
+        for signum in pending:
+            forward(signum, None)
+        watcher = _Watcher(proc.pid, throttle, rank=rank, pin=pin, pattern=pattern, announce=announce)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         timed_out = False
         try:
@@ -260,9 +272,9 @@ def run_throttle_cli(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"semimig throttle: error: {err}", file=sys.stderr)
         return 2
-    except FileNotFoundError as err:
+    except OSError as err:  # not found (127), not executable (126), ...: the shell's codes
         print(f"semimig throttle: error: cannot run {command[0]!r}: {err.strerror}", file=sys.stderr)
-        return 127
+        return 127 if isinstance(err, FileNotFoundError) else 126
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
