@@ -31,7 +31,9 @@ sizes (``self_attn.num_heads/num_key_value_heads/hidden_size``, GPT-2's
 ``attn.num_heads/embed_dim/split_size``).  Embeddings and the head stay even.  Refused with a plan:
 sequence parallelism other than ``split_gather``, and any paired layer semimig cannot serve.
 After sharding, the shards Colossal-AI's grad norm would count ``1/tp`` times are marked
-(:mod:`semimig.shardformer.uneven_norm`) so clipping counts each once.  ``shard_plan=None`` is
+(:mod:`semimig.shardformer.uneven_norm`) so clipping counts each once.  Every policy installs
+:mod:`semimig.shardformer.uneven_ckpt`, so ``booster.save_optimizer``/``load_optimizer`` handle
+uneven shards (the model files already do) in Colossal-AI's even, full-tensor form.  ``shard_plan=None`` is
 exactly the behaviour above.
 """
 from __future__ import annotations
@@ -52,7 +54,7 @@ from colossalai.shardformer.shard import ShardConfig
 import semimig.nn as snn
 from semimig.errors import ConfigError
 from semimig.nn.conversion import unsupported_options
-from semimig.shardformer import uneven_norm
+from semimig.shardformer import uneven_ckpt, uneven_norm
 from semimig.shardformer.uneven import ResolvedPlan, UnevenPlan
 
 logger = logging.getLogger(__name__)
@@ -136,6 +138,7 @@ class SemiMigPolicy(Policy):
 
     def postprocess(self) -> nn.Module:
         self.model = self._require_base().postprocess()
+        uneven_ckpt.install()  # checkpoints of any plan, this one or a later re-plan's (bit-equal for the rest)
         if self.resolved is not None:
             uneven_norm.install()
             marked = uneven_norm.mark_tp_shards(self.model)
