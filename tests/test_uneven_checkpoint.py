@@ -75,8 +75,8 @@ def _boost(name, layout, precision, zero_stage=0):
     if layout != "stock":
         mlp, kv, block = PLANS[name][layout]
         policy = SemiMigPolicy(shard_plan=UnevenPlan(mlp_units=mlp, kv_units=kv, block_size=block))
-    plugin = HybridParallelPlugin(tp_size=2, pp_size=1, precision=precision, zero_stage=zero_stage,
-                                  custom_policy=policy)
+    zero = dict(zero_stage=zero_stage, overlap_communication=False) if zero_stage else {}  # CPU: no streams
+    plugin = HybridParallelPlugin(tp_size=2, pp_size=1, precision=precision, custom_policy=policy, **zero)
     booster = Booster(plugin=plugin)
     model = _model(name)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -148,21 +148,21 @@ def _load(run, root, *, unsharded=False):
     booster.load_optimizer(optimizer, os.path.join(root, "optim.bin" if unsharded else "optim"))
 
 
-def _round_trip_body(rank, world, name, precision, root, targets):
+def _round_trip_body(rank, world, name, precision, root, targets, zero_stage=0):
     """Sources ``plan`` and ``stock`` save after steps 0, 1 and continue with 2, 3; each target
     ``(source, layout, unsharded)`` loads and trains 2, 3."""
     import torch.distributed as dist
 
     out = {"source": {}, "continued": {}, "target": {}, "loaded": {}}
     for source in ("plan", "stock"):
-        run = _boost(name, source, precision)
+        run = _boost(name, source, precision, zero_stage)
         _train(run, (0, 1))
         out["source"][source] = _full_states(run)
         _save(run, os.path.join(root, source), unsharded=True)
         out["continued"][source] = _train(run, (2, 3))
     dist.barrier()
     for source, layout, unsharded in targets:
-        run = _boost(name, layout, precision)
+        run = _boost(name, layout, precision, zero_stage)
         _load(run, os.path.join(root, source), unsharded=unsharded)
         key = f"{source}->{layout}" + (" unsharded" if unsharded else "")
         out["loaded"][key] = _full_states(run)
@@ -212,14 +212,15 @@ LLAMA_TARGETS = (("plan", "stock", False), ("plan", "stock", True), ("plan", "pl
 SHORT_TARGETS = (("plan", "stock", False), ("plan", "plan", False), ("stock", "plan", False),
                  ("stock", "other", False), ("stock", "stock", False))
 CASES = {"llama-fp32": ("llama", "fp32", LLAMA_TARGETS), "gpt2-fp32": ("gpt2", "fp32", SHORT_TARGETS),
-         "llama-bf16": ("llama", "bf16", SHORT_TARGETS)}
+         "llama-bf16": ("llama", "bf16", SHORT_TARGETS),
+         "llama-bf16-zero1": ("llama", "bf16", SHORT_TARGETS, 1)}
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def round_trip(request, tmp_path_factory):
-    name, precision, targets = CASES[request.param]
+    name, precision, targets, *zero_stage = CASES[request.param]
     root = tmp_path_factory.mktemp(request.param)
-    run_on_ranks(_round_trip_body, 2, name, precision, str(root), targets, timeout_s=400)
+    run_on_ranks(_round_trip_body, 2, name, precision, str(root), targets, *zero_stage, timeout_s=400)
     return name, precision, root, torch.load(root / "results.pt", weights_only=False)
 
 
