@@ -142,6 +142,19 @@ def _save(run, root, *, unsharded=False):
         booster.save_optimizer(optimizer, os.path.join(root, "optim.bin"), shard=False)
 
 
+def _save_unpatched(run, root):
+    """Save with Colossal-AI's own methods (what :func:`semimig.shardformer.uneven_ckpt.install` wrapped)."""
+    from colossalai.checkpoint_io.hybrid_parallel_checkpoint_io import HybridParallelCheckpointIO as IO
+
+    patched = IO.__dict__["gather_from_sharded_optimizer_state"]
+    assert getattr(patched.__func__, "semimig_uneven_ckpt", False)  # installed by the semimig policy
+    IO.gather_from_sharded_optimizer_state = staticmethod(patched.__func__.__wrapped__)
+    try:
+        _save(run, root)
+    finally:
+        IO.gather_from_sharded_optimizer_state = patched
+
+
 def _load(run, root, *, unsharded=False):
     booster, model, optimizer = run
     booster.load_model(model, os.path.join(root, "model.bin" if unsharded else "model"))
@@ -159,6 +172,8 @@ def _round_trip_body(rank, world, name, precision, root, targets, zero_stage=0):
         _train(run, (0, 1))
         out["source"][source] = _full_states(run)
         _save(run, os.path.join(root, source), unsharded=True)
+        if source == "stock":
+            _save_unpatched(run, os.path.join(root, "stock-unpatched"))
         out["continued"][source] = _train(run, (2, 3))
     dist.barrier()
     for source, layout, unsharded in targets:
@@ -169,6 +184,59 @@ def _round_trip_body(rank, world, name, precision, root, targets, zero_stage=0):
         out["target"][key] = _train(run, (2, 3))
     if rank == 0:  # tensors through a file: the pipe would share their storage with a process that exits
         torch.save(out, os.path.join(root, "results.pt"))
+
+
+def _move_mlp_shards(run, units, block):
+    """What a re-plan does to the Llama MLP shards, by hand: every rank's ``gate/up/down`` weights and
+    AdamW moments re-cut to ``units`` blocks of ``block``, and fresh shard functions attached."""
+    import torch.distributed as dist
+
+    from semimig.sharding.plan import ShardPlan
+    from semimig.sharding.split import shard_functions
+
+    booster, model, optimizer = run
+    group = booster.plugin.tp_group
+    plan = ShardPlan(units=units, unit_size=block)
+    for name, param in model.unwrap().named_parameters():
+        if ".mlp." not in name:
+            continue
+        dim = 1 if "down_proj" in name else 0
+        shard_fn, gather_fn = shard_functions(plan, dist.get_rank(group), dim=dim, group=group)
+        state = optimizer.optim.state[param]
+        for key in ("exp_avg", "exp_avg_sq"):
+            state[key] = shard_fn(param.gather_fn(state[key]))
+        param.data = shard_fn(param.gather_fn(param.data))
+        param.shard_fn, param.gather_fn = shard_fn, gather_fn
+
+
+def _replanned_body(rank, world, root):
+    """Train under one plan, move the MLP shards to another, save; load into stock Colossal-AI."""
+    import torch.distributed as dist
+
+    run = _boost("llama", "plan", "fp32")
+    _train(run, (0, 1))
+    before = _full_states(run)
+    _move_mlp_shards(run, (1, 3), 64)
+    widths = tuple(run[1].unwrap().model.layers[0].mlp.up_proj.weight.shape)
+    after = _full_states(run)
+    _save(run, root)
+    dist.barrier()
+    stock = _boost("llama", "stock", "fp32")
+    _load(stock, root)
+    if rank == 0:
+        torch.save({"before": before, "after": after, "loaded": _full_states(stock), "widths": widths},
+                   os.path.join(root, "results.pt"))
+    else:
+        _full_states(stock)  # the gathers are collective
+
+
+def test_checkpoints_follow_a_replan(tmp_path: Path):
+    """The shard functions are read at save time: after a move the files are still the dense model's."""
+    run_on_ranks(_replanned_body, 2, str(tmp_path), timeout_s=300)
+    out = torch.load(tmp_path / "results.pt", weights_only=False)
+    assert out["widths"] == (64, 64)  # rank 0 went from 3 blocks of 64 to 1
+    _assert_states_equal(out["after"], out["before"], "the move itself")
+    _assert_states_equal(out["loaded"], out["before"], "saved after the move, loaded into stock")
 
 
 BAD_FILES = {  # what is truncated: (part, file name pattern)
@@ -257,25 +325,40 @@ def test_training_after_a_load_continues_the_source_run(round_trip):
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), **tol, msg=lambda m: f"{key}: {m}")
 
 
-def test_uneven_checkpoint_files_are_the_stock_files(round_trip):
-    """Same keys and shapes as stock's checkpoint, tensor by tensor (model and optimizer)."""
+def _file_tensors(directory: Path, index_name: str) -> dict:
     import json
 
+    weight_map = json.loads((directory / index_name).read_text())["weight_map"]
+    out = {}
+    for shard in sorted(set(weight_map.values())):
+        for key, value in torch.load(directory / shard, weights_only=False).items():
+            if isinstance(value, dict):
+                out.update({f"{key}.{k}": v for k, v in value.items() if torch.is_tensor(v)})
+            else:
+                out[key] = value
+    return out
+
+
+INDEX = {"model": "pytorch_model.bin.index.json", "optim": "pytorch_optim.bin.index.json"}
+
+
+def test_uneven_checkpoint_files_are_the_stock_files(round_trip):
+    """Same keys and shapes as stock's checkpoint, tensor by tensor (model and optimizer)."""
     _, _, root, _ = round_trip
-    for part, index in (("model", "pytorch_model.bin.index.json"), ("optim", "pytorch_optim.bin.index.json")):
-        shapes = {}
-        for source in ("plan", "stock"):
-            directory = root / source / part
-            weight_map = json.loads((directory / index).read_text())["weight_map"]
-            found = {}
-            for shard in sorted(set(weight_map.values())):
-                for key, value in torch.load(directory / shard, weights_only=False).items():
-                    if isinstance(value, dict):
-                        found.update({f"{key}.{k}": tuple(v.shape) for k, v in value.items() if torch.is_tensor(v)})
-                    else:
-                        found[key] = tuple(value.shape)
-            shapes[source] = found
-        assert shapes["plan"] == shapes["stock"] and shapes["plan"], part
+    for part, index in INDEX.items():
+        ours, theirs = _file_tensors(root / "plan" / part, index), _file_tensors(root / "stock" / part, index)
+        assert {k: tuple(t.shape) for k, t in ours.items()} == {k: tuple(t.shape) for k, t in theirs.items()}
+        assert ours, part
+
+
+def test_other_parameters_are_saved_by_colossalai_bit_for_bit(round_trip):
+    """The stock model's files are the same with the patch installed and without it."""
+    _, _, root, _ = round_trip
+    for part, index in INDEX.items():
+        ours, theirs = _file_tensors(root / "stock" / part, index), _file_tensors(root / "stock-unpatched" / part, index)
+        assert sorted(ours) == sorted(theirs) and ours
+        for key in ours:
+            assert torch.equal(ours[key], theirs[key]), key
 
 
 def test_model_files_are_the_dense_hugging_face_model(round_trip):
@@ -300,3 +383,61 @@ def test_a_truncated_checkpoint_file_is_named_in_one_line(tmp_path: Path):
     for case, (path, kind, message) in out.items():
         assert kind == "ConfigError", (case, kind, message)
         assert "\n" not in message and path in message and "cannot be read" in message, (case, message)
+
+
+# ----------------------------------------------------------------------------- pure parts (one process)
+@pytest.mark.parametrize("tp, parts, dim", [(2, [8, 8, 8], 1), (4, [8, 4, 4], 0), (2, [6], 0), (3, [6, 3], 1)])
+def test_file_order_is_colossalai_rank_major_order(tp, parts, dim):
+    """Rank r holds the r-th even chunk of every part (Colossal-AI's packed layout); its file is the ranks'
+    shards concatenated; from_file_order inverts it."""
+    from semimig.shardformer.uneven_ckpt import from_file_order, to_file_order
+
+    shape = [5, 5]
+    shape[dim] = sum(parts)
+    full = torch.arange(float(shape[0] * shape[1])).reshape(shape)
+    shards = [torch.cat([part.chunk(tp, dim=dim)[r] for part in full.split(parts, dim=dim)], dim=dim)
+              for r in range(tp)]
+    saved = to_file_order(full, parts, tp, dim=dim)
+    assert torch.equal(saved, torch.cat(shards, dim=dim))
+    assert torch.equal(from_file_order(saved, parts, tp, dim=dim), full)
+
+
+def test_file_order_is_the_true_order_when_no_even_layout_exists():
+    from semimig.shardformer.uneven_ckpt import from_file_order, to_file_order
+
+    full = torch.arange(10.0).reshape(1, 10)
+    assert torch.equal(to_file_order(full, [5, 5], 2, dim=1), full)  # 5 does not divide by 2
+    assert torch.equal(from_file_order(full, [5, 5], 2, dim=1), full)
+
+
+def test_split_dim_and_semimig_shard_recognition():
+    from semimig.errors import ConfigError
+    from semimig.sharding.plan import ShardPlan
+    from semimig.sharding.split import shard_functions
+    from semimig.shardformer.uneven_ckpt import is_semimig_shard, split_dim
+
+    assert split_dim((3, 4), (8, 4)) == 0 and split_dim((8, 2), (8, 4)) == 1 and split_dim((8, 4), (8, 4)) is None
+    with pytest.raises(ConfigError, match="more than one dimension"):
+        split_dim((3, 2), (8, 4))
+    param = torch.nn.Parameter(torch.zeros(3, 4))
+    assert not is_semimig_shard(param)
+    param.shard_fn, param.gather_fn = (lambda t: t), (lambda t: t)  # somebody else's customised tensor
+    assert not is_semimig_shard(param)
+    param.shard_fn, param.gather_fn = shard_functions(ShardPlan(units=(3, 5)), 0, dim=0)
+    assert is_semimig_shard(param)
+
+
+def test_install_is_idempotent_and_keeps_colossalai_reachable():
+    from colossalai.checkpoint_io import hybrid_parallel_checkpoint_io as hpcio
+
+    from semimig.shardformer import uneven_ckpt
+
+    uneven_ckpt.install()
+    first = {name: hpcio.HybridParallelCheckpointIO.__dict__[name] for name in
+             ("gather_from_sharded_optimizer_state", "load_states_into_optimizer", "load_sharded_optimizer")}
+    readers = (hpcio.load_shard_state_dict, hpcio.load_state_dict, hpcio.CheckpointIndexFile)
+    uneven_ckpt.install()
+    assert all(hpcio.HybridParallelCheckpointIO.__dict__[name] is fn for name, fn in first.items())
+    assert (hpcio.load_shard_state_dict, hpcio.load_state_dict, hpcio.CheckpointIndexFile) == readers
+    gather = first["gather_from_sharded_optimizer_state"].__func__
+    assert gather.__wrapped__.__module__ == "colossalai.checkpoint_io.hybrid_parallel_checkpoint_io"
