@@ -355,7 +355,8 @@ def test_other_parameters_are_saved_by_colossalai_bit_for_bit(round_trip):
     """The stock model's files are the same with the patch installed and without it."""
     _, _, root, _ = round_trip
     for part, index in INDEX.items():
-        ours, theirs = _file_tensors(root / "stock" / part, index), _file_tensors(root / "stock-unpatched" / part, index)
+        ours = _file_tensors(root / "stock" / part, index)
+        theirs = _file_tensors(root / "stock-unpatched" / part, index)
         assert sorted(ours) == sorted(theirs) and ours
         for key in ours:
             assert torch.equal(ours[key], theirs[key]), key

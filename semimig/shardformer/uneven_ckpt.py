@@ -75,7 +75,8 @@ def is_semimig_shard(param: Any) -> bool:
 def split_dim(shard_shape: Sequence[int], full_shape: Sequence[int]) -> Optional[int]:
     """The one dimension along which ``shard_shape`` is smaller than ``full_shape`` (None: not split)."""
     if len(shard_shape) != len(full_shape):
-        raise ConfigError(f"a shard of shape {tuple(shard_shape)} cannot come from a tensor of shape {tuple(full_shape)}")
+        raise ConfigError(f"a shard of shape {tuple(shard_shape)} cannot come from a tensor of shape "
+                          f"{tuple(full_shape)}")
     dims = [d for d, (s, f) in enumerate(zip(shard_shape, full_shape)) if s != f]
     if len(dims) > 1:
         raise ConfigError(f"a shard of shape {tuple(shard_shape)} differs from its full shape {tuple(full_shape)} "
@@ -127,12 +128,17 @@ def packed_parts(param: torch.Tensor, dim: int, tp_group) -> List[int]:
     return parts
 
 
+def _our_split_dim(param: torch.Tensor, original_shape) -> Optional[int]:
+    """The split dimension of one of semimig's shards; None for every other parameter (Colossal-AI's)."""
+    return split_dim(param.shape, original_shape) if is_semimig_shard(param) else None
+
+
 # --------------------------------------------------------------------------- gather (save)
 def _gather_state(original: Callable, state, param: torch.Tensor, original_shape, dp_group, tp_group, use_zero: bool,
                   inplace: bool, device: torch.device = torch.device("cpu"),
                   pinned_state_dicts: Optional[Dict[str, torch.Tensor]] = None):
     """Colossal-AI's ``gather_from_sharded_optimizer_state``, by ``param.gather_fn`` for semimig's shards."""
-    dim = split_dim(param.shape, original_shape) if is_semimig_shard(param) else None
+    dim = _our_split_dim(param, original_shape)
     if dim is None:
         return original(state, param, original_shape=original_shape, dp_group=dp_group, tp_group=tp_group,
                         use_zero=use_zero, inplace=inplace, device=device, pinned_state_dicts=pinned_state_dicts)
@@ -162,9 +168,9 @@ def _gather_state(original: Callable, state, param: torch.Tensor, original_shape
 
 
 # --------------------------------------------------------------------------- cut (load)
-def _cut_state(io, state: dict, param_id: int, working: torch.Tensor, original_shape, device, dtype) -> dict:
+def _cut_state(io, state: dict, param_id: int, working: torch.Tensor, original_shape, dim: int, device,
+               dtype) -> dict:
     """This rank's part of a full (file-order) state of ``working``, cut by its current ``shard_fn``."""
-    dim = split_dim(working.shape, original_shape)
     parts = packed_parts(working, dim, io.tp_group)
     for key, value in state.items():
         if not isinstance(value, torch.Tensor) or key == "step":
@@ -192,16 +198,21 @@ def _load_states(original: Callable, io, optimizer, state_dict: dict, id_map: di
     ours, theirs = {}, {}
     for param_id, state in state_dict.items():
         param = id_map.get(param_id)
-        working = param if param is None or master_to_working is None else master_to_working[id(param)]
-        (ours if param is not None and is_semimig_shard(working) else theirs)[param_id] = state
+        dim = None
+        if param is not None:
+            working = param if master_to_working is None else master_to_working[id(param)]
+            dim = _our_split_dim(working, optimizer.param_info["param2shape"][id(working)])
+        if dim is None:
+            theirs[param_id] = state
+        else:
+            ours[param_id] = (state, working, dim)
     if theirs:
         original(io, optimizer, theirs, id_map)
     new_states: Dict[torch.Tensor, dict] = defaultdict(dict)
-    for param_id, state in ours.items():
+    for param_id, (state, working, dim) in ours.items():
         param = id_map[param_id]
-        working = param if master_to_working is None else master_to_working[id(param)]
         original_shape = optimizer.param_info["param2shape"][id(working)]
-        new_states[param] = _cut_state(io, state, param_id, working, original_shape, param.device, param.dtype)
+        new_states[param] = _cut_state(io, state, param_id, working, original_shape, dim, param.device, param.dtype)
     optimizer.optim.state.update(new_states)
 
 
