@@ -417,10 +417,7 @@ def _resharding(model: nn.Module, optimizer: Any, plugin: Any, plan: Any, mode: 
         from semimig.sharding.replan import apply_plan
 
         report = apply_plan(model, optimizer, new_plan, group=group)
-        sent = getattr(report, "bytes_sent", None)
-        if sent is None:
-            sent = getattr(report, "bytes_moved", 0)
-        return int(sent), float(getattr(report, "seconds", 0.0))
+        return int(report.bytes_sent), float(report.seconds)
 
     def rebuild(old: Any, new_plan: Any):
         for layer in (m for m in model.modules() if isinstance(m, BalancedLinearMixin)):

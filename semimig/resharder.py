@@ -117,7 +117,7 @@ def _params_per_unit(config: Any, dims: Any, block_size: int) -> tuple[float, fl
 
 class Resharder:
     """Feeds the policy, moves on its decision (module docstring).  ``move`` is called as
-    ``move(new_plan) -> (bytes_moved, seconds)`` (collective over the TP group)."""
+    ``move(new_plan) -> (bytes this rank sent, seconds)`` (collective over the TP group)."""
 
     def __init__(self, plan: Any, model_config: Any, *, group: Any, move: Callable[[Any], tuple[int, float]],
                  config: ReshardConfig = ReshardConfig(), state_bytes_per_param: int = 12) -> None:
@@ -132,8 +132,9 @@ class Resharder:
         resolved = plan.resolve(model_config, self.size)
         dims = model_dims(model_config)
         mlp_params, kv_params = _params_per_unit(model_config, dims, plan.block_size)
-        self.policy = ReshardPolicy(
-            (resolved.mlp, ShardPlan(units=resolved.q.units)), weights=(mlp_params, kv_params),
+        mlp_plan, kv_plan = resolved.mlp, ShardPlan(units=resolved.q.units)
+        self.policy = ReshardPolicy(  # a dimension's weight: its share of the paired parameters (all its units)
+            (mlp_plan, kv_plan), weights=(mlp_params * mlp_plan.total_units, kv_params * kv_plan.total_units),
             bytes_per_unit=(int(mlp_params * state_bytes_per_param), int(kv_params * state_bytes_per_param)),
             config=config)
         self.events: list[ReplanEvent] = []
@@ -182,7 +183,7 @@ class Resharder:
         mlp, kv = decision.plans
         new = UnevenPlan(mlp_units=mlp.units, kv_units=kv.units, block_size=self.plan.block_size)
         new.resolve(self.model_config, self.size)
-        bytes_moved, seconds = self._move(new)
+        bytes_moved, seconds = self._agreed_cost(*self._move(new))
         self.policy.moved_to(decision.plans, seconds=seconds, bytes_moved=int(bytes_moved))
         event = ReplanEvent(step=int(getattr(report, "iteration", decision.step)), plan=str(new),
                             mlp_units=mlp.units, kv_units=kv.units, predicted_s=decision.predicted_s,
@@ -196,6 +197,17 @@ class Resharder:
                         "/".join(f"{s:.2f}" for s in decision.speed_ratios), decision.current_s,
                         decision.predicted_s, bytes_moved / 1e6, seconds, decision.reason)
         return new
+
+    def _agreed_cost(self, bytes_sent: int, seconds: float) -> tuple[int, float]:
+        """The group's move cost, the same on every rank (the policy's next decisions depend on it):
+        bytes sent by all ranks, seconds of the slowest (collective over the TP group)."""
+        mine = torch.tensor([float(bytes_sent), float(seconds)], dtype=torch.float64, device=self._device)
+        if self.size == 1:
+            return int(bytes_sent), float(seconds)
+        rows = [torch.empty_like(mine) for _ in range(self.size)]
+        dist.all_gather(rows, mine, group=self.group)
+        rows = [r.cpu().tolist() for r in rows]
+        return int(sum(r[0] for r in rows)), max(r[1] for r in rows)
 
     def _measured(self, decision: ReshardDecision) -> None:
         """The first full window after a re-plan: its measured step beside the predicted one."""

@@ -1,7 +1,7 @@
 """``semimig.enable(..., mode="reshard")`` and the re-sharding half of ``mode="semi"`` (DESIGN §8).
 
-2 ranks, gloo, a tiny Llama (hidden 64, 4 heads / 2 KV groups, intermediate 512 = 16 blocks of
-32 columns).  A whole-device straggler (``fixed:1:4:scope=device``: every span of rank 1's work
+2 ranks, gloo, a small Llama (hidden 256, 4 heads / 2 KV groups, intermediate 1024 = 32 blocks of
+32 columns: big enough that the paired GEMMs, not Python, are most of a step).  A whole-device straggler (``fixed:1:4:scope=device``: every span of rank 1's work
 between collectives takes 4x as long) stays for the whole run, so the policy re-plans once, to a
 plan that gives rank 1 fewer units; training goes on exactly: the losses equal a healthy run's
 with the even layout (same seed, same batches) within fp32 reassociation.  The end-to-end case
@@ -22,6 +22,8 @@ from dist_harness import run_on_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 32
+HIDDEN, INTERMEDIATE = 256, 1024
+WINDOW = 6
 STEPS = 14
 # fp32: an uneven split only reorders the sums over the intermediate dimension and the heads'
 # columns of o (a few ulps a step, grown by 14 AdamW steps at lr 1e-3).
@@ -43,14 +45,14 @@ def _model():
     import transformers as T
 
     torch.manual_seed(0)
-    config = T.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=512, num_hidden_layers=2,
+    config = T.LlamaConfig(vocab_size=128, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     return T.LlamaForCausalLM(config)
 
 
 def _batch(step):
     gen = torch.Generator().manual_seed(1000 + step)
-    ids = torch.randint(0, 128, (4, 32), generator=gen)
+    ids = torch.randint(0, 128, (4, 64), generator=gen)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
 
 
@@ -78,7 +80,7 @@ def _train(mode, straggler, steps=STEPS):
 
     model, optimizer, booster, plugin = _boost()
     balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=mode, straggler=straggler,
-                              reshard=ReshardConfig(window=4, horizon=steps))
+                              reshard=ReshardConfig(window=WINDOW, horizon=steps))
     losses = []
     for step in range(steps):
         loss = model(**_batch(step)).loss
@@ -106,7 +108,7 @@ def test_reshard_replans_a_straggler_that_stays_and_trains_exactly():
     assert out["none"] is None  # mode off: no re-sharding at all
     assert summary["replans"] >= 1, summary
     first = summary["events"][0]
-    assert first["mlp_units"][1] < first["mlp_units"][0] and sum(first["mlp_units"]) == 512 // BLOCK
+    assert first["mlp_units"][1] < first["mlp_units"][0] and sum(first["mlp_units"]) == INTERMEDIATE // BLOCK
     assert first["kv_units"] == [1, 1]  # 2 KV groups: one each is the only split with a unit per rank
     assert first["predicted_s"] < first["before_s"] and first["bytes_moved"] > 0 and first["move_s"] > 0
     torch.testing.assert_close(torch.tensor(out["reshard"]), torch.tensor(out["healthy"]), **LOSS_TOL)
@@ -154,7 +156,7 @@ def _refusal_body(rank, world):
     # semi on uneven shards: resizing only, migration off; mig still refused
     for mode in ("semi", "mig"):
         plugin = HybridParallelPlugin(tp_size=2, pp_size=1, precision="fp32",
-                                      custom_policy=SemiMigPolicy(shard_plan=UnevenPlan(mlp_units=(10, 6),
+                                      custom_policy=SemiMigPolicy(shard_plan=UnevenPlan(mlp_units=(20, 12),
                                                                                         kv_units=(1, 1),
                                                                                         block_size=BLOCK)))
         booster = Booster(plugin=plugin)
@@ -178,7 +180,7 @@ def test_refusals_name_the_problem():
     assert out["mig_uneven"].startswith("ConfigError") and "uneven" in out["mig_uneven"]
     if _replan_available():
         assert out["reshard_no_optimizer"].startswith("ConfigError") and "optimizer" in out["reshard_no_optimizer"]
-        assert out["reshard_plain_policy"] == "ok" and "mlp=[2, 2] x 128" in out["plain_policy_plan"], out
+        assert out["reshard_plain_policy"] == "ok" and "mlp=[4, 4] x 128" in out["plain_policy_plan"], out
         assert out["semi_uneven"] == "ok" and out["semi_uneven_controller"] == "zero-pri"
         assert out["semi_uneven_resharder"] is True
     else:
@@ -188,9 +190,9 @@ def test_refusals_name_the_problem():
 
 
 # ----------------------------------------------------------------------------- the example, end to end
-TINY = ["--hidden", "64", "--layers", "2", "--seq-len", "32", "--batch-size", "4", "--lr", "1e-3",
+TINY = ["--hidden", "256", "--layers", "2", "--seq-len", "64", "--batch-size", "4", "--lr", "1e-3",
         "--log-every", "5", "--timeout-s", "60", "--data", "synthetic", "--eval-batches", "2", "--eval-every", "0",
-        "--shard-block", "32", "--reshard-window", "4"]
+        "--shard-block", "32", "--reshard-window", "6"]
 
 
 def _example(tmp_path: Path, name: str, *flags: str) -> tuple[str, dict]:

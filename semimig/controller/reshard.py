@@ -14,21 +14,25 @@ ratio ``k = R/S`` is ``(c_r − b_r)·p_r/b_r`` on every rank; the *smallest* ov
 inflates its ``k``); the scale is fixed by ``R + S/e = 1`` and ``v_r = (R + S·p_r)/c_r`` in units
 of a healthy even step per second.  The speed *ratios* ``s_r = v_r / max_q v_q`` say who is slow.
 
-A straggler that *stays*: over the last ``window`` steps every rank's ``s_r`` stays within
-``tolerance`` (relative) of its window median.  The state's *age* is how long the median has held
-within ``tolerance`` of the median at which it became stable.  A straggler that comes and goes
-never becomes stable, or becomes stable only for short ages.
+A straggler that *stays*: over the last ``window`` steps, in at least ``agree`` of them (default
+75 %: a shared machine has outlier steps) every rank's ``s_r`` is within ``tolerance`` (relative)
+of its window median.  The state's *age* is how long the median has held within ``tolerance`` of
+the median at which it became stable.  A straggler that comes and goes never becomes stable, or
+becomes stable only for short ages.
 
 Proposal: :func:`~semimig.sharding.solve_plan` on the window's median model (median ``c_r`` and
-``b_r``), per dimension, rounded to whole units, ``≥ min_units`` per rank; when every ``s_r`` is
-within ``tolerance`` of 1 the proposal is the even plan (where ``tp`` divides every dimension).
+``b_r``), per dimension, rounded to whole units, ``≥ min_units`` per rank; the even plan (where
+``tp`` divides every dimension: Colossal-AI's layout) is preferred unless the solved plan's
+predicted step beats it by more than ``margin``.
 Predicted step ``t(plan) = max_r (R + S·p_r)/v_r + min_r m_r`` (the slowest rank waits least: its
 ``m_r`` is the transfers' own time).
 
 Re-plan only when all of these hold (hysteresis: no flip-flop):
 
 - the state is stable and the proposal differs from the plan in force;
-- ``gain = t(current) − t(proposal) > margin · t(current)``;
+- ``gain = t(current) − t(proposal) > max(margin, noise_z · σ̂) · t(current)``, ``σ̂`` the largest
+  relative standard error of a rank's window-median compute (``1.25 · 1.4826 · MAD / median / √W``):
+  a plan is never changed for less than the noise of the numbers it is solved from;
 - ``gain · min(horizon, age) > move cost`` — the cost measured at the last move, scaled by the
   bytes this move would send (``seconds/byte`` of the last move), or before the first move
   ``bytes / bandwidth + latency``; ``age`` is the evidence that the state lasts: a state ``age``
@@ -61,12 +65,16 @@ class ReshardConfig:
 
     window: int = 20
     """``W``: steps a speed ratio must stay within ``tolerance`` before a straggler counts as staying."""
-    tolerance: float = 0.15
-    """Relative band of the speed ratios within the window (and around 1 for 'no straggler')."""
+    tolerance: float = 0.25
+    """Relative band of the speed ratios around their window median."""
+    agree: float = 0.75
+    """Share of the window's steps that must lie within ``tolerance`` (the rest are outliers)."""
     horizon: int = 500
     """Most steps a gain is counted over (the expected remaining run, or less)."""
     margin: float = 0.05
     """A re-plan must shorten the predicted step by more than this fraction of it."""
+    noise_z: float = 3.0
+    """... and by more than this many standard errors of the window's median compute times."""
     dwell: int = 0
     """Fewest steps between two re-plans; 0: ``2·window``."""
     bandwidth_bytes_s: float = 1e9
@@ -79,8 +87,10 @@ class ReshardConfig:
     def __post_init__(self) -> None:
         check_int("ReshardConfig.window", self.window, minimum=2, maximum=10**6)
         check_number("ReshardConfig.tolerance", self.tolerance, minimum=0.0, maximum=1.0, low_open=True)
+        check_number("ReshardConfig.agree", self.agree, minimum=0.5, maximum=1.0)
         check_int("ReshardConfig.horizon", self.horizon, minimum=1, maximum=10**9)
         check_number("ReshardConfig.margin", self.margin, minimum=0.0, maximum=1.0)
+        check_number("ReshardConfig.noise_z", self.noise_z, minimum=0.0, maximum=100.0)
         check_int("ReshardConfig.dwell", self.dwell, minimum=0, maximum=10**9)
         check_number("ReshardConfig.bandwidth_bytes_s", self.bandwidth_bytes_s, minimum=0.0, low_open=True)
         check_number("ReshardConfig.latency_s", self.latency_s, minimum=0.0)
@@ -252,10 +262,12 @@ class ReshardPolicy:
         return tuple(x / top for x in v)
 
     def _stable(self, step: int, ratios: list) -> bool:
-        """Every rank's ratio within ``tolerance`` of its window median; tracks the state's age."""
+        """At least ``agree`` of the steps with every rank's ratio within ``tolerance`` of its window
+        median; tracks the state's age."""
         tol = self.config.tolerance
         median = tuple(statistics.median(col) for col in zip(*ratios))
-        stable = all(abs(x - med) <= tol * med for row in ratios for x, med in zip(row, median))
+        inside = sum(all(abs(x - med) <= tol * med for x, med in zip(row, median)) for row in ratios)
+        stable = inside >= self.config.agree * len(ratios)
         state = self._state
         if not stable:
             self._state = _State()
@@ -279,7 +291,7 @@ class ReshardPolicy:
         if not stable:
             return ReshardDecision(step, reason="speeds not stable over the window (a straggler that comes and goes, "
                                                 "or noise)", **base)
-        proposal = self._propose(model, speed)
+        proposal = self._propose(model)
         if proposal == self.plans:
             return ReshardDecision(step, reason="the plan in force is the best", **base)
         predicted = self._predict(model, proposal) + comm
@@ -289,9 +301,10 @@ class ReshardPolicy:
         horizon = min(cfg.horizon, step - self._state.since + 1)
         info = dict(current_s=current, predicted_s=predicted, speed_ratios=speed, move_bytes=nbytes,
                     move_cost_s=cost, horizon=horizon)
-        if gain <= cfg.margin * current:
+        needed = max(cfg.margin, cfg.noise_z * self._noise(samples))
+        if gain <= needed * current:
             return ReshardDecision(step, reason=f"gain {gain:.4g} s/step within the margin "
-                                                f"({cfg.margin:.0%} of {current:.4g} s)", **info)
+                                                f"({needed:.0%} of {current:.4g} s)", **info)
         if gain * horizon <= cost:
             return ReshardDecision(step, reason=f"gain {gain:.4g} s/step x {horizon} steps does not pay the move "
                                                 f"({cost:.4g} s)", **info)
@@ -301,12 +314,25 @@ class ReshardPolicy:
         return ReshardDecision(step, plans=proposal, reason=f"gain {gain:.4g} s/step x {horizon} steps > move "
                                                             f"{cost:.4g} s ({units} units)", **info)
 
-    def _propose(self, model: StepModel, speed: Tuple[float, ...]) -> Tuple[ShardPlan, ...]:
-        tol = self.config.tolerance
-        if all(s >= 1.0 - tol for s in speed) and all(p.total_units % self.tp == 0 for p in self.plans):
-            return tuple(ShardPlan.even(p.total_units, self.tp, unit_size=p.unit_size) for p in self.plans)
-        return tuple(solve_plan(model, total_units=p.total_units, unit_size=p.unit_size,
-                                min_units=self.config.min_units) for p in self.plans)
+    def _noise(self, samples: Sequence[ReshardSample]) -> float:
+        """Largest relative standard error of a rank's median compute over the window."""
+        worst = 0.0
+        for r in range(self.tp):
+            values = [s.compute_s[r] for s in samples]
+            med = statistics.median(values)
+            mad = statistics.median(abs(v - med) for v in values)
+            worst = max(worst, 1.25 * 1.4826 * mad / med / len(values) ** 0.5)
+        return worst
+
+    def _propose(self, model: StepModel) -> Tuple[ShardPlan, ...]:
+        """The solved plan, or the even one unless the solved plan beats it by more than the margin."""
+        solved = tuple(solve_plan(model, total_units=p.total_units, unit_size=p.unit_size,
+                                  min_units=self.config.min_units) for p in self.plans)
+        if all(p.total_units % self.tp == 0 for p in self.plans):
+            even = tuple(ShardPlan.even(p.total_units, self.tp, unit_size=p.unit_size) for p in self.plans)
+            if self._predict(model, solved) * (1.0 + self.config.margin) >= self._predict(model, even):
+                return even
+        return solved
 
     def _predict(self, model: StepModel, plans: Sequence[ShardPlan]) -> float:
         return model.step(self.shares(plans))
