@@ -232,11 +232,24 @@ def _optimizer_parts(optimizer: Any) -> Tuple[Any, Dict[Any, Any]]:
 Setter = Callable[[torch.Tensor], None]
 
 
+def _forget_grad_accumulator(tensor: torch.Tensor) -> None:
+    """Make autograd build a new gradient accumulator for ``tensor`` at its next use.
+
+    A leaf's accumulator records the leaf's shape when it is made and lives as long as anyone holds it
+    (DDP's reducer does); ``tensor.data = new`` keeps it unless the dtype or the device changes, so a new
+    shape would meet the old metadata in backward.  Passing through an empty tensor of another dtype
+    drops it (``VariableHooks::set_data``).  Hooks put on the old accumulator node go with it (DDP's are
+    rebuilt, :func:`_rebuild_ddp`); hooks registered on the tensor itself stay."""
+    other = torch.float64 if tensor.dtype != torch.float64 else torch.float32
+    tensor.data = torch.empty(0, dtype=other, device=tensor.device)
+
+
 def _carriers(param: nn.Parameter, inner: torch.optim.Optimizer, masters: Dict[Any, Any]
               ) -> List[Tuple[torch.Tensor, Setter]]:
     """Every tensor laid out like ``param``'s shard, with how to put its replacement in place."""
     def data_setter(t: torch.Tensor) -> Setter:
         def put(new: torch.Tensor) -> None:
+            _forget_grad_accumulator(t)
             t.data = new
         return put
 
@@ -348,7 +361,10 @@ def _rebuild_ddp(model: nn.Module) -> int:
             continue
         parameters, expect_sparse_gradient = ddp._build_params_for_reducer()
         mapping = ddp._build_debug_param_to_name_mapping(parameters)
-        ddp.reducer = None  # drop the old reducer (and its hooks) first
+        # drop the old reducer (its logger holds it too) before building the new one: it keeps the parameters'
+        # gradient accumulators alive, and a new reducer would take those, with the old shapes in their metadata
+        ddp.logger = None
+        ddp.reducer = None
         ddp._ddp_init_helper(parameters, expect_sparse_gradient, mapping, ddp.static_graph)
         if ddp.static_graph:
             ddp.reducer._set_static_graph()
