@@ -92,7 +92,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--shard-plan", default=None, metavar="MLP_UNITS[:KV_UNITS]",
                    help="uneven tensor-parallel shards: MLP blocks of --shard-block columns and KV groups per TP "
                         "rank, e.g. 28,4:3,1 (needs --policy semimig and a --balance other than mig)")
-    p.add_argument("--shard-block", type=int, default=128, help="MLP intermediate columns per --shard-plan unit")
+    p.add_argument("--shard-block", type=int, default=128,
+                   help="MLP intermediate columns per --shard-plan unit (and per re-sharding unit)")
     p.add_argument("--straggler", default=None, help="test straggler, e.g. fixed:1:4 (TP rank 1 4x slower)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=8)
@@ -290,7 +291,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=args.balance, straggler=args.straggler,
                                   log_every=args.log_every,
-                                  reshard=ReshardConfig(window=args.reshard_window, horizon=args.steps))
+                                  reshard=ReshardConfig(window=args.reshard_window, horizon=args.steps,
+                                                        block_size=args.shard_block))
 
     dp_rank = torch.distributed.get_rank(plugin.dp_group)  # TP ranks share a batch; DP ranks do not
     vocab = model.unwrap().config.vocab_size

@@ -170,9 +170,11 @@ class Balancer:
         self._log(report)
         if self.resharder is not None:
             plan = self.resharder.observe(report)  # collective; equal on every rank
-            if plan is not None:
-                self.controller, self._layers = self._rebuild(self.controller, plan)
-                self._view = None
+            if plan is not None or self.resharder.settled_now:
+                rebuilt = self._rebuild(self.controller, self.resharder.plan, settled=plan is None)
+                if rebuilt is not None:
+                    self.controller, self._layers = rebuilt
+                    self._view = None
         return report
 
     @property
@@ -293,7 +295,7 @@ def _check_reshard(mode: str, model: nn.Module, plugin: Any, reshard: Any, optim
     from semimig.resharder import reshardable_plan
 
     try:
-        plan = reshardable_plan(model, plugin)
+        plan = reshardable_plan(model, plugin, block_size=getattr(reshard, "block_size", None))
     except ConfigError as err:
         if mode == "reshard":
             raise ConfigError(f"mode='reshard': {err}") from None
@@ -419,23 +421,31 @@ def _resharding(model: nn.Module, optimizer: Any, plugin: Any, plan: Any, mode: 
         report = apply_plan(model, optimizer, new_plan, group=group)
         return int(report.bytes_sent), float(report.seconds)
 
-    def rebuild(old: Any, new_plan: Any):
+    def rebuild(old: Any, new_plan: Any, *, settled: bool):
+        """A controller on the new shapes (``None``: keep ``old``).  Mode semi on uneven shards: only
+        measuring until the policy has a full window under the new plan (``settled``), then resizing
+        only, comparing each rank's busy time to the share of it the new plan gives the rank."""
+        even = len(set(new_plan.mlp_units)) == 1 and len(set(new_plan.kv_units)) == 1
+        if mode == "semi":
+            wanted = "semi" if even else (_resizing_mode(balance_config) if settled else "baseline")
+        else:
+            wanted = balance_config.mode
+        if settled and wanted == old.config.mode:
+            return None
         for layer in (m for m in model.modules() if isinstance(m, BalancedLinearMixin)):
             layer.directive = None
         old.close()
-        base = balance_config
-        if mode == "semi":
-            even = len(set(new_plan.mlp_units)) == 1 and len(set(new_plan.kv_units)) == 1
-            wanted = "semi" if even else _resizing_mode(balance_config)
-            if wanted != base.mode:
-                base = dataclasses.replace(base, mode=wanted)
-            if old.rank == 0 and wanted != old.config.mode:
-                logger.info("semimig: shards now %s: %s", "even again, migration back on (semi)" if even else
-                            "uneven, resizing only (%s) for what varies from step to step: migration assumes "
-                            "equal K per rank" % wanted, new_plan)
+        base = balance_config if wanted == balance_config.mode else dataclasses.replace(balance_config, mode=wanted)
+        if mode == "semi" and old.rank == 0 and wanted != old.config.mode:
+            logger.info("semimig: shards %s: %s", "even again, migration back on (semi)" if even else
+                        "uneven, resizing only (%s) for what varies from step to step, against the busy times "
+                        "measured under the new plan (migration assumes equal K per rank)" % wanted if settled else
+                        "uneven: resizing paused until a window of steps is measured under the new plan", new_plan)
         new = BalanceController(model, base, process_group=group, iterations_per_epoch=iterations_per_epoch)
         new.iteration, new.epoch = old.iteration, old.epoch
         new.injector.set_position(old.epoch, old.iteration)  # a time-varying straggler keeps its phase
+        if settled and not even:
+            new.busy_scale = resharder.busy_scale()  # resizing compares what varies, not the planned split
         return new, [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
 
     resharder = Resharder(plan, config, group=group, move=move, config=reshard or ReshardConfig())

@@ -25,6 +25,7 @@ the same decision at the same step because it decides from the same gathered num
 from __future__ import annotations
 
 import logging
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -79,7 +80,7 @@ def even_reshardable_plan(config: Any, tp: int, *, block_size: int = 128):
                       block_size=block_size)
 
 
-def reshardable_plan(model: Any, plugin: Any):
+def reshardable_plan(model: Any, plugin: Any, *, block_size: Optional[int] = None):
     """The plan the model was built with, as an :class:`~semimig.shardformer.UnevenPlan` with units
     in both dimensions, or :class:`ConfigError` saying how to build a model that can re-plan."""
     try:
@@ -90,7 +91,7 @@ def reshardable_plan(model: Any, plugin: Any):
     plan = None
     if current_plan is not None:
         try:  # what the layers hold now, in the built plan's block size when there is one
-            plan = current_plan(model, block_size=getattr(built, "block_size", None))
+            plan = current_plan(model, block_size=getattr(built, "block_size", None) or block_size)
         except ConfigError:
             plan = None
     if plan is None:
@@ -139,6 +140,8 @@ class Resharder:
             config=config)
         self.events: list[ReplanEvent] = []
         self.last: Optional[ReshardDecision] = None
+        self.settled_now = False
+        """True for the one step at which a full window under a new plan has been measured."""
         self._speaks = self.rank == 0
 
     # ------------------------------------------------------------------ per step
@@ -175,7 +178,7 @@ class Resharder:
         sample = self.gather(report)
         decision = self.policy.observe(sample)
         self.last = decision
-        self._measured(decision)
+        self.settled_now = self._measured(decision)
         if not decision.replan:
             return None
         from semimig.shardformer.uneven import UnevenPlan
@@ -209,16 +212,28 @@ class Resharder:
         rows = [r.cpu().tolist() for r in rows]
         return int(sum(r[0] for r in rows)), max(r[1] for r in rows)
 
-    def _measured(self, decision: ReshardDecision) -> None:
-        """The first full window after a re-plan: its measured step beside the predicted one."""
+    def _measured(self, decision: ReshardDecision) -> bool:
+        """The first full window after a re-plan: its measured step beside the predicted one (True then)."""
         if not self.events or self.events[-1].measured_s is not None or decision.current_s <= 0.0:
-            return
+            return False
         event = self.events[-1]
         event.measured_s = decision.current_s
         if self._speaks:
             logger.info("semimig re-plan of step %d: measured step %.4f s over the next %d steps (predicted %.4f s, "
                         "%.4f s before)", event.step, event.measured_s, self.policy.config.window,
                         event.predicted_s, event.before_s)
+        return True
+
+    def busy_scale(self) -> tuple[float, ...]:
+        """Per rank, its median GEMM seconds over the policy's window under the plan in force,
+        relative to the least: a resizing controller on top divides busy times by it, so it
+        compares what *varies* and leaves the re-planned split alone (all 1 before a window)."""
+        samples = list(self.policy.samples)
+        if not samples:
+            return (1.0,) * self.size
+        medians = [statistics.median(s.shardable_s[r] for s in samples) for r in range(self.size)]
+        low = min(medians)
+        return tuple(m / low if low > 0 else 1.0 for m in medians)
 
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict:

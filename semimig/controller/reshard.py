@@ -83,6 +83,8 @@ class ReshardConfig:
     """Fixed cost of a move (also a floor of a measured one's estimate)."""
     min_units: int = 1
     """Units every rank keeps in every dimension."""
+    block_size: Optional[int] = None
+    """MLP columns per unit when the model was built without a plan in units (``None``: 128)."""
 
     def __post_init__(self) -> None:
         check_int("ReshardConfig.window", self.window, minimum=2, maximum=10**6)
@@ -95,6 +97,7 @@ class ReshardConfig:
         check_number("ReshardConfig.bandwidth_bytes_s", self.bandwidth_bytes_s, minimum=0.0, low_open=True)
         check_number("ReshardConfig.latency_s", self.latency_s, minimum=0.0)
         check_int("ReshardConfig.min_units", self.min_units, minimum=1)
+        check_int("ReshardConfig.block_size", self.block_size, minimum=1, allow_none=True)
 
     @property
     def min_dwell(self) -> int:
