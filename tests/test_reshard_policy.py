@@ -70,6 +70,11 @@ def test_stays_slow_replans_once_to_the_expected_plan():
     assert decision.current_s == pytest.approx(model.step((0.5, 0.5)) + COMM, rel=1e-9)
     assert decision.predicted_s < decision.current_s
     assert pol.plans == decision.plans
+    # the cost counts the move, the move back and a window of the new plan at healthy speeds
+    healthy = StepModel.normalised((1.0, 1.0), replicated_share=RHO)
+    overstay = healthy.step(pol.shares(decision.plans)) - healthy.step((0.5, 0.5))
+    move = pol.config.latency_s + decision.move_bytes / pol.config.bandwidth_bytes_s
+    assert overstay > 0 and decision.move_cost_s == pytest.approx(2 * move + pol.config.window * overstay, rel=1e-9)
 
 
 def test_stays_slow_with_noise_still_one_replan():

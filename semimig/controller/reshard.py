@@ -33,11 +33,13 @@ Re-plan only when all of these hold (hysteresis: no flip-flop):
 - ``gain = t(current) − t(proposal) > max(margin, noise_z · σ̂) · t(current)``, ``σ̂`` the largest
   relative standard error of a rank's window-median compute (``1.25 · 1.4826 · MAD / median / √W``):
   a plan is never changed for less than the noise of the numbers it is solved from;
-- ``gain · min(horizon, age) > move cost`` — the cost measured at the last move, scaled by the
-  bytes this move would send (``seconds/byte`` of the last move), or before the first move
-  ``bytes / bandwidth + latency``; ``age`` is the evidence that the state lasts: a state ``age``
-  steps old is expected to last about as long again, so a come-and-go straggler whose phases are
-  short never pays for a move;
+- ``gain · min(horizon, age) > move + revert`` — ``move`` the cost measured at the last move,
+  scaled by the bytes this move would send (``seconds/byte`` of the last move), or before the
+  first move ``bytes / bandwidth + latency``; ``revert`` what the plan costs if the straggler
+  leaves: the move back plus ``window`` steps (the time to notice) of the proposal's extra step
+  at healthy speeds, ``t_healthy(proposal) − t_healthy(current)`` (nothing for a move back to
+  even).  ``age`` is the evidence that the state lasts: a state ``age`` steps old is expected to
+  last about as long again, so a come-and-go straggler whose phases are short never pays;
 - at least ``dwell`` steps since the last re-plan (and its window refilled under the new plan).
 
 Every input is a number all ranks share and the arithmetic is in a fixed order, so every rank
@@ -77,8 +79,9 @@ class ReshardConfig:
     """... and by more than this many standard errors of the window's median compute times."""
     dwell: int = 0
     """Fewest steps between two re-plans; 0: ``2·window``."""
-    bandwidth_bytes_s: float = 1e9
-    """Before the first move: its cost is ``bytes / bandwidth + latency``."""
+    bandwidth_bytes_s: float = 1e8
+    """Before the first move: its cost is ``bytes / bandwidth + latency`` (100 MB/s: a host link
+    under gloo, measured ~70-150 MB/s on CPU; NVLink is far faster, and the first move measures it)."""
     latency_s: float = 0.05
     """Fixed cost of a move (also a floor of a measured one's estimate)."""
     min_units: int = 1
@@ -146,6 +149,7 @@ class ReshardDecision:
     speed_ratios: Tuple[float, ...] = ()
     move_bytes: int = 0
     move_cost_s: float = 0.0
+    """The move's cost and its revert's (module docstring)."""
     horizon: int = 0
 
     @property
@@ -300,7 +304,10 @@ class ReshardPolicy:
         predicted = self._predict(model, proposal) + comm
         gain = current - predicted
         units, nbytes = self.moved(proposal)
-        cost = self._move_cost(nbytes)
+        healthy = StepModel(speeds=(max(model.speeds),) * self.tp, replicated=model.replicated,
+                            shardable=model.shardable)
+        overstay = max(self._predict(healthy, proposal) - self._predict(healthy, self.plans), 0.0)
+        cost = 2.0 * self._move_cost(nbytes) + cfg.window * overstay
         horizon = min(cfg.horizon, step - self._state.since + 1)
         info = dict(current_s=current, predicted_s=predicted, speed_ratios=speed, move_bytes=nbytes,
                     move_cost_s=cost, horizon=horizon)
@@ -310,12 +317,12 @@ class ReshardPolicy:
                                                 f"({needed:.0%} of {current:.4g} s)", **info)
         if gain * horizon <= cost:
             return ReshardDecision(step, reason=f"gain {gain:.4g} s/step x {horizon} steps does not pay the move "
-                                                f"({cost:.4g} s)", **info)
+                                                f"and its revert ({cost:.4g} s)", **info)
         if self.last_move_step is not None and step - self.last_move_step < cfg.min_dwell:
             return ReshardDecision(step, reason=f"dwell: {step - self.last_move_step} of {cfg.min_dwell} steps since "
                                                 "the last re-plan", **info)
         return ReshardDecision(step, plans=proposal, reason=f"gain {gain:.4g} s/step x {horizon} steps > move "
-                                                            f"{cost:.4g} s ({units} units)", **info)
+                                                            f"and revert {cost:.4g} s ({units} units)", **info)
 
     def _noise(self, samples: Sequence[ReshardSample]) -> float:
         """Largest relative standard error of a rank's median compute over the window."""
