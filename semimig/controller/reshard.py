@@ -8,11 +8,16 @@ work (the paired GEMMs) and its seconds in collectives ``m_r``.  The plan in for
 ``w_d`` per dimension (its share of the shardable work, e.g. its parameters); a rank's effective
 share is ``p_r = Σ_d w_d·n_{d,r}/U_d / Σ_d w_d``.
 
-Model (:mod:`semimig.sharding.solver`).  ``c_r = (R + S·p_r)/v_r``.  The replicated-to-shardable
-ratio ``k = R/S`` is ``(c_r − b_r)·p_r/b_r`` on every rank; the *smallest* over the ranks is taken
-(an injected whole-device slowdown lengthens a rank's compute but not its timed GEMMs, which only
-inflates its ``k``); the scale is fixed by ``R + S/e = 1`` and ``v_r = (R + S·p_r)/c_r`` in units
-of a healthy even step per second.  The speed *ratios* ``s_r = v_r / max_q v_q`` say who is slow.
+Model (:mod:`semimig.sharding.solver`).  ``c_r = (R + S·p_r)/v_r``.  Before the first move the
+replicated-to-shardable ratio ``k = R/S`` is read from the split: ``(c_r − b_r)·p_r/b_r`` on every
+rank, the *smallest* over the ranks (a slowdown that lengthens a rank's compute but not its timed
+GEMMs only inflates its ``k``).  The timed GEMMs are not all the shardable work (the heads'
+attention, the optimizer's update of the shard also shrink with ``p``), so this ``k`` is too
+large; a move measures it: each rank whose share changed by ``Δp`` (at least ``0.05``) and whose
+median compute moved the same way by ``Δc`` gives ``k = c_old·Δp/Δc − p_old`` (speeds are stable
+on both sides of a move, or it would not have happened), and the median over those ranks is used
+from then on.  The scale is fixed by ``R + S/e = 1`` and ``v_r = (R + S·p_r)/c_r`` in units of a
+healthy even step per second.  The speed *ratios* ``s_r = v_r / max_q v_q`` say who is slow.
 
 A straggler that *stays*: over the last ``window`` steps, in at least ``agree`` of them (default
 75 %: a shared machine has outlier steps) every rank's ``s_r`` is within ``tolerance`` (relative)
@@ -206,6 +211,9 @@ class ReshardPolicy:
         self.seconds_per_byte: Optional[float] = None
         self.samples: collections.deque = collections.deque(maxlen=config.window)
         self._state = _State()
+        self.measured_k: Optional[float] = None
+        """``R/S`` measured across a move (module docstring); ``None`` before."""
+        self._before: Optional[tuple] = None
         self.history: list[ReshardDecision] = []
         """Every decision that re-planned."""
 
@@ -230,6 +238,9 @@ class ReshardPolicy:
         check_int("bytes_moved", bytes_moved, minimum=0)
         if bytes_moved > 0:
             self.seconds_per_byte = max(seconds - self.config.latency_s, 0.0) / bytes_moved
+        if len(self.samples) == self.config.window:  # the window the move was decided on: its medians
+            self._before = (self.shares(), [statistics.median(s.compute_s[r] for s in self.samples)
+                                            for r in range(self.tp)])
         self.plans = plans
         self.last_move_step = self.step
         self.samples.clear()  # measurements under the old plan say nothing about the new one's times
@@ -257,10 +268,27 @@ class ReshardPolicy:
         b = [statistics.median(s.shardable_s[r] for s in samples) for r in range(e)]
         m = [statistics.median(s.comm_s[r] for s in samples) for r in range(e)]
         p = self.shares()
-        k = min((c[r] - b[r]) * p[r] / b[r] for r in range(e))
+        k = self.measured_k if self.measured_k is not None else min((c[r] - b[r]) * p[r] / b[r] for r in range(e))
         S = 1.0 / (k + 1.0 / e)
         R = k * S
         return StepModel(speeds=tuple((R + S * p[r]) / c[r] for r in range(e)), replicated=R, shardable=S), min(m)
+
+    def _measure_k(self, samples: Sequence[ReshardSample]) -> None:
+        """After a move, the first full window: ``R/S`` from the compute before and after it."""
+        if self._before is None:
+            return
+        (p_old, c_old), self._before = self._before, None
+        p_new = self.shares()
+        found = []
+        for r in range(self.tp):
+            dp = p_new[r] - p_old[r]
+            dc = statistics.median(s.compute_s[r] for s in samples) - c_old[r]
+            if abs(dp) >= 0.05 and dp * dc > 0:
+                k = c_old[r] * dp / dc - p_old[r]
+                if k >= 0.0:
+                    found.append(k)
+        if found:
+            self.measured_k = statistics.median(found)
 
     def _ratios(self, sample: ReshardSample, k: float) -> Tuple[float, ...]:
         p = self.shares()
@@ -288,6 +316,7 @@ class ReshardPolicy:
         if len(self.samples) < cfg.window:
             return ReshardDecision(step, reason=f"window filling ({len(self.samples)}/{cfg.window})")
         samples = list(self.samples)
+        self._measure_k(samples)
         model, comm = self.model(samples)
         k = model.replicated / model.shardable
         ratios = [self._ratios(s, k) for s in samples]
