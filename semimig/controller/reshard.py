@@ -15,7 +15,8 @@ GEMMs only inflates its ``k``).  The timed GEMMs are not all the shardable work 
 attention, the optimizer's update of the shard also shrink with ``p``), so this ``k`` is too
 large; a move measures it: each rank whose share changed by ``Δp`` (at least ``0.05``) and whose
 median compute moved the same way by ``Δc`` gives ``k = c_old·Δp/Δc − p_old`` (speeds are stable
-on both sides of a move, or it would not have happened), and the median over those ranks is used
+on both sides of a move, or it would not have happened); a move whose ranks disagree by more than
+2x measured a speed change instead and is ignored; the median of every estimate so far is used
 from then on.  The scale is fixed by ``R + S/e = 1`` and ``v_r = (R + S·p_r)/c_r`` in units of a
 healthy even step per second.  The speed *ratios* ``s_r = v_r / max_q v_q`` say who is slow.
 
@@ -214,6 +215,7 @@ class ReshardPolicy:
         self.measured_k: Optional[float] = None
         """``R/S`` measured across a move (module docstring); ``None`` before."""
         self._before: Optional[tuple] = None
+        self._k_found: list[float] = []
         self.history: list[ReshardDecision] = []
         """Every decision that re-planned."""
 
@@ -287,8 +289,11 @@ class ReshardPolicy:
                 k = c_old[r] * dp / dc - p_old[r]
                 if k >= 0.0:
                     found.append(k)
+        if len(found) > 1 and max(found) > 2.0 * min(found):
+            return  # the ranks disagree: a speed changed across the move; this one measures nothing
         if found:
-            self.measured_k = statistics.median(found)
+            self._k_found.extend(found)
+            self.measured_k = statistics.median(self._k_found)
 
     def _ratios(self, sample: ReshardSample, k: float) -> Tuple[float, ...]:
         p = self.shares()
