@@ -220,7 +220,7 @@ def _refusal_body(rank, world):
     out["after"] = pc.outcome(lambda: apply_plan(model, optimizer, UnevenPlan(**UNEVEN["llama"])))
     _, stock, stock_opt = _boost("llama", policy="stock")
     out["stock"] = pc.outcome(lambda: apply_plan(stock, stock_opt, UnevenPlan(**UNEVEN["llama"])))
-    _, zero, zero_opt = _boost("llama", precision="bf16", zero_stage=1)
+    _, zero, zero_opt = _boost("llama", precision="bf16", zero_stage=1, overlap_communication=False)
     out["zero"] = pc.outcome(lambda: apply_plan(zero, zero_opt, UnevenPlan(**UNEVEN["llama"])))
     return out
 
