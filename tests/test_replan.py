@@ -69,11 +69,11 @@ def _boost(name, tp=2, precision="fp32", policy="even", **plugin_kwargs):
     return booster, model, optimizer
 
 
-def _train(name, precision, plans, steps, tp=2):
+def _train(name, precision, plans, steps, tp=2, policy="even", **plugin_kwargs):
     """Losses of ``steps`` steps; before step ``s`` each plan in ``plans.get(s, [])`` is applied."""
     from semimig.sharding import apply_plan
 
-    booster, model, optimizer = _boost(name, tp, precision)
+    booster, model, optimizer = _boost(name, tp, precision, policy, **plugin_kwargs)
     losses, reports = [], []
     for step in range(steps):
         for plan in plans.get(step, []):
@@ -98,6 +98,13 @@ def _run_body(rank, world, name, precisions):
             "there-and-back": _train(name, precision, {3: [uneven, even]}, 9)[0],
             "static-uneven": _train(name, precision, {0: [uneven]}, 3)[0],
         }
+    # clipping (max_norm well below the norm: every step clips) counts the moved shards once
+    clip = dict(max_norm=0.05)
+    out["clip"] = {"uninterrupted": _train(name, "fp32", {}, 6, **clip)[0],
+                   "replanned": _train(name, "fp32", {2: [uneven], 4: [even]}, 6, **clip)[0]}
+    # the policy without a plan (SemiMigPolicy()) builds re-plannable layers too
+    out["no-plan"] = {"uninterrupted": out["fp32"]["uninterrupted"][:6],
+                      "replanned": _train(name, "fp32", {2: [uneven], 4: [even]}, 6, policy="none")[0]}
     return out
 
 
@@ -122,6 +129,13 @@ def test_replan_mid_run_gives_the_uninterrupted_losses(runs, precision):
     # a re-plan before the first step (no optimizer state yet) trains like the even layout too (on this tiny
     # model the uneven sums happen to round like the even ones: equal bit for bit, as the policy-built plan)
     torch.testing.assert_close(out["static-uneven"], reference[:3], atol=atol, rtol=0.0)
+
+
+@pytest.mark.parametrize("case", ["clip", "no-plan"])
+def test_replan_with_clipping_and_from_the_planless_policy(runs, case):
+    name, out = runs
+    torch.testing.assert_close(out[case]["replanned"], out[case]["uninterrupted"], atol=FP32_ATOL, rtol=0.0,
+                               msg=f"{name} {case}")
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
