@@ -60,7 +60,10 @@ def _boost(name, tp=2, precision="fp32", policy="even", **plugin_kwargs):
 
     from semimig.shardformer import SemiMigPolicy, UnevenPlan
 
-    policy = {"even": SemiMigPolicy(shard_plan=UnevenPlan()), "none": SemiMigPolicy(), "stock": None}[policy]
+    if isinstance(policy, UnevenPlan):
+        policy = SemiMigPolicy(shard_plan=policy)
+    else:
+        policy = {"even": SemiMigPolicy(shard_plan=UnevenPlan()), "none": SemiMigPolicy(), "stock": None}[policy]
     plugin = HybridParallelPlugin(tp_size=tp, pp_size=1, precision=precision, custom_policy=policy, **plugin_kwargs)
     booster = Booster(plugin=plugin)
     model = _model(name)
@@ -151,7 +154,7 @@ def _full(tensor, parts, plans, dim):
     return all_gather_packed(tensor.detach(), parts, plans, dim=dim, group=dist.group.WORLD)
 
 
-def _slices_body(rank, world, name, precision, uneven, even):
+def _slices_body(rank, world, name, precision, uneven, even, built_uneven=False):
     """Two steps even, gather every paired tensor in full; re-plan; compare each local tensor with the new
     plan's slice of the full one (bit for bit); one training step.  Then back to even, and again."""
     from semimig.sharding import apply_plan, current_plan
@@ -160,7 +163,8 @@ def _slices_body(rank, world, name, precision, uneven, even):
     from semimig.shardformer import UnevenPlan
 
     # the vocabulary (128) padded to a multiple of 64·tp would leave tp=4's last ranks no real token
-    booster, model, optimizer = _boost(name, world, precision, make_vocab_size_divisible_by=8)
+    start = UnevenPlan(**uneven) if built_uneven else "even"
+    booster, model, optimizer = _boost(name, world, precision, start, make_vocab_size_divisible_by=8)
     for step in range(2):
         booster.backward(model(**_batch(step)).loss, optimizer)
         optimizer.step()
@@ -169,7 +173,8 @@ def _slices_body(rank, world, name, precision, uneven, even):
     block = even["block_size"]
     out = {"before": current_plan(model, block_size=block), "losses": []}
     checked = 0
-    for target in (UnevenPlan(**uneven), UnevenPlan(**even)):
+    targets = (UnevenPlan(**uneven), UnevenPlan(**even))
+    for target in targets[::-1] if built_uneven else targets:
         _, layers = _layers(model)
         full = {}
         for layer in layers:
@@ -203,7 +208,7 @@ def _slices_body(rank, world, name, precision, uneven, even):
         optimizer.step()
         optimizer.zero_grad()
         out["losses"].append(float(loss.detach().float()))
-    same = apply_plan(model, optimizer, UnevenPlan(**even))
+    same = apply_plan(model, optimizer, targets[0] if built_uneven else targets[1])
     out["same"] = (same.bytes_sent, same.bytes_received, same.tensors_moved, same.layers_changed)
     out["checked"] = checked
     return out
@@ -213,14 +218,16 @@ TP4 = {"gpt2": (dict(mlp_units=(1, 3, 2, 2), kv_units=(3, 1, 2, 2), block_size=3
                dict(mlp_units=(2, 2, 2, 2), kv_units=(2, 2, 2, 2), block_size=32))}
 
 
-@pytest.mark.parametrize("name,precision,tp", [("llama", "fp32", 2), ("gpt2", "bf16", 2), ("gpt2", "fp32", 4)])
-def test_after_a_move_each_rank_holds_the_new_plans_slices(name, precision, tp):
+@pytest.mark.parametrize("name,precision,tp,built_uneven", [("llama", "fp32", 2, False), ("gpt2", "bf16", 2, False),
+                                                             ("gpt2", "fp32", 4, False), ("llama", "bf16", 2, True)])
+def test_after_a_move_each_rank_holds_the_new_plans_slices(name, precision, tp, built_uneven):
+    """``built_uneven``: the model starts under the uneven plan (the policy's), moves to even and back."""
     from semimig.shardformer import UnevenPlan
 
     uneven, even = (UNEVEN[name], EVEN[name]) if tp == 2 else TP4[name]
-    out = run_on_ranks(_slices_body, tp, name, precision, uneven, even, timeout_s=300)
+    out = run_on_ranks(_slices_body, tp, name, precision, uneven, even, built_uneven, timeout_s=300)
     uneven, even = UnevenPlan(**uneven), UnevenPlan(**even)
-    assert out["before"] == even
+    assert out["before"] == (uneven if built_uneven else even)
     assert out["checked"] > 0
     for plan in (uneven, even):
         sent, received, moved, matches = out[str(plan)]
