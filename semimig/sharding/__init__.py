@@ -33,3 +33,7 @@ def __getattr__(name: str):
 
         return getattr(replan, name)
     raise AttributeError(f"module 'semimig.sharding' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_REPLAN))
