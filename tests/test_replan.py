@@ -60,7 +60,10 @@ def _boost(name, tp=2, precision="fp32", policy="even", **plugin_kwargs):
 
     from semimig.shardformer import SemiMigPolicy, UnevenPlan
 
-    policy = {"even": SemiMigPolicy(shard_plan=UnevenPlan()), "none": SemiMigPolicy(), "stock": None}[policy]
+    if isinstance(policy, UnevenPlan):
+        policy = SemiMigPolicy(shard_plan=policy)
+    else:
+        policy = {"even": SemiMigPolicy(shard_plan=UnevenPlan()), "none": SemiMigPolicy(), "stock": None}[policy]
     plugin = HybridParallelPlugin(tp_size=tp, pp_size=1, precision=precision, custom_policy=policy, **plugin_kwargs)
     booster = Booster(plugin=plugin)
     model = _model(name)
@@ -69,11 +72,11 @@ def _boost(name, tp=2, precision="fp32", policy="even", **plugin_kwargs):
     return booster, model, optimizer
 
 
-def _train(name, precision, plans, steps, tp=2):
+def _train(name, precision, plans, steps, tp=2, policy="even", **plugin_kwargs):
     """Losses of ``steps`` steps; before step ``s`` each plan in ``plans.get(s, [])`` is applied."""
     from semimig.sharding import apply_plan
 
-    booster, model, optimizer = _boost(name, tp, precision)
+    booster, model, optimizer = _boost(name, tp, precision, policy, **plugin_kwargs)
     losses, reports = [], []
     for step in range(steps):
         for plan in plans.get(step, []):
@@ -98,6 +101,13 @@ def _run_body(rank, world, name, precisions):
             "there-and-back": _train(name, precision, {3: [uneven, even]}, 9)[0],
             "static-uneven": _train(name, precision, {0: [uneven]}, 3)[0],
         }
+    # clipping (max_norm well below the norm: every step clips) counts the moved shards once
+    clip = dict(max_norm=0.05)
+    out["clip"] = {"uninterrupted": _train(name, "fp32", {}, 6, **clip)[0],
+                   "replanned": _train(name, "fp32", {2: [uneven], 4: [even]}, 6, **clip)[0]}
+    # the policy without a plan (SemiMigPolicy()) builds re-plannable layers too
+    out["no-plan"] = {"uninterrupted": out["fp32"]["uninterrupted"][:6],
+                      "replanned": _train(name, "fp32", {2: [uneven], 4: [even]}, 6, policy="none")[0]}
     return out
 
 
@@ -124,6 +134,13 @@ def test_replan_mid_run_gives_the_uninterrupted_losses(runs, precision):
     torch.testing.assert_close(out["static-uneven"], reference[:3], atol=atol, rtol=0.0)
 
 
+@pytest.mark.parametrize("case", ["clip", "no-plan"])
+def test_replan_with_clipping_and_from_the_planless_policy(runs, case):
+    name, out = runs
+    torch.testing.assert_close(out[case]["replanned"], out[case]["uninterrupted"], atol=FP32_ATOL, rtol=0.0,
+                               msg=f"{name} {case}")
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_replan_there_and_back_is_bit_equal(runs, precision):
     name, out = runs
@@ -137,23 +154,27 @@ def _full(tensor, parts, plans, dim):
     return all_gather_packed(tensor.detach(), parts, plans, dim=dim, group=dist.group.WORLD)
 
 
-def _slices_body(rank, world, name, precision):
+def _slices_body(rank, world, name, precision, uneven, even, built_uneven=False):
     """Two steps even, gather every paired tensor in full; re-plan; compare each local tensor with the new
-    plan's slice of the full one (bit for bit).  Then back to even, and again."""
+    plan's slice of the full one (bit for bit); one training step.  Then back to even, and again."""
     from semimig.sharding import apply_plan, current_plan
     from semimig.sharding.replan import _carriers, _layers, _optimizer_parts
     from semimig.sharding.split import shard_packed
     from semimig.shardformer import UnevenPlan
 
-    booster, model, optimizer = _boost(name, world, precision)
+    # the vocabulary (128) padded to a multiple of 64·tp would leave tp=4's last ranks no real token
+    start = UnevenPlan(**uneven) if built_uneven else "even"
+    booster, model, optimizer = _boost(name, world, precision, start, make_vocab_size_divisible_by=8)
     for step in range(2):
         booster.backward(model(**_batch(step)).loss, optimizer)
         optimizer.step()
         optimizer.zero_grad()
     inner, masters = _optimizer_parts(optimizer)
-    out = {"before": current_plan(model, block_size=64)}
+    block = even["block_size"]
+    out = {"before": current_plan(model, block_size=block), "losses": []}
     checked = 0
-    for target in (UnevenPlan(**UNEVEN[name]), UnevenPlan(**EVEN[name])):
+    targets = (UnevenPlan(**uneven), UnevenPlan(**even))
+    for target in targets[::-1] if built_uneven else targets:
         _, layers = _layers(model)
         full = {}
         for layer in layers:
@@ -179,29 +200,42 @@ def _slices_body(rank, world, name, precision):
                 key = layer.name.replace("module.", "")  # the booster's wrappers: HybridParallelModule, DDP
                 assert torch.equal(state[f"{key}.{pname}"], before[0]), (layer.name, pname)
         out[str(target)] = (report.bytes_sent, report.bytes_received, report.tensors_moved,
-                            current_plan(model, block_size=64) == target)
+                            current_plan(model, block_size=block) == target)
         attention = next(m for n, m in model.unwrap().named_modules() if n.endswith(("0.self_attn", "0.attn")))
         out[f"heads {target}"] = attention.num_heads
-    same = apply_plan(model, optimizer, UnevenPlan(**EVEN[name]))
+        loss = model(**_batch(5)).loss  # training goes on under the new plan
+        booster.backward(loss, optimizer)
+        optimizer.step()
+        optimizer.zero_grad()
+        out["losses"].append(float(loss.detach().float()))
+    same = apply_plan(model, optimizer, targets[0] if built_uneven else targets[1])
     out["same"] = (same.bytes_sent, same.bytes_received, same.tensors_moved, same.layers_changed)
     out["checked"] = checked
     return out
 
 
-@pytest.mark.parametrize("name,precision", [("llama", "fp32"), ("gpt2", "bf16")])
-def test_after_a_move_each_rank_holds_the_new_plans_slices(name, precision):
+TP4 = {"gpt2": (dict(mlp_units=(1, 3, 2, 2), kv_units=(3, 1, 2, 2), block_size=32),
+               dict(mlp_units=(2, 2, 2, 2), kv_units=(2, 2, 2, 2), block_size=32))}
+
+
+@pytest.mark.parametrize("name,precision,tp,built_uneven", [("llama", "fp32", 2, False), ("gpt2", "bf16", 2, False),
+                                                             ("gpt2", "fp32", 4, False), ("llama", "bf16", 2, True)])
+def test_after_a_move_each_rank_holds_the_new_plans_slices(name, precision, tp, built_uneven):
+    """``built_uneven``: the model starts under the uneven plan (the policy's), moves to even and back."""
     from semimig.shardformer import UnevenPlan
 
-    out = run_on_ranks(_slices_body, 2, name, precision, timeout_s=300)
-    uneven, even = UnevenPlan(**UNEVEN[name]), UnevenPlan(**EVEN[name])
-    assert out["before"] == even
+    uneven, even = (UNEVEN[name], EVEN[name]) if tp == 2 else TP4[name]
+    out = run_on_ranks(_slices_body, tp, name, precision, uneven, even, built_uneven, timeout_s=300)
+    uneven, even = UnevenPlan(**uneven), UnevenPlan(**even)
+    assert out["before"] == (uneven if built_uneven else even)
     assert out["checked"] > 0
     for plan in (uneven, even):
         sent, received, moved, matches = out[str(plan)]
         assert sent + received > 0 and moved > 0 and matches, (plan, out[str(plan)])  # rank 0: one way only
-    # rank 0: Llama 3 of 4 KV groups of 2 query heads; GPT-2 5 of 8 heads (one per group)
-    assert out[f"heads {uneven}"] == (6 if name == "llama" else 5)
-    assert out[f"heads {even}"] == (4 if name == "llama" else 4)
+    # rank 0's query heads: Llama 3 (uneven) or 2 (even) KV groups of 2; GPT-2 one head per group
+    assert out[f"heads {uneven}"] == uneven.kv_units[0] * (2 if name == "llama" else 1)
+    assert out[f"heads {even}"] == even.kv_units[0] * (2 if name == "llama" else 1)
+    assert all(0 < loss < 10 for loss in out["losses"]), out["losses"]
     assert out["same"] == (0, 0, 0, 0)
 
 
@@ -220,7 +254,7 @@ def _refusal_body(rank, world):
     out["after"] = pc.outcome(lambda: apply_plan(model, optimizer, UnevenPlan(**UNEVEN["llama"])))
     _, stock, stock_opt = _boost("llama", policy="stock")
     out["stock"] = pc.outcome(lambda: apply_plan(stock, stock_opt, UnevenPlan(**UNEVEN["llama"])))
-    _, zero, zero_opt = _boost("llama", precision="bf16", zero_stage=1)
+    _, zero, zero_opt = _boost("llama", precision="bf16", zero_stage=1, overlap_communication=False)
     out["zero"] = pc.outcome(lambda: apply_plan(zero, zero_opt, UnevenPlan(**UNEVEN["llama"])))
     return out
 

@@ -23,7 +23,8 @@ from semimig.sharding.move import Piece, move_schedule
 
 _REPLAN = ("apply_plan", "current_plan", "MoveReport")
 
-__all__ = ["apply_plan", "current_plan", "MoveReport", "Piece", "move_schedule", "ShardPlan", "units_of", "kv_group_unit", "StepModel", "continuous_shares", "fit_step_model", "solve_plan",
+__all__ = ["apply_plan", "current_plan", "MoveReport", "Piece", "move_schedule",
+           "ShardPlan", "units_of", "kv_group_unit", "StepModel", "continuous_shares", "fit_step_model", "solve_plan",
            "predicted_step", "speeds_from_times", "slowest_per_position"]
 
 
@@ -33,3 +34,7 @@ def __getattr__(name: str):
 
         return getattr(replan, name)
     raise AttributeError(f"module 'semimig.sharding' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_REPLAN))
