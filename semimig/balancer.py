@@ -278,57 +278,6 @@ def _config(mode: Optional[str], straggler: Any, config: Any):
     return mode, dataclasses.replace(base, **changes)
 
 
-def _resizing_mode(config: Any) -> str:
-    """Mode semi on uneven shards: the zero-* mode of its resizing variant (migration assumes equal K)."""
-    return "zero-" + config.resizing.variant
-
-
-def _check_reshard(mode: str, model: nn.Module, plugin: Any, reshard: Any, optimizer: Any) -> Optional[Any]:
-    """The model's plan in units when this mode re-shards (``None`` for semi on a model that cannot),
-    or :class:`ConfigError` naming what stops it."""
-    from semimig.controller.reshard import ReshardConfig
-
-    if reshard is not None and not isinstance(reshard, ReshardConfig):
-        raise ConfigError(f"reshard must be a semimig.controller.reshard.ReshardConfig or None, got {reshard!r}")
-    if mode not in ("reshard", "semi") or plugin.tp_size == 1:
-        return None
-    from semimig.resharder import reshardable_plan
-
-    try:
-        plan = reshardable_plan(model, plugin, block_size=getattr(reshard, "block_size", None))
-    except ConfigError as err:
-        if mode == "reshard":
-            raise ConfigError(f"mode='reshard': {err}") from None
-        logger.info("semimig: mode=semi without re-sharding (%s)", err)
-        return None
-    blockers = [(plugin.pp_size > 1, f"pp_size={plugin.pp_size} (each stage would re-plan alone)"),
-                (getattr(plugin, "dp_size", 1) > 1, f"dp_size={getattr(plugin, 'dp_size', 1)} (every data-parallel "
-                 "replica must hold the same plan; the replicas do not agree on one yet)"),
-                (getattr(plugin, "zero_stage", 0) > 0, f"zero_stage={getattr(plugin, 'zero_stage', 0)} (ZeRO's flat "
-                 "buffers are not rebuilt in process)")]
-    for blocked, why in blockers:
-        if blocked:
-            if mode == "reshard":
-                raise ConfigError(f"mode='reshard' cannot re-plan with {why}")
-            logger.info("semimig: mode=semi without re-sharding: %s", why)
-            return None
-    try:
-        import semimig.sharding.replan  # noqa: F401  (the mechanics that move weights and optimizer state)
-    except ImportError:
-        if mode == "reshard":
-            raise ConfigError("mode='reshard' needs semimig.sharding.replan (apply_plan), which this install "
-                              "lacks") from None
-        logger.info("semimig: mode=semi without re-sharding: semimig.sharding.replan is missing")
-        return None
-    if optimizer is None:
-        if mode == "reshard":
-            raise ConfigError("mode='reshard' moves the optimizer state with the weights: pass optimizer= (the "
-                              "boosted optimizer)")
-        logger.info("semimig: mode=semi without re-sharding: no optimizer= to move the state of")
-        return None
-    return plan
-
-
 def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Optional[str] = None,
            straggler: Union[str, Any, None] = None, log_every: int = 0, config: Any = None,
            iterations_per_epoch: Optional[int] = None, reshard: Any = None) -> Balancer:
@@ -357,6 +306,7 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
         _check_optimizer(optimizer)
     log_every = check_int("log_every", log_every, minimum=0)
     mode, balance_config = _config(mode, straggler, config)
+    from semimig.resharder import check_reshard, make_resharder, resizing_mode
     from semimig.nn.balanced import BalancedLinearMixin
 
     layers = [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
@@ -371,9 +321,9 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
         raise ConfigError(f"mode='mig' migrates columns between equal shards, but {type(model).__name__} has uneven "
                           "tensor-parallel shards (SemiMigPolicy(shard_plan=...)): use 'semi', 'reshard', a zero-* "
                           "mode or 'off'")
-    plan = _check_reshard(mode, model, plugin, reshard, optimizer)
+    plan = check_reshard(mode, model, plugin, reshard, optimizer)
     if balance_config.mode == "semi" and uneven:
-        balance_config = dataclasses.replace(balance_config, mode=_resizing_mode(balance_config))
+        balance_config = dataclasses.replace(balance_config, mode=resizing_mode(balance_config))
         logger.info("semimig: mode=semi on uneven shards: resizing only (%s), migration off (it assumes equal K "
                     "per rank)", balance_config.mode)
     if plugin.tp_size == 1:
@@ -385,8 +335,8 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
                                    iterations_per_epoch=iterations_per_epoch)
     resharder = rebuild = None
     if plan is not None:
-        resharder, rebuild = _resharding(model, optimizer, plugin, plan, mode, balance_config, reshard,
-                                         iterations_per_epoch)
+        resharder, rebuild = make_resharder(model, optimizer, plugin, plan, mode, balance_config, reshard,
+                                            iterations_per_epoch)
     if controller.rank == 0:
         logger.info("semimig: %d semimig layers in a tensor-parallel group of %d, mode=%s, straggler=%s "
                     "(output heads named %s stay dense)%s", len(layers), controller.size,
@@ -401,52 +351,3 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
             layer.directive = None
         controller.close()
         raise
-
-
-def _resharding(model: nn.Module, optimizer: Any, plugin: Any, plan: Any, mode: str, balance_config: Any,
-                reshard: Any, iterations_per_epoch: Optional[int]):
-    """The :class:`~semimig.resharder.Resharder` and the function that rebuilds the controller on
-    the new shapes after a move (the controller's binding caches every layer's shape)."""
-    from semimig.controller import BalanceController
-    from semimig.controller.reshard import ReshardConfig
-    from semimig.nn.balanced import BalancedLinearMixin
-    from semimig.resharder import Resharder
-
-    group = plugin.tp_group
-    config = getattr(model, "unwrap", lambda: model)().config
-
-    def move(new_plan: Any) -> tuple[int, float]:
-        from semimig.sharding.replan import apply_plan
-
-        report = apply_plan(model, optimizer, new_plan, group=group)
-        return int(report.bytes_sent), float(report.seconds)
-
-    def rebuild(old: Any, new_plan: Any, *, settled: bool):
-        """A controller on the new shapes (``None``: keep ``old``).  Mode semi on uneven shards: only
-        measuring until the policy has a full window under the new plan (``settled``), then resizing
-        only, comparing each rank's busy time to the share of it the new plan gives the rank."""
-        even = len(set(new_plan.mlp_units)) == 1 and len(set(new_plan.kv_units)) == 1
-        if mode == "semi":
-            wanted = "semi" if even else (_resizing_mode(balance_config) if settled else "baseline")
-        else:
-            wanted = balance_config.mode
-        if settled and wanted == old.config.mode:
-            return None
-        for layer in (m for m in model.modules() if isinstance(m, BalancedLinearMixin)):
-            layer.directive = None
-        old.close()
-        base = balance_config if wanted == balance_config.mode else dataclasses.replace(balance_config, mode=wanted)
-        if mode == "semi" and old.rank == 0 and wanted != old.config.mode:
-            logger.info("semimig: shards %s: %s", "even again, migration back on (semi)" if even else
-                        "uneven, resizing only (%s) for what varies from step to step, against the busy times "
-                        "measured under the new plan (migration assumes equal K per rank)" % wanted if settled else
-                        "uneven: resizing paused until a window of steps is measured under the new plan", new_plan)
-        new = BalanceController(model, base, process_group=group, iterations_per_epoch=iterations_per_epoch)
-        new.iteration, new.epoch = old.iteration, old.epoch
-        new.injector.set_position(old.epoch, old.iteration)  # a time-varying straggler keeps its phase
-        if settled and not even:
-            new.busy_scale = resharder.busy_scale()  # resizing compares what varies, not the planned split
-        return new, [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
-
-    resharder = Resharder(plan, config, group=group, move=move, config=reshard or ReshardConfig())
-    return resharder, rebuild

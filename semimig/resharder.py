@@ -18,12 +18,16 @@ controller's ``step()``, it
    every changed unit's weights and optimizer state once), tells the policy the measured cost, and
    hands the caller the new plan so that it rebuilds the controller on the new shapes.
 
+:func:`check_reshard` (what a mode needs, refused by name) and :func:`make_resharder` (the
+resharder and the controller rebuild after a move) are :func:`semimig.enable`'s side of it.
+
 One INFO line per re-plan (plan, predicted step, move cost), and one when the next full window
 under the new plan has been measured (measured step beside the predicted one).  Every rank takes
 the same decision at the same step because it decides from the same gathered numbers.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 from dataclasses import dataclass, field
@@ -37,7 +41,8 @@ from semimig.controller.reshard import ReshardConfig, ReshardDecision, ReshardPo
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan, units_of
 
-__all__ = ["Resharder", "ReplanEvent", "reshardable_plan", "even_reshardable_plan"]
+__all__ = ["Resharder", "ReplanEvent", "reshardable_plan", "even_reshardable_plan", "check_reshard", "make_resharder",
+           "resizing_mode"]
 
 logger = logging.getLogger(__name__)
 
@@ -243,3 +248,97 @@ class Resharder:
                 "move_s": sum(e.move_s for e in self.events),
                 "events": [e.as_dict() for e in self.events]}
 
+
+# ----------------------------------------------------------------------------- semimig.enable
+def resizing_mode(config: Any) -> str:
+    """Mode semi on uneven shards: the zero-* mode of its resizing variant (migration assumes equal K)."""
+    return "zero-" + config.resizing.variant
+
+
+def check_reshard(mode: str, model: Any, plugin: Any, reshard: Any, optimizer: Any) -> Optional[Any]:
+    """The model's plan in units when this mode re-shards (``None`` for semi on a model that cannot),
+    or :class:`ConfigError` naming what stops it."""
+    if reshard is not None and not isinstance(reshard, ReshardConfig):
+        raise ConfigError(f"reshard must be a semimig.controller.reshard.ReshardConfig or None, got {reshard!r}")
+    if mode not in ("reshard", "semi") or plugin.tp_size == 1:
+        return None
+    try:
+        plan = reshardable_plan(model, plugin, block_size=getattr(reshard, "block_size", None))
+    except ConfigError as err:
+        if mode == "reshard":
+            raise ConfigError(f"mode='reshard': {err}") from None
+        logger.info("semimig: mode=semi without re-sharding (%s)", err)
+        return None
+    blockers = [(plugin.pp_size > 1, f"pp_size={plugin.pp_size} (each stage would re-plan alone)"),
+                (getattr(plugin, "dp_size", 1) > 1, f"dp_size={getattr(plugin, 'dp_size', 1)} (every data-parallel "
+                 "replica must hold the same plan; the replicas do not agree on one yet)"),
+                (getattr(plugin, "zero_stage", 0) > 0, f"zero_stage={getattr(plugin, 'zero_stage', 0)} (ZeRO's flat "
+                 "buffers are not rebuilt in process)")]
+    for blocked, why in blockers:
+        if blocked:
+            if mode == "reshard":
+                raise ConfigError(f"mode='reshard' cannot re-plan with {why}")
+            logger.info("semimig: mode=semi without re-sharding: %s", why)
+            return None
+    try:
+        import semimig.sharding.replan  # noqa: F401  (the mechanics that move weights and optimizer state)
+    except ImportError:
+        if mode == "reshard":
+            raise ConfigError("mode='reshard' needs semimig.sharding.replan (apply_plan), which this install "
+                              "lacks") from None
+        logger.info("semimig: mode=semi without re-sharding: semimig.sharding.replan is missing")
+        return None
+    if optimizer is None:
+        if mode == "reshard":
+            raise ConfigError("mode='reshard' moves the optimizer state with the weights: pass optimizer= (the "
+                              "boosted optimizer)")
+        logger.info("semimig: mode=semi without re-sharding: no optimizer= to move the state of")
+        return None
+    return plan
+
+
+def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str, balance_config: Any,
+                   reshard: Any, iterations_per_epoch: Optional[int]):
+    """The :class:`~semimig.resharder.Resharder` and the function that rebuilds the controller on
+    the new shapes after a move (the controller's binding caches every layer's shape)."""
+    from semimig.controller import BalanceController
+    from semimig.nn.balanced import BalancedLinearMixin
+
+    group = plugin.tp_group
+    config = getattr(model, "unwrap", lambda: model)().config
+
+    def move(new_plan: Any) -> tuple[int, float]:
+        from semimig.sharding.replan import apply_plan
+
+        report = apply_plan(model, optimizer, new_plan, group=group)
+        return int(report.bytes_sent), float(report.seconds)
+
+    def rebuild(old: Any, new_plan: Any, *, settled: bool):
+        """A controller on the new shapes (``None``: keep ``old``).  Mode semi on uneven shards: only
+        measuring until the policy has a full window under the new plan (``settled``), then resizing
+        only, comparing each rank's busy time to the share of it the new plan gives the rank."""
+        even = len(set(new_plan.mlp_units)) == 1 and len(set(new_plan.kv_units)) == 1
+        if mode == "semi":
+            wanted = "semi" if even else (resizing_mode(balance_config) if settled else "baseline")
+        else:
+            wanted = balance_config.mode
+        if settled and wanted == old.config.mode:
+            return None
+        for layer in (m for m in model.modules() if isinstance(m, BalancedLinearMixin)):
+            layer.directive = None
+        old.close()
+        base = balance_config if wanted == balance_config.mode else dataclasses.replace(balance_config, mode=wanted)
+        if mode == "semi" and old.rank == 0 and wanted != old.config.mode:
+            logger.info("semimig: shards %s: %s", "even again, migration back on (semi)" if even else
+                        "uneven, resizing only (%s) for what varies from step to step, against the busy times "
+                        "measured under the new plan (migration assumes equal K per rank)" % wanted if settled else
+                        "uneven: resizing paused until a window of steps is measured under the new plan", new_plan)
+        new = BalanceController(model, base, process_group=group, iterations_per_epoch=iterations_per_epoch)
+        new.iteration, new.epoch = old.iteration, old.epoch
+        new.injector.set_position(old.epoch, old.iteration)  # a time-varying straggler keeps its phase
+        if settled and not even:
+            new.busy_scale = resharder.busy_scale()  # resizing compares what varies, not the planned split
+        return new, [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
+
+    resharder = Resharder(plan, config, group=group, move=move, config=reshard or ReshardConfig())
+    return resharder, rebuild

@@ -1,7 +1,8 @@
 """``semimig.enable(..., mode="reshard")`` and the re-sharding half of ``mode="semi"`` (DESIGN §8).
 
 2 ranks, gloo, a small Llama (hidden 256, 4 heads / 2 KV groups, intermediate 1024 = 32 blocks of
-32 columns: big enough that the paired GEMMs, not Python, are most of a step).  A whole-device straggler (``fixed:1:4:scope=device``: every span of rank 1's work
+32 columns: big enough that the paired GEMMs, not Python, are most of a step).  A whole-device
+straggler (``fixed:1:4:scope=device``: every span of rank 1's work
 between collectives takes 4x as long) stays for the whole run, so the policy re-plans once, to a
 plan that gives rank 1 fewer units; training goes on exactly: the losses equal a healthy run's
 with the even layout (same seed, same batches) within fp32 reassociation.  The end-to-end case

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import collections
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
 from semimig._validate import check_int, check_number
@@ -203,7 +203,8 @@ class ReshardPolicy:
                               f"{len(weights)} and {len(bytes_per_unit)}")
         self.weights = tuple(check_number(f"weights[{d}]", float(w), minimum=0.0, low_open=True)
                              for d, w in enumerate(weights))
-        self.bytes_per_unit = tuple(check_int(f"bytes_per_unit[{d}]", b, minimum=0) for d, b in enumerate(bytes_per_unit))
+        self.bytes_per_unit = tuple(check_int(f"bytes_per_unit[{d}]", b, minimum=0)
+                                    for d, b in enumerate(bytes_per_unit))
         self.config = config
         self.plans = plans
         self.tp = plans[0].tp
