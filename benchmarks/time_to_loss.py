@@ -9,9 +9,11 @@ straggler (``healthy``) and then in every balancing mode with TP rank 1 slowed::
                          between collectives takes chi times as long (default chi 4)
     --pattern ON:OFF     the throttle (or the device straggler, as bursts) comes and goes
 
-(``--modes ...,uneven`` adds a static uneven tensor-parallel layout, ``--shard-plan``: exact, the
+(``reshard``: exact uneven shards re-planned during training once the straggler has stayed, the
+re-plan's own cost inside the step times and reported: re-plans, bytes moved, seconds moving;
+``--modes ...,uneven`` adds a static uneven tensor-parallel layout, ``--shard-plan``: exact, the
 slow rank holding fewer MLP blocks and KV groups) and writes
-``{"modes": {"healthy": {...}, "off": {...}, "zero-pri": {...}, "semi": {...}}, ...}``
+``{"modes": {"healthy": {...}, "off": {...}, "zero-pri": {...}, "semi": {...}, "reshard": {...}}, ...}``
 with ``steady_step_s``, ``final_val_loss``, ``time_to_target_s`` (training wall time to healthy's
 final validation loss within 2 %, evaluation excluded; ``null`` if never), ``balanced_share`` per
 rank and the straggler's scope; ``--plot`` draws validation loss against training time, one line
@@ -31,8 +33,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODES = ("healthy", "off", "zero-pri", "semi", "uneven")
-DEFAULT_MODES = ("healthy", "off", "zero-pri", "semi")
+MODES = ("healthy", "off", "zero-pri", "semi", "reshard", "uneven")
+DEFAULT_MODES = ("healthy", "off", "zero-pri", "semi", "reshard")
 
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
@@ -184,19 +186,27 @@ def main(argv=None) -> int:
           f"{args.steps} steps x {args.repeats}; target val loss {target if target is None else round(target, 4)} "
           f"(healthy's final + {TARGET_TOLERANCE:.0%}); exact limit {result['exact_limit_vs_healthy']:.2f}x")
     print(f"{'mode':>10} {'steady s':>9} {'vs healthy':>10} {'final val':>9} {'to target s':>11} {'vs healthy':>10}"
-          f"  balanced share by rank")
+          f"  balanced share by rank; re-plans")
     for mode, m in modes.items():
         ttt = m["time_to_target_s"]
         share = " / ".join("-" if s is None else f"{s:.2f}" for s in (m["balanced_share"] or []))
         print(f"{mode:>10} {m['steady_step_s']:>9.3f} {m['steady_step_s'] / base_step:>9.2f}x "
               f"{m['final_val_loss'] if m['final_val_loss'] is not None else float('nan'):>9.4f} "
               f"{'never' if ttt is None else f'{ttt:.1f}':>11} "
-              f"{'-' if ttt is None or not base_time else f'{ttt / base_time:.2f}x':>10}  {share}")
+              f"{'-' if ttt is None or not base_time else f'{ttt / base_time:.2f}x':>10}  {share}{replans(m)}")
     print(f"JSON: {args.json}")
     if args.plot:
         plot(result, args.plot)
         print(f"plot: {args.plot}")
     return 0
+
+
+def replans(mode: dict) -> str:
+    """``; 1 re-plan(s), 3.1 MB in 0.12 s`` for a mode that re-shards (median over repeats), else ``""``."""
+    r = mode.get("reshard")
+    if not r:
+        return ""
+    return f"; {r['replans']:g} re-plan(s), {r['bytes_moved'] / 1e6:.1f} MB in {r['move_s']:.2f} s"
 
 
 def plot(result: dict, path: Path) -> None:

@@ -11,6 +11,14 @@ Several nodes (run on every node, ``--node_rank`` 0..N-1; the endpoint is node 0
     torchrun --nnodes 2 --nproc_per_node 4 --node_rank 0 --rdzv_backend c10d \\
         --rdzv_endpoint node0.example:29500 --rdzv_id finetune1 examples/finetune_llm.py --tp 4
 
+A rank that *stays* slow is served exactly by re-sharding: ``--balance reshard`` gives it fewer MLP
+blocks and KV groups once its speed has been stable for ``--reshard-window`` steps and the
+predicted gain pays for moving the weights and optimizer state (``semi`` does the same and resizes
+what varies from step to step); the summary reports ``replans``, the plan, ``moved_mb`` and
+``move_s`` (the move's time is inside its step's time)::
+
+    torchrun --nproc_per_node 2 examples/finetune_llm.py --straggler fixed:1:4:scope=device --balance reshard
+
 The model is a tiny Llama built in code (no download) unless ``--model NAME`` names a Hugging Face
 causal LM, which is read with ``from_pretrained(NAME, local_files_only=True)``: the weights must
 already be on disk (a local directory, or the Hugging Face cache).
@@ -60,7 +68,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("finetune_llm")
 
-BALANCE_MODES = ("semi", "mig", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "off")
+BALANCE_MODES = ("semi", "mig", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "reshard", "off")
 SYNTHETIC_VOCAB = 512
 
 
@@ -76,11 +84,16 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     p.add_argument("--policy", default="semimig", choices=("semimig", "colossalai"),
                    help="semimig's layers (default) or Colossal-AI's own policy (no balancing)")
-    p.add_argument("--balance", default="semi", choices=BALANCE_MODES, help="balancing mode; 'off': none")
+    p.add_argument("--balance", default="semi", choices=BALANCE_MODES,
+                   help="balancing mode; 'off': none; 'reshard': exact uneven shards re-planned for a straggler that "
+                        "stays (semi also re-shards, and resizes what varies)")
+    p.add_argument("--reshard-window", type=int, default=10,
+                   help="reshard/semi: steps a straggler's speed must stay stable before a re-plan (default 10)")
     p.add_argument("--shard-plan", default=None, metavar="MLP_UNITS[:KV_UNITS]",
                    help="uneven tensor-parallel shards: MLP blocks of --shard-block columns and KV groups per TP "
-                        "rank, e.g. 28,4:3,1 (needs --policy semimig, --balance off or a zero-* mode)")
-    p.add_argument("--shard-block", type=int, default=128, help="MLP intermediate columns per --shard-plan unit")
+                        "rank, e.g. 28,4:3,1 (needs --policy semimig and a --balance other than mig)")
+    p.add_argument("--shard-block", type=int, default=128,
+                   help="MLP intermediate columns per --shard-plan unit (and per re-sharding unit)")
     p.add_argument("--straggler", default=None, help="test straggler, e.g. fixed:1:4 (TP rank 1 4x slower)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=8)
@@ -111,7 +124,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 # (a stray zero, a minus sign, inf) is refused before any process group or model is built.
 _INT_FLAGS = {"hidden": (8, 65536), "layers": (1, 1024), "steps": (1, 10**7), "batch_size": (1, 65536),
               "seq_len": (2, 1 << 20), "seed": (0, 2**32 - 1), "eval_every": (0, 10**7), "eval_batches": (1, 10**5),
-              "log_every": (1, 10**7), "shard_block": (1, 1 << 20)}
+              "log_every": (1, 10**7), "shard_block": (1, 1 << 20), "reshard_window": (2, 10**6)}
 TINY_LLAMA_HEADS, TINY_LLAMA_KV_HEADS = 8, 4
 
 
@@ -135,8 +148,8 @@ def check_flags(args: argparse.Namespace) -> None:
             raise ConfigError(f"--tp must divide the tiny Llama's {TINY_LLAMA_KV_HEADS} key/value heads, got {args.tp}")
     if args.policy == "colossalai" and (args.balance != "off" or args.straggler):
         raise ConfigError("--policy colossalai has no semimig layers: use it with --balance off and no --straggler")
-    if args.shard_plan and (args.policy != "semimig" or args.balance in ("semi", "mig")):
-        raise ConfigError(f"--shard-plan {args.shard_plan} needs --policy semimig and --balance off or a zero-* mode "
+    if args.shard_plan and (args.policy != "semimig" or args.balance == "mig"):
+        raise ConfigError(f"--shard-plan {args.shard_plan} needs --policy semimig and a --balance other than mig "
                           f"(migration needs equal shards), got --policy {args.policy} --balance {args.balance}")
     if args.straggler is not None:
         from semimig.straggler import StragglerConfig
@@ -274,8 +287,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     model, optimizer, *_ = booster.boost(model, optimizer)
     balancer = None
     if args.policy == "semimig":
+        from semimig.controller.reshard import ReshardConfig
+
         balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=args.balance, straggler=args.straggler,
-                                  log_every=args.log_every)
+                                  log_every=args.log_every,
+                                  reshard=ReshardConfig(window=args.reshard_window, horizon=args.steps,
+                                                        block_size=args.shard_block))
 
     dp_rank = torch.distributed.get_rank(plugin.dp_group)  # TP ranks share a batch; DP ranks do not
     vocab = model.unwrap().config.vocab_size
@@ -318,12 +335,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     by_rank = _balanced_share_by_rank(shares, plugin.tp_group, tp)
     summary.update(final_val_loss=f"{val_losses[-1][1]:.4f}" if val_losses else "none", eval_s=f"{eval_s:.3f}",
                    balanced_share=",".join("-" if b is None else f"{b:.2f}" for b in by_rank))
+    reshard = balancer.reshard_summary if balancer is not None else None
+    if reshard is not None:
+        summary.update(replans=reshard["replans"], reshard_plan=reshard["plan"].replace(" ", ""),
+                       moved_mb=f"{reshard['bytes_moved'] / 1e6:.2f}", move_s=f"{reshard['move_s']:.3f}")
     if rank == 0:
         print("summary: " + " ".join(f"{k}={v}" for k, v in summary.items()), flush=True)
         if args.json:
             from semimig._io import write_json
 
             summary["balanced_share_by_rank"] = by_rank
+            if reshard is not None:
+                summary["reshard"] = reshard
             if corpus is not None:
                 summary["unigram_entropy_nats"] = corpus.unigram_entropy()
             write_json(args.json, {"summary": summary, "losses": losses, "step_s": times,

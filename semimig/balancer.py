@@ -14,7 +14,8 @@ What it does: it builds a :class:`~semimig.controller.BalanceController` over th
 layers on the plugin's tensor-parallel group (``plugin.tp_group``) and calls its ``step()`` once
 per optimizer step.  Modes are the controller's (``semi``, ``mig``, ``zero-rd``, ``zero-pri``,
 ``zero-pridiff-e``, ``zero-pridiff-r``, ``baseline``) plus ``off``, a synonym of ``baseline``: the
-layers are timed (and slowed, if a test straggler is injected) but never resized or migrated.
+layers are timed (and slowed, if a test straggler is injected) but never resized or migrated; and
+``reshard`` (below).
 ``straggler="fixed:1:4"`` (any :meth:`~semimig.straggler.injection.StragglerConfig.from_cli`
 spec) injects a test straggler: TP-group rank 1's GEMMs take 4x as long, in every TP group.
 
@@ -34,6 +35,22 @@ shares): at INFO the layers it binds, the first plan, every change of plan, ever
 flagged or unflagged, and every ``log_every`` steps a line with the ranks' busy times and shed
 shares; at WARNING, once, the first time a straggler is balanced — Python prints WARNING records
 even when logging is not configured, so a run always shows that the balancer acted.
+
+Re-sharding (DESIGN §8).  ``mode="reshard"`` is exact and never prunes: the layers are only timed
+(and slowed by a test straggler), and after every step :class:`~semimig.resharder.Resharder` feeds
+the pure :class:`~semimig.controller.reshard.ReshardPolicy` every rank's split of the step; when
+a straggler has stayed (its speed ratio stable over a window) and the predicted gain over a
+horizon pays for the move, every changed unit's weights and optimizer state move once
+(:func:`semimig.sharding.replan.apply_plan`) and the controller is rebuilt on the new shapes.
+``mode="semi"`` on a model that can re-plan does the same for the straggler that stays and keeps
+resizing and migration as the instant reaction; once the shards are uneven it resizes only
+(migration assumes equal K per rank; the log says so) and migrates again if a re-plan returns to
+even.  Re-planning needs the model built with a plan in units
+(``SemiMigPolicy(shard_plan=semimig.resharder.even_reshardable_plan(config, tp))``), the optimizer
+hooked, ``pp_size == 1``, ``dp_size == 1`` and ``zero_stage == 0``; ``mode="reshard"`` refuses
+anything else by name, ``mode="semi"`` says in one INFO line why it runs without re-sharding.
+One INFO line per re-plan (plan, predicted step, bytes and seconds moved) and one with the
+measured step once a full window ran under it; :attr:`Balancer.reshard_summary` has them all.
 
 Refused (:class:`~semimig.errors.ConfigError`, naming the input): a plugin that is not
 ``HybridParallelPlugin``, a model with no semimig layers (boost it with
@@ -68,7 +85,7 @@ __all__ = ["Balancer", "PlanView", "enable", "ENABLE_MODES"]
 
 logger = logging.getLogger(__name__)
 
-ENABLE_MODES = ("semi", "mig", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "baseline", "off")
+ENABLE_MODES = ("semi", "mig", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "baseline", "off", "reshard")
 BALANCED_SCHEDULES = ("OneForwardOneBackwardSchedule",)
 
 
@@ -113,9 +130,13 @@ class Balancer:
     """The handle :func:`enable` returns: the controller, the latest report, and the hook."""
 
     def __init__(self, controller: Any, layers: list, *, optimizer: Any = None, log_every: int = 0,
-                 active: bool = True) -> None:
+                 active: bool = True, resharder: Any = None, rebuild: Any = None) -> None:
         self.controller = controller
         self._layers = layers
+        self.resharder = resharder
+        """Mode ``reshard`` (and ``semi`` on a model that can re-plan): the
+        :class:`~semimig.resharder.Resharder` fed after every step; ``None`` otherwise."""
+        self._rebuild = rebuild
         self.active = active
         self.log_every = log_every
         self.report = None
@@ -147,7 +168,19 @@ class Balancer:
         self.report = report
         self.steps += 1
         self._log(report)
+        if self.resharder is not None:
+            plan = self.resharder.observe(report)  # collective; equal on every rank
+            if plan is not None or self.resharder.settled_now:
+                rebuilt = self._rebuild(self.controller, self.resharder.plan, settled=plan is None)
+                if rebuilt is not None:
+                    self.controller, self._layers = rebuilt
+                    self._view = None
         return report
+
+    @property
+    def reshard_summary(self) -> Optional[dict]:
+        """Re-plans so far (count, plans, bytes moved, seconds), or ``None`` without re-sharding."""
+        return None if self.resharder is None else self.resharder.summary()
 
     def set_epoch(self, epoch: int) -> None:
         """Tell the controller which epoch runs (round-robin test stragglers follow it)."""
@@ -239,15 +272,15 @@ def _config(mode: Optional[str], straggler: Any, config: Any):
         raise ConfigError(f"config must be a BalanceConfig or None, got {config!r}")
     base = config or BalanceConfig()
     mode = base.mode if mode is None else check_choice("mode", mode, ENABLE_MODES)
-    changes = {"mode": "baseline" if mode == "off" else mode}
+    changes = {"mode": {"off": "baseline", "reshard": "baseline"}.get(mode, mode)}
     if straggler is not None:
         changes["straggler"] = straggler  # a spec string is parsed (and checked) by BalanceConfig
-    return dataclasses.replace(base, **changes)
+    return mode, dataclasses.replace(base, **changes)
 
 
 def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Optional[str] = None,
            straggler: Union[str, Any, None] = None, log_every: int = 0, config: Any = None,
-           iterations_per_epoch: Optional[int] = None) -> Balancer:
+           iterations_per_epoch: Optional[int] = None, reshard: Any = None) -> Balancer:
     """Balance ``model``'s tensor-parallel layers against stragglers (module docstring).
 
     Args:
@@ -260,9 +293,11 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
         log_every: an INFO line every this many steps (0: only plan changes and flags).
         config: a :class:`~semimig.controller.BalanceConfig` for every other setting.
         iterations_per_epoch: the PriDiff period when ``config.resizing.period`` is unset.
+        reshard: a :class:`~semimig.controller.reshard.ReshardConfig` for modes ``reshard`` and
+            ``semi`` (default settings when ``None``).
 
     Returns:
-        The :class:`Balancer`; ``.report`` is the latest ``StepReport``.
+        The :class:`Balancer`; ``.report`` is the latest ``StepReport``, ``.reshard_summary`` the re-plans.
     """
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model must be the boosted torch.nn.Module, got {type(model).__name__}")
@@ -270,7 +305,8 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
     if optimizer is not None:
         _check_optimizer(optimizer)
     log_every = check_int("log_every", log_every, minimum=0)
-    balance_config = _config(mode, straggler, config)
+    mode, balance_config = _config(mode, straggler, config)
+    from semimig.resharder import check_reshard, make_resharder, resizing_mode
     from semimig.nn.balanced import BalancedLinearMixin
 
     layers = [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
@@ -280,10 +316,16 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
     if any(m.directive is not None for m in layers):
         raise ConfigError(f"model {type(model).__name__} is already balanced (its layers hold directives): "
                           "close() the previous balancer or controller first")
-    if balance_config.mode in ("semi", "mig") and any(getattr(m, "shard_plans", None) for m in layers):
-        raise ConfigError(f"mode={balance_config.mode!r} migrates columns between equal shards, but "
-                          f"{type(model).__name__} has uneven tensor-parallel shards (SemiMigPolicy(shard_plan=...)): "
-                          "use a zero-* mode or 'off'")
+    uneven = any(getattr(m, "shard_plans", None) for m in layers)
+    if balance_config.mode == "mig" and uneven:
+        raise ConfigError(f"mode='mig' migrates columns between equal shards, but {type(model).__name__} has uneven "
+                          "tensor-parallel shards (SemiMigPolicy(shard_plan=...)): use 'semi', 'reshard', a zero-* "
+                          "mode or 'off'")
+    plan = check_reshard(mode, model, plugin, reshard, optimizer)
+    if balance_config.mode == "semi" and uneven:
+        balance_config = dataclasses.replace(balance_config, mode=resizing_mode(balance_config))
+        logger.info("semimig: mode=semi on uneven shards: resizing only (%s), migration off (it assumes equal K "
+                    "per rank)", balance_config.mode)
     if plugin.tp_size == 1:
         logger.warning("semimig: tp_size=1, so there is no tensor-parallel group to balance; balancing is off")
         return Balancer(None, layers, active=False)
@@ -291,13 +333,21 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
 
     controller = BalanceController(model, balance_config, process_group=plugin.tp_group,
                                    iterations_per_epoch=iterations_per_epoch)
+    resharder = rebuild = None
+    if plan is not None:
+        resharder, rebuild = make_resharder(model, optimizer, plugin, plan, mode, balance_config, reshard,
+                                            iterations_per_epoch)
     if controller.rank == 0:
         logger.info("semimig: %d semimig layers in a tensor-parallel group of %d, mode=%s, straggler=%s "
-                    "(output heads named %s stay dense)", len(layers), controller.size, balance_config.mode,
-                    balance_config.straggler.to_cli(), "/".join(balance_config.dense_layers))
+                    "(output heads named %s stay dense)%s", len(layers), controller.size,
+                    mode if mode == "reshard" else balance_config.mode, balance_config.straggler.to_cli(),
+                    "/".join(balance_config.dense_layers),
+                    f"; re-sharding from {plan}" if plan is not None else "")
     try:
-        return Balancer(controller, layers, optimizer=optimizer, log_every=log_every)
+        return Balancer(controller, layers, optimizer=optimizer, log_every=log_every, resharder=resharder,
+                        rebuild=rebuild)
     except BaseException:
         for layer in layers:  # undo the controller's binding: a corrected call must not find it "balanced"
             layer.directive = None
+        controller.close()
         raise

@@ -40,6 +40,9 @@ class RunResult:
     """``(steps done, validation loss)`` at every evaluation."""
     balanced_share: tuple[Optional[float], ...] = ()
     """Per TP rank, the share of its own work in the balanced GEMMs (``None`` where not measured)."""
+    reshard: Optional[dict] = None
+    """Modes that re-shard: the example's re-plan summary (``replans``, ``plan``, ``bytes_moved``,
+    ``move_s``: the moves' own cost, already inside ``step_s``); ``None`` otherwise."""
 
     @classmethod
     def from_json(cls, data: dict, where: str = "run") -> "RunResult":
@@ -48,11 +51,15 @@ class RunResult:
             step_s = tuple(float(t) for t in data["step_s"])
             val = tuple((int(s), float(v)) for s, v in data["val_losses"])
             shares = tuple(None if b is None else float(b) for b in data["summary"].get("balanced_share_by_rank", ()))
+            reshard = data["summary"].get("reshard")
+            if reshard is not None:
+                reshard = {"replans": int(reshard["replans"]), "plan": str(reshard["plan"]),
+                           "bytes_moved": int(reshard["bytes_moved"]), "move_s": float(reshard["move_s"])}
         except (KeyError, TypeError, ValueError) as err:
             raise ConfigError(f"{where}: not an examples/finetune_llm.py --json result ({err!r})") from None
         if not step_s:
             raise ConfigError(f"{where}: no training steps recorded")
-        return cls(step_s=step_s, val_losses=val, balanced_share=shares)
+        return cls(step_s=step_s, val_losses=val, balanced_share=shares, reshard=reshard)
 
     @property
     def final_val_loss(self) -> Optional[float]:
@@ -99,7 +106,19 @@ def summarize_mode(runs: Sequence[RunResult], target: Optional[float]) -> dict:
         "train_s": statistics.median(sum(r.step_s) for r in runs),
         "balanced_share": [_median_or_none(col) for col in zip(*shares)] if shares else None,
         "val_losses": [list(v) for v in runs[0].val_losses],
+        "reshard": _reshard_summary(runs),
     }
+
+
+def _reshard_summary(runs: Sequence[RunResult]) -> Optional[dict]:
+    """Re-plans over the repeats (count, bytes moved, seconds moving: median and each), or ``None``."""
+    known = [r.reshard for r in runs if r.reshard is not None]
+    if not known:
+        return None
+    return {"replans": statistics.median(k["replans"] for k in known),
+            "bytes_moved": statistics.median(k["bytes_moved"] for k in known),
+            "move_s": statistics.median(k["move_s"] for k in known),
+            "each": known}
 
 
 def _median_or_none(values: Sequence[Optional[float]]) -> Optional[float]:

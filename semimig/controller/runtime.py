@@ -225,6 +225,9 @@ class BalanceController:
         self.timings = [RankTiming(ctl.window) for _ in range(self.size)]
         fixed = res.empirical_gamma if res.variant == "pridiff-e" and config.mode.startswith("zero") else None
         self.policy = ShedPolicy(self.size, ctl, fixed_shed=fixed)
+        self.busy_scale: tuple[float, ...] = (1.0,) * self.size
+        """Per rank, what its busy time is divided by before it is compared (re-sharding sets it to
+        the GEMM time a rank is expected to take under an uneven plan, relative to the least)."""
         self.resize_only: set[int] = set()
         """Mode semi: ranks whose shedding with migration did not pay; they only resize from then on."""
         wants_trial = ctl.migration_trial and config.mode == "semi" and ctl.migrators is None
@@ -333,9 +336,9 @@ class BalanceController:
                             what=f"plan applied in iteration {self.iteration - 1}")
             check_agreement([row[3] for row in rows], pending, self.group,
                             what=f"plan decided at step {self.iteration}")
-            for timing, (work, busy, _, _, ok, _) in zip(self.timings, rows):
+            for timing, scale, (work, busy, _, _, ok, _) in zip(self.timings, self.busy_scale, rows):
                 if ok:
-                    timing.observe(work, busy)
+                    timing.observe(work, busy / scale)
             self._current = verified  # equal on every rank: now it may reach the layers
             walls = [row[5] for row in rows]
             if all(math.isfinite(w) for w in walls):  # every rank posts a finite wall (0 = unknown)

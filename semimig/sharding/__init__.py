@@ -2,7 +2,11 @@
 
 :class:`ShardPlan` says how many units of a paired dimension (MLP blocks, attention KV groups)
 each rank holds; :func:`solve_plan` finds the plan minimising the step from measured speeds;
-:mod:`semimig.sharding.split` cuts full weights at a plan's offsets and gathers them back.
+:mod:`semimig.sharding.split` cuts full weights at a plan's offsets and gathers them back;
+:mod:`semimig.sharding.move` lists the slices that change owner between two plans, and
+:func:`apply_plan` / :func:`current_plan` (:mod:`semimig.sharding.replan`) re-plan a built model and its
+optimizer between training steps.  Those two read the ShardFormer policy's tables, so they load on
+first use (importing this package stays pure).
 """
 from semimig.sharding.plan import ShardPlan, kv_group_unit, units_of
 from semimig.sharding.solver import (
@@ -15,5 +19,22 @@ from semimig.sharding.solver import (
     speeds_from_times,
 )
 
-__all__ = ["ShardPlan", "units_of", "kv_group_unit", "StepModel", "continuous_shares", "fit_step_model", "solve_plan",
+from semimig.sharding.move import Piece, move_schedule
+
+_REPLAN = ("apply_plan", "current_plan", "MoveReport")
+
+__all__ = ["apply_plan", "current_plan", "MoveReport", "Piece", "move_schedule",
+           "ShardPlan", "units_of", "kv_group_unit", "StepModel", "continuous_shares", "fit_step_model", "solve_plan",
            "predicted_step", "speeds_from_times", "slowest_per_position"]
+
+
+def __getattr__(name: str):
+    if name in _REPLAN:
+        from semimig.sharding import replan
+
+        return getattr(replan, name)
+    raise AttributeError(f"module 'semimig.sharding' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_REPLAN))

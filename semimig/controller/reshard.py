@@ -1,0 +1,389 @@
+"""When to re-shard: a pure policy that re-plans uneven tensor-parallel shards during training (DESIGN §8).
+
+Inputs, every step, identical on every rank of the TP group (all-gathered first): per rank ``r``
+its *compute* seconds ``c_r`` (the whole step's own work, wall minus time in collectives:
+:class:`~semimig.straggler.device.DeviceTime`), the part ``b_r ≤ c_r`` of it spent on shardable
+work (the paired GEMMs) and its seconds in collectives ``m_r``.  The plan in force is one
+:class:`~semimig.sharding.ShardPlan` per paired dimension (MLP blocks, KV groups), with a weight
+``w_d`` per dimension (its share of the shardable work, e.g. its parameters); a rank's effective
+share is ``p_r = Σ_d w_d·n_{d,r}/U_d / Σ_d w_d``.
+
+Model (:mod:`semimig.sharding.solver`).  ``c_r = (R + S·p_r)/v_r``.  Before the first move the
+replicated-to-shardable ratio ``k = R/S`` is read from the split: ``(c_r − b_r)·p_r/b_r`` on every
+rank, the *smallest* over the ranks (a slowdown that lengthens a rank's compute but not its timed
+GEMMs only inflates its ``k``).  The timed GEMMs are not all the shardable work (the heads'
+attention, the optimizer's update of the shard also shrink with ``p``), so this ``k`` is too
+large; a move measures it: each rank whose share changed by ``Δp`` (at least ``0.05``) and whose
+median compute moved the same way by ``Δc`` gives ``k = c_old·Δp/Δc − p_old`` (speeds are stable
+on both sides of a move, or it would not have happened); a move whose ranks disagree by more than
+2x measured a speed change instead and is ignored; the median of every estimate so far is used
+from then on.  The scale is fixed by ``R + S/e = 1`` and ``v_r = (R + S·p_r)/c_r`` in units of a
+healthy even step per second.  The speed *ratios* ``s_r = v_r / max_q v_q`` say who is slow.
+
+A straggler that *stays*: over the last ``window`` steps, in at least ``agree`` of them (default
+75 %: a shared machine has outlier steps) every rank's ``s_r`` is within ``tolerance`` (relative)
+of its window median.  The state's *age* is how long the median has held within ``tolerance`` of
+the median at which it became stable.  A straggler that comes and goes never becomes stable, or
+becomes stable only for short ages.
+
+Proposal: :func:`~semimig.sharding.solve_plan` on the window's median model (median ``c_r`` and
+``b_r``), per dimension, rounded to whole units, ``≥ min_units`` per rank; the even plan (where
+``tp`` divides every dimension: Colossal-AI's layout) is preferred unless the solved plan's
+predicted step beats it by more than ``margin``.
+Predicted step ``t(plan) = max_r (R + S·p_r)/v_r + min_r m_r`` (the slowest rank waits least: its
+``m_r`` is the transfers' own time).
+
+Re-plan only when all of these hold (hysteresis: no flip-flop):
+
+- the state is stable and the proposal differs from the plan in force;
+- ``gain = t(current) − t(proposal) > max(margin, noise_z · σ̂) · t(current)``, ``σ̂`` the largest
+  relative standard error of a rank's window-median compute (``1.25 · 1.4826 · MAD / median / √W``):
+  a plan is never changed for less than the noise of the numbers it is solved from;
+- ``gain · min(horizon, age) > move + revert`` — ``move`` the cost measured at the last move,
+  scaled by the bytes this move would send (``seconds/byte`` of the last move), or before the
+  first move ``bytes / bandwidth + latency``; ``revert`` what the plan costs if the straggler
+  leaves: the move back plus ``window`` steps (the time to notice) of the proposal's extra step
+  at healthy speeds, ``t_healthy(proposal) − t_healthy(current)`` (nothing for a move back to
+  even).  ``age`` is the evidence that the state lasts: a state ``age`` steps old is expected to
+  last about as long again, so a come-and-go straggler whose phases are short never pays;
+- at least ``dwell`` steps since the last re-plan (and its window refilled under the new plan).
+
+Every input is a number all ranks share and the arithmetic is in a fixed order, so every rank
+takes the same decision at the same step; nothing is broadcast.  With no straggler the proposal
+is the plan in force (even) and nothing ever moves.
+"""
+from __future__ import annotations
+
+import collections
+import statistics
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+from semimig._validate import check_int, check_number
+from semimig.errors import ConfigError
+from semimig.sharding.plan import ShardPlan
+from semimig.sharding.solver import StepModel, solve_plan
+
+__all__ = ["ReshardConfig", "ReshardSample", "ReshardDecision", "ReshardPolicy", "moved_units"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReshardConfig:
+    """Settings of :class:`ReshardPolicy` (module docstring)."""
+
+    window: int = 20
+    """``W``: steps a speed ratio must stay within ``tolerance`` before a straggler counts as staying."""
+    tolerance: float = 0.25
+    """Relative band of the speed ratios around their window median."""
+    agree: float = 0.75
+    """Share of the window's steps that must lie within ``tolerance`` (the rest are outliers)."""
+    horizon: int = 500
+    """Most steps a gain is counted over (the expected remaining run, or less)."""
+    margin: float = 0.05
+    """A re-plan must shorten the predicted step by more than this fraction of it."""
+    noise_z: float = 3.0
+    """... and by more than this many standard errors of the window's median compute times."""
+    dwell: int = 0
+    """Fewest steps between two re-plans; 0: ``2·window``."""
+    bandwidth_bytes_s: float = 1e8
+    """Before the first move: its cost is ``bytes / bandwidth + latency`` (100 MB/s: a host link
+    under gloo, measured ~70-150 MB/s on CPU; NVLink is far faster, and the first move measures it)."""
+    latency_s: float = 0.05
+    """Fixed cost of a move (also a floor of a measured one's estimate)."""
+    min_units: int = 1
+    """Units every rank keeps in every dimension."""
+    block_size: Optional[int] = None
+    """MLP columns per unit when the model was built without a plan in units (``None``: 128)."""
+
+    def __post_init__(self) -> None:
+        check_int("ReshardConfig.window", self.window, minimum=2, maximum=10**6)
+        check_number("ReshardConfig.tolerance", self.tolerance, minimum=0.0, maximum=1.0, low_open=True)
+        check_number("ReshardConfig.agree", self.agree, minimum=0.5, maximum=1.0)
+        check_int("ReshardConfig.horizon", self.horizon, minimum=1, maximum=10**9)
+        check_number("ReshardConfig.margin", self.margin, minimum=0.0, maximum=1.0)
+        check_number("ReshardConfig.noise_z", self.noise_z, minimum=0.0, maximum=100.0)
+        check_int("ReshardConfig.dwell", self.dwell, minimum=0, maximum=10**9)
+        check_number("ReshardConfig.bandwidth_bytes_s", self.bandwidth_bytes_s, minimum=0.0, low_open=True)
+        check_number("ReshardConfig.latency_s", self.latency_s, minimum=0.0)
+        check_int("ReshardConfig.min_units", self.min_units, minimum=1)
+        check_int("ReshardConfig.block_size", self.block_size, minimum=1, allow_none=True)
+
+    @property
+    def min_dwell(self) -> int:
+        return self.dwell or 2 * self.window
+
+
+@dataclass(frozen=True)
+class ReshardSample:
+    """One step of the group, every rank's numbers (all-gathered, so identical on every rank)."""
+
+    compute_s: Tuple[float, ...]
+    """``c_r``: the rank's own work in the step (wall minus collectives), seconds."""
+    shardable_s: Tuple[float, ...]
+    """``b_r``: the part of ``c_r`` in shardable work (the paired GEMMs), seconds."""
+    comm_s: Tuple[float, ...]
+    """``m_r``: seconds in collectives."""
+
+    def __post_init__(self) -> None:
+        e = len(self.compute_s)
+        if e == 0 or len(self.shardable_s) != e or len(self.comm_s) != e:
+            raise ConfigError(f"ReshardSample: compute_s, shardable_s and comm_s need one entry per rank, got "
+                              f"{len(self.compute_s)}, {len(self.shardable_s)}, {len(self.comm_s)}")
+        for name in ("compute_s", "shardable_s", "comm_s"):
+            values = tuple(check_number(f"{name}[{r}]", float(v), minimum=0.0)
+                           for r, v in enumerate(getattr(self, name)))
+            object.__setattr__(self, name, values)
+
+    @property
+    def valid(self) -> bool:
+        """Every rank did shardable work, and less than its whole compute."""
+        return all(0.0 < b < c for b, c in zip(self.shardable_s, self.compute_s))
+
+
+@dataclass(frozen=True)
+class ReshardDecision:
+    """What :meth:`ReshardPolicy.observe` concluded at one step."""
+
+    step: int
+    plans: Optional[Tuple[ShardPlan, ...]] = None
+    """The plans to move to now (one per dimension), or ``None``: keep the plan in force."""
+    reason: str = ""
+    predicted_s: float = 0.0
+    """Predicted step (compute + communication) under ``plans`` (or under the plan in force)."""
+    current_s: float = 0.0
+    """Predicted step under the plan in force (equals its measured window median)."""
+    speed_ratios: Tuple[float, ...] = ()
+    move_bytes: int = 0
+    move_cost_s: float = 0.0
+    """The move's cost and its revert's (module docstring)."""
+    horizon: int = 0
+
+    @property
+    def replan(self) -> bool:
+        return self.plans is not None
+
+
+def moved_units(old: ShardPlan, new: ShardPlan) -> int:
+    """Units that change owner: with consecutive units in rank order, the unit at position ``i``
+    moves when its owner differs between the two plans."""
+    if old.total_units != new.total_units or old.tp != new.tp:
+        raise ConfigError(f"plans {old} and {new} are not of the same dimension and group")
+
+    def owners(plan: ShardPlan) -> list[int]:
+        return [r for r, n in enumerate(plan.units) for _ in range(n)]
+
+    return sum(a != b for a, b in zip(owners(old), owners(new)))
+
+
+@dataclass
+class _State:
+    reference: Optional[Tuple[float, ...]] = None
+    since: int = 0
+
+
+class ReshardPolicy:
+    """Decides, step by step, whether to move to another uneven plan (module docstring).
+
+    ``plans``          the plan in force, one :class:`ShardPlan` per paired dimension;
+    ``weights``        each dimension's share of the shardable work (e.g. its parameter count);
+    ``bytes_per_unit`` bytes one unit of each dimension moves (weights + optimizer state, all layers).
+    """
+
+    def __init__(self, plans: Sequence[ShardPlan], *, weights: Sequence[float], bytes_per_unit: Sequence[int],
+                 config: ReshardConfig = ReshardConfig()) -> None:
+        if not isinstance(config, ReshardConfig):
+            raise ConfigError(f"config must be a ReshardConfig, got {config!r}")
+        plans = tuple(plans)
+        if not plans or not all(isinstance(p, ShardPlan) for p in plans):
+            raise ConfigError(f"plans must be a non-empty sequence of ShardPlan, got {plans!r}")
+        if len({p.tp for p in plans}) != 1:
+            raise ConfigError(f"plans must all have the same tp, got {[p.tp for p in plans]}")
+        if len(weights) != len(plans) or len(bytes_per_unit) != len(plans):
+            raise ConfigError(f"weights and bytes_per_unit need one entry per plan ({len(plans)}), got "
+                              f"{len(weights)} and {len(bytes_per_unit)}")
+        self.weights = tuple(check_number(f"weights[{d}]", float(w), minimum=0.0, low_open=True)
+                             for d, w in enumerate(weights))
+        self.bytes_per_unit = tuple(check_int(f"bytes_per_unit[{d}]", b, minimum=0)
+                                    for d, b in enumerate(bytes_per_unit))
+        self.config = config
+        self.plans = plans
+        self.tp = plans[0].tp
+        self.step = 0
+        self.last_move_step: Optional[int] = None
+        self.seconds_per_byte: Optional[float] = None
+        self.samples: collections.deque = collections.deque(maxlen=config.window)
+        self._state = _State()
+        self.measured_k: Optional[float] = None
+        """``R/S`` measured across a move (module docstring); ``None`` before."""
+        self._before: Optional[tuple] = None
+        self._k_found: list[float] = []
+        self.history: list[ReshardDecision] = []
+        """Every decision that re-planned."""
+
+    # ------------------------------------------------------------------ public
+    def shares(self, plans: Optional[Sequence[ShardPlan]] = None) -> Tuple[float, ...]:
+        """Effective share ``p_r = Σ_d w_d·n_{d,r}/U_d / Σ_d w_d`` of each rank."""
+        plans = self.plans if plans is None else plans
+        total = sum(self.weights)
+        return tuple(sum(w * p.shares()[r] for w, p in zip(self.weights, plans)) / total for r in range(self.tp))
+
+    def moved(self, new: Sequence[ShardPlan]) -> Tuple[int, int]:
+        """``(units, bytes)`` a move from the plan in force to ``new`` sends."""
+        units = [moved_units(old, plan) for old, plan in zip(self.plans, new)]
+        return sum(units), sum(u * b for u, b in zip(units, self.bytes_per_unit))
+
+    def moved_to(self, plans: Sequence[ShardPlan], *, seconds: float, bytes_moved: int) -> None:
+        """The move decided at the last step happened: ``plans`` in force, its measured cost noted."""
+        plans = tuple(plans)
+        if len(plans) != len(self.plans) or any(p.total_units != q.total_units for p, q in zip(plans, self.plans)):
+            raise ConfigError(f"moved_to: plans {[str(p) for p in plans]} do not match the dimensions in force")
+        check_number("seconds", seconds, minimum=0.0)
+        check_int("bytes_moved", bytes_moved, minimum=0)
+        if bytes_moved > 0:
+            self.seconds_per_byte = max(seconds - self.config.latency_s, 0.0) / bytes_moved
+        if len(self.samples) == self.config.window:  # the window the move was decided on: its medians
+            self._before = (self.shares(), [statistics.median(s.compute_s[r] for s in self.samples)
+                                            for r in range(self.tp)])
+        self.plans = plans
+        self.last_move_step = self.step
+        self.samples.clear()  # measurements under the old plan say nothing about the new one's times
+        self._state = _State()
+
+    def observe(self, sample: ReshardSample) -> ReshardDecision:
+        """Feed one step; the decision for the next (``plans`` not ``None``: move now)."""
+        if not isinstance(sample, ReshardSample):
+            raise ConfigError(f"observe() takes a ReshardSample, got {sample!r}")
+        if len(sample.compute_s) != self.tp:
+            raise ConfigError(f"the sample has {len(sample.compute_s)} ranks, the plans {self.tp}")
+        step, self.step = self.step, self.step + 1
+        if sample.valid:
+            self.samples.append(sample)
+        decision = self._decide(step)
+        if decision.replan:
+            self.history.append(decision)
+        return decision
+
+    # ------------------------------------------------------------------ model
+    def model(self, samples: Sequence[ReshardSample]) -> Tuple[StepModel, float]:
+        """The step model of the window's medians (module docstring) and the communication floor."""
+        e = self.tp
+        c = [statistics.median(s.compute_s[r] for s in samples) for r in range(e)]
+        b = [statistics.median(s.shardable_s[r] for s in samples) for r in range(e)]
+        m = [statistics.median(s.comm_s[r] for s in samples) for r in range(e)]
+        p = self.shares()
+        k = self.measured_k if self.measured_k is not None else min((c[r] - b[r]) * p[r] / b[r] for r in range(e))
+        S = 1.0 / (k + 1.0 / e)
+        R = k * S
+        return StepModel(speeds=tuple((R + S * p[r]) / c[r] for r in range(e)), replicated=R, shardable=S), min(m)
+
+    def _measure_k(self, samples: Sequence[ReshardSample]) -> None:
+        """After a move, the first full window: ``R/S`` from the compute before and after it."""
+        if self._before is None:
+            return
+        (p_old, c_old), self._before = self._before, None
+        p_new = self.shares()
+        found = []
+        for r in range(self.tp):
+            dp = p_new[r] - p_old[r]
+            dc = statistics.median(s.compute_s[r] for s in samples) - c_old[r]
+            if abs(dp) >= 0.05 and dp * dc > 0:
+                k = c_old[r] * dp / dc - p_old[r]
+                if k >= 0.0:
+                    found.append(k)
+        if len(found) > 1 and max(found) > 2.0 * min(found):
+            return  # the ranks disagree: a speed changed across the move; this one measures nothing
+        if found:
+            self._k_found.extend(found)
+            self.measured_k = statistics.median(self._k_found)
+
+    def _ratios(self, sample: ReshardSample, k: float) -> Tuple[float, ...]:
+        p = self.shares()
+        v = [(k + p[r]) / sample.compute_s[r] for r in range(self.tp)]
+        top = max(v)
+        return tuple(x / top for x in v)
+
+    def _stable(self, step: int, ratios: list) -> bool:
+        """At least ``agree`` of the steps with every rank's ratio within ``tolerance`` of its window
+        median; tracks the state's age."""
+        tol = self.config.tolerance
+        median = tuple(statistics.median(col) for col in zip(*ratios))
+        inside = sum(all(abs(x - med) <= tol * med for x, med in zip(row, median)) for row in ratios)
+        stable = inside >= self.config.agree * len(ratios)
+        state = self._state
+        if not stable:
+            self._state = _State()
+        elif state.reference is None or any(abs(a - b) > tol * b for a, b in zip(median, state.reference)):
+            self._state = _State(reference=median, since=step - len(ratios) + 1)
+        return stable
+
+    # ------------------------------------------------------------------ decision
+    def _decide(self, step: int) -> ReshardDecision:
+        cfg = self.config
+        if len(self.samples) < cfg.window:
+            return ReshardDecision(step, reason=f"window filling ({len(self.samples)}/{cfg.window})")
+        samples = list(self.samples)
+        self._measure_k(samples)
+        model, comm = self.model(samples)
+        k = model.replicated / model.shardable
+        ratios = [self._ratios(s, k) for s in samples]
+        stable = self._stable(step, ratios)
+        speed = tuple(v / max(model.speeds) for v in model.speeds)
+        current = self._predict(model, self.plans) + comm
+        base = dict(current_s=current, predicted_s=current, speed_ratios=speed)
+        if not stable:
+            return ReshardDecision(step, reason="speeds not stable over the window (a straggler that comes and goes, "
+                                                "or noise)", **base)
+        proposal = self._propose(model)
+        if proposal == self.plans:
+            return ReshardDecision(step, reason="the plan in force is the best", **base)
+        predicted = self._predict(model, proposal) + comm
+        gain = current - predicted
+        units, nbytes = self.moved(proposal)
+        healthy = StepModel(speeds=(max(model.speeds),) * self.tp, replicated=model.replicated,
+                            shardable=model.shardable)
+        overstay = max(self._predict(healthy, proposal) - self._predict(healthy, self.plans), 0.0)
+        cost = 2.0 * self._move_cost(nbytes) + cfg.window * overstay
+        horizon = min(cfg.horizon, step - self._state.since + 1)
+        info = dict(current_s=current, predicted_s=predicted, speed_ratios=speed, move_bytes=nbytes,
+                    move_cost_s=cost, horizon=horizon)
+        needed = max(cfg.margin, cfg.noise_z * self._noise(samples))
+        if gain <= needed * current:
+            return ReshardDecision(step, reason=f"gain {gain:.4g} s/step within the margin "
+                                                f"({needed:.0%} of {current:.4g} s)", **info)
+        if gain * horizon <= cost:
+            return ReshardDecision(step, reason=f"gain {gain:.4g} s/step x {horizon} steps does not pay the move "
+                                                f"and its revert ({cost:.4g} s)", **info)
+        if self.last_move_step is not None and step - self.last_move_step < cfg.min_dwell:
+            return ReshardDecision(step, reason=f"dwell: {step - self.last_move_step} of {cfg.min_dwell} steps since "
+                                                "the last re-plan", **info)
+        return ReshardDecision(step, plans=proposal, reason=f"gain {gain:.4g} s/step x {horizon} steps > move "
+                                                            f"and revert {cost:.4g} s ({units} units)", **info)
+
+    def _noise(self, samples: Sequence[ReshardSample]) -> float:
+        """Largest relative standard error of a rank's median compute over the window."""
+        worst = 0.0
+        for r in range(self.tp):
+            values = [s.compute_s[r] for s in samples]
+            med = statistics.median(values)
+            mad = statistics.median(abs(v - med) for v in values)
+            worst = max(worst, 1.25 * 1.4826 * mad / med / len(values) ** 0.5)
+        return worst
+
+    def _propose(self, model: StepModel) -> Tuple[ShardPlan, ...]:
+        """The solved plan, or the even one unless the solved plan beats it by more than the margin."""
+        solved = tuple(solve_plan(model, total_units=p.total_units, unit_size=p.unit_size,
+                                  min_units=self.config.min_units) for p in self.plans)
+        if all(p.total_units % self.tp == 0 for p in self.plans):
+            even = tuple(ShardPlan.even(p.total_units, self.tp, unit_size=p.unit_size) for p in self.plans)
+            if self._predict(model, solved) * (1.0 + self.config.margin) >= self._predict(model, even):
+                return even
+        return solved
+
+    def _predict(self, model: StepModel, plans: Sequence[ShardPlan]) -> float:
+        return model.step(self.shares(plans))
+
+    def _move_cost(self, nbytes: int) -> float:
+        cfg = self.config
+        if self.seconds_per_byte is None:
+            return cfg.latency_s + nbytes / cfg.bandwidth_bytes_s
+        return cfg.latency_s + nbytes * self.seconds_per_byte

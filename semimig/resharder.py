@@ -1,0 +1,344 @@
+"""Re-sharding during training: the thin distributed layer over :mod:`semimig.controller.reshard`.
+
+:class:`Resharder` serves ``semimig.enable(..., mode="reshard")`` and the re-sharding half of
+``mode="semi"`` (:mod:`semimig.balancer`).  Once per optimizer step, after the balance
+controller's ``step()``, it
+
+1. all-gathers over the tensor-parallel group every rank's split of the step (one float64
+   all-gather of five numbers): its own work ``compute_s`` (the controller's
+   :class:`~semimig.straggler.device.DeviceClock`: wall minus time in collectives), its GEMM
+   seconds in semimig's paired layers (``busy_s``, the shardable work it measures), its seconds in
+   collectives, the injected whole-device sleep and the wall time;
+2. feeds the numbers, identical on every rank, to the pure :class:`ReshardPolicy`; while a
+   straggler prunes or migrates (mode ``semi``) its GEMM seconds are corrected to the unpruned
+   estimate the controller keeps (``ShedDecision.unpruned_s``), scaled by the rank's measured
+   slow-down of everything else (``compute/(compute − sleep)``, 1 on a real slow device), so the
+   policy sees the rank's speed, not its shrunk work;
+3. when the policy decides, calls :func:`semimig.sharding.replan.apply_plan` (collective: moves
+   every changed unit's weights and optimizer state once), tells the policy the measured cost, and
+   hands the caller the new plan so that it rebuilds the controller on the new shapes.
+
+:func:`check_reshard` (what a mode needs, refused by name) and :func:`make_resharder` (the
+resharder and the controller rebuild after a move) are :func:`semimig.enable`'s side of it.
+
+One INFO line per re-plan (plan, predicted step, move cost), and one when the next full window
+under the new plan has been measured (measured step beside the predicted one).  Every rank takes
+the same decision at the same step because it decides from the same gathered numbers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from semimig.comm import primitives as P
+from semimig.controller.reshard import ReshardConfig, ReshardDecision, ReshardPolicy, ReshardSample
+from semimig.errors import ConfigError
+from semimig.sharding.plan import ShardPlan, units_of
+
+__all__ = ["Resharder", "ReplanEvent", "reshardable_plan", "even_reshardable_plan", "check_reshard", "make_resharder",
+           "resizing_mode"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ReplanEvent:
+    """One re-plan as the run reports it (JSON-friendly through :meth:`as_dict`)."""
+
+    step: int
+    plan: str
+    mlp_units: tuple
+    kv_units: tuple
+    predicted_s: float
+    before_s: float
+    bytes_moved: int
+    move_s: float
+    reason: str
+    measured_s: Optional[float] = None
+    """Measured step (max compute + min communication, window median) once a full window ran under it."""
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"step": self.step, "plan": self.plan, "mlp_units": list(self.mlp_units),
+                "kv_units": list(self.kv_units), "predicted_s": self.predicted_s, "before_s": self.before_s,
+                "measured_s": self.measured_s, "bytes_moved": self.bytes_moved, "move_s": self.move_s,
+                "reason": self.reason}
+
+
+def even_reshardable_plan(config: Any, tp: int, *, block_size: int = 128):
+    """The even plan written out in units (MLP blocks of ``block_size``, KV groups), which the
+    policy can re-plan: build the model with ``SemiMigPolicy(shard_plan=even_reshardable_plan(...))``."""
+    from semimig.shardformer.uneven import UnevenPlan, model_dims
+
+    dims = model_dims(config)
+    blocks = units_of(f"the MLP intermediate size (block_size={block_size})", dims.intermediate, block_size)
+    for name, total in (("MLP blocks", blocks), ("KV groups", dims.num_kv_heads)):
+        if total % tp:
+            raise ConfigError(f"an even re-shardable plan needs tp={tp} to divide the model's {total} {name}")
+    return UnevenPlan(mlp_units=(blocks // tp,) * tp, kv_units=(dims.num_kv_heads // tp,) * tp,
+                      block_size=block_size)
+
+
+def reshardable_plan(model: Any, plugin: Any, *, block_size: Optional[int] = None):
+    """The plan the model was built with, as an :class:`~semimig.shardformer.UnevenPlan` with units
+    in both dimensions, or :class:`ConfigError` saying how to build a model that can re-plan."""
+    try:
+        from semimig.sharding.replan import current_plan  # the mechanics (branch replan)
+    except ImportError:
+        current_plan = None
+    built = getattr(getattr(plugin, "custom_policy", None), "shard_plan", None)  # the plan the model was built with
+    plan = None
+    if current_plan is not None:
+        try:  # what the layers hold now, in the built plan's block size when there is one
+            plan = current_plan(model, block_size=getattr(built, "block_size", None) or block_size)
+        except ConfigError:
+            plan = None
+    if plan is None:
+        plan = built
+    if plan is None or plan.mlp_units is None or plan.kv_units is None:
+        raise ConfigError("re-sharding needs the model built with a plan in units: "
+                          "HybridParallelPlugin(custom_policy=SemiMigPolicy(shard_plan="
+                          "semimig.resharder.even_reshardable_plan(model.config, tp))), got shard_plan="
+                          f"{plan}")
+    return plan
+
+
+def _params_per_unit(config: Any, dims: Any, block_size: int) -> tuple[float, float]:
+    """Parameters of one MLP block and one KV group, summed over the decoder layers."""
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd")
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer")
+    group_q = dims.num_heads // dims.num_kv_heads * dims.head_dim
+    if dims.family == "llama":  # gate, up, down; q, o (group_q each) and k, v (head_dim each)
+        mlp, kv = 3 * hidden * block_size, 2 * hidden * group_q + 2 * hidden * dims.head_dim
+    else:  # GPT-2: c_fc, c_proj; c_attn (3 parts) and attn.c_proj
+        mlp, kv = 2 * hidden * block_size, 4 * hidden * group_q
+    return float(mlp * layers), float(kv * layers)
+
+
+class Resharder:
+    """Feeds the policy, moves on its decision (module docstring).  ``move`` is called as
+    ``move(new_plan) -> (bytes this rank sent, seconds)`` (collective over the TP group)."""
+
+    def __init__(self, plan: Any, model_config: Any, *, group: Any, move: Callable[[Any], tuple[int, float]],
+                 config: ReshardConfig = ReshardConfig(), state_bytes_per_param: int = 12) -> None:
+        from semimig.shardformer.uneven import model_dims
+
+        self.group = group
+        self.rank, self.size = P.group_rank(group), P.group_size(group)
+        self._device = P.collective_device(group)
+        self._move = move
+        self.model_config = model_config
+        self.plan = plan
+        resolved = plan.resolve(model_config, self.size)
+        dims = model_dims(model_config)
+        mlp_params, kv_params = _params_per_unit(model_config, dims, plan.block_size)
+        mlp_plan, kv_plan = resolved.mlp, ShardPlan(units=resolved.q.units)
+        self.policy = ReshardPolicy(  # a dimension's weight: its share of the paired parameters (all its units)
+            (mlp_plan, kv_plan), weights=(mlp_params * mlp_plan.total_units, kv_params * kv_plan.total_units),
+            bytes_per_unit=(int(mlp_params * state_bytes_per_param), int(kv_params * state_bytes_per_param)),
+            config=config)
+        self.events: list[ReplanEvent] = []
+        self.last: Optional[ReshardDecision] = None
+        self.settled_now = False
+        """True for the one step at which a full window under a new plan has been measured."""
+        self._speaks = self.rank == 0
+
+    # ------------------------------------------------------------------ per step
+    def gather(self, report: Any) -> ReshardSample:
+        """Every rank's split of the step just closed (collective over the TP group)."""
+        device = report.device
+        busy = float(report.busy.busy_s)
+        compute = float(device.compute_s) if device is not None else 0.0
+        sleep = float(device.sleep_s) if device is not None else 0.0
+        comm = float(device.comm_s) if device is not None else 0.0
+        wall = float(device.wall_s) if device is not None else 0.0
+        mine = torch.tensor([compute, busy, comm, sleep, wall], dtype=torch.float64, device=self._device)
+        if self.size > 1:
+            rows = [torch.empty_like(mine) for _ in range(self.size)]
+            dist.all_gather(rows, mine, group=self.group)
+            rows = [r.cpu().tolist() for r in rows]
+        else:
+            rows = [mine.cpu().tolist()]
+        decision = getattr(report, "decision", None)
+        unpruned = getattr(decision, "unpruned_s", None) if decision is not None else None
+        shed = getattr(decision, "shed", None) if decision is not None else None
+        compute_s, shardable_s = [], []
+        for r, (c, b, _, s, _) in enumerate(rows):
+            if unpruned is not None and shed is not None and shed[r] > 0 and unpruned[r] == unpruned[r]:
+                extra = max(float(unpruned[r]) - b, 0.0)  # the GEMM seconds pruning or migration saved
+                scale = c / (c - s) if c > s > 0 else 1.0
+                c, b = c + extra * scale, b + extra * scale
+            compute_s.append(c)
+            shardable_s.append(b)
+        return ReshardSample(tuple(compute_s), tuple(shardable_s), tuple(row[2] for row in rows))
+
+    def observe(self, report: Any) -> Optional[Any]:
+        """Feed the step; if the policy re-plans, move and return the new :class:`UnevenPlan`."""
+        sample = self.gather(report)
+        decision = self.policy.observe(sample)
+        self.last = decision
+        self.settled_now = self._measured(decision)
+        if not decision.replan:
+            return None
+        from semimig.shardformer.uneven import UnevenPlan
+
+        mlp, kv = decision.plans
+        new = UnevenPlan(mlp_units=mlp.units, kv_units=kv.units, block_size=self.plan.block_size)
+        new.resolve(self.model_config, self.size)
+        bytes_moved, seconds = self._agreed_cost(*self._move(new))
+        self.policy.moved_to(decision.plans, seconds=seconds, bytes_moved=int(bytes_moved))
+        event = ReplanEvent(step=int(getattr(report, "iteration", decision.step)), plan=str(new),
+                            mlp_units=mlp.units, kv_units=kv.units, predicted_s=decision.predicted_s,
+                            before_s=decision.current_s, bytes_moved=int(bytes_moved), move_s=float(seconds),
+                            reason=decision.reason)
+        self.events.append(event)
+        self.plan = new
+        if self._speaks:
+            logger.info("semimig re-plan at step %d: %s (speed ratios %s); step %.4f s -> predicted %.4f s; moved "
+                        "%.2f MB in %.3f s (%s)", event.step, new,
+                        "/".join(f"{s:.2f}" for s in decision.speed_ratios), decision.current_s,
+                        decision.predicted_s, bytes_moved / 1e6, seconds, decision.reason)
+        return new
+
+    def _agreed_cost(self, bytes_sent: int, seconds: float) -> tuple[int, float]:
+        """The group's move cost, the same on every rank (the policy's next decisions depend on it):
+        bytes sent by all ranks, seconds of the slowest (collective over the TP group)."""
+        mine = torch.tensor([float(bytes_sent), float(seconds)], dtype=torch.float64, device=self._device)
+        if self.size == 1:
+            return int(bytes_sent), float(seconds)
+        rows = [torch.empty_like(mine) for _ in range(self.size)]
+        dist.all_gather(rows, mine, group=self.group)
+        rows = [r.cpu().tolist() for r in rows]
+        return int(sum(r[0] for r in rows)), max(r[1] for r in rows)
+
+    def _measured(self, decision: ReshardDecision) -> bool:
+        """The first full window after a re-plan: its measured step beside the predicted one (True then)."""
+        if not self.events or self.events[-1].measured_s is not None or decision.current_s <= 0.0:
+            return False
+        event = self.events[-1]
+        event.measured_s = decision.current_s
+        if self._speaks:
+            logger.info("semimig re-plan of step %d: measured step %.4f s over the next %d steps (predicted %.4f s, "
+                        "%.4f s before)", event.step, event.measured_s, self.policy.config.window,
+                        event.predicted_s, event.before_s)
+        return True
+
+    def busy_scale(self) -> tuple[float, ...]:
+        """Per rank, its median GEMM seconds over the policy's window under the plan in force,
+        relative to the least: a resizing controller on top divides busy times by it, so it
+        compares what *varies* and leaves the re-planned split alone (all 1 before a window)."""
+        samples = list(self.policy.samples)
+        if not samples:
+            return (1.0,) * self.size
+        medians = [statistics.median(s.shardable_s[r] for s in samples) for r in range(self.size)]
+        low = min(medians)
+        return tuple(m / low if low > 0 else 1.0 for m in medians)
+
+    # ------------------------------------------------------------------ reporting
+    def summary(self) -> dict:
+        """Re-plans of the run: count, plans, bytes moved and seconds (JSON-friendly)."""
+        return {"replans": len(self.events), "plan": str(self.plan),
+                "bytes_moved": sum(e.bytes_moved for e in self.events),
+                "move_s": sum(e.move_s for e in self.events),
+                "events": [e.as_dict() for e in self.events]}
+
+
+# ----------------------------------------------------------------------------- semimig.enable
+def resizing_mode(config: Any) -> str:
+    """Mode semi on uneven shards: the zero-* mode of its resizing variant (migration assumes equal K)."""
+    return "zero-" + config.resizing.variant
+
+
+def check_reshard(mode: str, model: Any, plugin: Any, reshard: Any, optimizer: Any) -> Optional[Any]:
+    """The model's plan in units when this mode re-shards (``None`` for semi on a model that cannot),
+    or :class:`ConfigError` naming what stops it."""
+    if reshard is not None and not isinstance(reshard, ReshardConfig):
+        raise ConfigError(f"reshard must be a semimig.controller.reshard.ReshardConfig or None, got {reshard!r}")
+    if mode not in ("reshard", "semi") or plugin.tp_size == 1:
+        return None
+    try:
+        plan = reshardable_plan(model, plugin, block_size=getattr(reshard, "block_size", None))
+    except ConfigError as err:
+        if mode == "reshard":
+            raise ConfigError(f"mode='reshard': {err}") from None
+        logger.info("semimig: mode=semi without re-sharding (%s)", err)
+        return None
+    blockers = [(plugin.pp_size > 1, f"pp_size={plugin.pp_size} (each stage would re-plan alone)"),
+                (getattr(plugin, "dp_size", 1) > 1, f"dp_size={getattr(plugin, 'dp_size', 1)} (every data-parallel "
+                 "replica must hold the same plan; the replicas do not agree on one yet)"),
+                (getattr(plugin, "zero_stage", 0) > 0, f"zero_stage={getattr(plugin, 'zero_stage', 0)} (ZeRO's flat "
+                 "buffers are not rebuilt in process)")]
+    for blocked, why in blockers:
+        if blocked:
+            if mode == "reshard":
+                raise ConfigError(f"mode='reshard' cannot re-plan with {why}")
+            logger.info("semimig: mode=semi without re-sharding: %s", why)
+            return None
+    try:
+        import semimig.sharding.replan  # noqa: F401  (the mechanics that move weights and optimizer state)
+    except ImportError:
+        if mode == "reshard":
+            raise ConfigError("mode='reshard' needs semimig.sharding.replan (apply_plan), which this install "
+                              "lacks") from None
+        logger.info("semimig: mode=semi without re-sharding: semimig.sharding.replan is missing")
+        return None
+    if optimizer is None:
+        if mode == "reshard":
+            raise ConfigError("mode='reshard' moves the optimizer state with the weights: pass optimizer= (the "
+                              "boosted optimizer)")
+        logger.info("semimig: mode=semi without re-sharding: no optimizer= to move the state of")
+        return None
+    return plan
+
+
+def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str, balance_config: Any,
+                   reshard: Any, iterations_per_epoch: Optional[int]):
+    """The :class:`~semimig.resharder.Resharder` and the function that rebuilds the controller on
+    the new shapes after a move (the controller's binding caches every layer's shape)."""
+    from semimig.controller import BalanceController
+    from semimig.nn.balanced import BalancedLinearMixin
+
+    group = plugin.tp_group
+    config = getattr(model, "unwrap", lambda: model)().config
+
+    def move(new_plan: Any) -> tuple[int, float]:
+        from semimig.sharding.replan import apply_plan
+
+        report = apply_plan(model, optimizer, new_plan, group=group)
+        return int(report.bytes_sent), float(report.seconds)
+
+    def rebuild(old: Any, new_plan: Any, *, settled: bool):
+        """A controller on the new shapes (``None``: keep ``old``).  Mode semi on uneven shards: only
+        measuring until the policy has a full window under the new plan (``settled``), then resizing
+        only, comparing each rank's busy time to the share of it the new plan gives the rank."""
+        even = len(set(new_plan.mlp_units)) == 1 and len(set(new_plan.kv_units)) == 1
+        if mode == "semi":
+            wanted = "semi" if even else (resizing_mode(balance_config) if settled else "baseline")
+        else:
+            wanted = balance_config.mode
+        if settled and wanted == old.config.mode:
+            return None
+        for layer in (m for m in model.modules() if isinstance(m, BalancedLinearMixin)):
+            layer.directive = None
+        old.close()
+        base = balance_config if wanted == balance_config.mode else dataclasses.replace(balance_config, mode=wanted)
+        if mode == "semi" and old.rank == 0 and wanted != old.config.mode:
+            logger.info("semimig: shards %s: %s", "even again, migration back on (semi)" if even else
+                        "uneven, resizing only (%s) for what varies from step to step, against the busy times "
+                        "measured under the new plan (migration assumes equal K per rank)" % wanted if settled else
+                        "uneven: resizing paused until a window of steps is measured under the new plan", new_plan)
+        new = BalanceController(model, base, process_group=group, iterations_per_epoch=iterations_per_epoch)
+        new.iteration, new.epoch = old.iteration, old.epoch
+        new.injector.set_position(old.epoch, old.iteration)  # a time-varying straggler keeps its phase
+        if settled and not even:
+            new.busy_scale = resharder.busy_scale()  # resizing compares what varies, not the planned split
+        return new, [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
+
+    resharder = Resharder(plan, config, group=group, move=move, config=reshard or ReshardConfig())
+    return resharder, rebuild

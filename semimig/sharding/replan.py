@@ -1,0 +1,483 @@
+"""Re-plan uneven tensor-parallel shards between training steps (DESIGN §8), in process.
+
+:func:`current_plan` reads the plan a model runs under from its layers (each semimig paired layer
+keeps its shard sizes: ``shard_plans``, ``None`` for the even layout).  :func:`apply_plan` is a
+collective over the tensor-parallel group, called by every rank between steps (after
+``optimizer.step()`` and ``zero_grad()``), that moves the model to another plan:
+
+1. every rank resolves the new plan against the model and the ranks all-gather a digest (plan,
+   resolved sizes, old sizes, what their optimizers hold): a plan that does not fit the model, or
+   ranks that disagree, raise :class:`~semimig.errors.ConfigError` on every rank (never a hang);
+2. for each paired layer whose sizes change, the slices of its weight (and a column layer's bias;
+   each part of a packed ``[Q, K, V]``; GPT-2's ``Conv1D`` stores ``[in, out]``, so its split
+   dimension is the other one) that change owner go from the old owner to the new one, once,
+   by point-to-point send/receive of one byte buffer per pair of ranks (the overlap of the
+   source's old interval with the destination's new one, :mod:`semimig.sharding.move`): an exact
+   copy.  The same slices of the optimizer state go with them: every per-parameter state tensor
+   of the parameter's shape (AdamW's ``exp_avg``, ``exp_avg_sq``; the scalar ``step`` stays) and,
+   under Colossal-AI's mixed precision (``MixedPrecisionOptimizer``: bf16/fp16), the fp32 master
+   parameter with its state;
+3. the same ``Parameter`` (and master) objects get the new tensors (``param.data = new``, state
+   dict entries replaced), so the optimizer, the booster's wrappers and hooks keep their
+   references; gradients become ``None``;
+4. the layers' ``shard_plans``, the attention modules' per-rank ``num_heads`` /
+   ``num_key_value_heads`` / ``hidden_size`` (GPT-2: ``num_heads`` / ``embed_dim`` /
+   ``split_size``) and the parameters' ``shard_fn`` / ``gather_fn`` (Colossal-AI's customised
+   distributed tensors, :func:`semimig.sharding.split.packed_shard_functions`) follow the new
+   plan, so ``state_dict`` and checkpoints gather the full tensors.  A layer moved back to the even
+   plan gets the attributes it had under Colossal-AI's even layout back (``dist_layout`` for the
+   plain layers), so the even layout stays today's, bit for bit.
+
+A torch DDP wrapper (HybridParallelPlugin uses one even at dp=1) gets its reducer rebuilt for the
+new shapes, as DDP's own ``__setstate__`` does.  Refused by name: a model without semimig's paired
+layers (stock Colossal-AI layers: build it with ``SemiMigPolicy``), ZeRO / Gemini optimizers (flat
+buffers: re-plan by checkpoint and resume), a DDP with a communication hook or DDP's own mixed
+precision, optimizer state of another shape (factored).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from semimig.errors import ConfigError
+from semimig.sharding.move import move_schedule
+from semimig.sharding.plan import ShardPlan, kv_group_unit
+from semimig.sharding.split import packed_shard_functions
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MoveReport", "current_plan", "apply_plan"]
+
+Plans = Tuple[ShardPlan, ...]
+_DIST_ATTRS = ("dist_layout", "shard_fn", "gather_fn", "_old_detach", "_old_clone", "detach", "clone")
+_EVEN_ATTRS = "_semimig_even_attrs"  # on a layer: its parameters' attributes under the even layout
+
+
+@dataclass(frozen=True)
+class MoveReport:
+    """What one :func:`apply_plan` did on this rank.
+
+    ``old_plan``, ``new_plan``  the plans before and after (``UnevenPlan``);
+    ``bytes_sent``, ``bytes_received``  bytes this rank sent to / received from other TP ranks;
+    ``seconds``  wall time of the whole call (agreement, move, bookkeeping) on this rank;
+    ``tensors_moved``  tensors this rank rebuilt (weights, biases, masters, state tensors);
+    ``layers_changed``  paired layers whose shard sizes changed.
+    """
+
+    old_plan: Any
+    new_plan: Any
+    bytes_sent: int
+    bytes_received: int
+    seconds: float
+    tensors_moved: int
+    layers_changed: int
+
+
+# ----------------------------------------------------------------------------- the model's paired layers
+@dataclass
+class _Layer:
+    name: str
+    module: nn.Module
+    kind: str                # "q", "kv" or "mlp": which plan of a ResolvedPlan sizes it
+    parts: Tuple[int, ...]   # full columns of each packed part along the split dimension
+    tp: int
+
+    @property
+    def plans(self) -> Plans:
+        """The layer's current plans, one per part, in columns (unit 1)."""
+        current = getattr(self.module, "shard_plans", None)
+        if current is not None:
+            return tuple(current)
+        return tuple(ShardPlan(units=(part // self.tp,) * self.tp) for part in self.parts)
+
+    def params(self) -> List[Tuple[str, nn.Parameter, int]]:
+        """``(name, parameter, split dim)`` of the sharded parameters: weight, a column layer's bias."""
+        module = self.module
+        weight_dim = (0 if module.matrix_kind == "column" else 1) ^ int(module.weight_transposed)
+        out = [("weight", module.weight, weight_dim)]
+        if module.matrix_kind == "column" and module.bias is not None:
+            out.append(("bias", module.bias, 0))
+        return out
+
+
+def _config(model: nn.Module) -> Any:
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "model_type", None) is not None:
+            return config
+    raise ConfigError(f"{type(model).__name__} has no Hugging Face config (config.model_type): semimig re-plans "
+                      "Hugging Face models built with SemiMigPolicy")
+
+
+def _layers(model: nn.Module) -> Tuple[Any, List[_Layer]]:
+    """The model's config and paired layers; :class:`ConfigError` naming what cannot be re-planned."""
+    from colossalai.shardformer.layer.parallel_module import ParallelModule
+
+    from semimig.nn.balanced import BalancedLinearMixin
+    from semimig.shardformer.policy import PLANNED
+    from semimig.shardformer.uneven import model_dims
+
+    config = _config(model)
+    dims = model_dims(config)
+    table = PLANNED[dims.family]
+    for module in model.modules():
+        if isinstance(module, nn.parallel.DistributedDataParallel) and \
+                (getattr(module, "_comm_hooks", None) or getattr(module, "mixed_precision", None) is not None):
+            raise ConfigError(f"apply_plan: {type(model).__name__} is wrapped in torch DDP with a communication hook "
+                              "or DDP's own mixed precision, which semimig cannot rebuild for new shapes")
+    found, stock = [], []
+    for name, module in model.named_modules():
+        kind = next((k for suffix, k in table.items() if name == suffix or name.endswith("." + suffix)), None)
+        if kind is None:
+            continue
+        if not isinstance(module, BalancedLinearMixin):
+            if isinstance(module, ParallelModule):
+                stock.append(f"{name} ({type(module).__module__}.{type(module).__name__})")
+            continue
+        group = module.process_group
+        tp = dist.get_world_size(group) if dist.is_initialized() else 1
+        size = module.in_features if module.matrix_kind == "row" else module.out_features
+        split_sizes = getattr(module, "split_sizes", None)
+        parts = tuple(split_sizes) if split_sizes else (size,)
+        found.append(_Layer(name, module, kind, parts, tp))
+    if stock:
+        raise ConfigError(f"apply_plan: {type(model).__name__} has Colossal-AI's own tensor-parallel layers "
+                          f"({stock[0]}{' and %d more' % (len(stock) - 1) if len(stock) > 1 else ''}), which cannot "
+                          "change their shards; build the model with semimig.shardformer.SemiMigPolicy")
+    if not found:
+        raise ConfigError(f"apply_plan: {type(model).__name__} has no semimig tensor-parallel layers for "
+                          f"{', '.join(table)}; build it with semimig.shardformer.SemiMigPolicy")
+    groups = {id(layer.module.process_group) for layer in found}
+    if len(groups) != 1:
+        raise ConfigError(f"apply_plan: the paired layers of {type(model).__name__} use {len(groups)} different "
+                          "process groups; one tensor-parallel group is needed")
+    return config, found
+
+
+# ----------------------------------------------------------------------------- reading the plan
+def _agreed_sizes(layers: List[_Layer], kind: str) -> Tuple[int, ...]:
+    seen: Dict[Tuple[int, ...], str] = {}
+    for layer in layers:
+        if layer.kind == kind:
+            for plan in layer.plans:
+                seen.setdefault(plan.sizes, layer.name)
+    if len(seen) != 1:
+        detail = "; ".join(f"{where}: {list(sizes)}" for sizes, where in seen.items())
+        raise ConfigError(f"the paired layers disagree on their shard sizes ({kind}): {detail}")
+    return next(iter(seen))
+
+
+def _plan_from_layers(config: Any, layers: List[_Layer], block_size: Optional[int]):
+    from semimig.shardformer.uneven import DEFAULT_BLOCK_SIZE, UnevenPlan, model_dims
+
+    dims = model_dims(config)
+    q_cols, kv_cols = kv_group_unit(num_heads=dims.num_heads, num_kv_heads=dims.num_kv_heads, head_dim=dims.head_dim)
+    mlp = _agreed_sizes(layers, "mlp")
+    q = _agreed_sizes(layers, "q")
+    kv_units = tuple(n // q_cols for n in q)
+    if any(n % q_cols for n in q):
+        raise ConfigError(f"the attention shard sizes {list(q)} are not whole KV groups of {q_cols} columns")
+    if any(layer.kind == "kv" for layer in layers):
+        kv = _agreed_sizes(layers, "kv")
+        if kv != tuple(n * kv_cols for n in kv_units):
+            raise ConfigError(f"the k/v shard sizes {list(kv)} do not match the q shard sizes {list(q)}")
+    block = block_size if block_size is not None else DEFAULT_BLOCK_SIZE
+    if any(n % block for n in mlp):
+        block = math.gcd(*mlp)
+    return UnevenPlan(mlp_units=tuple(n // block for n in mlp), kv_units=kv_units, block_size=block)
+
+
+def current_plan(model: nn.Module, *, block_size: Optional[int] = None):
+    """The :class:`~semimig.shardformer.UnevenPlan` the model's layers hold (explicit units for both
+    dimensions), MLP units in blocks of ``block_size`` (default ``DEFAULT_BLOCK_SIZE``; the sizes'
+    greatest common divisor when that does not divide them).  :class:`ConfigError` for a model
+    without semimig's paired layers, or layers that disagree."""
+    config, layers = _layers(model)
+    return _plan_from_layers(config, layers, block_size)
+
+
+# ----------------------------------------------------------------------------- the optimizer's view
+def _optimizer_parts(optimizer: Any) -> Tuple[Any, Dict[Any, Any]]:
+    """``(torch optimizer holding the state, working -> master map)``; refuses ZeRO/Gemini by name."""
+    from colossalai.interface import OptimizerWrapper
+    from colossalai.zero.gemini.gemini_optimizer import GeminiOptimizer
+    from colossalai.zero.low_level.low_level_optim import LowLevelZeroOptimizer
+
+    masters: Dict[Any, Any] = {}
+    current = optimizer
+    while current is not None:
+        if isinstance(current, (LowLevelZeroOptimizer, GeminiOptimizer)):
+            raise ConfigError(f"apply_plan: {type(current).__name__} (ZeRO / Gemini) keeps parameters and optimizer "
+                              "state in flat buffers sized by the old plan; re-plan by checkpoint and resume "
+                              "(zero_stage=0 re-plans in process)")
+        masters.update(getattr(current, "working_to_master_map", None) or {})
+        if isinstance(current, OptimizerWrapper):
+            current = current.optim
+            continue
+        break
+    if not isinstance(current, torch.optim.Optimizer):
+        raise ConfigError(f"apply_plan: optimizer must be a torch.optim.Optimizer or a Colossal-AI wrapper of one, "
+                          f"got {type(optimizer).__name__}")
+    return current, masters
+
+
+Setter = Callable[[torch.Tensor], None]
+
+
+def _forget_grad_accumulator(tensor: torch.Tensor) -> None:
+    """Make autograd build a new gradient accumulator for ``tensor`` at its next use.
+
+    A leaf's accumulator records the leaf's shape when it is made and lives as long as anyone holds it
+    (DDP's reducer does); ``tensor.data = new`` keeps it unless the dtype or the device changes, so a new
+    shape would meet the old metadata in backward.  Passing through an empty tensor of another dtype
+    drops it (``VariableHooks::set_data``).  Hooks put on the old accumulator node go with it (DDP's are
+    rebuilt, :func:`_rebuild_ddp`); hooks registered on the tensor itself stay."""
+    other = torch.float64 if tensor.dtype != torch.float64 else torch.float32
+    tensor.data = torch.empty(0, dtype=other, device=tensor.device)
+
+
+def _carriers(param: nn.Parameter, inner: torch.optim.Optimizer, masters: Dict[Any, Any]
+              ) -> List[Tuple[torch.Tensor, Setter]]:
+    """Every tensor laid out like ``param``'s shard, with how to put its replacement in place."""
+    def data_setter(t: torch.Tensor) -> Setter:
+        def put(new: torch.Tensor) -> None:
+            _forget_grad_accumulator(t)
+            t.data = new
+        return put
+
+    def state_setter(state: dict, key: Any) -> Setter:
+        def put(new: torch.Tensor) -> None:
+            state[key] = new
+        return put
+
+    out: List[Tuple[torch.Tensor, Setter]] = [(param.data, data_setter(param))]
+    master = masters.get(param, param)
+    if master is not param:
+        out.append((master.data, data_setter(master)))
+    state = inner.state.get(master, {})
+    for key in sorted(state, key=str):
+        value = state[key]
+        if not torch.is_tensor(value) or value.dim() == 0:
+            continue  # AdamW's step: the same for every slice
+        if value.shape != param.shape:
+            raise ConfigError(f"apply_plan: {type(inner).__name__} state {key!r} has shape {tuple(value.shape)}, "
+                              f"not its parameter's {tuple(param.shape)} (factored state cannot be re-sliced)")
+        out.append((value, state_setter(state, key)))
+    return out
+
+
+# ----------------------------------------------------------------------------- the move
+def _exchange(jobs, rank: int, group) -> Tuple[List[torch.Tensor], int, int]:
+    """``jobs``: ``(schedule, [(old tensor, dim, new shape)])``.  Returns the new tensors (in job, carrier
+    order), bytes sent and received.  One uint8 buffer per peer each way (pieces in schedule order, then
+    carrier order: every rank derives the same order), all sends and receives posted at once."""
+    new_tensors: List[torch.Tensor] = []
+    outgoing: Dict[int, List[torch.Tensor]] = {}
+    incoming: Dict[int, List[torch.Tensor]] = {}
+    for schedule, carriers in jobs:
+        fresh = [old.new_empty(shape) for old, _, shape in carriers]
+        new_tensors.extend(fresh)
+        for piece in schedule:
+            if rank not in (piece.src, piece.dst):
+                continue
+            for (old, dim, _), new in zip(carriers, fresh):
+                if piece.src == rank:
+                    source = old.narrow(dim, piece.src_offset, piece.length)
+                if piece.dst == rank:
+                    target = new.narrow(dim, piece.dst_offset, piece.length)
+                if not piece.crosses:
+                    target.copy_(source)
+                elif piece.src == rank:
+                    outgoing.setdefault(piece.dst, []).append(source)
+                else:
+                    incoming.setdefault(piece.src, []).append(target)
+    ops, received = [], {}
+    sent_bytes = recv_bytes = 0
+    for peer, pieces in sorted(outgoing.items()):
+        buffer = torch.cat([p.contiguous().view(-1).view(torch.uint8) for p in pieces])
+        sent_bytes += buffer.numel()
+        ops.append(dist.P2POp(dist.isend, buffer, dist.get_global_rank(group, peer), group))
+    for peer, targets in sorted(incoming.items()):
+        nbytes = sum(t.numel() * t.element_size() for t in targets)
+        recv_bytes += nbytes
+        received[peer] = targets[0].new_empty(nbytes, dtype=torch.uint8)
+        ops.append(dist.P2POp(dist.irecv, received[peer], dist.get_global_rank(group, peer), group))
+    if ops:
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+    for peer, targets in incoming.items():
+        start = 0
+        for target in targets:
+            nbytes = target.numel() * target.element_size()
+            chunk = received[peer][start:start + nbytes].clone()  # clone: aligned for the dtype view
+            target.copy_(chunk.view(target.dtype).view(target.shape))
+            start += nbytes
+    return new_tensors, sent_bytes, recv_bytes
+
+
+def _reattach(layer: _Layer, plans: Plans, rank: int, group) -> None:
+    """The parameters' distributed-tensor attributes and the layer's ``shard_plans`` for ``plans``."""
+    from colossalai.tensor.d_tensor.api import _hijack_detach_and_clone_for_customized_distributed_tensor
+
+    from semimig.shardformer import uneven_norm
+
+    module = layer.module
+    even = all(plan.is_even for plan in plans)
+    saved = module.__dict__.get(_EVEN_ATTRS)
+    if module.__dict__.get("shard_plans") is None and saved is None:  # leaving the even layout: remember it
+        saved = {name: {k: p.__dict__[k] for k in _DIST_ATTRS + (uneven_norm.MARK,) if k in p.__dict__}
+                 for name, p, _ in layer.params()}
+        module.__dict__[_EVEN_ATTRS] = saved
+    parts = [plan.dimension for plan in plans]
+    for name, param, dim in layer.params():
+        for key in _DIST_ATTRS + (uneven_norm.MARK,):
+            param.__dict__.pop(key, None)
+        if even and saved is not None:
+            param.__dict__.update(saved[name])
+            continue
+        param.shard_fn, param.gather_fn = packed_shard_functions(parts, plans, rank, dim=dim, group=group)
+        _hijack_detach_and_clone_for_customized_distributed_tensor(param)
+        setattr(param, uneven_norm.MARK, True)  # counted once by the grad norm (semimig.shardformer.uneven_norm)
+    module.shard_plans = None if even else plans
+    if not even:
+        uneven_norm.install()
+
+
+def _rebuild_ddp(model: nn.Module) -> int:
+    """Rebuild the reducer of every torch DDP inside ``model`` for the parameters' new shapes (its gradient
+    buckets are sized at construction; HybridParallelPlugin wraps the model in DDP even at dp=1).  The
+    recipe is DDP's own ``__setstate__``; the old reducer's autograd hooks go with it."""
+    count = 0
+    for ddp in model.modules():
+        if not isinstance(ddp, nn.parallel.DistributedDataParallel):
+            continue
+        parameters, expect_sparse_gradient = ddp._build_params_for_reducer()
+        mapping = ddp._build_debug_param_to_name_mapping(parameters)
+        # drop the old reducer (its logger holds it too) before building the new one: it keeps the parameters'
+        # gradient accumulators alive, and a new reducer would take those, with the old shapes in their metadata
+        ddp.logger = None
+        ddp.reducer = None
+        ddp._ddp_init_helper(parameters, expect_sparse_gradient, mapping, ddp.static_graph)
+        if ddp.static_graph:
+            ddp.reducer._set_static_graph()
+            ddp.logger._set_static_graph()
+        count += 1
+    return count
+
+
+def _set_attention(model: nn.Module, layers: List[_Layer], resolved, rank: int) -> None:
+    """This rank's head counts and width on each attention module (what SemiMigPolicy sets at build)."""
+    heads, kv_heads = resolved.heads(rank)
+    width = resolved.q.sizes[rank]
+    modules = dict(model.named_modules())
+    for layer in layers:
+        if layer.name.endswith(("self_attn.q_proj", "attn.c_attn")):
+            attention = modules[layer.name.rsplit(".", 1)[0]]
+            if resolved.dims.family == "llama":
+                update = {"hidden_size": width, "num_heads": heads, "num_key_value_heads": kv_heads}
+            else:
+                update = {"embed_dim": width, "split_size": width, "num_heads": heads}
+            for key, value in update.items():
+                setattr(attention, key, value)
+
+
+def _digest(*items: Any) -> str:
+    return hashlib.sha256(repr(items).encode()).hexdigest()[:16]
+
+
+@torch.no_grad()
+def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -> MoveReport:
+    """Move ``model`` (built with :class:`~semimig.shardformer.SemiMigPolicy`) and ``optimizer`` to
+    ``new_plan`` (an :class:`~semimig.shardformer.UnevenPlan`): a collective over the tensor-parallel
+    group (the layers' group, or ``group``, which must hold the same ranks), called by every rank
+    between steps with the same plan.  See the module docstring; returns this rank's :class:`MoveReport`.
+    """
+    from semimig.shardformer.uneven import UnevenPlan
+
+    started = time.perf_counter()
+    if not isinstance(new_plan, UnevenPlan):
+        raise ConfigError(f"apply_plan: new_plan must be a semimig.shardformer.UnevenPlan, got "
+                          f"{type(new_plan).__name__}")
+    config, layers = _layers(model)
+    inner, masters = _optimizer_parts(optimizer)
+    layer_group = layers[0].module.process_group
+    tp = layers[0].tp
+    if group is None:
+        group = layer_group
+    elif dist.get_process_group_ranks(group) != dist.get_process_group_ranks(layer_group):
+        raise ConfigError(f"apply_plan: group has ranks {dist.get_process_group_ranks(group)}, the layers' "
+                          f"tensor-parallel group {dist.get_process_group_ranks(layer_group)}")
+    rank = dist.get_rank(group) if tp > 1 else 0
+    old_plan = _plan_from_layers(config, layers, new_plan.block_size)
+    try:
+        resolved, problem = new_plan.resolve(config, tp), None
+    except ConfigError as err:
+        resolved, problem = None, str(err)
+
+    carriers = {layer.name: [(name, _carriers(p, inner, masters)) for name, p, _ in layer.params()]
+                for layer in layers}
+    signature = _digest([(n, [[c.dtype for c, _ in cs] for _, cs in v]) for n, v in carriers.items()])
+    old_sizes = tuple(layer.plans[0].sizes for layer in layers)
+    new_sizes = None if resolved is None else (resolved.mlp.sizes, resolved.q.sizes, resolved.kv.sizes)
+    mine = (str(new_plan), new_sizes, problem, _digest(old_sizes), signature)
+    every = [mine] * tp
+    if tp > 1:
+        every = [None] * tp
+        dist.all_gather_object(every, mine, group=group)
+    for r, theirs in enumerate(every):
+        if theirs[2] is not None:
+            raise ConfigError(f"apply_plan: {theirs[0]} does not fit the model (TP rank {r}): {theirs[2]}")
+    for r, theirs in enumerate(every):
+        if theirs[:2] != mine[:2]:
+            raise ConfigError(f"apply_plan: the tensor-parallel ranks disagree on the new plan: rank {rank} has "
+                              f"{mine[0]}, rank {r} has {theirs[0]}; every rank must pass the same plan")
+        if theirs[3:] != mine[3:]:
+            raise ConfigError(f"apply_plan: TP rank {r}'s model or optimizer state differs from rank {rank}'s "
+                              "(shard sizes or optimizer state kinds); re-plan only between steps, after "
+                              "optimizer.step() on every rank")
+
+    sizes = {"q": resolved.q.sizes, "kv": resolved.kv.sizes, "mlp": resolved.mlp.sizes}
+    jobs, puts, changed = [], [], []
+    for layer in layers:
+        old = layer.plans
+        new = tuple(ShardPlan(units=sizes[layer.kind]) for _ in layer.parts)
+        if tuple(p.sizes for p in old) == tuple(p.sizes for p in new):
+            continue
+        changed.append((layer, new))
+        schedule = move_schedule(old, new)
+        width = sum(plan.sizes[rank] for plan in new)
+        for (_, _, dim), (_, tensors) in zip(layer.params(), carriers[layer.name]):
+            job = []
+            for tensor, put in tensors:
+                shape = list(tensor.shape)
+                shape[dim] = width
+                job.append((tensor, dim, shape))
+                puts.append(put)
+            jobs.append((schedule, job))
+    new_tensors, sent, received = _exchange(jobs, rank, group)
+    for put, tensor in zip(puts, new_tensors):
+        put(tensor)
+    for layer, new in changed:
+        for _, param, _ in layer.params():
+            param.grad = None
+            master = masters.get(param)
+            if master is not None:
+                master.grad = None
+        _reattach(layer, new, rank, group)
+    if changed:
+        _set_attention(model, layers, resolved, rank)
+        _rebuild_ddp(model)
+    seconds = time.perf_counter() - started
+    report = MoveReport(old_plan=old_plan, new_plan=new_plan, bytes_sent=sent, bytes_received=received,
+                        seconds=seconds, tensors_moved=len(new_tensors), layers_changed=len(changed))
+    logger.info("apply_plan: %s -> %s on TP rank %d: %d layer(s), %d tensor(s), sent %d B, received %d B, %.3f s",
+                old_plan, new_plan, rank, len(changed), len(new_tensors), sent, received, seconds)
+    return report

@@ -1,0 +1,58 @@
+"""The time-to-loss benchmark's ``reshard`` mode: its command line and its re-plan reporting (pure)."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from semimig.bench.time_to_loss import RunResult, summarize_mode
+from semimig.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("ttl_script", REPO / "benchmarks" / "time_to_loss.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(step_s, replans=None):
+    summary = {"balanced_share_by_rank": [0.5, 0.2]}
+    if replans is not None:
+        summary["reshard"] = {"replans": replans, "plan": "UnevenPlan(mlp=[28, 4] x 128, kv_groups=[3, 1])",
+                              "bytes_moved": 1_000_000 * replans, "move_s": 0.25 * replans, "events": []}
+    return {"step_s": step_s, "val_losses": [[2, 3.0], [4, 2.5]], "summary": summary}
+
+
+def test_reshard_runs_report_replans_bytes_and_seconds():
+    runs = [RunResult.from_json(_run([1.0, 1.2, 1.0, 1.0], replans=k), f"run {k}") for k in (1, 1, 2)]
+    assert runs[0].reshard == {"replans": 1, "plan": "UnevenPlan(mlp=[28, 4] x 128, kv_groups=[3, 1])",
+                               "bytes_moved": 1_000_000, "move_s": 0.25}
+    out = summarize_mode(runs, target=2.6)
+    assert out["reshard"]["replans"] == 1 and out["reshard"]["bytes_moved"] == 1_000_000
+    assert out["reshard"]["move_s"] == 0.25 and len(out["reshard"]["each"]) == 3
+    # the move's time is inside step_s: time to target counts it
+    assert out["time_to_target_s"] == pytest.approx(4.2)
+    plain = summarize_mode([RunResult.from_json(_run([1.0] * 4))], target=2.6)
+    assert plain["reshard"] is None
+
+
+def test_a_broken_reshard_summary_is_refused_by_name():
+    data = _run([1.0] * 4, replans=1)
+    del data["summary"]["reshard"]["bytes_moved"]
+    with pytest.raises(ConfigError, match="reshard run 0"):
+        RunResult.from_json(data, "reshard run 0")
+
+
+def test_reshard_mode_runs_the_example_with_balance_reshard(tmp_path):
+    script = _script()
+    assert "reshard" in script.MODES and "reshard" in script.DEFAULT_MODES
+    args = script.parse_args(["--straggler", "device", "--modes", "reshard", "--json", str(tmp_path / "r.json")])
+    assert args.modes == ["healthy", "reshard"]
+    cmd = script.command(args, "reshard", tmp_path / "out.json")
+    assert cmd[cmd.index("--balance") + 1] == "reshard"
+    assert cmd[cmd.index("--straggler") + 1] == "fixed:1:4:scope=device"
+    assert script.replans({"reshard": {"replans": 1, "bytes_moved": 2.5e6, "move_s": 0.5}}) == \
+        "; 1 re-plan(s), 2.5 MB in 0.50 s"
+    assert script.replans({"reshard": None}) == ""

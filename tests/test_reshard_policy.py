@@ -1,0 +1,205 @@
+"""The re-shard policy (DESIGN §8 'When'), pure: synthetic per-rank timing series, no process group.
+
+Each series is generated from the step model itself, ``c_r = (R + S·p_r)/v_r`` with
+``R = ρ``, ``S = e·(1 − ρ)`` (a healthy even step is 1 s), ``b_r = S·p_r/v_r`` and a constant
+communication time; when the policy decides to move, the simulation moves (the next samples use
+the new shares) and reports the move's cost.  The expected plan is the solver's for the true
+speeds (:func:`semimig.sharding.solve_plan` on ``StepModel.normalised``), computed independently.
+"""
+import math
+import random
+
+import pytest
+
+from semimig.controller.reshard import ReshardConfig, ReshardDecision, ReshardPolicy, ReshardSample, moved_units
+from semimig.errors import ConfigError
+from semimig.sharding import ShardPlan, StepModel, solve_plan
+
+RHO = 0.2      # replicated share of a healthy even step
+COMM = 0.05    # seconds in collectives, every rank (the transfers' own time)
+MLP_UNITS, KV_UNITS = 32, 4   # the example's tiny Llama h1024: 4096 / 128 blocks, 4 KV groups
+BYTES = (1 << 20, 1 << 21)    # per unit moved: MLP block, KV group
+
+
+def even_plans(tp=2):
+    return (ShardPlan.even(MLP_UNITS, tp, unit_size=128), ShardPlan.even(KV_UNITS, tp, unit_size=128))
+
+
+def policy(config=ReshardConfig(), tp=2):
+    # weights: parameters per dimension of a Llama block (MLP 12 h², attention 3 h² with 4 of 8 KV heads)
+    return ReshardPolicy(even_plans(tp), weights=(12.0, 3.0), bytes_per_unit=BYTES, config=config)
+
+
+def expected(speeds):
+    model = StepModel.normalised(speeds, replicated_share=RHO)
+    return (solve_plan(model, total_units=MLP_UNITS, unit_size=128), solve_plan(model, total_units=KV_UNITS,
+                                                                                unit_size=128))
+
+
+def simulate(pol, speeds_at, steps, *, noise=0.0, move_s=0.5, seed=0, gemm=1.0):
+    """Run ``steps`` steps; ``speeds_at(step)`` gives every rank's true speed; ``gemm`` of the
+    shardable work is timed as GEMMs (the rest: attention, optimizer).  Returns the re-plans."""
+    rng = random.Random(seed)
+    e = pol.tp
+    R, S = RHO, e * (1.0 - RHO)
+    moves = []
+    for step in range(steps):
+        speeds = speeds_at(step)
+        shares = pol.shares()
+        jitter = [math.exp(noise * rng.gauss(0.0, 1.0)) for _ in range(e)]
+        compute = tuple((R + S * p) / v * j for p, v, j in zip(shares, speeds, jitter))
+        shardable = tuple(gemm * S * p / v * j for p, v, j in zip(shares, speeds, jitter))
+        decision = pol.observe(ReshardSample(compute, shardable, (COMM,) * e))
+        assert isinstance(decision, ReshardDecision) and decision.step == step
+        if decision.replan:
+            _, nbytes = pol.moved(decision.plans)
+            pol.moved_to(decision.plans, seconds=move_s, bytes_moved=nbytes)
+            moves.append((step, decision))
+    return moves
+
+
+def test_stays_slow_replans_once_to_the_expected_plan():
+    pol = policy()
+    moves = simulate(pol, lambda s: (1.0, 0.25), 300)
+    assert len(moves) == 1, [(s, str(d.plans)) for s, d in moves]
+    step, decision = moves[0]
+    assert step == pol.config.window - 1  # the first full window: the gain (4 - 1.6 s/step) pays at once
+    assert decision.plans == expected((1.0, 0.25))
+    assert decision.plans[0].units[1] < decision.plans[0].units[0]
+    # predicted against the closed form of the even-split (2/(1/χ)·... ) and uneven steps, plus communication
+    model = StepModel.normalised((1.0, 0.25), replicated_share=RHO)
+    assert decision.current_s == pytest.approx(model.step((0.5, 0.5)) + COMM, rel=1e-9)
+    assert decision.predicted_s < decision.current_s
+    assert pol.plans == decision.plans
+    # the cost counts the move, the move back and a window of the new plan at healthy speeds
+    healthy = StepModel.normalised((1.0, 1.0), replicated_share=RHO)
+    overstay = healthy.step(pol.shares(decision.plans)) - healthy.step((0.5, 0.5))
+    move = pol.config.latency_s + decision.move_bytes / pol.config.bandwidth_bytes_s
+    assert overstay > 0 and decision.move_cost_s == pytest.approx(2 * move + pol.config.window * overstay, rel=1e-9)
+
+
+def test_stays_slow_with_noise_still_one_replan():
+    pol = policy()
+    moves = simulate(pol, lambda s: (1.0, 0.25), 300, noise=0.02, seed=3)
+    assert len(moves) == 1
+    assert moves[0][1].plans == expected((1.0, 0.25))
+
+
+def test_move_that_does_not_pay_waits_for_age():
+    # an expensive move (predicted from bytes at a slow link) pays only once the state is old enough
+    slow_link = ReshardConfig(bandwidth_bytes_s=1e5)  # 14 MiB / 0.1 MB/s ≈ 147 s; gain 4 - 1.6 s/step: 62 steps
+    pol = policy(slow_link)
+    moves = simulate(pol, lambda s: (1.0, 0.25), 300)
+    assert len(moves) == 1
+    step, decision = moves[0]
+    assert decision.move_cost_s > (decision.current_s - decision.predicted_s) * pol.config.window
+    assert decision.horizon * (decision.current_s - decision.predicted_s) > decision.move_cost_s
+    assert step > pol.config.window - 1
+
+
+def test_come_and_go_does_not_replan_when_the_gain_does_not_pay():
+    # 20 slow / 40 fast steps: a slow state is never older than 20 steps, 20 x gain < the move's cost
+    cfg = ReshardConfig(window=10, bandwidth_bytes_s=1e5)  # ≈ 147 s a move, gain ≈ 2.4 s/step: 20 x 2.4 = 48 s
+    pol = policy(cfg)
+    moves = simulate(pol, lambda s: (1.0, 0.25) if s % 60 < 20 else (1.0, 1.0), 600, noise=0.01)
+    assert moves == []
+    # the same straggler staying: the age grows and the move pays
+    pol = policy(cfg)
+    assert len(simulate(pol, lambda s: (1.0, 0.25), 600, noise=0.01)) == 1
+
+
+def test_noise_never_replans():
+    pol = policy()
+    assert simulate(pol, lambda s: (1.0, 1.0), 500, noise=0.05, seed=1) == []
+    pol = policy()
+    assert simulate(pol, lambda s: (1.0, 1.0), 500, noise=0.3, seed=2) == []
+    assert all(p.is_even for p in pol.plans)
+
+
+def test_no_straggler_never_replans_tp4():
+    pol = policy(tp=4)
+    assert simulate(pol, lambda s: (1.0,) * 4, 300, noise=0.03) == []
+
+
+def test_recovery_replans_back_to_even_after_the_window():
+    pol = policy()
+    recover = 150
+    moves = simulate(pol, lambda s: (1.0, 0.25) if s < recover else (1.0, 1.0), 400)
+    assert len(moves) == 2
+    (first, d1), (second, d2) = moves
+    assert d1.plans == expected((1.0, 0.25))
+    assert all(p.is_even for p in d2.plans)
+    # a window mostly (agree = 75 %) of the recovered speed first
+    assert second >= recover + math.ceil(pol.config.agree * pol.config.window) - 1
+    assert all(p.is_even for p in pol.plans)
+
+
+def test_hysteresis_dwell_and_margin():
+    # a mild straggler whose best plan is within the margin: never moves
+    pol = policy(ReshardConfig(margin=0.05))
+    assert simulate(pol, lambda s: (1.0, 0.96), 300) == []
+    # speeds that flip every 2*window+5 steps between two stable states: at most one move per dwell
+    cfg = ReshardConfig(window=10, dwell=100)
+    pol = policy(cfg)
+    moves = simulate(pol, lambda s: (1.0, 0.25) if (s // 25) % 2 == 0 else (1.0, 0.5), 400)
+    steps = [s for s, _ in moves]
+    assert all(b - a >= 100 for a, b in zip(steps, steps[1:])), steps
+
+
+def test_measured_move_cost_replaces_the_estimate():
+    pol = policy()
+    simulate(pol, lambda s: (1.0, 0.25), 40, move_s=2.05)
+    assert pol.seconds_per_byte is not None
+    units, nbytes = pol.moved(even_plans())
+    assert pol._move_cost(nbytes) == pytest.approx(pol.config.latency_s + 2.0 * nbytes / pol.history[0].move_bytes)
+
+
+def test_moved_units_counts_changed_owners():
+    even = ShardPlan(units=(4, 4))
+    assert moved_units(even, ShardPlan(units=(6, 2))) == 2
+    assert moved_units(ShardPlan(units=(2, 3, 3)), ShardPlan(units=(3, 3, 2))) == 2
+    assert moved_units(even, even) == 0
+    with pytest.raises(ConfigError, match="same dimension"):
+        moved_units(even, ShardPlan(units=(4, 5)))
+
+
+def test_refusals_name_the_input():
+    with pytest.raises(ConfigError, match="ReshardConfig.window"):
+        ReshardConfig(window=1)
+    with pytest.raises(ConfigError, match="ReshardConfig.tolerance"):
+        ReshardConfig(tolerance=0.0)
+    with pytest.raises(ConfigError, match="weights"):
+        ReshardPolicy(even_plans(), weights=(1.0,), bytes_per_unit=BYTES)
+    with pytest.raises(ConfigError, match="same tp"):
+        ReshardPolicy((ShardPlan(units=(2, 2)), ShardPlan(units=(1, 1, 1))), weights=(1, 1), bytes_per_unit=(1, 1))
+    with pytest.raises(ConfigError, match="one entry per rank"):
+        ReshardSample((1.0, 1.0), (0.5,), (0.0, 0.0))
+    with pytest.raises(ConfigError, match=r"compute_s\[1\]"):
+        ReshardSample((1.0, -1.0), (0.5, 0.5), (0.0, 0.0))
+    pol = policy()
+    with pytest.raises(ConfigError, match="3 ranks"):
+        pol.observe(ReshardSample((1.0,) * 3, (0.5,) * 3, (0.0,) * 3))
+
+
+def test_identical_inputs_identical_decisions():
+    # every rank runs its own policy on the same all-gathered numbers: the same decisions, step for step
+    a, b = policy(), policy()
+    ra = simulate(a, lambda s: (1.0, 0.3) if s > 30 else (1.0, 1.0), 200, noise=0.02, seed=7)
+    rb = simulate(b, lambda s: (1.0, 0.3) if s > 30 else (1.0, 1.0), 200, noise=0.02, seed=7)
+    assert [(s, d.plans) for s, d in ra] == [(s, d.plans) for s, d in rb] and ra
+
+
+def test_a_move_measures_the_shardable_work_the_gemms_do_not_show():
+    # only 60 % of the shardable work is timed as GEMMs: the split overstates R/S, so the first
+    # plan leaves the slow rank less than the optimum; the move measures R/S exactly; the first
+    # plan is then within the margin of the optimum (no second move for it), and recovery goes
+    # back to exactly even
+    pol = policy()
+    moves = simulate(pol, lambda s: (1.0, 0.25) if s < 200 else (1.0, 1.0), 400, gemm=0.6)
+    assert pol.measured_k == pytest.approx(RHO / (2 * (1 - RHO)), rel=1e-9)  # R/S of the generator
+    (_, first), (_, back) = moves
+    best = expected((1.0, 0.25))
+    assert first.plans[0].units[1] < best[0].units[1]
+    truth = StepModel.normalised((1.0, 0.25), replicated_share=RHO)
+    assert truth.step(pol.shares(first.plans)) <= (1 + pol.config.margin) * truth.step(pol.shares(best))
+    assert all(p.is_even for p in back.plans) and all(p.is_even for p in pol.plans)
