@@ -42,7 +42,7 @@ from semimig.errors import ConfigError
 from .keep import KeepPlan, plan_keep
 
 __all__ = ["GradBuffer", "KeepLayout", "layout_dgrad", "layout_fwd", "layout_keep", "layout_wgrad",
-           "scatter_dgrad"]
+           "apply_paired_layout_", "permute_", "relative_permutation", "scatter_dgrad"]
 
 
 class KeepLayout:
@@ -224,3 +224,53 @@ def scatter_dgrad(dy: Tensor, weight: Tensor, layout: KeepLayout, buffer: GradBu
     if buffer is not None:
         buffer.written()
     return out
+
+
+# -- applying a layout to tensors that live across calls (once per plan change) -------------------
+
+
+def relative_permutation(old: Tensor | None, new: Tensor) -> Tensor:
+    """The permutation that takes storage laid out by ``old`` to storage laid out by ``new``.
+
+    Storage laid out by ``p`` holds original column ``p[j]`` at position ``j`` (``None``: the
+    original order).  ``t_new = t_old.index_select(dim, relative_permutation(old, new))``.
+    """
+    if old is None:
+        return new
+    inverse = torch.empty_like(old)
+    inverse[old] = torch.arange(old.numel(), device=old.device)
+    return inverse[new]
+
+
+@torch.no_grad()
+def permute_(param: Tensor, perm: Tensor, dim: int, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Reorder ``param`` along ``dim`` by ``perm`` in place, with its ``.grad`` and its optimizer state.
+
+    Every tensor in ``optimizer.state[param]`` shaped like ``param`` (Adam's moments, SGD's
+    momentum, ...) is reordered the same way, so the optimizer's elementwise update of the
+    reordered parameter is the reordered update: training is unchanged up to the order of the
+    reduction terms in the GEMMs.  One copy of each tensor, once per plan change.
+    """
+    perm = perm.to(param.device)
+    targets = [param.data] + ([param.grad] if param.grad is not None else [])
+    if optimizer is not None:
+        targets += [v for v in optimizer.state.get(param, {}).values()
+                    if isinstance(v, Tensor) and v.shape == param.shape]
+    for t in targets:
+        t.copy_(t.index_select(dim, perm))
+
+
+def apply_paired_layout_(producer_weight: Tensor, producer_bias: Tensor | None, consumer_weight: Tensor,
+                         perm: Tensor, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Lay out the dimension a producer's rows and a consumer's columns share (the paired dimension).
+
+    ``producer_weight [I, H]`` (and ``producer_bias [I]``) are reordered along rows,
+    ``consumer_weight [N, I]`` along columns, by ``perm`` (relative to their current order, see
+    :func:`relative_permutation`).  With an elementwise function between them (GELU), the
+    consumer's input then arrives laid out at no cost, and the composite function is unchanged:
+    ``W2[:, π] σ(W1[π] x + b1[π]) = W2 σ(W1 x + b1)`` up to the order of the reduction terms.
+    """
+    permute_(producer_weight, perm, 0, optimizer)
+    if producer_bias is not None:
+        permute_(producer_bias, perm, 0, optimizer)
+    permute_(consumer_weight, perm, 1, optimizer)

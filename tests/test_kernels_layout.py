@@ -210,3 +210,43 @@ def test_triton_backend_on_laid_out_operands(block, kp_blocks):
             assert bool((back[:, pruned] == 0).all())
         else:
             torch.testing.assert_close(got, original, rtol=1e-5, atol=1e-5)
+
+
+def test_paired_layout_keeps_the_mlp_and_its_adamw_training():
+    """Permuting the paired dimension (rows of fc1 + bias, columns of fc2, AdamW moments) once,
+    mid-training, leaves the MLP's training unchanged (up to the reduction order of fc2), and the
+    laid-out fc2 input's kept columns are the prefix."""
+    rng = torch.Generator().manual_seed(11)
+    h, i = 8, 24
+    x = torch.randn(16, h, generator=rng)
+    target = torch.randn(16, h, generator=rng)
+
+    def make():
+        torch.manual_seed(0)
+        fc1, fc2 = torch.nn.Linear(h, i), torch.nn.Linear(i, h)
+        return fc1, fc2, torch.optim.AdamW([*fc1.parameters(), *fc2.parameters()], lr=1e-2)
+
+    def step(fc1, fc2, opt):
+        opt.zero_grad()
+        loss = ((fc2(torch.nn.functional.gelu(fc1(x))) - target) ** 2).mean()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    a, b = make(), make()
+    for _ in range(3):
+        assert step(*a) == step(*b)
+    keep = torch.tensor([0, 1, 2, 3, 16, 17, 18, 19])
+    lay = L.layout_keep(keep, i, "cpu", block=4)
+    perm = L.relative_permutation(None, lay.perm)
+    L.apply_paired_layout_(b[0].weight, b[0].bias, b[1].weight, perm, b[2])
+    hidden = torch.nn.functional.gelu(b[0](x))
+    assert torch.equal(lay.kept(hidden), torch.nn.functional.gelu(a[0](x))[:, keep])  # the prefix is S
+    for _ in range(3):
+        torch.testing.assert_close(step(*b), step(*a), rtol=1e-5, atol=1e-6)
+    back = L.relative_permutation(lay.perm, torch.arange(i))  # undo: original order again
+    assert torch.equal(lay.perm[back], torch.arange(i))
+    L.apply_paired_layout_(b[0].weight, b[0].bias, b[1].weight, back, b[2])
+    for pa, pb in zip([*a[0].parameters(), *a[1].parameters()], [*b[0].parameters(), *b[1].parameters()]):
+        torch.testing.assert_close(pb, pa, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(b[2].state[pb]["exp_avg"], a[2].state[pa]["exp_avg"], rtol=1e-5, atol=1e-6)
