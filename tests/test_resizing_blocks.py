@@ -63,3 +63,34 @@ def test_block_selection_rejects_bad_blocks():
         select_pruned_blocks(torch.zeros(30, dtype=torch.float64), 8, 8)
     with pytest.raises(ValueError, match="dividing own"):
         PriorityList(torch.zeros(2, 32)).select(20, 8, block=8)
+
+
+def test_config_block_is_validated_and_defaults_to_single_columns():
+    from semimig.errors import ConfigError
+    from semimig.resizing.config import ResizingConfig
+
+    assert ResizingConfig().block == 1 and ResizingConfig(block=16).block == 16
+    for bad in (12, 0, True, "8"):
+        with pytest.raises(ConfigError, match=f"block must be one of .*got {bad!r}"):
+            ResizingConfig(block=bad)
+
+
+def test_controller_hook_prunes_whole_blocks_where_they_fit():
+    """``LayerBinding._select`` with ``ResizingConfig(block=8)``: whole blocks for an own column
+    count that 8 divides, single columns otherwise (a real PriorityList; the binding's other
+    state is not involved)."""
+    from types import SimpleNamespace
+
+    from semimig.controller.binding import LayerBinding
+    from semimig.resizing.config import ResizingConfig
+
+    w = torch.zeros(2, 40)
+    pl = PriorityList(w)
+    step = torch.linspace(0.01, 0.4, 40).expand(2, 40)
+    pl.end_period(w + step, torch.zeros(40, dtype=torch.int64))
+    binding = SimpleNamespace(resizing=ResizingConfig(block=8), generator=torch.Generator())
+    bound = SimpleNamespace(priority=pl)
+    assert LayerBinding._select(binding, bound, 32, 13).tolist() == list(range(16))  # round(13 / 8) = 2 blocks
+    assert LayerBinding._select(binding, bound, 36, 13).tolist() == list(range(13))  # 8 does not divide 36
+    single = SimpleNamespace(resizing=ResizingConfig(), generator=torch.Generator())
+    assert LayerBinding._select(single, bound, 32, 13).tolist() == list(range(13))
