@@ -1,14 +1,15 @@
 """What block-granular priority pruning costs in accuracy (issue 27): digits, tiny ViT, one process.
 
-    python benchmarks/block_accuracy.py [--steps 200] [--seeds 0,1] [--json out.json]
+    python benchmarks/block_accuracy.py [--steps 300] [--seeds 0,1] [--own-share 0.5] [--json out.json]
 
 Every linear layer of the encoder (query, key, value, attention output, MLP in and out) runs
-``pruned_linear`` with its reduction columns pruned at ratio gamma on *every* step (a harsher
-setting than one straggler among ranks: here the whole model is the straggler), the pruned set
-chosen by Algorithm 1's priority list (smallest weight change first, revisiting, period 10
-steps) at granularity g = 1 (single columns, the paper), 8 or 16.  The pruned count is the same
-for every g, ``round(gamma K / 16) 16``, so only the granularity differs.  Prints the test
-accuracy after ``--steps`` AdamW steps per (gamma, g) and seed, and the dense model's.
+``pruned_linear`` with its reduction columns pruned on *every* step: of the first
+``own-share · K`` columns (the straggler's shard; 0.5 = one rank of two, 1 = the whole model is
+the straggler) a share gamma is pruned, chosen by Algorithm 1's priority list (smallest weight
+change first, revisiting, period 10 steps) at granularity g = 1 (single columns, the paper),
+8 or 16.  The pruned count is the same for every g, ``round(gamma own / G) G`` with G the
+largest g asked for, so only the granularity differs.  Prints the test accuracy (the dense
+model) after ``--steps`` AdamW steps per (gamma, g) and seed, and the never-pruned model's.
 """
 from __future__ import annotations
 
@@ -29,10 +30,11 @@ NAMES = ("query", "key", "value", "attention.output.dense", "intermediate.dense"
 class _Pruned:
     """Wraps one nn.Linear: its forward prunes by the priority list; statistics per period."""
 
-    def __init__(self, linear: torch.nn.Linear, gamma: float, block: int) -> None:
+    def __init__(self, linear: torch.nn.Linear, gamma: float, block: int, own_share: float, unit: int) -> None:
         self.linear, self.block = linear, block
         k = linear.weight.shape[1]
-        self.n_prune = round(gamma * k / 16) * 16
+        self.own = round(k * own_share / unit) * unit
+        self.n_prune = round(gamma * self.own / unit) * unit
         self.priority = PriorityList(linear.weight)
         self.counts = torch.zeros(k, dtype=torch.int64)
         self.keep = torch.arange(k)
@@ -40,7 +42,7 @@ class _Pruned:
 
     def choose(self) -> None:
         k = self.counts.numel()
-        pruned = self.priority.select(k, self.n_prune, block=self.block)
+        pruned = self.priority.select(self.own, self.n_prune, block=self.block)
         mask = torch.ones(k, dtype=torch.bool)
         mask[pruned] = False
         self.keep = mask.nonzero().flatten()
@@ -54,12 +56,12 @@ class _Pruned:
         return pruned_linear(x, self.linear.weight, self.linear.bias, self.keep)
 
 
-def train(gamma: float, block: int, seed: int, steps: int, data) -> float:
+def train(gamma: float, block: int, seed: int, steps: int, data, own_share: float = 1.0, unit: int = 16) -> float:
     x_tr, y_tr, x_te, y_te = data
     model = tiny_vit(VitSize(), seed=seed)
     wrapped = []
     if gamma > 0:
-        wrapped = [_Pruned(m, gamma, block) for name, m in model.named_modules()
+        wrapped = [_Pruned(m, gamma, block, own_share, unit) for name, m in model.named_modules()
                    if isinstance(m, torch.nn.Linear) and name.endswith(NAMES) and "encoder" in name]
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     gen = torch.Generator().manual_seed(seed)
@@ -87,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=lambda s: [int(v) for v in s.split(",")], default=[0, 1])
     parser.add_argument("--gammas", type=lambda s: [float(v) for v in s.split(",")], default=[0.5, 0.75, 0.9])
     parser.add_argument("--blocks", type=lambda s: [int(v) for v in s.split(",")], default=[1, 8, 16])
+    parser.add_argument("--own-share", type=float, default=0.5, help="share of each layer's K the straggler owns")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -94,17 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = [{"gamma": 0.0, "block": 1, "seed": s, "accuracy": train(0.0, 1, s, args.steps, data)} for s in args.seeds]
     for gamma in args.gammas:
         for block in args.blocks:
-            rows += [{"gamma": gamma, "block": block, "seed": s, "accuracy": train(gamma, block, s, args.steps, data)}
+            rows += [{"gamma": gamma, "block": block, "seed": s,
+                      "accuracy": train(gamma, block, s, args.steps, data, args.own_share, max(args.blocks))}
                      for s in args.seeds]
             print(f"  gamma {gamma} block {block}: done", flush=True)
-    print(f"test accuracy after {args.steps} steps, mean over seeds {args.seeds} (per seed)")
+    print(f"test accuracy after {args.steps} steps, own share {args.own_share}, mean over seeds {args.seeds} (per seed)")
     cells: dict = {}
     for r in rows:
         cells.setdefault((r["gamma"], r["block"]), []).append(r["accuracy"])
     for (gamma, block), accs in cells.items():
         print(f"gamma {gamma:4.2f} block {block:3d}: {statistics.fmean(accs):.4f}  ({', '.join(f'{a:.4f}' for a in accs)})")
     if args.json:
-        write_json(args.json, {"steps": args.steps, "rows": rows}, indent=1)
+        write_json(args.json, {"steps": args.steps, "own_share": args.own_share, "rows": rows}, indent=1)
     return 0
 
 
