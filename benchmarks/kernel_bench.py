@@ -30,6 +30,24 @@ to each case's totals: ``F`` is the fixed cost of the pruned path (what does not
 kept columns).  ``--cpu-costs`` also times the pieces of the pruned path apart (plan building,
 the operand gathers, the GEMMs at K', the scatters), so ``F`` can be traced to its source.
 The Triton interpreter is not a performance model, so ``fused`` is not timed on CPU.
+
+``--mlp-layout`` (issue 27): the column -> GELU -> row MLP of one rank, one thread, at the ViT
+shape (M 1088, 256 -> 1536) and an LLM shape (M 512, 1024 -> 4096), gamma in {.5, .75, .9},
+block-granular keep sets (``--block``, default 8) in both layers.  Per layer and pass (fwd,
+dgrad, wgrad), interleaved repetition by repetition, medians:
+
+- ``gather``: today's pruned path (``reference``: gathers of x[:, S] / w[:, S], full-size
+  zero-filled scatters);
+- ``layout``: the keep layout (:mod:`semimig.kernels.layout`), the permutation applied once
+  (untimed, as a plan change): the row layer's input arrives laid out (its columns are the
+  column layer's rows, permuted with it), so all three GEMMs are narrow slices into persistent
+  gradient buffers; the column layer's input comes from outside, so its forward gathers
+  ``x[:, S]`` (M K' elements, timed, kept for wgrad) and its dgrad scatters ``|S|`` columns;
+- ``layout_fresh``: the same with fresh full-size gradients (only the pruned tail zeroed, plus
+  the allocation), what a gradient handed to autograd's AccumulateGrad costs;
+- ``dense_kprime``: dense products on operands compacted to K' beforehand (untimed).
+
+It prints ``layout / dense_kprime`` per pass (target <= 1.10) and the MLP's sums.
 """
 from __future__ import annotations
 
@@ -355,6 +373,160 @@ def _report_cpu(result: dict, totals: dict) -> None:
                   f"({row['time_min_ms']:.3f})")
 
 
+MLP_SHAPES = {"vit_mlp": (1088, 256, 1536), "llm_mlp": (512, 1024, 4096)}  # M, H, I
+MLP_GAMMAS = (0.5, 0.75, 0.9)
+MLP_TARGET = 1.10
+
+
+def mlp_layout_impls(x, w, dy, keep: torch.Tensor, block: int, paired: bool) -> dict:
+    """impl -> pass -> callable for one layer (y = x @ w^T, K pruned to ``keep``); see the module docstring."""
+    from semimig.kernels import layout as L
+
+    k = w.shape[1]
+    plan = plan_keep(keep, k, x.device)  # the gather path as the layers build it (group detected)
+    lay = L.layout_keep(keep, k, x.device, block=block)
+    w_l = lay.to_layout(w)  # once per plan change
+    x_l = lay.to_layout(x)  # paired: produced laid out by the previous layer's permuted rows
+    x_kp, w_kp = x[:, keep].contiguous(), w[:, keep].contiguous()
+    dx_buf, dw_buf = L.GradBuffer(), L.GradBuffer()
+    saved = {}
+    if paired:
+        layout = {"fwd": lambda: L.layout_fwd(x_l, w_l, None, lay),
+                  "dgrad": lambda: L.layout_dgrad(dy, w_l, lay, dx_buf),
+                  "wgrad": lambda: L.layout_wgrad(dy, x_l, lay, dw_buf)}
+        fresh = {"fwd": layout["fwd"], "dgrad": lambda: L.layout_dgrad(dy, w_l, lay),
+                 "wgrad": lambda: L.layout_wgrad(dy, x_l, lay)}
+    else:
+        def fwd():
+            saved["xs"] = xs = x.index_select(1, lay.perm[: lay.n_kept])  # kept for wgrad
+            return F.linear(xs, lay.kept(w_l))
+
+        def wgrad(buffer):
+            out = buffer.get(dy.shape[1], lay, dy) if buffer is not None else dy.new_empty(dy.shape[1], k)
+            if buffer is None:
+                out[:, lay.n_kept:].zero_()
+            torch.mm(dy.t(), saved["xs"], out=lay.kept(out))
+            if buffer is not None:
+                buffer.written()
+            return out
+
+        layout = {"fwd": fwd, "dgrad": lambda: L.scatter_dgrad(dy, w_l, lay, dx_buf), "wgrad": lambda: wgrad(dw_buf)}
+        fresh = {"fwd": fwd, "dgrad": lambda: L.scatter_dgrad(dy, w_l, lay), "wgrad": lambda: wgrad(None)}
+    return {
+        "gather": {"fwd": lambda: reference.gather_linear_fwd(x, w, None, plan),
+                   "dgrad": lambda: reference.gather_linear_dgrad(dy, w, plan),
+                   "wgrad": lambda: reference.gather_linear_wgrad(dy, x, plan)},
+        "layout": layout,
+        "layout_fresh": fresh,
+        "dense_kprime": {"fwd": lambda: F.linear(x_kp, w_kp), "dgrad": lambda: dy.mm(w_kp),
+                         "wgrad": lambda: dy.t().mm(x_kp)},
+    }
+
+
+def block_keep(k: int, gamma: float, block: int, gen: torch.Generator) -> torch.Tensor:
+    """Random whole aligned blocks of ``block`` columns, |S| = round(K/g (1 - gamma)) blocks."""
+    n_blocks = round(k // block * (1 - gamma))
+    blocks = torch.sort(torch.randperm(k // block, generator=gen)[:n_blocks]).values
+    return (blocks[:, None] * block + torch.arange(block)).flatten()
+
+
+def paired_cpu_samples(layers: dict, reps: int) -> dict:
+    """``{(layer, impl, pass): [ms per repetition]}``; in each repetition, for each layer and pass,
+    the implementations run back to back in a rotating order, so a burst of load from a
+    neighbour hits the ones compared with each other alike (ratios are taken per repetition)."""
+    for impls in layers.values():
+        for passes in impls.values():
+            for fn in passes.values():
+                fn()  # warm-up (also leaves the column layer's saved x[:, S] for its wgrad)
+    samples: dict[tuple, list[float]] = {}
+    for rep in range(reps):
+        for layer, impls in layers.items():
+            for p in ("fwd", "dgrad", "wgrad"):
+                names = list(impls)
+                names = names[rep % len(names):] + names[:rep % len(names)]
+                for impl in names:
+                    fn = impls[impl][p]
+                    start = time.perf_counter()
+                    fn()
+                    samples.setdefault((layer, impl, p), []).append((time.perf_counter() - start) * 1e3)
+    return samples
+
+
+def run_mlp_layout(args: argparse.Namespace) -> dict:
+    """The ``--mlp-layout`` measurement (CPU, ``args.threads`` torch threads)."""
+    torch.set_num_threads(args.threads)
+    gen = torch.Generator().manual_seed(0)
+    shapes = MLP_SHAPES if args.shapes is None else {n: s for n, s in MLP_SHAPES.items() if n in args.shapes}
+    records = []
+    for name, (m, h, i) in shapes.items():
+        x1, w1 = torch.randn(m, h, generator=gen), torch.randn(i, h, generator=gen) / h**0.5
+        x2, w2 = torch.randn(m, i, generator=gen), torch.randn(h, i, generator=gen) / i**0.5
+        dy1, dy2 = torch.randn(m, i, generator=gen), torch.randn(m, h, generator=gen)
+        for gamma in MLP_GAMMAS:
+            keep1, keep2 = block_keep(h, gamma, args.block, gen), block_keep(i, gamma, args.block, gen)
+            layers = {"col": mlp_layout_impls(x1, w1, dy1, keep1, args.block, paired=False),
+                      "row": mlp_layout_impls(x2, w2, dy2, keep2, args.block, paired=True)}
+            samples = paired_cpu_samples(layers, args.reps)
+            for (layer, impl, p), times in samples.items():
+                n, k, kept = (i, h, keep1.numel()) if layer == "col" else (h, i, keep2.numel())
+                records.append({"shape": name, "M": m, "H": h, "I": i, "layer": layer, "N": n, "K": k,
+                                "k_kept": kept, "gamma": gamma, "block": args.block, "impl": impl, "pass": p,
+                                "time_ms": statistics.median(times), "time_min_ms": min(times), "samples_ms": times})
+            print(f"  {name} gamma={gamma}: done", flush=True)
+    meta = {"device": f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+                      f"{args.threads} torch thread(s))", "torch": torch.__version__, "reps": args.reps,
+            "timing": f"wall-clock median of {args.reps} interleaved repetitions", "block": args.block,
+            "load_avg_at_end": os.getloadavg()}
+    return {"meta": meta, "mlp_layout": records}
+
+
+def mlp_ratios(records: list[dict]) -> list[dict]:
+    """Per (shape, gamma, pass): each impl's MLP time (col + row, median over repetitions) and its
+    ratio to dense_kprime: the median over repetitions of the per-repetition ratio of the MLP sums
+    (``*_vs_kprime``), the same for each layer alone (``col_*``, ``row_*``), and the ratio of the
+    fastest repetitions (``*_vs_kprime_min``)."""
+    cells: dict[tuple, dict[str, list[float]]] = {}
+    for r in records:
+        cell = cells.setdefault((r["shape"], r["gamma"], r["pass"]), {})
+        cell[f"{r['layer']}:{r['impl']}"] = r["samples_ms"]
+    rows = []
+    for (shape, gamma, p), c in cells.items():
+        impls = sorted({key.split(":")[1] for key in c})
+        mlp = {impl: [a + b for a, b in zip(c[f"col:{impl}"], c[f"row:{impl}"])] for impl in impls}
+        row = {"shape": shape, "gamma": gamma, "pass": p}
+        for impl in impls:
+            row[impl] = statistics.median(mlp[impl])
+            if impl == "dense_kprime":
+                continue
+            row[f"{impl}_vs_kprime"] = statistics.median(a / b for a, b in zip(mlp[impl], mlp["dense_kprime"]))
+            row[f"{impl}_vs_kprime_min"] = min(mlp[impl]) / min(mlp["dense_kprime"])
+            for layer in ("col", "row"):
+                row[f"{layer}_{impl}_vs_kprime"] = statistics.median(
+                    a / b for a, b in zip(c[f"{layer}:{impl}"], c[f"{layer}:dense_kprime"]))
+        rows.append(row)
+    return rows
+
+
+def report_mlp(result: dict) -> None:
+    meta = result["meta"]
+    print(f"\n{meta['device']}, torch {meta['torch']}, {meta['timing']}, block {meta['block']}, "
+          f"load average at the end {tuple(round(v, 2) for v in meta['load_avg_at_end'])}")
+    print("column -> row MLP (GEMMs only): medians in ms; ratios to dense on pre-compacted operands (dense_kprime):")
+    print("median of the per-repetition ratios [ratio of the fastest repetitions]; col / row: the layout, each layer alone")
+    print(f"{'shape':8s} {'gamma':>5s} {'pass':6s} {'gather':>8s} {'layout':>8s} {'fresh':>8s} {'dense_K`':>8s}"
+          f"  {'gather/dK`':>13s} {'layout/dK`':>13s} {'fresh/dK`':>13s} {'col':>5s} {'row':>5s}")
+    worst = 0.0
+    for r in result["mlp_ratios"]:
+        worst = max(worst, r["layout_vs_kprime"])
+        print(f"{r['shape']:8s} {r['gamma']:5.2f} {r['pass']:6s} {r['gather']:8.3f} {r['layout']:8.3f} "
+              f"{r['layout_fresh']:8.3f} {r['dense_kprime']:8.3f}  "
+              + "  ".join(f"{r[f'{i}_vs_kprime']:5.2f} [{r[f'{i}_vs_kprime_min']:5.2f}]"
+                          for i in ("gather", "layout", "layout_fresh"))
+              + f" {r['col_layout_vs_kprime']:5.2f} {r['row_layout_vs_kprime']:5.2f}")
+    verdict = "MET" if worst <= MLP_TARGET else "NOT MET"
+    print(f"target: layout / dense_kprime <= {MLP_TARGET} for every shape, gamma and pass: worst {worst:.2f}, {verdict}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, required=True, help="where to write {meta, records}")
@@ -369,8 +541,12 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU (default 1, as a bench rank)")
     parser.add_argument("--cpu-costs", action="store_true", help="CPU: also time the pieces of the pruned path apart")
+    parser.add_argument("--mlp-layout", action="store_true",
+                        help="issue 27: the column -> row MLP, gather path vs keep layout vs dense at K' (CPU)")
+    parser.add_argument("--block", type=int, default=8, help="--mlp-layout: keep-set block size (default 8)")
+    parser.add_argument("--reps", type=int, default=7, help="--mlp-layout: interleaved repetitions (default 7)")
     args = parser.parse_args(argv)
-    known = [*GPU_SHAPES, *cpu_shapes()]
+    known = [*GPU_SHAPES, *cpu_shapes(), *MLP_SHAPES]
     if args.shapes is not None and set(args.shapes) - set(known):
         parser.error(f"--shapes: unknown {sorted(set(args.shapes) - set(known))}; known {sorted(known)}")
     if args.groups is None:
@@ -383,6 +559,17 @@ def main(argv: list[str] | None = None) -> int:
         check_output_file(args.json, "--json")
     except ConfigError as err:
         parser.error(str(err))
+    if args.mlp_layout:
+        if args.block < 1 or any(k % args.block for _, h, i in MLP_SHAPES.values() for k in (h, i)):
+            parser.error(f"--block must divide every MLP dimension, got {args.block}")
+        if args.reps < 1:
+            parser.error(f"--reps must be >= 1, got {args.reps}")
+        result = run_mlp_layout(args)
+        result["mlp_ratios"] = mlp_ratios(result["mlp_layout"])
+        write_json(args.json, result, indent=1)
+        report_mlp(result)
+        print(f"\nwrote {len(result['mlp_layout'])} records to {args.json}")
+        return 0
     result = run(args)
     write_json(args.json, result, indent=1)
     report(result)

@@ -55,3 +55,24 @@ def test_fixed_cost_fit_recovers_f_and_v():
     assert f == pytest.approx(0.3) and v == pytest.approx(2.0)
     with pytest.raises(ValueError, match="two different gammas"):
         bench.fit_fixed_cost([(0.5, 1.0), (0.5, 1.1)])
+
+
+def test_kernel_bench_mlp_layout_writes_ratios(tmp_path, capsys):
+    """``--mlp-layout`` (issue 27) on the ViT shape, one repetition: every layer, impl and pass recorded."""
+    bench = _bench_module()
+    out = tmp_path / "mlp.json"
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["--json", str(out), "--mlp-layout", "--shapes", "vit_mlp", "--reps", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    result = json.loads(out.read_text())
+    records = result["mlp_layout"]
+    assert {(r["layer"], r["impl"], r["pass"], r["gamma"]) for r in records} == {
+        (layer, impl, p, g) for layer in ("col", "row") for impl in ("gather", "layout", "layout_fresh", "dense_kprime")
+        for p in ("fwd", "dgrad", "wgrad") for g in (0.5, 0.75, 0.9)}
+    for r in records:
+        assert r["k_kept"] == round(r["K"] // 8 * (1 - r["gamma"])) * 8 and len(r["samples_ms"]) == 1
+    assert len(result["mlp_ratios"]) == 9
+    assert all(r["layout_vs_kprime"] > 0 for r in result["mlp_ratios"])
+    assert "layout / dense_kprime <= 1.1" in capsys.readouterr().out

@@ -21,7 +21,7 @@ from typing import Literal, Optional
 
 from semimig._validate import check_bool, check_choice, check_int, check_number
 
-__all__ = ["VARIANTS", "IMPUTES", "THETA_MODES", "ResizingConfig"]
+__all__ = ["BLOCKS", "VARIANTS", "IMPUTES", "THETA_MODES", "ResizingConfig"]
 
 Variant = Literal["rd", "pri", "pridiff-e", "pridiff-r"]
 Impute = Literal["zero", "same", "average"]
@@ -29,6 +29,7 @@ ThetaMode = Literal["relative", "absolute"]
 VARIANTS: tuple[str, ...] = ("rd", "pri", "pridiff-e", "pridiff-r")
 IMPUTES: tuple[str, ...] = ("zero", "same", "average")
 THETA_MODES: tuple[str, ...] = ("relative", "absolute")
+BLOCKS: tuple[int, ...] = (1, 8, 16, 32)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +63,12 @@ class ResizingConfig:
     """The fixed gamma of ``pridiff-e`` (paper: 1/2); in [0, 1)."""
     seed: int = 0
     """Seed of the random keep sets (``rd``); >= 0."""
+    block: int = 1
+    """Granularity of the prioritized keep sets: whole aligned blocks of ``block`` columns (1 =
+    single columns, the paper; 8, 16 or 32: block-granular priority lists, smallest mean weight
+    change first, whose keep sets the keep layout and the grouped kernels take; issue 27).  The
+    controller prunes ``round(n / block)`` whole blocks where ``n`` columns are asked for, and
+    single columns in a layer whose own column count ``block`` does not divide."""
 
     def __post_init__(self) -> None:
         check_choice("variant", self.variant, VARIANTS)
@@ -75,6 +82,7 @@ class ResizingConfig:
         check_number("empirical_gamma", self.empirical_gamma, minimum=0.0, maximum=1.0, high_open=True)
         check_bool("revisit_pruned", self.revisit_pruned)
         check_int("seed", self.seed, minimum=0, maximum=2**63 - 1)
+        check_choice("block", self.block, BLOCKS)
 
     @property
     def prioritized(self) -> bool:

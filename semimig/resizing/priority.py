@@ -42,7 +42,8 @@ import torch
 from semimig._validate import check_bool
 from semimig.resizing.config import VARIANTS
 
-__all__ = ["column_variation", "ColumnVariationTracker", "PriorityList", "priority_order", "select_pruned"]
+__all__ = ["block_keys", "column_variation", "ColumnVariationTracker", "PriorityList", "priority_order", "select_pruned",
+           "select_pruned_blocks"]
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +149,50 @@ def select_pruned(
     return _lexicographic(delta, tie_break)[:n_prune].sort().values
 
 
+def block_keys(delta: torch.Tensor, block: int, tie_break: Optional[torch.Tensor] = None,
+               recent: Optional[torch.Tensor] = None) -> tuple:
+    """Per aligned block ``[b·g, b·g + g)`` of ``[K]`` column keys: ``(mean delta, sum tie_break, max recent)``.
+
+    A block's weight change is the mean of its columns' (an unmeasured column, ``inf``, makes
+    its block unmeasured); its earlier prune count is the sum of its columns'; it was pruned
+    recently when any of its columns was.  ``g`` must divide ``K``.
+    """
+    k = delta.numel()
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1 or k % block:
+        raise ValueError(f"block must be a positive int dividing K = {k}, got {block!r}")
+    mean = delta.view(-1, block).mean(dim=1)
+    ties = None if tie_break is None else tie_break.reshape(-1, block).sum(dim=1)
+    last = None if recent is None else recent.reshape(-1, block).amax(dim=1)
+    return mean, ties, last
+
+
+def _blocks_to_columns(blocks: torch.Tensor, block: int) -> torch.Tensor:
+    """Sorted column indices of the given block numbers."""
+    blocks = blocks.sort().values
+    return (blocks[:, None] * block + torch.arange(block, device=blocks.device)).flatten()
+
+
+def select_pruned_blocks(delta: torch.Tensor, n_prune: int, block: int, *,
+                         tie_break: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``pri`` at block granularity: sorted column indices of the ``round(n_prune / g)`` blocks of smallest mean ``delta``.
+
+    Ties: smaller summed ``tie_break``, then block index.  ``block = 1`` is :func:`select_pruned`'s ``pri``.
+    The pruned columns are whole aligned blocks, so the keep set is too (what
+    :func:`semimig.kernels.layout.layout_keep` with ``block=g`` and the grouped kernels take).
+    """
+    if delta.dim() != 1:
+        raise ValueError(f"delta must be 1-D [K], got shape {tuple(delta.shape)}")
+    if isinstance(n_prune, bool) or not isinstance(n_prune, int) or not 0 <= n_prune <= delta.numel():
+        raise ValueError(f"n_prune must be an int in [0, {delta.numel()}], got {n_prune!r}")
+    if torch.isnan(delta).any():
+        raise ValueError("delta contains NaN")
+    if tie_break is not None and tie_break.shape != delta.shape:
+        raise ValueError(f"tie_break must have shape {tuple(delta.shape)}, got {tuple(tie_break.shape)}")
+    mean, ties, _ = block_keys(delta, block, tie_break)
+    n_blocks = min(mean.numel(), int(n_prune / block + 0.5))
+    return _blocks_to_columns(_lexicographic(mean, ties)[:n_blocks], block)
+
+
 def priority_order(delta: torch.Tensor, earlier_counts: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``[K]`` int64 permutation: smallest ``delta`` first, then fewest ``earlier_counts``, then index."""
     if delta.dim() != 1 or (earlier_counts is not None and earlier_counts.shape != delta.shape):
@@ -185,6 +230,8 @@ class PriorityList:
         self.order = torch.arange(k)
         self.measured = False
         """True once a period has ended (``delta`` holds measurements)."""
+        self.recent: Optional[torch.Tensor] = None
+        """``[K]`` int8: 1 for the columns pruned in the last period (``revisit``), else None."""
 
     def end_period(self, weight: torch.Tensor, period_counts: Optional[torch.Tensor]) -> torch.Tensor:
         """Close the period with the ``[K]`` counts of iterations each column was pruned in it.
@@ -197,13 +244,29 @@ class PriorityList:
         if counts is not None:
             self.earlier_counts += counts
         recent = (counts > 0).to(torch.int8) if self.revisit and counts is not None else None
+        self.recent = recent
         self.order = _lexicographic(self.delta, self.earlier_counts, recent)
         self.measured = True
         return self.delta
 
-    def select(self, own: int, n_prune: int) -> torch.Tensor:
-        """Sorted ``[n_prune]`` int64: the first ``n_prune`` columns of the list within ``[0, own)``."""
+    def select(self, own: int, n_prune: int, *, block: int = 1) -> torch.Tensor:
+        """Sorted int64: the first ``n_prune`` columns of the list within ``[0, own)``.
+
+        ``block = g > 1``: whole aligned blocks of ``g`` columns instead, ``round(n_prune / g)``
+        of them, ordered by the block keys of :func:`block_keys` (recently pruned last, then
+        smallest mean ``delta``, fewest summed earlier prunes, block index); ``g`` must divide ``own``.
+        """
         if not 0 <= n_prune <= own <= self.order.numel():
             raise ValueError(f"need 0 <= n_prune={n_prune} <= own={own} <= K={self.order.numel()}")
+        if block != 1:
+            return self._select_blocks(own, n_prune, block)
         mine = self.order if own == self.order.numel() else self.order[self.order < own]
         return mine[:n_prune].sort().values
+
+    def _select_blocks(self, own: int, n_prune: int, block: int) -> torch.Tensor:
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1 or own % block:
+            raise ValueError(f"block must be a positive int dividing own = {own}, got {block!r}")
+        recent = None if self.recent is None else self.recent[:own]
+        mean, ties, last = block_keys(self.delta[:own], block, self.earlier_counts[:own], recent)
+        n_blocks = min(mean.numel(), int(n_prune / block + 0.5))
+        return _blocks_to_columns(_lexicographic(mean, ties, last)[:n_blocks], block)
