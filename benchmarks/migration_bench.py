@@ -49,13 +49,16 @@ reports the bytes each link actually carried per iteration, read from the interf
 then ``1 + link_bytes_iters`` iterations, and the difference of the two counter deltas divided by
 ``link_bytes_iters`` is one iteration's traffic (TCP headers and acknowledgements included).
 The alpha-beta estimate is priced with the link constants measured across the straggler's
-link and with the tc rate itself, and again with gloo's own algorithms
-(:func:`gloo_straggler_bytes`: the counters follow it to 0.05 MiB, the pipelined count does not):
-gloo's binomial broadcast makes the straggler send its block ``ceil(log2 e)`` times and its ring
-reduce makes it send ``(e-1)/e`` of each reduced block, so at ``e = 4``, ``gamma = 1`` the
-straggler's busier direction carries 11.3 MiB per iteration under broadcast-reduce against 12.0
-under scatter-gather: a link-bound ceiling of about 1.07x (1.23x at ``gamma = 0.5``; 1.7x at
-``e = 8``), far below the paper's 1.93x.
+link and with the tc rate itself, and again with the bytes as gloo carries them
+(:func:`gloo_straggler_bytes`; the counters follow it to 0.05 MiB).  Broadcast-reduce's algorithm
+(``--br-algorithm``, :data:`semimig.migration.exchange.EXCHANGE_ALGORITHMS`) decides what the
+straggler's link carries: under ``direct`` (default) each block once, the straggler scattering
+and gathering while the receivers relay among themselves; under ``tree`` (gloo's own broadcast
+and reduce, kept for comparison) the binomial broadcast makes the straggler send its block
+``ceil(log2 e)`` times and the reduce makes it send ``(e-1)/e`` of each reduced block, so at
+``e = 4``, ``gamma = 1`` its busier direction carries 11.3 MiB per iteration against 12.0 under
+scatter-gather, a link-bound ceiling of about 1.07x.  Under ``direct`` it carries 6.0 MiB each
+way against scatter-gather's 8.0 out / 12.0 in (``--quick``, all-reduces included).
 
 Output.  The table in the paper's format (ms), SG/BR per ``gamma`` with its per-round range
 beside the paper's, the target check (broadcast-reduce beats scatter-gather at every
