@@ -192,3 +192,71 @@ def test_two_ranks_keep_the_tree_and_bad_algorithms_are_refused():
     assert run_on_ranks(_choice_body, 3, timeout_s=60) == "direct"
     with pytest.raises(ValueError, match="exchange algorithm must be one of .* got 'ring'"):
         make_exchange("broadcast-reduce", None, algorithm="ring")
+
+
+# ----------------------------------------------------------------------------- on real links
+def _netns_reason() -> str:
+    import os
+
+    if os.geteuid() != 0:
+        return "not root: network namespaces need root"
+    from semimig.cluster.netns import NetnsError, Unsupported, check_support
+
+    try:
+        check_support()
+    except (Unsupported, NetnsError) as err:
+        return f"no network namespace support: {err}"
+    return ""
+
+
+def _ours() -> set[str]:
+    """Namespaces and links of emulated clusters (``smc-`` names) that exist now."""
+    import json
+    import subprocess
+
+    ns = {line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                                                   check=True).stdout.splitlines() if line.strip()}
+    links = {entry["ifname"] for entry in json.loads(subprocess.run(["ip", "-j", "link"], capture_output=True,
+                                                                    text=True, check=True).stdout)}
+    return {name for name in ns | links if name.startswith("smc-")}
+
+
+@pytest.mark.skipif(bool(_netns_reason()), reason=_netns_reason() or "ok")
+def test_the_straggler_interface_carries_each_block_once_under_direct(tmp_path, monkeypatch):
+    """The benchmark on 3 emulated nodes (rank 1's link 1 Gbit/s): the interface counters of the
+    straggler's link, less the all-reduces' (gamma = 0), match the counted migration bytes under
+    broadcast-reduce direct (TCP headers and acknowledgements aside), and scatter-gather's
+    straggler receives more.  Nothing of the cluster is left afterwards, whatever happens."""
+    import importlib
+    import json
+    import sys
+    from pathlib import Path
+
+    bench_dir = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench_dir))
+    for name in ("migration_bench", "migration_report", "migration_ranks"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    bench = importlib.import_module("migration_bench")
+    before = _ours()
+    out = tmp_path / "m.json"
+    argv = ["--json", str(out), "--straggler-link-gbit", "1", "--world", "3", "--hidden", "96", "--tokens", "128",
+            "--blocks", "1", "--rounds", "1", "--iters", "1", "--warmup", "0", "--movement-iters", "0",
+            "--link-iters", "0", "--link-bytes-iters", "2", "--timeout", "150"]
+    try:
+        assert bench.main(argv) == 0
+    finally:
+        assert _ours() <= before, f"left behind: {_ours() - before}"
+    result = json.loads(out.read_text())
+    assert result["config"]["br_algorithm"] == "direct"
+    records = {(r["policy"], r["gamma"]): r for r in result["records"]}
+    links = {(lb["policy"], lb["gamma"]): lb for lb in result["link_bytes"]}
+    for policy in ("broadcast-reduce", "scatter-gather"):
+        zero = links[policy, 0.0]
+        for gamma in (0.5, 1.0):
+            counted = records[policy, gamma]["straggler_link"]
+            lb = links[policy, gamma]
+            for key, measured in (("out_bytes", lb["tx_bytes"][1] - zero["tx_bytes"][1]),
+                                  ("in_bytes", lb["rx_bytes"][1] - zero["rx_bytes"][1])):
+                assert counted[key] * 0.97 <= measured <= counted[key] * 1.15 + 4096, (policy, gamma, key, measured,
+                                                                                       counted)
+    assert links["scatter-gather", 1.0]["rx_bytes"][1] > 1.3 * links["broadcast-reduce", 1.0]["rx_bytes"][1]
