@@ -191,7 +191,8 @@ class DirectBroadcastReduceExchange(ScatterGatherExchange):
             return torch.empty(shape[:-1] + (0,), dtype=dtype, device=device), 0
         start, stop = share.range_of(self.rank)
         buf = torch.empty(shape[:-1] + (stop - start,), dtype=dtype, device=device)
-        P.scatter_(None, buf, share.straggler, ranks, self.group, payload=torch.empty(shape, dtype=dtype, device="meta"))
+        payload = torch.empty(shape, dtype=dtype, device="meta")  # counted: the block it replaces broadcasting
+        P.scatter_(None, buf, share.straggler, ranks, self.group, payload=payload)
         return buf, start
 
     def share_whole(self, tensor: torch.Tensor, share: StragglerShare) -> torch.Tensor:
