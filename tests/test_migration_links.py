@@ -260,3 +260,37 @@ def test_the_straggler_interface_carries_each_block_once_under_direct(tmp_path, 
                 assert counted[key] * 0.97 <= measured <= counted[key] * 1.15 + 4096, (policy, gamma, key, measured,
                                                                                        counted)
     assert links["scatter-gather", 1.0]["rx_bytes"][1] > 1.3 * links["broadcast-reduce", 1.0]["rx_bytes"][1]
+
+
+def _subgroup_body(rank, world):
+    """A tensor-parallel group of global ranks [1, 2, 3] (group ranks 0..2), as in a 2-D run."""
+    from semimig.comm import primitives as P
+
+    group = dist.new_group([1, 2, 3])
+    if rank == 0:
+        return None
+    me = P.group_rank(group)
+    whole = torch.arange(11.0) if me == 2 else torch.zeros(11)
+    P.broadcast_direct_(whole, 2, [0, 1], group)  # root: group rank 2 = global rank 3
+    part = torch.full((7,), float(me + 1))
+    P.reduce_direct_(part, 2, [0, 1], group)
+    return _sub_gather(group, (whole.tolist(), part.tolist()))
+
+
+def _sub_gather(group, value):
+    out = [None] * 3
+    dist.all_gather_object(out, value, group=group)
+    return out
+
+
+def test_direct_movements_address_peers_by_group_rank_in_a_subgroup():
+    outcomes = run_on_ranks(_subgroup_body_all, 4, timeout_s=60)
+    assert [w for w, _ in outcomes] == [list(map(float, range(11)))] * 3
+    assert outcomes[2][1] == [6.0] * 7 and outcomes[0][1] == [1.0] * 7  # root: 3 + 1 + 2; senders unchanged
+
+
+def _subgroup_body_all(rank, world):
+    got = _subgroup_body(rank, world)
+    everyone = [None] * world
+    dist.all_gather_object(everyone, got)
+    return everyone[1]
