@@ -49,13 +49,16 @@ reports the bytes each link actually carried per iteration, read from the interf
 then ``1 + link_bytes_iters`` iterations, and the difference of the two counter deltas divided by
 ``link_bytes_iters`` is one iteration's traffic (TCP headers and acknowledgements included).
 The alpha-beta estimate is priced with the link constants measured across the straggler's
-link and with the tc rate itself, and again with gloo's own algorithms
-(:func:`gloo_straggler_bytes`: the counters follow it to 0.05 MiB, the pipelined count does not):
-gloo's binomial broadcast makes the straggler send its block ``ceil(log2 e)`` times and its ring
-reduce makes it send ``(e-1)/e`` of each reduced block, so at ``e = 4``, ``gamma = 1`` the
-straggler's busier direction carries 11.3 MiB per iteration under broadcast-reduce against 12.0
-under scatter-gather: a link-bound ceiling of about 1.07x (1.23x at ``gamma = 0.5``; 1.7x at
-``e = 8``), far below the paper's 1.93x.
+link and with the tc rate itself, and again with the bytes as gloo carries them
+(:func:`gloo_straggler_bytes`; the counters follow it to 0.05 MiB).  Broadcast-reduce's algorithm
+(``--br-algorithm``, :data:`semimig.migration.exchange.EXCHANGE_ALGORITHMS`) decides what the
+straggler's link carries: under ``direct`` (default) each block once, the straggler scattering
+and gathering while the receivers relay among themselves; under ``tree`` (gloo's own broadcast
+and reduce, kept for comparison) the binomial broadcast makes the straggler send its block
+``ceil(log2 e)`` times and the reduce makes it send ``(e-1)/e`` of each reduced block, so at
+``e = 4``, ``gamma = 1`` its busier direction carries 11.3 MiB per iteration against 12.0 under
+scatter-gather, a link-bound ceiling of about 1.07x.  Under ``direct`` it carries 6.0 MiB each
+way against scatter-gather's 8.0 out / 12.0 in (``--quick``, all-reduces included).
 
 Output.  The table in the paper's format (ms), SG/BR per ``gamma`` with its per-round range
 beside the paper's, the target check (broadcast-reduce beats scatter-gather at every
@@ -82,6 +85,7 @@ from migration_report import (GAMMAS, GLOO_CAVEAT, POLICIES, alpha_beta_estimate
 __all__ = ["BenchConfig", "GAMMAS", "MOVEMENTS", "POLICIES", "main", "run_bench"]
 
 COMPUTES = ("measured", "emulated")
+BR_ALGORITHMS = ("direct", "tree")  # semimig.migration.exchange.EXCHANGE_ALGORITHMS, without importing torch
 # per compute mode: ranks, migrating-rank counts, emulated device ms (0: real GEMMs only)
 COMPUTE_DEFAULTS = {"measured": dict(world=2, nus=(1,), device_ms=0.0),
                     "emulated": dict(world=4, nus=(1, 2), device_ms=40.0)}
@@ -122,8 +126,13 @@ class BenchConfig:
     link_sizes: tuple[int, ...] = LINK_SIZES
     """Message sizes in bytes of the link sweep (multiples of 4)."""
     seed: int = 0
+    br_algorithm: str = "direct"
+    """Broadcast-reduce's algorithm (``semimig.migration.exchange.EXCHANGE_ALGORITHMS``): ``direct``
+    (the straggler's link carries each block once) or ``tree`` (gloo's broadcast / reduce)."""
 
     def __post_init__(self) -> None:
+        if self.br_algorithm not in BR_ALGORITHMS:
+            raise ConfigError(f"br_algorithm must be one of {BR_ALGORITHMS}, got {self.br_algorithm!r}")
         if self.compute not in COMPUTES:
             raise ConfigError(f"compute must be one of {COMPUTES}, got {self.compute!r}")
         for name, value in COMPUTE_DEFAULTS[self.compute].items():
@@ -300,7 +309,7 @@ def format_link_bytes(records: list[dict], link_bytes: list[dict], straggler: in
         model = "-"
         if zero is not None and lb["nu"] == 1:  # the gamma = 0 traffic (TP all-reduces) + gloo's migration bytes
             out, in_ = gloo_straggler_bytes(lb["policy"], 1, lb["gamma"], hidden=cfg.hidden, tokens=cfg.tokens,
-                                            blocks=cfg.blocks, world=len(lb["tx_bytes"]))
+                                            blocks=cfg.blocks, world=len(lb["tx_bytes"]), algorithm=cfg.br_algorithm)
             model = (f"{(zero['tx_bytes'][straggler] + out) / 2**20:.2f} / "
                      f"{(zero['rx_bytes'][straggler] + in_) / 2**20:.2f}")
         lines.append(f"  {lb['policy']:<17}{lb['nu']:>3}{lb['gamma']:>6.2f}{rec['iter_time_s'] * 1e3:>8.1f}"
@@ -312,8 +321,11 @@ def format_link_bytes(records: list[dict], link_bytes: list[dict], straggler: in
 
 
 def gloo_straggler_bytes(policy: str, nu: int, gamma: float, *, hidden: int, tokens: int, blocks: int,
-                         world: int) -> tuple[float, float]:
-    """Migration bytes (out, in) through one straggler's link per iteration under gloo's algorithms.
+                         world: int, algorithm: str = "tree") -> tuple[float, float]:
+    """Migration bytes (out, in) through one straggler's link per iteration as gloo carries them.
+
+    Broadcast-reduce's ``direct`` algorithm and scatter-gather are point-to-point messages: the
+    link carries what :func:`migration_report.straggler_traffic` counts.  Under ``tree``:
 
     :func:`migration_report.straggler_traffic` counts a pipelined collective (the root's link
     carries each block once).  gloo's CPU broadcast is a binomial tree whose root sends the block
@@ -331,8 +343,9 @@ def gloo_straggler_bytes(policy: str, nu: int, gamma: float, *, hidden: int, tok
 
     from migration_report import straggler_traffic
 
-    t = straggler_traffic(policy, nu, gamma, hidden=hidden, tokens=tokens, blocks=blocks, world=world)
-    if policy != "broadcast-reduce":
+    t = straggler_traffic(policy, nu, gamma, hidden=hidden, tokens=tokens, blocks=blocks, world=world,
+                          algorithm=algorithm)
+    if policy != "broadcast-reduce" or algorithm == "direct":
         return float(t["out_bytes"]), float(t["in_bytes"])
     if nu != 1:
         raise ValueError(f"the gloo model covers nu = 1 only, got nu = {nu}")
@@ -349,7 +362,7 @@ def gloo_estimate(cfg: BenchConfig, link: dict, *, world: int = PAPER_WORLD) -> 
         row = {"world": world, "nu": 1, "gamma": gamma}
         for policy in POLICIES:
             out, in_ = gloo_straggler_bytes(policy, 1, gamma, hidden=cfg.hidden, tokens=cfg.tokens, blocks=cfg.blocks,
-                                            world=world)
+                                            world=world, algorithm=cfg.br_algorithm)
             row[policy] = {"out_bytes": out, "in_bytes": in_, "time_s": link["beta_s_per_byte"] * max(out, in_)}
         br, sg = row["broadcast-reduce"]["time_s"], row["scatter-gather"]["time_s"]
         row["sg_over_br"] = sg / br if br > 0 else None
@@ -357,8 +370,10 @@ def gloo_estimate(cfg: BenchConfig, link: dict, *, world: int = PAPER_WORLD) -> 
     return rows
 
 
-def format_gloo_estimate(rows: list[dict], gbit: float) -> str:
-    lines = [f"alpha-beta estimate with gloo's algorithms (binomial broadcast, ring reduce), e={rows[0]['world']}, "
+def format_gloo_estimate(rows: list[dict], gbit: float, algorithm: str) -> str:
+    how = ("direct: the straggler sends / receives each block once" if algorithm == "direct"
+           else "tree: gloo's binomial broadcast, ring reduce")
+    lines = [f"alpha-beta estimate of the bytes as gloo carries them (broadcast-reduce {how}), e={rows[0]['world']}, "
              f"nu=1, straggler link {gbit:g} Gbit/s full duplex, migration traffic only:",
              f"  {'gamma':>6} {'BR MiB out/in':>15} {'SG MiB out/in':>15} {'BR ms':>8} {'SG ms':>8} {'SG/BR':>7}"]
     for row in rows:
@@ -387,7 +402,7 @@ def estimates(cfg: BenchConfig, link: dict, named_link: Optional[dict]) -> tuple
     """The link fits and the alpha-beta estimates for the paper's setting (8 ranks, nu = 1)."""
     fits = {"ping-pong": fit_link(link["sizes"], link["ping_pong_s"]),
             "broadcast": fit_link(link["sizes"], link["broadcast_s"])}
-    sizes = dict(hidden=cfg.hidden, tokens=cfg.tokens, blocks=cfg.blocks, world=PAPER_WORLD)
+    sizes = dict(hidden=cfg.hidden, tokens=cfg.tokens, blocks=cfg.blocks, world=PAPER_WORLD, algorithm=cfg.br_algorithm)
     out = {"measured loopback ping-pong constants": alpha_beta_estimate(fits["ping-pong"], **sizes)}
     if named_link is not None:
         out[f"named link (alpha {named_link['alpha_s'] * 1e6:g} us, {1e-9 / named_link['beta_s_per_byte']:g} GB/s)"] = \
@@ -428,6 +443,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="run on an emulated cluster (root): one node per rank, rank 1's link at this rate")
     parser.add_argument("--link-gbit", type=float, default=10.0, help="the other nodes' link rate (cluster; default 10)")
     parser.add_argument("--world", type=int, help="ranks e (default 2 measured, 4 emulated or on a cluster)")
+    parser.add_argument("--br-algorithm", choices=BR_ALGORITHMS,
+                        help="broadcast-reduce's algorithm: direct (default; the straggler's link carries each block "
+                             "once) or tree (gloo's broadcast / reduce, for comparison)")
     parser.add_argument("--link-bytes-iters", type=int, default=3,
                         help="iterations per case of the interface-counter pass (cluster; default 3)")
     return parser.parse_args(argv)
@@ -443,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"compute": args.compute, "hidden": args.hidden, "tokens": args.tokens, "blocks": args.blocks,
                  "device_ms": args.device_ms, "warmup": args.warmup, "rounds": args.rounds,
                  "iters_per_round": args.iters, "movement_iters": args.movement_iters, "link_iters": args.link_iters,
+                 "br_algorithm": args.br_algorithm,
                  "world": args.world if args.world is not None else (4 if cluster else None)}
     fields.update({k: v for k, v in overrides.items() if v is not None})
     try:
@@ -464,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     where = (f"{cfg.world} emulated nodes, rank 1's link {args.straggler_link_gbit:g} Gbit/s, others "
              f"{args.link_gbit:g} Gbit/s" if cluster else f"{cfg.world} gloo ranks")
-    print(f"migration bench ({cfg.compute}): {len(cfg.cases())} cases x {cfg.rounds * cfg.iters_per_round} timed "
+    print(f"migration bench ({cfg.compute}, broadcast-reduce {cfg.br_algorithm}): {len(cfg.cases())} cases x {cfg.rounds * cfg.iters_per_round} timed "
           f"iterations on {where}, CPU ({platform.machine()})", flush=True)
     start = time.perf_counter()
     named_link = args.link
@@ -502,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("Caveat: " + caveat)
     if gloo_rows:
-        print(format_gloo_estimate(gloo_rows, 8e-9 / named_link["beta_s_per_byte"]))
+        print(format_gloo_estimate(gloo_rows, 8e-9 / named_link["beta_s_per_byte"], cfg.br_algorithm))
     print(f"wall time {time.perf_counter() - start:.0f} s")
     extra = {"cluster": result["cluster"], "link_bytes": result["link_bytes"],
              "gloo_alpha_beta_estimate": gloo_rows} if cluster else {}

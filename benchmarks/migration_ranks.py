@@ -65,7 +65,7 @@ def iteration_times(rank: int, world: int, cfg) -> list[dict]:
         rate = cfg.flops_per_iteration() / (cfg.device_ms / 1e3)
         emulated = StragglerConfig(pattern="none", mode="emulated", flops_per_second=rate)
         meter = BusyMeter(StragglerInjector(emulated, rank, world))
-    exchanges = {policy: make_exchange(policy, group) for policy in POLICIES}
+    exchanges = {policy: make_exchange(policy, group, algorithm=cfg.br_algorithm) for policy in POLICIES}
     layouts = {(nu, gamma): {kind: MigrationLayout.build(world, k, cfg.migrate(nu, gamma, k))
                              for kind, k in (("column", cfg.k_column), ("row", cfg.k_row))}
                for nu in cfg.nus for gamma in cfg.gammas}
@@ -173,7 +173,7 @@ def movement_times(rank: int, world: int, cfg) -> list[dict]:
 
     shapes = cfg.movement_shapes()
     times = []
-    exchanges = [make_exchange(policy, dist.group.WORLD) for policy in POLICIES]
+    exchanges = [make_exchange(policy, dist.group.WORLD, algorithm=cfg.br_algorithm) for policy in POLICIES]
     for movement, tensor, _, _ in MOVEMENTS:
         move = mover(movement, torch.randn(*shapes[tensor]))
         samples = [[] for _ in POLICIES]

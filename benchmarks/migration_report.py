@@ -73,7 +73,7 @@ def target(records: list[dict]) -> dict:
 
 # ----------------------------------------------------------------------------- bytes through the straggler
 def straggler_traffic(policy: str, nu: int, gamma: float, *, hidden: int, tokens: int, blocks: int, world: int,
-                      bytes_per_element: int = 4) -> dict:
+                      bytes_per_element: int = 4, algorithm: str = "tree") -> dict:
     """Per iteration: migration's calls and bytes through one migrating straggler's link (all-reduces excluded).
 
     Per MLP block, ``M`` tokens, column layer ``N = 4H/e, L = round(gamma H)``, row layer
@@ -84,12 +84,22 @@ def straggler_traffic(policy: str, nu: int, gamma: float, *, hidden: int, tokens
         scatter-gather    out: col N L + R M N;             row M L + N L                   (2 + 2) R sends
                           in : col R M N + M L + N L;       row R M N + (M + N) L           (3 + 2) R receives
 
-    With ``nu > 1`` under broadcast-reduce, the straggler also takes the peer side of the other
-    stragglers' collectives (they span the whole group): in for their broadcasts, out for their
-    reduces; scatter-gather never involves a straggler in another's messages.
+    With ``nu > 1`` under broadcast-reduce's ``tree`` algorithm, the straggler also takes the peer
+    side of the other stragglers' collectives (they span the whole group): in for their
+    broadcasts, out for their reduces.  Under ``direct`` (semimig.migration.exchange) only the
+    root and the receivers take part, and neither it nor scatter-gather involves a straggler in
+    another's messages.  ``alpha_hops``: message latencies on the straggler's critical path, for
+    the alpha-beta estimate: ``ceil(log2 e)`` per tree collective, one per point-to-point message,
+    and under ``direct`` one per scatter/gather and two per scatter + all-gather (``dY_k``) or
+    reduce-scatter + gather (partial ``Y``): 6 per column layer, 3 per row layer (a key of the
+    result under ``direct`` only).
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if algorithm not in ("direct", "tree"):
+        raise ValueError(f"algorithm must be 'direct' or 'tree', got {algorithm!r}")
+    direct = policy == "broadcast-reduce" and algorithm == "direct"
+    hops = 0
     m, h, k_row = tokens, hidden, 4 * hidden // world
     col_n, col_l, row_n, row_l = k_row, round(gamma * h), h, round(gamma * k_row)
     out = in_ = calls = 0
@@ -99,6 +109,9 @@ def straggler_traffic(policy: str, nu: int, gamma: float, *, hidden: int, tokens
         r = min(world - nu, l)
         if policy == "broadcast-reduce":
             sent, received, n_calls = (n * l + m * n, m * n + n * l, 4) if kind == "col" else (m * l + n * l, (m + n) * l, 3)
+            if direct:  # own movements only
+                out, in_, calls, hops = out + sent, in_ + received, calls + n_calls, hops + (6 if kind == "col" else 3)
+                continue
             # own collectives as the root, the other stragglers' as a peer
             out, in_, calls = out + sent + (nu - 1) * received, in_ + received + (nu - 1) * sent, calls + nu * n_calls
         elif kind == "col":
@@ -106,8 +119,11 @@ def straggler_traffic(policy: str, nu: int, gamma: float, *, hidden: int, tokens
         else:
             out, in_, calls = out + m * l + n * l, in_ + r * m * n + (m + n) * l, calls + 4 * r
     scale = blocks * bytes_per_element
-    return {"calls": blocks * calls, "out_bytes": scale * out, "in_bytes": scale * in_,
-            "tree_calls": blocks * calls if policy == "broadcast-reduce" else 0}
+    tree_calls = blocks * calls if policy == "broadcast-reduce" and not direct else 0
+    out_dict = {"calls": blocks * calls, "out_bytes": scale * out, "in_bytes": scale * in_, "tree_calls": tree_calls}
+    if direct:
+        out_dict["alpha_hops"] = blocks * hops
+    return out_dict
 
 
 def fit_link(sizes: list[int], seconds: list[float]) -> dict:
@@ -121,18 +137,18 @@ def fit_link(sizes: list[int], seconds: list[float]) -> dict:
 
 
 def alpha_beta_estimate(link: dict, *, hidden: int, tokens: int, blocks: int, world: int = 8, nu: int = 1,
-                        gammas: tuple[float, ...] = GAMMAS) -> list[dict]:
-    """Migration's straggler-link time per iteration for each policy and gamma, priced with ``link``."""
+                        gammas: tuple[float, ...] = GAMMAS, algorithm: str = "tree") -> list[dict]:
+    """Migration's straggler-link time per iteration for each policy and gamma, priced with ``link``:
+    ``alpha_hops alpha + beta (out + in)`` (``algorithm``: broadcast-reduce's, see :func:`straggler_traffic`)."""
     alpha, beta = max(link["alpha_s"], 0.0), link["beta_s_per_byte"]
-    depth = math.ceil(math.log2(world))
     rows = []
     for gamma in gammas:
         row = {"world": world, "nu": nu, "gamma": gamma}
         for policy in POLICIES:
-            t = straggler_traffic(policy, nu, gamma, hidden=hidden, tokens=tokens, blocks=blocks, world=world)
-            p2p_calls = t["calls"] - t["tree_calls"]
-            row[policy] = {**t, "time_s": (t["tree_calls"] * depth + p2p_calls) * alpha
-                           + beta * (t["out_bytes"] + t["in_bytes"])}
+            t = straggler_traffic(policy, nu, gamma, hidden=hidden, tokens=tokens, blocks=blocks, world=world,
+                                  algorithm=algorithm)
+            hops = t.get("alpha_hops", t["calls"] - t["tree_calls"] + t["tree_calls"] * math.ceil(math.log2(world)))
+            row[policy] = {**t, "time_s": hops * alpha + beta * (t["out_bytes"] + t["in_bytes"])}
         br, sg = row["broadcast-reduce"]["time_s"], row["scatter-gather"]["time_s"]
         row["sg_over_br"] = sg / br if br > 0 else None
         rows.append(row)

@@ -76,7 +76,8 @@ def test_tiny_run_writes_sane_records(bench, tmp_path, capsys):
         got = {op: v["bytes"] for op, v in r["comm"].items() if v["bytes"] and op != "recv"}
         assert got == _expected_bytes(r["policy"], r["nu"], r["gamma"], **TINY), r
         assert r["comm"]["recv"]["bytes"] == r["comm"]["send"]["bytes"]  # every send was received
-        link = report.straggler_traffic(r["policy"], r["nu"], r["gamma"], world=4, **TINY)
+        link = report.straggler_traffic(r["policy"], r["nu"], r["gamma"], world=4, **TINY,
+                                        algorithm=result["config"]["br_algorithm"])
         counted = r["straggler_link"]
         assert (counted["out_bytes"], counted["in_bytes"], counted["calls"]) == \
             (link["out_bytes"], link["in_bytes"], link["calls"]), (r["policy"], r["nu"], r["gamma"])

@@ -4,8 +4,32 @@ Every function takes the group explicitly, addresses peers by their rank *inside
 returns early when the group has one rank, so single-process runs issue no collective at all.
 Inside :func:`semimig.comm.traffic.count_traffic` every call is counted (bytes, link model,
 seconds); outside it the count costs one check.
+
+Migration's one-to-many and many-to-one movements have two implementations here:
+
+- the library collectives, :func:`broadcast_` and :func:`reduce_` (gloo: a binomial-tree
+  broadcast whose root sends the block once per tree level, ``ceil(log2 e)`` times, and a
+  reduce whose root sends and receives parts of it; NCCL: pipelined rings/trees);
+- *direct* ones in which the root's link carries each byte exactly once, the minimum, while the
+  other ranks' links do the relaying: :func:`broadcast_direct_` (the root scatters ``n`` chunks
+  to the ``n`` receivers, which all-gather them among themselves), :func:`reduce_direct_` (the
+  senders reduce-scatter among themselves, then each sends its summed chunk to the root, which
+  adds the assembled sum into its own tensor), :func:`scatter_` and :func:`gather_` (each
+  receiver needs, or has, only its own slice: one message each).  With ``B`` the tensor's bytes
+  and ``n`` receivers the root sends (or receives) ``B``; receiver ``i`` receives ``B`` and sends
+  ``(n - 1) |chunk_i|`` (broadcast), or sends ``B`` and receives ``(n - 1) |chunk_i|`` (reduce).
+  Ranks outside ``{root} U receivers`` take no part and must not call.  Messages are batched
+  point-to-point (``batch_isend_irecv``), one per rank pair and direction per phase, so each
+  phase is one round of concurrent messages.  Copies are exact; the direct reduce sums in a
+  fixed order, ``root + ((s_0 + s_1) + ... + s_{n-1})`` element-wise, which may differ from a
+  library reduce's order in the last bits (fp32 reassociation), never more.
+
+The direct movements are counted as the collective they replace (``broadcast`` / ``reduce``,
+one call, the whole tensor as payload) with the bytes this rank's link really carries.
 """
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -109,3 +133,124 @@ def recv_(tensor: torch.Tensor, src: int, group: ProcessGroup | None) -> torch.T
     """Point-to-point receive from group rank ``src`` into ``tensor``."""
     _counted("recv", tensor, group, lambda: dist.recv(tensor, src=_global(group, src), group=group))
     return tensor
+
+
+# ----------------------------------------------------------------------------- direct movements
+def _p2p(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
+         group: ProcessGroup | None) -> None:
+    """Post every ``(tensor, group rank)`` send and receive as one batch and wait for all of them."""
+    ops = [dist.P2POp(dist.isend, t, _global(group, peer), group) for t, peer in sends if t.numel()]
+    ops += [dist.P2POp(dist.irecv, t, _global(group, peer), group) for t, peer in recvs if t.numel()]
+    if ops:
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _direct(op: str, payload: torch.Tensor, link: tuple[int, int], group: ProcessGroup | None, call, *,
+            root: bool) -> None:
+    counter = traffic.current()
+    if counter is None:
+        call()
+        return
+    counter.count(op, "root" if root else "peer", _nbytes(payload), group_size(group), call, link=link)
+
+
+def _check_peers(root: int, peers: Sequence[int], me: int) -> int:
+    """This rank's index in ``peers`` (-1 for the root); raises for a rank that takes no part."""
+    if root in peers or len(set(peers)) != len(peers) or not peers:
+        raise ValueError(f"direct movement needs distinct peers without the root {root}, got {list(peers)}")
+    if me == root:
+        return -1
+    if me not in peers:
+        raise ValueError(f"group rank {me} is neither the root {root} nor one of {list(peers)}")
+    return list(peers).index(me)
+
+
+def broadcast_direct_(tensor: torch.Tensor, src: int, receivers: Sequence[int],
+                      group: ProcessGroup | None) -> torch.Tensor:
+    """``src``'s ``tensor`` into every receiver's (contiguous) ``tensor``: scatter, then all-gather among receivers."""
+    me = group_rank(group)
+    i = _check_peers(src, receivers, me)
+    n = len(receivers)
+    if me == src:
+        chunks = torch.tensor_split(tensor.contiguous().reshape(-1), n)
+        _direct("broadcast", tensor, (_nbytes(tensor), 0), group,
+                lambda: _p2p(list(zip(chunks, receivers)), [], group), root=True)
+        return tensor
+    if not tensor.is_contiguous():
+        raise ValueError("a receiver's buffer must be contiguous")
+    chunks = torch.tensor_split(tensor.reshape(-1), n)
+
+    def call():
+        _p2p([], [(chunks[i], src)], group)
+        others = [(chunks[j], r) for j, r in enumerate(receivers) if j != i]
+        _p2p([(chunks[i], r) for _, r in others], others, group)
+
+    _direct("broadcast", tensor, ((n - 1) * _nbytes(chunks[i]), _nbytes(tensor)), group, call, root=False)
+    return tensor
+
+
+def reduce_direct_(tensor: torch.Tensor, dst: int, senders: Sequence[int], group: ProcessGroup | None) -> torch.Tensor:
+    """``dst``'s ``tensor += s_0 + ... + s_{n-1}`` (the senders' tensors): reduce-scatter among senders, then gather.
+
+    Senders' tensors are left unchanged.
+    """
+    me = group_rank(group)
+    i = _check_peers(dst, senders, me)
+    n = len(senders)
+    if me == dst:
+        total = torch.empty(tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+        chunks = torch.tensor_split(total, n)
+
+        def gather_sum():
+            _p2p([], list(zip(chunks, senders)), group)
+            tensor.add_(total.view(tensor.shape))
+
+        _direct("reduce", tensor, (0, _nbytes(tensor)), group, gather_sum, root=True)
+        return tensor
+    mine = torch.tensor_split(tensor.contiguous().reshape(-1), n)
+
+    def call():
+        incoming = {j: torch.empty_like(mine[i]) for j in range(n) if j != i}
+        _p2p([(mine[j], r) for j, r in enumerate(senders) if j != i], [(incoming[j], senders[j]) for j in incoming],
+             group)
+        acc = (mine[i] if i == 0 else incoming[0]).clone()
+        for j in range(1, n):
+            acc.add_(mine[i] if j == i else incoming[j])
+        _p2p([(acc, dst)], [], group)
+
+    _direct("reduce", tensor, (_nbytes(tensor), (n - 1) * _nbytes(mine[i])), group, call, root=False)
+    return tensor
+
+
+def scatter_(pieces: Sequence[torch.Tensor] | None, buf: torch.Tensor | None, src: int, receivers: Sequence[int],
+             group: ProcessGroup | None, *, payload: torch.Tensor) -> torch.Tensor | None:
+    """``src`` sends ``pieces[i]`` to ``receivers[i]``, which receives it into its ``buf``; counted as the
+    broadcast of ``payload`` (the block the pieces come from) it replaces."""
+    me = group_rank(group)
+    _check_peers(src, receivers, me)
+    if me == src:
+        pieces = [p.contiguous() for p in pieces]
+        _direct("broadcast", payload, (sum(_nbytes(p) for p in pieces), 0), group,
+                lambda: _p2p(list(zip(pieces, receivers)), [], group), root=True)
+        return None
+    _direct("broadcast", payload, (0, _nbytes(buf)), group, lambda: _p2p([], [(buf, src)], group), root=False)
+    return buf
+
+
+def gather_(piece: torch.Tensor | None, bufs: Sequence[torch.Tensor] | None, dst: int, senders: Sequence[int],
+            group: ProcessGroup | None, *, payload: torch.Tensor) -> None:
+    """``senders[i]`` sends its ``piece`` to ``dst``, which receives it into ``bufs[i]``; counted as the
+    reduce of ``payload`` (the block the pieces make up) it replaces."""
+    me = group_rank(group)
+    _check_peers(dst, senders, me)
+    if me == dst:
+        _direct("reduce", payload, (0, sum(_nbytes(b) for b in bufs)), group,
+                lambda: _p2p([], list(zip(bufs, senders)), group), root=True)
+        return
+    piece = piece.contiguous()
+    _direct("reduce", payload, (_nbytes(piece), 0), group, lambda: _p2p([(piece, dst)], [], group), root=False)

@@ -18,7 +18,10 @@ link-bound cluster with pipelined collectives (NCCL's chains and rings), ``B`` t
 So the counter of a migrating straggler says how many bytes pass through its link under each
 exchange policy.  It is a model of the link, not of gloo: gloo's unpipelined binomial-tree
 broadcast makes its root send ``B`` once per tree level, and on one machine no byte crosses a
-NIC at all.  ``seconds`` is the wall time inside synchronous calls (0 for started ones).
+NIC at all.  The direct movements of :mod:`semimig.comm.primitives` (``broadcast_direct_``,
+``reduce_direct_``, ``scatter_``, ``gather_``) are counted under the collective they replace with
+the bytes they really send and receive (exact: they are point-to-point messages); for their
+root these equal the model's.  ``seconds`` is the wall time inside synchronous calls (0 for started ones).
 """
 from __future__ import annotations
 
@@ -39,9 +42,10 @@ class TrafficCounter:
         self.ops: dict[tuple[str, str], list[float]] = {}
 
     def count(self, op: str, role: str, nbytes: int, group_size: int, call: Callable[[], T], *,
-              timed: bool = True) -> T:
-        """Run ``call`` (the collective) and count it."""
-        out_b, in_b = _link_bytes(op, role, nbytes, group_size)
+              timed: bool = True, link: tuple[float, float] | None = None) -> T:
+        """Run ``call`` (the collective) and count it; ``link``: the ``(out, in)`` bytes this rank's
+        link really carries, when known (the direct movements), else the model's."""
+        out_b, in_b = _link_bytes(op, role, nbytes, group_size) if link is None else link
         start = time.perf_counter()
         result = call()
         seconds = time.perf_counter() - start if timed else 0.0

@@ -10,10 +10,26 @@ Three movements make up migration (DESIGN §2), each with a straggler ``k`` and 
                   into its *own* buffer right before an all-reduce that follows anyway (the reduce
                   disappears); the scatter-gather baseline sends it to the straggler instead.
 
-Broadcast-reduce uses ``broadcast``/``reduce`` collectives (tree-based, receivers relay);
-scatter-gather uses point-to-point ``send``/``recv`` between the straggler and each receiver.
-Both execute the same :class:`~semimig.migration.layout.StragglerShare`, and every rank of the
-group must call the same methods in the same order.
+Scatter-gather uses point-to-point ``send``/``recv`` between the straggler and each receiver:
+the straggler's link carries ``share_whole``'s tensor and ``return_sum``'s buffer once per
+receiver, and the merged partials too.  Broadcast-reduce has two algorithms (``algorithm``):
+
+``direct`` (default)  the straggler's link carries each byte once, the minimum
+                      (:mod:`semimig.comm.primitives`' direct movements): ``share_block`` and
+                      ``return_block`` send each receiver's slice only (as scatter-gather does),
+                      ``share_whole`` scatters chunks that the receivers all-gather among
+                      themselves, ``return_sum`` lets the receivers reduce-scatter among
+                      themselves and gathers the summed chunks; inactive receivers (empty range)
+                      take no part.  A group of two ranks keeps the ``tree`` path: with one
+                      receiver both move the same single message and the collective is one call.
+``tree``              the library's ``broadcast``/``reduce`` over the whole group (gloo: the
+                      root sends a broadcast block ``ceil(log2 e)`` times); kept for comparison.
+
+The algorithms give equal results: the same copies, and sums that differ only in fp32 order
+(``return_sum``: the straggler's own buffer plus the receivers' parts summed in receiver order;
+exact for integer-valued data).  Every algorithm executes the same
+:class:`~semimig.migration.layout.StragglerShare`, and every rank of the group must call the
+same methods in the same order.
 """
 from __future__ import annotations
 
@@ -24,12 +40,15 @@ from semimig.comm import primitives as P
 from semimig.migration.layout import StragglerShare
 
 EXCHANGE_POLICIES = ("broadcast-reduce", "scatter-gather")
+EXCHANGE_ALGORITHMS = ("direct", "tree")
+"""How broadcast-reduce moves its blocks (see the module docstring); scatter-gather has one way."""
 
 
 class Exchange:
     """Base: the policy-independent bookkeeping.  Use :func:`make_exchange`."""
 
     policy: str
+    algorithm: str
 
     def __init__(self, group: ProcessGroup | None) -> None:
         self.group = group
@@ -37,7 +56,10 @@ class Exchange:
 
 
 class BroadcastReduceExchange(Exchange):
+    """Broadcast-reduce on the library's tree collectives (``algorithm = "tree"``)."""
+
     policy = "broadcast-reduce"
+    algorithm = "tree"
 
     def share_block(self, block: torch.Tensor | None, share: StragglerShare, shape: tuple[int, ...],
                     dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, int]:
@@ -79,6 +101,7 @@ class ScatterGatherExchange(Exchange):
     """Point-to-point baseline; receivers with an empty range take no part."""
 
     policy = "scatter-gather"
+    algorithm = "point-to-point"
 
     @staticmethod
     def _active(share: StragglerShare) -> list[tuple[int, tuple[int, int]]]:
@@ -142,9 +165,81 @@ class ScatterGatherExchange(Exchange):
             own_block.add_(block)
 
 
-def make_exchange(policy: str, group: ProcessGroup | None) -> Exchange:
-    """The exchange for ``policy`` in :data:`EXCHANGE_POLICIES`."""
+class DirectBroadcastReduceExchange(ScatterGatherExchange):
+    """Broadcast-reduce whose straggler link carries each byte once (``algorithm = "direct"``).
+
+    Slices travel as scatter-gather's do, but as counted scatter/gather movements; whole tensors
+    and full-shape sums go through one chunk per receiver, relayed among the receivers; merged
+    partials stay on the receivers (added before the all-reduce that follows), as in the tree path.
+    """
+
+    policy = "broadcast-reduce"
+    algorithm = "direct"
+
+    def share_block(self, block: torch.Tensor | None, share: StragglerShare, shape: tuple[int, ...],
+                    dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, int]:
+        active = self._active(share)
+        if not active:
+            return (block if self.rank == share.straggler else torch.empty(shape[:-1] + (0,), dtype=dtype,
+                                                                            device=device)), 0
+        ranks = [r for r, _ in active]
+        if self.rank == share.straggler:
+            P.scatter_([block[..., a:b] for _, (a, b) in active], None, share.straggler, ranks, self.group,
+                       payload=block)
+            return block, 0
+        if not self._is_active_receiver(share):
+            return torch.empty(shape[:-1] + (0,), dtype=dtype, device=device), 0
+        start, stop = share.range_of(self.rank)
+        buf = torch.empty(shape[:-1] + (stop - start,), dtype=dtype, device=device)
+        payload = torch.empty(shape, dtype=dtype, device="meta")  # counted: the block it replaces broadcasting
+        P.scatter_(None, buf, share.straggler, ranks, self.group, payload=payload)
+        return buf, start
+
+    def share_whole(self, tensor: torch.Tensor, share: StragglerShare) -> torch.Tensor:
+        ranks = [r for r, _ in self._active(share)]
+        if self.rank == share.straggler:
+            return P.broadcast_direct_(tensor, share.straggler, ranks, self.group) if ranks else tensor
+        buf = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        if self.rank not in ranks:
+            return buf
+        return P.broadcast_direct_(buf, share.straggler, ranks, self.group)
+
+    def return_block(self, part: torch.Tensor | None, share: StragglerShare, shape: tuple[int, ...],
+                     dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+        active = self._active(share)
+        ranks = [r for r, _ in active]
+        payload = torch.empty(shape, dtype=dtype, device="meta")
+        if self.rank != share.straggler:
+            if self.rank in ranks:
+                P.gather_(part, None, share.straggler, ranks, self.group, payload=payload)
+            return None
+        buf = torch.zeros(shape, dtype=dtype, device=device)
+        if active:
+            parts = [torch.empty(shape[:-1] + (b - a,), dtype=dtype, device=device) for _, (a, b) in active]
+            P.gather_(None, parts, share.straggler, ranks, self.group, payload=payload)
+            for (_, (a, b)), got in zip(active, parts):
+                buf[..., a:b] = got
+        return buf
+
+    def return_sum(self, buffer: torch.Tensor, share: StragglerShare) -> torch.Tensor:
+        """The straggler's ``buffer`` += the active receivers' (others, and inactive receivers: no-op)."""
+        ranks = [r for r, _ in self._active(share)]
+        if ranks and (self.rank == share.straggler or self.rank in ranks):
+            P.reduce_direct_(buffer, share.straggler, ranks, self.group)
+        return buffer
+
+    merge_sum = BroadcastReduceExchange.merge_sum
+    merge_block = BroadcastReduceExchange.merge_block
+
+
+def make_exchange(policy: str, group: ProcessGroup | None, *, algorithm: str = "direct") -> Exchange:
+    """The exchange for ``policy`` in :data:`EXCHANGE_POLICIES`; ``algorithm`` (one of
+    :data:`EXCHANGE_ALGORITHMS`) picks broadcast-reduce's (a group of two ranks always takes ``tree``)."""
+    if algorithm not in EXCHANGE_ALGORITHMS:
+        raise ValueError(f"exchange algorithm must be one of {EXCHANGE_ALGORITHMS}, got {algorithm!r}")
     if policy == "broadcast-reduce":
+        if algorithm == "direct" and P.group_size(group) > 2:
+            return DirectBroadcastReduceExchange(group)
         return BroadcastReduceExchange(group)
     if policy == "scatter-gather":
         return ScatterGatherExchange(group)
