@@ -91,6 +91,18 @@ class ControllerConfig:
     the fastest of ``e`` ranks is an order statistic, biased low by about one standard error at
     ``e = 4``, and one false straggler costs accuracy."""
 
+    react_steps: int = 2
+    """A straggler that comes and goes (:mod:`semimig.controller.timing`, regimes): this many
+    consecutive observations of a rank's dense-equivalent busy time beyond ``change_ratio`` (and
+    ``change_sigmas`` of its noise) from its current regime start a new regime, and the policy flags
+    or unflags on it at once instead of waiting out ``patience``.  0: one sliding window only."""
+
+    change_ratio: float = 0.3
+    """Smallest relative change of a rank's busy time at the same work that can start a regime."""
+
+    change_sigmas: float = 4.0
+    """... and it must also exceed this many of the rank's relative noise (MAD-based)."""
+
     gamma_step: float = 0.02
     """A rank's shed share changes only when the new target differs by at least this much, so
     noise does not rebuild keep sets every iteration."""
@@ -137,6 +149,9 @@ class ControllerConfig:
         check_int("ControllerConfig.window", self.window, minimum=3, maximum=1000)
         check_int("ControllerConfig.patience", self.patience, minimum=1, maximum=1000)
         check_number("ControllerConfig.noise_sigmas", self.noise_sigmas, minimum=0.0, maximum=100.0)
+        check_int("ControllerConfig.react_steps", self.react_steps, minimum=0, maximum=self.window - 1)
+        check_number("ControllerConfig.change_ratio", self.change_ratio, minimum=0.0, low_open=True, maximum=100.0)
+        check_number("ControllerConfig.change_sigmas", self.change_sigmas, minimum=0.0, maximum=100.0)
         check_number("ControllerConfig.gamma_step", self.gamma_step, minimum=0.0, maximum=0.5)
         check_number("ControllerConfig.max_fixed_fraction", self.max_fixed_fraction, minimum=0.0, maximum=1.0)
         check_int("ControllerConfig.backoff_iterations", self.backoff_iterations, minimum=1, maximum=10**7)

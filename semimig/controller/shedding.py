@@ -12,7 +12,11 @@ over the ``n`` observations of the window, so its standard error is ``ε_j = 1.2
 
 and looks normal when the excess is below half that margin (hysteresis).  It is *flagged* after
 ``patience`` consecutive slow-looking decisions and unflagged after ``patience`` normal-looking
-ones.  The unpruned time ``S`` is the reference of every comparison, so ranks that prune never
+ones — or after one, when the rank's or the fastest rank's timing model declared a change point
+within the last ``patience`` observations (``react_steps > 0``, :mod:`semimig.controller.timing`):
+that change already took ``react_steps`` consecutive observations beyond its own noise margin, so a
+throttle that switches on or off is acted on ``react_steps`` observations after it switched, and the
+hysteresis (flag beyond the margin, unflag below half of it) still holds.  The unpruned time ``S`` is the reference of every comparison, so ranks that prune never
 drag the reference down and fast ranks never look slow (issue 17).
 
 Shed share (Eq. 1 with a fixed cost).  A flagged rank should finish in ``T_ref``, the time the
@@ -110,7 +114,8 @@ class ShedPolicy:
         cfg = self.config
         unpruned = tuple(math.nan if e is None else e.unpruned_s for e in estimates)
         fixed = tuple(math.nan if e is None else e.fixed_fraction for e in estimates)
-        if any(e is None or e.observations < min(cfg.patience, cfg.window) for e in estimates) or self.size == 1:
+        if any(e is None or max(e.seen, e.observations) < min(cfg.patience, cfg.window) for e in estimates) \
+                or self.size == 1:
             return ShedDecision(iteration, tuple(s.shed for s in self.states), self._flagged(unpruned), unpruned,
                                 fixed, math.nan)
         fast = min(range(self.size), key=lambda r: (unpruned[r], r))
@@ -121,7 +126,8 @@ class ShedPolicy:
             excess = est.unpruned_s - s_fast
             contradicts = excess <= 0.5 * margin if state.flagged else excess > margin
             state.streak = state.streak + 1 if contradicts else 0
-            if state.streak >= cfg.patience:
+            fresh = min(est.regime_age, estimates[fast].regime_age) <= cfg.patience
+            if state.streak >= (1 if fresh else cfg.patience):
                 state.flagged, state.streak = not state.flagged, 0
                 events.append(f"rank {r} {'straggles' if state.flagged else 'no longer straggles'}: "
                               f"unpruned {est.unpruned_s * 1e3:.3g} ms vs fastest {s_fast * 1e3:.3g} ms "
