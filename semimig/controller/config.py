@@ -91,14 +91,17 @@ class ControllerConfig:
     the fastest of ``e`` ranks is an order statistic, biased low by about one standard error at
     ``e = 4``, and one false straggler costs accuracy."""
 
-    react_steps: int = 2
+    react_steps: int = 3
     """A straggler that comes and goes (:mod:`semimig.controller.timing`, regimes): this many
     consecutive observations of a rank's dense-equivalent busy time beyond ``change_ratio`` (and
     ``change_sigmas`` of its noise) from its current regime start a new regime, and the policy flags
     or unflags on it at once instead of waiting out ``patience``.  0: one sliding window only."""
 
-    change_ratio: float = 0.3
-    """Smallest relative change of a rank's busy time at the same work that can start a regime."""
+    change_ratio: float = 0.5
+    """Smallest relative change of a rank's busy time at the same work that can start a regime
+    (0.5: a 1.5x step; a throttle to 25 % of a core is a 3-4x step).  Three steps of more than
+    0.3 came from other processes alone on a loaded 2-core machine (load 8): the no-straggler
+    test then flagged phantom stragglers."""
 
     change_sigmas: float = 4.0
     """... and it must also exceed this many of the rank's relative noise (MAD-based)."""

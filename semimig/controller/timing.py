@@ -31,7 +31,8 @@ under that assumption inflates ``S`` the more a rank prunes whenever ``f > 0`` (
     S  ``median_k T_k / (f + (1 − f)·w_k)`` over the last ``window`` observations: robust to a
        descheduled iteration, and it follows a change of speed within ``window / 2`` iterations
        whatever the rank is pruning meanwhile (an injected or real slowdown scales every term).
-    σ  the rank's noise: ``1.4826 · median |S_k / S_(k) − 1| · S`` over the last ``NOISE_HISTORY``
+    σ  the rank's noise (``react_steps = 0``; with regimes, ``σ_ln · S`` of the regime test below):
+       ``1.4826 · median |S_k / S_(k) − 1| · S`` over the last ``NOISE_HISTORY``
        observations, each ``S_k`` compared with the window median ``S_(k)`` current when it
        arrived — relative, so a change of speed does not read as noise, and over a longer
        history than the window, so a few quiet iterations do not shrink the noise band.
@@ -42,9 +43,14 @@ of them.  With ``react_steps = k > 0`` every observation is first tested against
 regime: with ``S_j`` the dense-equivalent time of observation ``j`` (``T_j / (f + (1 − f)·w_j)``,
 ``f`` as it stood before the observation), a *change point* is declared when the last ``k``
 observations all lie beyond ``(1 + m)`` times (or below ``1 / (1 + m)`` times) the median ``S`` of
-the regime's earlier observations at the same work (``|w − w_j| ≤ SAME_WORK``), with
+the regime's earlier observations at the same work (``|w − w_j| ≤ SAME_WORK``; only after ``2·window`` observations,
+so warm-up iterations start nothing and the noise below is known), with
 
-    m = max( change_ratio ,  change_sigmas · σ_rel )        σ_rel: the rank's relative noise
+    m = max( change_ratio ,  exp(change_sigmas · σ_ln) − 1 )
+
+``σ_ln`` the rank's noise on a log scale, from the median of ``|ln(S_j / S_(j−1))|`` over
+successive observations at the same work (a change of level adds one large step to that history,
+not a run of them, so a throttle during the warm-up does not widen the band for long).
 
 Comparing at the same work makes the test independent of ``f`` (a pruned rank whose ``f`` is not
 yet known does not look like a changed speed), and it needs at least ``MIN_BASELINE`` such earlier
@@ -55,7 +61,8 @@ has no dense anchor: ``f`` belongs to the code path, not to the speed), and the 
 made the change are not counted as noise.  ``regime_age`` (observations since the last change
 point) lets the policy act at once on a fresh, significant regime instead of waiting out its
 ``patience``.  Noise alone needs ``k`` consecutive excursions beyond ``m`` in the same direction
-(with 15 % noise and ``m = 0.3``: about ``(0.02)^k`` per iteration) and, even then, only restarts the
+(with 15 % normal noise and ``m = 0.5``: about ``(0.0004)^k`` per iteration; a loaded machine's
+heavy tail is what ``k`` and the policy's noise band are for) and, even then, only restarts the
 median; whether a rank is flagged is still decided against the other ranks with the noise band.
 
 Everything here is pure float arithmetic on the observations in a fixed order, so every rank of a
@@ -72,7 +79,7 @@ from typing import Optional, Sequence
 
 __all__ = ["MIN_SPREAD", "RankEstimate", "RankTiming", "fit_fixed_fraction", "observation_problem"]
 
-SAME_WORK = 0.1
+SAME_WORK = 0.15
 """Work fractions this close count as the same work for the change test."""
 MIN_BASELINE = 2
 """Earlier observations of the regime at the same work the change test needs."""
@@ -104,6 +111,8 @@ class RankEstimate:
     """Observations ever kept (the window may have restarted at a change point)."""
     regime_age: int = 10**9
     """Observations since the latest change point (huge when none was ever declared)."""
+    change_margin: float = math.inf
+    """``m`` of the regime test (relative; ``inf`` without regimes)."""
 
     def time_at(self, work: float) -> float:
         """Predicted busy time at work fraction ``work``."""
@@ -169,7 +178,7 @@ class RankTiming:
     """The timing model of one rank: a window of observations and the estimates of the docstring."""
 
     def __init__(self, window: int, *, prior_fixed_fraction: float = 0.0, react_steps: int = 0,
-                 change_ratio: float = 0.3, change_sigmas: float = 4.0) -> None:
+                 change_ratio: float = 0.5, change_sigmas: float = 4.0) -> None:
         """``react_steps``: ``k`` of the regime test in the module docstring (0: no regimes, one
         sliding window); ``change_ratio``, ``change_sigmas``: its margin ``m``."""
         if window < 3:
@@ -188,6 +197,10 @@ class RankTiming:
         self.informed = False
         self._obs: collections.deque = collections.deque(maxlen=window)
         self._deviations: collections.deque = collections.deque(maxlen=NOISE_HISTORY)
+        self._steps: collections.deque = collections.deque(maxlen=NOISE_HISTORY)
+        """``|ln(S_k / S_(k−1))|`` of successive observations at the same work: the regime test's
+        noise.  A change of level adds one large step, not a run of large deviations (a throttle
+        during the warm-up would otherwise inflate the noise band for the next 64 iterations)."""
 
     def observe(self, work: float, busy_s: float) -> bool:
         """Add one iteration's ``(w, T)`` if it is an observation (:func:`observation_problem`).
@@ -212,14 +225,19 @@ class RankTiming:
         if fitted is not None:
             self.fixed_fraction, self.informed = fitted, True
         per_obs = self._per_observation()
+        if len(self._obs) >= 2 and abs(self._obs[-1][0] - self._obs[-2][0]) <= SAME_WORK:
+            self._steps.append(abs(math.log(per_obs[-1] / per_obs[-2])))
         if len(per_obs) >= 3 and excursion is None:  # a step into another regime is not noise
             self._deviations.append(abs(per_obs[-1] / statistics.median(per_obs) - 1.0))
         return True
 
     def _margin(self) -> float:
         """``m`` of the regime test: the relative change that is more than noise."""
-        noise = _MAD_TO_SIGMA * statistics.median(self._deviations) if self._deviations else 0.0
-        return max(self.change_ratio, self.change_sigmas * noise)
+        return max(self.change_ratio, math.expm1(self.change_sigmas * self._step_sigma()))
+
+    def _step_sigma(self) -> float:
+        """Relative noise from successive steps: median ``|difference of two normals|`` = 0.6745·√2·σ."""
+        return _MAD_TO_SIGMA * statistics.median(self._steps) / math.sqrt(2.0) if self._steps else 0.0
 
     def _direction(self, index: int, run_start: int) -> int:
         """+1 / -1 when observation ``index`` of the window lies beyond the margin above / below
@@ -235,8 +253,8 @@ class RankTiming:
 
     def _excursion(self) -> Optional[int]:
         """The latest observation's direction when it leaves the regime (``None`` inside it)."""
-        if self.react_steps == 0 or len(self._obs) <= self.react_steps:
-            return None
+        if self.react_steps == 0 or len(self._obs) <= self.react_steps or self.seen < 2 * self.window:
+            return None  # before 2·window observations: warm-up iterations, and too little noise history
         last = len(self._obs) - 1
         return self._direction(last, last) or None
 
@@ -266,7 +284,9 @@ class RankTiming:
             return None
         f = self.fixed_fraction
         unpruned = statistics.median(self._per_observation())
-        relative = statistics.median(self._deviations) if self._deviations else 0.0
-        return RankEstimate(unpruned_s=unpruned, fixed_fraction=f, noise_s=_MAD_TO_SIGMA * relative * unpruned,
+        sigma = self._step_sigma() if self.react_steps else \
+            _MAD_TO_SIGMA * (statistics.median(self._deviations) if self._deviations else 0.0)
+        return RankEstimate(unpruned_s=unpruned, fixed_fraction=f, noise_s=sigma * unpruned,
                             informed=self.informed, observations=len(self._obs), work=self._obs[-1][0],
-                            seen=self.seen, regime_age=self.regime_age)
+                            seen=self.seen, regime_age=self.regime_age,
+                            change_margin=self._margin() if self.react_steps else math.inf)
