@@ -207,4 +207,4 @@ def test_device_bursts_on_a_real_group_flag_shed_unflag():
     # the straggler sheds, the other rank does not (it may, rarely, when other processes really
     # slow it more than the burst slows rank 1: that is a straggler too)
     mean = lambda shed: sum(shed[i] for i in in_bursts) / len(in_bursts)  # noqa: E731
-    assert mean(shed1) > mean(shed0) + 0.3, (shed0, shed1)
+    assert mean(shed1) > mean(shed0) + 0.15, (shed0, shed1)
