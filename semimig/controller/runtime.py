@@ -453,7 +453,8 @@ class BalanceController:
                                "a training forward/backward, not before")
         weight = layers[0].layer.weight
         self._pretest_run = PretestRun([(b.tokens,) + b.shape for b in layers], self.group, gemm_timer=self.meter,
-                                       device=weight.device, dtype=weight.dtype)
+                                       device=weight.device, dtype=weight.dtype,
+                                       repeats=self.config.controller.pretest_repeats)
         logger.info("iteration %d: SEMI pretest started (%d tasks, %s per step); stragglers resize only until "
                     "it ends", self.iteration, self._pretest_run.remaining,
                     self.config.controller.pretest_tasks_per_step or "all")
