@@ -36,7 +36,8 @@ group average) or their minimum.  Solving
     γ_i = clamp( 1 − (T_ref / S_i − f_i) / (1 − f_i) ,  0 ,  γ_max )
 
 which is the paper's ``(T_i − T_ref) / M_i`` with ``M_i = (1 − f_i) S_i`` the time that scales with
-the kept columns.  ``γ_i`` moves only by steps of at least ``gamma_step``.  Unflagged ranks: 0.
+the kept columns.  ``γ_i`` moves only by steps of at least ``gamma_step`` (with regimes, at least
+half the regime test's same-work band, so the test keeps a baseline at the rank's work).  Unflagged ranks: 0.
 
 Shedding must pay.  Once a rank's ``f`` has been fitted from iterations at reduced work and has
 exceeded ``max_fixed_fraction`` for ``patience`` consecutive decisions, shedding saves less than
@@ -52,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from semimig.controller.config import ControllerConfig
-from semimig.controller.timing import RankEstimate
+from semimig.controller.timing import SAME_WORK, RankEstimate
 
 __all__ = ["RankState", "ShedDecision", "ShedPolicy"]
 
@@ -170,7 +171,10 @@ class ShedPolicy:
                               f"keeps); dense for {length} iterations")
                 continue
             target = self._target(est, reference)
-            if abs(target - state.shed) >= cfg.gamma_step or target in (0.0, cfg.gamma_max) or state.shed == 0.0:
+            # with regimes, γ holds within half the regime test's same-work band, so a rank keeps
+            # running at one work fraction and the test can see its speed change (a throttle lifting)
+            step = max(cfg.gamma_step, 0.5 * SAME_WORK) if math.isfinite(est.change_margin) else cfg.gamma_step
+            if abs(target - state.shed) >= step or target in (0.0, cfg.gamma_max) or state.shed == 0.0:
                 state.shed = target
         for event in events:
             (logger.warning if "does not pay" in event else logger.info)("iteration %d: %s", iteration, event)
