@@ -17,8 +17,9 @@ within the last ``patience`` observations (``react_steps > 0``, :mod:`semimig.co
 that change already took ``react_steps`` consecutive observations beyond its own noise margin, so a
 throttle that switches on or off is acted on ``react_steps`` observations after it switched, and the
 hysteresis (flag beyond the margin, unflag below half of it) still holds.  On a fresh regime the
-rank also looks slow when ``ln(S_i / S_fast) > ln(1 + m_i)``, ``m_i`` its own change margin, and
-normal when below half that: the standard error of a median of a few observations of a loaded
+rank also looks slow when ``ln(S_i / S_fast) > max(ln(1 + change_ratio), change_sigmas ·
+hypot(σ_ln,i, σ_ln,fast))`` (both ranks' log-noise, :mod:`semimig.controller.timing`), and normal
+when below half that: the standard error of a median of a few observations of a loaded
 machine's heavy-tailed noise would otherwise hold a 12x slower rank unflagged (measured: a
 scope=device burst at load 13 on 2 cores).  The unpruned time ``S`` is the reference of every comparison, so ranks that prune never
 drag the reference down and fast ranks never look slow (issue 17).
@@ -104,9 +105,12 @@ def _log_ratio(est: RankEstimate, s_fast: float) -> float:
     return math.log(est.unpruned_s / s_fast) if est.unpruned_s > 0.0 and s_fast > 0.0 else 0.0
 
 
-def _log_band(est: RankEstimate) -> float:
-    """The fresh-regime test's band on a log scale: ``ln(1 + m)``, ``m`` the rank's change margin."""
-    return math.log1p(est.change_margin)
+def _log_band(cfg: ControllerConfig, est: RankEstimate, fast: RankEstimate) -> float:
+    """The fresh-regime test's band on a log scale: ``max(ln(1 + change_ratio), change_sigmas ·
+    hypot(σ_ln,i, σ_ln,fast))`` — both ranks' noise, since both times are measured."""
+    if not math.isfinite(est.change_margin):
+        return math.inf
+    return max(math.log1p(cfg.change_ratio), cfg.change_sigmas * math.hypot(est.log_noise, fast.log_noise))
 
 
 class ShedPolicy:
@@ -139,10 +143,11 @@ class ShedPolicy:
             margin = max(cfg.tol * s_fast, cfg.noise_sigmas * math.hypot(_median_error(est), error_fast))
             excess = est.unpruned_s - s_fast
             fresh = min(est.regime_age, estimates[fast].regime_age) <= cfg.patience
+            band = _log_band(cfg, est, estimates[fast])
             if state.flagged:
-                contradicts = excess <= 0.5 * margin or (fresh and _log_ratio(est, s_fast) <= 0.5 * _log_band(est))
+                contradicts = excess <= 0.5 * margin or (fresh and _log_ratio(est, s_fast) <= 0.5 * band)
             else:
-                contradicts = excess > margin or (fresh and _log_ratio(est, s_fast) > _log_band(est))
+                contradicts = excess > margin or (fresh and _log_ratio(est, s_fast) > band)
             state.streak = state.streak + 1 if contradicts else 0
             if state.streak >= (1 if fresh else cfg.patience):
                 state.flagged, state.streak = not state.flagged, 0

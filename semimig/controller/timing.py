@@ -113,6 +113,8 @@ class RankEstimate:
     """Observations since the latest change point (huge when none was ever declared)."""
     change_margin: float = math.inf
     """``m`` of the regime test (relative; ``inf`` without regimes)."""
+    log_noise: float = 0.0
+    """``σ_ln`` of the regime test (0 without regimes)."""
 
     def time_at(self, work: float) -> float:
         """Predicted busy time at work fraction ``work``."""
@@ -289,4 +291,5 @@ class RankTiming:
         return RankEstimate(unpruned_s=unpruned, fixed_fraction=f, noise_s=sigma * unpruned,
                             informed=self.informed, observations=len(self._obs), work=self._obs[-1][0],
                             seen=self.seen, regime_age=self.regime_age,
-                            change_margin=self._margin() if self.react_steps else math.inf)
+                            change_margin=self._margin() if self.react_steps else math.inf,
+                            log_noise=self._step_sigma() if self.react_steps else 0.0)
