@@ -8,7 +8,6 @@ cost curves under which migration never pays (so no pretest either) — the stat
 whenever its trial finds resizing faster."""
 import copy
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn

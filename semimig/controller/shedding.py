@@ -21,8 +21,9 @@ rank also looks slow when ``ln(S_i / S_fast) > max(ln(1 + change_ratio), change_
 hypot(σ_ln,i, σ_ln,fast))`` (both ranks' log-noise, :mod:`semimig.controller.timing`), and normal
 when below half that: the standard error of a median of a few observations of a loaded
 machine's heavy-tailed noise would otherwise hold a 12x slower rank unflagged (measured: a
-scope=device burst at load 13 on 2 cores).  The unpruned time ``S`` is the reference of every comparison, so ranks that prune never
-drag the reference down and fast ranks never look slow (issue 17).
+scope=device burst at load 13 on 2 cores).  The unpruned time ``S`` is the reference of every
+comparison, so ranks that prune never drag the reference down and fast ranks never look slow
+(issue 17).
 
 Shed share (Eq. 1 with a fixed cost).  A flagged rank should finish in ``T_ref``, the time the
 rest of the group needs: in modes semi and mig ``T_ref = max_r S_r · max(1, w_r)`` over the

@@ -43,8 +43,8 @@ of them.  With ``react_steps = k > 0`` every observation is first tested against
 regime: with ``S_j`` the dense-equivalent time of observation ``j`` (``T_j / (f + (1 − f)·w_j)``,
 ``f`` as it stood before the observation), a *change point* is declared when the last ``k``
 observations all lie beyond ``(1 + m)`` times (or below ``1 / (1 + m)`` times) the median ``S`` of
-the regime's earlier observations at the same work (``|w − w_j| ≤ SAME_WORK``; only after ``2·window`` observations,
-so warm-up iterations start nothing and the noise below is known), with
+the regime's earlier observations at the same work (``|w − w_j| ≤ SAME_WORK``; only after
+``2·window`` observations, so warm-up iterations start nothing and the noise below is known), with
 
     m = max( change_ratio ,  exp(change_sigmas · σ_ln) − 1 )
 
@@ -57,12 +57,11 @@ yet known does not look like a changed speed), and it needs at least ``MIN_BASEL
 observations.  At a change point the window restarts with the ``k`` observations of the new
 regime: ``S`` is their median at once (so γ is sized from the measured ratio within ``k``
 iterations), ``f`` is refitted from the new regime only (it keeps its value where the new regime
-has no dense anchor: ``f`` belongs to the code path, not to the speed), and the deviations that
-made the change are not counted as noise.  ``regime_age`` (observations since the last change
+has no dense anchor: ``f`` belongs to the code path, not to the speed).  ``regime_age`` (observations since the last change
 point) lets the policy act at once on a fresh, significant regime instead of waiting out its
 ``patience``.  Noise alone needs ``k`` consecutive excursions beyond ``m`` in the same direction
-(with 15 % normal noise and ``m = 0.5``: about ``(0.0004)^k`` per iteration; a loaded machine's
-heavy tail is what ``k`` and the policy's noise band are for) and, even then, only restarts the
+(with 15 % normal noise ``m = exp(0.6) − 1``, a 4σ excursion: about ``(3·10⁻⁵)^k`` per iteration;
+a loaded machine's heavy tail is what ``k`` and the policy's band against the other ranks are for) and, even then, only restarts the
 median; whether a rank is flagged is still decided against the other ranks with the noise band.
 
 Everything here is pure float arithmetic on the observations in a fixed order, so every rank of a
@@ -222,7 +221,8 @@ class RankTiming:
         fitted = None
         # f is not refitted across a regime boundary: an observation that left the regime may be
         # the first of a new one (a line through two speeds is no fixed fraction)
-        if (excursion is None or changed) and any(w == 1.0 for w, _ in self._obs):  # a dense anchor (see ``f`` in the module docstring)
+        # a dense anchor (see ``f`` in the module docstring)
+        if (excursion is None or changed) and any(w == 1.0 for w, _ in self._obs):
             fitted = fit_fixed_fraction([(w, t) for w, t in self._obs if w <= 1.0])
         if fitted is not None:
             self.fixed_fraction, self.informed = fitted, True
