@@ -190,7 +190,7 @@ def test_device_bursts_on_a_real_group_flag_shed_unflag():
     times for stretches of iterations, so this checks the behaviour per period, not the timing."""
     from dist_harness import run_on_ranks
 
-    every, length, periods = 20, 10, 5
+    every, length, periods = 20, 10, 6
     spec = f"burst:1:12:every={every}:len={length}:scope=device"
     gathered = run_on_ranks(_burst_body, 2, spec, every * periods, timeout_s=300)
     (shed0, decided), (shed1, decided1) = gathered  # rank 0's gather of both ranks' records

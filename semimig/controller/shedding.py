@@ -12,15 +12,14 @@ over the ``n`` observations of the window, so its standard error is ``ε_j = 1.2
 
 and looks normal when the excess is below half that margin (hysteresis).  It is *flagged* after
 ``patience`` consecutive slow-looking decisions and unflagged after ``patience`` normal-looking
-ones — or after one, when the rank's or the fastest rank's timing model declared a change point
-within the last ``patience`` observations (``react_steps > 0``, :mod:`semimig.controller.timing`):
-that change already took ``react_steps`` consecutive observations beyond its own noise margin, so a
-throttle that switches on or off is acted on ``react_steps`` observations after it switched, and the
-hysteresis (flag beyond the margin, unflag below half of it) still holds.  On a fresh regime the
-rank also looks slow when ``ln(S_i / S_fast) > max(ln(1 + change_ratio), change_sigmas ·
-hypot(σ_ln,i, σ_ln,fast))`` (both ranks' log-noise, :mod:`semimig.controller.timing`), and normal
-when below half that: the standard error of a median of a few observations of a loaded
-machine's heavy-tailed noise would otherwise hold a 12x slower rank unflagged (measured: a
+ones.  The fast path: when the rank's or the fastest rank's timing model declared a change point
+within the last ``patience`` observations (``react_steps > 0``, :mod:`semimig.controller.timing`;
+that change already took ``react_steps`` consecutive observations beyond its own noise), the rank
+is flagged at once when ``ln(S_i / S_fast) > max(ln(1 + change_ratio), change_sigmas ·
+hypot(σ_ln,i, σ_ln,fast))`` (both ranks' log-noise) and unflagged at once below half that; so a
+throttle that switches on or off is acted on ``react_steps`` observations after it switched, with
+hysteresis.  The fast path has its own band because the standard error of a median of a few
+observations of a loaded machine's heavy-tailed noise would otherwise hold a 12x slower rank unflagged (measured: a
 scope=device burst at load 13 on 2 cores).  The unpruned time ``S`` is the reference of every
 comparison, so ranks that prune never drag the reference down and fast ranks never look slow
 (issue 17).
@@ -143,14 +142,13 @@ class ShedPolicy:
         for r, (state, est) in enumerate(zip(self.states, estimates)):
             margin = max(cfg.tol * s_fast, cfg.noise_sigmas * math.hypot(_median_error(est), error_fast))
             excess = est.unpruned_s - s_fast
-            fresh = min(est.regime_age, estimates[fast].regime_age) <= cfg.patience
-            band = _log_band(cfg, est, estimates[fast])
-            if state.flagged:
-                contradicts = excess <= 0.5 * margin or (fresh and _log_ratio(est, s_fast) <= 0.5 * band)
-            else:
-                contradicts = excess > margin or (fresh and _log_ratio(est, s_fast) > band)
+            contradicts = excess <= 0.5 * margin if state.flagged else excess > margin
             state.streak = state.streak + 1 if contradicts else 0
-            if state.streak >= (1 if fresh else cfg.patience):
+            # the fast path: a fresh regime (of this rank or of the fastest) beyond both ranks' log-noise
+            fresh = min(est.regime_age, estimates[fast].regime_age) <= cfg.patience
+            band, ratio = _log_band(cfg, est, estimates[fast]), _log_ratio(est, s_fast)
+            at_once = fresh and (ratio <= 0.5 * band if state.flagged else ratio > band)
+            if state.streak >= cfg.patience or at_once:
                 state.flagged, state.streak = not state.flagged, 0
                 events.append(f"rank {r} {'straggles' if state.flagged else 'no longer straggles'}: "
                               f"unpruned {est.unpruned_s * 1e3:.3g} ms vs fastest {s_fast * 1e3:.3g} ms "

@@ -31,8 +31,7 @@ under that assumption inflates ``S`` the more a rank prunes whenever ``f > 0`` (
     S  ``median_k T_k / (f + (1 − f)·w_k)`` over the last ``window`` observations: robust to a
        descheduled iteration, and it follows a change of speed within ``window / 2`` iterations
        whatever the rank is pruning meanwhile (an injected or real slowdown scales every term).
-    σ  the rank's noise (``react_steps = 0``; with regimes, ``σ_ln · S`` of the regime test below):
-       ``1.4826 · median |S_k / S_(k) − 1| · S`` over the last ``NOISE_HISTORY``
+    σ  the rank's noise: ``1.4826 · median |S_k / S_(k) − 1| · S`` over the last ``NOISE_HISTORY``
        observations, each ``S_k`` compared with the window median ``S_(k)`` current when it
        arrived — relative, so a change of speed does not read as noise, and over a longer
        history than the window, so a few quiet iterations do not shrink the noise band.
@@ -286,8 +285,7 @@ class RankTiming:
             return None
         f = self.fixed_fraction
         unpruned = statistics.median(self._per_observation())
-        sigma = self._step_sigma() if self.react_steps else \
-            _MAD_TO_SIGMA * (statistics.median(self._deviations) if self._deviations else 0.0)
+        sigma = _MAD_TO_SIGMA * (statistics.median(self._deviations) if self._deviations else 0.0)
         return RankEstimate(unpruned_s=unpruned, fixed_fraction=f, noise_s=sigma * unpruned,
                             informed=self.informed, observations=len(self._obs), work=self._obs[-1][0],
                             seen=self.seen, regime_age=self.regime_age,
