@@ -91,6 +91,21 @@ class ControllerConfig:
     the fastest of ``e`` ranks is an order statistic, biased low by about one standard error at
     ``e = 4``, and one false straggler costs accuracy."""
 
+    react_steps: int = 3
+    """A straggler that comes and goes (:mod:`semimig.controller.timing`, regimes): this many
+    consecutive observations of a rank's dense-equivalent busy time beyond ``change_ratio`` (and
+    ``change_sigmas`` of its noise) from its current regime start a new regime, and the policy flags
+    or unflags on it at once instead of waiting out ``patience``.  0: one sliding window only."""
+
+    change_ratio: float = 0.5
+    """Smallest relative change of a rank's busy time at the same work that can start a regime
+    (0.5: a 1.5x step; a throttle to 25 % of a core is a 3-4x step).  Three steps of more than
+    0.3 came from other processes alone on a loaded 2-core machine (load 8): the no-straggler
+    test then flagged phantom stragglers."""
+
+    change_sigmas: float = 4.0
+    """... and it must also exceed this many of the rank's relative noise (MAD-based)."""
+
     gamma_step: float = 0.02
     """A rank's shed share changes only when the new target differs by at least this much, so
     noise does not rebuild keep sets every iteration."""
@@ -115,9 +130,17 @@ class ControllerConfig:
 
     pretest_tasks_per_step: int = 1
     """Mode ``semi``: the pretest (SEMI's cost curves) runs this many of its small tasks per
-    training step (:class:`~semimig.controller.pretest.PretestRun`; 36 tasks by default), so no
+    training step (:class:`~semimig.controller.pretest.PretestRun`; 12 tasks by default), so no
     step stalls; until the curves exist the stragglers resize only.  0 runs the whole pretest in
     the step that first needs it (seconds on a large model: one stalled step)."""
+
+    pretest_repeats: int = 1
+    """Mode semi: how often the pretest measures each (kind, share) — best of this many.  1 (12
+    tasks): the pretest is a cost SEMI pays and ZERO does not (issue 27: SEMI 1.41x healthy vs
+    ZERO's 1.18x under ``fixed:1:4``), each task slowed by the straggler's own χ, and Eq. 2's β
+    it feeds is capped (``max_receiver_load``) and then checked in wall time by the migration
+    trial, which is what decides whether migration stays.  3 (36 tasks) gives smoother curves;
+    how much that changes β was not measured."""
 
     def __post_init__(self) -> None:
         check_choice("ControllerConfig.mode", self.mode, MODES)
@@ -137,8 +160,12 @@ class ControllerConfig:
         check_int("ControllerConfig.window", self.window, minimum=3, maximum=1000)
         check_int("ControllerConfig.patience", self.patience, minimum=1, maximum=1000)
         check_number("ControllerConfig.noise_sigmas", self.noise_sigmas, minimum=0.0, maximum=100.0)
+        check_int("ControllerConfig.react_steps", self.react_steps, minimum=0, maximum=self.window - 1)
+        check_number("ControllerConfig.change_ratio", self.change_ratio, minimum=0.0, low_open=True, maximum=100.0)
+        check_number("ControllerConfig.change_sigmas", self.change_sigmas, minimum=0.0, maximum=100.0)
         check_number("ControllerConfig.gamma_step", self.gamma_step, minimum=0.0, maximum=0.5)
         check_number("ControllerConfig.max_fixed_fraction", self.max_fixed_fraction, minimum=0.0, maximum=1.0)
         check_int("ControllerConfig.backoff_iterations", self.backoff_iterations, minimum=1, maximum=10**7)
         check_int("ControllerConfig.migration_trial", self.migration_trial, minimum=0, maximum=10**6)
+        check_int("ControllerConfig.pretest_repeats", self.pretest_repeats, minimum=1, maximum=100)
         check_int("ControllerConfig.pretest_tasks_per_step", self.pretest_tasks_per_step, minimum=0, maximum=10**6)

@@ -190,6 +190,14 @@ class BalanceController:
     from iteration ``j + 2`` only once every rank is known to hold the same one — so a plan that
     differs between ranks never reaches a layer.  Decisions use the observations collected at
     the same step (those of the iteration before), so a measurement acts three iterations later.
+
+    Except for resizing only: a plan in which nobody migrates, replacing one in which nobody
+    migrated, reaches the layers from the next iteration (a measurement acts two iterations
+    later), because a straggler that comes and goes must be met within a few iterations and
+    pruning changes no collective — a rank that pruned differently computes the same collectives
+    with different numbers for one iteration, and its digest still raises
+    :class:`~semimig.errors.PlanDisagreement` on every rank at the next step.  A plan that starts
+    or changes migration changes the collectives' layouts and still waits for its digest.
     """
 
     def __init__(self, model: nn.Module, config: BalanceConfig = BalanceConfig(), *,
@@ -222,7 +230,8 @@ class BalanceController:
         self.period = res.period or iterations_per_epoch or DEFAULT_PERIOD
         self.curves = config.curves
         ctl = config.controller
-        self.timings = [RankTiming(ctl.window) for _ in range(self.size)]
+        self.timings = [RankTiming(ctl.window, react_steps=ctl.react_steps, change_ratio=ctl.change_ratio,
+                                   change_sigmas=ctl.change_sigmas) for _ in range(self.size)]
         fixed = res.empirical_gamma if res.variant == "pridiff-e" and config.mode.startswith("zero") else None
         self.policy = ShedPolicy(self.size, ctl, fixed_shed=fixed)
         self.busy_scale: tuple[float, ...] = (1.0,) * self.size
@@ -350,6 +359,8 @@ class BalanceController:
             self.binding.end_period(self.period)
         if not self.forced and (self.iteration - 1) % self.config.interval == 0 and rows is not None:
             self._pending = self._decide(self._pending)
+            if not self._current.migrate and not self._pending.migrate:
+                self._current = self._pending  # resizing only: at once (see the class docstring)
         if self._pretest_run is not None:
             self._advance_pretest()
             self.clock.take()  # the pretest's own time is not the next iteration's work or traffic
@@ -445,7 +456,8 @@ class BalanceController:
                                "a training forward/backward, not before")
         weight = layers[0].layer.weight
         self._pretest_run = PretestRun([(b.tokens,) + b.shape for b in layers], self.group, gemm_timer=self.meter,
-                                       device=weight.device, dtype=weight.dtype)
+                                       device=weight.device, dtype=weight.dtype,
+                                       repeats=self.config.controller.pretest_repeats)
         logger.info("iteration %d: SEMI pretest started (%d tasks, %s per step); stragglers resize only until "
                     "it ends", self.iteration, self._pretest_run.remaining,
                     self.config.controller.pretest_tasks_per_step or "all")

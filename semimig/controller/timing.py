@@ -36,6 +36,33 @@ under that assumption inflates ``S`` the more a rank prunes whenever ``f > 0`` (
        arrived — relative, so a change of speed does not read as noise, and over a longer
        history than the window, so a few quiet iterations do not shrink the noise band.
 
+Regimes (a straggler that comes and goes).  A throttle that switches on or off changes ``S`` by a
+factor at one iteration; a median over ``window`` observations follows it only after ``window / 2``
+of them.  With ``react_steps = k > 0`` every observation is first tested against the current
+regime: with ``S_j`` the dense-equivalent time of observation ``j`` (``T_j / (f + (1 − f)·w_j)``,
+``f`` as it stood before the observation), a *change point* is declared when the last ``k``
+observations all lie beyond ``(1 + m)`` times (or below ``1 / (1 + m)`` times) the median ``S`` of
+the regime's earlier observations at the same work (``|w − w_j| ≤ SAME_WORK``; only after
+``2·window`` observations, so warm-up iterations start nothing and the noise below is known), with
+
+    m = max( change_ratio ,  exp(change_sigmas · σ_ln) − 1 )
+
+``σ_ln`` the rank's noise on a log scale, from the median of ``|ln(S_j / S_(j−1))|`` over
+successive observations at the same work (a change of level adds one large step to that history,
+not a run of them, so a throttle during the warm-up does not widen the band for long).
+
+Comparing at the same work makes the test independent of ``f`` (a pruned rank whose ``f`` is not
+yet known does not look like a changed speed), and it needs at least ``MIN_BASELINE`` such earlier
+observations.  At a change point the window restarts with the ``k`` observations of the new
+regime: ``S`` is their median at once (so γ is sized from the measured ratio within ``k``
+iterations), ``f`` is refitted from the new regime only (it keeps its value where the new regime
+has no dense anchor: ``f`` belongs to the code path, not to the speed).  ``regime_age`` (observations since the last change
+point) lets the policy act at once on a fresh, significant regime instead of waiting out its
+``patience``.  Noise alone needs ``k`` consecutive excursions beyond ``m`` in the same direction
+(with 15 % normal noise ``m = exp(0.6) − 1``, a 4σ excursion: about ``(3·10⁻⁵)^k`` per iteration;
+a loaded machine's heavy tail is what ``k`` and the policy's band against the other ranks are for) and, even then, only restarts the
+median; whether a rank is flagged is still decided against the other ranks with the noise band.
+
 Everything here is pure float arithmetic on the observations in a fixed order, so every rank of a
 group, fed the same all-gathered observations, holds the same estimates (the plan depends on them).
 """
@@ -49,6 +76,11 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 __all__ = ["MIN_SPREAD", "RankEstimate", "RankTiming", "fit_fixed_fraction", "observation_problem"]
+
+SAME_WORK = 0.15
+"""Work fractions this close count as the same work for the change test."""
+MIN_BASELINE = 2
+"""Earlier observations of the regime at the same work the change test needs."""
 
 MIN_SPREAD = 0.05
 """Smallest spread of the work fractions in the window for which ``f`` is refitted."""
@@ -73,6 +105,14 @@ class RankEstimate:
     """Observations in the window."""
     work: float
     """The latest work fraction."""
+    seen: int = 0
+    """Observations ever kept (the window may have restarted at a change point)."""
+    regime_age: int = 10**9
+    """Observations since the latest change point (huge when none was ever declared)."""
+    change_margin: float = math.inf
+    """``m`` of the regime test (relative; ``inf`` without regimes)."""
+    log_noise: float = 0.0
+    """``σ_ln`` of the regime test (0 without regimes)."""
 
     def time_at(self, work: float) -> float:
         """Predicted busy time at work fraction ``work``."""
@@ -137,17 +177,30 @@ def fit_fixed_fraction(points: Sequence[tuple[float, float]]) -> Optional[float]
 class RankTiming:
     """The timing model of one rank: a window of observations and the estimates of the docstring."""
 
-    def __init__(self, window: int, *, prior_fixed_fraction: float = 0.0) -> None:
+    def __init__(self, window: int, *, prior_fixed_fraction: float = 0.0, react_steps: int = 0,
+                 change_ratio: float = 0.5, change_sigmas: float = 4.0) -> None:
+        """``react_steps``: ``k`` of the regime test in the module docstring (0: no regimes, one
+        sliding window); ``change_ratio``, ``change_sigmas``: its margin ``m``."""
         if window < 3:
             raise ValueError(f"window must be >= 3, got {window}")
         if not 0.0 <= prior_fixed_fraction <= 1.0:
             raise ValueError(f"prior_fixed_fraction must be in [0, 1], got {prior_fixed_fraction}")
+        if not 0 <= react_steps < window:
+            raise ValueError(f"react_steps must be in [0, window={window}), got {react_steps}")
+        if not (change_ratio > 0.0 and change_sigmas >= 0.0):
+            raise ValueError(f"change_ratio must be > 0 and change_sigmas >= 0, got {change_ratio}, {change_sigmas}")
+        self.react_steps, self.change_ratio, self.change_sigmas = react_steps, change_ratio, change_sigmas
+        self.seen, self.regime_age, self.changes = 0, 10**9, 0
         self.window = window
         self.prior_fixed_fraction = prior_fixed_fraction
         self.fixed_fraction = prior_fixed_fraction
         self.informed = False
         self._obs: collections.deque = collections.deque(maxlen=window)
         self._deviations: collections.deque = collections.deque(maxlen=NOISE_HISTORY)
+        self._steps: collections.deque = collections.deque(maxlen=NOISE_HISTORY)
+        """``|ln(S_k / S_(k−1))|`` of successive observations at the same work: the regime test's
+        noise.  A change of level adds one large step, not a run of large deviations (a throttle
+        during the warm-up would otherwise inflate the noise band for the next 64 iterations)."""
 
     def observe(self, work: float, busy_s: float) -> bool:
         """Add one iteration's ``(w, T)`` if it is an observation (:func:`observation_problem`).
@@ -157,15 +210,60 @@ class RankTiming:
         if observation_problem(work, busy_s) is not None:
             return False
         self._obs.append((float(work), float(busy_s)))
+        self.seen += 1
+        self.regime_age += 1
+        excursion = self._excursion()
+        changed = excursion is not None and self._changed()
+        if changed:
+            self._obs = collections.deque(list(self._obs)[-self.react_steps:], maxlen=self.window)
+            self.regime_age, self.changes = self.react_steps, self.changes + 1
         fitted = None
-        if any(w == 1.0 for w, _ in self._obs):  # a dense anchor (see ``f`` in the module docstring)
+        # f is not refitted across a regime boundary: an observation that left the regime may be
+        # the first of a new one (a line through two speeds is no fixed fraction)
+        # a dense anchor (see ``f`` in the module docstring)
+        if (excursion is None or changed) and any(w == 1.0 for w, _ in self._obs):
             fitted = fit_fixed_fraction([(w, t) for w, t in self._obs if w <= 1.0])
         if fitted is not None:
             self.fixed_fraction, self.informed = fitted, True
         per_obs = self._per_observation()
-        if len(per_obs) >= 3:
+        if len(self._obs) >= 2 and abs(self._obs[-1][0] - self._obs[-2][0]) <= SAME_WORK:
+            self._steps.append(abs(math.log(per_obs[-1] / per_obs[-2])))
+        if len(per_obs) >= 3 and excursion is None:  # a step into another regime is not noise
             self._deviations.append(abs(per_obs[-1] / statistics.median(per_obs) - 1.0))
         return True
+
+    def _margin(self) -> float:
+        """``m`` of the regime test: the relative change that is more than noise."""
+        return max(self.change_ratio, math.expm1(self.change_sigmas * self._step_sigma()))
+
+    def _step_sigma(self) -> float:
+        """Relative noise from successive steps: median ``|difference of two normals|`` = 0.6745·√2·σ."""
+        return _MAD_TO_SIGMA * statistics.median(self._steps) / math.sqrt(2.0) if self._steps else 0.0
+
+    def _direction(self, index: int, run_start: int) -> int:
+        """+1 / -1 when observation ``index`` of the window lies beyond the margin above / below
+        the median of the regime's observations before ``run_start`` at the same work, 0 inside it
+        or when the regime holds fewer than ``MIN_BASELINE`` of them."""
+        obs, per_obs = list(self._obs), self._per_observation()
+        w = obs[index][0]
+        base = [s for (wb, _), s in zip(obs[:run_start], per_obs[:run_start]) if abs(wb - w) <= SAME_WORK]
+        if len(base) < MIN_BASELINE:
+            return 0
+        ratio, m = per_obs[index] / statistics.median(base), self._margin()
+        return 1 if ratio > 1.0 + m else -1 if ratio < 1.0 / (1.0 + m) else 0
+
+    def _excursion(self) -> Optional[int]:
+        """The latest observation's direction when it leaves the regime (``None`` inside it)."""
+        if self.react_steps == 0 or len(self._obs) <= self.react_steps or self.seen < 2 * self.window:
+            return None  # before 2·window observations: warm-up iterations, and too little noise history
+        last = len(self._obs) - 1
+        return self._direction(last, last) or None
+
+    def _changed(self) -> bool:
+        """All of the last ``react_steps`` observations left the regime, in the same direction."""
+        n = len(self._obs)
+        directions = {self._direction(i, n - self.react_steps) for i in range(n - self.react_steps, n)}
+        return len(directions) == 1 and 0 not in directions
 
     def forget_reduced_work(self) -> None:
         """Drop the observations at ``w != 1`` and the fitted ``f`` (back to the prior): the rank's
@@ -187,6 +285,9 @@ class RankTiming:
             return None
         f = self.fixed_fraction
         unpruned = statistics.median(self._per_observation())
-        relative = statistics.median(self._deviations) if self._deviations else 0.0
-        return RankEstimate(unpruned_s=unpruned, fixed_fraction=f, noise_s=_MAD_TO_SIGMA * relative * unpruned,
-                            informed=self.informed, observations=len(self._obs), work=self._obs[-1][0])
+        sigma = _MAD_TO_SIGMA * (statistics.median(self._deviations) if self._deviations else 0.0)
+        return RankEstimate(unpruned_s=unpruned, fixed_fraction=f, noise_s=sigma * unpruned,
+                            informed=self.informed, observations=len(self._obs), work=self._obs[-1][0],
+                            seen=self.seen, regime_age=self.regime_age,
+                            change_margin=self._margin() if self.react_steps else math.inf,
+                            log_noise=self._step_sigma() if self.react_steps else 0.0)
