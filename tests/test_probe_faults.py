@@ -53,7 +53,8 @@ def test_tp_1_trains_with_one_warning_and_no_crash() -> None:
         _reap(psutil.Process().children(recursive=True))
     assert proc.returncode == 0, out[-4000:]
     warnings = [line for line in out.splitlines() if " WARNING " in line]
-    assert len(warnings) == 1 and "no tensor-parallel group to balance" in warnings[0] and "tp_size=1" in warnings[0], warnings
+    assert len(warnings) == 1, warnings
+    assert "no tensor-parallel group to balance" in warnings[0] and "tp_size=1" in warnings[0], warnings
     summary = [line for line in out.splitlines() if line.startswith("summary: ")]
     assert len(summary) == 1 and "steps=3" in summary[0] and " tp=1 " in summary[0], out[-4000:]
 
