@@ -310,7 +310,9 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
     from semimig.nn.balanced import BalancedLinearMixin
 
     layers = [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
-    if plugin.tp_size == 1:  # before the layer checks: with tp 1 the policy swaps no layer
+    from colossalai.interface import ModelWrapper
+
+    if plugin.tp_size == 1 and (layers or isinstance(model, ModelWrapper)):  # tp 1: the policy swaps no layer
         check_reshard(mode, model, plugin, reshard, optimizer)  # still refuses a reshard= that is no ReshardConfig
         logger.warning("semimig: tp_size=1, so there is no tensor-parallel group to balance; balancing is off")
         return Balancer(None, layers, active=False)
