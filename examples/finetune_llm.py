@@ -47,7 +47,8 @@ the balancing plan every ``--log-every`` steps and prints one summary line at th
              data=shakespeare final_val_loss=2.4630 eval_s=0.812
 
 A rank that dies or hangs makes the others fail within ``--timeout-s`` (the collective timeout
-of every process group), never a silent hang.
+of every process group), never a silent hang; a launcher that dies (``kill -9`` of torchrun) ends
+its ranks within a second, each naming the launcher's pid.
 """
 from __future__ import annotations
 
