@@ -47,7 +47,8 @@ the balancing plan every ``--log-every`` steps and prints one summary line at th
              data=shakespeare final_val_loss=2.4630 eval_s=0.812
 
 A rank that dies or hangs makes the others fail within ``--timeout-s`` (the collective timeout
-of every process group), never a silent hang.
+of every process group), never a silent hang; a launcher that dies (``kill -9`` of torchrun) ends
+its ranks within a second, each naming the launcher's pid.
 """
 from __future__ import annotations
 
@@ -170,6 +171,7 @@ def init_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         sys.exit("finetune_llm.py: start it with torchrun or colossalai run (RANK/WORLD_SIZE are not set), e.g.\n"
                  "  torchrun --nproc_per_node 2 examples/finetune_llm.py")
+    watch_launcher(int(os.environ["RANK"]))
     cuda = torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if cuda:
@@ -178,6 +180,28 @@ def init_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
     dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     return dist.get_rank(), dist.get_world_size(), device
+
+
+def watch_launcher(rank: int, poll_s: float = 0.5) -> None:
+    """End this rank within ``poll_s`` once its launcher (the parent: torchrun's agent) has died.
+
+    torchrun ends the other ranks when one dies, but nothing ends the ranks of a launcher that was
+    killed (``kill -9``, a lost terminal): they would train on unseen.  A daemon thread watches the
+    parent pid and exits the process (status 1) naming the launcher that died."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        try:
+            print(f"finetune_llm.py: error: rank {rank}: its launcher (pid {parent}) died; stopping", file=sys.stderr,
+                  flush=True)
+        finally:
+            os._exit(1)
+
+    threading.Thread(target=watch, name="watch-launcher", daemon=True).start()
 
 
 def build_model(args: argparse.Namespace) -> torch.nn.Module:

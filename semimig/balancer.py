@@ -310,6 +310,12 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
     from semimig.nn.balanced import BalancedLinearMixin
 
     layers = [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
+    from colossalai.interface import ModelWrapper
+
+    if plugin.tp_size == 1 and (layers or isinstance(model, ModelWrapper)):  # tp 1: the policy swaps no layer
+        check_reshard(mode, model, plugin, reshard, optimizer)  # still refuses a reshard= that is no ReshardConfig
+        logger.warning("semimig: tp_size=1, so there is no tensor-parallel group to balance; balancing is off")
+        return Balancer(None, layers, active=False)
     if not layers:
         raise ConfigError(f"model {type(model).__name__} has no semimig layers: boost it with "
                           "HybridParallelPlugin(..., custom_policy=semimig.shardformer.SemiMigPolicy())")
@@ -326,9 +332,6 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
         balance_config = dataclasses.replace(balance_config, mode=resizing_mode(balance_config))
         logger.info("semimig: mode=semi on uneven shards: resizing only (%s), migration off (it assumes equal K "
                     "per rank)", balance_config.mode)
-    if plugin.tp_size == 1:
-        logger.warning("semimig: tp_size=1, so there is no tensor-parallel group to balance; balancing is off")
-        return Balancer(None, layers, active=False)
     from semimig.controller import BalanceController
 
     controller = BalanceController(model, balance_config, process_group=plugin.tp_group,

@@ -289,7 +289,8 @@ class SemiMigPolicy(Policy):
             logger.warning("SemiMigPolicy: %d tensor-parallel linear layer(s) of %s stay Colossal-AI's and are "
                            "NOT balanced: %s", len(self.unbalanced), base,
                            "; ".join(f"{where} ({why})" for where, why in self.unbalanced.items()))
-        elif not self.swapped:
+        elif not self.swapped and (getattr(self, "shard_config", None) is None or self._tp()[0] > 1):
+            # tp 1: nothing to swap, and semimig.enable says so once
             logger.warning("SemiMigPolicy: %s replaces no tensor-parallel linear layer; semimig balances nothing", base)
         if self.swapped:
             logger.info("SemiMigPolicy: semimig layers for %s", ", ".join(self.swapped))

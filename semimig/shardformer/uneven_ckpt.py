@@ -49,6 +49,8 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import os
+import stat
 from collections import defaultdict
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -220,6 +222,12 @@ def _load_states(original: Callable, io, optimizer, state_dict: dict, id_map: di
 def _named_reader(reader: Callable) -> Callable:
     @functools.wraps(reader)
     def read(path, *args: Any, **kwargs: Any):
+        try:
+            mode = os.stat(path).st_mode if isinstance(path, (str, os.PathLike)) else None
+        except (OSError, ValueError):
+            mode = None  # missing or unnamed: the reader's own error is named below
+        if mode is not None and not stat.S_ISREG(mode):  # a FIFO would block the reader forever
+            raise ConfigError(f"checkpoint file {str(path)!r} is not a regular file (a directory, FIFO or device)")
         try:
             return reader(path, *args, **kwargs)
         except Exception as err:  # torch.load / safetensors / pickle: name the file in one line

@@ -1,0 +1,138 @@
+"""Hypothesis probes of ``examples/finetune_llm.py``'s numeric flags, parsed in-process (issue 30).
+
+``parse_args`` runs every check (``check_flags``) before any process group or model exists, so the
+outcome class of a flag value is known without training: **refused** (``SystemExit(2)``, the last
+stderr line names the flag and the value, no traceback) or **accepted** (the namespace holds the
+value).  The expected class is computed here from the documented bounds and the tiny Llama's shape
+(8 attention heads, 4 key/value heads), independently of the example's table.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("finetune_llm_probe", REPO / "examples" / "finetune_llm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+EXAMPLE = _example()
+PROBE = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+# The documented bounds (the example's help and docs/reliability.md), written out here on purpose.
+INT_BOUNDS = {"--hidden": (8, 65536), "--layers": (1, 1024), "--steps": (1, 10**7), "--batch-size": (1, 65536),
+              "--seq-len": (2, 1 << 20), "--seed": (0, 2**32 - 1), "--eval-every": (0, 10**7),
+              "--eval-batches": (1, 10**5), "--log-every": (1, 10**7), "--shard-block": (1, 1 << 20),
+              "--reshard-window": (2, 10**6)}
+
+
+def _outcome(argv: list, capsys) -> tuple:
+    """``("accepted", namespace)`` or ``("refused", the one error line)``; anything else fails the test."""
+    try:
+        args = EXAMPLE.parse_args(argv)
+    except SystemExit as stop:
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stop.code == 2, (argv, stop.code, err)
+        assert err and "Traceback" not in "\n".join(err), err
+        return "refused", err[-1]
+    return "accepted", args
+
+
+def _names(line: str, flag: str, text: str) -> bool:
+    return flag in line and text in line
+
+
+def _edge_ints(low: int, high: int):
+    return st.one_of(st.integers(low - 3, low + 3), st.integers(high - 3, high + 3),
+                     st.integers(-(2**40), 2**40), st.sampled_from([0, -1, low, high, high + 1]))
+
+
+@pytest.mark.parametrize("flag", sorted(INT_BOUNDS))
+@PROBE
+@given(data=st.data())
+def test_an_integer_flag_is_accepted_exactly_within_its_bounds(flag: str, data, capsys) -> None:
+    low, high = INT_BOUNDS[flag]
+    value = data.draw(_edge_ints(low, high), label=flag)
+    kind, got = _outcome([flag, str(value)], capsys)
+    inside = low <= value <= high and (flag != "--hidden" or value % 8 == 0)  # 8 heads divide the width
+    if inside:
+        assert kind == "accepted" and getattr(got, flag[2:].replace("-", "_")) == value, got
+    else:
+        assert kind == "refused" and _names(got, flag, str(value)), got
+
+
+@pytest.mark.parametrize("flag", sorted(INT_BOUNDS) + ["--tp"])
+@PROBE
+@given(text=st.one_of(st.sampled_from(["", "1.5", "1e3", "inf", "nan", "0x10", "two", "--", "4,2"]),
+                      st.text(st.characters(codec="ascii"), min_size=1, max_size=6)))
+def test_a_flag_that_is_not_an_integer_is_refused_naming_it(flag: str, text: str, capsys) -> None:
+    try:
+        int(text)
+        return  # a valid literal (e.g. " 7"): covered by the bounds probe
+    except ValueError:
+        pass
+    if text.startswith("-"):
+        text_argv = [f"{flag}={text}"]  # argparse would take "-x" for another option
+    else:
+        text_argv = [flag, text]
+    kind, line = _outcome(text_argv, capsys)
+    assert kind == "refused" and flag in line, line
+
+
+FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(-1e3, 1e6),
+                   st.sampled_from([0.0, -0.0, 1e-300, 100.0, 100.0000001, 1.0, 0.999, 604800.0, 604800.5]))
+
+
+@PROBE
+@given(lr=FLOATS)
+def test_lr_is_accepted_exactly_when_finite_in_0_to_100(lr: float, capsys) -> None:
+    kind, got = _outcome([f"--lr={lr!r}"], capsys)
+    if math.isfinite(lr) and 0 < lr <= 100:
+        assert kind == "accepted" and got.lr == lr
+    else:
+        assert kind == "refused" and _names(got, "--lr", repr(lr)), got
+
+
+@PROBE
+@given(timeout=FLOATS)
+def test_timeout_is_accepted_exactly_when_finite_from_1_s_to_a_week(timeout: float, capsys) -> None:
+    kind, got = _outcome([f"--timeout-s={timeout!r}"], capsys)
+    if math.isfinite(timeout) and 1.0 <= timeout <= 7 * 86400:
+        assert kind == "accepted" and got.timeout_s == timeout
+    else:
+        assert kind == "refused" and _names(got, "--timeout-s", repr(timeout)), got
+
+
+@PROBE
+@given(tp=st.one_of(st.integers(-5, 9), st.integers(-(2**40), 2**40)),
+       hidden=st.sampled_from([8, 16, 24, 32, 40, 64, 96, 256, 12, 100]))
+def test_tp_and_hidden_are_checked_against_the_tiny_llama_heads(tp: int, hidden: int, capsys) -> None:
+    kind, got = _outcome(["--tp", str(tp), "--hidden", str(hidden)], capsys)
+    if not 1 <= tp <= 4096:
+        assert kind == "refused" and _names(got, "--tp", str(tp)), got
+    elif hidden % 8:
+        assert kind == "refused" and _names(got, "--hidden", str(hidden)), got
+    elif 4 % tp:  # 4 key/value heads
+        assert kind == "refused" and _names(got, "--tp", str(tp)), got
+    else:
+        assert kind == "accepted" and (got.tp, got.hidden) == (tp, hidden)
+
+
+def test_the_smallest_and_largest_accepted_values_parse_together(capsys) -> None:
+    """Every bound at once: accepted (a valid edge configuration is not refused by a neighbour's check)."""
+    for pick in (0, 1):
+        argv = [arg for flag, bounds in INT_BOUNDS.items() for arg in (flag, str(bounds[pick]))]
+        if pick == 1:
+            argv[argv.index("--hidden") + 1] = str(65536)  # a multiple of 8 already
+        kind, got = _outcome(argv + ["--tp", "1" if pick == 0 else "4"], capsys)
+        assert kind == "accepted", got
