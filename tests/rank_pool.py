@@ -19,7 +19,8 @@ same preloaded forkserver), join one gloo group once, and then run case after ca
   the cases after it and never the suite;
 - between cases every rank puts back what a case may change and a fresh process would not carry:
   the environment, the default dtype, grad mode, the RNG seed torch starts with, ``torch.Tensor``'s
-  methods (tests patch ``Tensor.cuda``), warnings filters;
+  methods (tests patch ``Tensor.cuda``), warnings filters, Colossal-AI's ``Randomizer`` index
+  (pipeline stages advance it differently: it must start at 0 on every rank);
 - the process groups a case makes (Colossal-AI's meshes call ``dist.new_group``) stay alive, since
   a library may cache them; when rank 0 counts more than :data:`MAX_GROUPS` the pool is retired
   after that case and the next one starts fresh, so sockets stay bounded.
@@ -37,6 +38,7 @@ import gc
 import os
 import pickle
 import signal
+import sys
 import threading
 import traceback
 import warnings
@@ -85,6 +87,9 @@ def _restore(state: dict, seed: int) -> None:
     warnings.filters[:] = state["warnings"]
     torch.set_num_threads(state["threads"])
     torch.manual_seed(seed)
+    layer_utils = sys.modules.get("colossalai.shardformer.layer.utils")
+    if layer_utils is not None:  # a class-wide counter of sharded layers, 0 in a fresh process; pipeline
+        layer_utils.Randomizer.reset_index()  # stages count differently, so it must not carry over
 
 
 def _pool_rank(rank: int, world_size: int, port: int, conn) -> None:
