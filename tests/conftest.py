@@ -35,7 +35,7 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     import sys
 
-    if "rank_pool" in sys.modules:
-        stats = sys.modules["rank_pool"].pool_stats()
+    stats = sys.modules["rank_pool"].pool_stats() if "rank_pool" in sys.modules else {}
+    if stats.get("spawned"):
         terminalreporter.write_line(f"rank pools: {stats['spawned']} started, {stats['cases']} cases served, "
                                     f"{stats['failures']} retired by a failure")
