@@ -1,11 +1,12 @@
-# The two user-facing commands:
+# The user-facing commands:
 #   make bench   the main job (semimig's end-to-end benchmark; a short demo until it lands)
-#   make test    the test suite
-# Both create the virtualenv .venv and install everything on first use (scripts/bootstrap.sh).
+#   make test    the test suite (the full suite; the 15 slowest cases listed at the end)
+#   make test-fast   the edit loop: every case not marked slow (tests/conftest.py: SLOW_MODULES)
+# Each creates the virtualenv .venv and install everything on first use (scripts/bootstrap.sh).
 VENV ?= .venv
 BENCH_ARGS ?=
 
-.PHONY: bench test setup clean
+.PHONY: bench test test-fast setup clean
 
 setup:
 	VENV=$(VENV) bash scripts/bootstrap.sh
@@ -15,6 +16,9 @@ bench: setup
 
 test: setup
 	$(VENV)/bin/pytest -q --durations=15
+
+test-fast: setup
+	$(VENV)/bin/pytest -q --durations=15 -m "not slow"
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

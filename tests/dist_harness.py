@@ -1,4 +1,12 @@
-"""The test suite's multi-rank harness: :func:`semimig.launch.run_on_ranks` (gloo, short timeouts)."""
+"""The test suite's multi-rank harness.
+
+- :func:`run_on_ranks` (:func:`semimig.launch.run_on_ranks`): fresh ranks and a fresh gloo group
+  per call, for cases that need a fresh process (their own process group, signals to a rank, the
+  launcher's own behaviour).
+- :func:`run_pooled` (:mod:`rank_pool`): the same contract on the session's pool of ranks of that
+  world size, many cases per spawn; a failing or hanging case fails itself and retires the pool.
+"""
+from rank_pool import run_pooled
 from semimig.launch import free_port, run_on_ranks
 
-__all__ = ["free_port", "run_on_ranks"]
+__all__ = ["free_port", "run_on_ranks", "run_pooled"]

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import plugin_cases as pc
-from dist_harness import run_on_ranks
+from dist_harness import run_pooled  # the session pool of ranks: many cases per spawn
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")
 
@@ -76,7 +76,7 @@ def _checkpoint_body(rank: int, world_size: int, root: str) -> dict:
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("checkpoints")
-    return root, run_on_ranks(_checkpoint_body, 2, str(root), timeout_s=300)
+    return root, run_pooled(_checkpoint_body, 2, str(root), timeout_s=300)
 
 
 def _tensors(directory: Path, index_name: str) -> dict:
@@ -154,6 +154,6 @@ def _gpt2_checkpoint_body(rank: int, world_size: int, root: str) -> dict:
 
 
 def test_gpt2_packed_layers_save_on_cpu_and_resume_in_both_kinds(tmp_path: Path) -> None:
-    out = run_on_ranks(_gpt2_checkpoint_body, 2, str(tmp_path), timeout_s=300)
+    out = run_pooled(_gpt2_checkpoint_body, 2, str(tmp_path), timeout_s=300)
     assert out["resumed"]["semimig"] == out["continued"]
     assert out["resumed"]["colossalai"] == pytest.approx(out["continued"], rel=1e-5)

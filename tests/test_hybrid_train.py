@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from dist_harness import run_on_ranks
+from dist_harness import run_pooled  # the session pool of ranks: many cases per spawn
 from semimig.bench.models import VitSize
 from semimig.errors import ConfigError
 from semimig.hybrid import Hybrid2DConfig, ReplanConfig, run_2d_cases
@@ -26,7 +26,7 @@ def test_every_mode_trains_and_poplar_follows_group_speeds() -> None:
     # observations) and applies a plan once every rank agrees on it, so it sheds from about the 9th
     # iteration on; poplar+semi profiles after 14 settling passes, so its curves see SEMI's effect
     cfg = Hybrid2DConfig(epochs=1, iters_per_epoch=12, warmup_iters=1, settle_iters=14, **TINY)
-    records = {r["mode"]: r for r in run_on_ranks(run_2d_cases, 4, cfg, cfg.cases(), timeout_s=600)}
+    records = {r["mode"]: r for r in run_pooled(run_2d_cases, 4, cfg, cfg.cases(), timeout_s=600)}
     assert set(records) == {"baseline", "poplar", "semi", "poplar+semi"}
     for mode, r in records.items():
         assert 0.0 <= r["accuracy"] <= 1.0 and r["iter_time_s"] > 0 and r["epoch_time_s"] > 0, mode
@@ -44,7 +44,7 @@ def test_every_mode_trains_and_poplar_follows_group_speeds() -> None:
 def test_stragglers_leaving_trigger_a_replan_towards_even() -> None:
     cfg = Hybrid2DConfig(modes=("poplar",), epochs=1, iters_per_epoch=14, warmup_iters=1, straggler_until=4,
                          replan=ReplanConfig(threshold=0.15, window=3, patience=2), **TINY)
-    (record,) = run_on_ranks(run_2d_cases, 4, cfg, cfg.cases(), timeout_s=300)
+    (record,) = run_pooled(run_2d_cases, 4, cfg, cfg.cases(), timeout_s=300)
     assert record["replans"], record
     first = record["replans"][0]
     # group 0 lost its χ = 4 rank (now 4x faster than its curve), group 1 its χ = 2 ranks (2x)

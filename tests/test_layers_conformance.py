@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dist_harness import run_on_ranks
+from dist_harness import run_pooled  # the session pool of ranks: many cases per spawn
 
 TOL = dict(atol=1e-5, rtol=1.3e-6)  # fp32: assert_close's default rtol, atol 1e-5 (see the module doc)
 BATCH, SEQ = 2, 4
@@ -209,16 +209,16 @@ SP_MODES = [None, "split_gather"]
 @pytest.mark.parametrize("lazy", [False, True])
 @pytest.mark.parametrize("kind", ["col", "row", "fused_col", "fused_row", "conv_col", "conv_row"])
 def test_layer_conforms(kind, lazy, sp):
-    run_on_ranks(_single_body, 2, kind, lazy, sp)
+    run_pooled(_single_body, 2, kind, lazy, sp)
 
 
 @pytest.mark.parametrize("sp", SP_MODES)
 @pytest.mark.parametrize("lazy", [False, True])
 @pytest.mark.parametrize("family", ["plain", "fused", "conv"])
 def test_column_row_pair_conforms(family, lazy, sp):
-    run_on_ranks(_pair_body, 2, family, lazy, sp)
+    run_pooled(_pair_body, 2, family, lazy, sp)
 
 
 @pytest.mark.parametrize("family", ["plain", "fused", "conv"])
 def test_column_row_pair_conforms_on_four_ranks(family):
-    run_on_ranks(_pair_body, 4, family, False, "split_gather")
+    run_pooled(_pair_body, 4, family, False, "split_gather")

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dist_harness import run_on_ranks
+from dist_harness import run_pooled  # the session pool of ranks: many cases per spawn
 
 ATOL = 1e-5
 IN_COL, OUT = 12, 8  # column layer: K = 12 on every rank
@@ -73,7 +73,7 @@ SCENARIOS = {
 @pytest.mark.parametrize("kind", ["col", "row"])
 @pytest.mark.parametrize("policy", ["broadcast-reduce", "scatter-gather"])
 def test_migration_is_loss_free(world, kind, policy):
-    run_on_ranks(_migration_body, world, kind, policy, SCENARIOS[world])
+    run_pooled(_migration_body, world, kind, policy, SCENARIOS[world])
 
 
 def _mixed_body(rank, world, kind, policy):
@@ -100,7 +100,7 @@ def _mixed_body(rank, world, kind, policy):
 @pytest.mark.parametrize("kind", ["col", "row"])
 @pytest.mark.parametrize("policy", ["broadcast-reduce", "scatter-gather"])
 def test_migration_with_resizing_equals_dense_restricted(world, kind, policy):
-    run_on_ranks(_mixed_body, world, kind, policy)
+    run_pooled(_mixed_body, world, kind, policy)
 
 
 def _count_body(rank, world, kind):
@@ -132,12 +132,12 @@ def _count_body(rank, world, kind):
 
 
 def test_merged_directions_issue_no_separate_reduce():
-    col = run_on_ranks(_count_body, 2, "col")
+    col = run_pooled(_count_body, 2, "col")
     # forward: broadcast W_k[:, mig], reduce the partial outputs to k
     assert col == {("fwd", "broadcast"): 1, ("fwd", "reduce"): 1,
                    # backward: broadcast dY_k, reduce dW_k[:, mig]; dX rides on the all-reduce
                    ("bwd", "broadcast"): 1, ("bwd", "reduce"): 1, ("bwd", "all_reduce"): 1}, col
-    row = run_on_ranks(_count_body, 2, "row")
+    row = run_pooled(_count_body, 2, "row")
     # forward: broadcast X_k[:, mig] and W_k[:, mig]; receivers' products ride on the all-reduce
     assert row == {("fwd", "broadcast"): 2, ("fwd", "all_reduce"): 1,
                    # backward: dX_k[:, mig] and dW_k[:, mig] stacked into one reduce to k
@@ -179,7 +179,7 @@ def test_layout_takes_the_plans_receivers():
 
 
 def _order_body(rank, world, kind):
-    """Records, on the straggler (rank 0, whose result run_on_ranks returns), the order of its
+    """Records, on the straggler (rank 0, whose result run_pooled returns), the order of its
     own GEMMs and its shares."""
     dense, x, make = _build(kind, world)
     layer = make(dense)
@@ -211,7 +211,7 @@ def _order_body(rank, world, kind):
 @pytest.mark.parametrize("kind", ["col", "row"])
 def test_straggler_shares_before_its_own_gemms(kind):
     """Receivers must not wait for the straggler's slow GEMM before they can start on its columns."""
-    events = run_on_ranks(_order_body, 2, kind)
+    events = run_pooled(_order_body, 2, kind)
     forward, backward = " ".join(events).split(" | ")
     assert forward.index("share") < forward.index("own"), events
     if kind == "col":  # dY_k travels before the straggler's dgrad/wgrad (row: dY is replicated)
@@ -241,7 +241,7 @@ def _traffic_body(rank, world):
 def test_traffic_counter_counts_payload_and_link_bytes_by_role():
     """Rank 1 is the root: its link carries B out for the broadcast, B in for the reduce and the recv."""
     world = 2
-    totals = run_on_ranks(_traffic_body, world)  # rank 0's view: a peer and the sender
+    totals = run_pooled(_traffic_body, world)  # rank 0's view: a peer and the sender
     assert totals["broadcast"]["payload_bytes"] == 40 and totals["broadcast"]["in_bytes"] == 40
     assert totals["reduce"]["out_bytes"] == 40 and totals["reduce"]["in_bytes"] == 0
     ring = 2 * 40 * (world - 1) / world

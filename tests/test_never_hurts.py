@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dist_harness import run_on_ranks
+from dist_harness import run_pooled  # the session pool of ranks: many cases per spawn
 from tiny_models import TwoLayerMLP
 
 STEPS = 40
@@ -51,7 +51,7 @@ def _mlp_body(rank, world, mode):
 
 @pytest.mark.parametrize("mode", ["semi", "zero-pri"])
 def test_mlp_no_straggler_no_shedding_and_colossalai_losses(mode):
-    (ours, theirs), shed, flagged = run_on_ranks(_mlp_body, 2, mode, timeout_s=240)
+    (ours, theirs), shed, flagged = run_pooled(_mlp_body, 2, mode, timeout_s=240)
     assert shed == [0.0] * STEPS
     assert flagged == [()] * STEPS
     assert ours == theirs  # bit for bit: a timed dense iteration computes what Colossal-AI computes
@@ -100,7 +100,7 @@ def _llama_both(rank, world):
 
 
 def test_tiny_llama_no_straggler_no_shedding_and_colossalai_losses():
-    (cai_losses, _), (our_losses, shed) = run_on_ranks(_llama_both, 2, timeout_s=300)
+    (cai_losses, _), (our_losses, shed) = run_pooled(_llama_both, 2, timeout_s=300)
     assert shed == [(0.0, ())] * STEPS
     assert our_losses == pytest.approx(cai_losses, rel=1e-6, abs=0)
     assert cai_losses[0] > cai_losses[-1]  # it trained
