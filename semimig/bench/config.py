@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from semimig._validate import check_bool, check_choice, check_int, check_number
-from semimig.bench.models import VitSize
+from semimig.models import VitSize
 from semimig.controller.runtime import MODES
 from semimig.errors import ConfigError
 from semimig.resizing.config import ResizingConfig
