@@ -195,10 +195,6 @@ class BenchConfig:
         return self.tp * self.dp
 
     @property
-    def backend(self) -> str:
-        return "nccl" if self.device == "cuda" else "gloo"
-
-    @property
     def max_chi(self) -> float:
         """The largest slowdown any rank gets in this sweep."""
         multi = max(self.multi_chis[: self.tp], default=1.0) / 8.0 if self.pattern == "multi" else 1.0
