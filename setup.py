@@ -38,6 +38,6 @@ setup(
         "numpy",
         "scipy",
     ],
-    extras_require={"triton": ["triton"], "test": ["pytest", "pytest-timeout", "hypothesis"]},
+    extras_require={"triton": ["triton"], "test": ["pytest", "pytest-timeout", "hypothesis", "import-linter"]},
     entry_points={"console_scripts": ["semimig=semimig.cli:main"]},
 )

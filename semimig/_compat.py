@@ -97,6 +97,15 @@ log record).  Each is matched by package, message and mechanism;
 :mod:`semimig._quiet` says why each is harmless.  ``semimig`` calls it first thing (``-v`` shows
 them again); scripts call ``quiet_third_party()`` before importing Colossal-AI.
 
+Private operations
+------------------
+semimig's drop-in layers call two of Colossal-AI's private collectives exactly as its own 1D layers
+do: ``gather_forward_split_backward`` and ``split_forward_gather_backward`` of
+``colossalai.shardformer.layer._operation`` (unchanged from 0.4.7 to 0.5.0).  They are imported only
+here (``from semimig._compat import split_forward_gather_backward``): this module's ``__getattr__``
+hands back Colossal-AI's own functions (the same objects, so the even layout stays bit-equal), loading
+``_operation`` on first use.  A release that moves them breaks here, in one place.
+
 Importing this module is cheap: it imports torch, not colossalai.  :func:`apply_cpu_shim` is
 not applied by ``import semimig``; ``semimig.nn`` applies it, or call it yourself.
 """
@@ -124,6 +133,21 @@ TESTED_COLOSSALAI = "0.5.0"
 
 class ColossalAIVersionError(ImportError):
     """Colossal-AI is missing or its version is outside ``[MIN_COLOSSALAI, BELOW_COLOSSALAI)``."""
+
+
+# --------------------------------------------------------------------------------------------
+# private operations (see "Private operations")
+# --------------------------------------------------------------------------------------------
+PRIVATE_OPERATIONS = ("gather_forward_split_backward", "split_forward_gather_backward")
+"""The names of ``colossalai.shardformer.layer._operation`` semimig uses, importable from this module."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in PRIVATE_OPERATIONS:
+        from colossalai.shardformer.layer import _operation
+
+        return getattr(_operation, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------------------------

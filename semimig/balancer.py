@@ -41,7 +41,7 @@ Re-sharding (DESIGN §8).  ``mode="reshard"`` is exact and never prunes: the lay
 the pure :class:`~semimig.controller.reshard.ReshardPolicy` every rank's split of the step; when
 a straggler has stayed (its speed ratio stable over a window) and the predicted gain over a
 horizon pays for the move, every changed unit's weights and optimizer state move once
-(:func:`semimig.sharding.replan.apply_plan`) and the controller is rebuilt on the new shapes.
+(:func:`semimig.shardformer.replan.apply_plan`) and the controller is rebuilt on the new shapes.
 ``mode="semi"`` on a model that can re-plan does the same for the straggler that stays and keeps
 resizing and migration as the instant reaction; once the shards are uneven it resizes only
 (migration assumes equal K per rank; the log says so) and migrates again if a re-plan returns to

@@ -14,7 +14,7 @@ controller's ``step()``, it
    estimate the controller keeps (``ShedDecision.unpruned_s``), scaled by the rank's measured
    slow-down of everything else (``compute/(compute − sleep)``, 1 on a real slow device), so the
    policy sees the rank's speed, not its shrunk work;
-3. when the policy decides, calls :func:`semimig.sharding.replan.apply_plan` (collective: moves
+3. when the policy decides, calls :func:`semimig.shardformer.replan.apply_plan` (collective: moves
    every changed unit's weights and optimizer state once), tells the policy the measured cost, and
    hands the caller the new plan so that it rebuilds the controller on the new shapes.
 
@@ -89,7 +89,7 @@ def reshardable_plan(model: Any, plugin: Any, *, block_size: Optional[int] = Non
     """The plan the model was built with, as an :class:`~semimig.shardformer.UnevenPlan` with units
     in both dimensions, or :class:`ConfigError` saying how to build a model that can re-plan."""
     try:
-        from semimig.sharding.replan import current_plan  # the mechanics (branch replan)
+        from semimig.shardformer.replan import current_plan  # the mechanics (branch replan)
     except ImportError:
         current_plan = None
     built = getattr(getattr(plugin, "custom_policy", None), "shard_plan", None)  # the plan the model was built with
@@ -281,12 +281,12 @@ def check_reshard(mode: str, model: Any, plugin: Any, reshard: Any, optimizer: A
             logger.info("semimig: mode=semi without re-sharding: %s", why)
             return None
     try:
-        import semimig.sharding.replan  # noqa: F401  (the mechanics that move weights and optimizer state)
+        import semimig.shardformer.replan  # noqa: F401  (the mechanics that move weights and optimizer state)
     except ImportError:
         if mode == "reshard":
-            raise ConfigError("mode='reshard' needs semimig.sharding.replan (apply_plan), which this install "
+            raise ConfigError("mode='reshard' needs semimig.shardformer.replan (apply_plan), which this install "
                               "lacks") from None
-        logger.info("semimig: mode=semi without re-sharding: semimig.sharding.replan is missing")
+        logger.info("semimig: mode=semi without re-sharding: semimig.shardformer.replan is missing")
         return None
     if optimizer is None:
         if mode == "reshard":
@@ -308,7 +308,7 @@ def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str
     config = getattr(model, "unwrap", lambda: model)().config
 
     def move(new_plan: Any) -> tuple[int, float]:
-        from semimig.sharding.replan import apply_plan
+        from semimig.shardformer.replan import apply_plan
 
         report = apply_plan(model, optimizer, new_plan, group=group)
         return int(report.bytes_sent), float(report.seconds)

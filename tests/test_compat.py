@@ -76,6 +76,25 @@ def test_unparsable_version_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         check_colossalai_version()
 
 
+def test_private_operations_are_colossalais_own_and_imported_in_one_place() -> None:
+    """``semimig._compat`` hands out Colossal-AI's own private collectives (the same objects), and no other
+    module of semimig imports ``colossalai.shardformer.layer._operation`` (a release that moves them breaks
+    in one place)."""
+    from colossalai.shardformer.layer import _operation
+
+    import semimig._compat as compat
+
+    for name in compat.PRIVATE_OPERATIONS:
+        assert getattr(compat, name) is getattr(_operation, name)
+    with pytest.raises(AttributeError, match="no_such_name"):
+        compat.no_such_name  # noqa: B018
+    root = Path(__file__).resolve().parents[1] / "semimig"
+    importers = sorted(str(path.relative_to(root)) for path in root.rglob("*.py") if path.name != "_compat.py"
+                       for line in path.read_text().splitlines()
+                       if "import" in line and ("layer._operation" in line or "import _operation" in line))
+    assert importers == [], importers
+
+
 def test_missing_colossalai_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     from semimig._compat import ColossalAIVersionError, check_colossalai_version
 

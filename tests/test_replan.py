@@ -1,4 +1,4 @@
-"""Re-planning uneven tensor-parallel shards in the middle of a run (DESIGN §8, semimig.sharding.replan).
+"""Re-planning uneven tensor-parallel shards in the middle of a run (DESIGN §8, semimig.shardformer.replan).
 
 ``HybridParallelPlugin(tp_size=2, custom_policy=SemiMigPolicy(shard_plan=UnevenPlan()))`` (the even
 plan) on the tiny Llama (hidden 64, 8 heads, 4 KV groups, intermediate 256 = 4 blocks of 64,
@@ -158,7 +158,7 @@ def _slices_body(rank, world, name, precision, uneven, even, built_uneven=False)
     """Two steps even, gather every paired tensor in full; re-plan; compare each local tensor with the new
     plan's slice of the full one (bit for bit); one training step.  Then back to even, and again."""
     from semimig.sharding import apply_plan, current_plan
-    from semimig.sharding.replan import _carriers, _layers, _optimizer_parts
+    from semimig.shardformer.replan import _carriers, _layers, _optimizer_parts
     from semimig.sharding.split import shard_packed
     from semimig.shardformer import UnevenPlan
 

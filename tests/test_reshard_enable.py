@@ -33,13 +33,13 @@ LOSS_TOL = dict(atol=1e-4, rtol=1e-4)
 
 def _replan_available() -> bool:
     try:
-        import semimig.sharding.replan  # noqa: F401
+        import semimig.shardformer.replan  # noqa: F401
     except ImportError:
         return False
     return True
 
 
-needs_replan = pytest.mark.skipif(not _replan_available(), reason="semimig.sharding.replan (apply_plan) is missing")
+needs_replan = pytest.mark.skipif(not _replan_available(), reason="semimig.shardformer.replan (apply_plan) is missing")
 
 
 def _model():
@@ -185,7 +185,7 @@ def test_refusals_name_the_problem():
         assert out["semi_uneven"] == "ok" and out["semi_uneven_controller"] == "zero-pri"
         assert out["semi_uneven_resharder"] is True
     else:
-        assert "semimig.sharding.replan" in out["reshard_no_optimizer"]
+        assert "semimig.shardformer.replan" in out["reshard_no_optimizer"]
         assert out["semi_uneven"] == "ok" and out["semi_uneven_controller"] == "zero-pri"
         assert out["semi_uneven_resharder"] is False
 

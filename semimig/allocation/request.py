@@ -95,8 +95,3 @@ class AllocationRequest:
         if self.max_accumulation_steps is None:
             return self.global_batch_size
         return min(self.global_batch_size, self.curves[device].max_batch_size * self.max_accumulation_steps)
-
-    def require_stage(self, allowed: tuple[int, ...]) -> None:
-        """Refuse a request whose stage this allocator does not serve."""
-        if self.zero_stage not in allowed:
-            raise ConfigError(f"zero_stage must be one of {allowed} here, got {self.zero_stage!r}")

@@ -56,7 +56,7 @@ def _group_chis(text: str) -> tuple[tuple[float, ...], ...]:
 
 
 def _size(text: str):
-    from semimig.bench.models import VitSize
+    from semimig.models import VitSize
 
     try:
         return VitSize.parse(text)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from semimig._validate import check_bool, check_choice, check_int, check_number
-from semimig.bench.models import VitSize
+from semimig.models import VitSize
 from semimig.controller.runtime import MODES
 from semimig.errors import ConfigError
 from semimig.resizing.config import ResizingConfig
@@ -193,10 +193,6 @@ class BenchConfig:
     @property
     def world(self) -> int:
         return self.tp * self.dp
-
-    @property
-    def backend(self) -> str:
-        return "nccl" if self.device == "cuda" else "gloo"
 
     @property
     def max_chi(self) -> float:

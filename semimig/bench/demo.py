@@ -8,7 +8,7 @@ import logging
 
 import torch
 
-from semimig.bench.models import VitSize, digits_split, tiny_vit
+from semimig.models import VitSize, digits_split, tiny_vit
 
 logger = logging.getLogger(__name__)
 

@@ -4,48 +4,16 @@ One row per mode (``baseline``, ``poplar``, ``semi``, ``poplar+semi``) over the 
 epoch time, the speed-up against ``baseline`` (baseline's iteration time / the mode's), the DP
 groups' batch shares (first plan and last, after re-plans), and accuracy with its paired
 difference to the baseline (same seeds; within the seed spread it is marked as noise, as in
-:func:`semimig.bench.report.summarize`).
+:func:`semimig.bench.results.summarize`); the rows come from :func:`semimig.bench.results.summarize_grid`.
 """
 from __future__ import annotations
 
-import statistics
-from collections import defaultdict
 from pathlib import Path
 from typing import Optional, Sequence
 
-from semimig.bench.report import _acc_delta
-
-MODE_ORDER = ("baseline", "poplar", "semi", "poplar+semi")
-
-
-def summarize(records: Sequence[dict]) -> list[dict]:
-    """Per mode: mean times, speed-up vs baseline, group samples, accuracy mean ± std and delta."""
-    groups: dict[str, list[dict]] = defaultdict(list)
-    for r in records:
-        groups[r["mode"]].append(r)
-    order = sorted(groups, key=lambda m: (MODE_ORDER.index(m) if m in MODE_ORDER else len(MODE_ORDER), m))
-    rows = []
-    for mode in order:
-        rs = groups[mode]
-        acc = [r["accuracy"] for r in rs if r.get("accuracy") is not None]
-        rows.append({
-            "mode": mode, "seeds": len(rs),
-            "iter_time_s": statistics.mean(r["iter_time_s"] for r in rs),
-            "iter_time_std": statistics.stdev([r["iter_time_s"] for r in rs]) if len(rs) > 1 else None,
-            "epoch_time_s": statistics.mean(r["epoch_time_s"] for r in rs),
-            "group_samples_first": rs[0].get("group_samples_first"),
-            "group_samples": rs[0].get("group_samples"),
-            "replans": statistics.mean(len(r.get("replans") or ()) for r in rs),
-            "accuracy_mean": statistics.mean(acc) if acc else None,
-            "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else (0.0 if acc else None),
-            "_by_seed": {r["seed"]: r.get("accuracy") for r in rs},
-        })
-    base = next((row for row in rows if row["mode"] == "baseline"), None)
-    for row in rows:
-        row["speedup_vs_baseline"] = base["iter_time_s"] / row["iter_time_s"] if base else None
-        row.update(_acc_delta(row.pop("_by_seed"), {} if base is None else
-                              {r["seed"]: r.get("accuracy") for r in groups["baseline"]}))
-    return rows
+from semimig.bench.report import _accuracy_cells
+from semimig.bench.results import MODE_ORDER  # noqa: F401  (re-exported)
+from semimig.bench.results import summarize_grid as summarize  # noqa: F401  (re-exported: the rows of a 2-D run)
 
 
 def ratios(rows: Sequence[dict]) -> list[str]:
@@ -62,7 +30,6 @@ def print_table(rows: Sequence[dict], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from semimig.bench.report import _accuracy_cells
 
     table = Table(title=title)
     for col in ("mode", "iter s", "epoch s", "speed-up", "samples/group", "re-plans", "ACC", "ACC - base"):

@@ -1,80 +1,19 @@
-"""Turn benchmark records into the table, JSON and PNG plots (RT and ACC as in the paper's Figs. 9-11)."""
+"""Turn benchmark records into the table, JSON and PNG plots (RT and ACC as in the paper's Figs. 9-11).
+
+The rows it prints and plots come from :func:`semimig.bench.results.summarize` (re-exported here): the
+results module owns the records and their summaries; this module only reads them (nothing below imports it).
+"""
 from __future__ import annotations
 
 import json
 import platform
-import statistics
-from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
-from semimig.bench.results import RUN_ONLY_KEYS, SWEEP_KEYS
+from semimig.bench.results import RUN_ONLY_KEYS, SWEEP_KEYS, summarize  # noqa: F401  (summarize: re-exported)
+from semimig.bench.results import acc_delta as _acc_delta  # noqa: F401  (the old private name)
 from semimig.errors import ConfigError
 from semimig.resizing.config import ResizingConfig
-
-
-def summarize(records: Sequence[dict]) -> list[dict]:
-    """Per (mode, λ, chi): mean epoch/iteration time, accuracy mean ± std over seeds, RT vs chi = 1.
-
-    ``label`` names the row (``semi λ=2`` for a λ-sweep run); a λ row's RT is relative to plain
-    ``semi`` at chi = 1 (with no straggler there is nothing to sweep).  Accuracy is ``None`` for
-    time-only runs.  ``acc_delta_vs_baseline`` is the mean over the seeds both measured of the
-    per-seed difference to the baseline (same seed, same chi); ``acc_delta_std`` its spread over
-    those seeds (``None`` below two seeds: no noise estimate), and ``acc_delta_within_noise`` says
-    whether ``|delta| <= std`` — such a delta is not a gain or a loss.
-    """
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for r in records:
-        groups[(r["mode"], r.get("lambda"), r["chi"])].append(r)
-    rows = []
-    for (mode, lam, chi), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], -1 if kv[0][1] is None else kv[0][1], kv[0][2])):
-        acc = [r["accuracy"] for r in rs if r.get("accuracy") is not None]
-        rows.append({
-            "mode": mode, "lambda": lam, "label": mode if lam is None else f"{mode} λ={lam}",
-            "chi": chi, "seeds": len(rs),
-            "iter_time_s": statistics.mean(r["iter_time_s"] for r in rs),
-            "epoch_time_s": statistics.mean(r["epoch_time_s"] for r in rs),
-            "accuracy_mean": statistics.mean(acc) if acc else None,
-            "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else (0.0 if acc else None),
-            "migrating_stragglers": statistics.mean(r.get("migrating_stragglers", 0) for r in rs),
-            "busy_share": _mean_busy_share(rs),
-            "balanced_share_by_rank": _mean_by_rank(rs, "balanced_share_by_rank"),
-            "_by_seed": {r["seed"]: r.get("accuracy") for r in rs},
-        })
-    base_time = {row["mode"]: row["iter_time_s"] for row in rows if row["chi"] == 1.0 and row["lambda"] is None}
-    base_acc = {row["chi"]: row["_by_seed"] for row in rows if row["mode"] == "baseline" and row["lambda"] is None}
-    for row in rows:
-        ref = base_time.get(row["mode"])
-        row["rt_vs_chi1"] = row["iter_time_s"] / ref if ref else None
-        row.update(_acc_delta(row.pop("_by_seed"), base_acc.get(row["chi"], {})))
-    return rows
-
-
-def _mean_busy_share(records: Sequence[dict]) -> float | None:
-    """Mean over records and ranks of the share of the iteration each rank was busy (its GEMMs and
-    their injected delays): at chi = 1 in measured compute, the share of the TP linear GEMMs."""
-    shares = [s for r in records for s in r.get("busy_share_by_rank") or () if isinstance(s, (int, float))]
-    return statistics.mean(shares) if shares else None
-
-
-def _mean_by_rank(records: Sequence[dict], key: str) -> list | None:
-    """Per rank, the mean of ``key``'s per-rank values over the records that have them (``None``: none do)."""
-    columns = [r.get(key) for r in records if r.get(key)]
-    if not columns:
-        return None
-    return [statistics.mean(v for v in values if isinstance(v, (int, float))) if any(
-        isinstance(v, (int, float)) for v in values) else None for values in zip(*columns)]
-
-
-def _acc_delta(mine: dict, baseline: dict) -> dict:
-    """Paired per-seed accuracy differences to the baseline: mean, spread, within the noise."""
-    diffs = [mine[s] - baseline[s] for s in mine if mine[s] is not None and baseline.get(s) is not None]
-    if not diffs:
-        return {"acc_delta_vs_baseline": None, "acc_delta_std": None, "acc_delta_within_noise": None}
-    delta = statistics.mean(diffs)
-    std = statistics.stdev(diffs) if len(diffs) > 1 else None
-    return {"acc_delta_vs_baseline": delta, "acc_delta_std": std,
-            "acc_delta_within_noise": None if std is None else abs(delta) <= std}
 
 
 def _accuracy_cells(row: dict) -> tuple[str, str]:

@@ -18,10 +18,17 @@ axes (:data:`SWEEP_KEYS`) and the keys that do not change a result (:data:`RUN_O
 ``--resume`` keeps the cases of an existing file with the same settings and trains only the
 missing ones; the finished cases of an existing file are never replaced without ``--overwrite``
 (same settings and no ``--resume`` is refused, naming both flags).
+
+Summaries: :func:`summarize` (1-D TP runs: per mode, λ and chi) and :func:`summarize_grid` (2-D runs: per
+mode) are the rows stored under ``"summary"`` and read by the table and plots of
+:mod:`semimig.bench.report` and :mod:`semimig.bench.grid`; accuracy is compared with the baseline per seed
+(:func:`acc_delta`).  This module imports neither of those two (they read results; nothing reads back up).
 """
 from __future__ import annotations
 
 import json
+import statistics
+from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
@@ -158,10 +165,106 @@ class ResultsFile:
         self.records.append(record)
 
     def write(self, *, complete: bool, cases_total: int, records: Optional[list] = None) -> None:
-        from semimig.bench import grid, report
-
         records = self.records if records is None else records
-        summarize = grid.summarize if "allocation" in self.config else report.summarize
-        data = {"records": records, "summary": summarize(records), "machine": self.machine, "config": self.config,
+        rows = summarize_grid(records) if "allocation" in self.config else summarize(records)
+        data = {"records": records, "summary": rows, "machine": self.machine, "config": self.config,
                 "status": {"complete": complete, "cases_done": len(records), "cases_total": cases_total}}
         write_json(self.path, data)
+
+
+def summarize(records: Sequence[dict]) -> list[dict]:
+    """Per (mode, λ, chi): mean epoch/iteration time, accuracy mean ± std over seeds, RT vs chi = 1.
+
+    ``label`` names the row (``semi λ=2`` for a λ-sweep run); a λ row's RT is relative to plain
+    ``semi`` at chi = 1 (with no straggler there is nothing to sweep).  Accuracy is ``None`` for
+    time-only runs.  ``acc_delta_vs_baseline`` is the mean over the seeds both measured of the
+    per-seed difference to the baseline (same seed, same chi); ``acc_delta_std`` its spread over
+    those seeds (``None`` below two seeds: no noise estimate), and ``acc_delta_within_noise`` says
+    whether ``|delta| <= std`` — such a delta is not a gain or a loss.
+    """
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        groups[(r["mode"], r.get("lambda"), r["chi"])].append(r)
+    rows = []
+    for (mode, lam, chi), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], -1 if kv[0][1] is None else kv[0][1], kv[0][2])):
+        acc = [r["accuracy"] for r in rs if r.get("accuracy") is not None]
+        rows.append({
+            "mode": mode, "lambda": lam, "label": mode if lam is None else f"{mode} λ={lam}",
+            "chi": chi, "seeds": len(rs),
+            "iter_time_s": statistics.mean(r["iter_time_s"] for r in rs),
+            "epoch_time_s": statistics.mean(r["epoch_time_s"] for r in rs),
+            "accuracy_mean": statistics.mean(acc) if acc else None,
+            "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else (0.0 if acc else None),
+            "migrating_stragglers": statistics.mean(r.get("migrating_stragglers", 0) for r in rs),
+            "busy_share": _mean_busy_share(rs),
+            "balanced_share_by_rank": _mean_by_rank(rs, "balanced_share_by_rank"),
+            "_by_seed": {r["seed"]: r.get("accuracy") for r in rs},
+        })
+    base_time = {row["mode"]: row["iter_time_s"] for row in rows if row["chi"] == 1.0 and row["lambda"] is None}
+    base_acc = {row["chi"]: row["_by_seed"] for row in rows if row["mode"] == "baseline" and row["lambda"] is None}
+    for row in rows:
+        ref = base_time.get(row["mode"])
+        row["rt_vs_chi1"] = row["iter_time_s"] / ref if ref else None
+        row.update(acc_delta(row.pop("_by_seed"), base_acc.get(row["chi"], {})))
+    return rows
+
+
+def _mean_busy_share(records: Sequence[dict]) -> float | None:
+    """Mean over records and ranks of the share of the iteration each rank was busy (its GEMMs and
+    their injected delays): at chi = 1 in measured compute, the share of the TP linear GEMMs."""
+    shares = [s for r in records for s in r.get("busy_share_by_rank") or () if isinstance(s, (int, float))]
+    return statistics.mean(shares) if shares else None
+
+
+def _mean_by_rank(records: Sequence[dict], key: str) -> list | None:
+    """Per rank, the mean of ``key``'s per-rank values over the records that have them (``None``: none do)."""
+    columns = [r.get(key) for r in records if r.get(key)]
+    if not columns:
+        return None
+    return [statistics.mean(v for v in values if isinstance(v, (int, float))) if any(
+        isinstance(v, (int, float)) for v in values) else None for values in zip(*columns)]
+
+
+def acc_delta(mine: dict, baseline: dict) -> dict:
+    """Paired per-seed accuracy differences to the baseline: mean, spread, within the noise."""
+    diffs = [mine[s] - baseline[s] for s in mine if mine[s] is not None and baseline.get(s) is not None]
+    if not diffs:
+        return {"acc_delta_vs_baseline": None, "acc_delta_std": None, "acc_delta_within_noise": None}
+    delta = statistics.mean(diffs)
+    std = statistics.stdev(diffs) if len(diffs) > 1 else None
+    return {"acc_delta_vs_baseline": delta, "acc_delta_std": std,
+            "acc_delta_within_noise": None if std is None else abs(delta) <= std}
+
+
+MODE_ORDER = ("baseline", "poplar", "semi", "poplar+semi")
+"""The row order of a 2-D summary (other modes after, by name)."""
+
+
+def summarize_grid(records: Sequence[dict]) -> list[dict]:
+    """2-D records (``semimig bench --allocation``), per mode: mean times, speed-up vs baseline, group samples, accuracy mean ± std and delta."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        groups[r["mode"]].append(r)
+    order = sorted(groups, key=lambda m: (MODE_ORDER.index(m) if m in MODE_ORDER else len(MODE_ORDER), m))
+    rows = []
+    for mode in order:
+        rs = groups[mode]
+        acc = [r["accuracy"] for r in rs if r.get("accuracy") is not None]
+        rows.append({
+            "mode": mode, "seeds": len(rs),
+            "iter_time_s": statistics.mean(r["iter_time_s"] for r in rs),
+            "iter_time_std": statistics.stdev([r["iter_time_s"] for r in rs]) if len(rs) > 1 else None,
+            "epoch_time_s": statistics.mean(r["epoch_time_s"] for r in rs),
+            "group_samples_first": rs[0].get("group_samples_first"),
+            "group_samples": rs[0].get("group_samples"),
+            "replans": statistics.mean(len(r.get("replans") or ()) for r in rs),
+            "accuracy_mean": statistics.mean(acc) if acc else None,
+            "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else (0.0 if acc else None),
+            "_by_seed": {r["seed"]: r.get("accuracy") for r in rs},
+        })
+    base = next((row for row in rows if row["mode"] == "baseline"), None)
+    for row in rows:
+        row["speedup_vs_baseline"] = base["iter_time_s"] / row["iter_time_s"] if base else None
+        row.update(acc_delta(row.pop("_by_seed"), {} if base is None else
+                              {r["seed"]: r.get("accuracy") for r in groups["baseline"]}))
+    return rows

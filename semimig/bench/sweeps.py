@@ -19,7 +19,6 @@ from semimig.bench.results import describe_case
 from semimig.bench.runner import Sweep
 from semimig.launch import TorchrunEnv, report_activity
 
-ALLOCATIONS = ("even", "poplar")
 MODES_BY_ALLOCATION = {"even": ("baseline", "semi"), "poplar": ("baseline", "poplar", "semi", "poplar+semi")}
 """The 2-D modes each ``--allocation`` compares (``even`` has no Poplar plan to show)."""
 

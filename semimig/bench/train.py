@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from semimig.bench.config import BenchConfig
-from semimig.bench.models import digits_split, tiny_vit
+from semimig.models import digits_split, tiny_vit
 
 
 def _batches(x, y, cfg: BenchConfig, seed: int, dp_rank: int, epoch: int):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from semimig._validate import check_choice, check_int, check_number
-from semimig.bench.models import VitSize
+from semimig.models import VitSize
 from semimig.errors import ConfigError
 from semimig.hybrid.replan import ReplanConfig
 

@@ -3,7 +3,7 @@
     records = run_2d_cases(rank, world, cfg, cfg.cases())     # on every rank (e.g. run_on_ranks)
 
 Each case builds a fresh ``HybridParallelPlugin(tp_size=tp, zero_stage=z)`` and the bench ViT
-(:func:`semimig.bench.models.tiny_vit`) from the case's seed, and trains it on digits with the
+(:func:`semimig.models.tiny_vit`) from the case's seed, and trains it on digits with the
 same sequence of global batches in every mode (so ``baseline`` and ``poplar`` apply the same
 updates, up to floating-point order).  Stragglers: rank ``t`` of DP group ``g`` is slowed by
 ``cfg.chis()[g][t]``.  With emulated timing every GEMM sleeps ``χ · flops / rate``, the rate
@@ -33,7 +33,7 @@ import torch
 from semimig.allocation.colossal import run_iteration
 from semimig.allocation.data import MicroBatch
 from semimig.allocation.speed import SpeedCurve
-from semimig.bench.models import digits_split, tiny_vit
+from semimig.models import digits_split, tiny_vit
 from semimig.comm import primitives as P
 from semimig.hybrid.balancer import HybridBalancer, profile_group_curves
 from semimig.hybrid.config import Hybrid2DConfig

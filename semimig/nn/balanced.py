@@ -25,8 +25,8 @@ from __future__ import annotations
 from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
-from colossalai.shardformer.layer._operation import gather_forward_split_backward, split_forward_gather_backward
 
+from semimig._compat import gather_forward_split_backward, split_forward_gather_backward
 from semimig.comm import primitives as P
 from semimig.errors import ConfigError
 from semimig.nn.conversion import check_constructor, check_divisible, check_options, check_split_sizes

@@ -29,8 +29,8 @@ from typing import List
 import torch
 import torch.nn as nn
 from colossalai.shardformer.layer import qkv_fused_linear as _cai
-from colossalai.shardformer.layer._operation import split_forward_gather_backward
 
+from semimig._compat import split_forward_gather_backward
 from semimig.nn.balanced import BalancedPackedLinear, BalancedShardFormerLinear, Output
 from semimig.nn.conversion import Group, from_native
 

@@ -18,8 +18,8 @@ import torch
 import torch.nn as nn
 from colossalai.shardformer.layer import Linear1D_Col as _CaiLinear1D_Col
 from colossalai.shardformer.layer import Linear1D_Row as _CaiLinear1D_Row
-from colossalai.shardformer.layer._operation import gather_forward_split_backward, split_forward_gather_backward
 
+from semimig._compat import gather_forward_split_backward, split_forward_gather_backward
 from semimig.nn import legacy
 from semimig.nn.balanced import BalancedShardFormerLinear, Output
 from semimig.nn.conversion import Group, from_native

@@ -4,9 +4,10 @@
 each rank holds; :func:`solve_plan` finds the plan minimising the step from measured speeds;
 :mod:`semimig.sharding.split` cuts full weights at a plan's offsets and gathers them back;
 :mod:`semimig.sharding.move` lists the slices that change owner between two plans, and
-:func:`apply_plan` / :func:`current_plan` (:mod:`semimig.sharding.replan`) re-plan a built model and its
-optimizer between training steps.  Those two read the ShardFormer policy's tables, so they load on
-first use (importing this package stays pure).
+:func:`apply_plan` / :func:`current_plan` (:mod:`semimig.shardformer.replan`) re-plan a built model and its
+optimizer between training steps.  Those two read the ShardFormer policy's tables and move the layers of
+:mod:`semimig.nn`, so they live in the policy's layer (DESIGN §7) and this package only re-exports them
+on first use (importing this package stays pure; the one upward import is declared in ``.importlinter``).
 """
 from semimig.sharding.plan import ShardPlan, kv_group_unit, units_of
 from semimig.sharding.solver import (
@@ -30,7 +31,7 @@ __all__ = ["apply_plan", "current_plan", "MoveReport", "Piece", "move_schedule",
 
 def __getattr__(name: str):
     if name in _REPLAN:
-        from semimig.sharding import replan
+        from semimig.shardformer import replan  # declared compatibility re-export (.importlinter)
 
         return getattr(replan, name)
     raise AttributeError(f"module 'semimig.sharding' has no attribute {name!r}")
