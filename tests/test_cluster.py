@@ -358,7 +358,7 @@ def test_link_delay_or_a_plain_refusal_without_netem(tmp_path):
 # ------------------------------------------------------------------------------ the example on 2 nodes
 LLM_FLAGS = ["--hidden", "32", "--layers", "2", "--seq-len", "16", "--batch-size", "4", "--lr", "1e-2",
              "--log-every", "5", "--timeout-s", "60", "--data", "synthetic", "--eval-batches", "2", "--eval-every", "0",
-             "--straggler", "fixed:1:4", "--steps", "10"]
+             "--straggler", "fixed:1:4", "--steps", "20"]
 
 
 def _losses(done: subprocess.CompletedProcess, out: Path) -> list[float]:
@@ -370,11 +370,12 @@ def _losses(done: subprocess.CompletedProcess, out: Path) -> list[float]:
 @pytest.mark.slow
 def test_finetune_example_on_two_emulated_nodes_trains_like_one_node(tmp_path):
     """``semimig cluster --nodes 2 --nproc-per-node 1 --link-gbit 1 -- examples/finetune_llm.py --straggler
-    fixed:1:4 --steps 10 --balance mig``: TP across the shaped link, rank 1 migrating columns to rank 0
+    fixed:1:4 --steps 20 --balance mig``: TP across the shaped link, rank 1 migrating columns to rank 0
     over it, and the same losses as 2 ranks on one node (fp32, the example tests' tolerance).
     ``mig`` balances by migration only, which is exact, so the controller's timing-dependent
     decisions cannot change the losses (``semi`` may resize, which is lossy).  About 80 s on the
-    shared 2-core machine: two short training runs."""
+    shared 2-core machine: two short training runs.  20 steps: the controller flags from about step 7
+    on a quiet machine (its noise window and patience), later when the first steps are slow."""
     balance = "mig"
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
@@ -391,7 +392,7 @@ def test_finetune_example_on_two_emulated_nodes_trains_like_one_node(tmp_path):
                           script, *flags, "--json", str(tmp_path / "one.json")],
                          env=env, capture_output=True, text=True, timeout=200, cwd=ROOT)
     on_cluster, on_one = _losses(cluster, tmp_path / "cluster.json"), _losses(one, tmp_path / "one.json")
-    assert "1 Gbit/s" in cluster.stdout and len(on_cluster) == 10
+    assert "1 Gbit/s" in cluster.stdout and len(on_cluster) == 20
     assert re.search(r"migrate [1-9][0-9.]*% to \[0\]", cluster.stdout + cluster.stderr), cluster.stderr[-3000:]
     import torch
 
