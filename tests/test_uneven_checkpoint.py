@@ -40,7 +40,7 @@ from dist_harness import run_on_ranks
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")
 
-VOCAB, SEQ, BATCH = 128, 16, 4
+from tiny_lms import BATCH, SEQ, VOCAB, tiny_lm, token_batch  # noqa: E402,F401
 SAME_LAYOUT = dict(atol=0.0, rtol=0.0)
 REASSOCIATION = {"fp32": dict(atol=5e-6, rtol=0.0), "bf16": dict(atol=2e-3, rtol=0.0)}
 PLANS = {  # (mlp_units, kv_units, block_size) per rank of 2: "plan" saves, "other" only loads
@@ -50,21 +50,11 @@ PLANS = {  # (mlp_units, kv_units, block_size) per rank of 2: "plan" saves, "oth
 
 
 def _model(name):
-    import transformers as T
-
-    torch.manual_seed(0)
-    if name == "llama":
-        return T.LlamaForCausalLM(T.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=256,
-                                                num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
-                                                max_position_embeddings=2 * SEQ))
-    return T.GPT2LMHeadModel(T.GPT2Config(vocab_size=VOCAB, n_embd=64, n_inner=256, n_layer=2, n_head=8,
-                                          n_positions=2 * SEQ, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    return tiny_lm(name)
 
 
 def _batch(step):
-    gen = torch.Generator().manual_seed(1000 + step)
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    return token_batch(step)
 
 
 def _boost(name, layout, precision, zero_stage=0):

@@ -28,27 +28,18 @@ import torch.distributed as dist
 
 from dist_harness import run_on_ranks
 
-VOCAB, SEQ, BATCH, STEPS = 128, 16, 4, 5
+from tiny_lms import BATCH, SEQ, VOCAB, tiny_lm, token_batch  # noqa: E402,F401
+STEPS = 5
 LOSS_TOL = dict(atol=2e-5, rtol=0.0)
 NORM_RTOL = 1e-5
 
 
 def _model(name):
-    import transformers as T
-
-    torch.manual_seed(0)
-    if name == "llama":
-        return T.LlamaForCausalLM(T.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=256,
-                                                num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
-                                                max_position_embeddings=2 * SEQ))
-    return T.GPT2LMHeadModel(T.GPT2Config(vocab_size=VOCAB, n_embd=64, n_inner=256, n_layer=2, n_head=8,
-                                          n_positions=2 * SEQ, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    return tiny_lm(name)
 
 
 def _batch(step):
-    gen = torch.Generator().manual_seed(1000 + step)
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    return token_batch(step)
 
 
 def _dense_norm(name):
