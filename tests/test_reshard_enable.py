@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tiny_lms import train_steps  # noqa: E402
 from dist_harness import run_on_ranks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,13 +83,7 @@ def _train(mode, straggler, steps=STEPS):
     model, optimizer, booster, plugin = _boost()
     balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=mode, straggler=straggler,
                               reshard=ReshardConfig(window=WINDOW, horizon=steps))
-    losses = []
-    for step in range(steps):
-        loss = model(**_batch(step)).loss
-        booster.backward(loss, optimizer)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(float(loss.detach()))
+    losses = train_steps(booster, model, optimizer, range(steps), batch=_batch)
     summary = balancer.reshard_summary
     balancer.close()
     return losses, summary

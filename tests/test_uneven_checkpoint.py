@@ -40,7 +40,7 @@ from dist_harness import run_on_ranks
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")
 
-from tiny_lms import BATCH, SEQ, VOCAB, tiny_lm, token_batch  # noqa: E402,F401
+from tiny_lms import BATCH, SEQ, VOCAB, tiny_lm, token_batch, train_steps  # noqa: E402,F401
 SAME_LAYOUT = dict(atol=0.0, rtol=0.0)
 REASSOCIATION = {"fp32": dict(atol=5e-6, rtol=0.0), "bf16": dict(atol=2e-3, rtol=0.0)}
 PLANS = {  # (mlp_units, kv_units, block_size) per rank of 2: "plan" saves, "other" only loads
@@ -79,14 +79,7 @@ def _boost(name, layout, precision, zero_stage=0):
 
 def _train(run, steps):
     booster, model, optimizer = run
-    losses = []
-    for step in steps:
-        loss = model(**_batch(step)).loss
-        booster.backward(loss, optimizer)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(float(loss.detach()))
-    return losses
+    return train_steps(booster, model, optimizer, steps, batch=_batch)
 
 
 def _gather_like(param, tensor):

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from dist_harness import run_on_ranks
 
-from tiny_lms import BATCH, SEQ, VOCAB, tiny_lm, token_batch  # noqa: E402,F401
+from tiny_lms import BATCH, SEQ, VOCAB, tiny_lm, token_batch, train_steps  # noqa: E402,F401
 STEPS = 5
 LOSS_TOL = dict(atol=2e-5, rtol=0.0)
 NORM_RTOL = 1e-5
@@ -292,13 +292,7 @@ def _train_model(build, tp, policy, steps=3, **plugin_kwargs):
     model = build()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer, *_ = booster.boost(model, optimizer)
-    losses = []
-    for step in range(steps):
-        loss = model(**_batch(step)).loss
-        booster.backward(loss, optimizer)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(float(loss.detach()))
+    losses = train_steps(booster, model, optimizer, range(steps), batch=_batch)
     return losses
 
 

@@ -31,3 +31,15 @@ def token_batch(step: int) -> dict:
     gen = torch.Generator().manual_seed(1000 + step)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+
+def train_steps(booster, model, optimizer, steps, batch=token_batch) -> list:
+    """One booster training step per entry of ``steps`` on ``batch(step)``; the losses as floats."""
+    losses = []
+    for step in steps:
+        loss = model(**batch(step)).loss
+        booster.backward(loss, optimizer)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses
