@@ -43,6 +43,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chi", type=float, default=None, help="device straggler: rank 1's slowdown (default 4)")
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=8, help="the tiny Llama's attention heads (the example's --heads)")
+    p.add_argument("--kv-heads", type=int, default=4,
+                   help="its key/value heads, the attention's re-sharding unit (the example's --kv-heads)")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--json", type=Path, required=True)
@@ -58,7 +61,7 @@ def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, counts
         p.error(f"--fraction must be in (0, 1], got {args.fraction}")
     if not 1 <= args.chi <= 100:
         p.error(f"--chi must be in [1, 100], got {args.chi}")
-    for name in ("hidden", "layers", "batch_size", "seq_len") + counts:
+    for name in ("hidden", "layers", "heads", "kv_heads", "batch_size", "seq_len") + counts:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     try:
@@ -111,7 +114,8 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
     """The run's command line: the example under torchrun, wrapped by ``semimig throttle`` (which also
     pins each rank to its own core; fraction 1 for the runs that are not really throttled)."""
     example = [str(ROOT / "examples" / "finetune_llm.py"), "--data", "shakespeare",
-               "--hidden", str(args.hidden), "--layers", str(args.layers), "--batch-size", str(args.batch_size),
+               "--hidden", str(args.hidden), "--layers", str(args.layers), "--heads", str(args.heads),
+               "--kv-heads", str(args.kv_heads), "--batch-size", str(args.batch_size),
                "--seq-len", str(args.seq_len), "--steps", str(args.steps), "--eval-every", str(args.eval_every),
                "--balance", "off" if mode in ("healthy", "off", "uneven") else mode, "--json", str(out),
                "--log-every", "10"]
@@ -174,7 +178,8 @@ def main(argv=None) -> int:
         "spec": device_spec(args) if args.straggler == "device" else f"rank 1 at {args.fraction:g} of its core",
         "pattern": args.pattern, "target_val_loss": target, "exact_limit_vs_healthy": exact_limit(chi),
         "unigram_entropy_nats": raw["healthy"][0]["summary"].get("unigram_entropy_nats"),
-        "model": {k: getattr(args, k) for k in ("hidden", "layers", "batch_size", "seq_len", "steps", "eval_every")},
+        "model": {k: getattr(args, k) for k in ("hidden", "layers", "heads", "kv_heads", "batch_size", "seq_len", "steps",
+                                                "eval_every")},
         "repeats": args.repeats, "wall_s": time.time() - started, "modes": modes,
         "raw": {mode: [{"step_s": d["step_s"], "val_losses": d["val_losses"], "summary": d["summary"]} for d in rs]
                 for mode, rs in raw.items()},

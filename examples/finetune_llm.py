@@ -80,6 +80,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="'tiny-llama' (built in code) or a Hugging Face causal LM name/path, weights on disk")
     p.add_argument("--hidden", type=int, default=256, help="tiny-llama hidden size (default 256)")
     p.add_argument("--layers", type=int, default=4, help="tiny-llama decoder layers (default 4)")
+    p.add_argument("--heads", type=int, default=8, help="tiny-llama attention heads (default 8)")
+    p.add_argument("--kv-heads", type=int, default=4,
+                   help="tiny-llama key/value heads (default 4; GQA groups, the attention's re-sharding unit)")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: every rank)")
     p.add_argument("--zero-stage", type=int, default=0, choices=(0, 1, 2), help="ZeRO stage beside TP")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
@@ -89,7 +92,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="balancing mode; 'off': none; 'reshard': exact uneven shards re-planned for a straggler that "
                         "stays (semi also re-shards, and resizes what varies)")
     p.add_argument("--reshard-window", type=int, default=10,
-                   help="reshard/semi: steps a straggler's speed must stay stable before a re-plan (default 10)")
+                   help="reshard/semi: steps a straggler's speed must stay stable before a re-plan (default 10; "
+                        "the run's first re-plan may come after half of them when its gain is large)")
     p.add_argument("--shard-plan", default=None, metavar="MLP_UNITS[:KV_UNITS]",
                    help="uneven tensor-parallel shards: MLP blocks of --shard-block columns and KV groups per TP "
                         "rank, e.g. 28,4:3,1 (needs --policy semimig and a --balance other than mig)")
@@ -125,8 +129,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 # (a stray zero, a minus sign, inf) is refused before any process group or model is built.
 _INT_FLAGS = {"hidden": (8, 65536), "layers": (1, 1024), "steps": (1, 10**7), "batch_size": (1, 65536),
               "seq_len": (2, 1 << 20), "seed": (0, 2**32 - 1), "eval_every": (0, 10**7), "eval_batches": (1, 10**5),
-              "log_every": (1, 10**7), "shard_block": (1, 1 << 20), "reshard_window": (2, 10**6)}
-TINY_LLAMA_HEADS, TINY_LLAMA_KV_HEADS = 8, 4
+              "log_every": (1, 10**7), "shard_block": (1, 1 << 20), "reshard_window": (2, 10**6),
+              "heads": (1, 4096), "kv_heads": (1, 4096)}
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -142,11 +146,12 @@ def check_flags(args: argparse.Namespace) -> None:
     check_number("--lr", args.lr, minimum=0.0, maximum=100.0, low_open=True)
     check_number("--timeout-s", args.timeout_s, minimum=1.0, maximum=7 * 86400.0)
     if args.model == "tiny-llama":
-        if args.hidden % TINY_LLAMA_HEADS:
-            raise ConfigError(f"--hidden must be a multiple of the tiny Llama's {TINY_LLAMA_HEADS} attention heads, "
-                              f"got {args.hidden}")
-        if args.tp is not None and TINY_LLAMA_KV_HEADS % args.tp:
-            raise ConfigError(f"--tp must divide the tiny Llama's {TINY_LLAMA_KV_HEADS} key/value heads, got {args.tp}")
+        if args.hidden % args.heads:
+            raise ConfigError(f"--hidden must be a multiple of --heads {args.heads}, got {args.hidden}")
+        if args.heads % args.kv_heads:
+            raise ConfigError(f"--kv-heads must divide --heads {args.heads}, got {args.kv_heads}")
+        if args.tp is not None and args.kv_heads % args.tp:
+            raise ConfigError(f"--tp must divide the tiny Llama's --kv-heads {args.kv_heads}, got {args.tp}")
     if args.policy == "colossalai" and (args.balance != "off" or args.straggler):
         raise ConfigError("--policy colossalai has no semimig layers: use it with --balance off and no --straggler")
     if args.shard_plan and (args.policy != "semimig" or args.balance == "mig"):
@@ -212,7 +217,8 @@ def build_model(args: argparse.Namespace) -> torch.nn.Module:
     if args.model == "tiny-llama":
         vocab = 256 if args.data == "shakespeare" else SYNTHETIC_VOCAB  # bytes, or the synthetic range
         config = T.LlamaConfig(vocab_size=vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                               num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=4,
+                               num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                               num_key_value_heads=args.kv_heads,
                                max_position_embeddings=max(256, args.seq_len))
         model = T.LlamaForCausalLM(config)
     else:

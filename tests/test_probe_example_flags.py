@@ -136,3 +136,23 @@ def test_the_smallest_and_largest_accepted_values_parse_together(capsys) -> None
             argv[argv.index("--hidden") + 1] = str(65536)  # a multiple of 8 already
         kind, got = _outcome(argv + ["--tp", "1" if pick == 0 else "4"], capsys)
         assert kind == "accepted", got
+
+
+@PROBE
+@given(heads=st.integers(-3, 40), kv=st.integers(-3, 40), tp=st.sampled_from([1, 2, 4]))
+def test_heads_and_kv_heads_are_checked_against_hidden_and_tp(heads: int, kv: int, tp: int, capsys) -> None:
+    """``--heads`` must divide ``--hidden`` (256 here), ``--kv-heads`` must divide ``--heads`` and be
+    divisible by ``--tp``; the refusal names the flag whose value breaks the chain."""
+    kind, got = _outcome(["--hidden", "256", "--heads", str(heads), "--kv-heads", str(kv), "--tp", str(tp)], capsys)
+    if not 1 <= heads <= 4096:
+        assert kind == "refused" and _names(got, "--heads", str(heads)), got
+    elif not 1 <= kv <= 4096:
+        assert kind == "refused" and _names(got, "--kv-heads", str(kv)), got
+    elif 256 % heads:
+        assert kind == "refused" and _names(got, "--hidden", "256"), got
+    elif heads % kv:
+        assert kind == "refused" and _names(got, "--kv-heads", str(kv)), got
+    elif kv % tp:
+        assert kind == "refused" and _names(got, "--tp", str(tp)), got
+    else:
+        assert kind == "accepted" and (got.heads, got.kv_heads) == (heads, kv)

@@ -63,7 +63,7 @@ def test_stays_slow_replans_once_to_the_expected_plan():
     moves = simulate(pol, lambda s: (1.0, 0.25), 300)
     assert len(moves) == 1, [(s, str(d.plans)) for s, d in moves]
     step, decision = moves[0]
-    assert step == pol.config.window - 1  # the first full window: the gain (4 - 1.6 s/step) pays at once
+    assert step == pol.config.first_steps - 1  # the first (half) window: the gain (4 - 1.6 s/step) pays at once
     assert decision.plans == expected((1.0, 0.25))
     assert decision.plans[0].units[1] < decision.plans[0].units[0]
     # predicted against the closed form of the even-split (2/(1/χ)·... ) and uneven steps, plus communication
@@ -163,9 +163,35 @@ def test_moved_units_counts_changed_owners():
         moved_units(even, ShardPlan(units=(4, 5)))
 
 
+@pytest.mark.parametrize("first", [0, 2, 5, 20])
+def test_the_first_move_waits_for_the_first_window_and_later_moves_for_the_full_one(first):
+    """A straggler from the start moves after ``first_steps`` samples; once it leaves, the move back
+    needs a full window of the new state (and the dwell), whatever the first window was."""
+    pol = policy(ReshardConfig(window=20, first_window=first))
+    moves = simulate(pol, lambda s: (1.0, 0.25) if s < 100 else (1.0, 1.0), 300)
+    # not before the first window; after it as soon as gain x age pays the move and its revert (6 steps here)
+    assert pol.config.first_steps - 1 <= moves[0][0] <= max(pol.config.first_steps - 1, 5)
+    assert pol.config.first_steps == (first or 10)
+    assert len(moves) == 2 and moves[1][1].plans == even_plans()
+    # ``agree`` of a full window must be of the new state (the rest count as outliers)
+    assert moves[1][0] >= 100 + math.ceil(pol.config.agree * pol.config.window) - 1
+
+
+def test_a_short_first_window_does_not_move_on_noise_or_a_mild_straggler():
+    for seed in range(5):
+        pol = policy(ReshardConfig(window=20, first_window=3))
+        assert simulate(pol, lambda s: (1.0, 1.0), 200, noise=0.08, seed=seed) == []
+        pol = policy(ReshardConfig(window=20, first_window=3))
+        assert simulate(pol, lambda s: (1.0, 0.97), 200, noise=0.03, seed=seed) == []
+
+
 def test_refusals_name_the_input():
     with pytest.raises(ConfigError, match="ReshardConfig.window"):
         ReshardConfig(window=1)
+    with pytest.raises(ConfigError, match="ReshardConfig.first_window"):
+        ReshardConfig(window=10, first_window=1)
+    with pytest.raises(ConfigError, match="ReshardConfig.first_window"):
+        ReshardConfig(window=10, first_window=11)
     with pytest.raises(ConfigError, match="ReshardConfig.tolerance"):
         ReshardConfig(tolerance=0.0)
     with pytest.raises(ConfigError, match="weights"):

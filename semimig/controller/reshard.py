@@ -73,6 +73,11 @@ class ReshardConfig:
 
     window: int = 20
     """``W``: steps a speed ratio must stay within ``tolerance`` before a straggler counts as staying."""
+    first_window: int = 0
+    """Steps enough for the *first* re-plan of a run (0: ``max(2, window // 2)``).  A straggler
+    present from the start is otherwise served at its full slowdown for ``W`` steps; the first
+    decision still needs the noise, margin and age tests, so only a large, steady gain moves early.
+    After a move the full ``W`` is needed (it also measures ``R/S``)."""
     tolerance: float = 0.25
     """Relative band of the speed ratios around their window median."""
     agree: float = 0.75
@@ -97,6 +102,9 @@ class ReshardConfig:
 
     def __post_init__(self) -> None:
         check_int("ReshardConfig.window", self.window, minimum=2, maximum=10**6)
+        check_int("ReshardConfig.first_window", self.first_window, minimum=0, maximum=self.window)
+        if self.first_window == 1:
+            raise ConfigError("ReshardConfig.first_window must be 0 (half the window) or at least 2, got 1")
         check_number("ReshardConfig.tolerance", self.tolerance, minimum=0.0, maximum=1.0, low_open=True)
         check_number("ReshardConfig.agree", self.agree, minimum=0.5, maximum=1.0)
         check_int("ReshardConfig.horizon", self.horizon, minimum=1, maximum=10**9)
@@ -111,6 +119,11 @@ class ReshardConfig:
     @property
     def min_dwell(self) -> int:
         return self.dwell or 2 * self.window
+
+    @property
+    def first_steps(self) -> int:
+        """Samples the first decision needs."""
+        return self.first_window or max(2, self.window // 2)
 
 
 @dataclass(frozen=True)
@@ -241,7 +254,7 @@ class ReshardPolicy:
         check_int("bytes_moved", bytes_moved, minimum=0)
         if bytes_moved > 0:
             self.seconds_per_byte = max(seconds - self.config.latency_s, 0.0) / bytes_moved
-        if len(self.samples) == self.config.window:  # the window the move was decided on: its medians
+        if len(self.samples) >= self._needed():  # the window the move was decided on: its medians
             self._before = (self.shares(), [statistics.median(s.compute_s[r] for s in self.samples)
                                             for r in range(self.tp)])
         self.plans = plans
@@ -317,10 +330,14 @@ class ReshardPolicy:
         return stable
 
     # ------------------------------------------------------------------ decision
+    def _needed(self) -> int:
+        """Samples a decision needs: the first window before the run's first move, then ``W``."""
+        return self.config.first_steps if self.last_move_step is None else self.config.window
+
     def _decide(self, step: int) -> ReshardDecision:
         cfg = self.config
-        if len(self.samples) < cfg.window:
-            return ReshardDecision(step, reason=f"window filling ({len(self.samples)}/{cfg.window})")
+        if len(self.samples) < self._needed():
+            return ReshardDecision(step, reason=f"window filling ({len(self.samples)}/{self._needed()})")
         samples = list(self.samples)
         self._measure_k(samples)
         model, comm = self.model(samples)
