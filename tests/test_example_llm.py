@@ -90,12 +90,9 @@ def test_a_colossalai_policy_run_cannot_balance() -> None:
 
 
 def _example():
-    import importlib.util
+    from scripts import load_script
 
-    spec = importlib.util.spec_from_file_location("finetune_llm_example", REPO / "examples" / "finetune_llm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples/finetune_llm.py", "finetune_llm_example")
 
 
 @pytest.mark.parametrize("flags, named", [

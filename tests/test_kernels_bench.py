@@ -1,19 +1,14 @@
 """Smoke test of ``benchmarks/kernel_bench.py --quick``: it runs here and writes the promised records."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from scripts import load_script
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_bench.py"
 
 
 def _bench_module():
-    spec = importlib.util.spec_from_file_location("kernel_bench", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_script("benchmarks/kernel_bench.py", "kernel_bench")
 
 
 def test_kernel_bench_quick_writes_records(tmp_path, capsys):

@@ -8,22 +8,17 @@ value).  The expected class is computed here from the documented bounds and the 
 """
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scripts import load_script
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location("finetune_llm_probe", REPO / "examples" / "finetune_llm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples/finetune_llm.py", "finetune_llm_probe")
 
 
 EXAMPLE = _example()

@@ -1,20 +1,15 @@
 """The time-to-loss benchmark's ``reshard`` mode: its command line and its re-plan reporting (pure)."""
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 from semimig.bench.time_to_loss import RunResult, summarize_mode
 from semimig.errors import ConfigError
+from scripts import load_script
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("ttl_script", REPO / "benchmarks" / "time_to_loss.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/time_to_loss.py", "ttl_script")
 
 
 def _run(step_s, replans=None):

@@ -185,6 +185,45 @@ def test_a_short_first_window_does_not_move_on_noise_or_a_mild_straggler():
         assert simulate(pol, lambda s: (1.0, 0.97), 200, noise=0.03, seed=seed) == []
 
 
+def _pattern(on, off, start=0, then_stays=None):
+    """Rank 1 at 1/4 speed for ``on`` steps, healthy for ``off``, repeating; slow for good from ``then_stays``."""
+    def speeds(step):
+        if then_stays is not None and step >= then_stays:
+            return (1.0, 0.25)
+        return (1.0, 0.25) if step >= start and (step - start) % (on + off) < on else (1.0, 1.0)
+    return speeds
+
+
+def test_a_throttle_that_came_and_went_is_not_re_planned_for_again():
+    """10 slow steps in 60, repeating: the first episode (no history yet) may move and move back;
+    once an episode has ended, a new one of the same length is not worth a move."""
+    pol = policy(ReshardConfig(window=10))
+    moves = simulate(pol, _pattern(10, 50), 600, noise=0.03)
+    toward_uneven = [s for s, d in moves if d.plans != even_plans()]
+    assert all(s < 60 for s in toward_uneven), [(s, str(d.plans)) for s, d in moves]
+    assert len(pol.episodes) >= 9 and all(9 <= n <= 11 for n in pol.episodes), pol.episodes
+    assert not moves or moves[-1][1].plans == even_plans()
+
+
+def test_a_straggler_that_then_stays_is_re_planned_for_once_it_outlives_the_past_episodes():
+    pol = policy(ReshardConfig(window=10))
+    moves = simulate(pol, _pattern(7, 53, start=20, then_stays=140), 400, noise=0.03)
+    assert moves, "the straggler that stayed from step 140 was never re-planned for"
+    want = expected((1.0, 0.25))  # within a unit: R/S is re-measured across the earlier moves
+    assert all(abs(a - b) <= 1 for p, q in zip(pol.plans, want) for a, b in zip(p.units, q.units)), pol.plans
+    late = [s for s, d in moves if s >= 140]
+    assert late and 140 + 7 <= late[0] <= 140 + 30, [(s, str(d.plans)) for s, d in moves]
+
+
+def test_without_the_episode_history_a_repeating_throttle_is_moved_for_every_time():
+    """The control: the same pattern with the age rule alone re-plans in later episodes too
+    (so the test above shows what the history changes)."""
+    pol = policy(ReshardConfig(window=10))
+    pol._expected_life = lambda step, age: age  # the age rule only
+    moves = simulate(pol, _pattern(10, 50), 600, noise=0.03)
+    assert len([s for s, d in moves if d.plans != even_plans() and s >= 60]) >= 1
+
+
 def test_refusals_name_the_input():
     with pytest.raises(ConfigError, match="ReshardConfig.window"):
         ReshardConfig(window=1)

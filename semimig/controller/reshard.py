@@ -45,7 +45,13 @@ Re-plan only when all of these hold (hysteresis: no flip-flop):
   leaves: the move back plus ``window`` steps (the time to notice) of the proposal's extra step
   at healthy speeds, ``t_healthy(proposal) − t_healthy(current)`` (nothing for a move back to
   even).  ``age`` is the evidence that the state lasts: a state ``age`` steps old is expected to
-  last about as long again, so a come-and-go straggler whose phases are short never pays;
+  last about as long again, so a come-and-go straggler whose phases are short never pays.  Once
+  slow *episodes* have ended (a rank's speed ratio below ``1 − tolerance``, ended by
+  ``EPISODE_END`` steps without one), a move toward an uneven plan counts the episode's expected
+  *remaining* life instead: over the past episodes longer than the current one's age ``a``, the
+  mean of ``L − a``; when the current one has outlived them all, ``a − max L`` (the evidence
+  beyond what the past showed).  A throttle that came and went for ``L`` steps is not re-planned
+  for again unless it now stays clearly longer;
 - at least ``dwell`` steps since the last re-plan (and its window refilled under the new plan).
 
 Every input is a number all ranks share and the arithmetic is in a fixed order, so every rank
@@ -64,7 +70,10 @@ from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, solve_plan
 
-__all__ = ["ReshardConfig", "ReshardSample", "ReshardDecision", "ReshardPolicy", "moved_units"]
+__all__ = ["ReshardConfig", "ReshardSample", "ReshardDecision", "ReshardPolicy", "moved_units", "EPISODE_END"]
+
+EPISODE_END = 3
+"""Consecutive steps without a slow rank that end a slow episode (one fast outlier does not)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,6 +241,10 @@ class ReshardPolicy:
         self._k_found: list[float] = []
         self.history: list[ReshardDecision] = []
         """Every decision that re-planned."""
+        self.episodes: list[int] = []
+        """Lengths in steps of the slow episodes that ended (module docstring)."""
+        self._episode: Optional[list] = None  # [first slow step, last slow step] of the one in progress
+        self._k = 0.0  # the latest R/S estimate, for the per-step speed ratios
 
     # ------------------------------------------------------------------ public
     def shares(self, plans: Optional[Sequence[ShardPlan]] = None) -> Tuple[float, ...]:
@@ -271,6 +284,7 @@ class ReshardPolicy:
         step, self.step = self.step, self.step + 1
         if sample.valid:
             self.samples.append(sample)
+            self._track_episode(step, sample)
         decision = self._decide(step)
         if decision.replan:
             self.history.append(decision)
@@ -315,6 +329,29 @@ class ReshardPolicy:
         top = max(v)
         return tuple(x / top for x in v)
 
+    def _track_episode(self, step: int, sample: ReshardSample) -> None:
+        """Slow episodes: begin at a step with a rank below ``1 − tolerance``, end after
+        :data:`EPISODE_END` steps without one; the ended ones' lengths go to :attr:`episodes`."""
+        k = self.measured_k if self.measured_k is not None else self._k
+        slow = min(self._ratios(sample, k)) < 1.0 - self.config.tolerance
+        if slow:
+            if self._episode is None:
+                self._episode = [step, step]
+            self._episode[1] = step
+        elif self._episode is not None and step - self._episode[1] >= EPISODE_END:
+            self.episodes.append(self._episode[1] - self._episode[0] + 1)
+            self._episode = None
+
+    def _expected_life(self, step: int, age: int) -> int:
+        """Steps the present state is expected to last (module docstring: age, or the episodes')."""
+        if self._episode is None or not self.episodes:
+            return age
+        a = step - self._episode[0] + 1
+        longer = [length - a for length in self.episodes if length > a]
+        if longer:
+            return int(sum(longer) / len(longer))
+        return max(a - max(self.episodes), 0)
+
     def _stable(self, step: int, ratios: list) -> bool:
         """At least ``agree`` of the steps with every rank's ratio within ``tolerance`` of its window
         median; tracks the state's age."""
@@ -341,7 +378,7 @@ class ReshardPolicy:
         samples = list(self.samples)
         self._measure_k(samples)
         model, comm = self.model(samples)
-        k = model.replicated / model.shardable
+        k = self._k = model.replicated / model.shardable
         ratios = [self._ratios(s, k) for s in samples]
         stable = self._stable(step, ratios)
         speed = tuple(v / max(model.speeds) for v in model.speeds)
@@ -360,7 +397,9 @@ class ReshardPolicy:
                             shardable=model.shardable)
         overstay = max(self._predict(healthy, proposal) - self._predict(healthy, self.plans), 0.0)
         cost = 2.0 * self._move_cost(nbytes) + cfg.window * overstay
-        horizon = min(cfg.horizon, step - self._state.since + 1)
+        age = step - self._state.since + 1
+        toward_uneven = max(self.shares(proposal)) > max(self.shares())
+        horizon = min(cfg.horizon, self._expected_life(step, age) if toward_uneven else age)
         info = dict(current_s=current, predicted_s=predicted, speed_ratios=speed, move_bytes=nbytes,
                     move_cost_s=cost, horizon=horizon)
         needed = max(cfg.margin, cfg.noise_z * self._noise(samples))
