@@ -148,6 +148,8 @@ class Resharder:
         self.settled_now = False
         """True for the one step at which a full window under a new plan has been measured."""
         self._speaks = self.rank == 0
+        self.controller_scale: tuple[float, ...] = (1.0,) * self.size
+        """The ``busy_scale`` the balance controller in use divides its busy times by (set at its rebuild)."""
 
     # ------------------------------------------------------------------ per step
     def gather(self, report: Any) -> ReshardSample:
@@ -171,7 +173,8 @@ class Resharder:
         compute_s, shardable_s = [], []
         for r, (c, b, _, s, _) in enumerate(rows):
             if unpruned is not None and shed is not None and shed[r] > 0 and unpruned[r] == unpruned[r]:
-                extra = max(float(unpruned[r]) - b, 0.0)  # the GEMM seconds pruning or migration saved
+                # the GEMM seconds pruning or migration saved; the controller times busy / its busy_scale
+                extra = max(float(unpruned[r]) * self.controller_scale[r] - b, 0.0)
                 scale = c / (c - s) if c > s > 0 else 1.0
                 c, b = c + extra * scale, b + extra * scale
             compute_s.append(c)
@@ -336,8 +339,10 @@ def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str
         new = BalanceController(model, base, process_group=group, iterations_per_epoch=iterations_per_epoch)
         new.iteration, new.epoch = old.iteration, old.epoch
         new.injector.set_position(old.epoch, old.iteration)  # a time-varying straggler keeps its phase
-        if settled and not even:
-            new.busy_scale = resharder.busy_scale()  # resizing compares what varies, not the planned split
+        # resizing compares what varies, not the planned split; the resharder un-scales the controller's
+        # unpruned estimates with the same numbers
+        resharder.controller_scale = resharder.busy_scale() if settled and not even else (1.0,) * resharder.size
+        new.busy_scale = resharder.controller_scale
         return new, [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
 
     resharder = Resharder(plan, config, group=group, move=move, config=reshard or ReshardConfig())

@@ -63,7 +63,8 @@ def test_stays_slow_replans_once_to_the_expected_plan():
     moves = simulate(pol, lambda s: (1.0, 0.25), 300)
     assert len(moves) == 1, [(s, str(d.plans)) for s, d in moves]
     step, decision = moves[0]
-    assert step == pol.config.first_steps - 1  # the first (half) window: the gain (4 - 1.6 s/step) pays at once
+    # the first (half) window after the warm-up step: the gain (4 - 1.6 s/step) pays at once
+    assert step == pol.config.warmup + pol.config.first_steps - 1
     assert decision.plans == expected((1.0, 0.25))
     assert decision.plans[0].units[1] < decision.plans[0].units[0]
     # predicted against the closed form of the even-split (2/(1/χ)·... ) and uneven steps, plus communication
@@ -170,7 +171,8 @@ def test_the_first_move_waits_for_the_first_window_and_later_moves_for_the_full_
     pol = policy(ReshardConfig(window=20, first_window=first))
     moves = simulate(pol, lambda s: (1.0, 0.25) if s < 100 else (1.0, 1.0), 300)
     # not before the first window; after it as soon as gain x age pays the move and its revert (6 steps here)
-    assert pol.config.first_steps - 1 <= moves[0][0] <= max(pol.config.first_steps - 1, 5)
+    first = pol.config.warmup + pol.config.first_steps - 1
+    assert first <= moves[0][0] <= max(first, pol.config.warmup + 5)
     assert pol.config.first_steps == (first or 10)
     assert len(moves) == 2 and moves[1][1].plans == even_plans()
     # ``agree`` of a full window must be of the new state (the rest count as outliers)
@@ -219,7 +221,7 @@ def test_without_the_episode_history_a_repeating_throttle_is_moved_for_every_tim
     """The control: the same pattern with the age rule alone re-plans in later episodes too
     (so the test above shows what the history changes)."""
     pol = policy(ReshardConfig(window=10))
-    pol._expected_life = lambda step, age: age  # the age rule only
+    pol._expected_life = lambda age: age  # the age rule only
     moves = simulate(pol, _pattern(10, 50), 600, noise=0.03)
     assert len([s for s, d in moves if d.plans != even_plans() and s >= 60]) >= 1
 
@@ -268,3 +270,20 @@ def test_a_move_measures_the_shardable_work_the_gemms_do_not_show():
     truth = StepModel.normalised((1.0, 0.25), replicated_share=RHO)
     assert truth.step(pol.shares(first.plans)) <= (1 + pol.config.margin) * truth.step(pol.shares(best))
     assert all(p.is_even for p in back.plans) and all(p.is_even for p in pol.plans)
+
+
+def test_a_measured_replicated_share_above_the_splits_bound_is_capped():
+    """The GEMM split bounds R/S from above (the timed GEMMs are only part of the shardable work);
+    a move's measurement above it (noise of two short windows) must not make the slow rank look fast."""
+    pol = policy()
+    samples = [ReshardSample((1.0, 4.0), (0.8, 3.2), (COMM, COMM)) for _ in range(5)]
+    bound = 0.2 * 0.5 / 0.8
+    model, _ = pol.model(samples)
+    assert math.isclose(model.replicated / model.shardable, bound)
+    pol.measured_k = 0.05
+    model, _ = pol.model(samples)
+    assert math.isclose(model.replicated / model.shardable, 0.05)
+    pol.measured_k = 0.6
+    model, _ = pol.model(samples)
+    assert math.isclose(model.replicated / model.shardable, bound)
+    assert model.speeds[1] / model.speeds[0] == pytest.approx(0.25)

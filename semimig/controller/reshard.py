@@ -17,7 +17,8 @@ large; a move measures it: each rank whose share changed by ``Δp`` (at least ``
 median compute moved the same way by ``Δc`` gives ``k = c_old·Δp/Δc − p_old`` (speeds are stable
 on both sides of a move, or it would not have happened); a move whose ranks disagree by more than
 2x measured a speed change instead and is ignored; the median of every estimate so far is used
-from then on.  The scale is fixed by ``R + S/e = 1`` and ``v_r = (R + S·p_r)/c_r`` in units of a
+from then on, capped by the split's bound.  The run's first step and the first step after a move
+(allocations, first-touch of moved tensors) are not fed to the window (``warmup``).  The scale is fixed by ``R + S/e = 1`` and ``v_r = (R + S·p_r)/c_r`` in units of a
 healthy even step per second.  The speed *ratios* ``s_r = v_r / max_q v_q`` say who is slow.
 
 A straggler that *stays*: over the last ``window`` steps, in at least ``agree`` of them (default
@@ -106,6 +107,8 @@ class ReshardConfig:
     """Fixed cost of a move (also a floor of a measured one's estimate)."""
     min_units: int = 1
     """Units every rank keeps in every dimension."""
+    warmup: int = 1
+    """Steps not fed to the window at the start of the run and after each move."""
     block_size: Optional[int] = None
     """MLP columns per unit when the model was built without a plan in units (``None``: 128)."""
 
@@ -123,6 +126,7 @@ class ReshardConfig:
         check_number("ReshardConfig.bandwidth_bytes_s", self.bandwidth_bytes_s, minimum=0.0, low_open=True)
         check_number("ReshardConfig.latency_s", self.latency_s, minimum=0.0)
         check_int("ReshardConfig.min_units", self.min_units, minimum=1)
+        check_int("ReshardConfig.warmup", self.warmup, minimum=0, maximum=10**6)
         check_int("ReshardConfig.block_size", self.block_size, minimum=1, allow_none=True)
 
     @property
@@ -245,6 +249,7 @@ class ReshardPolicy:
         """Lengths in steps of the slow episodes that ended (module docstring)."""
         self._episode: Optional[list] = None  # [first slow step, last slow step] of the one in progress
         self._k = 0.0  # the latest R/S estimate, for the per-step speed ratios
+        self._skip = config.warmup  # steps still to leave out of the window (warm-up)
 
     # ------------------------------------------------------------------ public
     def shares(self, plans: Optional[Sequence[ShardPlan]] = None) -> Tuple[float, ...]:
@@ -273,6 +278,7 @@ class ReshardPolicy:
         self.plans = plans
         self.last_move_step = self.step
         self.samples.clear()  # measurements under the old plan say nothing about the new one's times
+        self._skip = self.config.warmup
         self._state = _State()
 
     def observe(self, sample: ReshardSample) -> ReshardDecision:
@@ -282,7 +288,9 @@ class ReshardPolicy:
         if len(sample.compute_s) != self.tp:
             raise ConfigError(f"the sample has {len(sample.compute_s)} ranks, the plans {self.tp}")
         step, self.step = self.step, self.step + 1
-        if sample.valid:
+        if self._skip > 0:
+            self._skip -= 1
+        elif sample.valid:
             self.samples.append(sample)
             self._track_episode(step, sample)
         decision = self._decide(step)
@@ -298,7 +306,9 @@ class ReshardPolicy:
         b = [statistics.median(s.shardable_s[r] for s in samples) for r in range(e)]
         m = [statistics.median(s.comm_s[r] for s in samples) for r in range(e)]
         p = self.shares()
-        k = self.measured_k if self.measured_k is not None else min((c[r] - b[r]) * p[r] / b[r] for r in range(e))
+        k = min((c[r] - b[r]) * p[r] / b[r] for r in range(e))  # an upper bound (module docstring)
+        if self.measured_k is not None:
+            k = min(self.measured_k, k)  # a measurement above the bound is noise of the move's two windows
         S = 1.0 / (k + 1.0 / e)
         R = k * S
         return StepModel(speeds=tuple((R + S * p[r]) / c[r] for r in range(e)), replicated=R, shardable=S), min(m)
@@ -342,11 +352,11 @@ class ReshardPolicy:
             self.episodes.append(self._episode[1] - self._episode[0] + 1)
             self._episode = None
 
-    def _expected_life(self, step: int, age: int) -> int:
+    def _expected_life(self, age: int) -> int:
         """Steps the present state is expected to last (module docstring: age, or the episodes')."""
         if self._episode is None or not self.episodes:
             return age
-        a = step - self._episode[0] + 1
+        a = self._episode[1] - self._episode[0] + 1  # up to its last slow step, as the ended ones are counted
         longer = [length - a for length in self.episodes if length > a]
         if longer:
             return int(sum(longer) / len(longer))
@@ -399,7 +409,7 @@ class ReshardPolicy:
         cost = 2.0 * self._move_cost(nbytes) + cfg.window * overstay
         age = step - self._state.since + 1
         toward_uneven = max(self.shares(proposal)) > max(self.shares())
-        horizon = min(cfg.horizon, self._expected_life(step, age) if toward_uneven else age)
+        horizon = min(cfg.horizon, self._expected_life(age) if toward_uneven else age)
         info = dict(current_s=current, predicted_s=predicted, speed_ratios=speed, move_bytes=nbytes,
                     move_cost_s=cost, horizon=horizon)
         needed = max(cfg.margin, cfg.noise_z * self._noise(samples))
