@@ -178,8 +178,8 @@ def main(argv=None) -> int:
         "spec": device_spec(args) if args.straggler == "device" else f"rank 1 at {args.fraction:g} of its core",
         "pattern": args.pattern, "target_val_loss": target, "exact_limit_vs_healthy": exact_limit(chi),
         "unigram_entropy_nats": raw["healthy"][0]["summary"].get("unigram_entropy_nats"),
-        "model": {k: getattr(args, k) for k in ("hidden", "layers", "heads", "kv_heads", "batch_size", "seq_len", "steps",
-                                                "eval_every")},
+        "model": {k: getattr(args, k)
+                  for k in ("hidden", "layers", "heads", "kv_heads", "batch_size", "seq_len", "steps", "eval_every")},
         "repeats": args.repeats, "wall_s": time.time() - started, "modes": modes,
         "raw": {mode: [{"step_s": d["step_s"], "val_losses": d["val_losses"], "summary": d["summary"]} for d in rs]
                 for mode, rs in raw.items()},

@@ -424,7 +424,8 @@ def _summary(args: argparse.Namespace, tp: int, world: int, losses: list, times:
     steady = times[len(times) // 5:] or times
     return {"steps": len(losses), "median_step_s": f"{statistics.median(steady):.4f}",
             "final_loss": f"{losses[-1]:.4f}", "shed": ",".join(f"{s:.3f}" for s in plan.shed),
-            "flagged": ",".join(str(r) for r in plan.flagged) or "none", "balance": args.balance if args.policy == "semimig" else "none",
+            "flagged": ",".join(str(r) for r in plan.flagged) or "none",
+            "balance": args.balance if args.policy == "semimig" else "none",
             "policy": args.policy, "straggler": args.straggler or "none", "tp": tp, "world": world,
             "precision": args.precision, "zero_stage": args.zero_stage, "data": args.data,
             "shard_plan": args.shard_plan or "even"}

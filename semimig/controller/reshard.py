@@ -18,8 +18,9 @@ median compute moved the same way by ``Δc`` gives ``k = c_old·Δp/Δc − p_ol
 on both sides of a move, or it would not have happened); a move whose ranks disagree by more than
 2x measured a speed change instead and is ignored; the median of every estimate so far is used
 from then on, capped by the split's bound.  The run's first step and the first step after a move
-(allocations, first-touch of moved tensors) are not fed to the window (``warmup``).  The scale is fixed by ``R + S/e = 1`` and ``v_r = (R + S·p_r)/c_r`` in units of a
-healthy even step per second.  The speed *ratios* ``s_r = v_r / max_q v_q`` say who is slow.
+(allocations, first-touch of moved tensors) are not fed to the window (``warmup``).  The scale is
+fixed by ``R + S/e = 1`` and ``v_r = (R + S·p_r)/c_r`` in units of a healthy even step per second.
+The speed *ratios* ``s_r = v_r / max_q v_q`` say who is slow.
 
 A straggler that *stays*: over the last ``window`` steps, in at least ``agree`` of them (default
 75 %: a shared machine has outlier steps) every rank's ``s_r`` is within ``tolerance`` (relative)
