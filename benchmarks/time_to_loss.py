@@ -163,10 +163,11 @@ def main(argv=None) -> int:
 
     args = parse_args(argv)
     started = time.time()
-    raw: dict[str, list[dict]] = {}
+    raw: dict[str, list[dict]] = {mode: [] for mode in args.modes}
     with tempfile.TemporaryDirectory(prefix="semimig-ttl-") as tmp:
-        for mode in args.modes:
-            raw[mode] = [run_once(args, mode, Path(tmp), k) for k in range(args.repeats)]
+        for k in range(args.repeats):  # interleaved: a machine that drifts over the run touches every mode alike
+            for mode in args.modes:
+                raw[mode].append(run_once(args, mode, Path(tmp), k))
     runs = {mode: [RunResult.from_json(d, f"{mode} run {k}") for k, d in enumerate(rs)] for mode, rs in raw.items()}
     healthy = summarize_mode(runs["healthy"], None)
     target = None if healthy["final_val_loss"] is None else healthy["final_val_loss"] * (1 + TARGET_TOLERANCE)
