@@ -249,7 +249,7 @@ class ReshardPolicy:
         self.episodes: list[int] = []
         """Lengths in steps of the slow episodes that ended (module docstring)."""
         self._episode: Optional[list] = None  # [first slow step, last slow step] of the one in progress
-        self._k = 0.0  # the latest R/S estimate, for the per-step speed ratios
+        self._k = 0.0  # R/S of the latest decision's model (measured and capped), for the per-step ratios
         self._skip = config.warmup  # steps still to leave out of the window (warm-up)
 
     # ------------------------------------------------------------------ public
@@ -343,8 +343,7 @@ class ReshardPolicy:
     def _track_episode(self, step: int, sample: ReshardSample) -> None:
         """Slow episodes: begin at a step with a rank below ``1 − tolerance``, end after
         :data:`EPISODE_END` steps without one; the ended ones' lengths go to :attr:`episodes`."""
-        k = self.measured_k if self.measured_k is not None else self._k
-        slow = min(self._ratios(sample, k)) < 1.0 - self.config.tolerance
+        slow = min(self._ratios(sample, self._k)) < 1.0 - self.config.tolerance
         if slow:
             if self._episode is None:
                 self._episode = [step, step]
