@@ -56,6 +56,17 @@ Re-plan only when all of these hold (hysteresis: no flip-flop):
   for again unless it now stays clearly longer;
 - at least ``dwell`` steps since the last re-plan (and its window refilled under the new plan).
 
+At *launch* (``launch`` steps, default 2: the run's first steps, warm-up included) one early decision
+is taken on those steps alone (the model from the steps after the warm-up, the stability and noise
+tests from all of them), with the same tests except that the gain is counted over
+``horizon`` instead of the age: a rank slow from a run's first steps is taken for a slow device (an
+older card, a throttled share: the case uneven shards exist for), and moving then spares the run
+the steps a window would wait at the full slowdown.  The bet is insured by the cost test, which
+already charges the move back and a window at the uneven plan if the slowdown passes.  With two
+samples the noise gate asks for a large gain (a step-0 spike on one rank makes the speeds
+unstable, and nothing moves); if the launch decision keeps the plan, the first window decides as
+before.
+
 Every input is a number all ranks share and the arithmetic is in a fixed order, so every rank
 takes the same decision at the same step; nothing is broadcast.  With no straggler the proposal
 is the plan in force (even) and nothing ever moves.
@@ -110,6 +121,9 @@ class ReshardConfig:
     """Units every rank keeps in every dimension."""
     warmup: int = 1
     """Steps not fed to the window at the start of the run and after each move."""
+    launch: int = 2
+    """Steps of the run's start (warm-up included) on which one early decision is taken with the gain
+    counted over ``horizon`` (module docstring); 0: none, the first decision waits for ``first_window``."""
     block_size: Optional[int] = None
     """MLP columns per unit when the model was built without a plan in units (``None``: 128)."""
 
@@ -128,6 +142,9 @@ class ReshardConfig:
         check_number("ReshardConfig.latency_s", self.latency_s, minimum=0.0)
         check_int("ReshardConfig.min_units", self.min_units, minimum=1)
         check_int("ReshardConfig.warmup", self.warmup, minimum=0, maximum=10**6)
+        check_int("ReshardConfig.launch", self.launch, minimum=0, maximum=self.window)
+        if self.launch == 1:
+            raise ConfigError("ReshardConfig.launch must be 0 (no launch decision) or at least 2 steps, got 1")
         check_int("ReshardConfig.block_size", self.block_size, minimum=1, allow_none=True)
 
     @property
@@ -251,6 +268,7 @@ class ReshardPolicy:
         self._episode: Optional[list] = None  # [first slow step, last slow step] of the one in progress
         self._k = 0.0  # R/S of the latest decision's model (measured and capped), for the per-step ratios
         self._skip = config.warmup  # steps still to leave out of the window (warm-up)
+        self._launch: list[ReshardSample] = []  # the run's first ``launch`` steps (module docstring)
 
     # ------------------------------------------------------------------ public
     def shares(self, plans: Optional[Sequence[ShardPlan]] = None) -> Tuple[float, ...]:
@@ -273,9 +291,11 @@ class ReshardPolicy:
         check_int("bytes_moved", bytes_moved, minimum=0)
         if bytes_moved > 0:
             self.seconds_per_byte = max(seconds - self.config.latency_s, 0.0) / bytes_moved
-        if len(self.samples) >= self._needed():  # the window the move was decided on: its medians
-            self._before = (self.shares(), [statistics.median(s.compute_s[r] for s in self.samples)
-                                            for r in range(self.tp)])
+        before = list(self.samples)
+        if self.last_move_step is None and len(before) < self._needed():  # a launch move: its steps after warm-up
+            before = self._launch[self.config.warmup:]
+        if before and (len(before) >= self._needed() or self.last_move_step is None):  # what the move was decided on
+            self._before = (self.shares(), [statistics.median(s.compute_s[r] for s in before) for r in range(self.tp)])
         self.plans = plans
         self.last_move_step = self.step
         self.samples.clear()  # measurements under the old plan say nothing about the new one's times
@@ -289,12 +309,18 @@ class ReshardPolicy:
         if len(sample.compute_s) != self.tp:
             raise ConfigError(f"the sample has {len(sample.compute_s)} ranks, the plans {self.tp}")
         step, self.step = self.step, self.step + 1
+        launch = self.config.launch
+        if step < launch and sample.valid:
+            self._launch.append(sample)
         if self._skip > 0:
             self._skip -= 1
         elif sample.valid:
             self.samples.append(sample)
             self._track_episode(step, sample)
-        decision = self._decide(step)
+        if step == launch - 1 and len(self._launch) == launch and self.last_move_step is None:
+            decision = self._decide(step, launch=self._launch)
+        else:
+            decision = self._decide(step)
         if decision.replan:
             self.history.append(decision)
         return decision
@@ -362,13 +388,18 @@ class ReshardPolicy:
             return int(sum(longer) / len(longer))
         return max(a - max(self.episodes), 0)
 
-    def _stable(self, step: int, ratios: list) -> bool:
-        """At least ``agree`` of the steps with every rank's ratio within ``tolerance`` of its window
-        median; tracks the state's age."""
+    def _steady(self, ratios: list) -> tuple[bool, tuple]:
+        """At least ``agree`` of the steps with every rank's ratio within ``tolerance`` of its median;
+        and the medians."""
         tol = self.config.tolerance
         median = tuple(statistics.median(col) for col in zip(*ratios))
         inside = sum(all(abs(x - med) <= tol * med for x, med in zip(row, median)) for row in ratios)
-        stable = inside >= self.config.agree * len(ratios)
+        return inside >= self.config.agree * len(ratios), median
+
+    def _stable(self, step: int, ratios: list) -> bool:
+        """:meth:`_steady` over the window; tracks the state's age."""
+        tol = self.config.tolerance
+        stable, median = self._steady(ratios)
         state = self._state
         if not stable:
             self._state = _State()
@@ -381,16 +412,19 @@ class ReshardPolicy:
         """Samples a decision needs: the first window before the run's first move, then ``W``."""
         return self.config.first_steps if self.last_move_step is None else self.config.window
 
-    def _decide(self, step: int) -> ReshardDecision:
+    def _decide(self, step: int, launch: Optional[Sequence[ReshardSample]] = None) -> ReshardDecision:
+        """The decision at ``step``: on the window, or on the ``launch`` samples (module docstring)."""
         cfg = self.config
-        if len(self.samples) < self._needed():
+        if launch is None and len(self.samples) < self._needed():
             return ReshardDecision(step, reason=f"window filling ({len(self.samples)}/{self._needed()})")
-        samples = list(self.samples)
-        self._measure_k(samples)
-        model, comm = self.model(samples)
+        samples = list(self.samples) if launch is None else list(launch)
+        if launch is None:
+            self._measure_k(samples)
+        # at launch the model (speeds, R/S) is read after the warm-up; step 0's allocations inflate R
+        model, comm = self.model(samples if launch is None else (samples[cfg.warmup:] or samples))
         k = self._k = model.replicated / model.shardable
         ratios = [self._ratios(s, k) for s in samples]
-        stable = self._stable(step, ratios)
+        stable = self._stable(step, ratios) if launch is None else self._steady(ratios)[0]
         speed = tuple(v / max(model.speeds) for v in model.speeds)
         current = self._predict(model, self.plans) + comm
         base = dict(current_s=current, predicted_s=current, speed_ratios=speed)
@@ -409,7 +443,10 @@ class ReshardPolicy:
         cost = 2.0 * self._move_cost(nbytes) + cfg.window * overstay
         age = step - self._state.since + 1
         toward_uneven = max(self.shares(proposal)) > max(self.shares())
-        horizon = min(cfg.horizon, self._expected_life(age) if toward_uneven else age)
+        if launch is not None:
+            horizon = cfg.horizon  # a rank slow from the start is taken for a slow device
+        else:
+            horizon = min(cfg.horizon, self._expected_life(age) if toward_uneven else age)
         info = dict(current_s=current, predicted_s=predicted, speed_ratios=speed, move_bytes=nbytes,
                     move_cost_s=cost, horizon=horizon)
         needed = max(cfg.margin, cfg.noise_z * self._noise(samples))
@@ -422,8 +459,9 @@ class ReshardPolicy:
         if self.last_move_step is not None and step - self.last_move_step < cfg.min_dwell:
             return ReshardDecision(step, reason=f"dwell: {step - self.last_move_step} of {cfg.min_dwell} steps since "
                                                 "the last re-plan", **info)
+        at = " (at launch)" if launch is not None else ""
         return ReshardDecision(step, plans=proposal, reason=f"gain {gain:.4g} s/step x {horizon} steps > move "
-                                                            f"and revert {cost:.4g} s ({units} units)", **info)
+                                                            f"and revert {cost:.4g} s ({units} units){at}", **info)
 
     def _noise(self, samples: Sequence[ReshardSample]) -> float:
         """Largest relative standard error of a rank's median compute over the window."""
