@@ -2,11 +2,12 @@
 #   make bench   the main job (semimig's end-to-end benchmark; a short demo until it lands)
 #   make test    the test suite (the full suite; the 15 slowest cases listed at the end)
 #   make test-fast   the edit loop: every case not marked slow (tests/conftest.py: SLOW_MODULES)
+#   make tables  the README's generated tables, rewritten from docs/results/ (scripts/readme_tables.py)
 # Each creates the virtualenv .venv and install everything on first use (scripts/bootstrap.sh).
 VENV ?= .venv
 BENCH_ARGS ?=
 
-.PHONY: bench test test-fast setup clean
+.PHONY: bench test test-fast tables setup clean
 
 setup:
 	VENV=$(VENV) bash scripts/bootstrap.sh
@@ -19,6 +20,9 @@ test: setup
 
 test-fast: setup
 	$(VENV)/bin/pytest -q --durations=15 -m "not slow"
+
+tables: setup
+	$(VENV)/bin/python scripts/readme_tables.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

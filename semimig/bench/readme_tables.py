@@ -1,0 +1,228 @@
+"""README tables from the result files in ``docs/results/``: one command regenerates them.
+
+A table the README generates is preceded by a marker line::
+
+    <!-- table: KIND FILE -->
+
+(``FILE`` relative to the README) and is the run of ``|`` lines right after it.  :func:`render` turns
+one result file into the table's lines for its kind; :func:`regenerate` rewrites every marked
+table of a README's text and names the tables that changed.  ``scripts/readme_tables.py``
+(``make tables``) writes the README; ``--check`` only says which tables differ, and the test suite
+runs it, so a README table that no longer matches its file fails CI.  Tables without a marker are
+hand-written: their runs predate the result files' schema or their numbers are quoted in prose.
+
+Kinds:
+
+``ttl``                  ``benchmarks/time_to_loss.py --json``: one row per mode, the median over
+                         the repeats with the range when there are several; "what it did" from
+                         the runs' summaries (re-plans, plans, bytes and seconds moved; the K
+                         columns a rank shed; a static plan);
+``device-vs-throttle``   ``benchmarks/device_vs_throttle.py --json``;
+``plans``                static uneven plans (``docs/results/uneven_plan_granularity.json``).
+
+Numbers are printed from the files as they are (no rounding beyond the format), so a regenerated
+README differs from the committed one only where a file changed.
+"""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from semimig.errors import ConfigError
+
+__all__ = ["MARKER", "render", "regenerate", "RENDERERS"]
+
+MARKER = re.compile(r"^<!-- table: (?P<kind>[a-z-]+) (?P<file>\S+) -->\s*$")
+
+
+def _x(value: float) -> str:
+    return f"{value:.2f}×"
+
+
+def _span(values: Sequence[float], fmt: str) -> str:
+    """`` (lo–hi)`` over several values, empty for one."""
+    values = [v for v in values if v is not None]
+    if len(values) < 2:
+        return ""
+    return f" ({format(min(values), fmt)}–{format(max(values), fmt)})"
+
+
+def _spans(several: bool) -> Callable[[Sequence[float], str], str]:
+    return _span if several else (lambda values, fmt: "")
+
+
+def _between(values: Sequence[float], fmt: str) -> str:
+    """``lo–hi``, or one number where both print alike."""
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def _plan(mlp: Sequence[int], kv: Sequence[int]) -> str:
+    return f"`{','.join(map(str, mlp))}:{','.join(map(str, kv))}`"
+
+
+def _joined(values: Sequence[str]) -> str:
+    unique = list(dict.fromkeys(values))
+    return " or ".join(unique)
+
+
+def _what_it_did(name: str, runs: Sequence[dict]) -> str:
+    """The mode's actions over its repeats, from each run's summary."""
+    if name == "healthy":
+        return "—"
+    summaries = [run.get("summary", {}) for run in runs]
+    parts = []
+    if name == "uneven":
+        plans = [s.get("shard_plan", "?") for s in summaries]
+        parts.append(f"static plan {_joined([f'`{p}`' for p in plans])}: exact")
+    events = [s.get("reshard", {}).get("events", []) if isinstance(s.get("reshard"), dict) else []
+              for s in summaries]
+    if any(events):
+        counts = sorted({len(e) for e in events})
+        steps = _joined([",".join(str(ev["step"]) for ev in e) for e in events if e])
+        plans = _joined([_plan(e[-1]["mlp_units"], e[-1]["kv_units"]) for e in events if e])
+        mb = [sum(ev["bytes_moved"] for ev in e) / 1e6 for e in events if e]
+        secs = [sum(ev["move_s"] for ev in e) for e in events if e]
+        n = "–".join(map(str, (counts[0], counts[-1]) if len(counts) > 1 else counts))
+        parts.append(f"{n} re-plan{'s' if counts[-1] > 1 else ''} at step {steps} to {plans} "
+                     f"({_between(mb, '.0f')} MB in {_between(secs, '.2f')} s)")
+    elif name in ("reshard", "semi") and any("reshard" in s for s in summaries):
+        parts.append("no re-plan")
+    sheds = [[float(x) for x in str(s["shed"]).split(",")] for s in summaries if s.get("shed")]
+    if sheds:
+        for rank in range(len(sheds[0])):
+            share = statistics.median(row[rank] for row in sheds if rank < len(row))
+            if share >= 0.005:
+                parts.append(f"rank {rank} shed {share:.0%} of its K columns at the end")
+    if not parts:
+        parts.append("nothing (Colossal-AI alone)" if name == "off" else "nothing shed at the end")
+    return "; ".join(parts)
+
+
+def ttl(data: dict) -> list[str]:
+    """The time-to-the-same-model table (module docstring)."""
+    modes, raw = data["modes"], data.get("raw", {})
+    base = modes["healthy"]
+    several = int(data.get("repeats", 1)) > 1
+    pattern = data.get("pattern")
+    span = _spans(several)
+    rng = " (range)" if several else ""
+    first = f"train time ({data['model']['steps']} steps)" if pattern else f"steady step{rng}"
+    lines = [f"| mode | {first} | vs healthy | final val loss | to target{rng} | vs healthy | balanced share | "
+             "what it did |", "|---|---|---|---|---|---|---|---|"]
+    for name, m in modes.items():
+        if pattern:
+            time_cell, ratio = f"{m['train_s']:.1f} s", m["train_s"] / base["train_s"]
+        else:
+            time_cell = f"{m['steady_step_s']:.3f} s" + span(m.get("steady_step_s_range", ()), ".2f")
+            ratio = m["steady_step_s"] / base["steady_step_s"]
+        target = m.get("time_to_target_s")
+        if target is None:
+            target_cell, target_ratio = "never", "—"
+        else:
+            target_cell = f"{target:.1f} s" + span(m.get("time_to_target_s_each", ()), ".1f")
+            target_ratio = _x(target / base["time_to_target_s"])
+        shares = m.get("balanced_share") or []
+        share_cell = " / ".join("—" if b is None else f"{b:.2f}" for b in shares) or "—"
+        label = f"{name} (`--shard-plan`)" if name == "uneven" else name
+        lines.append(f"| {label} | {time_cell} | {_x(ratio)} | {m['final_val_loss']:.4f} | {target_cell} | "
+                     f"{target_ratio} | {share_cell} | {_what_it_did(name, raw.get(name, []))} |")
+    return lines
+
+
+def device_vs_throttle(data: dict) -> list[str]:
+    """Healthy, the real throttle and ``scope=device`` side by side (median over the repeats)."""
+    runs, slow = data["runs"], data["slowdown_vs_healthy"]
+    labels = {"healthy": "healthy", "real": f"real: {data['fraction']:.0%} of its core (cgroup)",
+              "device": f"`scope=device`, χ = {data['chi']:g}"}
+    lines = ["| rank 1 | steady step | vs healthy (median, range) | balanced share (rank 0 / 1) |",
+             "|---|---|---|---|"]
+    for name, label in labels.items():
+        steady = statistics.median(r["steady_step_s"] for r in runs[name])
+        shares = [statistics.median(r["balanced_share_by_rank"][q] for r in runs[name]) for q in range(2)]
+        lines.append(f"| {label} | {steady:.3f} s | {_x(slow[name]['median'])}"
+                     f"{_span(slow[name]['range'], '.2f')} | {shares[0]:.2f} / {shares[1]:.2f} |")
+    return lines
+
+
+def plans(data: dict) -> list[str]:
+    """Static plans, each against the healthy even run of its model."""
+    lines = ["| heads / KV heads | plan (MLP blocks : KV groups) | condition | median step | vs its healthy |",
+             "|---|---|---|---|---|"]
+    for run in data["runs"]:
+        heads = run["heads/kv_heads"].replace("/", " / ")
+        plan = "even" if run["plan"] == "even" else f"`{run['plan']}`"
+        lines.append(f"| {heads} | {plan} | {run['condition']} | {run['median_step_s']:.3f} s | "
+                     f"{_x(run['vs_healthy'])} |")
+    return lines
+
+
+RENDERERS: dict[str, Callable[[dict], list[str]]] = {"ttl": ttl, "device-vs-throttle": device_vs_throttle,
+                                                     "plans": plans}
+
+
+def render(kind: str, path: Path) -> list[str]:
+    """The table of ``kind`` for the result file ``path``; a bad kind or file is named."""
+    if kind not in RENDERERS:
+        raise ConfigError(f"README table kind {kind!r} is not one of {sorted(RENDERERS)}")
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"README table {kind} {path}: cannot read the result file ({err})") from None
+    try:
+        return RENDERERS[kind](data)
+    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as err:
+        raise ConfigError(f"README table {kind} {path}: not a {kind} result file ({err!r})") from None
+
+
+def regenerate(text: str, root: Path) -> tuple[str, list[str], int]:
+    """``text`` with every marked table rendered afresh from its file (relative to ``root``);
+    the markers whose tables changed, and how many marked tables there are."""
+    lines = text.split("\n")
+    out: list[str] = []
+    changed: list[str] = []
+    marked = 0
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        out.append(line)
+        i += 1
+        match = MARKER.match(line)
+        if not match:
+            continue
+        marked += 1
+        old = []
+        while i < len(lines) and lines[i].startswith("|"):
+            old.append(lines[i])
+            i += 1
+        new = render(match["kind"], root / match["file"])
+        if new != old:
+            changed.append(line.strip())
+        out.extend(new)
+    return "\n".join(out), changed, marked
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``scripts/readme_tables.py [--check] [README]``: write the README's marked tables, or check them."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="regenerate the README's tables from docs/results/")
+    parser.add_argument("readme", nargs="?", default="README.md", type=Path)
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 naming the tables that differ")
+    args = parser.parse_args(argv)
+    text = args.readme.read_text()
+    new, changed, marked = regenerate(text, args.readme.resolve().parent)
+    if args.check:
+        for marker in changed:
+            print(f"{args.readme}: differs from its file: {marker}")
+        print(f"{marked} generated table(s), {len(changed)} out of date")
+        return 1 if changed else 0
+    if new != text:
+        from semimig._io import write_atomically
+
+        write_atomically(args.readme, new)
+    print(f"{marked} generated table(s), {len(changed)} rewritten")
+    return 0

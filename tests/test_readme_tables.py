@@ -1,0 +1,88 @@
+"""The README's generated tables: identical to what their result files give, and able to notice
+when they are not (``semimig.bench.readme_tables``, ``make tables``)."""
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from semimig.bench.readme_tables import main, regenerate, render, ttl
+from semimig.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_generated_readme_table_matches_its_result_file():
+    text = (ROOT / "README.md").read_text()
+    new, changed, marked = regenerate(text, ROOT)
+    assert marked >= 5, "the README's generated tables lost their markers"
+    assert changed == [], f"run `make tables`: {changed}"
+    assert new == text
+
+
+def _run(step, val, *, events=(), shed="0.000,0.000", share=(0.8, 0.7)):
+    summary = {"shed": shed, "balanced_share_by_rank": list(share)}
+    if events is not None:
+        summary["reshard"] = {"replans": len(events), "events": [dict(e) for e in events]}
+    return {"step_s": [step] * 10, "val_losses": [[10, val]], "summary": summary}
+
+
+def _result(repeats=3):
+    event = {"step": 1, "mlp_units": [29, 3], "kv_units": [7, 1], "bytes_moved": 150994944, "move_s": 1.344}
+    modes = {
+        "healthy": {"repeats": repeats, "steady_step_s": 0.8, "steady_step_s_range": [0.75, 0.9],
+                    "final_val_loss": 3.1, "time_to_target_s": 40.0, "time_to_target_s_each": [38.0, 40.0, 44.0],
+                    "train_s": 50.0, "balanced_share": [0.8, 0.8]},
+        "zero-pri": {"repeats": repeats, "steady_step_s": 1.6, "steady_step_s_range": [1.5, 1.7],
+                     "final_val_loss": 3.47, "time_to_target_s": None, "time_to_target_s_each": [None] * 3,
+                     "train_s": 100.0, "balanced_share": [0.8, 0.55]},
+        "reshard": {"repeats": repeats, "steady_step_s": 1.344, "steady_step_s_range": [1.3, 1.4],
+                    "final_val_loss": 3.1, "time_to_target_s": 70.0, "time_to_target_s_each": [68.0, 70.0, 75.5],
+                    "train_s": 90.0, "balanced_share": [0.8, 0.7]},
+    }
+    raw = {"healthy": [_run(0.8, 3.1, events=None)] * 3,
+           "zero-pri": [_run(1.6, 3.47, events=None, shed="0.000,0.866")] * 3,
+           "reshard": [_run(1.3, 3.1, events=[event])] * 3}
+    return {"repeats": repeats, "pattern": None, "model": {"steps": 60}, "modes": modes, "raw": raw}
+
+
+def test_the_time_to_loss_table_reads_ratios_ranges_and_actions_from_the_file():
+    lines = ttl(_result())
+    assert lines[0].startswith("| mode | steady step (range) |") and len(lines) == 5
+    healthy, zero, reshard = lines[2:]
+    assert healthy == ("| healthy | 0.800 s (0.75–0.90) | 1.00× | 3.1000 | 40.0 s (38.0–44.0) | 1.00× | "
+                       "0.80 / 0.80 | — |")
+    assert "| never | — |" in zero and "rank 1 shed 87% of its K columns at the end" in zero
+    assert "| 1.68× |" in reshard and "| 1.75× |" in reshard
+    assert "1 re-plan at step 1 to `29,3:7,1` (151 MB in 1.34 s)" in reshard
+    one = _result(repeats=1)
+    assert ttl(one)[0].startswith("| mode | steady step | ") and "(0.75–0.90)" not in ttl(one)[2]
+
+
+def test_a_result_file_that_changed_makes_its_table_out_of_date(tmp_path):
+    data = _result()
+    (tmp_path / "r.json").write_text(json.dumps(data))
+    readme = "intro\n<!-- table: ttl r.json -->\n" + "\n".join(render("ttl", tmp_path / "r.json")) + "\n\nafter\n"
+    assert regenerate(readme, tmp_path)[1:] == ([], 1)
+    changed = copy.deepcopy(data)
+    changed["modes"]["reshard"]["steady_step_s"] = 1.2
+    (tmp_path / "r.json").write_text(json.dumps(changed))
+    new, stale, marked = regenerate(readme, tmp_path)
+    assert stale == ["<!-- table: ttl r.json -->"] and marked == 1
+    assert "| 1.200 s (1.30–1.40) | 1.50× |" in new and new.endswith("\n\nafter\n")
+    (tmp_path / "README.md").write_text(readme)
+    assert main([str(tmp_path / "README.md"), "--check"]) == 1
+    assert (tmp_path / "README.md").read_text() == readme  # --check writes nothing
+    assert main([str(tmp_path / "README.md")]) == 0
+    assert (tmp_path / "README.md").read_text() == new
+    assert main([str(tmp_path / "README.md"), "--check"]) == 0
+
+
+def test_a_bad_marker_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="'histogram' is not one of"):
+        regenerate("<!-- table: histogram r.json -->\n", tmp_path)
+    with pytest.raises(ConfigError, match="missing.json: cannot read"):
+        regenerate("<!-- table: ttl missing.json -->\n", tmp_path)
+    (tmp_path / "other.json").write_text(json.dumps({"records": []}))
+    with pytest.raises(ConfigError, match="other.json: not a ttl result file"):
+        regenerate("<!-- table: ttl other.json -->\n", tmp_path)
