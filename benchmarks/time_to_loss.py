@@ -130,7 +130,9 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
     throttle = [sys.executable, "-m", "semimig.cli", "throttle", "--rank", "1", "--fraction", f"{fraction:g}", "--pin"]
     if mode != "healthy" and args.straggler == "real" and args.pattern:
         throttle += ["--pattern", args.pattern]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    # torchrun's own log directory inside the run's temporary one (its default, /tmp/torchelastic_*, stays behind)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                "--log-dir", str(out.with_name(out.stem + "-torchrun"))]
     return throttle + ["--"] + torchrun + example
 
 

@@ -2,6 +2,9 @@
 
 - The session's rank pools (tests/rank_pool.py) are retired at the end of the run, and the
   terminal summary says how many pools were started and how many cases they served.
+- Every process the suite starts writes its temporary files under one directory of its own
+  (``TMPDIR``), removed when the run ends: torchrun's agents leave a ``torchelastic_*`` log
+  directory per run and multiprocessing a ``pymp-*`` one, which piled up in ``/tmp`` before.
 - ``make test-fast`` runs ``-m "not slow"``: besides the cases marked ``slow`` in their modules,
   a case counts as slow when its module is in :data:`SLOW_MODULES` (end-to-end training, ranks
   started by fixtures or helpers, subprocess or torchrun runs) or when its own source starts ranks
@@ -9,6 +12,8 @@
 """
 import inspect
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -44,6 +49,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SLOW_MODULES or item.originalname in SLOW_CASES or _spawns(item):
             item.add_marker(pytest.mark.slow)
+
+
+_PRIVATE_TMP = None
+
+
+def pytest_configure(config):
+    global _PRIVATE_TMP
+    _PRIVATE_TMP = tempfile.mkdtemp(prefix="semimig-tests-")
+    os.environ["TMPDIR"] = _PRIVATE_TMP
+
+
+def pytest_unconfigure(config):
+    if _PRIVATE_TMP is not None:
+        shutil.rmtree(_PRIVATE_TMP, ignore_errors=True)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -65,6 +65,14 @@ def test_plan_shapes_both_ends_and_default_straggler_is_last_node():
     assert "node 2" in plan.describe() and "0.5 Gbit/s" in plan.describe()
 
 
+def test_the_agents_torchrun_logs_go_where_the_launcher_removes_them():
+    plan = plan_cluster(ClusterConfig(nodes=2, link_gbit=1), "x1", "10.213.9.0/24")
+    cmd = plan.agent_command(1, "python", "train.py", ["--steps", "3"], log_dir="/run/semimig-cluster/x1/torchrun")
+    assert cmd[cmd.index("--log-dir") + 1] == "/run/semimig-cluster/x1/torchrun/node1"
+    assert cmd.index("--log-dir") < cmd.index("train.py") and cmd[-2:] == ["--steps", "3"]
+    assert "--log-dir" not in plan.agent_command(0, "python", "train.py", [])  # torchrun's default
+
+
 def test_parse_name_rejects_foreign_names():
     for name in ("eth0", "smc-", "smc-ABC-b", "smc-abcdefg-b", "smc-ab-x1", "docker0", "smc-ab-h123"):
         assert parse_name(name) is None
@@ -142,7 +150,7 @@ def _assert_clean(before: dict[str, set], run_id: str) -> None:
         assert not mine, f"{key} of run {run_id} left behind: {mine}"
         assert after[key] <= before[key] | {x for x in after[key] if "smc-" not in str(x)}, \
             f"new {key}: {after[key] - before[key]}"
-    assert not Path(f"/run/semimig-cluster/{run_id}").exists()
+    assert not Path(f"/run/semimig-cluster/{run_id}").exists()  # with torchrun's logs (--log-dir) inside
 
 
 def _launcher(run_id: str, script: Path, *args: str, gbit: float = 1.0) -> subprocess.Popen:

@@ -1,5 +1,7 @@
 """The time-to-loss benchmark's ``reshard`` mode: its command line and its re-plan reporting (pure)."""
 
+from pathlib import Path
+
 import pytest
 
 from semimig.bench.time_to_loss import RunResult, summarize_mode
@@ -48,6 +50,8 @@ def test_reshard_mode_runs_the_example_with_balance_reshard(tmp_path):
     cmd = script.command(args, "reshard", tmp_path / "out.json")
     assert cmd[cmd.index("--balance") + 1] == "reshard"
     assert cmd[cmd.index("--straggler") + 1] == "fixed:1:4:scope=device"
+    # torchrun's log directory lies inside the run's temporary directory, removed with it
+    assert Path(cmd[cmd.index("--log-dir") + 1]).parent == tmp_path
     assert script.replans({"reshard": {"replans": 1, "bytes_moved": 2.5e6, "move_s": 0.5}}) == \
         "; 1 re-plan(s), 2.5 MB in 0.50 s"
     assert script.replans({"reshard": None}) == ""

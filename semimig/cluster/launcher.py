@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Callable, Optional, Sequence
 
-from semimig.cluster.netns import Cluster, kill_netns_pids
+from semimig.cluster.netns import STATE_DIR, Cluster, kill_netns_pids
 from semimig.cluster.topology import ClusterConfig, ClusterPlan, new_run_id
 
 __all__ = ["Interrupted", "run_cluster"]
@@ -105,8 +105,9 @@ def run_cluster(config: ClusterConfig, script: str, args: Sequence[str] = (), *,
         with cluster as plan:
             echo(plan.describe())
             try:
+                logs = str(STATE_DIR / run_id / "torchrun")  # torchrun's logs: removed with the run's state
                 for k in range(config.nodes):
-                    procs.append(subprocess.Popen(plan.agent_command(k, python, script, args),
+                    procs.append(subprocess.Popen(plan.agent_command(k, python, script, args, log_dir=logs),
                                                   env={**os.environ, **(env or {}), **plan.agent_env(k)},
                                                   start_new_session=True))
                 code = _wait(procs, grace_s, timeout_s)

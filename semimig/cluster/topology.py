@@ -161,16 +161,19 @@ class ClusterPlan:
                          f"each way, ranks {first}..{first + cfg.nproc_per_node - 1}")
         return "\n".join(lines)
 
-    def agent_command(self, k: int, python: str, script: str, args: Sequence[str]) -> list[str]:
+    def agent_command(self, k: int, python: str, script: str, args: Sequence[str],
+                      log_dir: Optional[str] = None) -> list[str]:
         """Node ``k``'s torchrun agent (run inside its namespace): c10d rendezvous on node 0, which
-        hosts the store (``is_host`` stated, not guessed from hostnames the namespaces share)."""
+        hosts the store (``is_host`` stated, not guessed from hostnames the namespaces share);
+        ``log_dir``: torchrun's log directory (its default is a ``/tmp/torchelastic_*`` it leaves behind)."""
         node = self.nodes[k]
         cfg = self.config
+        logs = ["--log-dir", f"{log_dir}/node{k}"] if log_dir else []
         return ["ip", "netns", "exec", node.netns, python, "-m", "torch.distributed.run",
                 "--nnodes", str(cfg.nodes), "--nproc-per-node", str(cfg.nproc_per_node),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", self.rdzv_endpoint, "--rdzv-id", f"smc-{self.run_id}",
                 "--rdzv-conf", f"is_host={1 if k == 0 else 0},join_timeout=120", "--local-addr", node.address,
-                "--max-restarts", "0", script, *args]
+                "--max-restarts", "0", *logs, script, *args]
 
     def agent_env(self, k: int) -> dict[str, str]:
         """Environment added for node ``k``'s agent and its ranks."""
