@@ -158,3 +158,27 @@ def test_accuracy_deltas_within_the_seed_noise_are_marked_and_single_seed_deltas
     single = report.summarize([r for r in records if r["seed"] == 0])
     assert all(row["acc_delta_std"] is None for row in single)
     assert {p.name for p in report.write_plots(tmp_path / "one", single, "t")} == {"rt_vs_chi.png"}
+
+
+@pytest.mark.filterwarnings("ignore:No artists with labels")  # errorbar is replaced below: no legend entries
+def test_the_time_plot_carries_the_spread_over_seeds_and_every_title_their_count(tmp_path, monkeypatch):
+    from semimig.bench import report
+
+    records = [_record("baseline", chi, s, 0.9, t) for chi, ts in ((1.0, (5.0, 6.0, 7.0)), (4.0, (9.0, 10.0, 14.0)))
+               for s, t in enumerate(ts)]
+    rows = report.summarize(records)
+    assert [r["epoch_time_range"] for r in rows] == [[5.0, 7.0], [9.0, 14.0]]
+    assert report.seeds_note(rows) == "3 seeds per point; bars: spread over seeds"
+    single = report.summarize([r for r in records if r["seed"] == 0])
+    assert single[0]["epoch_time_range"] is None and report.seeds_note(single) == "1 seed per point"
+    assert report.seeds_note(rows + single) == "1–3 seeds per point; bars: spread over seeds"
+
+    drawn = []  # what the time plot hands matplotlib: min-max bars around the mean, and the title
+    import matplotlib.axes
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", lambda self, x, y, yerr=None, **kw: drawn.append(
+        (list(x), list(y), [list(e) for e in yerr])))
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda self, text, **kw: drawn.append(text))
+    report.write_plots(tmp_path, rows, "semimig bench tp=2 fixed, measured compute")
+    assert drawn[0] == ([1.0, 4.0], [6.0, 11.0], [[1.0, 2.0], [1.0, 3.0]])
+    assert drawn[1] == "semimig bench tp=2 fixed, measured compute\n3 seeds per point; bars: spread over seeds"

@@ -83,7 +83,7 @@ def _what_it_did(name: str, runs: Sequence[dict]) -> str:
     if any(events):
         counts = sorted({len(e) for e in events})
         steps = _joined([",".join(str(ev["step"]) for ev in e) for e in events if e])
-        plans = _joined([_plan(e[-1]["mlp_units"], e[-1]["kv_units"]) for e in events if e])
+        plans = _joined([" then ".join(_plan(ev["mlp_units"], ev["kv_units"]) for ev in e) for e in events if e])
         mb = [sum(ev["bytes_moved"] for ev in e) / 1e6 for e in events if e]
         secs = [sum(ev["move_s"] for ev in e) for e in events if e]
         n = "–".join(map(str, (counts[0], counts[-1]) if len(counts) > 1 else counts))

@@ -153,8 +153,11 @@ def write_plots(directory: Path, rows: Sequence[dict], title: str) -> list[Path]
     """``rt_vs_chi.png`` and, where seeds give a noise estimate, ``acc_delta.png`` in ``directory``
     (plus ``lambda_sweep.png`` when the rows hold a λ sweep); returns the paths.
 
-    An accuracy delta is drawn with its spread over seeds as an error bar, and hollow and grey when
-    it is within that spread (not a gain, not a loss); deltas from one seed are not drawn at all.
+    The epoch time is the mean over the seeds with their min–max as an error bar.  An accuracy
+    delta is drawn with its spread over seeds as an error bar, and hollow and grey when it is
+    within that spread (not a gain, not a loss); deltas from one seed are not drawn at all.  Every
+    title's second line says how many seeds a point averages (:func:`seeds_note`); the first comes
+    from the caller and says whether the compute was measured or emulated.
     """
     import matplotlib
 
@@ -163,6 +166,7 @@ def write_plots(directory: Path, rows: Sequence[dict], title: str) -> list[Path]
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    title = f"{title}\n{seeds_note(rows)}"
     plain = [row for row in rows if row.get("lambda") is None]
     paths = [_plot_times(plt, directory / "rt_vs_chi.png", plain, title)]
     if any(row.get("acc_delta_std") is not None for row in plain):
@@ -170,6 +174,13 @@ def write_plots(directory: Path, rows: Sequence[dict], title: str) -> list[Path]
     if any(row.get("lambda") is not None for row in rows):
         paths.append(_plot_lambda_sweep(plt, directory / "lambda_sweep.png", rows, title))
     return paths
+
+
+def seeds_note(rows: Sequence[dict]) -> str:
+    """How many seeds each plotted point averages (the figures' second title line)."""
+    counts = sorted({int(row.get("seeds", 1)) for row in rows}) or [1]
+    n = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    return f"{n} seed{'' if counts[-1] == 1 else 's'} per point" + ("; bars: spread over seeds" if counts[-1] > 1 else "")
 
 
 def _save(plt, fig, path: Path) -> Path:
@@ -184,9 +195,15 @@ def _save(plt, fig, path: Path) -> Path:
 def _plot_times(plt, path: Path, rows: Sequence[dict], title: str) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     for mode in sorted({row["mode"] for row in rows}):
-        pts = sorted((row["chi"], row["epoch_time_s"]) for row in rows if row["mode"] == mode)
-        ax.plot(*zip(*pts), marker="o", label=mode)
-    ax.set(xlabel="straggler slowdown chi", ylabel="epoch time RT (s)")
+        pts = sorted(((row["chi"], row["epoch_time_s"], row.get("epoch_time_range")) for row in rows
+                      if row["mode"] == mode), key=lambda p: p[0])
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        if any(p[2] for p in pts):  # min–max over the seeds, around the mean
+            err = [[y - (r or (y, y))[0] for _, y, r in pts], [(r or (y, y))[1] - y for _, y, r in pts]]
+            ax.errorbar(xs, ys, yerr=err, capsize=3, marker="o", label=mode)
+        else:
+            ax.plot(xs, ys, marker="o", label=mode)
+    ax.set(xlabel="straggler slowdown chi", ylabel="epoch time RT (s), mean over seeds")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -215,7 +232,7 @@ def _plot_acc_delta(plt, path: Path, rows: Sequence[dict], title: str) -> Path:
                      label=mode)
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set(xlabel="straggler slowdown chi", ylabel="accuracy - baseline (points)")
-    ax.set_title(title + "\nbars: spread over seeds; hollow grey: within it (no difference)", fontsize=8)
+    ax.set_title(title + "; hollow grey: within the spread (no difference)", fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return _save(plt, fig, path)
@@ -249,5 +266,5 @@ def _plot_lambda_sweep(plt, path: Path, rows: Sequence[dict], title: str) -> Pat
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    fig.suptitle(title + " (accuracy: bars = spread over seeds, hollow grey = within it)", fontsize=9)
+    fig.suptitle(title + " (accuracy: hollow grey = within the spread)", fontsize=9)
     return _save(plt, fig, path)

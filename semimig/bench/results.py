@@ -193,6 +193,8 @@ def summarize(records: Sequence[dict]) -> list[dict]:
             "chi": chi, "seeds": len(rs),
             "iter_time_s": statistics.mean(r["iter_time_s"] for r in rs),
             "epoch_time_s": statistics.mean(r["epoch_time_s"] for r in rs),
+            "epoch_time_range": ([min(r["epoch_time_s"] for r in rs), max(r["epoch_time_s"] for r in rs)]
+                                 if len(rs) > 1 else None),
             "accuracy_mean": statistics.mean(acc) if acc else None,
             "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else (0.0 if acc else None),
             "migrating_stragglers": statistics.mean(r.get("migrating_stragglers", 0) for r in rs),
