@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from semimig.bench.readme_tables import main, regenerate, render, ttl
+from semimig.bench.readme_tables import bench, main, regenerate, render, ttl
 from semimig.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,3 +86,22 @@ def test_a_bad_marker_is_named(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"records": []}))
     with pytest.raises(ConfigError, match="other.json: not a ttl result file"):
         regenerate("<!-- table: ttl other.json -->\n", tmp_path)
+
+
+def test_the_bench_table_reads_each_seeds_delta_and_shed_from_the_records():
+    from semimig.bench.results import summarize
+
+    def rec(mode, chi, seed, acc, shed):
+        return {"mode": mode, "chi": chi, "seed": seed, "lambda": None, "iter_time_s": 0.1 * chi if mode == "baseline"
+                else 0.12 * (1.2 if chi == 4.0 else 1.0), "epoch_time_s": 2.5 * chi if mode == "baseline" else 3.0 * (1.2 if chi == 4.0 else 1.0), "accuracy": acc,
+                "shed_share_by_rank": shed, "migrating_stragglers": 0}
+
+    records = [rec("baseline", c, s, a, [0.0, 0.0]) for c in (1.0, 4.0) for s, a in ((0, 0.90), (1, 0.94))]
+    records += [rec("zero-pri", 1.0, s, a, [0.0, 0.0]) for s, a in ((0, 0.90), (1, 0.94))]
+    records += [rec("zero-pri", 4.0, 0, 0.85, [0.0, 0.85]), rec("zero-pri", 4.0, 1, 0.90, [0.02, 0.80])]
+    data = {"config": {"straggler_rank": 1}, "records": records, "summary": summarize(records)}
+    rows = {line.split(" | ")[0] + " " + line.split(" | ")[1]: line for line in bench(data)[2:]}
+    assert rows["| baseline 4"] == "| baseline | 4 | 0.400 | 4.00 | 92.0 ± 2.8 | 0 | 0.00 | 0.00 |"
+    assert "| 0 on every seed |" in rows["| zero-pri 1"]
+    assert rows["| zero-pri 4"].endswith("| -4.5 (-5.0, -4.0) | 0.85, 0.80 | 0.00, 0.02 |")
+    assert "| 0.144 | 1.20 |" in rows["| zero-pri 4"]  # RT against its own chi = 1 time

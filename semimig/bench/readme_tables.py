@@ -18,7 +18,9 @@ Kinds:
                          the runs' summaries (re-plans, plans, bytes and seconds moved; the K
                          columns a rank shed; a static plan);
 ``device-vs-throttle``   ``benchmarks/device_vs_throttle.py --json``;
-``plans``                static uneven plans (``docs/results/uneven_plan_granularity.json``).
+``plans``                static uneven plans (``docs/results/uneven_plan_granularity.json``);
+``bench``                ``semimig bench --json``: the summary rows, each seed's accuracy delta to
+                         the baseline (same seed and χ) and each seed's shed shares.
 
 Numbers are printed from the files as they are (no rounding beyond the format), so a regenerated
 README differs from the committed one only where a file changed.
@@ -160,8 +162,50 @@ def plans(data: dict) -> list[str]:
     return lines
 
 
+def _seed_values(values: Sequence[float], fmt: str) -> str:
+    """One number when every seed gave the same (to the format), else each seed's."""
+    shown = [format(v, fmt) for v in values]
+    return shown[0] if len(set(shown)) == 1 else ", ".join(shown)
+
+
+def bench(data: dict) -> list[str]:
+    """A ``semimig bench --json`` file: its summary rows, with each seed's accuracy delta and shed
+    shares from its records (the straggler is the config's ``straggler_rank``)."""
+    straggler = int(data["config"].get("straggler_rank", 1))
+    records = data["records"]
+    base_acc = {(r["chi"], r["seed"]): r.get("accuracy") for r in records if r["mode"] == "baseline"}
+    lines = ["| mode | χ | iter s | RT / RT(χ=1) | ACC % | ACC − baseline (per seed) | straggler's shed | "
+             "fast ranks' shed |", "|---|---|---|---|---|---|---|---|"]
+    for row in data["summary"]:
+        if row.get("lambda") is not None:
+            continue
+        mine = sorted((r for r in records if r["mode"] == row["mode"] and r["chi"] == row["chi"]
+                       and r.get("lambda") is None), key=lambda r: r["seed"])
+        acc = "—" if row.get("accuracy_mean") is None else \
+            f"{100 * row['accuracy_mean']:.1f} ± {100 * (row.get('accuracy_std') or 0.0):.1f}"
+        deltas = [100 * (r["accuracy"] - base_acc[r["chi"], r["seed"]]) for r in mine
+                  if r.get("accuracy") is not None and base_acc.get((r["chi"], r["seed"])) is not None]
+        if row["mode"] == "baseline" or row.get("acc_delta_vs_baseline") is None:
+            delta = "0" if row["mode"] == "baseline" else "—"
+        else:
+            delta = f"{100 * row['acc_delta_vs_baseline']:+.1f}"
+            if deltas and all(f"{d:.1f}" in ("0.0", "-0.0") for d in deltas):
+                delta = "0 on every seed"
+            else:
+                if len(deltas) > 1:
+                    delta += f" ({', '.join(f'{d:+.1f}' for d in deltas)})"
+                if row.get("acc_delta_within_noise"):
+                    delta += " (noise)"
+        sheds = [r.get("shed_share_by_rank") or [] for r in mine]
+        slow = _seed_values([s[straggler] if straggler < len(s) else 0.0 for s in sheds], ".2f")
+        fast = _seed_values([max([x for q, x in enumerate(s) if q != straggler] or [0.0]) for s in sheds], ".2f")
+        lines.append(f"| {row['label']} | {row['chi']:g} | {row['iter_time_s']:.3f} | {row['rt_vs_chi1']:.2f} | {acc} | "
+                     f"{delta} | {slow} | {fast} |")
+    return lines
+
+
 RENDERERS: dict[str, Callable[[dict], list[str]]] = {"ttl": ttl, "device-vs-throttle": device_vs_throttle,
-                                                     "plans": plans}
+                                                     "plans": plans, "bench": bench}
 
 
 def render(kind: str, path: Path) -> list[str]:
