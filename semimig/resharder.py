@@ -22,7 +22,9 @@ controller's ``step()``, it
 resharder and the controller rebuild after a move) are :func:`semimig.enable`'s side of it.
 
 One INFO line per re-plan (plan, predicted step, move cost), and one when the next full window
-under the new plan has been measured (measured step beside the predicted one).  Every rank takes
+under the new plan has been measured (measured step beside the predicted one); at DEBUG, one line
+per step with every rank's numbers and the policy's reason (how the launch plan of the README's
+results was diagnosed).  Every rank takes
 the same decision at the same step because it decides from the same gathered numbers.
 """
 from __future__ import annotations
@@ -186,6 +188,10 @@ class Resharder:
         sample = self.gather(report)
         decision = self.policy.observe(sample)
         self.last = decision
+        if self._speaks and logger.isEnabledFor(logging.DEBUG):  # the policy's every step, to diagnose a plan
+            logger.debug("semimig reshard step %d: compute %s s, GEMM %s s, R/S %.3f, plan %s: %s", decision.step,
+                         [round(c, 3) for c in sample.compute_s], [round(b, 3) for b in sample.shardable_s],
+                         self.policy.replicated_ratio, [p.units for p in self.policy.plans], decision.reason)
         self.settled_now = self._measured(decision)
         if not decision.replan:
             return None

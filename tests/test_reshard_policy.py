@@ -73,6 +73,8 @@ def test_stays_slow_replans_once_to_the_expected_plan():
     assert decision.current_s == pytest.approx(model.step((0.5, 0.5)) + COMM, rel=1e-9)
     assert decision.predicted_s < decision.current_s
     assert pol.plans == decision.plans
+    # every GEMM timed (gemm=1): the split's R/S is the true one, R / (e·(1 − ρ))
+    assert pol.replicated_ratio == pytest.approx(RHO / (2 * (1.0 - RHO)), rel=1e-9)
     # the cost counts the move, the move back and a window of the new plan at healthy speeds
     healthy = StepModel.normalised((1.0, 1.0), replicated_share=RHO)
     overstay = healthy.step(pol.shares(decision.plans)) - healthy.step((0.5, 0.5))

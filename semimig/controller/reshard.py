@@ -271,6 +271,11 @@ class ReshardPolicy:
         self._launch: list[ReshardSample] = []  # the run's first ``launch`` steps (module docstring)
 
     # ------------------------------------------------------------------ public
+    @property
+    def replicated_ratio(self) -> float:
+        """``R/S`` of the latest decision's model (0 before the first)."""
+        return self._k
+
     def shares(self, plans: Optional[Sequence[ShardPlan]] = None) -> Tuple[float, ...]:
         """Effective share ``p_r = Σ_d w_d·n_{d,r}/U_d / Σ_d w_d`` of each rank."""
         plans = self.plans if plans is None else plans
