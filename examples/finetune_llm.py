@@ -46,6 +46,16 @@ the balancing plan every ``--log-every`` steps and prints one summary line at th
     summary: steps=30 median_step_s=0.0412 final_loss=2.4101 shed=0.000,0.512 flagged=1 balance=semi ...
              data=shakespeare final_val_loss=2.4630 eval_s=0.812
 
+Checkpoints: ``--save DIR`` writes model and optimizer at the end (Colossal-AI's sharded
+checkpoint, full tensors, loadable under any TP degree or shard plan; into ``DIR.partial``, the state
+file last, then renamed: an interrupted save leaves nothing under ``DIR``), never over an existing
+non-empty directory; ``--resume DIR`` continues it to ``--steps`` in total, on the same batches the
+uninterrupted run would have seen (the model and data flags must match, refused naming the
+difference).  The summary reports ``resumed_at``, ``load_s`` and ``save_s``::
+
+    torchrun --nproc_per_node 2 examples/finetune_llm.py --steps 20 --save ckpt
+    torchrun --nproc_per_node 2 examples/finetune_llm.py --steps 40 --resume ckpt
+
 A rank that dies or hangs makes the others fail within ``--timeout-s`` (the collective timeout
 of every process group), never a silent hang; a launcher that dies (``kill -9`` of torchrun) ends
 its ranks within a second, each naming the launcher's pid.
@@ -115,6 +125,12 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--json", default=None, help="write losses, step times and the summary here (rank 0)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="also show third-party warnings (Colossal-AI's optional-package notices, deprecations)")
+    p.add_argument("--save", default=None, metavar="DIR",
+                   help="at the end, save model and optimizer (Colossal-AI's sharded checkpoint: full tensors, "
+                        "any TP degree or shard plan loads it) into DIR, which must not exist or be empty")
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue a run saved with --save DIR: its weights, optimizer state and step; --steps is "
+                        "the total (the saved steps count), and the model and data flags must match")
     p.add_argument("--allow-nonfinite", action="store_true",
                    help="keep training when the loss becomes NaN or inf (default: stop, naming the step)")
     args = p.parse_args(argv)
@@ -165,6 +181,86 @@ def check_flags(args: argparse.Namespace) -> None:
         from semimig._io import check_output_file
 
         check_output_file(args.json, "--json")
+    check_checkpoint_flags(args)
+
+
+CHECKPOINT_STATE = "finetune_state.json"
+# What a checkpoint must share with the run that resumes it: the model's shape and the data stream.
+_RESUME_MUST_MATCH = ("model", "hidden", "layers", "heads", "kv_heads", "data", "batch_size", "seq_len", "seed",
+                      "precision", "zero_stage")
+
+
+def check_checkpoint_flags(args: argparse.Namespace) -> None:
+    """``--save`` never writes over anything (a missing or empty directory, and no leftover
+    ``DIR.partial``); ``--resume`` reads a complete checkpoint of the same model and data, with
+    steps left to train.  Refused here, naming the flag, before any rank starts."""
+    import json
+    from pathlib import Path
+
+    from semimig.errors import ConfigError
+
+    if args.save is not None:
+        path = Path(args.save)
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise ConfigError(f"--save {path} exists and is not an empty directory: a checkpoint is never written "
+                              "over anything; choose a new directory")
+        partial = path.with_name(path.name + ".partial")
+        if partial.exists():
+            raise ConfigError(f"--save {path}: {partial} exists (an interrupted save?); remove it or choose another "
+                              "directory")
+        if not path.parent.is_dir():
+            raise ConfigError(f"--save {path}: its directory {path.parent} does not exist")
+    if args.resume is not None:
+        state_file = Path(args.resume) / CHECKPOINT_STATE
+        if not state_file.is_file():
+            raise ConfigError(f"--resume {args.resume} is not a checkpoint of this example (no {CHECKPOINT_STATE}: "
+                              "written last, so a save that did not finish has none)")
+        try:
+            state = json.loads(state_file.read_text())
+            saved_step, flags = int(state["step"]), dict(state["flags"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ConfigError(f"--resume {args.resume}: unreadable {CHECKPOINT_STATE} ({err!r})") from None
+        wrong = [f"--{k.replace('_', '-')} {flags.get(k)!r} (this run: {getattr(args, k)!r})"
+                 for k in _RESUME_MUST_MATCH if flags.get(k) != getattr(args, k)]
+        if wrong:
+            raise ConfigError(f"--resume {args.resume} was saved with " + ", ".join(wrong))
+        if saved_step >= args.steps:
+            raise ConfigError(f"--resume {args.resume} has trained {saved_step} steps: --steps (the total) must be "
+                              f"larger, got {args.steps}")
+        args.resume_step = saved_step
+
+
+def save_checkpoint(booster, model, optimizer, args: argparse.Namespace, step: int, rank: int) -> float:
+    """Model and optimizer into ``--save DIR.partial``, the state file last, then renamed to ``DIR``:
+    a save that does not finish leaves no checkpoint under ``DIR``.  Collective; its seconds."""
+    import torch.distributed as dist
+    from pathlib import Path
+
+    from semimig._io import write_json
+
+    start = time.perf_counter()
+    final = Path(args.save)
+    partial = final.with_name(final.name + ".partial")
+    booster.save_model(model, str(partial / "model"), shard=True)
+    booster.save_optimizer(optimizer, str(partial / "optimizer"), shard=True)
+    dist.barrier()
+    if rank == 0:
+        write_json(partial / CHECKPOINT_STATE, {"step": step, "flags": {k: getattr(args, k) for k in _RESUME_MUST_MATCH}})
+        if final.exists():
+            final.rmdir()  # checked empty before the run
+        partial.rename(final)
+    dist.barrier()
+    return time.perf_counter() - start
+
+
+def load_checkpoint(booster, model, optimizer, path: str) -> float:
+    """Weights and optimizer state of ``--resume DIR`` into the boosted model; its seconds."""
+    from pathlib import Path
+
+    start = time.perf_counter()
+    booster.load_model(model, str(Path(path) / "model"))
+    booster.load_optimizer(optimizer, str(Path(path) / "optimizer"))
+    return time.perf_counter() - start
 
 
 def init_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
@@ -330,12 +426,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     baseline = f" (unigram entropy {corpus.unigram_entropy():.4f})" if corpus is not None else ""
     if corpus is not None and rank == 0:
         logger.info("data: %s", corpus.describe())
+    first, load_s = getattr(args, "resume_step", 0), None
+    if args.resume is not None:
+        load_s = load_checkpoint(booster, model, optimizer, args.resume)
+        for _ in range(first):  # the batches the saved run trained on
+            next(batches)
+        logger.info("resumed %s at step %d (loaded in %.3f s)", args.resume, first, load_s)
     losses, times, val_losses, eval_s, shares = [], [], [], 0.0, []
     model.train()
     # a progress bar only on a terminal: redirected output gets the periodic log lines instead of redraws
     bar_off = rank != 0 or not sys.stderr.isatty()
-    with logging_redirect_tqdm(), tqdm(total=args.steps, disable=bar_off, desc="finetune", unit="step") as bar:
-        for step in range(args.steps):
+    with logging_redirect_tqdm(), tqdm(total=args.steps, initial=first, disable=bar_off, desc="finetune",
+                                       unit="step") as bar:
+        for step in range(first, args.steps):
             batch = next(batches)
             start = time.perf_counter()
             loss = model(**batch).loss
@@ -361,7 +464,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                 eval_s += time.perf_counter() - start
                 logger.info("step %d/%d validation loss %.4f%s", step + 1, args.steps, val_losses[-1][1], baseline)
 
+    save_s = save_checkpoint(booster, model, optimizer, args, args.steps, rank) if args.save is not None else None
     summary = _summary(args, tp, world, losses, times, _plan(balancer, tp, PlanView))
+    if first or save_s is not None:
+        summary.update(resumed_at=first, load_s=f"{load_s:.3f}" if load_s is not None else "none",
+                       save_s=f"{save_s:.3f}" if save_s is not None else "none")
     by_rank = _balanced_share_by_rank(shares, plugin.tp_group, tp)
     summary.update(final_val_loss=f"{val_losses[-1][1]:.4f}" if val_losses else "none", eval_s=f"{eval_s:.3f}",
                    balanced_share=",".join("-" if b is None else f"{b:.2f}" for b in by_rank))

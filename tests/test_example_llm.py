@@ -48,6 +48,20 @@ def test_balancing_off_trains_like_colossalai_policy(tmp_path: Path) -> None:
     assert len(off["step_s"]) == 6 and off["summary"]["final_loss"] == f"{off['losses'][-1]:.4f}"
 
 
+def test_save_then_resume_continues_the_uninterrupted_run(tmp_path: Path) -> None:
+    """3 steps saved, 3 resumed: the losses of the 6-step run, the same batches in the same order."""
+    _, whole = _torchrun(tmp_path, "whole", "--steps", "6", "--balance", "off")
+    ckpt = tmp_path / "ckpt"
+    _, first = _torchrun(tmp_path, "first", "--steps", "3", "--balance", "off", "--save", str(ckpt))
+    assert (ckpt / "finetune_state.json").is_file() and not (tmp_path / "ckpt.partial").exists()
+    assert float(first["summary"]["save_s"]) > 0 and first["summary"]["resumed_at"] == 0
+    _, rest = _torchrun(tmp_path, "rest", "--steps", "6", "--balance", "off", "--resume", str(ckpt))
+    assert rest["summary"]["resumed_at"] == 3 and rest["summary"]["steps"] == 3
+    assert float(rest["summary"]["load_s"]) > 0
+    torch.testing.assert_close(torch.tensor(first["losses"] + rest["losses"]), torch.tensor(whole["losses"]),
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_a_straggler_is_balanced_and_summarised(tmp_path: Path) -> None:
     text, run = _torchrun(tmp_path, "straggler", "--steps", "16", "--straggler", "fixed:1:4")
     summary = run["summary"]

@@ -151,3 +151,42 @@ def test_heads_and_kv_heads_are_checked_against_hidden_and_tp(heads: int, kv: in
         assert kind == "refused" and _names(got, "--tp", str(tp)), got
     else:
         assert kind == "accepted" and (got.heads, got.kv_heads) == (heads, kv)
+
+
+# The example's defaults for the flags a checkpoint must share with the run that resumes it.
+SAVED_FLAGS = {"model": "tiny-llama", "hidden": 256, "layers": 4, "heads": 8, "kv_heads": 4, "data": "shakespeare",
+               "batch_size": 8, "seq_len": 64, "seed": 0, "precision": "fp32", "zero_stage": 0}
+
+
+def test_save_and_resume_refuse_what_would_overwrite_or_mix_checkpoints(tmp_path, capsys) -> None:
+    import json
+
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("a user's file")
+    kind, line = _outcome(["--save", str(full)], capsys)
+    assert kind == "refused" and _names(line, "--save", "not an empty directory"), line
+    assert (full / "keep.txt").read_text() == "a user's file"
+    (tmp_path / "new.partial").mkdir()
+    kind, line = _outcome(["--save", str(tmp_path / "new")], capsys)
+    assert kind == "refused" and _names(line, "--save", "new.partial"), line
+    kind, line = _outcome(["--save", str(tmp_path / "missing" / "ckpt")], capsys)
+    assert kind == "refused" and _names(line, "--save", "does not exist"), line
+    (tmp_path / "empty").mkdir()
+    assert _outcome(["--save", str(tmp_path / "empty")], capsys)[0] == "accepted"
+
+    kind, line = _outcome(["--resume", str(tmp_path / "empty")], capsys)
+    assert kind == "refused" and _names(line, "--resume", "finetune_state.json"), line
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "finetune_state.json").write_text("{not json")
+    kind, line = _outcome(["--resume", str(ckpt)], capsys)
+    assert kind == "refused" and _names(line, "--resume", "unreadable"), line
+    (ckpt / "finetune_state.json").write_text(json.dumps({"step": 5, "flags": {**SAVED_FLAGS, "hidden": 512}}))
+    kind, line = _outcome(["--resume", str(ckpt)], capsys)
+    assert kind == "refused" and _names(line, "--resume", "--hidden 512 (this run: 256)"), line
+    (ckpt / "finetune_state.json").write_text(json.dumps({"step": 5, "flags": SAVED_FLAGS}))
+    kind, line = _outcome(["--resume", str(ckpt), "--steps", "5"], capsys)
+    assert kind == "refused" and _names(line, "--resume", "--steps (the total) must be larger, got 5"), line
+    kind, args = _outcome(["--resume", str(ckpt), "--steps", "8"], capsys)
+    assert kind == "accepted" and args.resume_step == 5
