@@ -232,7 +232,8 @@ def check_checkpoint_flags(args: argparse.Namespace) -> None:
 
 def save_checkpoint(booster, model, optimizer, args: argparse.Namespace, step: int, rank: int) -> float:
     """Model and optimizer into ``--save DIR.partial``, the state file last, then renamed to ``DIR``:
-    a save that does not finish leaves no checkpoint under ``DIR``.  Collective; its seconds."""
+    a save that does not finish leaves no checkpoint under ``DIR``.  ``DIR`` must be on a file system
+    every rank sees (as Colossal-AI's checkpoint IO assumes).  Collective; its seconds."""
     import torch.distributed as dist
     from pathlib import Path
 
@@ -245,7 +246,8 @@ def save_checkpoint(booster, model, optimizer, args: argparse.Namespace, step: i
     booster.save_optimizer(optimizer, str(partial / "optimizer"), shard=True)
     dist.barrier()
     if rank == 0:
-        write_json(partial / CHECKPOINT_STATE, {"step": step, "flags": {k: getattr(args, k) for k in _RESUME_MUST_MATCH}})
+        flags = {k: getattr(args, k) for k in _RESUME_MUST_MATCH}
+        write_json(partial / CHECKPOINT_STATE, {"step": step, "flags": flags})
         if final.exists():
             final.rmdir()  # checked empty before the run
         partial.rename(final)

@@ -87,7 +87,8 @@ def test_stays_slow_with_noise_still_one_replan():
     moves = simulate(pol, lambda s: (1.0, 0.25), 300, noise=0.02, seed=3)
     assert len(moves) == 1
     # at launch the model is one step's (step 1): within a unit of the true plan
-    assert all(abs(a - b) <= 1 for p, q in zip(moves[0][1].plans, expected((1.0, 0.25))) for a, b in zip(p.units, q.units))
+    want = expected((1.0, 0.25))
+    assert all(abs(a - b) <= 1 for p, q in zip(moves[0][1].plans, want) for a, b in zip(p.units, q.units))
     pol = policy(ReshardConfig(launch=0))  # from the first window's medians: the plan itself
     moves = simulate(pol, lambda s: (1.0, 0.25), 300, noise=0.02, seed=3)
     assert len(moves) == 1 and moves[0][1].plans == expected((1.0, 0.25))
@@ -96,7 +97,8 @@ def test_stays_slow_with_noise_still_one_replan():
 def test_move_that_does_not_pay_waits_for_age():
     # an expensive move (predicted from bytes at a slow link) pays only once the state is old enough
     # (no launch decision: it counts the horizon, not the age)
-    slow_link = ReshardConfig(bandwidth_bytes_s=1e5, launch=0)  # 14 MiB / 0.1 MB/s ≈ 147 s; gain 4 - 1.6 s/step: 62 steps
+    # 14 MiB / 0.1 MB/s ≈ 147 s; gain 4 - 1.6 s/step: 62 steps
+    slow_link = ReshardConfig(bandwidth_bytes_s=1e5, launch=0)
     pol = policy(slow_link)
     moves = simulate(pol, lambda s: (1.0, 0.25), 300)
     assert len(moves) == 1

@@ -199,8 +199,8 @@ def bench(data: dict) -> list[str]:
         sheds = [r.get("shed_share_by_rank") or [] for r in mine]
         slow = _seed_values([s[straggler] if straggler < len(s) else 0.0 for s in sheds], ".2f")
         fast = _seed_values([max([x for q, x in enumerate(s) if q != straggler] or [0.0]) for s in sheds], ".2f")
-        lines.append(f"| {row['label']} | {row['chi']:g} | {row['iter_time_s']:.3f} | {row['rt_vs_chi1']:.2f} | {acc} | "
-                     f"{delta} | {slow} | {fast} |")
+        lines.append(f"| {row['label']} | {row['chi']:g} | {row['iter_time_s']:.3f} | {row['rt_vs_chi1']:.2f} | "
+                     f"{acc} | {delta} | {slow} | {fast} |")
     return lines
 
 

@@ -180,7 +180,8 @@ def seeds_note(rows: Sequence[dict]) -> str:
     """How many seeds each plotted point averages (the figures' second title line)."""
     counts = sorted({int(row.get("seeds", 1)) for row in rows}) or [1]
     n = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
-    return f"{n} seed{'' if counts[-1] == 1 else 's'} per point" + ("; bars: spread over seeds" if counts[-1] > 1 else "")
+    bars = "; bars: spread over seeds" if counts[-1] > 1 else ""
+    return f"{n} seed{'' if counts[-1] == 1 else 's'} per point{bars}"
 
 
 def _save(plt, fig, path: Path) -> Path:
