@@ -210,6 +210,24 @@ def test_slow_from_the_start_moves_at_launch_and_a_passing_slowdown_is_moved_bac
     assert 15 + math.ceil(pol.config.agree * pol.config.window) - 1 <= moves[1][0] <= 15 + 2 * pol.config.window
 
 
+def test_a_launch_move_is_moved_back_after_one_window_not_the_dwell():
+    """The throttle of a 40 s on / 40 s off pattern was on for the run's first 3 steps only: the
+    launch moved after step 1 and the move back follows one window of the recovered speeds, not the
+    2W dwell a move decided on a window's evidence keeps."""
+    cfg = ReshardConfig(window=10)
+    pol = policy(cfg)
+    moves = simulate(pol, lambda s: (1.0, 0.25) if s < 3 else (1.0, 1.0), 60, noise=0.02)
+    assert [s for s, _ in moves][:1] == [1] and len(moves) == 2, [(s, d.reason) for s, d in moves]
+    assert moves[1][1].plans == even_plans()
+    back = moves[1][0]
+    assert back < 1 + cfg.min_dwell, back  # the dwell alone would have held the plan to step 21
+    assert back >= 3 + math.ceil(cfg.agree * cfg.window) - 1  # a window (agree of it) of the new speeds
+    # the control: a move decided on a window keeps the full dwell
+    pol = policy(ReshardConfig(window=10, launch=0))
+    moves = simulate(pol, lambda s: (1.0, 0.25) if s < 12 else (1.0, 1.0), 80, noise=0.02)
+    assert len(moves) == 2 and moves[1][0] - moves[0][0] >= pol.config.min_dwell, [s for s, _ in moves]
+
+
 def test_launch_does_not_move_on_one_ranks_slow_first_step_or_without_a_straggler():
     """Step 0 is where start-up lands unevenly (one rank's imports, first-touch allocations): a
     rank 3x slower at step 0 only makes the two launch steps disagree, and nothing moves."""

@@ -65,7 +65,10 @@ the steps a window would wait at the full slowdown.  The bet is insured by the c
 already charges the move back and a window at the uneven plan if the slowdown passes.  With two
 samples the noise gate asks for a large gain (a step-0 spike on one rank makes the speeds
 unstable, and nothing moves); if the launch decision keeps the plan, the first window decides as
-before.
+before.  A launch move was a bet without evidence that the state lasts, so the move back needs
+one window of the new speeds, not the default ``dwell`` of ``2W``: a throttle that was on only while the run
+started (measured: on for the first 3 steps of a 40 s on / 40 s off pattern) costs one window at
+the uneven plan instead of ``2W`` steps.
 
 Every input is a number all ranks share and the arithmetic is in a fixed order, so every rank
 takes the same decision at the same step; nothing is broadcast.  With no straggler the proposal
@@ -111,7 +114,7 @@ class ReshardConfig:
     noise_z: float = 3.0
     """... and by more than this many standard errors of the window's median compute times."""
     dwell: int = 0
-    """Fewest steps between two re-plans; 0: ``2·window``."""
+    """Fewest steps between two re-plans; 0: ``2·window`` (after a launch move: one ``window``)."""
     bandwidth_bytes_s: float = 1e8
     """Before the first move: its cost is ``bytes / bandwidth + latency`` (100 MB/s: a host link
     under gloo, measured ~70-150 MB/s on CPU; NVLink is far faster, and the first move measures it)."""
@@ -269,6 +272,8 @@ class ReshardPolicy:
         self._k = 0.0  # R/S of the latest decision's model (measured and capped), for the per-step ratios
         self._skip = config.warmup  # steps still to leave out of the window (warm-up)
         self._launch: list[ReshardSample] = []  # the run's first ``launch`` steps (module docstring)
+        self._launch_decided = False  # the decision just handed out is the launch's
+        self._dwell = config.min_dwell  # steps the plan in force must be kept (one window after a launch move)
 
     # ------------------------------------------------------------------ public
     @property
@@ -302,6 +307,9 @@ class ReshardPolicy:
         if before and (len(before) >= self._needed() or self.last_move_step is None):  # what the move was decided on
             self._before = (self.shares(), [statistics.median(s.compute_s[r] for s in before) for r in range(self.tp)])
         self.plans = plans
+        launch_move = self._launch_decided and not self.config.dwell  # an explicit dwell always holds
+        self._dwell = self.config.window if launch_move else self.config.min_dwell
+        self._launch_decided = False
         self.last_move_step = self.step
         self.samples.clear()  # measurements under the old plan say nothing about the new one's times
         self._skip = self.config.warmup
@@ -324,8 +332,10 @@ class ReshardPolicy:
             self._track_episode(step, sample)
         if step == launch - 1 and len(self._launch) == launch and self.last_move_step is None:
             decision = self._decide(step, launch=self._launch)
+            self._launch_decided = decision.replan
         else:
             decision = self._decide(step)
+            self._launch_decided = False
         if decision.replan:
             self.history.append(decision)
         return decision
@@ -461,8 +471,8 @@ class ReshardPolicy:
         if gain * horizon <= cost:
             return ReshardDecision(step, reason=f"gain {gain:.4g} s/step x {horizon} steps does not pay the move "
                                                 f"and its revert ({cost:.4g} s)", **info)
-        if self.last_move_step is not None and step - self.last_move_step < cfg.min_dwell:
-            return ReshardDecision(step, reason=f"dwell: {step - self.last_move_step} of {cfg.min_dwell} steps since "
+        if self.last_move_step is not None and step - self.last_move_step < self._dwell:
+            return ReshardDecision(step, reason=f"dwell: {step - self.last_move_step} of {self._dwell} steps since "
                                                 "the last re-plan", **info)
         at = " (at launch)" if launch is not None else ""
         return ReshardDecision(step, plans=proposal, reason=f"gain {gain:.4g} s/step x {horizon} steps > move "
