@@ -52,10 +52,6 @@ def _span(values: Sequence[float], fmt: str) -> str:
     return f" ({format(min(values), fmt)}–{format(max(values), fmt)})"
 
 
-def _spans(several: bool) -> Callable[[Sequence[float], str], str]:
-    return _span if several else (lambda values, fmt: "")
-
-
 def _between(values: Sequence[float], fmt: str) -> str:
     """``lo–hi``, or one number where both print alike."""
     lo, hi = format(min(values), fmt), format(max(values), fmt)
@@ -110,7 +106,6 @@ def ttl(data: dict) -> list[str]:
     base = modes["healthy"]
     several = int(data.get("repeats", 1)) > 1
     pattern = data.get("pattern")
-    span = _spans(several)
     rng = " (range)" if several else ""
     first = f"train time ({data['model']['steps']} steps)" if pattern else f"steady step{rng}"
     lines = [f"| mode | {first} | vs healthy | final val loss | to target{rng} | vs healthy | balanced share | "
@@ -119,13 +114,14 @@ def ttl(data: dict) -> list[str]:
         if pattern:
             time_cell, ratio = f"{m['train_s']:.1f} s", m["train_s"] / base["train_s"]
         else:
-            time_cell = f"{m['steady_step_s']:.3f} s" + span(m.get("steady_step_s_range", ()), ".2f")
+            spread = m.get("steady_step_s_range", ()) if several else ()
+            time_cell = f"{m['steady_step_s']:.3f} s" + _span(spread, ".2f")
             ratio = m["steady_step_s"] / base["steady_step_s"]
         target = m.get("time_to_target_s")
         if target is None:
             target_cell, target_ratio = "never", "—"
         else:
-            target_cell = f"{target:.1f} s" + span(m.get("time_to_target_s_each", ()), ".1f")
+            target_cell = f"{target:.1f} s" + _span(m.get("time_to_target_s_each", ()) if several else (), ".1f")
             target_ratio = _x(target / base["time_to_target_s"])
         shares = m.get("balanced_share") or []
         share_cell = " / ".join("—" if b is None else f"{b:.2f}" for b in shares) or "—"
