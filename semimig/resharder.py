@@ -5,15 +5,18 @@
 controller's ``step()``, it
 
 1. all-gathers over the tensor-parallel group every rank's split of the step (one float64
-   all-gather of five numbers): its own work ``compute_s`` (the controller's
+   all-gather of six numbers): its own work ``compute_s`` (the controller's
    :class:`~semimig.straggler.device.DeviceClock`: wall minus time in collectives), its GEMM
    seconds in semimig's paired layers (``busy_s``, the shardable work it measures), its seconds in
-   collectives, the injected whole-device sleep and the wall time;
+   collectives, the injected whole-device sleep, the wall time and the work fraction it ran at;
 2. feeds the numbers, identical on every rank, to the pure :class:`ReshardPolicy`; while a
-   straggler prunes or migrates (mode ``semi``) its GEMM seconds are corrected to the unpruned
-   estimate the controller keeps (``ShedDecision.unpruned_s``), scaled by the rank's measured
-   slow-down of everything else (``compute/(compute − sleep)``, 1 on a real slow device), so the
-   policy sees the rank's speed, not its shrunk work;
+   straggler prunes or migrates (mode ``semi``) its GEMM seconds are scaled up to full work from
+   *this step's* measurement (:func:`unshed`: ``b / (f + (1 − f)·w)``, ``w`` the work fraction the
+   step ran at, ``f`` the controller's fitted fixed fraction), and the extra scaled by the rank's
+   measured slow-down of everything else (``compute/(compute − sleep)``, 1 on a real slow device),
+   so the policy sees the rank's speed, not its shrunk work.  (The controller's own estimate
+   ``ShedDecision.unpruned_s`` is a window median: measured, it still showed the throttled speed
+   three steps after a 20 s throttle had lifted, and SEMI re-planned for a straggler already gone.)
 3. when the policy decides, calls :func:`semimig.shardformer.replan.apply_plan` (collective: moves
    every changed unit's weights and optimizer state once), tells the policy the measured cost, and
    hands the caller the new plan so that it rebuilds the controller on the new shapes.
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -43,7 +47,7 @@ from semimig.controller.reshard import ReshardConfig, ReshardDecision, ReshardPo
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan, units_of
 
-__all__ = ["Resharder", "ReplanEvent", "reshardable_plan", "even_reshardable_plan", "check_reshard", "make_resharder",
+__all__ = ["Resharder", "ReplanEvent", "unshed", "reshardable_plan", "even_reshardable_plan", "check_reshard", "make_resharder",
            "resizing_mode"]
 
 logger = logging.getLogger(__name__)
@@ -123,6 +127,23 @@ def _params_per_unit(config: Any, dims: Any, block_size: int) -> tuple[float, fl
     return float(mlp * layers), float(kv * layers)
 
 
+def unshed(compute_s: float, shardable_s: float, *, sleep_s: float, work: float, fixed: float) -> tuple[float, float]:
+    """A rank's ``(compute, shardable)`` seconds at full work, from a step it ran at work fraction
+    ``work`` (pruned or migrated columns; 1: nothing shed, returned as measured).
+
+    The GEMM time model of :mod:`semimig.controller.timing`: ``b = S·(f + (1 − f)·w)``, so the full
+    work's GEMM seconds are ``S = b / (f + (1 − f)·w)`` (``f`` the fitted fixed fraction, 0 where it is
+    not a number in ``[0, 1)``); the extra ``S − b`` is added to both, scaled by ``c / (c − sleep)``
+    (an emulated whole-device straggler's sleep slows the extra work alike; 1 on a real device).
+    """
+    if not 0.0 < work < 1.0 or shardable_s <= 0.0:
+        return compute_s, shardable_s
+    f = fixed if 0.0 <= fixed < 1.0 else 0.0  # NaN (no estimate yet) fails the test too
+    extra = shardable_s / (f + (1.0 - f) * work) - shardable_s
+    scale = compute_s / (compute_s - sleep_s) if compute_s > sleep_s > 0.0 else 1.0
+    return compute_s + extra * scale, shardable_s + extra * scale
+
+
 class Resharder:
     """Feeds the policy, moves on its decision (module docstring).  ``move`` is called as
     ``move(new_plan) -> (bytes this rank sent, seconds)`` (collective over the TP group)."""
@@ -150,8 +171,6 @@ class Resharder:
         self.settled_now = False
         """True for the one step at which a full window under a new plan has been measured."""
         self._speaks = self.rank == 0
-        self.controller_scale: tuple[float, ...] = (1.0,) * self.size
-        """The ``busy_scale`` the balance controller in use divides its busy times by (set at its rebuild)."""
 
     # ------------------------------------------------------------------ per step
     def gather(self, report: Any) -> ReshardSample:
@@ -162,7 +181,8 @@ class Resharder:
         sleep = float(device.sleep_s) if device is not None else 0.0
         comm = float(device.comm_s) if device is not None else 0.0
         wall = float(device.wall_s) if device is not None else 0.0
-        mine = torch.tensor([compute, busy, comm, sleep, wall], dtype=torch.float64, device=self._device)
+        work = float(report.busy.work_fraction)
+        mine = torch.tensor([compute, busy, comm, sleep, wall, work], dtype=torch.float64, device=self._device)
         if self.size > 1:
             rows = [torch.empty_like(mine) for _ in range(self.size)]
             dist.all_gather(rows, mine, group=self.group)
@@ -170,18 +190,9 @@ class Resharder:
         else:
             rows = [mine.cpu().tolist()]
         decision = getattr(report, "decision", None)
-        unpruned = getattr(decision, "unpruned_s", None) if decision is not None else None
-        shed = getattr(decision, "shed", None) if decision is not None else None
-        compute_s, shardable_s = [], []
-        for r, (c, b, _, s, _) in enumerate(rows):
-            if unpruned is not None and shed is not None and shed[r] > 0 and unpruned[r] == unpruned[r]:
-                # the GEMM seconds pruning or migration saved; the controller times busy / its busy_scale
-                extra = max(float(unpruned[r]) * self.controller_scale[r] - b, 0.0)
-                scale = c / (c - s) if c > s > 0 else 1.0
-                c, b = c + extra * scale, b + extra * scale
-            compute_s.append(c)
-            shardable_s.append(b)
-        return ReshardSample(tuple(compute_s), tuple(shardable_s), tuple(row[2] for row in rows))
+        fixed = getattr(decision, "fixed_fraction", None) or (math.nan,) * self.size
+        split = [unshed(c, b, sleep_s=s, work=w, fixed=f) for (c, b, _, s, _, w), f in zip(rows, fixed)]
+        return ReshardSample(tuple(c for c, _ in split), tuple(b for _, b in split), tuple(row[2] for row in rows))
 
     def observe(self, report: Any) -> Optional[Any]:
         """Feed the step; if the policy re-plans, move and return the new :class:`UnevenPlan`."""
@@ -345,10 +356,8 @@ def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str
         new = BalanceController(model, base, process_group=group, iterations_per_epoch=iterations_per_epoch)
         new.iteration, new.epoch = old.iteration, old.epoch
         new.injector.set_position(old.epoch, old.iteration)  # a time-varying straggler keeps its phase
-        # resizing compares what varies, not the planned split; the resharder un-scales the controller's
-        # unpruned estimates with the same numbers
-        resharder.controller_scale = resharder.busy_scale() if settled and not even else (1.0,) * resharder.size
-        new.busy_scale = resharder.controller_scale
+        # resizing compares what varies, not the planned split
+        new.busy_scale = resharder.busy_scale() if settled and not even else (1.0,) * resharder.size
         return new, [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
 
     resharder = Resharder(plan, config, group=group, move=move, config=reshard or ReshardConfig())

@@ -13,6 +13,7 @@ import pytest
 
 from semimig.controller.reshard import ReshardConfig, ReshardDecision, ReshardPolicy, ReshardSample, moved_units
 from semimig.errors import ConfigError
+from semimig.resharder import unshed
 from semimig.sharding import ShardPlan, StepModel, solve_plan
 
 RHO = 0.2      # replicated share of a healthy even step
@@ -348,3 +349,25 @@ def test_a_measured_replicated_share_above_the_splits_bound_is_capped():
     model, _ = pol.model(samples)
     assert math.isclose(model.replicated / model.shardable, bound)
     assert model.speeds[1] / model.speeds[0] == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("S,f,w", [(1.0, 0.0, 0.22), (2.6, 0.1, 0.22), (0.54, 0.3, 0.5), (1.0, 0.05, 0.999)])
+def test_unshed_scales_a_pruned_steps_gemm_seconds_to_full_work(S, f, w):
+    """The policy sees a pruning rank at full work from the step itself: with the controller's
+    model ``b = S·(f + (1 − f)·w)`` the full work's ``S`` comes back, and the rest of the compute
+    (attention, optimizer: ``rest``) is kept."""
+    rest = 0.3
+    b = S * (f + (1.0 - f) * w)
+    c, s = unshed(b + rest, b, sleep_s=0.0, work=w, fixed=f)
+    assert s == pytest.approx(S, rel=1e-12) and c == pytest.approx(S + rest, rel=1e-12)
+    # nothing shed, or nothing timed: as measured
+    assert unshed(b + rest, b, sleep_s=0.0, work=1.0, fixed=f) == (b + rest, b)
+    assert unshed(rest, 0.0, sleep_s=0.0, work=w, fixed=f) == (rest, 0.0)
+
+
+def test_unshed_without_a_fitted_fixed_fraction_and_under_an_emulated_sleep():
+    # no estimate yet (NaN) or a nonsense one: the proportional model, b / w
+    for f in (math.nan, -0.1, 1.0):
+        assert unshed(1.0, 0.25, sleep_s=0.0, work=0.5, fixed=f) == pytest.approx((1.25, 0.5))
+    # an emulated whole-device straggler: half of the compute is its sleep, so the extra work is slowed 2x
+    assert unshed(2.0, 0.25, sleep_s=1.0, work=0.5, fixed=0.0) == pytest.approx((2.5, 0.75))
