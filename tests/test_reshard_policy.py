@@ -223,10 +223,25 @@ def test_a_launch_move_is_moved_back_after_one_window_not_the_dwell():
     back = moves[1][0]
     assert back < 1 + cfg.min_dwell, back  # the dwell alone would have held the plan to step 21
     assert back >= 3 + math.ceil(cfg.agree * cfg.window) - 1  # a window (agree of it) of the new speeds
-    # the control: a move decided on a window keeps the full dwell
-    pol = policy(ReshardConfig(window=10, launch=0))
+    # the control: a move whose gain was counted over at least the dwell keeps the full dwell (a
+    # first move priced at 0.5 MB/s pays only once the state is old)
+    pol = policy(ReshardConfig(window=10, launch=0, bandwidth_bytes_s=5e5))
+    moves = simulate(pol, lambda s: (1.0, 0.25) if s < 60 else (1.0, 1.0), 160, noise=0.02)
+    assert len(moves) == 2 and moves[0][1].horizon >= cfg.min_dwell, [(s, d.reason) for s, d in moves]
+    assert moves[1][0] - moves[0][0] >= cfg.min_dwell, [s for s, _ in moves]
+
+
+def test_a_move_on_a_young_state_is_moved_back_after_one_window_not_the_dwell():
+    """A move whose gain was counted over fewer steps than the dwell is a bet like the launch's:
+    measured, the second phase of a 40 s on / 40 s off throttle was moved for with a 4-step
+    expected life as it ended, and the 2W dwell held the uneven plan 21 steps at healthy speeds."""
+    cfg = ReshardConfig(window=10, launch=0)
+    pol = policy(cfg)
     moves = simulate(pol, lambda s: (1.0, 0.25) if s < 12 else (1.0, 1.0), 80, noise=0.02)
-    assert len(moves) == 2 and moves[1][0] - moves[0][0] >= pol.config.min_dwell, [s for s, _ in moves]
+    assert len(moves) == 2 and moves[0][1].horizon < cfg.min_dwell, [(s, d.reason) for s, d in moves]
+    assert moves[1][1].plans == even_plans()
+    assert moves[1][0] - moves[0][0] < cfg.min_dwell, [s for s, _ in moves]
+    assert moves[1][0] >= 12 + math.ceil(cfg.agree * cfg.window) - 1  # a window (agree of it) of the new speeds
 
 
 def test_launch_does_not_move_on_one_ranks_slow_first_step_or_without_a_straggler():

@@ -68,7 +68,10 @@ unstable, and nothing moves); if the launch decision keeps the plan, the first w
 before.  A launch move was a bet without evidence that the state lasts, so the move back needs
 one window of the new speeds, not the default ``dwell`` of ``2W``: a throttle that was on only while the run
 started (measured: on for the first 3 steps of a 40 s on / 40 s off pattern) costs one window at
-the uneven plan instead of ``2W`` steps.
+the uneven plan instead of ``2W`` steps.  So is any move whose gain was counted over fewer steps than
+the dwell (a young state, or an episode that outlived short past ones): measured, the second
+phase of the same pattern was moved for with a 4-step expected life as it ended, and the ``2W``
+dwell then held the uneven plan 21 steps at healthy speeds.
 
 Every input is a number all ranks share and the arithmetic is in a fixed order, so every rank
 takes the same decision at the same step; nothing is broadcast.  With no straggler the proposal
@@ -114,7 +117,8 @@ class ReshardConfig:
     noise_z: float = 3.0
     """... and by more than this many standard errors of the window's median compute times."""
     dwell: int = 0
-    """Fewest steps between two re-plans; 0: ``2·window`` (after a launch move: one ``window``)."""
+    """Fewest steps between two re-plans; 0: ``2·window`` (after a bet, a launch move or one counted
+    over fewer steps than that: one ``window``)."""
     bandwidth_bytes_s: float = 1e8
     """Before the first move: its cost is ``bytes / bandwidth + latency`` (100 MB/s: a host link
     under gloo, measured ~70-150 MB/s on CPU; NVLink is far faster, and the first move measures it)."""
@@ -272,8 +276,8 @@ class ReshardPolicy:
         self._k = 0.0  # R/S of the latest decision's model (measured and capped), for the per-step ratios
         self._skip = config.warmup  # steps still to leave out of the window (warm-up)
         self._launch: list[ReshardSample] = []  # the run's first ``launch`` steps (module docstring)
-        self._launch_decided = False  # the decision just handed out is the launch's
-        self._dwell = config.min_dwell  # steps the plan in force must be kept (one window after a launch move)
+        self._bet = False  # the decision just handed out is a bet (the launch's, or on a young state)
+        self._dwell = config.min_dwell  # steps the plan in force must be kept (one window after a bet)
 
     # ------------------------------------------------------------------ public
     @property
@@ -307,9 +311,9 @@ class ReshardPolicy:
         if before and (len(before) >= self._needed() or self.last_move_step is None):  # what the move was decided on
             self._before = (self.shares(), [statistics.median(s.compute_s[r] for s in before) for r in range(self.tp)])
         self.plans = plans
-        launch_move = self._launch_decided and not self.config.dwell  # an explicit dwell always holds
-        self._dwell = self.config.window if launch_move else self.config.min_dwell
-        self._launch_decided = False
+        bet = self._bet and not self.config.dwell  # an explicit dwell always holds
+        self._dwell = self.config.window if bet else self.config.min_dwell
+        self._bet = False
         self.last_move_step = self.step
         self.samples.clear()  # measurements under the old plan say nothing about the new one's times
         self._skip = self.config.warmup
@@ -330,12 +334,10 @@ class ReshardPolicy:
         elif sample.valid:
             self.samples.append(sample)
             self._track_episode(step, sample)
-        if step == launch - 1 and len(self._launch) == launch and self.last_move_step is None:
-            decision = self._decide(step, launch=self._launch)
-            self._launch_decided = decision.replan
-        else:
-            decision = self._decide(step)
-            self._launch_decided = False
+        at_launch = step == launch - 1 and len(self._launch) == launch and self.last_move_step is None
+        decision = self._decide(step, launch=self._launch) if at_launch else self._decide(step)
+        # a bet: the launch's move, or one counted over a life shorter than the dwell (a young state)
+        self._bet = decision.replan and (at_launch or decision.horizon < self.config.min_dwell)
         if decision.replan:
             self.history.append(decision)
         return decision
