@@ -40,17 +40,23 @@ def _torchrun(tmp_path: Path, name: str, *flags: str, timeout_s: float = 240) ->
     return text, json.loads(out.read_text())
 
 
-def test_balancing_off_trains_like_colossalai_policy(tmp_path: Path) -> None:
-    _, off = _torchrun(tmp_path, "off", "--steps", "6", "--balance", "off")
+@pytest.fixture(scope="module")
+def off_6_steps(tmp_path_factory) -> dict:
+    """The 6-step run with balancing off, shared by the cases that compare against it (one run)."""
+    return _torchrun(tmp_path_factory.mktemp("off6"), "off", "--steps", "6", "--balance", "off")[1]
+
+
+def test_balancing_off_trains_like_colossalai_policy(tmp_path: Path, off_6_steps: dict) -> None:
+    off = off_6_steps
     _, theirs = _torchrun(tmp_path, "colossalai", "--steps", "6", "--policy", "colossalai", "--balance", "off")
     assert off["summary"]["policy"] == "semimig" and theirs["summary"]["policy"] == "colossalai"
     torch.testing.assert_close(torch.tensor(off["losses"]), torch.tensor(theirs["losses"]), atol=1e-5, rtol=1e-3)
     assert len(off["step_s"]) == 6 and off["summary"]["final_loss"] == f"{off['losses'][-1]:.4f}"
 
 
-def test_save_then_resume_continues_the_uninterrupted_run(tmp_path: Path) -> None:
+def test_save_then_resume_continues_the_uninterrupted_run(tmp_path: Path, off_6_steps: dict) -> None:
     """3 steps saved, 3 resumed: the losses of the 6-step run, the same batches in the same order."""
-    _, whole = _torchrun(tmp_path, "whole", "--steps", "6", "--balance", "off")
+    whole = off_6_steps
     ckpt = tmp_path / "ckpt"
     _, first = _torchrun(tmp_path, "first", "--steps", "3", "--balance", "off", "--save", str(ckpt))
     assert (ckpt / "finetune_state.json").is_file() and not (tmp_path / "ckpt.partial").exists()
