@@ -1,11 +1,13 @@
 # The user-facing commands:
 #   make bench   the main job (semimig's end-to-end benchmark; a short demo until it lands)
-#   make test    the test suite (the full suite; the 15 slowest cases listed at the end)
+#   make test    the test suite (the full suite on 2 xdist workers; the 15 slowest cases listed at the end)
 #   make test-fast   the edit loop: every case not marked slow (tests/conftest.py: SLOW_MODULES)
+#   (PYTEST_WORKERS=0 runs either in one process; cases marked serial run alone either way)
 #   make tables  the README's generated tables, rewritten from docs/results/ (scripts/readme_tables.py)
 # Each creates the virtualenv .venv and install everything on first use (scripts/bootstrap.sh).
 VENV ?= .venv
 BENCH_ARGS ?=
+PYTEST_WORKERS ?= 2
 
 .PHONY: bench test test-fast tables setup clean
 
@@ -16,10 +18,10 @@ bench: setup
 	$(VENV)/bin/semimig bench $(BENCH_ARGS)
 
 test: setup
-	$(VENV)/bin/pytest -q --durations=15
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --durations=15
 
 test-fast: setup
-	$(VENV)/bin/pytest -q --durations=15 -m "not slow"
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --durations=15 -m "not slow"
 
 tables: setup
 	$(VENV)/bin/python scripts/readme_tables.py

@@ -9,7 +9,18 @@
   a case counts as slow when its module is in :data:`SLOW_MODULES` (end-to-end training, ranks
   started by fixtures or helpers, subprocess or torchrun runs) or when its own source starts ranks
   or processes (:data:`SPAWNS`), so the edit loop stays under 90 s; ``make test`` runs them all.
+- ``make test`` runs on two pytest-xdist workers (one per core of the reference machine: a third of
+  a serial run's CPU time was idle, waiting on process start-up).  The cases that assert measured
+  CPU rates or sleep accuracy (:data:`SERIAL_MODULES`, marked ``serial``) must not share the
+  machine: every case holds a shared lock, a ``serial`` case an exclusive one (:func:`_cpu_lock`,
+  ``flock`` on files in the controller's temporary directory, with a turnstile so a waiting
+  ``serial`` case is not starved), so a ``serial`` case runs alone and the others two at a time.
+  Cases marked ``mutex(name)`` never run beside another of the same name (the emulated-cluster
+  cases compare the machine's namespaces before and after).  (pytest-xdist's own ``loadgroup``
+  does not group under pytest 9: it renames ``item._nodeid``, which pytest 9 no longer reads.)
 """
+import contextlib
+import fcntl
 import inspect
 import os
 import shutil
@@ -34,6 +45,13 @@ SLOW_CASES = frozenset({
 })
 
 
+# Cases that assert measured CPU rates or sleep accuracy, or that a straggler injected in proportion
+# to measured GEMM time is flagged (the other worker's load is noise to them): they run alone.
+SERIAL_MODULES = frozenset({"test_throttle.py", "test_straggler.py", "test_device_straggler.py",
+                            "test_controller_runtime.py", "test_resizing_layers.py", "test_reshard_enable.py"})
+SERIAL_CASES = frozenset({"test_a_straggler_is_balanced_and_summarised",
+                          "test_a_whole_device_straggler_reports_the_balanced_share_of_every_rank"})
+
 SPAWNS = ("run_on_ranks(", "run_pooled(", "subprocess.", "Popen(", "torchrun", "_torchrun(", "run_throttled(")
 
 
@@ -49,6 +67,54 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SLOW_MODULES or item.originalname in SLOW_CASES or _spawns(item):
             item.add_marker(pytest.mark.slow)
+        if item.path.name in SERIAL_MODULES or item.originalname in SERIAL_CASES:
+            item.add_marker(pytest.mark.serial)
+
+
+LOCKS_ENV = "SEMIMIG_TEST_LOCKS"
+
+
+@contextlib.contextmanager
+def _cpu_lock(directory: str, *, exclusive: bool):
+    """A readers-writer lock across the xdist workers: shared for ordinary cases, exclusive for
+    ``serial`` ones.  Every case passes the turnstile first; a ``serial`` case holds it while it
+    waits, so no new case starts before it runs."""
+    with open(os.path.join(directory, "turnstile"), "a") as gate, open(os.path.join(directory, "cpu"), "a") as cpu:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        if not exclusive:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        fcntl.flock(cpu, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        if exclusive:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(cpu, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _mutex(directory: str, name: str):
+    """Cases marked ``mutex(name)`` with the same name never run at the same time."""
+    with open(os.path.join(directory, f"mutex-{name}"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _machine_share(request):
+    """The case's share of the machine under xdist (module docstring); nothing without workers."""
+    directory = os.environ.get(LOCKS_ENV)
+    if not directory or not hasattr(request.config, "workerinput"):
+        yield
+        return
+    with contextlib.ExitStack() as held:
+        for mark in request.node.iter_markers("mutex"):
+            held.enter_context(_mutex(directory, mark.args[0]))
+        held.enter_context(_cpu_lock(directory, exclusive=request.node.get_closest_marker("serial") is not None))
+        yield
 
 
 _PRIVATE_TMP = None
@@ -58,6 +124,8 @@ def pytest_configure(config):
     global _PRIVATE_TMP
     _PRIVATE_TMP = tempfile.mkdtemp(prefix="semimig-tests-")
     os.environ["TMPDIR"] = _PRIVATE_TMP
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist): the workers inherit it
+        os.environ[LOCKS_ENV] = _PRIVATE_TMP
 
 
 def pytest_unconfigure(config):

@@ -25,6 +25,9 @@ import pytest
 from semimig.cluster.topology import ClusterConfig, parse_name, plan_cluster, choose_subnet, tbf_burst_bytes
 from semimig.errors import ConfigError
 
+# the cases read the machine's namespaces and links before and after: never two at once (xdist)
+pytestmark = pytest.mark.mutex("netns")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

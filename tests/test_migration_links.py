@@ -222,6 +222,7 @@ def _ours() -> set[str]:
 
 
 @pytest.mark.skipif(bool(_netns_reason()), reason=_netns_reason() or "ok")
+@pytest.mark.mutex("netns")  # reads the machine's namespaces before and after, as test_cluster does
 def test_the_straggler_interface_carries_each_block_once_under_direct(tmp_path, monkeypatch):
     """The benchmark on 3 emulated nodes (rank 1's link 1 Gbit/s): the interface counters of the
     straggler's link, less the all-reduces' (gamma = 0), match the counted migration bytes under
