@@ -47,8 +47,8 @@ from semimig.controller.reshard import ReshardConfig, ReshardDecision, ReshardPo
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan, units_of
 
-__all__ = ["Resharder", "ReplanEvent", "unshed", "reshardable_plan", "even_reshardable_plan", "check_reshard", "make_resharder",
-           "resizing_mode"]
+__all__ = ["Resharder", "ReplanEvent", "unshed", "reshardable_plan", "even_reshardable_plan", "check_reshard",
+           "make_resharder", "resizing_mode"]
 
 logger = logging.getLogger(__name__)
 
