@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from semimig.comm import primitives as P
 from semimig.controller.reshard import ReshardConfig, ReshardDecision, ReshardPolicy, ReshardSample
+from semimig.controller.timing import dense_equivalent
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan, units_of
 
@@ -132,14 +133,15 @@ def unshed(compute_s: float, shardable_s: float, *, sleep_s: float, work: float,
     ``work`` (pruned or migrated columns; 1: nothing shed, returned as measured).
 
     The GEMM time model of :mod:`semimig.controller.timing`: ``b = S·(f + (1 − f)·w)``, so the full
-    work's GEMM seconds are ``S = b / (f + (1 − f)·w)`` (``f`` the fitted fixed fraction, 0 where it is
+    work's GEMM seconds are ``S = b / (f + (1 − f)·w)`` (its :func:`~semimig.controller.timing.dense_equivalent`;
+    ``f`` the fitted fixed fraction, 0 where it is
     not a number in ``[0, 1)``); the extra ``S − b`` is added to both, scaled by ``c / (c − sleep)``
     (an emulated whole-device straggler's sleep slows the extra work alike; 1 on a real device).
     """
     if not 0.0 < work < 1.0 or shardable_s <= 0.0:
         return compute_s, shardable_s
     f = fixed if 0.0 <= fixed < 1.0 else 0.0  # NaN (no estimate yet) fails the test too
-    extra = shardable_s / (f + (1.0 - f) * work) - shardable_s
+    extra = dense_equivalent(shardable_s, work, f) - shardable_s
     scale = compute_s / (compute_s - sleep_s) if compute_s > sleep_s > 0.0 else 1.0
     return compute_s + extra * scale, shardable_s + extra * scale
 

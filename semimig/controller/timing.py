@@ -75,7 +75,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-__all__ = ["MIN_SPREAD", "RankEstimate", "RankTiming", "fit_fixed_fraction", "observation_problem"]
+__all__ = ["MIN_SPREAD", "RankEstimate", "RankTiming", "dense_equivalent", "fit_fixed_fraction",
+           "observation_problem"]
 
 SAME_WORK = 0.15
 """Work fractions this close count as the same work for the change test."""
@@ -126,6 +127,15 @@ class RankEstimate:
         if variable <= 0.0 or self.unpruned_s <= 0.0:
             return 1.0 if target_s >= self.unpruned_s else -math.inf
         return (target_s / self.unpruned_s - self.fixed_fraction) / variable
+
+
+def dense_equivalent(busy_s: float, work: float, fixed_fraction: float) -> float:
+    """Busy seconds at full work from ``busy_s`` measured at work fraction ``work``:
+    ``T / (f + (1 − f)·w)`` for ``w ≤ 1`` (the fixed part ``f`` does not shrink with the kept
+    columns), ``T / w`` above 1 (a receiver's migrated columns scale whole)."""
+    if work > 1.0:
+        return busy_s / work
+    return busy_s / (fixed_fraction + (1.0 - fixed_fraction) * work)
 
 
 def observation_problem(work: float, busy_s: float) -> Optional[str]:
@@ -272,8 +282,7 @@ class RankTiming:
         self.fixed_fraction, self.informed = self.prior_fixed_fraction, False
 
     def _per_observation(self) -> list[float]:
-        f = self.fixed_fraction
-        return [t / w if w > 1.0 else t / (f + (1.0 - f) * w) for w, t in self._obs]
+        return [dense_equivalent(t, w, self.fixed_fraction) for w, t in self._obs]
 
     @property
     def observations(self) -> int:
