@@ -22,6 +22,7 @@ import torch.nn as nn
 from semimig.errors import ConfigError
 from semimig.migration.layout import MigrationLayout
 from semimig.nn.balanced import BalancedLinearMixin
+from semimig.controller.reflex import StepReflex
 from semimig.nn.directive import LayerDirective, LayerState
 from semimig.resizing.config import ResizingConfig
 from semimig.resizing.lineage import LineageTable
@@ -54,6 +55,8 @@ class BoundLayer:
     """The reusable directive of a dense iteration (timed, nothing pruned or migrated)."""
     keep_cache: Optional[tuple] = None
     """``(key, keep, pruned)`` of the last keep set (see :meth:`LayerBinding._keep_set`)."""
+    reflex: Optional["LayerReflex"] = None
+    """This layer's hook of the step reflex (None: no reflex)."""
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -62,6 +65,35 @@ class BoundLayer:
         weight = getattr(self.layer, "gemm_weight", None)
         n, k = (weight if weight is not None else self.layer.weight).shape
         return int(n), int(k)
+
+
+class LayerReflex:
+    """One layer's side of the step reflex (:mod:`semimig.controller.reflex`).
+
+    At the opening of each dense call of the layer (in training) it marks the rank's busy time so
+    far; once the reflex has fired it hands out the layer's keep set at the fired ``γ`` (the same
+    priority lists as a planned prune; never for a dense layer) and records it in the lineage table.
+    """
+
+    __slots__ = ("binding", "bound", "reflex", "meter")
+
+    def __init__(self, binding: "LayerBinding", bound: BoundLayer, reflex: StepReflex, meter) -> None:
+        self.binding, self.bound, self.reflex, self.meter = binding, bound, reflex, meter
+
+    def keep(self) -> Optional[torch.Tensor]:
+        b = self.bound
+        if not b.layer.training:
+            return None
+        gamma = self.reflex.mark(self.meter.busy_s)
+        if gamma == 0.0 or b.dense:
+            return None
+        k = b.shape[1]
+        n_prune = columns_to_prune(k, gamma)
+        if n_prune == 0:
+            return None
+        keep, pruned = self.binding._keep_set(b, k, n_prune)
+        self.binding.lineage.record(b.name, "weight", pruned, self.binding.iteration, num_columns=k)
+        return keep
 
 
 class LayerBinding:
@@ -79,6 +111,8 @@ class LayerBinding:
         self._theta_warned = False
         self._flops: Optional[list[float]] = None
         self.generator = torch.Generator().manual_seed(resizing.seed * 1009 + rank)
+        self.iteration = 0
+        """The iteration of the directives in force (the reflex's lineage records carry it)."""
         for b in self.layers:
             b.layer.layer_name = b.name
             if prioritized:
@@ -146,9 +180,22 @@ class LayerBinding:
         return tuple(0.0 if b.dense else next(it) for b in self.layers)
 
     # ------------------------------------------------------------------ directives
+    def attach_reflex(self, reflex: Optional[StepReflex], meter) -> None:
+        """Give every layer's dense directive a hook of ``reflex`` (None: detach it)."""
+        for b in self.layers:
+            b.reflex = None if reflex is None else LayerReflex(self, b, reflex, meter)
+            b.timed_only = None  # rebuilt with (or without) the hook at the next apply
+
+    def signature(self) -> tuple:
+        """The layers' shard shapes: what the reflex's references are valid for (a re-shard changes it)."""
+        return tuple(b.shape for b in self.layers)
+
     def apply(self, *, iteration: int, gammas: Sequence[float], migrate: Mapping[int, float],
-              receivers: Optional[tuple[int, ...]], group_size: int, rank: int, exchange, meter) -> None:
-        """Hand every layer its directive for ``iteration`` (see the module docstring)."""
+              receivers: Optional[tuple[int, ...]], group_size: int, rank: int, exchange, meter) -> bool:
+        """Hand every layer its directive for ``iteration`` (see the module docstring); True when
+        every layer runs dense on this rank (nothing pruned, migrated or received)."""
+        self.iteration = iteration
+        dense = True
         for b, gamma in zip(self.layers, gammas):
             n, k = b.shape
             counts = {} if b.dense else {r: min(k, round(k * share)) for r, share in migrate.items()}
@@ -161,9 +208,11 @@ class LayerBinding:
                 # Dense and timed: one directive per layer, reused while nothing changes (no
                 # per-iteration allocation, no lineage record of an empty set).
                 if b.timed_only is None or b.timed_only.timer is not meter:
-                    b.timed_only = LayerDirective(iteration=0, impute=self.resizing.impute, timer=meter, state=b.state)
+                    b.timed_only = LayerDirective(iteration=0, impute=self.resizing.impute, timer=meter, state=b.state,
+                                                  reflex=b.reflex)
                 b.layer.directive = b.timed_only
                 continue
+            dense = False
             keep, pruned = None, torch.empty(0, dtype=torch.long)
             if n_prune > 0:
                 keep, pruned = self._keep_set(b, own, n_prune)
@@ -171,6 +220,7 @@ class LayerBinding:
                 iteration=iteration, keep=keep, layout=layout, exchange=exchange,
                 impute=self.resizing.impute, timer=meter, state=b.state,
                 on_forward=self._recorder(b.name, pruned, k, iteration), on_backward=self._reader(b.name, pruned))
+        return dense
 
     def _keep_set(self, b: BoundLayer, own: int, n_prune: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(keep, pruned)`` index tensors; the same objects while the period's list and the

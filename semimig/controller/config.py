@@ -1,10 +1,11 @@
 """Configuration of the controller: the pure decision core (DESIGN §3) and its evidence on real time (§3a)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Literal, Optional
 
 from semimig._validate import check_choice, check_int, check_number
+from semimig.controller.reflex import ReflexConfig
 from semimig.errors import ConfigError
 
 Mode = Literal["baseline", "zero", "mig", "semi"]
@@ -142,8 +143,15 @@ class ControllerConfig:
     trial, which is what decides whether migration stays.  3 (36 tasks) gives smoother curves;
     how much that changes β was not measured."""
 
+    reflex: Optional[ReflexConfig] = field(default_factory=ReflexConfig)
+    """The resizing modes (``zero-*``, ``semi``): a rank whose own work turns slow within a step
+    prunes the rest of that step on its own evidence (:mod:`semimig.controller.reflex`), so the
+    steps before the controller's decision do not run at the slow device's pace.  ``None``: off."""
+
     def __post_init__(self) -> None:
         check_choice("ControllerConfig.mode", self.mode, MODES)
+        if self.reflex is not None and not isinstance(self.reflex, ReflexConfig):
+            raise ConfigError(f"ControllerConfig.reflex must be a ReflexConfig or None, got {self.reflex!r}")
         if self.migrators is not None:
             check_int("ControllerConfig.migrators", self.migrators, minimum=0)
             if self.mode != "semi":

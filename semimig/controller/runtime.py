@@ -59,6 +59,7 @@ from semimig.controller.curves import CostCurves, Curve
 from semimig.controller.plan import GroupPlan, decide_plan
 from semimig.controller.pretest import REFERENCE_COLUMNS, PretestRun, fit_curves
 from semimig.controller.binding import LayerBinding
+from semimig.controller.reflex import StepReflex
 from semimig.controller.shedding import ShedDecision, ShedPolicy
 from semimig.controller.timing import RankTiming, observation_problem
 from semimig.controller.trial import MigrationTrial
@@ -150,6 +151,9 @@ class StepReport:
     """Digest of the plan every rank applied in this iteration (checked equal on all ranks)."""
     device: Optional[DeviceTime] = None
     """This rank's step split into compute and communication (:mod:`semimig.straggler.device`)."""
+    reflex_gamma: float = 0.0
+    """The share this rank pruned within the step on its own evidence (the step reflex,
+    :mod:`semimig.controller.reflex`); 0 when it did not fire."""
 
     @property
     def balanced_share(self) -> Optional[float]:
@@ -223,6 +227,11 @@ class BalanceController:
         self._collective_device = P.collective_device(process_group)
         self.injector = StragglerInjector(config.straggler, self.rank, self.size)
         self.meter = BusyMeter(self.injector, device=device)
+        resizes = config.mode.startswith("zero") or config.mode == "semi"
+        self.reflex = StepReflex(ctl_reflex, gamma_max=res.gamma_max) \
+            if resizes and (ctl_reflex := config.controller.reflex) is not None else None
+        """Mode zero-*/semi: the rank's own pruning within a step (None: off)."""
+        self.binding.attach_reflex(self.reflex, self.meter)
         self.clock = DeviceClock(self.injector, device=device).attach()
         """Splits each step into compute and communication; slows all work under ``scope=device``."""
         weakref.finalize(self, self.clock.detach)
@@ -324,6 +333,11 @@ class BalanceController:
         once they agree), feeds every rank's observation to its timing model and decides.
         """
         stats = self.meter.snapshot()
+        reflex_gamma = self.reflex.end_step(stats.busy_s) if self.reflex is not None else 0.0
+        if reflex_gamma > 0.0:
+            logger.info("iteration %d: rank %d ran %.1fx its recent steps' pace from layer call %d on and pruned "
+                        "gamma=%.2f of its columns for the rest of the step (reflex)", self.iteration, self.rank,
+                        self.reflex.slowdown, self.reflex.fired_at, reflex_gamma)
         self.meter.reset()
         device_time = self.clock.take()
         now = time.perf_counter()
@@ -370,7 +384,8 @@ class BalanceController:
         self._apply()
         report = StepReport(self.iteration - 1, stats, self._shed_target(), self._gammas,
                             achieved_savings(self._gammas, self.binding.layer_flops()),
-                            dict(self._migrate()), self.plan, self._pending.decision, digest, device_time)
+                            dict(self._migrate()), self.plan, self._pending.decision, digest, device_time,
+                            reflex_gamma)
         self.reports.append(report)
         return report
 
@@ -510,9 +525,15 @@ class BalanceController:
             receivers = self._current.receivers
             self._description = self._current.describe(self.config.mode)
         self._digest = plan_digest(self._description)
-        self.binding.apply(iteration=self.iteration, gammas=self._gammas, migrate=self._migrate(),
-                           receivers=receivers, group_size=self.size, rank=self.rank, exchange=self.exchange,
-                           meter=self.meter)
+        dense = self.binding.apply(iteration=self.iteration, gammas=self._gammas, migrate=self._migrate(),
+                                   receivers=receivers, group_size=self.size, rank=self.rank, exchange=self.exchange,
+                                   meter=self.meter)
+        if self.reflex is not None:
+            timing, state = self.timings[self.rank], self.policy.states[self.rank]
+            fixed = timing.fixed_fraction if timing.informed else 0.0
+            armed = (dense and not self.forced and self.iteration >= state.backoff_until
+                     and fixed <= self.config.controller.max_fixed_fraction)
+            self.reflex.begin_step(armed=armed, fixed_fraction=fixed, signature=self.binding.signature())
 
     @contextlib.contextmanager
     def dense(self):

@@ -30,6 +30,14 @@ from semimig.migration.layout import MigrationLayout
 IMPUTE_POLICIES = ("zero", "same", "average")
 
 
+class CallReflex(Protocol):
+    """The step reflex's hook in one layer (:mod:`semimig.controller.reflex`): called at the opening
+    of each of the layer's dense calls (forward and backward); the keep set the call computes from
+    then on, or ``None`` (dense)."""
+
+    def keep(self) -> Optional[torch.Tensor]: ...
+
+
 class GemmTimer(Protocol):
     """Runs one GEMM closure and accounts its time as this rank's own busy time."""
 
@@ -109,10 +117,13 @@ class LayerDirective:
     state: LayerState = field(default_factory=LayerState)
     on_forward: Optional[Callable[[], None]] = None  # the runtime writes the lineage table here
     on_backward: Optional[Callable[[], None]] = None  # ... and reads it back here
+    reflex: Optional[CallReflex] = None  # dense directives only: the rank may prune within the step
 
     def __post_init__(self) -> None:
         if self.impute not in IMPUTE_POLICIES:
             raise ConfigError(f"impute must be one of {IMPUTE_POLICIES}, got {self.impute!r}")
+        if self.reflex is not None and (self.keep is not None or self.layout is not None):
+            raise ConfigError("a directive with a reflex must be dense (no keep set, no migration layout)")
         if self.layout is not None and self.layout.active and self.exchange is None:
             raise ConfigError("a directive with migration needs an exchange")
         if self.keep is not None and (not isinstance(self.keep, torch.Tensor)

@@ -55,12 +55,15 @@ def _timed(d: LayerDirective, fn: Callable[[], Any], flops: int, full_flops: int
 
 
 def _own_plan(d: LayerDirective, rank: int, k: int, k_own: int, device: torch.device,
-              backend: str) -> Optional[KeepPlan]:
-    """The keep plan of this rank's own GEMMs, or None when it computes all K columns densely."""
-    if d.keep is None and k_own == k:
+              backend: str, keep: Optional[torch.Tensor] = None) -> Optional[KeepPlan]:
+    """The keep plan of this rank's own GEMMs, or None when it computes all K columns densely.
+
+    ``keep``: the step reflex's keep set (the directive's own is ``d.keep``)."""
+    keep = d.keep if keep is None else keep
+    if keep is None and k_own == k:
         return None
     group = 1 if backend == "torch" else None  # the torch twins gather single columns anyway
-    plan = _timed(d, lambda: d.state.own_plan(d.keep, k, k_own, device, group), 0, 0)
+    plan = _timed(d, lambda: d.state.own_plan(keep, k, k_own, device, group), 0, 0)
     if plan.last >= k_own:
         raise ConfigError(f"keep reaches column {plan.last}, but rank {rank} computes only [0, {k_own})")
     return plan
@@ -84,8 +87,12 @@ def _own_dgrad(dy2d, w, plan: Optional[KeepPlan], backend: str, d: LayerDirectiv
     return _timed(d, lambda: kernel_ops.dgrad(backend, dy2d, w, plan), 2 * m * n * plan.n_kept, full)
 
 
-def _own_wgrad(dy2d, x2d, plan: Optional[KeepPlan], backend: str, d: LayerDirective, use_bias: bool):
-    """``(dw, db)``: ``dw[:, S] = dy^T @ x[:, S]``, pruned columns imputed (zero: exact zeros), ``db = sum(dy)``."""
+def _own_wgrad(dy2d, x2d, plan: Optional[KeepPlan], backend: str, d: LayerDirective, use_bias: bool,
+               pruned: bool):
+    """``(dw, db)``: ``dw[:, S] = dy^T @ x[:, S]``, pruned columns imputed (zero: exact zeros), ``db = sum(dy)``.
+
+    ``pruned``: the plan's missing columns were pruned (imputed); otherwise they are a migrating
+    rank's block, which its receivers compute."""
     m, n, k = dy2d.shape[0], dy2d.shape[1], x2d.shape[1]
     full = 2 * m * n * k
 
@@ -94,7 +101,7 @@ def _own_wgrad(dy2d, x2d, plan: Optional[KeepPlan], backend: str, d: LayerDirect
             dw = dy2d.t().matmul(x2d)
         else:
             dw = kernel_ops.wgrad(backend, dy2d, x2d, plan)
-            if d.keep is not None and d.impute != "zero":  # the prefix of a migrating rank has nothing to impute
+            if pruned and d.impute != "zero":  # the prefix of a migrating rank has nothing to impute
                 impute_(dw, plan, d.impute, d.state.previous_wgrad)
         return dw, (dy2d.sum(dim=0) if use_bias else None)
 
@@ -157,13 +164,27 @@ def _open_forward(ctx, d: LayerDirective, group: ProcessGroup, x, weight):
     ctx.rank, ctx.k_own = rank, _check_directive(d, group, rank, k)
     ctx.backend = resolve_backend(x.device, x.dtype)
     ctx.plan = _own_plan(d, rank, k, ctx.k_own, weight.device, ctx.backend)
+    ctx.pruned = d.keep is not None
+    _reflex(ctx, d, k, weight.device)
     return rank, k, _flat(x)
 
 
-def _open_backward(ctx, d: LayerDirective, dy, x):
-    """Both layers' backward with a directive opens alike: lineage read; ``(dy2d [M, N], x2d [M, K])``."""
+def _reflex(ctx, d: LayerDirective, k: int, device: torch.device) -> None:
+    """A dense call asks the step reflex (:mod:`semimig.controller.reflex`) whether the rank prunes
+    from now on; a layer whose forward ran dense may so prune its backward only."""
+    if d.reflex is None or ctx.plan is not None:
+        return
+    keep = d.reflex.keep()
+    if keep is not None:
+        ctx.plan, ctx.pruned = _own_plan(d, ctx.rank, k, k, device, ctx.backend, keep), True
+
+
+def _open_backward(ctx, d: LayerDirective, dy, x, k: int):
+    """Both layers' backward with a directive opens alike: lineage read, the reflex;
+    ``(dy2d [M, N], x2d [M, K])``."""
     if d.on_backward is not None:
         d.on_backward()
+    _reflex(ctx, d, k, x.device)
     return _flat(dy.contiguous()), _flat(x)
 
 
@@ -209,7 +230,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
             P.wait(handle)
             return dx, dw, db, None, None
         rank, k = ctx.rank, weight.shape[1]
-        dy2d, x2d = _open_backward(ctx, d, dy, x)
+        dy2d, x2d = _open_backward(ctx, d, dy, x, k)
         shares = d.layout.shares if d.migrating else ()
         dys = [d.exchange.share_whole(dy2d, share) for share in shares]  # before the own GEMMs
         dx2d = _own_dgrad(dy2d, weight, ctx.plan, ctx.backend, d)
@@ -224,7 +245,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
             d.exchange.merge_block(dx2d[:, k - share.count:], dx_part, share)
             blocks.append(cols)
         handle = P.all_reduce_start(dx2d, group)  # dx complete: reduce it while the weight gradients run
-        dw, db = _own_wgrad(dy2d, x2d, ctx.plan, ctx.backend, d, ctx.use_bias)
+        dw, db = _own_wgrad(dy2d, x2d, ctx.plan, ctx.backend, d, ctx.use_bias, ctx.pruned)
         for share, dy_k, cols in zip(shares, dys, blocks):
             dw_part = None
             if cols is not None:
@@ -276,9 +297,9 @@ class _RowParallelLinear(torch.autograd.Function):
             dy2d, x2d = _flat(dy), _flat(x)
             return dy.matmul(weight), dy2d.t().matmul(x2d), None, None
         rank, k = ctx.rank, weight.shape[1]
-        dy2d, x2d = _open_backward(ctx, d, dy, x)
+        dy2d, x2d = _open_backward(ctx, d, dy, x, k)
         dx2d = _own_dgrad(dy2d, weight, ctx.plan, ctx.backend, d)
-        dw, _ = _own_wgrad(dy2d, x2d, ctx.plan, ctx.backend, d, False)
+        dw, _ = _own_wgrad(dy2d, x2d, ctx.plan, ctx.backend, d, False, ctx.pruned)
         if d.migrating:
             m, n = dy2d.shape
             for share, (x_blk, x_off, w_blk, w_off) in zip(d.layout.shares, ctx.blocks):

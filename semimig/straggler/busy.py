@@ -125,6 +125,11 @@ class BusyMeter:
         self._finish(start, flops, full_flops)
         return result
 
+    @property
+    def busy_s(self) -> float:
+        """Busy seconds so far in this iteration (what :meth:`snapshot` reports, without building it)."""
+        return self._busy_s
+
     def add_collective_wait(self, seconds: float) -> None:
         """Record time blocked in a collective; reported, never counted as busy."""
         if not (seconds >= 0 and math.isfinite(seconds)):
