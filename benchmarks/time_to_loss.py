@@ -193,12 +193,15 @@ def main(argv=None) -> int:
     print(f"\ntime to the same model: {result['spec']}, tiny Llama h{args.hidden} x{args.layers}, tp=2, "
           f"{args.steps} steps x {args.repeats}; target val loss {target if target is None else round(target, 4)} "
           f"(healthy's final + {TARGET_TOLERANCE:.0%}); exact limit {result['exact_limit_vs_healthy']:.2f}x")
-    print(f"{'mode':>10} {'steady s':>9} {'vs healthy':>10} {'final val':>9} {'to target s':>11} {'vs healthy':>10}"
-          f"  balanced share by rank; re-plans")
+    print(f"{'mode':>10} {'steady s':>9} {'vs healthy':>10} {'mean step':>9} {'worst':>6} {'final val':>9} "
+          f"{'to target s':>11} {'vs healthy':>10}  balanced share by rank; re-plans")
+    print(f"{'':>10} {'':>9} {'':>10} {'vs healthy steady step':>16}")
     for mode, m in modes.items():
         ttt = m["time_to_target_s"]
         share = " / ".join("-" if s is None else f"{s:.2f}" for s in (m["balanced_share"] or []))
+        worst = "-" if m["worst_step_s"] is None else f"{m['worst_step_s'] / base_step:.2f}x"
         print(f"{mode:>10} {m['steady_step_s']:>9.3f} {m['steady_step_s'] / base_step:>9.2f}x "
+              f"{m['mean_step_s'] / base_step:>8.2f}x {worst:>6} "
               f"{m['final_val_loss'] if m['final_val_loss'] is not None else float('nan'):>9.4f} "
               f"{'never' if ttt is None else f'{ttt:.1f}':>11} "
               f"{'-' if ttt is None or not base_time else f'{ttt / base_time:.2f}x':>10}  {share}{replans(m)}")

@@ -52,3 +52,15 @@ def test_example_json_is_read_and_a_broken_one_refused_by_name():
 def test_exact_limit_of_a_group_with_one_slow_rank(chi, ranks, limit):
     # e ranks, one chi times slower, work split in proportion to speed: t = S / (e - 1 + 1/chi), healthy S / e
     assert exact_limit(chi, ranks) == pytest.approx(limit)
+
+
+def test_worst_step_leaves_out_the_warm_up_and_needs_steps_after_it():
+    from semimig.bench.time_to_loss import WARMUP_STEPS, worst_step_s
+
+    steps = [9.0] * WARMUP_STEPS + [1.0, 3.5, 1.0]
+    assert worst_step_s(steps) == 3.5  # the slow start-up steps do not count
+    with pytest.raises(ConfigError, match="more than"):
+        worst_step_s([1.0] * WARMUP_STEPS)
+    runs = [RunResult(step_s=tuple(steps), val_losses=((8, 2.0),), balanced_share=None)]
+    out = summarize_mode(runs, target=2.5)
+    assert out["worst_step_s"] == 3.5 and out["mean_step_s"] == pytest.approx(sum(steps) / len(steps))

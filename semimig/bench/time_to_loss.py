@@ -27,6 +27,8 @@ __all__ = ["TARGET_TOLERANCE", "RunResult", "steady_step_s", "time_to_target_s",
            "exact_limit"]
 
 TARGET_TOLERANCE = 0.02
+WARMUP_STEPS = 5
+"""Steps left out of :func:`worst_step_s` (start-up, the references of the step reflex)."""
 """A mode reaches the healthy model when its validation loss is within 2 % of healthy's final one."""
 
 
@@ -73,6 +75,13 @@ def steady_step_s(step_s: Sequence[float]) -> float:
     return float(statistics.median(step_s[len(step_s) // 2:]))
 
 
+def worst_step_s(step_s: Sequence[float]) -> float:
+    """The slowest step after the first ``WARMUP_STEPS`` (issue 27's bar: none over 3x a healthy step)."""
+    if len(step_s) <= WARMUP_STEPS:
+        raise ConfigError(f"worst_step_s needs more than {WARMUP_STEPS} step times, got {len(step_s)}")
+    return float(max(step_s[WARMUP_STEPS:]))
+
+
 def time_to_target_s(step_s: Sequence[float], val_losses: Sequence[tuple[int, float]], target: float) -> Optional[float]:
     """Training wall time until the first evaluation at or below ``target`` (``None``: never).
 
@@ -104,6 +113,9 @@ def summarize_mode(runs: Sequence[RunResult], target: Optional[float]) -> dict:
         "time_to_target_s": statistics.median(reached) if len(reached) * 2 > len(runs) else None,
         "time_to_target_s_each": reach,
         "train_s": statistics.median(sum(r.step_s) for r in runs),
+        "mean_step_s": statistics.median(statistics.fmean(r.step_s) for r in runs),
+        "worst_step_s": statistics.median(worst_step_s(r.step_s) for r in runs) if all(
+            len(r.step_s) > WARMUP_STEPS for r in runs) else None,
         "balanced_share": [_median_or_none(col) for col in zip(*shares)] if shares else None,
         "val_losses": [list(v) for v in runs[0].val_losses],
         "reshard": _reshard_summary(runs),
