@@ -66,7 +66,8 @@ def test_the_pretest_spreads_one_task_per_step_and_the_straggler_resizes_only_me
     started = next(i for i, r in enumerate(remaining) if r is not None)
     running = [r for r in remaining if r is not None]
     assert running == list(range(running[0], 0, -1))  # exactly one task per step, no step runs the whole pretest
-    assert running[0] == 11  # 12 tasks (4 kinds x 3 shares x pretest_repeats=1), the first ran in the starting step
+    # 12 tasks (4 kinds x 3 shares x pretest_repeats=1 x one distinct layer shape), the first ran in the starting step
+    assert running[0] == 11
     during = summaries[started:started + len(running)]
     assert any(s and "r1:" in s for s in during)  # the straggler already sheds while the pretest runs...
     assert all("mig=0.000" in s for s in during if s and "r1:" in s)  # ...by resizing only (β = 0) until the curves exist

@@ -52,6 +52,7 @@ def test_a_throttle_fires_after_evidence_calls_with_the_formula_gamma():
     assert gammas[:5] == [0.0] * 5
     assert gammas[5:] == [pytest.approx(0.75)] * 5
     assert fired == pytest.approx(0.75) and reflex.fired_at == 5 and reflex.slowdown == pytest.approx(4.0)
+    assert reflex.dense_s == pytest.approx(4.0 * 0.1)  # observed as a dense step at the measured slowdown
 
 
 def test_one_descheduled_call_never_fires():
@@ -242,3 +243,29 @@ def test_the_slow_rank_prunes_within_the_first_slow_step_and_the_fast_rank_never
 def test_no_reflex_when_it_is_off():
     (fired0, _), (fired1, _) = run_pooled(_burst_body, 2, None, timeout_s=240)
     assert fired0 == fired1 == [0.0] * STEPS
+
+
+# --------------------------------------------------------------------------- the pretest's step cost
+
+
+def _pretest_body(rank, world):
+    from semimig.controller.pretest import PretestRun
+    from semimig.straggler.busy import BusyMeter
+
+    meter = BusyMeter()
+    shapes = [(8, 16, 32), (8, 16, 32), (8, 32, 16)]  # two distinct shapes, the first twice
+    run = PretestRun(shapes, dist.group.WORLD, repeats=1, gemm_timer=meter)
+    per_task, result = [], None
+    while run.remaining:
+        before = meter.snapshot().gemm_count
+        result = run.advance(1)
+        per_task.append(meter.snapshot().gemm_count - before)
+    return len(run.tasks), per_task, sorted(result), result["omega2"][0]
+
+
+def test_a_pretest_task_runs_one_layer_shape_so_no_step_carries_a_whole_pass():
+    tasks, per_task, keys, ns = run_pooled(_pretest_body, 1, timeout_s=120)
+    assert tasks == 4 * 3 * 2  # kinds x shares x distinct shapes
+    # pruned / kept / moved: the three GEMMs of one layer; traffic: none (collectives only)
+    assert sorted(set(per_task)) == [0, 3] and per_task.count(0) == 3 * 2
+    assert keys == ["omega1", "omega2", "phi1", "phi2"] and ns == [250.0, 500.0, 750.0]

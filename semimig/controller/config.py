@@ -131,17 +131,18 @@ class ControllerConfig:
 
     pretest_tasks_per_step: int = 1
     """Mode ``semi``: the pretest (SEMI's cost curves) runs this many of its small tasks per
-    training step (:class:`~semimig.controller.pretest.PretestRun`; 12 tasks by default), so no
-    step stalls; until the curves exist the stragglers resize only.  0 runs the whole pretest in
-    the step that first needs it (seconds on a large model: one stalled step)."""
+    training step (:class:`~semimig.controller.pretest.PretestRun`: 4 kinds x 3 shares x the
+    distinct layer shapes, one layer's GEMMs each), so no step stalls; until the curves exist the
+    stragglers resize only.  0 runs the whole pretest in the step that first needs it (seconds on
+    a large model: one stalled step)."""
 
     pretest_repeats: int = 1
-    """Mode semi: how often the pretest measures each (kind, share) — best of this many.  1 (12
-    tasks): the pretest is a cost SEMI pays and ZERO does not (issue 27: SEMI 1.41x healthy vs
-    ZERO's 1.18x under ``fixed:1:4``), each task slowed by the straggler's own χ, and Eq. 2's β
-    it feeds is capped (``max_receiver_load``) and then checked in wall time by the migration
-    trial, which is what decides whether migration stays.  3 (36 tasks) gives smoother curves;
-    how much that changes β was not measured."""
+    """Mode semi: how often the pretest measures each (kind, share) — best of this many.  1: the
+    pretest is a cost SEMI pays and ZERO does not (issue 27: SEMI 1.41x healthy vs ZERO's 1.18x
+    under ``fixed:1:4``), each task slowed by the straggler's own χ, and Eq. 2's β it feeds is
+    capped (``max_receiver_load``) and then checked in wall time by the migration trial, which is
+    what decides whether migration stays.  3 (three times the tasks) gives smoother curves; how
+    much that changes β was not measured."""
 
     reflex: Optional[ReflexConfig] = field(default_factory=ReflexConfig)
     """The resizing modes (``zero-*``, ``semi``): a rank whose own work turns slow within a step

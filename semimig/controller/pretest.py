@@ -80,12 +80,15 @@ def _charged(timer, gemm: Callable[[], object], flops: int, full_flops: int) -> 
 class PretestRun:
     """The pretest as a list of small tasks, so it can be spread over ordinary training steps.
 
-    A task is one timing of one kind at one share for every distinct layer shape: ``pruned``
+    A task is one timing of one kind at one share for one distinct layer shape: ``pruned``
     (the straggler's three GEMMs on the kept columns, gathers and zero fill included), ``kept``
     (dense GEMMs of the kept width, the physical limit), ``traffic`` (a column layer's migration
     traffic, collective) and ``moved`` (dense GEMMs of the shed width, the receivers' work); the
-    tasks cycle through the shares ``repeats`` times and every kind keeps its best (smallest)
-    time.  :meth:`advance` runs the next ``tasks`` of them; once all have run it all-reduces the
+    tasks cycle through the shares ``repeats`` times, a (kind, share) sums its shapes (each
+    counted as often as it occurs) within a repeat and keeps its best (smallest) sum.  One shape
+    per task bounds what a task adds to the step it runs in: at most the three GEMMs of one
+    layer, where one task over every shape cost a throttled rank 1.6 healthy steps (issue 27,
+    measured at h1024: a 6x step).  :meth:`advance` runs the next ``tasks`` of them; once all have run it all-reduces the
     samples (MAX for the straggler-side and traffic costs, MIN for Φ2) and returns them.
 
     Collective: every rank of ``group`` runs the same tasks in the same order (the runtime
@@ -117,8 +120,10 @@ class PretestRun:
                          torch.randn(n, k, generator=gen).to(device, dtype),
                          torch.randn(m, n, generator=gen).to(device, dtype), count)
                         for (m, n, k), count in distinct.items()]
-        self.tasks = [(kind, share) for _ in range(repeats) for share in self.shares for kind in self.KINDS]
-        self.best: dict[tuple[str, float], float] = {}
+        self.tasks = [(kind, share, rep, shape) for rep in range(repeats) for share in self.shares
+                      for kind in self.KINDS for shape in range(len(self.tensors))]
+        self.sums: dict[tuple[str, float, int], float] = collections.defaultdict(float)
+        """Per (kind, share, repeat): the seconds of the shapes measured so far."""
         self.position = 0
 
     @property
@@ -128,15 +133,22 @@ class PretestRun:
 
     def advance(self, tasks: int = 1) -> Optional[dict]:
         """Run the next ``tasks`` tasks; the samples once the last has run (see :meth:`run_all`), else ``None``."""
-        for kind, share in self.tasks[self.position:self.position + tasks]:
+        for kind, share, rep, shape in self.tasks[self.position:self.position + tasks]:
             if kind == "traffic" and P.group_size(self.group) > 1:
                 dist.barrier(group=self.group)  # start aligned: the traffic time is not a wait for a peer
-            seconds = math.fsum(t[3] * _best_of(self._closure(kind, share, t), 1,
-                                                None if kind == "traffic" else self.timer) for t in self.tensors)
-            key = (kind, share)
-            self.best[key] = min(self.best.get(key, float("inf")), seconds)
+            t = self.tensors[shape]
+            self.sums[kind, share, rep] += t[3] * _best_of(self._closure(kind, share, t), 1,
+                                                          None if kind == "traffic" else self.timer)
             self.position += 1
         return self._samples() if self.remaining == 0 else None
+
+    @property
+    def best(self) -> dict[tuple[str, float], float]:
+        """Per (kind, share): the smallest of its repeats' sums over the shapes."""
+        best: dict[tuple[str, float], float] = {}
+        for (kind, share, _), seconds in self.sums.items():
+            best[kind, share] = min(best.get((kind, share), math.inf), seconds)
+        return best
 
     def run_all(self) -> dict:
         """Every task now: ``{"omega1": [...], "omega2": (ns, s), "phi1": (ns, s), "phi2": (ns, s)}``."""

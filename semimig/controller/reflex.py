@@ -121,6 +121,12 @@ class StepReflex:
         """The call at whose opening the reflex fired this step."""
         self.slowdown = 1.0
         """``r`` when it fired."""
+        self.dense_s = math.nan
+        """When fired: the step's dense-equivalent busy seconds, ``r · R`` — the slowdown measured on
+        the step's own dense calls times a clean step's busy time.  The controller observes a fired
+        step as this dense step: its fitted cost model must not see a pruned step of a rank whose
+        speed changed within it (the slow dense calls and the pruned rest would read as pruning that
+        does not pay)."""
 
     @property
     def clean_steps(self) -> int:
@@ -136,7 +142,7 @@ class StepReflex:
         self._armed = bool(armed)
         self._fixed = fixed_fraction if math.isfinite(fixed_fraction) else 0.0
         self._marks = []
-        self.gamma, self.fired_at, self.slowdown = 0.0, None, 1.0
+        self.gamma, self.fired_at, self.slowdown, self.dense_s = 0.0, None, 1.0, math.nan
 
     def mark(self, busy_s: float) -> float:
         """A timed layer call opens with ``busy_s`` seconds of own work done in the step; the
@@ -176,7 +182,7 @@ class StepReflex:
             return
         gamma = reflex_gamma(slowdown, self._fixed, self.gamma_max, cfg.grain)
         if gamma > 0.0:
-            self.gamma, self.fired_at, self.slowdown = gamma, i, slowdown
+            self.gamma, self.fired_at, self.slowdown, self.dense_s = gamma, i, slowdown, slowdown * self._total
 
     def _reference_marks(self) -> list[float]:
         """Median marks over the clean steps, for every call at least ``min_history`` of them

@@ -338,6 +338,9 @@ class BalanceController:
             logger.info("iteration %d: rank %d ran %.1fx its recent steps' pace from layer call %d on and pruned "
                         "gamma=%.2f of its columns for the rest of the step (reflex)", self.iteration, self.rank,
                         self.reflex.slowdown, self.reflex.fired_at, reflex_gamma)
+        observed = (stats.work_fraction, stats.busy_s)
+        if reflex_gamma > 0.0:  # observed as the dense step it would have been (StepReflex.dense_s)
+            observed = (1.0, self.reflex.dense_s)
         self.meter.reset()
         device_time = self.clock.take()
         now = time.perf_counter()
@@ -380,7 +383,7 @@ class BalanceController:
             self.clock.take()  # the pretest's own time is not the next iteration's work or traffic
         pending = self._pending.describe(self.config.mode)
         self._posted = (self._description, pending, self._pending, applied_now)
-        self._exchange.post(stats.work_fraction, stats.busy_s, (digest, plan_digest(pending)), valid, wall)
+        self._exchange.post(*observed, (digest, plan_digest(pending)), valid, wall)
         self._apply()
         report = StepReport(self.iteration - 1, stats, self._shed_target(), self._gammas,
                             achieved_savings(self._gammas, self.binding.layer_flops()),
@@ -530,9 +533,9 @@ class BalanceController:
                                    meter=self.meter)
         if self.reflex is not None:
             timing, state = self.timings[self.rank], self.policy.states[self.rank]
-            fixed = timing.fixed_fraction if timing.informed else 0.0
-            armed = (dense and not self.forced and self.iteration >= state.backoff_until
-                     and fixed <= self.config.controller.max_fixed_fraction)
+            # f from planned pruning where fitted, capped where the controller would back off
+            fixed = min(timing.fixed_fraction, self.config.controller.max_fixed_fraction) if timing.informed else 0.0
+            armed = dense and not self.forced and self.iteration >= state.backoff_until
             self.reflex.begin_step(armed=armed, fixed_fraction=fixed, signature=self.binding.signature())
 
     @contextlib.contextmanager
