@@ -362,5 +362,9 @@ def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str
         new.busy_scale = resharder.busy_scale() if settled and not even else (1.0,) * resharder.size
         return new, [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
 
-    resharder = Resharder(plan, config, group=group, move=move, config=reshard or ReshardConfig())
+    reshard = reshard or ReshardConfig()
+    if mode == "semi" and reshard.first_window == 0:
+        # resizing serves the straggler while the policy waits: the first re-plan needs a full window
+        reshard = dataclasses.replace(reshard, first_window=reshard.window)
+    resharder = Resharder(plan, config, group=group, move=move, config=reshard)
     return resharder, rebuild

@@ -147,6 +147,7 @@ def _refusal_body(rank, world):
     out["reshard_plain_policy"] = pc.outcome(lambda: found.append(semimig.enable(model, plugin, optimizer=optimizer,
                                                                                  mode="reshard")))
     out["plain_policy_plan"] = str(found[0].resharder.plan) if found else None
+    out["reshard_first_steps"] = found[0].resharder.policy.config.first_steps if found else None
     for b in found:
         b.close()
     # semi on uneven shards: resizing only, migration off; mig still refused
@@ -164,6 +165,8 @@ def _refusal_body(rank, world):
                                                                                mode=mode)))
         out[f"{mode}_uneven_controller"] = held[0].controller.config.mode if held else None
         out[f"{mode}_uneven_resharder"] = held[0].resharder is not None if held else None
+        if held and held[0].resharder is not None:
+            out[f"{mode}_first_steps"] = held[0].resharder.policy.config.first_steps
         for b in held:
             b.close()
     return out
@@ -179,6 +182,9 @@ def test_refusals_name_the_problem():
         assert out["reshard_plain_policy"] == "ok" and "mlp=[4, 4] x 128" in out["plain_policy_plan"], out
         assert out["semi_uneven"] == "ok" and out["semi_uneven_controller"] == "zero-pri"
         assert out["semi_uneven_resharder"] is True
+        # the first re-plan: half a window in mode reshard (nothing else serves the straggler), a full
+        # one in mode semi (resizing serves it meanwhile; default window 20)
+        assert out["reshard_first_steps"] == 10 and out["semi_first_steps"] == 20, out
     else:
         assert "semimig.shardformer.replan" in out["reshard_no_optimizer"]
         assert out["semi_uneven"] == "ok" and out["semi_uneven_controller"] == "zero-pri"

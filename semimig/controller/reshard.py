@@ -102,9 +102,13 @@ class ReshardConfig:
     window: int = 20
     """``W``: steps a speed ratio must stay within ``tolerance`` before a straggler counts as staying."""
     first_window: int = 0
-    """Steps enough for the *first* re-plan of a run (0: ``max(2, window // 2)``).  A straggler
-    present from the start is otherwise served at its full slowdown for ``W`` steps; the first
-    decision still needs the noise, margin and age tests, so only a large, steady gain moves early.
+    """Steps enough for the *first* re-plan of a run (0: ``max(2, window // 2)``; in mode ``semi``
+    ``window``).  In mode ``reshard`` a straggler is otherwise served at its full slowdown for ``W``
+    steps; the first decision still needs the noise, margin and age tests, so only a large, steady
+    gain moves early.  In mode ``semi`` resizing (and the step reflex) serve it meanwhile at about
+    twice a healthy step, so the move waits for a full window of evidence that the straggler stays:
+    measured with the reflex, a 20 s throttle whose steps it had shortened filled the half window
+    and was moved for 10 steps before it lifted (the uneven plan then ran 10 steps at 1.6x).
     After a move the full ``W`` is needed (it also measures ``R/S``)."""
     tolerance: float = 0.25
     """Relative band of the speed ratios around their window median."""
