@@ -309,3 +309,31 @@ def test_a_straggler_spec_string_is_parsed():
     from semimig.straggler import StragglerConfig
 
     assert BalanceConfig(straggler="fixed:1:4").straggler == StragglerConfig.from_cli("fixed:1:4")
+
+
+def _pause_body(rank, world):
+    from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
+    from semimig.straggler import StragglerConfig
+
+    model = _model(world)()
+    rate = 2 * 32 * 64 * 64 * 3 * 2 / 0.02  # emulated device: ~20 ms of GEMMs per iteration
+    config = BalanceConfig(mode="semi", controller=ControllerConfig(pretest_tasks_per_step=1),
+                           straggler=StragglerConfig.from_cli(f"burst:1:4:every=24:len=8:mode=emulated:flops={rate}"))
+    ctl = BalanceController(model, config)
+    x = torch.randn(32, 64)
+    rows = []
+    for _ in range(40):
+        model(x).sum().backward()
+        report = ctl.step()
+        rows.append((report.flagged, None if ctl._pretest_run is None else ctl._pretest_run.remaining))
+    return rows
+
+
+def test_the_pretest_pauses_while_no_straggler_is_flagged():
+    rows = run_on_ranks(_pause_body, 2, timeout_s=180)
+    advanced = [i for i in range(1, len(rows)) if rows[i - 1][1] is not None and rows[i][1] is not None
+                and rows[i][1] < rows[i - 1][1]]
+    paused = [i for i in range(1, len(rows)) if rows[i - 1][1] is not None and rows[i][1] == rows[i - 1][1]]
+    assert advanced and paused, rows  # it ran while rank 1 straggled and waited once it no longer did
+    assert all(rows[i][0] for i in advanced)  # a task ran only at a step with a straggler flagged
+    assert all(not rows[i][0] for i in paused)

@@ -21,8 +21,9 @@ same gathered numbers, so no plan is ever broadcast.
 
 Modes: ``baseline`` (dense, only measured and slowed), ``zero-rd`` / ``zero-pri`` /
 ``zero-pridiff-e`` / ``zero-pridiff-r`` (stragglers prune), ``mig`` (stragglers migrate),
-``semi`` (Eq. 2 / Eq. 3 split; SEMI's cost curves come from a pretest run the first time a
-straggler is flagged, so a run without stragglers never pays for it).  In mode ``semi`` migration
+``semi`` (Eq. 2 / Eq. 3 split; SEMI's cost curves come from a pretest started the first time a
+straggler is flagged and advanced one small task per step while one is, so a run without
+stragglers, or the free phases of one that comes and goes, never pay for it).  In mode ``semi`` migration
 must also pay in wall time: after a few iterations of it the same stragglers try resizing only,
 and the faster split is kept (:mod:`semimig.controller.trial`; the iteration's wall time travels
 in the same all-gather).
@@ -378,7 +379,10 @@ class BalanceController:
             self._pending = self._decide(self._pending)
             if not self._current.migrate and not self._pending.migrate:
                 self._current = self._pending  # resizing only: at once (see the class docstring)
-        if self._pretest_run is not None:
+        decision = self._pending.decision
+        if self._pretest_run is not None and decision is not None and decision.flagged:
+            # only while a straggler is flagged: the curves serve it, and a group without one (the
+            # free phases of a straggler that comes and goes) pays nothing (identical on every rank)
             self._advance_pretest()
             self.clock.take()  # the pretest's own time is not the next iteration's work or traffic
         pending = self._pending.describe(self.config.mode)
