@@ -16,7 +16,8 @@ Kinds:
 ``ttl``                  ``benchmarks/time_to_loss.py --json``: one row per mode, the median over
                          the repeats with the range when there are several; "what it did" from
                          the runs' summaries (re-plans, plans, bytes and seconds moved; the K
-                         columns a rank shed; a static plan);
+                         columns a rank shed; a static plan); results that carry the worst step
+                         after warm-up get a column for it (against healthy's steady step);
 ``device-vs-throttle``   ``benchmarks/device_vs_throttle.py --json``;
 ``plans``                static uneven plans (``docs/results/uneven_plan_granularity.json``);
 ``bench``                ``semimig bench --json``: the summary rows, each seed's accuracy delta to
@@ -108,8 +109,9 @@ def ttl(data: dict) -> list[str]:
     pattern = data.get("pattern")
     rng = " (range)" if several else ""
     first = f"train time ({data['model']['steps']} steps)" if pattern else f"steady step{rng}"
-    lines = [f"| mode | {first} | vs healthy | final val loss | to target{rng} | vs healthy | balanced share | "
-             "what it did |", "|---|---|---|---|---|---|---|---|"]
+    worst = all(m.get("worst_step_s") is not None for m in modes.values())  # results since the step reflex
+    lines = [f"| mode | {first} | vs healthy |{' worst step |' if worst else ''} final val loss | to target{rng} | "
+             "vs healthy | balanced share | what it did |", "|---|---|---|---|---|---|---|---|" + ("---|" if worst else "")]
     for name, m in modes.items():
         if pattern:
             time_cell, ratio = f"{m['train_s']:.1f} s", m["train_s"] / base["train_s"]
@@ -126,7 +128,8 @@ def ttl(data: dict) -> list[str]:
         shares = m.get("balanced_share") or []
         share_cell = " / ".join("—" if b is None else f"{b:.2f}" for b in shares) or "—"
         label = f"{name} (`--shard-plan`)" if name == "uneven" else name
-        lines.append(f"| {label} | {time_cell} | {_x(ratio)} | {m['final_val_loss']:.4f} | {target_cell} | "
+        worst_cell = f" {_x(m['worst_step_s'] / base['steady_step_s'])} |" if worst else ""
+        lines.append(f"| {label} | {time_cell} | {_x(ratio)} |{worst_cell} {m['final_val_loss']:.4f} | {target_cell} | "
                      f"{target_ratio} | {share_cell} | {_what_it_did(name, raw.get(name, []))} |")
     return lines
 
