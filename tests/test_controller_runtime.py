@@ -22,16 +22,20 @@ def _model(world, width=64):
                         snn.Linear1D_Row.from_native_module(copy.deepcopy(fc2), group))
 
 
-def _plans_body(rank, world, spec, tasks_per_step=0, iterations=12):
+def _emulated_semi(world, spec, **controller):
+    """Mode semi on the MLP with ``spec`` on an emulated device (~20 ms of GEMMs per iteration)."""
     from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
     from semimig.straggler import StragglerConfig
 
     model = _model(world)()
-    rate = 2 * 32 * 64 * 64 * 3 * 2 / 0.02  # emulated device: ~20 ms of GEMMs per iteration
+    rate = 2 * 32 * 64 * 64 * 3 * 2 / 0.02
     config = BalanceConfig(mode="semi", straggler=StragglerConfig.from_cli(f"{spec}:mode=emulated:flops={rate}"),
-                           controller=ControllerConfig(pretest_tasks_per_step=tasks_per_step))
-    ctl = BalanceController(model, config)
-    x = torch.randn(32, 64)
+                           controller=ControllerConfig(**controller))
+    return model, BalanceController(model, config), torch.randn(32, 64)
+
+
+def _plans_body(rank, world, spec, tasks_per_step=0, iterations=12):
+    model, ctl, x = _emulated_semi(world, spec, pretest_tasks_per_step=tasks_per_step)
     summaries, digests, targets, remaining = [], [], [], []
     for _ in range(iterations):
         model(x).sum().backward()
@@ -312,15 +316,7 @@ def test_a_straggler_spec_string_is_parsed():
 
 
 def _pause_body(rank, world):
-    from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
-    from semimig.straggler import StragglerConfig
-
-    model = _model(world)()
-    rate = 2 * 32 * 64 * 64 * 3 * 2 / 0.02  # emulated device: ~20 ms of GEMMs per iteration
-    config = BalanceConfig(mode="semi", controller=ControllerConfig(pretest_tasks_per_step=1),
-                           straggler=StragglerConfig.from_cli(f"burst:1:4:every=24:len=8:mode=emulated:flops={rate}"))
-    ctl = BalanceController(model, config)
-    x = torch.randn(32, 64)
+    model, ctl, x = _emulated_semi(world, "burst:1:4:every=24:len=8", pretest_tasks_per_step=1)
     rows = []
     for _ in range(40):
         model(x).sum().backward()
