@@ -20,9 +20,9 @@ from semimig.errors import ConfigError
 # --------------------------------------------------------------------------- the pure decision
 
 
-def _step(reflex, increments, *, armed=True, fixed=0.0, signature=None):
+def _step(reflex, increments, *, armed=True, dense=True, fixed=0.0, signature=None):
     """Run one step of calls whose own work is ``increments``; returns the γ of each call."""
-    reflex.begin_step(armed=armed, fixed_fraction=fixed, signature=signature)
+    reflex.begin_step(armed=armed, dense=dense, fixed_fraction=fixed, signature=signature)
     busy, gammas = 0.0, []
     for inc in increments:
         gammas.append(reflex.mark(busy))
@@ -190,11 +190,22 @@ def test_a_keep_set_handed_out_mid_step_prunes_the_backward_of_a_dense_forward(w
     assert calls == (2, 2)  # each layer asked once in forward, once in backward
 
 
-def test_a_directive_with_a_reflex_must_be_dense():
+def test_a_directive_with_a_reflex_cannot_migrate():
     import semimig.nn as snn
+    from semimig.migration.layout import MigrationLayout
 
-    with pytest.raises(ConfigError, match="reflex must be dense"):
-        snn.LayerDirective(iteration=0, keep=torch.tensor([0, 1]), reflex=_FromCall(0, None))
+    snn.LayerDirective(iteration=0, keep=torch.tensor([0, 1]), reflex=_FromCall(0, None))  # pruned: fine
+    with pytest.raises(ConfigError, match="reflex cannot migrate"):
+        snn.LayerDirective(iteration=0, layout=MigrationLayout.build(2, 16, {0: 4}), reflex=_FromCall(0, None))
+
+
+def test_a_step_the_plan_prunes_fires_but_never_joins_the_references():
+    reflex = StepReflex(ReflexConfig(min_excess_s=0.0), gamma_max=0.9)
+    for _ in range(3):
+        _step(reflex, [0.01] * 10)
+    assert _step(reflex, [0.04] * 10, dense=False)[1] > 0.0  # a plan still pruning does not stop it
+    assert _step(reflex, [0.005] * 10, dense=False)[1] == 0.0
+    assert reflex.clean_steps == 3  # neither pruned step joined the dense references
 
 
 # --------------------------------------------------------------------------- the runtime
@@ -269,3 +280,49 @@ def test_a_pretest_task_runs_one_layer_shape_so_no_step_carries_a_whole_pass():
     # pruned / kept / moved: the three GEMMs of one layer; traffic: none (collectives only)
     assert sorted(set(per_task)) == [0, 3] and per_task.count(0) == 3 * 2
     assert keys == ["omega1", "omega2", "phi1", "phi2"] and ns == [250.0, 500.0, 750.0]
+
+
+def _escalate_body(rank, world):
+    import semimig.nn as snn
+    from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
+    from semimig.controller.runtime import GroupActions
+
+    torch.manual_seed(0)
+    group = dist.group.WORLD
+    layers = []
+    for _ in range(2):  # col -> relu -> row, twice: four layer calls in a forward
+        layers += [snn.Linear1D_Col.from_native_module(nn.Linear(256, 512 * world), group), nn.ReLU(),
+                   snn.Linear1D_Row.from_native_module(nn.Linear(512 * world, 256), group)]
+    model = nn.Sequential(*layers)
+    # rank 1 six times slower (slept) in iterations 8-11; the plan is pinned by hand from iteration 8 on:
+    # rank 1 prunes 20 % (a plan still being released when a throttle returns)
+    ctl = BalanceController(model, BalanceConfig(mode="zero-pri", straggler="burst:1:6:every=8:len=4",
+                                                 controller=ControllerConfig(reflex=ReflexConfig(min_excess_s=0.0))))
+    gen = torch.Generator().manual_seed(1)
+    out = []
+    for it in range(12):
+        if it >= 4:
+            ctl._decide = lambda previous: previous  # no decision of its own: the plan below holds
+        if it == 8:
+            ctl._current = ctl._pending = GroupActions(prune=(0.0, 0.2))
+            ctl._apply()
+        x = torch.randn(256, 256, generator=gen)
+        model(x).pow(2).mean().backward()  # the lineage check runs in every pruned backward
+        for p in model.parameters():
+            p.grad = None
+        report = ctl.step()
+        if it >= 8:
+            counts = {e.layer: int(e.pruned.numel()) for e in ctl.lineage_entries() if e.iteration == report.iteration}
+            out.append((report.reflex_gamma, counts))
+    every = [None] * world
+    dist.all_gather_object(every, out)
+    return every
+
+
+def test_a_reflex_firing_while_the_plan_prunes_prunes_the_later_layers_more_forward_and_backward():
+    _, slow = run_pooled(_escalate_body, 2, timeout_s=240)
+    gamma, counts = slow[0]  # iteration 8: the burst's first step, the plan pruning 20 %
+    assert gamma > 0.2, slow
+    planned, later = counts["0"], counts["3"]  # layer "0" ran before the firing, "3" after it
+    assert planned == round(256 * 0.2) and counts["2"] == round(1024 * 0.2 / 2)  # as planned
+    assert later > round(256 * 0.2) and counts["5"] > round(1024 * 0.2 / 2)  # escalated, and backward agreed

@@ -75,10 +75,12 @@ class LayerReflex:
     priority lists as a planned prune; never for a dense layer) and records it in the lineage table.
     """
 
-    __slots__ = ("binding", "bound", "reflex", "meter")
+    __slots__ = ("binding", "bound", "reflex", "meter", "handed")
 
     def __init__(self, binding: "LayerBinding", bound: BoundLayer, reflex: StepReflex, meter) -> None:
         self.binding, self.bound, self.reflex, self.meter = binding, bound, reflex, meter
+        self.handed: Optional[tuple[int, torch.Tensor]] = None
+        """``(iteration, pruned)`` of the last keep set handed out (the lineage check accepts it)."""
 
     def keep(self) -> Optional[torch.Tensor]:
         b = self.bound
@@ -93,6 +95,7 @@ class LayerReflex:
             return None
         keep, pruned = self.binding._keep_set(b, k, n_prune)
         self.binding.lineage.record(b.name, "weight", pruned, self.binding.iteration, num_columns=k)
+        self.handed = (self.binding.iteration, pruned)
         return keep
 
 
@@ -180,6 +183,11 @@ class LayerBinding:
         return tuple(0.0 if b.dense else next(it) for b in self.layers)
 
     # ------------------------------------------------------------------ directives
+    @property
+    def migrating(self) -> bool:
+        """Some layer migrates or receives columns on this rank (its directive has a layout)."""
+        return any(b.layer.directive is not None and b.layer.directive.layout is not None for b in self.layers)
+
     def attach_reflex(self, reflex: Optional[StepReflex], meter) -> None:
         """Give every layer's dense directive a hook of ``reflex`` (None: detach it)."""
         for b in self.layers:
@@ -193,7 +201,8 @@ class LayerBinding:
     def apply(self, *, iteration: int, gammas: Sequence[float], migrate: Mapping[int, float],
               receivers: Optional[tuple[int, ...]], group_size: int, rank: int, exchange, meter) -> bool:
         """Hand every layer its directive for ``iteration`` (see the module docstring); True when
-        every layer runs dense on this rank (nothing pruned, migrated or received)."""
+        every layer runs dense on this rank (nothing pruned, migrated or received).  The step
+        reflex's hook rides on every directive that does not migrate."""
         self.iteration = iteration
         dense = True
         for b, gamma in zip(self.layers, gammas):
@@ -219,7 +228,8 @@ class LayerBinding:
             b.layer.directive = LayerDirective(
                 iteration=iteration, keep=keep, layout=layout, exchange=exchange,
                 impute=self.resizing.impute, timer=meter, state=b.state,
-                on_forward=self._recorder(b.name, pruned, k, iteration), on_backward=self._reader(b.name, pruned))
+                on_forward=self._recorder(b.name, pruned, k, iteration), on_backward=self._reader(b, pruned, iteration),
+                reflex=b.reflex if layout is None else None)
         return dense
 
     def _keep_set(self, b: BoundLayer, own: int, n_prune: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -254,11 +264,17 @@ class LayerBinding:
             self.lineage.record(name, "weight", pruned, iteration, num_columns=k)
         return record
 
-    def _reader(self, name: str, pruned: torch.Tensor):
+    def _reader(self, b: BoundLayer, pruned: torch.Tensor, iteration: int):
+        """Backward's check that the layer's lineage is what its forward pruned: the plan's set, or
+        the step reflex's larger one handed out at this forward."""
         def read() -> None:
-            recorded = self.lineage.lookup(name, "weight")
-            if not torch.equal(recorded.cpu(), pruned.cpu()):
-                raise RuntimeError(f"lineage of {name} changed between forward and backward")
+            recorded = self.lineage.lookup(b.name, "weight").cpu()
+            if torch.equal(recorded, pruned.cpu()):
+                return
+            handed = None if b.reflex is None else b.reflex.handed
+            if handed is not None and handed[0] == iteration and torch.equal(recorded, handed[1].cpu()):
+                return
+            raise RuntimeError(f"lineage of {b.name} changed between forward and backward")
         return read
 
     @staticmethod

@@ -28,7 +28,12 @@ back to its reference pace under the fitted cost model ``T(γ) = T(0)·(f + (1 �
     f + (1 − f)(1 − γ) = 1 / r   ⇒   γ = (1 − 1/r) / (1 − f),  clamped to [0, γ_max], rounded up to ``grain``
 
 Calls already run stay as they ran; a layer whose forward ran dense prunes its backward only
-(its gradient then drops the same columns a pruned forward would have).  Once fired, ``γ`` holds
+(its gradient then drops the same columns a pruned forward would have).  While the controller's
+plan already prunes the rank at ``γ_p`` (a plan still being released after a throttle, when the
+throttle returns) the marks are compared with the same dense references, so a slow device reads
+``r ≈ χ·(f + (1 − f)(1 − γ_p))``, and a layer whose forward is still to run prunes the larger of
+the two shares, forward and backward alike (its planned keep set is never changed between its
+forward and its backward).  Once fired, ``γ`` holds
 to the end of the step.  The next step starts clean: by then the controller has the evidence, or
 the reflex fires again.
 """
@@ -113,7 +118,7 @@ class StepReflex:
         """Reference marks (median over the clean steps that reached each call), rebuilt when the
         history changes; ``_total`` the median busy seconds of a clean step."""
         self._total = 0.0
-        self._armed = False
+        self._armed = self._dense = False
         self._fixed = 0.0
         self.gamma = 0.0
         """The share this step prunes from the firing on (0: not fired)."""
@@ -132,14 +137,16 @@ class StepReflex:
     def clean_steps(self) -> int:
         return len(self._history)
 
-    def begin_step(self, *, armed: bool, fixed_fraction: float = 0.0, signature: object = None) -> None:
-        """Open a step.  ``armed``: this rank runs the step dense (its plan prunes and migrates
-        nothing); ``fixed_fraction``: its fitted ``f``; ``signature``: what the references are
-        valid for (the layers' shapes) — a new one drops the history."""
+    def begin_step(self, *, armed: bool, dense: bool = True, fixed_fraction: float = 0.0,
+                   signature: object = None) -> None:
+        """Open a step.  ``armed``: the reflex may fire (this rank migrates and receives nothing);
+        ``dense``: its plan prunes nothing either — only such a step can join the references;
+        ``fixed_fraction``: its fitted ``f``; ``signature``: what the references are valid for
+        (the layers' shapes) — a new one drops the history."""
         if signature != self._signature:
             self._history.clear()
             self._signature, self._refs = signature, None
-        self._armed = bool(armed)
+        self._armed, self._dense = bool(armed), bool(dense)
         self._fixed = fixed_fraction if math.isfinite(fixed_fraction) else 0.0
         self._marks = []
         self.gamma, self.fired_at, self.slowdown, self.dense_s = 0.0, None, 1.0, math.nan
@@ -157,7 +164,7 @@ class StepReflex:
     def end_step(self, busy_s: float) -> float:
         """Close the step; a clean armed step (nothing fired) joins the references.  Returns ``γ``."""
         fired = self.gamma
-        if self._armed and self.fired_at is None and self._marks and math.isfinite(busy_s):
+        if self._armed and self._dense and self.fired_at is None and self._marks and math.isfinite(busy_s):
             self._history.append((tuple(self._marks), busy_s))
             self._refs = None
         self._armed = False

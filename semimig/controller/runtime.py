@@ -539,8 +539,9 @@ class BalanceController:
             timing, state = self.timings[self.rank], self.policy.states[self.rank]
             # f from planned pruning where fitted, capped where the controller would back off
             fixed = min(timing.fixed_fraction, self.config.controller.max_fixed_fraction) if timing.informed else 0.0
-            armed = dense and not self.forced and self.iteration >= state.backoff_until
-            self.reflex.begin_step(armed=armed, fixed_fraction=fixed, signature=self.binding.signature())
+            armed = not self.binding.migrating and not self.forced and self.iteration >= state.backoff_until
+            self.reflex.begin_step(armed=armed, dense=dense, fixed_fraction=fixed,
+                                   signature=self.binding.signature())
 
     @contextlib.contextmanager
     def dense(self):

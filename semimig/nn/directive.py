@@ -32,8 +32,8 @@ IMPUTE_POLICIES = ("zero", "same", "average")
 
 class CallReflex(Protocol):
     """The step reflex's hook in one layer (:mod:`semimig.controller.reflex`): called at the opening
-    of each of the layer's dense calls (forward and backward); the keep set the call computes from
-    then on, or ``None`` (dense)."""
+    of each of the layer's dense calls (forward and backward) and of its pruned forwards; the keep
+    set the call computes from then on, or ``None`` (as planned)."""
 
     def keep(self) -> Optional[torch.Tensor]: ...
 
@@ -117,13 +117,14 @@ class LayerDirective:
     state: LayerState = field(default_factory=LayerState)
     on_forward: Optional[Callable[[], None]] = None  # the runtime writes the lineage table here
     on_backward: Optional[Callable[[], None]] = None  # ... and reads it back here
-    reflex: Optional[CallReflex] = None  # dense directives only: the rank may prune within the step
+    reflex: Optional[CallReflex] = None  # no migration: the rank may prune (more) within the step
 
     def __post_init__(self) -> None:
         if self.impute not in IMPUTE_POLICIES:
             raise ConfigError(f"impute must be one of {IMPUTE_POLICIES}, got {self.impute!r}")
-        if self.reflex is not None and (self.keep is not None or self.layout is not None):
-            raise ConfigError("a directive with a reflex must be dense (no keep set, no migration layout)")
+        if self.reflex is not None and self.layout is not None:
+            raise ConfigError("a directive with a reflex cannot migrate (its migration layout fixes the columns "
+                              "every rank computes)")
         if self.layout is not None and self.layout.active and self.exchange is None:
             raise ConfigError("a directive with migration needs an exchange")
         if self.keep is not None and (not isinstance(self.keep, torch.Tensor)

@@ -165,17 +165,19 @@ def _open_forward(ctx, d: LayerDirective, group: ProcessGroup, x, weight):
     ctx.backend = resolve_backend(x.device, x.dtype)
     ctx.plan = _own_plan(d, rank, k, ctx.k_own, weight.device, ctx.backend)
     ctx.pruned = d.keep is not None
-    _reflex(ctx, d, k, weight.device)
+    _reflex(ctx, d, k, weight.device, forward=True)
     return rank, k, _flat(x)
 
 
-def _reflex(ctx, d: LayerDirective, k: int, device: torch.device) -> None:
-    """A dense call asks the step reflex (:mod:`semimig.controller.reflex`) whether the rank prunes
-    from now on; a layer whose forward ran dense may so prune its backward only."""
-    if d.reflex is None or ctx.plan is not None:
+def _reflex(ctx, d: LayerDirective, k: int, device: torch.device, forward: bool) -> None:
+    """A call asks the step reflex (:mod:`semimig.controller.reflex`) whether the rank prunes from
+    now on: a dense call takes its keep set (a layer whose forward ran dense so prunes its backward
+    only); a pruned forward takes it where it keeps fewer columns than the plan, and its backward
+    then keeps what its forward kept."""
+    if d.reflex is None or (ctx.plan is not None and not (forward and d.keep is not None)):
         return
     keep = d.reflex.keep()
-    if keep is not None:
+    if keep is not None and (ctx.plan is None or keep.numel() < ctx.plan.n_kept):
         ctx.plan, ctx.pruned = _own_plan(d, ctx.rank, k, k, device, ctx.backend, keep), True
 
 
@@ -184,7 +186,7 @@ def _open_backward(ctx, d: LayerDirective, dy, x, k: int):
     ``(dy2d [M, N], x2d [M, K])``."""
     if d.on_backward is not None:
         d.on_backward()
-    _reflex(ctx, d, k, x.device)
+    _reflex(ctx, d, k, x.device, forward=False)
     return _flat(dy.contiguous()), _flat(x)
 
 
