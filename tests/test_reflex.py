@@ -135,9 +135,11 @@ class _FromCall:
     def __init__(self, start, keep):
         self.calls, self.start, self.keep_set = 0, start, keep
 
-    def keep(self):
+    def keep(self, planned_kept):
         self.calls += 1
-        return self.keep_set if self.calls > self.start else None
+        if self.calls <= self.start or (planned_kept is not None and len(self.keep_set) >= planned_kept):
+            return None
+        return self.keep_set
 
 
 def _grad_mask(t, columns):
@@ -282,7 +284,7 @@ def test_a_pretest_task_runs_one_layer_shape_so_no_step_carries_a_whole_pass():
     assert keys == ["omega1", "omega2", "phi1", "phi2"] and ns == [250.0, 500.0, 750.0]
 
 
-def _escalate_body(rank, world):
+def _escalate_body(rank, world, planned=0.2):
     import semimig.nn as snn
     from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
     from semimig.controller.runtime import GroupActions
@@ -295,7 +297,7 @@ def _escalate_body(rank, world):
                    snn.Linear1D_Row.from_native_module(nn.Linear(512 * world, 256), group)]
     model = nn.Sequential(*layers)
     # rank 1 six times slower (slept) in iterations 8-11; the plan is pinned by hand from iteration 8 on:
-    # rank 1 prunes 20 % (a plan still being released when a throttle returns)
+    # rank 1 prunes ``planned`` (0.2: a plan still being released when a throttle returns)
     ctl = BalanceController(model, BalanceConfig(mode="zero-pri", straggler="burst:1:6:every=8:len=4",
                                                  controller=ControllerConfig(reflex=ReflexConfig(min_excess_s=0.0))))
     gen = torch.Generator().manual_seed(1)
@@ -304,7 +306,7 @@ def _escalate_body(rank, world):
         if it >= 4:
             ctl._decide = lambda previous: previous  # no decision of its own: the plan below holds
         if it == 8:
-            ctl._current = ctl._pending = GroupActions(prune=(0.0, 0.2))
+            ctl._current = ctl._pending = GroupActions(prune=(0.0, planned))
             ctl._apply()
         x = torch.randn(256, 256, generator=gen)
         model(x).pow(2).mean().backward()  # the lineage check runs in every pruned backward
@@ -326,3 +328,11 @@ def test_a_reflex_firing_while_the_plan_prunes_prunes_the_later_layers_more_forw
     planned, later = counts["0"], counts["3"]  # layer "0" ran before the firing, "3" after it
     assert planned == round(256 * 0.2) and counts["2"] == round(1024 * 0.2 / 2)  # as planned
     assert later > round(256 * 0.2) and counts["5"] > round(1024 * 0.2 / 2)  # escalated, and backward agreed
+
+
+def test_a_reflex_share_below_the_plans_leaves_the_plan_and_its_lineage_alone():
+    _, slow = run_pooled(_escalate_body, 2, 0.9, timeout_s=240)
+    _, counts = slow[0]  # the reflex fires or not (its share is at most gamma_max = the plan's 0.9)
+    # every layer kept the plan's set, forward and backward, and the lineage says so
+    assert counts == {"0": 256 - round(256 * 0.1), "2": 512 - round(512 * 0.1),
+                      "3": 256 - round(256 * 0.1), "5": 512 - round(512 * 0.1)}, counts

@@ -82,7 +82,9 @@ class LayerReflex:
         self.handed: Optional[tuple[int, torch.Tensor]] = None
         """``(iteration, pruned)`` of the last keep set handed out (the lineage check accepts it)."""
 
-    def keep(self) -> Optional[torch.Tensor]:
+    def keep(self, planned_kept: Optional[int]) -> Optional[torch.Tensor]:
+        """Mark the call; once fired, the keep set at ``γ`` if it keeps fewer than ``planned_kept``
+        (``None``: the call is dense), recorded as the layer's lineage of this iteration."""
         b = self.bound
         if not b.layer.training:
             return None
@@ -91,7 +93,7 @@ class LayerReflex:
             return None
         k = b.shape[1]
         n_prune = columns_to_prune(k, gamma)
-        if n_prune == 0:
+        if n_prune == 0 or (planned_kept is not None and k - n_prune >= planned_kept):
             return None
         keep, pruned = self.binding._keep_set(b, k, n_prune)
         self.binding.lineage.record(b.name, "weight", pruned, self.binding.iteration, num_columns=k)

@@ -32,10 +32,11 @@ IMPUTE_POLICIES = ("zero", "same", "average")
 
 class CallReflex(Protocol):
     """The step reflex's hook in one layer (:mod:`semimig.controller.reflex`): called at the opening
-    of each of the layer's dense calls (forward and backward) and of its pruned forwards; the keep
-    set the call computes from then on, or ``None`` (as planned)."""
+    of each of the layer's dense calls (forward and backward) and of its pruned forwards, with the
+    columns the call keeps as planned (``None``: all); a keep set of fewer columns the call computes
+    instead (the hook records it in the lineage table), or ``None`` (as planned)."""
 
-    def keep(self) -> Optional[torch.Tensor]: ...
+    def keep(self, planned_kept: Optional[int]) -> Optional[torch.Tensor]: ...
 
 
 class GemmTimer(Protocol):

@@ -176,8 +176,8 @@ def _reflex(ctx, d: LayerDirective, k: int, device: torch.device, forward: bool)
     then keeps what its forward kept."""
     if d.reflex is None or (ctx.plan is not None and not (forward and d.keep is not None)):
         return
-    keep = d.reflex.keep()
-    if keep is not None and (ctx.plan is None or keep.numel() < ctx.plan.n_kept):
+    keep = d.reflex.keep(None if ctx.plan is None else ctx.plan.n_kept)
+    if keep is not None:
         ctx.plan, ctx.pruned = _own_plan(d, ctx.rank, k, k, device, ctx.backend, keep), True
 
 
