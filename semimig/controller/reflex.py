@@ -32,10 +32,13 @@ Calls already run stay as they ran; a layer whose forward ran dense prunes its b
 plan already prunes the rank at ``γ_p`` (a plan still being released after a throttle, when the
 throttle returns) the marks are compared with the same dense references, so a slow device reads
 ``r ≈ χ·(f + (1 − f)(1 − γ_p))``, and a layer whose forward is still to run prunes the larger of
-the two shares, forward and backward alike (its planned keep set is never changed between its
-forward and its backward).  Once fired, ``γ`` holds
-to the end of the step.  The next step starts clean: by then the controller has the evidence, or
-the reflex fires again.
+the two shares, forward and backward alike (a keep set never changes between a layer's forward
+and its backward).  Once fired, ``γ`` holds to the end of the step.  The next step starts clean:
+by then the controller has the evidence, or the reflex fires again.
+
+What the controller sees.  A fired step is observed as the dense step it would have been,
+``r · R`` seconds at full work (:attr:`StepReflex.dense_s`): its fitted cost model must not read a
+step whose speed changed within it, half slow and dense, half pruned, as pruning that does not pay.
 """
 from __future__ import annotations
 
