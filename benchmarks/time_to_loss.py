@@ -80,6 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--shard-plan", default="28,4:3,1", metavar="MLP_UNITS:KV_UNITS",
                    help="mode uneven: the static uneven TP layout (the example's --shard-plan; default 28,4:3,1, "
                         "the DESIGN §8 plan for rank 1 four times slower at h1024)")
+    p.add_argument("--reflex", default="on", choices=("on", "backward", "off"),
+                   help="the step reflex of the resizing modes (the example's --reflex; default on)")
     p.add_argument("--pattern", default=None, metavar="ON:OFF",
                    help="real: throttled ON s, free OFF s, repeating; device: as bursts of steps")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 60; --quick 40)")
@@ -121,6 +123,8 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
                "--log-every", "10"]
     if mode == "uneven":
         example += ["--shard-plan", args.shard_plan]
+    if args.reflex != "on":
+        example += ["--reflex", args.reflex]
     fraction = 1.0
     if mode != "healthy":
         if args.straggler == "device":
@@ -179,7 +183,8 @@ def main(argv=None) -> int:
     result = {
         "straggler": args.straggler, "scope": "device" if args.straggler == "device" else "real-throttle",
         "spec": device_spec(args) if args.straggler == "device" else f"rank 1 at {args.fraction:g} of its core",
-        "pattern": args.pattern, "target_val_loss": target, "exact_limit_vs_healthy": exact_limit(chi),
+        "pattern": args.pattern, "reflex": args.reflex, "target_val_loss": target,
+        "exact_limit_vs_healthy": exact_limit(chi),
         "unigram_entropy_nats": raw["healthy"][0]["summary"].get("unigram_entropy_nats"),
         "model": {k: getattr(args, k)
                   for k in ("hidden", "layers", "heads", "kv_heads", "batch_size", "seq_len", "steps", "eval_every")},

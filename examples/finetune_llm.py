@@ -101,6 +101,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--balance", default="semi", choices=BALANCE_MODES,
                    help="balancing mode; 'off': none; 'reshard': exact uneven shards re-planned for a straggler that "
                         "stays (semi also re-shards, and resizes what varies)")
+    p.add_argument("--reflex", default="on", choices=("on", "backward", "off"),
+                   help="the step reflex of the resizing modes (a rank turning slow prunes the rest of its step): "
+                        "'on' (default), 'backward' (backward calls only: every forward exact), 'off'")
     p.add_argument("--reshard-window", type=int, default=10,
                    help="reshard/semi: steps a straggler's speed must stay stable before a re-plan (default 10; "
                         "the run's first re-plan may come after half of them when its gain is large)")
@@ -417,8 +420,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.policy == "semimig":
         from semimig.controller.reshard import ReshardConfig
 
+        from semimig.controller import BalanceConfig, ControllerConfig
+        from semimig.controller.reflex import ReflexConfig
+
+        reflex = None if args.reflex == "off" else ReflexConfig(forward=args.reflex == "on")
         balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=args.balance, straggler=args.straggler,
                                   log_every=args.log_every,
+                                  config=BalanceConfig(controller=ControllerConfig(reflex=reflex)),
                                   reshard=ReshardConfig(window=args.reshard_window, horizon=args.steps,
                                                         block_size=args.shard_block))
 

@@ -135,7 +135,7 @@ class _FromCall:
     def __init__(self, start, keep):
         self.calls, self.start, self.keep_set = 0, start, keep
 
-    def keep(self, planned_kept):
+    def keep(self, planned_kept, forward):
         self.calls += 1
         if self.calls <= self.start or (planned_kept is not None and len(self.keep_set) >= planned_kept):
             return None
@@ -284,7 +284,7 @@ def test_a_pretest_task_runs_one_layer_shape_so_no_step_carries_a_whole_pass():
     assert keys == ["omega1", "omega2", "phi1", "phi2"] and ns == [250.0, 500.0, 750.0]
 
 
-def _escalate_body(rank, world, planned=0.2):
+def _escalate_body(rank, world, planned=0.2, forward=True):
     import semimig.nn as snn
     from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
     from semimig.controller.runtime import GroupActions
@@ -299,7 +299,8 @@ def _escalate_body(rank, world, planned=0.2):
     # rank 1 six times slower (slept) in iterations 8-11; the plan is pinned by hand from iteration 8 on:
     # rank 1 prunes ``planned`` (0.2: a plan still being released when a throttle returns)
     ctl = BalanceController(model, BalanceConfig(mode="zero-pri", straggler="burst:1:6:every=8:len=4",
-                                                 controller=ControllerConfig(reflex=ReflexConfig(min_excess_s=0.0))))
+                                                 controller=ControllerConfig(
+                                                     reflex=ReflexConfig(min_excess_s=0.0, forward=forward))))
     gen = torch.Generator().manual_seed(1)
     out = []
     for it in range(12):
@@ -336,3 +337,12 @@ def test_a_reflex_share_below_the_plans_leaves_the_plan_and_its_lineage_alone():
     # every layer kept the plan's set, forward and backward, and the lineage says so
     assert counts == {"0": 256 - round(256 * 0.1), "2": 512 - round(512 * 0.1),
                       "3": 256 - round(256 * 0.1), "5": 512 - round(512 * 0.1)}, counts
+
+
+def test_a_backward_only_reflex_leaves_every_forward_as_planned():
+    _, slow = run_pooled(_escalate_body, 2, 0.2, False, timeout_s=240)
+    gamma, counts = slow[0]
+    assert gamma > 0.2, slow  # it fired (six times slower)...
+    # ...but the later layers' forwards ran the plan's 20 %, and so did their backwards (a pruned
+    # forward's backward keeps its set): nothing escalated
+    assert counts == {"0": round(256 * 0.2), "2": round(512 * 0.2), "3": round(256 * 0.2), "5": round(512 * 0.2)}, counts

@@ -55,3 +55,14 @@ def test_reshard_mode_runs_the_example_with_balance_reshard(tmp_path):
     assert script.replans({"reshard": {"replans": 1, "bytes_moved": 2.5e6, "move_s": 0.5}}) == \
         "; 1 re-plan(s), 2.5 MB in 0.50 s"
     assert script.replans({"reshard": None}) == ""
+
+
+def test_the_reflex_flag_reaches_the_example_only_when_it_is_not_the_default(tmp_path):
+    script = _script()
+    out = tmp_path / "r.json"
+    for value, expected in (("on", None), ("backward", "backward"), ("off", "off")):
+        args = script.parse_args(["--straggler", "real", "--modes", "zero-pri", "--reflex", value, "--json", str(out)])
+        cmd = script.command(args, "zero-pri", tmp_path / "out.json")
+        assert (cmd[cmd.index("--reflex") + 1] if "--reflex" in cmd else None) == expected
+    with pytest.raises(SystemExit):
+        script.parse_args(["--straggler", "real", "--reflex", "sometimes", "--json", str(out)])

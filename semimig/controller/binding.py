@@ -82,14 +82,15 @@ class LayerReflex:
         self.handed: Optional[tuple[int, torch.Tensor]] = None
         """``(iteration, pruned)`` of the last keep set handed out (the lineage check accepts it)."""
 
-    def keep(self, planned_kept: Optional[int]) -> Optional[torch.Tensor]:
+    def keep(self, planned_kept: Optional[int], forward: bool) -> Optional[torch.Tensor]:
         """Mark the call; once fired, the keep set at ``γ`` if it keeps fewer than ``planned_kept``
-        (``None``: the call is dense), recorded as the layer's lineage of this iteration."""
+        (``None``: the call is dense), recorded as the layer's lineage of this iteration; never for
+        a forward when the reflex prunes backward calls only (``ReflexConfig.forward``)."""
         b = self.bound
         if not b.layer.training:
             return None
         gamma = self.reflex.mark(self.meter.busy_s)
-        if gamma == 0.0 or b.dense:
+        if gamma == 0.0 or b.dense or (forward and not self.reflex.config.forward):
             return None
         k = b.shape[1]
         n_prune = columns_to_prune(k, gamma)

@@ -78,6 +78,13 @@ class ReflexConfig:
     grain: float = 0.05
     """``γ`` is rounded up to a multiple of this, so consecutive slow steps reuse keep sets."""
 
+    forward: bool = True
+    """Prune the step's remaining forward calls too (ZERO-resizing of the rest of the step).
+    False: only backward calls — every forward stays exact (the loss and activations are the dense
+    ones) and the gradients drop the pruned columns; it sheds about two thirds as much (backward is
+    two of a layer's three GEMMs).  Measured on the ``5:10`` throttle with ``True``: zero-pri's
+    validation loss spiked after its pruned phases (issue 27); ``False`` is not yet measured."""
+
     def __post_init__(self) -> None:
         check_number("ReflexConfig.ratio", self.ratio, minimum=1.0, low_open=True, maximum=100.0)
         check_int("ReflexConfig.evidence", self.evidence, minimum=1, maximum=1000)

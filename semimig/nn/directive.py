@@ -33,10 +33,11 @@ IMPUTE_POLICIES = ("zero", "same", "average")
 class CallReflex(Protocol):
     """The step reflex's hook in one layer (:mod:`semimig.controller.reflex`): called at the opening
     of each of the layer's dense calls (forward and backward) and of its pruned forwards, with the
-    columns the call keeps as planned (``None``: all); a keep set of fewer columns the call computes
-    instead (the hook records it in the lineage table), or ``None`` (as planned)."""
+    columns the call keeps as planned (``None``: all) and whether it is a forward; a keep set of
+    fewer columns the call computes instead (the hook records it in the lineage table), or
+    ``None`` (as planned)."""
 
-    def keep(self, planned_kept: Optional[int]) -> Optional[torch.Tensor]: ...
+    def keep(self, planned_kept: Optional[int], forward: bool) -> Optional[torch.Tensor]: ...
 
 
 class GemmTimer(Protocol):

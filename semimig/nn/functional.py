@@ -176,7 +176,7 @@ def _reflex(ctx, d: LayerDirective, k: int, device: torch.device, forward: bool)
     then keeps what its forward kept."""
     if d.reflex is None or (ctx.plan is not None and not (forward and d.keep is not None)):
         return
-    keep = d.reflex.keep(None if ctx.plan is None else ctx.plan.n_kept)
+    keep = d.reflex.keep(None if ctx.plan is None else ctx.plan.n_kept, forward)
     if keep is not None:
         ctx.plan, ctx.pruned = _own_plan(d, ctx.rank, k, k, device, ctx.backend, keep), True
 
