@@ -134,8 +134,8 @@ class ControllerConfig:
     training step (:class:`~semimig.controller.pretest.PretestRun`: 4 kinds x 3 shares x the
     distinct layer shapes, one layer's GEMMs each), so no step stalls, on the steps at which a
     straggler is flagged (a free phase pays nothing); until the curves exist the stragglers resize
-    only.  0 runs the whole pretest in the step that first needs it (seconds on
-    a large model: one stalled step)."""
+    only.  0 runs the whole pretest in the step that first needs it (seconds on a large model: one
+    stalled step)."""
 
     pretest_repeats: int = 1
     """Mode semi: how often the pretest measures each (kind, share) — best of this many.  1: the

@@ -88,8 +88,9 @@ class PretestRun:
     counted as often as it occurs) within a repeat and keeps its best (smallest) sum.  One shape
     per task bounds what a task adds to the step it runs in: at most the three GEMMs of one
     layer, where one task over every shape cost a throttled rank 1.6 healthy steps (issue 27,
-    measured at h1024: a 6x step).  :meth:`advance` runs the next ``tasks`` of them; once all have run it all-reduces the
-    samples (MAX for the straggler-side and traffic costs, MIN for Φ2) and returns them.
+    measured at h1024: a 6x step).  :meth:`advance` runs the next ``tasks`` of them; once all
+    have run it all-reduces the samples (MAX for the straggler-side and traffic costs, MIN for
+    Φ2) and returns them.
 
     Collective: every rank of ``group`` runs the same tasks in the same order (the runtime
     advances it once per ``step()`` on every rank, from a decision identical everywhere).

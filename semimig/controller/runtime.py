@@ -228,9 +228,8 @@ class BalanceController:
         self._collective_device = P.collective_device(process_group)
         self.injector = StragglerInjector(config.straggler, self.rank, self.size)
         self.meter = BusyMeter(self.injector, device=device)
-        resizes = config.mode.startswith("zero") or config.mode == "semi"
-        self.reflex = StepReflex(ctl_reflex, gamma_max=res.gamma_max) \
-            if resizes and (ctl_reflex := config.controller.reflex) is not None else None
+        reflex_config, resizes = config.controller.reflex, config.mode.startswith("zero") or config.mode == "semi"
+        self.reflex = StepReflex(reflex_config, gamma_max=res.gamma_max) if resizes and reflex_config else None
         """Mode zero-*/semi: the rank's own pruning within a step (None: off)."""
         self.binding.attach_reflex(self.reflex, self.meter)
         self.clock = DeviceClock(self.injector, device=device).attach()
@@ -335,13 +334,12 @@ class BalanceController:
         """
         stats = self.meter.snapshot()
         reflex_gamma = self.reflex.end_step(stats.busy_s) if self.reflex is not None else 0.0
+        observed = (stats.work_fraction, stats.busy_s)
         if reflex_gamma > 0.0:
             logger.info("iteration %d: rank %d ran %.1fx its recent steps' pace from layer call %d on and pruned "
                         "gamma=%.2f of its columns for the rest of the step (reflex)", self.iteration, self.rank,
                         self.reflex.slowdown, self.reflex.fired_at, reflex_gamma)
-        observed = (stats.work_fraction, stats.busy_s)
-        if reflex_gamma > 0.0:  # observed as the dense step it would have been (StepReflex.dense_s)
-            observed = (1.0, self.reflex.dense_s)
+            observed = (1.0, self.reflex.dense_s)  # the dense step it would have been (StepReflex.dense_s)
         self.meter.reset()
         device_time = self.clock.take()
         now = time.perf_counter()
