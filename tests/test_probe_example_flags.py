@@ -153,6 +153,18 @@ def test_heads_and_kv_heads_are_checked_against_hidden_and_tp(heads: int, kv: in
         assert kind == "accepted" and (got.heads, got.kv_heads) == (heads, kv)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("stage", ["0", "1", "2"])
+def test_zero_needs_half_precision_and_is_refused_by_name_before_any_rank(stage: str, precision: str, capsys) -> None:
+    """Colossal-AI's ZeRO keeps fp32 masters of half-precision weights and asserts so inside
+    ``HybridParallelPlugin``; the example refuses the pair before a rank starts, naming both flags."""
+    kind, got = _outcome(["--zero-stage", stage, "--precision", precision, "--tp", "1"], capsys)
+    if stage != "0" and precision == "fp32":
+        assert kind == "refused" and _names(got, "--zero-stage", stage) and "--precision fp32" in got, got
+    else:
+        assert kind == "accepted" and (got.zero_stage, got.precision) == (int(stage), precision)
+
+
 # The example's defaults for the flags a checkpoint must share with the run that resumes it.
 SAVED_FLAGS = {"model": "tiny-llama", "hidden": 256, "layers": 4, "heads": 8, "kv_heads": 4, "data": "shakespeare",
                "batch_size": 8, "seq_len": 64, "seed": 0, "precision": "fp32", "zero_stage": 0}
