@@ -208,3 +208,48 @@ def test_device_bursts_on_a_real_group_flag_shed_unflag():
     # slow it more than the burst slows rank 1: that is a straggler too)
     mean = lambda shed: sum(shed[i] for i in in_bursts) / len(in_bursts)  # noqa: E731
     assert mean(shed1) > mean(shed0) + 0.15, (shed0, shed1)
+
+
+@pytest.mark.parametrize("on,off", [(3, 12), (4, 12), (5, 10)])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_throttle_shorter_than_a_window_is_released_within_a_few_iterations(on, off, seed):
+    """Throttled phases of 3-5 iterations (the real ``5:10`` pattern at h1024): the regime holds the
+    throttle's dense observations only, then the rank prunes and the throttle lifts, so there is no
+    earlier observation at the pruned work to compare with.  Before the cross-work test γ decayed
+    over 8-12 iterations after each lift (0.7, 0.7, 0.5, 0.4, 0.4, 0.3, 0.1, ...)."""
+    start, periods = 20, 5
+    applied = run(on_off(on, off), start + periods * (on + off), fixed=0.25, noise=0.08, seed=seed)
+    for p in range(periods):
+        lift = start + p * (on + off) + on
+        # flagged after 3 observations and the all-gather's lag (with on = 3 only after the lift),
+        # released within 3 more: dense from 7 iterations after the lift to the next throttle
+        assert all(s[1] == 0.0 for s in applied[lift + 7:lift + off]), \
+            (p, [round(s[1], 2) for s in applied[lift - on:lift + off]])
+        if on >= 5:
+            assert applied[lift - 1][1] > 0.5, p  # ...and shedding by the end of a phase that long
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_throttle_that_eases_without_lifting_keeps_the_rank_shedding(seed):
+    """χ alternating 4 and 2.5 every 6 iterations: each fall is a faster regime, but the rank still
+    straggles, so it keeps shedding (no dense stretch at 2.5x after the warm-up)."""
+    chi = lambda it: (1.0, 4.0 if it >= 20 and (it - 20) % 12 < 6 else 2.5 if it >= 20 else 1.0)
+    applied = run(chi, 200, fixed=0.25, noise=0.08, seed=seed)
+    assert all(s[1] > 0.5 for s in applied[30:]), [round(s[1], 2) for s in applied[30:]]
+    assert all(s[0] == 0.0 for s in applied)
+
+
+def test_the_change_test_compares_across_work_on_bounds_over_f():
+    """A regime of dense observations, then observations at w = 0.25: a lifted throttle (T = 0.4,
+    true f 0.25, S back to 1) is a faster regime although no earlier observation was at w = 0.25;
+    the same pruned times at the throttled speed (T = 1.6 = 4 · 0.4) are no change, whatever f."""
+    lifted = RankTiming(7, react_steps=3)
+    steady = RankTiming(7, react_steps=3)
+    for timing in (lifted, steady):
+        for i in range(14):
+            timing.observe(1.0, 4.0 * (1.0 + 0.02 * (-1) ** i))
+    for t in (0.40, 0.42, 0.39):
+        lifted.observe(0.25, t)
+    for t in (1.60, 1.66, 1.57):
+        steady.observe(0.25, t)
+    assert lifted.estimate().regime_age == 3 and lifted.estimate().change_direction == -1
+    assert steady.changes == 0 and steady.estimate().change_direction == 0

@@ -18,7 +18,10 @@ that change already took ``react_steps`` consecutive observations beyond its own
 is flagged at once when ``ln(S_i / S_fast) > max(ln(1 + change_ratio), change_sigmas ·
 hypot(σ_ln,i, σ_ln,fast))`` (both ranks' log-noise) and unflagged at once below half that; so a
 throttle that switches on or off is acted on ``react_steps`` observations after it switched, with
-hysteresis.  The fast path has its own band because the standard error of a median of a few
+hysteresis.  A shedding rank whose own regime just turned faster is unflagged within the whole
+band (not half), and at once while its ``f`` is not fitted: its dense-equivalent time rests on
+``f`` (a few points off at γ 0.9 move it by a fifth), and dense it is measured directly — flagged
+again at once if it still straggles.  The fast path has its own band because the standard error of a median of a few
 observations of a loaded machine's heavy-tailed noise would otherwise hold a 12x slower rank unflagged (measured: a
 scope=device burst at load 13 on 2 cores).  The unpruned time ``S`` is the reference of every
 comparison, so ranks that prune never drag the reference down and fast ranks never look slow
@@ -147,7 +150,16 @@ class ShedPolicy:
             # the fast path: a fresh regime (of this rank or of the fastest) beyond both ranks' log-noise
             fresh = min(est.regime_age, estimates[fast].regime_age) <= cfg.patience
             band, ratio = _log_band(cfg, est, estimates[fast]), _log_ratio(est, s_fast)
-            at_once = fresh and (ratio <= 0.5 * band if state.flagged else ratio > band)
+            # (a rank whose own fresh regime is a fall is never flagged on it at once: it just got faster)
+            own_fall = est.change_direction < 0 and est.regime_age <= cfg.patience
+            at_once = fresh and (ratio <= 0.5 * band if state.flagged else ratio > band and not own_fall)
+            # a shedding rank whose own time just fell (a throttle lifted) is released within the
+            # whole band, not half of it, and at once while its f is unknown: its dense-equivalent
+            # time rests on f, and a few points off at high γ move it by a fifth (f 0.19 for 0.25 at
+            # w = 0.1: 1.19x; unknown, T/w may overstate it 2x); dense, it is measured directly and
+            # flagged again if it still straggles
+            at_once = at_once or (state.flagged and own_fall and est.work < 1.0
+                                  and (ratio <= band or not est.informed))
             if state.streak >= cfg.patience or at_once:
                 state.flagged, state.streak = not state.flagged, 0
                 events.append(f"rank {r} {'straggles' if state.flagged else 'no longer straggles'}: "

@@ -53,7 +53,14 @@ not a run of them, so a throttle during the warm-up does not widen the band for 
 
 Comparing at the same work makes the test independent of ``f`` (a pruned rank whose ``f`` is not
 yet known does not look like a changed speed), and it needs at least ``MIN_BASELINE`` such earlier
-observations.  At a change point the window restarts with the ``k`` observations of the new
+observations.  Where the regime has none (a throttle shorter than a window: the regime holds its
+dense observations, then the rank prunes and the throttle lifts — measured on the ``5:10``
+pattern, γ took 10 steps to fall from 0.8 to 0.22), the regime's observations at any work are
+the baseline, and the test compares bounds over the ``f`` the rank may have (``f ± F_TOLERANCE``
+once fitted, ``[0, 1]`` before): faster only when the observation's largest dense-equivalent
+lies below the baseline's smallest by the margin, slower only the other way round, so a wrong
+``f`` alone never makes a change.  The run of ``k`` is compared with the regime before the run
+(its own first observations are not its baseline).  At a change point the window restarts with the ``k`` observations of the new
 regime: ``S`` is their median at once (so γ is sized from the measured ratio within ``k``
 iterations), ``f`` is refitted from the new regime only (it keeps its value where the new regime
 has no dense anchor: ``f`` belongs to the code path, not to the speed).  ``regime_age`` (observations since the last change
@@ -82,6 +89,9 @@ SAME_WORK = 0.15
 """Work fractions this close count as the same work for the change test."""
 MIN_BASELINE = 2
 """Earlier observations of the regime at the same work the change test needs."""
+
+F_TOLERANCE = 0.05
+"""How far a fitted ``f`` may be off, for the change test across work fractions."""
 
 MIN_SPREAD = 0.05
 """Smallest spread of the work fractions in the window for which ``f`` is refitted."""
@@ -114,6 +124,8 @@ class RankEstimate:
     """``m`` of the regime test (relative; ``inf`` without regimes)."""
     log_noise: float = 0.0
     """``σ_ln`` of the regime test (0 without regimes)."""
+    change_direction: int = 0
+    """+1 when the latest change point found the rank slower, -1 faster, 0 before any."""
 
     def time_at(self, work: float) -> float:
         """Predicted busy time at work fraction ``work``."""
@@ -200,7 +212,7 @@ class RankTiming:
         if not (change_ratio > 0.0 and change_sigmas >= 0.0):
             raise ValueError(f"change_ratio must be > 0 and change_sigmas >= 0, got {change_ratio}, {change_sigmas}")
         self.react_steps, self.change_ratio, self.change_sigmas = react_steps, change_ratio, change_sigmas
-        self.seen, self.regime_age, self.changes = 0, 10**9, 0
+        self.seen, self.regime_age, self.changes, self.change_direction = 0, 10**9, 0, 0
         self.window = window
         self.prior_fixed_fraction = prior_fixed_fraction
         self.fixed_fraction = prior_fixed_fraction
@@ -226,7 +238,7 @@ class RankTiming:
         changed = excursion is not None and self._changed()
         if changed:
             self._obs = collections.deque(list(self._obs)[-self.react_steps:], maxlen=self.window)
-            self.regime_age, self.changes = self.react_steps, self.changes + 1
+            self.regime_age, self.changes, self.change_direction = self.react_steps, self.changes + 1, excursion
         fitted = None
         # f is not refitted across a regime boundary: an observation that left the regime may be
         # the first of a new one (a line through two speeds is no fixed fraction)
@@ -252,22 +264,47 @@ class RankTiming:
 
     def _direction(self, index: int, run_start: int) -> int:
         """+1 / -1 when observation ``index`` of the window lies beyond the margin above / below
-        the median of the regime's observations before ``run_start`` at the same work, 0 inside it
-        or when the regime holds fewer than ``MIN_BASELINE`` of them."""
+        the median of the regime's observations before ``run_start`` at the same work, 0 inside it.
+
+        Without ``MIN_BASELINE`` of them (the rank's work changed since the regime began: a
+        throttle shorter than a window leaves a regime of dense observations, then the rank prunes
+        and the throttle lifts), the regime's observations at any work are the baseline, compared
+        on the bounds of the dense-equivalent over the ``f`` the rank may have (:meth:`_f_range`):
+        faster only when the observation's largest dense-equivalent lies below the baseline's
+        smallest by the margin, slower only the other way round — never a change that a wrong ``f``
+        alone could make."""
         obs, per_obs = list(self._obs), self._per_observation()
-        w = obs[index][0]
+        w, m = obs[index][0], self._margin()
         base = [s for (wb, _), s in zip(obs[:run_start], per_obs[:run_start]) if abs(wb - w) <= SAME_WORK]
-        if len(base) < MIN_BASELINE:
+        if len(base) >= MIN_BASELINE:
+            ratio = per_obs[index] / statistics.median(base)
+            return 1 if ratio > 1.0 + m else -1 if ratio < 1.0 / (1.0 + m) else 0
+        if run_start < MIN_BASELINE:
             return 0
-        ratio, m = per_obs[index] / statistics.median(base), self._margin()
-        return 1 if ratio > 1.0 + m else -1 if ratio < 1.0 / (1.0 + m) else 0
+        low_f, high_f = self._f_range()
+        t = obs[index][1]
+        earlier = obs[:run_start]
+        base_low = statistics.median(dense_equivalent(tb, wb, high_f) for wb, tb in earlier)
+        base_high = statistics.median(dense_equivalent(tb, wb, low_f) for wb, tb in earlier)
+        if dense_equivalent(t, w, high_f) > base_high * (1.0 + m):
+            return 1
+        if dense_equivalent(t, w, low_f) < base_low / (1.0 + m):
+            return -1
+        return 0
+
+    def _f_range(self) -> tuple[float, float]:
+        """The fixed fractions the rank may have: ``f ± F_TOLERANCE`` once fitted, ``[0, 1]`` before."""
+        if not self.informed:
+            return 0.0, 1.0
+        return max(0.0, self.fixed_fraction - F_TOLERANCE), min(1.0, self.fixed_fraction + F_TOLERANCE)
 
     def _excursion(self) -> Optional[int]:
         """The latest observation's direction when it leaves the regime (``None`` inside it)."""
         if self.react_steps == 0 or len(self._obs) <= self.react_steps or self.seen < 2 * self.window:
             return None  # before 2·window observations: warm-up iterations, and too little noise history
-        last = len(self._obs) - 1
-        return self._direction(last, last) or None
+        # against the regime before the run a change would start from (what :meth:`_changed`
+        # compares with), so the run's own first observations are not its baseline
+        return self._direction(len(self._obs) - 1, len(self._obs) - self.react_steps) or None
 
     def _changed(self) -> bool:
         """All of the last ``react_steps`` observations left the regime, in the same direction."""
@@ -299,4 +336,5 @@ class RankTiming:
                             informed=self.informed, observations=len(self._obs), work=self._obs[-1][0],
                             seen=self.seen, regime_age=self.regime_age,
                             change_margin=self._margin() if self.react_steps else math.inf,
-                            log_noise=self._step_sigma() if self.react_steps else 0.0)
+                            log_noise=self._step_sigma() if self.react_steps else 0.0,
+                            change_direction=self.change_direction)
