@@ -189,7 +189,8 @@ def main(argv=None) -> int:
         "model": {k: getattr(args, k)
                   for k in ("hidden", "layers", "heads", "kv_heads", "batch_size", "seq_len", "steps", "eval_every")},
         "repeats": args.repeats, "wall_s": time.time() - started, "modes": modes,
-        "raw": {mode: [{"step_s": d["step_s"], "val_losses": d["val_losses"], "summary": d["summary"]} for d in rs]
+        "raw": {mode: [{"step_s": d["step_s"], "val_losses": d["val_losses"], "shed": d.get("shed", []),
+                        "summary": d["summary"]} for d in rs]
                 for mode, rs in raw.items()},
     }
     from semimig._io import write_json

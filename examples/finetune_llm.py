@@ -447,7 +447,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for _ in range(first):  # the batches the saved run trained on
             next(batches)
         logger.info("resumed %s at step %d (loaded in %.3f s)", args.resume, first, load_s)
-    losses, times, val_losses, eval_s, shares = [], [], [], 0.0, []
+    losses, times, val_losses, eval_s, shares, sheds = [], [], [], 0.0, [], []
     model.train()
     # a progress bar only on a terminal: redirected output gets the periodic log lines instead of redraws
     bar_off = rank != 0 or not sys.stderr.isatty()
@@ -468,6 +468,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             if balancer is not None and balancer.report is not None:
                 shares.append(balancer.report.balanced_share)
             plan = _plan(balancer, tp, PlanView)
+            if balancer is not None:
+                sheds.append(list(plan.shed))  # the group's plan after this step, per TP rank
             bar.set_postfix(loss=f"{losses[-1]:.3f}", step_ms=f"{times[-1] * 1e3:.0f}")
             bar.update()
             if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
@@ -502,7 +504,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             if corpus is not None:
                 summary["unigram_entropy_nats"] = corpus.unigram_entropy()
             write_json(args.json, {"summary": summary, "losses": losses, "step_s": times,
-                                         "val_losses": val_losses, "eval_s": eval_s,
+                                         "val_losses": val_losses, "eval_s": eval_s, "shed": sheds,
                                          "data": corpus.describe() if corpus is not None else
                                          {"synthetic": True, "vocab": vocab}})
     if balancer is not None:

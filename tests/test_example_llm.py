@@ -75,6 +75,9 @@ def test_a_straggler_is_balanced_and_summarised(tmp_path: Path) -> None:
     assert "WARNING semimig.balancer: semimig is balancing straggler(s) [1]" in text, text[-4000:]
     assert "TP rank 1 flagged as a straggler" in text
     assert len(summary["shed"].split(",")) == 2 and float(summary["median_step_s"]) > 0
+    # the plan's shed shares per step and TP rank; the last is the summary's
+    assert len(run["shed"]) == 16 and all(len(row) == 2 for row in run["shed"])
+    assert ",".join(f"{s:.3f}" for s in run["shed"][-1]) == summary["shed"] and any(r[1] > 0 for r in run["shed"])
 
 
 def test_shakespeare_trains_and_records_validation_losses(tmp_path: Path) -> None:
