@@ -253,3 +253,20 @@ def test_the_change_test_compares_across_work_on_bounds_over_f():
         steady.observe(0.25, t)
     assert lifted.estimate().regime_age == 3 and lifted.estimate().change_direction == -1
     assert steady.changes == 0 and steady.estimate().change_direction == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_device_slow_from_the_first_step_is_shed_at_the_first_decision(seed):
+    """No change point to show for a rank slow from the start: beyond twice the fast band (χ = 4)
+    it is flagged at the first decision (4 observations + the lag) instead of after its patience
+    (iteration 8 before); a rank 1.8x slow still waits the patience."""
+    applied = run(lambda it: (1.0, 4.0), 30, fixed=0.25, noise=0.08, seed=seed)
+    assert next(i for i, s in enumerate(applied) if s[1] > 0) <= 5
+    applied = run(lambda it: (1.0, 1.8), 30, fixed=0.25, noise=0.08, seed=seed)
+    assert next(i for i, s in enumerate(applied) if s[1] > 0) >= 7
+
+
+def test_the_opening_flags_no_phantom_under_heavy_noise():
+    for seed in range(20):
+        applied = run(lambda it: (1.0, 1.0), 60, fixed=0.25, noise=0.3, seed=seed)
+        assert all(s == (0.0, 0.0) for s in applied), seed

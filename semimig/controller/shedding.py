@@ -18,7 +18,9 @@ that change already took ``react_steps`` consecutive observations beyond its own
 is flagged at once when ``ln(S_i / S_fast) > max(ln(1 + change_ratio), change_sigmas ·
 hypot(σ_ln,i, σ_ln,fast))`` (both ranks' log-noise) and unflagged at once below half that; so a
 throttle that switches on or off is acted on ``react_steps`` observations after it switched, with
-hysteresis.  A shedding rank whose own regime just turned faster is unflagged within the whole
+hysteresis.  In the run's first ``2·patience`` observations (no change point yet) a rank is
+flagged at once beyond twice that band: a device slow from the first step has no change to show.
+A shedding rank whose own regime just turned faster is unflagged within the whole
 band (not half), and at once while its ``f`` is not fitted: its dense-equivalent time rests on
 ``f`` (a few points off at γ 0.9 move it by a fifth), and dense it is measured directly — flagged
 again at once if it still straggles.  The fast path has its own band because the standard error of a median of a few
@@ -153,6 +155,11 @@ class ShedPolicy:
             # (a rank whose own fresh regime is a fall is never flagged on it at once: it just got faster)
             own_fall = est.change_direction < 0 and est.regime_age <= cfg.patience
             at_once = fresh and (ratio <= 0.5 * band if state.flagged else ratio > band and not own_fall)
+            # the opening: a rank slow from the first step has no regime change to show, so its first
+            # decisions flag it at once beyond twice the band (2.25x at the default) instead of
+            # waiting out the patience (4 decisions: the 4-5x steps of a device slow from the start)
+            opening = est.regime_age > est.seen and est.seen <= 2 * cfg.patience
+            at_once = at_once or (not state.flagged and opening and ratio > 2.0 * band)
             # a shedding rank whose own time just fell (a throttle lifted) is released within the
             # whole band, not half of it, and at once while its f is unknown: its dense-equivalent
             # time rests on f, and a few points off at high γ move it by a fifth (f 0.19 for 0.25 at

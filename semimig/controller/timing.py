@@ -60,15 +60,16 @@ the baseline, and the test compares bounds over the ``f`` the rank may have (``f
 once fitted, ``[0, 1]`` before): faster only when the observation's largest dense-equivalent
 lies below the baseline's smallest by the margin, slower only the other way round, so a wrong
 ``f`` alone never makes a change.  The run of ``k`` is compared with the regime before the run
-(its own first observations are not its baseline).  At a change point the window restarts with the ``k`` observations of the new
-regime: ``S`` is their median at once (so γ is sized from the measured ratio within ``k``
-iterations), ``f`` is refitted from the new regime only (it keeps its value where the new regime
-has no dense anchor: ``f`` belongs to the code path, not to the speed).  ``regime_age`` (observations since the last change
-point) lets the policy act at once on a fresh, significant regime instead of waiting out its
-``patience``.  Noise alone needs ``k`` consecutive excursions beyond ``m`` in the same direction
-(with 15 % normal noise ``m = exp(0.6) − 1``, a 4σ excursion: about ``(3·10⁻⁵)^k`` per iteration;
-a loaded machine's heavy tail is what ``k`` and the policy's band against the other ranks are for) and, even then, only restarts the
-median; whether a rank is flagged is still decided against the other ranks with the noise band.
+(its own first observations are not its baseline).  At a change point the window restarts with
+the ``k`` observations of the new regime: ``S`` is their median at once (so γ is sized from the
+measured ratio within ``k`` iterations), ``f`` is refitted from the new regime only (it keeps its
+value where the new regime has no dense anchor: ``f`` belongs to the code path, not to the
+speed).  ``regime_age`` (observations since the last change point; ``change_direction`` says
+whether the rank got slower or faster there) lets the policy act at once on a fresh,
+significant regime instead of waiting out its ``patience``.  Noise alone needs ``k`` consecutive
+excursions beyond ``m`` in the same direction (with 15 % normal noise ``m = exp(0.6) − 1``, a 4σ
+excursion: about ``(3·10⁻⁵)^k`` per iteration; a loaded machine's heavy tail is what ``k`` and the
+policy's band against the other ranks are for) and, even then, only restarts the median; whether a rank is flagged is still decided against the other ranks with the noise band.
 
 Everything here is pure float arithmetic on the observations in a fixed order, so every rank of a
 group, fed the same all-gathered observations, holds the same estimates (the plan depends on them).
