@@ -7,6 +7,9 @@ straggler (``healthy``) and then in every balancing mode with TP rank 1 slowed::
                          default 0.25; ``semimig throttle``), nothing injected
     --straggler device   ``--straggler fixed:1:<chi>:scope=device``: every span of rank 1's work
                          between collectives takes chi times as long (default chi 4)
+    --straggler gemm     ``--straggler fixed:1:<chi>``: the paper's straggler, only rank 1's linear
+                         GEMMs take chi times as long (no exact limit is printed: it depends on
+                         the GEMMs' share of the step)
     --pattern ON:OFF     the throttle (or the device straggler, as bursts) comes and goes
 
 (``reshard``: exact uneven shards re-planned during training once the straggler has stayed, the
@@ -74,7 +77,7 @@ def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, counts
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--straggler", choices=("real", "device"), required=True)
+    p.add_argument("--straggler", choices=("real", "device", "gemm"), required=True)
     p.add_argument("--modes", default=",".join(DEFAULT_MODES),
                    help=f"comma-separated, from {MODES} (healthy always runs; default {','.join(DEFAULT_MODES)})")
     p.add_argument("--shard-plan", default="28,4:3,1", metavar="MLP_UNITS:KV_UNITS",
@@ -127,7 +130,7 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
         example += ["--reflex", args.reflex]
     fraction = 1.0
     if mode != "healthy":
-        if args.straggler == "device":
+        if args.straggler in ("device", "gemm"):
             example += ["--straggler", device_spec(args)]
         else:
             fraction = args.fraction
@@ -141,12 +144,14 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
 
 
 def device_spec(args: argparse.Namespace) -> str:
-    """``fixed:1:chi:scope=device``, or bursts of steps when a pattern is given (seconds → steps at the
-    healthy step time are not known before the run: ON and OFF are read as steps here)."""
+    """``fixed:1:chi:scope=device`` (``--straggler gemm``: the default GEMM scope), or bursts of steps
+    when a pattern is given (seconds → steps at the healthy step time are not known before the run:
+    ON and OFF are read as steps here)."""
+    scope = ":scope=device" if args.straggler == "device" else ""
     if args.pattern:
         on, off = (int(round(v)) for v in args.on_off)
-        return f"burst:1:{args.chi:g}:every={on + off}:len={on}:scope=device"
-    return f"fixed:1:{args.chi:g}:scope=device"
+        return f"burst:1:{args.chi:g}:every={on + off}:len={on}{scope}"
+    return f"fixed:1:{args.chi:g}{scope}"
 
 
 def run_once(args: argparse.Namespace, mode: str, workdir: Path, repeat: int) -> dict:
@@ -179,12 +184,12 @@ def main(argv=None) -> int:
     target = None if healthy["final_val_loss"] is None else healthy["final_val_loss"] * (1 + TARGET_TOLERANCE)
     modes = {mode: summarize_mode(rs, target) for mode, rs in runs.items()}
     base_step, base_time = modes["healthy"]["steady_step_s"], modes["healthy"]["time_to_target_s"]
-    chi = args.chi if args.straggler == "device" else 1 / args.fraction
+    chi = 1 / args.fraction if args.straggler == "real" else args.chi
     result = {
-        "straggler": args.straggler, "scope": "device" if args.straggler == "device" else "real-throttle",
-        "spec": device_spec(args) if args.straggler == "device" else f"rank 1 at {args.fraction:g} of its core",
+        "straggler": args.straggler, "scope": {"real": "real-throttle"}.get(args.straggler, args.straggler),
+        "spec": f"rank 1 at {args.fraction:g} of its core" if args.straggler == "real" else device_spec(args),
         "pattern": args.pattern, "reflex": args.reflex, "target_val_loss": target,
-        "exact_limit_vs_healthy": exact_limit(chi),
+        "exact_limit_vs_healthy": None if args.straggler == "gemm" else exact_limit(chi),
         "unigram_entropy_nats": raw["healthy"][0]["summary"].get("unigram_entropy_nats"),
         "model": {k: getattr(args, k)
                   for k in ("hidden", "layers", "heads", "kv_heads", "batch_size", "seq_len", "steps", "eval_every")},
@@ -198,7 +203,9 @@ def main(argv=None) -> int:
     write_json(args.json, result)
     print(f"\ntime to the same model: {result['spec']}, tiny Llama h{args.hidden} x{args.layers}, tp=2, "
           f"{args.steps} steps x {args.repeats}; target val loss {target if target is None else round(target, 4)} "
-          f"(healthy's final + {TARGET_TOLERANCE:.0%}); exact limit {result['exact_limit_vs_healthy']:.2f}x")
+          f"(healthy's final + {TARGET_TOLERANCE:.0%}); exact limit "
+          + ("n/a (GEMMs only)" if result["exact_limit_vs_healthy"] is None
+             else f"{result['exact_limit_vs_healthy']:.2f}x"))
     print(f"{'mode':>10} {'steady s':>9} {'vs healthy':>10} {'mean step':>9} {'worst':>6} {'final val':>9} "
           f"{'to target s':>11} {'vs healthy':>10}  balanced share by rank; re-plans")
     print(f"{'':>10} {'':>9} {'':>10} {'vs healthy steady step':>16}")

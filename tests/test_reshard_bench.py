@@ -66,3 +66,16 @@ def test_the_reflex_flag_reaches_the_example_only_when_it_is_not_the_default(tmp
         assert (cmd[cmd.index("--reflex") + 1] if "--reflex" in cmd else None) == expected
     with pytest.raises(SystemExit):
         script.parse_args(["--straggler", "real", "--reflex", "sometimes", "--json", str(out)])
+
+
+def test_the_gemm_straggler_is_the_papers_spec_without_a_scope(tmp_path):
+    script = _script()
+    out = tmp_path / "r.json"
+    args = script.parse_args(["--straggler", "gemm", "--modes", "zero-pri", "--json", str(out)])
+    cmd = script.command(args, "zero-pri", tmp_path / "out.json")
+    assert cmd[cmd.index("--straggler") + 1] == "fixed:1:4"
+    assert cmd[cmd.index("--fraction") + 1] == "1"  # nothing throttled
+    args = script.parse_args(["--straggler", "gemm", "--pattern", "5:10", "--chi", "3", "--json", str(out)])
+    cmd = script.command(args, "semi", tmp_path / "out.json")
+    assert cmd[cmd.index("--straggler") + 1] == "burst:1:3:every=15:len=5"
+    assert "--straggler" not in script.command(args, "healthy", tmp_path / "out.json")
