@@ -106,3 +106,10 @@ def test_the_bench_table_reads_each_seeds_delta_and_shed_from_the_records():
     assert "| 0 on every seed |" in rows["| zero-pri 1"]
     assert rows["| zero-pri 4"].endswith("| -4.5 (-5.0, -4.0) | 0.85, 0.80 | 0.00, 0.02 |")
     assert "| 0.144 | 1.20 |" in rows["| zero-pri 4"]  # RT against its own chi = 1 time
+
+
+def test_the_optimizer_table_reads_each_implementation_from_the_file(tmp_path):
+    rows = [{"impl": "single", "median_ms": 54.93, "vs_fused": 5.333}, {"impl": "fused", "median_ms": 10.3,
+                                                                        "vs_fused": 1.0}]
+    (tmp_path / "o.json").write_text(json.dumps({"meta": {}, "rows": rows}))
+    assert render("optimizer", tmp_path / "o.json")[2:] == ["| single | 54.9 ms | 5.33× |", "| fused | 10.3 ms | 1.00× |"]

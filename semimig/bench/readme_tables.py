@@ -20,6 +20,8 @@ Kinds:
                          after warm-up get a column for it (against healthy's steady step);
 ``device-vs-throttle``   ``benchmarks/device_vs_throttle.py --json``;
 ``plans``                static uneven plans (``docs/results/uneven_plan_granularity.json``);
+``optimizer``            ``benchmarks/optimizer_bench.py --json``: each AdamW implementation's
+                         median step and its ratio to the fused one;
 ``bench``                ``semimig bench --json``: the summary rows, each seed's accuracy delta to
                          the baseline (same seed and χ) and each seed's shed shares.
 
@@ -161,6 +163,14 @@ def plans(data: dict) -> list[str]:
     return lines
 
 
+def optimizer(data: dict) -> list[str]:
+    """The straggler's AdamW step per implementation (``benchmarks/optimizer_bench.py``)."""
+    lines = ["| optimizer step (one rank's linear weights) | median | vs fused |", "|---|---|---|"]
+    for row in data["rows"]:
+        lines.append(f"| {row['impl']} | {row['median_ms']:.1f} ms | {_x(row['vs_fused'])} |")
+    return lines
+
+
 def _seed_values(values: Sequence[float], fmt: str) -> str:
     """One number when every seed gave the same (to the format), else each seed's."""
     shown = [format(v, fmt) for v in values]
@@ -204,7 +214,7 @@ def bench(data: dict) -> list[str]:
 
 
 RENDERERS: dict[str, Callable[[dict], list[str]]] = {"ttl": ttl, "device-vs-throttle": device_vs_throttle,
-                                                     "plans": plans, "bench": bench}
+                                                     "plans": plans, "bench": bench, "optimizer": optimizer}
 
 
 def render(kind: str, path: Path) -> list[str]:
