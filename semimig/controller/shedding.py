@@ -20,10 +20,10 @@ hypot(σ_ln,i, σ_ln,fast))`` (both ranks' log-noise) and unflagged at once belo
 throttle that switches on or off is acted on ``react_steps`` observations after it switched, with
 hysteresis.  In the run's first ``2·patience`` observations (no change point yet) a rank is
 flagged at once beyond twice that band: a device slow from the first step has no change to show.
-A shedding rank whose own regime just turned faster is unflagged within the whole
-band (not half), and at once while its ``f`` is not fitted: its dense-equivalent time rests on
-``f`` (a few points off at γ 0.9 move it by a fifth), and dense it is measured directly — flagged
-again at once if it still straggles.  The fast path has its own band because the standard error of a median of a few
+A shedding rank whose own regime just turned faster is unflagged when the smallest ``S`` its
+possible ``f`` gives (``RankEstimate.unpruned_low_s``) lies within the half band: its
+dense-equivalent time rests on ``f`` (a few points off at γ 0.9 move it by a fifth), and dense it
+is measured directly — flagged again if it still straggles.  The fast path has its own band because the standard error of a median of a few
 observations of a loaded machine's heavy-tailed noise would otherwise hold a 12x slower rank unflagged (measured: a
 scope=device burst at load 13 on 2 cores).  The unpruned time ``S`` is the reference of every
 comparison, so ranks that prune never drag the reference down and fast ranks never look slow
@@ -107,7 +107,11 @@ def _median_error(est: RankEstimate) -> float:
 
 
 def _log_ratio(est: RankEstimate, s_fast: float) -> float:
-    return math.log(est.unpruned_s / s_fast) if est.unpruned_s > 0.0 and s_fast > 0.0 else 0.0
+    return _log_ratio_of(est.unpruned_s, s_fast)
+
+
+def _log_ratio_of(s: float, s_fast: float) -> float:
+    return math.log(s / s_fast) if s > 0.0 and s_fast > 0.0 else 0.0
 
 
 def _log_band(cfg: ControllerConfig, est: RankEstimate, fast: RankEstimate) -> float:
@@ -160,13 +164,13 @@ class ShedPolicy:
             # waiting out the patience (4 decisions: the 4-5x steps of a device slow from the start)
             opening = est.regime_age > est.seen and est.seen <= 2 * cfg.patience
             at_once = at_once or (not state.flagged and opening and ratio > 2.0 * band)
-            # a shedding rank whose own time just fell (a throttle lifted) is released within the
-            # whole band, not half of it, and at once while its f is unknown: its dense-equivalent
-            # time rests on f, and a few points off at high γ move it by a fifth (f 0.19 for 0.25 at
-            # w = 0.1: 1.19x; unknown, T/w may overstate it 2x); dense, it is measured directly and
-            # flagged again if it still straggles
-            at_once = at_once or (state.flagged and own_fall and est.work < 1.0
-                                  and (ratio <= band or not est.informed))
+            # a shedding rank whose own time just fell (a throttle lifted) is released when the
+            # smallest S its f may give lies within the half band: its dense-equivalent time rests on
+            # f, and a few points off at high γ move it by a fifth (f 0.19 for 0.25 at w = 0.1: 1.19x;
+            # unknown, T/w may overstate it 2x); dense, it is measured directly and flagged again if
+            # it still straggles
+            low = _log_ratio_of(est.unpruned_low_s, s_fast)
+            at_once = at_once or (state.flagged and own_fall and est.work < 1.0 and low <= 0.5 * band)
             if state.streak >= cfg.patience or at_once:
                 state.flagged, state.streak = not state.flagged, 0
                 events.append(f"rank {r} {'straggles' if state.flagged else 'no longer straggles'}: "

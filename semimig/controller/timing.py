@@ -127,6 +127,10 @@ class RankEstimate:
     """``σ_ln`` of the regime test (0 without regimes)."""
     change_direction: int = 0
     """+1 when the latest change point found the rank slower, -1 faster, 0 before any."""
+    unpruned_low_s: float = math.nan
+    """The smallest ``S`` the window's observations allow over the ``f`` the rank may have (the
+    median dense-equivalent at the range's largest ``f``; ``S`` itself where every observation is
+    dense).  NaN when not computed."""
 
     def time_at(self, work: float) -> float:
         """Predicted busy time at work fraction ``work``."""
@@ -332,10 +336,12 @@ class RankTiming:
             return None
         f = self.fixed_fraction
         unpruned = statistics.median(self._per_observation())
+        high_f = self._f_range()[1]
+        unpruned_low = statistics.median(dense_equivalent(t, w, high_f) for w, t in self._obs)
         sigma = _MAD_TO_SIGMA * (statistics.median(self._deviations) if self._deviations else 0.0)
         return RankEstimate(unpruned_s=unpruned, fixed_fraction=f, noise_s=sigma * unpruned,
                             informed=self.informed, observations=len(self._obs), work=self._obs[-1][0],
                             seen=self.seen, regime_age=self.regime_age,
                             change_margin=self._margin() if self.react_steps else math.inf,
                             log_noise=self._step_sigma() if self.react_steps else 0.0,
-                            change_direction=self.change_direction)
+                            change_direction=self.change_direction, unpruned_low_s=min(unpruned, unpruned_low))
