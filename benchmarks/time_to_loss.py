@@ -136,11 +136,16 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
             fraction = args.fraction
     throttle = [sys.executable, "-m", "semimig.cli", "throttle", "--rank", "1", "--fraction", f"{fraction:g}", "--pin"]
     if mode != "healthy" and args.straggler == "real" and args.pattern:
-        throttle += ["--pattern", args.pattern]
+        throttle += ["--pattern", args.pattern, "--switch-log", str(switch_log(out))]
     # torchrun's own log directory inside the run's temporary one (its default, /tmp/torchelastic_*, stays behind)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                 "--log-dir", str(out.with_name(out.stem + "-torchrun"))]
     return throttle + ["--"] + torchrun + example
+
+
+def switch_log(out: Path) -> Path:
+    """Where ``semimig throttle --switch-log`` writes a run's pattern switches."""
+    return out.with_name(out.stem + "-switches.json")
 
 
 def device_spec(args: argparse.Namespace) -> str:
@@ -166,7 +171,13 @@ def run_once(args: argparse.Namespace, mode: str, workdir: Path, repeat: int) ->
         tail = log.read_text().splitlines()[-15:]
         raise SystemExit(f"time_to_loss: {mode} run {repeat} failed (exit {proc.returncode}); last lines of {log}:\n"
                          + "\n".join(tail))
-    return json.loads(out.read_text())
+    data = json.loads(out.read_text())
+    if switch_log(out).is_file():  # a throttle pattern: which steps ran throttled
+        from semimig.bench.time_to_loss import throttled_steps
+
+        data["throttled"] = list(throttled_steps(data["step_start_unix"], data["step_s"],
+                                                 json.loads(switch_log(out).read_text())))
+    return data
 
 
 def main(argv=None) -> int:
@@ -195,7 +206,7 @@ def main(argv=None) -> int:
                   for k in ("hidden", "layers", "heads", "kv_heads", "batch_size", "seq_len", "steps", "eval_every")},
         "repeats": args.repeats, "wall_s": time.time() - started, "modes": modes,
         "raw": {mode: [{"step_s": d["step_s"], "val_losses": d["val_losses"], "shed": d.get("shed", []),
-                        "summary": d["summary"]} for d in rs]
+                        "throttled": d.get("throttled"), "summary": d["summary"]} for d in rs]
                 for mode, rs in raw.items()},
     }
     from semimig._io import write_json
@@ -218,11 +229,28 @@ def main(argv=None) -> int:
               f"{m['final_val_loss'] if m['final_val_loss'] is not None else float('nan'):>9.4f} "
               f"{'never' if ttt is None else f'{ttt:.1f}':>11} "
               f"{'-' if ttt is None or not base_time else f'{ttt / base_time:.2f}x':>10}  {share}{replans(m)}")
+    print_phases(modes)
     print(f"JSON: {args.json}")
     if args.plot:
         plot(result, args.plot)
         print(f"plot: {args.plot}")
     return 0
+
+
+def print_phases(modes: dict) -> None:
+    """Each mode's mean step in the throttled and the free phases beside off's (when runs have phases)."""
+    off = (modes.get("off") or {}).get("phase_mean_step_s")
+    rows = [(m, v["phase_mean_step_s"]) for m, v in modes.items() if v.get("phase_mean_step_s")]
+    if not rows:
+        return
+    print("mean step per phase after warm-up (vs off's):")
+    for mode, phases in rows:
+        cells = []
+        for name in ("throttled", "free"):
+            value, ref = phases.get(name), (off or {}).get(name)
+            ratio = f" ({value / ref:.2f}x off)" if value is not None and ref else ""
+            cells.append(f"{name} {'-' if value is None else f'{value:.3f} s'}{ratio}")
+        print(f"{mode:>10}  " + ", ".join(cells))
 
 
 def replans(mode: dict) -> str:

@@ -447,7 +447,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for _ in range(first):  # the batches the saved run trained on
             next(batches)
         logger.info("resumed %s at step %d (loaded in %.3f s)", args.resume, first, load_s)
-    losses, times, val_losses, eval_s, shares, sheds = [], [], [], 0.0, [], []
+    losses, times, val_losses, eval_s, shares, sheds, starts = [], [], [], 0.0, [], [], []
     model.train()
     # a progress bar only on a terminal: redirected output gets the periodic log lines instead of redraws
     bar_off = rank != 0 or not sys.stderr.isatty()
@@ -455,6 +455,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                        unit="step") as bar:
         for step in range(first, args.steps):
             batch = next(batches)
+            starts.append(time.time())  # wall clock: matched with a time-varying throttle's switches
             start = time.perf_counter()
             loss = model(**batch).loss
             booster.backward(loss, optimizer)
@@ -505,6 +506,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 summary["unigram_entropy_nats"] = corpus.unigram_entropy()
             write_json(args.json, {"summary": summary, "losses": losses, "step_s": times,
                                          "val_losses": val_losses, "eval_s": eval_s, "shed": sheds,
+                                         "step_start_unix": starts,
                                          "data": corpus.describe() if corpus is not None else
                                          {"synthetic": True, "vocab": vocab}})
     if balancer is not None:

@@ -79,3 +79,16 @@ def test_the_gemm_straggler_is_the_papers_spec_without_a_scope(tmp_path):
     cmd = script.command(args, "semi", tmp_path / "out.json")
     assert cmd[cmd.index("--straggler") + 1] == "burst:1:3:every=15:len=5"
     assert "--straggler" not in script.command(args, "healthy", tmp_path / "out.json")
+
+
+def test_a_throttle_pattern_logs_its_switches_beside_the_run(tmp_path):
+    script = _script()
+    out = tmp_path / "r.json"
+    args = script.parse_args(["--straggler", "real", "--pattern", "20:40", "--json", str(out)])
+    run_out = tmp_path / "semi-0.json"
+    cmd = script.command(args, "semi", run_out)
+    assert cmd[cmd.index("--switch-log") + 1] == str(tmp_path / "semi-0-switches.json")
+    assert cmd.index("--switch-log") < cmd.index("--")  # the throttle's flag, not the example's
+    assert "--switch-log" not in script.command(args, "healthy", run_out)
+    steady = script.parse_args(["--straggler", "real", "--json", str(out)])
+    assert "--switch-log" not in script.command(steady, "semi", run_out)

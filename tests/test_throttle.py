@@ -6,6 +6,7 @@ other work on this shared 2-core machine can take CPU from the child as well.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -307,22 +308,42 @@ def test_cli_refusals_are_one_line(capsys):
     assert "command" in errors[0] and "pattern" in errors[1] and "fraction" in errors[2]
 
 
-def test_run_throttled_with_a_pattern_and_timeout(controller, caplog):
-    """A pattern switches the fraction at run time; a timeout ends the command with 124, no cgroup left."""
+def test_run_throttled_with_a_pattern_and_timeout(controller, caplog, tmp_path):
+    """A pattern switches the fraction at run time; a timeout ends the command with 124, no cgroup
+    left; the switch log holds the start and every switch, alternating, in time order."""
     from semimig.straggler.throttle_cli import run_throttled
 
     lines = []
     before = set(os.listdir(controller.root))
     # the command itself is the rank-0 worker ('env' sets RANK, then execs the busy loop)
     argv = ["env", "RANK=0", sys.executable, "-c", "while True: pass"]
+    log = tmp_path / "switches.json"
+    started = time.time()
     with caplog.at_level("INFO", logger="semimig.straggler.throttle"):
         rc = run_throttled(argv, rank=0, fraction=0.25, pattern=ThrottlePattern(on_s=0.3, off_s=0.3, fraction=0.25),
-                           pin=False, timeout_s=1.5, announce=lines.append)
+                           pin=False, timeout_s=1.5, announce=lines.append, switch_log=str(log))
     assert rc == 124
+    switches = json.loads(log.read_text())
+    assert len(switches) >= 3 and [s["fraction"] for s in switches[:3]] == [0.25, 1.0, 0.25], switches
+    times = [s["unix_s"] for s in switches]
+    assert started <= times[0] and times == sorted(times) and time.time() >= times[-1]
+    assert all(0.2 < b - a < 0.6 for a, b in zip(times, times[1:])), times
     assert len(lines) == 1 and "pattern 0.3s at 0.25 of a core / 0.3s free" in lines[0], lines
     changes = [r.getMessage() for r in caplog.records if "throttle pattern at" in r.getMessage()]
     assert any("0.25 -> 1" in m for m in changes) and any("1 -> 0.25" in m for m in changes), changes
     assert {n for n in os.listdir(controller.root) if n.startswith(NAME_PREFIX)} <= before
+
+
+def test_a_switch_log_without_a_pattern_is_refused_before_anything_starts(tmp_path):
+    from semimig.straggler.throttle_cli import run_throttled
+
+    marker = tmp_path / "ran"
+    with pytest.raises(ConfigError, match="--switch-log .* needs --pattern"):
+        run_throttled(["touch", str(marker)], rank=1, fraction=0.5, switch_log=str(tmp_path / "s.json"))
+    with pytest.raises(ConfigError, match="--switch-log"):
+        run_throttled(["touch", str(marker)], rank=1, fraction=0.5, switch_log=str(tmp_path),
+                      pattern=ThrottlePattern(on_s=1, off_s=1, fraction=0.5))
+    assert not marker.exists()
 
 
 def test_semimig_command_registers_throttle(capsys):

@@ -64,3 +64,43 @@ def test_worst_step_leaves_out_the_warm_up_and_needs_steps_after_it():
     runs = [RunResult(step_s=tuple(steps), val_losses=((8, 2.0),), balanced_share=None)]
     out = summarize_mode(runs, target=2.5)
     assert out["worst_step_s"] == 3.5 and out["mean_step_s"] == pytest.approx(sum(steps) / len(steps))
+
+
+def test_each_step_is_throttled_or_free_by_the_switch_in_force_at_its_midpoint():
+    from semimig.bench.time_to_loss import throttled_steps
+
+    switches = [{"unix_s": 100.0, "fraction": 0.25}, {"unix_s": 120.0, "fraction": 1.0},
+                {"unix_s": 160.0, "fraction": 0.25}]
+    starts = [95.0, 99.5, 110.0, 119.0, 119.9, 140.0, 159.0, 170.0]
+    steps = [2.0, 2.0, 1.0, 3.0, 0.1, 1.0, 0.5, 1.0]
+    # mids:   96,  100.5, 110.5, 120.5, 119.95, 140.5, 159.25, 170.5
+    assert throttled_steps(starts, steps, switches) == (None, True, True, False, True, False, False, True)
+    assert throttled_steps(starts, steps, []) == (None,) * 8  # never attached
+    with pytest.raises(ConfigError, match="7 step start times for 8 steps"):
+        throttled_steps(starts[:7], steps, switches)
+    with pytest.raises(ConfigError, match="time order"):
+        throttled_steps(starts, steps, switches[::-1])
+
+
+def test_phase_means_leave_out_the_warm_up_and_summaries_take_their_median():
+    from semimig.bench.time_to_loss import WARMUP_STEPS, phase_mean_step_s
+
+    warm = (9.0,) * WARMUP_STEPS
+    flags = (True,) * WARMUP_STEPS
+    runs = [RunResult(step_s=warm + (4.0, 1.0, 2.0, 1.0), val_losses=((9, 2.0),), throttled=flags + (True, False, True, None)),
+            RunResult(step_s=warm + (6.0, 3.0, 6.0, 1.0), val_losses=((9, 2.0),), throttled=flags + (True, False, True, False))]
+    assert phase_mean_step_s(runs[0]) == {"throttled": 3.0, "free": 1.0}
+    assert phase_mean_step_s(runs[1]) == {"throttled": 6.0, "free": 2.0}
+    assert summarize_mode(runs, target=None)["phase_mean_step_s"] == {"throttled": 4.5, "free": 1.5}
+    plain = RunResult(step_s=(1.0,) * 9, val_losses=((9, 2.0),))
+    assert phase_mean_step_s(plain) is None and summarize_mode([plain], None)["phase_mean_step_s"] is None
+    free_only = RunResult(step_s=(1.0,) * 9, val_losses=((9, 2.0),), throttled=(False,) * 9)
+    assert phase_mean_step_s(free_only) == {"throttled": None, "free": 1.0}
+
+
+def test_step_phases_in_an_example_json_must_match_its_steps():
+    data = {"step_s": [1.0, 1.0], "val_losses": [[2, 3.0]], "summary": {}, "throttled": [True]}
+    with pytest.raises(ConfigError, match="1 step phases for 2 steps"):
+        RunResult.from_json(data, "off run 0")
+    data["throttled"] = [True, None]
+    assert RunResult.from_json(data).throttled == (True, None)

@@ -8,6 +8,11 @@ Every mode trains the same model on the same data for the same number of steps (
                                                 (evaluation time excluded; None if never reached)
     steady_step_s   = median(step_s of the last half of the steps)
 
+Under a time-varying throttle (``--pattern``) each step is *throttled* or *free* by the fraction
+in force at its midpoint (the throttle's switch log against the example's step start times), and
+each mode's mean step per phase (after the warm-up) is set beside off's: issue 27 asks for no
+phase in which a balancing mode is slower than off.
+
 A mode that drops work (resizing) may be faster per step and still slower to the target, or never
 reach it: that is what this benchmark is for.  ``balanced_share`` per rank is the share of the
 rank's own work spent in the GEMMs semimig can shed (DESIGN §5's ``B``), the ceiling of what
@@ -24,7 +29,7 @@ from semimig._validate import check_number
 from semimig.errors import ConfigError
 
 __all__ = ["TARGET_TOLERANCE", "RunResult", "steady_step_s", "time_to_target_s", "summarize_mode",
-           "exact_limit"]
+           "exact_limit", "throttled_steps", "phase_mean_step_s"]
 
 TARGET_TOLERANCE = 0.02
 WARMUP_STEPS = 5
@@ -45,6 +50,8 @@ class RunResult:
     reshard: Optional[dict] = None
     """Modes that re-shard: the example's re-plan summary (``replans``, ``plan``, ``bytes_moved``,
     ``move_s``: the moves' own cost, already inside ``step_s``); ``None`` otherwise."""
+    throttled: Optional[tuple[Optional[bool], ...]] = None
+    """Under a throttle pattern: per step, whether it ran throttled (:func:`throttled_steps`)."""
 
     @classmethod
     def from_json(cls, data: dict, where: str = "run") -> "RunResult":
@@ -54,6 +61,8 @@ class RunResult:
             val = tuple((int(s), float(v)) for s, v in data["val_losses"])
             shares = tuple(None if b is None else float(b) for b in data["summary"].get("balanced_share_by_rank", ()))
             reshard = data["summary"].get("reshard")
+            throttled = data.get("throttled")
+            throttled = None if throttled is None else tuple(None if t is None else bool(t) for t in throttled)
             if reshard is not None:
                 reshard = {"replans": int(reshard["replans"]), "plan": str(reshard["plan"]),
                            "bytes_moved": int(reshard["bytes_moved"]), "move_s": float(reshard["move_s"])}
@@ -61,7 +70,9 @@ class RunResult:
             raise ConfigError(f"{where}: not an examples/finetune_llm.py --json result ({err!r})") from None
         if not step_s:
             raise ConfigError(f"{where}: no training steps recorded")
-        return cls(step_s=step_s, val_losses=val, balanced_share=shares, reshard=reshard)
+        if throttled is not None and len(throttled) != len(step_s):
+            raise ConfigError(f"{where}: {len(throttled)} step phases for {len(step_s)} steps")
+        return cls(step_s=step_s, val_losses=val, balanced_share=shares, reshard=reshard, throttled=throttled)
 
     @property
     def final_val_loss(self) -> Optional[float]:
@@ -96,6 +107,42 @@ def time_to_target_s(step_s: Sequence[float], val_losses: Sequence[tuple[int, fl
     return None
 
 
+def throttled_steps(step_start_unix: Sequence[float], step_s: Sequence[float],
+                    switches: Sequence[dict]) -> tuple[Optional[bool], ...]:
+    """Per step, whether the throttle held it at its midpoint ``start + step_s / 2``: the fraction of
+    the last switch at or before it below 1 (``None`` before the first switch: not yet attached).
+
+    ``switches``: ``[{"unix_s": t, "fraction": f}, ...]`` in time order (``semimig throttle
+    --switch-log``)."""
+    if len(step_start_unix) != len(step_s):
+        raise ConfigError(f"{len(step_start_unix)} step start times for {len(step_s)} steps")
+    times = [float(s["unix_s"]) for s in switches]
+    if any(b < a for a, b in zip(times, times[1:])):
+        raise ConfigError("the throttle's switches are not in time order")
+    out = []
+    for start, dt in zip(step_start_unix, step_s):
+        mid = float(start) + float(dt) / 2.0
+        last = None
+        for t, switch in zip(times, switches):
+            if t > mid:
+                break
+            last = float(switch["fraction"]) < 1.0
+        out.append(last)
+    return tuple(out)
+
+
+def phase_mean_step_s(run: RunResult) -> Optional[dict]:
+    """``{"throttled": mean step, "free": mean step}`` over the steps after ``WARMUP_STEPS`` (a phase
+    without such steps: ``None``); ``None`` for a run without step phases."""
+    if run.throttled is None:
+        return None
+    out = {}
+    for name, flag in (("throttled", True), ("free", False)):
+        steps = [t for t, th in zip(run.step_s[WARMUP_STEPS:], run.throttled[WARMUP_STEPS:]) if th is flag]
+        out[name] = statistics.fmean(steps) if steps else None
+    return out
+
+
 def summarize_mode(runs: Sequence[RunResult], target: Optional[float]) -> dict:
     """Median and range over repeats of one mode: steady step, final validation loss, time to target."""
     if not runs:
@@ -119,7 +166,16 @@ def summarize_mode(runs: Sequence[RunResult], target: Optional[float]) -> dict:
         "balanced_share": [_median_or_none(col) for col in zip(*shares)] if shares else None,
         "val_losses": [list(v) for v in runs[0].val_losses],
         "reshard": _reshard_summary(runs),
+        "phase_mean_step_s": _phase_summary(runs),
     }
+
+
+def _phase_summary(runs: Sequence[RunResult]) -> Optional[dict]:
+    """Median over the repeats of each phase's mean step (``None`` unless every run has phases)."""
+    phases = [phase_mean_step_s(r) for r in runs]
+    if not phases or any(p is None for p in phases):
+        return None
+    return {name: _median_or_none([p[name] for p in phases]) for name in ("throttled", "free")}
 
 
 def _reshard_summary(runs: Sequence[RunResult]) -> Optional[dict]:

@@ -1,7 +1,7 @@
 """``semimig throttle``: run a command and throttle its worker of one rank (a real CPU straggler).
 
-    semimig [-v] throttle --rank R --fraction F [--period-us P] [--pattern ON:OFF] [--pin]
-                          [--timeout S] -- COMMAND ARGS...
+    semimig [-v] throttle --rank R --fraction F [--period-us P] [--pattern ON:OFF [--switch-log F]]
+                          [--pin] [--timeout S] -- COMMAND ARGS...
 
 e.g. ``semimig throttle --rank 1 --fraction 0.25 --pin -- torchrun --nproc_per_node 2 train.py``.
 COMMAND starts in its own process group.  Its descendants are watched (every ``poll_s``); one whose
@@ -10,7 +10,8 @@ environment has ``RANK == R`` (``LOCAL_RANK`` where ``RANK`` is absent) is attac
 it started before that (they share the rank's quota; later children follow by themselves).
 ``--pin`` pins every worker (all threads) to core ``LOCAL_RANK mod ncpu`` of the cores this
 launcher may use.  ``--pattern ON:OFF`` throttles for ON seconds then frees for OFF, repeating,
-from the moment the worker is attached.  SIGINT and SIGTERM are forwarded to COMMAND's process
+from the moment the worker is attached; ``--switch-log FILE`` writes the wall-clock times of its
+switches there when COMMAND ends (to match a run's steps with the phases).  SIGINT and SIGTERM are forwarded to COMMAND's process
 group (SIGKILL follows if it is still running 10 s later); the cgroup is removed on every exit
 path, and leftovers of crashed runs are removed first.
 
@@ -30,6 +31,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from semimig._io import check_output_file, write_json
 from semimig._validate import check_bool, check_int, check_number
 from semimig.errors import ConfigError
 from semimig.straggler.throttle import (
@@ -68,12 +70,13 @@ class _Watcher:
     """The per-poll work: find ranked descendants, attach rank R's, pin workers."""
 
     def __init__(self, root_pid: int, throttle: CpuThrottle, *, rank: int, pin: bool,
-                 pattern: Optional[ThrottlePattern], announce: Callable[[str], None]) -> None:
+                 pattern: Optional[ThrottlePattern], announce: Callable[[str], None],
+                 on_switch: Optional[Callable[[float, float], None]] = None) -> None:
         import psutil
 
         self._root = psutil.Process(root_pid)
         self._throttle, self._rank, self._pin, self._pattern = throttle, rank, pin, pattern
-        self._announce = announce
+        self._announce, self._on_switch = announce, on_switch
         self._cpus = sorted(os.sched_getaffinity(0))
         self._ranked: Dict[int, Dict[str, int]] = {}
         self._pinned: Dict[int, set] = {}
@@ -117,7 +120,7 @@ class _Watcher:
                            f"throttled, {what}, period {self._throttle.period_us} us, "
                            f"cgroup {self._throttle.path}")
             if self._pattern is not None:
-                self.driver = PatternDriver(self._throttle, self._pattern).start()
+                self.driver = PatternDriver(self._throttle, self._pattern, on_switch=self._on_switch).start()
         else:
             logger.info("throttle: pid %d (RANK %d) joins %s", pid, info["rank"], self._throttle.path)
 
@@ -164,13 +167,15 @@ def _exit_status(returncode: int) -> int:
 def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us: int = DEFAULT_PERIOD_US,
                   pattern: Optional[ThrottlePattern] = None, pin: bool = True, timeout_s: Optional[float] = None,
                   poll_s: float = 0.05, controller: Optional[CpuController] = None,
-                  announce: Optional[Callable[[str], None]] = None) -> int:
+                  announce: Optional[Callable[[str], None]] = None, switch_log: Optional[str] = None) -> int:
     """Run ``argv`` with its rank-``rank`` worker throttled (module docstring); returns the exit status.
 
     ``pattern`` (its own fraction) replaces ``fraction`` when given.  ``announce`` receives the one
     line saying what was throttled (default: logged at INFO).  ThrottleUnavailable is raised before
     anything starts when no throttle can be made.  Signals are forwarded only when called from the
-    main thread.
+    main thread.  ``switch_log`` (with a ``pattern`` only): a JSON file written when the command
+    ends, ``[{"unix_s": .., "fraction": ..}, ...]``, the pattern's start and every switch (checked
+    writable before the command starts).
     """
     argv = [str(a) for a in argv]
     if not argv:
@@ -181,6 +186,11 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
     check_number("timeout_s", timeout_s, minimum=0.0, low_open=True, allow_none=True)
     check_number("poll_s", poll_s, minimum=0.0, low_open=True)
     announce = announce or logger.info
+    if switch_log is not None:
+        if pattern is None:
+            raise ConfigError(f"--switch-log {switch_log} records a pattern's switches: it needs --pattern")
+        check_output_file(switch_log, "--switch-log")
+    switches: List[Dict[str, float]] = []
 
     with CpuThrottle(pattern.fraction if pattern else fraction, period_us=period_us, controller=controller,
                      handle_signals=False) as throttle:
@@ -213,7 +223,8 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
             raise
         for signum in pending:
             forward(signum, None)
-        watcher = _Watcher(proc.pid, throttle, rank=rank, pin=pin, pattern=pattern, announce=announce)
+        watcher = _Watcher(proc.pid, throttle, rank=rank, pin=pin, pattern=pattern, announce=announce,
+                           on_switch=lambda unix_s, f: switches.append({"unix_s": unix_s, "fraction": f}))
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         timed_out = False
         try:
@@ -237,6 +248,8 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
                 proc.wait()
             if watcher.driver is not None:
                 watcher.driver.stop()
+            if switch_log is not None:
+                write_json(switch_log, switches)
         if not watcher.found:
             announce(f"semimig throttle: no process with RANK {rank} appeared; nothing was throttled")
     return 124 if timed_out else _exit_status(proc.returncode)
@@ -252,6 +265,8 @@ def add_throttle_subcommand(subparsers: Any) -> None:
                         help=f"CFS period in microseconds (default {DEFAULT_PERIOD_US})")
     parser.add_argument("--pattern", default=None, help="ON:OFF seconds: throttled ON, free OFF, repeating")
     parser.add_argument("--pin", action="store_true", help="pin each worker to core LOCAL_RANK mod ncpu")
+    parser.add_argument("--switch-log", default=None, metavar="FILE",
+                        help="with --pattern: write the pattern's switch times (unix seconds, fraction) here as JSON")
     parser.add_argument("--timeout", type=float, default=None, help="terminate COMMAND after this many seconds")
     parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log at INFO level")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
@@ -267,7 +282,7 @@ def run_throttle_cli(args: argparse.Namespace) -> int:
             raise ConfigError("a command to run is required after --, got none")
         pattern = None if args.pattern is None else ThrottlePattern.parse(args.pattern, fraction=args.fraction)
         return run_throttled(command, rank=args.rank, fraction=args.fraction, period_us=args.period_us,
-                             pattern=pattern, pin=args.pin, timeout_s=args.timeout,
+                             pattern=pattern, pin=args.pin, timeout_s=args.timeout, switch_log=args.switch_log,
                              announce=lambda line: print(line, file=sys.stderr, flush=True))
     except ConfigError as err:
         print(f"semimig throttle: error: {err}", file=sys.stderr)

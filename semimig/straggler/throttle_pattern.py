@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
 from semimig._validate import check_number
 from semimig.errors import ConfigError
@@ -73,11 +73,15 @@ class ThrottlePattern:
 
 
 class PatternDriver:
-    """A daemon thread that sets ``throttle``'s fraction to ``pattern.fraction_at(now - start)``."""
+    """A daemon thread that sets ``throttle``'s fraction to ``pattern.fraction_at(now - start)``.
+
+    ``on_switch(unix_s, fraction)``: told the wall-clock time (``time.time()``) and the fraction at
+    the start and at every switch applied, so a run's steps can be matched with the phases."""
 
     def __init__(self, throttle: CpuThrottle, pattern: ThrottlePattern, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._throttle, self._pattern, self._clock = throttle, pattern, clock
+                 clock: Callable[[], float] = time.monotonic,
+                 on_switch: Optional[Callable[[float, float], None]] = None) -> None:
+        self._throttle, self._pattern, self._clock, self._on_switch = throttle, pattern, clock, on_switch
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="semimig-throttle-pattern", daemon=True)
         self._start = 0.0
@@ -85,6 +89,8 @@ class PatternDriver:
     def start(self) -> "PatternDriver":
         self._start = self._clock()
         self._throttle.set_fraction(self._pattern.fraction_at(0.0))
+        if self._on_switch is not None:
+            self._on_switch(time.time(), self._pattern.fraction_at(0.0))
         self._thread.start()
         return self
 
@@ -109,4 +115,6 @@ class PatternDriver:
                     logger.info("throttle pattern stopped: %s", err)
                     return
                 logger.info("throttle pattern at t=%.1f s: fraction %g -> %g", t, current, wanted)
+                if self._on_switch is not None:
+                    self._on_switch(time.time(), wanted)
                 current = wanted
