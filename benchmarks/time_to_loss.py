@@ -10,7 +10,8 @@ straggler (``healthy``) and then in every balancing mode with TP rank 1 slowed::
     --straggler gemm     ``--straggler fixed:1:<chi>``: the paper's straggler, only rank 1's linear
                          GEMMs take chi times as long (no exact limit is printed: it depends on
                          the GEMMs' share of the step)
-    --pattern ON:OFF     the throttle (or the device straggler, as bursts) comes and goes
+    --pattern ON:OFF     the throttle (or the device straggler, as bursts) comes and goes; the
+                         throttle's pattern starts with the first training step
 
 (``reshard``: exact uneven shards re-planned during training once the straggler has stayed, the
 re-plan's own cost inside the step times and reported: re-plans, bytes moved, seconds moving;
@@ -136,7 +137,11 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
             fraction = args.fraction
     throttle = [sys.executable, "-m", "semimig.cli", "throttle", "--rank", "1", "--fraction", f"{fraction:g}", "--pin"]
     if mode != "healthy" and args.straggler == "real" and args.pattern:
-        throttle += ["--pattern", args.pattern, "--switch-log", str(switch_log(out))]
+        # the pattern starts with the first training step (the example creates the file), not with
+        # the start-up: throttled from step 0, as the pattern says
+        started = out.with_name(out.stem + "-started")
+        throttle += ["--pattern", args.pattern, "--pattern-after", str(started), "--switch-log", str(switch_log(out))]
+        example += ["--started-file", str(started)]
     # torchrun's own log directory inside the run's temporary one (its default, /tmp/torchelastic_*, stays behind)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                 "--log-dir", str(out.with_name(out.stem + "-torchrun"))]

@@ -70,6 +70,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Optional, Tuple
 
 import torch
@@ -126,6 +127,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=5)
     p.add_argument("--timeout-s", type=float, default=180.0, help="collective timeout of every process group")
     p.add_argument("--json", default=None, help="write losses, step times and the summary here (rank 0)")
+    p.add_argument("--started-file", default=None, metavar="PATH",
+                   help="rank 0 creates PATH as its first training step starts (for a launcher that "
+                        "throttles the training, not the start-up: semimig throttle --pattern-after PATH)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="also show third-party warnings (Colossal-AI's optional-package notices, deprecations)")
     p.add_argument("--save", default=None, metavar="DIR",
@@ -183,10 +187,11 @@ def check_flags(args: argparse.Namespace) -> None:
         from semimig.straggler import StragglerConfig
 
         StragglerConfig.from_cli(args.straggler)  # names the bad token
-    if args.json is not None:
-        from semimig._io import check_output_file
+    for flag, path in (("--json", args.json), ("--started-file", args.started_file)):
+        if path is not None:
+            from semimig._io import check_output_file
 
-        check_output_file(args.json, "--json")
+            check_output_file(path, flag)
     check_checkpoint_flags(args)
 
 
@@ -455,6 +460,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                        unit="step") as bar:
         for step in range(first, args.steps):
             batch = next(batches)
+            if step == first and rank == 0 and args.started_file is not None:
+                Path(args.started_file).touch()
             starts.append(time.time())  # wall clock: matched with a time-varying throttle's switches
             start = time.perf_counter()
             loss = model(**batch).loss

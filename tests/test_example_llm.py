@@ -43,7 +43,11 @@ def _torchrun(tmp_path: Path, name: str, *flags: str, timeout_s: float = 240) ->
 @pytest.fixture(scope="module")
 def off_6_steps(tmp_path_factory) -> dict:
     """The 6-step run with balancing off, shared by the cases that compare against it (one run)."""
-    return _torchrun(tmp_path_factory.mktemp("off6"), "off", "--steps", "6", "--balance", "off")[1]
+    where = tmp_path_factory.mktemp("off6")
+    run = _torchrun(where, "off", "--steps", "6", "--balance", "off", "--started-file", str(where / "go"))[1]
+    assert (where / "go").is_file() and len(run["step_start_unix"]) == 6  # created as training started
+    assert (where / "go").stat().st_mtime <= run["step_start_unix"][0] + 1.0
+    return run
 
 
 def test_balancing_off_trains_like_colossalai_policy(tmp_path: Path, off_6_steps: dict) -> None:
@@ -136,13 +140,15 @@ def test_bad_flags_are_refused_before_any_rank_starts(flags, named, capsys):
     assert named in err and "Traceback" not in err, err
 
 
-def test_a_json_path_that_cannot_be_written_is_refused_before_training(tmp_path, capsys):
+@pytest.mark.parametrize("flag", ["--json", "--started-file"])
+def test_an_output_path_that_cannot_be_written_is_refused_before_training(flag, tmp_path, capsys):
     example = _example()
     (tmp_path / "file").write_text("x")
     for path, fragment in ((tmp_path, "is a directory"), (tmp_path / "file" / "out.json", "cannot create")):
         with pytest.raises(SystemExit):
-            example.parse_args(["--json", str(path)])
-        assert fragment in capsys.readouterr().err, path
+            example.parse_args([flag, str(path)])
+        err = capsys.readouterr().err
+        assert fragment in err and flag in err, (path, err)
 
 
 def test_a_nonfinite_loss_stops_the_run_naming_the_step():

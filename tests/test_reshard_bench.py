@@ -89,6 +89,10 @@ def test_a_throttle_pattern_logs_its_switches_beside_the_run(tmp_path):
     cmd = script.command(args, "semi", run_out)
     assert cmd[cmd.index("--switch-log") + 1] == str(tmp_path / "semi-0-switches.json")
     assert cmd.index("--switch-log") < cmd.index("--")  # the throttle's flag, not the example's
+    # the pattern starts with the example's first training step, not with its start-up
+    started = cmd[cmd.index("--pattern-after") + 1]
+    assert cmd.index("--pattern-after") < cmd.index("--") < cmd.index("--started-file")
+    assert cmd[cmd.index("--started-file") + 1] == started == str(tmp_path / "semi-0-started")
     assert "--switch-log" not in script.command(args, "healthy", run_out)
     steady = script.parse_args(["--straggler", "real", "--json", str(out)])
     assert "--switch-log" not in script.command(steady, "semi", run_out)

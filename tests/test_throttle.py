@@ -334,6 +334,23 @@ def test_run_throttled_with_a_pattern_and_timeout(controller, caplog, tmp_path):
     assert {n for n in os.listdir(controller.root) if n.startswith(NAME_PREFIX)} <= before
 
 
+def test_a_pattern_after_a_file_starts_when_the_file_appears(controller, tmp_path):
+    """The rank runs free until the file exists (a run's start-up), then the pattern starts throttled."""
+    from semimig.straggler.throttle_cli import run_throttled
+
+    flag, log = tmp_path / "started", tmp_path / "switches.json"
+    worker = f"import pathlib, time; time.sleep(0.8); pathlib.Path({str(flag)!r}).touch(); time.sleep(1.2)"
+    started = time.time()
+    rc = run_throttled(["env", "RANK=0", sys.executable, "-c", worker], rank=0, fraction=0.25,
+                       pattern=ThrottlePattern(on_s=0.5, off_s=0.5, fraction=0.25), pin=False,
+                       announce=lambda line: None, switch_log=str(log), pattern_after=str(flag))
+    assert rc == 0
+    switches = json.loads(log.read_text())
+    assert switches and switches[0]["fraction"] == 0.25
+    assert switches[0]["unix_s"] >= flag.stat().st_mtime >= started + 0.7  # not before the file appeared
+    assert switches[0]["unix_s"] - flag.stat().st_mtime < 1.0  # and soon after it (the watcher's poll)
+
+
 def test_a_switch_log_without_a_pattern_is_refused_before_anything_starts(tmp_path):
     from semimig.straggler.throttle_cli import run_throttled
 
@@ -342,6 +359,11 @@ def test_a_switch_log_without_a_pattern_is_refused_before_anything_starts(tmp_pa
         run_throttled(["touch", str(marker)], rank=1, fraction=0.5, switch_log=str(tmp_path / "s.json"))
     with pytest.raises(ConfigError, match="--switch-log"):
         run_throttled(["touch", str(marker)], rank=1, fraction=0.5, switch_log=str(tmp_path),
+                      pattern=ThrottlePattern(on_s=1, off_s=1, fraction=0.5))
+    with pytest.raises(ConfigError, match="--pattern-after .* needs --pattern"):
+        run_throttled(["touch", str(marker)], rank=1, fraction=0.5, pattern_after=str(tmp_path / "go"))
+    with pytest.raises(ConfigError, match="exists already"):
+        run_throttled(["touch", str(marker)], rank=1, fraction=0.5, pattern_after=str(tmp_path),
                       pattern=ThrottlePattern(on_s=1, off_s=1, fraction=0.5))
     assert not marker.exists()
 

@@ -1,6 +1,7 @@
 """``semimig throttle``: run a command and throttle its worker of one rank (a real CPU straggler).
 
-    semimig [-v] throttle --rank R --fraction F [--period-us P] [--pattern ON:OFF [--switch-log F]]
+    semimig [-v] throttle --rank R --fraction F [--period-us P]
+                          [--pattern ON:OFF [--pattern-after PATH] [--switch-log F]]
                           [--pin] [--timeout S] -- COMMAND ARGS...
 
 e.g. ``semimig throttle --rank 1 --fraction 0.25 --pin -- torchrun --nproc_per_node 2 train.py``.
@@ -10,7 +11,8 @@ environment has ``RANK == R`` (``LOCAL_RANK`` where ``RANK`` is absent) is attac
 it started before that (they share the rank's quota; later children follow by themselves).
 ``--pin`` pins every worker (all threads) to core ``LOCAL_RANK mod ncpu`` of the cores this
 launcher may use.  ``--pattern ON:OFF`` throttles for ON seconds then frees for OFF, repeating,
-from the moment the worker is attached; ``--switch-log FILE`` writes the wall-clock times of its
+from the moment the worker is attached (or, with ``--pattern-after PATH``, from the moment PATH
+exists: the rank runs free until then); ``--switch-log FILE`` writes the wall-clock times of its
 switches there when COMMAND ends (to match a run's steps with the phases).  SIGINT and SIGTERM are forwarded to COMMAND's process
 group (SIGKILL follows if it is still running 10 s later); the cgroup is removed on every exit
 path, and leftovers of crashed runs are removed first.
@@ -71,12 +73,13 @@ class _Watcher:
 
     def __init__(self, root_pid: int, throttle: CpuThrottle, *, rank: int, pin: bool,
                  pattern: Optional[ThrottlePattern], announce: Callable[[str], None],
-                 on_switch: Optional[Callable[[float, float], None]] = None) -> None:
+                 on_switch: Optional[Callable[[float, float], None]] = None,
+                 pattern_after: Optional[str] = None) -> None:
         import psutil
 
         self._root = psutil.Process(root_pid)
         self._throttle, self._rank, self._pin, self._pattern = throttle, rank, pin, pattern
-        self._announce, self._on_switch = announce, on_switch
+        self._announce, self._on_switch, self._pattern_after = announce, on_switch, pattern_after
         self._cpus = sorted(os.sched_getaffinity(0))
         self._ranked: Dict[int, Dict[str, int]] = {}
         self._pinned: Dict[int, set] = {}
@@ -86,6 +89,10 @@ class _Watcher:
 
     def poll(self) -> None:
         import psutil
+
+        if self.found and self.driver is None and self._pattern is not None and os.path.exists(self._pattern_after):
+            logger.info("throttle: %s appeared; the pattern starts", self._pattern_after)
+            self.driver = PatternDriver(self._throttle, self._pattern, on_switch=self._on_switch).start()
 
         try:
             procs = [self._root] + self._root.children(recursive=True)
@@ -119,7 +126,7 @@ class _Watcher:
             self._announce(f"semimig throttle: pid {pid} (RANK {info['rank']}, LOCAL_RANK {info['local_rank']}) "
                            f"throttled, {what}, period {self._throttle.period_us} us, "
                            f"cgroup {self._throttle.path}")
-            if self._pattern is not None:
+            if self._pattern is not None and self._pattern_after is None:
                 self.driver = PatternDriver(self._throttle, self._pattern, on_switch=self._on_switch).start()
         else:
             logger.info("throttle: pid %d (RANK %d) joins %s", pid, info["rank"], self._throttle.path)
@@ -167,7 +174,8 @@ def _exit_status(returncode: int) -> int:
 def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us: int = DEFAULT_PERIOD_US,
                   pattern: Optional[ThrottlePattern] = None, pin: bool = True, timeout_s: Optional[float] = None,
                   poll_s: float = 0.05, controller: Optional[CpuController] = None,
-                  announce: Optional[Callable[[str], None]] = None, switch_log: Optional[str] = None) -> int:
+                  announce: Optional[Callable[[str], None]] = None, switch_log: Optional[str] = None,
+                  pattern_after: Optional[str] = None) -> int:
     """Run ``argv`` with its rank-``rank`` worker throttled (module docstring); returns the exit status.
 
     ``pattern`` (its own fraction) replaces ``fraction`` when given.  ``announce`` receives the one
@@ -175,7 +183,8 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
     anything starts when no throttle can be made.  Signals are forwarded only when called from the
     main thread.  ``switch_log`` (with a ``pattern`` only): a JSON file written when the command
     ends, ``[{"unix_s": .., "fraction": ..}, ...]``, the pattern's start and every switch (checked
-    writable before the command starts).
+    writable before the command starts).  ``pattern_after`` (with a ``pattern`` only): the rank runs
+    free until this path exists, then the pattern starts (a run's training, not its start-up).
     """
     argv = [str(a) for a in argv]
     if not argv:
@@ -190,9 +199,15 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
         if pattern is None:
             raise ConfigError(f"--switch-log {switch_log} records a pattern's switches: it needs --pattern")
         check_output_file(switch_log, "--switch-log")
+    if pattern_after is not None:
+        if pattern is None:
+            raise ConfigError(f"--pattern-after {pattern_after} delays a pattern: it needs --pattern")
+        if os.path.exists(pattern_after):
+            raise ConfigError(f"--pattern-after {pattern_after} exists already: the pattern would start at once")
     switches: List[Dict[str, float]] = []
 
-    with CpuThrottle(pattern.fraction if pattern else fraction, period_us=period_us, controller=controller,
+    first = 1.0 if pattern_after is not None else pattern.fraction if pattern else fraction
+    with CpuThrottle(first, period_us=period_us, controller=controller,
                      handle_signals=False) as throttle:
         # after the throttle exists, so that an unusable cgroup refuses before anything is started
         for path in remove_stale_throttles(controller):
@@ -224,7 +239,8 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
         for signum in pending:
             forward(signum, None)
         watcher = _Watcher(proc.pid, throttle, rank=rank, pin=pin, pattern=pattern, announce=announce,
-                           on_switch=lambda unix_s, f: switches.append({"unix_s": unix_s, "fraction": f}))
+                           on_switch=lambda unix_s, f: switches.append({"unix_s": unix_s, "fraction": f}),
+                           pattern_after=pattern_after)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         timed_out = False
         try:
@@ -265,6 +281,9 @@ def add_throttle_subcommand(subparsers: Any) -> None:
                         help=f"CFS period in microseconds (default {DEFAULT_PERIOD_US})")
     parser.add_argument("--pattern", default=None, help="ON:OFF seconds: throttled ON, free OFF, repeating")
     parser.add_argument("--pin", action="store_true", help="pin each worker to core LOCAL_RANK mod ncpu")
+    parser.add_argument("--pattern-after", default=None, metavar="PATH",
+                        help="with --pattern: run free until PATH exists, then start the pattern "
+                             "(e.g. the example's --started-file: throttle the training, not the start-up)")
     parser.add_argument("--switch-log", default=None, metavar="FILE",
                         help="with --pattern: write the pattern's switch times (unix seconds, fraction) here as JSON")
     parser.add_argument("--timeout", type=float, default=None, help="terminate COMMAND after this many seconds")
@@ -283,6 +302,7 @@ def run_throttle_cli(args: argparse.Namespace) -> int:
         pattern = None if args.pattern is None else ThrottlePattern.parse(args.pattern, fraction=args.fraction)
         return run_throttled(command, rank=args.rank, fraction=args.fraction, period_us=args.period_us,
                              pattern=pattern, pin=args.pin, timeout_s=args.timeout, switch_log=args.switch_log,
+                             pattern_after=args.pattern_after,
                              announce=lambda line: print(line, file=sys.stderr, flush=True))
     except ConfigError as err:
         print(f"semimig throttle: error: {err}", file=sys.stderr)
