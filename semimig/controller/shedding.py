@@ -23,9 +23,10 @@ flagged at once beyond twice that band: a device slow from the first step has no
 A shedding rank whose own regime just turned faster is unflagged when the smallest ``S`` its
 possible ``f`` gives (``RankEstimate.unpruned_low_s``) lies within the half band: its
 dense-equivalent time rests on ``f`` (a few points off at γ 0.9 move it by a fifth), and dense it
-is measured directly — flagged again if it still straggles.  The fast path has its own band because the standard error of a median of a few
-observations of a loaded machine's heavy-tailed noise would otherwise hold a 12x slower rank unflagged (measured: a
-scope=device burst at load 13 on 2 cores).  The unpruned time ``S`` is the reference of every
+is measured directly — flagged again if it still straggles.  The fast path has its own band
+because the standard error of a median of a few observations of a loaded machine's heavy-tailed
+noise would otherwise hold a 12x slower rank unflagged (measured: a scope=device burst at load 13
+on 2 cores).  The unpruned time ``S`` is the reference of every
 comparison, so ranks that prune never drag the reference down and fast ranks never look slow
 (issue 17).
 
@@ -153,25 +154,7 @@ class ShedPolicy:
             excess = est.unpruned_s - s_fast
             contradicts = excess <= 0.5 * margin if state.flagged else excess > margin
             state.streak = state.streak + 1 if contradicts else 0
-            # the fast path: a fresh regime (of this rank or of the fastest) beyond both ranks' log-noise
-            fresh = min(est.regime_age, estimates[fast].regime_age) <= cfg.patience
-            band, ratio = _log_band(cfg, est, estimates[fast]), _log_ratio(est, s_fast)
-            # (a rank whose own fresh regime is a fall is never flagged on it at once: it just got faster)
-            own_fall = est.change_direction < 0 and est.regime_age <= cfg.patience
-            at_once = fresh and (ratio <= 0.5 * band if state.flagged else ratio > band and not own_fall)
-            # the opening: a rank slow from the first step has no regime change to show, so its first
-            # decisions flag it at once beyond twice the band (2.25x at the default) instead of
-            # waiting out the patience (4 decisions: the 4-5x steps of a device slow from the start)
-            opening = est.regime_age > est.seen and est.seen <= 2 * cfg.patience
-            at_once = at_once or (not state.flagged and opening and ratio > 2.0 * band)
-            # a shedding rank whose own time just fell (a throttle lifted) is released when the
-            # smallest S its f may give lies within the half band: its dense-equivalent time rests on
-            # f, and a few points off at high γ move it by a fifth (f 0.19 for 0.25 at w = 0.1: 1.19x;
-            # unknown, T/w may overstate it 2x); dense, it is measured directly and flagged again if
-            # it still straggles
-            low = _log_ratio_of(est.unpruned_low_s, s_fast)
-            at_once = at_once or (state.flagged and own_fall and est.work < 1.0 and low <= 0.5 * band)
-            if state.streak >= cfg.patience or at_once:
+            if state.streak >= cfg.patience or self._at_once(state.flagged, est, estimates[fast], s_fast):
                 state.flagged, state.streak = not state.flagged, 0
                 events.append(f"rank {r} {'straggles' if state.flagged else 'no longer straggles'}: "
                               f"unpruned {est.unpruned_s * 1e3:.3g} ms vs fastest {s_fast * 1e3:.3g} ms "
@@ -207,6 +190,31 @@ class ShedPolicy:
             (logger.warning if "does not pay" in event else logger.info)("iteration %d: %s", iteration, event)
         return ShedDecision(iteration, tuple(s.shed for s in self.states), self._flagged(unpruned), unpruned, fixed,
                             reference, tuple(backed), tuple(events))
+
+    def _at_once(self, flagged: bool, est: RankEstimate, fast: RankEstimate, s_fast: float) -> bool:
+        """The fast path: whether the rank's flag turns at this decision without its patience."""
+        cfg = self.config
+        band, ratio = _log_band(cfg, est, fast), _log_ratio(est, s_fast)
+        own_fall = est.change_direction < 0 and est.regime_age <= cfg.patience
+        if flagged:
+            # a fresh regime (of this rank or of the fastest) back within half the band
+            if min(est.regime_age, fast.regime_age) <= cfg.patience and ratio <= 0.5 * band:
+                return True
+            # a shedding rank whose own time just fell (a throttle lifted) is released when the
+            # smallest S its f may give lies within the half band: its dense-equivalent time rests
+            # on f, and a few points off at high γ move it by a fifth (f 0.19 for 0.25 at w = 0.1:
+            # 1.19x; unknown, T/w may overstate it 2x); dense, it is measured directly and is
+            # flagged again if it still straggles
+            low = _log_ratio_of(est.unpruned_low_s, s_fast) if math.isfinite(est.unpruned_low_s) else ratio
+            return own_fall and est.work < 1.0 and low <= 0.5 * band
+        # a fresh regime beyond both ranks' log-noise, unless it is this rank's own fall (it just
+        # got faster)
+        if min(est.regime_age, fast.regime_age) <= cfg.patience and ratio > band and not own_fall:
+            return True
+        # the opening: a rank slow from the first step has no regime change to show, so its first
+        # decisions flag it beyond twice the band (2.25x at the default) instead of waiting out the
+        # patience (4 decisions: the 4-5x steps of a device slow from the start)
+        return est.regime_age > est.seen and est.seen <= 2 * cfg.patience and ratio > 2.0 * band
 
     def forgive(self, rank: int) -> None:
         """Undo ``rank``'s latest back-off (it will shed again at the next decision with evidence):
