@@ -13,9 +13,9 @@ it started before that (they share the rank's quota; later children follow by th
 launcher may use.  ``--pattern ON:OFF`` throttles for ON seconds then frees for OFF, repeating,
 from the moment the worker is attached (or, with ``--pattern-after PATH``, from the moment PATH
 exists: the rank runs free until then); ``--switch-log FILE`` writes the wall-clock times of its
-switches there when COMMAND ends (to match a run's steps with the phases).  SIGINT and SIGTERM are forwarded to COMMAND's process
-group (SIGKILL follows if it is still running 10 s later); the cgroup is removed on every exit
-path, and leftovers of crashed runs are removed first.
+switches there when COMMAND ends (to match a run's steps with the phases).  SIGINT and SIGTERM
+are forwarded to COMMAND's process group (SIGKILL follows if it is still running 10 s later); the
+cgroup is removed on every exit path, and leftovers of crashed runs are removed first.
 
 Exit status: COMMAND's (128 + N when it died of signal N, 124 after ``--timeout``), or 2 with a
 one-line message when a throttle cannot be made here (nothing is started then).
@@ -90,7 +90,8 @@ class _Watcher:
     def poll(self) -> None:
         import psutil
 
-        if self.found and self.driver is None and self._pattern is not None and os.path.exists(self._pattern_after):
+        if self.found and self.driver is None and self._pattern_after is not None \
+                and os.path.exists(self._pattern_after):
             logger.info("throttle: %s appeared; the pattern starts", self._pattern_after)
             self.driver = PatternDriver(self._throttle, self._pattern, on_switch=self._on_switch).start()
 
