@@ -112,4 +112,5 @@ def test_the_optimizer_table_reads_each_implementation_from_the_file(tmp_path):
     rows = [{"impl": "single", "median_ms": 54.93, "vs_fused": 5.333}, {"impl": "fused", "median_ms": 10.3,
                                                                         "vs_fused": 1.0}]
     (tmp_path / "o.json").write_text(json.dumps({"meta": {}, "rows": rows}))
-    assert render("optimizer", tmp_path / "o.json")[2:] == ["| single | 54.9 ms | 5.33× |", "| fused | 10.3 ms | 1.00× |"]
+    assert render("optimizer", tmp_path / "o.json")[2:] == ["| single | 54.9 ms | 5.33× |",
+                                                             "| fused | 10.3 ms | 1.00× |"]

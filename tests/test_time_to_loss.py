@@ -87,8 +87,10 @@ def test_phase_means_leave_out_the_warm_up_and_summaries_take_their_median():
 
     warm = (9.0,) * WARMUP_STEPS
     flags = (True,) * WARMUP_STEPS
-    runs = [RunResult(step_s=warm + (4.0, 1.0, 2.0, 1.0), val_losses=((9, 2.0),), throttled=flags + (True, False, True, None)),
-            RunResult(step_s=warm + (6.0, 3.0, 6.0, 1.0), val_losses=((9, 2.0),), throttled=flags + (True, False, True, False))]
+    runs = [RunResult(step_s=warm + (4.0, 1.0, 2.0, 1.0), val_losses=((9, 2.0),),
+                      throttled=flags + (True, False, True, None)),
+            RunResult(step_s=warm + (6.0, 3.0, 6.0, 1.0), val_losses=((9, 2.0),),
+                      throttled=flags + (True, False, True, False))]
     assert phase_mean_step_s(runs[0]) == {"throttled": 3.0, "free": 1.0}
     assert phase_mean_step_s(runs[1]) == {"throttled": 6.0, "free": 2.0}
     assert summarize_mode(runs, target=None)["phase_mean_step_s"] == {"throttled": 4.5, "free": 1.5}

@@ -69,7 +69,8 @@ whether the rank got slower or faster there) lets the policy act at once on a fr
 significant regime instead of waiting out its ``patience``.  Noise alone needs ``k`` consecutive
 excursions beyond ``m`` in the same direction (with 15 % normal noise ``m = exp(0.6) − 1``, a 4σ
 excursion: about ``(3·10⁻⁵)^k`` per iteration; a loaded machine's heavy tail is what ``k`` and the
-policy's band against the other ranks are for) and, even then, only restarts the median; whether a rank is flagged is still decided against the other ranks with the noise band.
+policy's band against the other ranks are for) and, even then, only restarts the median;
+whether a rank is flagged is still decided against the other ranks with the noise band.
 
 Everything here is pure float arithmetic on the observations in a fixed order, so every rank of a
 group, fed the same all-gathered observations, holds the same estimates (the plan depends on them).
