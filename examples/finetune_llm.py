@@ -187,10 +187,10 @@ def check_flags(args: argparse.Namespace) -> None:
         from semimig.straggler import StragglerConfig
 
         StragglerConfig.from_cli(args.straggler)  # names the bad token
+    from semimig._io import check_output_file
+
     for flag, path in (("--json", args.json), ("--started-file", args.started_file)):
         if path is not None:
-            from semimig._io import check_output_file
-
             check_output_file(path, flag)
     check_checkpoint_flags(args)
 

@@ -20,6 +20,7 @@ resizing and migration can save; it is reported beside every figure.
 """
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from dataclasses import dataclass
@@ -119,16 +120,10 @@ def throttled_steps(step_start_unix: Sequence[float], step_s: Sequence[float],
     times = [float(s["unix_s"]) for s in switches]
     if any(b < a for a, b in zip(times, times[1:])):
         raise ConfigError("the throttle's switches are not in time order")
-    out = []
-    for start, dt in zip(step_start_unix, step_s):
-        mid = float(start) + float(dt) / 2.0
-        last = None
-        for t, switch in zip(times, switches):
-            if t > mid:
-                break
-            last = float(switch["fraction"]) < 1.0
-        out.append(last)
-    return tuple(out)
+    throttled = [float(s["fraction"]) < 1.0 for s in switches]
+    # the last switch at or before each step's midpoint
+    at = [bisect.bisect_right(times, float(start) + float(dt) / 2.0) for start, dt in zip(step_start_unix, step_s)]
+    return tuple(None if i == 0 else throttled[i - 1] for i in at)
 
 
 def phase_mean_step_s(run: RunResult) -> Optional[dict]:
