@@ -134,16 +134,19 @@ def test_no_straggler_never_replans_tp4():
     assert simulate(pol, lambda s: (1.0,) * 4, 300, noise=0.03) == []
 
 
-def test_recovery_replans_back_to_even_after_the_window():
-    pol = policy()
+@pytest.mark.parametrize("return_steps", [0, 4])
+def test_recovery_replans_back_to_even(return_steps):
+    pol = policy(ReshardConfig(return_steps=return_steps))
     recover = 150
     moves = simulate(pol, lambda s: (1.0, 0.25) if s < recover else (1.0, 1.0), 400)
     assert len(moves) == 2
     (first, d1), (second, d2) = moves
     assert d1.plans == expected((1.0, 0.25))
     assert all(p.is_even for p in d2.plans)
-    # a window mostly (agree = 75 %) of the recovered speed first
-    assert second >= recover + math.ceil(pol.config.agree * pol.config.window) - 1
+    if return_steps:  # the way back: return_steps samples with no slow rank
+        assert recover + return_steps - 1 <= second <= recover + return_steps, (second, d2.reason)
+    else:  # the window rule: a window mostly (agree = 75 %) of the recovered speed first
+        assert second >= recover + math.ceil(pol.config.agree * pol.config.window) - 1
     assert all(p.is_even for p in pol.plans)
 
 
@@ -180,7 +183,7 @@ def test_moved_units_counts_changed_owners():
 def test_the_first_move_waits_for_the_first_window_and_later_moves_for_the_full_one(first):
     """A straggler from the start moves after ``first_steps`` samples; once it leaves, the move back
     needs a full window of the new state (and the dwell), whatever the first window was."""
-    pol = policy(ReshardConfig(window=20, first_window=first, launch=0))
+    pol = policy(ReshardConfig(window=20, first_window=first, launch=0, return_steps=0))
     moves = simulate(pol, lambda s: (1.0, 0.25) if s < 100 else (1.0, 1.0), 300)
     # not before the first window; after it as soon as gain x age pays the move and its revert (6 steps here)
     first = pol.config.warmup + pol.config.first_steps - 1
@@ -202,20 +205,23 @@ def test_a_short_first_window_does_not_move_on_noise_or_a_mild_straggler():
 @pytest.mark.parametrize("launch", [2, 4])
 def test_slow_from_the_start_moves_at_launch_and_a_passing_slowdown_is_moved_back(launch):
     """The launch decision bets that a rank slow from the start stays; when it recovers at step 15
-    the revert follows a window of the recovered speeds, and nothing else moves."""
-    pol = policy(ReshardConfig(window=10, launch=launch))
-    moves = simulate(pol, lambda s: (1.0, 0.25) if s < 15 else (1.0, 1.0), 200, noise=0.02)
-    assert [s for s, _ in moves][:1] == [launch - 1], [(s, d.reason) for s, d in moves]
-    assert moves[0][1].plans == expected((1.0, 0.25))
-    assert len(moves) == 2 and moves[1][1].plans == even_plans()
-    assert 15 + math.ceil(pol.config.agree * pol.config.window) - 1 <= moves[1][0] <= 15 + 2 * pol.config.window
+    the revert follows ``return_steps`` samples of the recovered speeds (or, without the way back,
+    a window of them), and nothing else moves."""
+    for return_steps in (0, 4):
+        pol = policy(ReshardConfig(window=10, launch=launch, return_steps=return_steps))
+        moves = simulate(pol, lambda s: (1.0, 0.25) if s < 15 else (1.0, 1.0), 200, noise=0.02)
+        assert [s for s, _ in moves][:1] == [launch - 1], [(s, d.reason) for s, d in moves]
+        assert moves[0][1].plans == expected((1.0, 0.25))
+        assert len(moves) == 2 and moves[1][1].plans == even_plans()
+        back = return_steps or math.ceil(pol.config.agree * pol.config.window)
+        assert 15 + back - 1 <= moves[1][0] <= 15 + (return_steps or 2 * pol.config.window), return_steps
 
 
 def test_a_launch_move_is_moved_back_after_one_window_not_the_dwell():
     """The throttle of a 40 s on / 40 s off pattern was on for the run's first 3 steps only: the
     launch moved after step 1 and the move back follows one window of the recovered speeds, not the
     2W dwell a move decided on a window's evidence keeps."""
-    cfg = ReshardConfig(window=10)
+    cfg = ReshardConfig(window=10, return_steps=0)  # the dwell rule alone (the way back is tested below)
     pol = policy(cfg)
     moves = simulate(pol, lambda s: (1.0, 0.25) if s < 3 else (1.0, 1.0), 60, noise=0.02)
     assert [s for s, _ in moves][:1] == [1] and len(moves) == 2, [(s, d.reason) for s, d in moves]
@@ -225,7 +231,7 @@ def test_a_launch_move_is_moved_back_after_one_window_not_the_dwell():
     assert back >= 3 + math.ceil(cfg.agree * cfg.window) - 1  # a window (agree of it) of the new speeds
     # the control: a move whose gain was counted over at least the dwell keeps the full dwell (a
     # first move priced at 0.5 MB/s pays only once the state is old)
-    pol = policy(ReshardConfig(window=10, launch=0, bandwidth_bytes_s=5e5))
+    pol = policy(ReshardConfig(window=10, launch=0, bandwidth_bytes_s=5e5, return_steps=0))
     moves = simulate(pol, lambda s: (1.0, 0.25) if s < 60 else (1.0, 1.0), 160, noise=0.02)
     assert len(moves) == 2 and moves[0][1].horizon >= cfg.min_dwell, [(s, d.reason) for s, d in moves]
     assert moves[1][0] - moves[0][0] >= cfg.min_dwell, [s for s, _ in moves]
@@ -235,13 +241,45 @@ def test_a_move_on_a_young_state_is_moved_back_after_one_window_not_the_dwell():
     """A move whose gain was counted over fewer steps than the dwell is a bet like the launch's:
     measured, the second phase of a 40 s on / 40 s off throttle was moved for with a 4-step
     expected life as it ended, and the 2W dwell held the uneven plan 21 steps at healthy speeds."""
-    cfg = ReshardConfig(window=10, launch=0)
+    cfg = ReshardConfig(window=10, launch=0, return_steps=0)  # the dwell rule alone
     pol = policy(cfg)
     moves = simulate(pol, lambda s: (1.0, 0.25) if s < 12 else (1.0, 1.0), 80, noise=0.02)
     assert len(moves) == 2 and moves[0][1].horizon < cfg.min_dwell, [(s, d.reason) for s, d in moves]
     assert moves[1][1].plans == even_plans()
     assert moves[1][0] - moves[0][0] < cfg.min_dwell, [s for s, _ in moves]
     assert moves[1][0] >= 12 + math.ceil(cfg.agree * cfg.window) - 1  # a window (agree of it) of the new speeds
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("lift", [3, 10, 30])
+def test_an_uneven_plan_goes_back_within_return_steps_of_the_lift(lift, seed):
+    """The 20:40 pattern from the training's start: the launch moves for rank 1 at 1/4 speed; when
+    the throttle lifts the uneven plan makes rank 0 the slow one, so the plan goes back after
+    ``return_steps`` samples with no slow rank (measured before: 8 steps at 1.6x while a window of
+    the new speeds filled), whatever the dwell; nothing else moves."""
+    cfg = ReshardConfig(window=10)
+    pol = policy(cfg)
+    # move_s: 0.1 s a move (the simulation's cost does not scale with the bytes: a one-unit refinement
+    # priced at 0.5 s would price the way back's 14 units above its gain over a window)
+    moves = simulate(pol, lambda s: (1.0, 0.25) if s < lift else (1.0, 1.0), lift + 60, noise=0.05, seed=seed,
+                     move_s=0.1)
+    moves = [(s, d) for s, d in moves if s >= lift or s == 1]  # a one-unit refinement of the launch plan may come between
+    assert [s for s, _ in moves] == [1, moves[1][0]] and moves[1][1].plans == even_plans(), \
+        [(s, d.reason) for s, d in moves]
+    assert lift + cfg.return_steps - 1 <= moves[1][0] <= lift + cfg.return_steps + 1, moves[1][0]
+    assert moves[1][1].reason.startswith("no rank slow")
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("speed", [0.25, 0.6, 0.8])
+def test_the_way_back_never_undoes_a_plan_for_a_rank_that_is_still_slow(speed, seed):
+    """A rank that stays slow (mildly: 0.8 is within the tolerance, so no sample shows it slow)
+    keeps the plan solved for it: the way back moves only to the plan the recent samples propose."""
+    pol = policy(ReshardConfig(window=10))
+    moves = simulate(pol, lambda s: (1.0, speed), 200, noise=0.05, seed=seed)
+    # (the window rule may refine the plan by a unit once R/S is measured across the first move)
+    assert all(d.plans != even_plans() and not d.reason.startswith("no rank slow") for _, d in moves), \
+        [(s, d.reason) for s, d in moves]
 
 
 def test_launch_does_not_move_on_one_ranks_slow_first_step_or_without_a_straggler():
@@ -312,6 +350,11 @@ def test_refusals_name_the_input():
         ReshardConfig(window=10, launch=11)
     with pytest.raises(ConfigError, match="ReshardConfig.tolerance"):
         ReshardConfig(tolerance=0.0)
+    with pytest.raises(ConfigError, match="ReshardConfig.return_steps.*got 1"):
+        ReshardConfig(return_steps=1)
+    with pytest.raises(ConfigError, match="ReshardConfig.return_steps"):
+        ReshardConfig(window=10, return_steps=11)
+    assert ReshardConfig(window=3).return_steps == 3 and ReshardConfig().return_steps == 4
     with pytest.raises(ConfigError, match="weights"):
         ReshardPolicy(even_plans(), weights=(1.0,), bytes_per_unit=BYTES)
     with pytest.raises(ConfigError, match="same tp"):

@@ -73,6 +73,17 @@ the dwell (a young state, or an episode that outlived short past ones): measured
 phase of the same pattern was moved for with a 4-step expected life as it ended, and the ``2W``
 dwell then held the uneven plan 21 steps at healthy speeds.
 
+The way back.  An uneven plan is held for a slow rank; when the slow rank recovers, the plan
+makes the *other* ranks the slow ones at every step it is held (measured: a launch move on the
+20:40 pattern held 85 % of the MLP on the fast rank for 8 steps after the lift, a free phase 1.10x
+off's).  So the plan in force goes back to the plan for equal speeds (even, where ``tp`` divides
+every dimension) after ``return_steps`` samples in which no rank was slow (every speed ratio at
+least ``1 − tolerance``) instead of a full window of the new speeds, when the model of those
+samples proposes that plan with a gain beyond the margin and their noise that pays the move
+within ``window`` steps (the window rule would make the same move a window later); the dwell does
+not hold it (it guards against moving *for* a straggler on too little evidence).  A straggler that comes back is re-planned for by the window
+rule above, with its episode history.
+
 Every input is a number all ranks share and the arithmetic is in a fixed order, so every rank
 takes the same decision at the same step; nothing is broadcast.  With no straggler the proposal
 is the plan in force (even) and nothing ever moves.
@@ -137,6 +148,10 @@ class ReshardConfig:
     counted over ``horizon`` (module docstring); 0: none, the first decision waits for ``first_window``."""
     block_size: Optional[int] = None
     """MLP columns per unit when the model was built without a plan in units (``None``: 128)."""
+    return_steps: Optional[int] = None
+    """Samples with no slow rank after which an uneven plan goes back to the plan for equal speeds
+    (module docstring, "The way back"); ``None``: ``min(4, window)``; 0: only a full window of the
+    new speeds moves it back."""
 
     def __post_init__(self) -> None:
         check_int("ReshardConfig.window", self.window, minimum=2, maximum=10**6)
@@ -157,6 +172,12 @@ class ReshardConfig:
         if self.launch == 1:
             raise ConfigError("ReshardConfig.launch must be 0 (no launch decision) or at least 2 steps, got 1")
         check_int("ReshardConfig.block_size", self.block_size, minimum=1, allow_none=True)
+        check_int("ReshardConfig.return_steps", self.return_steps, minimum=0, maximum=self.window, allow_none=True)
+        if self.return_steps is None:
+            object.__setattr__(self, "return_steps", min(4, self.window))
+        if self.return_steps == 1:
+            raise ConfigError("ReshardConfig.return_steps must be 0 (the window rule only) or at least 2 steps, "
+                              "got 1")
 
     @property
     def min_dwell(self) -> int:
@@ -436,6 +457,10 @@ class ReshardPolicy:
     def _decide(self, step: int, launch: Optional[Sequence[ReshardSample]] = None) -> ReshardDecision:
         """The decision at ``step``: on the window, or on the ``launch`` samples (module docstring)."""
         cfg = self.config
+        if launch is None and cfg.return_steps and len(self.samples) >= cfg.return_steps:
+            back = self._way_back(step)
+            if back is not None:
+                return back
         if launch is None and len(self.samples) < self._needed():
             return ReshardDecision(step, reason=f"window filling ({len(self.samples)}/{self._needed()})")
         samples = list(self.samples) if launch is None else list(launch)
@@ -483,6 +508,33 @@ class ReshardPolicy:
         at = " (at launch)" if launch is not None else ""
         return ReshardDecision(step, plans=proposal, reason=f"gain {gain:.4g} s/step x {horizon} steps > move "
                                                             f"and revert {cost:.4g} s ({units} units){at}", **info)
+
+    def _way_back(self, step: int) -> Optional[ReshardDecision]:
+        """The move back to the plan for equal speeds after ``return_steps`` samples with no slow
+        rank (module docstring, "The way back"); ``None`` when it does not apply."""
+        cfg = self.config
+        recent = list(self.samples)[-cfg.return_steps:]
+        if any(min(self._ratios(s, self._k)) < 1.0 - cfg.tolerance for s in recent):
+            return None
+        model, comm = self.model(recent)
+        healthy = StepModel(speeds=(1.0,) * self.tp, replicated=model.replicated, shardable=model.shardable)
+        home = self._propose(healthy)
+        if home == self.plans or self._propose(model) != home:
+            return None
+        current = self._predict(model, self.plans) + comm
+        predicted = self._predict(model, home) + comm
+        gain = current - predicted
+        units, nbytes = self.moved(home)
+        cost = self._move_cost(nbytes)
+        speed = tuple(v / max(model.speeds) for v in model.speeds)
+        info = dict(current_s=current, predicted_s=predicted, speed_ratios=speed, move_bytes=nbytes,
+                    move_cost_s=cost, horizon=cfg.window)
+        if gain <= max(cfg.margin, cfg.noise_z * self._noise(recent)) * current or gain * cfg.window <= cost:
+            return None
+        return ReshardDecision(step, plans=home, reason=f"no rank slow over the last {cfg.return_steps} steps: back "
+                                                         f"to the plan for equal speeds (gain {gain:.4g} s/step x "
+                                                         f"{cfg.window} steps > move {cost:.4g} s, {units} units)",
+                              **info)
 
     def _noise(self, samples: Sequence[ReshardSample]) -> float:
         """Largest relative standard error of a rank's median compute over the window."""
