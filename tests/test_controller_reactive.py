@@ -5,10 +5,11 @@ its latency: the observations of iteration ``j`` reach the policy at the end of 
 (the background all-gather) and a resize-only decision applies from the next iteration.  A rank at
 kept work ``w`` takes
 
-    T = χ(t) · ( F + V·w ) · (1 + ε),    ε ~ N(0, noise)
+    T = χ(t) · ( F + V·w + P·[w < 1] ) · (1 + ε),    ε ~ N(0, noise)
 
 ``F`` the part of its balanced path that does not shrink with the kept columns (unknown to the
-controller).  ``χ(t)`` switches on and off (a throttle that comes and goes).
+controller), ``P`` (``overhead``, 0 unless given) the pruned path's own extra cost (gathers, index
+copies: a pruned path slower than its FLOPs).  ``χ(t)`` switches on and off (a throttle that comes and goes).
 """
 import random
 
@@ -19,7 +20,7 @@ from semimig.controller.shedding import ShedPolicy
 from semimig.controller.timing import RankTiming
 
 
-def run(chi_at, iterations, *, size=2, fixed=0.1, noise=0.03, seed=0, config=None, lag=1):
+def run(chi_at, iterations, *, size=2, fixed=0.1, noise=0.03, seed=0, config=None, lag=1, overhead=0.0):
     """Per-iteration shed shares (as applied) of every rank; ``lag``: iterations between an
     observation and the decision that uses it (1: the runtime's background all-gather)."""
     cfg = config or ControllerConfig(mode="zero")
@@ -33,7 +34,8 @@ def run(chi_at, iterations, *, size=2, fixed=0.1, noise=0.03, seed=0, config=Non
         row = []
         for r in range(size):
             w = 1.0 - shed[r]
-            row.append((w, chis[r] * (fixed + (1.0 - fixed) * w) * max(0.05, 1.0 + rng.gauss(0.0, noise))))
+            busy = fixed + (1.0 - fixed) * w + (overhead if w < 1.0 else 0.0)
+            row.append((w, chis[r] * busy * max(0.05, 1.0 + rng.gauss(0.0, noise))))
         applied.append(tuple(shed))
         queue.append(row)
         if len(queue) > lag:
@@ -123,7 +125,7 @@ def test_a_change_at_the_same_work_is_independent_of_the_unknown_fixed_fraction(
     """A pruned rank whose f is still the prior 0 does not look like it changed speed when γ moves:
     the regime test compares observations at the same work only."""
     timing = RankTiming(7, react_steps=3)
-    for _ in range(14):  # the warm-up: no regime before 2·window observations
+    for _ in range(14):  # past the warm-up: no regime before window observations
         timing.observe(1.0, 1.0)
     for _ in range(4):  # pruned to w = 0.2 with F = 0.4: T = 0.52, which f = 0 would read as 2.6 s dense
         timing.observe(0.2, 0.4 + 0.6 * 0.2)
@@ -270,3 +272,20 @@ def test_the_opening_flags_no_phantom_under_heavy_noise():
     for seed in range(20):
         applied = run(lambda it: (1.0, 1.0), 60, fixed=0.25, noise=0.3, seed=seed)
         assert all(s == (0.0, 0.0) for s in applied), seed
+
+
+@pytest.mark.parametrize("overhead", [0.0, 0.1])
+@pytest.mark.parametrize("on", [6, 8])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_throttle_from_the_first_step_that_lifts_early_is_released_within_a_few_steps(on, overhead, seed):
+    """The 20:40 pattern started with the training: rank 1 throttled from step 0 for ``on`` steps
+    (fewer than 2·window). The opening sheds it; the lift must release it within 4 steps. Measured
+    before the change test started at ``window`` observations (it started at 2·window): the lift
+    fell in the test's warm-up, left no change point, and γ decayed over 10+ steps or (pruned path
+    slower than its FLOPs, f fitted across the lift) stayed at 0.1-0.3 for good — a real run held
+    γ 0.1-0.2 for 40 steps."""
+    applied = run(lambda it: (1.0, 4.0 if it < on else 1.0), on + 40, fixed=0.25, noise=0.05, seed=seed,
+                  overhead=overhead)
+    assert any(s[1] > 0.5 for s in applied[:on + 1])  # shed while throttled
+    back = next(i for i in range(on, len(applied)) if all(s[1] == 0.0 for s in applied[i:]))
+    assert back - on <= 4, [round(s[1], 2) for s in applied]

@@ -42,8 +42,12 @@ of them.  With ``react_steps = k > 0`` every observation is first tested against
 regime: with ``S_j`` the dense-equivalent time of observation ``j`` (``T_j / (f + (1 − f)·w_j)``,
 ``f`` as it stood before the observation), a *change point* is declared when the last ``k``
 observations all lie beyond ``(1 + m)`` times (or below ``1 / (1 + m)`` times) the median ``S`` of
-the regime's earlier observations at the same work (``|w − w_j| ≤ SAME_WORK``; only after
-``2·window`` observations, so warm-up iterations start nothing and the noise below is known), with
+the regime's earlier observations at the same work (``|w − w_j| ≤ SAME_WORK``; a slowdown only
+after ``2·window`` observations, so warm-up iterations start nothing and the noise below is known; a
+speed-up after ``window``: a throttle from the first step that lifted within ``2·window`` — 20:40
+started with the training — left no change point, and γ decayed over 10+ steps, or stayed at
+0.1–0.2 for 40 where ``f`` had been fitted across the lift; the opening flags such a rank, the
+speed-up releases it), with
 
     m = max( change_ratio ,  exp(change_sigmas · σ_ln) − 1 )
 
@@ -306,11 +310,14 @@ class RankTiming:
 
     def _excursion(self) -> Optional[int]:
         """The latest observation's direction when it leaves the regime (``None`` inside it)."""
-        if self.react_steps == 0 or len(self._obs) <= self.react_steps or self.seen < 2 * self.window:
-            return None  # before 2·window observations: warm-up iterations, and too little noise history
+        if self.react_steps == 0 or len(self._obs) <= self.react_steps or self.seen < self.window:
+            return None  # before window observations: the first iterations start nothing
         # against the regime before the run a change would start from (what :meth:`_changed`
         # compares with), so the run's own first observations are not its baseline
-        return self._direction(len(self._obs) - 1, len(self._obs) - self.react_steps) or None
+        direction = self._direction(len(self._obs) - 1, len(self._obs) - self.react_steps)
+        if direction > 0 and self.seen < 2 * self.window:
+            return None  # a slowdown waits for the noise history of 2·window observations
+        return direction or None
 
     def _changed(self) -> bool:
         """All of the last ``react_steps`` observations left the regime, in the same direction."""
