@@ -76,12 +76,16 @@ dwell then held the uneven plan 21 steps at healthy speeds.
 The way back.  An uneven plan is held for a slow rank; when the slow rank recovers, the plan
 makes the *other* ranks the slow ones at every step it is held (measured: a launch move on the
 20:40 pattern held 85 % of the MLP on the fast rank for 8 steps after the lift, a free phase 1.10x
-off's).  So the plan in force goes back to the plan for equal speeds (even, where ``tp`` divides
-every dimension) after ``return_steps`` samples in which no rank was slow (every speed ratio at
-least ``1 − tolerance``) instead of a full window of the new speeds, when the model of those
-samples proposes that plan with a gain beyond the margin and their noise that pays the move
-within ``window`` steps (the window rule would make the same move a window later); the dwell does
-not hold it (it guards against moving *for* a straggler on too little evidence).  A straggler that comes back is re-planned for by the window
+off's).  So after ``return_steps`` samples in which no rank was slow (every speed ratio at least
+``1 − tolerance``) the plan in force moves to the plan the model of those samples proposes, when
+that plan is more even (a smaller largest share) and gains beyond the margin and their noise
+enough to pay the move within ``window`` steps (the window rule would make the same move a window
+later), instead of waiting for a full window of the new speeds; the dwell does not hold it (it
+guards against moving *for* a straggler on too little evidence).  The proposal, not the even plan
+itself: a small shard runs its GEMMs less efficiently, so a recovered rank that held 3 of 32 MLP
+blocks measured 0.86 of the other's speed and its model proposed 17/15, not 16/16; but the plan for
+equal speeds unless the proposal beats it by the margin and those samples' noise (four noisy
+samples otherwise land a unit or two beside it, and the window rule moves again).  A straggler that comes back is re-planned for by the window
 rule above, with its episode history.
 
 Every input is a number all ranks share and the arithmetic is in a fixed order, so every rank
@@ -149,8 +153,8 @@ class ReshardConfig:
     block_size: Optional[int] = None
     """MLP columns per unit when the model was built without a plan in units (``None``: 128)."""
     return_steps: Optional[int] = None
-    """Samples with no slow rank after which an uneven plan goes back to the plan for equal speeds
-    (module docstring, "The way back"); ``None``: ``min(4, window)``; 0: only a full window of the
+    """Samples with no slow rank after which an uneven plan moves toward even, to the plan those
+    samples' model proposes (module docstring, "The way back"); ``None``: ``min(4, window)``; 0: only a full window of the
     new speeds moves it back."""
 
     def __post_init__(self) -> None:
@@ -510,31 +514,34 @@ class ReshardPolicy:
                                                             f"and revert {cost:.4g} s ({units} units){at}", **info)
 
     def _way_back(self, step: int) -> Optional[ReshardDecision]:
-        """The move back to the plan for equal speeds after ``return_steps`` samples with no slow
-        rank (module docstring, "The way back"); ``None`` when it does not apply."""
+        """The move toward even after ``return_steps`` samples with no slow rank (module docstring,
+        "The way back"); ``None`` when it does not apply."""
         cfg = self.config
         recent = list(self.samples)[-cfg.return_steps:]
         if any(min(self._ratios(s, self._k)) < 1.0 - cfg.tolerance for s in recent):
             return None
         model, comm = self.model(recent)
+        needed = max(cfg.margin, cfg.noise_z * self._noise(recent))
+        proposal = self._propose(model)
         healthy = StepModel(speeds=(1.0,) * self.tp, replicated=model.replicated, shardable=model.shardable)
         home = self._propose(healthy)
-        if home == self.plans or self._propose(model) != home:
-            return None
+        if self._predict(model, proposal) * (1.0 + needed) >= self._predict(model, home):
+            proposal = home  # a few samples' noise does not pick a plan beside the plan for equal speeds
+        if proposal == self.plans or max(self.shares(proposal)) >= max(self.shares()):
+            return None  # the way back only evens a plan out
         current = self._predict(model, self.plans) + comm
-        predicted = self._predict(model, home) + comm
+        predicted = self._predict(model, proposal) + comm
         gain = current - predicted
-        units, nbytes = self.moved(home)
+        units, nbytes = self.moved(proposal)
         cost = self._move_cost(nbytes)
         speed = tuple(v / max(model.speeds) for v in model.speeds)
         info = dict(current_s=current, predicted_s=predicted, speed_ratios=speed, move_bytes=nbytes,
                     move_cost_s=cost, horizon=cfg.window)
-        if gain <= max(cfg.margin, cfg.noise_z * self._noise(recent)) * current or gain * cfg.window <= cost:
+        if gain <= needed * current or gain * cfg.window <= cost:
             return None
-        return ReshardDecision(step, plans=home, reason=f"no rank slow over the last {cfg.return_steps} steps: back "
-                                                         f"to the plan for equal speeds (gain {gain:.4g} s/step x "
-                                                         f"{cfg.window} steps > move {cost:.4g} s, {units} units)",
-                              **info)
+        return ReshardDecision(step, plans=proposal, reason=f"no rank slow over the last {cfg.return_steps} steps: "
+                                                             f"toward even (gain {gain:.4g} s/step x {cfg.window} "
+                                                             f"steps > move {cost:.4g} s, {units} units)", **info)
 
     def _noise(self, samples: Sequence[ReshardSample]) -> float:
         """Largest relative standard error of a rank's median compute over the window."""
