@@ -263,7 +263,8 @@ def test_an_uneven_plan_goes_back_within_return_steps_of_the_lift(lift, seed):
     # priced at 0.5 s would price the way back's 14 units above its gain over a window)
     moves = simulate(pol, lambda s: (1.0, 0.25) if s < lift else (1.0, 1.0), lift + 60, noise=0.05, seed=seed,
                      move_s=0.1)
-    moves = [(s, d) for s, d in moves if s >= lift or s == 1]  # a one-unit refinement of the launch plan may come between
+    # a one-unit refinement of the launch plan may come between
+    moves = [(s, d) for s, d in moves if s >= lift or s == 1]
     assert [s for s, _ in moves] == [1, moves[1][0]] and moves[1][1].plans == even_plans(), \
         [(s, d.reason) for s, d in moves]
     assert lift + cfg.return_steps - 1 <= moves[1][0] <= lift + cfg.return_steps + 1, moves[1][0]

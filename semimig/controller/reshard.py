@@ -85,8 +85,8 @@ guards against moving *for* a straggler on too little evidence).  The proposal, 
 itself: a small shard runs its GEMMs less efficiently, so a recovered rank that held 3 of 32 MLP
 blocks measured 0.86 of the other's speed and its model proposed 17/15, not 16/16; but the plan for
 equal speeds unless the proposal beats it by the margin and those samples' noise (four noisy
-samples otherwise land a unit or two beside it, and the window rule moves again).  A straggler that comes back is re-planned for by the window
-rule above, with its episode history.
+samples otherwise land a unit or two beside it, and the window rule moves again).  A straggler
+that comes back is re-planned for by the window rule above, with its episode history.
 
 Every input is a number all ranks share and the arithmetic is in a fixed order, so every rank
 takes the same decision at the same step; nothing is broadcast.  With no straggler the proposal
@@ -154,8 +154,8 @@ class ReshardConfig:
     """MLP columns per unit when the model was built without a plan in units (``None``: 128)."""
     return_steps: Optional[int] = None
     """Samples with no slow rank after which an uneven plan moves toward even, to the plan those
-    samples' model proposes (module docstring, "The way back"); ``None``: ``min(4, window)``; 0: only a full window of the
-    new speeds moves it back."""
+    samples' model proposes (module docstring, "The way back"); ``None``: ``min(4, window)``; 0:
+    only a full window of the new speeds moves it back."""
 
     def __post_init__(self) -> None:
         check_int("ReshardConfig.window", self.window, minimum=2, maximum=10**6)
