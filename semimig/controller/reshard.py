@@ -461,7 +461,8 @@ class ReshardPolicy:
     def _decide(self, step: int, launch: Optional[Sequence[ReshardSample]] = None) -> ReshardDecision:
         """The decision at ``step``: on the window, or on the ``launch`` samples (module docstring)."""
         cfg = self.config
-        if launch is None and cfg.return_steps and len(self.samples) >= cfg.return_steps:
+        uneven = not all(p.is_even for p in self.plans)  # an even plan has no way back to take
+        if launch is None and cfg.return_steps and uneven and len(self.samples) >= cfg.return_steps:
             back = self._way_back(step)
             if back is not None:
                 return back
