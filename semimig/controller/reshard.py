@@ -488,8 +488,7 @@ class ReshardPolicy:
         predicted = self._predict(model, proposal) + comm
         gain = current - predicted
         units, nbytes = self.moved(proposal)
-        healthy = StepModel(speeds=(max(model.speeds),) * self.tp, replicated=model.replicated,
-                            shardable=model.shardable)
+        healthy = self._healthy(model)
         overstay = max(self._predict(healthy, proposal) - self._predict(healthy, self.plans), 0.0)
         cost = 2.0 * self._move_cost(nbytes) + cfg.window * overstay
         age = step - self._state.since + 1
@@ -514,6 +513,11 @@ class ReshardPolicy:
         return ReshardDecision(step, plans=proposal, reason=f"gain {gain:.4g} s/step x {horizon} steps > move "
                                                             f"and revert {cost:.4g} s ({units} units){at}", **info)
 
+    def _healthy(self, model: StepModel) -> StepModel:
+        """``model`` with every rank at its fastest rank's speed (the group with no straggler)."""
+        return StepModel(speeds=(max(model.speeds),) * self.tp, replicated=model.replicated,
+                         shardable=model.shardable)
+
     def _way_back(self, step: int) -> Optional[ReshardDecision]:
         """The move toward even after ``return_steps`` samples with no slow rank (module docstring,
         "The way back"); ``None`` when it does not apply."""
@@ -524,8 +528,7 @@ class ReshardPolicy:
         model, comm = self.model(recent)
         needed = max(cfg.margin, cfg.noise_z * self._noise(recent))
         proposal = self._propose(model)
-        healthy = StepModel(speeds=(1.0,) * self.tp, replicated=model.replicated, shardable=model.shardable)
-        home = self._propose(healthy)
+        home = self._propose(self._healthy(model))
         if self._predict(model, proposal) * (1.0 + needed) >= self._predict(model, home):
             proposal = home  # a few samples' noise does not pick a plan beside the plan for equal speeds
         if proposal == self.plans or max(self.shares(proposal)) >= max(self.shares()):

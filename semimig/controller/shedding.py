@@ -196,9 +196,10 @@ class ShedPolicy:
         cfg = self.config
         band, ratio = _log_band(cfg, est, fast), _log_ratio(est, s_fast)
         own_fall = est.change_direction < 0 and est.regime_age <= cfg.patience
+        fresh = min(est.regime_age, fast.regime_age) <= cfg.patience  # of this rank or of the fastest
         if flagged:
-            # a fresh regime (of this rank or of the fastest) back within half the band
-            if min(est.regime_age, fast.regime_age) <= cfg.patience and ratio <= 0.5 * band:
+            # a fresh regime back within half the band
+            if fresh and ratio <= 0.5 * band:
                 return True
             # a shedding rank whose own time just fell (a throttle lifted) is released when the
             # smallest S its f may give lies within the half band: its dense-equivalent time rests
@@ -209,7 +210,7 @@ class ShedPolicy:
             return own_fall and est.work < 1.0 and low <= 0.5 * band
         # a fresh regime beyond both ranks' log-noise, unless it is this rank's own fall (it just
         # got faster)
-        if min(est.regime_age, fast.regime_age) <= cfg.patience and ratio > band and not own_fall:
+        if fresh and ratio > band and not own_fall:
             return True
         # the opening: a rank slow from the first step has no regime change to show, so its first
         # decisions flag it beyond twice the band (2.25x at the default) instead of waiting out the
