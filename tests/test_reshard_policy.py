@@ -452,3 +452,50 @@ def test_unshed_without_a_fitted_fixed_fraction_and_under_an_emulated_sleep():
         assert unshed(1.0, 0.25, sleep_s=0.0, work=0.5, fixed=f) == pytest.approx((1.25, 0.5))
     # an emulated whole-device straggler: half of the compute is its sleep, so the extra work is slowed 2x
     assert unshed(2.0, 0.25, sleep_s=1.0, work=0.5, fixed=0.0) == pytest.approx((2.5, 0.75))
+
+
+def test_a_move_measured_slower_is_undone_and_not_tried_again_while_the_episode_lasts():
+    """Under a real CPU throttle a rank that waits for the others reads faster than it runs once it
+    holds more work (module docstring, "A move measured slower").  Rank 1 reads 0.35 of rank 0's
+    speed while it holds at most 12 % of the work, 0.2 above: the window rule moves toward even on the
+    fast reading, the next window measures the step slower, and the plan goes back to the one it
+    left, once, and stays; when the straggler leaves, the rejection is forgotten."""
+    pol = policy(ReshardConfig(window=10))
+    gone = 60
+
+    rejected_while_slow = []
+
+    def speeds(step):
+        if step == gone - 1:
+            rejected_while_slow.extend(pol.rejected)
+        if step >= gone:
+            return (1.0, 1.0)
+        return (1.0, 0.35 if pol.shares()[1] <= 0.12 else 0.2)
+
+    moves = simulate(pol, speeds, gone + 30)
+    later = [(s, d) for s, d in moves if s >= gone]
+    moves = [(s, d) for s, d in moves if s < gone]
+    plans = [d.plans for _, d in moves]
+    assert len(moves) == 3, [(s, d.reason) for s, d in moves]
+    (launch_step, launch), (toward_step, toward), (back_step, back) = moves
+    assert "at launch" in launch.reason and max(pol.shares(toward.plans)) < max(pol.shares(launch.plans))
+    # undone at the first full window under the slower plan, back to exactly the plan it left
+    assert back_step == toward_step + pol.config.window + pol.config.warmup
+    assert back.plans == launch.plans and "measured slower" in back.reason
+    assert back.current_s > back.predicted_s * (1.0 + pol.config.margin)  # measured after vs before the move
+    assert rejected_while_slow == [toward.plans]
+    assert plans.count(toward.plans) == 1 and pol.history[2] is back  # proposed again since, never taken
+    assert back_step + 2 * pol.config.window < gone  # ...over two windows and more
+    # the straggler leaves: the way back evens the plan out and forgets the rejection
+    assert later and all(p.is_even for p in later[-1][1].plans), [(s, d.reason) for s, d in later]
+    assert pol.rejected == set()
+
+
+def test_no_move_is_undone_when_the_speeds_are_what_the_model_reads():
+    """The control: speeds independent of the plan (the model's assumption), with noise; every
+    move measures what it predicted within the noise, and none is undone."""
+    for seed in range(4):
+        pol = policy(ReshardConfig(window=10))
+        moves = simulate(pol, lambda s: (1.0, 0.25) if s < 80 else (1.0, 1.0), 140, noise=0.03, seed=seed)
+        assert moves and not any("measured slower" in d.reason for _, d in moves), [(s, d.reason) for s, d in moves]
+        assert pol.rejected == set()

@@ -88,6 +88,17 @@ equal speeds unless the proposal beats it by the margin and those samples' noise
 samples otherwise land a unit or two beside it, and the window rule moves again).  A straggler
 that comes back is re-planned for by the window rule above, with its episode history.
 
+A move measured slower is undone.  The model's speeds are read under the plan in force, and a
+rank's speed is not always a constant of the device: measured under a real CPU throttle (a cgroup
+quota), a throttled rank that waits in the group's collectives for the others runs part of its
+throttled time inside those waits, so it reads faster (0.26 of the other's speed at 4 of 32 MLP
+blocks) than it runs once it holds more (0.21 at 6): a move to 26/6 predicted 1.03 s and measured
+1.27 s against 1.09 s before it.  So the first full window after a move (the one that measures
+``R/S``) also compares the measured step with the step the move was decided against; when it is
+slower by more than ``max(margin, noise_z·σ̂)`` the plan moves back to the plan it left, and the
+rejected plan is not proposed again while the slow episode lasts (its end, or a move back toward
+even, forgets it).  A launch move is compared like any other.
+
 Every input is a number all ranks share and the arithmetic is in a fixed order, so every rank
 takes the same decision at the same step; nothing is broadcast.  With no straggler the proposal
 is the plan in force (even) and nothing ever moves.
@@ -307,6 +318,11 @@ class ReshardPolicy:
         self._launch: list[ReshardSample] = []  # the run's first ``launch`` steps (module docstring)
         self._bet = False  # the decision just handed out is a bet (the launch's, or on a young state)
         self._dwell = config.min_dwell  # steps the plan in force must be kept (one window after a bet)
+        self._reverting = False  # the decision just handed out undoes the last move
+        self._undo: Optional[tuple] = None  # (plans left, step before) of the last move, until its window is measured
+        self.rejected: set = set()
+        """Plans a move measured slower than the plan it left (module docstring); forgotten when the
+        slow episode ends or a move evens the plan out."""
 
     # ------------------------------------------------------------------ public
     @property
@@ -339,6 +355,12 @@ class ReshardPolicy:
             before = self._launch[self.config.warmup:]
         if before and (len(before) >= self._needed() or self.last_move_step is None):  # what the move was decided on
             self._before = (self.shares(), [statistics.median(s.compute_s[r] for s in before) for r in range(self.tp)])
+        last = self.history[-1] if self.history else None
+        reverting = self._reverting
+        self._undo = None if reverting or last is None or last.current_s <= 0.0 else (self.plans, last.current_s)
+        self._reverting = False
+        if max(self.shares(plans)) < max(self.shares()) and not reverting:
+            self.rejected.clear()  # a move toward even: the state the rejections were measured in is gone
         self.plans = plans
         bet = self._bet and not self.config.dwell  # an explicit dwell always holds
         self._dwell = self.config.window if bet else self.config.min_dwell
@@ -423,6 +445,7 @@ class ReshardPolicy:
         elif self._episode is not None and step - self._episode[1] >= EPISODE_END:
             self.episodes.append(self._episode[1] - self._episode[0] + 1)
             self._episode = None
+            self.rejected.clear()
 
     def _expected_life(self, age: int) -> int:
         """Steps the present state is expected to last (module docstring: age, or the episodes')."""
@@ -469,6 +492,10 @@ class ReshardPolicy:
         if launch is None and len(self.samples) < self._needed():
             return ReshardDecision(step, reason=f"window filling ({len(self.samples)}/{self._needed()})")
         samples = list(self.samples) if launch is None else list(launch)
+        if launch is None and self._undo is not None:
+            undo = self._undo_slower_move(step, samples)
+            if undo is not None:
+                return undo
         if launch is None:
             self._measure_k(samples)
         # at launch the model (speeds, R/S) is read after the warm-up; step 0's allocations inflate R
@@ -485,6 +512,9 @@ class ReshardPolicy:
         proposal = self._propose(model)
         if proposal == self.plans:
             return ReshardDecision(step, reason="the plan in force is the best", **base)
+        if proposal in self.rejected:
+            return ReshardDecision(step, reason="the proposal was measured slower than the plan in force (a move to "
+                                                "it was undone); keeping the plan", **base)
         predicted = self._predict(model, proposal) + comm
         gain = current - predicted
         units, nbytes = self.moved(proposal)
@@ -512,6 +542,27 @@ class ReshardPolicy:
         at = " (at launch)" if launch is not None else ""
         return ReshardDecision(step, plans=proposal, reason=f"gain {gain:.4g} s/step x {horizon} steps > move "
                                                             f"and revert {cost:.4g} s ({units} units){at}", **info)
+
+    def _undo_slower_move(self, step: int, samples: Sequence[ReshardSample]) -> Optional[ReshardDecision]:
+        """The first full window after a move: back to the plan it left when the measured step is
+        slower than the step it was decided against (module docstring, "A move measured slower");
+        ``None`` when it is not.  Either way the comparison is made once per move."""
+        cfg = self.config
+        (left, before), self._undo = self._undo, None
+        e = self.tp
+        measured = (max(statistics.median(s.compute_s[r] for s in samples) for r in range(e))
+                    + min(statistics.median(s.comm_s[r] for s in samples) for r in range(e)))
+        needed = max(cfg.margin, cfg.noise_z * self._noise(samples))
+        if measured <= before * (1.0 + needed):
+            return None
+        self.rejected.add(self.plans)
+        self._before = None  # the move measured a change of speed with the plan, not R/S: no estimate from it
+        self._reverting = True
+        units, nbytes = self.moved(left)
+        return ReshardDecision(step, plans=tuple(left), current_s=measured, predicted_s=before,
+                               move_bytes=nbytes, move_cost_s=self._move_cost(nbytes), horizon=cfg.horizon,
+                               reason=f"the last move measured slower ({measured:.4g} s/step against {before:.4g} s "
+                                      f"before it, beyond {needed:.0%}): back to the plan it left ({units} units)")
 
     def _healthy(self, model: StepModel) -> StepModel:
         """``model`` with every rank at its fastest rank's speed (the group with no straggler)."""
