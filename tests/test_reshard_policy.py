@@ -482,6 +482,7 @@ def test_a_move_measured_slower_is_undone_and_not_tried_again_while_the_episode_
     # undone at the first full window under the slower plan, back to exactly the plan it left
     assert back_step == toward_step + pol.config.window + pol.config.warmup
     assert back.plans == launch.plans and "measured slower" in back.reason
+    assert len(back.speed_ratios) == 2 and back.speed_ratios[0] == 1.0 and back.speed_ratios[1] < 0.75
     assert back.current_s > back.predicted_s * (1.0 + pol.config.margin)  # measured after vs before the move
     assert rejected_while_slow == [toward.plans]
     assert plans.count(toward.plans) == 1 and pol.history[2] is back  # proposed again since, never taken
