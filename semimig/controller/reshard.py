@@ -549,9 +549,8 @@ class ReshardPolicy:
         ``None`` when it is not.  Either way the comparison is made once per move."""
         cfg = self.config
         (left, before), self._undo = self._undo, None
-        e, p = self.tp, self.shares()
-        compute = [statistics.median(s.compute_s[r] for s in samples) for r in range(e)]
-        measured = max(compute) + min(statistics.median(s.comm_s[r] for s in samples) for r in range(e))
+        model, comm = self.model(samples)
+        measured = self._predict(model, self.plans) + comm  # the window's median step (max c_r + min m_r)
         needed = max(cfg.margin, cfg.noise_z * self._noise(samples))
         if measured <= before * (1.0 + needed):
             return None
@@ -559,9 +558,8 @@ class ReshardPolicy:
         self._before = None  # the move measured a change of speed with the plan, not R/S: no estimate from it
         self._reverting = True
         units, nbytes = self.moved(left)
-        speeds = [(self._k + p[r]) / compute[r] for r in range(e)]
         return ReshardDecision(step, plans=tuple(left), current_s=measured, predicted_s=before,
-                               speed_ratios=tuple(v / max(speeds) for v in speeds),
+                               speed_ratios=tuple(v / max(model.speeds) for v in model.speeds),
                                move_bytes=nbytes, move_cost_s=self._move_cost(nbytes), horizon=cfg.horizon,
                                reason=f"the last move measured slower ({measured:.4g} s/step against {before:.4g} s "
                                       f"before it, beyond {needed:.0%}): back to the plan it left ({units} units)")
