@@ -5,10 +5,12 @@
 controller's ``step()``, it
 
 1. all-gathers over the tensor-parallel group every rank's split of the step (one float64
-   all-gather of six numbers): its own work ``compute_s`` (the controller's
+   all-gather of seven numbers): its own work ``compute_s`` (the controller's
    :class:`~semimig.straggler.device.DeviceClock`: wall minus time in collectives), its GEMM
-   seconds in semimig's paired layers (``busy_s``, the shardable work it measures), its seconds in
-   collectives, the injected whole-device sleep, the wall time and the work fraction it ran at;
+   seconds in semimig's paired layers (``busy_s``) and the seconds between a pair's two layers
+   (``paired_gap_s``: the attention core, the activation — :mod:`semimig.straggler.busy`), which
+   together are the shardable work it measures, its seconds in collectives, the injected
+   whole-device sleep, the wall time and the work fraction it ran at;
 2. feeds the numbers, identical on every rank, to the pure :class:`ReshardPolicy`; while a
    straggler prunes or migrates (mode ``semi``) its GEMM seconds are scaled up to full work from
    *this step's* measurement (:func:`unshed`: ``b / (f + (1 − f)·w)``, ``w`` the work fraction the
@@ -184,7 +186,8 @@ class Resharder:
         comm = float(device.comm_s) if device is not None else 0.0
         wall = float(device.wall_s) if device is not None else 0.0
         work = float(report.busy.work_fraction)
-        mine = torch.tensor([compute, busy, comm, sleep, wall, work], dtype=torch.float64, device=self._device)
+        gap = float(getattr(report.busy, "paired_gap_s", 0.0))
+        mine = torch.tensor([compute, busy, comm, sleep, wall, work, gap], dtype=torch.float64, device=self._device)
         if self.size > 1:
             rows = [torch.empty_like(mine) for _ in range(self.size)]
             dist.all_gather(rows, mine, group=self.group)
@@ -193,8 +196,10 @@ class Resharder:
             rows = [mine.cpu().tolist()]
         decision = getattr(report, "decision", None)
         fixed = getattr(decision, "fixed_fraction", None) or (math.nan,) * self.size
-        split = [unshed(c, b, sleep_s=s, work=w, fixed=f) for (c, b, _, s, _, w), f in zip(rows, fixed)]
-        return ReshardSample(tuple(c for c, _ in split), tuple(b for _, b in split), tuple(row[2] for row in rows))
+        split = [unshed(c, b, sleep_s=s, work=w, fixed=f) for (c, b, _, s, _, w, _), f in zip(rows, fixed)]
+        # the pair's non-GEMM work (attention core, activation) is shardable too; pruning does not shrink it
+        return ReshardSample(tuple(c for c, _ in split), tuple(b + row[6] for (_, b), row in zip(split, rows)),
+                             tuple(row[2] for row in rows))
 
     def observe(self, report: Any) -> Optional[Any]:
         """Feed the step; if the policy re-plans, move and return the new :class:`UnevenPlan`."""
@@ -202,7 +207,7 @@ class Resharder:
         decision = self.policy.observe(sample)
         self.last = decision
         if self._speaks and logger.isEnabledFor(logging.DEBUG):  # the policy's every step, to diagnose a plan
-            logger.debug("semimig reshard step %d: compute %s s, GEMM %s s, R/S %.3f, plan %s: %s", decision.step,
+            logger.debug("semimig reshard step %d: compute %s s, shardable %s s, R/S %.3f, plan %s: %s", decision.step,
                          [round(c, 3) for c in sample.compute_s], [round(b, 3) for b in sample.shardable_s],
                          self.policy.replicated_ratio, [p.units for p in self.policy.plans], decision.reason)
         self.settled_now = self._measured(decision)

@@ -147,3 +147,73 @@ def test_keep_plan_is_rebuilt_only_when_the_keep_set_changes():
     prefix = state.own_plan(None, 8, 6, cpu, 1)  # a migrating rank's own prefix [0, 6)
     assert prefix.span == (0, 6) and state.own_plan(None, 8, 6, cpu, 1) is prefix
     assert state.own_plan(None, 8, 5, cpu, 1).span == (0, 5)
+
+
+class _Sleep(torch.autograd.Function):
+    """Work that is not a GEMM: ``seconds`` of wall time in forward and again in backward."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        import time
+
+        ctx.seconds = seconds
+        time.sleep(seconds)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, dy):
+        import time
+
+        time.sleep(ctx.seconds)
+        return dy.clone(), None
+
+
+def _pair_gap_body(rank, world, inner_s, outer_s):
+    """sleep(outer) → Col → sleep(inner) → Row → sleep(outer), forward and backward, under a real meter."""
+    import semimig.nn as snn
+    from semimig.straggler.busy import BusyMeter
+
+    torch.manual_seed(0)
+    group = dist.group.WORLD
+    col = snn.Linear1D_Col.from_native_module(nn.Linear(16, 8 * world), group)
+    row = snn.Linear1D_Row.from_native_module(nn.Linear(8 * world, 16), group, parallel_input=True)
+    meter = BusyMeter()
+    for layer in (col, row):
+        layer.directive = snn.LayerDirective(iteration=0, timer=meter)
+    x = torch.randn(2, 3, 16, requires_grad=True)
+    y = _Sleep.apply(row(_Sleep.apply(col(_Sleep.apply(x, outer_s)), inner_s)), outer_s)
+    y.sum().backward()
+    stats = meter.snapshot()
+    meter.reset()
+    return stats.paired_gap_s, stats.busy_s, meter.snapshot().paired_gap_s
+
+
+def test_the_span_between_a_pairs_layers_is_counted_apart_and_nothing_around_the_pair():
+    """The attention core / activation between a column and a row layer is measured (forward and
+    backward) as ``paired_gap_s``; the work before the column and after the row (norms, residuals:
+    replicated) is not, nor is any of it in ``busy_s``; ``reset`` clears it."""
+    inner, outer = 0.05, 0.1
+    gap, busy, after_reset = run_on_ranks(_pair_gap_body, 2, inner, outer)  # rank 0's
+    assert 2 * inner <= gap < 2 * inner + outer, gap  # outer spans would add 4 x 0.1 s
+    assert busy < inner, busy  # tiny GEMMs only
+    assert after_reset == 0.0
+
+
+def test_a_gap_is_counted_only_within_its_phase():
+    """A span opened by a column forward and closed by a column backward (a head with
+    ``gather_output`` before the loss) is dropped, as is a close with nothing open."""
+    import time
+
+    from semimig.straggler.busy import BusyMeter
+
+    meter = BusyMeter()
+    meter.close_gap("forward")  # nothing open
+    meter.open_gap("forward")
+    time.sleep(0.02)
+    meter.close_gap("backward")  # another phase: dropped
+    meter.close_gap("backward")
+    assert meter.snapshot().paired_gap_s == 0.0
+    meter.open_gap("backward")
+    time.sleep(0.02)
+    meter.close_gap("backward")
+    assert meter.snapshot().paired_gap_s >= 0.02

@@ -85,6 +85,9 @@ def _train(mode, straggler, steps=STEPS):
                               reshard=ReshardConfig(window=WINDOW, horizon=steps))
     losses = train_steps(booster, model, optimizer, range(steps), batch=_batch)
     summary = balancer.reshard_summary
+    if summary is not None and balancer.resharder.policy.samples:  # the last step's split, as the policy read it
+        busy, rank = balancer.report.busy, balancer.resharder.rank
+        summary["split"] = (busy.busy_s, busy.paired_gap_s, balancer.resharder.policy.samples[-1].shardable_s[rank])
     balancer.close()
     return losses, summary
 
@@ -111,6 +114,10 @@ def test_reshard_replans_a_straggler_that_stays_and_trains_exactly():
     # no straggler: never a re-plan, and the run is the healthy one bit for bit
     assert out["calm_summary"]["replans"] == 0
     assert out["calm"] == out["healthy"]
+    # the policy's shardable work: the GEMMs plus the spans between each pair's layers (the attention
+    # core between q/k/v and o, the activation between gate/up and down), both measured on this rank
+    gemm, gap, shardable = out["calm_summary"]["split"]
+    assert gap > 0.0 and shardable == pytest.approx(gemm + gap, rel=1e-9), out["calm_summary"]["split"]
 
 
 def _refusal_body(rank, world):

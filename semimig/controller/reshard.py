@@ -3,7 +3,8 @@
 Inputs, every step, identical on every rank of the TP group (all-gathered first): per rank ``r``
 its *compute* seconds ``c_r`` (the whole step's own work, wall minus time in collectives:
 :class:`~semimig.straggler.device.DeviceTime`), the part ``b_r ≤ c_r`` of it spent on shardable
-work (the paired GEMMs) and its seconds in collectives ``m_r``.  The plan in force is one
+work (the paired GEMMs and the spans between a pair's two layers: the attention core, the
+activation) and its seconds in collectives ``m_r``.  The plan in force is one
 :class:`~semimig.sharding.ShardPlan` per paired dimension (MLP blocks, KV groups), with a weight
 ``w_d`` per dimension (its share of the shardable work, e.g. its parameters); a rank's effective
 share is ``p_r = Σ_d w_d·n_{d,r}/U_d / Σ_d w_d``.
@@ -11,9 +12,11 @@ share is ``p_r = Σ_d w_d·n_{d,r}/U_d / Σ_d w_d``.
 Model (:mod:`semimig.sharding.solver`).  ``c_r = (R + S·p_r)/v_r``.  Before the first move the
 replicated-to-shardable ratio ``k = R/S`` is read from the split: ``(c_r − b_r)·p_r/b_r`` on every
 rank, the *smallest* over the ranks (a slowdown that lengthens a rank's compute but not its timed
-GEMMs only inflates its ``k``).  The timed GEMMs are not all the shardable work (the heads'
-attention, the optimizer's update of the shard also shrink with ``p``), so this ``k`` is too
-large; a move measures it: each rank whose share changed by ``Δp`` (at least ``0.05``) and whose
+work only inflates its ``k``).  The timed work is not all the shardable work (the optimizer's
+update of the shard, the reshapes around the GEMMs also shrink with ``p``), so this ``k`` is an
+upper bound (the example's tiny Llama h1024, tp 2: 0.086–0.106 from the GEMMs alone against
+0.030–0.034 measured across a move under a real throttle; 0.05–0.08 with the attention core and
+the activation counted, in a healthy run); a move measures it: each rank whose share changed by ``Δp`` (at least ``0.05``) and whose
 median compute moved the same way by ``Δc`` gives ``k = c_old·Δp/Δc − p_old`` (speeds are stable
 on both sides of a move, or it would not have happened); a move whose ranks disagree by more than
 2x measured a speed change instead and is ignored; the median of every estimate so far is used

@@ -29,7 +29,10 @@ Busy time (DESIGN §3a).  With a directive, every piece of a rank's own work run
 ``directive.timer.timed``: plan building, the own GEMMs with their gathers and zero-filled
 scatters, imputation and the ``same`` policy's copy, the bias gradient, receivers' GEMMs for a
 straggler's columns (``full_flops = 0``: work a rank does on top of its own) and the straggler's
-copy of returned blocks into its gradients.  Collectives are never timed.
+copy of returned blocks into its gradients.  Collectives are never timed.  The span between the
+two layers of a pair (the attention core, the activation) is marked for the meter's
+``paired_gap_s`` (:mod:`semimig.straggler.busy`): opened when a column forward or a row backward
+ends, closed when a row forward or a column backward starts.
 """
 from __future__ import annotations
 
@@ -52,6 +55,13 @@ def _timed(d: LayerDirective, fn: Callable[[], Any], flops: int, full_flops: int
     if d.timer is None:
         return fn()
     return d.timer.timed(fn, flops=flops, full_flops=full_flops)
+
+
+def _gap(d: LayerDirective, phase: str, *, opening: bool) -> None:
+    """Mark the span between a pair's layers (module docstring); timers without marks ignore it."""
+    mark = getattr(d.timer, "open_gap" if opening else "close_gap", None)
+    if mark is not None:
+        mark(phase)
 
 
 def _own_plan(d: LayerDirective, rank: int, k: int, k_own: int, device: torch.device,
@@ -215,6 +225,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
                 part = _timed(d, lambda: x2d[:, xc].matmul(w_blk[:, wc].t()), 2 * x2d.shape[0] * weight.shape[0] * width, 0)
             if d.exchange.policy == "broadcast-reduce" or part is not None:
                 d.exchange.return_sum(part if part is not None else y2d.new_zeros(y2d.shape), share)
+        _gap(d, "forward", opening=True)
         return y2d.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -231,6 +242,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
             db = dy2d.sum(dim=0) if ctx.use_bias else None
             P.wait(handle)
             return dx, dw, db, None, None
+        _gap(d, "backward", opening=False)
         rank, k = ctx.rank, weight.shape[1]
         dy2d, x2d = _open_backward(ctx, d, dy, x, k)
         shares = d.layout.shares if d.migrating else ()
@@ -272,6 +284,7 @@ class _RowParallelLinear(torch.autograd.Function):
         if d is None:
             y = F.linear(x, weight)
             return P.all_reduce_(y, group)
+        _gap(d, "forward", opening=False)
         rank, k, x2d = _open_forward(ctx, d, group, x, weight)
         shares = d.layout.shares if d.migrating else ()
         m, n = x2d.shape[0], weight.shape[0]
@@ -316,6 +329,7 @@ class _RowParallelLinear(torch.autograd.Function):
                 if rank == share.straggler:
                     _timed(d, lambda: (dx2d[:, k - share.count:].copy_(block[:m]), dw[:, k - share.count:].copy_(block[m:])), 0, 0)
         _remember(dw, d)
+        _gap(d, "backward", opening=True)
         return dx2d.reshape(x.shape), dw, None, None
 
 

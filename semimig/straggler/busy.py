@@ -14,6 +14,22 @@ path (gathers, launches) to the columns it dropped and inflate the estimate the 
 prunes; :mod:`semimig.controller.timing` fits the fixed part instead (DESIGN §3a).  Time blocked
 in collectives is reported through :meth:`BusyMeter.add_collective_wait` and kept apart: a rank
 that only waited must never look slow.
+
+The paired gaps.  Between a column layer's forward and the row layer it feeds, a Megatron pair
+runs work that is split with the pair's shards but is not a GEMM: the attention core (RoPE,
+softmax(QK^T)V over the rank's heads) between ``q/k/v`` and ``o``, the activation between
+``gate/up`` and ``down``; in backward the same work runs between the row layer's backward and the
+column layer's.  The layers mark those spans (:meth:`BusyMeter.open_gap` when the column forward
+or the row backward ends, :meth:`BusyMeter.close_gap` when the row forward or the column backward
+starts) and the meter sums them apart from ``busy_s``:
+
+    paired_gap_s     = sum over pairs of  t(row forward starts) − t(column forward ended)
+                                        + t(column backward starts) − t(row backward ended)
+
+A span is counted only from a column forward to a row forward, or from a row backward to a
+column backward (never across a pair: the norms, residuals and collectives between one pair and
+the next are replicated work).  The re-sharding policy counts it as shardable work
+(:mod:`semimig.resharder`); the resizing controller never sees it (pruning does not shrink it).
 """
 from __future__ import annotations
 
@@ -44,6 +60,8 @@ class BusyStats:
     """Number of GEMMs timed."""
     collective_wait_s: float
     """Seconds reported as blocked in collectives; not part of ``busy_s``."""
+    paired_gap_s: float = 0.0
+    """Seconds between the layers of a column/row pair (module docstring); not part of ``busy_s``."""
 
 
 class BusyMeter:
@@ -70,6 +88,8 @@ class BusyMeter:
         self._full_flops = 0.0
         self._gemm_count = 0
         self._wait_s = 0.0
+        self._gap_s = 0.0
+        self._gap_open: Optional[tuple[str, float]] = None  # (phase, time) of the span in progress
 
     def _start(self, flops: float, full_flops: float) -> float:
         if not (flops >= 0 and math.isfinite(flops)):
@@ -130,6 +150,23 @@ class BusyMeter:
         """Busy seconds so far in this iteration (what :meth:`snapshot` reports, without building it)."""
         return self._busy_s
 
+    def open_gap(self, phase: str) -> None:
+        """A column forward (``phase="forward"``) or a row backward (``"backward"``) ended: the pair's
+        own non-GEMM work starts (module docstring)."""
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
+        self._gap_open = (phase, time.perf_counter())
+
+    def close_gap(self, phase: str) -> None:
+        """A row forward (``"forward"``) or a column backward (``"backward"``) starts: the span opened
+        in the same phase is counted; any other span is dropped."""
+        opened, self._gap_open = self._gap_open, None
+        if opened is None or opened[0] != phase:
+            return
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
+        self._gap_s += time.perf_counter() - opened[1]
+
     def add_collective_wait(self, seconds: float) -> None:
         """Record time blocked in a collective; reported, never counted as busy."""
         if not (seconds >= 0 and math.isfinite(seconds)):
@@ -144,4 +181,5 @@ class BusyMeter:
             work_fraction=fraction,
             gemm_count=self._gemm_count,
             collective_wait_s=self._wait_s,
+            paired_gap_s=self._gap_s,
         )
