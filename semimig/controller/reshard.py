@@ -257,6 +257,11 @@ class ReshardDecision:
         return self.plans is not None
 
 
+def _speed_ratios(model: StepModel) -> Tuple[float, ...]:
+    """``s_r = v_r / max_q v_q``: who is slow, and by how much."""
+    return tuple(v / max(model.speeds) for v in model.speeds)
+
+
 def moved_units(old: ShardPlan, new: ShardPlan) -> int:
     """Units that change owner: with consecutive units in rank order, the unit at position ``i``
     moves when its owner differs between the two plans."""
@@ -506,7 +511,7 @@ class ReshardPolicy:
         k = self._k = model.replicated / model.shardable
         ratios = [self._ratios(s, k) for s in samples]
         stable = self._stable(step, ratios) if launch is None else self._steady(ratios)[0]
-        speed = tuple(v / max(model.speeds) for v in model.speeds)
+        speed = _speed_ratios(model)
         current = self._predict(model, self.plans) + comm
         base = dict(current_s=current, predicted_s=current, speed_ratios=speed)
         if not stable:
@@ -532,7 +537,7 @@ class ReshardPolicy:
             horizon = min(cfg.horizon, self._expected_life(age) if toward_uneven else age)
         info = dict(current_s=current, predicted_s=predicted, speed_ratios=speed, move_bytes=nbytes,
                     move_cost_s=cost, horizon=horizon)
-        needed = max(cfg.margin, cfg.noise_z * self._noise(samples))
+        needed = self._required_gain(samples)
         if gain <= needed * current:
             return ReshardDecision(step, reason=f"gain {gain:.4g} s/step within the margin "
                                                 f"({needed:.0%} of {current:.4g} s)", **info)
@@ -554,7 +559,7 @@ class ReshardPolicy:
         (left, before), self._undo = self._undo, None
         model, comm = self.model(samples)
         measured = self._predict(model, self.plans) + comm  # the window's median step (max c_r + min m_r)
-        needed = max(cfg.margin, cfg.noise_z * self._noise(samples))
+        needed = self._required_gain(samples)
         if measured <= before * (1.0 + needed):
             return None
         self.rejected.add(self.plans)
@@ -562,7 +567,7 @@ class ReshardPolicy:
         self._reverting = True
         units, nbytes = self.moved(left)
         return ReshardDecision(step, plans=tuple(left), current_s=measured, predicted_s=before,
-                               speed_ratios=tuple(v / max(model.speeds) for v in model.speeds),
+                               speed_ratios=_speed_ratios(model),
                                move_bytes=nbytes, move_cost_s=self._move_cost(nbytes), horizon=cfg.horizon,
                                reason=f"the last move measured slower ({measured:.4g} s/step against {before:.4g} s "
                                       f"before it, beyond {needed:.0%}): back to the plan it left ({units} units)")
@@ -580,7 +585,7 @@ class ReshardPolicy:
         if any(min(self._ratios(s, self._k)) < 1.0 - cfg.tolerance for s in recent):
             return None
         model, comm = self.model(recent)
-        needed = max(cfg.margin, cfg.noise_z * self._noise(recent))
+        needed = self._required_gain(recent)
         proposal = self._propose(model)
         home = self._propose(self._healthy(model))
         if self._predict(model, proposal) * (1.0 + needed) >= self._predict(model, home):
@@ -592,7 +597,7 @@ class ReshardPolicy:
         gain = current - predicted
         units, nbytes = self.moved(proposal)
         cost = self._move_cost(nbytes)
-        speed = tuple(v / max(model.speeds) for v in model.speeds)
+        speed = _speed_ratios(model)
         info = dict(current_s=current, predicted_s=predicted, speed_ratios=speed, move_bytes=nbytes,
                     move_cost_s=cost, horizon=cfg.window)
         if gain <= needed * current or gain * cfg.window <= cost:
@@ -600,6 +605,10 @@ class ReshardPolicy:
         return ReshardDecision(step, plans=proposal, reason=f"no rank slow over the last {cfg.return_steps} steps: "
                                                              f"toward even (gain {gain:.4g} s/step x {cfg.window} "
                                                              f"steps > move {cost:.4g} s, {units} units)", **info)
+
+    def _required_gain(self, samples: Sequence[ReshardSample]) -> float:
+        """The relative gain a change of plan must beat: ``max(margin, noise_z · σ̂)``."""
+        return max(self.config.margin, self.config.noise_z * self._noise(samples))
 
     def _noise(self, samples: Sequence[ReshardSample]) -> float:
         """Largest relative standard error of a rank's median compute over the window."""
