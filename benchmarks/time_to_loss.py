@@ -10,6 +10,9 @@ straggler (``healthy``) and then in every balancing mode with TP rank 1 slowed::
     --straggler gemm     ``--straggler fixed:1:<chi>``: the paper's straggler, only rank 1's linear
                          GEMMs take chi times as long (no exact limit is printed: it depends on
                          the GEMMs' share of the step)
+    --straggler neighbour  a noisy neighbour: a busy loop pinned to rank 1's core for the whole
+                         run (the kernel's scheduler shares the core, chi about 2); chi is read
+                         from ``off``'s steady step against healthy's when ``off`` runs
     --pattern ON:OFF     the throttle (or the device straggler, as bursts) comes and goes; the
                          throttle's pattern starts with the first training step
 
@@ -28,6 +31,7 @@ per mode, a band over the repeats.  Analysis: :mod:`semimig.bench.time_to_loss`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -35,6 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("healthy", "off", "zero-pri", "semi", "reshard", "uneven")
@@ -78,7 +83,7 @@ def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, counts
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--straggler", choices=("real", "device", "gemm"), required=True)
+    p.add_argument("--straggler", choices=("real", "device", "gemm", "neighbour"), required=True)
     p.add_argument("--modes", default=",".join(DEFAULT_MODES),
                    help=f"comma-separated, from {MODES} (healthy always runs; default {','.join(DEFAULT_MODES)})")
     p.add_argument("--shard-plan", default="28,4:3,1", metavar="MLP_UNITS:KV_UNITS",
@@ -104,6 +109,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--modes: unknown mode(s) {bad}; expected some of {MODES}")
     args.modes = ["healthy"] + [m for m in modes if m != "healthy"]
     check_run_flags(p, args, ("steps", "repeats", "eval_every"))
+    if args.pattern is not None and args.straggler == "neighbour":
+        p.error("--pattern: a noisy neighbour runs for the whole run (use --straggler real or device for a pattern)")
     if args.pattern is not None:
         from semimig.errors import ConfigError
         from semimig.straggler.throttle import ThrottlePattern
@@ -118,7 +125,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
     """The run's command line: the example under torchrun, wrapped by ``semimig throttle`` (which also
-    pins each rank to its own core; fraction 1 for the runs that are not really throttled)."""
+    pins each rank to its own core; fraction 1 for the runs that are not really throttled, the
+    neighbour's included)."""
     example = [str(ROOT / "examples" / "finetune_llm.py"), "--data", "shakespeare",
                "--hidden", str(args.hidden), "--layers", str(args.layers), "--heads", str(args.heads),
                "--kv-heads", str(args.kv_heads), "--batch-size", str(args.batch_size),
@@ -133,8 +141,8 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
     if mode != "healthy":
         if args.straggler in ("device", "gemm"):
             example += ["--straggler", device_spec(args)]
-        else:
-            fraction = args.fraction
+        elif args.straggler == "real":
+            fraction = args.fraction  # (a neighbour runs beside the ranks: run_once)
     throttle = [sys.executable, "-m", "semimig.cli", "throttle", "--rank", "1", "--fraction", f"{fraction:g}", "--pin"]
     if mode != "healthy" and args.straggler == "real" and args.pattern:
         # the pattern starts with the first training step (the example creates the file), not with
@@ -164,13 +172,44 @@ def device_spec(args: argparse.Namespace) -> str:
     return f"fixed:1:{args.chi:g}{scope}"
 
 
+# The neighbour: spins on one core until stopped, or until its parent (this script) is gone.
+_SPIN = ("import os, sys\n"
+         "os.sched_setaffinity(0, {int(sys.argv[1])})\n"
+         "parent = int(sys.argv[2])\n"
+         "while os.getppid() == parent:\n"
+         "    for _ in range(200000):\n"
+         "        pass\n")
+
+
+def rank_core(rank: int) -> int:
+    """The core ``semimig throttle --pin`` pins LOCAL_RANK ``rank`` to (its rule: rank mod the cores it may use)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus[rank % len(cpus)]
+
+
+@contextlib.contextmanager
+def neighbour(core: Optional[int]):
+    """A busy loop pinned to ``core`` while the block runs (nothing when ``core`` is None); stopped
+    and reaped on every way out of the block, and it stops by itself if this process dies."""
+    if core is None:
+        yield
+        return
+    spin = subprocess.Popen([sys.executable, "-c", _SPIN, str(core), str(os.getpid())])
+    try:
+        yield
+    finally:
+        spin.kill()
+        spin.wait()
+
+
 def run_once(args: argparse.Namespace, mode: str, workdir: Path, repeat: int) -> dict:
     out = workdir / f"{mode}-{repeat}.json"
     cmd = command(args, mode, out)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     print(f"[{time.strftime('%H:%M:%S')}] {mode} #{repeat}: {' '.join(cmd[cmd.index('--') + 1:])}", flush=True)
     log = workdir / f"{mode}-{repeat}.log"
-    with open(log, "w") as f:
+    busy = rank_core(1) if args.straggler == "neighbour" and mode != "healthy" else None
+    with open(log, "w") as f, neighbour(busy):
         proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=args.timeout_s)
     if proc.returncode != 0 or not out.is_file():
         tail = log.read_text().splitlines()[-15:]
@@ -200,12 +239,12 @@ def main(argv=None) -> int:
     target = None if healthy["final_val_loss"] is None else healthy["final_val_loss"] * (1 + TARGET_TOLERANCE)
     modes = {mode: summarize_mode(rs, target) for mode, rs in runs.items()}
     base_step, base_time = modes["healthy"]["steady_step_s"], modes["healthy"]["time_to_target_s"]
-    chi = 1 / args.fraction if args.straggler == "real" else args.chi
+    chi = straggler_chi(args, modes)
     result = {
         "straggler": args.straggler, "scope": {"real": "real-throttle"}.get(args.straggler, args.straggler),
-        "spec": f"rank 1 at {args.fraction:g} of its core" if args.straggler == "real" else device_spec(args),
+        "spec": straggler_spec(args), "chi": chi,
         "pattern": args.pattern, "reflex": args.reflex, "target_val_loss": target,
-        "exact_limit_vs_healthy": None if args.straggler == "gemm" else exact_limit(chi),
+        "exact_limit_vs_healthy": None if chi is None else exact_limit(chi),
         "unigram_entropy_nats": raw["healthy"][0]["summary"].get("unigram_entropy_nats"),
         "model": {k: getattr(args, k)
                   for k in ("hidden", "layers", "heads", "kv_heads", "batch_size", "seq_len", "steps", "eval_every")},
@@ -220,8 +259,8 @@ def main(argv=None) -> int:
     print(f"\ntime to the same model: {result['spec']}, tiny Llama h{args.hidden} x{args.layers}, tp=2, "
           f"{args.steps} steps x {args.repeats}; target val loss {target if target is None else round(target, 4)} "
           f"(healthy's final + {TARGET_TOLERANCE:.0%}); exact limit "
-          + ("n/a (GEMMs only)" if result["exact_limit_vs_healthy"] is None
-             else f"{result['exact_limit_vs_healthy']:.2f}x"))
+          + ("n/a" if result["exact_limit_vs_healthy"] is None
+             else f"{result['exact_limit_vs_healthy']:.2f}x (chi {chi:.2f})"))
     print(f"{'mode':>10} {'steady s':>9} {'vs healthy':>10} {'mean step':>9} {'worst':>6} {'final val':>9} "
           f"{'to target s':>11} {'vs healthy':>10}  balanced share by rank; re-plans")
     print(f"{'':>10} {'':>9} {'':>10} {'vs healthy steady step':>16}")
@@ -240,6 +279,26 @@ def main(argv=None) -> int:
         plot(result, args.plot)
         print(f"plot: {args.plot}")
     return 0
+
+
+def straggler_chi(args: argparse.Namespace, modes: dict) -> Optional[float]:
+    """Rank 1's slowdown: the throttle's ``1/fraction``, the device straggler's ``chi``; a neighbour's
+    from ``off``'s steady step against healthy's (``None`` without ``off``); none for GEMMs only."""
+    if args.straggler == "real":
+        return 1 / args.fraction
+    if args.straggler == "device":
+        return args.chi
+    if args.straggler == "neighbour" and "off" in modes:
+        return max(modes["off"]["steady_step_s"] / modes["healthy"]["steady_step_s"], 1.0)
+    return None
+
+
+def straggler_spec(args: argparse.Namespace) -> str:
+    if args.straggler == "real":
+        return f"rank 1 at {args.fraction:g} of its core"
+    if args.straggler == "neighbour":
+        return f"a busy loop on rank 1's core ({rank_core(1)})"
+    return device_spec(args)
 
 
 def print_phases(modes: dict) -> None:

@@ -96,3 +96,56 @@ def test_a_throttle_pattern_logs_its_switches_beside_the_run(tmp_path):
     assert "--switch-log" not in script.command(args, "healthy", run_out)
     steady = script.parse_args(["--straggler", "real", "--json", str(out)])
     assert "--switch-log" not in script.command(steady, "semi", run_out)
+
+
+def test_the_noisy_neighbour_throttles_nothing_and_its_chi_comes_from_off(tmp_path):
+    script = _script()
+    out = tmp_path / "r.json"
+    args = script.parse_args(["--straggler", "neighbour", "--modes", "off,reshard", "--json", str(out)])
+    for mode in ("healthy", "off", "reshard"):
+        cmd = script.command(args, mode, tmp_path / "out.json")
+        assert cmd[cmd.index("--fraction") + 1] == "1" and "--straggler" not in cmd, cmd
+    modes = {"healthy": {"steady_step_s": 0.8}, "off": {"steady_step_s": 1.4}}
+    assert script.straggler_chi(args, modes) == pytest.approx(1.75)
+    assert script.straggler_chi(args, {"healthy": modes["healthy"]}) is None  # no off run: no chi to read
+    with pytest.raises(SystemExit):
+        script.parse_args(["--straggler", "neighbour", "--pattern", "20:40", "--json", str(out)])
+
+
+def _spinners(core):
+    """Pids of this user's processes running the neighbour's loop pinned to ``core`` alone."""
+    import os
+
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"getppid" in cmdline and os.sched_getaffinity(int(pid)) == {core}:
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def _started(core):
+    import time
+
+    deadline = time.monotonic() + 10
+    while not _spinners(core) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _spinners(core)
+
+
+def test_the_neighbour_spins_on_its_core_and_is_gone_on_every_way_out():
+    script = _script()
+    core = script.rank_core(1)
+    with script.neighbour(core):
+        assert len(_started(core)) == 1
+    assert _spinners(core) == []
+    with pytest.raises(RuntimeError, match="the run failed"):
+        with script.neighbour(core):
+            assert len(_started(core)) == 1
+            raise RuntimeError("the run failed")
+    assert _spinners(core) == []
+    with script.neighbour(None):  # healthy runs: no neighbour
+        assert _spinners(core) == []
