@@ -186,7 +186,7 @@ class Resharder:
         comm = float(device.comm_s) if device is not None else 0.0
         wall = float(device.wall_s) if device is not None else 0.0
         work = float(report.busy.work_fraction)
-        gap = float(getattr(report.busy, "paired_gap_s", 0.0))
+        gap = float(report.busy.paired_gap_s)
         mine = torch.tensor([compute, busy, comm, sleep, wall, work, gap], dtype=torch.float64, device=self._device)
         if self.size > 1:
             rows = [torch.empty_like(mine) for _ in range(self.size)]

@@ -66,6 +66,28 @@ def test_one_descheduled_call_never_fires():
         assert fired == 0.0 and set(gammas) == {0.0}
 
 
+def test_stalls_of_short_calls_do_not_fire_but_a_throttle_on_a_tenth_of_the_step_does():
+    """A time-sliced rank stalls its short calls several-fold while its step keeps pace: two 6x
+    calls that are together 2 % of a clean step are no evidence (they were with ``evidence_share``
+    0); a 4x throttle from call 3 on fires once its slow calls reach a tenth of the step."""
+    calls = [0.001, 0.001, 0.001, 0.02] * 6  # small q/k/v-like calls beside larger ones: 0.138 s a step
+    stalled = list(calls)
+    stalled[4], stalled[5] = 0.006, 0.006  # two short calls caught by a stall
+    for share, fires in ((0.1, False), (0.0, True)):
+        reflex = StepReflex(ReflexConfig(min_excess_s=0.0, evidence_share=share), gamma_max=0.9)
+        for _ in range(3):
+            _step(reflex, calls)
+        _, fired = _step(reflex, stalled)
+        assert (fired > 0.0) == fires, (share, fired)
+    reflex = StepReflex(ReflexConfig(min_excess_s=0.0), gamma_max=0.9)
+    for _ in range(3):
+        _step(reflex, calls)
+    throttled = calls[:3] + [4 * c for c in calls[3:]]
+    gammas, fired = _step(reflex, throttled)
+    # calls 3 and 4 ran 4x: two calls whose references (0.021 s) pass a tenth of the step (0.0138 s)
+    assert fired == pytest.approx(0.75) and reflex.fired_at == 5
+
+
 def test_a_steady_noisy_rank_never_fires():
     rng = random.Random(0)
     reflex = StepReflex(ReflexConfig(min_excess_s=0.0), gamma_max=0.9)
@@ -117,6 +139,7 @@ def test_the_fitted_fixed_fraction_raises_the_share():
 
 
 @pytest.mark.parametrize("kwargs, name", [({"ratio": 1.0}, "ratio"), ({"evidence": 0}, "evidence"),
+                                          ({"evidence_share": 1.5}, "evidence_share"),
                                           ({"min_excess_s": -1.0}, "min_excess_s"),
                                           ({"history": 2, "min_history": 3}, "min_history"),
                                           ({"grain": 0.0}, "grain")])

@@ -9,19 +9,19 @@ activation) and its seconds in collectives ``m_r``.  The plan in force is one
 ``w_d`` per dimension (its share of the shardable work, e.g. its parameters); a rank's effective
 share is ``p_r = Σ_d w_d·n_{d,r}/U_d / Σ_d w_d``.
 
-Model (:mod:`semimig.sharding.solver`).  ``c_r = (R + S·p_r)/v_r``.  Before the first move the
+Model (:mod:`semimig.sharding.solver`). ``c_r = (R + S·p_r)/v_r``. Before the first move the
 replicated-to-shardable ratio ``k = R/S`` is read from the split: ``(c_r − b_r)·p_r/b_r`` on every
 rank, the *smallest* over the ranks (a slowdown that lengthens a rank's compute but not its timed
-work only inflates its ``k``).  The timed work is not all the shardable work (the optimizer's
-update of the shard, the reshapes around the GEMMs also shrink with ``p``), so this ``k`` is an
-upper bound (the example's tiny Llama h1024, tp 2: 0.086–0.106 from the GEMMs alone against
-0.030–0.034 measured across a move under a real throttle; 0.05–0.08 with the attention core and
-the activation counted, in a healthy run); a move measures it: each rank whose share changed by ``Δp`` (at least ``0.05``) and whose
-median compute moved the same way by ``Δc`` gives ``k = c_old·Δp/Δc − p_old`` (speeds are stable
-on both sides of a move, or it would not have happened); a move whose ranks disagree by more than
-2x measured a speed change instead and is ignored; the median of every estimate so far is used
-from then on, capped by the split's bound.  The run's first step and the first step after a move
-(allocations, first-touch of moved tensors) are not fed to the window (``warmup``).  The scale is
+work only inflates its ``k``). The timed work is not all the shardable work (the optimizer's update
+of the shard, the reshapes around the GEMMs also shrink with ``p``), so this ``k`` is an upper bound
+(the example's tiny Llama h1024, tp 2: 0.086–0.106 from the GEMMs alone against 0.030–0.034 measured
+across a move under a real throttle; 0.05–0.08 with the attention core and the activation counted,
+in a healthy run); a move measures it: each rank whose share changed by ``Δp`` (at least ``0.05``)
+and whose median compute moved the same way by ``Δc`` gives ``k = c_old·Δp/Δc − p_old`` (speeds are
+stable on both sides of a move, or it would not have happened); a move whose ranks disagree by more
+than 2x measured a speed change instead and is ignored; the median of every estimate so far is used
+from then on, capped by the split's bound. The run's first step and the first step after a move
+(allocations, first-touch of moved tensors) are not fed to the window (``warmup``). The scale is
 fixed by ``R + S/e = 1`` and ``v_r = (R + S·p_r)/c_r`` in units of a healthy even step per second.
 The speed *ratios* ``s_r = v_r / max_q v_q`` say who is slow.
 
