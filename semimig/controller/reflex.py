@@ -70,7 +70,7 @@ class ReflexConfig:
     """... and together at least this share of a clean step's own work.  A rank slowed by a time
     slice (a CPU quota, a shared GPU's time slicing) stalls short calls several-fold while its step
     keeps its pace: measured under the real 25 % throttle, the re-planned rank holding 1 of 8 KV
-    groups read 3.4-6.1x on its ~1 ms calls and pruned 75-90 % of the rest of the step, eight
+    groups read 3.2-6.1x on its ~1 ms calls and pruned 70-90 % of the rest of the step, nine
     times in 60 steps, while its steps ran 0.72-0.96 s against the other rank's 1.0-1.1 s; a
     throttle that really starts slows every call, so a tenth of a step is soon there."""
 
