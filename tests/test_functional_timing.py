@@ -168,15 +168,17 @@ class _Sleep(torch.autograd.Function):
         return dy.clone(), None
 
 
-def _pair_gap_body(rank, world, inner_s, outer_s):
-    """sleep(outer) → Col → sleep(inner) → Row → sleep(outer), forward and backward, under a real meter."""
+def _pair_gap_body(rank, world, inner_s, outer_s, gathered=False):
+    """sleep(outer) → Col → sleep(inner) → Row → sleep(outer), forward and backward, under a real
+    meter; ``gathered``: the column gathers its output and the row splits its input (collectives
+    inside the span)."""
     import semimig.nn as snn
     from semimig.straggler.busy import BusyMeter
 
     torch.manual_seed(0)
     group = dist.group.WORLD
-    col = snn.Linear1D_Col.from_native_module(nn.Linear(16, 8 * world), group)
-    row = snn.Linear1D_Row.from_native_module(nn.Linear(8 * world, 16), group, parallel_input=True)
+    col = snn.Linear1D_Col.from_native_module(nn.Linear(16, 8 * world), group, gather_output=gathered)
+    row = snn.Linear1D_Row.from_native_module(nn.Linear(8 * world, 16), group, parallel_input=not gathered)
     meter = BusyMeter()
     for layer in (col, row):
         layer.directive = snn.LayerDirective(iteration=0, timer=meter)
@@ -197,6 +199,13 @@ def test_the_span_between_a_pairs_layers_is_counted_apart_and_nothing_around_the
     assert 2 * inner <= gap < 2 * inner + outer, gap  # outer spans would add 4 x 0.1 s
     assert busy < inner, busy  # tiny GEMMs only
     assert after_reset == 0.0
+
+
+def test_a_span_with_a_collective_inside_is_dropped():
+    """A column layer that gathers its output and a row layer that splits its input (its backward
+    gathers) put collectives inside the span: nothing of it is counted, forward or backward."""
+    gap, _, _ = run_on_ranks(_pair_gap_body, 2, 0.05, 0.0, True)
+    assert gap == 0.0, gap
 
 
 def test_a_gap_is_counted_only_within_its_phase():

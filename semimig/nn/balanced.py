@@ -31,7 +31,8 @@ from semimig.comm import primitives as P
 from semimig.errors import ConfigError
 from semimig.nn.conversion import check_constructor, check_divisible, check_options, check_split_sizes
 from semimig.nn.directive import LayerDirective
-from semimig.nn.functional import column_parallel_linear, row_parallel_linear
+from semimig.nn.functional import (column_parallel_linear, drop_pair_span, drop_pair_span_in_backward,
+                                   row_parallel_linear)
 from semimig.nn.uneven import Plans, presharded, uneven_plans
 
 TensorFn = Callable[[torch.Tensor], torch.Tensor]
@@ -139,9 +140,11 @@ class BalancedLinearMixin:
         if self._sequence_split():
             input_ = gather_forward_split_backward(input_, dim=self._sequence_dim(), process_group=self.process_group)
         bias = None if self.skip_bias_add else self.bias
-        output = column_parallel_linear(input_, weight, bias, self.process_group, self._active_directive())
+        directive = self._active_directive()
+        output = column_parallel_linear(input_, weight, bias, self.process_group, directive)
         if self.gather_output:
             output = gather_out(output)
+            drop_pair_span(directive)  # the gather is no pair's own work
         return (output, self.bias) if self.skip_bias_add else output
 
     def _row_forward(self, input_: torch.Tensor, split_in: TensorFn) -> Output:
@@ -150,7 +153,7 @@ class BalancedLinearMixin:
             self._check_input(input_, weight.shape[-1])
         else:
             self._check_input(input_, weight.shape[-1] * P.group_size(self.process_group))
-            input_ = split_in(input_)
+            input_ = split_in(drop_pair_span_in_backward(input_, self._active_directive()))  # its backward gathers
         output = row_parallel_linear(input_, weight, self.process_group, self._active_directive())
         if self._sequence_split():
             output = split_forward_gather_backward(output, dim=self._sequence_dim(), process_group=self.process_group)

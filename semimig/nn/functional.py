@@ -64,6 +64,36 @@ def _gap(d: LayerDirective, phase: str, *, opening: bool) -> None:
         mark(phase)
 
 
+def drop_pair_span(d: Optional[LayerDirective]) -> None:
+    """A collective runs now, inside the span between a pair's layers: that span is not the pair's
+    own work (a column layer's ``gather_output``)."""
+    drop = getattr(getattr(d, "timer", None), "drop_gap", None)
+    if drop is not None:
+        drop()
+
+
+class _DropSpanInBackward(torch.autograd.Function):
+    """Identity; its backward drops the span in progress (the op after it in forward runs a
+    collective in backward: a row layer's ``parallel_input=False`` split)."""
+
+    @staticmethod
+    def forward(ctx, x, d):
+        ctx.d = d
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        drop_pair_span(ctx.d)
+        return dy, None
+
+
+def drop_pair_span_in_backward(x: torch.Tensor, d: Optional[LayerDirective]) -> torch.Tensor:
+    """``x`` itself; in backward, the pair span in progress is dropped when this point is reached."""
+    if getattr(getattr(d, "timer", None), "drop_gap", None) is None:
+        return x
+    return _DropSpanInBackward.apply(x, d)
+
+
 def _own_plan(d: LayerDirective, rank: int, k: int, k_own: int, device: torch.device,
               backend: str, keep: Optional[torch.Tensor] = None) -> Optional[KeepPlan]:
     """The keep plan of this rank's own GEMMs, or None when it computes all K columns densely.

@@ -28,7 +28,9 @@ starts) and the meter sums them apart from ``busy_s``:
 
 A span is counted only from a column forward to a row forward, or from a row backward to a
 column backward (never across a pair: the norms, residuals and collectives between one pair and
-the next are replicated work).  The re-sharding policy counts it as shardable work
+the next are replicated work), and it is dropped (:meth:`BusyMeter.drop_gap`) when a layer runs a
+collective inside it (a column layer's ``gather_output``, the backward of a row layer's
+``parallel_input=False`` split).  The re-sharding policy counts it as shardable work
 (:mod:`semimig.resharder`); the resizing controller never sees it (pruning does not shrink it).
 """
 from __future__ import annotations
@@ -166,6 +168,11 @@ class BusyMeter:
         if self._cuda:
             torch.cuda.synchronize(self.device)
         self._gap_s += time.perf_counter() - opened[1]
+
+    def drop_gap(self) -> None:
+        """A collective runs inside the span in progress (an output gathered, an input split whose
+        backward gathers): the span is not the pair's own work; drop it."""
+        self._gap_open = None
 
     def add_collective_wait(self, seconds: float) -> None:
         """Record time blocked in a collective; reported, never counted as busy."""
