@@ -294,6 +294,7 @@ def straggler_chi(args: argparse.Namespace, modes: dict) -> Optional[float]:
 
 
 def straggler_spec(args: argparse.Namespace) -> str:
+    """The straggler in words, for the result file and the printed header."""
     if args.straggler == "real":
         return f"rank 1 at {args.fraction:g} of its core"
     if args.straggler == "neighbour":

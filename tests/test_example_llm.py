@@ -73,9 +73,11 @@ def test_save_then_resume_continues_the_uninterrupted_run(tmp_path: Path, off_6_
 
 
 def test_a_straggler_is_balanced_and_summarised(tmp_path: Path) -> None:
-    text, run = _torchrun(tmp_path, "straggler", "--steps", "16", "--straggler", "fixed:1:4")
+    # 6x: the default model's GEMMs take ~1 ms, and a loaded CI machine's sleep overshoot once kept a
+    # 4x rank (5.4 ms against 1.1 ms) inside the controller's noise band for all 16 steps
+    text, run = _torchrun(tmp_path, "straggler", "--steps", "16", "--straggler", "fixed:1:6")
     summary = run["summary"]
-    assert summary["straggler"] == "fixed:1:4" and summary["balance"] == "semi" and summary["steps"] == 16
+    assert summary["straggler"] == "fixed:1:6" and summary["balance"] == "semi" and summary["steps"] == 16
     assert "WARNING semimig.balancer: semimig is balancing straggler(s) [1]" in text, text[-4000:]
     assert "TP rank 1 flagged as a straggler" in text
     assert len(summary["shed"].split(",")) == 2 and float(summary["median_step_s"]) > 0

@@ -149,12 +149,13 @@ class BalancedLinearMixin:
 
     def _row_forward(self, input_: torch.Tensor, split_in: TensorFn) -> Output:
         weight = self.gemm_weight  # [N, K/e]
+        directive = self._active_directive()
         if self.parallel_input:
             self._check_input(input_, weight.shape[-1])
         else:
             self._check_input(input_, weight.shape[-1] * P.group_size(self.process_group))
-            input_ = split_in(drop_pair_span_in_backward(input_, self._active_directive()))  # its backward gathers
-        output = row_parallel_linear(input_, weight, self.process_group, self._active_directive())
+            input_ = split_in(drop_pair_span_in_backward(input_, directive))  # its backward gathers
+        output = row_parallel_linear(input_, weight, self.process_group, directive)
         if self._sequence_split():
             output = split_forward_gather_backward(output, dim=self._sequence_dim(), process_group=self.process_group)
         if self.skip_bias_add:

@@ -43,7 +43,7 @@ class CallReflex(Protocol):
 class GemmTimer(Protocol):
     """Runs one GEMM closure and accounts its time as this rank's own busy time.
 
-    A timer may also have ``open_gap(phase)`` / ``close_gap(phase)`` (as
+    A timer may also have ``open_gap(phase)`` / ``close_gap(phase)`` / ``drop_gap()`` (as
     :class:`~semimig.straggler.busy.BusyMeter` does): the layers then mark the span between a
     column/row pair's two layers with them; a timer without them is not told."""
 

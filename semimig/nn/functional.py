@@ -57,9 +57,15 @@ def _timed(d: LayerDirective, fn: Callable[[], Any], flops: int, full_flops: int
     return d.timer.timed(fn, flops=flops, full_flops=full_flops)
 
 
+def _span_mark(d: Optional[LayerDirective], name: str) -> Optional[Callable]:
+    """The timer's ``open_gap`` / ``close_gap`` / ``drop_gap``, or ``None`` (no directive, no timer,
+    or a timer that does not mark the span between a pair's layers)."""
+    return getattr(getattr(d, "timer", None), name, None)
+
+
 def _gap(d: LayerDirective, phase: str, *, opening: bool) -> None:
     """Mark the span between a pair's layers (module docstring); timers without marks ignore it."""
-    mark = getattr(d.timer, "open_gap" if opening else "close_gap", None)
+    mark = _span_mark(d, "open_gap" if opening else "close_gap")
     if mark is not None:
         mark(phase)
 
@@ -67,7 +73,7 @@ def _gap(d: LayerDirective, phase: str, *, opening: bool) -> None:
 def drop_pair_span(d: Optional[LayerDirective]) -> None:
     """A collective runs now, inside the span between a pair's layers: that span is not the pair's
     own work (a column layer's ``gather_output``)."""
-    drop = getattr(getattr(d, "timer", None), "drop_gap", None)
+    drop = _span_mark(d, "drop_gap")
     if drop is not None:
         drop()
 
@@ -89,7 +95,7 @@ class _DropSpanInBackward(torch.autograd.Function):
 
 def drop_pair_span_in_backward(x: torch.Tensor, d: Optional[LayerDirective]) -> torch.Tensor:
     """``x`` itself; in backward, the pair span in progress is dropped when this point is reached."""
-    if getattr(getattr(d, "timer", None), "drop_gap", None) is None:
+    if _span_mark(d, "drop_gap") is None:
         return x
     return _DropSpanInBackward.apply(x, d)
 
