@@ -137,6 +137,8 @@ class Balancer:
         """Mode ``reshard`` (and ``semi`` on a model that can re-plan): the
         :class:`~semimig.resharder.Resharder` fed after every step; ``None`` otherwise."""
         self._rebuild = rebuild
+        if resharder is not None:
+            controller.meter.marks_spans = True  # the policy reads the pair spans (semimig.straggler.busy)
         self.active = active
         self.log_every = log_every
         self.report = None
@@ -174,6 +176,7 @@ class Balancer:
                 rebuilt = self._rebuild(self.controller, self.resharder.plan, settled=plan is None)
                 if rebuilt is not None:
                     self.controller, self._layers = rebuilt
+                    self.controller.meter.marks_spans = True
                     self._view = None
         return report
 

@@ -168,10 +168,10 @@ class _Sleep(torch.autograd.Function):
         return dy.clone(), None
 
 
-def _pair_gap_body(rank, world, inner_s, outer_s, gathered=False):
+def _pair_gap_body(rank, world, inner_s, outer_s, gathered=False, marks=True):
     """sleep(outer) → Col → sleep(inner) → Row → sleep(outer), forward and backward, under a real
     meter; ``gathered``: the column gathers its output and the row splits its input (collectives
-    inside the span)."""
+    inside the span); ``marks``: the meter's ``marks_spans`` (a re-sharding run's)."""
     import semimig.nn as snn
     from semimig.straggler.busy import BusyMeter
 
@@ -179,7 +179,7 @@ def _pair_gap_body(rank, world, inner_s, outer_s, gathered=False):
     group = dist.group.WORLD
     col = snn.Linear1D_Col.from_native_module(nn.Linear(16, 8 * world), group, gather_output=gathered)
     row = snn.Linear1D_Row.from_native_module(nn.Linear(8 * world, 16), group, parallel_input=not gathered)
-    meter = BusyMeter()
+    meter = BusyMeter(marks_spans=marks)
     for layer in (col, row):
         layer.directive = snn.LayerDirective(iteration=0, timer=meter)
     x = torch.randn(2, 3, 16, requires_grad=True)
@@ -206,6 +206,14 @@ def test_a_span_with_a_collective_inside_is_dropped():
     gathers) put collectives inside the span: nothing of it is counted, forward or backward."""
     gap, _, _ = run_on_ranks(_pair_gap_body, 2, 0.05, 0.0, True)
     assert gap == 0.0, gap
+
+
+def test_a_meter_that_does_not_mark_spans_is_never_told():
+    """Outside re-sharding (``marks_spans`` unset: the resizing modes' meter) the layers run no span
+    mark at all — on CUDA each would synchronise the device — so the same pair counts nothing."""
+    gap, busy, _ = run_on_ranks(_pair_gap_body, 2, 0.05, 0.0, False, False)
+    assert gap == 0.0, gap
+    assert busy < 0.05, busy
 
 
 def test_a_gap_is_counted_only_within_its_phase():

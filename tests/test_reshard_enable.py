@@ -118,6 +118,9 @@ def test_reshard_replans_a_straggler_that_stays_and_trains_exactly():
     # core between q/k/v and o, the activation between gate/up and down), both measured on this rank
     gemm, gap, shardable = out["calm_summary"]["split"]
     assert gap > 0.0 and shardable == pytest.approx(gemm + gap, rel=1e-9), out["calm_summary"]["split"]
+    # the controller rebuilt on the new shapes after the move still marks the spans for the policy
+    gemm, gap, shardable = summary["split"]
+    assert gap > 0.0 and shardable == pytest.approx(gemm + gap, rel=1e-9), summary["split"]
 
 
 def _refusal_body(rank, world):

@@ -327,7 +327,8 @@ class ReshardPolicy:
         self._bet = False  # the decision just handed out is a bet (the launch's, or on a young state)
         self._dwell = config.min_dwell  # steps the plan in force must be kept (one window after a bet)
         self._reverting = False  # the decision just handed out undoes the last move
-        self._undo: Optional[tuple] = None  # (plans left, step before) of the last move, until its window is measured
+        # the last move's (plans it left, step seconds it was decided against), until its window is measured
+        self._undo: Optional[tuple] = None
         self.rejected: set = set()
         """Plans a move measured slower than the plan it left (module docstring); forgotten when the
         slow episode ends or a move evens the plan out."""

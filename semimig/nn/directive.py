@@ -43,9 +43,10 @@ class CallReflex(Protocol):
 class GemmTimer(Protocol):
     """Runs one GEMM closure and accounts its time as this rank's own busy time.
 
-    A timer may also have ``open_gap(phase)`` / ``close_gap(phase)`` / ``drop_gap()`` (as
-    :class:`~semimig.straggler.busy.BusyMeter` does): the layers then mark the span between a
-    column/row pair's two layers with them; a timer without them is not told."""
+    A timer may also have ``open_gap(phase)`` / ``close_gap(phase)`` / ``drop_gap()`` and a true
+    ``marks_spans`` (as a :class:`~semimig.straggler.busy.BusyMeter` built for re-sharding has): the
+    layers then mark the span between a column/row pair's two layers with them; any other timer
+    is not told."""
 
     def timed(self, fn: Callable[[], Any], *, flops: int, full_flops: int) -> Any: ...
 

@@ -32,7 +32,8 @@ straggler's columns (``full_flops = 0``: work a rank does on top of its own) and
 copy of returned blocks into its gradients.  Collectives are never timed.  The span between the
 two layers of a pair (the attention core, the activation) is marked for the meter's
 ``paired_gap_s`` (:mod:`semimig.straggler.busy`): opened when a column forward or a row backward
-ends, closed when a row forward or a column backward starts.
+ends, closed when a row forward or a column backward starts — only for a meter with
+``marks_spans`` (the re-sharding policy's); other modes run no mark at all.
 """
 from __future__ import annotations
 
@@ -59,8 +60,9 @@ def _timed(d: LayerDirective, fn: Callable[[], Any], flops: int, full_flops: int
 
 def _span_mark(d: Optional[LayerDirective], name: str) -> Optional[Callable]:
     """The timer's ``open_gap`` / ``close_gap`` / ``drop_gap``, or ``None`` (no directive, no timer,
-    or a timer that does not mark the span between a pair's layers)."""
-    return getattr(getattr(d, "timer", None), name, None)
+    or a timer that does not mark the span between a pair's layers: ``marks_spans`` unset)."""
+    timer = getattr(d, "timer", None)
+    return getattr(timer, name, None) if getattr(timer, "marks_spans", False) else None
 
 
 def _gap(d: LayerDirective, phase: str, *, opening: bool) -> None:

@@ -21,7 +21,9 @@ softmax(QK^T)V over the rank's heads) between ``q/k/v`` and ``o``, the activatio
 ``gate/up`` and ``down``; in backward the same work runs between the row layer's backward and the
 column layer's.  The layers mark those spans (:meth:`BusyMeter.open_gap` when the column forward
 or the row backward ends, :meth:`BusyMeter.close_gap` when the row forward or the column backward
-starts) and the meter sums them apart from ``busy_s``:
+starts) and the meter sums them apart from ``busy_s`` — only a meter built with
+``marks_spans=True`` (the re-sharding policy's, :class:`semimig.balancer.Balancer`; nothing else reads
+the spans, and on CUDA each mark synchronises the device once more):
 
     paired_gap_s     = sum over pairs of  t(row forward starts) − t(column forward ended)
                                         + t(column backward starts) − t(row backward ended)
@@ -77,8 +79,12 @@ class BusyMeter:
     wall time is the GEMM's own; this serialises the stream, which is the price of measuring.
     """
 
-    def __init__(self, injector: Optional[StragglerInjector] = None, *, device: torch.device | str = "cpu") -> None:
+    def __init__(self, injector: Optional[StragglerInjector] = None, *, device: torch.device | str = "cpu",
+                 marks_spans: bool = False) -> None:
         self.injector = injector
+        self.marks_spans = marks_spans
+        """Whether the layers mark the pair spans on this meter (module docstring); off, they skip
+        :meth:`open_gap` / :meth:`close_gap` / :meth:`drop_gap` altogether."""
         self.device = torch.device(device)
         self._cuda = self.device.type == "cuda"
         self.reset()
