@@ -6,6 +6,7 @@ communication time; when the policy decides to move, the simulation moves (the n
 the new shares) and reports the move's cost.  The expected plan is the solver's for the true
 speeds (:func:`semimig.sharding.solve_plan` on ``StepModel.normalised``), computed independently.
 """
+import itertools
 import math
 import random
 
@@ -219,15 +220,16 @@ def test_slow_from_the_start_moves_at_launch_and_a_passing_slowdown_is_moved_bac
 
 def test_a_launch_move_is_moved_back_after_one_window_not_the_dwell():
     """The throttle of a 40 s on / 40 s off pattern was on for the run's first 3 steps only: the
-    launch moved after step 1 and the move back follows one window of the recovered speeds, not the
-    2W dwell a move decided on a window's evidence keeps."""
+    launch moved after its last step and the move back follows one window of the recovered speeds,
+    not the 2W dwell a move decided on a window's evidence keeps."""
     cfg = ReshardConfig(window=10, return_steps=0)  # the dwell rule alone (the way back is tested below)
     pol = policy(cfg)
     moves = simulate(pol, lambda s: (1.0, 0.25) if s < 3 else (1.0, 1.0), 60, noise=0.02)
-    assert [s for s, _ in moves][:1] == [1] and len(moves) == 2, [(s, d.reason) for s, d in moves]
+    launched = cfg.launch - 1
+    assert [s for s, _ in moves][:1] == [launched] and len(moves) == 2, [(s, d.reason) for s, d in moves]
     assert moves[1][1].plans == even_plans()
     back = moves[1][0]
-    assert back < 1 + cfg.min_dwell, back  # the dwell alone would have held the plan to step 21
+    assert back < launched + cfg.min_dwell, back  # the dwell alone would have held the plan 2W steps
     assert back >= 3 + math.ceil(cfg.agree * cfg.window) - 1  # a window (agree of it) of the new speeds
     # the control: a move whose gain was counted over at least the dwell keeps the full dwell (a
     # first move priced at 0.5 MB/s pays only once the state is old)
@@ -264,8 +266,8 @@ def test_an_uneven_plan_goes_back_within_return_steps_of_the_lift(lift, seed):
     moves = simulate(pol, lambda s: (1.0, 0.25) if s < lift else (1.0, 1.0), lift + 60, noise=0.05, seed=seed,
                      move_s=0.1)
     # a one-unit refinement of the launch plan may come between
-    moves = [(s, d) for s, d in moves if s >= lift or s == 1]
-    assert [s for s, _ in moves] == [1, moves[1][0]] and moves[1][1].plans == even_plans(), \
+    moves = [(s, d) for s, d in moves if s >= lift or s == cfg.launch - 1]
+    assert [s for s, _ in moves] == [cfg.launch - 1, moves[1][0]] and moves[1][1].plans == even_plans(), \
         [(s, d.reason) for s, d in moves]
     assert lift + cfg.return_steps - 1 <= moves[1][0] <= lift + cfg.return_steps + 1, moves[1][0]
     assert moves[1][1].reason.startswith("no rank slow")
@@ -284,7 +286,7 @@ def test_the_way_back_moves_to_the_more_even_plan_the_recent_steps_propose(seed)
     moves = simulate(pol, lambda s: (1.0, 0.25) if s < lift else (1.0, 0.86), 60, noise=0.03, seed=seed,
                      move_s=0.1)
     later = [(s, d) for s, d in moves if s >= lift]
-    assert moves[0][0] == 1 and later, [(s, d.reason) for s, d in moves]
+    assert moves[0][0] == cfg.launch - 1 and later, [(s, d.reason) for s, d in moves]
     back, decision = later[0]
     assert back <= lift + cfg.return_steps and decision.reason.startswith("no rank slow"), (back, decision.reason)
     # the solver's plan for (1, 0.86), or the even one where four samples' noise cannot tell them apart
@@ -307,10 +309,11 @@ def test_the_way_back_never_undoes_a_plan_for_a_rank_that_is_still_slow(speed, s
 
 def test_launch_does_not_move_on_one_ranks_slow_first_step_or_without_a_straggler():
     """Step 0 is where start-up lands unevenly (one rank's imports, first-touch allocations): a
-    rank 3x slower at step 0 only makes the two launch steps disagree, and nothing moves."""
-    for slow in (0, 1):
+    rank 3x slower at step 0 is the warm-up the launch does not read, and nothing moves; nor with
+    two launch steps, where it makes them disagree."""
+    for slow, launch in itertools.product((0, 1), (2, 3)):
         spike = tuple(1.0 / 3.0 if r == slow else 1.0 for r in range(2))
-        pol = policy(ReshardConfig(window=10))
+        pol = policy(ReshardConfig(window=10, launch=launch))
         assert simulate(pol, lambda s: spike if s == 0 else (1.0, 1.0), 100, noise=0.02) == []
         assert all(p.is_even for p in pol.plans)
     for seed in range(10):  # healthy with noise: the two-sample noise gate asks for a large gain
@@ -318,7 +321,31 @@ def test_launch_does_not_move_on_one_ranks_slow_first_step_or_without_a_straggle
         assert simulate(pol, lambda s: (1.0, 1.0), 30, noise=0.1, seed=seed) == []
     # the control: the same launch with the straggler there moves at once
     pol = policy(ReshardConfig(window=10))
-    assert [s for s, _ in simulate(pol, lambda s: (1.0, 0.25), 30, noise=0.1)] == [1]
+    assert [s for s, _ in simulate(pol, lambda s: (1.0, 0.25), 30, noise=0.1)] == [pol.config.launch - 1]
+
+
+def test_launch_reads_the_noise_after_the_warm_up_so_a_slow_step_0_on_every_rank_still_moves():
+    """Measured under a real 25 % throttle: step 0 ran 1.36x rank 0's step 1 and 1.20x rank 1's
+    (first-touch allocations, not noise); a noise gate over steps 0-1 asked a 61 % gain of a 57 %
+    one and the launch kept the plan in about a third of the runs.  Read after the warm-up (steps
+    1-2), the same start moves at launch; with only two launch steps (one after the warm-up) the
+    old gate is what is left, and it keeps the plan."""
+    def start(step):
+        return (1.0 / 1.36, 0.25 / 1.20) if step == 0 else (1.0, 0.25)
+
+    pol = policy(ReshardConfig(window=10))
+    moves = simulate(pol, start, 30, noise=0.02)
+    assert [s for s, _ in moves] == [pol.config.launch - 1], [(s, d.reason) for s, d in moves]
+    assert "at launch" in moves[0][1].reason and moves[0][1].plans == expected((1.0, 0.25))
+    pol = policy(ReshardConfig(window=10, launch=2))
+    decisions = []
+    for step in range(2):
+        shares, speeds = pol.shares(), start(step)
+        e, (R, S) = pol.tp, (RHO, pol.tp * (1.0 - RHO))
+        compute = tuple((R + S * p) / v for p, v in zip(shares, speeds))
+        decisions.append(pol.observe(ReshardSample(compute, tuple(S * p / v for p, v in zip(shares, speeds)),
+                                                   (COMM,) * e)))
+    assert not decisions[1].replan and "within the margin" in decisions[1].reason, decisions[1].reason
 
 
 def _pattern(on, off, start=0, then_stays=None):

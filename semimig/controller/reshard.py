@@ -59,16 +59,22 @@ Re-plan only when all of these hold (hysteresis: no flip-flop):
   for again unless it now stays clearly longer;
 - at least ``dwell`` steps since the last re-plan (and its window refilled under the new plan).
 
-At *launch* (``launch`` steps, default 2: the run's first steps, warm-up included) one early decision
-is taken on those steps alone (the model from the steps after the warm-up, the stability and noise
-tests from all of them), with the same tests except that the gain is counted over
-``horizon`` instead of the age: a rank slow from a run's first steps is taken for a slow device (an
-older card, a throttled share: the case uneven shards exist for), and moving then spares the run
-the steps a window would wait at the full slowdown.  The bet is insured by the cost test, which
-already charges the move back and a window at the uneven plan if the slowdown passes.  With two
-samples the noise gate asks for a large gain (a step-0 spike on one rank makes the speeds
-unstable, and nothing moves); if the launch decision keeps the plan, the first window decides as
-before.  A launch move was a bet without evidence that the state lasts, so the move back needs
+At *launch* (``launch`` steps, default 3: the run's first steps, warm-up included) one early decision
+is taken on those steps alone (the model from the steps after the warm-up; the stability and noise
+tests from them too, or from all the launch steps when fewer than two follow the warm-up), with
+the same tests except that the gain is counted over ``horizon`` instead of the age: a rank slow
+from a run's first steps is taken for a slow device (an older card, a throttled share: the case
+uneven shards exist for), and moving then spares the run the steps a window would wait at the
+full slowdown.  The bet is insured by the cost test, which already charges the move back and a
+window at the uneven plan if the slowdown passes.  With two samples the noise gate asks for a
+large gain (a spike on one rank makes the speeds unstable, and nothing moves); if the launch
+decision keeps the plan, the first window decides as before.  The warm-up step is left out of
+the tests because step 0 is slower on every rank for reasons that are not noise (first-touch
+allocations, lazy initialisation): measured under a real 25 % throttle, the healthy rank's step 0
+took 1.08 s against 0.79 s at step 1, a noise gate over those two steps asked a 61 % gain of a
+57 % one, and the launch kept the plan in about one run in three (which then ran a window at the
+full slowdown).  Hence three launch steps by default: two after the warm-up to test.
+A launch move was a bet without evidence that the state lasts, so the move back needs
 one window of the new speeds, not the default ``dwell`` of ``2W``: a throttle that was on only while the run
 started (measured: on for the first 3 steps of a 40 s on / 40 s off pattern) costs one window at
 the uneven plan instead of ``2W`` steps.  So is any move whose gain was counted over fewer steps than
@@ -161,9 +167,11 @@ class ReshardConfig:
     """Units every rank keeps in every dimension."""
     warmup: int = 1
     """Steps not fed to the window at the start of the run and after each move."""
-    launch: int = 2
+    launch: Optional[int] = None
     """Steps of the run's start (warm-up included) on which one early decision is taken with the gain
-    counted over ``horizon`` (module docstring); 0: none, the first decision waits for ``first_window``."""
+    counted over ``horizon`` (module docstring); 0: none, the first decision waits for ``first_window``;
+    ``None``: ``min(3, window)``.  Its stability and noise tests read the steps after ``warmup`` once
+    there are two of them (3 = the default warm-up step + 2)."""
     block_size: Optional[int] = None
     """MLP columns per unit when the model was built without a plan in units (``None``: 128)."""
     return_steps: Optional[int] = None
@@ -186,7 +194,9 @@ class ReshardConfig:
         check_number("ReshardConfig.latency_s", self.latency_s, minimum=0.0)
         check_int("ReshardConfig.min_units", self.min_units, minimum=1)
         check_int("ReshardConfig.warmup", self.warmup, minimum=0, maximum=10**6)
-        check_int("ReshardConfig.launch", self.launch, minimum=0, maximum=self.window)
+        check_int("ReshardConfig.launch", self.launch, minimum=0, maximum=self.window, allow_none=True)
+        if self.launch is None:
+            object.__setattr__(self, "launch", min(3, self.window))
         if self.launch == 1:
             raise ConfigError("ReshardConfig.launch must be 0 (no launch decision) or at least 2 steps, got 1")
         check_int("ReshardConfig.block_size", self.block_size, minimum=1, allow_none=True)
@@ -500,15 +510,18 @@ class ReshardPolicy:
                 return back
         if launch is None and len(self.samples) < self._needed():
             return ReshardDecision(step, reason=f"window filling ({len(self.samples)}/{self._needed()})")
-        samples = list(self.samples) if launch is None else list(launch)
+        if launch is None:
+            samples = read = list(self.samples)
+        else:  # the model after the warm-up (step 0's allocations inflate R); the tests too, given two steps
+            read = list(launch[cfg.warmup:]) or list(launch)
+            samples = read if len(read) >= 2 else list(launch)
         if launch is None and self._undo is not None:
             undo = self._undo_slower_move(step, samples)
             if undo is not None:
                 return undo
         if launch is None:
             self._measure_k(samples)
-        # at launch the model (speeds, R/S) is read after the warm-up; step 0's allocations inflate R
-        model, comm = self.model(samples if launch is None else (samples[cfg.warmup:] or samples))
+        model, comm = self.model(read)
         k = self._k = model.replicated / model.shardable
         ratios = [self._ratios(s, k) for s in samples]
         stable = self._stable(step, ratios) if launch is None else self._steady(ratios)[0]
