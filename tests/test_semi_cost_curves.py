@@ -1,4 +1,5 @@
 """Smoke test of ``benchmarks/semi_cost_curves.py``: the real pretest on 2 ranks, then Eq. 2."""
+import importlib
 import json
 import runpy
 import subprocess
@@ -11,12 +12,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("compute", ["emulated", "measured"])
-def test_cost_curves_script_reports_curves_and_beta(compute):
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "semi_cost_curves.py"), "--tp", "2",
-                           "--compute", compute, "--device-ms", "20", "--chi", "4"],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout[proc.stdout.index("{"):])
+def test_cost_curves_script_reports_curves_and_beta(compute, monkeypatch, capsys):
+    """The script's ``main`` in this process (its ranks are real: ``run_on_ranks``); the script as a
+    program is run once, by :func:`test_cost_curves_script_runs_as_a_program`."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # importable: the ranks unpickle its _body by name
+    script = importlib.import_module("semi_cost_curves")
+    monkeypatch.setattr(sys, "argv", ["semi_cost_curves.py", "--tp", "2", "--compute", compute, "--device-ms", "20",
+                                      "--chi", "4"])
+    script.main()
+    stdout = capsys.readouterr().out
+    out = json.loads(stdout[stdout.index("{"):])
     assert out["tp"] == 2 and out["compute"] == compute and set(out["at_chi"]) == {"4"}
     row = out["at_chi"]["4"]
     assert row["shed_columns"] == 1000 * (1 - 1 / 4)
@@ -26,6 +31,14 @@ def test_cost_curves_script_reports_curves_and_beta(compute):
         assert row["omega1_plus_omega2_s"] == pytest.approx(0.0, abs=1e-9)  # the emulated device charges FLOPs only
     else:
         assert row["omega1_plus_omega2_s"] >= 0.0
+
+
+def test_cost_curves_script_runs_as_a_program():
+    """``python benchmarks/semi_cost_curves.py --help`` from the repository root: the entry point
+    imports, parses and exits 0 (the curves themselves are checked in process above)."""
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "semi_cost_curves.py"), "--help"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0 and "--compute" in proc.stdout, proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("argv,message", [
