@@ -38,9 +38,10 @@ def expected(speeds):
                                                                                 unit_size=128))
 
 
-def simulate(pol, speeds_at, steps, *, noise=0.0, move_s=0.5, seed=0, gemm=1.0):
+def simulate(pol, speeds_at, steps, *, noise=0.0, move_s=0.5, seed=0, gemm=1.0, decisions=None):
     """Run ``steps`` steps; ``speeds_at(step)`` gives every rank's true speed; ``gemm`` of the
-    shardable work is timed as GEMMs (the rest: attention, optimizer).  Returns the re-plans."""
+    shardable work is timed as GEMMs (the rest: attention, optimizer).  Returns the re-plans (and
+    appends every decision to the list ``decisions`` when given)."""
     rng = random.Random(seed)
     e = pol.tp
     R, S = RHO, e * (1.0 - RHO)
@@ -53,6 +54,8 @@ def simulate(pol, speeds_at, steps, *, noise=0.0, move_s=0.5, seed=0, gemm=1.0):
         shardable = tuple(gemm * S * p / v * j for p, v, j in zip(shares, speeds, jitter))
         decision = pol.observe(ReshardSample(compute, shardable, (COMM,) * e))
         assert isinstance(decision, ReshardDecision) and decision.step == step
+        if decisions is not None:
+            decisions.append(decision)
         if decision.replan:
             _, nbytes = pol.moved(decision.plans)
             pol.moved_to(decision.plans, seconds=move_s, bytes_moved=nbytes)
@@ -337,15 +340,9 @@ def test_launch_reads_the_noise_after_the_warm_up_so_a_slow_step_0_on_every_rank
     moves = simulate(pol, start, 30, noise=0.02)
     assert [s for s, _ in moves] == [pol.config.launch - 1], [(s, d.reason) for s, d in moves]
     assert "at launch" in moves[0][1].reason and moves[0][1].plans == expected((1.0, 0.25))
-    pol = policy(ReshardConfig(window=10, launch=2))
     decisions = []
-    for step in range(2):
-        shares, speeds = pol.shares(), start(step)
-        e, (R, S) = pol.tp, (RHO, pol.tp * (1.0 - RHO))
-        compute = tuple((R + S * p) / v for p, v in zip(shares, speeds))
-        decisions.append(pol.observe(ReshardSample(compute, tuple(S * p / v for p, v in zip(shares, speeds)),
-                                                   (COMM,) * e)))
-    assert not decisions[1].replan and "within the margin" in decisions[1].reason, decisions[1].reason
+    assert simulate(policy(ReshardConfig(window=10, launch=2)), start, 2, decisions=decisions) == []
+    assert "within the margin" in decisions[1].reason, decisions[1].reason
 
 
 def _pattern(on, off, start=0, then_stays=None):
