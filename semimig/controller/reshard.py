@@ -73,7 +73,11 @@ the tests because step 0 is slower on every rank for reasons that are not noise 
 allocations, lazy initialisation): measured under a real 25 % throttle, the healthy rank's step 0
 took 1.08 s against 0.79 s at step 1, a noise gate over those two steps asked a 61 % gain of a
 57 % one, and the launch kept the plan in about one run in three (which then ran a window at the
-full slowdown).  Hence three launch steps by default: two after the warm-up to test.
+full slowdown).  Hence three launch steps by default: two after the warm-up to test.  And the
+launch's noise is that of each rank's compute *relative to the fastest rank's in the same step*:
+the warm-up does not end on one step (measured under a noisy neighbour: both ranks 14–16 % slower
+at step 1 than at step 2), and a drift every rank shares moves the step but not the relative gain
+the gate compares — over the raw times that drift asked 29 % of a 24 % gain.
 A launch move was a bet without evidence that the state lasts, so the move back needs
 one window of the new speeds, not the default ``dwell`` of ``2W``: a throttle that was on only while the run
 started (measured: on for the first 3 steps of a 40 s on / 40 s off pattern) costs one window at
@@ -551,7 +555,7 @@ class ReshardPolicy:
             horizon = min(cfg.horizon, self._expected_life(age) if toward_uneven else age)
         info = dict(current_s=current, predicted_s=predicted, speed_ratios=speed, move_bytes=nbytes,
                     move_cost_s=cost, horizon=horizon)
-        needed = self._required_gain(samples)
+        needed = self._required_gain(samples, relative=launch is not None)
         if gain <= needed * current:
             return ReshardDecision(step, reason=f"gain {gain:.4g} s/step within the margin "
                                                 f"({needed:.0%} of {current:.4g} s)", **info)
@@ -620,15 +624,16 @@ class ReshardPolicy:
                                                              f"toward even (gain {gain:.4g} s/step x {cfg.window} "
                                                              f"steps > move {cost:.4g} s, {units} units)", **info)
 
-    def _required_gain(self, samples: Sequence[ReshardSample]) -> float:
+    def _required_gain(self, samples: Sequence[ReshardSample], *, relative: bool = False) -> float:
         """The relative gain a change of plan must beat: ``max(margin, noise_z · σ̂)``."""
-        return max(self.config.margin, self.config.noise_z * self._noise(samples))
+        return max(self.config.margin, self.config.noise_z * self._noise(samples, relative=relative))
 
-    def _noise(self, samples: Sequence[ReshardSample]) -> float:
-        """Largest relative standard error of a rank's median compute over the window."""
+    def _noise(self, samples: Sequence[ReshardSample], *, relative: bool = False) -> float:
+        """Largest relative standard error of a rank's median compute over the window; ``relative``:
+        of its compute over the fastest rank's in the same step (a drift every rank shares cancels)."""
         worst = 0.0
         for r in range(self.tp):
-            values = [s.compute_s[r] for s in samples]
+            values = [s.compute_s[r] / (min(s.compute_s) if relative else 1.0) for s in samples]
             med = statistics.median(values)
             mad = statistics.median(abs(v - med) for v in values)
             worst = max(worst, 1.25 * 1.4826 * mad / med / len(values) ** 0.5)
