@@ -51,7 +51,7 @@ from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan, units_of
 
 __all__ = ["Resharder", "ReplanEvent", "unshed", "reshardable_plan", "even_reshardable_plan", "check_reshard",
-           "make_resharder", "resizing_mode"]
+           "make_resharder", "resizing_mode", "gemm_scale"]
 
 logger = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ class Resharder:
         split = [unshed(c, b, sleep_s=s, work=w, fixed=f) for (c, b, _, s, _, w, _), f in zip(rows, fixed)]
         # the pair's non-GEMM work (attention core, activation) is shardable too; pruning does not shrink it
         return ReshardSample(tuple(c for c, _ in split), tuple(b + row[6] for (_, b), row in zip(split, rows)),
-                             tuple(row[2] for row in rows))
+                             tuple(row[2] for row in rows), gemm_s=tuple(b for _, b in split))
 
     def observe(self, report: Any) -> Optional[Any]:
         """Feed the step; if the policy re-plans, move and return the new :class:`UnevenPlan`."""
@@ -257,15 +257,8 @@ class Resharder:
         return True
 
     def busy_scale(self) -> tuple[float, ...]:
-        """Per rank, its median GEMM seconds over the policy's window under the plan in force,
-        relative to the least: a resizing controller on top divides busy times by it, so it
-        compares what *varies* and leaves the re-planned split alone (all 1 before a window)."""
-        samples = list(self.policy.samples)
-        if not samples:
-            return (1.0,) * self.size
-        medians = [statistics.median(s.shardable_s[r] for s in samples) for r in range(self.size)]
-        low = min(medians)
-        return tuple(m / low if low > 0 else 1.0 for m in medians)
+        """:func:`gemm_scale` of the policy's window under the plan in force."""
+        return gemm_scale(self.policy.samples, self.size)
 
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict:
@@ -274,6 +267,22 @@ class Resharder:
                 "bytes_moved": sum(e.bytes_moved for e in self.events),
                 "move_s": sum(e.move_s for e in self.events),
                 "events": [e.as_dict() for e in self.events]}
+
+
+def gemm_scale(samples: Any, size: int) -> tuple[float, ...]:
+    """Per rank, its median GEMM seconds (``ReshardSample.gemm``: what the resizing controller's busy
+    time measures, not the spans between a pair's layers) over ``samples``, relative to the least:
+    a resizing controller on top divides busy times by it, so it compares what *varies* and leaves
+    the re-planned split alone (all 1 without samples).  The GEMMs' own split, not the shardable
+    one: an uneven plan gives a rank a share of the attention core different from its share of the
+    GEMMs, and a scale from GEMMs + spans read a balanced rank 1.27x slow (the example's tiny Llama
+    at `7,1:3,1`), which resizing then pruned."""
+    samples = list(samples)
+    if not samples:
+        return (1.0,) * size
+    medians = [statistics.median(s.gemm[r] for s in samples) for r in range(size)]
+    low = min(medians)
+    return tuple(m / low if low > 0 else 1.0 for m in medians)
 
 
 # ----------------------------------------------------------------------------- semimig.enable

@@ -14,7 +14,7 @@ import pytest
 
 from semimig.controller.reshard import ReshardConfig, ReshardDecision, ReshardPolicy, ReshardSample, moved_units
 from semimig.errors import ConfigError
-from semimig.resharder import unshed
+from semimig.resharder import gemm_scale, unshed
 from semimig.sharding import ShardPlan, StepModel, solve_plan
 
 RHO = 0.2      # replicated share of a healthy even step
@@ -540,3 +540,20 @@ def test_no_move_is_undone_when_the_speeds_are_what_the_model_reads():
         moves = simulate(pol, lambda s: (1.0, 0.25) if s < 80 else (1.0, 1.0), 140, noise=0.03, seed=seed)
         assert moves and not any("measured slower" in d.reason for _, d in moves), [(s, d.reason) for s, d in moves]
         assert pol.rejected == set()
+
+
+def test_the_resizing_scale_is_the_gemms_split_not_the_shardable_one():
+    """Under an uneven plan a rank's share of the spans between a pair's layers (the attention core)
+    is not its share of the GEMMs; the resizing controller divides its GEMM busy time by the scale,
+    so the scale is the GEMMs' own split.  Measured on the example's tiny Llama at `7,1:3,1`: a scale
+    from GEMMs + spans read the balanced rank 1 at 1.27x and resizing pruned it."""
+    samples = [ReshardSample((1.0, 1.0), (0.5 + g, 0.3 + 2 * g), (0.1, 0.1), gemm_s=(0.4, 0.1 + 0.01 * g))
+               for g in (0.0, 0.01, 0.02)]
+    assert gemm_scale(samples, 2) == pytest.approx((0.4 / 0.1001, 1.0))  # medians 0.4, 0.1001 (the spans: 0.51, 0.32)
+    assert gemm_scale([], 2) == (1.0, 1.0)
+    # without gemm_s (a sample built by hand) the shardable split stands in
+    assert gemm_scale([ReshardSample((1.0, 1.0), (0.5, 0.25), (0.1, 0.1))], 2) == pytest.approx((2.0, 1.0))
+    with pytest.raises(ConfigError, match="gemm_s"):
+        ReshardSample((1.0, 1.0), (0.5, 0.5), (0.0, 0.0), gemm_s=(0.4,))
+    with pytest.raises(ConfigError, match=r"gemm_s\[1\]"):
+        ReshardSample((1.0, 1.0), (0.5, 0.5), (0.0, 0.0), gemm_s=(0.4, -0.1))

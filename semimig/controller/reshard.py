@@ -228,19 +228,29 @@ class ReshardSample:
     compute_s: Tuple[float, ...]
     """``c_r``: the rank's own work in the step (wall minus collectives), seconds."""
     shardable_s: Tuple[float, ...]
-    """``b_r``: the part of ``c_r`` in shardable work (the paired GEMMs), seconds."""
+    """``b_r``: the part of ``c_r`` in shardable work (the paired GEMMs and the spans between a pair's
+    layers), seconds."""
     comm_s: Tuple[float, ...]
     """``m_r``: seconds in collectives."""
+    gemm_s: Optional[Tuple[float, ...]] = None
+    """The part of ``b_r`` in the paired GEMMs alone (unpruned): what a resizing controller's busy
+    time measures; ``None``: all of ``b_r``."""
 
     def __post_init__(self) -> None:
         e = len(self.compute_s)
-        if e == 0 or len(self.shardable_s) != e or len(self.comm_s) != e:
-            raise ConfigError(f"ReshardSample: compute_s, shardable_s and comm_s need one entry per rank, got "
-                              f"{len(self.compute_s)}, {len(self.shardable_s)}, {len(self.comm_s)}")
-        for name in ("compute_s", "shardable_s", "comm_s"):
+        if e == 0 or len(self.shardable_s) != e or len(self.comm_s) != e or len(self.gemm_s or self.comm_s) != e:
+            raise ConfigError(f"ReshardSample: compute_s, shardable_s, comm_s (and gemm_s) need one entry per rank, "
+                              f"got {len(self.compute_s)}, {len(self.shardable_s)}, {len(self.comm_s)}"
+                              + ("" if self.gemm_s is None else f", {len(self.gemm_s)}"))
+        for name in ("compute_s", "shardable_s", "comm_s") + (() if self.gemm_s is None else ("gemm_s",)):
             values = tuple(check_number(f"{name}[{r}]", float(v), minimum=0.0)
                            for r, v in enumerate(getattr(self, name)))
             object.__setattr__(self, name, values)
+
+    @property
+    def gemm(self) -> Tuple[float, ...]:
+        """``gemm_s``, or ``shardable_s`` when it was not given."""
+        return self.shardable_s if self.gemm_s is None else self.gemm_s
 
     @property
     def valid(self) -> bool:
