@@ -553,7 +553,8 @@ def test_the_resizing_scale_is_the_gemms_split_not_the_shardable_one():
     assert gemm_scale([], 2) == (1.0, 1.0)
     # without gemm_s (a sample built by hand) the shardable split stands in
     assert gemm_scale([ReshardSample((1.0, 1.0), (0.5, 0.25), (0.1, 0.1))], 2) == pytest.approx((2.0, 1.0))
-    with pytest.raises(ConfigError, match="gemm_s"):
-        ReshardSample((1.0, 1.0), (0.5, 0.5), (0.0, 0.0), gemm_s=(0.4,))
+    for short in ((0.4,), ()):
+        with pytest.raises(ConfigError, match="gemm_s"):
+            ReshardSample((1.0, 1.0), (0.5, 0.5), (0.0, 0.0), gemm_s=short)
     with pytest.raises(ConfigError, match=r"gemm_s\[1\]"):
         ReshardSample((1.0, 1.0), (0.5, 0.5), (0.0, 0.0), gemm_s=(0.4, -0.1))

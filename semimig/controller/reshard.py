@@ -237,11 +237,11 @@ class ReshardSample:
     time measures; ``None``: all of ``b_r``."""
 
     def __post_init__(self) -> None:
-        e = len(self.compute_s)
-        if e == 0 or len(self.shardable_s) != e or len(self.comm_s) != e or len(self.gemm_s or self.comm_s) != e:
+        lengths = [len(self.compute_s), len(self.shardable_s), len(self.comm_s)]
+        lengths += [] if self.gemm_s is None else [len(self.gemm_s)]
+        if lengths[0] == 0 or any(n != lengths[0] for n in lengths):
             raise ConfigError(f"ReshardSample: compute_s, shardable_s, comm_s (and gemm_s) need one entry per rank, "
-                              f"got {len(self.compute_s)}, {len(self.shardable_s)}, {len(self.comm_s)}"
-                              + ("" if self.gemm_s is None else f", {len(self.gemm_s)}"))
+                              f"got {', '.join(map(str, lengths))}")
         for name in ("compute_s", "shardable_s", "comm_s") + (() if self.gemm_s is None else ("gemm_s",)):
             values = tuple(check_number(f"{name}[{r}]", float(v), minimum=0.0)
                            for r, v in enumerate(getattr(self, name)))
