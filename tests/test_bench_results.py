@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from dist_harness import sigint_as_from_a_terminal
+
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--compute", "emulated", "--quick", "--epochs", "1", "--iters-per-epoch", "8", "--no-plots"]
 
@@ -94,7 +96,8 @@ def test_an_interrupted_run_keeps_its_finished_case_and_resume_completes_it(tmp_
     out = tmp_path / "r.json"
     argv = ["bench", *FAST, "--modes", "baseline,zero-pri,semi", "--chi", "1", "--json", str(out)]
     proc = subprocess.Popen([sys.executable, "-m", "semimig", *argv], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+                            preexec_fn=sigint_as_from_a_terminal)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
         if out.exists() and len(json.loads(out.read_text())["records"]) >= 1:

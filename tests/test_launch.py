@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dist_harness import run_on_ranks
+from dist_harness import run_on_ranks, sigint_as_from_a_terminal
 from semimig.launch import RankFailure, RanksTimedOut
 
 TESTS = Path(__file__).resolve().parent
@@ -105,7 +105,8 @@ def _start_parent_with_two_ranks():
     """The parent process and every process below it (forkserver, resource tracker, 2 ranks)."""
     import psutil
 
-    proc = subprocess.Popen([sys.executable, "-c", _PARENT.format(tests=str(TESTS))], cwd=TESTS.parent)
+    proc = subprocess.Popen([sys.executable, "-c", _PARENT.format(tests=str(TESTS))], cwd=TESTS.parent,
+                            preexec_fn=sigint_as_from_a_terminal)
     parent = psutil.Process(proc.pid)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
