@@ -14,7 +14,8 @@ import pytest
 from dist_harness import run_pooled  # the session pool of ranks: many cases per spawn
 from semimig.bench.models import VitSize
 from semimig.errors import ConfigError
-from semimig.hybrid import Hybrid2DConfig, ReplanConfig, run_2d_cases
+from semimig.bench.train2d import run_2d_cases
+from semimig.hybrid import Hybrid2DConfig, ReplanConfig
 
 TINY = dict(size=VitSize(hidden=16, layers=1, heads=2, intermediate=32), batch=16, device_ms=40.0,
             profile_repeats=1)

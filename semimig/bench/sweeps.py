@@ -66,7 +66,7 @@ def straggler_sweep(cfg: BenchConfig) -> Sweep:
 def run_grid_case(rank: int, world: int, cfg, evaluate: bool, case: tuple) -> dict:
     """One 2-D case ``(mode, None, seed, None)`` on every rank (the body run_on_ranks runs);
     ``evaluate=False`` (``--quick``) drops the accuracy of a run too short for it to mean anything."""
-    from semimig.hybrid.train import train_2d_case
+    from semimig.bench.train2d import train_2d_case
 
     report_activity(f"training {describe_case(case)}")
     mode, _, seed, _ = case

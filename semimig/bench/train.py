@@ -16,18 +16,17 @@ and the decisions only with ``semimig bench --full-trace`` (:data:`semimig.bench
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import statistics
-import time
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
 from semimig.bench.config import BenchConfig
-from semimig.models import digits_split, tiny_vit
+from semimig.bench.loop import boost_vit, dense_accuracy, timed_epochs
+from semimig.models import digits_split
 
 
 def _batches(x, y, cfg: BenchConfig, seed: int, dp_rank: int, epoch: int):
@@ -81,10 +80,6 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
     ``lam`` (mode ``semi`` only) fixes how many stragglers migrate (the paper's λ, Fig. 11).
     ``local_rank`` picks the GPU under a launcher (default: the current device).
     """
-    from colossalai.booster import Booster
-    from colossalai.booster.plugin import HybridParallelPlugin
-
-    import semimig.nn  # noqa: F401 - CPU compatibility shim
     from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
     from semimig.shardformer import SemiMigPolicy
     from semimig.straggler import StragglerConfig, StragglerInjector
@@ -97,16 +92,9 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
     else:
         device = torch.device("cpu")
     straggler = StragglerConfig.from_cli(f"{cfg.straggler_spec(chi)}:{cfg.timing_spec()}")
-    plugin = HybridParallelPlugin(tp_size=cfg.tp, pp_size=1, precision="fp32",
-                                  custom_policy=None if mode == "baseline" else SemiMigPolicy())
-    model = tiny_vit(cfg.size, seed=seed, num_labels=-(-10 // cfg.tp) * cfg.tp)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    # one-cycle schedule over the whole run: the tiny ViT converges on digits within a few
-    # hundred iterations, so accuracy deltas compare trained models, not half-trained ones
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, pct_start=0.1,
-                                                   total_steps=cfg.epochs * cfg.iters_per_epoch)
-    booster = Booster(plugin=plugin)
-    model, optimizer, _, _, schedule = booster.boost(model, optimizer, lr_scheduler=schedule)
+    run = boost_vit(cfg.size, tp=cfg.tp, seed=seed, lr=cfg.lr, total_steps=cfg.epochs * cfg.iters_per_epoch,
+                    policy=None if mode == "baseline" else SemiMigPolicy())
+    model, plugin = run.model, run.plugin
     tp_rank, tp_size = dist.get_rank(plugin.tp_group), dist.get_world_size(plugin.tp_group)
     dp_rank = dist.get_rank(plugin.dp_group)
 
@@ -121,58 +109,48 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
                                        process_group=plugin.tp_group, iterations_per_epoch=cfg.iters_per_epoch)
 
     x_train, y_train, x_test, y_test = (t.to(device) for t in digits_split(seed=0))
-    iter_times, epoch_times, all_iter_times = [], [], []
     trajectory = _Trajectory()
-    iteration = 0
-    model.train()
+
+    def step(epoch: int, iteration: int, batch) -> None:
+        xb, yb = batch
+        if injection is not None:
+            injection.injector.set_position(epoch, iteration)
+        out = model(pixel_values=xb, labels=yb)
+        run.booster.backward(out.loss, run.optimizer)
+        run.optimizer.step()
+        run.optimizer.zero_grad()
+        run.schedule.step()
+        if controller is not None:
+            trajectory.add_step(controller.step())
+        else:
+            trajectory.add_busy(injection.snapshot()["busy_s"], clock.take().compute_s)
+            injection.reset()
+
     try:  # the collectives are unwrapped (the clocks detached) whatever happens
-        for epoch in range(cfg.epochs):
-            if controller is not None:
-                controller.set_epoch(epoch)
-            epoch_start = last = time.perf_counter()
-            for xb, yb in _batches(x_train, y_train, cfg, seed, dp_rank, epoch):
-                if injection is not None:
-                    injection.injector.set_position(epoch, iteration)
-                out = model(pixel_values=xb, labels=yb)
-                booster.backward(out.loss, optimizer)
-                optimizer.step()
-                optimizer.zero_grad()
-                schedule.step()
-                if controller is not None:
-                    trajectory.add_step(controller.step())
-                else:
-                    trajectory.add_busy(injection.snapshot()["busy_s"], clock.take().compute_s)
-                    injection.reset()
-                if cuda:
-                    torch.cuda.synchronize(device)
-                now = time.perf_counter()
-                all_iter_times.append(now - last)
-                if iteration >= cfg.warmup_iters:
-                    iter_times.append(now - last)
-                last = now
-                iteration += 1
-            epoch_times.append(time.perf_counter() - epoch_start)
+        timed = timed_epochs(cfg.epochs, cfg.warmup_iters, lambda e: _batches(x_train, y_train, cfg, seed, dp_rank, e),
+                             step, on_epoch=controller.set_epoch if controller is not None else None,
+                             sync=(lambda: torch.cuda.synchronize(device)) if cuda else None)
     finally:
         if clock is not None:
             clock.detach()
         if controller is not None:
             controller.close()
-    accuracy = _evaluate(model, controller, x_test, y_test) if cfg.evaluate else None
+    accuracy = dense_accuracy(model, controller, x_test, y_test) if cfg.evaluate else None
     plan = controller.plan if controller is not None else None
-    timed = slice(cfg.warmup_iters, None)
+    timed_iters = slice(cfg.warmup_iters, None)
     mine = {
-        "shed": statistics.mean(trajectory.rank["gamma_target"][timed]) if controller is not None else 0.0,
-        "savings": statistics.mean(trajectory.rank["achieved_savings"][timed]) if controller is not None else 0.0,
-        "busy_share": statistics.mean(trajectory.rank["busy_s"][timed]) / statistics.mean(iter_times),
-        "balanced_share": _balanced_share(trajectory.rank, timed),
+        "shed": statistics.mean(trajectory.rank["gamma_target"][timed_iters]) if controller is not None else 0.0,
+        "savings": statistics.mean(trajectory.rank["achieved_savings"][timed_iters]) if controller is not None else 0.0,
+        "busy_share": statistics.mean(trajectory.rank["busy_s"][timed_iters]) / statistics.mean(timed.iter_times),
+        "balanced_share": _balanced_share(trajectory.rank, timed_iters),
         "trajectory": _plain(trajectory.rank),
     }
     by_rank: list = [None] * tp_size
     dist.all_gather_object(by_rank, mine, group=plugin.tp_group)
     return {
         "mode": mode, "chi": chi, "seed": seed, "lambda": lam, "scope": cfg.scope,
-        "iter_time_s": statistics.median(iter_times),
-        "epoch_time_s": statistics.mean(epoch_times[1:] or epoch_times),
+        "iter_time_s": timed.iter_time_s,
+        "epoch_time_s": timed.epoch_time_s,
         "accuracy": accuracy,
         "shed_share_by_rank": [r["shed"] for r in by_rank],
         "savings_by_rank": [r["savings"] for r in by_rank],
@@ -180,7 +158,7 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
         "balanced_share_by_rank": [r["balanced_share"] for r in by_rank],
         "plan": plan.summary() if plan is not None else None,
         "migrating_stragglers": plan.x if plan is not None else 0,
-        "trajectory": {"iter_time_s": _plain(all_iter_times), "by_rank": [r["trajectory"] for r in by_rank],
+        "trajectory": {"iter_time_s": _plain(timed.all_iter_times), "by_rank": [r["trajectory"] for r in by_rank],
                        "decisions": trajectory.decisions if controller is not None else None},
     }
 
@@ -191,18 +169,6 @@ def _balanced_share(columns: dict, timed: slice) -> Optional[float]:
     busy, compute = columns["busy_s"][timed], columns["compute_s"][timed]
     total = sum(compute)
     return min(sum(busy) / total, 1.0) if total > 0 else None
-
-
-def _evaluate(model, controller, x_test, y_test) -> float:
-    """Test accuracy with every layer dense (no pruning, migration or delay)."""
-    model.eval()
-    correct = 0
-    with torch.no_grad(), (controller.dense() if controller is not None else contextlib.nullcontext()):
-        for lo in range(0, len(y_test), 128):
-            logits = model(pixel_values=x_test[lo:lo + 128]).logits
-            correct += int((logits.argmax(-1) == y_test[lo:lo + 128]).sum())
-    model.train()
-    return correct / len(y_test)
 
 
 def run_case(rank: int, world: int, cfg: BenchConfig, case: tuple) -> dict:

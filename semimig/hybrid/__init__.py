@@ -13,7 +13,10 @@ the batch plan is re-computed when a group's speed moves.
              .micro_batches(global_batch) / .step()      plan, SEMI step, re-plan, agreement
     decide   ReplanTrigger / ReplanConfig                 when to re-plan, pure (replan)
     verify   verify_batch_plan(plan)                      every rank holds the same plan (agreement)
-    bench    run_2d_cases(rank, world, Hybrid2DConfig(...), cases)   the bench's body (train, config)
+    config   Hybrid2DConfig(...)                          what one 2-D run trains and measures
+
+The benchmark that trains it, ``semimig bench --dp D --allocation poplar``, is the bench harness's
+2-D mode (:mod:`semimig.bench.train2d`, on the harness's one training loop).
 
 Gradients stay exactly the global-batch mean (each micro-step's loss scaled by ``m·D/G``, SEMI's
 migration exact); tests/test_hybrid_*.py compare with one process on the whole batch.
@@ -28,15 +31,7 @@ __all__ = [
     "ALLOCATIONS", "MODES_2D", "TIMINGS",
     "GridLayout", "Hybrid2DConfig", "HybridBalancer", "HybridStepReport",
     "ReplanConfig", "ReplanDecision", "ReplanTrigger",
-    "batch_plan_digest", "describe_batch_plan", "group_maxima", "profile_group_curves", "run_2d_cases",
+    "batch_plan_digest", "describe_batch_plan", "group_maxima", "profile_group_curves",
     "scale_curve", "verify_batch_plan",
 ]
 
-
-def __getattr__(name):
-    # the training body imports the bench model (transformers); load it only when asked for
-    if name in ("run_2d_cases", "train_2d_case"):
-        from semimig.hybrid import train
-
-        return getattr(train, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,9 +1,10 @@
-"""The 2-D training body: one rank's side of every case of a :class:`~.config.Hybrid2DConfig`.
+"""The bench's 2-D mode: one rank's side of every case of a :class:`~semimig.hybrid.Hybrid2DConfig`.
 
     records = run_2d_cases(rank, world, cfg, cfg.cases())     # on every rank (e.g. run_on_ranks)
 
 Each case builds a fresh ``HybridParallelPlugin(tp_size=tp, zero_stage=z)`` and the bench ViT
-(:func:`semimig.models.tiny_vit`) from the case's seed, and trains it on digits with the
+from the case's seed (:func:`semimig.bench.loop.boost_vit`, the harness's one builder and
+training loop, shared with the tensor-parallel modes of :mod:`.train`), and trains it on digits with the
 same sequence of global batches in every mode (so ``baseline`` and ``poplar`` apply the same
 updates, up to floating-point order).  Stragglers: rank ``t`` of DP group ``g`` is slowed by
 ``cfg.chis()[g][t]``.  With emulated timing every GEMM sleeps ``χ · flops / rate``, the rate
@@ -15,15 +16,13 @@ SEMI modes semimig's layers under the controller; with measured timing a straggl
 
 Poplar modes first profile every group (:func:`~.balancer.profile_group_curves`: forward/backward
 without optimizer step at ``cfg.profile_sizes()``, after ``settle_iters`` passes when SEMI must
-balance first), then train under :class:`~.balancer.HybridBalancer`, which re-plans when a
-group's speed moves.  Iteration time: wall time from one ``balancer.step()`` to the next (every
-collective synchronises the ranks), median after ``warmup_iters``; epoch time: mean over epochs
-(the first left out when there are several).  Rank 0's record is returned; group batches, shed
-shares and re-plans are identical on or gathered from every rank.
+balance first), then train under :class:`~semimig.hybrid.HybridBalancer`, which re-plans when a
+group's speed moves.  Iteration and epoch times: :func:`semimig.bench.loop.timed_epochs` (an
+iteration ends with ``balancer.step()``, whose collectives synchronise the ranks).  Rank 0's record
+is returned; group batches, shed shares and re-plans are identical on or gathered from every rank.
 """
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from typing import Any, Optional, Sequence
@@ -33,11 +32,10 @@ import torch
 from semimig.allocation.colossal import run_iteration
 from semimig.allocation.data import MicroBatch
 from semimig.allocation.speed import SpeedCurve
-from semimig.models import digits_split, tiny_vit
+from semimig.bench.loop import boost_vit, dense_accuracy, timed_epochs
 from semimig.comm import primitives as P
-from semimig.hybrid.balancer import HybridBalancer, profile_group_curves
-from semimig.hybrid.config import Hybrid2DConfig
-from semimig.hybrid.layout import GridLayout
+from semimig.hybrid import GridLayout, Hybrid2DConfig, HybridBalancer, profile_group_curves
+from semimig.models import digits_split
 
 __all__ = ["run_2d_cases", "train_2d_case"]
 
@@ -82,10 +80,6 @@ class _Case:
     """One case on one rank: the boosted model, its balancing and its data."""
 
     def __init__(self, cfg: Hybrid2DConfig, mode: str, seed: int) -> None:
-        from colossalai.booster import Booster
-        from colossalai.booster.plugin import HybridParallelPlugin
-
-        import semimig.nn  # noqa: F401 - CPU compatibility shim
         from semimig.controller import BalanceConfig, BalanceController
         from semimig.shardformer import SemiMigPolicy
         from semimig.straggler import StragglerInjector
@@ -93,16 +87,11 @@ class _Case:
 
         self.cfg, self.mode, self.seed = cfg, mode, seed
         self.semi = mode.endswith("semi")
-        self.plugin = HybridParallelPlugin(tp_size=cfg.tp, pp_size=1, zero_stage=cfg.zero_stage,
-                                           precision=cfg.precision, overlap_communication=False,
-                                           custom_policy=SemiMigPolicy() if self.semi else None)
-        model = tiny_vit(cfg.size, seed=seed, num_labels=-(-10 // cfg.tp) * cfg.tp)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, pct_start=0.1,
-                                                       total_steps=cfg.epochs * cfg.iters_per_epoch)
-        self.booster = Booster(plugin=self.plugin)
-        self.model, self.optimizer, _, _, self.schedule = self.booster.boost(model, optimizer, lr_scheduler=schedule)
-        self.model.train()  # the straggler hooks and the controller time training passes only
+        run = boost_vit(cfg.size, tp=cfg.tp, seed=seed, lr=cfg.lr, total_steps=cfg.epochs * cfg.iters_per_epoch,
+                        zero_stage=cfg.zero_stage, precision=cfg.precision,
+                        policy=SemiMigPolicy() if self.semi else None)
+        self.plugin, self.booster, self.model = run.plugin, run.booster, run.model
+        self.optimizer, self.schedule = run.optimizer, run.schedule
         self.layout = GridLayout.from_plugin(self.plugin)
         rate = _emulated_rate(self.model, cfg) if cfg.timing == "emulated" else None
         straggler = _straggler(cfg, self.layout.dp_rank, rate)
@@ -161,15 +150,7 @@ class _Case:
             yield self.x_train[idx], self.y_train[idx]
 
     def accuracy(self) -> float:
-        self.model.eval()
-        correct = 0
-        dense = self.controller.dense() if self.controller is not None else contextlib.nullcontext()
-        with torch.no_grad(), dense:
-            for lo in range(0, len(self.y_test), 128):
-                logits = self.model(pixel_values=self.x_test[lo:lo + 128]).logits
-                correct += int((logits.argmax(-1) == self.y_test[lo:lo + 128]).sum())
-        self.model.train()
-        return correct / len(self.y_test)
+        return dense_accuracy(self.model, self.controller, self.x_test, self.y_test)
 
 
 def train_2d_case(cfg: Hybrid2DConfig, mode: str, seed: int) -> dict:
@@ -184,28 +165,22 @@ def train_2d_case(cfg: Hybrid2DConfig, mode: str, seed: int) -> dict:
                                   busy_source=case.hook_busy if case.injection is not None else None,
                                   allocation="poplar" if mode.startswith("poplar") else "even", replan=cfg.replan)
         first_samples = balancer.plan.samples
-        iter_times, epoch_times, shed = [], [], []
-        iteration = 0
-        for epoch in range(cfg.epochs):
-            if case.controller is not None:
-                case.controller.set_epoch(epoch)
-            epoch_start = last = time.perf_counter()
-            for batch in case.global_batches(epoch):
-                if case.injection is not None:
-                    case.injection.injector.set_position(epoch, iteration)
-                run_iteration(case.booster, case.model, case.optimizer, iter(balancer.micro_batches(batch)), _vit_loss,
-                              zero_stage=balancer.zero_stage)
-                case.optimizer.step()
-                case.optimizer.zero_grad()
-                case.schedule.step()
-                report = balancer.step()
-                if report.balance is not None:
-                    shed.append(report.balance.gamma_target)
-                now = time.perf_counter()
-                if iteration >= cfg.warmup_iters:
-                    iter_times.append(now - last)
-                last, iteration = now, iteration + 1
-            epoch_times.append(time.perf_counter() - epoch_start)
+        shed = []
+
+        def step(epoch: int, iteration: int, batch) -> None:
+            if case.injection is not None:
+                case.injection.injector.set_position(epoch, iteration)
+            run_iteration(case.booster, case.model, case.optimizer, iter(balancer.micro_batches(batch)), _vit_loss,
+                          zero_stage=balancer.zero_stage)
+            case.optimizer.step()
+            case.optimizer.zero_grad()
+            case.schedule.step()
+            report = balancer.step()
+            if report.balance is not None:
+                shed.append(report.balance.gamma_target)
+
+        timed = timed_epochs(cfg.epochs, cfg.warmup_iters, case.global_batches, step,
+                             on_epoch=case.controller.set_epoch if case.controller is not None else None)
     finally:
         if case.controller is not None:
             case.controller.close()
@@ -213,8 +188,8 @@ def train_2d_case(cfg: Hybrid2DConfig, mode: str, seed: int) -> dict:
     return {
         "mode": mode, "seed": seed, "tp": cfg.tp, "dp": cfg.dp, "zero_stage": cfg.zero_stage, "timing": cfg.timing,
         "chis": [list(row) for row in cfg.chis()],
-        "iter_time_s": statistics.median(iter_times),
-        "epoch_time_s": statistics.fmean(epoch_times[1:] or epoch_times),
+        "iter_time_s": timed.iter_time_s,
+        "epoch_time_s": timed.epoch_time_s,
         "accuracy": case.accuracy(),
         "profile_s": profile_s,
         "group_samples_first": list(first_samples),
