@@ -56,13 +56,13 @@ import os
 import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from bench_output import interleaved_ms
 from semimig._io import check_output_file, write_json
 from semimig.errors import ConfigError
 from semimig.kernels import reference
@@ -119,16 +119,8 @@ def gpu_timer() -> Callable[[Callable[[], object]], float]:
 
 
 def interleaved_cpu_times(fns: dict, reps: int) -> dict:
-    """``{key: (median ms, min ms)}``: every callable once per repetition, in turn (load hits all alike)."""
-    for fn in fns.values():
-        fn()  # warm-up
-    samples = {key: [] for key in fns}
-    for _ in range(reps):
-        for key, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            samples[key].append((time.perf_counter() - start) * 1e3)
-    return {key: (statistics.median(v), min(v)) for key, v in samples.items()}
+    """``{key: (median ms, min ms)}`` of :func:`bench_output.interleaved_ms` (one warm-up call each)."""
+    return {key: (statistics.median(v), min(v)) for key, v in interleaved_ms(fns, reps).items()}
 
 
 def fit_fixed_cost(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -431,25 +423,17 @@ def block_keep(k: int, gamma: float, block: int, gen: torch.Generator) -> torch.
 
 
 def paired_cpu_samples(layers: dict, reps: int) -> dict:
-    """``{(layer, impl, pass): [ms per repetition]}``; in each repetition, for each layer and pass,
-    the implementations run back to back in a rotating order, so a burst of load from a
+    """``{(layer, impl, pass): [ms per repetition]}`` (:func:`bench_output.interleaved_ms`): in each
+    repetition every (layer, pass, implementation) runs once, in a rotating order in which the
+    implementations of one layer and pass stand next to each other, so a burst of load from a
     neighbour hits the ones compared with each other alike (ratios are taken per repetition)."""
     for impls in layers.values():
         for passes in impls.values():
             for fn in passes.values():
                 fn()  # warm-up (also leaves the column layer's saved x[:, S] for its wgrad)
-    samples: dict[tuple, list[float]] = {}
-    for rep in range(reps):
-        for layer, impls in layers.items():
-            for p in ("fwd", "dgrad", "wgrad"):
-                names = list(impls)
-                names = names[rep % len(names):] + names[:rep % len(names)]
-                for impl in names:
-                    fn = impls[impl][p]
-                    start = time.perf_counter()
-                    fn()
-                    samples.setdefault((layer, impl, p), []).append((time.perf_counter() - start) * 1e3)
-    return samples
+    return interleaved_ms({(layer, impl, p): impls[impl][p]
+                           for layer, impls in layers.items() for p in ("fwd", "dgrad", "wgrad") for impl in impls},
+                          reps, warmup=0)
 
 
 def run_mlp_layout(args: argparse.Namespace) -> dict:

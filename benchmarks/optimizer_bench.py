@@ -26,11 +26,11 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
+from bench_output import interleaved_ms
 from semimig._io import check_output_file, write_json
 from semimig.errors import ConfigError
 
@@ -89,15 +89,7 @@ def measure(args: argparse.Namespace) -> dict:
     for gamma, block in LAZY:
         keeps = [block_keep(p.shape[1], gamma, block, gen) for p in params]
         impls[f"lazy {gamma} ({block})"] = lambda keeps=keeps: lazy_adamw_(lazy_opt, params, keeps)
-    samples: dict[str, list[float]] = {name: [] for name in impls}
-    for fn in impls.values():
-        fn()  # warm-up: every optimizer's state allocated
-    names = list(impls)
-    for rep in range(args.reps):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
-            start = time.perf_counter()
-            impls[name]()
-            samples[name].append((time.perf_counter() - start) * 1e3)
+    samples = interleaved_ms(impls, args.reps)  # the warm-up call allocates every optimizer's state
     fused = statistics.median(samples["fused"])
     rows = [{"impl": name, "median_ms": statistics.median(t), "vs_fused": statistics.median(t) / fused,
              "samples_ms": t} for name, t in samples.items()]
