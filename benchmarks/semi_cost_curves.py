@@ -33,7 +33,7 @@ def _body(rank: int, world: int, compute: str, device_ms: float, chis: tuple[flo
     from semimig.controller.curves import CostCurves
     from semimig.controller.plan import solve_beta
     from semimig.controller.pretest import REFERENCE_COLUMNS, measure_cost_samples
-    from semimig.straggler import BusyMeter, StragglerConfig, StragglerInjector
+    from semimig.straggler import BusyMeter, StragglerInjector
 
     torch.set_num_threads(1)
     cfg = BenchConfig(tp=world, compute=compute, device_ms=device_ms)
@@ -41,8 +41,7 @@ def _body(rank: int, world: int, compute: str, device_ms: float, chis: tuple[flo
     if compute == "emulated":
         out["device_ms"] = device_ms
     for chi in chis:
-        spec = f"fixed:1:{chi:g}:{cfg.timing_spec()}"
-        meter = BusyMeter(StragglerInjector(StragglerConfig.from_cli(spec), rank, world))
+        meter = BusyMeter(StragglerInjector(cfg.straggler(chi), rank, world))  # rank 1 at chi (pattern fixed)
         samples = measure_cost_samples(_shapes(cfg), None if world == 1 else torch.distributed.group.WORLD,
                                        gemm_timer=meter)
         curves = CostCurves.fit(omega1_seconds=samples["omega1"], omega2_samples=samples["omega2"],

@@ -204,3 +204,23 @@ def test_measured_compute_slows_the_straggler_by_its_own_measured_time(tmp_path)
         busy = record["trajectory"]["by_rank"]
         first = [rank["busy_s"][0] for rank in busy]  # before any balancing decision
         assert first[1] > 2.0 * first[0], (record["mode"], first)
+
+
+@pytest.mark.parametrize("compute", ["measured", "emulated"])
+def test_the_bench_straggler_is_typed_from_the_config_not_a_spec_string(compute):
+    """``BenchConfig.straggler(chi)`` builds the StragglerConfig itself (it was formatted into the
+    CLI grammar and parsed again): each pattern's ranks and factors, the compute mode's timing."""
+    from semimig.bench.config import BenchConfig
+    from semimig.straggler import StragglerConfig
+
+    base = BenchConfig(tp=4, compute=compute, scope="device" if compute == "measured" else "gemm")
+    timing = ({"mode": "measured", "scope": "device"} if compute == "measured"
+              else {"mode": "emulated", "flops_per_second": base.device_flops_per_second()})
+    assert base.straggler(1.0) == StragglerConfig(pattern="none", **timing)
+    assert base.straggler(4.0) == StragglerConfig(pattern="fixed", ranks=(1,), chi=(4.0,), **timing)
+    rr = BenchConfig(tp=4, compute=compute, pattern="round-robin", scope=base.scope)
+    assert rr.straggler(2.5) == StragglerConfig(pattern="round-robin", chi=(2.5,), **timing)
+    multi = BenchConfig(tp=4, compute=compute, pattern="multi", scope=base.scope, multi_chis=(8.0, 6.0, 4.0, 2.0))
+    assert multi.straggler(8.0).chi == (8.0, 6.0, 4.0, 2.0) and multi.straggler(8.0).ranks == (0, 1, 2, 3)
+    assert multi.straggler(4.0).chi == (4.0, 3.0, 2.0, 1.0)  # scaled by chi / 8, at least 1
+    assert isinstance(base.straggler(4.0).chi[0], float)

@@ -32,7 +32,7 @@ from semimig.models import VitSize
 from semimig.controller.runtime import MODES
 from semimig.errors import ConfigError
 from semimig.resizing.config import ResizingConfig
-from semimig.straggler.injection import MAX_CHI, SCOPES
+from semimig.straggler.injection import MAX_CHI, SCOPES, StragglerConfig
 
 PATTERNS = ("fixed", "round-robin", "multi")
 COMPUTES = ("emulated", "measured")
@@ -220,28 +220,28 @@ class BenchConfig:
         """Every case of the sweep, grouped by seed then chi (the order they are trained in)."""
         return [case for seed in self.seeds for chi in self.chis for case in self.cases(chi, seed)]
 
-    def straggler_spec(self, chi: float) -> str:
-        """The injection (CLI grammar of :class:`StragglerConfig`) for this pattern at ``chi``."""
+    def straggler(self, chi: float) -> StragglerConfig:
+        """The injected straggler of this pattern at ``chi``, in this compute mode (typed, never a
+        spec string: measured — real GEMM time, the straggler's ``scope`` slowed χ-fold; emulated —
+        every GEMM sleeps its flops at :meth:`device_flops_per_second`, χ-fold on a straggler).
+        ``multi`` scales each rank's factor of ``multi_chis`` by ``chi / 8`` (at least 1)."""
+        timing: dict = ({"mode": "measured", "scope": self.scope} if self.compute == "measured"
+                        else {"mode": "emulated", "flops_per_second": self.device_flops_per_second()})
         if chi == 1.0:
-            return "none"
+            return StragglerConfig(pattern="none", **timing)
         if self.pattern == "fixed":
-            return f"fixed:{self.straggler_rank}:{chi:g}"
+            return StragglerConfig(pattern="fixed", ranks=(self.straggler_rank,), chi=(float(chi),), **timing)
         if self.pattern == "round-robin":
-            return f"round-robin:{chi:g}"
-        pairs = [f"{r}={max(1.0, c * chi / 8.0):g}" for r, c in enumerate(self.multi_chis[: self.tp])]
-        return "multi:" + ",".join(pairs)
+            return StragglerConfig(pattern="round-robin", chi=(float(chi),), **timing)
+        factors = self.multi_chis[: self.tp]
+        return StragglerConfig(pattern="multi", ranks=tuple(range(len(factors))),
+                               chi=tuple(max(1.0, c * chi / 8.0) for c in factors), **timing)
 
     def resizing(self) -> ResizingConfig:
         """The resizing settings of the balanced modes (the zero-* modes set their own variant)."""
         if self.theta_iter is None:
             return ResizingConfig()
         return ResizingConfig(theta_mode="absolute", theta_iter=self.theta_iter)
-
-    def timing_spec(self) -> str:
-        """The ``mode=...`` options of the injection for this compute mode."""
-        if self.compute == "measured":
-            return f"mode=measured:scope={self.scope}"
-        return f"mode=emulated:flops={self.device_flops_per_second():.6g}"
 
     @property
     def tokens(self) -> int:

@@ -82,7 +82,7 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
     """
     from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
     from semimig.shardformer import SemiMigPolicy
-    from semimig.straggler import StragglerConfig, StragglerInjector
+    from semimig.straggler import StragglerInjector
     from semimig.straggler.device import DeviceClock
     from semimig.straggler.hooks import BaselineInjection
 
@@ -91,7 +91,7 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
         device = torch.device("cuda", torch.cuda.current_device() if local_rank is None else local_rank)
     else:
         device = torch.device("cpu")
-    straggler = StragglerConfig.from_cli(f"{cfg.straggler_spec(chi)}:{cfg.timing_spec()}")
+    straggler = cfg.straggler(chi)
     run = boost_vit(cfg.size, tp=cfg.tp, seed=seed, lr=cfg.lr, total_steps=cfg.epochs * cfg.iters_per_epoch,
                     policy=None if mode == "baseline" else SemiMigPolicy())
     model, plugin = run.model, run.plugin
