@@ -1,20 +1,5 @@
-"""Colossal-AI compatibility: the supported version range and a minimal CPU shim.
+"""A minimal CPU shim for Colossal-AI: :func:`apply_cpu_shim`.
 
-Version range
--------------
-semimig subclasses ``colossalai.shardformer.layer.Linear1D_Col/Row`` (and ``ParallelModule``),
-hands their constructors the keyword arguments Colossal-AI's own policies pass
-(``fp8_communication``, ``use_zbv``), wraps
-``colossalai.shardformer.policies.auto_policy.get_autopolicy`` and mirrors
-``colossalai.legacy.nn.Linear1D_Col/Row``.  Those layers took their present constructor and
-forward in 0.4.7 (``use_zbv`` arrived there); from 0.4.7 to 0.5.0 they, the ``_operation``
-module behind them, ``ParallelModule``, the legacy 1D layers and launch, the CPU accelerator
-and the legacy seed manager are unchanged.  0.6 is excluded until checked: 0.x minor releases
-have changed these signatures before.  :func:`check_colossalai_version` enforces
-``MIN_COLOSSALAI <= colossalai.__version__ < BELOW_COLOSSALAI``.
-
-CPU shim
---------
 Without CUDA, Colossal-AI runs on its ``CpuAccelerator``.  :func:`apply_cpu_shim` fills the
 gaps on the paths semimig uses, each only if a probe shows it is broken, so a release that
 fixes one keeps its own code.  On CPU the accelerator's generator *is* torch's default CPU
@@ -86,28 +71,8 @@ does not use it and runs); ``enable_fused_normalization`` on RMSNorm models need
 Python's URL parser rejects an IPv4 address in brackets ("An IPv4 address cannot be in
 brackets"), so on one machine pass ``host="::1"``, not ``"127.0.0.1"``.
 
-Third-party warnings
---------------------
-:func:`quiet_third_party` (defined in :mod:`semimig._quiet`, which imports neither torch nor
-colossalai, so that ``semimig --help`` stays quick) hides the third-party warnings that say
-nothing about a semimig run: tensornvme and apex missing (Colossal-AI, at import), DDP's
-``broadcast_buffers`` deprecation (raised through Colossal-AI's plugin, once per rank), torch's
-renamed collectives that Colossal-AI's ZeRO still calls, and the bitsandbytes kernel probe (a
-log record).  Each is matched by package, message and mechanism;
-:mod:`semimig._quiet` says why each is harmless.  ``semimig`` calls it first thing (``-v`` shows
-them again); scripts call ``quiet_third_party()`` before importing Colossal-AI.
-
-Private operations
-------------------
-semimig's drop-in layers call two of Colossal-AI's private collectives exactly as its own 1D layers
-do: ``gather_forward_split_backward`` and ``split_forward_gather_backward`` of
-``colossalai.shardformer.layer._operation`` (unchanged from 0.4.7 to 0.5.0).  They are imported only
-here (``from semimig._compat import split_forward_gather_backward``): this module's ``__getattr__``
-hands back Colossal-AI's own functions (the same objects, so the even layout stays bit-equal), loading
-``_operation`` on first use.  A release that moves them breaks here, in one place.
-
-Importing this module is cheap: it imports torch, not colossalai.  :func:`apply_cpu_shim` is
-not applied by ``import semimig``; ``semimig.nn`` applies it, or call it yourself.
+:func:`apply_cpu_shim` is not applied by ``import semimig``; ``semimig.nn`` applies it, or call it
+yourself.
 """
 from __future__ import annotations
 
@@ -119,74 +84,7 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
-from semimig._quiet import quiet_third_party  # noqa: F401  (re-exported: see "Third-party warnings")
-
-logger = logging.getLogger(__name__)
-
-MIN_COLOSSALAI = "0.4.7"
-"""Oldest supported Colossal-AI release (inclusive)."""
-BELOW_COLOSSALAI = "0.6.0"
-"""First Colossal-AI release that is no longer supported (exclusive)."""
-TESTED_COLOSSALAI = "0.5.0"
-"""The release the test suite runs against."""
-
-
-class ColossalAIVersionError(ImportError):
-    """Colossal-AI is missing or its version is outside ``[MIN_COLOSSALAI, BELOW_COLOSSALAI)``."""
-
-
-# --------------------------------------------------------------------------------------------
-# private operations (see "Private operations")
-# --------------------------------------------------------------------------------------------
-PRIVATE_OPERATIONS = ("gather_forward_split_backward", "split_forward_gather_backward")
-"""The names of ``colossalai.shardformer.layer._operation`` semimig uses, importable from this module."""
-
-
-def __getattr__(name: str) -> Any:
-    if name in PRIVATE_OPERATIONS:
-        from colossalai.shardformer.layer import _operation
-
-        return getattr(_operation, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-# --------------------------------------------------------------------------------------------
-# version range
-# --------------------------------------------------------------------------------------------
-def supported_range() -> str:
-    """The supported range as a pip specifier: ``">=0.4.7,<0.6.0"``."""
-    return f">={MIN_COLOSSALAI},<{BELOW_COLOSSALAI}"
-
-
-def check_colossalai_version() -> str:
-    """Return ``colossalai.__version__`` if it lies in :func:`supported_range`, else raise.
-
-    Reads the version Colossal-AI reports about itself; importing the top-level ``colossalai``
-    package is the only cost, and every caller needs it imported anyway.
-
-    Raises:
-        ColossalAIVersionError: colossalai cannot be imported, its version does not parse, or
-            it is outside the range.  The message names the version found and the range.
-    """
-    from packaging.version import InvalidVersion, Version
-
-    wanted = f"semimig needs colossalai{supported_range()} (tested with {TESTED_COLOSSALAI})"
-    try:
-        import colossalai
-    except ImportError as exc:
-        raise ColossalAIVersionError(f"{wanted}, but it cannot be imported: {exc}") from exc
-    found = str(getattr(colossalai, "__version__", "<no __version__>"))
-    try:
-        version = Version(found)
-    except InvalidVersion as exc:
-        raise ColossalAIVersionError(f"{wanted}, but colossalai reports version {found!r}") from exc
-    release = Version(version.base_version)  # 0.6.0rc1 counts as 0.6.0, so it is refused
-    if not Version(MIN_COLOSSALAI) <= release < Version(BELOW_COLOSSALAI):
-        raise ColossalAIVersionError(
-            f"{wanted}, but found colossalai {found} at {getattr(colossalai, '__file__', '?')}; "
-            f"install it with `pip install --no-deps colossalai=={TESTED_COLOSSALAI}`"
-        )
-    return found
+logger = logging.getLogger("semimig._compat")
 
 
 # --------------------------------------------------------------------------------------------
