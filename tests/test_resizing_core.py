@@ -78,12 +78,14 @@ def test_pruning_ratio_matches_hand_computation(t_i, t_ref, m_i, gamma_max, expe
 
 
 def test_pruning_ratio_rejects_bad_inputs():
-    with pytest.raises(ValueError, match=r"gamma_max must be in \[0, 1\), got 1"):
+    with pytest.raises(ConfigError, match=r"gamma_max must be a finite number >= 0 and < 1, got 1"):
         pruning_ratio(1.0, 1.0, 1.0, 1)
     with pytest.raises(ValueError, match="t_i must be a finite number >= 0, got -1.0"):
         pruning_ratio(-1.0, 1.0, 1.0, 0.5)
-    with pytest.raises(ValueError, match="m_i must be a number, got nan"):
+    with pytest.raises(ConfigError, match="m_i must be a finite number, got nan"):
         pruning_ratio(1.0, 1.0, float("nan"), 0.5)
+    with pytest.raises(ConfigError, match="gamma must be a finite number >= 0 and <= 1, got True"):
+        pridiff_ratios([0.5], gamma=True, alpha=0.5, gamma_max=0.9)  # a bool is no ratio (PriDiff read it as 1)
 
 
 @pytest.mark.parametrize("k, gamma, expected", [(10, 0.0, 0), (10, 0.5, 5), (10, 0.26, 3), (7, 0.9, 6), (0, 0.5, 0)])
@@ -189,7 +191,7 @@ def test_rd_is_a_seeded_uniform_subset():
 
 
 def test_select_pruned_rejects_bad_inputs():
-    with pytest.raises(ValueError, match=r"n_prune must be an int in \[0, 3\], got 4"):
+    with pytest.raises(ValueError, match=r"n_prune must be an int >= 0 and <= 3, got 4"):
         select_pruned(torch.zeros(3), 4, "pri")
     with pytest.raises(ValueError, match="variant must be one of .* got 'best'"):
         select_pruned(torch.zeros(3), 1, "best")
@@ -305,7 +307,7 @@ def test_pridiff_hand_example_and_savings():
     assert achieved_savings([0.5], [0.0]) == 0.0
     with pytest.raises(ValueError, match="got 2 ratios for 1 layers"):
         achieved_savings([0.5, 0.4], [1.0])
-    with pytest.raises(ValueError, match=r"alpha must be in \(0, 1\], got 0"):
+    with pytest.raises(ValueError, match=r"alpha must be a finite number > 0 and <= 1, got 0"):
         pridiff_ratios(shares, gamma=0.5, alpha=0, gamma_max=0.9)
 
 

@@ -144,7 +144,7 @@ def test_burst_schedule_follows_the_global_iteration():
 def test_injector_rejects_ranks_outside_the_group():
     with pytest.raises(ValueError, match=r"straggler ranks \[3\] do not exist in a TP group of size 2"):
         StragglerInjector(StragglerConfig.from_cli("fixed:3:2"), 0, 2)
-    with pytest.raises(ValueError, match="group_rank must be an int in \\[0, 2\\), got 2"):
+    with pytest.raises(ValueError, match="group_rank must be an int >= 0 and <= 1, got 2"):
         StragglerInjector(StragglerConfig(), 2, 2)
     with pytest.raises(ValueError, match="epoch must be an int >= 0, got -1"):
         StragglerInjector(StragglerConfig(), 0, 2).set_position(-1, 0)

@@ -18,6 +18,7 @@ from typing import Optional
 
 import torch
 
+from semimig._validate import check_int
 __all__ = ["LineageEntry", "LineageTable"]
 
 Key = tuple[str, str]
@@ -56,10 +57,8 @@ class LineageTable:
         """Record that ``matrix`` of ``layer`` pruned columns ``pruned`` (of ``num_columns``) at ``iteration``."""
         if not isinstance(layer, str) or not layer or not isinstance(matrix, str) or not matrix:
             raise ValueError(f"layer and matrix must be non-empty strings, got {layer!r}, {matrix!r}")
-        if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
-            raise ValueError(f"iteration must be an int >= 0, got {iteration!r}")
-        if isinstance(num_columns, bool) or not isinstance(num_columns, int) or num_columns < 0:
-            raise ValueError(f"num_columns must be an int >= 0, got {num_columns!r}")
+        check_int("iteration", iteration, minimum=0)
+        check_int("num_columns", num_columns, minimum=0)
         key = (layer, matrix)
         if self._validated.get(key) is not pruned:  # a keep set reused across iterations is checked once
             checked = self._check_indices(layer, matrix, pruned, num_columns)

@@ -33,6 +33,7 @@ from typing import Sequence
 
 import torch
 
+from semimig._validate import check_number
 from semimig.resizing.config import ResizingConfig
 
 __all__ = ["layer_thresholds", "candidate_shares", "pridiff_ratios", "pridiff_ratios_for_savings",
@@ -66,20 +67,16 @@ def candidate_shares(deltas: Sequence[torch.Tensor], thetas: Sequence[float]) ->
 
 
 def _check_ratio_args(gamma: float, alpha: float, gamma_max: float) -> None:
-    if not (isinstance(gamma, (int, float)) and 0 <= gamma <= 1):
-        raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
-    if not (isinstance(alpha, (int, float)) and 0 < alpha <= 1):
-        raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
-    if not (isinstance(gamma_max, (int, float)) and 0 <= gamma_max < 1):
-        raise ValueError(f"gamma_max must be in [0, 1), got {gamma_max!r}")
+    check_number("gamma", gamma, minimum=0.0, maximum=1.0)
+    check_number("alpha", alpha, minimum=0.0, maximum=1.0, low_open=True)
+    check_number("gamma_max", gamma_max, minimum=0.0, maximum=1.0, high_open=True)
 
 
 def pridiff_ratios(shares: Sequence[float], *, gamma: float, alpha: float, gamma_max: float) -> list[float]:
     """The paper's ``gamma_k = min(max(share_k, alpha * gamma), gamma_max)``; all 0 when ``gamma == 0``."""
     _check_ratio_args(gamma, alpha, gamma_max)
     for k, share in enumerate(shares):
-        if not 0.0 <= share <= 1.0:
-            raise ValueError(f"share of layer {k} must be in [0, 1], got {share!r}")
+        check_number(f"share of layer {k}", share, minimum=0.0, maximum=1.0)
     if gamma == 0:
         return [0.0] * len(shares)
     return [min(max(share, alpha * gamma), gamma_max) for share in shares]
@@ -116,11 +113,9 @@ def achieved_savings(gammas: Sequence[float], layer_flops: Sequence[float]) -> f
     if len(gammas) != len(layer_flops):
         raise ValueError(f"got {len(gammas)} ratios for {len(layer_flops)} layers")
     for g in gammas:
-        if not 0 <= g <= 1:
-            raise ValueError(f"every gamma must be in [0, 1], got {g!r}")
+        check_number("every gamma", g, minimum=0.0, maximum=1.0)
     for f in layer_flops:
-        if not (f >= 0 and math.isfinite(f)):
-            raise ValueError(f"every layer_flops must be finite and >= 0, got {f!r}")
+        check_number("every layer_flops", f, minimum=0.0)
     total = math.fsum(layer_flops)
     if total == 0:
         return 0.0

@@ -39,7 +39,8 @@ from typing import Literal, Optional, Sequence
 
 import torch
 
-from semimig._validate import check_bool
+from semimig._validate import check_bool, check_int
+from semimig.errors import ConfigError
 from semimig.resizing.config import VARIANTS
 
 __all__ = ["block_keys", "column_variation", "ColumnVariationTracker", "PriorityList", "priority_order", "select_pruned",
@@ -47,6 +48,13 @@ __all__ = ["block_keys", "column_variation", "ColumnVariationTracker", "Priority
 
 logger = logging.getLogger(__name__)
 
+
+
+def _check_block(block: int, size: int, what: str) -> None:
+    """A block size ``g``: a positive int dividing ``size`` (``what`` names it in the error)."""
+    check_int("block", block, minimum=1)
+    if size % block:
+        raise ConfigError(f"block must be a positive int dividing {what} = {size}, got {block!r}")
 
 def column_variation(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
     """``[K]`` float64: mean over rows of ``|new - old|`` for ``[N, K]`` weights."""
@@ -134,8 +142,7 @@ def select_pruned(
     if delta.dim() != 1:
         raise ValueError(f"delta must be 1-D [K], got shape {tuple(delta.shape)}")
     num_columns = delta.numel()
-    if isinstance(n_prune, bool) or not isinstance(n_prune, int) or not 0 <= n_prune <= num_columns:
-        raise ValueError(f"n_prune must be an int in [0, {num_columns}], got {n_prune!r}")
+    check_int("n_prune", n_prune, minimum=0, maximum=num_columns)
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     if variant == "rd":
@@ -158,8 +165,7 @@ def block_keys(delta: torch.Tensor, block: int, tie_break: Optional[torch.Tensor
     recently when any of its columns was.  ``g`` must divide ``K``.
     """
     k = delta.numel()
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1 or k % block:
-        raise ValueError(f"block must be a positive int dividing K = {k}, got {block!r}")
+    _check_block(block, k, "K")
     mean = delta.view(-1, block).mean(dim=1)
     ties = None if tie_break is None else tie_break.reshape(-1, block).sum(dim=1)
     last = None if recent is None else recent.reshape(-1, block).amax(dim=1)
@@ -182,8 +188,7 @@ def select_pruned_blocks(delta: torch.Tensor, n_prune: int, block: int, *,
     """
     if delta.dim() != 1:
         raise ValueError(f"delta must be 1-D [K], got shape {tuple(delta.shape)}")
-    if isinstance(n_prune, bool) or not isinstance(n_prune, int) or not 0 <= n_prune <= delta.numel():
-        raise ValueError(f"n_prune must be an int in [0, {delta.numel()}], got {n_prune!r}")
+    check_int("n_prune", n_prune, minimum=0, maximum=delta.numel())
     if torch.isnan(delta).any():
         raise ValueError("delta contains NaN")
     if tie_break is not None and tie_break.shape != delta.shape:
@@ -264,8 +269,7 @@ class PriorityList:
         return mine[:n_prune].sort().values
 
     def _select_blocks(self, own: int, n_prune: int, block: int) -> torch.Tensor:
-        if isinstance(block, bool) or not isinstance(block, int) or block < 1 or own % block:
-            raise ValueError(f"block must be a positive int dividing own = {own}, got {block!r}")
+        _check_block(block, own, "own")
         recent = None if self.recent is None else self.recent[:own]
         mean, ties, last = block_keys(self.delta[:own], block, self.earlier_counts[:own], recent)
         n_blocks = min(mean.numel(), int(n_prune / block + 0.5))

@@ -15,24 +15,17 @@ all-gather per iteration carries every rank's observation (:mod:`semimig.control
 """
 from __future__ import annotations
 
-import math
+from semimig._validate import check_int, check_number
 
 __all__ = ["pruning_ratio", "columns_to_prune"]
 
 
-def _check_time(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-
-
 def pruning_ratio(t_i: float, t_ref: float, m_i: float, gamma_max: float) -> float:
     """Eq. 1: ``clamp((t_i - t_ref) / m_i, 0, gamma_max)``; 0 when ``m_i <= 0`` (no GEMM time)."""
-    _check_time("t_i", t_i)
-    _check_time("t_ref", t_ref)
-    if isinstance(m_i, bool) or not isinstance(m_i, (int, float)) or math.isnan(m_i):
-        raise ValueError(f"m_i must be a number, got {m_i!r}")
-    if isinstance(gamma_max, bool) or not isinstance(gamma_max, (int, float)) or not 0 <= gamma_max < 1:
-        raise ValueError(f"gamma_max must be in [0, 1), got {gamma_max!r}")
+    check_number("t_i", t_i, minimum=0.0)
+    check_number("t_ref", t_ref, minimum=0.0)
+    check_number("m_i", m_i)
+    check_number("gamma_max", gamma_max, minimum=0.0, maximum=1.0, high_open=True)
     if m_i <= 0:
         return 0.0
     return float(min(max((t_i - t_ref) / m_i, 0.0), gamma_max))
@@ -43,8 +36,6 @@ def columns_to_prune(num_columns: int, gamma: float) -> int:
 
     ``round`` is Python's (half to even), as for every keep-set size in DESIGN.md section 1.
     """
-    if isinstance(num_columns, bool) or not isinstance(num_columns, int) or num_columns < 0:
-        raise ValueError(f"num_columns must be an int >= 0, got {num_columns!r}")
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 <= gamma <= 1:
-        raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
+    check_int("num_columns", num_columns, minimum=0)
+    check_number("gamma", gamma, minimum=0.0, maximum=1.0)
     return num_columns - round(num_columns * (1.0 - gamma))

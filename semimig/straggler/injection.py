@@ -65,7 +65,7 @@ from typing import Literal, Optional
 
 import torch
 
-from semimig._validate import is_int, is_number
+from semimig._validate import check_int, is_int, is_number
 from semimig.errors import ConfigError
 
 __all__ = [
@@ -91,10 +91,6 @@ _OPTION_KEYS: tuple[str, ...] = ("every", "len", "mode", "flops", "scope")
 MAX_CHI = 100.0
 """Largest slowdown factor: beyond it an injected straggler sleeps for minutes per iteration of any
 real model (the paper's experiments go to 8), which is a typo rather than an experiment."""
-
-
-def _is_int(value: object) -> bool:
-    return is_int(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +125,7 @@ class StragglerConfig:
         if self.scope == "device" and self.mode != "measured":
             raise ConfigError(f"scope='device' slows all measured work of a rank and needs mode='measured', "
                               f"got mode={self.mode!r}")
-        if not isinstance(self.ranks, tuple) or not all(_is_int(r) and r >= 0 for r in self.ranks):
+        if not isinstance(self.ranks, tuple) or not all(is_int(r) and r >= 0 for r in self.ranks):
             raise ConfigError(f"ranks must be a tuple of ints >= 0, got {self.ranks!r}")
         if len(set(self.ranks)) != len(self.ranks):
             raise ConfigError(f"ranks must not repeat, got {self.ranks!r}")
@@ -169,9 +165,9 @@ class StragglerConfig:
             if len(self.chi) != 1:
                 raise ConfigError(f"pattern {p!r} needs exactly one chi, got chi={self.chi!r}")
         if p == "burst":
-            if not (_is_int(self.burst_every) and self.burst_every >= 1):
+            if not (is_int(self.burst_every) and self.burst_every >= 1):
                 raise ConfigError(f"burst_every must be an int >= 1 for pattern 'burst', got {self.burst_every!r}")
-            if not (_is_int(self.burst_length) and 1 <= self.burst_length <= self.burst_every):
+            if not (is_int(self.burst_length) and 1 <= self.burst_length <= self.burst_every):
                 raise ConfigError(
                     f"burst_length must be an int in [1, burst_every={self.burst_every}], got {self.burst_length!r}"
                 )
@@ -312,10 +308,8 @@ class StragglerInjector:
     """Per-rank view of a :class:`StragglerConfig`: current chi, delay size, delay injection."""
 
     def __init__(self, config: StragglerConfig, group_rank: int, group_size: int) -> None:
-        if not _is_int(group_size) or group_size < 1:
-            raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
-        if not _is_int(group_rank) or not 0 <= group_rank < group_size:
-            raise ValueError(f"group_rank must be an int in [0, {group_size}), got {group_rank!r}")
+        check_int("group_size", group_size, minimum=1)
+        check_int("group_rank", group_rank, minimum=0, maximum=group_size - 1)
         bad = [r for r in config.ranks if r >= group_size]
         if bad:
             raise ConfigError(f"straggler ranks {bad} do not exist in a TP group of size {group_size}")
@@ -327,10 +321,8 @@ class StragglerInjector:
 
     def set_position(self, epoch: int, iteration: int) -> None:
         """Tell the injector where training is: ``epoch`` and the global ``iteration`` counter."""
-        if not _is_int(epoch) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-        if not _is_int(iteration) or iteration < 0:
-            raise ValueError(f"iteration must be an int >= 0, got {iteration!r}")
+        check_int("epoch", epoch, minimum=0)
+        check_int("iteration", iteration, minimum=0)
         self.epoch, self.iteration = epoch, iteration
 
     def current_chi(self) -> float:
@@ -406,10 +398,8 @@ def _precise_sleep(delay_s: float) -> None:
 
 def calibrate_flops_per_second(device: torch.device | str = "cpu", *, size: int = 256, repeats: int = 5) -> float:
     """Median FLOP/s of a ``[size, size] @ [size, size]`` fp32 matmul on ``device`` (``2 * size**3`` FLOPs)."""
-    if not _is_int(size) or size < 1:
-        raise ValueError(f"size must be an int >= 1, got {size!r}")
-    if not _is_int(repeats) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    check_int("size", size, minimum=1)
+    check_int("repeats", repeats, minimum=1)
     device = torch.device(device)
     a = torch.randn(size, size, device=device)
     b = torch.randn(size, size, device=device)
