@@ -18,7 +18,9 @@ Poplar modes first profile every group (:func:`~.balancer.profile_group_curves`:
 without optimizer step at ``cfg.profile_sizes()``, after ``settle_iters`` passes when SEMI must
 balance first), then train under :class:`~semimig.hybrid.HybridBalancer`, which re-plans when a
 group's speed moves.  Iteration and epoch times: :func:`semimig.bench.loop.timed_epochs` (an
-iteration ends with ``balancer.step()``, whose collectives synchronise the ranks).  Rank 0's record
+iteration ends with ``balancer.step()``, whose collectives synchronise the ranks).  ``losses``: the
+global-batch mean training loss of every iteration (each rank's scaled micro-step losses summed over
+its DP group once, after training).  Rank 0's record
 is returned; group batches, shed shares and re-plans are identical on or gathered from every rank.
 """
 from __future__ import annotations
@@ -165,13 +167,14 @@ def train_2d_case(cfg: Hybrid2DConfig, mode: str, seed: int) -> dict:
                                   busy_source=case.hook_busy if case.injection is not None else None,
                                   allocation="poplar" if mode.startswith("poplar") else "even", replan=cfg.replan)
         first_samples = balancer.plan.samples
-        shed = []
+        shed, partial_losses = [], []
 
         def step(epoch: int, iteration: int, batch) -> None:
             if case.injection is not None:
                 case.injection.injector.set_position(epoch, iteration)
-            run_iteration(case.booster, case.model, case.optimizer, iter(balancer.micro_batches(batch)), _vit_loss,
-                          zero_stage=balancer.zero_stage)
+            partial_losses.append(run_iteration(case.booster, case.model, case.optimizer,
+                                                iter(balancer.micro_batches(batch)), _vit_loss,
+                                                zero_stage=balancer.zero_stage))
             case.optimizer.step()
             case.optimizer.zero_grad()
             case.schedule.step()
@@ -185,6 +188,8 @@ def train_2d_case(cfg: Hybrid2DConfig, mode: str, seed: int) -> dict:
         if case.controller is not None:
             case.controller.close()
     shed_by_rank = P.all_gather_floats(statistics.fmean(shed) if shed else 0.0, None)
+    losses = torch.tensor(partial_losses, dtype=torch.float64)  # this group's share of each iteration's loss
+    torch.distributed.all_reduce(losses, group=case.plugin.dp_group)  # once, after training: no step waits on it
     return {
         "mode": mode, "seed": seed, "tp": cfg.tp, "dp": cfg.dp, "zero_stage": cfg.zero_stage, "timing": cfg.timing,
         "chis": [list(row) for row in cfg.chis()],
@@ -197,5 +202,6 @@ def train_2d_case(cfg: Hybrid2DConfig, mode: str, seed: int) -> dict:
         "replans": [{"iteration": d.iteration, "scales": list(d.scales), "changed_groups": list(d.changed_groups)}
                     for d in balancer.replans],
         "shed_share_by_rank": shed_by_rank,
+        "losses": (losses / cfg.dp).tolist(),
     }
 
