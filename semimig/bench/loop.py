@@ -49,8 +49,9 @@ def boost_vit(size: VitSize, *, tp: int, seed: int, lr: float, total_steps: int,
     """The bench ViT from ``seed``, boosted for ``tp``-way tensor parallelism (module docstring).
 
     ``policy``: a ShardFormer policy (``SemiMigPolicy()`` for semimig's layers), None for
-    Colossal-AI's own.  The classifier gets ``ceil(10 / tp) · tp`` labels (its vocabulary-parallel
-    split needs a multiple of ``tp``; the extra logits never win on digits' 10 classes).
+    Colossal-AI's own.  The classifier gets ``ceil(10 / tp) · tp`` labels (its tensor-parallel
+    split needs a multiple of ``tp``; the labels from 10 up are never a target, so training pushes
+    their logits down).
     """
     from colossalai.booster import Booster
     from colossalai.booster.plugin import HybridParallelPlugin
