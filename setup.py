@@ -8,6 +8,7 @@ from setuptools import setup
 
 PACKAGES = [
     "semimig",
+    "semimig._compat",
     "semimig.nn",
     "semimig.shardformer",
     "semimig.comm",
