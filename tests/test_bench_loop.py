@@ -3,7 +3,7 @@
 - ``timed_epochs`` calls the case's step once per batch with the run-wide iteration count, calls
   ``on_epoch`` before each epoch and ``sync`` before each clock reading, and times each iteration
   from the end of the one before: slept steps of known length come back as those lengths (to a
-  scheduler's slack), the warm-up is left out of the median, the first epoch out of the mean;
+  scheduler's slack, generous: a loaded CI machine), the warm-up is left out of the median, the first epoch out of the mean;
 - a warm-up that leaves nothing to time is refused, naming it;
 - ``one_cycle`` runs every run length from 1 to 300 steps (torch's own raised at 10) and keeps
   torch's 10 % warm-up wherever that works;
@@ -34,11 +34,11 @@ def test_the_loop_calls_every_step_in_order_and_times_each_from_the_last():
     assert calls == [(0, 0, "b00"), (0, 1, "b01"), (0, 2, "b02"), (1, 3, "b10"), (1, 4, "b11"), (1, 5, "b12")]
     assert epochs == [0, 1] and syncs == [1, 2, 3, 4, 5, 6]  # one sync per step, after it
     assert len(timed.all_iter_times) == 6 and timed.iter_times == timed.all_iter_times[2:]
-    for measured, slept in zip(timed.all_iter_times, sleeps):
-        assert slept <= measured < slept + 0.05, (measured, slept)
+    for measured, slept in zip(timed.all_iter_times, sleeps):  # a time shifted by one iteration would
+        assert slept <= measured < slept + 0.5, (measured, slept)  # read a shorter sleep somewhere: lower bound
     assert timed.iter_time_s == pytest.approx(sorted(timed.iter_times)[1] / 2 + sorted(timed.iter_times)[2] / 2)
     assert timed.epoch_time_s == timed.epoch_times[1]  # the first epoch left out
-    assert sum(sleeps[3:]) <= timed.epoch_times[1] < sum(sleeps[3:]) + 0.1
+    assert sum(sleeps[3:]) <= timed.epoch_times[1] < sum(sleeps[3:]) + 1.0  # slack: a loaded machine
 
 
 def test_one_epoch_is_its_own_mean_and_a_warmup_that_leaves_nothing_is_refused():
