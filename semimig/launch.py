@@ -34,6 +34,7 @@ import contextlib
 import datetime
 import multiprocessing as mp
 import os
+import random
 import signal
 import socket
 import threading
@@ -80,10 +81,44 @@ class Terminated(BaseException):
         self.signum = signum
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def _ephemeral_low() -> Optional[int]:
+    """The first port of the kernel's ephemeral range (Linux), or None where it cannot be read."""
+    try:
+        with open(EPHEMERAL_RANGE_FILE) as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return low if 2048 < low <= 65535 else None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` (IPv4 or IPv6) that nobody listens on right now, from below the ephemeral range.
+
+    The kernel hands ports of its ephemeral range (``ip_local_port_range``, 32768-60999 by
+    default) to every outgoing connection, gloo's own pairs among them, so a port picked there can
+    be taken between this check and the bind that needs it (seen: a rank's store failing with
+    EADDRINUSE while other groups were connecting).  So the port is drawn at random from the
+    thousands below that range (its own ``SystemRandom``: the caller's ``random`` state is left
+    alone) and checked by binding it; where no range can be read, or no port there binds, the
+    kernel picks one as before.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    low = _ephemeral_low()
+    if low is not None:
+        draw = random.SystemRandom()
+        for _ in range(64):
+            port = draw.randrange(max(1024, low - 16384), low)
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 

@@ -30,21 +30,20 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import socket
 from typing import Iterator
 
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+
+from semimig.launch import free_port
 
 LEGACY_HOST = "::1"
 """Host for ``colossalai.legacy.launch`` on one machine (an IPv6 literal; see the module doc)."""
 
 
 def free_ipv6_port() -> int:
-    """A TCP port on ``::1`` that nobody listens on right now."""
-    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
-        sock.bind((LEGACY_HOST, 0))
-        return sock.getsockname()[1]
+    """A TCP port on ``::1`` that nobody listens on right now (:func:`semimig.launch.free_port`)."""
+    return free_port(LEGACY_HOST)
 
 
 @contextlib.contextmanager

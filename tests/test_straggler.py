@@ -274,12 +274,15 @@ def test_waiting_rank_never_looks_slow(world_size):
 
 
 def _matmul_loop_body(rank: int, world_size: int, spec: str, iterations: int) -> list[list[float]]:
-    """Each iteration: three timed [256, 256] GEMMs, then an all_reduce that syncs the group."""
+    """Each iteration: three timed [512, 512] GEMMs, then an all_reduce that syncs the group.
+
+    512, not 256: a 256 GEMM took ~0.3 ms on a fast core, where a scheduler hiccup on one rank
+    moved the busy ratio by half (CI: 2.52 for χ = 4); at ~2.5 ms per GEMM it is a few percent."""
     torch.manual_seed(rank)
     inj = StragglerInjector(StragglerConfig.from_cli(spec), rank, world_size)
     meter = BusyMeter(inj)
-    a, b = torch.randn(256, 256), torch.randn(256, 256)
-    flops = 2 * 256**3
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    flops = 2 * 512**3
     busy = []
     for it in range(iterations):
         inj.set_position(0, it)
