@@ -4,16 +4,18 @@
     from semimig.shardformer import SemiMigPolicy             # or swap them in by policy
     from semimig.controller import BalanceController, BalanceConfig   # re-plan every iteration
     balancer = semimig.enable(model, plugin, optimizer=optimizer)     # or all of it, one call
+    balancer = semimig.enable(..., batch=semimig.BatchSplit(global_batch_size=64))  # + Poplar across DP groups
 
 Importing ``semimig`` itself is cheap and changes nothing in Colossal-AI; ``semimig.nn`` checks
 the Colossal-AI version and applies the CPU compatibility shim (:mod:`semimig._compat`);
-``semimig.enable`` (:mod:`semimig.balancer`) is imported on first use.
+``semimig.enable`` (:mod:`semimig.balancer`) and ``semimig.BatchSplit`` (:mod:`semimig.hybrid.split`)
+are imported on first use.
 """
 __version__ = "0.1.0"
 
 from semimig.errors import ConfigError, PlanDisagreement  # noqa: E402  (cheap: no torch import)
 
-__all__ = ["ConfigError", "PlanDisagreement", "__version__", "enable"]
+__all__ = ["BatchSplit", "ConfigError", "PlanDisagreement", "__version__", "enable"]
 
 
 def __getattr__(name: str):
@@ -22,4 +24,8 @@ def __getattr__(name: str):
         from semimig.balancer import enable
 
         return enable
+    if name == "BatchSplit":
+        from semimig.hybrid.split import BatchSplit
+
+        return BatchSplit
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

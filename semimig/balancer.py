@@ -52,6 +52,14 @@ anything else by name, ``mode="semi"`` says in one INFO line why it runs without
 One INFO line per re-plan (plan, predicted step, bytes and seconds moved) and one with the
 measured step once a full window ran under it; :attr:`Balancer.reshard_summary` has them all.
 
+Data-parallel groups (``batch=``).  ``enable(..., batch=semimig.BatchSplit(global_batch_size=G))``
+also splits each global batch between the plugin's DP groups (Poplar, DESIGN §6): every TP group
+is one device, timed by its slowest member's busy time after balancing; the hook then steps a
+:class:`~semimig.hybrid.HybridBalancer` (the controller's step, the group times, the plan's
+agreement and re-plan) instead of the controller alone, and training takes its rows through
+:meth:`Balancer.micro_batches` (:mod:`semimig.hybrid.split` has the loop).  ``tp_size=1`` and
+``pp_size > 1`` are refused with it.
+
 Refused (:class:`~semimig.errors.ConfigError`, naming the input): a plugin that is not
 ``HybridParallelPlugin``, a model with no semimig layers (boost it with
 ``custom_policy=SemiMigPolicy()``), an unknown mode, a straggler spec that does not parse, an
@@ -130,9 +138,14 @@ class Balancer:
     """The handle :func:`enable` returns: the controller, the latest report, and the hook."""
 
     def __init__(self, controller: Any, layers: list, *, optimizer: Any = None, log_every: int = 0,
-                 active: bool = True, resharder: Any = None, rebuild: Any = None) -> None:
+                 active: bool = True, resharder: Any = None, rebuild: Any = None, hybrid: Any = None) -> None:
         self.controller = controller
         self._layers = layers
+        self.hybrid = hybrid
+        """With ``enable(..., batch=BatchSplit(...))``: the :class:`~semimig.hybrid.HybridBalancer` that
+        splits each global batch between the DP groups and steps the controller; ``None`` otherwise."""
+        self.batch_report = None
+        """The latest :class:`~semimig.hybrid.HybridStepReport` (with ``batch=``; ``None`` before the first step)."""
         self.resharder = resharder
         """Mode ``reshard`` (and ``semi`` on a model that can re-plan): the
         :class:`~semimig.resharder.Resharder` fed after every step; ``None`` otherwise."""
@@ -166,7 +179,11 @@ class Balancer:
     def _step(self):
         if not self.active:
             return None
-        report = self.controller.step()
+        if self.hybrid is not None:  # the hybrid steps the controller, then the DP groups' batch plan
+            self.batch_report = self.hybrid.step()
+            report = self.batch_report.balance
+        else:
+            report = self.controller.step()
         self.report = report
         self.steps += 1
         self._log(report)
@@ -177,8 +194,27 @@ class Balancer:
                 if rebuilt is not None:
                     self.controller, self._layers = rebuilt
                     self.controller.meter.marks_spans = True
+                    if self.hybrid is not None:
+                        self.hybrid.controller = self.controller
                     self._view = None
         return report
+
+    def micro_batches(self, batch: Any) -> list:
+        """This rank's DP group's micro-batches of one global ``batch`` (``enable(..., batch=...)`` only).
+
+        ``batch`` is a tensor or a structure of tensors with ``global_batch_size`` rows, the same on
+        every rank; the group takes its rows of the batch plan in force, cut into its micro-steps
+        (:class:`~semimig.allocation.data.MicroBatch`: ``.data``, ``.scale_loss(loss)``, ``.is_last``).
+        """
+        if self.hybrid is None:
+            raise ConfigError("balancer.micro_batches() splits batches between data-parallel groups: call "
+                              "semimig.enable(..., batch=semimig.BatchSplit(global_batch_size=...)) to use it")
+        return self.hybrid.micro_batches(batch)
+
+    @property
+    def batch_plan(self) -> Any:
+        """The DP groups' batch plan in force (:class:`~semimig.allocation.plan.AllocationPlan`), or ``None``."""
+        return None if self.hybrid is None else self.hybrid.plan
 
     @property
     def reshard_summary(self) -> Optional[dict]:
@@ -268,6 +304,22 @@ def _check_plugin(plugin: Any) -> None:
                           f"cannot be balanced: semimig balances pp_style='1f1b' with one model chunk per stage")
 
 
+def _check_batch(batch: Any, plugin: Any) -> None:
+    """``batch=`` is a :class:`~semimig.hybrid.split.BatchSplit` on a plugin with TP groups to time."""
+    if batch is None:
+        return
+    from semimig.hybrid.split import BatchSplit
+
+    if not isinstance(batch, BatchSplit):
+        raise ConfigError(f"batch must be a semimig.BatchSplit or None, got {batch!r}")
+    if plugin.tp_size == 1:
+        raise ConfigError("batch=BatchSplit(...) times each data-parallel group by its semimig layers, and "
+                          "tp_size=1 has none: plan the batch with semimig.allocation (profile, poplar_plan) instead")
+    if plugin.pp_size > 1:
+        raise ConfigError(f"batch=BatchSplit(...) needs pp_size=1 (got {plugin.pp_size}): a pipeline's "
+                          "micro-batches are the schedule's, not the batch plan's")
+
+
 def _config(mode: Optional[str], straggler: Any, config: Any):
     from semimig.controller import BalanceConfig
 
@@ -283,7 +335,7 @@ def _config(mode: Optional[str], straggler: Any, config: Any):
 
 def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Optional[str] = None,
            straggler: Union[str, Any, None] = None, log_every: int = 0, config: Any = None,
-           iterations_per_epoch: Optional[int] = None, reshard: Any = None) -> Balancer:
+           iterations_per_epoch: Optional[int] = None, reshard: Any = None, batch: Any = None) -> Balancer:
     """Balance ``model``'s tensor-parallel layers against stragglers (module docstring).
 
     Args:
@@ -298,6 +350,10 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
         iterations_per_epoch: the PriDiff period when ``config.resizing.period`` is unset.
         reshard: a :class:`~semimig.controller.reshard.ReshardConfig` for modes ``reshard`` and
             ``semi`` (default settings when ``None``).
+        batch: a :class:`~semimig.hybrid.split.BatchSplit` to also split each global batch between
+            the plugin's data-parallel groups (Poplar: faster TP groups take more samples; the
+            group's time is its slowest member's after balancing); then feed training through
+            :meth:`Balancer.micro_batches`.  ``None``: every DP rank keeps its own batch.
 
     Returns:
         The :class:`Balancer`; ``.report`` is the latest ``StepReport``, ``.reshard_summary`` the re-plans.
@@ -309,6 +365,7 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
         _check_optimizer(optimizer)
     log_every = check_int("log_every", log_every, minimum=0)
     mode, balance_config = _config(mode, straggler, config)
+    _check_batch(batch, plugin)
     from semimig.resharder import check_reshard, make_resharder, resizing_mode
     from semimig.nn.balanced import BalancedLinearMixin
 
@@ -350,8 +407,9 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
                     "/".join(balance_config.dense_layers),
                     f"; re-sharding from {plan}" if plan is not None else "")
     try:
+        hybrid = None if batch is None else batch.hybrid_balancer(plugin, controller=controller)
         return Balancer(controller, layers, optimizer=optimizer, log_every=log_every, resharder=resharder,
-                        rebuild=rebuild)
+                        rebuild=rebuild, hybrid=hybrid)
     except BaseException:
         for layer in layers:  # undo the controller's binding: a corrected call must not find it "balanced"
             layer.directive = None

@@ -14,6 +14,7 @@ the batch plan is re-computed when a group's speed moves.
     decide   ReplanTrigger / ReplanConfig                 when to re-plan, pure (replan)
     verify   verify_batch_plan(plan)                      every rank holds the same plan (agreement)
     config   Hybrid2DConfig(...)                          what one 2-D run trains and measures
+    enable   BatchSplit(global_batch_size=...)            the user's entry: semimig.enable(..., batch=...)
 
 The benchmark that trains it, ``semimig bench --dp D --allocation poplar``, is the bench harness's
 2-D mode (:mod:`semimig.bench.train2d`, on the harness's one training loop).
@@ -26,10 +27,11 @@ from semimig.hybrid.balancer import ALLOCATIONS, HybridBalancer, HybridStepRepor
 from semimig.hybrid.config import MODES_2D, TIMINGS, Hybrid2DConfig
 from semimig.hybrid.layout import GridLayout, group_maxima
 from semimig.hybrid.replan import ReplanConfig, ReplanDecision, ReplanTrigger, scale_curve
+from semimig.hybrid.split import BatchSplit
 
 __all__ = [
     "ALLOCATIONS", "MODES_2D", "TIMINGS",
-    "GridLayout", "Hybrid2DConfig", "HybridBalancer", "HybridStepReport",
+    "BatchSplit", "GridLayout", "Hybrid2DConfig", "HybridBalancer", "HybridStepReport",
     "ReplanConfig", "ReplanDecision", "ReplanTrigger",
     "batch_plan_digest", "describe_batch_plan", "group_maxima", "profile_group_curves",
     "scale_curve", "verify_batch_plan",

@@ -86,13 +86,17 @@ class HybridBalancer:
         allocation: ``"poplar"`` (Algorithm 2) or ``"even"`` (the homogeneous split, never re-planned).
         replan: the re-plan trigger's settings; ``None`` keeps the first plan.
         layout: the grid (read from ``plugin`` when omitted; a collective).
+        calibrating: ``curves`` are a common guess, not a profile (:class:`~semimig.hybrid.split.BatchSplit`
+            with ``curves=None``): the first re-plan sets every group's speed from measurement and
+            is logged as that calibration.
     """
 
     def __init__(self, plugin: Any, *, curves: Sequence[SpeedCurve], global_batch_size: int,
                  controller: Any = None, busy_source: Optional[Callable[[], float]] = None,
                  allocation: str = "poplar",
                  replan: Optional[ReplanConfig] = ReplanConfig(), comm_time_s: float = 0.0,
-                 max_accumulation_steps: Optional[int] = None, layout: Optional[GridLayout] = None) -> None:
+                 max_accumulation_steps: Optional[int] = None, layout: Optional[GridLayout] = None,
+                 calibrating: bool = False) -> None:
         check_choice("allocation", allocation, ALLOCATIONS)
         if controller is not None and busy_source is not None:
             raise ConfigError("pass a SEMI controller or a busy source, not both")
@@ -110,6 +114,7 @@ class HybridBalancer:
         measured = controller is not None or busy_source is not None
         self.trigger = ReplanTrigger(self.layout.dp_size, replan) if replan and allocation == "poplar" and measured \
             else None
+        self.calibrating = bool(calibrating) and self.trigger is not None
         self.iteration = 0
         self.replans: list[ReplanDecision] = []
         self._set_plan(self._allocate(self.request))
@@ -178,6 +183,13 @@ class HybridBalancer:
                                          max_accumulation_steps=self.request.max_accumulation_steps)
         self._set_plan(self._allocate(self.request))
         self.replans.append(decision)
+        if self.calibrating:  # the first decision replaces the common guess by each group's measured speed
+            self.calibrating = False
+            seconds = [d.predicted_time_s for d in self._plan.devices]
+            logger.info("calibrated the batch plan at iteration %d from the groups' measured times: predicted "
+                        "%s s per iteration; samples %s -> %s", self.iteration, [round(t, 4) for t in seconds],
+                        list(old), list(self._plan.samples))
+            return
         logger.info("re-planned the batch at iteration %d: groups %s ran %s x their model; samples %s -> %s",
                     self.iteration, list(decision.changed_groups), [round(s, 3) for s in decision.scales], list(old),
                     list(self._plan.samples))
