@@ -1,7 +1,13 @@
-"""What the benchmark scripts share: the one interleaved timer, and what ``--json`` writes (the
-records plus the run's provenance)."""
+"""What the benchmark scripts share: the ``--json`` flag, the refusal of a bad command line, what
+``--json`` writes (the records plus the run's provenance) and the one interleaved timer.
+
+One way for every script, so that a bad output path is refused alike everywhere (by name, exit 2,
+before any work: not after an hour of measuring) and every result file says which benchmark wrote
+it, with which arguments, on which machine and with which configuration.
+"""
 from __future__ import annotations
 
+import argparse
 import platform
 import sys
 import time
@@ -11,29 +17,66 @@ from typing import Callable, Hashable, Optional
 from semimig._io import check_output_file, write_json
 from semimig.errors import ConfigError
 
+PROVENANCE = ("benchmark", "argv", "machine", "config")
+"""The keys :func:`write_result` adds to every result file (a result's own fields may not use them)."""
 
-def output_problem(path: Optional[Path]) -> Optional[str]:
-    """``None`` when ``--json PATH`` can be written (checked before any work), else the one-line reason."""
+
+def output_problem(path: Optional[Path], flag: str = "--json") -> Optional[str]:
+    """``None`` when ``flag PATH`` can be written (checked before any work), else the one-line reason."""
     if path is None:
         return None
     try:
-        check_output_file(path, "--json")
+        check_output_file(path, flag)
     except ConfigError as err:
         return str(err)
     return None
 
 
-def write_result(path: Path, benchmark: str, argv: list[str] | None, config: dict, **fields) -> None:
-    """Write ``{"benchmark", "argv", "machine", "config", **fields}`` to ``path`` atomically (parents created)."""
+class OutputPath(argparse.Action):
+    """An output file flag whose path is checked as it is parsed: a path that cannot be written is
+    refused through ``parser.error`` (exit 2, the flag named), before the script does any work."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Path,
+                 option_string: Optional[str] = None) -> None:
+        problem = output_problem(values, option_string or self.dest)
+        if problem:
+            parser.error(problem)
+        setattr(namespace, self.dest, values)
+
+
+def add_json_flag(parser: argparse.ArgumentParser, *, required: bool, help: str) -> None:
+    """``--json PATH`` (a :class:`~pathlib.Path`, ``None`` when not given), refused at parse time
+    when it cannot be written (:class:`OutputPath`)."""
+    parser.add_argument("--json", type=Path, required=required, default=None, action=OutputPath, help=help)
+
+
+def refuse(script: str, message: object) -> int:
+    """Say ``<script>: error: <message>`` on stderr, as argparse does, and return 2 (a refused
+    command line's exit status): for what a script checks after parsing (its config)."""
+    print(f"{script}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def write_result(path: Path, benchmark: str, argv: list[str] | None, config: dict, *, device: str = "cpu",
+                 indent: int = 2, **fields) -> Path:
+    """Write ``{"benchmark", "argv", "machine", "config", **fields}`` to ``path`` atomically (parents
+    created); returns ``path``.
+
+    ``fields`` stay at the top level, so a result file keeps the shape its readers expect and gains
+    the provenance keys beside it; ``argv`` ``None`` is this process's command line; ``device`` is
+    what the measured work ran on.  A field named like a provenance key is refused by name.
+    """
+    clash = sorted(set(PROVENANCE) & fields.keys())
+    if clash:
+        raise ValueError(f"result fields {clash} would overwrite the provenance keys {list(PROVENANCE)}")
     out = {
         "benchmark": benchmark,
         "argv": sys.argv[1:] if argv is None else list(argv),
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "device": "cpu"},
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "device": device},
         "config": config,
         **fields,
     }
-    write_json(path, out)
-    print(f"wrote {path}")
+    return write_json(path, out, indent=indent)
 
 
 def interleaved_ms(fns: dict[Hashable, Callable[[], object]], reps: int, *, warmup: int = 1) -> dict[Hashable, list[float]]:

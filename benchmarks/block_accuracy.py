@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from semimig._io import write_json
+from bench_output import add_json_flag, write_result
 from semimig.bench.models import VitSize, digits_split, tiny_vit
 from semimig.kernels import pruned_linear
 from semimig.resizing.priority import PriorityList
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gammas", type=lambda s: [float(v) for v in s.split(",")], default=[0.5, 0.75, 0.9])
     parser.add_argument("--blocks", type=lambda s: [int(v) for v in s.split(",")], default=[1, 8, 16])
     parser.add_argument("--own-share", type=float, default=0.5, help="share of each layer's K the straggler owns")
-    parser.add_argument("--json", default=None)
+    add_json_flag(parser, required=False, help="write {steps, own_share, rows} here")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     data = digits_split()
@@ -107,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         cells.setdefault((r["gamma"], r["block"]), []).append(r["accuracy"])
     for (gamma, block), accs in cells.items():
         print(f"gamma {gamma:4.2f} block {block:3d}: {statistics.fmean(accs):.4f}  ({', '.join(f'{a:.4f}' for a in accs)})")
-    if args.json:
-        write_json(args.json, {"steps": args.steps, "own_share": args.own_share, "rows": rows}, indent=1)
+    if args.json is not None:
+        write_result(args.json, "block_accuracy", argv, vars(args), indent=1, steps=args.steps,
+                     own_share=args.own_share, rows=rows)
     return 0
 
 

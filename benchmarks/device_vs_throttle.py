@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_output import write_result  # noqa: E402
 from time_to_loss import add_run_flags, check_run_flags, run_once  # noqa: E402  (the headline benchmark's runner)
 
 
@@ -40,10 +41,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    from semimig._io import write_json
     from semimig.bench.time_to_loss import steady_step_s
 
     args = parse_args(argv)
+    config = dict(vars(args))  # as parsed: the runs below set args.straggler in turn
     started = time.time()
     kinds = {"healthy": ("real", "healthy"), "real": ("real", "off"), "device": ("device", "off")}
     runs: dict[str, list[dict]] = {k: [] for k in kinds}
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
         "device_over_real": {"median": statistics.median(ratios), "range": [min(ratios), max(ratios)]},
         "runs": runs,
     }
-    write_json(args.json, result)
+    write_result(args.json, "device_vs_throttle", argv, config, **result)
     print(f"\nunbalanced tiny Llama h{args.hidden} x{args.layers}, tp=2, {args.steps} steps x {args.repeats} "
           f"(interleaved); rank 1 real: {args.fraction:g} of its core, device: chi {args.chi:g}")
     print(f"{'run':>8} {'steady s':>9} {'vs healthy (median, range)':>28}  balanced share by rank (first repeat)")

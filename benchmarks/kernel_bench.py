@@ -57,14 +57,11 @@ import platform
 import statistics
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from bench_output import interleaved_ms
-from semimig._io import check_output_file, write_json
-from semimig.errors import ConfigError
+from bench_output import add_json_flag, interleaved_ms, write_result
 from semimig.kernels import reference
 from semimig.kernels.keep import KeepPlan, plan_keep
 
@@ -513,7 +510,7 @@ def report_mlp(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", type=Path, required=True, help="where to write {meta, records}")
+    add_json_flag(parser, required=True, help="where to write {meta, records}")
     parser.add_argument("--quick", action="store_true", help="one shape, few gammas (a smoke run)")
     parser.add_argument(
         "--groups", type=lambda s: [int(g) for g in s.split(",")], default=None,
@@ -539,10 +536,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--groups must be drawn from 8, 16, 32, got {args.groups}")
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
-    try:
-        check_output_file(args.json, "--json")
-    except ConfigError as err:
-        parser.error(str(err))
     if args.mlp_layout:
         if args.block < 1 or any(k % args.block for _, h, i in MLP_SHAPES.values() for k in (h, i)):
             parser.error(f"--block must divide every MLP dimension, got {args.block}")
@@ -550,12 +543,13 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--reps must be >= 1, got {args.reps}")
         result = run_mlp_layout(args)
         result["mlp_ratios"] = mlp_ratios(result["mlp_layout"])
-        write_json(args.json, result, indent=1)
+        write_result(args.json, "kernel_bench", argv, vars(args), indent=1, **result)
         report_mlp(result)
         print(f"\nwrote {len(result['mlp_layout'])} records to {args.json}")
         return 0
     result = run(args)
-    write_json(args.json, result, indent=1)
+    device = "cuda" if result["meta"]["cuda"] else "cpu"
+    write_result(args.json, "kernel_bench", argv, vars(args), device=device, indent=1, **result)
     report(result)
     print(f"\nwrote {len(result['records'])} records to {args.json}")
     return 0

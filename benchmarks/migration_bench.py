@@ -77,7 +77,7 @@ from typing import Optional
 
 from semimig.errors import ConfigError
 
-from bench_output import output_problem, write_result
+from bench_output import add_json_flag, refuse, write_result
 from migration_ranks import MOVEMENTS
 from migration_report import (GAMMAS, GLOO_CAVEAT, POLICIES, alpha_beta_estimate, fit_link, format_estimate,
                               format_movements, format_table, format_traffic, ratios, target)
@@ -424,7 +424,7 @@ def _link_arg(text: str) -> dict:
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", type=Path, required=True, help="write records, ratios, target, traffic, estimate here")
+    add_json_flag(parser, required=True, help="write records, ratios, target, traffic, estimate here")
     parser.add_argument("--compute", choices=COMPUTES, default="measured",
                         help="measured: 2 ranks, real GEMMs (default); emulated: 4 ranks, GEMMs also sleep")
     parser.add_argument("--quick", action="store_true", help="half the tokens, fewer iterations (< 2 min)")
@@ -476,11 +476,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"--world must be >= 3 on a cluster (with 2 ranks the schemes move the same "
                                   f"bytes), got {cfg.world}")
     except ValueError as err:
-        print(f"migration_bench.py: error: {err}", file=sys.stderr)
-        return 2
-    if output_problem(args.json):
-        print(f"migration_bench.py: error: {output_problem(args.json)}", file=sys.stderr)
-        return 2
+        return refuse("migration_bench.py", err)
     where = (f"{cfg.world} emulated nodes, rank 1's link {args.straggler_link_gbit:g} Gbit/s, others "
              f"{args.link_gbit:g} Gbit/s" if cluster else f"{cfg.world} gloo ranks")
     print(f"migration bench ({cfg.compute}, broadcast-reduce {cfg.br_algorithm}): {len(cfg.cases())} cases x {cfg.rounds * cfg.iters_per_round} timed "
@@ -528,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     write_result(args.json, "migration_bench", argv, asdict(cfg), records=result["records"],
                  ratios=ratios(result["records"]), target=target(result["records"]), movements=result["movements"],
                  link=result["link"], link_fits=fits, alpha_beta_estimates=estimate, caveat=caveat, **extra)
+    print(f"wrote {args.json}")
     return 0
 
 

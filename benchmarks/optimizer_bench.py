@@ -26,13 +26,10 @@ import os
 import platform
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-from bench_output import interleaved_ms
-from semimig._io import check_output_file, write_json
-from semimig.errors import ConfigError
+from bench_output import add_json_flag, interleaved_ms, write_result
 
 LAZY = ((0.5, 16), (0.75, 16), (0.9, 1), (0.9, 16))
 
@@ -106,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--reps", type=int, default=7, help="interleaved repetitions (default 7)")
-    parser.add_argument("--json", type=Path, default=None, help="write {meta, rows} here")
+    add_json_flag(parser, required=False, help="write {meta, rows} here")
     args = parser.parse_args(argv)
     for flag in ("hidden", "layers", "heads", "kv_heads", "reps"):
         if getattr(args, flag) < 1:
@@ -114,11 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.hidden % (2 * args.heads) or args.heads % args.kv_heads or args.kv_heads % 2:
         parser.error(f"--hidden {args.hidden} must split into --heads {args.heads} and 2 ranks, and 2 must divide "
                      f"--kv-heads {args.kv_heads} which divides the heads")
-    if args.json is not None:
-        try:
-            check_output_file(args.json, "--json")
-        except ConfigError as err:
-            parser.error(str(err))
     result = measure(args)
     meta = result["meta"]
     print(f"{meta['device']}, torch {meta['torch']}, {meta['params'] / 1e6:.1f} M parameters of one rank, "
@@ -126,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in result["rows"]:
         print(f"  {row['impl']:16s} {row['median_ms']:8.1f} ms  {row['vs_fused']:5.2f}x fused")
     if args.json is not None:
-        write_json(args.json, result, indent=1)
+        write_result(args.json, "optimizer_bench", argv, vars(args), indent=1, **result)
         print(f"wrote {args.json}")
     return 0
 

@@ -40,9 +40,8 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-from bench_output import output_problem, write_result
+from bench_output import add_json_flag, refuse, write_result
 
 PARTS = ("layers", "mlp", "model")
 LAYER_SHAPES = ((256, 512, 2048), (256, 2048, 512), (1088, 256, 1024), (1088, 1024, 256), (1088, 64, 256))
@@ -329,7 +328,7 @@ def _bench_body(rank: int, world: int, cfg: OverheadConfig) -> list[dict]:
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", type=Path, help="write the records here")
+    add_json_flag(parser, required=False, help="write the records here")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and shapes (smoke run)")
     parser.add_argument("--parts", help=f"comma-separated subset of {','.join(PARTS)} (default all)")
     parser.add_argument("--reps", type=int, help="interleaved repetitions (default 15, --quick 7)")
@@ -347,11 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = OverheadConfig(**fields)
     except ValueError as err:
-        print(f"overhead_bench.py: error: {err}", file=sys.stderr)
-        return 2
-    if output_problem(args.json):
-        print(f"overhead_bench.py: error: {output_problem(args.json)}", file=sys.stderr)
-        return 2
+        return refuse("overhead_bench.py", err)
     from semimig.launch import run_on_ranks
 
     print(f"overhead bench: parts {','.join(cfg.parts)}, {cfg.reps} interleaved repetitions x {cfg.iters} "
@@ -362,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wall time {time.perf_counter() - start:.0f} s")
     if args.json is not None:
         write_result(args.json, "overhead_bench", argv, asdict(cfg), records=records)
+        print(f"wrote {args.json}")
     return 0
 
 

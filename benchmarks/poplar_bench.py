@@ -69,8 +69,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.utils.data import TensorDataset
 
+from bench_output import add_json_flag, write_result
 from semimig._compat import apply_cpu_shim
-from semimig._io import check_output_file, write_json
 from semimig.allocation import (
     AllocationRequest,
     HeteroDataLoader,
@@ -89,7 +89,6 @@ from semimig.allocation import (
     run_iteration,
     timed_collectives,
 )
-from semimig.errors import ConfigError
 from semimig.launch import run_on_ranks
 
 WORLD = 4
@@ -396,38 +395,28 @@ def _report(records: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations and profiling repeats")
-    parser.add_argument("--json", required=True, help="write the records here")
+    add_json_flag(parser, required=True, help="write the records here")
     parser.add_argument("--zero-stage", type=int, choices=(1, 2), default=1)
     parser.add_argument("--global-batch-size", type=int, default=192)
     args = parser.parse_args(argv)
     if args.global_batch_size < 1:
         parser.error(f"--global-batch-size must be >= 1, got {args.global_batch_size}")
-    try:
-        check_output_file(args.json, "--json")
-    except ConfigError as err:
-        parser.error(str(err))
     iterations, repeats = (5, 3) if args.quick else (10, 5)
     started = time.perf_counter()
     records = run_on_ranks(
         _body, WORLD, args.global_batch_size, iterations, repeats, args.zero_stage, timeout_s=1200
     )
     verdict = _report(records)
-    write_json(  # {meta, records, verdict}
-        args.json,
-        {
-            "meta": {
-                "world_size": WORLD,
-                "zero_stage": args.zero_stage,
-                "global_batch_size": args.global_batch_size,
-                "iterations": iterations,
-                "profiling_repeats": repeats,
-                "base_time_s": BASE_TIME_S,
-                "per_sample_time_s": PER_SAMPLE_TIME_S,
-            },
-            "records": records,
-            "verdict": verdict,
-        },
-    )
+    meta = {
+        "world_size": WORLD,
+        "zero_stage": args.zero_stage,
+        "global_batch_size": args.global_batch_size,
+        "iterations": iterations,
+        "profiling_repeats": repeats,
+        "base_time_s": BASE_TIME_S,
+        "per_sample_time_s": PER_SAMPLE_TIME_S,
+    }
+    write_result(args.json, "poplar_bench", argv, vars(args), meta=meta, records=records, verdict=verdict)
     print(f"wrote {args.json} ({time.perf_counter() - started:.0f} s)")
     return 0
 

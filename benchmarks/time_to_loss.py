@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from bench_output import OutputPath, add_json_flag, write_result
+
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("healthy", "off", "zero-pri", "semi", "reshard", "uneven")
 DEFAULT_MODES = ("healthy", "off", "zero-pri", "semi", "reshard")
@@ -57,15 +59,13 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="its key/value heads, the attention's re-sharding unit (the example's --kv-heads)")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--json", type=Path, required=True)
+    add_json_flag(p, required=True, help="write the result (every run's steps and losses included) here")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="wall-clock limit of one run")
 
 
 def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, counts: tuple[str, ...]) -> None:
-    """Bounds of the shared flags and of ``counts`` (each >= 1); ``--json`` (and ``--plot``) writable."""
-    from semimig._io import check_output_file
-    from semimig.errors import ConfigError
-
+    """Bounds of the shared flags and of ``counts`` (each >= 1); ``--json`` and ``--plot`` were
+    checked as they were parsed (:class:`bench_output.OutputPath`)."""
     if not 0 < args.fraction <= 1:
         p.error(f"--fraction must be in (0, 1], got {args.fraction}")
     if not 1 <= args.chi <= 100:
@@ -73,12 +73,6 @@ def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, counts
     for name in ("hidden", "layers", "heads", "kv_heads", "batch_size", "seq_len") + counts:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    try:
-        check_output_file(args.json, "--json")
-        if getattr(args, "plot", None) is not None:
-            check_output_file(args.plot, "--plot")
-    except ConfigError as err:
-        p.error(str(err))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -97,7 +91,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help="runs per mode (default 3; --quick 1)")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="one repeat of 40 steps (about 10 minutes on 2 cores)")
-    p.add_argument("--plot", type=Path, default=None, help="PNG: validation loss against training time")
+    p.add_argument("--plot", type=Path, default=None, action=OutputPath,
+                   help="PNG: validation loss against training time")
     add_run_flags(p)
     args = p.parse_args(argv)
     args.steps = args.steps or (40 if args.quick else 60)
@@ -253,9 +248,7 @@ def main(argv=None) -> int:
                         "throttled": d.get("throttled"), "summary": d["summary"]} for d in rs]
                 for mode, rs in raw.items()},
     }
-    from semimig._io import write_json
-
-    write_json(args.json, result)
+    write_result(args.json, "time_to_loss", argv, vars(args), **result)
     print(f"\ntime to the same model: {result['spec']}, tiny Llama h{args.hidden} x{args.layers}, tp=2, "
           f"{args.steps} steps x {args.repeats}; target val loss {target if target is None else round(target, 4)} "
           f"(healthy's final + {TARGET_TOLERANCE:.0%}); exact limit "
