@@ -40,6 +40,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 from bench_output import add_json_flag, refuse, write_result
 
@@ -197,6 +198,22 @@ def _layer_steps(kind: str, shape: tuple[int, int, int], seed: int) -> dict:
     return {name: step(layer) for name, layer in layers.items()}
 
 
+def _controlled(train: Callable[[], None], controller=None) -> Callable[[], None]:
+    """One variant's iteration: ``train`` alone, or, with a controller, ``train`` with the controller's
+    collective clock attached only while this variant runs, then ``controller.step()``, whose target
+    gamma is kept in ``run.gammas`` (what :func:`_controller_gammas` reads)."""
+    if controller is None:
+        return train
+
+    def run():
+        controller.clock.attach()
+        train()
+        run.gammas.append(controller.step().gamma_target)
+        controller.clock.detach()
+    run.gammas = []
+    return run
+
+
 def _mlp_steps(cfg: OverheadConfig) -> dict:
     """A whole iteration of column -> GELU -> row: cai, semimig, semimig + semi controller."""
     import copy
@@ -223,23 +240,16 @@ def _mlp_steps(cfg: OverheadConfig) -> dict:
     def step(model, controller=None):
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 
-        def run():
-            if controller is not None:
-                controller.clock.attach()  # its collective clock, only while its own variant runs
+        def train():
             loss = model(x).pow(2).mean()
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if controller is not None:
-                run.gammas.append(controller.step().gamma_target)
-                controller.clock.detach()
-        if controller is not None:
-            run.gammas = []
-        return run
+        return _controlled(train, controller)
 
     semi_model = build(snn.Linear1D_Col, snn.Linear1D_Row)
     controller = BalanceController(semi_model, BalanceConfig(mode="semi"), process_group=group)
-    controller.clock.detach()  # not while the other variants are timed (run() attaches it)
+    controller.clock.detach()  # not while the other variants are timed (_controlled attaches it)
     return {"cai": step(build(CaiCol, CaiRow)), "semimig": step(build(snn.Linear1D_Col, snn.Linear1D_Row)),
             "semi": step(semi_model, controller)}
 
@@ -268,21 +278,14 @@ def _model_steps(cfg: OverheadConfig) -> tuple[dict, str]:
         controller = None
         if mode is not None:
             controller = BalanceController(model, BalanceConfig(mode=mode), process_group=plugin.tp_group)
-            controller.clock.detach()  # not while the other variants are timed (run() attaches it)
+            controller.clock.detach()  # not while the other variants are timed (_controlled attaches it)
 
-        def run():
-            if controller is not None:
-                controller.clock.attach()
+        def train():
             loss = model(pixel_values=xb, labels=yb).loss
             booster.backward(loss, optimizer)
             optimizer.step()
             optimizer.zero_grad()
-            if controller is not None:
-                run.gammas.append(controller.step().gamma_target)
-                controller.clock.detach()
-        if controller is not None:
-            run.gammas = []
-        return run
+        return _controlled(train, controller)
 
     size = bench.size
     case = f"vit h{size.hidden} i{size.intermediate} L{size.layers} b{bench.batch}"
