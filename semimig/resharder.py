@@ -34,6 +34,7 @@ the same decision at the same step because it decides from the same gathered num
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import math
@@ -50,7 +51,7 @@ from semimig.controller.timing import dense_equivalent
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan, units_of
 
-__all__ = ["Resharder", "ReplanEvent", "unshed", "reshardable_plan", "even_reshardable_plan", "check_reshard",
+__all__ = ["Resharder", "ReplanEvent", "unshed", "slowest_per_position", "reshardable_plan", "even_reshardable_plan", "check_reshard",
            "make_resharder", "resizing_mode", "gemm_scale"]
 
 logger = logging.getLogger(__name__)
@@ -148,16 +149,58 @@ def unshed(compute_s: float, shardable_s: float, *, sleep_s: float, work: float,
     return compute_s + extra * scale, shardable_s + extra * scale
 
 
+def slowest_per_position(rows: list[list[float]], *, tp: int) -> list[list[float]]:
+    """One row per TP position from every rank's row of a tp x dp grid (DESIGN §8: every DP replica
+    holds the same plan, so it is planned for the slowest rank at each TP position).
+
+    ``rows[i] = [tp_rank, dp_rank, compute, shardable, comm, gemm, ...]`` (any order, one per rank;
+    seconds at full work).  Replica ``d``'s fastest compute is ``c_d``; position ``r`` takes the row
+    of the replica where ``compute / c_d`` is largest (the rank slowest *relative to its own replica*,
+    so a replica that Poplar gives more samples is not mistaken for a slow one; ties: the lowest
+    ``dp_rank``), its compute, shardable and GEMM seconds put on one time base (scaled by
+    ``mean_d c_d / c_d``; the seconds in collectives and the other columns as they are).  One
+    replica: its rows, unchanged."""
+    by_replica: dict[int, dict[int, list[float]]] = {}
+    for row in rows:
+        by_replica.setdefault(int(row[1]), {})[int(row[0])] = row
+    replicas = sorted(by_replica)
+    if any(sorted(by_replica[d]) != list(range(tp)) for d in replicas):
+        raise ConfigError(f"slowest_per_position: every replica needs one row per TP rank 0..{tp - 1}, got "
+                          f"{ {d: sorted(by_replica[d]) for d in replicas} }")
+    if len(replicas) == 1:
+        return [by_replica[replicas[0]][r] for r in range(tp)]
+    fastest = {d: min(by_replica[d][r][2] for r in range(tp)) for d in replicas}
+    base = sum(fastest.values()) / len(replicas)
+    out = []
+    for r in range(tp):
+        d = max(replicas, key=lambda d: (by_replica[d][r][2] / fastest[d] if fastest[d] > 0 else 0.0, -d))
+        scale = base / fastest[d] if fastest[d] > 0 else 1.0
+        row = list(by_replica[d][r])
+        for i in (2, 3, 5):
+            row[i] *= scale
+        out.append(row)
+    return out
+
+
 class Resharder:
     """Feeds the policy, moves on its decision (module docstring).  ``move`` is called as
-    ``move(new_plan) -> (bytes this rank sent, seconds)`` (collective over the TP group)."""
+    ``move(new_plan) -> (bytes this rank sent, seconds)`` (collective over the TP group).
+
+    ``replicas`` (data-parallel size ``D``, with ``world_group`` holding all ``tp·D`` ranks): every
+    replica of the TP group must hold one plan, so each step's numbers are gathered over the world
+    and the policy is fed the slowest rank at each TP position (:func:`slowest_per_position`); every
+    replica then moves within its own TP group, at the same step, to the same plan.  The resizing
+    scale (:meth:`busy_scale`) stays each replica's own GEMM split."""
 
     def __init__(self, plan: Any, model_config: Any, *, group: Any, move: Callable[[Any], tuple[int, float]],
-                 config: ReshardConfig = ReshardConfig(), state_bytes_per_param: int = 12) -> None:
+                 config: ReshardConfig = ReshardConfig(), state_bytes_per_param: int = 12,
+                 replicas: int = 1, world_group: Any = None, dp_rank: int = 0) -> None:
         from semimig.shardformer.uneven import model_dims
 
         self.group = group
         self.rank, self.size = P.group_rank(group), P.group_size(group)
+        self.replicas, self.dp_rank, self.world_group = replicas, dp_rank, world_group
+        self._local: collections.deque = collections.deque(maxlen=config.window)  # this replica's samples
         self._device = P.collective_device(group)
         self._move = move
         self.model_config = model_config
@@ -178,7 +221,8 @@ class Resharder:
 
     # ------------------------------------------------------------------ per step
     def gather(self, report: Any) -> ReshardSample:
-        """Every rank's split of the step just closed (collective over the TP group)."""
+        """Every rank's split of the step just closed (collective over the TP group; over the world
+        with several replicas, whose slowest rank per TP position the sample holds)."""
         device = report.device
         busy = float(report.busy.busy_s)
         compute = float(device.compute_s) if device is not None else 0.0
@@ -187,6 +231,8 @@ class Resharder:
         wall = float(device.wall_s) if device is not None else 0.0
         work = float(report.busy.work_fraction)
         gap = float(report.busy.paired_gap_s)
+        if self.replicas > 1:
+            return self._gather_replicas(report, [compute, busy, comm, sleep, wall, work, gap])
         mine = torch.tensor([compute, busy, comm, sleep, wall, work, gap], dtype=torch.float64, device=self._device)
         if self.size > 1:
             rows = [torch.empty_like(mine) for _ in range(self.size)]
@@ -196,15 +242,36 @@ class Resharder:
             rows = [mine.cpu().tolist()]
         decision = getattr(report, "decision", None)
         fixed = getattr(decision, "fixed_fraction", None) or (math.nan,) * self.size
-        split = [unshed(c, b, sleep_s=s, work=w, fixed=f) for (c, b, _, s, _, w, _), f in zip(rows, fixed)]
-        # the pair's non-GEMM work (attention core, activation) is shardable too; pruning does not shrink it
-        return ReshardSample(tuple(c for c, _ in split), tuple(b + row[6] for (_, b), row in zip(split, rows)),
-                             tuple(row[2] for row in rows), gemm_s=tuple(b for _, b in split))
+        return _sample([unshed(c, b, sleep_s=s, work=w, fixed=f) for (c, b, _, s, _, w, _), f in zip(rows, fixed)],
+                       rows)
+
+    def _gather_replicas(self, report: Any, mine: list[float]) -> ReshardSample:
+        """The world's rows (each rank's own numbers, unshed with its own fixed fraction), this replica's
+        own sample kept for :meth:`busy_scale`, and the slowest rank per TP position for the policy."""
+        decision = getattr(report, "decision", None)
+        fixed = getattr(decision, "fixed_fraction", None)
+        own_fixed = float(fixed[self.rank]) if fixed else math.nan
+        compute, busy, comm, sleep, wall, work, gap = mine
+        c, b = unshed(compute, busy, sleep_s=sleep, work=work, fixed=own_fixed)
+        row = torch.tensor([self.rank, self.dp_rank, c, b + gap, comm, b, sleep, wall, work, gap],
+                           dtype=torch.float64, device=self._device)
+        world = P.group_size(self.world_group)
+        rows = [torch.empty_like(row) for _ in range(world)]
+        dist.all_gather(rows, row, group=self.world_group)
+        rows = [r.cpu().tolist() for r in rows]
+        local = sorted((r for r in rows if int(r[1]) == self.dp_rank), key=lambda r: r[0])
+        self._pending_local = ReshardSample(tuple(r[2] for r in local), tuple(r[3] for r in local),
+                                            tuple(r[4] for r in local), gemm_s=tuple(r[5] for r in local))
+        chosen = slowest_per_position(rows, tp=self.size)
+        return ReshardSample(tuple(r[2] for r in chosen), tuple(r[3] for r in chosen), tuple(r[4] for r in chosen),
+                             gemm_s=tuple(r[5] for r in chosen))
 
     def observe(self, report: Any) -> Optional[Any]:
         """Feed the step; if the policy re-plans, move and return the new :class:`UnevenPlan`."""
         sample = self.gather(report)
         decision = self.policy.observe(sample)
+        if self.replicas > 1 and self.policy.samples and self.policy.samples[-1] is sample:
+            self._local.append(self._pending_local)  # this replica's step, in the window the policy keeps
         self.last = decision
         if self._speaks and logger.isEnabledFor(logging.DEBUG):  # the policy's every step, to diagnose a plan
             logger.debug("semimig reshard step %d: compute %s s, shardable %s s, R/S %.3f, plan %s: %s", decision.step,
@@ -220,6 +287,7 @@ class Resharder:
         new.resolve(self.model_config, self.size)
         bytes_moved, seconds = self._agreed_cost(*self._move(new))
         self.policy.moved_to(decision.plans, seconds=seconds, bytes_moved=int(bytes_moved))
+        self._local.clear()
         event = ReplanEvent(step=int(getattr(report, "iteration", decision.step)), plan=str(new),
                             mlp_units=mlp.units, kv_units=kv.units, predicted_s=decision.predicted_s,
                             before_s=decision.current_s, bytes_moved=int(bytes_moved), move_s=float(seconds),
@@ -237,6 +305,11 @@ class Resharder:
         """The group's move cost, the same on every rank (the policy's next decisions depend on it):
         bytes sent by all ranks, seconds of the slowest (collective over the TP group)."""
         mine = torch.tensor([float(bytes_sent), float(seconds)], dtype=torch.float64, device=self._device)
+        if self.replicas > 1:  # the replicas move at once: one replica's bytes, the slowest rank's seconds
+            rows = [torch.empty_like(mine) for _ in range(P.group_size(self.world_group))]
+            dist.all_gather(rows, mine, group=self.world_group)
+            rows = [r.cpu().tolist() for r in rows]
+            return int(sum(r[0] for r in rows) // self.replicas), max(r[1] for r in rows)
         if self.size == 1:
             return int(bytes_sent), float(seconds)
         rows = [torch.empty_like(mine) for _ in range(self.size)]
@@ -257,8 +330,9 @@ class Resharder:
         return True
 
     def busy_scale(self) -> tuple[float, ...]:
-        """:func:`gemm_scale` of the policy's window under the plan in force."""
-        return gemm_scale(self.policy.samples, self.size)
+        """:func:`gemm_scale` of the policy's window under the plan in force (this replica's own
+        steps in it when there are several replicas: its resizing compares its own ranks)."""
+        return gemm_scale(self._local if self.replicas > 1 else self.policy.samples, self.size)
 
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict:
@@ -267,6 +341,13 @@ class Resharder:
                 "bytes_moved": sum(e.bytes_moved for e in self.events),
                 "move_s": sum(e.move_s for e in self.events),
                 "events": [e.as_dict() for e in self.events]}
+
+
+def _sample(split: list[tuple[float, float]], rows: list[list[float]]) -> ReshardSample:
+    """The policy's sample from each rank's unshed ``(compute, GEMM)`` and its gathered row: the pair's
+    non-GEMM work (attention core, activation, ``row[6]``) is shardable too; pruning does not shrink it."""
+    return ReshardSample(tuple(c for c, _ in split), tuple(b + row[6] for (_, b), row in zip(split, rows)),
+                         tuple(row[2] for row in rows), gemm_s=tuple(b for _, b in split))
 
 
 def gemm_scale(samples: Any, size: int) -> tuple[float, ...]:
@@ -306,8 +387,9 @@ def check_reshard(mode: str, model: Any, plugin: Any, reshard: Any, optimizer: A
         logger.info("semimig: mode=semi without re-sharding (%s)", err)
         return None
     blockers = [(plugin.pp_size > 1, f"pp_size={plugin.pp_size} (each stage would re-plan alone)"),
-                (getattr(plugin, "dp_size", 1) > 1, f"dp_size={getattr(plugin, 'dp_size', 1)} (every data-parallel "
-                 "replica must hold the same plan; the replicas do not agree on one yet)"),
+                (getattr(plugin, "dp_size", 1) > 1 and plugin.tp_size * plugin.dp_size != dist.get_world_size(),
+                 f"tp_size={plugin.tp_size} x dp_size={getattr(plugin, 'dp_size', 1)} != world size "
+                 f"{dist.get_world_size()} (the replicas agree on one plan over the whole world)"),
                 (getattr(plugin, "zero_stage", 0) > 0, f"zero_stage={getattr(plugin, 'zero_stage', 0)} (ZeRO's flat "
                  "buffers are not rebuilt in process)")]
     for blocked, why in blockers:
@@ -380,5 +462,7 @@ def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str
     if mode == "semi" and reshard.first_window == 0:
         # resizing serves the straggler while the policy waits: the first re-plan needs a full window
         reshard = dataclasses.replace(reshard, first_window=reshard.window)
-    resharder = Resharder(plan, config, group=group, move=move, config=reshard)
+    replicas = int(getattr(plugin, "dp_size", 1))
+    resharder = Resharder(plan, config, group=group, move=move, config=reshard, replicas=replicas,
+                          world_group=None, dp_rank=P.group_rank(plugin.dp_group) if replicas > 1 else 0)
     return resharder, rebuild
