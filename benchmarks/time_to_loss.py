@@ -51,6 +51,9 @@ DEFAULT_MODES = ("healthy", "off", "zero-pri", "semi", "reshard")
 def add_run_flags(p: argparse.ArgumentParser) -> None:
     """The flags every run of the example shares (this script and ``device_vs_throttle.py``)."""
     p.add_argument("--fraction", type=float, default=0.25, help="real throttle: rank 1's share of its core")
+    p.add_argument("--period-us", type=int, default=4000,
+                   help="real throttle: its CFS period in microseconds (semimig throttle --period-us; default 4000, "
+                        "the kernel's tick at HZ=250; 1000 is the shortest the kernel takes)")
     p.add_argument("--chi", type=float, default=None, help="device straggler: rank 1's slowdown (default 4)")
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=2)
@@ -68,6 +71,8 @@ def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, counts
     checked as they were parsed (:class:`bench_output.OutputPath`)."""
     if not 0 < args.fraction <= 1:
         p.error(f"--fraction must be in (0, 1], got {args.fraction}")
+    if not 1000 <= args.period_us <= 1_000_000:
+        p.error(f"--period-us must be in [1000, 1000000] (the kernel's bounds for a CFS period), got {args.period_us}")
     if not 1 <= args.chi <= 100:
         p.error(f"--chi must be in [1, 100], got {args.chi}")
     for name in ("hidden", "layers", "heads", "kv_heads", "batch_size", "seq_len") + counts:
@@ -138,7 +143,8 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
             example += ["--straggler", device_spec(args)]
         elif args.straggler == "real":
             fraction = args.fraction  # (a neighbour runs beside the ranks: run_once)
-    throttle = [sys.executable, "-m", "semimig.cli", "throttle", "--rank", "1", "--fraction", f"{fraction:g}", "--pin"]
+    throttle = [sys.executable, "-m", "semimig.cli", "throttle", "--rank", "1", "--fraction", f"{fraction:g}",
+                "--period-us", str(args.period_us), "--pin"]
     if mode != "healthy" and args.straggler == "real" and args.pattern:
         # the pattern starts with the first training step (the example creates the file), not with
         # the start-up: throttled from step 0, as the pattern says
@@ -238,6 +244,7 @@ def main(argv=None) -> int:
     result = {
         "straggler": args.straggler, "scope": {"real": "real-throttle"}.get(args.straggler, args.straggler),
         "spec": straggler_spec(args), "chi": chi,
+        "period_us": args.period_us if args.straggler == "real" else None,
         "pattern": args.pattern, "reflex": args.reflex, "target_val_loss": target,
         "exact_limit_vs_healthy": None if chi is None else exact_limit(chi),
         "unigram_entropy_nats": raw["healthy"][0]["summary"].get("unigram_entropy_nats"),

@@ -149,3 +149,16 @@ def test_the_neighbour_spins_on_its_core_and_is_gone_on_every_way_out():
     assert _spinners(core) == []
     with script.neighbour(None):  # healthy runs: no neighbour
         assert _spinners(core) == []
+
+
+def test_the_throttle_period_reaches_the_throttle_and_a_bad_one_is_refused(tmp_path, capsys):
+    script = _script()
+    out = tmp_path / "r.json"
+    for flags, expected in (([], "4000"), (["--period-us", "1000"], "1000")):
+        args = script.parse_args(["--straggler", "real", "--json", str(out), *flags])
+        cmd = script.command(args, "reshard", tmp_path / "out.json")
+        assert cmd[cmd.index("--period-us") + 1] == expected and cmd.index("--period-us") < cmd.index("--")
+    for bad in ("999", "2000000"):
+        with pytest.raises(SystemExit):
+            script.parse_args(["--straggler", "real", "--period-us", bad, "--json", str(out)])
+        assert f"--period-us must be in [1000, 1000000]" in capsys.readouterr().err

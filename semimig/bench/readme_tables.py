@@ -152,13 +152,15 @@ def device_vs_throttle(data: dict) -> list[str]:
 
 
 def plans(data: dict) -> list[str]:
-    """Static plans, each against the healthy even run of its model."""
+    """Static plans, each against the healthy even run of its model (with the range over repeats
+    when a run has several: ``repeat_medians``)."""
     lines = ["| heads / KV heads | plan (MLP blocks : KV groups) | condition | median step | vs its healthy |",
              "|---|---|---|---|---|"]
     for run in data["runs"]:
         heads = run["heads/kv_heads"].replace("/", " / ")
         plan = "even" if run["plan"] == "even" else f"`{run['plan']}`"
-        lines.append(f"| {heads} | {plan} | {run['condition']} | {run['median_step_s']:.3f} s | "
+        spread = _span(run.get("repeat_medians", ()), ".2f")
+        lines.append(f"| {heads} | {plan} | {run['condition']} | {run['median_step_s']:.3f} s{spread} | "
                      f"{_x(run['vs_healthy'])} |")
     return lines
 
