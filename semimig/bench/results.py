@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from semimig._io import check_output_dir, check_output_file, write_json
+from semimig.bench.schema import is_grid
 from semimig.errors import ConfigError
 
 SWEEP_KEYS = ("modes", "chis", "seeds", "lambdas")
@@ -166,7 +167,7 @@ class ResultsFile:
 
     def write(self, *, complete: bool, cases_total: int, records: Optional[list] = None) -> None:
         records = self.records if records is None else records
-        rows = summarize_grid(records) if "allocation" in self.config else summarize(records)
+        rows = summarize_grid(records) if is_grid(self.config) else summarize(records)
         data = {"records": records, "summary": rows, "machine": self.machine, "config": self.config,
                 "status": {"complete": complete, "cases_done": len(records), "cases_total": cases_total}}
         write_json(self.path, data)

@@ -4,6 +4,11 @@ Only what the table, the plots and a resume read is required; extra keys (trajec
 per-rank lists) pass through untouched.  Every refusal is a :class:`semimig.errors.ConfigError`
 whose one-line message names the file, the JSON path and the bad value, e.g.
 ``r.json: records[3].accuracy must be a finite number >= 0 and <= 1 or None, got 'high'``.
+
+A run's ``config`` is the settings of its mode (:meth:`semimig.bench.config.BenchConfig.settings`): a 2-D
+run's has ``allocation`` (:func:`is_grid`).  Files written before the one run config named the 2-D
+run's compute mode ``timing``; :func:`validate_saved` reads that key as ``compute``
+(:data:`RENAMED_KEYS`), so old and new files resume and merge alike.
 """
 from __future__ import annotations
 
@@ -13,6 +18,25 @@ from semimig._validate import check_int, check_number
 from semimig.errors import ConfigError
 
 _SWEEP_ITEMS = {"modes": "str", "chis": "number", "seeds": "int", "lambdas": "int"}
+RENAMED_KEYS = {"timing": "compute"}
+"""Config keys of older files and today's name for each (read as today's, the old key dropped)."""
+
+
+def is_grid(config: dict) -> bool:
+    """Whether a run's settings are the 2-D mode's (an ``allocation`` that is not None)."""
+    return config.get("allocation") is not None
+
+
+def current_config(config: dict) -> dict:
+    """``config`` with the keys of :data:`RENAMED_KEYS` under today's names (a new dict; unchanged when
+    it has none).  A file holding both names is refused: which one it means cannot be told."""
+    renamed = {old: new for old, new in RENAMED_KEYS.items() if old in config}
+    if not renamed:
+        return config
+    for old, new in renamed.items():
+        if new in config:
+            raise ConfigError(f"config has both {old!r} (the old name) and {new!r}: one run has one {new}")
+    return {renamed.get(key, key): value for key, value in config.items()}
 
 
 def _check_str(name: str, value: Any) -> str:
@@ -74,7 +98,8 @@ def validate_config(config: Any, where: str) -> dict:
 
 
 def validate_saved(data: Any, source: str) -> dict:
-    """A whole saved run (``records`` and ``config``); returns ``data`` unchanged when valid."""
+    """A whole saved run (``records`` and ``config``); returns ``data`` when valid, its config under
+    today's key names (:func:`current_config`; a copy of ``data`` when a key was renamed)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source} must hold a JSON object, got {type(data).__name__}: not a JSON written by "
                           "semimig bench")
@@ -82,8 +107,14 @@ def validate_saved(data: Any, source: str) -> dict:
         if key not in data:
             raise ConfigError(f"{source} has no {key!r}: not a JSON written by semimig bench")
     validate_config(data["config"], f"{source}: config")
+    try:
+        config = current_config(data["config"])
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    if config is not data["config"]:
+        data = {**data, "config": config}
     records = _check_list(f"{source}: records", data["records"])
-    grid = "allocation" in data["config"]
+    grid = is_grid(config)
     seen = {}
     for i, record in enumerate(records):
         validate_record(record, f"{source}: records[{i}]", grid=grid)
