@@ -1,7 +1,6 @@
 """Results that survive: every finished case is in the file (written atomically), an interrupted run
 says how to resume, ``--resume`` trains only the missing cases, another run's file is not
 overwritten without ``--overwrite``."""
-import dataclasses
 import json
 import os
 import signal
@@ -25,7 +24,7 @@ def _saved_run(path: Path, argv: list, cases: list) -> None:
     from semimig.cli import build_parser
 
     cfg = config_from_args(build_parser().parse_args(["bench", *argv]))
-    results = ResultsFile(path, dataclasses.asdict(cfg), machine={"platform": "test"})
+    results = ResultsFile(path, cfg.settings(), machine={"platform": "test"})  # what the bench saves
     for mode, chi, seed in cases:
         results.add({"mode": mode, "chi": chi, "seed": seed, "lambda": None, "iter_time_s": 0.1,
                      "epoch_time_s": 1.0, "accuracy": None}, cases_total=len(cases))

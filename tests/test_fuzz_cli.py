@@ -93,7 +93,7 @@ BENCH_ARGV = st.lists(st.one_of(
 @FUZZ
 @given(BENCH_ARGV)
 def test_bench_command_lines(argv):
-    from semimig.bench.cli import config_from_args, grid_config_from_args
+    from semimig.bench.cli import config_from_args
     from semimig.cli import build_parser
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -103,7 +103,7 @@ def test_bench_command_lines(argv):
         if code == 0:
             assert "dry run: settings checked, no rank started" in out
             args = build_parser().parse_args(full)
-            cfg = (config_from_args if args.allocation is None else grid_config_from_args)(args)
+            cfg = config_from_args(args)  # the one run config, 1-D or 2-D (--allocation)
             assert_conforms(cfg)
             assert not (Path(tmp) / "r.json").exists()
 

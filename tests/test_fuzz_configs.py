@@ -182,7 +182,12 @@ def test_straggler_cli_grammar(spec):
 
 @FUZZ
 @given(kwargs_for(__import__("semimig.bench.config", fromlist=["x"]).BenchConfig,
-                  {"modes": st.lists(st.sampled_from(["baseline", "semi", "zero-pri", "x"]), max_size=3).map(tuple),
+                  {"allocation": st.sampled_from([None, "even", "poplar", "uneven"]),
+                   "modes": st.lists(st.sampled_from(["baseline", "semi", "zero-pri", "poplar", "x"]),
+                                     max_size=3).map(tuple),
+                   "group_chis": st.sampled_from([(), ((1.0, 4.0), (2.0, 2.0)), ((1.0,),), ((1.0, 0.5), (1.0, 1.0)),
+                                                  [[1, 4], [2, 2]], ((True, 4.0), (2.0, 2.0))]),
+                   "zero_stage": st.integers(-1, 3), "straggler_until": st.sampled_from([None, 0, 4, True]),
                    "chis": st.lists(st.sampled_from([1.0, 4.0, 8.0, 0.5, 101.0, 1e6]), max_size=3).map(tuple),
                    "seeds": st.lists(st.integers(-1, 3), max_size=3).map(tuple),
                    "tp": st.integers(-1, 5), "dp": st.integers(-1, 3), "epochs": st.integers(-1, 3),
@@ -199,6 +204,9 @@ def test_bench_config(kwargs):
         assert len(set(cfg.chis)) == len(cfg.chis) and len(set(cfg.seeds)) == len(cfg.seeds)
         assert len(set(cfg.modes)) == len(cfg.modes)
         assert cfg.compute == "measured" or cfg.longest_wait_s() < cfg.timeout_s
+        if cfg.allocation is not None:  # the 2-D mode: dp rows of tp slowdowns, each in [1, 100]
+            assert len(cfg.grid_chis()) == cfg.dp and all(len(row) == cfg.tp for row in cfg.grid_chis())
+            assert all(1.0 <= c <= MAX_CHI for row in cfg.grid_chis() for c in row)
 
 
 # ------------------------------------------------------------------------------------ allocation

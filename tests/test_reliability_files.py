@@ -4,7 +4,6 @@ Each test runs the real command (``semimig.cli.main``) or the one writer (``semi
 files in a temporary directory and checks the outcome class: refused before any work with a
 message naming the value (exit 2, the file untouched), or accepted and written correctly.
 """
-import dataclasses
 import json
 import os
 import stat
@@ -24,7 +23,7 @@ def _saved_run(path: Path, argv: list, cases: list) -> None:
     from semimig.cli import build_parser
 
     cfg = config_from_args(build_parser().parse_args(["bench", *argv]))
-    results = ResultsFile(path, dataclasses.asdict(cfg), machine={"platform": "test"})
+    results = ResultsFile(path, cfg.settings(), machine={"platform": "test"})  # what the bench saves
     results.write(complete=False, cases_total=max(1, len(cases)))
     for mode, chi, seed in cases:
         results.add({"mode": mode, "chi": chi, "seed": seed, "lambda": None, "iter_time_s": 0.1,

@@ -3,7 +3,8 @@
 ``semimig bench --help`` lists the modes and compute kinds; their owners
 (:data:`semimig.controller.runtime.MODES`, :data:`semimig.bench.config.COMPUTES`) import torch
 and Colossal-AI, which would make ``--help`` take seconds.  These are copies of the owners'
-tuples, kept equal by ``tests/test_cli_quiet.py``.
+tuples, kept equal by ``tests/test_cli_quiet.py``.  :data:`MODES_2D` has no other owner: the 2-D
+mode's names are the bench's own words (:class:`semimig.bench.config.BenchConfig` reads them from here).
 """
 from __future__ import annotations
 
@@ -11,3 +12,6 @@ MODES: tuple[str, ...] = ("baseline", "zero-rd", "zero-pri", "zero-pridiff-e", "
 """The 1-D modes (:data:`semimig.controller.runtime.MODES`)."""
 COMPUTES: tuple[str, ...] = ("emulated", "measured")
 """How a straggler's compute is produced (:data:`semimig.bench.config.COMPUTES`)."""
+MODES_2D: tuple[str, ...] = ("baseline", "poplar", "semi", "poplar+semi")
+"""The 2-D modes (``semimig bench --allocation``): even batches, Poplar's plan across the DP groups,
+SEMI in every TP group, both."""

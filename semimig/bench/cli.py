@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from semimig._validate import check_number
-from semimig.bench.choices import COMPUTES, MODES  # not their owners: those import torch (--help stays quick)
+from semimig.bench.choices import COMPUTES, MODES, MODES_2D  # not their owners: those import torch (--help quick)
+from semimig.bench.schema import is_grid
 from semimig.errors import ConfigError
 
 
@@ -37,8 +37,6 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def _modes(text: str) -> tuple[str, ...]:
-    from semimig.hybrid.config import MODES_2D
-
     known = MODES + tuple(m for m in MODES_2D if m not in MODES)
     modes = tuple(t for t in text.split(",") if t)
     for mode in modes:
@@ -68,8 +66,8 @@ def add_bench_subcommand(subparsers) -> None:
     p = subparsers.add_parser("bench", help="end-to-end straggler benchmark (RT and ACC per mode)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", type=_modes, default=None,
-                   help=f"comma-separated, from {','.join(MODES)}; with --allocation from baseline,poplar,semi,"
-                        "poplar+semi (default: all of them)")
+                   help=f"comma-separated, from {','.join(MODES)}; with --allocation from {','.join(MODES_2D)} "
+                        "(default: all of them; --allocation even: baseline,semi)")
     p.add_argument("--chi", type=_floats, default=None, help="straggler slowdowns in [1, 100], e.g. 1,4,8 (default 1,4)")
     p.add_argument("--seeds", type=_ints, default=None, help="e.g. 0,1,2 (default 0,1; --quick: 0)")
     p.add_argument("--tp", type=int, default=2)
@@ -167,27 +165,48 @@ def _refuse_given(args: argparse.Namespace, flags: dict, why: str) -> None:
 
 
 def config_from_args(args: argparse.Namespace, *, local_ranks: Optional[int] = None):
-    """The 1-D :class:`BenchConfig` of the flags (``local_ranks``: ranks on this machine, default tp*dp)."""
-    from semimig.bench.config import BenchConfig
+    """The run's :class:`~semimig.bench.config.BenchConfig` from the flags: the 1-D straggler sweep, or the
+    2-D mode with ``--allocation`` (``local_ranks``: ranks on this machine, default tp*dp).
 
-    _refuse_given(args, _TWO_D_ONLY, "applies to the 2-D benchmark: add --allocation even|poplar")
+    The command line has defaults of its own, the same in both modes (two seeds of 4x25 iterations;
+    ``--quick``: one of 2x20; 1-D chi 1 and 4), and sizes the emulated device to the ranks sharing this
+    machine: 20 ms per rank (at least 40), 2-D 40 ms per rank (at least 150)."""
+    from semimig.bench.config import MODES_BY_ALLOCATION, BenchConfig
+
+    grid = args.allocation is not None
+    if grid:
+        _refuse_given(args, _ONE_D_ONLY, "applies to the 1-D straggler sweep, not to --allocation (give the 2-D "
+                                         "slowdowns with --group-chis)")
+        if args.device != "cpu":
+            raise ConfigError(f"--allocation runs on CPU ranks only, got --device {args.device}")
+        allowed = MODES_BY_ALLOCATION[args.allocation]
+        for mode in args.modes or ():
+            if mode not in allowed:
+                raise ConfigError(f"--modes: mode {mode!r} does not go with --allocation {args.allocation} (it "
+                                  f"compares {', '.join(allowed)})")
+    else:
+        _refuse_given(args, _TWO_D_ONLY, "applies to the 2-D benchmark: add --allocation even|poplar")
     quick = args.quick
-    args.dp = _given(args.dp, 1)
+    args.dp = _given(args.dp, 2 if grid else 1)
+    world = args.tp * args.dp
     compute = _compute(args, local_ranks)
-    return BenchConfig(
-        modes=_given(args.modes, MODES),
-        chis=_given(args.chi, (1.0, 4.0)),
+    common = dict(
+        allocation=args.allocation, modes=args.modes, tp=args.tp, dp=args.dp, device=args.device, compute=compute,
         seeds=_given(args.seeds, (0,) if quick else (0, 1)),
-        tp=args.tp, dp=args.dp, pattern=_given(args.pattern, "fixed"),
-        straggler_rank=_given(args.straggler_rank, 1), scope=_given(args.scope, "gemm"), multi_chis=_given(args.multi_chi, (8.0, 6.0, 4.0, 2.0)),
-        lambdas=_given(args.lambdas, ()), device=args.device, compute=compute,
         epochs=_given(args.epochs, 2 if quick else 4),
         iters_per_epoch=_given(args.iters_per_epoch, 20 if quick else 25),
-        device_ms=_given(args.device_ms, 20.0 * max(2, args.tp * args.dp)),
+        device_ms=_given(args.device_ms, max(150.0, 40.0 * world) if grid else 20.0 * max(2, world)),
+        evaluate=not quick, timeout_s=args.timeout_s, size=args.model,
+    )
+    if grid:
+        zero = _given(args.zero_stage, 0)
+        return BenchConfig(**common, zero_stage=zero, precision="bf16" if zero else "fp32",
+                           group_chis=_given(args.group_chis, ()))
+    return BenchConfig(
+        **common, chis=_given(args.chi, (1.0, 4.0)), pattern=_given(args.pattern, "fixed"),
+        straggler_rank=_given(args.straggler_rank, 1), scope=_given(args.scope, "gemm"),
+        multi_chis=_given(args.multi_chi, (8.0, 6.0, 4.0, 2.0)), lambdas=_given(args.lambdas, ()),
         theta_iter=args.theta_iter,
-        evaluate=not quick,
-        timeout_s=args.timeout_s,
-        size=args.model,
     )
 
 
@@ -199,50 +218,11 @@ def _compute(args: argparse.Namespace, local_ranks: Optional[int]) -> str:
     return compute
 
 
-def grid_config_from_args(args: argparse.Namespace, *, local_ranks: Optional[int] = None):
-    """The 2-D :class:`~semimig.hybrid.Hybrid2DConfig` of the flags (``--allocation`` given)."""
-    from semimig.bench.config import MEASURED_SIZE
-    from semimig.bench.sweeps import MODES_BY_ALLOCATION
-    from semimig.hybrid.config import Hybrid2DConfig
-
-    _refuse_given(args, _ONE_D_ONLY, "applies to the 1-D straggler sweep, not to --allocation (give the 2-D "
-                                     "slowdowns with --group-chis)")
-    if args.device != "cpu":
-        raise ConfigError(f"--allocation runs on CPU ranks only, got --device {args.device}")
-    allowed = MODES_BY_ALLOCATION[args.allocation]
-    modes = _given(args.modes, allowed)
-    for mode in modes:
-        if mode not in allowed:
-            raise ConfigError(f"--modes: mode {mode!r} does not go with --allocation {args.allocation} (it compares "
-                              f"{', '.join(allowed)})")
-    args.dp = _given(args.dp, 2)
-    quick, world = args.quick, args.tp * args.dp
-    compute = _compute(args, local_ranks)
-    zero = _given(args.zero_stage, 0)
-    return Hybrid2DConfig(
-        tp=args.tp, dp=args.dp, zero_stage=zero, precision="bf16" if zero else "fp32", modes=modes,
-        seeds=_given(args.seeds, (0,) if quick else (0, 1)), group_chis=_given(args.group_chis, ()),
-        timing=compute, device_ms=_given(args.device_ms, max(150.0, 40.0 * world)),
-        epochs=_given(args.epochs, 2 if quick else 4), iters_per_epoch=_given(args.iters_per_epoch, 20 if quick else 25),
-        size=args.model or (MEASURED_SIZE if compute == "measured" else Hybrid2DConfig().size),
-    )
-
-
 def sweep_from_args(args: argparse.Namespace, *, local_ranks: Optional[int] = None):
     """The :class:`~semimig.bench.runner.Sweep` the flags ask for: 1-D, or 2-D with ``--allocation``."""
     from semimig.bench import sweeps
 
-    if args.allocation is None:
-        return sweeps.straggler_sweep(config_from_args(args, local_ranks=local_ranks))
-    cfg = grid_config_from_args(args, local_ranks=local_ranks)
-    if args.timeout_s is not None:
-        check_number("timeout_s", args.timeout_s, minimum=1.0, maximum=86_400.0)
-        wait = sweeps.grid_longest_wait_s(cfg)
-        if args.timeout_s <= wait:
-            raise ConfigError(f"timeout_s={args.timeout_s:g} is shorter than the slowest rank's emulated GEMM time "
-                              f"per iteration ({wait:g} s): raise --timeout-s")
-    return sweeps.grid_sweep(cfg, allocation=args.allocation, timeout_s=sweeps.grid_timeout_s(cfg, args.timeout_s),
-                             evaluate=not args.quick)
+    return sweeps.sweep_of(config_from_args(args, local_ranks=local_ranks))
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -296,7 +276,7 @@ def _write_results(args: argparse.Namespace, records: list, config: dict, title:
     """The table, the JSON and (unless ``--no-plots``) the plots of ``report`` (1-D or 2-D runs)."""
     from semimig.bench import grid, report
 
-    if "allocation" in config:
+    if is_grid(config):
         rows = grid.summarize(records)
         grid.print_table(rows, title)
         plots = [] if args.no_plots else [grid.write_plot(args.plots, rows, title)]
@@ -333,7 +313,7 @@ def run_report_command(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"semimig report: error: {err}", file=sys.stderr)
         return 2
-    if "allocation" in config:
+    if is_grid(config):
         title = (f"semimig report 2-D tp={config.get('tp')} dp={config.get('dp')}, {config.get('allocation')} "
                  f"allocation ({len(saved)} runs)")
     else:

@@ -1,17 +1,18 @@
-"""The bench's 2-D mode: one rank's side of every case of a :class:`~semimig.hybrid.Hybrid2DConfig`.
+"""The bench's 2-D mode: one rank's side of every case of a :class:`~semimig.bench.config.BenchConfig`
+with ``allocation`` set (the one run config of ``semimig bench``).
 
-    records = run_2d_cases(rank, world, cfg, cfg.cases())     # on every rank (e.g. run_on_ranks)
+    records = run_2d_cases(rank, world, cfg, cfg.all_cases())     # on every rank (e.g. run_on_ranks)
 
 Each case builds a fresh ``HybridParallelPlugin(tp_size=tp, zero_stage=z)`` and the bench ViT
 from the case's seed (:func:`semimig.bench.loop.boost_vit`, the harness's one builder and
 training loop, shared with the tensor-parallel modes of :mod:`.train`), and trains it on digits with the
 same sequence of global batches in every mode (so ``baseline`` and ``poplar`` apply the same
 updates, up to floating-point order).  Stragglers: rank ``t`` of DP group ``g`` is slowed by
-``cfg.chis()[g][t]``.  With emulated timing every GEMM sleeps ``χ · flops / rate``, the rate
+``cfg.grid_chis()[g][t]``.  With emulated compute every GEMM sleeps ``χ · flops / rate``, the rate
 chosen so that one rank's GEMMs take ``device_ms`` per iteration at the even batch; the
 ``baseline`` and ``poplar`` modes use Colossal-AI's layers slowed by the baseline hooks
 (:class:`semimig.straggler.hooks.BaselineInjection`, which also reports their busy time), the
-SEMI modes semimig's layers under the controller; with measured timing a straggler sleeps
+SEMI modes semimig's layers under the controller; with measured compute a straggler sleeps
 ``(χ - 1)`` times its measured GEMM time in both.
 
 Poplar modes first profile every group (:func:`~.balancer.profile_group_curves`: forward/backward
@@ -34,19 +35,23 @@ import torch
 from semimig.allocation.colossal import run_iteration
 from semimig.allocation.data import MicroBatch
 from semimig.allocation.speed import SpeedCurve
+from semimig.bench.config import BenchConfig
 from semimig.bench.loop import boost_vit, dense_accuracy, timed_epochs
 from semimig.comm import primitives as P
-from semimig.hybrid import GridLayout, Hybrid2DConfig, HybridBalancer, profile_group_curves
+from semimig.hybrid import GridLayout, HybridBalancer, profile_group_curves
 from semimig.models import digits_split
 
 __all__ = ["run_2d_cases", "train_2d_case"]
 
 
-def run_2d_cases(rank: int, world: int, cfg: Hybrid2DConfig, cases: Sequence[tuple[str, int]]) -> list[dict]:
-    """Train every ``(mode, seed)`` of ``cases`` one after another on this rank; rank 0's records."""
+def run_2d_cases(rank: int, world: int, cfg: BenchConfig, cases: Sequence[tuple]) -> list[dict]:
+    """Train every case ``(mode, None, seed, None)`` of ``cases`` (:meth:`BenchConfig.all_cases`) one after
+    another on this rank; rank 0's records."""
+    if cfg.allocation is None:
+        raise ValueError("cfg is the TP benchmark's (allocation None): the 2-D mode needs allocation even or poplar")
     if world != cfg.world:
         raise ValueError(f"cfg needs tp*dp = {cfg.world} ranks, running on {world}")
-    return [train_2d_case(cfg, mode, seed) for mode, seed in cases]
+    return [train_2d_case(cfg, mode, seed) for mode, _, seed, _ in cases]
 
 
 def _vit_loss(model: torch.nn.Module, data: Any) -> torch.Tensor:
@@ -54,7 +59,7 @@ def _vit_loss(model: torch.nn.Module, data: Any) -> torch.Tensor:
     return model(pixel_values=x, labels=y).loss
 
 
-def _emulated_rate(model: torch.nn.Module, cfg: Hybrid2DConfig) -> float:
+def _emulated_rate(model: torch.nn.Module, cfg: BenchConfig) -> float:
     """FLOP/s that make one rank's tensor-parallel GEMMs (fwd + 2 bwd) take ``device_ms`` at the even batch."""
     from colossalai.shardformer.layer import Linear1D_Col, Linear1D_Row
 
@@ -63,11 +68,11 @@ def _emulated_rate(model: torch.nn.Module, cfg: Hybrid2DConfig) -> float:
     return flops / (cfg.device_ms / 1000.0)
 
 
-def _straggler(cfg: Hybrid2DConfig, group: int, rate: Optional[float]):
-    """This group's :class:`StragglerConfig` (``rate`` None: measured timing)."""
+def _straggler(cfg: BenchConfig, group: int, rate: Optional[float]):
+    """This group's :class:`StragglerConfig` (``rate`` None: measured compute)."""
     from semimig.straggler import StragglerConfig
 
-    chis = cfg.chis()[group]
+    chis = cfg.grid_chis()[group]
     timing = {"mode": "measured"} if rate is None else {"mode": "emulated", "flops_per_second": rate}
     slowed = tuple(t for t, chi in enumerate(chis) if chi != 1.0)
     if not slowed:
@@ -81,7 +86,7 @@ def _straggler(cfg: Hybrid2DConfig, group: int, rate: Optional[float]):
 class _Case:
     """One case on one rank: the boosted model, its balancing and its data."""
 
-    def __init__(self, cfg: Hybrid2DConfig, mode: str, seed: int) -> None:
+    def __init__(self, cfg: BenchConfig, mode: str, seed: int) -> None:
         from semimig.controller import BalanceConfig, BalanceController
         from semimig.shardformer import SemiMigPolicy
         from semimig.straggler import StragglerInjector
@@ -95,7 +100,7 @@ class _Case:
         self.plugin, self.booster, self.model = run.plugin, run.booster, run.model
         self.optimizer, self.schedule = run.optimizer, run.schedule
         self.layout = GridLayout.from_plugin(self.plugin)
-        rate = _emulated_rate(self.model, cfg) if cfg.timing == "emulated" else None
+        rate = _emulated_rate(self.model, cfg) if cfg.compute == "emulated" else None
         straggler = _straggler(cfg, self.layout.dp_rank, rate)
         self.controller = self.injection = None
         if self.semi:
@@ -155,7 +160,7 @@ class _Case:
         return dense_accuracy(self.model, self.controller, self.x_test, self.y_test)
 
 
-def train_2d_case(cfg: Hybrid2DConfig, mode: str, seed: int) -> dict:
+def train_2d_case(cfg: BenchConfig, mode: str, seed: int) -> dict:
     """Train one case on this rank (collective over all ranks); the record (module docstring)."""
     case = _Case(cfg, mode, seed)
     try:  # the controller's device clock unwraps the collectives whatever happens
@@ -191,8 +196,8 @@ def train_2d_case(cfg: Hybrid2DConfig, mode: str, seed: int) -> dict:
     losses = torch.tensor(partial_losses, dtype=torch.float64)  # this group's share of each iteration's loss
     torch.distributed.all_reduce(losses, group=case.plugin.dp_group)  # once, after training: no step waits on it
     return {
-        "mode": mode, "seed": seed, "tp": cfg.tp, "dp": cfg.dp, "zero_stage": cfg.zero_stage, "timing": cfg.timing,
-        "chis": [list(row) for row in cfg.chis()],
+        "mode": mode, "seed": seed, "tp": cfg.tp, "dp": cfg.dp, "zero_stage": cfg.zero_stage, "compute": cfg.compute,
+        "chis": [list(row) for row in cfg.grid_chis()],
         "iter_time_s": timed.iter_time_s,
         "epoch_time_s": timed.epoch_time_s,
         "accuracy": case.accuracy(),

@@ -13,25 +13,26 @@ the batch plan is re-computed when a group's speed moves.
              .micro_batches(global_batch) / .step()      plan, SEMI step, re-plan, agreement
     decide   ReplanTrigger / ReplanConfig                 when to re-plan, pure (replan)
     verify   verify_batch_plan(plan)                      every rank holds the same plan (agreement)
-    config   Hybrid2DConfig(...)                          what one 2-D run trains and measures
     enable   BatchSplit(global_batch_size=...)            the user's entry: semimig.enable(..., batch=...)
 
 The benchmark that trains it, ``semimig bench --dp D --allocation poplar``, is the bench harness's
-2-D mode (:mod:`semimig.bench.train2d`, on the harness's one training loop).
+2-D mode: its run config is the harness's one, :class:`semimig.bench.config.BenchConfig` with
+``allocation`` set (the 2-D modes :data:`semimig.bench.config.MODES_2D`), trained by
+:mod:`semimig.bench.train2d` on the harness's one training loop.  This package keeps the pure 2-D
+machinery below it (layout, balancer, re-plan trigger, agreement, split) and imports nothing of the bench.
 
 Gradients stay exactly the global-batch mean (each micro-step's loss scaled by ``m·D/G``, SEMI's
 migration exact); tests/test_hybrid_*.py compare with one process on the whole batch.
 """
 from semimig.hybrid.agreement import batch_plan_digest, describe_batch_plan, verify_batch_plan
 from semimig.hybrid.balancer import ALLOCATIONS, HybridBalancer, HybridStepReport, profile_group_curves
-from semimig.hybrid.config import MODES_2D, TIMINGS, Hybrid2DConfig
 from semimig.hybrid.layout import GridLayout, group_maxima
 from semimig.hybrid.replan import ReplanConfig, ReplanDecision, ReplanTrigger, scale_curve
 from semimig.hybrid.split import BatchSplit
 
 __all__ = [
-    "ALLOCATIONS", "MODES_2D", "TIMINGS",
-    "BatchSplit", "GridLayout", "Hybrid2DConfig", "HybridBalancer", "HybridStepReport",
+    "ALLOCATIONS",
+    "BatchSplit", "GridLayout", "HybridBalancer", "HybridStepReport",
     "ReplanConfig", "ReplanDecision", "ReplanTrigger",
     "batch_plan_digest", "describe_batch_plan", "group_maxima", "profile_group_curves",
     "scale_curve", "verify_batch_plan",
