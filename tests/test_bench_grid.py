@@ -45,6 +45,35 @@ def test_2d_only_flags_need_allocation(tmp_path):
     assert code == 2 and "--group-chis applies to the 2-D benchmark: add --allocation even|poplar" in err
 
 
+def test_a_2d_results_file_from_before_the_one_run_config_reads_as_today(tmp_path):
+    """docs/results/bench_2d.json was written with the 2-D mode's own config, its compute mode under
+    ``timing``: ``report`` and ``--resume`` read it as ``compute``, the same experiment as today's
+    BenchConfig of its command line (``--tp 2 --dp 2 --allocation poplar``, 160 ms device)."""
+    import shutil
+    from pathlib import Path
+
+    from semimig.bench import report
+    from semimig.bench.config import BenchConfig
+    from semimig.bench.results import ResultsFile, as_json, settings_difference
+    from semimig.errors import ConfigError
+
+    old = Path(__file__).resolve().parents[1] / "docs" / "results" / "bench_2d.json"
+    data = report.load_saved(old)
+    assert data["config"]["compute"] == "emulated" and "timing" not in data["config"]
+    cfg = BenchConfig(allocation="poplar", seeds=(0, 1), epochs=4, iters_per_epoch=25, device_ms=160.0)
+    assert settings_difference(as_json(cfg.settings()), data["config"]) is None
+    records, config, _ = report.merge_saved([("old", data)])
+    assert config["compute"] == "emulated" and len(records) == len(data["records"])
+    shutil.copy(old, tmp_path / "r.json")
+    kept = ResultsFile.open(tmp_path / "r.json", cfg.settings(), machine={}, resume=True, overwrite=False)
+    assert len(kept.records) == len(data["records"]) and kept.config["compute"] == "emulated"
+    both = json.loads(old.read_text())
+    both["config"]["compute"] = "measured"
+    (tmp_path / "both.json").write_text(json.dumps(both))
+    with pytest.raises(ConfigError, match="config has both 'timing' .the old name. and 'compute'"):
+        report.load_saved(tmp_path / "both.json")
+
+
 @pytest.mark.slow
 def test_poplar_and_semi_train_on_four_ranks_and_report(tmp_path, capsys):
     from semimig.cli import main
