@@ -47,8 +47,8 @@ resizing and migration as the instant reaction; once the shards are uneven it re
 (migration assumes equal K per rank; the log says so) and migrates again if a re-plan returns to
 even.  Re-planning needs the model built with a plan in units
 (``SemiMigPolicy(shard_plan=semimig.resharder.even_reshardable_plan(config, tp))``), the optimizer
-hooked, ``pp_size == 1`` and ``zero_stage == 0``; ``mode="reshard"`` refuses anything else by
-name, ``mode="semi"`` says in one INFO line why it runs without re-sharding.  With ``dp_size > 1``
+hooked and ``pp_size == 1`` (ZeRO-1/2 re-plan in process too: their master shards are gathered,
+moved and cut again); ``mode="reshard"`` refuses anything else by name, ``mode="semi"`` says in one INFO line why it runs without re-sharding.  With ``dp_size > 1``
 every replica holds one plan: the numbers are gathered over the world, the plan is solved for the
 slowest rank at each TP position (:func:`semimig.resharder.slowest_per_position`) and every replica
 moves inside its own TP group at the same step (with ``batch=``, Poplar's split absorbs the rest).

@@ -390,8 +390,10 @@ def check_reshard(mode: str, model: Any, plugin: Any, reshard: Any, optimizer: A
                 (getattr(plugin, "dp_size", 1) > 1 and plugin.tp_size * plugin.dp_size != dist.get_world_size(),
                  f"tp_size={plugin.tp_size} x dp_size={getattr(plugin, 'dp_size', 1)} != world size "
                  f"{dist.get_world_size()} (the replicas agree on one plan over the whole world)"),
-                (getattr(plugin, "zero_stage", 0) > 0, f"zero_stage={getattr(plugin, 'zero_stage', 0)} (ZeRO's flat "
-                 "buffers are not rebuilt in process)")]
+                (getattr(plugin, "zero_stage", 0) > 0 and getattr(plugin, "zero_config", {}).get("overlap_allgather"),
+                 "zero_stage>0 with overlap_allgather=True (pending all-gather handles on the parameters)"),
+                (getattr(plugin, "zero_stage", 0) > 0 and getattr(plugin, "cpu_offload", False),
+                 "zero_stage>0 with cpu_offload=True (its masters live on the host)")]
     for blocked, why in blockers:
         if blocked:
             if mode == "reshard":

@@ -29,10 +29,18 @@ collective over the tensor-parallel group, called by every rank between steps (a
    plain layers), so the even layout stays today's, bit for bit.
 
 A torch DDP wrapper (HybridParallelPlugin uses one even at dp=1) gets its reducer rebuilt for the
-new shapes, as DDP's own ``__setstate__`` does.  Refused by name: a model without semimig's paired
-layers (stock Colossal-AI layers: build it with ``SemiMigPolicy``), ZeRO / Gemini optimizers (flat
-buffers: re-plan by checkpoint and resume), a DDP with a communication hook or DDP's own mixed
-precision, optimizer state of another shape (factored).
+new shapes, as DDP's own ``__setstate__`` does.  Under ZeRO-1/2 (Colossal-AI's ``LowLevelZeroOptimizer``,
+``HybridParallelPlugin(zero_stage=1|2)``) every working parameter is whole on each data-parallel rank
+but its fp32 master and the master's optimizer state are cut per parameter into DP shards (flattened,
+padded to a multiple of the DP size): for a layer that moves, those shards are all-gathered over the
+parameter's DP group into full tensors laid out like the parameter, moved between the TP ranks like
+everything else, and cut again for the new shape (the same master objects keep their optimizer
+state's keys); the padded all-gather buffer of each working parameter and its padding are rebuilt,
+and ZeRO's gradient stores are cleared (the step has consumed them).  Refused by name: a model
+without semimig's paired layers (stock Colossal-AI layers: build it with ``SemiMigPolicy``), Gemini
+(chunks: re-plan by checkpoint and resume), ZeRO with ``master_weights=False``, ``overlap_allgather``
+or ``cpu_offload``, a DDP with a communication hook or DDP's own mixed precision, optimizer state of
+another shape (factored).
 """
 from __future__ import annotations
 
@@ -205,8 +213,9 @@ def current_plan(model: nn.Module, *, block_size: Optional[int] = None):
 
 
 # ----------------------------------------------------------------------------- the optimizer's view
-def _optimizer_parts(optimizer: Any) -> Tuple[Any, Dict[Any, Any]]:
-    """``(torch optimizer holding the state, working -> master map)``; refuses ZeRO/Gemini by name."""
+def _optimizer_parts(optimizer: Any) -> Tuple[Any, Dict[Any, Any], Optional[Any]]:
+    """``(torch optimizer holding the state, working -> master map, the ZeRO optimizer or None)``;
+    refuses Gemini, and the ZeRO options whose buffers are not per parameter, by name."""
     from colossalai.interface import OptimizerWrapper
     from colossalai.zero.gemini.gemini_optimizer import GeminiOptimizer
     from colossalai.zero.low_level.low_level_optim import LowLevelZeroOptimizer
@@ -214,10 +223,19 @@ def _optimizer_parts(optimizer: Any) -> Tuple[Any, Dict[Any, Any]]:
     masters: Dict[Any, Any] = {}
     current = optimizer
     while current is not None:
-        if isinstance(current, (LowLevelZeroOptimizer, GeminiOptimizer)):
-            raise ConfigError(f"apply_plan: {type(current).__name__} (ZeRO / Gemini) keeps parameters and optimizer "
-                              "state in flat buffers sized by the old plan; re-plan by checkpoint and resume "
-                              "(zero_stage=0 re-plans in process)")
+        if isinstance(current, GeminiOptimizer):
+            raise ConfigError(f"apply_plan: {type(current).__name__} (Gemini) keeps parameters and optimizer state in "
+                              "chunks sized by the old plan; re-plan by checkpoint and resume (HybridParallelPlugin "
+                              "with zero_stage 0, 1 or 2 re-plans in process)")
+        if isinstance(current, LowLevelZeroOptimizer):
+            problems = [(not current._master_weights, "master_weights=False (the masters are views of the working "
+                         "parameters)"), (current._overlap_allgather, "overlap_allgather=True (pending all-gather "
+                         "handles on the parameters)"), (current._cpu_offload, "cpu_offload=True")]
+            for problem, why in problems:
+                if problem:
+                    raise ConfigError(f"apply_plan: {type(current).__name__} with {why} cannot be re-planned in "
+                                      "process; re-plan by checkpoint and resume")
+            return current.optim, masters, current
         masters.update(getattr(current, "working_to_master_map", None) or {})
         if isinstance(current, OptimizerWrapper):
             current = current.optim
@@ -226,7 +244,7 @@ def _optimizer_parts(optimizer: Any) -> Tuple[Any, Dict[Any, Any]]:
     if not isinstance(current, torch.optim.Optimizer):
         raise ConfigError(f"apply_plan: optimizer must be a torch.optim.Optimizer or a Colossal-AI wrapper of one, "
                           f"got {type(optimizer).__name__}")
-    return current, masters
+    return current, masters, None
 
 
 Setter = Callable[[torch.Tensor], None]
@@ -272,6 +290,76 @@ def _carriers(param: nn.Parameter, inner: torch.optim.Optimizer, masters: Dict[A
                               f"not its parameter's {tuple(param.shape)} (factored state cannot be re-sliced)")
         out.append((value, state_setter(state, key)))
     return out
+
+
+class _Gathered:
+    """A ZeRO carrier: the data-parallel shards of a tensor laid out like the parameter, gathered into
+    the full tensor only when its layer moves (a collective over the parameter's DP group)."""
+
+    def __init__(self, shard: torch.Tensor, param: nn.Parameter, zero: Any) -> None:
+        self.shard, self.param, self.zero = shard, param, zero
+        self.dtype = shard.dtype
+
+    def get(self) -> torch.Tensor:
+        store = self.zero.pid_to_bucket_store[id(self.param)]
+        if store.world_size == 1:
+            flat = self.shard
+        else:
+            parts = [torch.empty_like(self.shard) for _ in range(store.world_size)]
+            dist.all_gather(parts, self.shard.contiguous(), group=store.torch_pg)
+            flat = torch.cat(parts)
+        return flat[:self.param.numel()].view(self.param.shape)
+
+
+def _dp_split(zero: Any, param: nn.Parameter, full: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    """``(this DP rank's shard of full, the padding)``, as LowLevelZero cuts a parameter: flattened, padded to a
+    multiple of the DP size, split evenly (``_create_master_param_current_rank``)."""
+    store = zero.pid_to_bucket_store[id(param)]
+    padding = (store.world_size - full.numel() % store.world_size) % store.world_size
+    flat = full.reshape(-1)
+    if padding:
+        flat = torch.nn.functional.pad(flat, [0, padding])
+    return flat.split(flat.numel() // store.world_size)[store.local_rank].clone(), padding
+
+
+def _zero_carriers(param: nn.Parameter, inner: torch.optim.Optimizer, zero: Any) -> List[Tuple[Any, Setter]]:
+    """:func:`_carriers` under LowLevelZero (ZeRO-1/2): the working parameter is whole on every DP rank
+    (padded into the buffer its all-gather writes); its fp32 master and the master's optimizer state are
+    this DP rank's shard, gathered when the layer moves and cut again (:func:`_dp_split`) when put."""
+    master = zero.working_to_master_param[id(param)]
+
+    def put_working(new: torch.Tensor) -> None:
+        _forget_grad_accumulator(param)
+        flat = new.reshape(-1)
+        padding = (-flat.numel()) % zero.pid_to_bucket_store[id(param)].world_size
+        padded = torch.nn.functional.pad(flat, [0, padding]) if padding else flat
+        param.data = padded[:flat.numel()].view(new.shape)  # shares the padded buffer, as ZeRO builds it
+        zero.record_param_padding_size(param, padding)
+        zero._working_param_to_padded_working_param[param] = padded
+
+    def put_master(new: torch.Tensor) -> None:
+        master.data = _dp_split(zero, param, new)[0]  # the same object: param groups and state keep their key
+
+    def put_state(state: dict, key: Any) -> Setter:
+        def put(new: torch.Tensor) -> None:
+            state[key] = _dp_split(zero, param, new)[0]
+        return put
+
+    out: List[Tuple[Any, Setter]] = [(param.data, put_working), (_Gathered(master.data, param, zero), put_master)]
+    state = inner.state.get(master, {})
+    for key in sorted(state, key=str):
+        value = state[key]
+        if not torch.is_tensor(value) or value.dim() == 0:
+            continue  # AdamW's step: the same for every slice
+        if value.shape != master.shape:
+            raise ConfigError(f"apply_plan: {type(inner).__name__} state {key!r} has shape {tuple(value.shape)}, not "
+                              f"its ZeRO master shard's {tuple(master.shape)} (factored state cannot be re-sliced)")
+        out.append((_Gathered(value, param, zero), put_state(state, key)))
+    return out
+
+
+def _materialise(tensor: Any) -> torch.Tensor:
+    return tensor.get() if isinstance(tensor, _Gathered) else tensor
 
 
 # ----------------------------------------------------------------------------- the move
@@ -407,7 +495,7 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -
         raise ConfigError(f"apply_plan: new_plan must be a semimig.shardformer.UnevenPlan, got "
                           f"{type(new_plan).__name__}")
     config, layers = _layers(model)
-    inner, masters = _optimizer_parts(optimizer)
+    inner, masters, zero = _optimizer_parts(optimizer)
     layer_group = layers[0].module.process_group
     tp = layers[0].tp
     if group is None:
@@ -422,7 +510,8 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -
     except ConfigError as err:
         resolved, problem = None, str(err)
 
-    carriers = {layer.name: [(name, _carriers(p, inner, masters)) for name, p, _ in layer.params()]
+    carriers = {layer.name: [(name, _carriers(p, inner, masters) if zero is None else _zero_carriers(p, inner, zero))
+                             for name, p, _ in layer.params()]
                 for layer in layers}
     signature = _digest([(n, [[c.dtype for c, _ in cs] for _, cs in v]) for n, v in carriers.items()])
     old_sizes = tuple(layer.plans[0].sizes for layer in layers)
@@ -457,6 +546,7 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -
         for (_, _, dim), (_, tensors) in zip(layer.params(), carriers[layer.name]):
             job = []
             for tensor, put in tensors:
+                tensor = _materialise(tensor)  # ZeRO: the DP shards gathered (same order on every rank)
                 shape = list(tensor.shape)
                 shape[dim] = width
                 job.append((tensor, dim, shape))
@@ -472,6 +562,8 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -
             if master is not None:
                 master.grad = None
         _reattach(layer, new, rank, group)
+    if changed and zero is not None:
+        zero.zero_grad()  # the gradient stores and buckets hold the old shapes (the step has consumed them)
     if changed:
         _set_attention(model, layers, resolved, rank)
         _rebuild_ddp(model)
