@@ -62,6 +62,7 @@ import torch
 import torch.nn.functional as F
 
 from bench_output import add_json_flag, interleaved_ms, write_result
+from semimig._fit import line_fit
 from semimig.kernels import reference
 from semimig.kernels.keep import KeepPlan, plan_keep
 
@@ -125,9 +126,7 @@ def fit_fixed_cost(points: list[tuple[float, float]]) -> tuple[float, float]:
     xs, ys = [1.0 - g for g, _ in points], [t for _, t in points]
     if len(set(xs)) < 2:
         raise ValueError(f"fitting F + V (1 - gamma) needs two different gammas, got {sorted(set(1 - x for x in xs))}")
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    v = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return my - v * mx, v
+    return line_fit(xs, ys)
 
 
 def implementations(x, w, dy, plan: KeepPlan, cuda: bool) -> dict[str, dict[str, Callable[[], object]]]:

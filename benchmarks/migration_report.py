@@ -17,7 +17,8 @@ Pure functions of the records the ranks return (no torch), so a saved JSON can b
 from __future__ import annotations
 
 import math
-import statistics
+
+from semimig._fit import line_fit
 
 POLICIES = ("broadcast-reduce", "scatter-gather")
 GAMMAS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -130,9 +131,8 @@ def fit_link(sizes: list[int], seconds: list[float]) -> dict:
     """Least-squares ``t(B) = alpha + beta B`` over a message-size sweep: ``{"alpha_s", "beta_s_per_byte"}``."""
     if len(set(sizes)) < 2 or len(sizes) != len(seconds):
         raise ValueError(f"a link fit needs two or more message sizes with one time each, got {sizes} / {seconds}")
-    mx, my = statistics.fmean(sizes), statistics.fmean(seconds)
-    beta = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / sum((x - mx) ** 2 for x in sizes)
-    return {"alpha_s": my - beta * mx, "beta_s_per_byte": beta,
+    alpha, beta = line_fit(sizes, seconds)
+    return {"alpha_s": alpha, "beta_s_per_byte": beta,
             "bandwidth_gb_s": 1e-9 / beta if beta > 0 else None}
 
 

@@ -88,6 +88,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from semimig._fit import line_fit
+
 __all__ = ["MIN_SPREAD", "RankEstimate", "RankTiming", "dense_equivalent", "fit_fixed_fraction",
            "observation_problem"]
 
@@ -191,13 +193,7 @@ def fit_fixed_fraction(points: Sequence[tuple[float, float]]) -> Optional[float]
     ws = [w for w, _ in points]
     if max(ws) - min(ws) < MIN_SPREAD:
         return None
-    n = len(points)
-    mean_w = math.fsum(ws) / n
-    mean_t = math.fsum(t for _, t in points) / n
-    sxx = math.fsum((w - mean_w) ** 2 for w in ws)
-    sxy = math.fsum((w - mean_w) * (t - mean_t) for w, t in points)
-    slope = sxy / sxx
-    intercept = mean_t - slope * mean_w
+    intercept, slope = line_fit(ws, [t for _, t in points])
     full = intercept + slope
     if full <= 0.0:
         return None
