@@ -201,6 +201,7 @@ class Resharder:
         self.rank, self.size = P.group_rank(group), P.group_size(group)
         self.replicas, self.dp_rank, self.world_group = replicas, dp_rank, world_group
         self._local: collections.deque = collections.deque(maxlen=config.window)  # this replica's samples
+        self._pending_local: Optional[ReshardSample] = None  # this replica's part of the step being fed
         self._device = P.collective_device(group)
         self._move = move
         self.model_config = model_config

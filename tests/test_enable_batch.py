@@ -202,3 +202,50 @@ def _plugin_refusal_body(rank: int, world: int, tp: int, pp: int):
 def test_tp_1_and_pipelines_are_refused_with_a_batch_split(tp, pp, needle) -> None:
     message = run_pooled(_plugin_refusal_body, 4, tp, pp, timeout_s=120)
     assert message is not None and needle in message, message
+
+
+def _llama_global_losses(rank: int, world: int, speeds):
+    """Global-batch mean losses of 4 AdamW steps of the tiny Llama under enable(..., batch=...) with
+    profiled constant curves of the given per-group speeds (a group may get no sample at all)."""
+    import torch.distributed as dist
+    from colossalai.booster import Booster
+    from colossalai.booster.plugin import HybridParallelPlugin
+
+    import semimig
+    from semimig.allocation import SpeedCurve, run_iteration
+    from semimig.shardformer import SemiMigPolicy
+    from tiny_lms import tiny_lm
+
+    plugin = HybridParallelPlugin(tp_size=2, pp_size=1, precision="fp32", overlap_communication=False,
+                                  custom_policy=SemiMigPolicy())
+    model = tiny_lm("llama")
+    booster = Booster(plugin=plugin)
+    model, optimizer, *_ = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    curves = tuple(SpeedCurve.constant(peak_speed=s, max_batch_size=4, name=f"group{g}") for g, s in enumerate(speeds))
+    balancer = semimig.enable(model, plugin, optimizer=optimizer, mode="off",
+                              batch=semimig.BatchSplit(global_batch_size=4, curves=curves, replan=None))
+    losses = []
+    try:
+        for step in range(4):
+            gen = torch.Generator().manual_seed(100 + step)
+            ids = torch.randint(0, 128, (4, 16), generator=gen)
+            batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+            mine = run_iteration(booster, model, optimizer, iter(balancer.micro_batches(batch)),
+                                 lambda m, b: m(**b).loss, zero_stage=plugin.zero_stage)
+            total = torch.tensor([mine], dtype=torch.float64)
+            dist.all_reduce(total, group=plugin.dp_group)
+            losses.append(float(total) / plugin.dp_size)
+            optimizer.step()
+            optimizer.zero_grad()
+        return balancer.batch_plan.samples, losses
+    finally:
+        balancer.close()
+
+
+def test_a_group_with_no_sample_runs_a_zero_weighted_stand_in_and_training_is_exact():
+    """A Hugging Face Llama cannot run a batch of zero rows; the group the plan starves runs the global
+    batch's first row with its loss times 0, so training equals the even split's (fp32 reassociation)."""
+    starved, starved_losses = run_pooled(_llama_global_losses, 4, (1.0, 1000.0), timeout_s=240)
+    even, even_losses = run_pooled(_llama_global_losses, 4, (1.0, 1.0), timeout_s=240)
+    assert starved == (0, 4) and even == (2, 2), (starved, even)
+    torch.testing.assert_close(torch.tensor(starved_losses), torch.tensor(even_losses), atol=1e-5, rtol=0.0)

@@ -136,7 +136,12 @@ class HybridBalancer:
         """This group's micro-batches of one global ``batch`` (tensors with ``gbs`` rows, same on every rank).
 
         Group ``g`` takes rows ``[offset_g, offset_g + samples_g)`` (:meth:`AllocationPlan.offset`),
-        cut into its micro-steps; every TP rank of the group gets the same rows.
+        cut into its micro-steps; every TP rank of the group gets the same rows.  A micro-step with no
+        samples (a group the plan gives nothing, or an empty last micro-step of ZeRO-2's lockstep plan)
+        still has to run forward and backward to join the gradient collectives, and many models cannot
+        run a batch of zero rows (Hugging Face attention reshapes to ``[0, heads, -1, d]``): it carries
+        the global batch's first row as a stand-in, with ``size = 0``, whose
+        :meth:`~semimig.allocation.data.MicroBatch.scale_loss` is ``0·loss`` — zero gradients, exactly.
         """
         plan, g = self._plan, self.layout.dp_rank
         rows = {int(t.shape[0]) for t in _tensors(batch)}
@@ -145,7 +150,8 @@ class HybridBalancer:
         device = plan.device(g)
         start, out = plan.offset(g), []
         for step, size in enumerate(device.micro_batch_sizes):
-            data = tree_map(lambda t, a=start, b=start + size: t[a:b] if isinstance(t, torch.Tensor) else t, batch)
+            a, b = (start, start + size) if size else (0, 1)  # an empty micro-step: a one-row stand-in, loss x 0
+            data = tree_map(lambda t, a=a, b=b: t[a:b] if isinstance(t, torch.Tensor) else t, batch)
             out.append(MicroBatch(data=data, size=size, step=step, is_last=step == device.accumulation_steps - 1,
                                   global_batch_size=plan.global_batch_size, dp_world_size=plan.num_devices))
             start += size
