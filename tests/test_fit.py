@@ -33,6 +33,9 @@ def test_noisy_points_give_the_least_squares_line():
     ([1.0, 1.0, 1.0], [1.0, 2.0, 3.0], "two or more distinct x, got [1.0]"),
     ([1.0, 2.0], [1.0], "one y per x, got 2 x and 1 y"),
     ([], [], "two or more distinct x, got []"),
+    ([float("nan"), float("nan")], [1.0, 2.0], "finite points, got [(nan, 1.0), (nan, 2.0)]"),  # NaN != NaN
+    ([1.0, 2.0], [1.0, float("inf")], "finite points, got [(2.0, inf)]"),
+    ([0.0, 5e-324], [1.0, 2.0], "x with a spread"),  # distinct, but Σ(x − x̄)² underflows to 0
 ])
 def test_an_undefined_slope_is_refused_naming_the_points(xs, ys, needle):
     with pytest.raises(ValueError) as info:
