@@ -112,7 +112,10 @@ class MicroBatch:
 
     data: Any
     size: int
-    """Samples in ``data`` (0 for an empty micro-batch)."""
+    """Samples this micro-step counts: the rows of ``data``, or 0 for an empty micro-step, whose
+    ``data`` may be a one-row stand-in (:meth:`semimig.hybrid.HybridBalancer.micro_batches`: a model
+    must run something to join the gradient collectives) that :meth:`scale_loss` weights by 0 —
+    count samples or tokens with ``size``, not with ``data``'s rows."""
     step: int
     """Index of this micro-step in the iteration, ``0 … accumulation_steps - 1``."""
     is_last: bool

@@ -112,9 +112,9 @@ class HybridBalancer:
                                          zero_stage=self.zero_stage, comm_time_s=comm_time_s,
                                          max_accumulation_steps=max_accumulation_steps)
         measured = controller is not None or busy_source is not None
-        self.trigger = ReplanTrigger(self.layout.dp_size, replan) if replan and allocation == "poplar" and measured \
-            else None
-        self.calibrating = bool(calibrating) and self.trigger is not None
+        self.calibrating = bool(calibrating) and bool(replan) and allocation == "poplar" and measured
+        self.trigger = ReplanTrigger(self.layout.dp_size, replan, calibrate=self.calibrating) \
+            if replan and allocation == "poplar" and measured else None
         self.iteration = 0
         self.replans: list[ReplanDecision] = []
         self._set_plan(self._allocate(self.request))
@@ -169,12 +169,18 @@ class HybridBalancer:
             check_agreement([int(r[1]) for r in rows], describe_batch_plan(self._plan), None,
                             what=f"Poplar batch plan used in iteration {self.iteration}")
             group_busy = group_maxima([r[0] for r in rows], self.layout.group_of_rank, self.layout.dp_size)
-            decision = self.trigger.observe(group_busy, [d.predicted_time_s for d in self._plan.devices])
+            decision = self.trigger.observe(group_busy, self._predicted())
             if decision is not None:
                 self._replan(decision)
         self.iteration += 1
         return HybridStepReport(iteration=self.iteration - 1, group_busy_s=tuple(group_busy),
                                 samples=self._plan.samples, replan=decision, balance=balance)
+
+    def _predicted(self) -> list[float]:
+        """``P_g`` per group: the plan's time, or — for a group given no sample, which runs a one-row
+        stand-in per micro-step — its curve's time for one sample per micro-step."""
+        return [d.predicted_time_s if d.samples else d.accumulation_steps * curve.time(1)
+                for d, curve in zip(self._plan.devices, self.request.curves)]
 
     def _busy(self, balance: Any) -> float:
         if balance is not None:

@@ -12,7 +12,10 @@ group's speed after SEMI balancing).  Per iteration ``j``:
 A re-plan is due at the first ``j`` where ``off`` held for ``patience`` consecutive iterations
 (with a full window).  The decision scales every group's curve by its ``m_g`` (the profile keeps
 its shape, the measurement sets its level), so the new plan's predictions match what the groups
-run now; a group without a prediction (no samples) keeps scale 1.  All windows restart after a
+run now.  A group the plan gives no sample still runs a one-row stand-in every micro-step (it must
+join the gradient collectives): its prediction ``P_g`` is that, its curve's time for one sample per
+micro-step (:meth:`HybridBalancer.step`), so a starved straggler that recovers is seen and gets
+samples back; a group without any prediction keeps scale 1.  All windows restart after a
 re-plan: the next decision needs ``window`` iterations of the new plan (its settling time).
 
 Every rank feeds the same all-gathered numbers, so every rank decides the same re-plan at the
@@ -66,11 +69,17 @@ class ReplanDecision:
 class ReplanTrigger:
     """Feeds on ``(T_g, P_g)`` each iteration; returns a :class:`ReplanDecision` when one is due."""
 
-    def __init__(self, num_groups: int, config: ReplanConfig = ReplanConfig()) -> None:
+    def __init__(self, num_groups: int, config: ReplanConfig = ReplanConfig(), *, calibrate: bool = False) -> None:
         self.num_groups = check_int("num_groups", num_groups, minimum=1)
         if not isinstance(config, ReplanConfig):
             raise ConfigError(f"config must be a ReplanConfig, got {config!r}")
         self.config = config
+        self.calibrate = bool(calibrate)
+        """The predictions are a guess (a common speed, not a profile): the first decision comes once the
+        windows are full and ``patience`` iterations confirm, whatever the medians — every measured group
+        counts as changed — so groups whose speeds differ by less than ``θ`` from the guess still get
+        their measured speeds (with a threshold test, two groups at 0.9 and 1.1 s a sample against a
+        guess of 1 s would never be split by speed)."""
         self.iteration = 0
         self._restart()
 
@@ -93,12 +102,14 @@ class ReplanTrigger:
                 history.append(t / p)
         full = all(len(r) == self.config.window for r, p in zip(self._ratios, predicted) if p > 0)
         medians = self.medians()
-        changed = tuple(g for g, m in enumerate(medians) if m is not None and abs(m - 1.0) > self.config.threshold)
+        changed = tuple(g for g, m in enumerate(medians)
+                        if m is not None and (self.calibrate or abs(m - 1.0) > self.config.threshold))
         self._off_for = self._off_for + 1 if changed and full else 0
         if self._off_for < self.config.patience:
             return None
         decision = ReplanDecision(iteration=self.iteration, scales=tuple(1.0 if m is None else m for m in medians),
                                   changed_groups=changed)
+        self.calibrate = False
         self._restart()
         return decision
 

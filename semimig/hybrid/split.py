@@ -17,8 +17,9 @@ balanced it.  Where its speed comes from:
 - ``curves=None`` (default): no profiling pass.  Every group starts on the same curve, a constant
   speed ``s_0`` samples/s up to ``max_batch_size`` (so the first plan is the even split), and the
   re-plan trigger (:mod:`.replan`) calibrates it from training itself: group ``g``'s measured
-  time ``T_g`` over the plan's prediction ``P_g = b_g/s_0`` is ``m_g``, and once the first
-  ``window`` iterations are in (``patience`` more to confirm) each curve becomes
+  time ``T_g`` over the plan's prediction ``P_g = b_g/s_0`` is ``m_g``, and at iteration
+  ``window + patience − 1`` (the first full window, confirmed ``patience`` times; whatever the
+  ``m_g``, so no threshold can hide a difference of speeds) each curve becomes
   ``τ_g(b) = m_g·b/s_0`` — the speed ``b_g/T_g`` the group showed — and Poplar splits the batch in
   proportion.  A curve with one point says nothing about how speed changes with the batch size;
   a profile does.
@@ -42,7 +43,8 @@ __all__ = ["BatchSplit", "CALIBRATION_SPEED"]
 ALLOCATIONS = ("poplar", "even")
 CALIBRATION_SPEED = 1.0
 """``s_0``: the samples per second every group's uncalibrated curve assumes (any value works: the
-first re-plan replaces it by the measured speed; 1 sample/s keeps ``m_g`` = seconds per sample)."""
+first re-plan replaces it by the measured speed, unconditionally; 1 sample/s keeps ``m_g`` = seconds per
+sample)."""
 
 
 @dataclass(frozen=True, kw_only=True)
