@@ -48,7 +48,7 @@ def _batch(step):
     return token_batch(step)
 
 
-def _boost(name, tp=2, precision="fp32", policy="even", **plugin_kwargs):
+def _boost(name, tp=2, precision="fp32", policy="even", freeze=None, **plugin_kwargs):
     from colossalai.booster import Booster
     from colossalai.booster.plugin import HybridParallelPlugin
 
@@ -61,6 +61,9 @@ def _boost(name, tp=2, precision="fp32", policy="even", **plugin_kwargs):
     plugin = HybridParallelPlugin(tp_size=tp, pp_size=1, precision=precision, custom_policy=policy, **plugin_kwargs)
     booster = Booster(plugin=plugin)
     model = _model(name)
+    for param_name, param in model.named_parameters():
+        if freeze is not None and param_name.startswith(freeze):
+            param.requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer, *_ = booster.boost(model, optimizer)
     return booster, model, optimizer
@@ -280,10 +283,10 @@ def _zero_body(rank, world, stage):
             "there-and-back": _train_zero({3: [uneven, even]}, 8, kwargs, batch)[0], "dp_rank": dp_rank}
 
 
-def _train_zero(plans, steps, plugin_kwargs, batch):
+def _train_zero(plans, steps, plugin_kwargs, batch, freeze=None):
     from semimig.sharding import apply_plan
 
-    booster, model, optimizer = _boost("llama", 2, "bf16", "even", **plugin_kwargs)
+    booster, model, optimizer = _boost("llama", 2, "bf16", "even", freeze=freeze, **plugin_kwargs)
     losses, reports = [], []
     start = [p.detach().float().clone() for p in model.unwrap().parameters()]
     for step in range(steps):
@@ -309,6 +312,40 @@ def test_replan_under_zero_gives_the_uninterrupted_losses(stage):
     assert out["moved"] == 1.0, out["moved"]  # it trained: ZeRO's steps changed every weight
     assert to_uneven.tensors_moved > 0 and back.layers_changed == to_uneven.layers_changed == 14
     assert out["there-and-back"] == reference  # gathered, moved and cut again: a copy
+
+
+def _replicas_body(rank, world):
+    import torch.distributed as dist
+
+    import plugin_cases as pc
+    from semimig.sharding import apply_plan
+    from semimig.shardformer import UnevenPlan
+
+    dp_rank = rank // 2
+    _, model, optimizer = _boost("llama")  # tp 2 x dp 2: a DDP replica per TP group
+    mine = UnevenPlan(**(UNEVEN if dp_rank == 0 else EVEN)["llama"])
+    said = pc.outcome(lambda: apply_plan(model, optimizer, mine))
+    every = [None] * world
+    dist.all_gather_object(every, said)
+    uneven = UnevenPlan(**UNEVEN["llama"])
+    kwargs = dict(zero_stage=1, overlap_communication=False)
+    batch = lambda step: _batch(2 * step + dp_rank)  # noqa: E731
+    frozen = [_train_zero(plans, 5, kwargs, batch, freeze="model.layers.0.mlp.")[0] for plans in ({}, {2: [uneven]})]
+    return {"disagree": every, "frozen": frozen}
+
+
+def test_replicas_that_disagree_are_refused_and_a_frozen_layer_moves_under_zero():
+    """tp 2 x dp 2.  Replica 0 asks for an uneven plan, replica 1 for the even one it runs: each TP group
+    agrees with itself, but the move is a collective over the replicas too (DDP's rebuild, ZeRO's master
+    all-gathers) — every rank refuses, naming both plans, instead of one replica moving alone.  Under
+    ZeRO-1 a frozen MLP (no fp32 master, no state) moves its weights only, and the run re-planned before
+    step 2 gives the uninterrupted run's losses."""
+    out = run_on_ranks(_replicas_body, 4, timeout_s=600)
+    for said in out["disagree"]:
+        assert said.startswith("ConfigError") and "disagree" in said, out["disagree"]
+        assert "mlp=[3, 1] x 64" in said and "mlp=[2, 2] x 64" in said, said  # both plans named
+    uninterrupted, replanned = out["frozen"]
+    torch.testing.assert_close(replanned, uninterrupted, atol=BF16_ATOL, rtol=0.0)
 
 
 def test_move_schedule_tiles_each_new_shard_once():

@@ -2,13 +2,16 @@
 
 :func:`current_plan` reads the plan a model runs under from its layers (each semimig paired layer
 keeps its shard sizes: ``shard_plans``, ``None`` for the even layout).  :func:`apply_plan` is a
-collective over the tensor-parallel group, called by every rank between steps (after
+collective over the tensor-parallel group (and, with data-parallel replicas, over every rank of the
+world: the replicas move together), called by every rank between steps (after
 ``optimizer.step()`` and ``zero_grad()``), that moves the model to another plan:
 
-1. every rank resolves the new plan against the model and the ranks all-gather a digest (plan,
-   resolved sizes, old sizes, what their optimizers hold): a plan that does not fit the model, or
-   ranks that disagree, raise :class:`~semimig.errors.ConfigError` on every rank (never a hang);
-2. for each paired layer whose sizes change, the slices of its weight (and a column layer's bias;
+1. every rank resolves the new plan against the model and the ranks (the world's, with replicas)
+   all-gather a digest (plan, resolved sizes, old sizes, what their optimizers hold): a plan that
+   does not fit the model, or ranks that disagree, raise :class:`~semimig.errors.ConfigError` on
+   every rank (never a hang);
+2. for each paired layer whose sizes change, one layer at a time (its old and new tensors are the
+   move's only extra memory), the slices of its weight (and a column layer's bias;
    each part of a packed ``[Q, K, V]``; GPT-2's ``Conv1D`` stores ``[in, out]``, so its split
    dimension is the other one) that change owner go from the old owner to the new one, once,
    by point-to-point send/receive of one byte buffer per pair of ranks (the overlap of the
@@ -325,8 +328,11 @@ def _dp_split(zero: Any, param: nn.Parameter, full: torch.Tensor) -> Tuple[torch
 def _zero_carriers(param: nn.Parameter, inner: torch.optim.Optimizer, zero: Any) -> List[Tuple[Any, Setter]]:
     """:func:`_carriers` under LowLevelZero (ZeRO-1/2): the working parameter is whole on every DP rank
     (padded into the buffer its all-gather writes); its fp32 master and the master's optimizer state are
-    this DP rank's shard, gathered when the layer moves and cut again (:func:`_dp_split`) when put."""
-    master = zero.working_to_master_param[id(param)]
+    this DP rank's shard, gathered when the layer moves and cut again (:func:`_dp_split`) when put.  A
+    frozen parameter (``requires_grad=False``) has no master and no state: only its data moves."""
+    master = zero.working_to_master_param.get(id(param))
+    if master is None:
+        return _carriers(param, inner, {})
 
     def put_working(new: torch.Tensor) -> None:
         _forget_grad_accumulator(param)
@@ -485,8 +491,8 @@ def _digest(*items: Any) -> str:
 def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -> MoveReport:
     """Move ``model`` (built with :class:`~semimig.shardformer.SemiMigPolicy`) and ``optimizer`` to
     ``new_plan`` (an :class:`~semimig.shardformer.UnevenPlan`): a collective over the tensor-parallel
-    group (the layers' group, or ``group``, which must hold the same ranks), called by every rank
-    between steps with the same plan.  See the module docstring; returns this rank's :class:`MoveReport`.
+    group (the layers' group, or ``group``, which must hold the same ranks) — over every rank of the
+    world when it holds data-parallel replicas — called by every rank between steps with the same plan.  See the module docstring; returns this rank's :class:`MoveReport`.
     """
     from semimig.shardformer.uneven import UnevenPlan
 
@@ -517,25 +523,31 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -
     old_sizes = tuple(layer.plans[0].sizes for layer in layers)
     new_sizes = None if resolved is None else (resolved.mlp.sizes, resolved.q.sizes, resolved.kv.sizes)
     mine = (str(new_plan), new_sizes, problem, _digest(old_sizes), signature)
-    every = [mine] * tp
-    if tp > 1:
-        every = [None] * tp
-        dist.all_gather_object(every, mine, group=group)
+    # with data-parallel replicas the move is a collective over them too (ZeRO's master all-gathers, the DDP
+    # rebuild's broadcast): every rank of the world agrees first, so a replica left out or passing another
+    # plan is refused on every rank instead of hanging or mixing shapes in the next step
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    agree, who = (group, "TP rank") if world == tp else (None, "rank")
+    me = rank if agree is group else dist.get_rank()
+    every = [mine] * max(tp, world)
+    if world > 1:
+        every = [None] * (tp if agree is group else world)
+        dist.all_gather_object(every, mine, group=agree)
     for r, theirs in enumerate(every):
         if theirs[2] is not None:
-            raise ConfigError(f"apply_plan: {theirs[0]} does not fit the model (TP rank {r}): {theirs[2]}")
+            raise ConfigError(f"apply_plan: {theirs[0]} does not fit the model ({who} {r}): {theirs[2]}")
     for r, theirs in enumerate(every):
         if theirs[:2] != mine[:2]:
-            raise ConfigError(f"apply_plan: the tensor-parallel ranks disagree on the new plan: rank {rank} has "
-                              f"{mine[0]}, rank {r} has {theirs[0]}; every rank must pass the same plan")
+            raise ConfigError(f"apply_plan: the ranks disagree on the new plan: {who} {me} has {mine[0]}, {who} {r} "
+                              f"has {theirs[0]}; every rank (tensor- and data-parallel) must pass the same plan")
         if theirs[3:] != mine[3:]:
-            raise ConfigError(f"apply_plan: TP rank {r}'s model or optimizer state differs from rank {rank}'s "
+            raise ConfigError(f"apply_plan: {who} {r}'s model or optimizer state differs from {who} {me}'s "
                               "(shard sizes or optimizer state kinds); re-plan only between steps, after "
                               "optimizer.step() on every rank")
 
     sizes = {"q": resolved.q.sizes, "kv": resolved.kv.sizes, "mlp": resolved.mlp.sizes}
-    jobs, puts, changed = [], [], []
-    for layer in layers:
+    changed, sent, received, moved = [], 0, 0, 0
+    for layer in layers:  # one layer at a time: its old and new tensors (ZeRO: gathered in full) are all it holds
         old = layer.plans
         new = tuple(ShardPlan(units=sizes[layer.kind]) for _ in layer.parts)
         if tuple(p.sizes for p in old) == tuple(p.sizes for p in new):
@@ -543,6 +555,7 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -
         changed.append((layer, new))
         schedule = move_schedule(old, new)
         width = sum(plan.sizes[rank] for plan in new)
+        jobs, puts = [], []
         for (_, _, dim), (_, tensors) in zip(layer.params(), carriers[layer.name]):
             job = []
             for tensor, put in tensors:
@@ -552,9 +565,11 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -
                 job.append((tensor, dim, shape))
                 puts.append(put)
             jobs.append((schedule, job))
-    new_tensors, sent, received = _exchange(jobs, rank, group)
-    for put, tensor in zip(puts, new_tensors):
-        put(tensor)
+        new_tensors, layer_sent, layer_received = _exchange(jobs, rank, group)
+        for put, tensor in zip(puts, new_tensors):
+            put(tensor)
+        sent, received, moved = sent + layer_sent, received + layer_received, moved + len(new_tensors)
+        del jobs, puts, new_tensors
     for layer, new in changed:
         for _, param, _ in layer.params():
             param.grad = None
@@ -569,7 +584,7 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -
         _rebuild_ddp(model)
     seconds = time.perf_counter() - started
     report = MoveReport(old_plan=old_plan, new_plan=new_plan, bytes_sent=sent, bytes_received=received,
-                        seconds=seconds, tensors_moved=len(new_tensors), layers_changed=len(changed))
+                        seconds=seconds, tensors_moved=moved, layers_changed=len(changed))
     logger.info("apply_plan: %s -> %s on TP rank %d: %d layer(s), %d tensor(s), sent %d B, received %d B, %.3f s",
-                old_plan, new_plan, rank, len(changed), len(new_tensors), sent, received, seconds)
+                old_plan, new_plan, rank, len(changed), moved, sent, received, seconds)
     return report
