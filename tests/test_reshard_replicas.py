@@ -158,7 +158,11 @@ def _train_split(mode, straggler_on_replica_0):
     model, optimizer, *_ = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
     straggler = straggler_on_replica_0 if plugin.dp_group.rank() == 0 else None
     balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=mode, straggler=straggler,
-                              reshard=ReshardConfig(window=6, horizon=SPLIT_STEPS),
+                              # stability and noise tests opened wide: Poplar moves samples at iteration 4 and a
+                              # loaded machine's noise must not keep an 8x straggler from being re-planned —
+                              # what is tested is the composition (agreement, exactness), not the policy's patience
+                              reshard=ReshardConfig(window=6, horizon=SPLIT_STEPS, tolerance=1.0, agree=0.5,
+                                                    noise_z=0.0),
                               batch=semimig.BatchSplit(global_batch_size=GLOBAL_BATCH,
                                                        replan=ReplanConfig(window=3, patience=2)))
     losses, splits = [], []
