@@ -19,6 +19,15 @@ what varies from step to step); the summary reports ``replans``, the plan, ``mov
 
     torchrun --nproc_per_node 2 examples/finetune_llm.py --straggler fixed:1:4:scope=device --balance reshard
 
+With data parallelism beside TP (more ranks than ``--tp``), ``--batch-split poplar`` makes each
+iteration's batch a global one — every DP rank's ``--batch-size`` rows, the same on every rank —
+and lets Poplar give the faster TP groups more of its rows, calibrated from the first iterations
+(``semimig.enable(..., batch=semimig.BatchSplit(...))``; each micro-step's loss is scaled so the
+DP-averaged gradient stays the global-batch mean, and the logged loss is that mean).  ``even`` keeps
+every group on its own rows, the plain run's; the summary reports the split in force::
+
+    torchrun --nproc_per_node 4 examples/finetune_llm.py --tp 2 --batch-split poplar
+
 The model is a tiny Llama built in code (no download) unless ``--model NAME`` names a Hugging Face
 causal LM, which is read with ``from_pretrained(NAME, local_files_only=True)``: the weights must
 already be on disk (a local directory, or the Hugging Face cache).
@@ -114,6 +123,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--shard-block", type=int, default=128,
                    help="MLP intermediate columns per --shard-plan unit (and per re-sharding unit)")
     p.add_argument("--straggler", default=None, help="test straggler, e.g. fixed:1:4 (TP rank 1 4x slower)")
+    p.add_argument("--batch-split", default="none", choices=("none", "even", "poplar"),
+                   help="with DP groups beside TP: split each global batch (--batch-size rows per DP rank) between "
+                        "them; 'poplar' gives faster TP groups more rows (the gradient stays the global-batch mean)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=64)
@@ -183,6 +195,9 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.shard_plan and (args.policy != "semimig" or args.balance == "mig"):
         raise ConfigError(f"--shard-plan {args.shard_plan} needs --policy semimig and a --balance other than mig "
                           f"(migration needs equal shards), got --policy {args.policy} --balance {args.balance}")
+    if args.batch_split != "none" and args.policy != "semimig":
+        raise ConfigError(f"--batch-split {args.batch_split} times each data-parallel group by semimig's layers: it "
+                          f"needs --policy semimig, got --policy {args.policy}")
     if args.straggler is not None:
         from semimig.straggler import StragglerConfig
 
@@ -353,29 +368,39 @@ def synthetic_batches(vocab: int, batch: int, seq: int, seed: int, device: torch
                "labels": ids.to(device)}
 
 
-def make_data(args: argparse.Namespace, vocab: int, dp_rank: int,
-              device: torch.device) -> Tuple[Iterator[dict], list, Optional["ByteCorpus"]]:
-    """Training batches (this DP rank's stream), the fixed validation batches (the same on every rank)
-    and the corpus (``None`` for synthetic data)."""
+def make_data(args: argparse.Namespace, vocab: int, dp_rank: int, device: torch.device,
+              dp_size: int = 1) -> Tuple[Iterator[dict], list, Optional["ByteCorpus"]]:
+    """Training batches, the fixed validation batches (the same on every rank) and the corpus
+    (``None`` for synthetic data).  DP rank ``d`` trains on stream ``d``; with ``--batch-split``
+    every rank gets the global batch instead, streams ``0..dp_size-1`` concatenated row-wise (so the
+    even split gives each group the rows it trains on without a split)."""
     def as_batch(ids: torch.Tensor) -> dict:
         ids = ids.to(device)
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
 
-    seed = args.seed * 1000 + dp_rank
-    if args.data == "synthetic":
-        val = synthetic_batches(vocab, args.batch_size, args.seq_len, 2**31 - 1 - args.seed, device)
-        return (synthetic_batches(vocab, args.batch_size, args.seq_len, seed, device),
-                [next(val) for _ in range(args.eval_batches)], None)
-    from semimig.bench.corpus import load_corpus
-    from semimig.errors import ConfigError
+    def stream(d: int) -> Iterator[dict]:
+        if args.data == "synthetic":
+            return synthetic_batches(vocab, args.batch_size, args.seq_len, args.seed * 1000 + d, device)
+        return (as_batch(ids) for ids in corpus.train_batches(args.batch_size, args.seq_len, args.seed * 1000 + d))
 
-    try:
-        corpus = load_corpus()
-    except ConfigError as err:
-        sys.exit(f"finetune_llm.py: {err}")
-    train = (as_batch(ids) for ids in corpus.train_batches(args.batch_size, args.seq_len, seed))
-    val = [as_batch(ids) for ids in corpus.val_batches(args.batch_size, args.seq_len, args.eval_batches)]
-    return train, val, corpus
+    def global_batches() -> Iterator[dict]:
+        for parts in zip(*(stream(d) for d in range(dp_size))):
+            yield {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+
+    corpus = None
+    if args.data == "synthetic":
+        val_stream = synthetic_batches(vocab, args.batch_size, args.seq_len, 2**31 - 1 - args.seed, device)
+        val = [next(val_stream) for _ in range(args.eval_batches)]
+    else:
+        from semimig.bench.corpus import load_corpus
+        from semimig.errors import ConfigError
+
+        try:
+            corpus = load_corpus()
+        except ConfigError as err:
+            sys.exit(f"finetune_llm.py: {err}")
+        val = [as_batch(ids) for ids in corpus.val_batches(args.batch_size, args.seq_len, args.eval_batches)]
+    return (global_batches() if args.batch_split != "none" else stream(dp_rank)), val, corpus
 
 
 def evaluate(model: torch.nn.Module, batches: list) -> float:
@@ -434,15 +459,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         from semimig.controller.reflex import ReflexConfig
 
         reflex = None if args.reflex == "off" else ReflexConfig(forward=args.reflex == "on")
-        balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=args.balance, straggler=args.straggler,
-                                  log_every=args.log_every,
-                                  config=BalanceConfig(controller=ControllerConfig(reflex=reflex)),
-                                  reshard=ReshardConfig(window=args.reshard_window, horizon=args.steps,
-                                                        block_size=args.shard_block))
+        split = None if args.batch_split == "none" else \
+            semimig.BatchSplit(global_batch_size=args.batch_size * plugin.dp_size, allocation=args.batch_split)
+        try:
+            balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=args.balance,
+                                      straggler=args.straggler, log_every=args.log_every,
+                                      config=BalanceConfig(controller=ControllerConfig(reflex=reflex)),
+                                      reshard=ReshardConfig(window=args.reshard_window, horizon=args.steps,
+                                                            block_size=args.shard_block), batch=split)
+        except semimig.ConfigError as err:
+            sys.exit(f"finetune_llm.py: error: {err}")
 
     dp_rank = torch.distributed.get_rank(plugin.dp_group)  # TP ranks share a batch; DP ranks do not
     vocab = model.unwrap().config.vocab_size
-    batches, val_batches, corpus = make_data(args, vocab, dp_rank, device)
+    batches, val_batches, corpus = make_data(args, vocab, dp_rank, device, plugin.dp_size)
     baseline = f" (unigram entropy {corpus.unigram_entropy():.4f})" if corpus is not None else ""
     if corpus is not None and rank == 0:
         logger.info("data: %s", corpus.describe())
@@ -464,8 +494,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                 Path(args.started_file).touch()
             starts.append(time.time())  # wall clock: matched with a time-varying throttle's switches
             start = time.perf_counter()
-            loss = model(**batch).loss
-            booster.backward(loss, optimizer)
+            if args.batch_split == "none":
+                loss = model(**batch).loss
+                booster.backward(loss, optimizer)
+            else:  # this group's rows of the global batch, its micro-steps' losses scaled (global mean)
+                loss = _split_iteration(booster, model, optimizer, balancer, batch, plugin)
             optimizer.step()  # semimig.enable hooked it: the balancer re-plans right after
             optimizer.zero_grad()
             if device.type == "cuda":
@@ -491,6 +524,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     save_s = save_checkpoint(booster, model, optimizer, args, args.steps, rank) if args.save is not None else None
     summary = _summary(args, tp, world, losses, times, _plan(balancer, tp, PlanView))
+    if balancer is not None and balancer.batch_plan is not None:
+        summary["batch_split"] = f"{args.batch_split}:" + "/".join(str(s) for s in balancer.batch_plan.samples)
     if first or save_s is not None:
         summary.update(resumed_at=first, load_s=f"{load_s:.3f}" if load_s is not None else "none",
                        save_s=f"{save_s:.3f}" if save_s is not None else "none")
@@ -543,6 +578,18 @@ def _balanced_share_by_rank(shares: list, tp_group, tp: int) -> list:
     gathered = [None] * tp
     torch.distributed.all_gather_object(gathered, mine, group=tp_group)
     return [None if g is None else round(float(g), 4) for g in gathered]
+
+
+def _split_iteration(booster, model, optimizer, balancer, batch: dict, plugin) -> torch.Tensor:
+    """Forward and backward of this DP group's micro-batches of the global ``batch``; returns the
+    global-batch mean loss (each rank's scaled losses summed over the DP group, over its size)."""
+    from semimig.allocation import run_iteration
+
+    mine = run_iteration(booster, model, optimizer, iter(balancer.micro_batches(batch)),
+                         lambda m, b: m(**b).loss, zero_stage=plugin.zero_stage)
+    total = torch.tensor([mine], dtype=torch.float64, device=batch["input_ids"].device)  # NCCL: on the GPU
+    torch.distributed.all_reduce(total, group=plugin.dp_group)
+    return total[0] / plugin.dp_size
 
 
 def _plan(balancer, tp: int, plan_view):

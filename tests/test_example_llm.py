@@ -27,9 +27,9 @@ TINY = ["--hidden", "32", "--layers", "2", "--seq-len", "16", "--batch-size", "4
         "--log-every", "3", "--timeout-s", "60", "--data", "synthetic", "--eval-batches", "2"]
 
 
-def _torchrun(tmp_path: Path, name: str, *flags: str, timeout_s: float = 240) -> tuple[str, dict]:
+def _torchrun(tmp_path: Path, name: str, *flags: str, timeout_s: float = 240, ranks: int = 2) -> tuple[str, dict]:
     out = tmp_path / f"{name}.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
            str(REPO / "examples" / "finetune_llm.py"), *TINY, *flags, "--json", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -105,6 +105,23 @@ def test_shakespeare_trains_and_records_validation_losses(tmp_path: Path) -> Non
     assert "validation loss" in text and len(run["step_s"]) == 3
 
 
+def test_a_batch_split_trains_the_model_of_the_plain_data_parallel_run(tmp_path: Path) -> None:
+    """tp 2 x dp 2: ``--batch-split poplar`` feeds every rank the global batch (both DP streams) and
+    Poplar splits it between the TP groups; the gradient is the global-batch mean, so the model —
+    its validation loss after every 3 steps — is the plain run's, where each DP rank trains on its
+    own stream (fp32 reassociation: the scaled micro-step losses sum in another order)."""
+    flags = ("--tp", "2", "--steps", "6", "--balance", "off", "--eval-every", "3")
+    _, plain = _torchrun(tmp_path, "plain", *flags, ranks=4)
+    _, split = _torchrun(tmp_path, "split", *flags, "--batch-split", "poplar", ranks=4)
+    assert "batch_split" not in plain["summary"]
+    allocation, samples = split["summary"]["batch_split"].split(":")
+    assert allocation == "poplar" and sum(int(s) for s in samples.split("/")) == 2 * 4, split["summary"]
+    assert [s for s, _ in split["val_losses"]] == [3, 6] == [s for s, _ in plain["val_losses"]]
+    torch.testing.assert_close(torch.tensor([v for _, v in split["val_losses"]]),
+                               torch.tensor([v for _, v in plain["val_losses"]]), atol=1e-5, rtol=0.0)
+    assert all(math.isfinite(v) for v in split["losses"]) and len(split["losses"]) == 6
+
+
 def test_without_torchrun_it_says_how_to_start_it() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     done = subprocess.run([sys.executable, str(REPO / "examples" / "finetune_llm.py"), "--steps", "1"], cwd=REPO,
@@ -133,6 +150,7 @@ def _example():
     (["--eval-batches", "0"], "--eval-batches"), (["--log-every", "0"], "--log-every"), (["--tp", "0"], "--tp"),
     (["--tp", "3"], "--tp"), (["--straggler", "fixed:1:4:scope=node"], "scope"),
     (["--straggler", "fixed:1"], "fixed:1"), (["--policy", "colossalai", "--balance", "semi"], "--policy"),
+    (["--policy", "colossalai", "--balance", "off", "--batch-split", "poplar"], "--batch-split"),
 ])
 def test_bad_flags_are_refused_before_any_rank_starts(flags, named, capsys):
     with pytest.raises(SystemExit) as exit_info:
