@@ -161,6 +161,7 @@ class Balancer:
         """The latest :class:`~semimig.controller.StepReport` (``None`` before the first step)."""
         self.steps = 0
         self._view: Optional[PlanView] = None
+        self._rebuilt = False  # the controller was rebuilt for new shards: its next plan is not the run's first
         self._warned = False
         self._optimizer = None
         self._speaks = controller is None or controller.rank == 0
@@ -199,7 +200,7 @@ class Balancer:
                     self.controller.meter.marks_spans = True
                     if self.hybrid is not None:
                         self.hybrid.controller = self.controller
-                    self._view = None
+                    self._view, self._rebuilt = None, True
         return report
 
     def micro_batches(self, batch: Any) -> list:
@@ -266,7 +267,8 @@ class Balancer:
             return
         step = report.iteration
         if previous is None:
-            logger.info("semimig step %d: first plan: %s", step, view.describe())
+            what = "plan on the new shards" if self._rebuilt else "first plan"
+            logger.info("semimig step %d: %s: %s", step, what, view.describe())
         else:
             for rank in view.flagged:
                 if rank not in previous.flagged:
