@@ -71,14 +71,19 @@ def _boost(name, tp=2, precision="fp32", policy="even", freeze=None, **plugin_kw
 
 def _train(name, precision, plans, steps, tp=2, policy="even", **plugin_kwargs):
     """Losses of ``steps`` steps; before step ``s`` each plan in ``plans.get(s, [])`` is applied."""
+    return _steps(*_boost(name, tp, precision, policy, **plugin_kwargs), plans, steps, _batch)
+
+
+def _steps(booster, model, optimizer, plans, steps, batch):
+    """Train a boosted model ``steps`` steps on ``batch(step)``, applying ``plans.get(s, [])`` before
+    step ``s``: (losses, the plans' move reports)."""
     from semimig.sharding import apply_plan
 
-    booster, model, optimizer = _boost(name, tp, precision, policy, **plugin_kwargs)
     losses, reports = [], []
     for step in range(steps):
         for plan in plans.get(step, []):
             reports.append(apply_plan(model, optimizer, plan))
-        loss = model(**_batch(step)).loss
+        loss = model(**batch(step)).loss
         booster.backward(loss, optimizer)
         optimizer.step()
         optimizer.zero_grad()
@@ -284,19 +289,9 @@ def _zero_body(rank, world, stage):
 
 
 def _train_zero(plans, steps, plugin_kwargs, batch, freeze=None):
-    from semimig.sharding import apply_plan
-
     booster, model, optimizer = _boost("llama", 2, "bf16", "even", freeze=freeze, **plugin_kwargs)
-    losses, reports = [], []
     start = [p.detach().float().clone() for p in model.unwrap().parameters()]
-    for step in range(steps):
-        for plan in plans.get(step, []):
-            reports.append(apply_plan(model, optimizer, plan))
-        loss = model(**batch(step)).loss
-        booster.backward(loss, optimizer)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(float(loss.detach().float()))
+    losses, reports = _steps(booster, model, optimizer, plans, steps, batch)
     if not plans:  # the optimizer stepped: every weight (shapes as at the start: the even plan) moved
         moved = [not torch.equal(a, p.detach().float()) for a, p in zip(start, model.unwrap().parameters())]
         reports.append(sum(moved) / len(moved))

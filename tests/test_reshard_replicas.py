@@ -73,12 +73,11 @@ def _batches(dp_rank):
     return batch
 
 
-def _train(mode, straggler_on_replica_0):
+def _boosted():
+    """tp 2 x dp 2 (fp32): (plugin, booster, model, optimizer), the model in units re-sharding can move."""
     from colossalai.booster import Booster
     from colossalai.booster.plugin import HybridParallelPlugin
 
-    import semimig
-    from semimig.controller.reshard import ReshardConfig
     from semimig.resharder import even_reshardable_plan
     from semimig.shardformer import SemiMigPolicy
 
@@ -88,6 +87,14 @@ def _train(mode, straggler_on_replica_0):
                                                                                                block_size=BLOCK)))
     booster = Booster(plugin=plugin)
     model, optimizer, *_ = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    return plugin, booster, model, optimizer
+
+
+def _train(mode, straggler_on_replica_0):
+    import semimig
+    from semimig.controller.reshard import ReshardConfig
+
+    plugin, booster, model, optimizer = _boosted()
     dp_rank = plugin.dp_group.rank()
     straggler = straggler_on_replica_0 if dp_rank == 0 else None
     balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=mode, straggler=straggler,
@@ -140,22 +147,13 @@ def _global_batch(step):
 def _train_split(mode, straggler_on_replica_0):
     """``enable(..., batch=BatchSplit(...))`` with re-sharding: the global-batch mean loss per step."""
     import torch.distributed as dist
-    from colossalai.booster import Booster
-    from colossalai.booster.plugin import HybridParallelPlugin
 
     import semimig
     from semimig.allocation import run_iteration
     from semimig.controller.reshard import ReshardConfig
     from semimig.hybrid import ReplanConfig
-    from semimig.resharder import even_reshardable_plan
-    from semimig.shardformer import SemiMigPolicy
 
-    model = _model()
-    plugin = HybridParallelPlugin(tp_size=2, pp_size=1, precision="fp32", overlap_communication=False,
-                                  custom_policy=SemiMigPolicy(shard_plan=even_reshardable_plan(model.config, 2,
-                                                                                               block_size=BLOCK)))
-    booster = Booster(plugin=plugin)
-    model, optimizer, *_ = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    plugin, booster, model, optimizer = _boosted()
     straggler = straggler_on_replica_0 if plugin.dp_group.rank() == 0 else None
     balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=mode, straggler=straggler,
                               # stability and noise tests opened wide: Poplar moves samples at iteration 4 and a

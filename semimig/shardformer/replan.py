@@ -283,15 +283,26 @@ def _carriers(param: nn.Parameter, inner: torch.optim.Optimizer, masters: Dict[A
     master = masters.get(param, param)
     if master is not param:
         out.append((master.data, data_setter(master)))
-    state = inner.state.get(master, {})
-    for key in sorted(state, key=str):
-        value = state[key]
-        if not torch.is_tensor(value) or value.dim() == 0:
-            continue  # AdamW's step: the same for every slice
-        if value.shape != param.shape:
-            raise ConfigError(f"apply_plan: {type(inner).__name__} state {key!r} has shape {tuple(value.shape)}, "
-                              f"not its parameter's {tuple(param.shape)} (factored state cannot be re-sliced)")
+    for state, key, value in _sliced_state(inner, master, param.shape, "its parameter's"):
         out.append((value, state_setter(state, key)))
+    return out
+
+
+def _sliced_state(inner: torch.optim.Optimizer, key: Any, shape: torch.Size, whose: str
+                  ) -> List[Tuple[dict, Any, torch.Tensor]]:
+    """``(state dict, key, tensor)`` of every per-parameter state tensor of ``key`` (the parameter or its
+    master) laid out like it, ``shape``; a scalar (AdamW's ``step``) is the same for every slice and
+    stays; any other shape (factored state, e.g. Adafactor's) cannot be re-sliced and is refused."""
+    state = inner.state.get(key, {})
+    out = []
+    for name in sorted(state, key=str):
+        value = state[name]
+        if not torch.is_tensor(value) or value.dim() == 0:
+            continue
+        if value.shape != shape:
+            raise ConfigError(f"apply_plan: {type(inner).__name__} state {name!r} has shape {tuple(value.shape)}, "
+                              f"not {whose} {tuple(shape)} (factored state cannot be re-sliced)")
+        out.append((state, name, value))
     return out
 
 
@@ -352,14 +363,7 @@ def _zero_carriers(param: nn.Parameter, inner: torch.optim.Optimizer, zero: Any)
         return put
 
     out: List[Tuple[Any, Setter]] = [(param.data, put_working), (_Gathered(master.data, param, zero), put_master)]
-    state = inner.state.get(master, {})
-    for key in sorted(state, key=str):
-        value = state[key]
-        if not torch.is_tensor(value) or value.dim() == 0:
-            continue  # AdamW's step: the same for every slice
-        if value.shape != master.shape:
-            raise ConfigError(f"apply_plan: {type(inner).__name__} state {key!r} has shape {tuple(value.shape)}, not "
-                              f"its ZeRO master shard's {tuple(master.shape)} (factored state cannot be re-sliced)")
+    for state, key, value in _sliced_state(inner, master, master.shape, "its ZeRO master shard's"):
         out.append((_Gathered(value, param, zero), put_state(state, key)))
     return out
 
