@@ -343,6 +343,39 @@ def test_replicas_that_disagree_are_refused_and_a_frozen_layer_moves_under_zero(
     torch.testing.assert_close(replanned, uninterrupted, atol=BF16_ATOL, rtol=0.0)
 
 
+def _zero_checkpoint_body(rank, world, root):
+    import os
+
+    from semimig.shardformer import UnevenPlan
+
+    dp_rank = rank // 2
+    batch = lambda step: _batch(2 * step + dp_rank)  # noqa: E731
+    later = lambda step: batch(step + 3)  # noqa: E731
+    kwargs = dict(zero_stage=1, overlap_communication=False)
+    booster, model, optimizer = _boost("llama", 2, "bf16", "even", **kwargs)
+    _steps(booster, model, optimizer, {2: [UnevenPlan(**UNEVEN["llama"])]}, 3, batch)  # re-planned before step 2
+    booster.save_model(model, os.path.join(root, "model"), shard=True, size_per_shard=1)
+    booster.save_optimizer(optimizer, os.path.join(root, "optim"), shard=True, size_per_shard=1)
+    continued = _steps(booster, model, optimizer, {}, 2, later)[0]
+    dist.barrier()
+    booster, stock, stock_optimizer = _boost("llama", 2, "bf16", "stock", **kwargs)
+    booster.load_model(stock, os.path.join(root, "model"))
+    booster.load_optimizer(stock_optimizer, os.path.join(root, "optim"))
+    steps = sorted({float(state["step"]) for state in stock_optimizer.optim.state.values()})
+    resumed = _steps(booster, stock, stock_optimizer, {}, 2, later)[0]
+    return {"continued": continued, "resumed": resumed, "steps": steps}
+
+
+def test_a_checkpoint_saved_after_a_zero_re_plan_resumes_under_stock_colossalai(tmp_path):
+    """tp 2 x dp 2, bf16, ZeRO-1: re-planned in process (masters and moments gathered over DP, moved,
+    re-cut), trained a step, saved; stock Colossal-AI (even shards, its own policy) loads the files and
+    its next two steps are the re-planned run's (bf16: Colossal-AI rebuilds the fp32 masters from the
+    bf16 weights on load, so any resume drifts by their rounding — tests/test_uneven_checkpoint.py)."""
+    out = run_on_ranks(_zero_checkpoint_body, 4, str(tmp_path), timeout_s=600)
+    assert out["steps"] == [3.0], out["steps"]  # the loaded AdamW state: 3 steps, every parameter
+    torch.testing.assert_close(out["resumed"], out["continued"], atol=BF16_ATOL, rtol=0.0)
+
+
 def test_move_schedule_tiles_each_new_shard_once():
     from semimig.sharding import ShardPlan, move_schedule
 
