@@ -63,7 +63,7 @@ class ReplanDecision:
     scales: tuple[float, ...]
     """``m_g`` per group (1.0 where unmeasured)."""
     changed_groups: tuple[int, ...]
-    """The groups whose ``|m_g - 1|`` exceeded the threshold."""
+    """The groups whose ``|m_g - 1|`` exceeded the threshold (calibrating: every measured group)."""
 
 
 class ReplanTrigger:

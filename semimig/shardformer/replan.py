@@ -2,12 +2,12 @@
 
 :func:`current_plan` reads the plan a model runs under from its layers (each semimig paired layer
 keeps its shard sizes: ``shard_plans``, ``None`` for the even layout).  :func:`apply_plan` is a
-collective over the tensor-parallel group (and, with data-parallel replicas, over every rank of the
-world: the replicas move together), called by every rank between steps (after
+collective over the tensor-parallel group (and, with data-parallel replicas, over the data-parallel
+group too: the replicas move together), called by every rank between steps (after
 ``optimizer.step()`` and ``zero_grad()``), that moves the model to another plan:
 
-1. every rank resolves the new plan against the model and the ranks (the world's, with replicas)
-   all-gather a digest (plan, resolved sizes, old sizes, what their optimizers hold): a plan that
+1. every rank resolves the new plan against the model and the ranks (the TP group's, then each TP
+   position's replicas) all-gather a digest (plan, resolved sizes, old sizes, what their optimizers hold): a plan that
    does not fit the model, or ranks that disagree, raise :class:`~semimig.errors.ConfigError` on
    every rank (never a hang);
 2. for each paired layer whose sizes change, one layer at a time (its old and new tensors are the
@@ -491,12 +491,72 @@ def _digest(*items: Any) -> str:
     return hashlib.sha256(repr(items).encode()).hexdigest()[:16]
 
 
+Digest = Tuple[str, Any, Optional[str], str, str]
+"""A rank's ``(new plan, resolved sizes, problem resolving it, digest of old sizes, digest of what its
+optimizer holds)``."""
+
+
+def _tp_verdict(mine: Digest, rank: int, tp: int, group) -> Optional[str]:
+    """Phase 1 of the agreement (a collective over the TP group): the refusal every TP rank reaches
+    from the gathered digests, or ``None``."""
+    every = [mine] * tp
+    if tp > 1:
+        every = [None] * tp
+        dist.all_gather_object(every, mine, group=group)
+    for r, theirs in enumerate(every):
+        if theirs[2] is not None:
+            return f"apply_plan: {theirs[0]} does not fit the model (TP rank {r}): {theirs[2]}"
+    for r, theirs in enumerate(every):
+        if theirs[:2] != mine[:2]:
+            return (f"apply_plan: the tensor-parallel ranks disagree on the new plan: rank {rank} has {mine[0]}, "
+                    f"rank {r} has {theirs[0]}; every rank must pass the same plan")
+        if theirs[3:] != mine[3:]:
+            return (f"apply_plan: TP rank {r}'s model or optimizer state differs from rank {rank}'s (shard sizes "
+                    "or optimizer state kinds); re-plan only between steps, after optimizer.step() on every rank")
+    return None
+
+
+def _replica_group(model: nn.Module, zero: Any, layers: List[_Layer]):
+    """The data-parallel group whose replicas must move with this one: torch DDP's (HybridParallelPlugin
+    wraps the model in it at ZeRO 0) or ZeRO's (the layers' parameters' DP group); ``None`` at dp = 1.
+    Not the world: pipeline stages hold other layers, and a world may hold ranks outside the model."""
+    for ddp in model.modules():
+        if isinstance(ddp, nn.parallel.DistributedDataParallel) and dist.get_world_size(ddp.process_group) > 1:
+            return ddp.process_group
+    if zero is not None:
+        for _, param, _ in layers[0].params():
+            store = zero.pid_to_bucket_store.get(id(param))
+            if store is not None and store.world_size > 1:
+                return store.torch_pg
+    return None
+
+
+def _replica_verdict(mine: Digest, verdict: Optional[str], replicas) -> Optional[str]:
+    """Phase 2 (a collective over the DP group, reached by every rank: phase 1 raised nothing yet): the
+    rank at this TP position in every replica must hold the same digest; any replica's phase-1 refusal
+    is everyone's, so no replica moves alone (it would hang in ZeRO's gathers or mix shapes)."""
+    every = [None] * dist.get_world_size(replicas)
+    dist.all_gather_object(every, (mine, verdict), group=replicas)
+    for d, (_, theirs) in enumerate(every):
+        if theirs is not None:
+            return theirs if d == dist.get_rank(replicas) else f"{theirs} (on data-parallel replica {d})"
+    me = dist.get_rank(replicas)
+    for d, (theirs, _) in enumerate(every):
+        if theirs[:2] != mine[:2]:
+            return (f"apply_plan: the data-parallel replicas disagree on the new plan: replica {me} has {mine[0]}, "
+                    f"replica {d} has {theirs[0]}; every rank (tensor- and data-parallel) must pass the same plan")
+        if theirs[3:] != mine[3:]:
+            return (f"apply_plan: data-parallel replica {d}'s model or optimizer state differs from replica {me}'s "
+                    "(shard sizes or optimizer state kinds)")
+    return None
+
+
 @torch.no_grad()
 def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -> MoveReport:
     """Move ``model`` (built with :class:`~semimig.shardformer.SemiMigPolicy`) and ``optimizer`` to
     ``new_plan`` (an :class:`~semimig.shardformer.UnevenPlan`): a collective over the tensor-parallel
-    group (the layers' group, or ``group``, which must hold the same ranks) — over every rank of the
-    world when it holds data-parallel replicas — called by every rank between steps with the same plan.  See the module docstring; returns this rank's :class:`MoveReport`.
+    group (the layers' group, or ``group``, which must hold the same ranks) — and over the data-parallel
+    group when there are replicas — called by every rank between steps with the same plan.  See the module docstring; returns this rank's :class:`MoveReport`.
     """
     from semimig.shardformer.uneven import UnevenPlan
 
@@ -527,27 +587,12 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -
     old_sizes = tuple(layer.plans[0].sizes for layer in layers)
     new_sizes = None if resolved is None else (resolved.mlp.sizes, resolved.q.sizes, resolved.kv.sizes)
     mine = (str(new_plan), new_sizes, problem, _digest(old_sizes), signature)
-    # with data-parallel replicas the move is a collective over them too (ZeRO's master all-gathers, the DDP
-    # rebuild's broadcast): every rank of the world agrees first, so a replica left out or passing another
-    # plan is refused on every rank instead of hanging or mixing shapes in the next step
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    agree, who = (group, "TP rank") if world == tp else (None, "rank")
-    me = rank if agree is group else dist.get_rank()
-    every = [mine] * max(tp, world)
-    if world > 1:
-        every = [None] * (tp if agree is group else world)
-        dist.all_gather_object(every, mine, group=agree)
-    for r, theirs in enumerate(every):
-        if theirs[2] is not None:
-            raise ConfigError(f"apply_plan: {theirs[0]} does not fit the model ({who} {r}): {theirs[2]}")
-    for r, theirs in enumerate(every):
-        if theirs[:2] != mine[:2]:
-            raise ConfigError(f"apply_plan: the ranks disagree on the new plan: {who} {me} has {mine[0]}, {who} {r} "
-                              f"has {theirs[0]}; every rank (tensor- and data-parallel) must pass the same plan")
-        if theirs[3:] != mine[3:]:
-            raise ConfigError(f"apply_plan: {who} {r}'s model or optimizer state differs from {who} {me}'s "
-                              "(shard sizes or optimizer state kinds); re-plan only between steps, after "
-                              "optimizer.step() on every rank")
+    verdict = _tp_verdict(mine, rank, tp, group)
+    replicas = _replica_group(model, zero, layers)
+    if replicas is not None:  # the move is a collective over the replicas too (ZeRO's gathers, DDP's rebuild)
+        verdict = _replica_verdict(mine, verdict, replicas)
+    if verdict is not None:
+        raise ConfigError(verdict)
 
     sizes = {"q": resolved.q.sizes, "kv": resolved.kv.sizes, "mlp": resolved.mlp.sizes}
     changed, sent, received, moved = [], 0, 0, 0
@@ -560,7 +605,7 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -
         schedule = move_schedule(old, new)
         width = sum(plan.sizes[rank] for plan in new)
         jobs, puts = [], []
-        for (_, _, dim), (_, tensors) in zip(layer.params(), carriers[layer.name]):
+        for (_, _, dim), (_, tensors) in zip(layer.params(), carriers.pop(layer.name)):
             job = []
             for tensor, put in tensors:
                 tensor = _materialise(tensor)  # ZeRO: the DP shards gathered (same order on every rank)
@@ -573,7 +618,7 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -
         for put, tensor in zip(puts, new_tensors):
             put(tensor)
         sent, received, moved = sent + layer_sent, received + layer_received, moved + len(new_tensors)
-        del jobs, puts, new_tensors
+        del jobs, puts, new_tensors, tensors, tensor, job  # the old tensors and the gathered ones go now
     for layer, new in changed:
         for _, param, _ in layer.params():
             param.grad = None
