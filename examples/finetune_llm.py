@@ -24,9 +24,12 @@ iteration's batch a global one — every DP rank's ``--batch-size`` rows, the sa
 and lets Poplar give the faster TP groups more of its rows, calibrated from the first iterations
 (``semimig.enable(..., batch=semimig.BatchSplit(...))``; each micro-step's loss is scaled so the
 DP-averaged gradient stays the global-batch mean, and the logged loss is that mean).  ``even`` keeps
-every group on its own rows, the plain run's; the summary reports the split in force::
+every group on its own rows, the plain run's; a group's micro-steps hold at most ``--batch-size``
+rows (more become accumulation steps).  ``--straggler-replica D`` injects ``--straggler`` in replica
+``D`` only, so the groups differ; the summary reports the split in force::
 
-    torchrun --nproc_per_node 4 examples/finetune_llm.py --tp 2 --batch-split poplar
+    torchrun --nproc_per_node 4 examples/finetune_llm.py --tp 2 --batch-split poplar \
+        --straggler fixed:1:4:scope=device --straggler-replica 0
 
 The model is a tiny Llama built in code (no download) unless ``--model NAME`` names a Hugging Face
 causal LM, which is read with ``from_pretrained(NAME, local_files_only=True)``: the weights must
@@ -123,6 +126,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--shard-block", type=int, default=128,
                    help="MLP intermediate columns per --shard-plan unit (and per re-sharding unit)")
     p.add_argument("--straggler", default=None, help="test straggler, e.g. fixed:1:4 (TP rank 1 4x slower)")
+    p.add_argument("--straggler-replica", type=int, default=None, metavar="D",
+                   help="inject --straggler only in data-parallel replica D (default: in every TP group), e.g. to "
+                        "give --batch-split poplar a slow group to plan around")
     p.add_argument("--batch-split", default="none", choices=("none", "even", "poplar"),
                    help="with DP groups beside TP: split each global batch (--batch-size rows per DP rank) between "
                         "them; 'poplar' gives faster TP groups more rows (the gradient stays the global-batch mean)")
@@ -195,6 +201,9 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.shard_plan and (args.policy != "semimig" or args.balance == "mig"):
         raise ConfigError(f"--shard-plan {args.shard_plan} needs --policy semimig and a --balance other than mig "
                           f"(migration needs equal shards), got --policy {args.policy} --balance {args.balance}")
+    if args.straggler_replica is not None and args.straggler is None:
+        raise ConfigError(f"--straggler-replica {args.straggler_replica} names where --straggler acts: give --straggler")
+    check_int("--straggler-replica", args.straggler_replica, minimum=0, maximum=65535, allow_none=True)
     if args.batch_split != "none" and args.policy != "semimig":
         raise ConfigError(f"--batch-split {args.batch_split} times each data-parallel group by semimig's layers: it "
                           f"needs --policy semimig, got --policy {args.policy}")
@@ -459,11 +468,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         from semimig.controller.reflex import ReflexConfig
 
         reflex = None if args.reflex == "off" else ReflexConfig(forward=args.reflex == "on")
+        # a group's micro-steps hold at most --batch-size rows (the plain run's activation memory); more rows
+        # than that become accumulation steps
         split = None if args.batch_split == "none" else \
-            semimig.BatchSplit(global_batch_size=args.batch_size * plugin.dp_size, allocation=args.batch_split)
+            semimig.BatchSplit(global_batch_size=args.batch_size * plugin.dp_size, allocation=args.batch_split,
+                               max_batch_size=args.batch_size)
+        if args.straggler_replica is not None and args.straggler_replica >= plugin.dp_size:
+            sys.exit(f"finetune_llm.py: error: --straggler-replica must be below the {plugin.dp_size} data-parallel "
+                     f"replica(s), got {args.straggler_replica}")
+        replica = torch.distributed.get_rank(plugin.dp_group)
+        straggler = args.straggler if args.straggler_replica in (None, replica) else None
         try:
             balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=args.balance,
-                                      straggler=args.straggler, log_every=args.log_every,
+                                      straggler=straggler, log_every=args.log_every,
                                       config=BalanceConfig(controller=ControllerConfig(reflex=reflex)),
                                       reshard=ReshardConfig(window=args.reshard_window, horizon=args.steps,
                                                             block_size=args.shard_block), batch=split)

@@ -106,20 +106,23 @@ def test_shakespeare_trains_and_records_validation_losses(tmp_path: Path) -> Non
 
 
 def test_a_batch_split_trains_the_model_of_the_plain_data_parallel_run(tmp_path: Path) -> None:
-    """tp 2 x dp 2: ``--batch-split poplar`` feeds every rank the global batch (both DP streams) and
-    Poplar splits it between the TP groups; the gradient is the global-batch mean, so the model —
-    its validation loss after every 3 steps — is the plain run's, where each DP rank trains on its
-    own stream (fp32 reassociation: the scaled micro-step losses sum in another order)."""
-    flags = ("--tp", "2", "--steps", "6", "--balance", "off", "--eval-every", "3")
+    """tp 2 x dp 2, replica 0's TP rank 1 a 4x slower device: ``--batch-split poplar`` feeds every rank
+    the global batch (both DP streams), calibrates the groups' speeds (iteration 7: window 5 + patience
+    3 - 1) and gives the slow replica fewer rows; the gradient is the global-batch mean, so the model —
+    its validation loss after 5 and 10 steps — is the plain run's, where each DP rank trains on its own
+    stream (fp32 reassociation: the scaled micro-step losses sum in another order)."""
+    flags = ("--tp", "2", "--steps", "10", "--balance", "off", "--eval-every", "5")
+    straggler = ("--straggler", "fixed:1:4:scope=device", "--straggler-replica", "0")
     _, plain = _torchrun(tmp_path, "plain", *flags, ranks=4)
-    _, split = _torchrun(tmp_path, "split", *flags, "--batch-split", "poplar", ranks=4)
+    _, split = _torchrun(tmp_path, "split", *flags, *straggler, "--batch-split", "poplar", ranks=4)
     assert "batch_split" not in plain["summary"]
     allocation, samples = split["summary"]["batch_split"].split(":")
-    assert allocation == "poplar" and sum(int(s) for s in samples.split("/")) == 2 * 4, split["summary"]
-    assert [s for s, _ in split["val_losses"]] == [3, 6] == [s for s, _ in plain["val_losses"]]
+    slow, fast = (int(s) for s in samples.split("/"))
+    assert allocation == "poplar" and slow + fast == 2 * 4 and slow < fast, split["summary"]
+    assert [s for s, _ in split["val_losses"]] == [5, 10] == [s for s, _ in plain["val_losses"]]
     torch.testing.assert_close(torch.tensor([v for _, v in split["val_losses"]]),
                                torch.tensor([v for _, v in plain["val_losses"]]), atol=1e-5, rtol=0.0)
-    assert all(math.isfinite(v) for v in split["losses"]) and len(split["losses"]) == 6
+    assert all(math.isfinite(v) for v in split["losses"]) and len(split["losses"]) == 10
 
 
 def test_without_torchrun_it_says_how_to_start_it() -> None:
@@ -151,6 +154,8 @@ def _example():
     (["--tp", "3"], "--tp"), (["--straggler", "fixed:1:4:scope=node"], "scope"),
     (["--straggler", "fixed:1"], "fixed:1"), (["--policy", "colossalai", "--balance", "semi"], "--policy"),
     (["--policy", "colossalai", "--balance", "off", "--batch-split", "poplar"], "--batch-split"),
+    (["--straggler-replica", "0"], "--straggler-replica"), (["--straggler", "fixed:1:4", "--straggler-replica", "-1"],
+                                                            "--straggler-replica"),
 ])
 def test_bad_flags_are_refused_before_any_rank_starts(flags, named, capsys):
     with pytest.raises(SystemExit) as exit_info:
