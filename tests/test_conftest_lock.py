@@ -11,10 +11,13 @@ from conftest import _cpu_lock, _mutex
 
 
 def _hold(directory, exclusive, name, seconds, log):
+    """Log ``(time, event)`` while holding the lock: a Queue's feeder thread may deliver one process's
+    "out" after the next holder's "in", so the order is the monotonic clock's (system-wide), not the
+    queue's (CI once read ['exclusive in', 'shared-1 out', ...])."""
     with _cpu_lock(directory, exclusive=exclusive):
-        log.put(f"{name} in")
+        log.put((time.monotonic(), f"{name} in"))
         time.sleep(seconds)
-        log.put(f"{name} out")
+        log.put((time.monotonic(), f"{name} out"))
 
 
 def test_an_exclusive_case_waits_for_the_holders_and_new_cases_wait_for_it(tmp_path):
@@ -22,13 +25,13 @@ def test_an_exclusive_case_waits_for_the_holders_and_new_cases_wait_for_it(tmp_p
     log = ctx.Queue()
     first = ctx.Process(target=_hold, args=(str(tmp_path), False, "shared-1", 1.0, log))
     first.start()
-    assert log.get(timeout=30) == "shared-1 in"
+    assert log.get(timeout=30)[1] == "shared-1 in"
     exclusive = ctx.Process(target=_hold, args=(str(tmp_path), True, "exclusive", 0.3, log))
     exclusive.start()
     time.sleep(0.5)  # the exclusive request is now waiting (the holder keeps the lock 1 s)
     late = ctx.Process(target=_hold, args=(str(tmp_path), False, "shared-2", 0.0, log))
     late.start()
-    order = [log.get(timeout=30) for _ in range(5)]
+    order = [event for _, event in sorted(log.get(timeout=30) for _ in range(5))]
     for p in (first, exclusive, late):
         p.join(timeout=30)
         assert p.exitcode == 0
@@ -63,7 +66,7 @@ def test_shared_cases_hold_the_lock_together(tmp_path):
     procs = [ctx.Process(target=_hold, args=(str(tmp_path), False, f"s{i}", 0.5, log)) for i in range(2)]
     for p in procs:
         p.start()
-    order = [log.get(timeout=30) for _ in range(4)]
+    order = [event for _, event in sorted(log.get(timeout=30) for _ in range(4))]
     for p in procs:
         p.join(timeout=30)
         assert p.exitcode == 0
