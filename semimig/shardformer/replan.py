@@ -496,6 +496,20 @@ Digest = Tuple[str, Any, Optional[str], str, str]
 optimizer holds)``."""
 
 
+def _first_disagreement(mine: Digest, every: List[Digest], me: int, peer: str) -> Optional[str]:
+    """The refusal for the first of ``every`` (gathered digests, indexed like ``me``) that holds another
+    plan (fields ``[:2]``) or another model or optimizer state (fields ``[3:]``) than ``mine``, or ``None``.
+    ``peer`` names one of them: ``"TP rank"`` or ``"data-parallel replica"``."""
+    for r, theirs in enumerate(every):
+        if theirs[:2] != mine[:2]:
+            return (f"apply_plan: {peer} {me} and {peer} {r} disagree on the new plan: {peer} {me} has {mine[0]}, "
+                    f"{peer} {r} has {theirs[0]}; every rank (tensor- and data-parallel) must pass the same plan")
+        if theirs[3:] != mine[3:]:
+            return (f"apply_plan: {peer} {r}'s model or optimizer state differs from {peer} {me}'s (shard sizes "
+                    "or optimizer state kinds); re-plan only between steps, after optimizer.step() on every rank")
+    return None
+
+
 def _tp_verdict(mine: Digest, rank: int, tp: int, group) -> Optional[str]:
     """Phase 1 of the agreement (a collective over the TP group): the refusal every TP rank reaches
     from the gathered digests, or ``None``."""
@@ -506,14 +520,7 @@ def _tp_verdict(mine: Digest, rank: int, tp: int, group) -> Optional[str]:
     for r, theirs in enumerate(every):
         if theirs[2] is not None:
             return f"apply_plan: {theirs[0]} does not fit the model (TP rank {r}): {theirs[2]}"
-    for r, theirs in enumerate(every):
-        if theirs[:2] != mine[:2]:
-            return (f"apply_plan: the tensor-parallel ranks disagree on the new plan: rank {rank} has {mine[0]}, "
-                    f"rank {r} has {theirs[0]}; every rank must pass the same plan")
-        if theirs[3:] != mine[3:]:
-            return (f"apply_plan: TP rank {r}'s model or optimizer state differs from rank {rank}'s (shard sizes "
-                    "or optimizer state kinds); re-plan only between steps, after optimizer.step() on every rank")
-    return None
+    return _first_disagreement(mine, every, rank, "TP rank")
 
 
 def _replica_group(model: nn.Module, zero: Any, layers: List[_Layer]):
@@ -540,15 +547,8 @@ def _replica_verdict(mine: Digest, verdict: Optional[str], replicas) -> Optional
     for d, (_, theirs) in enumerate(every):
         if theirs is not None:
             return theirs if d == dist.get_rank(replicas) else f"{theirs} (on data-parallel replica {d})"
-    me = dist.get_rank(replicas)
-    for d, (theirs, _) in enumerate(every):
-        if theirs[:2] != mine[:2]:
-            return (f"apply_plan: the data-parallel replicas disagree on the new plan: replica {me} has {mine[0]}, "
-                    f"replica {d} has {theirs[0]}; every rank (tensor- and data-parallel) must pass the same plan")
-        if theirs[3:] != mine[3:]:
-            return (f"apply_plan: data-parallel replica {d}'s model or optimizer state differs from replica {me}'s "
-                    "(shard sizes or optimizer state kinds)")
-    return None
+    return _first_disagreement(mine, [theirs for theirs, _ in every], dist.get_rank(replicas),
+                               "data-parallel replica")
 
 
 @torch.no_grad()
