@@ -3,7 +3,7 @@
 #   make test    the test suite (the full suite; the 15 slowest cases listed at the end)
 #   make test-fast   the edit loop: every case not marked slow (tests/conftest.py: SLOW_MODULES)
 #   (PYTEST_WORKERS=2 runs either on 2 xdist workers, ~25 % faster but not yet reliable: see README)
-#   make tables  the README's generated tables, rewritten from docs/results/ (scripts/readme_tables.py)
+#   make tables  the generated tables of README.md and docs/RESULTS.md, rewritten from docs/results/ (scripts/readme_tables.py)
 # Each creates the virtualenv .venv and install everything on first use (scripts/bootstrap.sh).
 VENV ?= .venv
 BENCH_ARGS ?=

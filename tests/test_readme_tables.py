@@ -12,12 +12,23 @@ from semimig.errors import ConfigError
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_every_generated_readme_table_matches_its_result_file():
-    text = (ROOT / "README.md").read_text()
-    new, changed, marked = regenerate(text, ROOT)
-    assert marked >= 5, "the README's generated tables lost their markers"
+@pytest.mark.parametrize("document, least", [("README.md", 3), ("docs/RESULTS.md", 30)])
+def test_every_generated_readme_table_matches_its_result_file(document, least):
+    path = ROOT / document
+    text = path.read_text()
+    new, changed, marked = regenerate(text, path.parent)
+    assert marked >= least, f"{document}'s generated tables lost their markers"
     assert changed == [], f"run `make tables`: {changed}"
     assert new == text
+
+
+def test_the_default_documents_are_both_checked_and_a_missing_one_is_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    assert main(["--check"]) == 0
+    out = capsys.readouterr().out
+    assert "README.md: " in out and "docs/RESULTS.md: " in out
+    with pytest.raises(ConfigError, match="nowhere.md"):
+        main([str(tmp_path / "nowhere.md"), "--check"])
 
 
 def _run(step, val, *, events=(), shed="0.000,0.000", share=(0.8, 0.7)):

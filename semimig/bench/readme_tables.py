@@ -4,7 +4,7 @@ A table the README generates is preceded by a marker line::
 
     <!-- table: KIND FILE -->
 
-(``FILE`` relative to the README) and is the run of ``|`` lines right after it.  :func:`render` turns
+(``FILE`` relative to the document: ``README.md`` or ``docs/RESULTS.md``) and is the run of ``|`` lines right after it.  :func:`render` turns
 one result file into the table's lines for its kind; :func:`regenerate` rewrites every marked
 table of a README's text and names the tables that changed.  ``scripts/readme_tables.py``
 (``make tables``) writes the README; ``--check`` only says which tables differ, and the test suite
@@ -260,24 +260,36 @@ def regenerate(text: str, root: Path) -> tuple[str, list[str], int]:
     return "\n".join(out), changed, marked
 
 
+DOCUMENTS = (Path("README.md"), Path("docs/RESULTS.md"))
+"""The documents ``make tables`` keeps: the README's summary and the full results log."""
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``scripts/readme_tables.py [--check] [README]``: write the README's marked tables, or check them."""
+    """``scripts/readme_tables.py [--check] [DOCUMENT ...]``: write the marked tables of each document
+    (default :data:`DOCUMENTS`, relative to the working directory), or check them.  A marker's file is
+    relative to its own document."""
     import argparse
 
     parser = argparse.ArgumentParser(description="regenerate the README's tables from docs/results/")
-    parser.add_argument("readme", nargs="?", default="README.md", type=Path)
+    parser.add_argument("documents", nargs="*", type=Path, help=f"default: {' '.join(map(str, DOCUMENTS))}")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 naming the tables that differ")
     args = parser.parse_args(argv)
-    text = args.readme.read_text()
-    new, changed, marked = regenerate(text, args.readme.resolve().parent)
-    if args.check:
-        for marker in changed:
-            print(f"{args.readme}: differs from its file: {marker}")
-        print(f"{marked} generated table(s), {len(changed)} out of date")
-        return 1 if changed else 0
-    if new != text:
-        from semimig._io import write_atomically
+    stale = 0
+    for document in args.documents or DOCUMENTS:
+        try:
+            text = document.read_text()
+        except OSError as err:
+            raise ConfigError(f"cannot read {document}: {err}") from None
+        new, changed, marked = regenerate(text, document.resolve().parent)
+        stale += len(changed)
+        if args.check:
+            for marker in changed:
+                print(f"{document}: differs from its file: {marker}")
+            print(f"{document}: {marked} generated table(s), {len(changed)} out of date")
+            continue
+        if new != text:
+            from semimig._io import write_atomically
 
-        write_atomically(args.readme, new)
-    print(f"{marked} generated table(s), {len(changed)} rewritten")
-    return 0
+            write_atomically(document, new)
+        print(f"{document}: {marked} generated table(s), {len(changed)} rewritten")
+    return 1 if args.check and stale else 0

@@ -31,6 +31,12 @@ def _where(device: str, env: Optional[TorchrunEnv]) -> str:
     return where + (f", the launcher's {env.world_size} ranks" if env is not None else "")
 
 
+def _compute_words(cfg: BenchConfig) -> str:
+    """How a sweep's compute is obtained, for its banner."""
+    return (f"emulated device {cfg.device_ms:g} ms/iter" if cfg.compute == "emulated"
+            else "measured compute (real GEMMs, one thread per rank)")
+
+
 def straggler_sweep(cfg: BenchConfig) -> Sweep:
     """The 1-D benchmark of a :class:`BenchConfig` (``allocation`` None)."""
     from semimig.bench.train import run_case
@@ -40,8 +46,7 @@ def straggler_sweep(cfg: BenchConfig) -> Sweep:
                          "grid_sweep runs this one")
 
     def banner(todo: int, total: int, env: Optional[TorchrunEnv]) -> str:
-        compute = (f"emulated device {cfg.device_ms:g} ms/iter" if cfg.compute == "emulated"
-                   else "measured compute (real GEMMs, one thread per rank)")
+        compute = _compute_words(cfg)
         return (f"semimig bench: ViT {cfg.size} on digits, tp={cfg.tp} dp={cfg.dp}, pattern {cfg.pattern}, "
                 f"{cfg.epochs}x{cfg.iters_per_epoch} iterations, {compute}, straggler scope {cfg.scope}, {len(cfg.modes)} modes x "
                 f"{len(cfg.chis)} chi x {len(cfg.seeds)} seeds on {_where(cfg.device, env)}; {todo} of {total} "
@@ -87,8 +92,7 @@ def grid_sweep(cfg: BenchConfig) -> Sweep:
     pattern = " / ".join(",".join(f"{c:g}" for c in row) for row in cfg.grid_chis())
 
     def banner(todo: int, total: int, env: Optional[TorchrunEnv]) -> str:
-        compute = (f"emulated device {cfg.device_ms:g} ms/iter" if cfg.compute == "emulated"
-                   else "measured compute (real GEMMs, one thread per rank)")
+        compute = _compute_words(cfg)
         return (f"semimig bench 2-D: ViT {cfg.size} on digits, tp={cfg.tp} x dp={cfg.dp}, zero {cfg.zero_stage} "
                 f"{cfg.precision}, allocation {cfg.allocation}, chi per group {pattern}, "
                 f"{cfg.epochs}x{cfg.iters_per_epoch} iterations of {cfg.global_batch_size} samples, {compute}, "
