@@ -96,7 +96,9 @@ _PARENT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     from test_launch import _sleep_body
+    from semimig import launch
     from semimig.launch import run_on_ranks
+    launch._PRELOAD = ["torch", "torch.distributed"]  # what a sleeping rank needs: no Colossal-AI (~10 s a start)
     run_on_ranks(_sleep_body, 2, timeout_s=None, collective_timeout_s=60)
 """)
 
