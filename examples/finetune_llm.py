@@ -211,11 +211,16 @@ def check_flags(args: argparse.Namespace) -> None:
         from semimig.straggler import StragglerConfig
 
         StragglerConfig.from_cli(args.straggler)  # names the bad token
-    from semimig._io import check_output_file
+    from pathlib import Path
 
-    for flag, path in (("--json", args.json), ("--started-file", args.started_file)):
+    from semimig._io import check_apart, check_output_file
+
+    outputs = (("--json", args.json), ("--started-file", args.started_file))
+    for flag, path in outputs:
         if path is not None:
             check_output_file(path, flag)
+    partial = None if args.save is None else Path(args.save).with_name(Path(args.save).name + ".partial")
+    check_apart(outputs, (("--save", args.save), ("--save's staging directory", partial), ("--resume", args.resume)))
     check_checkpoint_flags(args)
 
 

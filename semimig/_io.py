@@ -23,11 +23,11 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Union
+from typing import Any, Iterable, Optional, Tuple, Union
 
 from semimig.errors import ConfigError
 
-__all__ = ["check_input_file", "check_output_file", "check_output_dir", "write_atomically", "write_json", "write_figure"]
+__all__ = ["check_apart", "check_figure_path", "check_input_file", "check_output_file", "check_output_dir", "write_atomically", "write_json", "write_figure"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -105,6 +105,45 @@ def check_output_file(path: PathLike, flag: str, *, inputs: Iterable[PathLike] =
     if not parent.exists() and not make_parents:
         raise ConfigError(f"cannot write {flag} {path}: directory {parent} does not exist")
     _writable_directory(parent, flag, path)
+    return path
+
+
+def check_apart(files: Iterable[Tuple[str, Optional[PathLike]]],
+                trees: Iterable[Tuple[str, Optional[PathLike]]] = ()) -> None:
+    """Refuse outputs that would destroy each other: two ``files`` at one path, or a file at or inside
+    one of ``trees`` (a directory another flag reads or writes whole: a checkpoint).  ``(flag, path)``
+    pairs, ``None`` paths skipped; paths compared where they would be (links resolved, existing or
+    not).  Called before any work, so nothing is lost at the end of a long run."""
+    def where(path: PathLike) -> Path:
+        return Path(os.path.realpath(path))
+
+    files = [(flag, where(path), path) for flag, path in files if path is not None]
+    for i, (flag, real, given) in enumerate(files):
+        for other, other_real, other_given in files[:i]:
+            if real == other_real:
+                raise ConfigError(f"{flag} {given} and {other} {other_given} are one path: the second write would "
+                                  "destroy the first; give two paths")
+    for tree_flag, tree in trees:
+        if tree is None:
+            continue
+        for flag, real, given in files:
+            if real == where(tree) or where(tree) in real.parents:
+                raise ConfigError(f"{flag} {given} is inside {tree_flag} {tree}: writing it there would overwrite or "
+                                  f"break that checkpoint; give a path outside it")
+
+
+FIGURE_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")
+"""The figure formats :func:`write_figure` is asked for by a path's suffix (matplotlib's common ones)."""
+
+
+def check_figure_path(path: PathLike, flag: str) -> Path:
+    """:func:`check_output_file`, and a suffix matplotlib renders (``.png``, ``.pdf``, ...; none: PNG):
+    refused before the run instead of failing after it."""
+    path = check_output_file(path, flag)
+    suffix = path.suffix.lstrip(".").lower()
+    if suffix and suffix not in FIGURE_FORMATS:  # no suffix: written as PNG
+        raise ConfigError(f"{flag} {path}: a figure is written as {', '.join('.' + f for f in FIGURE_FORMATS)}, "
+                          f"got {path.suffix!r}")
     return path
 
 

@@ -176,6 +176,34 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_training(flag, 
         assert fragment in err and flag in err, (path, err)
 
 
+def test_an_output_inside_a_checkpoint_or_on_another_output_is_refused_before_training(tmp_path, capsys):
+    """Found by review: ``--json`` inside ``--resume DIR`` replaced its state file at the end of the run
+    (the checkpoint then unreadable); ``--started-file`` / ``--json`` in or at ``--save DIR`` (or its
+    ``.partial``) crashed the save after all the training.  Each is refused by name, nothing written."""
+    example = _example()
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    state = ckpt / "finetune_state.json"
+    state.write_text('{"step": 3, "flags": {}}')
+    (tmp_path / "empty").mkdir()
+    cases = [
+        (["--resume", str(ckpt), "--steps", "8", "--json", str(state)], "inside --resume"),
+        (["--resume", str(ckpt), "--steps", "8", "--started-file", str(ckpt / "go")], "inside --resume"),
+        (["--save", str(tmp_path / "empty"), "--started-file", str(tmp_path / "empty" / "go")], "inside --save"),
+        (["--save", str(tmp_path / "new"), "--started-file", str(tmp_path / "new")], "inside --save"),
+        (["--save", str(tmp_path / "new"), "--json", str(tmp_path / "new.partial")], "staging directory"),
+        (["--json", str(tmp_path / "r.json"), "--started-file", str(tmp_path / "r.json")], "are one path"),
+    ]
+    for flags, fragment in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            example.parse_args(flags)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and fragment in err and "Traceback" not in err, (flags, err)
+    assert state.read_text() == '{"step": 3, "flags": {}}' and sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt", "empty"] and not any((tmp_path / "empty").iterdir())
+    example.parse_args(["--save", str(tmp_path / "new"), "--json", str(tmp_path / "new.json")])  # beside it: fine
+
+
 def test_a_nonfinite_loss_stops_the_run_naming_the_step():
     example = _example()
     args = example.parse_args([])
