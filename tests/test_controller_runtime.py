@@ -333,3 +333,36 @@ def test_the_pretest_pauses_while_no_straggler_is_flagged():
     assert advanced and paused, rows  # it ran while rank 1 straggled and waited once it no longer did
     assert all(rows[i][0] for i in advanced)  # a task ran only at a step with a straggler flagged
     assert all(not rows[i][0] for i in paused)
+
+
+def _hooks_body(rank, world):
+    from semimig.controller import BalanceConfig, BalanceController
+    from semimig.errors import ConfigError
+    from semimig.straggler import StragglerConfig
+
+    model = _model(world, width=16)()
+    layers = (model.fc1, model.fc2)
+
+    def hooks():
+        return [len(layer._forward_pre_hooks) for layer in layers]
+
+    before = hooks()
+    with pytest.raises(ConfigError, match=r"straggler ranks \[5\] do not exist"):
+        BalanceController(model, BalanceConfig(straggler=StragglerConfig.from_cli("fixed:5:4")))
+    refused = hooks()
+    live = []
+    for _ in range(3):  # what every re-plan of mode reshard/semi does: close the old controller, build a new one
+        ctl = BalanceController(model, BalanceConfig(mode="zero-pri"))
+        live.append(hooks())
+        ctl.close()
+        ctl.close()  # idempotent
+    return before, refused, live, hooks()
+
+
+def test_a_refused_or_closed_controller_leaves_no_hook_on_the_layers():
+    """Found by review: every controller put a forward pre-hook on each layer (holding its priority
+    list, a host copy of the weight) and nothing removed it — a refused controller, a closed one and
+    the one each re-plan replaces left theirs behind."""
+    before, refused, live, after = run_on_ranks(_hooks_body, 2)
+    assert refused == before and after == before, (before, refused, after)
+    assert live == [[n + 1 for n in before]] * 3, live

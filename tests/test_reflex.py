@@ -142,7 +142,8 @@ def test_the_fitted_fixed_fraction_raises_the_share():
                                           ({"evidence_share": 1.5}, "evidence_share"),
                                           ({"min_excess_s": -1.0}, "min_excess_s"),
                                           ({"history": 2, "min_history": 3}, "min_history"),
-                                          ({"grain": 0.0}, "grain")])
+                                          ({"grain": 0.0}, "grain"), ({"forward": "no"}, "forward"),
+                                          ({"forward": 1}, "forward")])
 def test_bad_reflex_settings_are_refused_by_name(kwargs, name):
     with pytest.raises(ConfigError, match=name):
         ReflexConfig(**kwargs)

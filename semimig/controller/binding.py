@@ -119,11 +119,21 @@ class LayerBinding:
         self.generator = torch.Generator().manual_seed(resizing.seed * 1009 + rank)
         self.iteration = 0
         """The iteration of the directives in force (the reflex's lineage records carry it)."""
+        self._hooks: list = []
+        """The forward pre-hooks this binding put on its layers (:meth:`detach` removes them)."""
         for b in self.layers:
             b.layer.layer_name = b.name
             if prioritized:
                 b.priority = PriorityList(gemm_weight(b.layer), revisit=resizing.revisit_pruned)
-            b.layer.register_forward_pre_hook(self._note_tokens(b))
+            self._hooks.append(b.layer.register_forward_pre_hook(self._note_tokens(b)))
+
+    def detach(self) -> None:
+        """Remove this binding's hooks from the layers (idempotent).  Each hook holds its layer's
+        priority list (host copies of the weight), so a controller that is closed or refused, or one
+        a re-plan replaces, would otherwise leave a hook and a weight copy per layer behind."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
 
     # ------------------------------------------------------------------ statistics (Alg. 1)
     def end_period(self, period: int) -> None:

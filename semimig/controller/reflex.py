@@ -49,7 +49,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional
 
-from semimig._validate import check_int, check_number
+from semimig._validate import check_bool, check_int, check_number
 
 __all__ = ["ReflexConfig", "StepReflex", "reflex_gamma"]
 
@@ -103,6 +103,7 @@ class ReflexConfig:
         check_int("ReflexConfig.history", self.history, minimum=1, maximum=1000)
         check_int("ReflexConfig.min_history", self.min_history, minimum=1, maximum=self.history)
         check_number("ReflexConfig.grain", self.grain, minimum=0.0, low_open=True, maximum=1.0)
+        check_bool("ReflexConfig.forward", self.forward)  # "no" or 1 would read as True: forward calls pruned
 
 
 def reflex_gamma(slowdown: float, fixed_fraction: float, gamma_max: float, grain: float) -> float:

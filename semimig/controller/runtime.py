@@ -223,10 +223,23 @@ class BalanceController:
             process_group = layers[0].process_group if layers else None
         self.group = process_group
         self.rank, self.size = P.group_rank(process_group), P.group_size(process_group)
+        self.injector = StragglerInjector(config.straggler, self.rank, self.size)  # refuses a bad rank before any hook
         self.binding = LayerBinding(model, res, config.dense_layers, prioritized=prioritized, rank=self.rank)
+        try:
+            self._build(config, process_group, iterations_per_epoch)
+        except BaseException:
+            self.binding.clear_directives()  # a refused controller leaves the model as it found it
+            self.binding.detach()
+            clock = getattr(self, "clock", None)
+            if clock is not None:
+                clock.detach()
+            raise
+
+    def _build(self, config: BalanceConfig, process_group, iterations_per_epoch: Optional[int]) -> None:
+        """The rest of ``__init__``, after the layers are bound."""
+        res = config.resizing
         device = self.binding.layers[0].layer.weight.device
         self._collective_device = P.collective_device(process_group)
-        self.injector = StragglerInjector(config.straggler, self.rank, self.size)
         self.meter = BusyMeter(self.injector, device=device)
         reflex_config, resizes = config.controller.reflex, config.mode.startswith("zero") or config.mode == "semi"
         self.reflex = StepReflex(reflex_config, gamma_max=res.gamma_max) if resizes and reflex_config else None
@@ -321,8 +334,10 @@ class BalanceController:
             raise
 
     def close(self) -> None:
-        """Stop the device clock (the collectives are unwrapped once no clock is attached); idempotent."""
+        """Stop the device clock (the collectives are unwrapped once no clock is attached) and remove
+        the layers' hooks; idempotent."""
         self.clock.detach()
+        self.binding.detach()
 
     def step(self) -> StepReport:
         """Close the iteration: measure, check agreement, decide (collectively), set the next directives.
