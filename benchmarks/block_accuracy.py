@@ -83,6 +83,24 @@ def train(gamma: float, block: int, seed: int, steps: int, data, own_share: floa
         return (model(pixel_values=x_te).logits.argmax(1) == y_te).float().mean().item()
 
 
+def check_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every value in range before the dense baseline trains (not after it, minutes later)."""
+    from semimig.resizing.config import BLOCKS
+
+    if args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
+    if not args.seeds or min(args.seeds) < 0:
+        parser.error(f"--seeds must be one or more integers >= 0, got {args.seeds}")
+    bad = [g for g in args.gammas if not 0.0 <= g < 1.0]
+    if not args.gammas or bad:
+        parser.error(f"--gammas must be shares in [0, 1), got {args.gammas}")
+    bad = [b for b in args.blocks if b not in BLOCKS]
+    if not args.blocks or bad:
+        parser.error(f"--blocks must be some of {BLOCKS}, got {args.blocks}")
+    if not 0.0 < args.own_share <= 1.0:
+        parser.error(f"--own-share must be in (0, 1], got {args.own_share}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200)
@@ -92,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--own-share", type=float, default=0.5, help="share of each layer's K the straggler owns")
     add_json_flag(parser, required=False, help="write {steps, own_share, rows} here")
     args = parser.parse_args(argv)
+    check_flags(parser, args)
     torch.set_num_threads(1)
     data = digits_split()
     rows = [{"gamma": 0.0, "block": 1, "seed": s, "accuracy": train(0.0, 1, s, args.steps, data)} for s in args.seeds]

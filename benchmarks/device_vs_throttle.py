@@ -33,10 +33,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     add_run_flags(p)
     args = p.parse_args(argv)
-    args.chi = args.chi or 1.0 / args.fraction  # default: the throttle's own slowdown
+    if args.chi is None:  # default: the throttle's own slowdown (a bad --fraction is refused just below)
+        args.chi = 1.0 / args.fraction if 0 < args.fraction <= 1 else 1.0
     check_run_flags(p, args, ("steps", "repeats"))
-    # what time_to_loss.command reads
-    args.straggler, args.pattern, args.eval_every = "real", None, 0
+    # what time_to_loss.command reads (the reflex's default: these runs are unbalanced, it never acts)
+    args.straggler, args.pattern, args.eval_every, args.reflex = "real", None, 0, "on"
     return args
 
 

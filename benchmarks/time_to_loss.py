@@ -100,15 +100,27 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="PNG: validation loss against training time")
     add_run_flags(p)
     args = p.parse_args(argv)
-    args.steps = args.steps or (40 if args.quick else 60)
-    args.repeats = args.repeats or (1 if args.quick else 3)
-    args.chi = args.chi or 4.0
+    if args.steps is None:  # `is None`, not `or`: a given 0 is refused below, never replaced by the default
+        args.steps = 40 if args.quick else 60
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
+    if args.chi is None:
+        args.chi = 4.0
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
     if bad:
         p.error(f"--modes: unknown mode(s) {bad}; expected some of {MODES}")
     args.modes = ["healthy"] + [m for m in modes if m != "healthy"]
     check_run_flags(p, args, ("steps", "repeats", "eval_every"))
+    if args.plot is not None:
+        from semimig._io import check_apart, check_figure_path
+        from semimig.errors import ConfigError
+
+        try:  # refused now, not after the runs (the JSON would be written, the plot then fail or replace it)
+            check_apart((("--json", args.json), ("--plot", args.plot)))
+            check_figure_path(args.plot, "--plot")
+        except ConfigError as err:
+            p.error(str(err))
     if args.pattern is not None and args.straggler == "neighbour":
         p.error("--pattern: a noisy neighbour runs for the whole run (use --straggler real or device for a pattern)")
     if args.pattern is not None:

@@ -120,6 +120,11 @@ def test_bench_refuses_unwritable_outputs_before_training(tmp_path, capsys):
     assert f"--json {blocker / 'r.json'}: cannot create {blocker}" in capsys.readouterr().err
     assert main(["bench", "--json", str(tmp_path / "r.json"), "--plots", str(blocker), "--dry-run"]) == 2
     assert f"--plots {blocker} is a file" in capsys.readouterr().err
+    same = tmp_path / "out"  # review: --plots made the directory at --json's path, then advised --overwrite
+    assert main(["bench", "--json", str(same), "--plots", str(same), "--dry-run"]) == 2
+    assert f"--plots {same} and --json {same} are one path" in capsys.readouterr().err
+    assert not same.exists()
+    assert main(["bench", "--json", str(same / "r.json"), "--plots", str(same), "--dry-run"]) == 0  # inside: fine
 
 
 def test_bench_reports_a_refused_combination_without_traceback(capsys):

@@ -106,3 +106,4 @@ def test_step_phases_in_an_example_json_must_match_its_steps():
         RunResult.from_json(data, "off run 0")
     data["throttled"] = [True, None]
     assert RunResult.from_json(data).throttled == (True, None)
+

@@ -32,7 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from semimig._io import check_output_dir, check_output_file, write_json
+from semimig._io import check_apart, check_output_dir, check_output_file, write_json
 from semimig.bench.schema import is_grid
 from semimig.errors import ConfigError
 
@@ -93,6 +93,8 @@ def settings_difference(a: dict, b: dict) -> Optional[str]:
 
 def check_outputs(json_path: Path, plots: Optional[Path], *, inputs: Sequence[Path] = ()) -> None:
     """``--json`` and (when plots are drawn) ``--plots``, before any training (not after an hour)."""
+    if plots is not None:  # before anything is created: --plots's directory would be made at --json's path
+        check_apart((("--json", json_path), ("--plots", plots)))
     check_output_file(json_path, "--json", inputs=inputs, make_parents=True)
     if plots is not None:
         check_output_dir(plots, "--plots")
