@@ -193,6 +193,15 @@ def check_flags(args: argparse.Namespace) -> None:
             raise ConfigError(f"--kv-heads must divide --heads {args.heads}, got {args.kv_heads}")
         if args.tp is not None and args.kv_heads % args.tp:
             raise ConfigError(f"--tp must divide the tiny Llama's --kv-heads {args.kv_heads}, got {args.tp}")
+    else:  # its config now, not from_pretrained failing on every rank after start-up
+        import transformers
+
+        try:
+            transformers.AutoConfig.from_pretrained(args.model, local_files_only=True)
+        except (OSError, ValueError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(f"--model {args.model!r} is neither 'tiny-llama' nor a Hugging Face model on this "
+                              f"disk (a directory or a name in the local cache; nothing is downloaded): {first}") from None
     if args.zero_stage and args.precision == "fp32":  # Colossal-AI asserts this after the ranks start
         raise ConfigError(f"--zero-stage {args.zero_stage} needs --precision bf16 or fp16 (Colossal-AI's ZeRO "
                           f"keeps fp32 master weights of half-precision ones), got --precision fp32")

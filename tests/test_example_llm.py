@@ -154,6 +154,7 @@ def _example():
     (["--tp", "3"], "--tp"), (["--straggler", "fixed:1:4:scope=node"], "scope"),
     (["--straggler", "fixed:1"], "fixed:1"), (["--policy", "colossalai", "--balance", "semi"], "--policy"),
     (["--policy", "colossalai", "--balance", "off", "--batch-split", "poplar"], "--batch-split"),
+    (["--model", ""], "--model"), (["--model", "tiny_llama"], "--model"),
     (["--straggler-replica", "0"], "--straggler-replica"), (["--straggler", "fixed:1:4", "--straggler-replica", "-1"],
                                                             "--straggler-replica"),
 ])
@@ -163,6 +164,18 @@ def test_bad_flags_are_refused_before_any_rank_starts(flags, named, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert named in err and "Traceback" not in err, err
+
+
+def test_a_local_model_directory_is_accepted_and_a_typo_named(tmp_path, capsys):
+    """``--model`` is checked by loading its config only (no download, no rank started)."""
+    import transformers
+
+    transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                             num_hidden_layers=1, vocab_size=256).save_pretrained(tmp_path / "llama")
+    assert _example().parse_args(["--model", str(tmp_path / "llama")]).model == str(tmp_path / "llama")
+    with pytest.raises(SystemExit):
+        _example().parse_args(["--model", str(tmp_path / "lama")])
+    assert f"--model '{tmp_path / 'lama'}' is neither 'tiny-llama' nor" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag", ["--json", "--started-file"])
