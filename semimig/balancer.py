@@ -338,6 +338,40 @@ def _config(mode: Optional[str], straggler: Any, config: Any):
     return mode, dataclasses.replace(base, **changes)
 
 
+def _stable_repr(value: Any) -> str:
+    """``repr`` without object addresses (``<... at 0x7f...>`` differs between processes)."""
+    import re
+
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
+
+def _agree_on_call(mode: Any, config: Any, reshard: Any, batch: Any, iterations_per_epoch: Any,
+                   optimizer: Any) -> None:
+    """Every rank of the job must call :func:`enable` with the same settings: the balancer's collectives
+    (the controller's exchange, the re-sharding gathers, the batch split's) follow them, so ranks that
+    differ — another mode, ``ReshardConfig``, ``BatchSplit`` or controller setting — wait on different
+    collectives and hang.  One ``all_gather_object`` over the world names every differing setting on
+    every rank instead.  Not compared: the test straggler (``straggler=``, ``config.straggler``), which
+    a rank may inject in its own replica alone, and ``log_every``."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    fields = ({f.name: _stable_repr(getattr(config, f.name)) for f in dataclasses.fields(config) if f.name != "straggler"}
+              if dataclasses.is_dataclass(config) else {"config": _stable_repr(config)})
+    mine = {"mode": _stable_repr(mode), **{f"config.{k}": v for k, v in fields.items()},
+            "reshard": _stable_repr(reshard), "batch": _stable_repr(batch),
+            "iterations_per_epoch": _stable_repr(iterations_per_epoch),
+            "optimizer": "given" if optimizer is not None else "None (Balancer.step() by hand)"}
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    if any(theirs != mine for theirs in every):
+        from semimig.controller.agreement import difference_report
+
+        raise ConfigError("semimig.enable: the ranks were called with different settings (every rank must pass "
+                          "the same ones; their collectives would not match):\n" + difference_report(every))
+
+
 def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Optional[str] = None,
            straggler: Union[str, Any, None] = None, log_every: int = 0, config: Any = None,
            iterations_per_epoch: Optional[int] = None, reshard: Any = None, batch: Any = None) -> Balancer:
@@ -363,6 +397,7 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
     Returns:
         The :class:`Balancer`; ``.report`` is the latest ``StepReport``, ``.reshard_summary`` the re-plans.
     """
+    _agree_on_call(mode, config, reshard, batch, iterations_per_epoch, optimizer)  # before any other collective
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model must be the boosted torch.nn.Module, got {type(model).__name__}")
     _check_plugin(plugin)  # every argument is checked before a layer is touched: a refusal leaves no state

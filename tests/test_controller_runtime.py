@@ -234,6 +234,39 @@ def test_a_force_that_differs_between_ranks_stops_every_rank_at_once():
         assert seconds < 5
 
 
+def _one_sided_force_body(rank, world, case):
+    """Review: a bad ``force()`` on one rank only, or ranks that differ in the exchange or the dense layers
+    (a migration then runs different broadcasts), hung the others in their next collective."""
+    from semimig.controller import BalanceConfig, BalanceController
+    from semimig.errors import PlanDisagreement
+
+    config = BalanceConfig(mode="mig")
+    if rank == 1 and case == "dense":
+        config = BalanceConfig(mode="mig", dense_layers=("fc2",))
+    if rank == 1 and case == "exchange":
+        config = BalanceConfig(mode="mig", exchange="scatter-gather")
+    ctl = BalanceController(_model(world, width=12)(), config)
+    start, said = time.perf_counter(), None
+    try:
+        if case == "unforce":
+            ctl.force() if rank == 0 else ctl.force(migrate={1: 0.5})
+        else:
+            ctl.force(migrate={1: 1.5 if rank == 0 and case == "bad" else 0.5})
+    except PlanDisagreement as err:
+        said = str(err)
+    every = [None] * world
+    dist.all_gather_object(every, (said, time.perf_counter() - start))
+    return every
+
+
+@pytest.mark.parametrize("case, named", [("bad", "must be a number in [0, 1], got 1.5"), ("dense", "dense"),
+                                         ("exchange", "scatter-gather"), ("unforce", "forced")])
+def test_a_force_refused_or_set_up_differently_on_one_rank_stops_every_rank(case, named):
+    for said, seconds in run_on_ranks(_one_sided_force_body, 2, case, timeout_s=60, collective_timeout_s=30):
+        assert said is not None and named in said and "ranks [0] vs ranks [1]" in said, said
+        assert seconds < 10
+
+
 def _diverging_plan_body(rank, world):
     """A decision that differs on one rank (a bug, a non-deterministic measurement) is caught at the
     next step, before any layer uses it: plans are applied only once their digests agree."""

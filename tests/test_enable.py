@@ -164,6 +164,41 @@ def test_a_refused_enable_leaves_no_state_and_a_forced_full_prune_trains() -> No
     assert out["targets_and_work"] == [(0.0, 1.0), (1.0, 0.0)]  # rank 1 really computed nothing
 
 
+def _differing_calls_body(rank: int, world_size: int) -> list:
+    """Review: ranks passing enable() different settings hung in different collectives (reshard's
+    gather against the embedding's all-reduce; a batch split's per-step gather on one rank only)."""
+    import time
+
+    import semimig
+    from semimig.controller.reshard import ReshardConfig
+
+    run = pc.boost("llama", TP2, semimig=True)
+    said = []
+    for settings in ({"mode": "reshard" if rank == 0 else "off"},
+                     {"mode": "reshard", "reshard": ReshardConfig(margin=0.99 if rank == 1 else 0.1)},
+                     {"batch": semimig.BatchSplit(global_batch_size=4, allocation="poplar" if rank == 0 else "even")}):
+        start = time.perf_counter()
+        said.append((pc.outcome(lambda: semimig.enable(run.model, run.plugin, optimizer=run.optimizer,
+                                                       **settings)), time.perf_counter() - start))
+    # a test straggler in one rank's call only is fine (the example injects it in one replica)
+    balancer = semimig.enable(run.model, run.plugin, optimizer=run.optimizer, mode="off",
+                              straggler="fixed:1:2" if rank == 0 else None)
+    balancer.close()
+    every = [None] * world_size
+    torch.distributed.all_gather_object(every, said)
+    return every
+
+
+def test_ranks_that_call_enable_differently_are_refused_on_every_rank_without_hanging() -> None:
+    for said in run_on_ranks(_differing_calls_body, 2, timeout_s=180, collective_timeout_s=60):
+        (mode, t_mode), (reshard, t_reshard), (batch, t_batch) = said
+        assert mode.startswith("ConfigError: semimig.enable: the ranks were called with different settings"), mode
+        assert "mode: ranks [0] hold 'reshard'; ranks [1] hold 'off'" in mode, mode
+        assert "reshard: " in reshard and "margin=0.99" in reshard, reshard
+        assert "batch: " in batch and "allocation='even'" in batch, batch
+        assert max(t_mode, t_reshard, t_batch) < 20
+
+
 # --------------------------------------------------------------------------------------------
 # a straggler is balanced, and it shows
 # --------------------------------------------------------------------------------------------

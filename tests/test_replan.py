@@ -253,6 +253,9 @@ def _refusal_body(rank, world):
     out["disagree"] = pc.outcome(lambda: apply_plan(model, optimizer, mine))
     out["sum"] = pc.outcome(lambda: apply_plan(model, optimizer, UnevenPlan(mlp_units=(3, 2), block_size=64)))
     out["not-a-plan"] = pc.outcome(lambda: apply_plan(model, optimizer, (3, 1)))
+    # review: a non-plan on one rank only was refused there alone, and the other rank hung in the agreement
+    one_sided = (3, 1) if rank == 0 else UnevenPlan(**UNEVEN["llama"])
+    out["one-not-a-plan"] = pc.outcome(lambda: apply_plan(model, optimizer, one_sided))
     out["after"] = pc.outcome(lambda: apply_plan(model, optimizer, UnevenPlan(**UNEVEN["llama"])))
     _, stock, stock_opt = _boost("llama", policy="stock")
     out["stock"] = pc.outcome(lambda: apply_plan(stock, stock_opt, UnevenPlan(**UNEVEN["llama"])))
@@ -268,6 +271,7 @@ def test_refusals_name_the_problem_on_every_rank_without_hanging():
     assert "mlp=[3, 1] x 64" in out["disagree"] and "mlp=[1, 3] x 64" in out["disagree"], out["disagree"]
     assert out["sum"].startswith("ConfigError") and "sum to 5 blocks" in out["sum"], out["sum"]
     assert "must be a semimig.shardformer.UnevenPlan" in out["not-a-plan"], out["not-a-plan"]
+    assert out["one-not-a-plan"].startswith("ConfigError") and "UnevenPlan, got tuple" in out["one-not-a-plan"]
     assert out["after"] == "ok"  # the refusals left the model re-plannable
     assert out["stock"].startswith("ConfigError") and "Colossal-AI's own tensor-parallel layers" in out["stock"]
     # ZeRO-1/2 re-plan in process (below); what keeps pending all-gather handles on the parameters does not

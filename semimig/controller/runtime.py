@@ -281,6 +281,10 @@ class BalanceController:
         pending actions themselves (applied once the check passes), and the actions applied in the
         posted iteration (what SEMI's migration trial classifies its wall time by)."""
         self._gammas: tuple[float, ...] = (0.0,) * len(self.binding.layers)
+        self._setup = describe(exchange=config.exchange, dense=tuple(b.dense for b in self.binding.layers))
+        """What every plan's digest also covers: the ranks must share the migration exchange and which
+        layers stay dense, or the same plan runs different collectives (a hang).  (Not the shard shapes:
+        an uneven plan gives each rank its own.)"""
         self._apply()
 
     # ------------------------------------------------------------------ public
@@ -309,21 +313,29 @@ class BalanceController:
         """Pin the plan from the next iteration on: ``prune={rank: γ}``, ``migrate={rank: share}``.
 
         Shares are of each layer's K columns.  ``force()`` with no argument returns to the mode's
-        own decisions.  Collective: every rank must call it with the same arguments; a mismatch
-        raises :class:`~semimig.errors.PlanDisagreement` on every rank, before any layer uses it.
+        own decisions.  Collective (with or without arguments): every rank must call it with the same
+        arguments; a mismatch — a bad argument on one rank only included — raises
+        :class:`~semimig.errors.PlanDisagreement` on every rank, before any layer uses it (a rank that
+        refused alone would leave the others waiting in their next collective).
         """
-        if prune is None and migrate is None:
-            self.forced = None
-            self._apply()
-            return
-        prune, migrate = self._check_forced("prune", prune), self._check_forced("migrate", migrate)
-        for rank in prune.keys() & migrate.keys():
-            if prune[rank] + migrate[rank] > 1.0:
-                raise ConfigError(f"force: rank {rank} sheds {prune[rank] + migrate[rank]} > 1 of its columns")
-        wanted = describe(forced=(prune, migrate))
+        unforce, problem = prune is None and migrate is None, None
+        try:
+            prune, migrate = self._check_forced("prune", prune), self._check_forced("migrate", migrate)
+            for rank in prune.keys() & migrate.keys():
+                if prune[rank] + migrate[rank] > 1.0:
+                    raise ConfigError(f"force: rank {rank} sheds {prune[rank] + migrate[rank]} > 1 of its columns")
+        except ConfigError as err:
+            problem = str(err)
+        wanted = {**describe(forced=None if unforce or problem else (prune, migrate), problem=problem), **self._setup}
         digests = [row[2] for row in exchange_observations(1.0, 1.0, (plan_digest(wanted), 0), False, self.group,
                                                            self._collective_device)]
         check_agreement(digests, wanted, self.group, what="forced plan (force() arguments)")
+        if problem is not None:  # every rank holds the same refusal
+            raise ConfigError(problem)
+        if unforce:
+            self.forced = None
+            self._apply()
+            return
         previous = self.forced
         self.forced = (prune, migrate)
         try:
@@ -398,7 +410,7 @@ class BalanceController:
             # free phases of a straggler that comes and goes) pays nothing (identical on every rank)
             self._advance_pretest()
             self.clock.take()  # the pretest's own time is not the next iteration's work or traffic
-        pending = self._pending.describe(self.config.mode)
+        pending = {**self._pending.describe(self.config.mode), **self._setup}
         self._posted = (self._description, pending, self._pending, applied_now)
         self._exchange.post(*observed, (digest, plan_digest(pending)), valid, wall)
         self._apply()
@@ -539,11 +551,11 @@ class BalanceController:
             gamma = self.forced[0].get(self.rank, 0.0)
             self._gammas = tuple(0.0 if b.dense else gamma for b in self.binding.layers)
             receivers = None
-            self._description = describe(mode=self.config.mode, forced=self.forced)
+            self._description = {**describe(mode=self.config.mode, forced=self.forced), **self._setup}
         else:
             self._gammas = self.binding.layer_gammas(self._current.prune[self.rank], self.period)
             receivers = self._current.receivers
-            self._description = self._current.describe(self.config.mode)
+            self._description = {**self._current.describe(self.config.mode), **self._setup}
         self._digest = plan_digest(self._description)
         dense = self.binding.apply(iteration=self.iteration, gammas=self._gammas, migrate=self._migrate(),
                                    receivers=receivers, group_size=self.size, rank=self.rank, exchange=self.exchange,

@@ -561,9 +561,6 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -
     from semimig.shardformer.uneven import UnevenPlan
 
     started = time.perf_counter()
-    if not isinstance(new_plan, UnevenPlan):
-        raise ConfigError(f"apply_plan: new_plan must be a semimig.shardformer.UnevenPlan, got "
-                          f"{type(new_plan).__name__}")
     config, layers = _layers(model)
     inner, masters, zero = _optimizer_parts(optimizer)
     layer_group = layers[0].module.process_group
@@ -574,11 +571,15 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -
         raise ConfigError(f"apply_plan: group has ranks {dist.get_process_group_ranks(group)}, the layers' "
                           f"tensor-parallel group {dist.get_process_group_ranks(layer_group)}")
     rank = dist.get_rank(group) if tp > 1 else 0
-    old_plan = _plan_from_layers(config, layers, new_plan.block_size)
-    try:
-        resolved, problem = new_plan.resolve(config, tp), None
-    except ConfigError as err:
-        resolved, problem = None, str(err)
+    old_plan = _plan_from_layers(config, layers, getattr(new_plan, "block_size", None))
+    resolved, problem = None, None
+    if not isinstance(new_plan, UnevenPlan):  # refused on every rank after the gather, not here alone (a hang)
+        problem = f"new_plan must be a semimig.shardformer.UnevenPlan, got {type(new_plan).__name__}"
+    else:
+        try:
+            resolved = new_plan.resolve(config, tp)
+        except ConfigError as err:
+            problem = str(err)
 
     carriers = {layer.name: [(name, _carriers(p, inner, masters) if zero is None else _zero_carriers(p, inner, zero))
                              for name, p, _ in layer.params()]
