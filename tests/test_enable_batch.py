@@ -249,3 +249,48 @@ def test_a_group_with_no_sample_runs_a_zero_weighted_stand_in_and_training_is_ex
     even, even_losses = run_pooled(_llama_global_losses, 4, (1.0, 1.0), timeout_s=240)
     assert starved == (0, 4) and even == (2, 2), (starved, even)
     torch.testing.assert_close(torch.tensor(starved_losses), torch.tensor(even_losses), atol=1e-5, rtol=0.0)
+
+
+def _own_batches_body(rank: int, world: int):
+    import semimig
+    from semimig.allocation import run_iteration
+
+    plugin, booster, model, optimizer = _boost()
+    balancer = semimig.enable(model, plugin, optimizer=optimizer, mode="off",
+                              batch=semimig.BatchSplit(global_batch_size=8))
+    said = []
+    try:
+        for own in (False, True):  # the same global batch on every rank, then each rank its own sampler's
+            data = _batch(8, 8 * rank if own else 0)
+            run_iteration(booster, model, optimizer, iter(balancer.micro_batches(data)), _loss,
+                          zero_stage=plugin.zero_stage)
+            try:
+                optimizer.step()
+                said.append("ok")
+            except ConfigError as err:
+                said.append(str(err))
+            optimizer.zero_grad()
+        return said
+    finally:
+        balancer.close()
+
+
+def test_ranks_that_feed_their_own_batches_are_refused_at_the_step() -> None:
+    """Review: micro_batches() checked only the row count, so ranks fed by their own samplers (a
+    ``DistributedSampler``) trained on a mix of batches with no error."""
+    same, own = run_pooled(_own_batches_body, 4, timeout_s=180)
+    assert same == "ok", same
+    assert "iteration 1: the ranks passed micro_batches() different global batches" in own, own
+    assert "ranks [0] vs ranks [1] vs ranks [2] vs ranks [3]" in own, own
+
+
+def test_the_batch_fingerprint_sees_values_shapes_and_dtypes_at_any_size() -> None:
+    from semimig.hybrid.balancer import batch_fingerprint
+
+    x = torch.arange(10_000, dtype=torch.float32).reshape(100, 100)
+    base = batch_fingerprint((x, x[:, 0].long()))
+    assert base == batch_fingerprint((x.clone(), x[:, 0].long().clone())) and 0 < base < 2 ** 48
+    assert base != batch_fingerprint((x + 1, x[:, 0].long()))
+    assert base != batch_fingerprint((x.reshape(50, 200), x[:, 0].long()))
+    assert base != batch_fingerprint((x.double(), x[:, 0].long()))
+    assert batch_fingerprint({"ids": torch.zeros(0, 3, dtype=torch.bool)}) != batch_fingerprint({"ids": torch.zeros(0, 4)})

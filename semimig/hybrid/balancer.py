@@ -117,6 +117,8 @@ class HybridBalancer:
             if replan and allocation == "poplar" and measured else None
         self.iteration = 0
         self.replans: list[ReplanDecision] = []
+        self._batch_fingerprint = 0
+        """:func:`batch_fingerprint` of the global batch :meth:`micro_batches` cut this iteration (0: none)."""
         self._set_plan(self._allocate(self.request))
 
     # ------------------------------------------------------------------ plan
@@ -147,6 +149,7 @@ class HybridBalancer:
         rows = {int(t.shape[0]) for t in _tensors(batch)}
         if rows != {plan.global_batch_size}:
             raise ConfigError(f"a global batch has {plan.global_batch_size} rows in every tensor, got {sorted(rows)}")
+        self._batch_fingerprint = batch_fingerprint(batch)
         device = plan.device(g)
         start, out = plan.offset(g), []
         for step, size in enumerate(device.micro_batch_sizes):
@@ -165,9 +168,12 @@ class HybridBalancer:
         group_busy: list[float] = []
         decision = None
         if self.trigger is not None:  # without a trigger the plan never changes: verified once, no collective
-            rows = _all_gather_rows([busy, float(batch_plan_digest(self._plan))])  # the plan actually used
+            rows = _all_gather_rows([busy, float(batch_plan_digest(self._plan)),  # the plan actually used
+                                     float(self._batch_fingerprint)])
             check_agreement([int(r[1]) for r in rows], describe_batch_plan(self._plan), None,
                             what=f"Poplar batch plan used in iteration {self.iteration}")
+            _check_same_batch([int(r[2]) for r in rows], self.iteration)
+            self._batch_fingerprint = 0
             group_busy = group_maxima([r[0] for r in rows], self.layout.group_of_rank, self.layout.dp_size)
             decision = self.trigger.observe(group_busy, self._predicted())
             if decision is not None:
@@ -234,6 +240,37 @@ def profile_group_curves(layout: GridLayout, probe: Callable[[int], float], *, b
                                   "run timed GEMMs (semimig layers or straggler hooks)")
             points[g].append((b, seconds))
     return [SpeedCurve.from_points(p, max_batch_size=max_batch_size, name=f"group{g}") for g, p in enumerate(points)]
+
+
+_FINGERPRINT_SAMPLES = 1024
+
+
+def batch_fingerprint(batch: Any) -> int:
+    """A 48-bit digest (exact in a float64) of a batch's tensors: shapes, dtypes and up to
+    :data:`_FINGERPRINT_SAMPLES` evenly strided elements of each — cheap at any batch size, and
+    different for the batches two ranks fed from their own samplers (``DistributedSampler``)."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=6)
+    for t in _tensors(batch):
+        flat = t.detach().reshape(-1)
+        sample = flat[::max(1, flat.numel() // _FINGERPRINT_SAMPLES)][:_FINGERPRINT_SAMPLES]
+        h.update(repr((tuple(t.shape), str(t.dtype))).encode())
+        h.update(sample.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return int.from_bytes(h.digest(), "big")
+
+
+def _check_same_batch(fingerprints: list[int], iteration: int) -> None:
+    """Every rank cut the same global batch (:meth:`HybridBalancer.micro_batches`), or a ``ConfigError`` on every rank."""
+    if len(set(fingerprints)) <= 1:
+        return
+    groups: dict[int, list[int]] = {}
+    for rank, f in enumerate(fingerprints):
+        groups.setdefault(f, []).append(rank)
+    raise ConfigError(f"iteration {iteration}: the ranks passed micro_batches() different global batches ("
+                      + " vs ".join(f"ranks {r}" for r in groups.values()) + "): every rank must pass the same "
+                      "global batch (the split gives each data-parallel group its rows) — not each rank's own "
+                      "sampler's batch")
 
 
 def _tensors(batch: Any) -> list[torch.Tensor]:
