@@ -228,7 +228,8 @@ def check_flags(args: argparse.Namespace) -> None:
     for flag, path in outputs:
         if path is not None:
             check_output_file(path, flag)
-    partial = None if args.save is None else Path(args.save).with_name(Path(args.save).name + ".partial")
+    save = None if args.save is None else Path(args.save).absolute()  # absolute: `--save .` has a name
+    partial = None if save is None else save.with_name(save.name + ".partial")
     check_apart(outputs, (("--save", args.save), ("--save's staging directory", partial), ("--resume", args.resume)))
     check_checkpoint_flags(args)
 
@@ -253,7 +254,7 @@ def check_checkpoint_flags(args: argparse.Namespace) -> None:
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise ConfigError(f"--save {path} exists and is not an empty directory: a checkpoint is never written "
                               "over anything; choose a new directory")
-        partial = path.with_name(path.name + ".partial")
+        partial = path.absolute().with_name(path.absolute().name + ".partial")  # `--save .` has no name
         if partial.exists():
             raise ConfigError(f"--save {path}: {partial} exists (an interrupted save?); remove it or choose another "
                               "directory")
@@ -289,7 +290,7 @@ def save_checkpoint(booster, model, optimizer, args: argparse.Namespace, step: i
     from semimig._io import write_json
 
     start = time.perf_counter()
-    final = Path(args.save)
+    final = Path(args.save).absolute()  # `--save .` has no name of its own
     partial = final.with_name(final.name + ".partial")
     booster.save_model(model, str(partial / "model"), shard=True)
     booster.save_optimizer(optimizer, str(partial / "optimizer"), shard=True)

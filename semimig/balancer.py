@@ -345,31 +345,50 @@ def _stable_repr(value: Any) -> str:
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
 
 
-def _agree_on_call(mode: Any, config: Any, reshard: Any, batch: Any, iterations_per_epoch: Any,
-                   optimizer: Any) -> None:
+def _agree_on_call(plugin: Any, mode: Any, straggler: Any, config: Any, reshard: Any, batch: Any,
+                   iterations_per_epoch: Any, optimizer: Any) -> None:
     """Every rank of the job must call :func:`enable` with the same settings: the balancer's collectives
     (the controller's exchange, the re-sharding gathers, the batch split's) follow them, so ranks that
     differ — another mode, ``ReshardConfig``, ``BatchSplit`` or controller setting — wait on different
-    collectives and hang.  One ``all_gather_object`` over the world names every differing setting on
-    every rank instead.  Not compared: the test straggler (``straggler=``, ``config.straggler``), which
-    a rank may inject in its own replica alone, and ``log_every``."""
+    collectives and hang.  One ``all_gather_object`` over the world (collective: every rank of the job
+    calls :func:`enable`) compares the settings as resolved (``mode=None`` with ``config.mode="semi"``
+    equals ``mode="semi"``) and carries each rank's refusal of its own test straggler (a bad spec or
+    rank refused on one rank alone would leave the others waiting); every rank then raises the same
+    ``ConfigError``.  Not compared: the test straggler itself (a rank may inject one in its own replica
+    alone), ``config.curves`` (fitted per tensor-parallel group; the controller checks them within its
+    group) and ``log_every``."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
         return
-    fields = ({f.name: _stable_repr(getattr(config, f.name)) for f in dataclasses.fields(config) if f.name != "straggler"}
-              if dataclasses.is_dataclass(config) else {"config": _stable_repr(config)})
-    mine = {"mode": _stable_repr(mode), **{f"config.{k}": v for k, v in fields.items()},
+    problem, resolved_mode, resolved = None, mode, config
+    try:
+        resolved_mode, resolved = _config(mode, straggler, config)
+        tp = getattr(plugin, "tp_size", None)
+        bad = [r for r in resolved.straggler.ranks if isinstance(tp, int) and 1 < tp <= r]  # tp 1: warned, off
+        if bad:
+            problem = f"straggler ranks {bad} do not exist in a tensor-parallel group of size {tp}"
+    except ConfigError as err:
+        problem = str(err)
+    is_config = dataclasses.is_dataclass(resolved) and not isinstance(resolved, type)
+    fields = ({f.name: _stable_repr(getattr(resolved, f.name)) for f in dataclasses.fields(resolved)
+               if f.name not in ("straggler", "curves")} if is_config else {"": _stable_repr(resolved)})
+    mine = {"mode": _stable_repr(resolved_mode), **{f"config.{k}".rstrip("."): v for k, v in fields.items()},
             "reshard": _stable_repr(reshard), "batch": _stable_repr(batch),
             "iterations_per_epoch": _stable_repr(iterations_per_epoch),
             "optimizer": "given" if optimizer is not None else "None (Balancer.step() by hand)"}
     every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
-    if any(theirs != mine for theirs in every):
+    dist.all_gather_object(every, (mine, problem))
+    me = dist.get_rank()
+    for rank, (_, theirs) in enumerate(every):
+        if theirs is not None:
+            raise ConfigError(theirs if rank == me else f"{theirs} (on rank {rank}; every rank refuses it)")
+    if any(theirs != mine for theirs, _ in every):
         from semimig.controller.agreement import difference_report
 
         raise ConfigError("semimig.enable: the ranks were called with different settings (every rank must pass "
-                          "the same ones; their collectives would not match):\n" + difference_report(every))
+                          "the same ones; their collectives would not match):\n"
+                          + difference_report([theirs for theirs, _ in every]))
 
 
 def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Optional[str] = None,
@@ -396,8 +415,12 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
 
     Returns:
         The :class:`Balancer`; ``.report`` is the latest ``StepReport``, ``.reshard_summary`` the re-plans.
+
+    Collective over the world: every rank of the job calls it, with the same settings (checked; a rank's
+    own test ``straggler`` may differ).
     """
-    _agree_on_call(mode, config, reshard, batch, iterations_per_epoch, optimizer)  # before any other collective
+    # before any other collective; collective over the world
+    _agree_on_call(plugin, mode, straggler, config, reshard, batch, iterations_per_epoch, optimizer)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model must be the boosted torch.nn.Module, got {type(model).__name__}")
     _check_plugin(plugin)  # every argument is checked before a layer is touched: a refusal leaves no state

@@ -250,6 +250,8 @@ def _one_sided_force_body(rank, world, case):
     try:
         if case == "unforce":
             ctl.force() if rank == 0 else ctl.force(migrate={1: 0.5})
+        elif case == "order":  # the same table in another order is the same plan
+            ctl.force(prune={0: 0.5, 1: 0.25} if rank == 0 else {1: 0.25, 0: 0.5})
         else:
             ctl.force(migrate={1: 1.5 if rank == 0 and case == "bad" else 0.5})
     except PlanDisagreement as err:
@@ -260,9 +262,12 @@ def _one_sided_force_body(rank, world, case):
 
 
 @pytest.mark.parametrize("case, named", [("bad", "must be a number in [0, 1], got 1.5"), ("dense", "dense"),
-                                         ("exchange", "scatter-gather"), ("unforce", "forced")])
+                                         ("exchange", "scatter-gather"), ("unforce", "forced"), ("order", None)])
 def test_a_force_refused_or_set_up_differently_on_one_rank_stops_every_rank(case, named):
     for said, seconds in run_on_ranks(_one_sided_force_body, 2, case, timeout_s=60, collective_timeout_s=30):
+        if case == "order":
+            assert said is None, said
+            continue
         assert said is not None and named in said and "ranks [0] vs ranks [1]" in said, said
         assert seconds < 10
 
@@ -383,6 +388,15 @@ def _hooks_body(rank, world):
     with pytest.raises(ConfigError, match=r"straggler ranks \[5\] do not exist"):
         BalanceController(model, BalanceConfig(straggler=StragglerConfig.from_cli("fixed:5:4")))
     refused = hooks()
+    from semimig.controller import runtime
+
+    real, runtime.make_exchange = runtime.make_exchange, None  # a failure after the layers are bound
+    try:
+        with pytest.raises(TypeError):
+            BalanceController(model, BalanceConfig(mode="zero-pri"))
+    finally:
+        runtime.make_exchange = real
+    refused = (refused, hooks(), [layer.directive for layer in layers])
     live = []
     for _ in range(3):  # what every re-plan of mode reshard/semi does: close the old controller, build a new one
         ctl = BalanceController(model, BalanceConfig(mode="zero-pri"))
@@ -396,6 +410,7 @@ def test_a_refused_or_closed_controller_leaves_no_hook_on_the_layers():
     """Found by review: every controller put a forward pre-hook on each layer (holding its priority
     list, a host copy of the weight) and nothing removed it — a refused controller, a closed one and
     the one each re-plan replaces left theirs behind."""
-    before, refused, live, after = run_on_ranks(_hooks_body, 2)
-    assert refused == before and after == before, (before, refused, after)
+    before, (refused, failed, directives), live, after = run_on_ranks(_hooks_body, 2)
+    assert refused == before and failed == before and after == before, (before, refused, failed, after)
+    assert directives == [None, None], directives
     assert live == [[n + 1 for n in before]] * 3, live

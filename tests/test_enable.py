@@ -176,7 +176,10 @@ def _differing_calls_body(rank: int, world_size: int) -> list:
     said = []
     for settings in ({"mode": "reshard" if rank == 0 else "off"},
                      {"mode": "reshard", "reshard": ReshardConfig(margin=0.99 if rank == 1 else 0.1)},
-                     {"batch": semimig.BatchSplit(global_batch_size=4, allocation="poplar" if rank == 0 else "even")}):
+                     {"batch": semimig.BatchSplit(global_batch_size=4, allocation="poplar" if rank == 0 else "even")},
+                     # a test straggler refused on one rank alone (a bad rank, a typo) is refused on every rank
+                     {"mode": "semi", "straggler": "fixed:5:4" if rank == 1 else None},
+                     {"mode": "semi", "straggler": "fixed:1" if rank == 1 else "fixed:1:4"}):
         start = time.perf_counter()
         said.append((pc.outcome(lambda: semimig.enable(run.model, run.plugin, optimizer=run.optimizer,
                                                        **settings)), time.perf_counter() - start))
@@ -191,12 +194,14 @@ def _differing_calls_body(rank: int, world_size: int) -> list:
 
 def test_ranks_that_call_enable_differently_are_refused_on_every_rank_without_hanging() -> None:
     for said in run_on_ranks(_differing_calls_body, 2, timeout_s=180, collective_timeout_s=60):
-        (mode, t_mode), (reshard, t_reshard), (batch, t_batch) = said
+        (mode, t_mode), (reshard, t_reshard), (batch, t_batch), (rank5, t_rank5), (typo, t_typo) = said
         assert mode.startswith("ConfigError: semimig.enable: the ranks were called with different settings"), mode
         assert "mode: ranks [0] hold 'reshard'; ranks [1] hold 'off'" in mode, mode
         assert "reshard: " in reshard and "margin=0.99" in reshard, reshard
         assert "batch: " in batch and "allocation='even'" in batch, batch
-        assert max(t_mode, t_reshard, t_batch) < 20
+        assert rank5.startswith("ConfigError: straggler ranks [5] do not exist"), rank5
+        assert typo.startswith("ConfigError: ") and "fixed:1" in typo, typo
+        assert max(t_mode, t_reshard, t_batch, t_rank5, t_typo) < 20
 
 
 # --------------------------------------------------------------------------------------------

@@ -294,3 +294,9 @@ def test_the_batch_fingerprint_sees_values_shapes_and_dtypes_at_any_size() -> No
     assert base != batch_fingerprint((x.reshape(50, 200), x[:, 0].long()))
     assert base != batch_fingerprint((x.double(), x[:, 0].long()))
     assert batch_fingerprint({"ids": torch.zeros(0, 3, dtype=torch.bool)}) != batch_fingerprint({"ids": torch.zeros(0, 4)})
+    # review: a stride of a multiple of the row length read column 0 only (a BOS token in every row)
+    ids = torch.randint(1, 256, (2048, 16), generator=torch.Generator().manual_seed(0))
+    ids[:, 0] = 0
+    other = ids.clone()
+    other[:, 1:] = torch.randint(1, 256, (2048, 15), generator=torch.Generator().manual_seed(1))
+    assert batch_fingerprint(ids) != batch_fingerprint(other)

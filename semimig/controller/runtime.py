@@ -326,8 +326,10 @@ class BalanceController:
                     raise ConfigError(f"force: rank {rank} sheds {prune[rank] + migrate[rank]} > 1 of its columns")
         except ConfigError as err:
             problem = str(err)
-        wanted = {**describe(forced=None if unforce or problem else (prune, migrate), problem=problem), **self._setup}
-        digests = [row[2] for row in exchange_observations(1.0, 1.0, (plan_digest(wanted), 0), False, self.group,
+        forced = None if unforce or problem else (prune, migrate)
+        wanted = {**describe(forced=forced, problem=problem), **self._setup}  # the report names the refusal
+        digest = plan_digest({**describe(forced=forced, refused=problem is not None), **self._setup})
+        digests = [row[2] for row in exchange_observations(1.0, 1.0, (digest, 0), False, self.group,
                                                            self._collective_device)]
         check_agreement(digests, wanted, self.group, what="forced plan (force() arguments)")
         if problem is not None:  # every rank holds the same refusal
@@ -542,7 +544,7 @@ class BalanceController:
             if not is_number(share) or not 0.0 <= share <= 1.0:
                 raise ConfigError(f"force({what}=...): share for rank {rank} must be a number in [0, 1], got {share!r}")
             out[int(rank)] = float(share)
-        return out
+        return dict(sorted(out.items()))  # equal tables describe (and digest) equally, whatever their order
 
     # ------------------------------------------------------------------ directives
     def _apply(self) -> None:

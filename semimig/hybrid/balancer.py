@@ -144,6 +144,8 @@ class HybridBalancer:
         run a batch of zero rows (Hugging Face attention reshapes to ``[0, heads, -1, d]``): it carries
         the global batch's first row as a stand-in, with ``size = 0``, whose
         :meth:`~semimig.allocation.data.MicroBatch.scale_loss` is ``0·loss`` — zero gradients, exactly.
+        Under a re-planning split the next :meth:`step` also checks that every rank passed the same
+        batch (:func:`batch_fingerprint`).
         """
         plan, g = self._plan, self.layout.dp_rank
         rows = {int(t.shape[0]) for t in _tensors(batch)}
@@ -246,22 +248,30 @@ _FINGERPRINT_SAMPLES = 1024
 
 
 def batch_fingerprint(batch: Any) -> int:
-    """A 48-bit digest (exact in a float64) of a batch's tensors: shapes, dtypes and up to
-    :data:`_FINGERPRINT_SAMPLES` evenly strided elements of each — cheap at any batch size, and
-    different for the batches two ranks fed from their own samplers (``DistributedSampler``)."""
+    """A 48-bit digest (exact in a float64) of a batch's tensors: shapes, dtypes and
+    :data:`_FINGERPRINT_SAMPLES` elements of each at positions drawn from a generator seeded by the
+    tensor's size (the same positions on every rank) — cheap at any batch size, and different for the
+    batches two ranks fed from their own samplers (``DistributedSampler``).  Drawn, not strided: a
+    stride that is a multiple of a row's length would read one column only (token 0 of every row)."""
     import hashlib
 
     h = hashlib.blake2b(digest_size=6)
     for t in _tensors(batch):
         flat = t.detach().reshape(-1)
-        sample = flat[::max(1, flat.numel() // _FINGERPRINT_SAMPLES)][:_FINGERPRINT_SAMPLES]
+        if flat.numel() > _FINGERPRINT_SAMPLES:
+            where = torch.randint(flat.numel(), (_FINGERPRINT_SAMPLES,),
+                                  generator=torch.Generator().manual_seed(flat.numel()))
+            flat = flat[where.to(flat.device)]
+        sample = flat
         h.update(repr((tuple(t.shape), str(t.dtype))).encode())
         h.update(sample.cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return int.from_bytes(h.digest(), "big")
 
 
 def _check_same_batch(fingerprints: list[int], iteration: int) -> None:
-    """Every rank cut the same global batch (:meth:`HybridBalancer.micro_batches`), or a ``ConfigError`` on every rank."""
+    """Every rank cut the same global batch (:meth:`HybridBalancer.micro_batches`), or a ``ConfigError`` on
+    every rank.  Checked in the per-step gather of a re-planning split only (Poplar with a trigger): an
+    ``even`` split or ``replan=None`` has no per-step collective, and none is added for this."""
     if len(set(fingerprints)) <= 1:
         return
     groups: dict[int, list[int]] = {}

@@ -571,7 +571,7 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -
         raise ConfigError(f"apply_plan: group has ranks {dist.get_process_group_ranks(group)}, the layers' "
                           f"tensor-parallel group {dist.get_process_group_ranks(layer_group)}")
     rank = dist.get_rank(group) if tp > 1 else 0
-    old_plan = _plan_from_layers(config, layers, getattr(new_plan, "block_size", None))
+    old_plan = _plan_from_layers(config, layers, new_plan.block_size if isinstance(new_plan, UnevenPlan) else None)
     resolved, problem = None, None
     if not isinstance(new_plan, UnevenPlan):  # refused on every rank after the gather, not here alone (a hang)
         problem = f"new_plan must be a semimig.shardformer.UnevenPlan, got {type(new_plan).__name__}"
