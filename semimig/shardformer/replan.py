@@ -561,7 +561,14 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -
     from semimig.shardformer.uneven import UnevenPlan
 
     started = time.perf_counter()
-    config, layers = _layers(model)
+    not_a_plan = None if isinstance(new_plan, UnevenPlan) else \
+        f"new_plan must be a semimig.shardformer.UnevenPlan, got {type(new_plan).__name__}"
+    try:
+        config, layers = _layers(model)
+    except ConfigError:
+        if not_a_plan is not None:  # nothing to agree over: name the plan first, as before
+            raise ConfigError(f"apply_plan: {not_a_plan}") from None
+        raise
     inner, masters, zero = _optimizer_parts(optimizer)
     layer_group = layers[0].module.process_group
     tp = layers[0].tp
@@ -573,8 +580,8 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -
     rank = dist.get_rank(group) if tp > 1 else 0
     old_plan = _plan_from_layers(config, layers, new_plan.block_size if isinstance(new_plan, UnevenPlan) else None)
     resolved, problem = None, None
-    if not isinstance(new_plan, UnevenPlan):  # refused on every rank after the gather, not here alone (a hang)
-        problem = f"new_plan must be a semimig.shardformer.UnevenPlan, got {type(new_plan).__name__}"
+    if not_a_plan is not None:  # refused on every rank after the gather, not here alone (a hang)
+        problem = not_a_plan
     else:
         try:
             resolved = new_plan.resolve(config, tp)
