@@ -45,9 +45,16 @@ dgrad, wgrad), interleaved repetition by repetition, medians:
   ``x[:, S]`` (M K' elements, timed, kept for wgrad) and its dgrad scatters ``|S|`` columns;
 - ``layout_fresh``: the same with fresh full-size gradients (only the pruned tail zeroed, plus
   the allocation), what a gradient handed to autograd's AccumulateGrad costs;
-- ``dense_kprime``: dense products on operands compacted to K' beforehand (untimed).
+- ``dense_kprime``: dense products on operands compacted to K' beforehand (untimed);
+- ``paired``: *paired* pruning, measured before it is built into the layers: the row layer's
+  kept columns are the MLP's kept intermediate units, so the column layer computes only those
+  output rows (the others feed only pruned columns: unread outputs, exactly-zero gradients)
+  and keeps all of its own K; the activation between them is compact, so nothing gathers or
+  scatters it; same FLOPs as the other paths (:func:`mlp_paired_impls`);
+- ``paired_kprime``: that MLP with only the kept units, dense, weights compacted beforehand.
 
-It prints ``layout / dense_kprime`` per pass (target <= 1.10) and the MLP's sums.
+It prints ``layout / dense_kprime`` per pass (target <= 1.10), the paired path beside the gather
+path and both dense references, and the MLP's sums.
 """
 from __future__ import annotations
 
@@ -411,6 +418,71 @@ def mlp_layout_impls(x, w, dy, keep: torch.Tensor, block: int, paired: bool) -> 
     }
 
 
+def mlp_paired_impls(x1, w1, dy1, x2, w2, dy2, keep: torch.Tensor) -> dict:
+    """``{"col": impls, "row": impls}`` of the *paired* pruning of one MLP (module docstring).
+
+    The row layer's kept columns ``S`` are the MLP's kept intermediate units; the column layer
+    then computes only its output rows ``S`` (rows ``P`` feed only the row layer's pruned
+    columns: their outputs are never read and their gradients are exact zeros), so the
+    activation between the layers is compact ``[M, |S|]`` and neither layer gathers or scatters
+    it.  Per call, timed: the weight slices ``w1[S, :]`` (rows) and ``w2[:, S]`` (columns) are
+    gathered in forward and reused in backward; ``dw1`` is scattered by rows and ``dw2`` by
+    columns into full-size gradients (fresh, pruned part zeroed).  Untimed: the compact
+    activation ``x2[:, S]`` and its gradient ``dy1[:, S]``, which the other layer's compact
+    products hand over.  ``paired_kprime``: the same MLP with ``|S|`` units, dense, on weights
+    compacted beforehand (the physical limit of the paired form).  The results are checked
+    against the dense products of the kept units before anything is timed.
+    """
+    s = keep.long()
+    i, h = w1.shape
+    x2c, dy1c = x2.index_select(1, s).contiguous(), dy1.index_select(1, s).contiguous()
+    w1c, w2c = w1.index_select(0, s).contiguous(), w2.index_select(1, s).contiguous()
+    saved: dict[str, torch.Tensor] = {}
+
+    def col_fwd():
+        saved["w1s"] = w1s = w1.index_select(0, s)
+        return F.linear(x1, w1s)
+
+    def col_wgrad():
+        out = dy1.new_zeros(i, h)
+        return out.index_copy_(0, s, dy1c.t().mm(x1))
+
+    def row_fwd():
+        saved["w2s"] = w2s = w2.index_select(1, s)
+        return F.linear(x2c, w2s)
+
+    def row_wgrad():
+        out = dy2.new_zeros(w2.shape)
+        return out.index_copy_(1, s, dy2.t().mm(x2c))
+
+    impls = {
+        "col": {"paired": {"fwd": col_fwd, "dgrad": lambda: dy1c.mm(saved["w1s"]), "wgrad": col_wgrad},
+                "paired_kprime": {"fwd": lambda: F.linear(x1, w1c), "dgrad": lambda: dy1c.mm(w1c),
+                                  "wgrad": lambda: dy1c.t().mm(x1)}},
+        "row": {"paired": {"fwd": row_fwd, "dgrad": lambda: dy2.mm(saved["w2s"]), "wgrad": row_wgrad},
+                "paired_kprime": {"fwd": lambda: F.linear(x2c, w2c), "dgrad": lambda: dy2.mm(w2c),
+                                  "wgrad": lambda: dy2.t().mm(x2c)}},
+    }
+    _check_paired(impls, x1, w1, dy1, x2, w2, dy2, s)
+    return impls
+
+
+def _check_paired(impls: dict, x1, w1, dy1, x2, w2, dy2, s: torch.Tensor) -> None:
+    """The paired products equal the dense MLP's restricted to the kept units (fp32 tolerance)."""
+    col, row = impls["col"]["paired"], impls["row"]["paired"]
+    dw1, dw2 = torch.zeros_like(w1), torch.zeros_like(w2)
+    dw1[s], dw2[:, s] = dy1[:, s].t().mm(x1), dy2.t().mm(x2[:, s])
+    expected = {
+        ("col", "fwd"): F.linear(x1, w1)[:, s], ("col", "dgrad"): dy1[:, s].mm(w1[s]), ("col", "wgrad"): dw1,
+        ("row", "fwd"): F.linear(x2[:, s], w2[:, s]), ("row", "dgrad"): dy2.mm(w2)[:, s], ("row", "wgrad"): dw2,
+    }
+    for (layer, p), want in expected.items():
+        got = (col if layer == "col" else row)[p]()
+        if not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
+            raise AssertionError(f"paired {layer} {p} differs from the dense product of the kept units "
+                                 f"(max |diff| {float((got - want).abs().max()):.3g})")
+
+
 def block_keep(k: int, gamma: float, block: int, gen: torch.Generator) -> torch.Tensor:
     """Random whole aligned blocks of ``block`` columns, |S| = round(K/g (1 - gamma)) blocks."""
     n_blocks = round(k // block * (1 - gamma))
@@ -446,11 +518,16 @@ def run_mlp_layout(args: argparse.Namespace) -> dict:
             keep1, keep2 = block_keep(h, gamma, args.block, gen), block_keep(i, gamma, args.block, gen)
             layers = {"col": mlp_layout_impls(x1, w1, dy1, keep1, args.block, paired=False),
                       "row": mlp_layout_impls(x2, w2, dy2, keep2, args.block, paired=True)}
+            for layer, impls in mlp_paired_impls(x1, w1, dy1, x2, w2, dy2, keep2).items():
+                layers[layer].update(impls)
             samples = paired_cpu_samples(layers, args.reps)
             for (layer, impl, p), times in samples.items():
                 n, k, kept = (i, h, keep1.numel()) if layer == "col" else (h, i, keep2.numel())
+                rows = n
+                if impl.startswith("paired") and layer == "col":  # the row layer's kept units prune its rows
+                    kept, rows = h, keep2.numel()
                 records.append({"shape": name, "M": m, "H": h, "I": i, "layer": layer, "N": n, "K": k,
-                                "k_kept": kept, "gamma": gamma, "block": args.block, "impl": impl, "pass": p,
+                                "k_kept": kept, "n_kept": rows, "gamma": gamma, "block": args.block, "impl": impl, "pass": p,
                                 "time_ms": statistics.median(times), "time_min_ms": min(times), "samples_ms": times})
             print(f"  {name} gamma={gamma}: done", flush=True)
     meta = {"device": f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
@@ -505,6 +582,24 @@ def report_mlp(result: dict) -> None:
               + f" {r['col_layout_vs_kprime']:5.2f} {r['row_layout_vs_kprime']:5.2f}")
     verdict = "MET" if worst <= MLP_TARGET else "NOT MET"
     print(f"target: layout / dense_kprime <= {MLP_TARGET} for every shape, gamma and pass: worst {worst:.2f}, {verdict}")
+    if not any("paired" in r for r in result["mlp_ratios"]):
+        return
+    print("\npaired pruning (the row layer's kept units also prune the column layer's rows; same FLOPs):")
+    print(f"{'shape':8s} {'gamma':>5s} {'pass':6s} {'paired':>8s} {'p_dK`':>8s}  {'paired/dK`':>13s} "
+          f"{'paired/p_dK`':>13s} {'paired/gather':>13s}")
+    totals: dict[tuple, dict[str, float]] = {}
+    for r in result["mlp_ratios"]:
+        print(f"{r['shape']:8s} {r['gamma']:5.2f} {r['pass']:6s} {r['paired']:8.3f} {r['paired_kprime']:8.3f}  "
+              f"{r['paired_vs_kprime']:5.2f} [{r['paired_vs_kprime_min']:5.2f}]  "
+              f"{r['paired'] / r['paired_kprime']:13.2f} {r['paired'] / r['gather']:13.2f}")
+        cell = totals.setdefault((r["shape"], r["gamma"]), {})
+        for impl in ("gather", "layout", "paired", "paired_kprime", "dense_kprime"):
+            cell[impl] = cell.get(impl, 0.0) + r[impl]
+    print("MLP fwd + dgrad + wgrad (sums of medians, ms): gather / layout / paired / paired at K' / dense at K'")
+    for (shape, gamma), c in totals.items():
+        print(f"{shape:8s} {gamma:5.2f}  {c['gather']:8.2f} {c['layout']:8.2f} {c['paired']:8.2f} "
+              f"{c['paired_kprime']:8.2f} {c['dense_kprime']:8.2f}   paired/gather {c['paired'] / c['gather']:.2f}, "
+              f"paired/dK` {c['paired'] / c['dense_kprime']:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,10 +64,34 @@ def test_kernel_bench_mlp_layout_writes_ratios(tmp_path, capsys):
     result = json.loads(out.read_text())
     records = result["mlp_layout"]
     assert {(r["layer"], r["impl"], r["pass"], r["gamma"]) for r in records} == {
-        (layer, impl, p, g) for layer in ("col", "row") for impl in ("gather", "layout", "layout_fresh", "dense_kprime")
+        (layer, impl, p, g) for layer in ("col", "row")
+        for impl in ("gather", "layout", "layout_fresh", "dense_kprime", "paired", "paired_kprime")
         for p in ("fwd", "dgrad", "wgrad") for g in (0.5, 0.75, 0.9)}
     for r in records:
-        assert r["k_kept"] == round(r["K"] // 8 * (1 - r["gamma"])) * 8 and len(r["samples_ms"]) == 1
+        kept = round(r["I"] // 8 * (1 - r["gamma"])) * 8
+        if r["impl"].startswith("paired") and r["layer"] == "col":  # its own K whole, its rows pruned
+            assert r["k_kept"] == r["K"] and r["n_kept"] == kept
+        else:
+            assert r["k_kept"] == round(r["K"] // 8 * (1 - r["gamma"])) * 8 and r["n_kept"] == r["N"]
+        assert len(r["samples_ms"]) == 1
     assert len(result["mlp_ratios"]) == 9
-    assert all(r["layout_vs_kprime"] > 0 for r in result["mlp_ratios"])
-    assert "layout / dense_kprime <= 1.1" in capsys.readouterr().out
+    assert all(r["layout_vs_kprime"] > 0 and r["paired_vs_kprime"] > 0 for r in result["mlp_ratios"])
+    printed = capsys.readouterr().out
+    assert "layout / dense_kprime <= 1.1" in printed and "paired/gather" in printed
+
+
+def test_paired_products_equal_the_dense_mlp_of_the_kept_units_and_a_wrong_one_is_caught():
+    """The bench's paired path is checked before timing (``_check_paired``); the check can fail."""
+    bench = _bench_module()
+    gen = torch.Generator().manual_seed(3)
+    m, h, i = 12, 16, 32
+    x1, w1, dy1 = torch.randn(m, h, generator=gen), torch.randn(i, h, generator=gen), torch.randn(m, i, generator=gen)
+    x2, w2, dy2 = torch.randn(m, i, generator=gen), torch.randn(h, i, generator=gen), torch.randn(m, h, generator=gen)
+    keep = bench.block_keep(i, 0.5, 8, gen)
+    impls = bench.mlp_paired_impls(x1, w1, dy1, x2, w2, dy2, keep)  # raises if a product were wrong
+    dw1 = impls["col"]["paired"]["wgrad"]()
+    pruned = sorted(set(range(i)) - set(keep.tolist()))
+    assert dw1[pruned].abs().sum() == 0 and dw1[keep].abs().sum() > 0
+    impls["row"]["paired"]["dgrad"] = lambda: dy2.mm(w2)[:, keep.flip(0)]  # the kept units out of order
+    with pytest.raises(AssertionError, match="paired row dgrad differs"):
+        bench._check_paired(impls, x1, w1, dy1, x2, w2, dy2, keep.long())
