@@ -220,7 +220,6 @@ def check_flags(args: argparse.Namespace) -> None:
         from semimig.straggler import StragglerConfig
 
         StragglerConfig.from_cli(args.straggler)  # names the bad token
-    from pathlib import Path
 
     from semimig._io import check_apart, check_output_file
 
@@ -228,10 +227,16 @@ def check_flags(args: argparse.Namespace) -> None:
     for flag, path in outputs:
         if path is not None:
             check_output_file(path, flag)
-    save = None if args.save is None else Path(args.save).absolute()  # absolute: `--save .` has a name
-    partial = None if save is None else save.with_name(save.name + ".partial")
+    partial = None if args.save is None else staging_dir(args.save)
     check_apart(outputs, (("--save", args.save), ("--save's staging directory", partial), ("--resume", args.resume)))
     check_checkpoint_flags(args)
+
+
+def staging_dir(save: str) -> Path:
+    """``--save DIR``'s staging directory ``DIR.partial`` (absolute: ``--save .`` has no name of its own):
+    the checkpoint is written there and renamed to ``DIR`` once complete."""
+    final = Path(save).absolute()
+    return final.with_name(final.name + ".partial")
 
 
 CHECKPOINT_STATE = "finetune_state.json"
@@ -245,7 +250,6 @@ def check_checkpoint_flags(args: argparse.Namespace) -> None:
     ``DIR.partial``); ``--resume`` reads a complete checkpoint of the same model and data, with
     steps left to train.  Refused here, naming the flag, before any rank starts."""
     import json
-    from pathlib import Path
 
     from semimig.errors import ConfigError
 
@@ -254,7 +258,7 @@ def check_checkpoint_flags(args: argparse.Namespace) -> None:
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise ConfigError(f"--save {path} exists and is not an empty directory: a checkpoint is never written "
                               "over anything; choose a new directory")
-        partial = path.absolute().with_name(path.absolute().name + ".partial")  # `--save .` has no name
+        partial = staging_dir(args.save)
         if partial.exists():
             raise ConfigError(f"--save {path}: {partial} exists (an interrupted save?); remove it or choose another "
                               "directory")
@@ -285,13 +289,11 @@ def save_checkpoint(booster, model, optimizer, args: argparse.Namespace, step: i
     a save that does not finish leaves no checkpoint under ``DIR``.  ``DIR`` must be on a file system
     every rank sees (as Colossal-AI's checkpoint IO assumes).  Collective; its seconds."""
     import torch.distributed as dist
-    from pathlib import Path
 
     from semimig._io import write_json
 
     start = time.perf_counter()
-    final = Path(args.save).absolute()  # `--save .` has no name of its own
-    partial = final.with_name(final.name + ".partial")
+    final, partial = Path(args.save).absolute(), staging_dir(args.save)
     booster.save_model(model, str(partial / "model"), shard=True)
     booster.save_optimizer(optimizer, str(partial / "optimizer"), shard=True)
     dist.barrier()
@@ -307,8 +309,6 @@ def save_checkpoint(booster, model, optimizer, args: argparse.Namespace, step: i
 
 def load_checkpoint(booster, model, optimizer, path: str) -> float:
     """Weights and optimizer state of ``--resume DIR`` into the boosted model; its seconds."""
-    from pathlib import Path
-
     start = time.perf_counter()
     booster.load_model(model, str(Path(path) / "model"))
     booster.load_optimizer(optimizer, str(Path(path) / "optimizer"))

@@ -379,13 +379,12 @@ def _agree_on_call(plugin: Any, mode: Any, straggler: Any, config: Any, reshard:
             "optimizer": "given" if optimizer is not None else "None (Balancer.step() by hand)"}
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, (mine, problem))
-    me = dist.get_rank()
-    for rank, (_, theirs) in enumerate(every):
-        if theirs is not None:
-            raise ConfigError(theirs if rank == me else f"{theirs} (on rank {rank}; every rank refuses it)")
-    if any(theirs != mine for theirs, _ in every):
-        from semimig.controller.agreement import difference_report
+    from semimig.controller.agreement import difference_report, first_refusal
 
+    refusal = first_refusal([theirs for _, theirs in every], dist.get_rank(), "rank")
+    if refusal is not None:
+        raise ConfigError(refusal)
+    if any(theirs != mine for theirs, _ in every):
         raise ConfigError("semimig.enable: the ranks were called with different settings (every rank must pass "
                           "the same ones; their collectives would not match):\n"
                           + difference_report([theirs for theirs, _ in every]))

@@ -89,3 +89,22 @@ def test_plan_description_names_only_sample_deciding_fields() -> None:
         f"group{g}.{f}" for g in (0, 1) for f in ("micro_batch_size", "accumulation_steps", "last_batch_size")}
     with pytest.raises(AttributeError):
         describe_batch_plan("not a plan")
+
+
+def test_ranks_by_value_names_each_group_of_a_disagreement():
+    from semimig.controller.agreement import ranks_by_value
+
+    assert ranks_by_value([7, 9, 7, 8]) == "ranks [0, 2] vs ranks [1] vs ranks [3]"
+    assert ranks_by_value([7, 9], [4, 6]) == "ranks [4] vs ranks [6]"  # global ranks of a subgroup
+    assert ranks_by_value([5, 5, 5]) == "ranks [0, 1, 2]"
+
+
+def test_first_refusal_is_raised_verbatim_by_its_rank_and_with_its_origin_by_the_others():
+    from semimig.controller.agreement import first_refusal
+
+    gathered = [None, "bad spec", "other"]
+    assert first_refusal(gathered, 1, "rank") == "bad spec"
+    assert first_refusal(gathered, 0, "rank") == "bad spec (on rank 1; every rank refuses it)"
+    assert first_refusal(gathered, 2, "data-parallel replica") == (
+        "bad spec (on data-parallel replica 1; every rank refuses it)")
+    assert first_refusal([None, None], 0, "rank") is None

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from semimig.errors import PlanDisagreement
 
 __all__ = ["ObservationExchange", "describe", "plan_digest", "exchange_observations", "check_agreement",
-           "difference_report"]
+           "difference_report", "first_refusal", "ranks_by_value"]
 
 _DIGEST_BYTES = 6  # 48 bits: exactly representable in a float64
 
@@ -119,6 +119,31 @@ def difference_report(descriptions: Sequence[Mapping[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def ranks_by_value(values: Sequence[object], ranks: Optional[Sequence[int]] = None) -> str:
+    """``"ranks [0, 2] vs ranks [1]"``: the ranks that hold each distinct value, in first-seen order.
+
+    ``values[i]`` belongs to ``ranks[i]`` (default: rank ``i``); the text names the groups of a
+    disagreement in every message that reports one.
+    """
+    groups: dict[object, list[int]] = {}
+    for rank, value in zip(range(len(values)) if ranks is None else ranks, values):
+        groups.setdefault(value, []).append(rank)
+    return " vs ".join(f"ranks {r}" for r in groups.values())
+
+
+def first_refusal(refusals: Sequence[Optional[str]], me: int, where: str) -> Optional[str]:
+    """The first refusal (not ``None``) among those gathered from every rank, as rank ``me`` raises it:
+    its own verbatim, another's with where it came from (``"... (on {where} {r}; every rank refuses it)"``).
+
+    A rank that refuses a collective call alone would leave the others waiting in the next
+    collective; gathering the refusals and raising the same one on every rank fails them all.
+    """
+    for r, refusal in enumerate(refusals):
+        if refusal is not None:
+            return refusal if r == me else f"{refusal} (on {where} {r}; every rank refuses it)"
+    return None
+
+
 def check_agreement(digests: Sequence[int], description: Mapping[str, str], group, *, what: str,
                     global_ranks: Optional[Sequence[int]] = None) -> None:
     """Raise :class:`PlanDisagreement` on every rank if the gathered ``digests`` differ.
@@ -133,12 +158,7 @@ def check_agreement(digests: Sequence[int], description: Mapping[str, str], grou
         dist.all_gather_object(gathered, dict(description), group=group)
     else:
         gathered = [dict(description)]
-    ranks = list(global_ranks) if global_ranks is not None else list(range(len(digests)))
-    groups: dict[int, list[int]] = {}
-    for rank, d in zip(ranks, digests):
-        groups.setdefault(d, []).append(rank)
     raise PlanDisagreement(
-        f"the ranks of the group disagree on the {what}: " +
-        " vs ".join(f"ranks {r}" for r in groups.values()) +
+        f"the ranks of the group disagree on the {what}: " + ranks_by_value(digests, global_ranks) +
         " hold different plans (every rank must call the controller identically); differing fields "
         f"(group ranks):\n{difference_report(gathered)}")

@@ -42,7 +42,7 @@ from semimig.allocation.plan import AllocationPlan
 from semimig.allocation.request import AllocationRequest
 from semimig.allocation.speed import MIN_TIME_S, SpeedCurve
 from semimig.comm import primitives as P
-from semimig.controller.agreement import check_agreement
+from semimig.controller.agreement import check_agreement, ranks_by_value
 from semimig.errors import ConfigError
 from semimig.hybrid.agreement import batch_plan_digest, describe_batch_plan, verify_batch_plan
 from semimig.hybrid.layout import GridLayout, group_maxima
@@ -274,11 +274,8 @@ def _check_same_batch(fingerprints: list[int], iteration: int) -> None:
     ``even`` split or ``replan=None`` has no per-step collective, and none is added for this."""
     if len(set(fingerprints)) <= 1:
         return
-    groups: dict[int, list[int]] = {}
-    for rank, f in enumerate(fingerprints):
-        groups.setdefault(f, []).append(rank)
     raise ConfigError(f"iteration {iteration}: the ranks passed micro_batches() different global batches ("
-                      + " vs ".join(f"ranks {r}" for r in groups.values()) + "): every rank must pass the same "
+                      + ranks_by_value(fingerprints) + "): every rank must pass the same "
                       "global batch (the split gives each data-parallel group its rows) — not each rank's own "
                       "sampler's batch")
 

@@ -58,6 +58,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from semimig.controller.agreement import first_refusal
 from semimig.errors import ConfigError
 from semimig.sharding.move import move_schedule
 from semimig.sharding.plan import ShardPlan, kv_group_unit
@@ -544,9 +545,9 @@ def _replica_verdict(mine: Digest, verdict: Optional[str], replicas) -> Optional
     is everyone's, so no replica moves alone (it would hang in ZeRO's gathers or mix shapes)."""
     every = [None] * dist.get_world_size(replicas)
     dist.all_gather_object(every, (mine, verdict), group=replicas)
-    for d, (_, theirs) in enumerate(every):
-        if theirs is not None:
-            return theirs if d == dist.get_rank(replicas) else f"{theirs} (on data-parallel replica {d})"
+    refusal = first_refusal([theirs for _, theirs in every], dist.get_rank(replicas), "data-parallel replica")
+    if refusal is not None:
+        return refusal
     return _first_disagreement(mine, [theirs for theirs, _ in every], dist.get_rank(replicas),
                                "data-parallel replica")
 
