@@ -19,7 +19,8 @@ straggler (``healthy``) and then in every balancing mode with TP rank 1 slowed::
 (``reshard``: exact uneven shards re-planned during training once the straggler has stayed, the
 re-plan's own cost inside the step times and reported: re-plans, bytes moved, seconds moving;
 ``--modes ...,uneven`` adds a static uneven tensor-parallel layout, ``--shard-plan``: exact, the
-slow rank holding fewer MLP blocks and KV groups) and writes
+slow rank holding fewer MLP blocks and KV groups; ``zero-pri-paired`` / ``semi-paired``: those modes
+with each MLP pruned as a pair, the example's ``--paired``) and writes
 ``{"modes": {"healthy": {...}, "off": {...}, "zero-pri": {...}, "semi": {...}, "reshard": {...}}, ...}``
 with ``steady_step_s``, ``final_val_loss``, ``time_to_target_s`` (training wall time to healthy's
 final validation loss within 2 %, evaluation excluded; ``null`` if never), ``balanced_share`` per
@@ -44,7 +45,8 @@ from typing import Optional
 from bench_output import OutputPath, add_json_flag, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
-MODES = ("healthy", "off", "zero-pri", "semi", "reshard", "uneven")
+MODES = ("healthy", "off", "zero-pri", "semi", "reshard", "uneven", "zero-pri-paired", "semi-paired")
+"""``*-paired``: the resizing mode with the example's ``--paired`` (each MLP pruned as a pair, issue 27)."""
 DEFAULT_MODES = ("healthy", "off", "zero-pri", "semi", "reshard")
 
 
@@ -143,8 +145,10 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
                "--hidden", str(args.hidden), "--layers", str(args.layers), "--heads", str(args.heads),
                "--kv-heads", str(args.kv_heads), "--batch-size", str(args.batch_size),
                "--seq-len", str(args.seq_len), "--steps", str(args.steps), "--eval-every", str(args.eval_every),
-               "--balance", "off" if mode in ("healthy", "off", "uneven") else mode, "--json", str(out),
-               "--log-every", "10"]
+               "--balance", "off" if mode in ("healthy", "off", "uneven") else mode.removesuffix("-paired"),
+               "--json", str(out), "--log-every", "10"]
+    if mode.endswith("-paired"):
+        example += ["--paired"]
     if mode == "uneven":
         example += ["--shard-plan", args.shard_plan]
     if args.reflex != "on":

@@ -117,6 +117,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--reflex", default="on", choices=("on", "backward", "off"),
                    help="the step reflex of the resizing modes (a rank turning slow prunes the rest of its step): "
                         "'on' (default), 'backward' (backward calls only: every forward exact), 'off'")
+    p.add_argument("--paired", action="store_true",
+                   help="resizing modes: prune each MLP as a pair (the down projection's kept units also prune the "
+                        "gate/up projections' rows; ResizingConfig.paired); default: every layer prunes its own K")
     p.add_argument("--reshard-window", type=int, default=10,
                    help="reshard/semi: steps a straggler's speed must stay stable before a re-plan (default 10; "
                         "the run's first re-plan may come after half of them when its gain is large)")
@@ -210,6 +213,9 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.shard_plan and (args.policy != "semimig" or args.balance == "mig"):
         raise ConfigError(f"--shard-plan {args.shard_plan} needs --policy semimig and a --balance other than mig "
                           f"(migration needs equal shards), got --policy {args.policy} --balance {args.balance}")
+    if args.paired and (args.policy != "semimig" or args.balance in ("mig", "reshard", "off")):
+        raise ConfigError(f"--paired prunes MLP pairs: it needs --policy semimig and a resizing --balance (semi or "
+                          f"zero-*), got --policy {args.policy} --balance {args.balance}")
     if args.straggler_replica is not None and args.straggler is None:
         raise ConfigError(f"--straggler-replica {args.straggler_replica} names where --straggler acts: give --straggler")
     check_int("--straggler-replica", args.straggler_replica, minimum=0, maximum=65535, allow_none=True)
@@ -481,6 +487,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         from semimig.controller import BalanceConfig, ControllerConfig
         from semimig.controller.reflex import ReflexConfig
+        from semimig.resizing.config import ResizingConfig
 
         reflex = None if args.reflex == "off" else ReflexConfig(forward=args.reflex == "on")
         # a group's micro-steps hold at most --batch-size rows (the plain run's activation memory); more rows
@@ -496,7 +503,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         try:
             balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=args.balance,
                                       straggler=straggler, log_every=args.log_every,
-                                      config=BalanceConfig(controller=ControllerConfig(reflex=reflex)),
+                                      config=BalanceConfig(controller=ControllerConfig(reflex=reflex),
+                                                           resizing=ResizingConfig(paired=args.paired)),
                                       reshard=ReshardConfig(window=args.reshard_window, horizon=args.steps,
                                                             block_size=args.shard_block), batch=split)
         except semimig.ConfigError as err:

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from .keep import KeepPlan
 
-__all__ = ["gather_linear_dgrad", "gather_linear_fwd", "gather_linear_wgrad"]
+__all__ = ["compact_linear_wgrad", "gather_linear_dgrad", "gather_linear_fwd", "gather_linear_wgrad"]
 
 
 def gather_linear_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, plan: KeepPlan) -> Tensor:
@@ -97,3 +97,15 @@ def gather_linear_wgrad(dy: Tensor, x: Tensor, plan: KeepPlan) -> Tensor:
     if plan.dense:
         return dy.t().mm(x)
     return _scattered(plan, dy.shape[1], dy, lambda out: _mm_into(out, dy.t(), _kept_columns(x, plan)))
+
+
+def compact_linear_wgrad(dy: Tensor, x_kept: Tensor, plan: KeepPlan) -> Tensor:
+    """``dw[:, S] = dy^T @ x_kept``, zeros on ``P``; dy [M, N], x_kept [M, K'] (the kept columns,
+    already compact: a paired row layer's input) -> dw [N, K].
+
+    The product is written straight into the scattered result's buffer (no gather of ``x``);
+    plain torch on every backend (the scatter is one gather, the GEMM cuBLAS's on a GPU).
+    """
+    if plan.dense:
+        return dy.t().mm(x_kept)
+    return _scattered(plan, dy.shape[1], dy, lambda out: _mm_into(out, dy.t(), x_kept))

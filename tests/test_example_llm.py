@@ -155,6 +155,7 @@ def _example():
     (["--straggler", "fixed:1"], "fixed:1"), (["--policy", "colossalai", "--balance", "semi"], "--policy"),
     (["--policy", "colossalai", "--balance", "off", "--batch-split", "poplar"], "--batch-split"),
     (["--model", ""], "--model"), (["--model", "tiny_llama"], "--model"),
+    (["--paired", "--balance", "reshard"], "--paired"), (["--paired", "--balance", "off"], "--paired"),
     (["--straggler-replica", "0"], "--straggler-replica"), (["--straggler", "fixed:1:4", "--straggler-replica", "-1"],
                                                             "--straggler-replica"),
 ])

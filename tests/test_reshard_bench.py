@@ -68,6 +68,17 @@ def test_the_reflex_flag_reaches_the_example_only_when_it_is_not_the_default(tmp
         script.parse_args(["--straggler", "real", "--reflex", "sometimes", "--json", str(out)])
 
 
+def test_a_paired_mode_runs_its_resizing_mode_with_the_examples_paired_flag(tmp_path):
+    script = _script()
+    args = script.parse_args(["--straggler", "gemm", "--modes", "zero-pri,zero-pri-paired,semi-paired",
+                              "--json", str(tmp_path / "r.json")])
+    assert args.modes == ["healthy", "zero-pri", "zero-pri-paired", "semi-paired"]
+    for mode, balance, paired in (("zero-pri", "zero-pri", False), ("zero-pri-paired", "zero-pri", True),
+                                  ("semi-paired", "semi", True), ("healthy", "off", False)):
+        cmd = script.command(args, mode, tmp_path / "out.json")
+        assert cmd[cmd.index("--balance") + 1] == balance and ("--paired" in cmd) == paired, (mode, cmd)
+
+
 def test_the_gemm_straggler_is_the_papers_spec_without_a_scope(tmp_path):
     script = _script()
     out = tmp_path / "r.json"

@@ -30,9 +30,13 @@ from semimig.resizing.pridiff import candidate_shares, layer_thresholds, pridiff
 from semimig.resizing.priority import PriorityList, select_pruned
 from semimig.resizing.ratio import columns_to_prune
 
-__all__ = ["BoundLayer", "LayerBinding", "gemm_weight"]
+__all__ = ["BoundLayer", "BoundPair", "LayerBinding", "PAIRED_MLPS", "gemm_weight"]
 
 logger = logging.getLogger(__name__)
+
+PAIRED_MLPS: tuple[str, ...] = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "GPT2MLP")
+"""MLP classes whose column layers feed their row layer through elementwise functions only (the
+activation, a gate's product): paired pruning (``ResizingConfig.paired``) may compact them."""
 
 
 def gemm_weight(layer: BalancedLinearMixin) -> torch.Tensor:
@@ -65,6 +69,36 @@ class BoundLayer:
         weight = getattr(self.layer, "gemm_weight", None)
         n, k = (weight if weight is not None else self.layer.weight).shape
         return int(n), int(k)
+
+
+@dataclass(frozen=True)
+class BoundPair:
+    """An MLP's column layers and the row layer they feed (``ResizingConfig.paired``)."""
+
+    name: str
+    columns: tuple[BoundLayer, ...]
+    row: BoundLayer
+
+
+def _unpairable(columns: list[BoundLayer], rows: list[BoundLayer]) -> Optional[str]:
+    """Why an MLP's semimig layers cannot be pruned as a pair, or ``None``."""
+    if len(rows) != 1 or not columns:
+        return f"{len(columns)} column and {len(rows)} row layers (a pair needs column layers and one row layer)"
+    row = rows[0]
+    for b in (*columns, row):
+        if b.dense:
+            return f"{b.name} is a dense layer"
+    for b in columns:
+        layer = b.layer
+        if getattr(layer, "gather_output", False) or getattr(layer, "skip_bias_add", False):
+            return f"{b.name} gathers its output or skips its bias add"
+        if len(getattr(layer, "split_sizes", None) or ()) > 1:
+            return f"{b.name} is packed (its rows are parts of several outputs)"
+        if b.shape[0] != row.shape[1]:
+            return f"{b.name} has {b.shape[0]} output rows, {row.name} {row.shape[1]} input columns"
+    if not getattr(row.layer, "parallel_input", True):
+        return f"{row.name} splits its input itself (parallel_input=False)"
+    return None
 
 
 class LayerReflex:
@@ -121,11 +155,34 @@ class LayerBinding:
         """The iteration of the directives in force (the reflex's lineage records carry it)."""
         self._hooks: list = []
         """The forward pre-hooks this binding put on its layers (:meth:`detach` removes them)."""
+        self.pairs: tuple[BoundPair, ...] = self._find_pairs(model) if resizing.paired else ()
         for b in self.layers:
             b.layer.layer_name = b.name
             if prioritized:
                 b.priority = PriorityList(gemm_weight(b.layer), revisit=resizing.revisit_pruned)
             self._hooks.append(b.layer.register_forward_pre_hook(self._note_tokens(b)))
+
+    def _find_pairs(self, model: nn.Module) -> tuple[BoundPair, ...]:
+        """The MLPs of a class in :data:`PAIRED_MLPS` whose semimig layers can prune as a pair."""
+        by_layer = {id(b.layer): b for b in self.layers}
+        pairs = []
+        for name, module in model.named_modules():
+            if type(module).__name__ not in PAIRED_MLPS:
+                continue
+            children = [by_layer[id(c)] for c in module.children() if id(c) in by_layer]
+            columns = [b for b in children if b.layer.matrix_kind == "column"]
+            rows = [b for b in children if b.layer.matrix_kind == "row"]
+            why = _unpairable(columns, rows)
+            if why is not None:
+                logger.info("paired pruning: %s prunes each layer's own K: %s", name, why)
+                continue
+            pairs.append(BoundPair(name, tuple(columns), rows[0]))
+        if pairs:
+            logger.info("paired pruning: %d MLPs prune as pairs (%s, ...)", len(pairs), pairs[0].name)
+        else:
+            logger.warning("paired pruning: %s has no MLP of %s whose semimig layers pair; every layer prunes "
+                           "its own K", type(model).__name__, ", ".join(PAIRED_MLPS))
+        return tuple(pairs)
 
     def detach(self) -> None:
         """Remove this binding's hooks from the layers (idempotent).  Each hook holds its layer's
@@ -218,7 +275,12 @@ class LayerBinding:
         reflex's hook rides on every directive that does not migrate."""
         self.iteration = iteration
         dense = True
+        paired = self._paired_keep_sets(gammas, migrate)
         for b, gamma in zip(self.layers, gammas):
+            if id(b) in paired:
+                self._apply_paired(b, *paired[id(b)], iteration, meter)
+                dense = False
+                continue
             n, k = b.shape
             counts = {} if b.dense else {r: min(k, round(k * share)) for r, share in migrate.items()}
             layout = MigrationLayout.build(group_size, k, counts, receivers) if any(counts.values()) else None
@@ -244,6 +306,37 @@ class LayerBinding:
                 on_forward=self._recorder(b.name, pruned, k, iteration), on_backward=self._reader(b, pruned, iteration),
                 reflex=b.reflex if layout is None else None)
         return dense
+
+    def _paired_keep_sets(self, gammas: Sequence[float], migrate: Mapping[int, float]) -> dict:
+        """``{id(bound layer): (keep, pruned)}`` for every layer of a pair that prunes this iteration:
+        the row layer's kept units at its ratio, shared by its column layers.  A pair none of whose
+        layers migrates or receives; the others prune their own K (:meth:`apply`)."""
+        out: dict = {}
+        ratio = {id(b): g for b, g in zip(self.layers, gammas)}
+        for pair in self.pairs:
+            members = (*pair.columns, pair.row)
+            if any(round(m.shape[1] * share) for m in members for share in migrate.values()):
+                continue
+            k = pair.row.shape[1]
+            n_prune = min(columns_to_prune(k, ratio[id(pair.row)]), k)
+            if n_prune == 0:
+                continue
+            keep_pruned = self._keep_set(pair.row, k, n_prune)
+            out.update((id(m), keep_pruned) for m in members)
+        return out
+
+    def _apply_paired(self, b: BoundLayer, keep: torch.Tensor, pruned: torch.Tensor, iteration: int, meter) -> None:
+        """A pair member's directive: the row layer keeps ``keep`` and takes it compact; a column
+        layer computes those rows only (its lineage records the rows it dropped)."""
+        b.state.clear()
+        n, k = b.shape
+        row = b.layer.matrix_kind == "row"
+        matrix, size = ("weight", k) if row else ("weight.rows", n)
+        b.layer.directive = LayerDirective(
+            iteration=iteration, keep=keep if row else None, compact_input=row, rows=None if row else keep,
+            impute=self.resizing.impute, timer=meter, state=b.state,
+            on_forward=self._recorder(b.name, pruned, size, iteration, matrix),
+            on_backward=self._reader(b, pruned, iteration, matrix))
 
     def _keep_set(self, b: BoundLayer, own: int, n_prune: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(keep, pruned)`` index tensors; the same objects while the period's list and the
@@ -272,16 +365,17 @@ class LayerBinding:
         except KeyError:  # never pruned yet
             return None
 
-    def _recorder(self, name: str, pruned: torch.Tensor, k: int, iteration: int):
+    def _recorder(self, name: str, pruned: torch.Tensor, k: int, iteration: int, matrix: str = "weight"):
         def record() -> None:
-            self.lineage.record(name, "weight", pruned, iteration, num_columns=k)
+            self.lineage.record(name, matrix, pruned, iteration, num_columns=k)
         return record
 
-    def _reader(self, b: BoundLayer, pruned: torch.Tensor, iteration: int):
+    def _reader(self, b: BoundLayer, pruned: torch.Tensor, iteration: int, matrix: str = "weight"):
         """Backward's check that the layer's lineage is what its forward pruned: the plan's set, or
-        the step reflex's larger one handed out at this forward."""
+        the step reflex's larger one handed out at this forward (``matrix``: ``"weight.rows"`` for a
+        paired column layer's dropped rows)."""
         def read() -> None:
-            recorded = self.lineage.lookup(b.name, "weight").cpu()
+            recorded = self.lineage.lookup(b.name, matrix).cpu()
             if torch.equal(recorded, pruned.cpu()):
                 return
             handed = None if b.reflex is None else b.reflex.handed

@@ -141,6 +141,9 @@ class BalancedLinearMixin:
             input_ = gather_forward_split_backward(input_, dim=self._sequence_dim(), process_group=self.process_group)
         bias = None if self.skip_bias_add else self.bias
         directive = self._active_directive()
+        if directive is not None and directive.rows is not None and (self.gather_output or self.skip_bias_add):
+            raise ConfigError(f"{type(self).__name__} {self.layer_name}: paired pruning computes some output rows "
+                              "only; a layer with gather_output or skip_bias_add cannot be paired")
         output = column_parallel_linear(input_, weight, bias, self.process_group, directive)
         if self.gather_output:
             output = gather_out(output)
@@ -150,7 +153,12 @@ class BalancedLinearMixin:
     def _row_forward(self, input_: torch.Tensor, split_in: TensorFn) -> Output:
         weight = self.gemm_weight  # [N, K/e]
         directive = self._active_directive()
-        if self.parallel_input:
+        if directive is not None and directive.compact_input:
+            if not self.parallel_input:
+                raise ConfigError(f"{type(self).__name__} {self.layer_name}: a paired row layer takes its input "
+                                  "split already (parallel_input=True)")
+            self._check_input(input_, directive.keep.numel())  # the kept units only
+        elif self.parallel_input:
             self._check_input(input_, weight.shape[-1])
         else:
             self._check_input(input_, weight.shape[-1] * P.group_size(self.process_group))

@@ -11,6 +11,10 @@ Column sets of a rank's ``K`` (shard-local reduction columns), for a directive:
     pruned = own \\ keep          dropped by ZERO-resizing; gradients imputed (default 0)
     [K - L, K)                    computed by receivers (exact), results returned
 
+Paired pruning (an MLP's column → elementwise → row pair, ``ResizingConfig.paired``): the row
+layer keeps ``S`` of its K (the intermediate units) and receives them compact (``compact_input``);
+the column layers feeding it compute only the output ``rows = S`` and keep their whole K.
+
 The directive is immutable; per-layer mutable state (the weight block broadcast once per
 iteration, the previous gradient for the ``same`` imputation, the validated keep plan) lives in
 :class:`LayerState`.
@@ -125,10 +129,30 @@ class LayerDirective:
     on_forward: Optional[Callable[[], None]] = None  # the runtime writes the lineage table here
     on_backward: Optional[Callable[[], None]] = None  # ... and reads it back here
     reflex: Optional[CallReflex] = None  # no migration: the rank may prune (more) within the step
+    rows: Optional[torch.Tensor] = None
+    """Paired pruning, column layer: the output rows it computes (sorted), its output compact
+    ``[..., |rows|]``; its own K stays whole (``keep`` None).  The rows are the kept columns of the
+    row layer it feeds through an elementwise function (an MLP's intermediate units): the other
+    rows feed only that layer's pruned columns (unread outputs, exactly-zero gradients)."""
+    compact_input: bool = False
+    """Paired pruning, row layer: its input arrives compact, the ``keep`` columns only (the column
+    layers that feed it computed only those rows); its input gradient is compact too."""
 
     def __post_init__(self) -> None:
         if self.impute not in IMPUTE_POLICIES:
             raise ConfigError(f"impute must be one of {IMPUTE_POLICIES}, got {self.impute!r}")
+        if self.rows is not None or self.compact_input:
+            what = "rows" if self.rows is not None else "compact_input"
+            if self.layout is not None or self.reflex is not None:
+                raise ConfigError(f"a paired directive ({what}) cannot migrate or carry a reflex: the pair's "
+                                  "layers must compute the same units in forward and backward")
+            if self.rows is not None and (self.keep is not None or self.compact_input):
+                raise ConfigError("a column layer's paired directive (rows) keeps its whole K: no keep, no compact_input")
+            if self.compact_input and self.keep is None:
+                raise ConfigError("compact_input needs the keep set the compact input holds")
+            if self.rows is not None and (not isinstance(self.rows, torch.Tensor)
+                                          or self.rows.dtype not in (torch.int32, torch.int64) or self.rows.dim() != 1):
+                raise ConfigError(f"rows must be a 1-D int32/int64 tensor, got {getattr(self.rows, 'dtype', type(self.rows).__name__)}")
         if self.reflex is not None and self.layout is not None:
             raise ConfigError("a directive with a reflex cannot migrate (its migration layout fixes the columns "
                               "every rank computes)")

@@ -19,6 +19,19 @@ Row layer (``x`` split along K, ``w`` split along K)::
     dx[:, S]       = dy @ w[:, S] ;  dx[:, P] = 0 ;     dx[:, mig] = from receivers
     dw[:, S]       = dy^T @ x[:, S] ;  dw[:, P] = impute ;  dw[:, mig] = from receivers
 
+Paired pruning (``directive.rows`` / ``directive.compact_input``, an MLP's column → elementwise →
+row pair): the row layer keeps ``S`` of its K and its input arrives compact, ``x_S = x[:, S]``::
+
+    column:  y_S = x @ w[S, :]^T + b[S]                 [M, |S|]  (its K whole)
+             dx  = all_reduce(dy_S @ w[S, :]) ;  dw[S, :] = dy_S^T @ x ;  dw[P, :] = 0 ;  db likewise
+    row:     y   = all_reduce(x_S @ w[:, S]^T)
+             dx_S = dy @ w[:, S]  [M, |S|] ;  dw[:, S] = dy^T @ x_S ;  dw[:, P] = impute
+
+exact against the column layer computed densely and the row layer pruned to ``S``: the rows ``P``
+feed only the row layer's pruned columns, so their outputs are never read and their gradients are
+exact zeros (``dy[:, P] = 0`` through the elementwise function).  Same FLOPs as pruning every
+layer's K by the same share, no gather or scatter of the activation between the two.
+
 With no directive both reduce to Colossal-AI's computation, formulated the same way
 (``F.linear`` forward, ``dy.matmul(w)`` and ``dy^T.matmul(x)`` backward) and scheduled the same
 way (the column backward starts the ``dx`` all-reduce, computes ``dw`` while it runs, then
@@ -47,6 +60,7 @@ from semimig.comm import primitives as P
 from semimig.errors import ConfigError
 from semimig.kernels import KeepPlan, impute_
 from semimig.kernels import ops as kernel_ops
+from semimig.kernels.reference import compact_linear_wgrad
 from semimig.kernels.backend import resolve_backend
 from semimig.nn.directive import LayerDirective
 
@@ -238,6 +252,88 @@ def _open_backward(ctx, d: LayerDirective, dy, x, k: int):
     return _flat(dy.contiguous()), _flat(x)
 
 
+# ----------------------------------------------------------------------------- paired pruning
+def _paired_rows(d: LayerDirective, n: int, device: torch.device) -> KeepPlan:
+    """The validated plan of a paired column layer's output rows ``S ⊂ [0, N)`` (cached per keep set)."""
+    return _timed(d, lambda: d.state.own_plan(d.rows, n, n, device, 1), 0, 0)
+
+
+def _paired_column_forward(ctx, d: LayerDirective, x, weight, bias):
+    """``y[:, :] = x @ w[S, :]^T + b[S]``: only the rows ``S`` the paired row layer keeps, compact ``[M, |S|]``."""
+    if d.on_forward is not None:
+        d.on_forward()
+    (n, k), x2d = weight.shape, _flat(x)
+    ctx.plan = _paired_rows(d, n, weight.device)
+    rows = ctx.plan.keep.long()
+
+    def work():
+        w_rows = weight.index_select(0, rows)
+        return w_rows, F.linear(x2d, w_rows, None if bias is None else bias.index_select(0, rows))
+
+    ctx.w_rows, y2d = _timed(d, work, 2 * x2d.shape[0] * rows.numel() * k, 2 * x2d.shape[0] * n * k)
+    _gap(d, "forward", opening=True)
+    return y2d.reshape(*x.shape[:-1], rows.numel())
+
+
+def _paired_column_backward(ctx, d: LayerDirective, dy, x, weight, group: ProcessGroup):
+    """``dx = all_reduce(dy @ w[S, :])``; ``dw[S, :] = dy^T @ x``, ``db[S] = sum(dy)``, exact zeros on
+    the other rows (their outputs fed only the row layer's pruned columns)."""
+    _gap(d, "backward", opening=False)
+    if d.on_backward is not None:
+        d.on_backward()
+    dy2d, x2d = _flat(dy.contiguous()), _flat(x)
+    (m, kept), (n, k) = dy2d.shape, weight.shape
+    rows = ctx.plan.keep.long()
+    dx2d = _timed(d, lambda: dy2d.matmul(ctx.w_rows), 2 * m * kept * k, 2 * m * n * k)
+    handle = P.all_reduce_start(dx2d, group)  # overlaps the weight gradient, as the dense layer
+
+    def work():
+        part = dy2d.t().matmul(x2d)
+        dw = part.new_zeros(n, k).index_copy_(0, rows, part)
+        if not ctx.use_bias:
+            return dw, None
+        sums = dy2d.sum(dim=0)
+        return dw, sums.new_zeros(n).index_copy_(0, rows, sums)
+
+    dw, db = _timed(d, work, 2 * m * kept * k, 2 * m * n * k)
+    _remember(dw, d)
+    ctx.w_rows = None
+    P.wait(handle)
+    return dx2d.reshape(x.shape), dw, db, None, None
+
+
+def _paired_row_forward(ctx, d: LayerDirective, x2d, weight) -> torch.Tensor:
+    """``y_partial = x_S @ w[:, S]^T`` for a compact input ``x_S [M, |S|]`` (no gather of ``x``)."""
+    plan = ctx.plan
+    if plan is None or x2d.shape[1] != plan.n_kept:
+        raise ConfigError(f"a paired row layer's input must hold its {0 if plan is None else plan.n_kept} kept "
+                          f"columns, got width {x2d.shape[1]}")
+    (n, k), m = weight.shape, x2d.shape[0]
+
+    def work():
+        w_kept = weight.index_select(1, plan.keep.long())
+        return w_kept, F.linear(x2d, w_kept)
+
+    ctx.w_kept, y2d = _timed(d, work, 2 * m * n * plan.n_kept, 2 * m * n * k)
+    return y2d
+
+
+def _paired_row_backward(ctx, d: LayerDirective, dy2d, x2d, weight):
+    """``dx_S = dy @ w[:, S]`` (compact, as the input was); ``dw[:, S] = dy^T @ x_S``, ``P`` imputed."""
+    plan, (m, n), k = ctx.plan, dy2d.shape, weight.shape[1]
+    dx2d = _timed(d, lambda: dy2d.matmul(ctx.w_kept), 2 * m * n * plan.n_kept, 2 * m * n * k)
+
+    def work():
+        dw = compact_linear_wgrad(dy2d, x2d, plan)
+        if d.impute != "zero":
+            impute_(dw, plan, d.impute, d.state.previous_wgrad)
+        return dw
+
+    dw = _timed(d, work, 2 * m * n * plan.n_kept, 2 * m * n * k)
+    ctx.w_kept = None
+    return dx2d, dw
+
+
 # ----------------------------------------------------------------------------- column layer
 class _ColumnParallelLinear(torch.autograd.Function):
     """``y = x[:, S] @ w[:, S]^T + b``; backward ``dx = all_reduce(dy @ w[:, S])``, ``dw[:, S] = dy^T @ x[:, S]``."""
@@ -248,6 +344,8 @@ class _ColumnParallelLinear(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         if d is None:
             return F.linear(x, weight, bias)
+        if d.rows is not None:
+            return _paired_column_forward(ctx, d, x, weight, bias)
         rank, k, x2d = _open_forward(ctx, d, group, x, weight)
         shares = d.layout.shares if d.migrating else ()
         ctx.blocks = [_shared_weight(weight, d, share, rank) for share in shares]
@@ -280,6 +378,8 @@ class _ColumnParallelLinear(torch.autograd.Function):
             db = dy2d.sum(dim=0) if ctx.use_bias else None
             P.wait(handle)
             return dx, dw, db, None, None
+        if d.rows is not None:
+            return _paired_column_backward(ctx, d, dy, x, weight, group)
         _gap(d, "backward", opening=False)
         rank, k = ctx.rank, weight.shape[1]
         dy2d, x2d = _open_backward(ctx, d, dy, x, k)
@@ -331,6 +431,8 @@ class _RowParallelLinear(torch.autograd.Function):
             x_send = x2d.detach()[:, k - share.count:] if rank == share.straggler else None
             x_blk, x_off = d.exchange.share_block(x_send, share, (m, share.count), x.dtype, x.device)
             ctx.blocks.append((x_blk, x_off) + _shared_weight(weight, d, share, rank))
+        if d.compact_input:
+            return P.all_reduce_(_paired_row_forward(ctx, d, x2d, weight), group).reshape(*x.shape[:-1], weight.shape[0])
         y2d = _own_forward(x2d, weight, None, ctx.plan, ctx.backend, d)
         for share, (x_blk, x_off, w_blk, w_off) in zip(shares, ctx.blocks):
             part = None
@@ -351,6 +453,11 @@ class _RowParallelLinear(torch.autograd.Function):
             return dy.matmul(weight), dy2d.t().matmul(x2d), None, None
         rank, k = ctx.rank, weight.shape[1]
         dy2d, x2d = _open_backward(ctx, d, dy, x, k)
+        if d.compact_input:
+            dx2d, dw = _paired_row_backward(ctx, d, dy2d, x2d, weight)
+            _remember(dw, d)
+            _gap(d, "backward", opening=True)
+            return dx2d.reshape(x.shape), dw, None, None
         dx2d = _own_dgrad(dy2d, weight, ctx.plan, ctx.backend, d)
         dw, _ = _own_wgrad(dy2d, x2d, ctx.plan, ctx.backend, d, False, ctx.pruned)
         if d.migrating:

@@ -69,6 +69,15 @@ class ResizingConfig:
     change first, whose keep sets the keep layout and the grouped kernels take; issue 27).  The
     controller prunes ``round(n / block)`` whole blocks where ``n`` columns are asked for, and
     single columns in a layer whose own column count ``block`` does not divide."""
+    paired: bool = False
+    """Paired pruning (issue 27): in an MLP of a known class (``LlamaMLP``, ``MistralMLP``,
+    ``Qwen2MLP``, ``GPT2MLP``) the row layer's kept columns are the MLP's kept intermediate units
+    for the step; the column layers feeding it compute only those output rows and keep their whole
+    K, and the activation between them is compact (no gather or scatter of it).  The same FLOPs as
+    pruning each layer's K by the row layer's ratio, one approximation (units off for the step)
+    instead of two; exact against the row layer pruned alone.  Planned prunes only: a step the
+    reflex prunes (:mod:`semimig.controller.reflex`) and a step that migrates prune each layer's
+    own K as before.  False: every layer prunes its own K (the paper)."""
 
     def __post_init__(self) -> None:
         check_choice("variant", self.variant, VARIANTS)
@@ -83,6 +92,7 @@ class ResizingConfig:
         check_bool("revisit_pruned", self.revisit_pruned)
         check_int("seed", self.seed, minimum=0, maximum=2**63 - 1)
         check_choice("block", self.block, BLOCKS)
+        check_bool("paired", self.paired)
 
     @property
     def prioritized(self) -> bool:

@@ -1,0 +1,185 @@
+"""Paired pruning of an MLP (issue 27): the row layer keeps units ``S`` and receives them compact,
+the column layers compute only rows ``S``.
+
+Oracles: the same MLP with the column layers dense and the row layer pruned to ``S`` the usual way
+(gather path), and a dense single-process MLP whose pruned units' down-projection columns are
+zeroed — both from the same seed.  The paired path must give the same output, input gradient and
+weight gradients (the pruned rows' and columns' gradients exact zeros).
+"""
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from dist_harness import run_pooled
+
+ATOL = 1e-5  # fp32: the same sums over the kept units, associated differently (sharded, fewer terms)
+
+
+def _keep(units: int, rank: int) -> torch.Tensor:
+    """A rank's kept units: a fixed draw of about half, sorted (seeded by the rank)."""
+    gen = torch.Generator().manual_seed(11 + rank)
+    return torch.sort(torch.randperm(units, generator=gen)[: units // 2 + rank]).values
+
+
+def _forward(gate, up, down, x, gated: bool):
+    h = F.silu(gate(x)) * up(x) if gated else F.gelu(gate(x))
+    return down(h)
+
+
+def _paired_body(rank, world, gated: bool, impute: str):
+    import semimig.nn as snn
+    from semimig.nn.directive import LayerDirective
+
+    torch.manual_seed(0)
+    hidden, inter = 8, 16
+    fc_gate, fc_up = nn.Linear(hidden, inter, bias=not gated), nn.Linear(hidden, inter, bias=not gated)
+    fc_down = nn.Linear(inter, hidden, bias=not gated)
+    x = torch.randn(3, 5, hidden)
+    group = dist.group.WORLD
+
+    def build():
+        return (snn.Linear1D_Col.from_native_module(copy.deepcopy(fc_gate), group),
+                snn.Linear1D_Col.from_native_module(copy.deepcopy(fc_up), group),
+                snn.Linear1D_Row.from_native_module(copy.deepcopy(fc_down), group))
+
+    local = inter // world
+    keep = _keep(local, rank)
+    runs = {}
+    for paired in (True, False):
+        gate, up, down = build()
+        if paired:
+            gate.directive = LayerDirective(iteration=0, rows=keep, impute=impute)
+            up.directive = LayerDirective(iteration=0, rows=keep, impute=impute)
+            down.directive = LayerDirective(iteration=0, keep=keep, compact_input=True, impute=impute)
+            assert gate(x).shape == (3, 5, keep.numel())  # compact: only the kept units
+        else:  # the oracle: column layers dense, the row layer pruned to the same units (gather path)
+            down.directive = LayerDirective(iteration=0, keep=keep, impute=impute)
+        xi = x.clone().requires_grad_(True)
+        y = _forward(gate, up if gated else None, down, xi, gated)
+        y.square().sum().backward()
+        runs[paired] = (y.detach(), xi.grad, gate.weight.grad, up.weight.grad if gated else None, down.weight.grad,
+                        None if gated else (gate.bias.grad, down.bias.grad))
+    (y, dx, dgate, dup, ddown, biases), (y_o, dx_o, dgate_o, dup_o, ddown_o, biases_o) = runs[True], runs[False]
+    torch.testing.assert_close(y, y_o, atol=ATOL, rtol=0)
+    torch.testing.assert_close(dx, dx_o, atol=ATOL, rtol=0)
+    torch.testing.assert_close(ddown, ddown_o, atol=ATOL, rtol=0)
+    torch.testing.assert_close(dgate, dgate_o, atol=ATOL, rtol=0)
+    if gated:
+        torch.testing.assert_close(dup, dup_o, atol=ATOL, rtol=0)
+    else:
+        for a, b in zip(biases, biases_o):
+            torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+    pruned = sorted(set(range(local)) - set(keep.tolist()))
+    assert dgate[pruned].abs().sum() == 0 and dgate[keep].abs().sum() > 0  # exact zeros on the pruned rows
+    if impute == "zero":
+        assert ddown[:, pruned].abs().sum() == 0
+
+    # The dense single-process reference: the pruned units' down columns zeroed, every rank's units.
+    kept_global = torch.cat([_keep(local, r) + r * local for r in range(world)])
+    mask = torch.zeros(inter)
+    mask[kept_global] = 1.0
+    ref_down = copy.deepcopy(fc_down)
+    with torch.no_grad():
+        ref_down.weight.mul_(mask)
+    xr = x.clone().requires_grad_(True)
+    yr = _forward(fc_gate, fc_up if gated else None, ref_down, xr, gated)
+    yr.square().sum().backward()
+    torch.testing.assert_close(y, yr.detach(), atol=ATOL, rtol=0)
+    torch.testing.assert_close(dx, xr.grad, atol=ATOL, rtol=0)
+    torch.testing.assert_close(dgate, fc_gate.weight.grad.chunk(world, 0)[rank], atol=ATOL, rtol=0)
+    if impute == "zero":
+        expected = (ref_down.weight.grad * mask).chunk(world, 1)[rank]
+        torch.testing.assert_close(ddown, expected, atol=ATOL, rtol=0)
+    return True
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("gated,impute", [(True, "zero"), (False, "zero"), (True, "average")])
+def test_paired_mlp_equals_the_row_layer_pruned_alone_and_the_dense_mlp_of_the_kept_units(world, gated, impute):
+    assert run_pooled(_paired_body, world, gated, impute)
+
+
+def test_a_paired_directive_refuses_what_it_cannot_serve():
+    from semimig.errors import ConfigError
+    from semimig.nn.directive import LayerDirective
+
+    keep = torch.tensor([0, 2])
+    with pytest.raises(ConfigError, match="keeps its whole K"):
+        LayerDirective(iteration=0, rows=keep, keep=keep)
+    with pytest.raises(ConfigError, match="compact_input needs the keep set"):
+        LayerDirective(iteration=0, compact_input=True)
+    with pytest.raises(ConfigError, match=r"rows must be a 1-D int32/int64 tensor, got torch.float32"):
+        LayerDirective(iteration=0, rows=torch.tensor([0.0, 1.0]))
+    with pytest.raises(ConfigError, match="cannot migrate or carry a reflex"):
+        LayerDirective(iteration=0, keep=keep, compact_input=True, reflex=object())
+
+
+def _wrong_width_body(rank, world):
+    import semimig.nn as snn
+    from semimig.errors import ConfigError
+    from semimig.nn.directive import LayerDirective
+
+    torch.manual_seed(0)
+    down = snn.Linear1D_Row.from_native_module(nn.Linear(8, 4), dist.group.WORLD)
+    down.directive = LayerDirective(iteration=0, keep=torch.tensor([0, 1, 5]), compact_input=True)
+    try:
+        down(torch.randn(2, 8 // world))  # the full input: the column layers were not paired
+    except ConfigError as err:
+        return str(err)
+    return "no error"
+
+
+def test_a_paired_row_layer_given_its_full_input_names_the_width():
+    message = run_pooled(_wrong_width_body, 2)
+    assert "expects inputs of width 3" in message and "(2, 4)" in message, message
+
+
+def _binding_body(rank, world, name):
+    """A tiny Llama / GPT-2 under HybridParallelPlugin(tp=2) with SemiMigPolicy, three AdamW steps with
+    every layer's directive from a real LayerBinding: paired (uniform γ) against the unpaired binding
+    with the MLP's column layers at γ 0 (the oracle: the row layers pruned alone, to the same units)."""
+    from colossalai.booster import Booster
+    from colossalai.booster.plugin import HybridParallelPlugin
+
+    from semimig.controller.binding import LayerBinding
+    from semimig.resizing.config import ResizingConfig
+    from semimig.shardformer import SemiMigPolicy
+    from tiny_lms import tiny_lm, token_batch, train_steps
+
+    gamma, runs = 0.5, {}
+    for paired in (True, False):
+        plugin = HybridParallelPlugin(tp_size=world, pp_size=1, precision="fp32", custom_policy=SemiMigPolicy())
+        booster = Booster(plugin=plugin)
+        model = tiny_lm(name)
+        model, optimizer, *_ = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+        binding = LayerBinding(model, ResizingConfig(paired=paired), (), prioritized=True, rank=rank)
+        if paired:
+            assert [p.name.rsplit(".", 2)[-2:] for p in binding.pairs] == [["0", "mlp"], ["1", "mlp"]], binding.pairs
+        columns = {b.name for p in LayerBinding(model, ResizingConfig(paired=True), (), prioritized=True,
+                                                rank=rank).pairs for b in p.columns}
+        gammas = [0.0 if (not paired and b.name in columns) else gamma for b in binding.layers]
+
+        def step_with_directives(step):
+            binding.apply(iteration=step, gammas=gammas, migrate={}, receivers=None, group_size=world, rank=rank,
+                          exchange=None, meter=None)
+            return step
+
+        losses = [train_steps(booster, model, optimizer, [step_with_directives(s)], lambda _: token_batch(0))[0]
+                  for s in range(3)]  # one batch: the loss must fall
+        kinds = {b.name: (b.layer.directive.rows is not None, b.layer.directive.compact_input) for b in binding.layers}
+        runs[paired] = (losses, kinds, columns)
+    (paired_losses, kinds, columns), (oracle_losses, _, _) = runs[True], runs[False]
+    assert all(kinds[c] == (True, False) for c in columns), kinds  # the MLP's column layers computed rows only
+    assert sum(compact for _, compact in kinds.values()) == 2, kinds  # one compact row layer per MLP
+    torch.testing.assert_close(paired_losses, oracle_losses, atol=1e-5, rtol=1e-5)
+    return paired_losses
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_a_binding_prunes_each_mlp_as_a_pair_and_trains_like_its_row_layers_pruned_alone(name):
+    losses = run_pooled(_binding_body, 2, name, timeout_s=120)
+    assert len(losses) == 3 and losses[-1] < losses[0]
