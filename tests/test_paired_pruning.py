@@ -30,6 +30,19 @@ def _forward(gate, up, down, x, gated: bool):
     return down(h)
 
 
+class _MarkingReflex:
+    """The step reflex's hook as a paired layer sees it: every call is marked, none may be pruned further."""
+
+    def __init__(self):
+        self.marks = 0
+
+    def mark_call(self):
+        self.marks += 1
+
+    def keep(self, planned_kept, forward):
+        raise AssertionError("a paired call asked the reflex for a keep set")
+
+
 def _paired_body(rank, world, gated: bool, impute: str):
     import semimig.nn as snn
     from semimig.nn.directive import LayerDirective
@@ -52,15 +65,18 @@ def _paired_body(rank, world, gated: bool, impute: str):
     for paired in (True, False):
         gate, up, down = build()
         if paired:
-            gate.directive = LayerDirective(iteration=0, rows=keep, impute=impute)
-            up.directive = LayerDirective(iteration=0, rows=keep, impute=impute)
-            down.directive = LayerDirective(iteration=0, keep=keep, compact_input=True, impute=impute)
+            reflex = _MarkingReflex()
+            gate.directive = LayerDirective(iteration=0, rows=keep, impute=impute, reflex=reflex)
+            up.directive = LayerDirective(iteration=0, rows=keep, impute=impute, reflex=reflex)
+            down.directive = LayerDirective(iteration=0, keep=keep, compact_input=True, impute=impute, reflex=reflex)
             assert gate(x).shape == (3, 5, keep.numel())  # compact: only the kept units
         else:  # the oracle: column layers dense, the row layer pruned to the same units (gather path)
             down.directive = LayerDirective(iteration=0, keep=keep, impute=impute)
         xi = x.clone().requires_grad_(True)
         y = _forward(gate, up if gated else None, down, xi, gated)
         y.square().sum().backward()
+        if paired:  # the shape check's forward, then the pair's forwards and backwards: each call marked once
+            assert reflex.marks == 1 + 2 * (3 if gated else 2), reflex.marks
         runs[paired] = (y.detach(), xi.grad, gate.weight.grad, up.weight.grad if gated else None, down.weight.grad,
                         None if gated else (gate.bias.grad, down.bias.grad))
     (y, dx, dgate, dup, ddown, biases), (y_o, dx_o, dgate_o, dup_o, ddown_o, biases_o) = runs[True], runs[False]
@@ -114,8 +130,8 @@ def test_a_paired_directive_refuses_what_it_cannot_serve():
         LayerDirective(iteration=0, compact_input=True)
     with pytest.raises(ConfigError, match=r"rows must be a 1-D int32/int64 tensor, got torch.float32"):
         LayerDirective(iteration=0, rows=torch.tensor([0.0, 1.0]))
-    with pytest.raises(ConfigError, match="cannot migrate or carry a reflex"):
-        LayerDirective(iteration=0, keep=keep, compact_input=True, reflex=object())
+    with pytest.raises(ConfigError, match="cannot migrate"):
+        LayerDirective(iteration=0, keep=keep, compact_input=True, layout=object())
 
 
 def _wrong_width_body(rank, world):

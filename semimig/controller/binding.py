@@ -116,6 +116,12 @@ class LayerReflex:
         self.handed: Optional[tuple[int, torch.Tensor]] = None
         """``(iteration, pruned)`` of the last keep set handed out (the lineage check accepts it)."""
 
+    def mark_call(self) -> None:
+        """Mark a call whose keep set is fixed for the step (a paired layer's): the reflex's marks
+        then follow every call of the step, as its references (clean dense steps) do."""
+        if self.bound.layer.training:
+            self.reflex.mark(self.meter.busy_s)
+
     def keep(self, planned_kept: Optional[int], forward: bool) -> Optional[torch.Tensor]:
         """Mark the call; once fired, the keep set at ``γ`` if it keeps fewer than ``planned_kept``
         (``None``: the call is dense), recorded as the layer's lineage of this iteration; never for
@@ -334,7 +340,7 @@ class LayerBinding:
         matrix, size = ("weight", k) if row else ("weight.rows", n)
         b.layer.directive = LayerDirective(
             iteration=iteration, keep=keep if row else None, compact_input=row, rows=None if row else keep,
-            impute=self.resizing.impute, timer=meter, state=b.state,
+            impute=self.resizing.impute, timer=meter, state=b.state, reflex=b.reflex,  # the reflex only marks
             on_forward=self._recorder(b.name, pruned, size, iteration, matrix),
             on_backward=self._reader(b, pruned, iteration, matrix))
 

@@ -43,6 +43,9 @@ class CallReflex(Protocol):
 
     def keep(self, planned_kept: Optional[int], forward: bool) -> Optional[torch.Tensor]: ...
 
+    def mark_call(self) -> None:
+        """The opening of a call whose keep set cannot change (a paired layer's): marked, never pruned more."""
+
 
 class GemmTimer(Protocol):
     """Runs one GEMM closure and accounts its time as this rank's own busy time.
@@ -136,16 +139,18 @@ class LayerDirective:
     rows feed only that layer's pruned columns (unread outputs, exactly-zero gradients)."""
     compact_input: bool = False
     """Paired pruning, row layer: its input arrives compact, the ``keep`` columns only (the column
-    layers that feed it computed only those rows); its input gradient is compact too."""
+    layers that feed it computed only those rows); its input gradient is compact too.  A paired
+    directive's ``reflex`` only marks its calls (:meth:`CallReflex.mark_call`): the pair's units
+    are fixed for the step."""
 
     def __post_init__(self) -> None:
         if self.impute not in IMPUTE_POLICIES:
             raise ConfigError(f"impute must be one of {IMPUTE_POLICIES}, got {self.impute!r}")
         if self.rows is not None or self.compact_input:
             what = "rows" if self.rows is not None else "compact_input"
-            if self.layout is not None or self.reflex is not None:
-                raise ConfigError(f"a paired directive ({what}) cannot migrate or carry a reflex: the pair's "
-                                  "layers must compute the same units in forward and backward")
+            if self.layout is not None:
+                raise ConfigError(f"a paired directive ({what}) cannot migrate: the pair's layers must compute "
+                                  "the same units in forward and backward")
             if self.rows is not None and (self.keep is not None or self.compact_input):
                 raise ConfigError("a column layer's paired directive (rows) keeps its whole K: no keep, no compact_input")
             if self.compact_input and self.keep is None:

@@ -231,11 +231,21 @@ def _open_forward(ctx, d: LayerDirective, group: ProcessGroup, x, weight):
     return rank, k, _flat(x)
 
 
+def _mark_paired(d: LayerDirective) -> None:
+    """A paired call's opening is marked for the step reflex (its marks follow every call of the
+    step); its units are the pair's for the step, so the reflex never prunes it further."""
+    if d.reflex is not None:
+        d.reflex.mark_call()
+
+
 def _reflex(ctx, d: LayerDirective, k: int, device: torch.device, forward: bool) -> None:
     """A call asks the step reflex (:mod:`semimig.controller.reflex`) whether the rank prunes from
     now on: a dense call takes its keep set (a layer whose forward ran dense so prunes its backward
     only); a pruned forward takes it where it keeps fewer columns than the plan, and its backward
-    then keeps what its forward kept."""
+    then keeps what its forward kept.  A paired row layer's call is only marked."""
+    if d.compact_input:
+        _mark_paired(d)
+        return
     if d.reflex is None or (ctx.plan is not None and not (forward and d.keep is not None)):
         return
     keep = d.reflex.keep(None if ctx.plan is None else ctx.plan.n_kept, forward)
@@ -262,6 +272,7 @@ def _paired_column_forward(ctx, d: LayerDirective, x, weight, bias):
     """``y[:, :] = x @ w[S, :]^T + b[S]``: only the rows ``S`` the paired row layer keeps, compact ``[M, |S|]``."""
     if d.on_forward is not None:
         d.on_forward()
+    _mark_paired(d)
     (n, k), x2d = weight.shape, _flat(x)
     ctx.plan = _paired_rows(d, n, weight.device)
     rows = ctx.plan.keep.long()
@@ -281,6 +292,7 @@ def _paired_column_backward(ctx, d: LayerDirective, dy, x, weight, group: Proces
     _gap(d, "backward", opening=False)
     if d.on_backward is not None:
         d.on_backward()
+    _mark_paired(d)
     dy2d, x2d = _flat(dy.contiguous()), _flat(x)
     (m, kept), (n, k) = dy2d.shape, weight.shape
     rows = ctx.plan.keep.long()
