@@ -199,3 +199,56 @@ def _binding_body(rank, world, name):
 def test_a_binding_prunes_each_mlp_as_a_pair_and_trains_like_its_row_layers_pruned_alone(name):
     losses = run_pooled(_binding_body, 2, name, timeout_s=120)
     assert len(losses) == 3 and losses[-1] < losses[0]
+
+
+def _reflex_body(rank, world):
+    """Once the step reflex has fired before an MLP starts, the MLP runs the rest of the step paired at
+    the fired γ (its pre-hook swaps the pair's dense directives): the losses equal a plan that pairs
+    every MLP at that γ from the start (the attention layers prune their own K alike in both: the
+    reflex's keep sets are the plan's), and the next apply restores the dense directives."""
+    from colossalai.booster import Booster
+    from colossalai.booster.plugin import HybridParallelPlugin
+
+    from semimig.controller.binding import LayerBinding
+    from semimig.controller.reflex import ReflexConfig, StepReflex
+    from semimig.resizing.config import ResizingConfig
+    from semimig.shardformer import SemiMigPolicy
+    from semimig.straggler.busy import BusyMeter
+    from tiny_lms import tiny_lm, token_batch, train_steps
+
+    gamma, runs = 0.5, {}
+    for how in ("reflex", "planned"):
+        plugin = HybridParallelPlugin(tp_size=world, pp_size=1, precision="fp32", custom_policy=SemiMigPolicy())
+        booster = Booster(plugin=plugin)
+        model = tiny_lm("llama")
+        model, optimizer, *_ = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+        binding = LayerBinding(model, ResizingConfig(paired=True), (), prioritized=True, rank=rank)
+        reflex, meter = StepReflex(ReflexConfig(), gamma_max=0.9), BusyMeter()
+        binding.attach_reflex(reflex, meter)
+        losses, kinds = [], []
+        for step in range(2):
+            gammas = [gamma if how == "planned" else 0.0] * len(binding.layers)
+            binding.apply(iteration=step, gammas=gammas, migrate={}, receivers=None, group_size=world, rank=rank,
+                          exchange=None, meter=meter)
+            reflex.begin_step(armed=True)
+            if how == "reflex":
+                reflex.gamma = gamma  # fired before the first MLP (what a slow attention call would do)
+            losses += train_steps(booster, model, optimizer, [step], lambda _: token_batch(0))
+            kinds.append(sorted(b.name.rsplit(".", 1)[-1] for b in binding.layers if b.layer.directive.rows is not None
+                                or b.layer.directive.compact_input))
+            reflex.end_step(meter.busy_s)
+            meter.reset()
+        binding.apply(iteration=2, gammas=[0.0] * len(binding.layers), migrate={}, receivers=None, group_size=world,
+                      rank=rank, exchange=None, meter=meter)
+        restored = all(b.layer.directive is b.timed_only for b in binding.layers)
+        rows = [e.matrix for e in binding.lineage.entries()]
+        runs[how] = (losses, kinds, restored, rows)
+    (reflex_losses, kinds, restored, rows), (planned_losses, planned_kinds, _, _) = runs["reflex"], runs["planned"]
+    assert kinds == planned_kinds == [["down_proj", "down_proj", "gate_proj", "gate_proj", "up_proj", "up_proj"]] * 2
+    assert restored and "weight.rows" in rows
+    torch.testing.assert_close(reflex_losses, planned_losses, atol=1e-5, rtol=1e-5)
+    return True
+
+
+def test_a_fired_reflex_pairs_the_mlps_it_reaches_like_a_planned_paired_prune():
+    assert run_pooled(_reflex_body, 2, timeout_s=120)

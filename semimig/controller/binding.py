@@ -162,6 +162,9 @@ class LayerBinding:
         self._hooks: list = []
         """The forward pre-hooks this binding put on its layers (:meth:`detach` removes them)."""
         self.pairs: tuple[BoundPair, ...] = self._find_pairs(model) if resizing.paired else ()
+        modules = dict(model.named_modules())
+        for pair in self.pairs:
+            self._hooks.append(modules[pair.name].register_forward_pre_hook(self._reflex_pairs(pair)))
         for b in self.layers:
             b.layer.layer_name = b.name
             if prioritized:
@@ -312,6 +315,29 @@ class LayerBinding:
                 on_forward=self._recorder(b.name, pruned, k, iteration), on_backward=self._reader(b, pruned, iteration),
                 reflex=b.reflex if layout is None else None)
         return dense
+
+    def _reflex_pairs(self, pair: BoundPair):
+        """The MLP's forward pre-hook: once the step reflex has fired earlier in the step (and prunes
+        forwards), a pair whose layers all run their dense directive runs the rest of the step paired
+        at the fired ``γ`` instead of pruning each layer's own K (an MLP it fires inside keeps the
+        per-layer reaction: its first layers already ran).  The next :meth:`apply` restores them."""
+        def hook(module, args) -> None:
+            members = (*pair.columns, pair.row)
+            hooked = pair.row.reflex
+            if not module.training or hooked is None or not hooked.reflex.config.forward:
+                return
+            gamma = hooked.reflex.gamma
+            if gamma == 0.0 or any(m.layer.directive is None or m.layer.directive is not m.timed_only for m in members):
+                return  # not fired, or a planned prune, migration or evaluation holds the pair
+            k = pair.row.shape[1]
+            n_prune = min(columns_to_prune(k, gamma), k)
+            if n_prune == 0:
+                return
+            keep, pruned = self._keep_set(pair.row, k, n_prune)
+            meter = pair.row.layer.directive.timer
+            for m in members:
+                self._apply_paired(m, keep, pruned, self.iteration, meter)
+        return hook
 
     def _paired_keep_sets(self, gammas: Sequence[float], migrate: Mapping[int, float]) -> dict:
         """``{id(bound layer): (keep, pruned)}`` for every layer of a pair that prunes this iteration:

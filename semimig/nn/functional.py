@@ -60,8 +60,8 @@ from semimig.comm import primitives as P
 from semimig.errors import ConfigError
 from semimig.kernels import KeepPlan, impute_
 from semimig.kernels import ops as kernel_ops
-from semimig.kernels.reference import compact_linear_wgrad
 from semimig.kernels.backend import resolve_backend
+from semimig.kernels.reference import compact_linear_wgrad
 from semimig.nn.directive import LayerDirective
 
 
@@ -269,7 +269,7 @@ def _paired_rows(d: LayerDirective, n: int, device: torch.device) -> KeepPlan:
 
 
 def _paired_column_forward(ctx, d: LayerDirective, x, weight, bias):
-    """``y[:, :] = x @ w[S, :]^T + b[S]``: only the rows ``S`` the paired row layer keeps, compact ``[M, |S|]``."""
+    """``y_S = x @ w[S, :]^T + b[S]``: only the rows ``S`` the paired row layer keeps, compact ``[M, |S|]``."""
     if d.on_forward is not None:
         d.on_forward()
     _mark_paired(d)

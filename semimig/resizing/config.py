@@ -75,9 +75,10 @@ class ResizingConfig:
     for the step; the column layers feeding it compute only those output rows and keep their whole
     K, and the activation between them is compact (no gather or scatter of it).  The same FLOPs as
     pruning each layer's K by the row layer's ratio, one approximation (units off for the step)
-    instead of two; exact against the row layer pruned alone.  Planned prunes only: a step the
-    reflex prunes (:mod:`semimig.controller.reflex`) and a step that migrates prune each layer's
-    own K as before.  False: every layer prunes its own K (the paper)."""
+    instead of two; exact against the row layer pruned alone.  Planned prunes, and the MLPs a
+    step reaches after the step reflex fired (:mod:`semimig.controller.reflex`; an MLP it fires
+    inside, and a step that migrates, prune each layer's own K as before).  False: every layer
+    prunes its own K (the paper)."""
 
     def __post_init__(self) -> None:
         check_choice("variant", self.variant, VARIANTS)
