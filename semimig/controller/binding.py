@@ -291,7 +291,7 @@ class LayerBinding:
                 dense = False
                 continue
             n, k = b.shape
-            counts = {} if b.dense else {r: min(k, round(k * share)) for r, share in migrate.items()}
+            counts = self._migrated_counts(b, migrate)
             layout = MigrationLayout.build(group_size, k, counts, receivers) if any(counts.values()) else None
             if layout is None:
                 b.state.clear()
@@ -329,15 +329,23 @@ class LayerBinding:
             gamma = hooked.reflex.gamma
             if gamma == 0.0 or any(m.layer.directive is None or m.layer.directive is not m.timed_only for m in members):
                 return  # not fired, or a planned prune, migration or evaluation holds the pair
-            k = pair.row.shape[1]
-            n_prune = min(columns_to_prune(k, gamma), k)
-            if n_prune == 0:
-                return
-            keep, pruned = self._keep_set(pair.row, k, n_prune)
-            meter = pair.row.layer.directive.timer
-            for m in members:
-                self._apply_paired(m, keep, pruned, self.iteration, meter)
+            keep_pruned = self._pair_keep_set(pair, gamma)
+            if keep_pruned is not None:
+                meter = pair.row.layer.directive.timer
+                for m in members:
+                    self._apply_paired(m, *keep_pruned, self.iteration, meter)
         return hook
+
+    def _migrated_counts(self, b: BoundLayer, migrate: Mapping[int, float]) -> dict[int, int]:
+        """Columns of ``b`` each rank migrates this iteration (none for a dense layer)."""
+        k = b.shape[1]
+        return {} if b.dense else {r: min(k, round(k * share)) for r, share in migrate.items()}
+
+    def _pair_keep_set(self, pair: BoundPair, gamma: float) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """``(keep, pruned)`` of the pair's units at ``gamma`` (the row layer's priority list), or None."""
+        k = pair.row.shape[1]
+        n_prune = min(columns_to_prune(k, gamma), k)
+        return self._keep_set(pair.row, k, n_prune) if n_prune else None
 
     def _paired_keep_sets(self, gammas: Sequence[float], migrate: Mapping[int, float]) -> dict:
         """``{id(bound layer): (keep, pruned)}`` for every layer of a pair that prunes this iteration:
@@ -347,14 +355,11 @@ class LayerBinding:
         ratio = {id(b): g for b, g in zip(self.layers, gammas)}
         for pair in self.pairs:
             members = (*pair.columns, pair.row)
-            if any(round(m.shape[1] * share) for m in members for share in migrate.values()):
+            if any(any(self._migrated_counts(m, migrate).values()) for m in members):
                 continue
-            k = pair.row.shape[1]
-            n_prune = min(columns_to_prune(k, ratio[id(pair.row)]), k)
-            if n_prune == 0:
-                continue
-            keep_pruned = self._keep_set(pair.row, k, n_prune)
-            out.update((id(m), keep_pruned) for m in members)
+            keep_pruned = self._pair_keep_set(pair, ratio[id(pair.row)])
+            if keep_pruned is not None:
+                out.update((id(m), keep_pruned) for m in members)
         return out
 
     def _apply_paired(self, b: BoundLayer, keep: torch.Tensor, pruned: torch.Tensor, iteration: int, meter) -> None:

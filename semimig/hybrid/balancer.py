@@ -257,12 +257,11 @@ def batch_fingerprint(batch: Any) -> int:
 
     h = hashlib.blake2b(digest_size=6)
     for t in _tensors(batch):
-        flat = t.detach().reshape(-1)
-        if flat.numel() > _FINGERPRINT_SAMPLES:
-            where = torch.randint(flat.numel(), (_FINGERPRINT_SAMPLES,),
-                                  generator=torch.Generator().manual_seed(flat.numel()))
-            flat = flat[where.to(flat.device)]
-        sample = flat
+        sample = t.detach().reshape(-1)
+        if sample.numel() > _FINGERPRINT_SAMPLES:
+            where = torch.randint(sample.numel(), (_FINGERPRINT_SAMPLES,),
+                                  generator=torch.Generator().manual_seed(sample.numel()))
+            sample = sample[where.to(sample.device)]
         h.update(repr((tuple(t.shape), str(t.dtype))).encode())
         h.update(sample.cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return int.from_bytes(h.digest(), "big")
