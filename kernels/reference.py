@@ -7,6 +7,14 @@ a :class:`~semimig.kernels.keep.KeepPlan`) and computes, with ``S = plan.keep``:
     gather_linear_dgrad: dx[:, S] = dy @ w[:, S],      dx[:, P] = 0        dx [M, K]
     gather_linear_wgrad: dw[:, S] = dy^T @ x[:, S],    dw[:, P] = 0        dw [N, K]
 
+and the two halves of a paired MLP (the column layer computes only the output rows ``S`` its row
+layer keeps; the row layer receives those units compact, ``x_S [M, |S|]``):
+
+    rows_linear_fwd    : y_S      = x @ w[S, :]^T (+ bias[S])             y_S [M, |S|]
+    rows_linear_wgrad  : dw[S, :] = dy_S^T @ x,        other rows 0        dw [N, K]
+    compact_linear_fwd : y        = x_S @ w[:, S]^T                        y  [M, N]
+    compact_linear_wgrad: dw[:, S] = dy^T @ x_S,       dw[:, P] = 0        dw [N, K]
+
 How, cheapest first (the fixed cost ``F`` of a pruned GEMM on a CPU is what these choices set):
 
 - nothing pruned: exactly the products that ``F.linear`` and its autograd compute
@@ -27,7 +35,8 @@ from torch import Tensor
 
 from .keep import KeepPlan
 
-__all__ = ["compact_linear_wgrad", "gather_linear_dgrad", "gather_linear_fwd", "gather_linear_wgrad"]
+__all__ = ["compact_linear_fwd", "compact_linear_wgrad", "gather_linear_dgrad", "gather_linear_fwd",
+           "gather_linear_wgrad", "rows_linear_fwd", "rows_linear_wgrad"]
 
 
 def gather_linear_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, plan: KeepPlan) -> Tensor:
@@ -97,6 +106,25 @@ def gather_linear_wgrad(dy: Tensor, x: Tensor, plan: KeepPlan) -> Tensor:
     if plan.dense:
         return dy.t().mm(x)
     return _scattered(plan, dy.shape[1], dy, lambda out: _mm_into(out, dy.t(), _kept_columns(x, plan)))
+
+
+def rows_linear_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, rows: Tensor) -> tuple[Tensor, Tensor]:
+    """``y_S = x @ w[S, :]^T (+ bias[S])``: only the output rows ``S`` (int64); x [M, K], weight [N, K]
+    -> ``(w[S, :] [|S|, K], y_S [M, |S|])`` (the gathered rows are the backward's ``dx = dy_S @ w[S, :]``)."""
+    w_rows = weight.index_select(0, rows)
+    return w_rows, F.linear(x, w_rows, None if bias is None else bias.index_select(0, rows))
+
+
+def rows_linear_wgrad(dy_rows: Tensor, x: Tensor, rows: Tensor, n: int) -> Tensor:
+    """``dw[S, :] = dy_S^T @ x``, exact zeros on the other rows; dy_S [M, |S|], x [M, K] -> dw [n, K]."""
+    return dy_rows.new_zeros(n, x.shape[1]).index_copy_(0, rows, dy_rows.t().matmul(x))
+
+
+def compact_linear_fwd(x_kept: Tensor, weight: Tensor, plan: KeepPlan) -> tuple[Tensor, Tensor]:
+    """``y = x_S @ w[:, S]^T`` on a compact input x_S [M, |S|], weight [N, K] -> ``(w[:, S], y [M, N])``
+    (``w[:, S]`` a view for a contiguous run; the backward's ``dx_S = dy @ w[:, S]``)."""
+    w_kept = _kept_columns(weight, plan)
+    return w_kept, F.linear(x_kept, w_kept)
 
 
 def compact_linear_wgrad(dy: Tensor, x_kept: Tensor, plan: KeepPlan) -> Tensor:

@@ -6,7 +6,10 @@ Oracles: the same MLP with the column layers dense and the row layer pruned to `
 zeroed — both from the same seed.  The paired path must give the same output, input gradient and
 weight gradients (the pruned rows' and columns' gradients exact zeros).
 """
+import contextlib
 import copy
+import logging
+import re
 
 import pytest
 import torch
@@ -154,9 +157,27 @@ def test_a_paired_row_layer_given_its_full_input_names_the_width():
     assert "expects inputs of width 3" in message and "(2, 4)" in message, message
 
 
+@contextlib.contextmanager
+def _records(logger_name: str):
+    """The records ``logger_name`` emits at INFO and above inside the block."""
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    records, logger, handler = [], logging.getLogger(logger_name), Keep(logging.INFO)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def _binding_body(rank, world, name):
-    """A tiny Llama / GPT-2 under HybridParallelPlugin(tp=2) with SemiMigPolicy, three AdamW steps with
-    every layer's directive from a real LayerBinding: paired (uniform γ) against the unpaired binding
+    """A tiny Llama / Qwen2 / Mistral / GPT-2 under HybridParallelPlugin(tp=2) with SemiMigPolicy, three
+    AdamW steps with every layer's directive from a real LayerBinding: paired (uniform γ) against the unpaired binding
     with the MLP's column layers at γ 0 (the oracle: the row layers pruned alone, to the same units)."""
     from colossalai.booster import Booster
     from colossalai.booster.plugin import HybridParallelPlugin
@@ -172,11 +193,15 @@ def _binding_body(rank, world, name):
         booster = Booster(plugin=plugin)
         model = tiny_lm(name)
         model, optimizer, *_ = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
-        binding = LayerBinding(model, ResizingConfig(paired=paired), (), prioritized=True, rank=rank)
+        with _records("semimig.controller.binding") as said:
+            binding = LayerBinding(model, ResizingConfig(paired=paired), (), prioritized=True, rank=rank)
+            columns = {b.name for p in LayerBinding(model, ResizingConfig(paired=True), (), prioritized=True,
+                                                    rank=rank).pairs for b in p.columns}
+        # the pairing is said once per model: paired, both bindings pair it (a re-plan rebuilds the binding)
+        messages = [r.getMessage() for r in said]
+        assert len(messages) == 1 and messages[0].startswith("paired pruning: 2 MLPs prune as pairs ("), messages
         if paired:
             assert [p.name.rsplit(".", 2)[-2:] for p in binding.pairs] == [["0", "mlp"], ["1", "mlp"]], binding.pairs
-        columns = {b.name for p in LayerBinding(model, ResizingConfig(paired=True), (), prioritized=True,
-                                                rank=rank).pairs for b in p.columns}
         gammas = [0.0 if (not paired and b.name in columns) else gamma for b in binding.layers]
 
         def step_with_directives(step):
@@ -187,6 +212,13 @@ def _binding_body(rank, world, name):
         losses = [train_steps(booster, model, optimizer, [step_with_directives(s)], lambda _: token_batch(0))[0]
                   for s in range(3)]  # one batch: the loss must fall
         kinds = {b.name: (b.layer.directive.rows is not None, b.layer.directive.compact_input) for b in binding.layers}
+        # the SEMI pretest times each layer on the path it prunes along
+        paths = {name.rsplit(".", 1)[-1]: path for name, (*_, path) in zip((b.name for b in binding.layers),
+                                                                           binding.pretest_shapes())}
+        expected = {"gather"} if not paired else ({"rows", "compact", "gather"})
+        assert set(paths.values()) == expected, paths
+        if paired:
+            assert paths[min(columns).rsplit(".", 1)[-1]] == "rows", (paths, columns)
         runs[paired] = (losses, kinds, columns)
     (paired_losses, kinds, columns), (oracle_losses, _, _) = runs[True], runs[False]
     assert all(kinds[c] == (True, False) for c in columns), kinds  # the MLP's column layers computed rows only
@@ -195,7 +227,7 @@ def _binding_body(rank, world, name):
     return paired_losses
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt2"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "gpt2"])
 def test_a_binding_prunes_each_mlp_as_a_pair_and_trains_like_its_row_layers_pruned_alone(name):
     losses = run_pooled(_binding_body, 2, name, timeout_s=120)
     assert len(losses) == 3 and losses[-1] < losses[0]
@@ -252,3 +284,68 @@ def _reflex_body(rank, world):
 
 def test_a_fired_reflex_pairs_the_mlps_it_reaches_like_a_planned_paired_prune():
     assert run_pooled(_reflex_body, 2, timeout_s=120)
+
+
+# --------------------------------------------------------------------------- the pair's functions, the pretest
+def test_the_pair_functions_equal_the_dense_products_of_the_kept_rows_and_columns():
+    from semimig.kernels import plan_keep
+    from semimig.kernels.reference import compact_linear_fwd, compact_linear_wgrad, rows_linear_fwd, rows_linear_wgrad
+
+    gen = torch.Generator().manual_seed(3)
+    x, w, b = torch.randn(6, 10, generator=gen), torch.randn(8, 10, generator=gen), torch.randn(8, generator=gen)
+    rows = torch.tensor([1, 2, 6])
+    w_rows, y = rows_linear_fwd(x, w, b, rows)
+    torch.testing.assert_close(y, F.linear(x, w, b)[:, rows], atol=ATOL, rtol=0.0)
+    torch.testing.assert_close(w_rows, w[rows], atol=0.0, rtol=0.0)
+    dy = torch.randn(6, 3, generator=gen)
+    expected = torch.zeros(8, 10)
+    expected[rows] = dy.t() @ x
+    torch.testing.assert_close(rows_linear_wgrad(dy, x, rows, 8), expected, atol=ATOL, rtol=0.0)
+    for keep in (torch.tensor([0, 3, 4, 9]), torch.tensor([2, 3, 4])):  # scattered, and a contiguous run (a view)
+        plan = plan_keep(keep, 10, torch.device("cpu"), group=1)
+        w_kept, y = compact_linear_fwd(x[:, keep], w, plan)
+        torch.testing.assert_close(y, x[:, keep] @ w[:, keep].t(), atol=ATOL, rtol=0.0)
+        dy = torch.randn(6, 8, generator=gen)
+        expected = torch.zeros(8, 10)
+        expected[:, keep] = dy.t() @ x[:, keep]
+        torch.testing.assert_close(compact_linear_wgrad(dy, x[:, keep], plan), expected, atol=ATOL, rtol=0.0)
+        torch.testing.assert_close(dy @ w_kept, dy @ w[:, keep], atol=ATOL, rtol=0.0)
+
+
+def _paired_pretest_body(rank, world):
+    from semimig.controller.pretest import PretestRun
+    from semimig.straggler.busy import BusyMeter
+
+    meter = BusyMeter()
+    # N 10 against K 16: a rows task prunes round(10 (1 - s)) of N, not K; the gather shape is the compact one's
+    shapes = [(8, 10, 16, "rows"), (8, 10, 16, "rows"), (8, 16, 10, "compact"), (8, 16, 10)]
+    run = PretestRun(shapes, dist.group.WORLD, repeats=1, gemm_timer=meter)
+    work = {}
+    while run.remaining:
+        kind, share, _, shape = run.tasks[run.position]
+        meter.reset()
+        samples = run.advance(1)
+        done = meter.snapshot()
+        work[kind, share, run.tensors[shape][4]] = (done.gemm_count, done.work_fraction)
+    return len(run.tasks), work, samples
+
+
+def test_the_pretest_times_a_paired_mlp_on_its_own_path_with_the_same_work():
+    tasks, work, samples = run_pooled(_paired_pretest_body, 1, timeout_s=120)
+    assert tasks == 4 * 3 * 3  # kinds x shares x distinct (shape, path): the compact and gather shapes apart
+    for share in (0.25, 0.5, 0.75):
+        for path in ("rows", "compact", "gather"):
+            units, k = (10, 16) if path == "rows" else (10, 10)
+            # three GEMMs charged the work of what they keep: rows (1 - s) N, the others (1 - s) K
+            assert work["pruned", share, path] == (3, pytest.approx(round(units * (1 - share)) / units)), \
+                (share, path, work["pruned", share, path])
+            assert work["kept", share, path] == (3, pytest.approx(round(k * (1 - share)) / k)), (share, path)
+    assert all(v >= 0.0 for v in samples["omega2"][1]) and samples["omega1"][0] >= 0.0
+
+
+@pytest.mark.parametrize("shape, named", [((8, 16, 16, "paired"), "'paired'"), ((8, 16), "(8, 16)")])
+def test_a_pretest_shape_with_a_bad_path_names_it(shape, named):
+    from semimig.controller.pretest import PretestRun
+
+    with pytest.raises(ValueError, match=re.escape(named)):
+        PretestRun([shape], None)

@@ -20,11 +20,16 @@ def tiny_lm(name: str):
         return T.LlamaForCausalLM(T.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=256,
                                                 num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
                                                 max_position_embeddings=2 * SEQ))
+    if name in ("qwen2", "mistral"):  # Llama's MLP and GQA under other class names (Qwen2: q/k/v biases)
+        config_cls, model_cls = {"qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM),
+                                 "mistral": (T.MistralConfig, T.MistralForCausalLM)}[name]
+        return model_cls(config_cls(vocab_size=VOCAB, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                                    num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2 * SEQ))
     if name == "gpt2":
         return T.GPT2LMHeadModel(T.GPT2Config(vocab_size=VOCAB, n_embd=64, n_inner=256, n_layer=2, n_head=8,
                                               n_positions=2 * SEQ, resid_pdrop=0.0, embd_pdrop=0.0,
                                               attn_pdrop=0.0))
-    raise ValueError(f"tiny_lm: unknown model {name!r} (llama or gpt2)")
+    raise ValueError(f"tiny_lm: unknown model {name!r} (llama, qwen2, mistral or gpt2)")
 
 
 def token_batch(step: int) -> dict:

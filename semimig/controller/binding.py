@@ -13,6 +13,7 @@ rank holds identically (:mod:`semimig.controller.agreement` checks it).
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
@@ -33,6 +34,9 @@ from semimig.resizing.ratio import columns_to_prune
 __all__ = ["BoundLayer", "BoundPair", "LayerBinding", "PAIRED_MLPS", "gemm_weight"]
 
 logger = logging.getLogger(__name__)
+
+_PAIRING_SAID: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+"""The pairing last logged per model: a re-plan rebuilds the binding, which says it again only if it changed."""
 
 PAIRED_MLPS: tuple[str, ...] = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "GPT2MLP")
 """MLP classes whose column layers feed their row layer through elementwise functions only (the
@@ -172,9 +176,10 @@ class LayerBinding:
             self._hooks.append(b.layer.register_forward_pre_hook(self._note_tokens(b)))
 
     def _find_pairs(self, model: nn.Module) -> tuple[BoundPair, ...]:
-        """The MLPs of a class in :data:`PAIRED_MLPS` whose semimig layers can prune as a pair."""
+        """The MLPs of a class in :data:`PAIRED_MLPS` whose semimig layers can prune as a pair; what it
+        found is logged once per model (a re-plan's new binding repeats it only if it changed)."""
         by_layer = {id(b.layer): b for b in self.layers}
-        pairs = []
+        pairs, said = [], []
         for name, module in model.named_modules():
             if type(module).__name__ not in PAIRED_MLPS:
                 continue
@@ -183,15 +188,27 @@ class LayerBinding:
             rows = [b for b in children if b.layer.matrix_kind == "row"]
             why = _unpairable(columns, rows)
             if why is not None:
-                logger.info("paired pruning: %s prunes each layer's own K: %s", name, why)
+                said.append((logging.INFO, "paired pruning: %s prunes each layer's own K: %s", name, why))
                 continue
             pairs.append(BoundPair(name, tuple(columns), rows[0]))
         if pairs:
-            logger.info("paired pruning: %d MLPs prune as pairs (%s, ...)", len(pairs), pairs[0].name)
+            said.append((logging.INFO, "paired pruning: %d MLPs prune as pairs (%s, ...)", len(pairs), pairs[0].name))
         else:
-            logger.warning("paired pruning: %s has no MLP of %s whose semimig layers pair; every layer prunes "
-                           "its own K", type(model).__name__, ", ".join(PAIRED_MLPS))
+            said.append((logging.WARNING, "paired pruning: %s has no MLP of %s whose semimig layers pair; every "
+                         "layer prunes its own K", type(model).__name__, ", ".join(PAIRED_MLPS)))
+        if _PAIRING_SAID.get(model) != tuple(said):
+            _PAIRING_SAID[model] = tuple(said)
+            for level, message, *args in said:
+                logger.log(level, message, *args)
         return tuple(pairs)
+
+    def pretest_shapes(self) -> list[tuple[int, int, int, str]]:
+        """``(M, N, K, path)`` of every layer for the SEMI pretest (:data:`semimig.controller.pretest.PATHS`):
+        a pair's column layers prune their output rows (``rows``), its row layer a compact input
+        (``compact``), every other layer its own K (``gather``)."""
+        paths = {b.name: "rows" for pair in self.pairs for b in pair.columns}
+        paths.update({pair.row.name: "compact" for pair in self.pairs})
+        return [(b.tokens, *b.shape, paths.get(b.name, "gather")) for b in self.layers]
 
     def detach(self) -> None:
         """Remove this binding's hooks from the layers (idempotent).  Each hook holds its layer's

@@ -20,6 +20,11 @@ and under the emulated device they are the emulated device time (which charges F
 collectives in both cases — the emulation models compute, not the network.  Without a timer
 every sample is wall time.
 
+A paired MLP (``ResizingConfig(paired=True)``) prunes along another path, and the pretest times
+that one for its layers: a shape ``(M, N, K, "rows")`` is a paired column layer (it computes only
+the output rows it keeps, whole K) and ``(M, N, K, "compact")`` a paired row layer (its input
+arrives compact over the kept columns); ``(M, N, K)`` or ``"gather"`` is the per-layer path.
+
 Spread over training (:class:`PretestRun`): the runtime runs one small task per training step
 (one kind of timing at one share, for every distinct layer shape, ~1/36 of the whole pretest),
 so no step stalls; SEMI resizes only until the curves exist.
@@ -46,6 +51,10 @@ from semimig.controller.curves import CostCurves
 
 logger = logging.getLogger(__name__)
 
+PATHS = ("gather", "rows", "compact")
+"""How a layer prunes: its own K columns gathered (``gather``), or as half of a paired MLP —
+output rows only (``rows``, the column layers) or a compact input (``compact``, the row layer)."""
+
 REFERENCE_COLUMNS = 1000
 """Columns of the reference layer the curves and plans count in (shares × 1000)."""
 
@@ -70,11 +79,22 @@ def _best_of(fn: Callable[[], object], repeats: int, timer=None) -> float:
     return best
 
 
-def _charged(timer, gemm: Callable[[], object], flops: int, full_flops: int) -> None:
+def _charged(timer, gemm: Callable[[], object], flops: int, full_flops: int):
+    """``gemm()``'s result, its time charged to ``timer`` (the busy meter) when there is one."""
     if timer is None:
-        gemm()
-    else:
-        timer.timed(gemm, flops=flops, full_flops=full_flops)
+        return gemm()
+    return timer.timed(gemm, flops=flops, full_flops=full_flops)
+
+
+def _shape_with_path(shape: Sequence) -> tuple[int, int, int, str]:
+    """``(M, N, K)`` or ``(M, N, K, path)`` -> ``(M, N, K, path)``, the path one of :data:`PATHS`."""
+    if len(shape) not in (3, 4):
+        raise ValueError(f"a pretest shape is (M, N, K) or (M, N, K, path), got {tuple(shape)!r}")
+    m, n, k, *path = shape
+    path = path[0] if path else "gather"
+    if path not in PATHS:
+        raise ValueError(f"a pretest shape's path must be one of {PATHS}, got {path!r}")
+    return int(m), int(n), int(k), path
 
 
 class PretestRun:
@@ -112,15 +132,15 @@ class PretestRun:
 
         self.group, self.shares, self.dtype, self.timer = group, tuple(shares), dtype, gemm_timer
         self.backend = resolve_backend(torch.device(device), dtype)
-        # Transformer blocks repeat their shapes: each distinct (M, N, K) is measured once and
+        # Transformer blocks repeat their shapes: each distinct (M, N, K, path) is measured once and
         # counted as often as it occurs (a 32-block model costs what one block costs).
-        distinct = collections.Counter((int(m), int(n), int(k)) for m, n, k in shapes)
+        distinct = collections.Counter(_shape_with_path(shape) for shape in shapes)
         self._gen = torch.Generator().manual_seed(0)
         gen = self._gen
         self.tensors = [(torch.randn(m, k, generator=gen).to(device, dtype),
                          torch.randn(n, k, generator=gen).to(device, dtype),
-                         torch.randn(m, n, generator=gen).to(device, dtype), count)
-                        for (m, n, k), count in distinct.items()]
+                         torch.randn(m, n, generator=gen).to(device, dtype), count, path)
+                        for (m, n, k, path), count in distinct.items()]
         self.tasks = [(kind, share, rep, shape) for rep in range(repeats) for share in self.shares
                       for kind in self.KINDS for shape in range(len(self.tensors))]
         self.sums: dict[tuple[str, float, int], float] = collections.defaultdict(float)
@@ -156,8 +176,10 @@ class PretestRun:
         return self.advance(self.remaining)
 
     def _closure(self, kind: str, share: float, t: tuple) -> Callable[[], object]:
-        x, w, dy, _ = t
+        x, w, dy, _, path = t
         timer, backend = self.timer, self.backend
+        if kind == "pruned" and path != "gather":
+            return self._paired_closure(path, share, x, w, dy)
         if kind == "pruned":  # the layers' own path: one validated plan per keep set
             from semimig.kernels import ops as kernel_ops
             from semimig.kernels import plan_keep
@@ -194,6 +216,35 @@ class PretestRun:
         def run():
             for gemm in (lambda: F.linear(xs, ws), lambda: dy.matmul(ws), lambda: dy.t().matmul(xs)):
                 _charged(timer, gemm, flops, full)
+        return run
+
+    def _paired_closure(self, path: str, share: float, x, w, dy) -> Callable[[], object]:
+        """A paired MLP's half, on the layers' own functions (:mod:`semimig.kernels.reference`):
+        ``rows`` keeps ``(1 − s)·N`` output rows (operands ``x [M, K]``, ``dy_S``), ``compact``
+        ``(1 − s)·K`` input columns (``x_S`` already compact).  The same FLOPs as the per-layer path."""
+        from semimig.kernels import plan_keep
+        from semimig.kernels.reference import compact_linear_fwd, compact_linear_wgrad, rows_linear_fwd, rows_linear_wgrad
+
+        timer, (n, k) = self.timer, w.shape
+        units = n if path == "rows" else k
+        keep = torch.randperm(units, generator=self._gen)[:max(1, round(units * (1.0 - share)))].sort().values
+        keep = keep.to(w.device)
+        full = 2 * x.shape[0] * n * k
+        if path == "rows":
+            dy_rows, flops = dy[:, :keep.numel()].contiguous(), 2 * x.shape[0] * keep.numel() * k
+
+            def run():
+                w_rows, _ = _charged(timer, lambda: rows_linear_fwd(x, w, None, keep), flops, full)
+                _charged(timer, lambda: dy_rows.matmul(w_rows), flops, full)
+                _charged(timer, lambda: rows_linear_wgrad(dy_rows, x, keep, n), flops, full)
+            return run
+        plan = plan_keep(keep, k, w.device, group=1)
+        x_kept, flops = x[:, :plan.n_kept].contiguous(), 2 * x.shape[0] * n * plan.n_kept
+
+        def run():
+            w_kept, _ = _charged(timer, lambda: compact_linear_fwd(x_kept, w, plan), flops, full)
+            _charged(timer, lambda: dy.matmul(w_kept), flops, full)
+            _charged(timer, lambda: compact_linear_wgrad(dy, x_kept, plan), flops, full)
         return run
 
     def _samples(self) -> dict:

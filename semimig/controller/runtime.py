@@ -504,7 +504,7 @@ class BalanceController:
             raise RuntimeError("the SEMI pretest needs the token count of every layer: call step() after "
                                "a training forward/backward, not before")
         weight = layers[0].layer.weight
-        self._pretest_run = PretestRun([(b.tokens,) + b.shape for b in layers], self.group, gemm_timer=self.meter,
+        self._pretest_run = PretestRun(self.binding.pretest_shapes(), self.group, gemm_timer=self.meter,
                                        device=weight.device, dtype=weight.dtype,
                                        repeats=self.config.controller.pretest_repeats)
         logger.info("iteration %d: SEMI pretest started (%d tasks, %s per step); stragglers resize only until "

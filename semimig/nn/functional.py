@@ -61,7 +61,7 @@ from semimig.errors import ConfigError
 from semimig.kernels import KeepPlan, impute_
 from semimig.kernels import ops as kernel_ops
 from semimig.kernels.backend import resolve_backend
-from semimig.kernels.reference import compact_linear_wgrad
+from semimig.kernels.reference import compact_linear_fwd, compact_linear_wgrad, rows_linear_fwd, rows_linear_wgrad
 from semimig.nn.directive import LayerDirective
 
 
@@ -277,11 +277,8 @@ def _paired_column_forward(ctx, d: LayerDirective, x, weight, bias):
     ctx.plan = _paired_rows(d, n, weight.device)
     rows = ctx.plan.keep.long()
 
-    def work():
-        w_rows = weight.index_select(0, rows)
-        return w_rows, F.linear(x2d, w_rows, None if bias is None else bias.index_select(0, rows))
-
-    ctx.w_rows, y2d = _timed(d, work, 2 * x2d.shape[0] * rows.numel() * k, 2 * x2d.shape[0] * n * k)
+    ctx.w_rows, y2d = _timed(d, lambda: rows_linear_fwd(x2d, weight, bias, rows),
+                             2 * x2d.shape[0] * rows.numel() * k, 2 * x2d.shape[0] * n * k)
     _gap(d, "forward", opening=True)
     return y2d.reshape(*x.shape[:-1], rows.numel())
 
@@ -300,8 +297,7 @@ def _paired_column_backward(ctx, d: LayerDirective, dy, x, weight, group: Proces
     handle = P.all_reduce_start(dx2d, group)  # overlaps the weight gradient, as the dense layer
 
     def work():
-        part = dy2d.t().matmul(x2d)
-        dw = part.new_zeros(n, k).index_copy_(0, rows, part)
+        dw = rows_linear_wgrad(dy2d, x2d, rows, n)
         if not ctx.use_bias:
             return dw, None
         sums = dy2d.sum(dim=0)
@@ -322,11 +318,7 @@ def _paired_row_forward(ctx, d: LayerDirective, x2d, weight) -> torch.Tensor:
                           f"columns, got width {x2d.shape[1]}")
     (n, k), m = weight.shape, x2d.shape[0]
 
-    def work():
-        w_kept = weight.index_select(1, plan.keep.long())
-        return w_kept, F.linear(x2d, w_kept)
-
-    ctx.w_kept, y2d = _timed(d, work, 2 * m * n * plan.n_kept, 2 * m * n * k)
+    ctx.w_kept, y2d = _timed(d, lambda: compact_linear_fwd(x2d, weight, plan), 2 * m * n * plan.n_kept, 2 * m * n * k)
     return y2d
 
 
