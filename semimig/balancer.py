@@ -377,17 +377,14 @@ def _agree_on_call(plugin: Any, mode: Any, straggler: Any, config: Any, reshard:
             "reshard": _stable_repr(reshard), "batch": _stable_repr(batch),
             "iterations_per_epoch": _stable_repr(iterations_per_epoch),
             "optimizer": "given" if optimizer is not None else "None (Balancer.step() by hand)"}
-    every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, (mine, problem))
-    from semimig.controller.agreement import difference_report, first_refusal
+    from semimig.controller.agreement import difference_report, gather_verdicts
 
-    refusal = first_refusal([theirs for _, theirs in every], dist.get_rank(), "rank")
+    every, refusal = gather_verdicts(mine, problem, None, "rank")
     if refusal is not None:
         raise ConfigError(refusal)
-    if any(theirs != mine for theirs, _ in every):
+    if any(theirs != mine for theirs in every):
         raise ConfigError("semimig.enable: the ranks were called with different settings (every rank must pass "
-                          "the same ones; their collectives would not match):\n"
-                          + difference_report([theirs for theirs, _ in every]))
+                          "the same ones; their collectives would not match):\n" + difference_report(every))
 
 
 def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Optional[str] = None,

@@ -18,7 +18,7 @@ every rank raises :class:`semimig.errors.PlanDisagreement` with the same message
 from __future__ import annotations
 
 import hashlib
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -26,7 +26,7 @@ import torch.distributed as dist
 from semimig.errors import PlanDisagreement
 
 __all__ = ["ObservationExchange", "describe", "plan_digest", "exchange_observations", "check_agreement",
-           "difference_report", "first_refusal", "ranks_by_value"]
+           "difference_report", "first_refusal", "gather_verdicts", "ranks_by_value"]
 
 _DIGEST_BYTES = 6  # 48 bits: exactly representable in a float64
 
@@ -142,6 +142,14 @@ def first_refusal(refusals: Sequence[Optional[str]], me: int, where: str) -> Opt
         if refusal is not None:
             return refusal if r == me else f"{refusal} (on {where} {r}; every rank refuses it)"
     return None
+
+
+def gather_verdicts(mine: Any, refusal: Optional[str], group, where: str) -> tuple[list, Optional[str]]:
+    """One ``all_gather_object`` over ``group`` of ``(mine, refusal)``: every rank's ``mine`` and the
+    refusal every rank raises (:func:`first_refusal`), so a call refused on one rank fails on all."""
+    every: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, (mine, refusal), group=group)
+    return [theirs for theirs, _ in every], first_refusal([r for _, r in every], dist.get_rank(group), where)
 
 
 def check_agreement(digests: Sequence[int], description: Mapping[str, str], group, *, what: str,

@@ -47,12 +47,11 @@ from semimig.errors import ConfigError
 from semimig.hybrid.agreement import batch_plan_digest, describe_batch_plan, verify_batch_plan
 from semimig.hybrid.layout import GridLayout, group_maxima
 from semimig.hybrid.replan import ReplanConfig, ReplanDecision, ReplanTrigger, scale_curve
+from semimig.hybrid.split import ALLOCATIONS
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["ALLOCATIONS", "HybridBalancer", "HybridStepReport", "profile_group_curves"]
-
-ALLOCATIONS = ("even", "poplar")
 
 
 @dataclass(frozen=True, kw_only=True)

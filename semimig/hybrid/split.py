@@ -40,7 +40,8 @@ from semimig.hybrid.replan import ReplanConfig
 
 __all__ = ["BatchSplit", "CALIBRATION_SPEED"]
 
-ALLOCATIONS = ("poplar", "even")
+ALLOCATIONS = ("even", "poplar")
+"""How a global batch is split between DP groups (``BatchSplit.allocation``, ``HybridBalancer``)."""
 CALIBRATION_SPEED = 1.0
 """``s_0``: the samples per second every group's uncalibrated curve assumes (any value works: the
 first re-plan replaces it by the measured speed, unconditionally; 1 sample/s keeps ``m_g`` = seconds per

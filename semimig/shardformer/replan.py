@@ -58,7 +58,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from semimig.controller.agreement import first_refusal
+from semimig.controller.agreement import gather_verdicts
 from semimig.errors import ConfigError
 from semimig.sharding.move import move_schedule
 from semimig.sharding.plan import ShardPlan, kv_group_unit
@@ -543,13 +543,10 @@ def _replica_verdict(mine: Digest, verdict: Optional[str], replicas) -> Optional
     """Phase 2 (a collective over the DP group, reached by every rank: phase 1 raised nothing yet): the
     rank at this TP position in every replica must hold the same digest; any replica's phase-1 refusal
     is everyone's, so no replica moves alone (it would hang in ZeRO's gathers or mix shapes)."""
-    every = [None] * dist.get_world_size(replicas)
-    dist.all_gather_object(every, (mine, verdict), group=replicas)
-    refusal = first_refusal([theirs for _, theirs in every], dist.get_rank(replicas), "data-parallel replica")
+    every, refusal = gather_verdicts(mine, verdict, replicas, "data-parallel replica")
     if refusal is not None:
         return refusal
-    return _first_disagreement(mine, [theirs for theirs, _ in every], dist.get_rank(replicas),
-                               "data-parallel replica")
+    return _first_disagreement(mine, every, dist.get_rank(replicas), "data-parallel replica")
 
 
 @torch.no_grad()
