@@ -33,9 +33,9 @@ __all__ = ["TARGET_TOLERANCE", "RunResult", "steady_step_s", "time_to_target_s",
            "exact_limit", "throttled_steps", "phase_mean_step_s"]
 
 TARGET_TOLERANCE = 0.02
+"""A mode reaches the healthy model when its validation loss is within 2 % of healthy's final one."""
 WARMUP_STEPS = 5
 """Steps left out of :func:`worst_step_s` (start-up, the references of the step reflex)."""
-"""A mode reaches the healthy model when its validation loss is within 2 % of healthy's final one."""
 
 
 @dataclass(frozen=True)
