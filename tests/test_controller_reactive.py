@@ -67,6 +67,22 @@ def test_gamma_returns_to_zero_within_a_few_iterations_after_the_throttle_lifts(
         assert back - lift <= 4  # ...dense again within a few iterations of the lift
 
 
+@pytest.mark.parametrize("noise", [0.03, 0.10])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_throttle_that_lifts_sharply_is_released_at_the_next_decision(noise, seed):
+    """A pruned rank whose χ = 4 throttle lifted reads one observation 4x under its regime: a change
+    point on its own, so the first free iteration's observation releases it (the all-gather's lag:
+    dense from the second free iteration); before, the run of react_steps = 3 kept it pruned through
+    4 free iterations.  A lift by 2 (under the sharp bar of 2.25x) still waits the run."""
+    for lift in (35, 80):
+        applied = run(on_off(15, 30), 90, noise=noise, seed=seed)
+        assert applied[lift - 1][1] > 0.5
+        assert next(i for i in range(lift, len(applied)) if applied[i][1] == 0.0) - lift <= 2, \
+            [round(s[1], 2) for s in applied[lift - 2:lift + 6]]
+    applied = run(on_off(15, 30, chi=2.0), 90, noise=0.03, seed=seed)
+    assert applied[34][1] > 0.2 and next(i for i in range(35, 90) if applied[i][1] == 0.0) - 35 >= 3
+
+
 @pytest.mark.parametrize("on,off", [(8, 16), (12, 24), (20, 40)])
 def test_every_burst_is_followed_flag_shed_unflag(on, off):
     """Each throttled stretch is shed, each free stretch ends dense: no stretch is missed, the

@@ -68,7 +68,14 @@ lies below the baseline's smallest by the margin, slower only the other way roun
 the ``k`` observations of the new regime: ``S`` is their median at once (so γ is sized from the
 measured ratio within ``k`` iterations), ``f`` is refitted from the new regime only (it keeps its
 value where the new regime has no dense anchor: ``f`` belongs to the code path, not to the
-speed).  ``regime_age`` (observations since the last change point; ``change_direction`` says
+speed).  A *sharp* fall of a rank that sheds (``w < 1``) needs no run: one observation at least ``(1 + m)²``
+times below the regime (2.25x at the default; a χ = 4 throttle lifting reads 4x) is a change point
+on its own, so a pruned rank
+whose throttle lifted is released one decision after its first free step, not ``k`` (measured under
+device bursts: the plan pruned 4 free steps at γ 0.8–0.9 after each burst).  A wrong release costs
+little: the step reflex prunes a slow step from its second slow call, while a late one prunes steps
+a healthy rank did not need to.  Slowdowns keep the run of ``k`` (a descheduled step is slow).
+``regime_age`` (observations since the last change point; ``change_direction`` says
 whether the rank got slower or faster there) lets the policy act at once on a fresh,
 significant regime instead of waiting out its ``patience``.  Noise alone needs ``k`` consecutive
 excursions beyond ``m`` in the same direction (with 15 % normal noise ``m = exp(0.6) − 1``, a 4σ
@@ -241,10 +248,11 @@ class RankTiming:
         self.seen += 1
         self.regime_age += 1
         excursion = self._excursion()
-        changed = excursion is not None and self._changed()
+        run = 1 if excursion == -1 and work < 1.0 and self._sharp_fall() else self.react_steps
+        changed = excursion is not None and (run == 1 or self._changed())
         if changed:
-            self._obs = collections.deque(list(self._obs)[-self.react_steps:], maxlen=self.window)
-            self.regime_age, self.changes, self.change_direction = self.react_steps, self.changes + 1, excursion
+            self._obs = collections.deque(list(self._obs)[-run:], maxlen=self.window)
+            self.regime_age, self.changes, self.change_direction = run, self.changes + 1, excursion
         fitted = None
         # f is not refitted across a regime boundary: an observation that left the regime may be
         # the first of a new one (a line through two speeds is no fixed fraction)
@@ -268,7 +276,7 @@ class RankTiming:
         """Relative noise from successive steps: median ``|difference of two normals|`` = 0.6745·√2·σ."""
         return _MAD_TO_SIGMA * statistics.median(self._steps) / math.sqrt(2.0) if self._steps else 0.0
 
-    def _direction(self, index: int, run_start: int) -> int:
+    def _direction(self, index: int, run_start: int, margin: Optional[float] = None) -> int:
         """+1 / -1 when observation ``index`` of the window lies beyond the margin above / below
         the median of the regime's observations before ``run_start`` at the same work, 0 inside it.
 
@@ -278,9 +286,9 @@ class RankTiming:
         on the bounds of the dense-equivalent over the ``f`` the rank may have (:meth:`_f_range`):
         faster only when the observation's largest dense-equivalent lies below the baseline's
         smallest by the margin, slower only the other way round — never a change that a wrong ``f``
-        alone could make."""
+        alone could make.  ``margin``: another ``m`` than the regime test's."""
         obs, per_obs = list(self._obs), self._per_observation()
-        w, m = obs[index][0], self._margin()
+        w, m = obs[index][0], self._margin() if margin is None else margin
         base = [s for (wb, _), s in zip(obs[:run_start], per_obs[:run_start]) if abs(wb - w) <= SAME_WORK]
         if len(base) >= MIN_BASELINE:
             ratio = per_obs[index] / statistics.median(base)
@@ -314,6 +322,13 @@ class RankTiming:
         if direction > 0 and self.seen < 2 * self.window:
             return None  # a slowdown waits for the noise history of 2·window observations
         return direction or None
+
+    def _sharp_fall(self) -> bool:
+        """The latest observation alone lies below the regime before it by twice the margin on a log
+        scale (``(1 + m)²``: 2.25x at the default): a throttle that lifted, not noise — descheduling
+        makes a step slower, never several times faster at the same work."""
+        n, m = len(self._obs), self._margin()
+        return self._direction(n - 1, n - 1, margin=(1.0 + m) ** 2 - 1.0) == -1
 
     def _changed(self) -> bool:
         """All of the last ``react_steps`` observations left the regime, in the same direction."""
