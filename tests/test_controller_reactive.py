@@ -83,6 +83,24 @@ def test_a_throttle_that_lifts_sharply_is_released_at_the_next_decision(noise, s
     assert applied[34][1] > 0.2 and next(i for i in range(35, 90) if applied[i][1] == 0.0) - 35 >= 3
 
 
+def test_a_sharp_fall_is_judged_at_the_same_work_only():
+    """Across work fractions the dense-equivalent rests on the fitted f: with a wrong one (0.8, the
+    truth 0.25) the first pruned step of a throttled rank (w 0.1 after a regime at w 0.9) reads 2.6x
+    fast and would be a sharp fall; only a fall against the regime at the same work is one."""
+    t = RankTiming(7, react_steps=3)
+    for _ in range(16):
+        t.observe(0.9, 4 * (0.25 + 0.75 * 0.9))  # one regime, throttled (χ 4), seen >= 2 windows
+    t.fixed_fraction, t.informed = 0.8, True  # a wrong fit
+    changes = t.changes
+    t.observe(0.1, 4 * (0.25 + 0.75 * 0.1))
+    assert t.changes == changes, "a sharp fall across work, on a wrong f"
+    for _ in range(3):
+        t.observe(0.1, 4 * (0.25 + 0.75 * 0.1))
+    changes = t.changes
+    t.observe(0.1, 0.25 + 0.75 * 0.1)  # the throttle lifts: 4x at the same work
+    assert t.changes == changes + 1 and t.estimate().regime_age == 1 and t.estimate().change_direction == -1
+
+
 @pytest.mark.parametrize("on,off", [(8, 16), (12, 24), (20, 40)])
 def test_every_burst_is_followed_flag_shed_unflag(on, off):
     """Each throttled stretch is shed, each free stretch ends dense: no stretch is missed, the

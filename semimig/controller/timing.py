@@ -69,8 +69,9 @@ the ``k`` observations of the new regime: ``S`` is their median at once (so γ i
 measured ratio within ``k`` iterations), ``f`` is refitted from the new regime only (it keeps its
 value where the new regime has no dense anchor: ``f`` belongs to the code path, not to the
 speed).  A *sharp* fall of a rank that sheds (``w < 1``) needs no run: one observation at least ``(1 + m)²``
-times below the regime (2.25x at the default; a χ = 4 throttle lifting reads 4x) is a change point
-on its own, so a pruned rank
+times below the regime's observations at the same work (2.25x at the default; a χ = 4 throttle
+lifting reads 4x; never across work, where it would rest on ``f``) is a change point on its own,
+so a pruned rank
 whose throttle lifted is released one decision after its first free step, not ``k`` (measured under
 device bursts: the plan pruned 4 free steps at γ 0.8–0.9 after each burst).  A wrong release costs
 little: the step reflex prunes a slow step from its second slow call, while a late one prunes steps
@@ -276,7 +277,8 @@ class RankTiming:
         """Relative noise from successive steps: median ``|difference of two normals|`` = 0.6745·√2·σ."""
         return _MAD_TO_SIGMA * statistics.median(self._steps) / math.sqrt(2.0) if self._steps else 0.0
 
-    def _direction(self, index: int, run_start: int, margin: Optional[float] = None) -> int:
+    def _direction(self, index: int, run_start: int, margin: Optional[float] = None,
+                   same_work_only: bool = False) -> int:
         """+1 / -1 when observation ``index`` of the window lies beyond the margin above / below
         the median of the regime's observations before ``run_start`` at the same work, 0 inside it.
 
@@ -286,14 +288,15 @@ class RankTiming:
         on the bounds of the dense-equivalent over the ``f`` the rank may have (:meth:`_f_range`):
         faster only when the observation's largest dense-equivalent lies below the baseline's
         smallest by the margin, slower only the other way round — never a change that a wrong ``f``
-        alone could make.  ``margin``: another ``m`` than the regime test's."""
+        alone could make.  ``margin``: another ``m`` than the regime test's; ``same_work_only``: 0
+        without the same-work baseline (no bounds over ``f``)."""
         obs, per_obs = list(self._obs), self._per_observation()
         w, m = obs[index][0], self._margin() if margin is None else margin
         base = [s for (wb, _), s in zip(obs[:run_start], per_obs[:run_start]) if abs(wb - w) <= SAME_WORK]
         if len(base) >= MIN_BASELINE:
             ratio = per_obs[index] / statistics.median(base)
             return 1 if ratio > 1.0 + m else -1 if ratio < 1.0 / (1.0 + m) else 0
-        if run_start < MIN_BASELINE:
+        if run_start < MIN_BASELINE or same_work_only:
             return 0
         low_f, high_f = self._f_range()
         t = obs[index][1]
@@ -324,11 +327,15 @@ class RankTiming:
         return direction or None
 
     def _sharp_fall(self) -> bool:
-        """The latest observation alone lies below the regime before it by twice the margin on a log
-        scale (``(1 + m)²``: 2.25x at the default): a throttle that lifted, not noise — descheduling
-        makes a step slower, never several times faster at the same work."""
+        """The latest observation alone lies below the regime's observations at the same work by twice
+        the margin on a log scale (``(1 + m)²``: 2.25x at the default): a throttle that lifted, not
+        noise — descheduling makes a step slower, never several times faster at the same work.  Only
+        at the same work: across work fractions the comparison rests on the fitted ``f``, and a
+        wrong one (a fit across a phantom's pruned steps at w 0.8 beside dense ones amplifies the
+        noise ~5x) can make a pruned throttled step read fast (one device-burst run released
+        mid-burst, its first pruned step with no same-work baseline)."""
         n, m = len(self._obs), self._margin()
-        return self._direction(n - 1, n - 1, margin=(1.0 + m) ** 2 - 1.0) == -1
+        return self._direction(n - 1, n - 1, margin=(1.0 + m) ** 2 - 1.0, same_work_only=True) == -1
 
     def _changed(self) -> bool:
         """All of the last ``react_steps`` observations left the regime, in the same direction."""
