@@ -106,7 +106,9 @@ def _calibration_body(rank: int, world: int, iterations: int):
 
     plugin, booster, model, optimizer = _boost(size=CALIBRATION_SIZE)
     dp_rank = rank // 2  # HybridParallelPlugin makes TP groups of consecutive ranks
-    straggler = "fixed:1:4" if dp_rank == 0 else None  # DP group 0's TP rank 1 four times slower
+    # DP group 0's TP rank 1 eight times slower at its GEMMs: 4x left the calibrated split at 1.9-3x
+    # with 4 ranks on 2 cores under a loaded suite (one CI run: 11/21), too near the 2x asserted below
+    straggler = "fixed:1:8" if dp_rank == 0 else None
     balancer = semimig.enable(model, plugin, optimizer=optimizer, mode="off", straggler=straggler,
                               batch=semimig.BatchSplit(global_batch_size=CALIBRATION_BATCH,
                                                        replan=ReplanConfig(window=3, patience=2)))
@@ -128,7 +130,7 @@ def test_without_a_profile_the_plan_starts_even_and_calibrates_from_training() -
     assert plans[0] == (16, 16), f"the uncalibrated start must be the even split, got {plans[0]}"
     assert replans and replans[0] <= 4, f"calibration needs window + patience - 1 = 4 iterations, got {replans}"
     slow, fast = plans[-1]
-    assert fast >= 2 * slow, f"the group without the 4x straggler should take most samples, got {plans[-1]}"
+    assert fast >= 2 * slow, f"the group without the 8x straggler should take most samples, got {plans[-1]}"
 
 
 def _refusal_body(rank: int, world: int, case: str):

@@ -68,15 +68,14 @@ lies below the baseline's smallest by the margin, slower only the other way roun
 the ``k`` observations of the new regime: ``S`` is their median at once (so γ is sized from the
 measured ratio within ``k`` iterations), ``f`` is refitted from the new regime only (it keeps its
 value where the new regime has no dense anchor: ``f`` belongs to the code path, not to the
-speed).  A *sharp* fall of a rank that sheds (``w < 1``) needs no run: one observation at least ``(1 + m)²``
-times below the regime's observations at the same work (2.25x at the default; a χ = 4 throttle
-lifting reads 4x; never across work, where it would rest on ``f``) is a change point on its own,
-so a pruned rank
-whose throttle lifted is released one decision after its first free step, not ``k`` (measured under
-device bursts: the plan pruned 4 free steps at γ 0.8–0.9 after each burst).  A wrong release costs
-little: the step reflex prunes a slow step from its second slow call, while a late one prunes steps
-a healthy rank did not need to.  Slowdowns keep the run of ``k`` (a descheduled step is slow).
-``regime_age`` (observations since the last change point; ``change_direction`` says
+speed).  A *sharp* fall of a rank that sheds (``w < 1``) needs no run: one observation at least
+``(1 + m)²`` times below the regime's observations at the same work (2.25x at the default; a χ = 4
+throttle lifting reads 4x; never across work, where it would rest on ``f``) is a change point on its
+own, so a pruned rank whose throttle lifted is released one decision after its first free step, not
+``k`` (measured under device bursts: the plan pruned 4 free steps at γ 0.8–0.9 after each burst).
+A wrong release costs little: the step reflex prunes a slow step from its second slow call, while a
+late one prunes steps a healthy rank did not need to.  Slowdowns keep the run of ``k`` (a
+descheduled step is slow).  ``regime_age`` (observations since the last change point; ``change_direction`` says
 whether the rank got slower or faster there) lets the policy act at once on a fresh,
 significant regime instead of waiting out its ``patience``.  Noise alone needs ``k`` consecutive
 excursions beyond ``m`` in the same direction (with 15 % normal noise ``m = exp(0.6) − 1``, a 4σ
