@@ -20,9 +20,12 @@ from semimig.controller.shedding import ShedPolicy
 from semimig.controller.timing import RankTiming
 
 
-def run(chi_at, iterations, *, size=2, fixed=0.1, noise=0.03, seed=0, config=None, lag=1, overhead=0.0):
+def run(chi_at, iterations, *, size=2, fixed=0.1, noise=0.03, seed=0, config=None, lag=1, overhead=0.0,
+        reflex=False):
     """Per-iteration shed shares (as applied) of every rank; ``lag``: iterations between an
-    observation and the decision that uses it (1: the runtime's background all-gather)."""
+    observation and the decision that uses it (1: the runtime's background all-gather); ``reflex``:
+    a dense rank at ``χ ≥ 2.5`` (the step reflex's ratio) is observed ``sudden``, as the runtime
+    posts a step the reflex fired in."""
     cfg = config or ControllerConfig(mode="zero")
     timings = [RankTiming(cfg.window, react_steps=cfg.react_steps, change_ratio=cfg.change_ratio,
                           change_sigmas=cfg.change_sigmas) for _ in range(size)]
@@ -35,12 +38,13 @@ def run(chi_at, iterations, *, size=2, fixed=0.1, noise=0.03, seed=0, config=Non
         for r in range(size):
             w = 1.0 - shed[r]
             busy = fixed + (1.0 - fixed) * w + (overhead if w < 1.0 else 0.0)
-            row.append((w, chis[r] * busy * max(0.05, 1.0 + rng.gauss(0.0, noise))))
+            sudden = reflex and w == 1.0 and chis[r] >= 2.5
+            row.append((w, chis[r] * busy * max(0.05, 1.0 + rng.gauss(0.0, noise)), sudden))
         applied.append(tuple(shed))
         queue.append(row)
         if len(queue) > lag:
-            for timing, (w, t) in zip(timings, queue.pop(0)):
-                timing.observe(w, t)
+            for timing, (w, t, sudden) in zip(timings, queue.pop(0)):
+                timing.observe(w, t, sudden=sudden)
             shed = list(policy.decide(it, [t.estimate() for t in timings]).shed)
     return applied
 
@@ -81,6 +85,45 @@ def test_a_throttle_that_lifts_sharply_is_released_at_the_next_decision(noise, s
             [round(s[1], 2) for s in applied[lift - 2:lift + 6]]
     applied = run(on_off(15, 30, chi=2.0), 90, noise=0.03, seed=seed)
     assert applied[34][1] > 0.2 and next(i for i in range(35, 90) if applied[i][1] == 0.0) - 35 >= 3
+
+
+@pytest.mark.parametrize("noise", [0.03, 0.10])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_throttle_the_reflex_saw_is_shed_from_its_third_iteration(noise, seed):
+    """A χ = 4 throttle whose first step fired the reflex is a change point on that observation:
+    the plan prunes from the third throttled iteration at the latest (the all-gather's lag), sized
+    from the measured ratio, and is still released at the next decision after the lift;
+    without the reflex's evidence the onset waits the run of react_steps = 3."""
+    for onset in (20, 65):
+        fast = run(on_off(15, 30), 110, noise=noise, seed=seed, reflex=True)
+        slow = run(on_off(15, 30), 110, noise=noise, seed=seed)
+        first = next(i for i in range(onset, onset + 15) if fast[i][1] > 0.0)
+        assert first - onset <= 2, [round(s[1], 2) for s in fast[onset - 1:onset + 6]]
+        assert next(i for i in range(onset, onset + 15) if slow[i][1] > 0.0) - onset >= 3
+        # sized from the measured ratio: from 1 − 1/χ (f's prior 0) to the truth (F = 0.1: 0.833), up
+        # to γ_max 0.9 with 10 % noise on the one or two dense observations it has
+        for i in (first, first + 4):
+            assert 0.75 - 0.06 <= fast[i][1] <= 0.9, fast[i]
+        assert next(i for i in range(onset + 15, 110) if fast[i][1] == 0.0) - (onset + 15) <= 2
+        assert all(s[0] == 0.0 for s in fast)
+
+
+def test_a_sudden_rise_needs_the_sharp_bar_and_the_same_work():
+    """The reflex's evidence does not lower the bar: a sudden observation 2x its regime (under
+    (1 + m)² = 2.25x) waits the run, as does one at another work than its regime's."""
+    t = RankTiming(7, react_steps=3)
+    for _ in range(16):
+        t.observe(1.0, 1.0)
+    changes = t.changes
+    t.observe(1.0, 2.0, sudden=True)
+    assert t.changes == changes
+    t.observe(1.0, 4.0, sudden=True)
+    assert t.changes == changes + 1 and t.estimate().regime_age == 1 and t.estimate().change_direction == 1
+    u = RankTiming(7, react_steps=3)
+    for _ in range(16):
+        u.observe(0.5, 0.55)
+    u.observe(1.0, 4.0, sudden=True)  # dense after a pruned regime: no same-work baseline
+    assert u.changes == 0
 
 
 def test_a_sharp_fall_is_judged_at_the_same_work_only():

@@ -249,12 +249,12 @@ def _burst_body(rank, world, reflex):
     group = dist.group.WORLD
     model = TwoLayerMLP(snn.Linear1D_Col.from_native_module(copy.deepcopy(fc1), group),
                         snn.Linear1D_Row.from_native_module(copy.deepcopy(fc2), group))
-    # rank 1 six times slower (slept) in iterations 0-2 and 20-22
-    ctl = BalanceController(model, BalanceConfig(mode="zero-pri", straggler="burst:1:6:every=20:len=3",
+    # rank 1 twelve times slower (slept) in iterations 0-2 and 20-22
+    ctl = BalanceController(model, BalanceConfig(mode="zero-pri", straggler="burst:1:12:every=20:len=3",
                                                  controller=ControllerConfig(reflex=reflex)))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(1)
-    fired, lineage = [], {}
+    fired, planned, lineage = [], [], {}
     for _ in range(STEPS):
         x = torch.randn(256, 256, generator=gen)
         loss = model(x).pow(2).mean()
@@ -263,23 +263,30 @@ def _burst_body(rank, world, reflex):
         opt.zero_grad()
         report = ctl.step()
         fired.append(report.reflex_gamma)
+        planned.append(report.gamma_target)  # the plan's share for the next iteration
         lineage[report.iteration] = sorted(e.layer for e in ctl.lineage_entries() if e.iteration == report.iteration)
     every = [None] * world
-    dist.all_gather_object(every, (fired, lineage))
+    dist.all_gather_object(every, (fired, planned, lineage))
     return every  # (rank 0's return value is the case's)
 
 
 def test_the_slow_rank_prunes_within_the_first_slow_step_and_the_fast_rank_never():
-    (fired0, _), (fired1, lineage1) = run_pooled(_burst_body, 2, ReflexConfig(min_excess_s=0.001), timeout_s=240)
+    (fired0, planned0, _), (fired1, planned1, lineage1) = run_pooled(
+        _burst_body, 2, ReflexConfig(min_excess_s=0.001), timeout_s=240)
     assert fired1[20] > 0.0, fired1  # the first burst after the references exist: fired inside it
     assert lineage1[20] == ["fc1", "fc2"] or lineage1[20] == ["fc2"]  # what it pruned is on record
     assert all(g == 0.0 for g in fired0[20:]), fired0
     assert all(g == 0.0 for g in fired1[:3])  # no references yet in the first burst
+    # the fired step reached the controller as a sudden observation, a change point on its own: the
+    # plan prunes rank 1 from iteration 22 (the all-gather's lag; a run of 3 observations: 24, the
+    # burst over), decided at the end of 21 on every rank alike
+    assert planned1[21] > 0.0 and planned0[21] == 0.0, (planned0[18:], planned1[18:])
 
 
 def test_no_reflex_when_it_is_off():
-    (fired0, _), (fired1, _) = run_pooled(_burst_body, 2, None, timeout_s=240)
+    (fired0, _, _), (fired1, planned1, _) = run_pooled(_burst_body, 2, None, timeout_s=240)
     assert fired0 == fired1 == [0.0] * STEPS
+    assert planned1[21] == 0.0, planned1[18:]  # without the reflex's evidence the onset waits the run
 
 
 # --------------------------------------------------------------------------- the pretest's step cost

@@ -390,9 +390,9 @@ class BalanceController:
                             what=f"plan applied in iteration {self.iteration - 1}")
             check_agreement([row[3] for row in rows], pending, self.group,
                             what=f"plan decided at step {self.iteration}")
-            for timing, scale, (work, busy, _, _, ok, _) in zip(self.timings, self.busy_scale, rows):
+            for timing, scale, (work, busy, _, _, ok, _, sudden) in zip(self.timings, self.busy_scale, rows):
                 if ok:
-                    timing.observe(work, busy / scale)
+                    timing.observe(work, busy / scale, sudden=sudden)
             self._current = verified  # equal on every rank: now it may reach the layers
             walls = [row[5] for row in rows]
             if all(math.isfinite(w) for w in walls):  # every rank posts a finite wall (0 = unknown)
@@ -414,7 +414,7 @@ class BalanceController:
             self.clock.take()  # the pretest's own time is not the next iteration's work or traffic
         pending = {**self._pending.describe(self.config.mode), **self._setup}
         self._posted = (self._description, pending, self._pending, applied_now)
-        self._exchange.post(*observed, (digest, plan_digest(pending)), valid, wall)
+        self._exchange.post(*observed, (digest, plan_digest(pending)), valid, wall, sudden=reflex_gamma > 0.0)
         self._apply()
         report = StepReport(self.iteration - 1, stats, self._shed_target(), self._gammas,
                             achieved_savings(self._gammas, self.binding.layer_flops()),

@@ -74,8 +74,15 @@ throttle lifting reads 4x; never across work, where it would rest on ``f``) is a
 own, so a pruned rank whose throttle lifted is released one decision after its first free step, not
 ``k`` (measured under device bursts: the plan pruned 4 free steps at γ 0.8–0.9 after each burst).
 A wrong release costs little: the step reflex prunes a slow step from its second slow call, while a
-late one prunes steps a healthy rank did not need to.  Slowdowns keep the run of ``k`` (a
-descheduled step is slow).  ``regime_age`` (observations since the last change point; ``change_direction`` says
+late one prunes steps a healthy rank did not need to.  A *sudden* rise is the same on the way up,
+for an observation that carries the rank's own evidence from within the step (``sudden``: its step
+reflex fired, :mod:`semimig.controller.reflex`, on consecutive slow layer calls that together made
+a tenth of a step — never one descheduled call): at least ``(1 + m)²`` above the regime at the same
+work, it is a change point on its own, so the plan prunes from the third throttled step instead of
+the fifth (the all-gather's lag is the rest; measured under device bursts: four steps per onset
+ran at the reflex's 1.9–2.1x healthy before the plan's 1.3–1.6x, and under the real 20:40
+throttle the plan arrived as the throttle lifted and pruned free steps at γ 0.9).  Other slowdowns keep the run of ``k``
+(a descheduled step is slow).  ``regime_age`` (observations since the last change point; ``change_direction`` says
 whether the rank got slower or faster there) lets the policy act at once on a fresh,
 significant regime instead of waiting out its ``patience``.  Noise alone needs ``k`` consecutive
 excursions beyond ``m`` in the same direction (with 15 % normal noise ``m = exp(0.6) − 1``, a 4σ
@@ -237,10 +244,12 @@ class RankTiming:
         noise.  A change of level adds one large step, not a run of large deviations (a throttle
         during the warm-up would otherwise inflate the noise band for the next 64 iterations)."""
 
-    def observe(self, work: float, busy_s: float) -> bool:
+    def observe(self, work: float, busy_s: float, *, sudden: bool = False) -> bool:
         """Add one iteration's ``(w, T)`` if it is an observation (:func:`observation_problem`).
 
-        Returns whether it was kept; a skipped pair leaves the model exactly as it was.
+        ``sudden``: the rank's own step reflex found it slowing within this iteration (its
+        evidence of consecutive slow calls; the module docstring's sudden rise).  Returns whether it
+        was kept; a skipped pair leaves the model exactly as it was.
         """
         if observation_problem(work, busy_s) is not None:
             return False
@@ -248,7 +257,8 @@ class RankTiming:
         self.seen += 1
         self.regime_age += 1
         excursion = self._excursion()
-        run = 1 if excursion == -1 and work < 1.0 and self._sharp_fall() else self.react_steps
+        alone = (excursion == -1 and work < 1.0) or (excursion == 1 and sudden)
+        run = 1 if alone and self._sharp(excursion) else self.react_steps
         changed = excursion is not None and (run == 1 or self._changed())
         if changed:
             self._obs = collections.deque(list(self._obs)[-run:], maxlen=self.window)
@@ -325,16 +335,18 @@ class RankTiming:
             return None  # a slowdown waits for the noise history of 2·window observations
         return direction or None
 
-    def _sharp_fall(self) -> bool:
-        """The latest observation alone lies below the regime's observations at the same work by twice
-        the margin on a log scale (``(1 + m)²``: 2.25x at the default): a throttle that lifted, not
-        noise — descheduling makes a step slower, never several times faster at the same work.  Only
-        at the same work: across work fractions the comparison rests on the fitted ``f``, and a
-        wrong one (a fit across a phantom's pruned steps at w 0.8 beside dense ones amplifies the
-        noise ~5x) can make a pruned throttled step read fast (one device-burst run released
-        mid-burst, its first pruned step with no same-work baseline)."""
+    def _sharp(self, direction: int) -> bool:
+        """The latest observation alone lies beyond the regime's observations at the same work, in
+        ``direction``, by twice the margin on a log scale (``(1 + m)²``: 2.25x at the default).  A
+        fall that far is a throttle that lifted, not noise — descheduling makes a step slower, never
+        several times faster at the same work; a rise counts only with the reflex's evidence
+        (:meth:`observe`'s ``sudden``).  Only at the same work: across work fractions the
+        comparison rests on the fitted ``f``, and a wrong one (a fit across a phantom's pruned steps
+        at w 0.8 beside dense ones amplifies the noise ~5x) can make a pruned throttled step read
+        fast (one device-burst run released mid-burst, its first pruned step with no same-work
+        baseline)."""
         n, m = len(self._obs), self._margin()
-        return self._direction(n - 1, n - 1, margin=(1.0 + m) ** 2 - 1.0, same_work_only=True) == -1
+        return self._direction(n - 1, n - 1, margin=(1.0 + m) ** 2 - 1.0, same_work_only=True) == direction
 
     def _changed(self) -> bool:
         """All of the last ``react_steps`` observations left the regime, in the same direction."""
