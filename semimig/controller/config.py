@@ -133,7 +133,8 @@ class ControllerConfig:
     """Mode ``semi``: the pretest (SEMI's cost curves) runs this many of its small tasks per
     training step (:class:`~semimig.controller.pretest.PretestRun`: 4 kinds x 3 shares x the
     distinct layer shapes, one layer's GEMMs each), so no step stalls, on the steps at which a
-    straggler is flagged (a free phase pays nothing); until the curves exist the stragglers resize
+    straggler is flagged and was flagged at the step before (a free phase pays nothing, nor does the
+    step that flags it, which ran at its slow pace); until the curves exist the stragglers resize
     only.  0 runs the whole pretest in the step that first needs it (seconds on a large model: one
     stalled step)."""
 

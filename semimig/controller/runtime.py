@@ -267,6 +267,7 @@ class BalanceController:
         off when ``ControllerConfig.migrators`` fixes who migrates (the λ sweep)."""
         self._replan = False
         self._pretest_run: Optional[PretestRun] = None
+        self._flagged_before: tuple[int, ...] = ()  # the ranks flagged at the previous step()
         """Mode semi: the pretest in progress (one task per step), ``None`` before and after."""
         self._trial_events: list[str] = []
         self._step_clock: Optional[float] = None
@@ -407,11 +408,16 @@ class BalanceController:
             if not self._current.migrate and not self._pending.migrate:
                 self._current = self._pending  # resizing only: at once (see the class docstring)
         decision = self._pending.decision
-        if self._pretest_run is not None and decision is not None and decision.flagged:
+        flagged = () if decision is None else tuple(decision.flagged)
+        if self._pretest_run is not None and flagged and flagged == self._flagged_before:
             # only while a straggler is flagged: the curves serve it, and a group without one (the
-            # free phases of a straggler that comes and goes) pays nothing (identical on every rank)
+            # free phases of a straggler that comes and goes) pays nothing (identical on every rank).
+            # Not in the step whose decision flagged it: that step ran at the straggler's own pace
+            # (its plan not yet in force; a reflex step at 2.3-2.7x healthy under the real
+            # throttle), and a task's GEMMs on the slowed rank took it to 3.07x (20:40, semi)
             self._advance_pretest()
             self.clock.take()  # the pretest's own time is not the next iteration's work or traffic
+        self._flagged_before = flagged
         pending = {**self._pending.describe(self.config.mode), **self._setup}
         self._posted = (self._description, pending, self._pending, applied_now)
         self._exchange.post(*observed, (digest, plan_digest(pending)), valid, wall, sudden=reflex_gamma > 0.0)
