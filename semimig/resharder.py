@@ -456,6 +456,8 @@ def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str
                         "uneven: resizing paused until a window of steps is measured under the new plan", new_plan)
         new = BalanceController(model, base, process_group=group, iterations_per_epoch=iterations_per_epoch)
         new.iteration, new.epoch = old.iteration, old.epoch
+        for timing, before in zip(new.timings, old.timings):
+            timing.carry_history(before)  # warm: a slowdown after the move is seen within a few steps
         new.injector.set_position(old.epoch, old.iteration)  # a time-varying straggler keeps its phase
         # resizing compares what varies, not the planned split
         new.busy_scale = resharder.busy_scale() if settled and not even else (1.0,) * resharder.size

@@ -126,6 +126,25 @@ def test_a_sudden_rise_needs_the_sharp_bar_and_the_same_work():
     assert u.changes == 0
 
 
+def test_a_model_rebuilt_after_a_replan_sees_a_slowdown_within_a_few_observations():
+    """A controller rebuilt on new shapes carries its ranks' counts and noise, not their times: a χ = 4
+    slowdown after 3 observations on the new shapes is a change point after its run of 3, where a
+    fresh model waits for 2·window observations; the old times never reach the new window."""
+    rng = random.Random(0)
+    old = RankTiming(7, react_steps=3)
+    for _ in range(30):
+        old.observe(1.0, 2.0 * (1.0 + rng.gauss(0.0, 0.03)))  # the old shapes: 2 s per step
+    carried, fresh = RankTiming(7, react_steps=3), RankTiming(7, react_steps=3)
+    carried.carry_history(old)
+    assert carried.seen == 30 and carried.observations == 0 and carried.estimate() is None
+    for t in (carried, fresh):
+        for busy in (1.0, 1.02, 0.99, 4.0, 4.1, 3.95):  # 1 s per step on the new shapes, then throttled
+            t.observe(1.0, busy)
+    assert carried.changes == 1 and carried.estimate().change_direction == 1
+    assert carried.estimate().unpruned_s == pytest.approx(4.0, rel=0.05)
+    assert fresh.changes == 0
+
+
 def test_a_sharp_fall_is_judged_at_the_same_work_only():
     """Across work fractions the dense-equivalent rests on the fitted f: with a wrong one (0.8, the
     truth 0.25) the first pruned step of a throttled rank (w 0.1 after a regime at w 0.9) reads 2.6x

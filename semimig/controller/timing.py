@@ -354,6 +354,18 @@ class RankTiming:
         directions = {self._direction(i, n - self.react_steps) for i in range(n - self.react_steps, n)}
         return len(directions) == 1 and 0 not in directions
 
+    def carry_history(self, old: "RankTiming") -> None:
+        """Continue ``old``'s history on new shapes (a controller rebuilt after a re-plan): its count
+        of observations and its noise (the log steps and relative deviations), not its observations
+        or ``f`` — times and the fixed fraction belong to the old shapes.  So the new window needs
+        ``MIN_BASELINE`` observations and the run, not ``2·window`` more, before a slowdown can be a
+        change: a fresh model is blind to one for 14 steps at the default (measured under the real
+        20:40 throttle: semi re-planned at step 7, its resizing controller started at step 18, and
+        the throttle of steps 22–28 ran unserved at 2.1–2.7x healthy)."""
+        self.seen = max(self.seen, old.seen)
+        self._steps.extend(old._steps)
+        self._deviations.extend(old._deviations)
+
     def forget_reduced_work(self) -> None:
         """Drop the observations at ``w != 1`` and the fitted ``f`` (back to the prior): the rank's
         balanced path changes (mode semi stops migrating), so its old fixed fraction no longer holds."""
