@@ -19,8 +19,9 @@ straggler (``healthy``) and then in every balancing mode with TP rank 1 slowed::
 (``reshard``: exact uneven shards re-planned during training once the straggler has stayed, the
 re-plan's own cost inside the step times and reported: re-plans, bytes moved, seconds moving;
 ``--modes ...,uneven`` adds a static uneven tensor-parallel layout, ``--shard-plan``: exact, the
-slow rank holding fewer MLP blocks and KV groups; ``zero-pri-paired`` / ``semi-paired``: those modes
-with each MLP pruned as a pair, the example's ``--paired``) and writes
+slow rank holding fewer MLP blocks and KV groups; ``zero-pri`` / ``semi`` prune each layer's own K
+(the example's ``--no-paired``, the paper, as every result before the default changed) and
+``zero-pri-paired`` / ``semi-paired`` each MLP as a pair, the example's default) and writes
 ``{"modes": {"healthy": {...}, "off": {...}, "zero-pri": {...}, "semi": {...}, "reshard": {...}}, ...}``
 with ``steady_step_s``, ``final_val_loss``, ``time_to_target_s`` (training wall time to healthy's
 final validation loss within 2 %, evaluation excluded; ``null`` if never), ``balanced_share`` per
@@ -46,7 +47,9 @@ from bench_output import OutputPath, add_json_flag, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("healthy", "off", "zero-pri", "semi", "reshard", "uneven", "zero-pri-paired", "semi-paired")
-"""``*-paired``: the resizing mode with the example's ``--paired`` (each MLP pruned as a pair, issue 27)."""
+"""``*-paired``: the resizing mode with the example's ``--paired`` (each MLP pruned as a pair, issue 27;
+the example's default); ``zero-pri`` / ``semi`` pass ``--no-paired`` (each layer its own K, the paper),
+so a mode's name means what it meant in every earlier result."""
 DEFAULT_MODES = ("healthy", "off", "zero-pri", "semi", "reshard")
 
 
@@ -149,6 +152,8 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
                "--json", str(out), "--log-every", "10"]
     if mode.endswith("-paired"):
         example += ["--paired"]
+    elif mode in ("zero-pri", "semi"):
+        example += ["--no-paired"]
     if mode == "uneven":
         example += ["--shard-plan", args.shard_plan]
     if args.reflex != "on":

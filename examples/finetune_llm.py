@@ -117,9 +117,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--reflex", default="on", choices=("on", "backward", "off"),
                    help="the step reflex of the resizing modes (a rank turning slow prunes the rest of its step): "
                         "'on' (default), 'backward' (backward calls only: every forward exact), 'off'")
-    p.add_argument("--paired", action="store_true",
+    p.add_argument("--paired", action=argparse.BooleanOptionalAction, default=None,
                    help="resizing modes: prune each MLP as a pair (the down projection's kept units also prune the "
-                        "gate/up projections' rows; ResizingConfig.paired); default: every layer prunes its own K")
+                        "gate/up projections' rows; ResizingConfig.paired; the default); --no-paired: every layer "
+                        "prunes its own K (the paper)")
     p.add_argument("--reshard-window", type=int, default=10,
                    help="reshard/semi: steps a straggler's speed must stay stable before a re-plan (default 10; "
                         "the run's first re-plan may come after half of them when its gain is large)")
@@ -213,8 +214,9 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.shard_plan and (args.policy != "semimig" or args.balance == "mig"):
         raise ConfigError(f"--shard-plan {args.shard_plan} needs --policy semimig and a --balance other than mig "
                           f"(migration needs equal shards), got --policy {args.policy} --balance {args.balance}")
-    if args.paired and (args.policy != "semimig" or args.balance in ("mig", "reshard", "off")):
-        raise ConfigError(f"--paired prunes MLP pairs: it needs --policy semimig and a resizing --balance (semi or "
+    if args.paired is not None and (args.policy != "semimig" or args.balance in ("mig", "reshard", "off")):
+        flag = "--paired" if args.paired else "--no-paired"
+        raise ConfigError(f"{flag} says how MLPs prune: it needs --policy semimig and a resizing --balance (semi or "
                           f"zero-*), got --policy {args.policy} --balance {args.balance}")
     if args.straggler_replica is not None and args.straggler is None:
         raise ConfigError(f"--straggler-replica {args.straggler_replica} names where --straggler acts: give --straggler")
@@ -504,7 +506,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=args.balance,
                                       straggler=straggler, log_every=args.log_every,
                                       config=BalanceConfig(controller=ControllerConfig(reflex=reflex),
-                                                           resizing=ResizingConfig(paired=args.paired)),
+                                                           resizing=ResizingConfig(paired=args.paired is not False)),
                                       reshard=ReshardConfig(window=args.reshard_window, horizon=args.steps,
                                                             block_size=args.shard_block), batch=split)
         except semimig.ConfigError as err:

@@ -156,6 +156,7 @@ def _example():
     (["--policy", "colossalai", "--balance", "off", "--batch-split", "poplar"], "--batch-split"),
     (["--model", ""], "--model"), (["--model", "tiny_llama"], "--model"),
     (["--paired", "--balance", "reshard"], "--paired"), (["--paired", "--balance", "off"], "--paired"),
+    (["--no-paired", "--balance", "mig"], "--no-paired"),
     (["--straggler-replica", "0"], "--straggler-replica"), (["--straggler", "fixed:1:4", "--straggler-replica", "-1"],
                                                             "--straggler-replica"),
 ])

@@ -22,8 +22,10 @@ from dist_harness import run_pooled
 ATOL = 1e-5  # fp32: the same sums over the kept units, associated differently (sharded, fewer terms)
 
 
-def _keep(units: int, rank: int) -> torch.Tensor:
-    """A rank's kept units: a fixed draw of about half, sorted (seeded by the rank)."""
+def _keep(units: int, rank: int, empty_rank=None) -> torch.Tensor:
+    """A rank's kept units: a fixed draw of about half, sorted (seeded by the rank); none on ``empty_rank``."""
+    if rank == empty_rank:
+        return torch.empty(0, dtype=torch.long)
     gen = torch.Generator().manual_seed(11 + rank)
     return torch.sort(torch.randperm(units, generator=gen)[: units // 2 + rank]).values
 
@@ -46,7 +48,7 @@ class _MarkingReflex:
         raise AssertionError("a paired call asked the reflex for a keep set")
 
 
-def _paired_body(rank, world, gated: bool, impute: str):
+def _paired_body(rank, world, gated: bool, impute: str, empty_rank=None):
     import semimig.nn as snn
     from semimig.nn.directive import LayerDirective
 
@@ -63,7 +65,7 @@ def _paired_body(rank, world, gated: bool, impute: str):
                 snn.Linear1D_Row.from_native_module(copy.deepcopy(fc_down), group))
 
     local = inter // world
-    keep = _keep(local, rank)
+    keep = _keep(local, rank, empty_rank)
     runs = {}
     for paired in (True, False):
         gate, up, down = build()
@@ -93,12 +95,12 @@ def _paired_body(rank, world, gated: bool, impute: str):
         for a, b in zip(biases, biases_o):
             torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
     pruned = sorted(set(range(local)) - set(keep.tolist()))
-    assert dgate[pruned].abs().sum() == 0 and dgate[keep].abs().sum() > 0  # exact zeros on the pruned rows
+    assert dgate[pruned].abs().sum() == 0 and (keep.numel() == 0 or dgate[keep].abs().sum() > 0)  # zeros pruned
     if impute == "zero":
         assert ddown[:, pruned].abs().sum() == 0
 
     # The dense single-process reference: the pruned units' down columns zeroed, every rank's units.
-    kept_global = torch.cat([_keep(local, r) + r * local for r in range(world)])
+    kept_global = torch.cat([_keep(local, r, empty_rank) + r * local for r in range(world)])
     mask = torch.zeros(inter)
     mask[kept_global] = 1.0
     ref_down = copy.deepcopy(fc_down)
@@ -120,6 +122,14 @@ def _paired_body(rank, world, gated: bool, impute: str):
 @pytest.mark.parametrize("gated,impute", [(True, "zero"), (False, "zero"), (True, "average")])
 def test_paired_mlp_equals_the_row_layer_pruned_alone_and_the_dense_mlp_of_the_kept_units(world, gated, impute):
     assert run_pooled(_paired_body, world, gated, impute)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_rank_that_keeps_no_unit_of_a_pair_computes_nothing_and_stays_exact(world):
+    """A full prune (γ = 1, e.g. ``force(prune={1: 1.0})``): the last rank's pair keeps no unit, its
+    activation is ``[M, 0]``; its outputs and gradients still equal the oracle and the dense reference
+    (the row layer's flattening of a zero-width input failed here once pairing became the default)."""
+    assert run_pooled(_paired_body, world, True, "zero", world - 1)
 
 
 def test_a_paired_directive_refuses_what_it_cannot_serve():

@@ -69,14 +69,18 @@ def test_the_reflex_flag_reaches_the_example_only_when_it_is_not_the_default(tmp
 
 
 def test_a_paired_mode_runs_its_resizing_mode_with_the_examples_paired_flag(tmp_path):
+    """``*-paired`` passes ``--paired``; the plain resizing modes ``--no-paired`` (pairing is the
+    example's default, and a mode's name keeps the meaning of the earlier results); the others neither."""
     script = _script()
-    args = script.parse_args(["--straggler", "gemm", "--modes", "zero-pri,zero-pri-paired,semi-paired",
+    args = script.parse_args(["--straggler", "gemm", "--modes", "zero-pri,semi,zero-pri-paired,semi-paired,reshard",
                               "--json", str(tmp_path / "r.json")])
-    assert args.modes == ["healthy", "zero-pri", "zero-pri-paired", "semi-paired"]
-    for mode, balance, paired in (("zero-pri", "zero-pri", False), ("zero-pri-paired", "zero-pri", True),
-                                  ("semi-paired", "semi", True), ("healthy", "off", False)):
+    assert args.modes == ["healthy", "zero-pri", "semi", "zero-pri-paired", "semi-paired", "reshard"]
+    for mode, balance, flag in (("zero-pri", "zero-pri", "--no-paired"), ("semi", "semi", "--no-paired"),
+                                ("zero-pri-paired", "zero-pri", "--paired"), ("semi-paired", "semi", "--paired"),
+                                ("healthy", "off", None), ("reshard", "reshard", None)):
         cmd = script.command(args, mode, tmp_path / "out.json")
-        assert cmd[cmd.index("--balance") + 1] == balance and ("--paired" in cmd) == paired, (mode, cmd)
+        flags = [c for c in cmd if c in ("--paired", "--no-paired")]
+        assert cmd[cmd.index("--balance") + 1] == balance and flags == ([flag] if flag else []), (mode, cmd)
 
 
 def test_the_gemm_straggler_is_the_papers_spec_without_a_scope(tmp_path):

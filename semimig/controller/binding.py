@@ -194,7 +194,8 @@ class LayerBinding:
         if pairs:
             said.append((logging.INFO, "paired pruning: %d MLPs prune as pairs (%s, ...)", len(pairs), pairs[0].name))
         else:
-            said.append((logging.WARNING, "paired pruning: %s has no MLP of %s whose semimig layers pair; every "
+            # INFO: pairing is the default, and a model without such an MLP (a ViT) is served as before
+            said.append((logging.INFO, "paired pruning: %s has no MLP of %s whose semimig layers pair; every "
                          "layer prunes its own K", type(model).__name__, ", ".join(PAIRED_MLPS)))
         if _PAIRING_SAID.get(model) != tuple(said):
             _PAIRING_SAID[model] = tuple(said)

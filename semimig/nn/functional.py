@@ -50,6 +50,7 @@ ends, closed when a row forward or a column backward starts — only for a meter
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Optional
 
 import torch
@@ -209,7 +210,9 @@ def _check_directive(d: LayerDirective, group: ProcessGroup, rank: int, k: int) 
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1, t.shape[-1])
+    """``[..., K] -> [M, K]``, the leading size explicit: a paired row layer whose rank keeps no
+    unit gets ``K = 0``, where ``reshape(-1, 0)`` is ambiguous."""
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
 
 
 def _open_forward(ctx, d: LayerDirective, group: ProcessGroup, x, weight):

@@ -69,15 +69,18 @@ class ResizingConfig:
     change first, whose keep sets the keep layout and the grouped kernels take; issue 27).  The
     controller prunes ``round(n / block)`` whole blocks where ``n`` columns are asked for, and
     single columns in a layer whose own column count ``block`` does not divide."""
-    paired: bool = False
-    """Paired pruning (issue 27): in an MLP of a known class (``LlamaMLP``, ``MistralMLP``,
+    paired: bool = True
+    """Paired pruning (issue 27; the default): in an MLP of a known class (``LlamaMLP``, ``MistralMLP``,
     ``Qwen2MLP``, ``GPT2MLP``) the row layer's kept columns are the MLP's kept intermediate units
     for the step; the column layers feeding it compute only those output rows and keep their whole
     K, and the activation between them is compact (no gather or scatter of it).  The same FLOPs as
     pruning each layer's K by the row layer's ratio, one approximation (units off for the step)
     instead of two; exact against the row layer pruned alone.  Planned prunes, and the MLPs a
     step reaches after the step reflex fired (:mod:`semimig.controller.reflex`; an MLP it fires
-    inside, and a step that migrates, prune each layer's own K as before).  False: every layer
+    inside, and a step that migrates, prune each layer's own K as before); a model with no such
+    MLP prunes each layer's own K and says so in one INFO line.  The default since five of six
+    multi-repeat time-to-loss runs (real text, a real or whole-device straggler, issue 27) ended
+    lower or reached healthy's loss more often paired, at the same step time.  False: every layer
     prunes its own K (the paper)."""
 
     def __post_init__(self) -> None:
