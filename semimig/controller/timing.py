@@ -79,10 +79,12 @@ for an observation that carries the rank's own evidence from within the step (``
 reflex fired, :mod:`semimig.controller.reflex`, on consecutive slow layer calls that together made
 a tenth of a step — never one descheduled call): at least ``(1 + m)²`` above the regime at the same
 work, it is a change point on its own, so the plan prunes from the third throttled step instead of
-the fifth (the all-gather's lag is the rest; measured under device bursts: four steps per onset
-ran at the reflex's 1.9–2.1x healthy before the plan's 1.3–1.6x, and under the real 20:40
-throttle the plan arrived as the throttle lifted and pruned free steps at γ 0.9).  Other slowdowns keep the run of ``k``
-(a descheduled step is slow).  ``regime_age`` (observations since the last change point; ``change_direction`` says
+the fifth (the all-gather's lag is the rest).  Measured before the rule: under device bursts four
+steps per onset ran at the reflex's 1.9–2.1x healthy before the plan's 1.3–1.6x, and under the
+real 20:40 throttle the plan arrived as the throttle lifted and pruned free steps at γ 0.9; with
+it, 20:40's plan came from the third or fourth throttled step.  Other slowdowns keep the run of
+``k`` (a descheduled step is slow).
+``regime_age`` (observations since the last change point; ``change_direction`` says
 whether the rank got slower or faster there) lets the policy act at once on a fresh,
 significant regime instead of waiting out its ``patience``.  Noise alone needs ``k`` consecutive
 excursions beyond ``m`` in the same direction (with 15 % normal noise ``m = exp(0.6) − 1``, a 4σ
@@ -361,7 +363,7 @@ class RankTiming:
         ``MIN_BASELINE`` observations and the run, not ``2·window`` more, before a slowdown can be a
         change: a fresh model is blind to one for 14 steps at the default (measured under the real
         20:40 throttle: semi re-planned at step 7, its resizing controller started at step 18, and
-        the throttle of steps 22–28 ran unserved at 2.1–2.7x healthy)."""
+        the throttle of steps 20–23 ran unserved at off's pace, 3.6–4.4x healthy)."""
         self.seen = max(self.seen, old.seen)
         self._steps.extend(old._steps)
         self._deviations.extend(old._deviations)
