@@ -78,7 +78,7 @@ class ResizingConfig:
     instead of two; exact against the row layer pruned alone.  Planned prunes, and the MLPs a
     step reaches after the step reflex fired (:mod:`semimig.controller.reflex`; an MLP it fires
     inside, and a step that migrates, prune each layer's own K as before); a model with no such
-    MLP prunes each layer's own K and says so in one INFO line.  The default since five of six
+    MLP prunes each layer's own K and says so in one INFO line.  The default since six of eight
     multi-repeat time-to-loss runs (real text, a real or whole-device straggler, issue 27) ended
     lower or reached healthy's loss more often paired, at the same step time.  False: every layer
     prunes its own K (the paper)."""
