@@ -267,8 +267,9 @@ class BalanceController:
         off when ``ControllerConfig.migrators`` fixes who migrates (the λ sweep)."""
         self._replan = False
         self._pretest_run: Optional[PretestRun] = None
-        self._flagged_before: tuple[int, ...] = ()  # the ranks flagged at the previous step()
         """Mode semi: the pretest in progress (one task per step), ``None`` before and after."""
+        self._flagged_before: tuple[int, ...] = ()
+        """The ranks flagged at the previous ``step()`` (no pretest task in the step that flags one)."""
         self._trial_events: list[str] = []
         self._step_clock: Optional[float] = None
         self._nonfinite_warned = False
