@@ -11,6 +11,7 @@ kept work ``w`` takes
 controller), ``P`` (``overhead``, 0 unless given) the pruned path's own extra cost (gathers, index
 copies: a pruned path slower than its FLOPs).  ``χ(t)`` switches on and off (a throttle that comes and goes).
 """
+import math
 import random
 
 import pytest
@@ -182,6 +183,41 @@ def test_every_burst_is_followed_flag_shed_unflag(on, off):
 def test_no_straggler_on_a_noisy_clock_keeps_every_rank_dense(noise, seed):
     applied = run(lambda it: (1.0, 1.0), 400, noise=noise, seed=seed)
     assert all(s == (0.0, 0.0) for s in applied)
+
+
+def _short_bursts_then_a_long_one(it):
+    """Rank 1 at χ = 4 for 2 iterations in 8 from 20 to 60 (five bursts), then for 12 from 70."""
+    if 20 <= it < 60 and (it - 20) % 8 < 2 or 70 <= it < 82:
+        return 1.0, 4.0
+    return 1.0, 1.0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bursts_shorter_than_the_plan_can_follow_are_left_to_the_reflex(seed):
+    """After two 2-iteration bursts have ended, the plan no longer prunes for the next ones (it
+    would arrive as each ends and prune free iterations: 10-12 of them per burst here, 12-15 free
+    steps of a 60-step real 5:10 run); a burst that outlasts them is still shed, by its fifth
+    iteration and to its end.  ``short_burst=0`` restores flagging every fresh rise."""
+    applied = run(_short_bursts_then_a_long_one, 95, noise=0.05, seed=seed, reflex=True, fixed=0.25)
+    assert sum(s[1] > 0 for s in applied[36:62]) <= 3, [round(s[1], 1) for s in applied[36:62]]
+    first = next(i for i in range(70, 95) if applied[i][1] > 0)
+    assert first <= 75 and all(s[1] > 0.5 for s in applied[first:82])
+    config = ControllerConfig(mode="zero", short_burst=0)
+    applied = run(_short_bursts_then_a_long_one, 95, noise=0.05, seed=seed, reflex=True, fixed=0.25, config=config)
+    assert sum(s[1] > 0 for s in applied[36:62]) >= 10
+
+
+def test_a_burst_length_is_recorded_when_a_fall_ends_a_slow_regime():
+    t = RankTiming(7, react_steps=3)
+    for _ in range(16):
+        t.observe(1.0, 1.0)
+    assert t.estimate().burst_length == math.inf
+    for burst in range(2):
+        t.observe(1.0, 4.0, sudden=True)  # a rise on the reflex's evidence: a change on its own
+        t.observe(1.0, 4.0)
+        for _ in range(6):  # dense, so the fall takes react_steps observations
+            t.observe(1.0, 1.0)
+    assert t.changes == 4 and t.estimate().burst_length == 2
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -107,6 +107,17 @@ class ControllerConfig:
     change_sigmas: float = 4.0
     """... and it must also exceed this many of the rank's relative noise (MAD-based)."""
 
+    short_burst: int = 4
+    """A straggler that comes and goes faster than the plan can follow: when the median length of a
+    rank's latest slow regimes (two or more ended, :attr:`RankEstimate.burst_length`) is at most
+    this many observations, a fresh rise does not flag it until the new slow regime outlasts that
+    median.  The plan acts two steps after a rise at the earliest (the all-gather's lag, then the
+    next step), so on such bursts it arrives as the burst ends and prunes free steps until it is
+    released: measured on the real 5:10 throttle at h1024 (2-3 throttled steps a phase), 12-15 of
+    a 60-step run's free steps were pruned at γ 0.8-0.9 for 1-3 throttled ones, no faster than
+    dense (the fast rank sets a free step's pace) and 0.1-0.15 nats worse at the end; the step
+    reflex serves such bursts inside the step.  0: every fresh rise flags at once."""
+
     gamma_step: float = 0.02
     """A rank's shed share changes only when the new target differs by at least this much, so
     noise does not rebuild keep sets every iteration."""
@@ -174,6 +185,7 @@ class ControllerConfig:
         check_int("ControllerConfig.react_steps", self.react_steps, minimum=0, maximum=self.window - 1)
         check_number("ControllerConfig.change_ratio", self.change_ratio, minimum=0.0, low_open=True, maximum=100.0)
         check_number("ControllerConfig.change_sigmas", self.change_sigmas, minimum=0.0, maximum=100.0)
+        check_int("ControllerConfig.short_burst", self.short_burst, minimum=0)
         check_number("ControllerConfig.gamma_step", self.gamma_step, minimum=0.0, maximum=0.5)
         check_number("ControllerConfig.max_fixed_fraction", self.max_fixed_fraction, minimum=0.0, maximum=1.0)
         check_int("ControllerConfig.backoff_iterations", self.backoff_iterations, minimum=1, maximum=10**7)

@@ -24,7 +24,9 @@ that change already took ``react_steps`` consecutive observations beyond its own
 is flagged at once when ``ln(S_i / S_fast) > max(ln(1 + change_ratio), change_sigmas ·
 hypot(σ_ln,i, σ_ln,fast))`` (both ranks' log-noise) and unflagged at once below half that; so a
 throttle that switches on or off is acted on ``react_steps`` observations after it switched, with
-hysteresis.  In the run's first ``2·patience`` observations (no change point yet) a rank is
+hysteresis — except for a rank whose ended slow regimes lasted a median of at most
+``short_burst`` observations, whose fresh rise flags only once it outlasts that median (the plan
+would arrive as such a burst ends; the step reflex serves it).  In the run's first ``2·patience`` observations (no change point yet) a rank is
 flagged at once beyond twice that band: a device slow from the first step has no change to show.
 A shedding rank whose own regime just turned faster is unflagged when the smallest ``S`` its
 possible ``f`` gives (``RankEstimate.unpruned_low_s``) lies within the half band: its
@@ -219,13 +221,20 @@ class ShedPolicy:
             low = _log_ratio_of(est.unpruned_low_s, s_fast) if math.isfinite(est.unpruned_low_s) else ratio
             return own_fall and est.work < 1.0 and low <= 0.5 * band
         # a fresh regime beyond both ranks' log-noise, unless it is this rank's own fall (it just
-        # got faster)
-        if fresh and ratio > band and not own_fall:
+        # got faster) or a rise of a rank whose bursts end before the plan could serve them
+        if fresh and ratio > band and not own_fall and not self._short_burst(est):
             return True
         # the opening: a rank slow from the first step has no regime change to show, so its first
         # decisions flag it beyond twice the band (2.25x at the default) instead of waiting out the
         # patience (4 decisions: the 4-5x steps of a device slow from the start)
         return est.regime_age > est.seen and est.seen <= 2 * cfg.patience and ratio > 2.0 * band
+
+    def _short_burst(self, est: RankEstimate) -> bool:
+        """A fresh rise of a rank whose ended slow regimes lasted a median of at most
+        ``short_burst`` observations, while the new one is no longer than that median
+        (:attr:`ControllerConfig.short_burst`)."""
+        return (est.change_direction > 0 and est.burst_length <= self.config.short_burst
+                and est.regime_age <= est.burst_length)
 
     def forgive(self, rank: int) -> None:
         """Undo ``rank``'s latest back-off (it will shed again at the next decision with evidence):

@@ -121,6 +121,8 @@ MIN_SPREAD = 0.05
 """Smallest spread of the work fractions in the window for which ``f`` is refitted."""
 NOISE_HISTORY = 64
 """Relative deviations kept for the noise estimate."""
+BURST_HISTORY = 5
+"""Ended slow regimes whose lengths give :attr:`RankEstimate.burst_length`."""
 _MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
 
 
@@ -154,6 +156,9 @@ class RankEstimate:
     """The smallest ``S`` the window's observations allow over the ``f`` the rank may have (the
     median dense-equivalent at the range's largest ``f``; ``S`` itself where every observation is
     dense).  NaN when not computed."""
+    burst_length: float = math.inf
+    """The median length, in observations, of the rank's latest slow regimes (a rise later ended by
+    a fall), over the last ``BURST_HISTORY`` of them; ``inf`` until two have ended."""
 
     def time_at(self, work: float) -> float:
         """Predicted busy time at work fraction ``work``."""
@@ -242,6 +247,8 @@ class RankTiming:
         self._obs: collections.deque = collections.deque(maxlen=window)
         self._deviations: collections.deque = collections.deque(maxlen=NOISE_HISTORY)
         self._steps: collections.deque = collections.deque(maxlen=NOISE_HISTORY)
+        self._bursts: collections.deque = collections.deque(maxlen=BURST_HISTORY)
+        """Lengths (observations) of the latest slow regimes, each a rise that a fall ended."""
         """``|ln(S_k / S_(k−1))|`` of successive observations at the same work: the regime test's
         noise.  A change of level adds one large step, not a run of large deviations (a throttle
         during the warm-up would otherwise inflate the noise band for the next 64 iterations)."""
@@ -263,6 +270,9 @@ class RankTiming:
         run = 1 if alone and self._sharp(excursion) else self.react_steps
         changed = excursion is not None and (run == 1 or self._changed())
         if changed:
+            if excursion == -1 and self.change_direction == 1:
+                # the slow regime held every observation since its rise except this run's
+                self._bursts.append(self.regime_age - run)
             self._obs = collections.deque(list(self._obs)[-run:], maxlen=self.window)
             self.regime_age, self.changes, self.change_direction = run, self.changes + 1, excursion
         fitted = None
@@ -358,7 +368,8 @@ class RankTiming:
 
     def carry_history(self, old: "RankTiming") -> None:
         """Continue ``old``'s history on new shapes (a controller rebuilt after a re-plan): its count
-        of observations and its noise (the log steps and relative deviations), not its observations
+        of observations, its noise (the log steps and relative deviations) and the lengths of its
+        ended slow regimes (a property of the straggler, not of the shapes), not its observations
         or ``f`` — times and the fixed fraction belong to the old shapes.  So the new window needs
         ``MIN_BASELINE`` observations and the run, not ``2·window`` more, before a slowdown can be a
         change: a fresh model is blind to one for 14 steps at the default (measured under the real
@@ -367,6 +378,7 @@ class RankTiming:
         self.seen = max(self.seen, old.seen)
         self._steps.extend(old._steps)
         self._deviations.extend(old._deviations)
+        self._bursts.extend(old._bursts)
 
     def forget_reduced_work(self) -> None:
         """Drop the observations at ``w != 1`` and the fitted ``f`` (back to the prior): the rank's
@@ -395,4 +407,5 @@ class RankTiming:
                             seen=self.seen, regime_age=self.regime_age,
                             change_margin=self._margin() if self.react_steps else math.inf,
                             log_noise=self._step_sigma() if self.react_steps else 0.0,
-                            change_direction=self.change_direction, unpruned_low_s=min(unpruned, unpruned_low))
+                            change_direction=self.change_direction, unpruned_low_s=min(unpruned, unpruned_low),
+                            burst_length=statistics.median(self._bursts) if len(self._bursts) >= 2 else math.inf)
