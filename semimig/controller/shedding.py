@@ -166,6 +166,8 @@ class ShedPolicy:
             contradicts = excess <= 0.5 * log_margin if state.flagged else excess > log_margin
             margin = math.expm1(log_margin) * s_fast  # for the log line: the excess in seconds it took
             state.streak = state.streak + 1 if contradicts else 0
+            if not state.flagged and self._short_burst(est):
+                continue  # a burst the plan cannot follow: the step reflex serves it
             if state.streak >= cfg.patience or self._at_once(state.flagged, est, estimates[fast], s_fast):
                 state.flagged, state.streak = not state.flagged, 0
                 events.append(f"rank {r} {'straggles' if state.flagged else 'no longer straggles'}: "
@@ -221,8 +223,8 @@ class ShedPolicy:
             low = _log_ratio_of(est.unpruned_low_s, s_fast) if math.isfinite(est.unpruned_low_s) else ratio
             return own_fall and est.work < 1.0 and low <= 0.5 * band
         # a fresh regime beyond both ranks' log-noise, unless it is this rank's own fall (it just
-        # got faster) or a rise of a rank whose bursts end before the plan could serve them
-        if fresh and ratio > band and not own_fall and not self._short_burst(est):
+        # got faster)
+        if fresh and ratio > band and not own_fall:
             return True
         # the opening: a rank slow from the first step has no regime change to show, so its first
         # decisions flag it beyond twice the band (2.25x at the default) instead of waiting out the
@@ -231,10 +233,13 @@ class ShedPolicy:
 
     def _short_burst(self, est: RankEstimate) -> bool:
         """A fresh rise of a rank whose ended slow regimes lasted a median of at most
-        ``short_burst`` observations, while the new one is no longer than that median
-        (:attr:`ControllerConfig.short_burst`)."""
+        ``short_burst`` observations, while the new one is no longer than that median or its latest
+        observation already left it downward (the burst is ending: a dense fall takes
+        ``react_steps`` observations to declare, and the regime's median stays slow meanwhile —
+        measured on the real 5:10 throttle, the plan then pruned the 3-4 free steps after each
+        burst) (:attr:`ControllerConfig.short_burst`)."""
         return (est.change_direction > 0 and est.burst_length <= self.config.short_burst
-                and est.regime_age <= est.burst_length)
+                and (est.regime_age <= est.burst_length + self.config.react_steps or est.leaving < 0))
 
     def forgive(self, rank: int) -> None:
         """Undo ``rank``'s latest back-off (it will shed again at the next decision with evidence):

@@ -121,6 +121,8 @@ MIN_SPREAD = 0.05
 """Smallest spread of the work fractions in the window for which ``f`` is refitted."""
 NOISE_HISTORY = 64
 """Relative deviations kept for the noise estimate."""
+MIX_TOLERANCE = 0.1
+"""A fitted line whose intercept is below this share of its full-work time mixes two speeds."""
 BURST_HISTORY = 5
 """Ended slow regimes whose lengths give :attr:`RankEstimate.burst_length`."""
 _MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
@@ -159,6 +161,9 @@ class RankEstimate:
     burst_length: float = math.inf
     """The median length, in observations, of the rank's latest slow regimes (a rise later ended by
     a fall), over the last ``BURST_HISTORY`` of them; ``inf`` until two have ended."""
+    leaving: int = 0
+    """-1 / +1 when the latest observation left the regime downward / upward without (yet) making
+    a change point (the first of a possible run), 0 inside it or at a change point."""
 
     def time_at(self, work: float) -> float:
         """Predicted busy time at work fraction ``work``."""
@@ -205,9 +210,13 @@ def observation_problem(work: float, busy_s: float) -> Optional[str]:
 def fit_fixed_fraction(points: Sequence[tuple[float, float]]) -> Optional[float]:
     """``f = a / (a + b)`` of the least-squares line ``T = a + b·w`` through ``points`` (w ≤ 1).
 
-    ``None`` when the work fractions spread by less than :data:`MIN_SPREAD` or the line predicts
-    no positive time at full work.  A slope ``b <= 0`` (pruning did not make the rank faster)
-    gives ``f = 1``; a negative intercept gives ``f = 0``.
+    ``None`` when the work fractions spread by less than :data:`MIN_SPREAD`, the line predicts
+    no positive time at full work, or its intercept is below ``−MIX_TOLERANCE`` of that time: the
+    time fell more than in proportion to the work, which no fixed fraction does — the points mix
+    two speeds (dense steps of a throttle and pruned steps after it lifted: fitted as ``f = 0`` it
+    read every free pruned step ``1/w`` times slow, and a rank pruning through 5:10's free phases
+    was never released).  A slope ``b <= 0`` (pruning did not make the rank faster) gives
+    ``f = 1``; a slightly negative intercept (noise about ``f = 0``) gives ``f = 0``.
     """
     if len(points) < 2:
         return None
@@ -220,6 +229,8 @@ def fit_fixed_fraction(points: Sequence[tuple[float, float]]) -> Optional[float]
         return None
     if slope <= 0.0:
         return 1.0
+    if intercept < -MIX_TOLERANCE * full:
+        return None
     return min(1.0, max(0.0, intercept / full))
 
 
@@ -240,6 +251,7 @@ class RankTiming:
             raise ValueError(f"change_ratio must be > 0 and change_sigmas >= 0, got {change_ratio}, {change_sigmas}")
         self.react_steps, self.change_ratio, self.change_sigmas = react_steps, change_ratio, change_sigmas
         self.seen, self.regime_age, self.changes, self.change_direction = 0, 10**9, 0, 0
+        self.leaving = 0
         self.window = window
         self.prior_fixed_fraction = prior_fixed_fraction
         self.fixed_fraction = prior_fixed_fraction
@@ -269,6 +281,7 @@ class RankTiming:
         alone = (excursion == -1 and work < 1.0) or (excursion == 1 and sudden)
         run = 1 if alone and self._sharp(excursion) else self.react_steps
         changed = excursion is not None and (run == 1 or self._changed())
+        self.leaving = 0 if changed or excursion is None else excursion
         if changed:
             if excursion == -1 and self.change_direction == 1:
                 # the slow regime held every observation since its rise except this run's
@@ -279,7 +292,12 @@ class RankTiming:
         # f is not refitted across a regime boundary: an observation that left the regime may be
         # the first of a new one (a line through two speeds is no fixed fraction)
         # a dense anchor (see ``f`` in the module docstring)
-        if (excursion is None or changed) and any(w == 1.0 for w, _ in self._obs):
+        # nor in a regime too young for the change test (fewer than react_steps + MIN_BASELINE
+        # observations: it calls every observation "inside"), where a throttle's dense steps and
+        # the pruned steps after its lift read as one line through the origin (f = 0, measured on
+        # the real 5:10 throttle: free pruned steps then read 1/w times slow and held the plan)
+        young = self.react_steps > 0 and len(self._obs) < self.react_steps + MIN_BASELINE
+        if (excursion is None or changed) and not young and any(w == 1.0 for w, _ in self._obs):
             fitted = fit_fixed_fraction([(w, t) for w, t in self._obs if w <= 1.0])
         if fitted is not None:
             self.fixed_fraction, self.informed = fitted, True
@@ -408,4 +426,5 @@ class RankTiming:
                             change_margin=self._margin() if self.react_steps else math.inf,
                             log_noise=self._step_sigma() if self.react_steps else 0.0,
                             change_direction=self.change_direction, unpruned_low_s=min(unpruned, unpruned_low),
-                            burst_length=statistics.median(self._bursts) if len(self._bursts) >= 2 else math.inf)
+                            burst_length=statistics.median(self._bursts) if len(self._bursts) >= 2 else math.inf,
+                            leaving=self.leaving)
