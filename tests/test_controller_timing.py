@@ -148,6 +148,10 @@ def test_fixed_fraction_fit():
     assert fit_fixed_fraction(points) == pytest.approx(0.2)
     assert fit_fixed_fraction([(1.0, 1.0), (1.0 - MIN_SPREAD / 2, 0.99)]) is None  # no spread
     assert fit_fixed_fraction([(1.0, 1.0), (0.5, 1.5)]) == 1.0  # pruning made it slower
+    # time falling faster than the work (a throttle's dense steps, then pruned steps after its lift):
+    # no fixed fraction does that, so no fit; a slightly negative intercept is noise about f = 0
+    assert fit_fixed_fraction([(1.0, 4.0), (1.0, 4.1), (0.5, 0.6), (0.5, 0.62)]) is None
+    assert fit_fixed_fraction([(1.0, 1.0), (0.5, 0.48)]) == 0.0
     timing = RankTiming(5)
     for w, t in points:
         timing.observe(w, t)

@@ -110,13 +110,16 @@ class ControllerConfig:
     short_burst: int = 4
     """A straggler that comes and goes faster than the plan can follow: when the median length of a
     rank's latest slow regimes (two or more ended, :attr:`RankEstimate.burst_length`) is at most
-    this many observations, a fresh rise does not flag it until the new slow regime outlasts that
-    median.  The plan acts two steps after a rise at the earliest (the all-gather's lag, then the
+    this many observations, a rise does not flag it (by either path of the shedding policy)
+    until the new slow regime outlasts that median plus ``react_steps`` (the
+    observations a dense fall takes to show), nor while its latest observation already left it
+    downward.  The plan acts two steps after a rise at the earliest (the all-gather's lag, then the
     next step), so on such bursts it arrives as the burst ends and prunes free steps until it is
-    released: measured on the real 5:10 throttle at h1024 (2-3 throttled steps a phase), 12-15 of
-    a 60-step run's free steps were pruned at γ 0.8-0.9 for 1-3 throttled ones, no faster than
-    dense (the fast rank sets a free step's pace) and 0.1-0.15 nats worse at the end; the step
-    reflex serves such bursts inside the step.  0: every fresh rise flags at once."""
+    released: measured on the real 5:10 throttle at h1024 (2-3 throttled steps a phase), 15-17
+    steps of each 60-step run were pruned at γ 0.7-0.9, nearly all free, no faster than dense
+    (the fast rank sets a free step's pace); with the hold 6-11, and 2 of 3 runs reached healthy's
+    loss + 2 % (1 of 3 before); the step reflex serves such bursts inside the step.  0: every
+    fresh rise flags at once."""
 
     gamma_step: float = 0.02
     """A rank's shed share changes only when the new target differs by at least this much, so

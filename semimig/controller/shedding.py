@@ -25,8 +25,10 @@ is flagged at once when ``ln(S_i / S_fast) > max(ln(1 + change_ratio), change_si
 hypot(σ_ln,i, σ_ln,fast))`` (both ranks' log-noise) and unflagged at once below half that; so a
 throttle that switches on or off is acted on ``react_steps`` observations after it switched, with
 hysteresis — except for a rank whose ended slow regimes lasted a median of at most
-``short_burst`` observations, whose fresh rise flags only once it outlasts that median (the plan
-would arrive as such a burst ends; the step reflex serves it).  In the run's first ``2·patience`` observations (no change point yet) a rank is
+``short_burst`` observations: a rise flags it, by this path or its patience, only once it
+outlasts that median plus ``react_steps`` and while its latest observation has not already left
+it downward (the plan would arrive as such a burst ends; the step reflex serves it).  In the
+run's first ``2·patience`` observations (no change point yet) a rank is
 flagged at once beyond twice that band: a device slow from the first step has no change to show.
 A shedding rank whose own regime just turned faster is unflagged when the smallest ``S`` its
 possible ``f`` gives (``RankEstimate.unpruned_low_s``) lies within the half band: its

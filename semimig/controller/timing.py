@@ -213,9 +213,8 @@ def fit_fixed_fraction(points: Sequence[tuple[float, float]]) -> Optional[float]
     ``None`` when the work fractions spread by less than :data:`MIN_SPREAD`, the line predicts
     no positive time at full work, or its intercept is below ``−MIX_TOLERANCE`` of that time: the
     time fell more than in proportion to the work, which no fixed fraction does — the points mix
-    two speeds (dense steps of a throttle and pruned steps after it lifted: fitted as ``f = 0`` it
-    read every free pruned step ``1/w`` times slow, and a rank pruning through 5:10's free phases
-    was never released).  A slope ``b <= 0`` (pruning did not make the rank faster) gives
+    two speeds (dense steps of a throttle and pruned steps after it lifted; fitted as ``f = 0``,
+    every free pruned step would read ``1/w`` times slow).  A slope ``b <= 0`` (pruning did not make the rank faster) gives
     ``f = 1``; a slightly negative intercept (noise about ``f = 0``) gives ``f = 0``.
     """
     if len(points) < 2:
@@ -259,11 +258,11 @@ class RankTiming:
         self._obs: collections.deque = collections.deque(maxlen=window)
         self._deviations: collections.deque = collections.deque(maxlen=NOISE_HISTORY)
         self._steps: collections.deque = collections.deque(maxlen=NOISE_HISTORY)
-        self._bursts: collections.deque = collections.deque(maxlen=BURST_HISTORY)
-        """Lengths (observations) of the latest slow regimes, each a rise that a fall ended."""
         """``|ln(S_k / S_(k−1))|`` of successive observations at the same work: the regime test's
         noise.  A change of level adds one large step, not a run of large deviations (a throttle
         during the warm-up would otherwise inflate the noise band for the next 64 iterations)."""
+        self._bursts: collections.deque = collections.deque(maxlen=BURST_HISTORY)
+        """Lengths (observations) of the latest slow regimes, each a rise that a fall ended."""
 
     def observe(self, work: float, busy_s: float, *, sudden: bool = False) -> bool:
         """Add one iteration's ``(w, T)`` if it is an observation (:func:`observation_problem`).
@@ -290,12 +289,12 @@ class RankTiming:
             self.regime_age, self.changes, self.change_direction = run, self.changes + 1, excursion
         fitted = None
         # f is not refitted across a regime boundary: an observation that left the regime may be
-        # the first of a new one (a line through two speeds is no fixed fraction)
-        # a dense anchor (see ``f`` in the module docstring)
-        # nor in a regime too young for the change test (fewer than react_steps + MIN_BASELINE
-        # observations: it calls every observation "inside"), where a throttle's dense steps and
-        # the pruned steps after its lift read as one line through the origin (f = 0, measured on
-        # the real 5:10 throttle: free pruned steps then read 1/w times slow and held the plan)
+        # the first of a new one (a line through two speeds is no fixed fraction); nor in a regime
+        # too young for the change test (fewer than react_steps + MIN_BASELINE observations: it
+        # calls every observation "inside"), where a throttle's dense steps and the pruned steps
+        # after its lift read as one line through the origin (f = 0: the free pruned steps then
+        # read 1/w times slow and held the plan through 5:10's free phases); and only with a dense
+        # anchor (see ``f`` in the module docstring)
         young = self.react_steps > 0 and len(self._obs) < self.react_steps + MIN_BASELINE
         if (excursion is None or changed) and not young and any(w == 1.0 for w, _ in self._obs):
             fitted = fit_fixed_fraction([(w, t) for w, t in self._obs if w <= 1.0])
