@@ -234,12 +234,12 @@ class ShedPolicy:
         return est.regime_age > est.seen and est.seen <= 2 * cfg.patience and ratio > 2.0 * band
 
     def _short_burst(self, est: RankEstimate) -> bool:
-        """A fresh rise of a rank whose ended slow regimes lasted a median of at most
-        ``short_burst`` observations, while the new one is no longer than that median or its latest
-        observation already left it downward (the burst is ending: a dense fall takes
-        ``react_steps`` observations to declare, and the regime's median stays slow meanwhile —
-        measured on the real 5:10 throttle, the plan then pruned the 3-4 free steps after each
-        burst) (:attr:`ControllerConfig.short_burst`)."""
+        """A rise of a rank whose ended slow regimes lasted a median of at most ``short_burst``
+        observations, while the new one is no longer than that median plus ``react_steps`` (a dense
+        fall takes that many observations to declare, and the regime's median stays slow
+        meanwhile) or its latest observation already left it downward (the burst is ending;
+        measured on the real 5:10 throttle, the plan otherwise pruned the 3-4 free steps after
+        each burst) (:attr:`ControllerConfig.short_burst`)."""
         return (est.change_direction > 0 and est.burst_length <= self.config.short_burst
                 and (est.regime_age <= est.burst_length + self.config.react_steps or est.leaving < 0))
 
