@@ -25,6 +25,13 @@ Parts and variants:
             MLP, 512 -> 2048 -> 512, batch 256 (issue 16's reference: 1.055-1.061x).  ``cai``,
             ``semimig`` and ``semi`` (semimig with a ``BalanceController`` in mode ``semi``, no
             straggler, ``step()`` after every optimizer step).
+``llm``     a whole training step (forward, backward, fused AdamW) of the time-to-loss tiny Llama
+            (``--hidden`` 1024 x 2 layers, 16 heads, 8 KV heads, batch 4 x 128 tokens: the shape of
+            ``benchmarks/time_to_loss.py``) boosted by ``HybridParallelPlugin(tp_size=2)`` as the
+            example builds it: Colossal-AI's policy (``cai``), ``SemiMigPolicy`` alone (``semimig``),
+            and through ``semimig.enable`` with ``mode="off"`` (``off``) and ``mode="semi"`` with the
+            example's paired pruning, step reflex and re-sharder (``semi``) -- the free-phase step of
+            every mode of the come-and-go runs, side by side.
 ``model``   the measured bench ViT (``BenchConfig(compute="measured")``'s size and batch) boosted by
             ``HybridParallelPlugin(tp_size=2)``: Colossal-AI's policy (``cai``), ``SemiMigPolicy``
             (``semimig``) and ``SemiMigPolicy`` with a ``semi`` controller (``semi``).
@@ -44,7 +51,7 @@ from typing import Callable
 
 from bench_output import add_json_flag, refuse, write_result
 
-PARTS = ("layers", "mlp", "model")
+PARTS = ("layers", "mlp", "model", "llm")
 LAYER_SHAPES = ((256, 512, 2048), (256, 2048, 512), (1088, 256, 1024), (1088, 1024, 256), (1088, 64, 256))
 """``tokens x in x out`` of the single-layer cases: the MLP's two layers, the measured bench ViT's MLP
 (hidden 256, intermediate 1024, 64 images x 17 tokens) and a small layer where per-call costs show."""
@@ -65,6 +72,8 @@ class OverheadConfig:
     layer_shapes: tuple[tuple[int, int, int], ...] = LAYER_SHAPES
     mlp: tuple[int, int, int] = (256, 512, 2048)
     """``batch, hidden, intermediate`` of the MLP part."""
+    llm_hidden: int = 1024
+    """The llm part's hidden size (layers 2, heads 16, KV heads 8, batch 4 x 128 tokens)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -75,6 +84,8 @@ class OverheadConfig:
                 raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
         if not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"warmup must be an int >= 0, got {self.warmup!r}")
+        if not isinstance(self.llm_hidden, int) or self.llm_hidden < 16 or self.llm_hidden % 16:
+            raise ValueError(f"llm_hidden must be an int multiple of 16 (16 heads), got {self.llm_hidden!r}")
         for shape in self.layer_shapes + (self.mlp,):
             if len(shape) != 3 or any(not isinstance(v, int) or v < 2 or v % 2 for v in shape):
                 raise ValueError(f"sizes must be three even ints >= 2 (two ranks split them), got {shape!r}")
@@ -292,6 +303,60 @@ def _model_steps(cfg: OverheadConfig) -> tuple[dict, str]:
     return {"cai": step(None), "semimig": step(SemiMigPolicy()), "semi": step(SemiMigPolicy(), "semi")}, case
 
 
+def _llm_steps(cfg: OverheadConfig) -> tuple[dict, str]:
+    """A whole step of the example's tiny Llama: cai, semimig, ``enable(mode="off")``, ``enable(mode="semi")``."""
+    import torch
+    import transformers as T
+    from colossalai.booster import Booster
+    from colossalai.booster.plugin import HybridParallelPlugin
+
+    import semimig
+    from semimig.controller import BalanceConfig, ControllerConfig
+    from semimig.controller.reflex import ReflexConfig
+    from semimig.resizing.config import ResizingConfig
+    from semimig.shardformer import SemiMigPolicy
+
+    batch, seq, vocab = 4, 128, 256
+    gen = torch.Generator().manual_seed(cfg.seed)
+    ids = torch.randint(0, vocab, (batch, seq), generator=gen)  # the same batch on both ranks (one TP group)
+
+    def step(policy, mode=None):
+        torch.manual_seed(cfg.seed)
+        config = T.LlamaConfig(vocab_size=vocab, hidden_size=cfg.llm_hidden, intermediate_size=4 * cfg.llm_hidden,
+                               num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=8,
+                               max_position_embeddings=256, use_cache=False)
+        model = T.LlamaForCausalLM(config)
+        plugin = HybridParallelPlugin(tp_size=2, pp_size=1, precision="fp32", custom_policy=policy)
+        booster = Booster(plugin=plugin)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        model, optimizer, *_ = booster.boost(model, optimizer)
+        balancer = None
+        if mode is not None:  # the example's settings; the hooked optimizer.step() steps the balancer
+            balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=mode,
+                                      config=BalanceConfig(controller=ControllerConfig(reflex=ReflexConfig()),
+                                                           resizing=ResizingConfig(paired=True)))
+            balancer.controller.clock.detach()  # not while the other variants are timed
+
+        def train():
+            if balancer is not None:
+                balancer.controller.clock.attach()
+            loss = model(input_ids=ids, labels=ids).loss
+            booster.backward(loss, optimizer)
+            optimizer.step()
+            optimizer.zero_grad()
+            if balancer is not None:
+                balancer.controller.clock.detach()
+                train.gammas.append(balancer.report.gamma_target)
+        train.gammas = []
+        if balancer is None:
+            del train.gammas
+        return train
+
+    steps = {"cai": step(None), "semimig": step(SemiMigPolicy()), "off": step(SemiMigPolicy(), "off"),
+             "semi": step(SemiMigPolicy(), "semi")}
+    return steps, f"llama h{cfg.llm_hidden} L2 kv8 b{batch}x{seq}"
+
+
 def _controller_gammas(steps: dict) -> dict:
     """Per controlled variant: every rank's count of iterations with a target gamma > 0, and the largest."""
     import torch.distributed as dist
@@ -321,6 +386,9 @@ def _bench_body(rank: int, world: int, cfg: OverheadConfig) -> list[dict]:
     if "model" in cfg.parts:
         steps, case = _model_steps(cfg)
         whole.append(("model", case, steps))
+    if "llm" in cfg.parts:
+        steps, case = _llm_steps(cfg)
+        whole.append(("llm", case, steps))
     for part, case, steps in whole:
         record = case_record(part, case, _interleave(steps, cfg))
         record["controller"] = _controller_gammas(steps)

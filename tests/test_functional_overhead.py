@@ -41,16 +41,26 @@ def test_config_rejects_bad_values(bench):
         bench.OverheadConfig(reps=0)
     with pytest.raises(ValueError, match="three even ints"):
         bench.OverheadConfig(layer_shapes=((8, 3, 4),))
+    with pytest.raises(ValueError, match="llm_hidden must be an int multiple of 16 .16 heads., got 40"):
+        bench.OverheadConfig(llm_hidden=40)
 
 
-def test_tiny_layers_run_interleaves_every_variant(bench, tmp_path):
+def test_tiny_layers_and_llm_runs_interleave_every_variant(bench, tmp_path):
     out = tmp_path / "o.json"
-    cfg = bench.OverheadConfig(parts=("layers",), reps=2, iters=1, warmup=0, layer_shapes=((8, 16, 16),))
+    cfg = bench.OverheadConfig(parts=("layers", "llm"), reps=2, iters=1, warmup=0, layer_shapes=((8, 16, 16),),
+                               llm_hidden=32)
     from semimig.launch import run_on_ranks
 
-    records = run_on_ranks(bench._bench_body, 2, cfg, timeout_s=120)
-    assert [r["case"] for r in records] == ["col 8x16x16", "row 8x16x16"]
+    records = run_on_ranks(bench._bench_body, 2, cfg, timeout_s=180)
+    assert [r["case"] for r in records] == ["col 8x16x16", "row 8x16x16", "llama h32 L2 kv8 b4x128"]
+    variants = {"layers": {"cai", "semimig", "directive", "timed"}, "llm": {"cai", "semimig", "off", "semi"}}
     for r in records:
-        assert set(r["wall"]["per_rep_s"]) == {"cai", "semimig", "directive", "timed"}
+        assert set(r["wall"]["per_rep_s"]) == variants[r["part"]]
         assert all(len(v) == 2 and min(v) > 0 for v in r["wall"]["per_rep_s"].values())
+    # the example's modes through semimig.enable, each stepped by its hooked optimizer once per iteration;
+    # nobody straggles, so neither plans a pruned column
+    llm = records[-1]["controller"]
+    assert set(llm) == {"off", "semi"}
+    for c in llm.values():
+        assert c["iterations"] == 2 and c["pruned_iterations_by_rank"] == [0, 0] and c["max_gamma_by_rank"] == [0.0, 0.0]
     assert bench.main(["--json", str(out), "--parts", "layers", "--reps", "0"]) == 2 and not out.exists()
