@@ -25,6 +25,8 @@ import pytest
 from semimig.cluster.topology import ClusterConfig, parse_name, plan_cluster, choose_subnet, tbf_burst_bytes
 from semimig.errors import ConfigError
 
+from example_ranks import run_example
+
 # the cases read the machine's namespaces and links before and after: never two at once (xdist)
 pytestmark = pytest.mark.mutex("netns")
 
@@ -372,7 +374,8 @@ LLM_FLAGS = ["--hidden", "32", "--layers", "2", "--seq-len", "16", "--batch-size
              "--straggler", "fixed:1:4", "--steps", "20"]
 
 
-def _losses(done: subprocess.CompletedProcess, out: Path) -> list[float]:
+def _losses(done, out: Path) -> list[float]:
+    """``done``: a ``subprocess.CompletedProcess`` or an :class:`example_ranks.ExampleRun`."""
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     return json.loads(out.read_text())["losses"]
 
@@ -399,9 +402,9 @@ def test_finetune_example_on_two_emulated_nodes_trains_like_one_node(tmp_path):
                                  env=env, capture_output=True, text=True, timeout=200, cwd=ROOT)
     finally:
         _assert_clean(before, run_id)
-    one = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          script, *flags, "--json", str(tmp_path / "one.json")],
-                         env=env, capture_output=True, text=True, timeout=200, cwd=ROOT)
+    # the one-node reference: the same script's 2 ranks forked with torchrun's environment (the cluster run
+    # above is the launcher under test; tests/example_ranks.py)
+    one = run_example([*flags, "--json", str(tmp_path / "one.json")], ranks=2, timeout_s=200, env=env)
     on_cluster, on_one = _losses(cluster, tmp_path / "cluster.json"), _losses(one, tmp_path / "one.json")
     assert "1 Gbit/s" in cluster.stdout and len(on_cluster) == 20
     assert re.search(r"migrate [1-9][0-9.]*% to \[0\]", cluster.stdout + cluster.stderr), cluster.stderr[-3000:]

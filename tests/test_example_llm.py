@@ -1,8 +1,11 @@
-"""``examples/finetune_llm.py`` under torchrun: 2 ranks, a few steps, with and without a straggler.
+"""``examples/finetune_llm.py`` on 2 (or 4) ranks, a few steps, with and without a straggler.
 
-Each case runs ``python -m torch.distributed.run --standalone --nproc_per_node 2`` (torchrun
-itself; ``--standalone`` picks a free port) in a subprocess with a deadline, and checks the exit
-status, the summary line and the JSON the script writes.  With balancing off the losses equal a
+The shared 6-step run (``off_6_steps``) is started as a user starts it, ``python -m
+torch.distributed.run --standalone --nproc_per_node 2`` in a subprocess with a deadline; the other
+cases start the same script's ranks forked from the preloaded forkserver with torchrun's environment
+(:mod:`example_ranks`: the launcher is incidental to what they check, and a fork saves each launch
+~17 s of interpreter start and imports on the 2-core machine).  Every case checks the exit status,
+the summary line and the JSON the script writes.  With balancing off the losses equal a
 run boosted with Colossal-AI's own policy (same seed, same synthetic batches): fp32, the matrix's
 tolerance.  With ``--straggler fixed:1:4`` the balancer flags TP rank 1 and says so at WARNING.
 These cases train on synthetic data (no corpus needed); one case trains on the Shakespeare bytes
@@ -20,6 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from example_ranks import run_example
+
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,12 +32,19 @@ TINY = ["--hidden", "32", "--layers", "2", "--seq-len", "16", "--batch-size", "4
         "--log-every", "3", "--timeout-s", "60", "--data", "synthetic", "--eval-batches", "2"]
 
 
-def _torchrun(tmp_path: Path, name: str, *flags: str, timeout_s: float = 240, ranks: int = 2) -> tuple[str, dict]:
+def _torchrun(tmp_path: Path, name: str, *flags: str, timeout_s: float = 240, ranks: int = 2,
+              launcher: str = "fork") -> tuple[str, dict]:
+    """The example on ``ranks`` ranks: ``launcher="torchrun"`` as a user starts it, ``"fork"`` from the
+    preloaded forkserver with torchrun's environment (module docstring)."""
     out = tmp_path / f"{name}.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
-           str(REPO / "examples" / "finetune_llm.py"), *TINY, *flags, "--json", str(out)]
+    argv = [*TINY, *flags, "--json", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if launcher == "fork":
+        done = run_example(argv, ranks=ranks, timeout_s=timeout_s, env=env)
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
+               str(REPO / "examples" / "finetune_llm.py"), *argv]
+        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
     text = done.stdout + done.stderr
     assert done.returncode == 0, f"exit {done.returncode}:\n{text[-4000:]}"
     summaries = [line for line in done.stdout.splitlines() if line.startswith("summary: ")]
@@ -44,7 +56,8 @@ def _torchrun(tmp_path: Path, name: str, *flags: str, timeout_s: float = 240, ra
 def off_6_steps(tmp_path_factory) -> dict:
     """The 6-step run with balancing off, shared by the cases that compare against it (one run)."""
     where = tmp_path_factory.mktemp("off6")
-    run = _torchrun(where, "off", "--steps", "6", "--balance", "off", "--started-file", str(where / "go"))[1]
+    run = _torchrun(where, "off", "--steps", "6", "--balance", "off", "--started-file", str(where / "go"),
+                    launcher="torchrun")[1]
     assert (where / "go").is_file() and len(run["step_start_unix"]) == 6  # created as training started
     assert (where / "go").stat().st_mtime <= run["step_start_unix"][0] + 1.0
     return run

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ import torch
 
 from tiny_lms import train_steps  # noqa: E402
 from dist_harness import run_on_ranks
+from example_ranks import run_example
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 32
@@ -211,11 +210,11 @@ TINY = ["--hidden", "256", "--layers", "2", "--seq-len", "64", "--batch-size", "
 
 
 def _example(tmp_path: Path, name: str, *flags: str) -> tuple[str, dict]:
+    """The example on 2 ranks forked with torchrun's environment (tests/example_ranks.py: the launcher is
+    incidental here; test_example_llm runs it under torchrun itself)."""
     out = tmp_path / f"{name}.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(REPO / "examples" / "finetune_llm.py"), *TINY, *flags, "--json", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    done = run_example([*TINY, *flags, "--json", str(out)], ranks=2, timeout_s=300, env=env)
     text = done.stdout + done.stderr
     assert done.returncode == 0, f"exit {done.returncode}:\n{text[-4000:]}"
     return text, json.loads(out.read_text())
