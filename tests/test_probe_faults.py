@@ -1,6 +1,6 @@
 """Process faults and the ``--tp 1`` edge of ``examples/finetune_llm.py`` (issue 30, probes).
 
-Each case starts the example under torchrun (``--standalone``, gloo, a tiny synthetic model, a
+Each fault case starts the example under torchrun (``--standalone``, gloo, a tiny synthetic model, a
 10 s collective timeout) in its own session, so that whatever it leaves behind can be found and
 killed by the test.  A fault case waits for the second logged step, SIGKILLs one process, and
 checks that every process of the run has ended within a bound, with a message naming what died.
@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from example_ranks import run_example
 
 psutil = pytest.importorskip("psutil")
 
@@ -45,13 +47,13 @@ def _reap(procs: list) -> None:
 
 
 def test_tp_1_trains_with_one_warning_and_no_crash() -> None:
-    """``--tp 1`` (here one rank) is valid: it trains, and says once that there is nothing to balance."""
-    proc = _start(1, "--tp", "1", "--steps", "3", "--straggler", "fixed:0:2")
-    try:
-        out, _ = proc.communicate(timeout=240)
-    finally:
-        _reap(psutil.Process().children(recursive=True))
-    assert proc.returncode == 0, out[-4000:]
+    """``--tp 1`` (here one rank) is valid: it trains, and says once that there is nothing to balance.
+    Its one rank is forked with torchrun's environment (tests/example_ranks.py): no fault here."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    done = run_example([*TINY, "--tp", "1", "--steps", "3", "--straggler", "fixed:0:2"], ranks=1, timeout_s=240,
+                       env=env)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
     warnings = [line for line in out.splitlines() if " WARNING " in line]
     assert len(warnings) == 1, warnings
     assert "no tensor-parallel group to balance" in warnings[0] and "tp_size=1" in warnings[0], warnings
