@@ -1,6 +1,6 @@
 """γ = 0 overhead of semimig's layers against Colossal-AI's, on real compute (issue 16 item 5).
 
-    python benchmarks/overhead_bench.py [--quick] [--parts layers,mlp,model] [--json out.json]
+    python benchmarks/overhead_bench.py [--quick] [--parts layers,mlp,model,llm] [--json out.json]
 
 Nothing is emulated and nobody straggles: two gloo ranks on this machine, one torch thread
 each, run the same work through Colossal-AI's layers (``cai``) and through semimig's, side by
@@ -31,7 +31,7 @@ Parts and variants:
             example builds it: Colossal-AI's policy (``cai``), ``SemiMigPolicy`` alone (``semimig``),
             and through ``semimig.enable`` with ``mode="off"`` (``off``) and ``mode="semi"`` with the
             example's paired pruning, step reflex and re-sharder (``semi``) -- the free-phase step of
-            every mode of the come-and-go runs, side by side.
+            every mode of the come-and-go runs, side by side.  Only with ``--parts`` naming it.
 ``model``   the measured bench ViT (``BenchConfig(compute="measured")``'s size and batch) boosted by
             ``HybridParallelPlugin(tp_size=2)``: Colossal-AI's policy (``cai``), ``SemiMigPolicy``
             (``semimig``) and ``SemiMigPolicy`` with a ``semi`` controller (``semi``).
@@ -52,6 +52,8 @@ from typing import Callable
 from bench_output import add_json_flag, refuse, write_result
 
 PARTS = ("layers", "mlp", "model", "llm")
+DEFAULT_PARTS = ("layers", "mlp", "model")
+"""What runs without ``--parts``: ``llm`` (~1.3 s a step here, four variants) only when asked for."""
 LAYER_SHAPES = ((256, 512, 2048), (256, 2048, 512), (1088, 256, 1024), (1088, 1024, 256), (1088, 64, 256))
 """``tokens x in x out`` of the single-layer cases: the MLP's two layers, the measured bench ViT's MLP
 (hidden 256, intermediate 1024, 64 images x 17 tokens) and a small layer where per-call costs show."""
@@ -62,7 +64,7 @@ CLOCKS = ("wall", "cpu")
 class OverheadConfig:
     """Repetitions and sizes of one run."""
 
-    parts: tuple[str, ...] = PARTS
+    parts: tuple[str, ...] = DEFAULT_PARTS
     reps: int = 15
     """Interleaved repetitions; each gives one figure per variant."""
     iters: int = 10
@@ -347,9 +349,8 @@ def _llm_steps(cfg: OverheadConfig) -> tuple[dict, str]:
             if balancer is not None:
                 balancer.controller.clock.detach()
                 train.gammas.append(balancer.report.gamma_target)
-        train.gammas = []
-        if balancer is None:
-            del train.gammas
+        if balancer is not None:
+            train.gammas = []  # what _controller_gammas reads
         return train
 
     steps = {"cai": step(None), "semimig": step(SemiMigPolicy()), "off": step(SemiMigPolicy(), "off"),
@@ -401,7 +402,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_json_flag(parser, required=False, help="write the records here")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and shapes (smoke run)")
-    parser.add_argument("--parts", help=f"comma-separated subset of {','.join(PARTS)} (default all)")
+    parser.add_argument("--parts", help=f"comma-separated subset of {','.join(PARTS)} (default {','.join(DEFAULT_PARTS)})")
     parser.add_argument("--reps", type=int, help="interleaved repetitions (default 15, --quick 7)")
     parser.add_argument("--iters", type=int, help="timed iterations per variant and repetition (default 10)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the ranks are killed")
