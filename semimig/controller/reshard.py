@@ -59,9 +59,10 @@ Re-plan only when all of these hold (hysteresis: no flip-flop):
   for again unless it now stays clearly longer;
 - at least ``dwell`` steps since the last re-plan (and its window refilled under the new plan).
 
-At *launch* (``launch`` steps, default 3: the run's first steps, warm-up included) one early decision
-is taken on those steps alone (the model from the steps after the warm-up; the stability and noise
-tests from them too, or from all the launch steps when fewer than two follow the warm-up), with
+At *launch* (``launch`` steps, default 3: the run's first steps, warm-up included) early decisions
+are taken on those steps alone, at each launch step from the second on, on the launch steps so far,
+until one moves (the model from the steps after the warm-up; the stability and noise tests from them
+too, or from all the launch steps so far when fewer than two follow the warm-up), with
 the same tests except that the gain is counted over ``horizon`` instead of the age: a rank slow
 from a run's first steps is taken for a slow device (an older card, a throttled share: the case
 uneven shards exist for), and moving then spares the run the steps a window would wait at the
@@ -77,7 +78,14 @@ full slowdown).  Hence three launch steps by default: two after the warm-up to t
 launch's noise is that of each rank's compute *relative to the fastest rank's in the same step*:
 the warm-up does not end on one step (measured under a noisy neighbour: both ranks 14–16 % slower
 at step 1 than at step 2), and a drift every rank shares moves the step but not the relative gain
-the gate compares — over the raw times that drift asked 29 % of a 24 % gain.
+the gate compares — over the raw times that drift asked 29 % of a 24 % gain.  Relative, a warm-up
+that slows every rank alike cancels in step 0 too, so the launch also decides at step 1, on steps 0
+and 1, and the third step decides only when that one keeps the plan (noisier steps: the two-sample
+gate asks for more).  Measured (sixteenth session, the example at h1024 under the real 25 %
+throttle, decisions at step 1 only): the move came at step 1 in 2 of 2 runs instead of step 2 — one
+step fewer at the full slowdown (5.7–6.2 s here against 1.3 s healthy; on the 20:40 pattern the
+three launch steps were ~15 s of SEMI's 22 s gap to healthy's time-to-target) — and six runs with
+no straggler (reshard and semi, three each) moved nothing.
 A launch move was a bet without evidence that the state lasts, so the move back needs
 one window of the new speeds, not the default ``dwell`` of ``2W``: a throttle that was on only while the run
 started (measured: on for the first 3 steps of a 40 s on / 40 s off pattern) costs one window at
@@ -172,10 +180,11 @@ class ReshardConfig:
     warmup: int = 1
     """Steps not fed to the window at the start of the run and after each move."""
     launch: Optional[int] = None
-    """Steps of the run's start (warm-up included) on which one early decision is taken with the gain
-    counted over ``horizon`` (module docstring); 0: none, the first decision waits for ``first_window``;
-    ``None``: ``min(3, window)``.  Its stability and noise tests read the steps after ``warmup`` once
-    there are two of them (3 = the default warm-up step + 2)."""
+    """Steps of the run's start (warm-up included) on which early decisions are taken with the gain
+    counted over ``horizon``, one at each launch step from the second on, until one moves (module
+    docstring); 0: none, the first decision waits for ``first_window``; ``None``: ``min(3, window)``.
+    Their stability and noise tests read the steps after ``warmup`` once there are two of them, else
+    every launch step so far, relative to the fastest rank in the same step."""
     block_size: Optional[int] = None
     """MLP columns per unit when the model was built without a plan in units (``None``: 128)."""
     return_steps: Optional[int] = None
@@ -418,7 +427,8 @@ class ReshardPolicy:
         elif sample.valid:
             self.samples.append(sample)
             self._track_episode(step, sample)
-        at_launch = step == launch - 1 and len(self._launch) == launch and self.last_move_step is None
+        # every launch step from the second on decides on the launch steps so far, until one moves
+        at_launch = 1 <= step <= launch - 1 and len(self._launch) == step + 1 and self.last_move_step is None
         decision = self._decide(step, launch=self._launch) if at_launch else self._decide(step)
         # a bet: the launch's move, or one counted over a life shorter than the dwell (a young state)
         self._bet = decision.replan and (at_launch or decision.horizon < self.config.min_dwell)
