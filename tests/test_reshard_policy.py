@@ -577,3 +577,11 @@ def test_launch_decides_at_step_1_and_again_at_step_2_when_the_first_keeps_the_p
     # launch=2 is the step-1 decision alone: declined there, the first window decides
     pol = policy(ReshardConfig(window=10, launch=2))
     assert [s for s, _ in simulate(pol, lambda s: (1.0, 0.25), 30, noise=0.1, seed=0)][:1] == [5]
+
+
+def test_no_launch_decision_reads_warm_up_steps_alone():
+    """With two warm-up steps the launch cannot decide at step 1 (steps 0-1 are both warm-up): its
+    first decision is at step 2, on a step past the warm-up; with one it decides at step 1."""
+    for warmup, first in ((1, 1), (2, 2)):
+        pol = policy(ReshardConfig(window=10, warmup=warmup))
+        assert [s for s, _ in simulate(pol, lambda s: (1.0, 0.25), 30, noise=0.02)][:1] == [first]

@@ -181,7 +181,8 @@ class ReshardConfig:
     """Steps not fed to the window at the start of the run and after each move."""
     launch: Optional[int] = None
     """Steps of the run's start (warm-up included) on which early decisions are taken with the gain
-    counted over ``horizon``, one at each launch step from the second on, until one moves (module
+    counted over ``horizon``, one at each launch step from the second on (and none on warm-up steps
+    alone: from step ``warmup`` on), until one moves (module
     docstring); 0: none, the first decision waits for ``first_window``; ``None``: ``min(3, window)``.
     Their stability and noise tests read the steps after ``warmup`` once there are two of them, else
     every launch step so far, relative to the fastest rank in the same step."""
@@ -427,8 +428,10 @@ class ReshardPolicy:
         elif sample.valid:
             self.samples.append(sample)
             self._track_episode(step, sample)
-        # every launch step from the second on decides on the launch steps so far, until one moves
-        at_launch = 1 <= step <= launch - 1 and len(self._launch) == step + 1 and self.last_move_step is None
+        # every launch step from the first that is past the warm-up (and the second at the earliest) decides on
+        # the launch steps so far, until one moves
+        first = max(1, self.config.warmup)
+        at_launch = first <= step <= launch - 1 and len(self._launch) == step + 1 and self.last_move_step is None
         decision = self._decide(step, launch=self._launch) if at_launch else self._decide(step)
         # a bet: the launch's move, or one counted over a life shorter than the dwell (a young state)
         self._bet = decision.replan and (at_launch or decision.horizon < self.config.min_dwell)
