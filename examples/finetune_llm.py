@@ -14,7 +14,8 @@ Several nodes (run on every node, ``--node_rank`` 0..N-1; the endpoint is node 0
 A rank that *stays* slow is served exactly by re-sharding: ``--balance reshard`` gives it fewer MLP
 blocks and KV groups once its speed has been stable for ``--reshard-window`` steps and the
 predicted gain pays for moving the weights and optimizer state (``semi`` does the same and resizes
-what varies from step to step); the summary reports ``replans``, the plan, ``moved_mb`` and
+what varies from step to step; a rank clearly slow before the first step, by a short probe of the
+same GEMMs on every rank, is re-planned for at once: ``--reshard-probe``); the summary reports ``replans``, the plan, ``moved_mb`` and
 ``move_s`` (the move's time is inside its step's time)::
 
     torchrun --nproc_per_node 2 examples/finetune_llm.py --straggler fixed:1:4:scope=device --balance reshard
@@ -124,6 +125,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--reshard-window", type=int, default=10,
                    help="reshard/semi: steps a straggler's speed must stay stable before a re-plan (default 10; "
                         "the run's first re-plan may come after half of them when its gain is large)")
+    p.add_argument("--reshard-probe", type=float, default=0.25,
+                   help="reshard/semi: before the first step, time the same GEMMs on every rank and re-plan at once "
+                        "when the predicted gain is at least this fraction of the step (default 0.25: a rank ~1.7x "
+                        "slower at tp 2); 0: no probe, the first steps decide")
     p.add_argument("--shard-plan", default=None, metavar="MLP_UNITS[:KV_UNITS]",
                    help="uneven tensor-parallel shards: MLP blocks of --shard-block columns and KV groups per TP "
                         "rank, e.g. 28,4:3,1 (needs --policy semimig and a --balance other than mig)")
@@ -190,6 +195,7 @@ def check_flags(args: argparse.Namespace) -> None:
     check_int("--tp", args.tp, minimum=1, maximum=4096, allow_none=True)
     check_number("--lr", args.lr, minimum=0.0, maximum=100.0, low_open=True)
     check_number("--timeout-s", args.timeout_s, minimum=1.0, maximum=7 * 86400.0)
+    check_number("--reshard-probe", args.reshard_probe, minimum=0.0, maximum=1.0, high_open=True)
     if args.model == "tiny-llama":
         if args.hidden % args.heads:
             raise ConfigError(f"--hidden must be a multiple of --heads {args.heads}, got {args.hidden}")
@@ -508,7 +514,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                       config=BalanceConfig(controller=ControllerConfig(reflex=reflex),
                                                            resizing=ResizingConfig(paired=args.paired is not False)),
                                       reshard=ReshardConfig(window=args.reshard_window, horizon=args.steps,
-                                                            block_size=args.shard_block), batch=split)
+                                                            block_size=args.shard_block, probe=args.reshard_probe),
+                                      batch=split)
         except semimig.ConfigError as err:
             sys.exit(f"finetune_llm.py: error: {err}")
 

@@ -52,7 +52,10 @@ moved and cut again); ``mode="reshard"`` refuses anything else by name, ``mode="
 every replica holds one plan: the numbers are gathered over the world, the plan is solved for the
 slowest rank at each TP position (:func:`semimig.resharder.slowest_per_position`) and every replica
 moves inside its own TP group at the same step (with ``batch=``, Poplar's split absorbs the rest).
-One INFO line per re-plan (plan, predicted step, bytes and seconds moved) and one with the
+Before the first step ``enable`` runs a short device probe on the TP group (the same fixed GEMMs on
+every rank, ~0.1 s) and moves at once for a rank that is clearly and consistently slow
+(:meth:`~semimig.resharder.Resharder.probe`; ``ReshardConfig(probe=0)`` turns it off; not with
+``dp_size > 1``).  One INFO line per re-plan (plan, predicted step, bytes and seconds moved) and one with the
 measured step once a full window ran under it; :attr:`Balancer.reshard_summary` has them all.
 
 Data-parallel groups (``batch=``).  ``enable(..., batch=semimig.BatchSplit(global_batch_size=G))``
@@ -87,6 +90,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Union
 
+import torch
 import torch.nn as nn
 
 from semimig._validate import check_choice, check_int
@@ -289,6 +293,11 @@ class Balancer:
                         step, report.busy.busy_s * 1e3, times, view.describe())
 
 
+def _param_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of the model's first floating-point parameter (the probe's GEMMs run in it)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
 def _check_optimizer(optimizer: Any) -> Any:
     """The optimizer's ``step`` (checked before anything is bound, so a refusal leaves no state)."""
     original = getattr(optimizer, "step", None)
@@ -459,6 +468,8 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
     if plan is not None:
         resharder, rebuild = make_resharder(model, optimizer, plugin, plan, mode, balance_config, reshard,
                                             iterations_per_epoch)
+        if resharder.probe(controller.clock, dtype=_param_dtype(model)) is not None:  # a device slow from the start
+            controller, layers = rebuild(controller, resharder.plan, settled=False)
     if controller.rank == 0:
         logger.info("semimig: %d semimig layers in a tensor-parallel group of %d, mode=%s, straggler=%s "
                     "(output heads named %s stay dense)%s", len(layers), controller.size,

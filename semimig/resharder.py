@@ -19,6 +19,11 @@ controller's ``step()``, it
    so the policy sees the rank's speed, not its shrunk work.  (The controller's own estimate
    ``ShedDecision.unpruned_s`` is a window median: measured, it still showed the throttled speed
    three steps after a 20 s throttle had lifted, and SEMI re-planned for a straggler already gone.)
+Before the first step, :meth:`Resharder.probe` (called by :func:`semimig.enable`) times the same
+fixed work on every rank (:func:`probe_times`) and moves at once for a large, consistent slowdown
+(:meth:`~semimig.controller.reshard.ReshardPolicy.profile`: a device slow from the start is not run
+at its full slowdown for the launch steps).  Then, per step:
+
 3. when the policy decides, calls :func:`semimig.shardformer.replan.apply_plan` (collective: moves
    every changed unit's weights and optimizer state once), tells the policy the measured cost, and
    hands the caller the new plan so that it rebuilds the controller on the new shapes.
@@ -39,22 +44,28 @@ import dataclasses
 import logging
 import math
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 
+from semimig._validate import check_int
 from semimig.comm import primitives as P
-from semimig.controller.reshard import ReshardConfig, ReshardDecision, ReshardPolicy, ReshardSample
+from semimig.controller.reshard import (PROBE_REPEATS, ReshardConfig, ReshardDecision, ReshardPolicy,
+                                        ReshardSample)
 from semimig.controller.timing import dense_equivalent
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan, units_of
 
-__all__ = ["Resharder", "ReplanEvent", "unshed", "slowest_per_position", "reshardable_plan", "even_reshardable_plan", "check_reshard",
+__all__ = ["Resharder", "ReplanEvent", "probe_times", "unshed", "slowest_per_position", "reshardable_plan", "even_reshardable_plan", "check_reshard",
            "make_resharder", "resizing_mode", "gemm_scale"]
 
 logger = logging.getLogger(__name__)
+
+PROBE_TARGET_S = 0.02
+"""Seconds one repeat of the device probe takes on the fastest rank (:func:`probe_times`)."""
 
 
 @dataclass
@@ -281,6 +292,29 @@ class Resharder:
         self.settled_now = self._measured(decision)
         if not decision.replan:
             return None
+        return self._take(decision, step=int(getattr(report, "iteration", decision.step)))
+
+    def probe(self, clock: Any = None, *, device: Any = None, dtype: Any = None) -> Optional[Any]:
+        """Before the first step: the device probe (:func:`probe_times`, collective over the TP group)
+        and, when :meth:`ReshardPolicy.profile` decides, the move; returns the new plan or ``None``.
+        ``clock``: the controller's :class:`~semimig.straggler.device.DeviceClock` (an emulated device
+        straggler slows the probe through it); ``None`` times the work alone.  Off with several
+        replicas (their plan is agreed over the world from the steps) and with ``probe=0``."""
+        if self.replicas > 1 or self.size == 1 or self.policy.config.probe <= 0.0:
+            return None
+        hidden = getattr(self.model_config, "hidden_size", None) or getattr(self.model_config, "n_embd")
+        times = probe_times(self.group, clock, size=int(hidden), device=device or self._device, dtype=dtype)
+        decision = self.policy.profile(times)
+        if self._speaks:
+            logger.debug("semimig reshard probe: seconds per repeat %s: %s",
+                         [[round(t, 4) for t in row] for row in times], decision.reason)
+        new = self._take(decision, step=-1) if decision.replan else None
+        if clock is not None:
+            clock.take()  # the probe and its move are not the first step's work or traffic
+        return new
+
+    def _take(self, decision: ReshardDecision, *, step: int) -> Any:
+        """Move to ``decision``'s plans (collective), note the cost, log it; the new plan."""
         from semimig.shardformer.uneven import UnevenPlan
 
         mlp, kv = decision.plans
@@ -289,13 +323,17 @@ class Resharder:
         bytes_moved, seconds = self._agreed_cost(*self._move(new))
         self.policy.moved_to(decision.plans, seconds=seconds, bytes_moved=int(bytes_moved))
         self._local.clear()
-        event = ReplanEvent(step=int(getattr(report, "iteration", decision.step)), plan=str(new),
-                            mlp_units=mlp.units, kv_units=kv.units, predicted_s=decision.predicted_s,
-                            before_s=decision.current_s, bytes_moved=int(bytes_moved), move_s=float(seconds),
-                            reason=decision.reason)
+        event = ReplanEvent(step=step, plan=str(new), mlp_units=mlp.units, kv_units=kv.units,
+                            predicted_s=decision.predicted_s, before_s=decision.current_s,
+                            bytes_moved=int(bytes_moved), move_s=float(seconds), reason=decision.reason)
         self.events.append(event)
         self.plan = new
-        if self._speaks:
+        if self._speaks and step < 0:
+            logger.info("semimig re-plan before the first step: %s (speed ratios %s); predicted step %.2fx the even "
+                        "one; moved %.2f MB in %.3f s (%s)", new,
+                        "/".join(f"{s:.2f}" for s in decision.speed_ratios), decision.predicted_s,
+                        bytes_moved / 1e6, seconds, decision.reason)
+        elif self._speaks:
             logger.info("semimig re-plan at step %d: %s (speed ratios %s); step %.4f s -> predicted %.4f s; moved "
                         "%.2f MB in %.3f s (%s)", event.step, new,
                         "/".join(f"{s:.2f}" for s in decision.speed_ratios), decision.current_s,
@@ -324,7 +362,11 @@ class Resharder:
             return False
         event = self.events[-1]
         event.measured_s = decision.current_s
-        if self._speaks:
+        if self._speaks and event.before_s <= 0.0:  # the probe's: predicted relative to the even step
+            logger.info("semimig re-plan before the first step: measured step %.4f s over the first %d steps under it "
+                        "(predicted %.2fx the even step)", event.measured_s, self.policy.config.window,
+                        event.predicted_s)
+        elif self._speaks:
             logger.info("semimig re-plan of step %d: measured step %.4f s over the next %d steps (predicted %.4f s, "
                         "%.4f s before)", event.step, event.measured_s, self.policy.config.window,
                         event.predicted_s, event.before_s)
@@ -342,6 +384,52 @@ class Resharder:
                 "bytes_moved": sum(e.bytes_moved for e in self.events),
                 "move_s": sum(e.move_s for e in self.events),
                 "events": [e.as_dict() for e in self.events]}
+
+
+def probe_times(group: Any, clock: Any = None, *, size: int, device: Any = None, dtype: Any = None,
+                repeats: int = PROBE_REPEATS, target_s: float = PROBE_TARGET_S) -> list[list[float]]:
+    """Every rank's seconds for the same fixed work, ``repeats`` times: ``out[i][r]`` (collective over
+    ``group``; identical on every rank).
+
+    The work is ``n`` products of two ``size x size`` matrices (constant values: the global random
+    stream is not touched), ``n`` chosen from one timed product so that the *fastest* rank takes about
+    ``target_s``; every rank runs the same ``n``.  Each repeat ends with a one-element all-reduce, so
+    that an emulated whole-device straggler (``scope=device``) sleeps its slowdown of the repeat there
+    (:class:`~semimig.straggler.device.DeviceClock`), and a repeat's seconds are the clock's compute
+    (wall minus time in collectives: a fast rank's wait for the slow one is not its work)."""
+    check_int("size", size, minimum=1)
+    check_int("repeats", repeats, minimum=1)
+    device = torch.device(device or "cpu")
+    a = torch.full((size, size), 1.0 / size, device=device, dtype=dtype or torch.float32)
+    b, c = a.clone(), torch.empty_like(a)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def gathered(values: list[float]) -> list[list[float]]:
+        mine = torch.tensor(values, dtype=torch.float64, device=P.collective_device(group))
+        rows = [torch.empty_like(mine) for _ in range(P.group_size(group))]
+        dist.all_gather(rows, mine, group=group)
+        return [r.cpu().tolist() for r in rows]
+
+    torch.mm(a, b, out=c)  # first touch
+    sync()
+    start = time.perf_counter()
+    torch.mm(a, b, out=c)
+    sync()
+    one = min(row[0] for row in gathered([time.perf_counter() - start]))
+    n = max(1, min(10_000, math.ceil(target_s / max(one, 1e-7))))
+    flag = torch.zeros(1, device=P.collective_device(group))
+    seconds = []
+    for _ in range(repeats):
+        if clock is not None:
+            clock.take()
+        start = time.perf_counter()
+        for _ in range(n):
+            torch.mm(a, b, out=c)
+        sync()
+        dist.all_reduce(flag, group=group)  # the repeat's boundary (an emulated straggler sleeps before it)
+        seconds.append(clock.take().compute_s if clock is not None else time.perf_counter() - start)
+    columns = gathered(seconds)  # columns[r][i]: rank r, repeat i
+    return [[columns[r][i] for r in range(len(columns))] for i in range(repeats)]
 
 
 def _sample(split: list[tuple[float, float]], rows: list[list[float]]) -> ReshardSample:

@@ -97,10 +97,18 @@ def _read(path: Path) -> str:
         return ""
 
 
+def quiet_env(**extra: str) -> dict:
+    """This process's environment with one torch thread per rank and Python's warnings off, plus ``extra``."""
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **extra)
+
+
 def run_example(argv: Sequence[str], *, ranks: int = 2, timeout_s: float = 240, cwd: Path = REPO,
                 env: Optional[dict] = None) -> ExampleRun:
-    """Launch the example on ``ranks`` forked ranks with ``argv`` (module docstring); wait at most ``timeout_s``."""
-    env = dict(os.environ if env is None else env)
+    """Launch the example on ``ranks`` forked ranks with ``argv`` (module docstring); wait at most ``timeout_s``.
+
+    ``env`` defaults to :func:`quiet_env` (this process's environment, one torch thread per rank, no
+    Python warnings), what every test launch of the example runs with."""
+    env = quiet_env() if env is None else dict(env)
     ctx = launch._context()
     port = launch.free_port()
     with tempfile.TemporaryDirectory(prefix="semimig-example-") as tmp:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from example_ranks import run_example
+from example_ranks import quiet_env, run_example
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")]
 
@@ -38,7 +38,7 @@ def _torchrun(tmp_path: Path, name: str, *flags: str, timeout_s: float = 240, ra
     preloaded forkserver with torchrun's environment (module docstring)."""
     out = tmp_path / f"{name}.json"
     argv = [*TINY, *flags, "--json", str(out)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env = quiet_env()
     if launcher == "fork":
         done = run_example(argv, ranks=ranks, timeout_s=timeout_s, env=env)
     else:

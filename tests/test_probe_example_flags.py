@@ -109,6 +109,16 @@ def test_timeout_is_accepted_exactly_when_finite_from_1_s_to_a_week(timeout: flo
 
 
 @PROBE
+@given(fraction=FLOATS)
+def test_reshard_probe_is_accepted_exactly_when_finite_in_0_to_below_1(fraction: float, capsys) -> None:
+    kind, got = _outcome([f"--reshard-probe={fraction!r}"], capsys)
+    if math.isfinite(fraction) and 0 <= fraction < 1:
+        assert kind == "accepted" and got.reshard_probe == fraction
+    else:
+        assert kind == "refused" and _names(got, "--reshard-probe", repr(fraction)), got
+
+
+@PROBE
 @given(tp=st.one_of(st.integers(-5, 9), st.integers(-(2**40), 2**40)),
        hidden=st.sampled_from([8, 16, 24, 32, 40, 64, 96, 256, 12, 100]))
 def test_tp_and_hidden_are_checked_against_the_tiny_llama_heads(tp: int, hidden: int, capsys) -> None:

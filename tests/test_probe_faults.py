@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from example_ranks import run_example
+from example_ranks import quiet_env, run_example
 
 psutil = pytest.importorskip("psutil")
 
@@ -33,9 +33,8 @@ BOUND_S = 45.0  # the collective timeout (10 s) plus a loaded 2-core machine's s
 def _start(nproc: int, *flags: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            str(REPO / "examples" / "finetune_llm.py"), *TINY, *flags]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(cmd, cwd=REPO, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
 
 
 def _reap(procs: list) -> None:
@@ -49,9 +48,7 @@ def _reap(procs: list) -> None:
 def test_tp_1_trains_with_one_warning_and_no_crash() -> None:
     """``--tp 1`` (here one rank) is valid: it trains, and says once that there is nothing to balance.
     Its one rank is forked with torchrun's environment (tests/example_ranks.py): no fault here."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    done = run_example([*TINY, "--tp", "1", "--steps", "3", "--straggler", "fixed:0:2"], ranks=1, timeout_s=240,
-                       env=env)
+    done = run_example([*TINY, "--tp", "1", "--steps", "3", "--straggler", "fixed:0:2"], ranks=1, timeout_s=240)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     warnings = [line for line in out.splitlines() if " WARNING " in line]

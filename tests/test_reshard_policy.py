@@ -585,3 +585,79 @@ def test_no_launch_decision_reads_warm_up_steps_alone():
     for warmup, first in ((1, 1), (2, 2)):
         pol = policy(ReshardConfig(window=10, warmup=warmup))
         assert [s for s, _ in simulate(pol, lambda s: (1.0, 0.25), 30, noise=0.02)][:1] == [first]
+
+
+# ----------------------------------------------------------------------------- the device probe
+def probe_rows(speeds, *, repeats=5, noise=0.0, seed=0, work=0.02):
+    """Probe seconds per repeat: the same ``work`` on every rank at its speed, with log-normal noise."""
+    rng = random.Random(seed)
+    return [[work / v * math.exp(noise * rng.gauss(0.0, 1.0)) for v in speeds] for _ in range(repeats)]
+
+
+@pytest.mark.parametrize("chi", [2.0, 4.0])
+def test_the_probe_moves_a_clearly_slow_rank_before_the_first_step_and_the_launch_steps_then_wait(chi):
+    pol = policy()
+    decision = pol.profile(probe_rows((1.0, 1.0 / chi), noise=0.03))
+    assert decision.replan and decision.step == -1 and "device probe" in decision.reason
+    mlp, kv = decision.plans
+    assert mlp.units[1] < mlp.units[0] and kv.units[1] <= kv.units[0]
+    # the plan the solver gives for those speeds at the probe's R/S, predicted against the even step (1)
+    from semimig.controller.reshard import PROBE_REPLICATED_RATIO
+    k = PROBE_REPLICATED_RATIO
+    S = 1.0 / (k + 0.5)
+    model = StepModel(speeds=(1.0, 1.0 / chi), replicated=k * S, shardable=S)
+    assert decision.plans[0] == solve_plan(model, total_units=MLP_UNITS, unit_size=128, min_units=1) or \
+        decision.predicted_s <= model.step(pol.shares(decision.plans)) / model.step(pol.shares()) + 0.02
+    assert decision.current_s == 0.0 and 0.0 < decision.predicted_s < 1.0 - pol.config.probe
+    pol.moved_to(decision.plans, seconds=0.1, bytes_moved=decision.move_bytes)
+    # the steps after it: no launch decision (the probe was the launch's), no undo against a step it was not
+    # decided on; the window rule reads the first full window under it (warm-up step left out) and refines
+    # the plan to the one for the true R/S (the probe assumed PROBE_REPLICATED_RATIO)
+    decisions = []
+    moves = simulate(pol, lambda s: (1.0, 1.0 / chi), 80, decisions=decisions)
+    assert all("at launch" not in d.reason and "measured slower" not in d.reason for d in decisions)
+    assert all(step >= pol.config.window for step, _ in moves) and len(moves) <= 1, moves
+    true = StepModel.normalised((1.0, 1.0 / chi), replicated_share=RHO)  # within the margin of the true optimum
+    assert true.step(pol.shares()) <= true.step(pol.shares(expected((1.0, 1.0 / chi)))) * (1.0 + pol.config.margin)
+
+
+def test_the_probe_keeps_the_plan_without_a_straggler_on_noisy_repeats():
+    for seed in range(20):
+        pol = policy()
+        decision = pol.profile(probe_rows((1.0, 1.0), noise=0.15, seed=seed))
+        assert not decision.replan, (seed, decision.reason)
+        assert pol.plans == even_plans() and pol.history == []
+
+
+def test_the_probe_leaves_a_mild_slowdown_and_disagreeing_repeats_to_the_launch_steps():
+    mild = policy().profile(probe_rows((1.0, 1.0 / 1.4)))  # gain ~15 % < probe 25 %
+    assert not mild.replan and "below probe=25%" in mild.reason
+    rows = probe_rows((1.0, 0.25))
+    rows[2] = [0.02, 0.021]  # one repeat with the rank at full speed: a burst, not a device
+    burst = policy().profile(rows)
+    assert not burst.replan and "disagree" in burst.reason
+    pol = policy()
+    assert pol.profile(probe_rows((1.0, 0.25))).replan  # the same slowdown in every repeat moves
+    # and a rank the probe left alone is still moved for by the launch steps
+    after = policy()
+    assert not after.profile(rows).replan
+    moves = simulate(after, lambda s: (1.0, 0.25), 4)
+    assert [s for s, _ in moves] == [FIRST_LAUNCH_STEP]
+
+
+def test_probe_zero_turns_the_probe_off_and_bad_probe_input_is_refused():
+    off = policy(ReshardConfig(probe=0))
+    assert not off.profile(probe_rows((1.0, 0.25))).replan
+    for bad in (-0.1, 1.0, float("nan"), "0.2"):
+        with pytest.raises(ConfigError, match="ReshardConfig.probe"):
+            ReshardConfig(probe=bad)
+    pol = policy()
+    with pytest.raises(ConfigError, match="one row of 2 probe times per repeat"):
+        pol.profile([[0.02, 0.02, 0.02]])
+    with pytest.raises(ConfigError, match="one row of 2 probe times per repeat"):
+        pol.profile([])
+    with pytest.raises(ConfigError, match=r"times\[0\]\[1\]"):
+        pol.profile([[0.02, 0.0]])
+    simulate(pol, lambda s: (1.0, 1.0), 1)
+    with pytest.raises(ConfigError, match="before the first step; 1 steps were observed"):
+        pol.profile(probe_rows((1.0, 0.25)))

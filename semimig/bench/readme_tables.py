@@ -83,7 +83,8 @@ def _what_it_did(name: str, runs: Sequence[dict]) -> str:
               for s in summaries]
     if any(events):
         counts = sorted({len(e) for e in events})
-        steps = _joined([",".join(str(ev["step"]) for ev in e) for e in events if e])
+        steps = _joined([",".join("probe" if ev["step"] < 0 else str(ev["step"]) for ev in e)  # probe: before step 0
+                         for e in events if e])
         plans = _joined([" then ".join(_plan(ev["mlp_units"], ev["kv_units"]) for ev in e) for e in events if e])
         mb = [sum(ev["bytes_moved"] for ev in e) / 1e6 for e in events if e]
         secs = [sum(ev["move_s"] for ev in e) for e in events if e]

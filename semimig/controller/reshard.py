@@ -86,6 +86,23 @@ throttle, decisions at step 1 only): the move came at step 1 in 2 of 2 runs inst
 step fewer at the full slowdown (5.7–6.2 s here against 1.3 s healthy; on the 20:40 pattern the
 three launch steps were ~15 s of SEMI's 22 s gap to healthy's time-to-target) — and six runs with
 no straggler (reshard and semi, three each) moved nothing.
+The device probe.  Even a launch decision at step 1 leaves a device that is slow from the start
+two steps at the full slowdown (measured under the real 25 % throttle at h1024: 5.3 s and 4.5 s
+against healthy's 0.6 s, ~8 s of a 58 s time to target).  So before the first step every rank of
+the group runs the same fixed work (square GEMMs of the model's hidden size, sized to ~20 ms on the
+fastest rank, :data:`PROBE_REPEATS` times, each closed by a collective so that an emulated device
+straggler's sleep lands in it) and :meth:`ReshardPolicy.profile` reads the speed ratios from it: it
+moves at once when the probe's model — those speeds, ``R/S`` = :data:`PROBE_REPLICATED_RATIO` — predicts
+a gain of at least ``probe`` (default 25 %, a rank ≳ 1.7x slower at tp 2) *and* every repeat agrees
+(each slow rank below ``1 − tolerance`` in every repeat, every rank within ``tolerance`` of its
+median in ``agree`` of them).  A probe is a bet on less evidence than any step, so it takes only a
+large, consistent slowdown; the move then happens before any optimizer state exists (weights and
+masters only), counts as a launch move (one window of dwell), and is not compared against a step it
+was decided on (there is none): the first window under it is read by the window rule, which refines
+the plan from measured steps.  A GEMM is not the whole step, and a device slow at GEMMs only (the
+paper's injected straggler, ``scope=gemm``) is not seen by it: the launch decisions at steps 1-2 and
+the window rule still serve what the probe does not move for.  ``probe=0`` turns it off.
+
 A launch move was a bet without evidence that the state lasts, so the move back needs
 one window of the new speeds, not the default ``dwell`` of ``2W``: a throttle that was on only while the run
 started (measured: on for the first 3 steps of a 40 s on / 40 s off pattern) costs one window at
@@ -136,10 +153,18 @@ from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, solve_plan
 
-__all__ = ["ReshardConfig", "ReshardSample", "ReshardDecision", "ReshardPolicy", "moved_units", "EPISODE_END"]
+__all__ = ["ReshardConfig", "ReshardSample", "ReshardDecision", "ReshardPolicy", "moved_units", "EPISODE_END",
+           "PROBE_REPEATS", "PROBE_REPLICATED_RATIO"]
 
 EPISODE_END = 3
 """Consecutive steps without a slow rank that end a slow episode (one fast outlier does not)."""
+
+PROBE_REPEATS = 5
+"""Repeats of the device probe's fixed work (module docstring, "The device probe")."""
+PROBE_REPLICATED_RATIO = 0.05
+"""``R/S`` of the probe's model, which has no step to read it from: measured 0.030-0.034 across moves
+and 0.05-0.08 as the split's bound in healthy runs of the example's tiny Llama (module docstring);
+the window rule re-reads it from the first window under the probe's plan."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,6 +211,9 @@ class ReshardConfig:
     docstring); 0: none, the first decision waits for ``first_window``; ``None``: ``min(3, window)``.
     Their stability and noise tests read the steps after ``warmup`` once there are two of them, else
     every launch step so far, relative to the fastest rank in the same step."""
+    probe: float = 0.25
+    """Before the first step: the smallest predicted gain (a fraction of the even step) for which the
+    device probe's plan is taken at once (module docstring, "The device probe"); 0: no probe."""
     block_size: Optional[int] = None
     """MLP columns per unit when the model was built without a plan in units (``None``: 128)."""
     return_steps: Optional[int] = None
@@ -213,6 +241,7 @@ class ReshardConfig:
             object.__setattr__(self, "launch", min(3, self.window))
         if self.launch == 1:
             raise ConfigError("ReshardConfig.launch must be 0 (no launch decision) or at least 2 steps, got 1")
+        check_number("ReshardConfig.probe", self.probe, minimum=0.0, maximum=1.0, high_open=True)
         check_int("ReshardConfig.block_size", self.block_size, minimum=1, allow_none=True)
         check_int("ReshardConfig.return_steps", self.return_steps, minimum=0, maximum=self.window, allow_none=True)
         if self.return_steps is None:
@@ -412,6 +441,53 @@ class ReshardPolicy:
         self.samples.clear()  # measurements under the old plan say nothing about the new one's times
         self._skip = self.config.warmup
         self._state = _State()
+
+    def profile(self, times: Sequence[Sequence[float]]) -> ReshardDecision:
+        """The plan to take before the first step from the device probe (module docstring, "The device
+        probe"): ``times[i][r]`` is rank ``r``'s seconds for the probe's fixed work in repeat ``i``.
+
+        Speed ratios per repeat ``s_r = min_q t_q / t_r``; the model is their medians with ``R/S`` =
+        :data:`PROBE_REPLICATED_RATIO`, in units of a healthy even step (so ``predicted_s`` is the
+        proposal's step relative to the even one, and ``current_s`` is 0: there is no measured step to
+        compare the move against).  Moves when the proposal's relative gain is at least ``probe`` and
+        every repeat agrees."""
+        cfg = self.config
+        if self.step != 0 or self.last_move_step is not None:
+            raise ConfigError(f"profile() is for before the first step; {self.step} steps were observed")
+        rows = [tuple(row) for row in times] if isinstance(times, (list, tuple)) else None
+        if not rows or any(len(row) != self.tp for row in rows):
+            raise ConfigError(f"profile() takes one row of {self.tp} probe times per repeat, got {times!r}")
+        rows = [tuple(check_number(f"times[{i}][{r}]", float(t), minimum=0.0, low_open=True)
+                      for r, t in enumerate(row)) for i, row in enumerate(rows)]
+        if cfg.probe <= 0.0:
+            return ReshardDecision(-1, reason="the device probe is off (probe=0)")
+        ratios = [tuple(min(row) / t for t in row) for row in rows]
+        steady, median = self._steady(ratios)
+        k = PROBE_REPLICATED_RATIO
+        shardable = 1.0 / (k + 1.0 / self.tp)
+        model = StepModel(speeds=median, replicated=k * shardable, shardable=shardable)
+        current = self._predict(model, self.plans)
+        base = dict(predicted_s=1.0, speed_ratios=median)
+        slow = [r for r, v in enumerate(median) if v < 1.0 - cfg.tolerance]
+        if not slow:
+            return ReshardDecision(-1, reason=f"the device probe finds no slow rank (speed ratios "
+                                              f"{'/'.join(f'{v:.2f}' for v in median)})", **base)
+        if not steady or any(ratio[r] >= 1.0 - cfg.tolerance for ratio in ratios for r in slow):
+            return ReshardDecision(-1, reason="the device probe's repeats disagree (noise, or a straggler that "
+                                              "comes and goes): the launch steps decide", **base)
+        proposal = self._propose(model)
+        gain = 1.0 - self._predict(model, proposal) / current
+        if proposal == self.plans or gain < cfg.probe:
+            return ReshardDecision(-1, reason=f"the device probe's plan gains {gain:.0%} of the even step, below "
+                                              f"probe={cfg.probe:.0%}: the launch steps decide", **base)
+        units, nbytes = self.moved(proposal)
+        self._bet = True
+        decision = ReshardDecision(-1, plans=proposal, predicted_s=1.0 - gain, speed_ratios=median,
+                                   move_bytes=nbytes, move_cost_s=self._move_cost(nbytes), horizon=cfg.horizon,
+                                   reason=f"device probe: the same slowdown in {len(rows)} of {len(rows)} repeats, "
+                                          f"{gain:.0%} off the even step predicted ({units} units)")
+        self.history.append(decision)
+        return decision
 
     def observe(self, sample: ReshardSample) -> ReshardDecision:
         """Feed one step; the decision for the next (``plans`` not ``None``: move now)."""
