@@ -66,6 +66,8 @@ logger = logging.getLogger(__name__)
 
 PROBE_TARGET_S = 0.02
 """Seconds one repeat of the device probe takes on the fastest rank (:func:`probe_times`)."""
+PROBE_MAX_SIZE = 4096
+"""Largest side of the probe's matrices (the model's hidden size below it): 3 x 64 MB in fp32."""
 
 
 @dataclass
@@ -303,7 +305,8 @@ class Resharder:
         if self.replicas > 1 or self.size == 1 or self.policy.config.probe <= 0.0:
             return None
         hidden = getattr(self.model_config, "hidden_size", None) or getattr(self.model_config, "n_embd")
-        times = probe_times(self.group, clock, size=int(hidden), device=device or self._device, dtype=dtype)
+        size = min(int(hidden), PROBE_MAX_SIZE)  # three size x size matrices live for the probe's ~0.1 s
+        times = probe_times(self.group, clock, size=size, device=device or self._device, dtype=dtype)
         decision = self.policy.profile(times)
         if self._speaks:
             logger.debug("semimig reshard probe: seconds per repeat %s: %s",
@@ -426,8 +429,9 @@ def probe_times(group: Any, clock: Any = None, *, size: int, device: Any = None,
         for _ in range(n):
             torch.mm(a, b, out=c)
         sync()
+        elapsed = time.perf_counter() - start  # without a clock: the work alone, not the wait for the others
         dist.all_reduce(flag, group=group)  # the repeat's boundary (an emulated straggler sleeps before it)
-        seconds.append(clock.take().compute_s if clock is not None else time.perf_counter() - start)
+        seconds.append(clock.take().compute_s if clock is not None else elapsed)
     columns = gathered(seconds)  # columns[r][i]: rank r, repeat i
     return [[columns[r][i] for r in range(len(columns))] for i in range(repeats)]
 

@@ -126,6 +126,33 @@ def test_reshard_replans_a_straggler_that_stays_and_trains_exactly():
     assert gap > 0.0 and shardable == pytest.approx(gemm + gap, rel=1e-9), summary["split"]
 
 
+def _probe_body(rank, world):
+    import torch.distributed as dist
+
+    from semimig.resharder import probe_times
+    from semimig.straggler.device import DeviceClock
+    from semimig.straggler.injection import StragglerConfig, StragglerInjector
+
+    plain = probe_times(dist.group.WORLD, size=64)
+    injector = StragglerInjector(StragglerConfig.from_cli("fixed:1:4:scope=device"), group_rank=rank, group_size=world)
+    with DeviceClock(injector) as clock:
+        slowed = probe_times(dist.group.WORLD, clock, size=64)
+    return {"plain": plain, "slowed": slowed, "rank": rank}
+
+
+def test_the_probe_times_the_same_work_on_every_rank_and_an_emulated_device_slows_it():
+    """:func:`semimig.resharder.probe_times`: one row of every rank's seconds per repeat, the same on every
+    rank; under an emulated 4x device (the sleep lands in each repeat's closing all-reduce, counted as the
+    slow rank's compute, while the fast rank's wait there is not its work) rank 1 reads ~4x rank 0."""
+    out = run_on_ranks(_probe_body, 2, timeout_s=120)
+    for rows in (out["plain"], out["slowed"]):
+        assert len(rows) == 5 and all(len(row) == 2 and all(t > 0.0 for t in row) for row in rows), rows
+    ratios = sorted(row[1] / row[0] for row in out["slowed"])
+    assert 3.0 < ratios[2] < 5.5, out["slowed"]  # the median repeat; chi 4, the span's own noise around it
+    plain = sorted(row[1] / row[0] for row in out["plain"])
+    assert 0.4 < plain[2] < 2.5, out["plain"]  # the same work at the same speed (a loaded machine's noise)
+
+
 def _refusal_body(rank, world):
     import plugin_cases as pc
     import semimig

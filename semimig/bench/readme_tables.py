@@ -89,7 +89,8 @@ def _what_it_did(name: str, runs: Sequence[dict]) -> str:
         mb = [sum(ev["bytes_moved"] for ev in e) / 1e6 for e in events if e]
         secs = [sum(ev["move_s"] for ev in e) for e in events if e]
         n = "–".join(map(str, (counts[0], counts[-1]) if len(counts) > 1 else counts))
-        parts.append(f"{n} re-plan{'s' if counts[-1] > 1 else ''} at step {steps} to {plans} "
+        at = f"step {steps}" if "probe" not in steps else steps.replace("probe", "the probe")
+        parts.append(f"{n} re-plan{'s' if counts[-1] > 1 else ''} at {at} to {plans} "
                      f"({_between(mb, '.0f')} MB in {_between(secs, '.2f')} s)")
     elif name in ("reshard", "semi") and any("reshard" in s for s in summaries):
         parts.append("no re-plan")
