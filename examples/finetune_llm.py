@@ -15,8 +15,8 @@ A rank that *stays* slow is served exactly by re-sharding: ``--balance reshard``
 blocks and KV groups once its speed has been stable for ``--reshard-window`` steps and the
 predicted gain pays for moving the weights and optimizer state (``semi`` does the same and resizes
 what varies from step to step; a rank clearly slow before the first step, by a short probe of the
-same GEMMs on every rank, is re-planned for at once: ``--reshard-probe``); the summary reports ``replans``, the plan, ``moved_mb`` and
-``move_s`` (the move's time is inside its step's time)::
+same GEMMs on every rank, is re-planned for at once: ``--reshard-probe``); the summary reports
+``replans``, the plan, ``moved_mb`` and ``move_s`` (the move's time is inside its step's time)::
 
     torchrun --nproc_per_node 2 examples/finetune_llm.py --straggler fixed:1:4:scope=device --balance reshard
 

@@ -659,5 +659,10 @@ def test_probe_zero_turns_the_probe_off_and_bad_probe_input_is_refused():
     with pytest.raises(ConfigError, match=r"times\[0\]\[1\]"):
         pol.profile([[0.02, 0.0]])
     simulate(pol, lambda s: (1.0, 1.0), 1)
-    with pytest.raises(ConfigError, match="before the first step; 1 steps were observed"):
+    with pytest.raises(ConfigError, match="before the first step and the first move; 1 steps were observed$"):
         pol.profile(probe_rows((1.0, 0.25)))
+    twice = policy()
+    decision = twice.profile(probe_rows((1.0, 0.25)))
+    twice.moved_to(decision.plans, seconds=0.1, bytes_moved=decision.move_bytes)
+    with pytest.raises(ConfigError, match="0 steps were observed, and a move was made"):
+        twice.profile(probe_rows((1.0, 0.25)))

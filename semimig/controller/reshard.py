@@ -453,7 +453,9 @@ class ReshardPolicy:
         every repeat agrees."""
         cfg = self.config
         if self.step != 0 or self.last_move_step is not None:
-            raise ConfigError(f"profile() is for before the first step; {self.step} steps were observed")
+            moved = ", and a move was made" if self.last_move_step is not None else ""
+            raise ConfigError(f"profile() is for before the first step and the first move; {self.step} steps were "
+                              f"observed{moved}")
         rows = [tuple(row) for row in times] if isinstance(times, (list, tuple)) else None
         if not rows or any(len(row) != self.tp for row in rows):
             raise ConfigError(f"profile() takes one row of {self.tp} probe times per repeat, got {times!r}")
