@@ -256,8 +256,9 @@ class Resharder:
             rows = [mine.cpu().tolist()]
         decision = getattr(report, "decision", None)
         fixed = getattr(decision, "fixed_fraction", None) or (math.nan,) * self.size
+        shed = any(0.0 < row[5] < 1.0 for row in rows)  # the step as it ran, when a rank shed work
         return _sample([unshed(c, b, sleep_s=s, work=w, fixed=f) for (c, b, _, s, _, w, _), f in zip(rows, fixed)],
-                       rows)
+                       rows, step_s=max(row[0] for row in rows) + min(row[2] for row in rows) if shed else None)
 
     def _gather_replicas(self, report: Any, mine: list[float]) -> ReshardSample:
         """The world's rows (each rank's own numbers, unshed with its own fixed fraction), this replica's
@@ -436,11 +437,12 @@ def probe_times(group: Any, clock: Any = None, *, size: int, device: Any = None,
     return [[columns[r][i] for r in range(len(columns))] for i in range(repeats)]
 
 
-def _sample(split: list[tuple[float, float]], rows: list[list[float]]) -> ReshardSample:
+def _sample(split: list[tuple[float, float]], rows: list[list[float]], *,
+            step_s: Optional[float] = None) -> ReshardSample:
     """The policy's sample from each rank's unshed ``(compute, GEMM)`` and its gathered row: the pair's
     non-GEMM work (attention core, activation, ``row[6]``) is shardable too; pruning does not shrink it."""
     return ReshardSample(tuple(c for c, _ in split), tuple(b + row[6] for (_, b), row in zip(split, rows)),
-                         tuple(row[2] for row in rows), gemm_s=tuple(b for _, b in split))
+                         tuple(row[2] for row in rows), gemm_s=tuple(b for _, b in split), step_s=step_s)
 
 
 def gemm_scale(samples: Any, size: int) -> tuple[float, ...]:

@@ -39,10 +39,11 @@ def expected(speeds):
                                                                                 unit_size=128))
 
 
-def simulate(pol, speeds_at, steps, *, noise=0.0, move_s=0.5, seed=0, gemm=1.0, decisions=None):
+def simulate(pol, speeds_at, steps, *, noise=0.0, move_s=0.5, seed=0, gemm=1.0, decisions=None, ran=None):
     """Run ``steps`` steps; ``speeds_at(step)`` gives every rank's true speed; ``gemm`` of the
-    shardable work is timed as GEMMs (the rest: attention, optimizer).  Returns the re-plans (and
-    appends every decision to the list ``decisions`` when given)."""
+    shardable work is timed as GEMMs (the rest: attention, optimizer).  ``ran(speeds)``: the fraction
+    of the full step a resizing controller ran it at (``ReshardSample.step_s``), ``None`` when nothing
+    was shed.  Returns the re-plans (and appends every decision to the list ``decisions`` when given)."""
     rng = random.Random(seed)
     e = pol.tp
     R, S = RHO, e * (1.0 - RHO)
@@ -53,7 +54,9 @@ def simulate(pol, speeds_at, steps, *, noise=0.0, move_s=0.5, seed=0, gemm=1.0, 
         jitter = [math.exp(noise * rng.gauss(0.0, 1.0)) for _ in range(e)]
         compute = tuple((R + S * p) / v * j for p, v, j in zip(shares, speeds, jitter))
         shardable = tuple(gemm * S * p / v * j for p, v, j in zip(shares, speeds, jitter))
-        decision = pol.observe(ReshardSample(compute, shardable, (COMM,) * e))
+        fraction = ran(speeds) if ran is not None else None
+        step_s = None if fraction is None else fraction * max(compute) + COMM
+        decision = pol.observe(ReshardSample(compute, shardable, (COMM,) * e, step_s=step_s))
         assert isinstance(decision, ReshardDecision) and decision.step == step
         if decisions is not None:
             decisions.append(decision)
@@ -666,3 +669,46 @@ def test_probe_zero_turns_the_probe_off_and_bad_probe_input_is_refused():
     twice.moved_to(decision.plans, seconds=0.1, bytes_moved=decision.move_bytes)
     with pytest.raises(ConfigError, match="0 steps were observed, and a move was made"):
         twice.profile(probe_rows((1.0, 0.25)))
+
+
+# ----------------------------------------------------------------------------- a come-and-go straggler, shed
+def _shed_while_slow(speeds):
+    """Resizing while a rank is slow: the step runs at 40 % of its full length (γ ≈ 0.8 on the slow rank)."""
+    return 0.4 if min(speeds) < 0.5 else None
+
+
+def test_a_come_and_go_straggler_that_resizing_serves_is_not_re_planned_for_on_the_full_step():
+    """13 slow steps in 60: once an episode has ended, a later one has ~5 steps of expected life left when
+    the window turns stable, and its gain on the full step (4 s -> 1.6 s) pays for a move; while resizing
+    runs it at 40 % (1.6 s, ``step_s``) the same move gains nothing, so it is not made."""
+    def later_moves(ran):
+        pol, decisions = policy(ReshardConfig(window=10)), []
+        moves = simulate(pol, _pattern(13, 47), 300, noise=0.03, ran=ran, decisions=decisions)
+        return [s for s, d in moves if s >= 60 and max(pol.shares(d.plans)) > 0.5], pol, decisions
+
+    full, _, _ = later_moves(None)
+    assert full, "the control: on the full step the episode rule re-plans in later episodes"
+    shed, pol, decisions = later_moves(_shed_while_slow)
+    assert shed == [], shed
+    assert len(pol.episodes) >= 4  # the episodes were seen all the same
+    assert any("against the step as it ran, shedding" in d.reason for d in decisions if d.step >= 60)
+
+
+def test_a_first_episode_and_a_straggler_that_stays_are_still_re_planned_for_while_shed():
+    """No past episode: a straggler that arrives mid-run and stays is moved for on the full step even
+    while resizing serves it (the exact plan is what re-sharding is for), as without ``step_s``."""
+    pol = policy(ReshardConfig(window=10))
+    moves = simulate(pol, lambda step: (1.0, 0.25) if step >= 30 else (1.0, 1.0), 120, noise=0.03,
+                     ran=_shed_while_slow)
+    assert moves and 30 < moves[0][0] <= 30 + 2 * 10 and max(pol.shares(moves[0][1].plans)) > 0.5, moves
+
+
+def test_a_straggler_that_comes_back_to_stay_is_re_planned_for_while_shed_once_it_outlives_the_past():
+    """After episodes that ended, a straggler that stays while resizing serves it (here pruning even
+    runs faster than the exact plan would): once it outlives the past episodes it counts as staying and
+    the move is counted on the full step again, so the exact plan comes."""
+    pol = policy(ReshardConfig(window=10))
+    moves = simulate(pol, _pattern(7, 53, start=20, then_stays=140), 600, noise=0.03, ran=_shed_while_slow)
+    late = [s for s, d in moves if s >= 140 and max(pol.shares(d.plans)) > 0.5]
+    assert late and late[0] <= 140 + 40, [(s, str(d.plans)) for s, d in moves]
+    assert max(pol.shares()) > 0.5  # and it is held: the straggler stays

@@ -86,6 +86,20 @@ throttle, decisions at step 1 only): the move came at step 1 in 2 of 2 runs inst
 step fewer at the full slowdown (5.7–6.2 s here against 1.3 s healthy; on the 20:40 pattern the
 three launch steps were ~15 s of SEMI's 22 s gap to healthy's time-to-target) — and six runs with
 no straggler (reshard and semi, three each) moved nothing.
+A straggler that came and went, shed.  The model's speeds and steps are at full work (a shedding
+rank's compute scaled back up, :func:`semimig.resharder.unshed`), so the gain of a move is counted
+against the even split's full step.  In mode ``semi`` resizing already serves the straggler and runs a
+shorter step; measured on the 20:40 throttle (seventeenth session), a phase whose steps resizing had
+brought from 2.4 s to 1.2-1.3 s was re-planned for at its 8th step on "gain 1.384 s/step x 3 steps >
+move and revert 4.134 s", when the move bought ~0.3 s/step, and the plan then ran 5-8 steps uneven past
+the lift.  So while the episode in progress is younger than some ended one (a straggler that comes and goes,
+by evidence, not yet shown to stay) and the last :data:`RAN_STEPS` samples all shed work, a move toward
+uneven counts its gain against the median step as it ran (``ReshardSample.step_s``) when that is
+shorter.  A straggler's first episode, one that has outlived every past episode, the launch and the
+probe count against the full step as before: a device that stays slow is re-planned for exactly even
+where pruning runs faster (the loss resizing costs is not in these seconds, and a straggler that stays
+is what exact re-sharding is for).
+
 The device probe.  Even a launch decision at step 1 leaves a device that is slow from the start
 two steps at the full slowdown (measured under the real 25 % throttle at h1024: 5.3 s and 4.5 s
 against healthy's 0.6 s, ~8 s of a 58 s time to target).  So before the first step every rank of
@@ -154,11 +168,14 @@ from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, solve_plan
 
 __all__ = ["ReshardConfig", "ReshardSample", "ReshardDecision", "ReshardPolicy", "moved_units", "EPISODE_END",
-           "PROBE_REPEATS", "PROBE_REPLICATED_RATIO"]
+           "PROBE_REPEATS", "PROBE_REPLICATED_RATIO", "RAN_STEPS"]
 
 EPISODE_END = 3
 """Consecutive steps without a slow rank that end a slow episode (one fast outlier does not)."""
 
+RAN_STEPS = 3
+"""Samples that must all have shed work before a move's gain is counted against the step as it ran
+(module docstring, "A straggler that came and went, shed")."""
 PROBE_REPEATS = 5
 """Repeats of the device probe's fixed work (module docstring, "The device probe")."""
 PROBE_REPLICATED_RATIO = 0.05
@@ -274,6 +291,10 @@ class ReshardSample:
     gemm_s: Optional[Tuple[float, ...]] = None
     """The part of ``b_r`` in the paired GEMMs alone (unpruned): what a resizing controller's busy
     time measures; ``None``: all of ``b_r``."""
+    step_s: Optional[float] = None
+    """The step as it ran when some rank shed work (resizing or migration): ``max_r`` of the measured
+    compute, shed work left out, ``+ min_r m_r``; ``None``: nothing was shed (the model's step is the
+    step as it ran)."""
 
     def __post_init__(self) -> None:
         lengths = [len(self.compute_s), len(self.shardable_s), len(self.comm_s)]
@@ -285,6 +306,8 @@ class ReshardSample:
             values = tuple(check_number(f"{name}[{r}]", float(v), minimum=0.0)
                            for r, v in enumerate(getattr(self, name)))
             object.__setattr__(self, name, values)
+        if self.step_s is not None:
+            object.__setattr__(self, "step_s", check_number("step_s", float(self.step_s), minimum=0.0))
 
     @property
     def gemm(self) -> Tuple[float, ...]:
@@ -581,6 +604,22 @@ class ReshardPolicy:
             return int(sum(longer) / len(longer))
         return max(a - max(self.episodes), 0)
 
+    def _within_past_episodes(self) -> bool:
+        """A slow episode is in progress and some ended one lasted longer than it has so far (a
+        straggler that comes and goes, not yet shown to stay: module docstring)."""
+        if self._episode is None or not self.episodes:
+            return False
+        age = self._episode[1] - self._episode[0] + 1
+        return any(length > age for length in self.episodes)
+
+    def _ran(self, samples: Sequence[ReshardSample]) -> Optional[float]:
+        """The median step as it ran over the last :data:`RAN_STEPS` samples when every one of them
+        shed work (``ReshardSample.step_s``); ``None`` otherwise."""
+        recent = list(samples)[-RAN_STEPS:]
+        if len(recent) < RAN_STEPS or any(s.step_s is None for s in recent):
+            return None
+        return statistics.median(s.step_s for s in recent)
+
     def _steady(self, ratios: list) -> tuple[bool, tuple]:
         """At least ``agree`` of the steps with every rank's ratio within ``tolerance`` of its median;
         and the medians."""
@@ -657,9 +696,14 @@ class ReshardPolicy:
         info = dict(current_s=current, predicted_s=predicted, speed_ratios=speed, move_bytes=nbytes,
                     move_cost_s=cost, horizon=horizon)
         needed = self._required_gain(samples, relative=launch is not None)
-        if gain <= needed * current:
+        against = current
+        ran = self._ran(samples) if launch is None and toward_uneven and self._within_past_episodes() else None
+        if ran is not None and ran < current:  # a straggler that came and went, shed now (module docstring)
+            against, gain = ran, ran - predicted
+        if gain <= needed * against:
+            shed = f" (against the step as it ran, shedding: {ran:.4g} s)" if against < current else ""
             return ReshardDecision(step, reason=f"gain {gain:.4g} s/step within the margin "
-                                                f"({needed:.0%} of {current:.4g} s)", **info)
+                                                f"({needed:.0%} of {against:.4g} s){shed}", **info)
         if gain * horizon <= cost:
             return ReshardDecision(step, reason=f"gain {gain:.4g} s/step x {horizon} steps does not pay the move "
                                                 f"and its revert ({cost:.4g} s)", **info)
