@@ -247,13 +247,7 @@ class Resharder:
         gap = float(report.busy.paired_gap_s)
         if self.replicas > 1:
             return self._gather_replicas(report, [compute, busy, comm, sleep, wall, work, gap])
-        mine = torch.tensor([compute, busy, comm, sleep, wall, work, gap], dtype=torch.float64, device=self._device)
-        if self.size > 1:
-            rows = [torch.empty_like(mine) for _ in range(self.size)]
-            dist.all_gather(rows, mine, group=self.group)
-            rows = [r.cpu().tolist() for r in rows]
-        else:
-            rows = [mine.cpu().tolist()]
+        rows = P.all_gather_rows([compute, busy, comm, sleep, wall, work, gap], self.group)
         decision = getattr(report, "decision", None)
         fixed = getattr(decision, "fixed_fraction", None) or (math.nan,) * self.size
         shed = any(0.0 < row[5] < 1.0 for row in rows)  # the step as it ran, when a rank shed work
@@ -268,12 +262,8 @@ class Resharder:
         own_fixed = float(fixed[self.rank]) if fixed else math.nan
         compute, busy, comm, sleep, wall, work, gap = mine
         c, b = unshed(compute, busy, sleep_s=sleep, work=work, fixed=own_fixed)
-        row = torch.tensor([self.rank, self.dp_rank, c, b + gap, comm, b, sleep, wall, work, gap],
-                           dtype=torch.float64, device=self._device)
-        world = P.group_size(self.world_group)
-        rows = [torch.empty_like(row) for _ in range(world)]
-        dist.all_gather(rows, row, group=self.world_group)
-        rows = [r.cpu().tolist() for r in rows]
+        rows = P.all_gather_rows([self.rank, self.dp_rank, c, b + gap, comm, b, sleep, wall, work, gap],
+                                 self.world_group)
         local = sorted((r for r in rows if int(r[1]) == self.dp_rank), key=lambda r: r[0])
         self._pending_local = ReshardSample(tuple(r[2] for r in local), tuple(r[3] for r in local),
                                             tuple(r[4] for r in local), gemm_s=tuple(r[5] for r in local))
@@ -347,17 +337,12 @@ class Resharder:
     def _agreed_cost(self, bytes_sent: int, seconds: float) -> tuple[int, float]:
         """The group's move cost, the same on every rank (the policy's next decisions depend on it):
         bytes sent by all ranks, seconds of the slowest (collective over the TP group)."""
-        mine = torch.tensor([float(bytes_sent), float(seconds)], dtype=torch.float64, device=self._device)
         if self.replicas > 1:  # the replicas move at once: one replica's bytes, the slowest rank's seconds
-            rows = [torch.empty_like(mine) for _ in range(P.group_size(self.world_group))]
-            dist.all_gather(rows, mine, group=self.world_group)
-            rows = [r.cpu().tolist() for r in rows]
+            rows = P.all_gather_rows([bytes_sent, seconds], self.world_group)
             return int(sum(r[0] for r in rows) // self.replicas), max(r[1] for r in rows)
         if self.size == 1:
             return int(bytes_sent), float(seconds)
-        rows = [torch.empty_like(mine) for _ in range(self.size)]
-        dist.all_gather(rows, mine, group=self.group)
-        rows = [r.cpu().tolist() for r in rows]
+        rows = P.all_gather_rows([bytes_sent, seconds], self.group)
         return int(sum(r[0] for r in rows)), max(r[1] for r in rows)
 
     def _measured(self, decision: ReshardDecision) -> bool:
@@ -366,7 +351,7 @@ class Resharder:
             return False
         event = self.events[-1]
         event.measured_s = decision.current_s
-        if self._speaks and event.before_s <= 0.0:  # the probe's: predicted relative to the even step
+        if self._speaks and event.step < 0:  # the probe's: predicted relative to the even step
             logger.info("semimig re-plan before the first step: measured step %.4f s over the first %d steps under it "
                         "(predicted %.2fx the even step)", event.measured_s, self.policy.config.window,
                         event.predicted_s)
@@ -408,18 +393,12 @@ def probe_times(group: Any, clock: Any = None, *, size: int, device: Any = None,
     b, c = a.clone(), torch.empty_like(a)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-    def gathered(values: list[float]) -> list[list[float]]:
-        mine = torch.tensor(values, dtype=torch.float64, device=P.collective_device(group))
-        rows = [torch.empty_like(mine) for _ in range(P.group_size(group))]
-        dist.all_gather(rows, mine, group=group)
-        return [r.cpu().tolist() for r in rows]
-
     torch.mm(a, b, out=c)  # first touch
     sync()
     start = time.perf_counter()
     torch.mm(a, b, out=c)
     sync()
-    one = min(row[0] for row in gathered([time.perf_counter() - start]))
+    one = min(P.all_gather_floats(time.perf_counter() - start, group))
     n = max(1, min(10_000, math.ceil(target_s / max(one, 1e-7))))
     flag = torch.zeros(1, device=P.collective_device(group))
     seconds = []
@@ -433,7 +412,7 @@ def probe_times(group: Any, clock: Any = None, *, size: int, device: Any = None,
         elapsed = time.perf_counter() - start  # without a clock: the work alone, not the wait for the others
         dist.all_reduce(flag, group=group)  # the repeat's boundary (an emulated straggler sleeps before it)
         seconds.append(clock.take().compute_s if clock is not None else elapsed)
-    columns = gathered(seconds)  # columns[r][i]: rank r, repeat i
+    columns = P.all_gather_rows(seconds, group)  # columns[r][i]: rank r, repeat i
     return [[columns[r][i] for r in range(len(columns))] for i in range(repeats)]
 
 

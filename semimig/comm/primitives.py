@@ -59,14 +59,20 @@ def collective_device(group: ProcessGroup | None) -> torch.device:
     return torch.device("cpu")
 
 
-def all_gather_floats(value: float, group: ProcessGroup | None) -> list[float]:
-    """Every rank's ``value``, in group-rank order (one float64 all-gather)."""
+def all_gather_rows(values: Sequence[float], group: ProcessGroup | None) -> list[list[float]]:
+    """Every rank's ``values`` (the same length on every rank), in group-rank order (one float64
+    all-gather; none on a group of one)."""
     if group_size(group) == 1:
-        return [float(value)]
-    mine = torch.tensor([float(value)], dtype=torch.float64, device=collective_device(group))
+        return [[float(v) for v in values]]
+    mine = torch.tensor([float(v) for v in values], dtype=torch.float64, device=collective_device(group))
     out = [torch.empty_like(mine) for _ in range(group_size(group))]
     dist.all_gather(out, mine, group=group)
-    return [float(t) for t in out]
+    return [t.cpu().tolist() for t in out]
+
+
+def all_gather_floats(value: float, group: ProcessGroup | None) -> list[float]:
+    """Every rank's ``value``, in group-rank order (one float64 all-gather)."""
+    return [row[0] for row in all_gather_rows([value], group)]
 
 
 def _global(group: ProcessGroup | None, rank: int) -> int:

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 from torch.utils._pytree import tree_map
 
 from semimig._validate import check_choice, check_int
@@ -169,8 +168,8 @@ class HybridBalancer:
         group_busy: list[float] = []
         decision = None
         if self.trigger is not None:  # without a trigger the plan never changes: verified once, no collective
-            rows = _all_gather_rows([busy, float(batch_plan_digest(self._plan)),  # the plan actually used
-                                     float(self._batch_fingerprint)])
+            rows = P.all_gather_rows([busy, float(batch_plan_digest(self._plan)),  # the plan actually used
+                                       float(self._batch_fingerprint)], None)
             check_agreement([int(r[1]) for r in rows], describe_batch_plan(self._plan), None,
                             what=f"Poplar batch plan used in iteration {self.iteration}")
             _check_same_batch([int(r[2]) for r in rows], self.iteration)
@@ -282,14 +281,3 @@ def _tensors(batch: Any) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     tree_map(lambda t: found.append(t) if isinstance(t, torch.Tensor) else None, batch)
     return found
-
-
-def _all_gather_rows(values: list[float]) -> list[list[float]]:
-    """Every rank's ``values`` (one float64 all-gather over all ranks), rank order."""
-    size = P.group_size(None)
-    if size == 1:
-        return [values]
-    mine = torch.tensor(values, dtype=torch.float64, device=P.collective_device(None))
-    rows = [torch.empty_like(mine) for _ in range(size)]
-    dist.all_gather(rows, mine)
-    return [r.cpu().tolist() for r in rows]
