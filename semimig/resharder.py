@@ -139,7 +139,7 @@ def _params_per_unit(config: Any, dims: Any, block_size: int) -> tuple[float, fl
     group_q = dims.num_heads // dims.num_kv_heads * dims.head_dim
     if dims.family == "llama":  # gate, up, down; q, o (group_q each) and k, v (head_dim each)
         mlp, kv = 3 * hidden * block_size, 2 * hidden * group_q + 2 * hidden * dims.head_dim
-    else:  # GPT-2: c_fc, c_proj; c_attn (3 parts) and attn.c_proj
+    else:  # GPT-2: c_fc, c_proj; c_attn (3 parts) and attn.c_proj (ViT: the same as separate layers)
         mlp, kv = 2 * hidden * block_size, 4 * hidden * group_q
     return float(mlp * layers), float(kv * layers)
 

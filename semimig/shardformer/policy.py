@@ -23,12 +23,12 @@ no tensor-parallel GEMM (Colossal-AI uses them when TP is off) and are not liste
 
 Uneven shards (DESIGN §8): ``SemiMigPolicy(shard_plan=UnevenPlan(mlp_units=..., kv_units=...))``
 (:mod:`semimig.shardformer.uneven`) gives each rank its plan's MLP blocks and KV groups, for the
-models in :data:`semimig.shardformer.uneven.SUPPORTED` (Llama, Qwen2, Mistral; GPT-2) and refuses
-others in one line.  The base policy's descriptions get ``shard_sizes`` for the paired layers
-(``q/o`` and GPT-2's ``c_attn`` parts and ``attn.c_proj``: KV groups in query rows; ``k/v``: KV
-groups in KV rows; ``gate/up/down``, ``c_fc/mlp.c_proj``: MLP blocks) and this rank's attention
-sizes (``self_attn.num_heads/num_key_value_heads/hidden_size``, GPT-2's
-``attn.num_heads/embed_dim/split_size``).  Embeddings and the head stay even.  Refused with a plan:
+models in :data:`semimig.shardformer.uneven.SUPPORTED` (Llama, Qwen2, Mistral; GPT-2; ViT) and
+refuses others in one line.  The base policy's descriptions get ``shard_sizes`` for the paired
+layers (:data:`PLANNED`: ``q/o``, GPT-2's ``c_attn`` parts and ``attn.c_proj``, ViT's ``query`` and
+``attention.output.dense``: KV groups in query rows; ``k/v``: KV groups in KV rows;
+``gate/up/down``, ``c_fc/mlp.c_proj``, ViT's ``intermediate.dense/output.dense``: MLP blocks) and
+this rank's attention sizes (:func:`~semimig.shardformer.uneven.attention_attributes`).  Embeddings and the head stay even.  Refused with a plan:
 sequence parallelism other than ``split_gather``, and any paired layer semimig cannot serve.
 After sharding, the shards Colossal-AI's grad norm would count ``1/tp`` times are marked
 (:mod:`semimig.shardformer.uneven_norm`) so clipping counts each once.  Every policy installs
@@ -55,7 +55,7 @@ import semimig.nn as snn
 from semimig.errors import ConfigError
 from semimig.nn.conversion import unsupported_options
 from semimig.shardformer import uneven_ckpt, uneven_norm
-from semimig.shardformer.uneven import ResolvedPlan, UnevenPlan
+from semimig.shardformer.uneven import ResolvedPlan, UnevenPlan, attention_attributes
 
 logger = logging.getLogger(__name__)
 
@@ -79,9 +79,19 @@ PLANNED = {
     "llama": {"self_attn.q_proj": "q", "self_attn.k_proj": "kv", "self_attn.v_proj": "kv", "self_attn.o_proj": "q",
               "mlp.gate_proj": "mlp", "mlp.up_proj": "mlp", "mlp.down_proj": "mlp"},
     "gpt2": {"attn.c_attn": "q", "attn.c_proj": "q", "mlp.c_fc": "mlp", "mlp.c_proj": "mlp"},
+    # "attention.output.dense" before "output.dense": a module name is matched to the first suffix it ends with
+    "vit": {"attention.attention.query": "q", "attention.attention.key": "kv", "attention.attention.value": "kv",
+            "attention.output.dense": "q", "intermediate.dense": "mlp", "output.dense": "mlp"},
 }
 """Per model family, the paired layers (replacement suffixes) and which plan of a
-:class:`~semimig.shardformer.uneven.ResolvedPlan` gives their ``shard_sizes``."""
+:class:`~semimig.shardformer.uneven.ResolvedPlan` gives their ``shard_sizes``; the first is the
+attention's query projection, whose parent module is the attention (:func:`attention_path`)."""
+
+
+def attention_path(family: str) -> str:
+    """Where a ``family`` layer's attention module sits (``self_attn``, ``attn``, ``attention.attention``):
+    the parent of its query projection, the first entry of :data:`PLANNED`."""
+    return next(iter(PLANNED[family])).rsplit(".", 1)[0]
 
 
 def _is_tp_linear(target: object) -> bool:
@@ -254,12 +264,9 @@ class SemiMigPolicy(Policy):
                 hit = True
             if hit:
                 heads, kv_heads = planned.heads(rank)
-                width = planned.q.sizes[rank]
-                if planned.dims.family == "llama":
-                    update = {"self_attn.hidden_size": width, "self_attn.num_heads": heads,
-                              "self_attn.num_key_value_heads": kv_heads}
-                else:
-                    update = {"attn.embed_dim": width, "attn.split_size": width, "attn.num_heads": heads}
+                prefix = attention_path(planned.dims.family)
+                update = {f"{prefix}.{key}": value for key, value in attention_attributes(
+                    planned.dims.family, width=planned.q.sizes[rank], heads=heads, kv_heads=kv_heads).items()}
                 description.attribute_replacement = dict(description.attribute_replacement or {}, **update)
         missing = sorted(set(table) - found)
         if missing:

@@ -23,9 +23,8 @@ group too: the replicas move together), called by every rank between steps (afte
 3. the same ``Parameter`` (and master) objects get the new tensors (``param.data = new``, state
    dict entries replaced), so the optimizer, the booster's wrappers and hooks keep their
    references; gradients become ``None``;
-4. the layers' ``shard_plans``, the attention modules' per-rank ``num_heads`` /
-   ``num_key_value_heads`` / ``hidden_size`` (GPT-2: ``num_heads`` / ``embed_dim`` /
-   ``split_size``) and the parameters' ``shard_fn`` / ``gather_fn`` (Colossal-AI's customised
+4. the layers' ``shard_plans``, the attention modules' per-rank head counts and widths
+   (:func:`semimig.shardformer.uneven.attention_attributes`) and the parameters' ``shard_fn`` / ``gather_fn`` (Colossal-AI's customised
    distributed tensors, :func:`semimig.sharding.split.packed_shard_functions`) follow the new
    plan, so ``state_dict`` and checkpoints gather the full tensors.  A layer moved back to the even
    plan gets the attributes it had under Colossal-AI's even layout back (``dist_layout`` for the
@@ -474,16 +473,16 @@ def _rebuild_ddp(model: nn.Module) -> int:
 
 def _set_attention(model: nn.Module, layers: List[_Layer], resolved, rank: int) -> None:
     """This rank's head counts and width on each attention module (what SemiMigPolicy sets at build)."""
+    from semimig.shardformer.policy import PLANNED
+    from semimig.shardformer.uneven import attention_attributes
+
     heads, kv_heads = resolved.heads(rank)
-    width = resolved.q.sizes[rank]
+    update = attention_attributes(resolved.dims.family, width=resolved.q.sizes[rank], heads=heads, kv_heads=kv_heads)
+    query = next(iter(PLANNED[resolved.dims.family]))  # the attention's query projection: its parent is the attention
     modules = dict(model.named_modules())
     for layer in layers:
-        if layer.name.endswith(("self_attn.q_proj", "attn.c_attn")):
+        if layer.name == query or layer.name.endswith("." + query):
             attention = modules[layer.name.rsplit(".", 1)[0]]
-            if resolved.dims.family == "llama":
-                update = {"hidden_size": width, "num_heads": heads, "num_key_value_heads": kv_heads}
-            else:
-                update = {"embed_dim": width, "split_size": width, "num_heads": heads}
             for key, value in update.items():
                 setattr(attention, key, value)
 

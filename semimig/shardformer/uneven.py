@@ -5,7 +5,7 @@ A user states a plan in the units of the two paired dimensions of a transformer 
 - ``mlp_units[r]``: blocks of ``block_size`` columns of the MLP intermediate dimension ``I``
   (rows of ``gate/up`` / GPT-2 ``c_fc``, the same columns of ``down`` / ``c_proj``);
 - ``kv_units[r]``: KV groups, each one KV head and its ``n_q/n_kv`` query heads (GPT-2 and other
-  multi-head models: one head per group), i.e. ``(n_q/n_kv)·d`` rows of ``q``, ``d`` rows of
+  multi-head models such as ViT: one head per group), i.e. ``(n_q/n_kv)·d`` rows of ``q``, ``d`` rows of
   ``k``, ``v`` and ``(n_q/n_kv)·d`` columns of ``o`` (``d`` = ``head_dim``).
 
 ``None`` for either keeps that dimension even (``tp`` must divide it).  :meth:`UnevenPlan.resolve`
@@ -18,8 +18,10 @@ one: only the order of the sums over ``I`` and over the heads' columns of ``o`` 
 :func:`plan_from_flags` parses the command-line form ``MLP_UNITS[:KV_UNITS]`` (``"28,4:3,1"``);
 :func:`plan_for_speeds` solves a plan from per-rank speeds and the replicated share of a step
 (:func:`semimig.sharding.solve_plan`, the same shares for both dimensions, rounded per dimension).
-Supported models: :data:`SUPPORTED` (Llama-family GQA and GPT-2's fused QKV); every other
-model is refused in one line naming it.
+Supported models: :data:`SUPPORTED` (Llama-family GQA, GPT-2's fused QKV and ViT's separate
+``query``/``key``/``value``); every other model is refused in one line naming it.
+:func:`attention_attributes` gives each family's per-rank attention attributes (the policy sets
+them at build, :mod:`semimig.shardformer.replan` after a move).
 """
 from __future__ import annotations
 
@@ -32,10 +34,10 @@ from semimig.sharding.plan import ShardPlan, kv_group_unit, units_of
 from semimig.sharding.solver import StepModel, solve_plan
 
 __all__ = ["UnevenPlan", "ModelDims", "ResolvedPlan", "model_dims", "plan_from_flags", "plan_for_speeds",
-           "speeds_from_flag", "SUPPORTED", "DEFAULT_BLOCK_SIZE"]
+           "speeds_from_flag", "attention_attributes", "SUPPORTED", "DEFAULT_BLOCK_SIZE"]
 
 LLAMA_LIKE = ("llama", "qwen2", "mistral")
-SUPPORTED = LLAMA_LIKE + ("gpt2",)
+SUPPORTED = LLAMA_LIKE + ("gpt2", "vit")
 """``config.model_type`` values whose policies take an uneven plan."""
 
 DEFAULT_BLOCK_SIZE = 128
@@ -44,7 +46,7 @@ DEFAULT_BLOCK_SIZE = 128
 
 @dataclass(frozen=True)
 class ModelDims:
-    """What a plan is checked against: ``family`` (``"llama"`` for the Llama-like, or ``"gpt2"``),
+    """What a plan is checked against: ``family`` (``"llama"`` for the Llama-like, ``"gpt2"`` or ``"vit"``),
     query heads, KV heads, ``head_dim`` and the MLP intermediate size."""
 
     family: str
@@ -65,9 +67,26 @@ def model_dims(config: Any) -> ModelDims:
     if kind == "gpt2":
         return ModelDims("gpt2", config.n_head, config.n_head, config.n_embd // config.n_head,
                          config.n_inner or 4 * config.n_embd)
+    if kind == "vit":
+        heads = config.num_attention_heads
+        return ModelDims("vit", heads, heads, config.hidden_size // heads, config.intermediate_size)
     archs = getattr(config, "architectures", None) or [type(config).__name__]
     raise ConfigError(f"uneven shards (shard_plan) support the model types {', '.join(SUPPORTED)}; "
                       f"got model_type={kind!r} ({archs[0]}): use shard_plan=None for it")
+
+
+def attention_attributes(family: str, *, width: int, heads: int, kv_heads: int) -> dict:
+    """One rank's attributes of a ``family`` attention module holding ``heads`` query heads,
+    ``kv_heads`` KV heads and ``width = heads · head_dim`` columns of the attention's output
+    (Hugging Face's names: Llama-like ``hidden_size``/``num_heads``/``num_key_value_heads``, GPT-2
+    ``embed_dim``/``split_size``/``num_heads``, ViT ``all_head_size``/``num_attention_heads``)."""
+    if family == "llama":
+        return {"hidden_size": width, "num_heads": heads, "num_key_value_heads": kv_heads}
+    if family == "gpt2":
+        return {"embed_dim": width, "split_size": width, "num_heads": heads}
+    if family == "vit":
+        return {"all_head_size": width, "num_attention_heads": heads}
+    raise ConfigError(f"attention_attributes: unknown model family {family!r} (llama, gpt2 or vit)")
 
 
 @dataclass(frozen=True)
