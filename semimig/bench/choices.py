@@ -10,6 +10,10 @@ from __future__ import annotations
 
 MODES: tuple[str, ...] = ("baseline", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "mig", "semi")
 """The 1-D modes (:data:`semimig.controller.runtime.MODES`)."""
+RESHARD_MODES: tuple[str, ...] = ("reshard",)
+"""1-D modes of the bench beyond the controller's (owned here): ``reshard`` re-plans uneven
+tensor-parallel shards for a slow rank (``semimig.enable(..., mode="reshard")``, DESIGN §8); not
+in the default sweep (``make bench`` keeps the paper's modes), asked for with ``--modes``."""
 COMPUTES: tuple[str, ...] = ("emulated", "measured")
 """How a straggler's compute is produced (:data:`semimig.bench.config.COMPUTES`)."""
 MODES_2D: tuple[str, ...] = ("baseline", "poplar", "semi", "poplar+semi")

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from semimig.bench.choices import COMPUTES, MODES, MODES_2D  # not their owners: those import torch (--help quick)
+from semimig.bench.choices import COMPUTES, MODES, MODES_2D, RESHARD_MODES  # not their owners: those import torch (--help quick)
 from semimig.bench.schema import is_grid
 from semimig.errors import ConfigError
 
@@ -37,7 +37,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def _modes(text: str) -> tuple[str, ...]:
-    known = MODES + tuple(m for m in MODES_2D if m not in MODES)
+    known = MODES + RESHARD_MODES + tuple(m for m in MODES_2D if m not in MODES)
     modes = tuple(t for t in text.split(",") if t)
     for mode in modes:
         if mode not in known:
@@ -66,8 +66,8 @@ def add_bench_subcommand(subparsers) -> None:
     p = subparsers.add_parser("bench", help="end-to-end straggler benchmark (RT and ACC per mode)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", type=_modes, default=None,
-                   help=f"comma-separated, from {','.join(MODES)}; with --allocation from {','.join(MODES_2D)} "
-                        "(default: all of them; --allocation even: baseline,semi)")
+                   help=f"comma-separated, from {','.join(MODES + RESHARD_MODES)}; with --allocation from "
+                        f"{','.join(MODES_2D)} (default: all but reshard; --allocation even: baseline,semi)")
     p.add_argument("--chi", type=_floats, default=None, help="straggler slowdowns in [1, 100], e.g. 1,4,8 (default 1,4)")
     p.add_argument("--seeds", type=_ints, default=None, help="e.g. 0,1,2 (default 0,1; --quick: 0)")
     p.add_argument("--tp", type=int, default=2)

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from semimig._validate import check_bool, check_choice, check_int, check_number
-from semimig.bench.choices import MODES_2D
+from semimig.bench.choices import MODES_2D, RESHARD_MODES
 from semimig.models import VitSize
 from semimig.controller.runtime import MODES
 from semimig.errors import ConfigError
@@ -77,6 +77,8 @@ ALLOCATIONS = tuple(MODES_BY_ALLOCATION)
 DEVICE_MS_MAX = 10_000.0
 TIMEOUT_MAX_S = 86_400.0
 MAX_WORLD = 64
+RESHARD_BLOCKS_PER_RANK = 8
+"""Mode ``reshard``: MLP blocks per rank of the even plan (:meth:`BenchConfig.reshard_plan`)."""
 EMULATED_SIZE = VitSize(hidden=64, layers=2, heads=4, intermediate=256)
 """Emulated mode: the GEMM time is slept, so the model only needs to learn digits."""
 MEASURED_SIZE = VitSize(hidden=256, layers=1, heads=4, intermediate=1536)
@@ -133,8 +135,9 @@ class BenchConfig:
 
     # ------------------------------------------------------------------ both modes
     modes: Optional[tuple[str, ...]] = None
-    """Balancing modes (``baseline`` = Colossal-AI's own layers with the same injection); ``None``: every
-    mode of the run's kind (:data:`MODES`; 2-D: ``MODES_BY_ALLOCATION[allocation]``)."""
+    """Balancing modes (``baseline`` = Colossal-AI's own layers with the same injection; TP also
+    ``reshard``, uneven shards re-planned for the slow rank); ``None``: every mode of the run's kind
+    but ``reshard`` (:data:`MODES`; 2-D: ``MODES_BY_ALLOCATION[allocation]``)."""
     seeds: Optional[tuple[int, ...]] = None
     """Seeds of the model and the data order, each in [0, 2**32); ``None``: (0, 1, 2), 2-D (0,)."""
     tp: int = 2
@@ -233,7 +236,7 @@ class BenchConfig:
 
     # ------------------------------------------------------------------ checks
     def _check_shared(self, grid: bool) -> None:
-        modes = MODES_BY_ALLOCATION[self.allocation] if grid else MODES
+        modes = MODES_BY_ALLOCATION[self.allocation] if grid else MODES + RESHARD_MODES
         object.__setattr__(self, "modes", _check_sweep("modes", self.modes, lambda n, v: check_choice(n, v, modes)))
         chis = _check_sweep("chis", self.chis, lambda n, v: check_number(n, v, minimum=1.0, maximum=MAX_CHI))
         object.__setattr__(self, "chis", tuple(float(c) for c in chis))  # a TP axis: checked with the others
@@ -328,6 +331,8 @@ class BenchConfig:
             raise ConfigError(f"pattern {self.pattern!r} needs tp >= 2, got tp={self.tp}")
         if self.pattern == "multi" and not self.multi_chis:
             raise ConfigError(f"multi_chis must be a non-empty tuple of per-rank slowdowns, got {self.multi_chis!r}")
+        if "reshard" in self.modes:
+            self.reshard_plan()  # a ConfigError naming the size or tp that cannot be re-planned
         if self.lambdas:
             _check_sweep("lambdas", self.lambdas, lambda n, v: check_int(n, v, minimum=0, maximum=self.tp - 1))
             if self.pattern != "multi":
@@ -444,6 +449,23 @@ class BenchConfig:
         return StragglerConfig(pattern="multi", ranks=tuple(range(len(factors))),
                                chi=tuple(max(1.0, c * chi / 8.0) for c in factors), **timing)
 
+    def reshard_plan(self):
+        """TP mode ``reshard``: the even plan in units the ViT is built with so that it can re-plan
+        (:class:`~semimig.shardformer.UnevenPlan`): its heads as KV groups (``heads / tp`` each) and
+        the MLP intermediate in :data:`RESHARD_BLOCKS_PER_RANK` blocks per rank, so a plan can move
+        an eighth of a rank's MLP at a time; :class:`ConfigError` naming the value that does not fit."""
+        from semimig.shardformer import UnevenPlan
+
+        s, blocks = self.size, RESHARD_BLOCKS_PER_RANK * self.tp
+        if self.tp < 2:
+            raise ConfigError(f"mode 'reshard' moves shards between tensor-parallel ranks: tp must be >= 2, "
+                              f"got tp={self.tp}")
+        if s.intermediate % blocks:
+            raise ConfigError(f"mode 'reshard' cuts the MLP intermediate size into {RESHARD_BLOCKS_PER_RANK} blocks "
+                              f"per rank: intermediate={s.intermediate} is not divisible by {blocks} (tp={self.tp})")
+        return UnevenPlan(mlp_units=(RESHARD_BLOCKS_PER_RANK,) * self.tp, kv_units=(s.heads // self.tp,) * self.tp,
+                          block_size=s.intermediate // blocks)
+
     def resizing(self) -> ResizingConfig:
         """TP: the resizing settings of the balanced modes (the zero-* modes set their own variant)."""
         if self.theta_iter is None:
@@ -469,5 +491,5 @@ class BenchConfig:
 
 
 __all__ = ["BenchConfig", "ALLOCATIONS", "COMPUTES", "DEVICE_MS_MAX", "EMULATED_SIZE", "GRID_SETTINGS", "MAX_CHI",
-           "MEASURED_SIZE", "MODES_2D", "MODES_BY_ALLOCATION", "PATTERNS", "PRECISIONS", "TP_SETTINGS",
-           "mode_defaults"]
+           "MEASURED_SIZE", "MODES_2D", "MODES_BY_ALLOCATION", "PATTERNS", "PRECISIONS", "RESHARD_BLOCKS_PER_RANK",
+           "TP_SETTINGS", "mode_defaults"]

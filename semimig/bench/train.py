@@ -1,8 +1,11 @@
 """One benchmark case on one rank: train the ViT through ``HybridParallelPlugin`` and time it.
 
 A case is (mode, chi, seed, λ).  ``baseline`` uses Colossal-AI's own policy and layers, slowed by
-hooks (:class:`~semimig.straggler.hooks.BaselineInjection`); every other mode uses
-:class:`SemiMigPolicy` and a :class:`BalanceController`.  Both see the same straggler in the same
+hooks (:class:`~semimig.straggler.hooks.BaselineInjection`); ``reshard`` builds the ViT with the
+even plan in units (:meth:`BenchConfig.reshard_plan`) and runs it through the user's entry point,
+``semimig.enable(..., mode="reshard")``, which probes the devices, re-plans the shards and moves
+weights and AdamW state (the record's ``reshard``: every re-plan, bytes and seconds); every other
+mode uses :class:`SemiMigPolicy` and a :class:`BalanceController`.  Both see the same straggler in the same
 compute mode (``BenchConfig.compute``), so the only difference is what semimig does about it.
 Iteration time is the wall time from one optimizer step to the next on every rank (collectives
 already synchronise the TP group); rank 0 reports.
@@ -92,21 +95,30 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
     else:
         device = torch.device("cpu")
     straggler = cfg.straggler(chi)
+    reshard = mode == "reshard"
+    policy = None if mode == "baseline" else SemiMigPolicy(shard_plan=cfg.reshard_plan() if reshard else None)
     run = boost_vit(cfg.size, tp=cfg.tp, seed=seed, lr=cfg.lr, total_steps=cfg.epochs * cfg.iters_per_epoch,
-                    policy=None if mode == "baseline" else SemiMigPolicy())
+                    policy=policy)
     model, plugin = run.model, run.plugin
     tp_rank, tp_size = dist.get_rank(plugin.tp_group), dist.get_world_size(plugin.tp_group)
     dp_rank = dist.get_rank(plugin.dp_group)
 
-    controller = injection = clock = None
+    controller = balancer = injection = clock = None
     if mode == "baseline":
         injection = BaselineInjection(model, StragglerInjector(straggler, tp_rank, tp_size), device=device)
         clock = DeviceClock(injection.injector, device=device).attach()  # the controller has its own
+    elif reshard:  # the user's entry point: it hooks optimizer.step (re-plans move the AdamW state too)
+        from semimig.balancer import enable
+
+        balancer = enable(model, plugin, optimizer=run.optimizer, mode="reshard",
+                          config=BalanceConfig(straggler=straggler, resizing=cfg.resizing()),
+                          iterations_per_epoch=cfg.iters_per_epoch)
     else:
         balance = BalanceConfig(mode=mode, straggler=straggler, controller=ControllerConfig(migrators=lam),
                                 resizing=cfg.resizing())
         controller = BalanceController(model, balance,
                                        process_group=plugin.tp_group, iterations_per_epoch=cfg.iters_per_epoch)
+    handle = balancer or controller  # epochs, dense evaluation and close() go through it
 
     x_train, y_train, x_test, y_test = (t.to(device) for t in digits_split(seed=0))
     trajectory = _Trajectory()
@@ -120,7 +132,9 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
         run.optimizer.step()
         run.optimizer.zero_grad()
         run.schedule.step()
-        if controller is not None:
+        if balancer is not None:
+            trajectory.add_step(balancer.report)  # stepped by the hooked optimizer.step()
+        elif controller is not None:
             trajectory.add_step(controller.step())
         else:
             trajectory.add_busy(injection.snapshot()["busy_s"], clock.take().compute_s)
@@ -128,19 +142,19 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
 
     try:  # the collectives are unwrapped (the clocks detached) whatever happens
         timed = timed_epochs(cfg.epochs, cfg.warmup_iters, lambda e: _batches(x_train, y_train, cfg, seed, dp_rank, e),
-                             step, on_epoch=controller.set_epoch if controller is not None else None,
+                             step, on_epoch=handle.set_epoch if handle is not None else None,
                              sync=(lambda: torch.cuda.synchronize(device)) if cuda else None)
     finally:
         if clock is not None:
             clock.detach()
-        if controller is not None:
-            controller.close()
-    accuracy = dense_accuracy(model, controller, x_test, y_test) if cfg.evaluate else None
+        if handle is not None:
+            handle.close()
+    accuracy = dense_accuracy(model, handle, x_test, y_test) if cfg.evaluate else None
     plan = controller.plan if controller is not None else None
     timed_iters = slice(cfg.warmup_iters, None)
     mine = {
-        "shed": statistics.mean(trajectory.rank["gamma_target"][timed_iters]) if controller is not None else 0.0,
-        "savings": statistics.mean(trajectory.rank["achieved_savings"][timed_iters]) if controller is not None else 0.0,
+        "shed": statistics.mean(trajectory.rank["gamma_target"][timed_iters]) if handle is not None else 0.0,
+        "savings": statistics.mean(trajectory.rank["achieved_savings"][timed_iters]) if handle is not None else 0.0,
         "busy_share": statistics.mean(trajectory.rank["busy_s"][timed_iters]) / statistics.mean(timed.iter_times),
         "balanced_share": _balanced_share(trajectory.rank, timed_iters),
         "trajectory": _plain(trajectory.rank),
@@ -158,8 +172,9 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
         "balanced_share_by_rank": [r["balanced_share"] for r in by_rank],
         "plan": plan.summary() if plan is not None else None,
         "migrating_stragglers": plan.x if plan is not None else 0,
+        "reshard": _plain(balancer.reshard_summary) if balancer is not None else None,
         "trajectory": {"iter_time_s": _plain(timed.all_iter_times), "by_rank": [r["trajectory"] for r in by_rank],
-                       "decisions": trajectory.decisions if controller is not None else None},
+                       "decisions": trajectory.decisions if handle is not None else None},
     }
 
 
