@@ -536,6 +536,26 @@ def test_a_move_measured_slower_is_undone_and_not_tried_again_while_the_episode_
     assert pol.rejected == set()
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_way_back_is_not_undone_when_the_straggler_comes_back_in_its_window(seed):
+    """Measured on the 5:10 throttle: slow at the launch (steps 0-1), the launch move, the way back at
+    step 6, the throttle back for steps 12-17; the first window under the even plan (steps 8-17, 6 of
+    10 slow) measured "slower" and the undo moved to the uneven plan at 17, held it through free steps
+    18-22.  The way back was decided with no rank slow, so a slow rank in its window is the straggler's
+    return, left to the window rule (here: too short to be stable, so no move) — with or without
+    resizing's shorter steps."""
+    slow = {0, 1, *range(12, 18), *range(40, 46)}
+    for ran in (None, _shed_while_slow):
+        pol, decisions = policy(ReshardConfig(window=10)), []
+        moves = simulate(pol, lambda step: (1.0, 0.25) if step in slow else (1.0, 1.0), 70, noise=0.03,
+                         seed=seed, ran=ran, decisions=decisions)
+        assert [s for s, _ in moves][:2] == [FIRST_LAUNCH_STEP, 6], [(s, d.reason) for s, d in moves]
+        assert "toward even" in moves[1][1].reason
+        assert not any("measured slower" in d.reason for d in decisions), [(s, d.reason) for s, d in moves]
+        assert [s for s, _ in moves if 6 < s < 40] == [], [(s, d.reason) for s, d in moves]
+        assert decisions[17].reason.startswith("speeds not stable")  # the window rule read it, not the undo
+
+
 def test_no_move_is_undone_when_the_speeds_are_what_the_model_reads():
     """The control: speeds independent of the plan (the model's assumption), with noise; every
     move measures what it predicted within the noise, and none is undone."""

@@ -149,7 +149,12 @@ blocks) than it runs once it holds more (0.21 at 6): a move to 26/6 predicted 1.
 ``R/S``) also compares the measured step with the step the move was decided against; when it is
 slower by more than ``max(margin, noise_z·σ̂)`` the plan moves back to the plan it left, and the
 rejected plan is not proposed again while the slow episode lasts (its end, or a move back toward
-even, forgets it).  A launch move is compared like any other.
+even, forgets it).  A launch move is compared like any other.  The way back is not undone when a rank
+is slow again in that window: it was decided with no rank slow, so a slower step then is the
+straggler's return, not the move's doing (measured on the 5:10 throttle: the way back at step 6, the
+throttle back at 13, "the last move measured slower (1.874 s/step against 0.909 s)" at 17 held the
+uneven plan 5 free steps past the lift), and a new episode is for the window rule and, while
+resizing serves it, the rule for a straggler that comes and goes.
 
 Every input is a number all ranks share and the arithmetic is in a fixed order, so every rank
 takes the same decision at the same step; nothing is broadcast.  With no straggler the proposal
@@ -413,7 +418,9 @@ class ReshardPolicy:
         self._bet = False  # the decision just handed out is a bet (the launch's, or on a young state)
         self._dwell = config.min_dwell  # steps the plan in force must be kept (one window after a bet)
         self._reverting = False  # the decision just handed out undoes the last move
-        # the last move's (plans it left, step seconds it was decided against), until its window is measured
+        self._returning = False  # the decision just handed out is the way back (no rank was slow)
+        # the last move's (plans it left, step seconds it was decided against, whether it was the way back),
+        # until its window is measured
         self._undo: Optional[tuple] = None
         self.rejected: set = set()
         """Plans a move measured slower than the plan it left (module docstring); forgotten when the
@@ -451,9 +458,10 @@ class ReshardPolicy:
         if before and (len(before) >= self._needed() or self.last_move_step is None):  # what the move was decided on
             self._before = (self.shares(), [statistics.median(s.compute_s[r] for s in before) for r in range(self.tp)])
         last = self.history[-1] if self.history else None
-        reverting = self._reverting
-        self._undo = None if reverting or last is None or last.current_s <= 0.0 else (self.plans, last.current_s)
-        self._reverting = False
+        reverting, returning = self._reverting, self._returning
+        self._undo = None if reverting or last is None or last.current_s <= 0.0 else \
+            (self.plans, last.current_s, returning)
+        self._reverting = self._returning = False
         if max(self.shares(plans)) < max(self.shares()) and not reverting:
             self.rejected.clear()  # a move toward even: the state the rejections were measured in is gone
         self.plans = plans
@@ -521,6 +529,7 @@ class ReshardPolicy:
         if len(sample.compute_s) != self.tp:
             raise ConfigError(f"the sample has {len(sample.compute_s)} ranks, the plans {self.tp}")
         step, self.step = self.step, self.step + 1
+        self._returning = False  # a way back that was not moved to (moved_to not called) is forgotten
         launch = self.config.launch
         if step < launch and sample.valid:
             self._launch.append(sample)
@@ -719,7 +728,9 @@ class ReshardPolicy:
         slower than the step it was decided against (module docstring, "A move measured slower");
         ``None`` when it is not.  Either way the comparison is made once per move."""
         cfg = self.config
-        (left, before), self._undo = self._undo, None
+        (left, before, way_back), self._undo = self._undo, None
+        if way_back and any(min(self._ratios(s, self._k)) < 1.0 - cfg.tolerance for s in samples):
+            return None  # the straggler came back: a new episode for the window rule, not the move's doing
         model, comm = self.model(samples)
         measured = self._predict(model, self.plans) + comm  # the window's median step (max c_r + min m_r)
         needed = self._required_gain(samples)
@@ -765,6 +776,7 @@ class ReshardPolicy:
                     move_cost_s=cost, horizon=cfg.window)
         if gain <= needed * current or gain * cfg.window <= cost:
             return None
+        self._returning = True
         return ReshardDecision(step, plans=proposal, reason=f"no rank slow over the last {cfg.return_steps} steps: "
                                                              f"toward even (gain {gain:.4g} s/step x {cfg.window} "
                                                              f"steps > move {cost:.4g} s, {units} units)", **info)
