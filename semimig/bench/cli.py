@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from semimig.bench.choices import COMPUTES, MODES, MODES_2D, RESHARD_MODES  # not their owners: those import torch (--help quick)
+# not their owners: those import torch (--help quick)
+from semimig.bench.choices import COMPUTES, MODES, MODES_2D, RESHARD_MODES
 from semimig.bench.schema import is_grid
 from semimig.errors import ConfigError
 

@@ -28,9 +28,10 @@ refuses others in one line.  The base policy's descriptions get ``shard_sizes`` 
 layers (:data:`PLANNED`: ``q/o``, GPT-2's ``c_attn`` parts and ``attn.c_proj``, ViT's ``query`` and
 ``attention.output.dense``: KV groups in query rows; ``k/v``: KV groups in KV rows;
 ``gate/up/down``, ``c_fc/mlp.c_proj``, ViT's ``intermediate.dense/output.dense``: MLP blocks) and
-this rank's attention sizes (:func:`~semimig.shardformer.uneven.attention_attributes`).  Embeddings and the head stay even.  Refused with a plan:
-sequence parallelism other than ``split_gather``, and any paired layer semimig cannot serve.
-After sharding, the shards Colossal-AI's grad norm would count ``1/tp`` times are marked
+this rank's attention sizes (:func:`~semimig.shardformer.uneven.attention_attributes`).  Embeddings
+and the head stay even.  Refused with a plan: sequence parallelism other than ``split_gather``, and
+any paired layer semimig cannot serve.  After sharding, the shards Colossal-AI's grad norm would
+count ``1/tp`` times are marked
 (:mod:`semimig.shardformer.uneven_norm`) so clipping counts each once.  Every policy installs
 :mod:`semimig.shardformer.uneven_ckpt`, so ``booster.save_optimizer``/``load_optimizer`` handle
 uneven shards (the model files already do) in Colossal-AI's even, full-tensor form.  ``shard_plan=None`` is

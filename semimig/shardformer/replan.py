@@ -24,9 +24,10 @@ group too: the replicas move together), called by every rank between steps (afte
    dict entries replaced), so the optimizer, the booster's wrappers and hooks keep their
    references; gradients become ``None``;
 4. the layers' ``shard_plans``, the attention modules' per-rank head counts and widths
-   (:func:`semimig.shardformer.uneven.attention_attributes`) and the parameters' ``shard_fn`` / ``gather_fn`` (Colossal-AI's customised
-   distributed tensors, :func:`semimig.sharding.split.packed_shard_functions`) follow the new
-   plan, so ``state_dict`` and checkpoints gather the full tensors.  A layer moved back to the even
+   (:func:`semimig.shardformer.uneven.attention_attributes`) and the parameters' ``shard_fn`` /
+   ``gather_fn`` (Colossal-AI's customised distributed tensors,
+   :func:`semimig.sharding.split.packed_shard_functions`) follow the new plan, so ``state_dict`` and
+   checkpoints gather the full tensors.  A layer moved back to the even
    plan gets the attributes it had under Colossal-AI's even layout back (``dist_layout`` for the
    plain layers), so the even layout stays today's, bit for bit.
 
