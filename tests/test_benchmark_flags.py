@@ -55,3 +55,30 @@ def test_block_accuracy_refuses_bad_values_before_training(flags, said, capsys):
     with pytest.raises(SystemExit) as exit_info:
         _script("block_accuracy").main(flags)
     assert exit_info.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_an_existing_result_file_is_kept_unless_overwrite_is_given(tmp_path, capsys):
+    """Found this session: ``time_to_loss.py --json`` given the name of an earlier result (a 27-minute run's)
+    replaced it silently after the new runs.  Refused at parse time now, the file untouched, in every
+    script that takes ``--json`` through ``bench_output.add_json_flag``; ``--overwrite`` (either order) allows it."""
+    import argparse
+
+    from bench_output import add_json_flag
+
+    earlier = tmp_path / "r.json"
+    earlier.write_text('{"earlier": true}')
+    for argv in (["--straggler", "device", "--json", str(earlier)], ["--json", str(earlier), "--straggler", "real"]):
+        with pytest.raises(SystemExit) as exit_info:
+            _script("time_to_loss").parse_args(argv)
+        assert exit_info.value.code == 2
+        assert f"--json {earlier} exists: pass --overwrite" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _script("device_vs_throttle").parse_args(["--json", str(earlier)])
+    assert earlier.read_text() == '{"earlier": true}'
+    for argv in (["--overwrite", "--straggler", "device", "--json", str(earlier)],
+                 ["--straggler", "device", "--json", str(earlier), "--overwrite"]):
+        assert _script("time_to_loss").parse_args(argv).overwrite is True
+    parser = argparse.ArgumentParser()
+    add_json_flag(parser, required=False, help="x")
+    assert parser.parse_args([]).json is None  # not given: nothing to keep
+    assert parser.parse_args(["--json", str(tmp_path / "new.json")]).overwrite is False
