@@ -54,8 +54,8 @@ slowest rank at each TP position (:func:`semimig.resharder.slowest_per_position`
 moves inside its own TP group at the same step (with ``batch=``, Poplar's split absorbs the rest).
 Before the first step ``enable`` runs a short device probe on the TP group (the same fixed GEMMs on
 every rank, ~0.1 s) and moves at once for a rank that is clearly and consistently slow
-(:meth:`~semimig.resharder.Resharder.probe`; ``ReshardConfig(probe=0)`` turns it off; not with
-``dp_size > 1``).  One INFO line per re-plan (plan, predicted step, bytes and seconds moved) and one with the
+(:meth:`~semimig.resharder.Resharder.probe`; ``ReshardConfig(probe=0)`` turns it off; with
+``dp_size > 1`` read at the slowest rank of each TP position, as the steps are).  One INFO line per re-plan (plan, predicted step, bytes and seconds moved) and one with the
 measured step once a full window ran under it; :attr:`Balancer.reshard_summary` has them all.
 
 Data-parallel groups (``batch=``).  ``enable(..., batch=semimig.BatchSplit(global_batch_size=G))``

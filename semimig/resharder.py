@@ -291,13 +291,17 @@ class Resharder:
         """Before the first step: the device probe (:func:`probe_times`, collective over the TP group)
         and, when :meth:`ReshardPolicy.profile` decides, the move; returns the new plan or ``None``.
         ``clock``: the controller's :class:`~semimig.straggler.device.DeviceClock` (an emulated device
-        straggler slows the probe through it); ``None`` times the work alone.  Off with several
-        replicas (their plan is agreed over the world from the steps) and with ``probe=0``."""
-        if self.replicas > 1 or self.size == 1 or self.policy.config.probe <= 0.0:
+        straggler slows the probe through it); ``None`` times the work alone.  With several replicas
+        every TP group probes at once and each repeat is read at the slowest rank of each TP position
+        (:meth:`_slowest_probe`, collective over the world), so every replica takes the same decision.
+        Off with ``probe=0``."""
+        if self.size == 1 or self.policy.config.probe <= 0.0:
             return None
         hidden = getattr(self.model_config, "hidden_size", None) or getattr(self.model_config, "n_embd")
         size = min(int(hidden), PROBE_MAX_SIZE)  # three size x size matrices live for the probe's ~0.1 s
         times = probe_times(self.group, clock, size=size, device=device or self._device, dtype=dtype)
+        if self.replicas > 1:
+            times = self._slowest_probe(times)
         decision = self.policy.profile(times)
         if self._speaks:
             logger.debug("semimig reshard probe: seconds per repeat %s: %s",
@@ -306,6 +310,18 @@ class Resharder:
         if clock is not None:
             clock.take()  # the probe and its move are not the first step's work or traffic
         return new
+
+    def _slowest_probe(self, times: list[list[float]]) -> list[list[float]]:
+        """This replica's probe ``times[i][r]`` → the world's, per repeat the slowest rank at each TP
+        position relative to its own replica's fastest (:func:`slowest_per_position`, as the steps are
+        read; collective over the world).  Each replica sized its work to its own fastest rank, so only
+        the ratios within a replica compare: the one time base is what the selection puts them on."""
+        rows = P.all_gather_rows([self.rank, self.dp_rank, *(row[self.rank] for row in times)], self.world_group)
+        out = []
+        for i in range(len(times)):
+            grid = [[row[0], row[1], row[2 + i], 0.0, 0.0, 0.0] for row in rows]
+            out.append([row[2] for row in slowest_per_position(grid, tp=self.size)])
+        return out
 
     def _take(self, decision: ReshardDecision, *, step: int) -> Any:
         """Move to ``decision``'s plans (collective), note the cost, log it; the new plan."""

@@ -137,6 +137,53 @@ def test_replicas_re_plan_together_and_train_exactly():
     assert every[0]["off"][1] != every[2]["off"][1]
 
 
+PROBE_STEPS = 3
+
+
+def _probe_body(rank, world):
+    """Every rank's re-plans and losses with the device probe at its defaults (tolerance, agreement):
+    an 8x whole-device straggler on replica 0's TP rank 1 only; and ``off`` for the losses."""
+    import torch.distributed as dist
+
+    import semimig
+    from semimig.controller.reshard import ReshardConfig
+
+    out = {}
+    for mode in ("off", "reshard"):
+        plugin, booster, model, optimizer = _boosted()
+        dp_rank = plugin.dp_group.rank()
+        balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=mode,
+                                  straggler="fixed:1:8:scope=device" if dp_rank == 0 else None,
+                                  reshard=ReshardConfig(window=6, horizon=STEPS))
+        try:
+            losses = train_steps(booster, model, optimizer, range(PROBE_STEPS), batch=_batches(dp_rank))
+            out[mode] = (dp_rank, losses, balancer.reshard_summary)
+        finally:
+            balancer.close()
+    every = [None] * world
+    dist.all_gather_object(every, out)
+    return every
+
+
+def test_the_device_probe_reads_every_replica_and_they_move_together_before_the_first_step():
+    """With replicas the probe runs in every TP group at once and each repeat is read at the slowest
+    rank of each TP position (``Resharder._slowest_probe``): the straggler sits in replica 0 only, yet
+    every rank of both replicas moves before step 0 to the same plan, rank 1 holding fewer units,
+    and trains as ``off`` does (the calm run with the probe on is the test above's ``calm``)."""
+    every = run_pooled(_probe_body, 4, timeout_s=600)
+    events = [out["reshard"][2]["events"] for out in every]
+    assert all(events), f"a rank did not re-plan: {events}"
+    firsts = [(ev[0]["step"], ev[0]["mlp_units"], ev[0]["kv_units"]) for ev in events]
+    assert all(f == firsts[0] for f in firsts), f"the ranks re-planned differently: {firsts}"
+    step, mlp, kv = firsts[0]
+    assert step == -1 and "device probe" in events[0][0]["reason"], events[0][0]
+    assert mlp[1] < mlp[0] and kv[1] <= kv[0], firsts[0]
+    for out in every:
+        dp_rank, healthy, _ = out["off"]
+        assert out["reshard"][0] == dp_rank
+        torch.testing.assert_close(torch.tensor(out["reshard"][1]), torch.tensor(healthy), **LOSS_TOL)
+
+
 GLOBAL_BATCH = 12
 SPLIT_STEPS = 20  # Poplar calibrates at iteration 4 and moves samples: the re-plan's window may restart there
 
