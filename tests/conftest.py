@@ -43,6 +43,8 @@ SLOW_CASES = frozenset({
     "test_largest_accepted_curve_allocates", "test_without_shim_sharding_a_model_with_dropout_fails",
     "test_tiny_run_writes_sane_records", "test_throttle_limits_a_busy_child_and_changes_at_run_time",
     "test_uneven_mlp_tp2_fp32", "test_uneven_mlp_tp4_fp32", "test_uneven_mlp_tp2_bf16",
+    "test_the_straggler_interface_carries_each_block_once_under_direct",  # an emulated cluster, via the benchmark
+    "test_measured_run_uses_two_ranks_and_real_gemms",
 })
 
 
@@ -60,12 +62,29 @@ SERIAL_CASES = frozenset({"test_a_straggler_is_balanced_and_summarised",
 SPAWNS = ("run_on_ranks(", "run_pooled(", "subprocess.", "Popen(", "torchrun", "_torchrun(", "run_throttled(")
 
 
+_SOURCE_SPAWNS: dict = {}
+
+
+def _source_spawns(function) -> bool:
+    """Whether ``function``'s source starts ranks or processes (:data:`SPAWNS`); cached per function."""
+    key = id(function)
+    if key not in _SOURCE_SPAWNS:
+        try:
+            source = inspect.getsource(function)
+        except (AttributeError, OSError, TypeError):
+            source = ""
+        _SOURCE_SPAWNS[key] = any(marker in source for marker in SPAWNS)
+    return _SOURCE_SPAWNS[key]
+
+
 def _spawns(item) -> bool:
-    try:
-        source = inspect.getsource(item.function)
-    except (AttributeError, OSError, TypeError):
-        return False
-    return any(marker in source for marker in SPAWNS)
+    """The case, or a fixture it uses, starts ranks or processes (a module's spawn in a shared fixture
+    is paid by its first case: those cases are slow too, though their own bodies only read results)."""
+    if _source_spawns(getattr(item, "function", None)):
+        return True
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = info.name2fixturedefs.values() if info is not None else ()
+    return any(_source_spawns(d.func) for defs in definitions for d in defs)
 
 
 def pytest_collection_modifyitems(config, items):
