@@ -7,8 +7,9 @@
   directory per run and multiprocessing a ``pymp-*`` one, which piled up in ``/tmp`` before.
 - ``make test-fast`` runs ``-m "not slow"``: besides the cases marked ``slow`` in their modules,
   a case counts as slow when its module is in :data:`SLOW_MODULES` (end-to-end training, ranks
-  started by fixtures or helpers, subprocess or torchrun runs) or when its own source starts ranks
-  or processes (:data:`SPAWNS`), so the edit loop stays under 90 s; ``make test`` runs them all.
+  started by helpers, subprocess or torchrun runs) or when its own source, or that of a fixture it
+  uses, starts ranks or processes (:data:`SPAWNS`), so the edit loop stays under 90 s (42 s on the
+  reference machine); ``make test`` runs them all.
 - ``PYTEST_WORKERS=2 make test`` runs on two pytest-xdist workers (one per core of the reference
   machine: a third of a serial run's CPU time was idle, waiting on process start-up); not the
   default yet (README: timing-dependent cases failed under it).  The cases that assert measured
