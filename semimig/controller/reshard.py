@@ -138,7 +138,13 @@ itself: a small shard runs its GEMMs less efficiently, so a recovered rank that 
 blocks measured 0.86 of the other's speed and its model proposed 17/15, not 16/16; but the plan for
 equal speeds unless the proposal beats it by the margin and those samples' noise (four noisy
 samples otherwise land a unit or two beside it, and the window rule moves again).  A straggler
-that comes back is re-planned for by the window rule above, with its episode history.
+that comes back is re-planned for by the window rule above, with its episode history.  After a
+bet (the launch's move, the probe's, or one whose gain was counted over fewer steps than the
+dwell) half as many samples, at least 2, take the way back within a window of the move: the bet was placed on that little
+evidence (measured on the 20:40 and 5:10 throttles: a launch move at step 1, the throttle lifting at
+step 2, held the uneven plan 4 free steps at 0.9-1.0 s against off's 0.6 s).  A rank that stays
+slow reads slow in every sample (0.24-0.5 of the fastest under the real throttle and the noisy
+neighbour), so two samples without a slow rank are not its noise.
 
 A move measured slower is undone.  The model's speeds are read under the plan in force, and a
 rank's speed is not always a constant of the device: measured under a real CPU throttle (a cgroup
@@ -419,6 +425,7 @@ class ReshardPolicy:
         self._dwell = config.min_dwell  # steps the plan in force must be kept (one window after a bet)
         self._reverting = False  # the decision just handed out undoes the last move
         self._returning = False  # the decision just handed out is the way back (no rank was slow)
+        self._on_bet = False  # the plan in force was moved to on a bet (its way back needs fewer samples)
         # the last move's (plans it left, step seconds it was decided against, whether it was the way back),
         # until its window is measured
         self._undo: Optional[tuple] = None
@@ -467,6 +474,7 @@ class ReshardPolicy:
         self.plans = plans
         bet = self._bet and not self.config.dwell  # an explicit dwell always holds
         self._dwell = self.config.window if bet else self.config.min_dwell
+        self._on_bet = bet
         self._bet = False
         self.last_move_step = self.step
         self.samples.clear()  # measurements under the old plan say nothing about the new one's times
@@ -657,7 +665,7 @@ class ReshardPolicy:
         """The decision at ``step``: on the window, or on the ``launch`` samples (module docstring)."""
         cfg = self.config
         uneven = not all(p.is_even for p in self.plans)  # an even plan has no way back to take
-        if launch is None and cfg.return_steps and uneven and len(self.samples) >= cfg.return_steps:
+        if launch is None and self._return_steps() and uneven and len(self.samples) >= self._return_steps():
             back = self._way_back(step)
             if back is not None:
                 return back
@@ -746,6 +754,15 @@ class ReshardPolicy:
                                reason=f"the last move measured slower ({measured:.4g} s/step against {before:.4g} s "
                                       f"before it, beyond {needed:.0%}): back to the plan it left ({units} units)")
 
+    def _return_steps(self) -> int:
+        """Samples the way back needs: ``return_steps``; half as many (at least 2) within a window of a
+        bet's move (module docstring, "The way back": a bet held for a window of the speeds it was
+        placed for is no longer one); 0: no way back."""
+        n = self.config.return_steps
+        young = self._on_bet and self.last_move_step is not None and self.step - self.last_move_step <= \
+            self.config.window
+        return max(2, n // 2) if n and young else n
+
     def _healthy(self, model: StepModel) -> StepModel:
         """``model`` with every rank at its fastest rank's speed (the group with no straggler)."""
         return StepModel(speeds=(max(model.speeds),) * self.tp, replicated=model.replicated,
@@ -755,7 +772,8 @@ class ReshardPolicy:
         """The move toward even after ``return_steps`` samples with no slow rank (module docstring,
         "The way back"); ``None`` when it does not apply."""
         cfg = self.config
-        recent = list(self.samples)[-cfg.return_steps:]
+        n = self._return_steps()
+        recent = list(self.samples)[-n:]
         if any(min(self._ratios(s, self._k)) < 1.0 - cfg.tolerance for s in recent):
             return None
         model, comm = self.model(recent)
@@ -777,7 +795,7 @@ class ReshardPolicy:
         if gain <= needed * current or gain * cfg.window <= cost:
             return None
         self._returning = True
-        return ReshardDecision(step, plans=proposal, reason=f"no rank slow over the last {cfg.return_steps} steps: "
+        return ReshardDecision(step, plans=proposal, reason=f"no rank slow over the last {n} steps: "
                                                              f"toward even (gain {gain:.4g} s/step x {cfg.window} "
                                                              f"steps > move {cost:.4g} s, {units} units)", **info)
 
