@@ -140,11 +140,11 @@ equal speeds unless the proposal beats it by the margin and those samples' noise
 samples otherwise land a unit or two beside it, and the window rule moves again).  A straggler
 that comes back is re-planned for by the window rule above, with its episode history.  After a
 bet (the launch's move, the probe's, or one whose gain was counted over fewer steps than the
-dwell) half as many samples, at least 2, take the way back within a window of the move: the bet was placed on that little
-evidence (measured on the 20:40 and 5:10 throttles: a launch move at step 1, the throttle lifting at
-step 2, held the uneven plan 4 free steps at 0.9-1.0 s against off's 0.6 s).  A rank that stays
-slow reads slow in every sample (0.24-0.5 of the fastest under the real throttle and the noisy
-neighbour), so two samples without a slow rank are not its noise.
+dwell) half as many samples, at least 2, take the way back within a window of the move: the bet
+was placed on that little evidence (measured on the 5:10 throttle: a launch move at step 1, the
+throttle lifting at step 2, held the uneven plan 4 free steps at 0.9-1.0 s against off's 0.6 s).
+A rank that stays slow reads slow in every sample (0.24-0.5 of the fastest under the real throttle
+and the noisy neighbour), so two samples without a slow rank are not its noise.
 
 A move measured slower is undone.  The model's speeds are read under the plan in force, and a
 rank's speed is not always a constant of the device: measured under a real CPU throttle (a cgroup
