@@ -55,8 +55,9 @@ moves inside its own TP group at the same step (with ``batch=``, Poplar's split 
 Before the first step ``enable`` runs a short device probe on the TP group (the same fixed GEMMs on
 every rank, ~0.1 s) and moves at once for a rank that is clearly and consistently slow
 (:meth:`~semimig.resharder.Resharder.probe`; ``ReshardConfig(probe=0)`` turns it off; with
-``dp_size > 1`` read at the slowest rank of each TP position, as the steps are).  One INFO line per re-plan (plan, predicted step, bytes and seconds moved) and one with the
-measured step once a full window ran under it; :attr:`Balancer.reshard_summary` has them all.
+``dp_size > 1`` read at the slowest rank of each TP position, as the steps are).  One INFO line per
+re-plan (plan, predicted step, bytes and seconds moved) and one with the measured step once a full
+window ran under it; :attr:`Balancer.reshard_summary` has them all.
 
 Data-parallel groups (``batch=``).  ``enable(..., batch=semimig.BatchSplit(global_batch_size=G))``
 also splits each global batch between the plugin's DP groups (Poplar, DESIGN §6): every TP group
