@@ -23,6 +23,7 @@
 """
 import contextlib
 import fcntl
+import functools
 import inspect
 import os
 import shutil
@@ -63,19 +64,14 @@ SERIAL_CASES = frozenset({"test_a_straggler_is_balanced_and_summarised",
 SPAWNS = ("run_on_ranks(", "run_pooled(", "subprocess.", "Popen(", "torchrun", "_torchrun(", "run_throttled(")
 
 
-_SOURCE_SPAWNS: dict = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _source_spawns(function) -> bool:
-    """Whether ``function``'s source starts ranks or processes (:data:`SPAWNS`); cached per function."""
-    key = id(function)
-    if key not in _SOURCE_SPAWNS:
-        try:
-            source = inspect.getsource(function)
-        except (AttributeError, OSError, TypeError):
-            source = ""
-        _SOURCE_SPAWNS[key] = any(marker in source for marker in SPAWNS)
-    return _SOURCE_SPAWNS[key]
+    """Whether ``function``'s source starts ranks or processes (:data:`SPAWNS`); once per function."""
+    try:
+        source = inspect.getsource(function)
+    except (AttributeError, OSError, TypeError):
+        return False
+    return any(marker in source for marker in SPAWNS)
 
 
 def _spawns(item) -> bool:

@@ -592,6 +592,11 @@ class ReshardPolicy:
             self._k_found.extend(found)
             self.measured_k = statistics.median(self._k_found)
 
+    def _has_slow_rank(self, sample: ReshardSample) -> bool:
+        """Some rank's speed ratio in ``sample`` (at the latest ``R/S``) is below ``1 − tolerance``:
+        what starts or extends a slow episode, keeps the way back and excuses the way back's window."""
+        return min(self._ratios(sample, self._k)) < 1.0 - self.config.tolerance
+
     def _ratios(self, sample: ReshardSample, k: float) -> Tuple[float, ...]:
         p = self.shares()
         v = [(k + p[r]) / sample.compute_s[r] for r in range(self.tp)]
@@ -601,7 +606,7 @@ class ReshardPolicy:
     def _track_episode(self, step: int, sample: ReshardSample) -> None:
         """Slow episodes: begin at a step with a rank below ``1 − tolerance``, end after
         :data:`EPISODE_END` steps without one; the ended ones' lengths go to :attr:`episodes`."""
-        slow = min(self._ratios(sample, self._k)) < 1.0 - self.config.tolerance
+        slow = self._has_slow_rank(sample)
         if slow:
             if self._episode is None:
                 self._episode = [step, step]
@@ -665,7 +670,8 @@ class ReshardPolicy:
         """The decision at ``step``: on the window, or on the ``launch`` samples (module docstring)."""
         cfg = self.config
         uneven = not all(p.is_even for p in self.plans)  # an even plan has no way back to take
-        if launch is None and self._return_steps() and uneven and len(self.samples) >= self._return_steps():
+        back_steps = self._return_steps()
+        if launch is None and back_steps and uneven and len(self.samples) >= back_steps:
             back = self._way_back(step)
             if back is not None:
                 return back
@@ -737,7 +743,7 @@ class ReshardPolicy:
         ``None`` when it is not.  Either way the comparison is made once per move."""
         cfg = self.config
         (left, before, way_back), self._undo = self._undo, None
-        if way_back and any(min(self._ratios(s, self._k)) < 1.0 - cfg.tolerance for s in samples):
+        if way_back and any(self._has_slow_rank(s) for s in samples):
             return None  # the straggler came back: a new episode for the window rule, not the move's doing
         model, comm = self.model(samples)
         measured = self._predict(model, self.plans) + comm  # the window's median step (max c_r + min m_r)
@@ -774,7 +780,7 @@ class ReshardPolicy:
         cfg = self.config
         n = self._return_steps()
         recent = list(self.samples)[-n:]
-        if any(min(self._ratios(s, self._k)) < 1.0 - cfg.tolerance for s in recent):
+        if any(self._has_slow_rank(s) for s in recent):
             return None
         model, comm = self.model(recent)
         needed = self._required_gain(recent)

@@ -89,10 +89,16 @@ PLANNED = {
 attention's query projection, whose parent module is the attention (:func:`attention_path`)."""
 
 
+def query_layer(family: str) -> str:
+    """A ``family`` layer's query projection (``self_attn.q_proj``, ``attn.c_attn``,
+    ``attention.attention.query``): the first entry of :data:`PLANNED`."""
+    return next(iter(PLANNED[family]))
+
+
 def attention_path(family: str) -> str:
     """Where a ``family`` layer's attention module sits (``self_attn``, ``attn``, ``attention.attention``):
-    the parent of its query projection, the first entry of :data:`PLANNED`."""
-    return next(iter(PLANNED[family])).rsplit(".", 1)[0]
+    the parent of its query projection."""
+    return query_layer(family).rsplit(".", 1)[0]
 
 
 def _is_tp_linear(target: object) -> bool:

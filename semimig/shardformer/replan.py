@@ -474,12 +474,12 @@ def _rebuild_ddp(model: nn.Module) -> int:
 
 def _set_attention(model: nn.Module, layers: List[_Layer], resolved, rank: int) -> None:
     """This rank's head counts and width on each attention module (what SemiMigPolicy sets at build)."""
-    from semimig.shardformer.policy import PLANNED
+    from semimig.shardformer.policy import query_layer
     from semimig.shardformer.uneven import attention_attributes
 
     heads, kv_heads = resolved.heads(rank)
     update = attention_attributes(resolved.dims.family, width=resolved.q.sizes[rank], heads=heads, kv_heads=kv_heads)
-    query = next(iter(PLANNED[resolved.dims.family]))  # the attention's query projection: its parent is the attention
+    query = query_layer(resolved.dims.family)  # its parent module is the attention
     modules = dict(model.named_modules())
     for layer in layers:
         if layer.name == query or layer.name.endswith("." + query):
