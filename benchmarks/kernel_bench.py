@@ -425,41 +425,37 @@ def mlp_paired_impls(x1, w1, dy1, x2, w2, dy2, keep: torch.Tensor) -> dict:
     then computes only its output rows ``S`` (rows ``P`` feed only the row layer's pruned
     columns: their outputs are never read and their gradients are exact zeros), so the
     activation between the layers is compact ``[M, |S|]`` and neither layer gathers or scatters
-    it.  Per call, timed: the weight slices ``w1[S, :]`` (rows) and ``w2[:, S]`` (columns) are
-    gathered in forward and reused in backward; ``dw1`` is scattered by rows and ``dw2`` by
-    columns into full-size gradients (fresh, pruned part zeroed).  Untimed: the compact
-    activation ``x2[:, S]`` and its gradient ``dy1[:, S]``, which the other layer's compact
-    products hand over.  ``paired_kprime``: the same MLP with ``|S|`` units, dense, on weights
-    compacted beforehand (the physical limit of the paired form).  The results are checked
-    against the dense products of the kept units before anything is timed.
+    it.  ``paired`` calls what the layers call (``reference.rows_linear_*`` and
+    ``compact_linear_*``, as ``semimig.nn.functional`` does): the weight slices ``w1[S, :]`` (rows)
+    and ``w2[:, S]`` (columns) are gathered in forward and reused by the dgrad; ``dw1`` / ``dw2``
+    are fresh full-size gradients (autograd owns them), the compact products scattered into them.
+    Untimed: the compact activation ``x2[:, S]`` and its gradient ``dy1[:, S]``, which the other
+    layer's compact products hand over.  ``paired_kprime``: the same MLP with ``|S|`` units,
+    dense, on weights compacted beforehand (the physical limit of the paired form).  The results
+    are checked against the dense products of the kept units before anything is timed.
     """
     s = keep.long()
     i, h = w1.shape
+    plan = plan_keep(keep, i, keep.device)
     x2c, dy1c = x2.index_select(1, s).contiguous(), dy1.index_select(1, s).contiguous()
     w1c, w2c = w1.index_select(0, s).contiguous(), w2.index_select(1, s).contiguous()
     saved: dict[str, torch.Tensor] = {}
 
     def col_fwd():
-        saved["w1s"] = w1s = w1.index_select(0, s)
-        return F.linear(x1, w1s)
-
-    def col_wgrad():
-        out = dy1.new_zeros(i, h)
-        return out.index_copy_(0, s, dy1c.t().mm(x1))
+        saved["w1s"], y = reference.rows_linear_fwd(x1, w1, None, s)
+        return y
 
     def row_fwd():
-        saved["w2s"] = w2s = w2.index_select(1, s)
-        return F.linear(x2c, w2s)
-
-    def row_wgrad():
-        out = dy2.new_zeros(w2.shape)
-        return out.index_copy_(1, s, dy2.t().mm(x2c))
+        saved["w2s"], y = reference.compact_linear_fwd(x2c, w2, plan)
+        return y
 
     impls = {
-        "col": {"paired": {"fwd": col_fwd, "dgrad": lambda: dy1c.mm(saved["w1s"]), "wgrad": col_wgrad},
+        "col": {"paired": {"fwd": col_fwd, "dgrad": lambda: dy1c.mm(saved["w1s"]),
+                           "wgrad": lambda: reference.rows_linear_wgrad(dy1c, x1, s, i)},
                 "paired_kprime": {"fwd": lambda: F.linear(x1, w1c), "dgrad": lambda: dy1c.mm(w1c),
                                   "wgrad": lambda: dy1c.t().mm(x1)}},
-        "row": {"paired": {"fwd": row_fwd, "dgrad": lambda: dy2.mm(saved["w2s"]), "wgrad": row_wgrad},
+        "row": {"paired": {"fwd": row_fwd, "dgrad": lambda: dy2.mm(saved["w2s"]),
+                           "wgrad": lambda: reference.compact_linear_wgrad(dy2, x2c, plan)},
                 "paired_kprime": {"fwd": lambda: F.linear(x2c, w2c), "dgrad": lambda: dy2.mm(w2c),
                                   "wgrad": lambda: dy2.t().mm(x2c)}},
     }
@@ -585,16 +581,22 @@ def report_mlp(result: dict) -> None:
     if not any("paired" in r for r in result["mlp_ratios"]):
         return
     print("\npaired pruning (the row layer's kept units also prune the column layer's rows; same FLOPs):")
+    print("paired: the layers' own calls; col / row: paired / dense at K', each layer alone")
     print(f"{'shape':8s} {'gamma':>5s} {'pass':6s} {'paired':>8s} {'p_dK`':>8s}  {'paired/dK`':>13s} "
-          f"{'paired/p_dK`':>13s} {'paired/gather':>13s}")
+          f"{'paired/p_dK`':>13s} {'paired/gather':>13s} {'col':>5s} {'row':>5s}")
     totals: dict[tuple, dict[str, float]] = {}
+    worst = 0.0
     for r in result["mlp_ratios"]:
+        worst = max(worst, r["paired_vs_kprime"])
         print(f"{r['shape']:8s} {r['gamma']:5.2f} {r['pass']:6s} {r['paired']:8.3f} {r['paired_kprime']:8.3f}  "
               f"{r['paired_vs_kprime']:5.2f} [{r['paired_vs_kprime_min']:5.2f}]  "
-              f"{r['paired'] / r['paired_kprime']:13.2f} {r['paired'] / r['gather']:13.2f}")
+              f"{r['paired'] / r['paired_kprime']:13.2f} {r['paired'] / r['gather']:13.2f} "
+              f"{r['col_paired_vs_kprime']:5.2f} {r['row_paired_vs_kprime']:5.2f}")
         cell = totals.setdefault((r["shape"], r["gamma"]), {})
         for impl in ("gather", "layout", "paired", "paired_kprime", "dense_kprime"):
             cell[impl] = cell.get(impl, 0.0) + r[impl]
+    verdict = "MET" if worst <= MLP_TARGET else "NOT MET"
+    print(f"target: paired / dense_kprime <= {MLP_TARGET} for every shape, gamma and pass: worst {worst:.2f}, {verdict}")
     print("MLP fwd + dgrad + wgrad (sums of medians, ms): gather / layout / paired / paired at K' / dense at K'")
     for (shape, gamma), c in totals.items():
         print(f"{shape:8s} {gamma:5.2f}  {c['gather']:8.2f} {c['layout']:8.2f} {c['paired']:8.2f} "

@@ -121,6 +121,18 @@ class KeepPlan:
         return source
 
 
+    @cached_property
+    def block_scatter_source(self) -> Tensor | None:
+        """``[K/g] int64`` (``g = group > 1``; ``None`` for single columns): for block ``b``, its block
+        in ``[computed S blocks | one zero block]``, the block-granular :attr:`scatter_source`."""
+        if self.group == 1:
+            return None
+        blocks = self.n_kept // self.group
+        source = torch.full((self.k // self.group,), blocks, dtype=torch.int64, device=self.device)
+        source[self.keep_groups.long()] = torch.arange(blocks, device=self.device)
+        return source
+
+
 def _same_device(a: torch.device, b: torch.device) -> bool:
     """Device equality where ``cuda`` and ``cuda:<current>`` are the same device."""
     a, b = torch.device(a), torch.device(b)
