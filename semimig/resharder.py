@@ -167,7 +167,7 @@ def slowest_per_position(rows: list[list[float]], *, tp: int) -> list[list[float
     holds the same plan, so it is planned for the slowest rank at each TP position).
 
     ``rows[i] = [tp_rank, dp_rank, compute, shardable, comm, gemm, ...]`` (any order, one per rank;
-    seconds at full work).  Replica ``d``'s fastest compute is ``c_d``; position ``r`` takes the row
+    seconds at full work; a row may stop after ``compute``, as the device probe's do).  Replica ``d``'s fastest compute is ``c_d``; position ``r`` takes the row
     of the replica where ``compute / c_d`` is largest (the rank slowest *relative to its own replica*,
     so a replica that Poplar gives more samples is not mistaken for a slow one; ties: the lowest
     ``dp_rank``), its compute, shardable and GEMM seconds put on one time base (scaled by
@@ -190,7 +190,8 @@ def slowest_per_position(rows: list[list[float]], *, tp: int) -> list[list[float
         scale = base / fastest[d] if fastest[d] > 0 else 1.0
         row = list(by_replica[d][r])
         for i in (2, 3, 5):
-            row[i] *= scale
+            if i < len(row):
+                row[i] *= scale
         out.append(row)
     return out
 
@@ -319,7 +320,7 @@ class Resharder:
         rows = P.all_gather_rows([self.rank, self.dp_rank, *(row[self.rank] for row in times)], self.world_group)
         out = []
         for i in range(len(times)):
-            grid = [[row[0], row[1], row[2 + i], 0.0, 0.0, 0.0] for row in rows]
+            grid = [[row[0], row[1], row[2 + i]] for row in rows]
             out.append([row[2] for row in slowest_per_position(grid, tp=self.size)])
         return out
 

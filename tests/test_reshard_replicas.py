@@ -51,6 +51,13 @@ def test_each_position_takes_the_replica_where_it_is_slowest_relative_to_its_own
     assert [int(r[1]) for r in slowest_per_position(rows, tp=2)] == [0, 1]
 
 
+def test_rows_that_stop_after_compute_are_read_as_full_ones():
+    """The device probe's rows hold only ``[tp_rank, dp_rank, compute]``: the same choice and scale."""
+    full = [_row(0, 0, 1.0, 0.8), _row(1, 0, 4.0, 3.2), _row(0, 1, 2.0, 1.6), _row(1, 1, 2.0, 1.6)]
+    short = [row[:3] for row in full]
+    assert slowest_per_position(short, tp=2) == [row[:3] for row in slowest_per_position(full, tp=2)]
+
+
 def test_a_grid_with_a_missing_rank_is_refused_by_name():
     with pytest.raises(ConfigError, match="every replica needs one row per TP rank 0..1"):
         slowest_per_position([_row(0, 0, 1.0, 0.8), _row(1, 0, 2.0, 1.6), _row(0, 1, 1.0, 0.8)], tp=2)

@@ -20,7 +20,6 @@ from semimig.sharding import (
     fit_step_model,
     kv_group_unit,
     predicted_step,
-    slowest_per_position,
     solve_plan,
     speeds_from_times,
     units_of,
@@ -188,9 +187,6 @@ def test_solver_refusals():
         speeds_from_times([1.0], ShardPlan.even(2, 2), replicated=0.1, shardable=1.0)
     with pytest.raises(ConfigError, match=r"shardable_times\[1\] must be a finite number > 0, got 0"):
         fit_step_model([0.1, 0.1], [1.0, 0], ShardPlan.even(2, 2))
-    with pytest.raises(ConfigError, match="equal-length rows"):
-        slowest_per_position([[1.0, 2.0], [1.0]])
-    assert slowest_per_position([[1.0, 0.5], [0.25, 1.0]]) == (0.25, 0.5)
 
 
 

@@ -15,7 +15,6 @@ from semimig.sharding.solver import (
     continuous_shares,
     fit_step_model,
     predicted_step,
-    slowest_per_position,
     solve_plan,
     speeds_from_times,
 )
@@ -26,7 +25,7 @@ _REPLAN = ("apply_plan", "current_plan", "MoveReport")
 
 __all__ = ["apply_plan", "current_plan", "MoveReport", "Piece", "move_schedule",
            "ShardPlan", "units_of", "kv_group_unit", "StepModel", "continuous_shares", "fit_step_model", "solve_plan",
-           "predicted_step", "speeds_from_times", "slowest_per_position"]
+           "predicted_step", "speeds_from_times"]
 
 
 def __getattr__(name: str):

@@ -35,8 +35,7 @@ from semimig._validate import check_int, check_number
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 
-__all__ = ["StepModel", "continuous_shares", "solve_plan", "predicted_step", "speeds_from_times", "fit_step_model",
-           "slowest_per_position"]
+__all__ = ["StepModel", "continuous_shares", "solve_plan", "predicted_step", "speeds_from_times", "fit_step_model"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,11 +163,3 @@ def fit_step_model(replicated_times: Sequence[float], shardable_times: Sequence[
     S = 1.0 / (k + 1.0 / e)
     R = k * S
     return StepModel(speeds=tuple((R + S * shares[r]) / (a[r] + b[r]) for r in range(e)), replicated=R, shardable=S)
-
-
-def slowest_per_position(speeds_by_replica: Sequence[Sequence[float]]) -> Tuple[float, ...]:
-    """Every DP replica shares one plan (DESIGN §8): the slowest speed at each TP position."""
-    rows = [tuple(row) for row in speeds_by_replica]
-    if not rows or len({len(row) for row in rows}) != 1 or not rows[0]:
-        raise ConfigError(f"speeds_by_replica must be a non-empty list of equal-length rows, got {speeds_by_replica!r}")
-    return tuple(min(col) for col in zip(*rows))
