@@ -616,11 +616,18 @@ class ReshardPolicy:
             self._episode = None
             self.rejected.clear()
 
+    def _episode_age(self) -> Optional[int]:
+        """Steps of the slow episode in progress up to its last slow step (as the ended ones are
+        counted); ``None`` when none is in progress or none has ended to compare it with."""
+        if self._episode is None or not self.episodes:
+            return None
+        return self._episode[1] - self._episode[0] + 1
+
     def _expected_life(self, age: int) -> int:
         """Steps the present state is expected to last (module docstring: age, or the episodes')."""
-        if self._episode is None or not self.episodes:
+        a = self._episode_age()
+        if a is None:
             return age
-        a = self._episode[1] - self._episode[0] + 1  # up to its last slow step, as the ended ones are counted
         longer = [length - a for length in self.episodes if length > a]
         if longer:
             return int(sum(longer) / len(longer))
@@ -629,10 +636,8 @@ class ReshardPolicy:
     def _within_past_episodes(self) -> bool:
         """A slow episode is in progress and some ended one lasted longer than it has so far (a
         straggler that comes and goes, not yet shown to stay: module docstring)."""
-        if self._episode is None or not self.episodes:
-            return False
-        age = self._episode[1] - self._episode[0] + 1
-        return any(length > age for length in self.episodes)
+        a = self._episode_age()
+        return a is not None and any(length > a for length in self.episodes)
 
     def _ran(self, samples: Sequence[ReshardSample]) -> Optional[float]:
         """The median step as it ran over the last :data:`RAN_STEPS` samples when every one of them
