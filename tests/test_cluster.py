@@ -158,10 +158,10 @@ def _assert_clean(before: dict[str, set], run_id: str) -> None:
     assert not Path(f"/run/semimig-cluster/{run_id}").exists()  # with torchrun's logs (--log-dir) inside
 
 
-def _launcher(run_id: str, script: Path, *args: str, gbit: float = 1.0) -> subprocess.Popen:
+def _launcher(run_id: str, script: Path, *args: str, gbit: float = 1.0, grace: float = 5.0) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.Popen([sys.executable, "-m", "semimig.cluster.cli", "--nodes", "2", "--link-gbit", str(gbit),
-                             "--run-id", run_id, "--timeout", "90", "--grace", "5", "--", str(script), *args],
+                             "--run-id", run_id, "--timeout", "90", "--grace", str(grace), "--", str(script), *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
 
 
@@ -214,9 +214,12 @@ def test_failed_job_returns_its_code_and_cleans(tmp_path):
     script = tmp_path / "fail.py"
     script.write_text("import os, sys\nsys.exit(3 if os.environ['SEMIMIG_CLUSTER_NODE'] == '1' else 0)\n")
     run_id, before = _rid(), _snapshot()
-    proc = _launcher(run_id, script)
+    # the healthy node's agent waits in torchrun's exit barrier for the failed one: it is stopped after the
+    # grace (SIGTERM, then SIGKILL a grace later), so a short grace keeps the case short
+    proc = _launcher(run_id, script, grace=1.0)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1, out  # torchrun's agent exits 1 when a rank fails
+    assert "an agent exited with 1; the others get 1 s" in out, out
     _assert_clean(before, run_id)
 
 
