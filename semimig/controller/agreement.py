@@ -18,6 +18,7 @@ every rank raises :class:`semimig.errors.PlanDisagreement` with the same message
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
@@ -81,24 +82,25 @@ class ObservationExchange:
         self._pending = None
 
     def post(self, work: float, busy_s: float, digests: tuple[int, int], valid: bool, wall_s: float = 0.0,
-             sudden: bool = False) -> None:
+             sudden: bool = False, other_s: float = math.nan) -> None:
         """Start gathering this rank's row; ``wall_s``: the iteration's wall time (0 = unknown);
-        ``sudden``: the rank's step reflex fired in the iteration (``RankTiming.observe``)."""
+        ``sudden``: the rank's step reflex fired in the iteration (``RankTiming.observe``); ``other_s``:
+        the seconds of its own work outside the timed GEMMs (NaN = unknown)."""
         if self._pending is not None:
             raise RuntimeError("collect() the previous observations before posting new ones")
         mine = (float(work), float(busy_s), int(digests[0]), int(digests[1]), bool(valid), float(wall_s),
-                bool(sudden))
+                bool(sudden), float(other_s))
         if self.size == 1:
             self._pending = ([mine], None)
             return
         row = torch.tensor([mine[0], mine[1], float(mine[2]), float(mine[3]), 1.0 if valid else 0.0, mine[5],
-                            1.0 if sudden else 0.0], dtype=torch.float64, device=self.device)
+                            1.0 if sudden else 0.0, mine[7]], dtype=torch.float64, device=self.device)
         rows = [torch.empty_like(row) for _ in range(self.size)]
         self._pending = (rows, dist.all_gather(rows, row, group=self.group, async_op=True))
 
-    def collect(self) -> Optional[list[tuple[float, float, int, int, bool, float, bool]]]:
+    def collect(self) -> Optional[list[tuple[float, float, int, int, bool, float, bool, float]]]:
         """The rows posted last, in rank order (``None`` if nothing was posted):
-        ``(work, busy_s, applied digest, pending digest, valid, wall_s, sudden)``."""
+        ``(work, busy_s, applied digest, pending digest, valid, wall_s, sudden, other_s)``."""
         if self._pending is None:
             return None
         rows, work = self._pending
@@ -106,8 +108,8 @@ class ObservationExchange:
         if work is None:
             return rows
         work.wait()
-        return [(float(r[0]), float(r[1]), int(r[2]), int(r[3]), bool(r[4] > 0.5), float(r[5]), bool(r[6] > 0.5))
-                for r in (t.cpu() for t in rows)]
+        return [(float(r[0]), float(r[1]), int(r[2]), int(r[3]), bool(r[4] > 0.5), float(r[5]), bool(r[6] > 0.5),
+                 float(r[7])) for r in (t.cpu() for t in rows)]
 
 
 def difference_report(descriptions: Sequence[Mapping[str, str]]) -> str:

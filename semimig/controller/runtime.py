@@ -39,6 +39,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import statistics
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -256,6 +257,9 @@ class BalanceController:
                                    change_sigmas=ctl.change_sigmas) for _ in range(self.size)]
         fixed = res.empirical_gamma if res.variant == "pridiff-e" and config.mode.startswith("zero") else None
         self.policy = ShedPolicy(self.size, ctl, fixed_shed=fixed)
+        self._other_s = [collections.deque(maxlen=ctl.window) for _ in range(self.size)]
+        """Per rank, its recent seconds of own work outside the timed GEMMs (``ShedPolicy.decide``'s
+        ``other_s``: the device clock's compute minus busy time)."""
         self.busy_scale: tuple[float, ...] = (1.0,) * self.size
         """Per rank, what its busy time is divided by before it is compared (re-sharding sets it to
         the GEMM time a rank is expected to take under an uneven plan, relative to the least)."""
@@ -392,9 +396,12 @@ class BalanceController:
                             what=f"plan applied in iteration {self.iteration - 1}")
             check_agreement([row[3] for row in rows], pending, self.group,
                             what=f"plan decided at step {self.iteration}")
-            for timing, scale, (work, busy, _, _, ok, _, sudden) in zip(self.timings, self.busy_scale, rows):
+            for timing, others, scale, (work, busy, _, _, ok, _, sudden, other) in zip(
+                    self.timings, self._other_s, self.busy_scale, rows):
                 if ok:
                     timing.observe(work, busy / scale, sudden=sudden)
+                    if math.isfinite(other):
+                        others.append(other / scale)
             self._current = verified  # equal on every rank: now it may reach the layers
             walls = [row[5] for row in rows]
             if all(math.isfinite(w) for w in walls):  # every rank posts a finite wall (0 = unknown)
@@ -421,7 +428,12 @@ class BalanceController:
         self._flagged_before = flagged
         pending = {**self._pending.describe(self.config.mode), **self._setup}
         self._posted = (self._description, pending, self._pending, applied_now)
-        self._exchange.post(*observed, (digest, plan_digest(pending)), valid, wall, sudden=reflex_gamma > 0.0)
+        # the rest of this rank's own work (ShedPolicy: "The rest of a rank's own work"); unknown (NaN) when the
+        # clock saw no compute, or the step's GEMMs were not all timed (a reflex step: its dense time is estimated)
+        other = device_time.compute_s - stats.busy_s if device_time.compute_s > 0.0 and reflex_gamma == 0.0 \
+            else math.nan
+        self._exchange.post(*observed, (digest, plan_digest(pending)), valid, wall, sudden=reflex_gamma > 0.0,
+                            other_s=max(other, 0.0) if math.isfinite(other) else math.nan)
         self._apply()
         report = StepReport(self.iteration - 1, stats, self._shed_target(), self._gammas,
                             achieved_savings(self._gammas, self.binding.layer_flops()),
@@ -436,7 +448,8 @@ class BalanceController:
         mode = self.config.mode
         if mode == "baseline":
             return previous
-        decision = self.policy.decide(self.iteration, [t.estimate() for t in self.timings])
+        others = [statistics.median(o) if o else math.nan for o in self._other_s]
+        decision = self.policy.decide(self.iteration, [t.estimate() for t in self.timings], others)
         if mode == "semi":
             decision = self._retry_resizing_only(decision, previous)
             if self._trial_events:

@@ -53,7 +53,22 @@ group average) or their minimum.  Solving
     γ_i = clamp( 1 − (T_ref / S_i − f_i) / (1 − f_i) ,  0 ,  γ_max )
 
 which is the paper's ``(T_i − T_ref) / M_i`` with ``M_i = (1 − f_i) S_i`` the time that scales with
-the kept columns.  ``γ_i`` moves only by steps of at least ``gamma_step`` (with regimes, at least
+the kept columns.
+
+The rest of a rank's own work.  ``S`` and ``T_ref`` are GEMM time (the busy meter's), but the step
+waits for every rank's whole own work: a whole slow device (DESIGN §5) is slow at its norms,
+attention core and optimizer step too, which no column shed shrinks.  So when the ranks report
+``O_r``, the seconds of their own work outside the timed GEMMs (the device clock's compute minus
+busy time, median over recent iterations), a flagged rank aims its GEMM time at
+
+    T_ref,i = T_ref + O_ref − O_i           (O_ref: the median O of the unflagged ranks)
+
+so that its whole work ends with theirs; below ``f_i S_i`` that asks for more than shedding can
+give, and γ_i goes to ``γ_max``.  For a straggler slow only at its GEMMs (the paper's, ``scope=gemm``)
+``O_i ≈ O_ref`` and nothing changes.  Measured (nineteenth session, the example at h1024 under a
+real 25 % CPU throttle, zero-pri with paired MLPs): without this term the straggler's GEMM time
+was balanced at γ 0.76 (its busy 481 ms against 460 ms) while its steps took 0.90 s against
+healthy's 0.60 s — its 4x slower optimizer step and other work were not in ``S``.  ``γ_i`` moves only by steps of at least ``gamma_step`` (with regimes, at least
 half the regime test's same-work band, so the test keeps a baseline at the rank's work).  Unflagged ranks: 0.
 
 Shedding must pay.  Once a rank's ``f`` has been fitted from iterations at reduced work and has
@@ -110,6 +125,9 @@ class ShedDecision:
     """Ranks that straggle but do not prune because pruning did not pay (see module docstring)."""
     events: tuple[str, ...] = field(default=(), compare=False)
     """What changed at this decision (flagged, unflagged, backed off), for logs."""
+    other_s: tuple[float, ...] = ()
+    """``O_r`` of every rank (seconds of own work outside the timed GEMMs; NaN where unknown), as
+    given to :meth:`ShedPolicy.decide`; empty when none were."""
 
 
 def _log_median_error(est: RankEstimate) -> float:
@@ -148,17 +166,23 @@ class ShedPolicy:
         self.fixed_shed = fixed_shed
         self.states = [RankState() for _ in range(size)]
 
-    def decide(self, iteration: int, estimates: Sequence[Optional[RankEstimate]]) -> ShedDecision:
-        """Update the evidence with ``estimates`` (one per rank) and return the shed shares."""
+    def decide(self, iteration: int, estimates: Sequence[Optional[RankEstimate]],
+               other_s: Optional[Sequence[float]] = None) -> ShedDecision:
+        """Update the evidence with ``estimates`` (one per rank) and return the shed shares;
+        ``other_s``: each rank's seconds of own work outside the timed GEMMs (module docstring, "The
+        rest of a rank's own work"; NaN where unknown), or ``None``."""
         if len(estimates) != self.size:
             raise ValueError(f"expected {self.size} estimates, got {len(estimates)}")
+        others = () if other_s is None else tuple(float(o) for o in other_s)
+        if others and len(others) != self.size:
+            raise ValueError(f"expected {self.size} other_s, got {len(others)}")
         cfg = self.config
         unpruned = tuple(math.nan if e is None else e.unpruned_s for e in estimates)
         fixed = tuple(math.nan if e is None else e.fixed_fraction for e in estimates)
         if any(e is None or max(e.seen, e.observations) < min(cfg.patience, cfg.window) for e in estimates) \
                 or self.size == 1:
             return ShedDecision(iteration, tuple(s.shed for s in self.states), self._flagged(unpruned), unpruned,
-                                fixed, math.nan)
+                                fixed, math.nan, other_s=others)
         fast = min(range(self.size), key=lambda r: (unpruned[r], r))
         s_fast, error_fast = unpruned[fast], _log_median_error(estimates[fast])
         events = []
@@ -176,6 +200,7 @@ class ShedPolicy:
                               f"unpruned {est.unpruned_s * 1e3:.3g} ms vs fastest {s_fast * 1e3:.3g} ms "
                               f"(margin {margin * 1e3:.2g} ms)")
         reference = self._reference(estimates, s_fast)
+        other_ref = self._other_reference(others)
         backed = []
         for r, (state, est) in enumerate(zip(self.states, estimates)):
             if not state.flagged:
@@ -196,7 +221,9 @@ class ShedPolicy:
                               f"{cfg.max_fixed_fraction:g} of its busy time does not shrink with the columns it "
                               f"keeps); dense for {length} iterations")
                 continue
-            target = self._target(est, reference)
+            own = others[r] if others else math.nan
+            aim = reference + other_ref - own if math.isfinite(other_ref) and math.isfinite(own) else reference
+            target = self._target(est, aim)
             # with regimes, γ holds within half the regime test's same-work band, so a rank keeps
             # running at one work fraction and the test can see its speed change (a throttle lifting)
             step = max(cfg.gamma_step, 0.5 * SAME_WORK) if math.isfinite(est.change_margin) else cfg.gamma_step
@@ -205,7 +232,7 @@ class ShedPolicy:
         for event in events:
             (logger.warning if "does not pay" in event else logger.info)("iteration %d: %s", iteration, event)
         return ShedDecision(iteration, tuple(s.shed for s in self.states), self._flagged(unpruned), unpruned, fixed,
-                            reference, tuple(backed), tuple(events))
+                            reference, tuple(backed), tuple(events), other_s=others)
 
     def _at_once(self, flagged: bool, est: RankEstimate, fast: RankEstimate, s_fast: float) -> bool:
         """The fast path: whether the rank's flag turns at this decision without its patience."""
@@ -260,6 +287,14 @@ class ShedPolicy:
                 return math.fsum(est.unpruned_s for est in normal) / len(normal)
             return s_fast
         return max(est.unpruned_s * max(1.0, est.work) for est in normal)
+
+    def _other_reference(self, others: Sequence[float]) -> float:
+        """``O_ref``: the median ``O`` of the unflagged ranks that report one (NaN: none does)."""
+        values = sorted(o for o, state in zip(others, self.states) if not state.flagged and math.isfinite(o))
+        if not values:
+            return math.nan
+        mid = len(values) // 2
+        return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
 
     def _target(self, est: RankEstimate, reference: float) -> float:
         if self.fixed_shed is not None:

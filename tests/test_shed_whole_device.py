@@ -1,0 +1,84 @@
+"""A flagged rank aims its GEMM time so that its *whole* own work ends with the others'
+(semimig/controller/shedding.py, "The rest of a rank's own work"), on a synthetic clock as
+tests/test_controller_timing.py drives the controller:
+
+    busy_i = χ_i · (F + V·w) · (1 + ε)        the timed GEMMs (what the busy meter sees)
+    O_i    = χ_dev,i · O · (1 + ε)            the rest of the rank's own work (norms, optimizer, ...)
+    step   = max_i (busy_i + O_i)
+
+A straggler slow only at its GEMMs (χ_dev = 1) sheds exactly as before; a whole slow device
+(χ_dev = χ) sheds until its whole work matches, or γ_max when no share can do that.
+"""
+import math
+import random
+
+import pytest
+
+from semimig.controller.config import ControllerConfig
+from semimig.controller.shedding import ShedPolicy
+from semimig.controller.timing import RankTiming
+
+F, V, O = 0.1, 1.0, 0.3
+
+
+def run(chis, device_chis, iterations=80, *, give_others=True, noise=0.02, seed=0, mode="zero"):
+    cfg = ControllerConfig(mode=mode)
+    size = len(chis)
+    timings = [RankTiming(cfg.window) for _ in range(size)]
+    policy = ShedPolicy(size, cfg)
+    others = [[] for _ in range(size)]
+    rng = random.Random(seed)
+    shed, steps, decisions = [0.0] * size, [], []
+    for it in range(iterations):
+        totals = []
+        for r in range(size):
+            w = 1.0 - shed[r]
+            busy = chis[r] * (F + V * w) * max(0.05, 1.0 + rng.gauss(0.0, noise))
+            other = device_chis[r] * O * max(0.05, 1.0 + rng.gauss(0.0, noise))
+            timings[r].observe(w, busy)
+            others[r] = (others[r] + [other])[-cfg.window:]
+            totals.append(busy + other)
+        steps.append(max(totals))
+        medians = [sorted(o)[len(o) // 2] for o in others]
+        decision = policy.decide(it, [t.estimate() for t in timings], medians if give_others else None)
+        shed = list(decision.shed)
+        decisions.append(decision)
+    return shed, steps, decisions
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_gemm_only_straggler_sheds_as_before(seed):
+    """χ_dev = 1: O is the same on every rank, so the aim is T_ref itself: the same shares."""
+    with_others, _, decisions = run([1.0, 3.0], [1.0, 1.0], seed=seed)
+    without, _, _ = run([1.0, 3.0], [1.0, 1.0], seed=seed, give_others=False)
+    assert with_others[1] > 0.5
+    assert with_others[1] == pytest.approx(without[1], abs=0.06)
+    assert len(decisions[-1].other_s) == 2 and all(math.isfinite(o) for o in decisions[-1].other_s)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_whole_slow_device_sheds_until_its_whole_work_ends_with_the_others(seed):
+    """χ = 2.5 everywhere on rank 1: balancing its GEMMs alone leaves its step ~1.3x the fast
+    rank's (the rest of its work is 2.5x too); aimed with O it ends within 10 % of it."""
+    healthy = F + V + O
+    shed, steps, _ = run([1.0, 2.5], [1.0, 2.5], seed=seed)
+    gemm_only, gemm_steps, _ = run([1.0, 2.5], [1.0, 2.5], seed=seed, give_others=False)
+    # the exact share: 2.5 (F + V w) + 2.5 O = F + V + O
+    exact = 1.0 - ((healthy - 2.5 * O) / 2.5 - F) / V
+    assert shed[1] == pytest.approx(exact, abs=0.06)
+    assert shed[1] > gemm_only[1] + 0.1
+    late = sorted(steps[-20:])[10] / healthy
+    assert late <= 1.10, late
+    assert sorted(gemm_steps[-20:])[10] / healthy >= 1.2
+
+
+def test_a_device_too_slow_for_any_share_sheds_gamma_max():
+    """χ = 4: even γ = 1 leaves its other work at 4 O > F + V + O, so it sheds γ_max."""
+    shed, _, _ = run([1.0, 4.0], [1.0, 4.0])
+    assert shed[1] == ControllerConfig().gamma_max
+
+
+def test_other_s_of_the_wrong_length_is_refused_by_name():
+    policy = ShedPolicy(2, ControllerConfig())
+    with pytest.raises(ValueError, match="expected 2 other_s, got 3"):
+        policy.decide(0, [None, None], [0.1, 0.2, 0.3])
