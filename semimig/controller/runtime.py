@@ -76,6 +76,13 @@ from semimig.straggler.injection import StragglerConfig, StragglerInjector
 
 logger = logging.getLogger(__name__)
 
+OTHER_WINDOW = 3
+"""Iterations whose median is a rank's ``O`` (its own work outside the timed GEMMs).  Short: a throttle
+that switches on slows ``O`` at once, and the aim follows within two iterations (over the timing
+window's 7, measured on the 20:40 throttle, the second phase shed γ 0.76 for 5-6 steps at 1.0-1.2 s
+before ``O``'s median moved and it shed 0.9 at 0.72-0.95 s); a median of three still passes over one
+spike (an evaluation, a checkpoint between steps)."""
+
 MODES = ("baseline", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "mig", "semi")
 DEFAULT_PERIOD = 50
 _NO_COST = CostCurves(omega1=0.0, omega2=Curve.constant(0.0), phi1=Curve.constant(0.0), phi2=Curve.constant(0.0))
@@ -257,9 +264,9 @@ class BalanceController:
                                    change_sigmas=ctl.change_sigmas) for _ in range(self.size)]
         fixed = res.empirical_gamma if res.variant == "pridiff-e" and config.mode.startswith("zero") else None
         self.policy = ShedPolicy(self.size, ctl, fixed_shed=fixed)
-        self._other_s = [collections.deque(maxlen=ctl.window) for _ in range(self.size)]
-        """Per rank, its recent seconds of own work outside the timed GEMMs (``ShedPolicy.decide``'s
-        ``other_s``: the device clock's compute minus busy time)."""
+        self._other_s = [collections.deque(maxlen=min(OTHER_WINDOW, ctl.window)) for _ in range(self.size)]
+        """Per rank, its latest seconds of own work outside the timed GEMMs (``ShedPolicy.decide``'s
+        ``other_s``: the device clock's compute minus busy time; :data:`OTHER_WINDOW`)."""
         self.busy_scale: tuple[float, ...] = (1.0,) * self.size
         """Per rank, what its busy time is divided by before it is compared (re-sharding sets it to
         the GEMM time a rank is expected to take under an uneven plan, relative to the least)."""
