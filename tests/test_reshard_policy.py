@@ -39,17 +39,21 @@ def expected(speeds):
                                                                                 unit_size=128))
 
 
-def simulate(pol, speeds_at, steps, *, noise=0.0, move_s=0.5, seed=0, gemm=1.0, decisions=None, ran=None):
-    """Run ``steps`` steps; ``speeds_at(step)`` gives every rank's true speed; ``gemm`` of the
-    shardable work is timed as GEMMs (the rest: attention, optimizer).  ``ran(speeds)``: the fraction
-    of the full step a resizing controller ran it at (``ReshardSample.step_s``), ``None`` when nothing
-    was shed.  Returns the re-plans (and appends every decision to the list ``decisions`` when given)."""
+def simulate(pol, speeds_at, steps, *, noise=0.0, move_s=0.5, seed=0, gemm=1.0, decisions=None, ran=None,
+             by_time=False):
+    """Run ``steps`` steps; ``speeds_at(step)`` gives every rank's true speed (``by_time``:
+    ``speeds_at(seconds)``, the simulated time at the step's start: a throttle that lasts a time);
+    ``gemm`` of the shardable work is timed as GEMMs (the rest: attention, optimizer).
+    ``ran(speeds)``: the fraction of the full step a resizing controller ran it at
+    (``ReshardSample.step_s``), ``None`` when nothing was shed.  Returns the re-plans (and appends
+    every decision to the list ``decisions`` when given)."""
     rng = random.Random(seed)
     e = pol.tp
     R, S = RHO, e * (1.0 - RHO)
     moves = []
+    clock = 0.0
     for step in range(steps):
-        speeds = speeds_at(step)
+        speeds = speeds_at(clock if by_time else step)
         shares = pol.shares()
         jitter = [math.exp(noise * rng.gauss(0.0, 1.0)) for _ in range(e)]
         compute = tuple((R + S * p) / v * j for p, v, j in zip(shares, speeds, jitter))
@@ -57,6 +61,7 @@ def simulate(pol, speeds_at, steps, *, noise=0.0, move_s=0.5, seed=0, gemm=1.0, 
         fraction = ran(speeds) if ran is not None else None
         step_s = None if fraction is None else fraction * max(compute) + COMM
         decision = pol.observe(ReshardSample(compute, shardable, (COMM,) * e, step_s=step_s))
+        clock += (max(compute) + COMM if step_s is None else step_s) + (move_s if decision.replan else 0.0)
         assert isinstance(decision, ReshardDecision) and decision.step == step
         if decisions is not None:
             decisions.append(decision)
@@ -737,3 +742,29 @@ def test_a_straggler_that_comes_back_to_stay_is_re_planned_for_while_shed_once_i
     late = [s for s, d in moves if s >= 140 and max(pol.shares(d.plans)) > 0.5]
     assert late and late[0] <= 140 + 40, [(s, str(d.plans)) for s, d in moves]
     assert max(pol.shares()) > 0.5  # and it is held: the straggler stays
+
+
+def test_a_throttle_that_lasts_a_time_is_compared_in_seconds_not_steps(monkeypatch):
+    """A throttle 30 s on, 60 s off (by the simulated clock): the first episode, re-planned for at
+    launch, ran ~0.55 s steps (52 of them); the later ones, which resizing serves at 30 % of the full
+    step (~1.25 s), last 24. Counted in seconds every episode lasts ~30 s and the later ones are never
+    re-planned for; counted in steps only (the control), each later one is re-planned for as it ends —
+    the move comes as the throttle lifts and goes back five steps later."""
+    def throttle(seconds):
+        return (1.0, 0.25) if seconds % 90.0 < 30.0 else (1.0, 1.0)
+
+    def resizing(speeds):
+        return 0.3 if min(speeds) < 0.5 else None
+
+    def later_moves():
+        pol = policy(ReshardConfig(window=10))
+        moves = simulate(pol, throttle, 260, noise=0.03, ran=resizing, by_time=True)
+        return [s for s, d in moves if s > pol.episodes[0] and max(pol.shares(d.plans)) > 0.5], pol
+
+    late, pol = later_moves()
+    assert late == [], late
+    assert len(pol.episode_seconds) >= 2 and all(27.0 <= s <= 31.0 for s in pol.episode_seconds), pol.episode_seconds
+    assert pol.episodes[0] > 1.5 * pol.episodes[1], pol.episodes  # in steps they differ
+    monkeypatch.setattr("semimig.controller.reshard._step_seconds", lambda sample: 1.0)  # seconds = steps
+    late, _ = later_moves()
+    assert late, "the control: counted in steps, a later episode is re-planned for"

@@ -55,8 +55,15 @@ Re-plan only when all of these hold (hysteresis: no flip-flop):
   ``EPISODE_END`` steps without one), a move toward an uneven plan counts the episode's expected
   *remaining* life instead: over the past episodes longer than the current one's age ``a``, the
   mean of ``L − a``; when the current one has outlived them all, ``a − max L`` (the evidence
-  beyond what the past showed).  A throttle that came and went for ``L`` steps is not re-planned
-  for again unless it now stays clearly longer;
+  beyond what the past showed).  A throttle that came and went for ``L`` is not re-planned for
+  again unless it now stays clearly longer.  Ages and lengths are counted both in steps and in
+  seconds of the steps as they ran, and an episode has outlived the past ones only once it has on
+  both clocks (the expected life is the shorter of the two, seconds turned into steps at the
+  latest step's length): a real throttle lasts a time, not a number of steps — measured on the
+  20:40 throttle, the first phase, served by re-sharding at ~1 s per step, lasted 13 steps; the
+  second, which resizing served at ~0.75 s, outlived it in steps at its 14th and was re-planned
+  for as a straggler that stays, two thirds into its 20 s — while an emulated burst lasts a number
+  of steps whatever they cost;
 - at least ``dwell`` steps since the last re-plan (and its window refilled under the new plan).
 
 At *launch* (``launch`` steps, default 3: the run's first steps, warm-up included) early decisions
@@ -377,6 +384,13 @@ class _State:
     since: int = 0
 
 
+def _step_seconds(sample: ReshardSample) -> float:
+    """A step's length as it ran: ``step_s`` when work was shed, else ``max_r c_r + min_r m_r``."""
+    if sample.step_s is not None:
+        return sample.step_s
+    return max(sample.compute_s) + min(sample.comm_s)
+
+
 class ReshardPolicy:
     """Decides, step by step, whether to move to another uneven plan (module docstring).
 
@@ -417,7 +431,12 @@ class ReshardPolicy:
         """Every decision that re-planned."""
         self.episodes: list[int] = []
         """Lengths in steps of the slow episodes that ended (module docstring)."""
-        self._episode: Optional[list] = None  # [first slow step, last slow step] of the one in progress
+        self.episode_seconds: list[float] = []
+        """Their lengths in seconds of the steps as they ran (what the episode rules compare)."""
+        # the one in progress: [first slow step, last slow step, seconds up to the last slow step, seconds so far,
+        # the last step tracked]
+        self._episode: Optional[list] = None
+        self._last_step_s = 0.0  # the length of the latest tracked step
         self._k = 0.0  # R/S of the latest decision's model (measured and capped), for the per-step ratios
         self._skip = config.warmup  # steps still to leave out of the window (warm-up)
         self._launch: list[ReshardSample] = []  # the run's first ``launch`` steps (module docstring)
@@ -605,39 +624,50 @@ class ReshardPolicy:
 
     def _track_episode(self, step: int, sample: ReshardSample) -> None:
         """Slow episodes: begin at a step with a rank below ``1 − tolerance``, end after
-        :data:`EPISODE_END` steps without one; the ended ones' lengths go to :attr:`episodes`."""
+        :data:`EPISODE_END` steps without one; the ended ones' lengths go to :attr:`episodes` (steps)
+        and :attr:`episode_seconds` (the steps as they ran: :func:`_step_seconds`, a step left out of
+        the window, as after a move, counted at the length of the next one tracked)."""
         slow = self._has_slow_rank(sample)
+        seconds = self._last_step_s = _step_seconds(sample)
+        if self._episode is not None:
+            self._episode[3] += seconds * (step - self._episode[4])
+            self._episode[4] = step
         if slow:
             if self._episode is None:
-                self._episode = [step, step]
-            self._episode[1] = step
+                self._episode = [step, step, seconds, seconds, step]
+            self._episode[1], self._episode[2] = step, self._episode[3]
         elif self._episode is not None and step - self._episode[1] >= EPISODE_END:
             self.episodes.append(self._episode[1] - self._episode[0] + 1)
+            self.episode_seconds.append(self._episode[2])
             self._episode = None
             self.rejected.clear()
 
-    def _episode_age(self) -> Optional[int]:
-        """Steps of the slow episode in progress up to its last slow step (as the ended ones are
-        counted); ``None`` when none is in progress or none has ended to compare it with."""
+    def _episode_age(self) -> Optional[tuple[int, float]]:
+        """``(steps, seconds)`` of the slow episode in progress up to its last slow step (as the ended
+        ones are counted); ``None`` when none is in progress or none has ended to compare it with."""
         if self._episode is None or not self.episodes:
             return None
-        return self._episode[1] - self._episode[0] + 1
+        return self._episode[1] - self._episode[0] + 1, self._episode[2]
 
     def _expected_life(self, age: int) -> int:
-        """Steps the present state is expected to last (module docstring: age, or the episodes')."""
+        """Steps the present state is expected to last (module docstring: age, or the episodes', the
+        shorter of their steps and their seconds at the latest step's length)."""
         a = self._episode_age()
         if a is None:
             return age
-        longer = [length - a for length in self.episodes if length > a]
-        if longer:
-            return int(sum(longer) / len(longer))
-        return max(a - max(self.episodes), 0)
+        lives = []
+        for lengths, now in ((self.episodes, a[0]), (self.episode_seconds, a[1])):
+            longer = [length - now for length in lengths if length > now]
+            lives.append(sum(longer) / len(longer) if longer else max(now - max(lengths), 0))
+        seconds_in_steps = lives[1] / self._last_step_s if self._last_step_s > 0.0 else 0.0
+        return int(min(lives[0], seconds_in_steps))
 
     def _within_past_episodes(self) -> bool:
-        """A slow episode is in progress and some ended one lasted longer than it has so far (a
-        straggler that comes and goes, not yet shown to stay: module docstring)."""
+        """A slow episode is in progress and some ended one lasted longer than it has so far, in steps
+        or in seconds (a straggler that comes and goes, not yet shown to stay: module docstring)."""
         a = self._episode_age()
-        return a is not None and any(length > a for length in self.episodes)
+        return a is not None and (any(length > a[0] for length in self.episodes) or
+                                  any(length > a[1] for length in self.episode_seconds))
 
     def _ran(self, samples: Sequence[ReshardSample]) -> Optional[float]:
         """The median step as it ran over the last :data:`RAN_STEPS` samples when every one of them
