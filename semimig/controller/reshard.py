@@ -63,7 +63,8 @@ Re-plan only when all of these hold (hysteresis: no flip-flop):
   20:40 throttle, the first phase, served by re-sharding at ~1 s per step, lasted 13 steps; the
   second, which resizing served at ~0.75 s, outlived it in steps at its 14th and was re-planned
   for as a straggler that stays, two thirds into its 20 s — while an emulated burst lasts a number
-  of steps whatever they cost;
+  of steps whatever they cost; and "clearly" is by :data:`OUTLIVE` (a quarter), since what the
+  window sees of an episode whose start was re-planned for is shorter than the throttle;
 - at least ``dwell`` steps since the last re-plan (and its window refilled under the new plan).
 
 At *launch* (``launch`` steps, default 3: the run's first steps, warm-up included) early decisions
@@ -190,6 +191,14 @@ __all__ = ["ReshardConfig", "ReshardSample", "ReshardDecision", "ReshardPolicy",
 
 EPISODE_END = 3
 """Consecutive steps without a slow rank that end a slow episode (one fast outlier does not)."""
+
+OUTLIVE = 1.25
+"""How much longer than every ended slow episode (on both clocks) the one in progress must last before
+it counts as a straggler that stays.  An ended episode's length is what the window saw of it: the
+warm-up step and the steps after a move are not observed, so the same throttle reads shorter in the
+episode whose start was re-planned for (measured on the 20:40 throttle: the first 20 s phase, moved for
+at launch, read 10 steps and ~14 s; the second, served by resizing, reached that at its 14th step,
+~14 s, and was re-planned for one step before it lifted)."""
 
 RAN_STEPS = 3
 """Samples that must all have shed work before a move's gain is counted against the step as it ran
@@ -664,10 +673,11 @@ class ReshardPolicy:
 
     def _within_past_episodes(self) -> bool:
         """A slow episode is in progress and some ended one lasted longer than it has so far, in steps
-        or in seconds (a straggler that comes and goes, not yet shown to stay: module docstring)."""
+        or in seconds, by :data:`OUTLIVE` (a straggler that comes and goes, not yet shown to stay:
+        module docstring)."""
         a = self._episode_age()
-        return a is not None and (any(length > a[0] for length in self.episodes) or
-                                  any(length > a[1] for length in self.episode_seconds))
+        return a is not None and (any(OUTLIVE * length > a[0] for length in self.episodes) or
+                                  any(OUTLIVE * length > a[1] for length in self.episode_seconds))
 
     def _ran(self, samples: Sequence[ReshardSample]) -> Optional[float]:
         """The median step as it ran over the last :data:`RAN_STEPS` samples when every one of them
