@@ -75,7 +75,8 @@ def test_both_scatter_strategies_and_a_column_major_operand(kept_blocks):
     x = torch.randn(k, 5).t()  # column-major: the block gather falls back to single columns
     w, dy = torch.randn(7, k), torch.randn(5, 7)
     assert not x.is_contiguous()
-    assert torch.equal(reference.gather_linear_fwd(x, w, None, grouped), reference.gather_linear_fwd(x, w, None, single))
+    fwd = reference.gather_linear_fwd
+    assert torch.equal(fwd(x, w, None, grouped), fwd(x, w, None, single))
     for got, want in ((reference.gather_linear_wgrad(dy, x, grouped), dy.t() @ x),
                       (reference.gather_linear_dgrad(dy, w, grouped), dy @ w)):
         pruned = grouped.pruned.long()

@@ -774,11 +774,17 @@ def test_an_episode_outlives_the_past_only_by_a_quarter_on_both_clocks():
     """Measured on the 20:40 throttle: the first phase, re-planned for at launch, was seen for 10 steps
     and ~14 s (its warm-up and the step after the move unobserved); the second reached 14 steps and
     ~14 s a step before it lifted. That is not a straggler that stays: 14 s is within a quarter of 14 s."""
+    from semimig.controller.reshard import _Episode
+
     pol = policy(ReshardConfig(window=10))
     pol.episodes, pol.episode_seconds = [10], [14.0]
-    pol._episode = [60, 73, 14.2, 14.2, 73]  # steps 60-73, 14.2 s up to the last slow one
+
+    def episode(first, last, seconds):
+        return _Episode(first=first, last=last, seconds_to_last=seconds, seconds=seconds, tracked=last)
+
+    pol._episode = episode(60, 73, 14.2)  # steps 60-73, 14.2 s up to the last slow one
     assert pol._within_past_episodes()
-    pol._episode = [60, 75, 18.0, 18.0, 75]  # 16 steps, 18 s: beyond a quarter on both clocks
+    pol._episode = episode(60, 75, 18.0)  # 16 steps, 18 s: beyond a quarter on both clocks
     assert not pol._within_past_episodes()
-    pol._episode = [60, 69, 18.0, 18.0, 69]  # 18 s but 10 steps: within on the step clock
+    pol._episode = episode(60, 69, 18.0)  # 18 s but 10 steps: within on the step clock
     assert pol._within_past_episodes()

@@ -393,6 +393,22 @@ class _State:
     since: int = 0
 
 
+@dataclass
+class _Episode:
+    """The slow episode in progress (:meth:`ReshardPolicy._track_episode`)."""
+
+    first: int
+    """Its first slow step."""
+    last: int
+    """Its latest slow step."""
+    seconds_to_last: float
+    """Seconds from its start up to the end of :attr:`last` (how an ended episode is counted)."""
+    seconds: float
+    """Seconds from its start up to the end of :attr:`tracked`."""
+    tracked: int
+    """The latest step tracked."""
+
+
 def _step_seconds(sample: ReshardSample) -> float:
     """A step's length as it ran: ``step_s`` when work was shed, else ``max_r c_r + min_r m_r``."""
     if sample.step_s is not None:
@@ -442,9 +458,7 @@ class ReshardPolicy:
         """Lengths in steps of the slow episodes that ended (module docstring)."""
         self.episode_seconds: list[float] = []
         """Their lengths in seconds of the steps as they ran (what the episode rules compare)."""
-        # the one in progress: [first slow step, last slow step, seconds up to the last slow step, seconds so far,
-        # the last step tracked]
-        self._episode: Optional[list] = None
+        self._episode: Optional[_Episode] = None  # the one in progress
         self._last_step_s = 0.0  # the length of the latest tracked step
         self._k = 0.0  # R/S of the latest decision's model (measured and capped), for the per-step ratios
         self._skip = config.warmup  # steps still to leave out of the window (warm-up)
@@ -638,16 +652,18 @@ class ReshardPolicy:
         the window, as after a move, counted at the length of the next one tracked)."""
         slow = self._has_slow_rank(sample)
         seconds = self._last_step_s = _step_seconds(sample)
-        if self._episode is not None:
-            self._episode[3] += seconds * (step - self._episode[4])
-            self._episode[4] = step
+        episode = self._episode
+        if episode is not None:
+            episode.seconds += seconds * (step - episode.tracked)
+            episode.tracked = step
         if slow:
-            if self._episode is None:
-                self._episode = [step, step, seconds, seconds, step]
-            self._episode[1], self._episode[2] = step, self._episode[3]
-        elif self._episode is not None and step - self._episode[1] >= EPISODE_END:
-            self.episodes.append(self._episode[1] - self._episode[0] + 1)
-            self.episode_seconds.append(self._episode[2])
+            if episode is None:
+                episode = self._episode = _Episode(first=step, last=step, seconds_to_last=seconds, seconds=seconds,
+                                                   tracked=step)
+            episode.last, episode.seconds_to_last = step, episode.seconds
+        elif episode is not None and step - episode.last >= EPISODE_END:
+            self.episodes.append(episode.last - episode.first + 1)
+            self.episode_seconds.append(episode.seconds_to_last)
             self._episode = None
             self.rejected.clear()
 
@@ -656,7 +672,7 @@ class ReshardPolicy:
         ones are counted); ``None`` when none is in progress or none has ended to compare it with."""
         if self._episode is None or not self.episodes:
             return None
-        return self._episode[1] - self._episode[0] + 1, self._episode[2]
+        return self._episode.last - self._episode.first + 1, self._episode.seconds_to_last
 
     def _expected_life(self, age: int) -> int:
         """Steps the present state is expected to last (module docstring: age, or the episodes', the

@@ -68,8 +68,10 @@ give, and γ_i goes to ``γ_max``.  For a straggler slow only at its GEMMs (the 
 ``O_i ≈ O_ref`` and nothing changes.  Measured (nineteenth session, the example at h1024 under a
 real 25 % CPU throttle, zero-pri with paired MLPs): without this term the straggler's GEMM time
 was balanced at γ 0.76 (its busy 481 ms against 460 ms) while its steps took 0.90 s against
-healthy's 0.60 s — its 4x slower optimizer step and other work were not in ``S``.  ``γ_i`` moves only by steps of at least ``gamma_step`` (with regimes, at least
-half the regime test's same-work band, so the test keeps a baseline at the rank's work).  Unflagged ranks: 0.
+healthy's 0.60 s — its 4x slower optimizer step and other work were not in ``S``.
+
+``γ_i`` moves only by steps of at least ``gamma_step`` (with regimes, at least half the regime
+test's same-work band, so the test keeps a baseline at the rank's work).  Unflagged ranks: 0.
 
 Shedding must pay.  Once a rank's ``f`` has been fitted from iterations at reduced work and has
 exceeded ``max_fixed_fraction`` for ``patience`` consecutive decisions, shedding saves less than
