@@ -82,3 +82,66 @@ def test_other_s_of_the_wrong_length_is_refused_by_name():
     policy = ShedPolicy(2, ControllerConfig())
     with pytest.raises(ValueError, match="expected 2 other_s, got 3"):
         policy.decide(0, [None, None], [0.1, 0.2, 0.3])
+
+
+# --------------------------------------------------------------------------- real 2-rank group
+def _other_body(rank, world, spec, iterations):
+    """Train a column -> row pair under ``spec`` with extra non-GEMM work each step (a stand-in for the
+    optimizer and norms); every rank's records of the decisions' ``other_s`` and shed shares."""
+    import copy
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    import semimig.nn as snn
+    from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
+    from tiny_models import TwoLayerMLP
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    width = 256
+    fc1, fc2 = nn.Linear(width, width * world), nn.Linear(width * world, width)
+    group = dist.group.WORLD
+    model = TwoLayerMLP(snn.Linear1D_Col.from_native_module(copy.deepcopy(fc1), group),
+                        snn.Linear1D_Row.from_native_module(copy.deepcopy(fc2), group))
+    ctl = BalanceController(model, BalanceConfig(mode="zero-pri", straggler=spec,
+                                                 controller=ControllerConfig(max_fixed_fraction=1.0)))
+    x, state = torch.randn(256, width), torch.zeros(1 << 20)
+    records = []
+    try:
+        for _ in range(iterations):
+            ctl.set_epoch(0)
+            model(x).pow(2).mean().backward()
+            for _ in range(12):  # not a GEMM: the busy meter does not see it, the device clock does
+                state.mul_(0.5).add_(1.0)
+            report = ctl.step()
+            decision = report.decision
+            records.append((report.gamma_target, None if decision is None else tuple(decision.other_s)))
+    finally:
+        ctl.close()
+    gathered = [None] * world
+    dist.all_gather_object(gathered, records)
+    return gathered
+
+
+def test_on_a_real_group_a_whole_device_reports_its_other_work_and_sheds_gamma_max():
+    """``fixed:1:2.5:scope=device``: rank 1's non-GEMM work is slept 2.5x as well, its ``O`` reads about
+    2.5 times rank 0's, the same on every rank, and with it the aim asks for more than shedding can
+    give: ``γ_max`` (balancing its GEMM time alone held it at 0.8 in this setup); ``fixed:1:2.5`` (GEMMs
+    only): the two ranks' ``O`` are alike."""
+    from dist_harness import run_on_ranks
+
+    gamma_max = ControllerConfig().gamma_max
+    for spec, device in (("fixed:1:2.5:scope=device", True), ("fixed:1:2.5", False)):
+        records0, records1 = run_on_ranks(_other_body, 2, spec, 30, timeout_s=300)
+        assert records0 == records1 or [r[1] for r in records0] == [r[1] for r in records1]  # one decision
+        others = [o for _, o in records0[-10:] if o]
+        assert others and all(len(o) == 2 and all(math.isfinite(v) and v > 0 for v in o) for o in others), others
+        ratio = sorted(o[1] / o[0] for o in others)[len(others) // 2]
+        if device:
+            assert ratio > 1.8, others
+            last = [g for g, _ in records1[-10:]]
+            assert sum(g == pytest.approx(gamma_max) for g in last) >= 8, [g for g, _ in records1]
+        else:
+            assert ratio < 1.5, others
