@@ -116,9 +116,7 @@ class KeepPlan:
         which is much cheaper on a CPU than ``index_copy_`` into a zero-filled tensor.
         Built on first use (the Triton kernels scatter by themselves and never need it).
         """
-        source = torch.full((self.k,), self.n_kept, dtype=torch.int64, device=self.device)
-        source[self.keep.long()] = torch.arange(self.n_kept, device=self.device)
-        return source
+        return _gather_source(self.keep, self.k)
 
 
     @cached_property
@@ -127,10 +125,15 @@ class KeepPlan:
         in ``[computed S blocks | one zero block]``, the block-granular :attr:`scatter_source`."""
         if self.group == 1:
             return None
-        blocks = self.n_kept // self.group
-        source = torch.full((self.k // self.group,), blocks, dtype=torch.int64, device=self.device)
-        source[self.keep_groups.long()] = torch.arange(blocks, device=self.device)
-        return source
+        return _gather_source(self.keep_groups, self.k // self.group)
+
+
+def _gather_source(kept: Tensor, size: int) -> Tensor:
+    """``[size] int64``: for slot ``j`` of ``[0, size)``, its index in ``[kept slots in order | one zero
+    slot]`` (the zero slot for a slot not in ``kept``)."""
+    source = torch.full((size,), kept.numel(), dtype=torch.int64, device=kept.device)
+    source[kept.long()] = torch.arange(kept.numel(), device=kept.device)
+    return source
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

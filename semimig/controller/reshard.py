@@ -459,7 +459,6 @@ class ReshardPolicy:
         self.episode_seconds: list[float] = []
         """Their lengths in seconds of the steps as they ran (what the episode rules compare)."""
         self._episode: Optional[_Episode] = None  # the one in progress
-        self._last_step_s = 0.0  # the length of the latest tracked step
         self._k = 0.0  # R/S of the latest decision's model (measured and capped), for the per-step ratios
         self._skip = config.warmup  # steps still to leave out of the window (warm-up)
         self._launch: list[ReshardSample] = []  # the run's first ``launch`` steps (module docstring)
@@ -651,7 +650,7 @@ class ReshardPolicy:
         and :attr:`episode_seconds` (the steps as they ran: :func:`_step_seconds`, a step left out of
         the window, as after a move, counted at the length of the next one tracked)."""
         slow = self._has_slow_rank(sample)
-        seconds = self._last_step_s = _step_seconds(sample)
+        seconds = _step_seconds(sample)
         episode = self._episode
         if episode is not None:
             episode.seconds += seconds * (step - episode.tracked)
@@ -684,7 +683,8 @@ class ReshardPolicy:
         for lengths, now in ((self.episodes, a[0]), (self.episode_seconds, a[1])):
             longer = [length - now for length in lengths if length > now]
             lives.append(sum(longer) / len(longer) if longer else max(now - max(lengths), 0))
-        seconds_in_steps = lives[1] / self._last_step_s if self._last_step_s > 0.0 else 0.0
+        latest = _step_seconds(self.samples[-1]) if self.samples else 0.0  # the latest step tracked
+        seconds_in_steps = lives[1] / latest if latest > 0.0 else 0.0
         return int(min(lives[0], seconds_in_steps))
 
     def _within_past_episodes(self) -> bool:

@@ -83,6 +83,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -292,11 +293,8 @@ class ShedPolicy:
 
     def _other_reference(self, others: Sequence[float]) -> float:
         """``O_ref``: the median ``O`` of the unflagged ranks that report one (NaN: none does)."""
-        values = sorted(o for o, state in zip(others, self.states) if not state.flagged and math.isfinite(o))
-        if not values:
-            return math.nan
-        mid = len(values) // 2
-        return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
+        values = [o for o, state in zip(others, self.states) if not state.flagged and math.isfinite(o)]
+        return statistics.median(values) if values else math.nan
 
     def _target(self, est: RankEstimate, reference: float) -> float:
         if self.fixed_shed is not None:
