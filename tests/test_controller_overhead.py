@@ -6,14 +6,12 @@ A 2-rank gloo group, a column -> row MLP, rank 1 an emulated 4x straggler (deter
 the steady-state steps after the straggler is flagged.  SEMI is held in its resize-only state by
 cost curves under which migration never pays (so no pretest either) — the state it ends in
 whenever its trial finds resizing faster."""
-import copy
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
 from dist_harness import run_on_ranks
-from tiny_models import TwoLayerMLP
+from tiny_models import semimig_pair
 
 _COUNTED = ("all_reduce", "all_gather", "broadcast", "reduce", "barrier", "all_gather_object",
             "reduce_scatter", "all_to_all", "send", "recv", "isend", "irecv")
@@ -30,16 +28,12 @@ def _bytes(args) -> int:
 
 
 def _body(rank, world, mode, steps, from_step):
-    import semimig.nn as snn
     from semimig.controller import BalanceConfig, BalanceController
     from semimig.controller.curves import CostCurves, Curve
     from semimig.straggler import StragglerConfig
 
     torch.manual_seed(0)
-    fc1, fc2 = nn.Linear(64, 128), nn.Linear(128, 64)
-    group = dist.group.WORLD
-    model = TwoLayerMLP(snn.Linear1D_Col.from_native_module(copy.deepcopy(fc1), group),
-                        snn.Linear1D_Row.from_native_module(copy.deepcopy(fc2), group))
+    model = semimig_pair(64, 128, 64)
     rate = 2 * 32 * 64 * 64 * 3 * 2 / 0.02
     never_migrate = CostCurves(omega1=0.0, omega2=Curve.constant(0.0), phi1=Curve.constant(1e3),
                                phi2=Curve.constant(1e3))

@@ -307,23 +307,16 @@ def test_react_steps_is_validated():
 
 # --------------------------------------------------------------------------- real 2-rank group
 def _burst_body(rank, world, spec, iterations):
-    import copy
-
     import torch
     import torch.distributed as dist
-    import torch.nn as nn
 
-    import semimig.nn as snn
     from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
-    from tiny_models import TwoLayerMLP
+    from tiny_models import semimig_pair
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
     width = 384
-    fc1, fc2 = nn.Linear(width, width * world), nn.Linear(width * world, width)
-    group = dist.group.WORLD
-    model = TwoLayerMLP(snn.Linear1D_Col.from_native_module(copy.deepcopy(fc1), group),
-                        snn.Linear1D_Row.from_native_module(copy.deepcopy(fc2), group))
+    model = semimig_pair(width, width * world, width)
     # no back-off: on a loaded 2-core machine the fitted fixed fraction of so small a layer wanders
     # past 0.5 (busy times move 10x with other processes); this test is about flag -> shed -> unflag
     ctl = BalanceController(model, BalanceConfig(mode="zero-pri", straggler=spec,

@@ -35,29 +35,28 @@ def _plans(g: int, k: int, keep: torch.Tensor):
 
 @settings(max_examples=60, deadline=None)
 @given(blocked())
-def test_grouped_plans_give_the_single_column_results_bit_for_bit(case):
+def test_grouped_plans_gather_the_single_column_values_bit_for_bit_and_scatter_them_alike(case):
     g, k, keep, m, n, seed = case
     gen = torch.Generator().manual_seed(seed)
     x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
     dy, bias = torch.randn(m, n, generator=gen), torch.randn(n, generator=gen)
     grouped, single = _plans(g, k, keep)
     x_kept = x.index_select(1, keep)
-    for plan_a, plan_b in ((grouped, single),):
-        gathered = [
-            (reference.gather_linear_fwd(x, w, bias, plan_a), reference.gather_linear_fwd(x, w, bias, plan_b)),
-            (reference.compact_linear_fwd(x_kept, w, plan_a)[1], reference.compact_linear_fwd(x_kept, w, plan_b)[1]),
-            (reference.compact_linear_fwd(x_kept, w, plan_a)[0], reference.compact_linear_fwd(x_kept, w, plan_b)[0]),
-        ]
-        for i, (a, b) in enumerate(gathered):
-            assert a.shape == b.shape and torch.equal(a, b), (i, g, k, keep.tolist())
-        scattered = [
-            (reference.gather_linear_dgrad(dy, w, plan_a), reference.gather_linear_dgrad(dy, w, plan_b)),
-            (reference.gather_linear_wgrad(dy, x, plan_a), reference.gather_linear_wgrad(dy, x, plan_b)),
-            (reference.compact_linear_wgrad(dy, x_kept, plan_a), reference.compact_linear_wgrad(dy, x_kept, plan_b)),
-        ]
-        for i, (a, b) in enumerate(scattered):
-            assert a.shape == b.shape, (i, a.shape, b.shape)
-            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=f"scatter {i}, g {g}, keep {keep.tolist()}")
+    gathered = [
+        (reference.gather_linear_fwd(x, w, bias, grouped), reference.gather_linear_fwd(x, w, bias, single)),
+        (reference.compact_linear_fwd(x_kept, w, grouped)[1], reference.compact_linear_fwd(x_kept, w, single)[1]),
+        (reference.compact_linear_fwd(x_kept, w, grouped)[0], reference.compact_linear_fwd(x_kept, w, single)[0]),
+    ]
+    for i, (a, b) in enumerate(gathered):
+        assert a.shape == b.shape and torch.equal(a, b), (i, g, k, keep.tolist())
+    scattered = [
+        (reference.gather_linear_dgrad(dy, w, grouped), reference.gather_linear_dgrad(dy, w, single)),
+        (reference.gather_linear_wgrad(dy, x, grouped), reference.gather_linear_wgrad(dy, x, single)),
+        (reference.compact_linear_wgrad(dy, x_kept, grouped), reference.compact_linear_wgrad(dy, x_kept, single)),
+    ]
+    for i, (a, b) in enumerate(scattered):
+        assert a.shape == b.shape, (i, a.shape, b.shape)
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=f"scatter {i}, g {g}, keep {keep.tolist()}")
     # exact zeros on the pruned columns of every scattered result
     pruned = grouped.pruned.long()
     for dense in (reference.gather_linear_dgrad(dy, w, grouped), reference.gather_linear_wgrad(dy, x, grouped),

@@ -140,21 +140,13 @@ def test_controller_config_validates_the_trial_length():
 
 # ---------------------------------------------------------------------------------- on real ranks
 def _trial_body(rank, world):
-    import copy
-
-    import torch.nn as nn
-
-    import semimig.nn as snn
     from semimig.controller import BalanceConfig, BalanceController, CostCurves, Curve
     from semimig.controller.config import ControllerConfig
     from semimig.straggler import StragglerConfig
-    from tiny_models import TwoLayerMLP
+    from tiny_models import semimig_pair
 
     torch.manual_seed(0)
-    fc1, fc2 = nn.Linear(64, 64 * world), nn.Linear(64 * world, 64)
-    group = dist.group.WORLD
-    model = TwoLayerMLP(snn.Linear1D_Col.from_native_module(copy.deepcopy(fc1), group),
-                        snn.Linear1D_Row.from_native_module(copy.deepcopy(fc2), group))
+    model = semimig_pair(64, 64 * world, 64)
     rate = 2 * 32 * 64 * 64 * 3 * 2 / 0.02  # emulated device: ~20 ms of GEMMs per iteration
     # Curves that make Eq. 2 migrate (resizing dear, traffic free): the receiver cap then sets 0.15.
     curves = CostCurves(omega1=1.0, omega2=Curve.constant(1.0), phi1=Curve.constant(0.0), phi2=Curve.constant(0.0))

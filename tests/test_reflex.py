@@ -240,15 +240,11 @@ STEPS = 24
 
 
 def _burst_body(rank, world, reflex):
-    import semimig.nn as snn
     from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
-    from tiny_models import TwoLayerMLP
+    from tiny_models import semimig_pair
 
     torch.manual_seed(0)
-    fc1, fc2 = nn.Linear(256, 512 * world), nn.Linear(512 * world, 256)
-    group = dist.group.WORLD
-    model = TwoLayerMLP(snn.Linear1D_Col.from_native_module(copy.deepcopy(fc1), group),
-                        snn.Linear1D_Row.from_native_module(copy.deepcopy(fc2), group))
+    model = semimig_pair(256, 512 * world, 256)
     # rank 1 twelve times slower (slept) in iterations 0-2 and 20-22
     ctl = BalanceController(model, BalanceConfig(mode="zero-pri", straggler="burst:1:12:every=20:len=3",
                                                  controller=ControllerConfig(reflex=reflex)))

@@ -88,23 +88,16 @@ def test_other_s_of_the_wrong_length_is_refused_by_name():
 def _other_body(rank, world, spec, iterations):
     """Train a column -> row pair under ``spec`` with extra non-GEMM work each step (a stand-in for the
     optimizer and norms); every rank's records of the decisions' ``other_s`` and shed shares."""
-    import copy
-
     import torch
     import torch.distributed as dist
-    import torch.nn as nn
 
-    import semimig.nn as snn
     from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
-    from tiny_models import TwoLayerMLP
+    from tiny_models import semimig_pair
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
     width = 256
-    fc1, fc2 = nn.Linear(width, width * world), nn.Linear(width * world, width)
-    group = dist.group.WORLD
-    model = TwoLayerMLP(snn.Linear1D_Col.from_native_module(copy.deepcopy(fc1), group),
-                        snn.Linear1D_Row.from_native_module(copy.deepcopy(fc2), group))
+    model = semimig_pair(width, width * world, width)
     ctl = BalanceController(model, BalanceConfig(mode="zero-pri", straggler=spec,
                                                  controller=ControllerConfig(max_fixed_fraction=1.0)))
     x, state = torch.randn(256, width), torch.zeros(1 << 20)

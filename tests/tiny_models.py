@@ -24,3 +24,17 @@ class TwoLayerMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(torch.relu(self.fc1(x)))
+
+
+def semimig_pair(d_in: int, d_mid: int, d_out: int, group=None) -> TwoLayerMLP:
+    """A :class:`TwoLayerMLP` of a semimig column -> row pair sharded over ``group`` (default: the world),
+    converted from fresh ``nn.Linear(d_in, d_mid)`` and ``nn.Linear(d_mid, d_out)``, created in that
+    order (the caller's seed decides their weights)."""
+    import torch.distributed as dist
+
+    import semimig.nn as snn
+
+    group = dist.group.WORLD if group is None else group
+    fc1, fc2 = nn.Linear(d_in, d_mid), nn.Linear(d_mid, d_out)
+    return TwoLayerMLP(snn.Linear1D_Col.from_native_module(fc1, group),
+                       snn.Linear1D_Row.from_native_module(fc2, group))
