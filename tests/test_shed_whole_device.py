@@ -21,26 +21,33 @@ from semimig.controller.timing import RankTiming
 F, V, O = 0.1, 1.0, 0.3
 
 
-def run(chis, device_chis, iterations=80, *, give_others=True, noise=0.02, seed=0, mode="zero"):
+def run(chis, device_chis, iterations=80, *, give_others=True, noise=0.02, seed=0, mode="zero", sudden=(),
+        no_other=()):
+    """``chis`` / ``device_chis``: per rank, a number or ``chi(iteration)``; ``sudden``: the iterations
+    whose observation carries the step reflex's evidence (a sudden rise); ``no_other``: those that post
+    no ``O``.  The timing models are the runtime's (regimes, and ``O`` restarting with them)."""
     cfg = ControllerConfig(mode=mode)
     size = len(chis)
-    timings = [RankTiming(cfg.window) for _ in range(size)]
+    timings = [RankTiming(cfg.window, react_steps=cfg.react_steps, change_ratio=cfg.change_ratio,
+                          change_sigmas=cfg.change_sigmas) for _ in range(size)]
     policy = ShedPolicy(size, cfg)
-    others = [[] for _ in range(size)]
     rng = random.Random(seed)
     shed, steps, decisions = [0.0] * size, [], []
+
+    def at(chi, it):
+        return chi(it) if callable(chi) else chi
+
     for it in range(iterations):
         totals = []
         for r in range(size):
             w = 1.0 - shed[r]
-            busy = chis[r] * (F + V * w) * max(0.05, 1.0 + rng.gauss(0.0, noise))
-            other = device_chis[r] * O * max(0.05, 1.0 + rng.gauss(0.0, noise))
-            timings[r].observe(w, busy)
-            others[r] = (others[r] + [other])[-cfg.window:]
+            busy = at(chis[r], it) * (F + V * w) * max(0.05, 1.0 + rng.gauss(0.0, noise))
+            other = at(device_chis[r], it) * O * max(0.05, 1.0 + rng.gauss(0.0, noise))
+            timings[r].observe(w, busy, sudden=it in sudden, other_s=math.nan if it in no_other else other)
             totals.append(busy + other)
         steps.append(max(totals))
-        medians = [sorted(o)[len(o) // 2] for o in others]
-        decision = policy.decide(it, [t.estimate() for t in timings], medians if give_others else None)
+        others = [t.other_s for t in timings] if give_others else None
+        decision = policy.decide(it, [t.estimate() for t in timings], others)
         shed = list(decision.shed)
         decisions.append(decision)
     return shed, steps, decisions
@@ -76,6 +83,23 @@ def test_a_device_too_slow_for_any_share_sheds_gamma_max():
     """χ = 4: even γ = 1 leaves its other work at 4 O > F + V + O, so it sheds γ_max."""
     shed, _, _ = run([1.0, 4.0], [1.0, 4.0])
     assert shed[1] == ControllerConfig().gamma_max
+
+
+def test_other_work_restarts_with_the_regime_at_a_sudden_rise():
+    """A whole device slowing 2.5x at iteration 40, the step reflex's evidence in that observation (a
+    sudden rise: ``S`` restarts from it) and, as in the runtime, no ``O`` from that step (its GEMMs were
+    not all timed).  ``O`` restarts with the regime, so the next decision aims with the slow device's
+    ``O``; a median over the free phase's would still read the free ``O`` there (two of its three
+    values), and shed less."""
+    def chi(it):
+        return 2.5 if it >= 40 else 1.0
+
+    _, _, decisions = run([1.0, chi], [1.0, chi], iterations=50, sudden=(40,), no_other=(40,))
+    assert decisions[40].flagged == (1,) and math.isnan(decisions[40].other_s[1])  # the aim at T_ref meanwhile
+    assert decisions[41].other_s[1] == pytest.approx(2.5 * O, rel=0.1)
+    assert decisions[39].other_s[1] == pytest.approx(O, rel=0.1)
+    # the shares: with the slow O at 41 the aim sheds more than the GEMM-only aim of 40
+    assert decisions[41].shed[1] >= decisions[40].shed[1]
 
 
 def test_other_s_of_the_wrong_length_is_refused_by_name():

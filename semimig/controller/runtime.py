@@ -39,7 +39,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import statistics
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -75,13 +74,6 @@ from semimig.straggler.device import DeviceClock, DeviceTime
 from semimig.straggler.injection import StragglerConfig, StragglerInjector
 
 logger = logging.getLogger(__name__)
-
-OTHER_WINDOW = 3
-"""Iterations whose median is a rank's ``O`` (its own work outside the timed GEMMs).  Short: a throttle
-that switches on slows ``O`` at once, and the aim follows within two iterations (over the timing
-window's 7, measured on the 20:40 throttle, the second phase shed γ 0.76 for 5-6 steps at 1.0-1.2 s
-before ``O``'s median moved and it shed 0.9 at 0.72-0.95 s); a median of three still passes over one
-spike (an evaluation, a checkpoint between steps)."""
 
 MODES = ("baseline", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "mig", "semi")
 DEFAULT_PERIOD = 50
@@ -264,9 +256,6 @@ class BalanceController:
                                    change_sigmas=ctl.change_sigmas) for _ in range(self.size)]
         fixed = res.empirical_gamma if res.variant == "pridiff-e" and config.mode.startswith("zero") else None
         self.policy = ShedPolicy(self.size, ctl, fixed_shed=fixed)
-        self._other_s = [collections.deque(maxlen=min(OTHER_WINDOW, ctl.window)) for _ in range(self.size)]
-        """Per rank, its latest seconds of own work outside the timed GEMMs (``ShedPolicy.decide``'s
-        ``other_s``: the device clock's compute minus busy time; :data:`OTHER_WINDOW`)."""
         self.busy_scale: tuple[float, ...] = (1.0,) * self.size
         """Per rank, what its busy time is divided by before it is compared (re-sharding sets it to
         the GEMM time a rank is expected to take under an uneven plan, relative to the least)."""
@@ -403,12 +392,9 @@ class BalanceController:
                             what=f"plan applied in iteration {self.iteration - 1}")
             check_agreement([row[3] for row in rows], pending, self.group,
                             what=f"plan decided at step {self.iteration}")
-            for timing, others, scale, (work, busy, _, _, ok, _, sudden, other) in zip(
-                    self.timings, self._other_s, self.busy_scale, rows):
-                if ok:
-                    timing.observe(work, busy / scale, sudden=sudden)
-                    if math.isfinite(other):
-                        others.append(other / scale)
+            for timing, scale, (work, busy, _, _, ok, _, sudden, other) in zip(self.timings, self.busy_scale, rows):
+                if ok:  # other: the device clock's compute minus busy time (ShedPolicy's other_s)
+                    timing.observe(work, busy / scale, sudden=sudden, other_s=other / scale)
             self._current = verified  # equal on every rank: now it may reach the layers
             walls = [row[5] for row in rows]
             if all(math.isfinite(w) for w in walls):  # every rank posts a finite wall (0 = unknown)
@@ -455,8 +441,8 @@ class BalanceController:
         mode = self.config.mode
         if mode == "baseline":
             return previous
-        others = [statistics.median(o) if o else math.nan for o in self._other_s]
-        decision = self.policy.decide(self.iteration, [t.estimate() for t in self.timings], others)
+        decision = self.policy.decide(self.iteration, [t.estimate() for t in self.timings],
+                                      [t.other_s for t in self.timings])
         if mode == "semi":
             decision = self._retry_resizing_only(decision, previous)
             if self._trial_events:

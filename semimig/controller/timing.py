@@ -106,7 +106,7 @@ from typing import Optional, Sequence
 
 from semimig._fit import line_fit
 
-__all__ = ["MIN_SPREAD", "RankEstimate", "RankTiming", "dense_equivalent", "fit_fixed_fraction",
+__all__ = ["MIN_SPREAD", "OTHER_WINDOW", "RankEstimate", "RankTiming", "dense_equivalent", "fit_fixed_fraction",
            "observation_problem"]
 
 SAME_WORK = 0.15
@@ -123,6 +123,16 @@ NOISE_HISTORY = 64
 """Relative deviations kept for the noise estimate."""
 MIX_TOLERANCE = 0.1
 """A fitted line whose intercept is below this share of its full-work time mixes two speeds."""
+OTHER_WINDOW = 3
+"""Observations whose median is a rank's ``O`` (its own work outside the timed GEMMs,
+:attr:`RankTiming.other_s`).  Short: a throttle that switches on slows ``O`` at once, and the aim
+follows within two observations (over the timing window's 7, measured on the 20:40 throttle, the
+second phase shed γ 0.76 for 5-6 steps at 1.0-1.2 s before ``O``'s median moved and it shed 0.9 at
+0.72-0.95 s); a median of three still passes over one spike (an evaluation, a checkpoint between
+steps).  And ``O`` restarts with the regime at a change point, as ``S`` does: a sudden rise (the step
+reflex's evidence) restarts ``S`` from one observation, and the reflex's own step posts no ``O`` (its
+GEMMs were not all timed), so ``O`` kept the free phase's median for two more steps (measured on the
+20:40 throttle: γ 0.69 for four steps at 1.1-1.45 s, then 0.87 at 0.76-0.88 s)."""
 BURST_HISTORY = 5
 """Ended slow regimes whose lengths give :attr:`RankEstimate.burst_length`."""
 _MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
@@ -256,6 +266,7 @@ class RankTiming:
         self.fixed_fraction = prior_fixed_fraction
         self.informed = False
         self._obs: collections.deque = collections.deque(maxlen=window)
+        self._other: collections.deque = collections.deque(maxlen=min(OTHER_WINDOW, window))
         self._deviations: collections.deque = collections.deque(maxlen=NOISE_HISTORY)
         self._steps: collections.deque = collections.deque(maxlen=NOISE_HISTORY)
         """``|ln(S_k / S_(k−1))|`` of successive observations at the same work: the regime test's
@@ -264,15 +275,31 @@ class RankTiming:
         self._bursts: collections.deque = collections.deque(maxlen=BURST_HISTORY)
         """Lengths (observations) of the latest slow regimes, each a rise that a fall ended."""
 
-    def observe(self, work: float, busy_s: float, *, sudden: bool = False) -> bool:
+    def observe(self, work: float, busy_s: float, *, sudden: bool = False, other_s: float = math.nan) -> bool:
         """Add one iteration's ``(w, T)`` if it is an observation (:func:`observation_problem`).
 
         ``sudden``: the rank's own step reflex found it slowing within this iteration (its
-        evidence of consecutive slow calls; the module docstring's sudden rise).  Returns whether it
-        was kept; a skipped pair leaves the model exactly as it was.
+        evidence of consecutive slow calls; the module docstring's sudden rise).  ``other_s``: the
+        rank's own work outside the timed GEMMs in the iteration (:attr:`other_s`; NaN: unknown).
+        Returns whether it was kept; a skipped pair leaves the model exactly as it was.
         """
         if observation_problem(work, busy_s) is not None:
             return False
+        changes = self.changes
+        self._observe(work, busy_s, sudden=sudden)
+        if self.changes != changes:
+            self._other.clear()  # O restarts with the regime, as S does (:data:`OTHER_WINDOW`)
+        if math.isfinite(other_s):
+            self._other.append(float(other_s))
+        return True
+
+    @property
+    def other_s(self) -> float:
+        """``O``: the median of the rank's latest :data:`OTHER_WINDOW` seconds of own work outside the
+        timed GEMMs in the regime in force (NaN: none known)."""
+        return statistics.median(self._other) if self._other else math.nan
+
+    def _observe(self, work: float, busy_s: float, *, sudden: bool) -> None:
         self._obs.append((float(work), float(busy_s)))
         self.seen += 1
         self.regime_age += 1
@@ -305,7 +332,6 @@ class RankTiming:
             self._steps.append(abs(math.log(per_obs[-1] / per_obs[-2])))
         if len(per_obs) >= 3 and excursion is None:  # a step into another regime is not noise
             self._deviations.append(abs(per_obs[-1] / statistics.median(per_obs) - 1.0))
-        return True
 
     def _margin(self) -> float:
         """``m`` of the regime test: the relative change that is more than noise."""
