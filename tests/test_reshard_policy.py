@@ -430,7 +430,7 @@ def test_refusals_name_the_input():
         ReshardConfig(return_steps=1)
     with pytest.raises(ConfigError, match="ReshardConfig.return_steps"):
         ReshardConfig(window=10, return_steps=11)
-    assert ReshardConfig(window=3).return_steps == 3 and ReshardConfig().return_steps == 4
+    assert ReshardConfig(window=3).return_steps == 2 and ReshardConfig().return_steps == 2
     with pytest.raises(ConfigError, match="weights"):
         ReshardPolicy(even_plans(), weights=(1.0,), bytes_per_unit=BYTES)
     with pytest.raises(ConfigError, match="same tp"):

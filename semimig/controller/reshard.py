@@ -136,7 +136,7 @@ dwell then held the uneven plan 21 steps at healthy speeds.
 The way back.  An uneven plan is held for a slow rank; when the slow rank recovers, the plan
 makes the *other* ranks the slow ones at every step it is held (measured: a launch move on the
 20:40 pattern held 85 % of the MLP on the fast rank for 8 steps after the lift, a free phase 1.10x
-off's).  So after ``return_steps`` samples in which no rank was slow (every speed ratio at least
+off's).  So after ``return_steps`` samples (default 2) in which no rank was slow (every speed ratio at least
 ``1 − tolerance``) the plan in force moves to the plan the model of those samples proposes, when
 that plan is more even (a smaller largest share) and gains beyond the margin and their noise
 enough to pay the move within ``window`` steps (the window rule would make the same move a window
@@ -146,13 +146,16 @@ itself: a small shard runs its GEMMs less efficiently, so a recovered rank that 
 blocks measured 0.86 of the other's speed and its model proposed 17/15, not 16/16; but the plan for
 equal speeds unless the proposal beats it by the margin and those samples' noise (four noisy
 samples otherwise land a unit or two beside it, and the window rule moves again).  A straggler
-that comes back is re-planned for by the window rule above, with its episode history.  After a
-bet (the launch's move, the probe's, or one whose gain was counted over fewer steps than the
-dwell) half as many samples, at least 2, take the way back within a window of the move: the bet
-was placed on that little evidence (measured on the 5:10 throttle: a launch move at step 1, the
-throttle lifting at step 2, held the uneven plan 4 free steps at 0.9-1.0 s against off's 0.6 s).
-A rank that stays slow reads slow in every sample (0.24-0.5 of the fastest under the real throttle
-and the noisy neighbour), so two samples without a slow rank are not its noise.
+that comes back is re-planned for by the window rule above, with its episode history.  Two
+samples, because a rank that stays slow reads slow in every sample (0.24-0.5 of the fastest under
+the real throttle and the noisy neighbour), so two samples without a slow rank are not its noise;
+and each sample waited is a step at the uneven plan with no straggler to serve (measured on the
+20:40 throttle with four: the launch move's plan ran the 5 steps after the lift at 0.93-1.13 s
+against 0.58 s even, ~2 s of a run).  With more ``return_steps``, after a bet (the launch's move,
+the probe's, or one whose gain was counted over fewer steps than the dwell) half as many samples,
+at least 2, take the way back within a window of the move: the bet was placed on that little
+evidence (measured on the 5:10 throttle: a launch move at step 1, the throttle lifting at step 2,
+held the uneven plan 4 free steps at 0.9-1.0 s against off's 0.6 s).
 
 A move measured slower is undone.  The model's speeds are read under the plan in force, and a
 rank's speed is not always a constant of the device: measured under a real CPU throttle (a cgroup
@@ -262,8 +265,8 @@ class ReshardConfig:
     """MLP columns per unit when the model was built without a plan in units (``None``: 128)."""
     return_steps: Optional[int] = None
     """Samples with no slow rank after which an uneven plan moves toward even, to the plan those
-    samples' model proposes (module docstring, "The way back"); ``None``: ``min(4, window)``; 0:
-    only a full window of the new speeds moves it back."""
+    samples' model proposes (module docstring, "The way back"); ``None``: 2; 0: only a full window of
+    the new speeds moves it back."""
 
     def __post_init__(self) -> None:
         check_int("ReshardConfig.window", self.window, minimum=2, maximum=10**6)
@@ -289,7 +292,7 @@ class ReshardConfig:
         check_int("ReshardConfig.block_size", self.block_size, minimum=1, allow_none=True)
         check_int("ReshardConfig.return_steps", self.return_steps, minimum=0, maximum=self.window, allow_none=True)
         if self.return_steps is None:
-            object.__setattr__(self, "return_steps", min(4, self.window))
+            object.__setattr__(self, "return_steps", 2)
         if self.return_steps == 1:
             raise ConfigError("ReshardConfig.return_steps must be 0 (the window rule only) or at least 2 steps, "
                               "got 1")
