@@ -268,6 +268,7 @@ def main(argv=None) -> int:
         "period_us": args.period_us if args.straggler == "real" else None,
         "pattern": args.pattern, "reflex": args.reflex, "target_val_loss": target,
         "exact_limit_vs_healthy": None if chi is None else exact_limit(chi),
+        "pattern_limit_vs_healthy": pattern_limits(args, chi, modes["healthy"]),
         "unigram_entropy_nats": raw["healthy"][0]["summary"].get("unigram_entropy_nats"),
         "model": {k: getattr(args, k)
                   for k in ("hidden", "layers", "heads", "kv_heads", "batch_size", "seq_len", "steps", "eval_every")},
@@ -295,6 +296,7 @@ def main(argv=None) -> int:
               f"{'never' if ttt is None else f'{ttt:.1f}':>11} "
               f"{'-' if ttt is None or not base_time else f'{ttt / base_time:.2f}x':>10}  {share}{replans(m)}")
     print_phases(modes)
+    print_against_pattern(modes, result["pattern_limit_vs_healthy"])
     print(f"JSON: {args.json}")
     if args.plot:
         plot(result, args.plot)
@@ -312,6 +314,38 @@ def straggler_chi(args: argparse.Namespace, modes: dict) -> Optional[float]:
     if args.straggler == "neighbour" and "off" in modes:
         return max(modes["off"]["steady_step_s"] / modes["healthy"]["steady_step_s"], 1.0)
     return None
+
+
+def pattern_limits(args: argparse.Namespace, chi: Optional[float], healthy: dict) -> Optional[dict]:
+    """The exact limit of the real throttle's pattern (:func:`semimig.bench.time_to_loss.pattern_limit`)
+    for healthy's 80-step time (what the mean step is compared with) and for its time to target;
+    ``None`` without a real throttle's pattern (a device straggler's bursts are counted in steps)."""
+    from semimig.bench.time_to_loss import pattern_limit
+
+    if args.straggler != "real" or not args.pattern or chi is None:
+        return None
+    on, off = args.on_off
+    ttt = healthy["time_to_target_s"]
+    return {"mean_step": pattern_limit(chi, on, off, healthy["train_s"]),
+            "time_to_target": None if ttt is None else pattern_limit(chi, on, off, ttt)}
+
+
+def print_against_pattern(modes: dict, limits: Optional[dict]) -> None:
+    """Each mode's mean step and time to target as multiples of the pattern's exact limit."""
+    if not limits:
+        return
+    healthy = modes["healthy"]
+    print(f"against the pattern's exact limit ({limits['mean_step']:.3f}x healthy's steps"
+          + ("" if limits["time_to_target"] is None else f", {limits['time_to_target']:.3f}x its time to target")
+          + "):")
+    for mode, m in modes.items():
+        if mode == "healthy":
+            continue
+        step = m["mean_step_s"] / healthy["mean_step_s"] / limits["mean_step"]
+        ttt = m["time_to_target_s"]
+        to = "never" if ttt is None or limits["time_to_target"] is None else \
+            f"{ttt / healthy['time_to_target_s'] / limits['time_to_target']:.2f}x"
+        print(f"{mode:>10}  mean step {step:.2f}x the limit, time to target {to}")
 
 
 def straggler_spec(args: argparse.Namespace) -> str:

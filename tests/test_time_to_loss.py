@@ -1,7 +1,8 @@
 """The time-to-the-same-model analysis: steady step, time to target, summaries over repeats."""
 import pytest
 
-from semimig.bench.time_to_loss import RunResult, exact_limit, steady_step_s, summarize_mode, time_to_target_s
+from semimig.bench.time_to_loss import (RunResult, exact_limit, pattern_limit, steady_step_s, summarize_mode,
+                                        time_to_target_s)
 from semimig.errors import ConfigError
 
 
@@ -107,3 +108,22 @@ def test_step_phases_in_an_example_json_must_match_its_steps():
     data["throttled"] = [True, None]
     assert RunResult.from_json(data).throttled == (True, None)
 
+
+
+def test_pattern_limit_weighs_the_phases_a_run_spends_its_time_in():
+    """20:40 at χ = 4 (2 ranks: 1.6x within a throttled phase).  Over whole cycles a 60 s cycle does
+    20/1.6 + 40 = 52.5 s of healthy work: 60/52.5 = 1.143x; a run of 46.3 healthy seconds ends within
+    its first cycle, 20 s throttled (12.5 s of work) then 33.8 s free: 53.8/46.3 = 1.162x; one that ends
+    within the first phase is at the phase's limit; no throttle (on 0) is healthy; always on is the
+    phase's limit."""
+    assert pattern_limit(4.0, 20.0, 40.0, 52.5 * 10) == pytest.approx(60.0 / 52.5)
+    assert pattern_limit(4.0, 20.0, 40.0, 46.3) == pytest.approx((20.0 + 46.3 - 12.5) / 46.3)
+    assert pattern_limit(4.0, 20.0, 40.0, 10.0) == pytest.approx(1.6)
+    assert pattern_limit(4.0, 0.0, 40.0, 100.0) == pytest.approx(1.0)
+    assert pattern_limit(4.0, 20.0, 0.0, 100.0) == pytest.approx(1.6)
+    # a run that ends within the second cycle's throttled phase
+    assert pattern_limit(4.0, 20.0, 40.0, 52.5 + 5.0) == pytest.approx((60.0 + 5.0 * 1.6) / 57.5)
+    for bad, match in (((4.0, 0.0, 0.0, 10.0), "on_s=0"), ((4.0, -1.0, 40.0, 10.0), "on_s"),
+                       ((4.0, 20.0, 40.0, 0.0), "healthy_s"), ((0.5, 20.0, 40.0, 10.0), "chi")):
+        with pytest.raises(ConfigError, match=match):
+            pattern_limit(*bad)

@@ -30,7 +30,7 @@ from semimig._validate import check_number
 from semimig.errors import ConfigError
 
 __all__ = ["TARGET_TOLERANCE", "RunResult", "steady_step_s", "time_to_target_s", "summarize_mode",
-           "exact_limit", "throttled_steps", "phase_mean_step_s"]
+           "exact_limit", "pattern_limit", "throttled_steps", "phase_mean_step_s"]
 
 TARGET_TOLERANCE = 0.02
 """A mode reaches the healthy model when its validation loss is within 2 % of healthy's final one."""
@@ -197,3 +197,24 @@ def exact_limit(chi: float, ranks: int = 2) -> float:
     """
     check_number("chi", chi, minimum=1.0)
     return ranks * chi / ((ranks - 1) * chi + 1)
+
+
+def pattern_limit(chi: float, on_s: float, off_s: float, healthy_s: float, ranks: int = 2) -> float:
+    """The exact limit of a run under a throttle that comes and goes, as a multiple of healthy's time:
+    ``healthy_s`` seconds of healthy work, the throttle on for ``on_s`` seconds, then off for ``off_s``,
+    repeating, starting on (``semimig throttle --pattern``); each throttled second does
+    ``1 / exact_limit(chi)`` of a healthy second's work (the group re-split at once, nothing paid for
+    switching), each free second a whole one.  Over whole cycles this is the time-weighted
+    ``(on + off) / (on / L + off)`` (1.14x for 20:40 at χ = 4); a run that ends within a cycle counts
+    the part it ran, so a run shorter than one cycle, spent mostly throttled, has a higher limit."""
+    check_number("on_s", on_s, minimum=0.0)
+    check_number("off_s", off_s, minimum=0.0)
+    check_number("healthy_s", healthy_s, minimum=0.0, low_open=True)
+    if on_s + off_s <= 0.0:
+        raise ConfigError(f"pattern_limit needs a pattern of positive length, got on_s={on_s}, off_s={off_s}")
+    slow = exact_limit(chi, ranks)
+    per_cycle = on_s / slow + off_s  # healthy seconds of work one cycle does
+    cycles = math.floor(healthy_s / per_cycle)
+    left = healthy_s - cycles * per_cycle
+    wall = cycles * (on_s + off_s) + (left * slow if left <= on_s / slow else on_s + (left - on_s / slow))
+    return wall / healthy_s
