@@ -7,7 +7,8 @@ Per rank and iteration the runtime observes ``(w, T)``:
     T   measured busy time: its own GEMMs with gathers, index copies, imputation and any injected
         delay; never time blocked in collectives
 
-and models, on the rank's current speed,
+(and ``O``, its own work outside the timed GEMMs in the iteration: :data:`OTHER_WINDOW`) and models,
+on the rank's current speed,
 
     T(w) = S · ( f + (1 − f) · w )        for w ≤ 1 (own work, possibly pruned)
     T(w) = S · w                          for w > 1 (a receiver's extra columns are plain GEMMs)
@@ -131,8 +132,10 @@ second phase shed γ 0.76 for 5-6 steps at 1.0-1.2 s before ``O``'s median moved
 0.72-0.95 s); a median of three still passes over one spike (an evaluation, a checkpoint between
 steps).  And ``O`` restarts with the regime at a change point, as ``S`` does: a sudden rise (the step
 reflex's evidence) restarts ``S`` from one observation, and the reflex's own step posts no ``O`` (its
-GEMMs were not all timed), so ``O`` kept the free phase's median for two more steps (measured on the
-20:40 throttle: γ 0.69 for four steps at 1.1-1.45 s, then 0.87 at 0.76-0.88 s)."""
+GEMMs were not all timed), so ``O`` kept the free phase's median for two more steps.  (On the 20:40
+throttle the second phase shed γ 0.69 for four steps at 1.1-1.45 s before 0.87; with the restart,
+0.75 for two steps before 0.9 — one run each, and an ``f`` not yet fitted in the new regime, the
+prior 0, holds γ low in those first steps too.)"""
 BURST_HISTORY = 5
 """Ended slow regimes whose lengths give :attr:`RankEstimate.burst_length`."""
 _MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
