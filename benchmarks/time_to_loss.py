@@ -14,7 +14,9 @@ straggler (``healthy``) and then in every balancing mode with TP rank 1 slowed::
                          run (the kernel's scheduler shares the core, chi about 2); chi is read
                          from ``off``'s steady step against healthy's when ``off`` runs
     --pattern ON:OFF     the throttle (or the device straggler, as bursts) comes and goes; the
-                         throttle's pattern starts with the first training step
+                         throttle's pattern starts with the first training step, and the run's
+                         exact limit over the phases it spends is printed beside every mode
+                         (``pattern_limit_vs_healthy``: :func:`semimig.bench.time_to_loss.pattern_limit`)
 
 (``reshard``: exact uneven shards re-planned during training once the straggler has stayed, the
 re-plan's own cost inside the step times and reported: re-plans, bytes moved, seconds moving;
