@@ -310,17 +310,10 @@ def _burst_body(rank, world, spec, iterations):
     import torch
     import torch.distributed as dist
 
-    from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
-    from tiny_models import semimig_pair
+    from tiny_models import zero_pri_pair
 
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
     width = 384
-    model = semimig_pair(width, width * world, width)
-    # no back-off: on a loaded 2-core machine the fitted fixed fraction of so small a layer wanders
-    # past 0.5 (busy times move 10x with other processes); this test is about flag -> shed -> unflag
-    ctl = BalanceController(model, BalanceConfig(mode="zero-pri", straggler=spec,
-                                                 controller=ControllerConfig(max_fixed_fraction=1.0)))
+    model, ctl = zero_pri_pair(width, world, spec)  # no back-off: this test is about flag -> shed -> unflag
     x = torch.randn(512, width)
     shed, flagged = [], []
     try:

@@ -115,15 +115,10 @@ def _other_body(rank, world, spec, iterations):
     import torch
     import torch.distributed as dist
 
-    from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
-    from tiny_models import semimig_pair
+    from tiny_models import zero_pri_pair
 
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
     width = 256
-    model = semimig_pair(width, width * world, width)
-    ctl = BalanceController(model, BalanceConfig(mode="zero-pri", straggler=spec,
-                                                 controller=ControllerConfig(max_fixed_fraction=1.0)))
+    model, ctl = zero_pri_pair(width, world, spec)
     x, state = torch.randn(256, width), torch.zeros(1 << 20)
     records = []
     try:

@@ -38,3 +38,19 @@ def semimig_pair(d_in: int, d_mid: int, d_out: int, group=None) -> TwoLayerMLP:
     fc1, fc2 = nn.Linear(d_in, d_mid), nn.Linear(d_mid, d_out)
     return TwoLayerMLP(snn.Linear1D_Col.from_native_module(fc1, group),
                        snn.Linear1D_Row.from_native_module(fc2, group))
+
+
+def zero_pri_pair(width: int, world: int, spec):
+    """``(model, controller)``: with seed 0 and one torch thread, a :func:`semimig_pair` of ``width ->
+    width·world -> width`` over the world under a zero-pri controller slowed by ``spec``, without the
+    back-off: on a loaded 2-core machine the fitted fixed fraction of so small a layer wanders past 0.5
+    (busy times move 10x with other processes), and the rank bodies that use it are about flagging
+    and shedding, not about whether shedding pays.  The caller closes the controller."""
+    from semimig.controller import BalanceConfig, BalanceController, ControllerConfig
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = semimig_pair(width, width * world, width)
+    ctl = BalanceController(model, BalanceConfig(mode="zero-pri", straggler=spec,
+                                                 controller=ControllerConfig(max_fixed_fraction=1.0)))
+    return model, ctl
