@@ -423,10 +423,10 @@ class BalanceController:
         self._posted = (self._description, pending, self._pending, applied_now)
         # the rest of this rank's own work (ShedPolicy: "The rest of a rank's own work"); unknown (NaN) when the
         # clock saw no compute, or the step's GEMMs were not all timed (a reflex step: its dense time is estimated)
-        other = device_time.compute_s - stats.busy_s if device_time.compute_s > 0.0 and reflex_gamma == 0.0 \
+        other = max(device_time.compute_s - stats.busy_s, 0.0) if device_time.compute_s > 0.0 and reflex_gamma == 0.0 \
             else math.nan
         self._exchange.post(*observed, (digest, plan_digest(pending)), valid, wall, sudden=reflex_gamma > 0.0,
-                            other_s=max(other, 0.0) if math.isfinite(other) else math.nan)
+                            other_s=other)
         self._apply()
         report = StepReport(self.iteration - 1, stats, self._shed_target(), self._gammas,
                             achieved_savings(self._gammas, self.binding.layer_flops()),
