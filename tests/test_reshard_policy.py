@@ -619,7 +619,7 @@ def test_launch_decides_at_step_1_and_again_at_step_2_when_the_first_keeps_the_p
 def test_launch_steps_that_each_predict_a_large_gain_move_at_step_1_whatever_their_spread():
     """Measured (twenty-first session, the 20:40 throttle attaching while step 0 runs): rank 1's
     compute 2.96x the other's at step 0 and 3.94x at step 1; the relative noise gate over the two
-    asked 56 % of a 55 % gain and the launch moved a step later in 4 of 12 runs.  Each step alone
+    asked 56 % of a 55 % gain and the launch moved a step later in 4 of 16 runs.  Each step alone
     predicts a gain of at least ``probe`` (25 %), so the gate asks only the margin and the launch
     moves at step 1 — also at 10 % noise per step, where the gate asked 66 % of 59 %.  With
     ``probe=0`` the gate is as before (step 2, or the first window with two launch steps)."""

@@ -97,7 +97,7 @@ no straggler (reshard and semi, three each) moved nothing.
 Two launch steps may disagree on *how* slow a rank is and agree that it is slow: measured (twenty-first
 session) under the 20:40 throttle, whose pattern attaches while step 0 runs, rank 1's compute was
 2.96x the other's at step 0 and 3.94x at step 1; the relative gate asked 56 % of a 55 % gain, and
-the launch moved at step 2 instead of step 1 in 4 of 12 runs (each one step more at the full
+the launch moved at step 2 instead of step 1 in 4 of 16 runs (each one step more at the full
 slowdown, 2.6-3.3 s against 0.95 s after the move).  That spread is the slowdown's onset, not
 noise the gain could be lost in.  So the gate asks only the margin when every launch sample read
 alone (its own step model) predicts a gain of at least ``probe`` (the device probe's bar, 25 %: a
