@@ -270,7 +270,9 @@ class ReshardConfig:
     every launch step so far, relative to the fastest rank in the same step."""
     probe: float = 0.25
     """Before the first step: the smallest predicted gain (a fraction of the even step) for which the
-    device probe's plan is taken at once (module docstring, "The device probe"); 0: no probe."""
+    device probe's plan is taken at once (module docstring, "The device probe"); also the gain each
+    launch step must predict alone for the launch's noise gate to ask only the margin (module
+    docstring, "At launch"); 0: neither."""
     block_size: Optional[int] = None
     """MLP columns per unit when the model was built without a plan in units (``None``: 128)."""
     return_steps: Optional[int] = None
