@@ -19,7 +19,7 @@ kernel holds values that were checked: no out-of-bounds gather from a hand-made 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 import torch
@@ -117,7 +117,6 @@ class KeepPlan:
         Built on first use (the Triton kernels scatter by themselves and never need it).
         """
         return _gather_source(self.keep, self.k)
-
 
     @cached_property
     def block_scatter_source(self) -> Tensor | None:

@@ -109,7 +109,6 @@ def test_step_phases_in_an_example_json_must_match_its_steps():
     assert RunResult.from_json(data).throttled == (True, None)
 
 
-
 def test_pattern_limit_weighs_the_phases_a_run_spends_its_time_in():
     """20:40 at χ = 4 (2 ranks: 1.6x within a throttled phase).  Over whole cycles a 60 s cycle does
     20/1.6 + 40 = 52.5 s of healthy work: 60/52.5 = 1.143x; a run of 46.3 healthy seconds ends within

@@ -812,8 +812,9 @@ class ReshardPolicy:
         if self.last_move_step is not None and step - self.last_move_step < self._dwell:
             return ReshardDecision(step, reason=f"dwell: {step - self.last_move_step} of {self._dwell} steps since "
                                                 "the last re-plan", **info)
-        at = (" (at launch, every launch step alone predicting at least "
-              f"{cfg.probe:.0%})" if agreed else " (at launch)") if launch is not None else ""
+        at = " (at launch)" if launch is not None else ""
+        if agreed:
+            at = f" (at launch, every launch step alone predicting at least {cfg.probe:.0%})"
         return ReshardDecision(step, plans=proposal, reason=f"gain {gain:.4g} s/step x {horizon} steps > move "
                                                             f"and revert {cost:.4g} s ({units} units){at}", **info)
 
