@@ -280,7 +280,9 @@ def cpu_costs(shapes: dict, reps: int, gamma: float = 0.5) -> list[dict]:
         x, w, dy = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen), torch.randn(m, n, generator=gen)
         keep = make_keep("random", k, gamma, 1, gen)
         plan = plan_keep(keep, k, "cpu", group=1)
-        kp, keep64 = plan.n_kept, plan.keep.long()
+        kp, keep64 = plan.n_kept, plan.keep64
+        source = torch.full((k,), kp, dtype=torch.int64)  # column j's place in [S | one zero column]
+        source[keep64] = torch.arange(kp)
         x_kp, w_kp = x.index_select(1, plan.keep), w.index_select(1, plan.keep)
         buf_m, buf_n = torch.zeros(m, kp + 1), torch.zeros(n, kp + 1)
         pieces = {
@@ -288,10 +290,13 @@ def cpu_costs(shapes: dict, reps: int, gamma: float = 0.5) -> list[dict]:
             "gather x[:, S] (fwd, wgrad)": lambda: (x.index_select(1, plan.keep), x.index_select(1, plan.keep)),
             "gather w[:, S] (fwd, dgrad)": lambda: (w.index_select(1, plan.keep), w.index_select(1, plan.keep)),
             "GEMMs at K' (fwd, dgrad, wgrad)": lambda: (F.linear(x_kp, w_kp), dy.mm(w_kp), dy.t().mm(x_kp)),
-            "scatter dx, dw (gather from [S | 0])": lambda: (buf_m.index_select(1, plan.scatter_source),
-                                                              buf_n.index_select(1, plan.scatter_source)),
-            "old scatter: zeros + index_copy_": lambda: (torch.zeros(m, k).index_copy_(1, keep64, buf_m[:, :kp]),
-                                                         torch.zeros(n, k).index_copy_(1, keep64, buf_n[:, :kp])),
+            "scatter dx, dw (zeros + scatter_)": lambda: (
+                torch.zeros(m, k).scatter_(1, keep64.expand(m, kp), buf_m[:, :kp]),
+                torch.zeros(n, k).scatter_(1, keep64.expand(n, kp), buf_n[:, :kp])),
+            "old scatter: gather from [S | 0]": lambda: (buf_m.index_select(1, source),
+                                                         buf_n.index_select(1, source)),
+            "older scatter: zeros + index_copy_": lambda: (torch.zeros(m, k).index_copy_(1, keep64, buf_m[:, :kp]),
+                                                           torch.zeros(n, k).index_copy_(1, keep64, buf_n[:, :kp])),
             "torch_gather total": lambda: (reference.gather_linear_fwd(x, w, None, plan),
                                            reference.gather_linear_dgrad(dy, w, plan),
                                            reference.gather_linear_wgrad(dy, x, plan)),

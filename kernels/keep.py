@@ -108,20 +108,20 @@ class KeepPlan:
         return self.keep.device
 
     @cached_property
-    def scatter_source(self) -> Tensor:
-        """``[K] int64``: for column ``j``, its column in ``[computed S columns | one zero column]``.
+    def keep64(self) -> Tensor:
+        """``[K'] int64``: :attr:`keep` as the index dtype ``Tensor.scatter_`` takes.
 
-        ``buf.index_select(1, scatter_source)`` with ``buf = [..., K' + 1]`` (the products for
-        ``S`` in order, then zeros) is the scattered result with exact zeros on ``P``: a gather,
-        which is much cheaper on a CPU than ``index_copy_`` into a zero-filled tensor.
-        Built on first use (the Triton kernels scatter by themselves and never need it).
+        The torch path scatters single kept columns with ``zeros.scatter_(1, keep64.expand(rows,
+        K'), products)`` (built on first use; the Triton kernels scatter by themselves).
         """
-        return _gather_source(self.keep, self.k)
+        return self.keep.long()
 
     @cached_property
     def block_scatter_source(self) -> Tensor | None:
         """``[K/g] int64`` (``g = group > 1``; ``None`` for single columns): for block ``b``, its block
-        in ``[computed S blocks | one zero block]``, the block-granular :attr:`scatter_source`."""
+        in ``[computed S blocks | one zero block]`` (the zero block for a pruned one), so that
+        ``buf.view(rows, K'/g + 1, g).index_select(1, block_scatter_source)`` is the scattered result
+        with exact zeros on ``P``: a block gather, one read and one write of each value."""
         if self.group == 1:
             return None
         return _gather_source(self.keep_groups, self.k // self.group)

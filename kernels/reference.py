@@ -23,20 +23,26 @@ How, cheapest first (the fixed cost ``F`` of a pruned GEMM on a CPU is what thes
 - ``S`` one contiguous run ``[a, b)`` (a prefix when a straggler migrates its tail, a suffix
   when the first columns are pruned): slices, no copy at all; the products are written straight
   into ``dx[:, a:b]`` / ``dw[:, a:b]`` and only the rest is zeroed;
-- otherwise ``x[:, S]`` / ``w[:, S]`` are gathered with ``index_select`` and the scattered
-  result is a second gather, ``[products | zero column].index_select(1, plan.scatter_source)``
-  (``index_copy_`` into a zero-filled tensor costs several times more on a CPU);
+- otherwise ``x[:, S]`` / ``w[:, S]`` are gathered with ``index_select`` and the products are
+  scattered into a zero-filled result with ``scatter_(1, S.expand(rows, |S|), products)``;
 - a keep set of aligned blocks of ``g`` columns (``plan.group > 1``: priority pruning at block
   granularity) is gathered block by block, ``t.view(M, K/g, g).index_select(1, keep_groups)``,
-  which copies runs of ``g`` contiguous values instead of single ones; its scatter is the block
-  gather of ``[products | one zero block]`` while at least a quarter of the columns are kept, and
-  below that a zero fill plus a block ``index_copy_`` (the fill is a fast ``memset``, the copy
-  touches only ``|S|`` columns).  One rank, one thread, the row layer of the LLM MLP (1024 × 4096,
-  blocks of 8; ``benchmarks/kernel_bench.py --mlp-layout``): the scatter at γ 0.9 took 1.40 ms
-  element by element, 0.93 block by block and 0.54 ms as fill + block copy; at γ 0.5
-  1.69 / 1.13 / 1.88 ms.  The gathers copy the same values; a product written into a buffer of
-  another row stride may round differently in the last bit (BLAS picks its kernel by the output's
-  leading dimension, as it already did for the ``K′ + 1``-wide single-column buffer).
+  which copies runs of ``g`` contiguous values instead of single ones, and scattered by the block
+  gather of ``[products | one zero block]`` (each value read and written once, no fill).
+
+The scatters were chosen by measurement (one rank, one thread, ``[1024, 4096]`` and ``[512, 4096]``
+results, 40 interleaved repetitions, medians; twenty-second session).  Single columns at γ 0.5 /
+0.75 / 0.9: ``scatter_`` 1.36 / 1.03 / 0.51 ms against 1.94 / 1.67 / 1.28 for the element gather of
+``[products | zero column]`` (the path before) and 2.57 / 1.49 / 0.75 for ``index_copy_`` into
+zeros.  Blocks of 32: the block gather 0.97 / 0.58 / 0.36 ms against 1.69 / 0.87 / 0.45 for a fill
+plus a block ``index_copy_`` (what this path used below a quarter kept).  Blocks of 8, mixed: on
+``[1024, 4096]`` (the paired row layer's weight gradient at the LLM shape) the block gather first
+or within 5 % (1.34 / 1.15–1.22 / 1.02 ms; ``scatter_`` 1.37–1.40 / 2.07–2.31 / 1.07–1.32), on
+``[512, 4096]`` ``scatter_`` first (0.44–0.64 / 0.27–0.55 / 0.18–0.35 against 0.59–0.65 / 0.51–0.55
+/ 0.48–0.49), two runs each; the block gather serves every ``g > 1`` until a rule by shape is
+measured (a fill's cost on a large result swings with the allocator's state).  The gathers copy
+the same values; a product written into a buffer of another row stride may round differently in
+the last bit (BLAS picks its kernel by the output's leading dimension).
 """
 from __future__ import annotations
 
@@ -77,23 +83,16 @@ def _scattered(plan: KeepPlan, rows: int, like: Tensor, product) -> Tensor:
         out[:, b:].zero_()
         return out
     g = plan.group
-    if g > 1 and 4 * plan.n_kept <= plan.k:  # few kept blocks: zero fill, then copy the kept blocks in
-        products = like.new_empty(rows, plan.n_kept)
-        product(products)
-        out = like.new_zeros(rows, plan.k)
-        out.view(rows, plan.k // g, g).index_copy_(1, plan.keep_groups.long(), products.view(rows, -1, g))
-        return out
     if g > 1:  # [products of S | one zero block], gathered block by block
         blocks = plan.n_kept // g
         buf = like.new_empty(rows, (blocks + 1) * g)
         product(buf[:, : plan.n_kept])
         buf[:, plan.n_kept:].zero_()
         return buf.view(rows, blocks + 1, g).index_select(1, plan.block_scatter_source).view(rows, plan.k)
-    buf = like.new_empty(rows, plan.n_kept + 1)  # [products of S | one zero column]
+    products = like.new_empty(rows, plan.n_kept)  # single columns: scattered into zeros, row by row
     if plan.n_kept:
-        product(buf[:, : plan.n_kept])
-    buf[:, plan.n_kept].zero_()
-    return buf.index_select(1, plan.scatter_source)
+        product(products)
+    return like.new_zeros(rows, plan.k).scatter_(1, plan.keep64.expand(rows, plan.n_kept), products)
 
 
 def _mm_into(out: Tensor, a: Tensor, b: Tensor) -> None:

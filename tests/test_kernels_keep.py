@@ -135,7 +135,9 @@ def test_plan_owns_its_indices_and_knows_its_bounds():
     keep[0] = 7  # the caller's tensor changes afterwards; the plan must not
     assert plan.keep.tolist() == [2, 3, 4] and (plan.first, plan.last, plan.span) == (2, 4, (2, 5))
     gappy = plan_keep(torch.tensor([1, 3]), 8, "cpu")
-    assert gappy.span is None and gappy.scatter_source.tolist() == [2, 0, 2, 1, 2, 2, 2, 2]
+    assert gappy.span is None and gappy.keep64.dtype == torch.int64 and gappy.keep64.tolist() == [1, 3]
+    blocks = plan_keep(torch.cat([torch.arange(8, 16), torch.arange(24, 32)]), 32, "cpu")
+    assert blocks.group == 8 and blocks.block_scatter_source.tolist() == [2, 0, 2, 1]
     empty = plan_keep(torch.empty(0, dtype=torch.long), 3, "cpu")
     assert (empty.first, empty.last, empty.span) == (-1, -1, None)
 
