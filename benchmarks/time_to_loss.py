@@ -97,6 +97,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "the DESIGN §8 plan for rank 1 four times slower at h1024)")
     p.add_argument("--reflex", default="on", choices=("on", "backward", "off"),
                    help="the step reflex of the resizing modes (the example's --reflex; default on)")
+    p.add_argument("--resize-block", type=int, default=None, choices=(1, 8, 16, 32), metavar="G",
+                   help="the resizing modes prune whole blocks of G columns (the example's --resize-block; default 1)")
     p.add_argument("--pattern", default=None, metavar="ON:OFF",
                    help="real: throttled ON s, free OFF s, repeating; device: as bursts of steps")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 60; --quick 40)")
@@ -158,6 +160,8 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
         example += ["--no-paired"]
     if mode == "uneven":
         example += ["--shard-plan", args.shard_plan]
+    if args.resize_block is not None and mode.startswith(("zero-pri", "semi")):
+        example += ["--resize-block", str(args.resize_block)]
     if args.reflex != "on":
         example += ["--reflex", args.reflex]
     fraction = 1.0

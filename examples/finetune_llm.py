@@ -122,6 +122,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="resizing modes: prune each MLP as a pair (the down projection's kept units also prune the "
                         "gate/up projections' rows; ResizingConfig.paired; the default); --no-paired: every layer "
                         "prunes its own K (the paper)")
+    p.add_argument("--resize-block", type=int, default=None, metavar="G",
+                   help="resizing modes: prune whole aligned blocks of G columns (1, 8, 16 or 32; ResizingConfig.block; "
+                        "default 1, single columns as in the paper), chosen by the blocks' mean weight change")
     p.add_argument("--reshard-window", type=int, default=10,
                    help="reshard/semi: steps a straggler's speed must stay stable before a re-plan (default 10; "
                         "the run's first re-plan may come after half of them when its gain is large)")
@@ -224,6 +227,15 @@ def check_flags(args: argparse.Namespace) -> None:
         flag = "--paired" if args.paired else "--no-paired"
         raise ConfigError(f"{flag} says how MLPs prune: it needs --policy semimig and a resizing --balance (semi or "
                           f"zero-*), got --policy {args.policy} --balance {args.balance}")
+    if args.resize_block is not None:
+        from semimig.resizing.config import BLOCKS
+
+        if args.resize_block not in BLOCKS:
+            raise ConfigError(f"--resize-block must be one of {', '.join(map(str, BLOCKS))}, got {args.resize_block}")
+        if args.policy != "semimig" or args.balance in ("mig", "reshard", "off"):
+            raise ConfigError(f"--resize-block {args.resize_block} says how resizing prunes: it needs --policy semimig "
+                              f"and a resizing --balance (semi or zero-*), got --policy {args.policy} "
+                              f"--balance {args.balance}")
     if args.straggler_replica is not None and args.straggler is None:
         raise ConfigError(f"--straggler-replica {args.straggler_replica} names where --straggler acts: give --straggler")
     check_int("--straggler-replica", args.straggler_replica, minimum=0, maximum=65535, allow_none=True)
@@ -512,7 +524,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=args.balance,
                                       straggler=straggler, log_every=args.log_every,
                                       config=BalanceConfig(controller=ControllerConfig(reflex=reflex),
-                                                           resizing=ResizingConfig(paired=args.paired is not False)),
+                                                           resizing=ResizingConfig(paired=args.paired is not False,
+                                                                                   block=args.resize_block or 1)),
                                       reshard=ReshardConfig(window=args.reshard_window, horizon=args.steps,
                                                             block_size=args.shard_block, probe=args.reshard_probe),
                                       batch=split)

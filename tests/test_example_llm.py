@@ -170,6 +170,8 @@ def _example():
     (["--model", ""], "--model"), (["--model", "tiny_llama"], "--model"),
     (["--paired", "--balance", "reshard"], "--paired"), (["--paired", "--balance", "off"], "--paired"),
     (["--no-paired", "--balance", "mig"], "--no-paired"),
+    (["--resize-block", "4"], "--resize-block"), (["--resize-block", "0"], "--resize-block"),
+    (["--resize-block", "8", "--balance", "reshard"], "--resize-block"),
     (["--straggler-replica", "0"], "--straggler-replica"), (["--straggler", "fixed:1:4", "--straggler-replica", "-1"],
                                                             "--straggler-replica"),
 ])

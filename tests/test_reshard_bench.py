@@ -83,6 +83,22 @@ def test_a_paired_mode_runs_its_resizing_mode_with_the_examples_paired_flag(tmp_
         assert cmd[cmd.index("--balance") + 1] == balance and flags == ([flag] if flag else []), (mode, cmd)
 
 
+def test_the_resize_block_reaches_the_resizing_modes_only(tmp_path):
+    """``--resize-block G`` is the example's flag for the resizing modes; the exact modes, whose
+    example refuses it, never get it, and no flag means the example's default (single columns)."""
+    script = _script()
+    out = tmp_path / "r.json"
+    args = script.parse_args(["--straggler", "real", "--modes", "zero-pri-paired,semi,reshard", "--resize-block", "32",
+                              "--json", str(out)])
+    for mode, expected in (("zero-pri-paired", "32"), ("semi", "32"), ("reshard", None), ("healthy", None), ("off", None)):
+        cmd = script.command(args, mode, tmp_path / "out.json")
+        assert (cmd[cmd.index("--resize-block") + 1] if "--resize-block" in cmd else None) == expected, mode
+    plain = script.parse_args(["--straggler", "real", "--modes", "semi", "--json", str(out)])
+    assert "--resize-block" not in script.command(plain, "semi", tmp_path / "out.json")
+    with pytest.raises(SystemExit):
+        script.parse_args(["--straggler", "real", "--resize-block", "4", "--json", str(out)])
+
+
 def test_the_gemm_straggler_is_the_papers_spec_without_a_scope(tmp_path):
     script = _script()
     out = tmp_path / "r.json"
