@@ -36,8 +36,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.chi is None:  # default: the throttle's own slowdown (a bad --fraction is refused just below)
         args.chi = 1.0 / args.fraction if 0 < args.fraction <= 1 else 1.0
     check_run_flags(p, args, ("steps", "repeats"))
-    # what time_to_loss.command reads (the reflex's default: these runs are unbalanced, it never acts)
-    args.straggler, args.pattern, args.eval_every, args.reflex = "real", None, 0, "on"
+    # what time_to_loss.command reads (the reflex's and the keep-set block's defaults: these runs are unbalanced)
+    args.straggler, args.pattern, args.eval_every, args.reflex, args.resize_block = "real", None, 0, "on", None
     return args
 
 
