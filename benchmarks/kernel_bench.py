@@ -71,7 +71,7 @@ import torch.nn.functional as F
 from bench_output import add_json_flag, interleaved_ms, write_result
 from semimig._fit import line_fit
 from semimig.kernels import reference
-from semimig.kernels.keep import KeepPlan, plan_keep
+from semimig.kernels.keep import KeepPlan, _gather_source, plan_keep
 
 GAMMAS = (0.0, 0.25, 0.5, 0.75, 0.9)
 CPU_GAMMAS = (0.25, 0.5, 0.75)
@@ -281,8 +281,7 @@ def cpu_costs(shapes: dict, reps: int, gamma: float = 0.5) -> list[dict]:
         keep = make_keep("random", k, gamma, 1, gen)
         plan = plan_keep(keep, k, "cpu", group=1)
         kp, keep64 = plan.n_kept, plan.keep64
-        source = torch.full((k,), kp, dtype=torch.int64)  # column j's place in [S | one zero column]
-        source[keep64] = torch.arange(kp)
+        source = _gather_source(plan.keep, k)  # column j's place in [S | one zero column]
         x_kp, w_kp = x.index_select(1, plan.keep), w.index_select(1, plan.keep)
         buf_m, buf_n = torch.zeros(m, kp + 1), torch.zeros(n, kp + 1)
         pieces = {

@@ -97,7 +97,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "the DESIGN §8 plan for rank 1 four times slower at h1024)")
     p.add_argument("--reflex", default="on", choices=("on", "backward", "off"),
                    help="the step reflex of the resizing modes (the example's --reflex; default on)")
-    p.add_argument("--resize-block", type=int, default=None, choices=(1, 8, 16, 32), metavar="G",
+    p.add_argument("--resize-block", type=int, default=None, metavar="G",
                    help="the resizing modes prune whole blocks of G columns (the example's --resize-block; default 1)")
     p.add_argument("--pattern", default=None, metavar="ON:OFF",
                    help="real: throttled ON s, free OFF s, repeating; device: as bursts of steps")
@@ -141,6 +141,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         except ConfigError as err:
             p.error(f"--pattern: {err}")
         args.on_off = (pattern.on_s, pattern.off_s)
+    if args.resize_block is not None:
+        from semimig.resizing.config import BLOCKS  # imported only when asked (it brings torch)
+
+        if args.resize_block not in BLOCKS:
+            p.error(f"--resize-block must be one of {BLOCKS}, got {args.resize_block}")
     return args
 
 

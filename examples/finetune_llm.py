@@ -190,7 +190,7 @@ def check_flags(args: argparse.Namespace) -> None:
     """Every numeric flag bounded and finite, consistent with the tiny Llama and the output path
     writable: refused here (:class:`~semimig.errors.ConfigError`, naming the flag) rather than by
     torch or Colossal-AI after the ranks started, or by ``open`` after the run finished."""
-    from semimig._validate import check_int, check_number
+    from semimig._validate import check_choice, check_int, check_number
     from semimig.errors import ConfigError
 
     for name, (low, high) in _INT_FLAGS.items():
@@ -223,16 +223,16 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.shard_plan and (args.policy != "semimig" or args.balance == "mig"):
         raise ConfigError(f"--shard-plan {args.shard_plan} needs --policy semimig and a --balance other than mig "
                           f"(migration needs equal shards), got --policy {args.policy} --balance {args.balance}")
-    if args.paired is not None and (args.policy != "semimig" or args.balance in ("mig", "reshard", "off")):
+    resizes = args.policy == "semimig" and args.balance not in ("mig", "reshard", "off")
+    if args.paired is not None and not resizes:
         flag = "--paired" if args.paired else "--no-paired"
         raise ConfigError(f"{flag} says how MLPs prune: it needs --policy semimig and a resizing --balance (semi or "
                           f"zero-*), got --policy {args.policy} --balance {args.balance}")
     if args.resize_block is not None:
         from semimig.resizing.config import BLOCKS
 
-        if args.resize_block not in BLOCKS:
-            raise ConfigError(f"--resize-block must be one of {', '.join(map(str, BLOCKS))}, got {args.resize_block}")
-        if args.policy != "semimig" or args.balance in ("mig", "reshard", "off"):
+        check_choice("--resize-block", args.resize_block, BLOCKS)
+        if not resizes:
             raise ConfigError(f"--resize-block {args.resize_block} says how resizing prunes: it needs --policy semimig "
                               f"and a resizing --balance (semi or zero-*), got --policy {args.policy} "
                               f"--balance {args.balance}")
