@@ -31,6 +31,8 @@ import tempfile
 
 import pytest
 
+from _backends import backend, cpu_path  # noqa: F401 - the multi-rank modules' gloo/nccl fixtures
+
 # Triton's interpreter must be chosen before triton is imported anywhere.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -26,9 +26,9 @@ import pytest
 import torch
 
 import plugin_cases as pc
-from dist_harness import run_pooled  # the session pool of ranks: many cases per spawn
+from _backends import run_pooled  # gloo: the session pool of ranks, many cases per spawn
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")
+pytestmark = pytest.mark.usefixtures("cpu_path")
 
 TP2 = dict(tp_size=2, pp_size=1, precision="fp32")
 KINDS = {"semimig": True, "colossalai": False}
@@ -74,9 +74,9 @@ def _checkpoint_body(rank: int, world_size: int, root: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+def checkpoints(tmp_path_factory: pytest.TempPathFactory, backend: str) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("checkpoints")
-    return root, run_pooled(_checkpoint_body, 2, str(root), timeout_s=300)
+    return root, run_pooled(_checkpoint_body, 2, str(root), backend=backend, timeout_s=300)
 
 
 def _tensors(directory: Path, index_name: str) -> dict:
@@ -153,7 +153,7 @@ def _gpt2_checkpoint_body(rank: int, world_size: int, root: str) -> dict:
     return {"continued": continued, "resumed": resumed}
 
 
-def test_gpt2_packed_layers_save_on_cpu_and_resume_in_both_kinds(tmp_path: Path) -> None:
-    out = run_pooled(_gpt2_checkpoint_body, 2, str(tmp_path), timeout_s=300)
+def test_gpt2_packed_layers_save_on_cpu_and_resume_in_both_kinds(tmp_path: Path, backend: str) -> None:
+    out = run_pooled(_gpt2_checkpoint_body, 2, str(tmp_path), backend=backend, timeout_s=300)
     assert out["resumed"]["semimig"] == out["continued"]
     assert out["resumed"]["colossalai"] == pytest.approx(out["continued"], rel=1e-5)

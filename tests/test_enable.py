@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import plugin_cases as pc
-from dist_harness import run_on_ranks
+from _backends import run_on_ranks
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")
+pytestmark = pytest.mark.usefixtures("cpu_path")
 
 TP2 = dict(tp_size=2, pp_size=1, precision="fp32")
 # A deterministic straggler: rank 1's GEMMs are delayed by 3 x flops / 5e7 FLOP/s (~4 ms per
@@ -65,8 +65,8 @@ def _refusals_body(rank: int, world_size: int) -> dict:
     return out
 
 
-def test_bad_input_is_refused_by_name() -> None:
-    out = run_on_ranks(_refusals_body, 2, timeout_s=90)
+def test_bad_input_is_refused_by_name(backend: str) -> None:
+    out = run_on_ranks(_refusals_body, 2, backend=backend, timeout_s=90)
     assert out["mode"].startswith("ConfigError: mode must be one of") and "'fast'" in out["mode"]
     assert out["straggler"].startswith("ConfigError: straggler spec 'fixed:1'")
     assert out["log_every"] == "ConfigError: log_every must be an int >= 0, got -1"
@@ -84,8 +84,8 @@ def _colossalai_model_body(rank: int, world_size: int) -> str:
     return pc.outcome(lambda: semimig.enable(run.model, run.plugin, optimizer=run.optimizer))
 
 
-def test_a_model_boosted_without_semimig_policy_is_refused() -> None:
-    assert "has no semimig layers" in run_on_ranks(_colossalai_model_body, 2, timeout_s=90)
+def test_a_model_boosted_without_semimig_policy_is_refused(backend: str) -> None:
+    assert "has no semimig layers" in run_on_ranks(_colossalai_model_body, 2, backend=backend, timeout_s=90)
 
 
 # --------------------------------------------------------------------------------------------
@@ -113,8 +113,8 @@ def _off_and_forced_body(rank: int, world_size: int) -> dict:
     return out
 
 
-def test_off_trains_exactly_like_colossalai_and_a_forced_prune_does_not() -> None:
-    out = run_on_ranks(_off_and_forced_body, 2, timeout_s=180)
+def test_off_trains_exactly_like_colossalai_and_a_forced_prune_does_not(backend: str) -> None:
+    out = run_on_ranks(_off_and_forced_body, 2, backend=backend, timeout_s=180)
     # balancing off: the timed dense path runs the same GEMMs and collectives as Colossal-AI's layers
     assert out["off"] == out["colossalai"]
     assert out["off_steps"] == (4, 3)
@@ -147,10 +147,10 @@ def _refused_then_corrected_body(rank: int, world_size: int) -> dict:
     return out
 
 
-def test_a_refused_enable_leaves_no_state_and_a_forced_full_prune_trains() -> None:
+def test_a_refused_enable_leaves_no_state_and_a_forced_full_prune_trains(backend: str) -> None:
     """Issue 30: enable(optimizer=object()) left directives behind, so the corrected call was refused as
     'already balanced'; force(prune={1: 1.0}) made every second step() raise from the timing model."""
-    out = run_on_ranks(_refused_then_corrected_body, 2, timeout_s=180)
+    out = run_on_ranks(_refused_then_corrected_body, 2, backend=backend, timeout_s=180)
     assert out["refused"].startswith("ConfigError: optimizer must be the boosted optimizer") and "object" in out["refused"]
     assert out["not_a_model"] == "ConfigError: model must be the boosted torch.nn.Module, got object"
     rank, nan, share, mapping, boolean, key, total = out["bad_force"]
@@ -192,8 +192,8 @@ def _differing_calls_body(rank: int, world_size: int) -> list:
     return every
 
 
-def test_ranks_that_call_enable_differently_are_refused_on_every_rank_without_hanging() -> None:
-    for said in run_on_ranks(_differing_calls_body, 2, timeout_s=180, collective_timeout_s=60):
+def test_ranks_that_call_enable_differently_are_refused_on_every_rank_without_hanging(backend: str) -> None:
+    for said in run_on_ranks(_differing_calls_body, 2, backend=backend, timeout_s=180, collective_timeout_s=60):
         (mode, t_mode), (reshard, t_reshard), (batch, t_batch), (rank5, t_rank5), (typo, t_typo) = said
         assert mode.startswith("ConfigError: semimig.enable: the ranks were called with different settings"), mode
         assert "mode: ranks [0] hold 'reshard'; ranks [1] hold 'off'" in mode, mode
@@ -229,8 +229,8 @@ def _straggler_body(rank: int, world_size: int, mode: str, steps: int) -> dict:
 
 
 @pytest.mark.parametrize("mode", ["semi", "zero-pri", "mig"])
-def test_a_straggler_is_flagged_balanced_and_warned_about_once(mode: str) -> None:
-    out = run_on_ranks(_straggler_body, 2, mode, 14, timeout_s=240)
+def test_a_straggler_is_flagged_balanced_and_warned_about_once(mode: str, backend: str) -> None:
+    out = run_on_ranks(_straggler_body, 2, mode, 14, backend=backend, timeout_s=240)
     assert out["last_is_report"]
     assert any(1 in flagged for flagged in out["flagged"]), out["flagged"]
     assert not any(0 in flagged for flagged in out["flagged"]), "the fast rank must never be flagged"
@@ -259,8 +259,8 @@ def _info_log_body(rank: int, world_size: int) -> list:
     return records
 
 
-def test_info_logs_name_the_layers_the_first_plan_flags_changes_and_progress() -> None:
-    records = run_on_ranks(_info_log_body, 2, timeout_s=180)  # rank 0: the TP group's first rank speaks
+def test_info_logs_name_the_layers_the_first_plan_flags_changes_and_progress(backend: str) -> None:
+    records = run_on_ranks(_info_log_body, 2, backend=backend, timeout_s=180)  # rank 0: the TP group's first rank speaks
     text = "\n".join(f"{level} {message}" for level, message in records)
     assert "INFO semimig: 14 semimig layers in a tensor-parallel group of 2, mode=zero-pri, straggler=fixed:1:4" in text
     assert "INFO semimig step 0: first plan: every rank dense" in text
@@ -279,7 +279,7 @@ def _pipeline_body(rank: int, world_size: int) -> tuple:
     return losses, balancer.steps, balancer.report.gamma_per_layer
 
 
-def test_a_1f1b_pipeline_balances_each_stage_group() -> None:
-    losses, steps, gammas = run_on_ranks(_pipeline_body, 4, timeout_s=180)
+def test_a_1f1b_pipeline_balances_each_stage_group(backend: str) -> None:
+    losses, steps, gammas = run_on_ranks(_pipeline_body, 4, backend=backend, timeout_s=180)
     assert steps == 3 and len(gammas) == 7  # rank 0 holds stage 0's 7 semimig layers
     assert all(loss is not None for loss in losses[2] + losses[3])

@@ -23,9 +23,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from _backends import backend_problem
 from example_ranks import quiet_env, run_example
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_path")]
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--hidden", "32", "--layers", "2", "--seq-len", "16", "--batch-size", "4", "--lr", "1e-2",
@@ -36,6 +37,9 @@ def _torchrun(tmp_path: Path, name: str, *flags: str, timeout_s: float = 240, ra
               launcher: str = "fork") -> tuple[str, dict]:
     """The example on ``ranks`` ranks: ``launcher="torchrun"`` as a user starts it, ``"fork"`` from the
     preloaded forkserver with torchrun's environment (module docstring)."""
+    problem = backend_problem("nccl" if torch.cuda.is_available() else "gloo", ranks)  # what the example takes
+    if problem:
+        pytest.skip(problem)
     out = tmp_path / f"{name}.json"
     argv = [*TINY, *flags, "--json", str(out)]
     env = quiet_env()
@@ -53,7 +57,7 @@ def _torchrun(tmp_path: Path, name: str, *flags: str, timeout_s: float = 240, ra
 
 
 @pytest.fixture(scope="module")
-def off_6_steps(tmp_path_factory) -> dict:
+def off_6_steps(tmp_path_factory, backend: str) -> dict:
     """The 6-step run with balancing off, shared by the cases that compare against it (one run)."""
     where = tmp_path_factory.mktemp("off6")
     run = _torchrun(where, "off", "--steps", "6", "--balance", "off", "--started-file", str(where / "go"),
@@ -63,7 +67,7 @@ def off_6_steps(tmp_path_factory) -> dict:
     return run
 
 
-def test_balancing_off_trains_like_colossalai_policy(tmp_path: Path, off_6_steps: dict) -> None:
+def test_balancing_off_trains_like_colossalai_policy(tmp_path: Path, off_6_steps: dict, backend: str) -> None:
     off = off_6_steps
     _, theirs = _torchrun(tmp_path, "colossalai", "--steps", "6", "--policy", "colossalai", "--balance", "off")
     assert off["summary"]["policy"] == "semimig" and theirs["summary"]["policy"] == "colossalai"
@@ -71,7 +75,7 @@ def test_balancing_off_trains_like_colossalai_policy(tmp_path: Path, off_6_steps
     assert len(off["step_s"]) == 6 and off["summary"]["final_loss"] == f"{off['losses'][-1]:.4f}"
 
 
-def test_save_then_resume_continues_the_uninterrupted_run(tmp_path: Path, off_6_steps: dict) -> None:
+def test_save_then_resume_continues_the_uninterrupted_run(tmp_path: Path, off_6_steps: dict, backend: str) -> None:
     """3 steps saved, 3 resumed: the losses of the 6-step run, the same batches in the same order."""
     whole = off_6_steps
     ckpt = tmp_path / "ckpt"
@@ -85,7 +89,7 @@ def test_save_then_resume_continues_the_uninterrupted_run(tmp_path: Path, off_6_
                                atol=1e-5, rtol=1e-5)
 
 
-def test_a_straggler_is_balanced_and_summarised(tmp_path: Path) -> None:
+def test_a_straggler_is_balanced_and_summarised(tmp_path: Path, backend: str) -> None:
     # 6x: the default model's GEMMs take ~1 ms, and a loaded CI machine's sleep overshoot once kept a
     # 4x rank (5.4 ms against 1.1 ms) inside the controller's noise band for all 16 steps
     text, run = _torchrun(tmp_path, "straggler", "--steps", "16", "--straggler", "fixed:1:6")
@@ -99,7 +103,7 @@ def test_a_straggler_is_balanced_and_summarised(tmp_path: Path) -> None:
     assert ",".join(f"{s:.3f}" for s in run["shed"][-1]) == summary["shed"] and any(r[1] > 0 for r in run["shed"])
 
 
-def test_shakespeare_trains_and_records_validation_losses(tmp_path: Path) -> None:
+def test_shakespeare_trains_and_records_validation_losses(tmp_path: Path, backend: str) -> None:
     from semimig.bench.corpus import load_corpus
     from semimig.errors import ConfigError
 
@@ -118,7 +122,7 @@ def test_shakespeare_trains_and_records_validation_losses(tmp_path: Path) -> Non
     assert "validation loss" in text and len(run["step_s"]) == 3
 
 
-def test_a_batch_split_trains_the_model_of_the_plain_data_parallel_run(tmp_path: Path) -> None:
+def test_a_batch_split_trains_the_model_of_the_plain_data_parallel_run(tmp_path: Path, backend: str) -> None:
     """tp 2 x dp 2, replica 0's TP rank 1 a 4x slower device: ``--batch-split poplar`` feeds every rank
     the global batch (both DP streams), calibrates the groups' speeds (iteration 7: window 5 + patience
     3 - 1) and gives the slow replica fewer rows; the gradient is the global-batch mean, so the model —
@@ -244,7 +248,7 @@ def test_a_nonfinite_loss_stops_the_run_naming_the_step():
     example.check_loss(float("nan"), 7, example.parse_args(["--allow-nonfinite"]))  # asked for: trains on
 
 
-def test_a_whole_device_straggler_reports_the_balanced_share_of_every_rank(tmp_path: Path) -> None:
+def test_a_whole_device_straggler_reports_the_balanced_share_of_every_rank(tmp_path: Path, backend: str) -> None:
     text, run = _torchrun(tmp_path, "device", "--steps", "6", "--balance", "off",
                           "--straggler", "fixed:1:3:scope=device")
     summary = run["summary"]

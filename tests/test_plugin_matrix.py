@@ -20,9 +20,9 @@ import pytest
 import torch
 
 import plugin_cases as pc
-from dist_harness import run_pooled  # the session pool of ranks: many cases per spawn
+from _backends import run_pooled  # gloo: the session pool of ranks, many cases per spawn
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the matrix is the CPU/gloo path")
+pytestmark = pytest.mark.usefixtures("cpu_path")
 
 TP2 = dict(tp_size=2, pp_size=1)
 SPLIT_GATHER = dict(enable_sequence_parallelism=True, sequence_parallelism_mode="split_gather")
@@ -92,9 +92,9 @@ def _both_policies_body(rank: int, world_size: int, name: str, plugin_kwargs: di
 
 
 @pytest.mark.parametrize("case", list(CASES) + list(LEFT_TO_COLOSSALAI))
-def test_semimig_policy_trains_like_colossalai(case: str) -> None:
+def test_semimig_policy_trains_like_colossalai(case: str, backend: str) -> None:
     world, name, plugin_kwargs = CASES.get(case) or LEFT_TO_COLOSSALAI[case]
-    runs = run_pooled(_both_policies_body, world, name, plugin_kwargs, timeout_s=240)
+    runs = run_pooled(_both_policies_body, world, name, plugin_kwargs, backend=backend, timeout_s=240)
     (theirs, their_layers), (ours, our_layers) = runs["colossalai"], runs["semimig"]
     assert their_layers == 0 and (our_layers == 0 if case in LEFT_TO_COLOSSALAI else our_layers > 0), \
         (their_layers, our_layers)
@@ -115,8 +115,8 @@ def _refusal_body(rank: int, world_size: int, name: str, plugin_kwargs: dict) ->
 
 
 @pytest.mark.parametrize("case", list(REFUSED_BY_COLOSSALAI))
-def test_colossalai_itself_refuses_it(case: str) -> None:
+def test_colossalai_itself_refuses_it(case: str, backend: str) -> None:
     name, plugin_kwargs, reason = REFUSED_BY_COLOSSALAI[case]
-    outcomes = run_pooled(_refusal_body, 2, name, plugin_kwargs, timeout_s=120)
+    outcomes = run_pooled(_refusal_body, 2, name, plugin_kwargs, backend=backend, timeout_s=120)
     assert reason in outcomes["colossalai"], outcomes["colossalai"]
     assert reason in outcomes["semimig"], outcomes["semimig"]

@@ -16,13 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from example_ranks import quiet_env, run_example
 
 psutil = pytest.importorskip("psutil")
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_path")]
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--hidden", "16", "--layers", "1", "--seq-len", "8", "--batch-size", "2", "--data", "synthetic",
@@ -45,7 +44,7 @@ def _reap(procs: list) -> None:
             pass
 
 
-def test_tp_1_trains_with_one_warning_and_no_crash() -> None:
+def test_tp_1_trains_with_one_warning_and_no_crash(backend: str) -> None:
     """``--tp 1`` (here one rank) is valid: it trains, and says once that there is nothing to balance.
     Its one rank is forked with torchrun's environment (tests/example_ranks.py): no fault here."""
     done = run_example([*TINY, "--tp", "1", "--steps", "3", "--straggler", "fixed:0:2"], ranks=1, timeout_s=240)
@@ -59,7 +58,7 @@ def test_tp_1_trains_with_one_warning_and_no_crash() -> None:
 
 
 @pytest.mark.parametrize("victim", ["rank", "launcher"])
-def test_a_dead_rank_or_launcher_ends_every_process_of_the_run(victim: str) -> None:
+def test_a_dead_rank_or_launcher_ends_every_process_of_the_run(victim: str, backend: str) -> None:
     proc = _start(2, "--steps", "1000000", "--eval-every", "0", "--log-every", "1", "--balance", "off")
     lines: list = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dist_harness import run_on_ranks
+from _backends import run_on_ranks
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")
+pytestmark = pytest.mark.usefixtures("cpu_path")
 
 EXAMPLES = 40  # per strategy and layer class: 2 classes x 5 strategies x 40 = 400 draws in one spawn
 
@@ -104,8 +104,8 @@ def _probe_body(rank: int, world_size: int) -> dict:
     return checked
 
 
-def test_bad_constructor_and_forward_arguments_are_refused_by_name() -> None:
-    checked = run_on_ranks(_probe_body, 2, timeout_s=240)
+def test_bad_constructor_and_forward_arguments_are_refused_by_name(backend: str) -> None:
+    checked = run_on_ranks(_probe_body, 2, backend=backend, timeout_s=240)
     for cls in ("Linear1D_Col", "Linear1D_Row"):
         for arg in ("in_features", "out_features", "process_group", "dtype", "device", "bias", "forward width",
                     "forward dtype", "forward type", "forward 0-d", "forward device"):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tiny_lms import train_steps  # noqa: E402
-from dist_harness import run_on_ranks
+from _backends import run_on_ranks
 from example_ranks import run_example
 
 REPO = Path(__file__).resolve().parents[1]
@@ -252,8 +252,7 @@ def _example(tmp_path: Path, name: str, *flags: str) -> tuple[str, dict]:
 
 @pytest.mark.slow
 @needs_replan
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")
-def test_example_reshard_replans_and_matches_the_healthy_losses(tmp_path: Path) -> None:
+def test_example_reshard_replans_and_matches_the_healthy_losses(tmp_path: Path, backend: str) -> None:
     # chi = 8: a gain far beyond the policy's noise margin even when other jobs load the machine
     # (at chi = 4 a loaded 2-core machine's communication noise can hide it within 16 steps).
     _, healthy = _example(tmp_path, "healthy", "--steps", "20", "--balance", "off")

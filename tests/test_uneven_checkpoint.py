@@ -36,9 +36,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dist_harness import run_on_ranks
+from _backends import run_on_ranks
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")
+pytestmark = pytest.mark.usefixtures("cpu_path")
 
 from tiny_lms import BATCH, SEQ, VOCAB, tiny_lm, token_batch, train_steps  # noqa: E402,F401
 SAME_LAYOUT = dict(atol=0.0, rtol=0.0)
@@ -216,9 +216,9 @@ def _replanned_body(rank, world, root):
         _full_states(stock)  # the gathers are collective
 
 
-def test_checkpoints_follow_a_replan(tmp_path: Path):
+def test_checkpoints_follow_a_replan(tmp_path: Path, backend: str):
     """The shard functions are read at save time: after a move the files are still the dense model's."""
-    run_on_ranks(_replanned_body, 2, str(tmp_path), timeout_s=300)
+    run_on_ranks(_replanned_body, 2, str(tmp_path), backend=backend, timeout_s=300)
     out = torch.load(tmp_path / "results.pt", weights_only=False)
     assert out["widths"] == (64, 64)  # rank 0 went from 3 blocks of 64 to 1
     _assert_states_equal(out["after"], out["before"], "the move itself")
@@ -256,10 +256,10 @@ def _full_states_after_step(run):
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
-def test_a_dense_hugging_face_checkpoint_loads_under_a_plan(tmp_path: Path, name: str):
+def test_a_dense_hugging_face_checkpoint_loads_under_a_plan(tmp_path: Path, name: str, backend: str):
     from safetensors.torch import load_file
 
-    run_on_ranks(_hugging_face_body, 2, str(tmp_path), name, timeout_s=300)
+    run_on_ranks(_hugging_face_body, 2, str(tmp_path), name, backend=backend, timeout_s=300)
     out = torch.load(tmp_path / "results.pt", weights_only=False)
     assert out["widths"][0] == ((192, 64) if name == "llama" else (64, 192))  # rank 0 holds 3 of 4 blocks
     saved = load_file(tmp_path / "hf" / "model.safetensors")
@@ -314,10 +314,10 @@ CASES = {"llama-fp32": ("llama", "fp32", LLAMA_TARGETS), "gpt2-fp32": ("gpt2", "
 
 
 @pytest.fixture(scope="module", params=list(CASES))
-def round_trip(request, tmp_path_factory):
+def round_trip(request, tmp_path_factory, backend: str):
     name, precision, targets, *zero_stage = CASES[request.param]
     root = tmp_path_factory.mktemp(request.param)
-    run_on_ranks(_round_trip_body, 2, name, precision, str(root), targets, *zero_stage, timeout_s=400)
+    run_on_ranks(_round_trip_body, 2, name, precision, str(root), targets, *zero_stage, backend=backend, timeout_s=400)
     return name, precision, root, torch.load(root / "results.pt", weights_only=False)
 
 
@@ -407,8 +407,8 @@ def test_model_files_are_the_dense_hugging_face_model(round_trip):
             assert torch.equal(param.detach(), want[param_name]["weight"]), param_name
 
 
-def test_a_truncated_checkpoint_file_is_named_in_one_line(tmp_path: Path):
-    out = run_on_ranks(_bad_file_body, 2, str(tmp_path), timeout_s=300)
+def test_a_truncated_checkpoint_file_is_named_in_one_line(tmp_path: Path, backend: str):
+    out = run_on_ranks(_bad_file_body, 2, str(tmp_path), backend=backend, timeout_s=300)
     assert sorted(out) == sorted(BAD_FILES)
     for case, (path, kind, message) in out.items():
         assert kind == "ConfigError", (case, kind, message)
