@@ -2,7 +2,8 @@
 #   make bench   the main job (semimig's end-to-end benchmark; a short demo until it lands)
 #   make test    the test suite (the full suite; the 15 slowest cases listed at the end)
 #   make test-fast   the edit loop: every case not marked slow (tests/conftest.py: SLOW_MODULES)
-#   (PYTEST_WORKERS=2 runs either on 2 xdist workers, ~25 % faster but not yet reliable: see README)
+#   (PYTEST_WORKERS=2 runs either on 2 xdist workers, ~25 % faster; timing-dependent cases can fail
+#    under it, so CI and the default stay serial)
 #   make tables  the generated tables of README.md and docs/results.md, rewritten from docs/results/index.json
 #                and its result files (scripts/readme_tables.py; `make tables-check` writes nothing)
 # Each creates the virtualenv .venv and install everything on first use (scripts/bootstrap.sh).
