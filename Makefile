@@ -2,14 +2,16 @@
 #   make bench   the main job (semimig's end-to-end benchmark; a short demo until it lands)
 #   make test    the test suite (the full suite; the 15 slowest cases listed at the end)
 #   make test-fast   the edit loop: every case not marked slow (tests/conftest.py: SLOW_MODULES)
-#   (PYTEST_WORKERS=2 runs either on 2 xdist workers, ~25 % faster but not yet reliable: see README)
-#   make tables  the generated tables of README.md and docs/RESULTS.md, rewritten from docs/results/ (scripts/readme_tables.py)
+#   (PYTEST_WORKERS=2 runs either on 2 xdist workers, ~25 % faster; timing-dependent cases can fail
+#    under it, so CI and the default stay serial)
+#   make tables  the generated tables of README.md and docs/results.md, rewritten from docs/results/index.json
+#                and its result files (scripts/readme_tables.py; `make tables-check` writes nothing)
 # Each creates the virtualenv .venv and install everything on first use (scripts/bootstrap.sh).
 VENV ?= .venv
 BENCH_ARGS ?=
 PYTEST_WORKERS ?= 0
 
-.PHONY: bench test test-fast tables setup clean
+.PHONY: bench test test-fast tables tables-check setup clean
 
 setup:
 	VENV=$(VENV) bash scripts/bootstrap.sh
@@ -25,6 +27,9 @@ test-fast: setup
 
 tables: setup
 	$(VENV)/bin/python scripts/readme_tables.py
+
+tables-check: setup
+	$(VENV)/bin/python scripts/readme_tables.py --check
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

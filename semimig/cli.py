@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
+import textwrap
 from typing import Optional, Sequence
 
 
@@ -37,13 +39,57 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+DESCRIPTION = "semimig: straggler-tolerant tensor parallelism for Colossal-AI. Each command has its own --help."
+EPILOG = """examples:
+  semimig demo                      Colossal-AI's layers and semimig's side by side, no straggler
+  semimig bench --quick             the benchmark in a few minutes (time only)
+  semimig bench                     the full benchmark (see: semimig bench --help)
+  semimig throttle --rank 1 --fraction 0.25 --pin -- torchrun ...   a real slow rank (root)"""
+
+SUMMARIES = {
+    "demo": "Train a tiny ViT on digits with Colossal-AI's layers and with semimig's side by side and print "
+            "both losses step by step: with no straggler they agree.",
+    "bench": "The end-to-end straggler benchmark: a ViT on scikit-learn's digits under HybridParallelPlugin, "
+             "trained by each balancing mode with one slowed rank; for each mode the time per iteration and "
+             "the accuracy against Colossal-AI alone.",
+    "report": "Merge saved semimig bench result files (a second run's modes beside a first run's baseline, "
+              "say) into one table, JSON and plots, without training. The runs must share every setting but "
+              "the modes, chi values, seeds and lambdas, and measure no case twice.",
+    "plan": "Print the Poplar batch allocation (the samples each device takes) for a JSON file of device "
+            "specs or a measured profile.",
+    "throttle": "Run a command and throttle the worker of one rank with a Linux cgroup CPU limit: a real "
+                "slow device on a CPU machine (needs root and a cpu controller).",
+    "cluster": "Run a torchrun script on N emulated nodes on this machine, each a network namespace joined "
+               "to the others by a shaped link (needs root).",
+}
+"""Each command's first paragraph in ``--help``; what follows it in the command's own description
+(examples, notes) is kept, in plain words."""
+
+_ROLE = re.compile(r":(?:class|func|mod|meth|data|attr|obj|ref):`~?([^`]+)`")
+
+
+def plain(text: str) -> str:
+    """``text`` without reStructuredText markup: roles become their target, literals their text."""
+    text = _ROLE.sub(lambda m: m.group(1).rsplit(".", 1)[-1] if m.group(0).count("~") else m.group(1), text)
+    return text.replace("``", "").replace("`", "").replace("::\n", ":\n")
+
+
+def _describe(parser: argparse.ArgumentParser, name: str) -> None:
+    """The command's summary, then the rest of its own description (after the first paragraph)."""
+    own = (parser.description or "").strip()
+    rest = own.split("\n\n", 1)[1] if own.lstrip("`").startswith(f"semimig {name}") and "\n\n" in own else ""
+    parser.description = textwrap.fill(SUMMARIES[name], width=88) + ("\n\n" + plain(rest) if rest else "")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
 def build_parser() -> argparse.ArgumentParser:
     from semimig.allocation.cli import add_plan_subcommand
     from semimig.bench.cli import add_bench_subcommand, add_report_subcommand
     from semimig.cluster.cli import add_cluster_subcommand
     from semimig.straggler.throttle_cli import add_throttle_subcommand
 
-    parser = argparse.ArgumentParser(prog="semimig", description=__doc__)
+    parser = argparse.ArgumentParser(prog="semimig", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log at INFO level and show third-party warnings")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -60,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_subcommand(sub)
     add_throttle_subcommand(sub)
     add_cluster_subcommand(sub)
+    for name, command in sub.choices.items():
+        _describe(command, name)
+    for action in sub._choices_actions:  # the one-line summaries of the command list
+        action.help = plain(action.help or "")
     return parser
 
 

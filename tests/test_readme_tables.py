@@ -1,32 +1,76 @@
-"""The README's generated tables: identical to what their result files give, and able to notice
-when they are not (``semimig.bench.readme_tables``, ``make tables``)."""
+"""The generated tables of README.md and docs/results.md: identical to what their result files
+give, and able to notice when they are not; the results directory holds one current file per
+question, each with its provenance (``semimig.bench.readme_tables``, ``make tables``)."""
 import copy
 import json
 from pathlib import Path
 
 import pytest
 
-from semimig.bench.readme_tables import bench, main, regenerate, render, ttl
+from semimig.bench.readme_tables import MAX_FILES, PROVENANCE, Index, audit, bench, main, regenerate, render, ttl
 from semimig.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
+INDEX = ROOT / "docs" / "results" / "index.json"
 
 
-@pytest.mark.parametrize("document, least", [("README.md", 3), ("docs/RESULTS.md", 30)])
-def test_every_generated_readme_table_matches_its_result_file(document, least):
+@pytest.mark.parametrize("document, least", [("README.md", 3), ("docs/results.md", 20)])
+def test_every_generated_table_matches_its_result_file(document, least):
     path = ROOT / document
     text = path.read_text()
-    new, changed, marked = regenerate(text, path.parent)
+    new, changed, marked = regenerate(text, path.parent, Index(INDEX))
     assert marked >= least, f"{document}'s generated tables lost their markers"
     assert changed == [], f"run `make tables`: {changed}"
     assert new == text
+
+
+def test_the_results_are_one_current_file_per_question_each_with_its_provenance():
+    index = Index(INDEX)
+    assert audit(index) == []
+    files = [p for p in INDEX.parent.rglob("*") if p.is_file()]
+    assert len(files) <= MAX_FILES
+    for entry in index.entries.values():
+        prov = json.loads(index.file(entry).read_text())["provenance"]
+        assert all(prov.get(key) for key in PROVENANCE), entry["file"]
+
+
+def test_every_question_with_a_table_is_shown_in_the_results_page():
+    text = (ROOT / "docs" / "results.md").read_text()
+    for question, entry in Index(INDEX).entries.items():
+        assert f"<!-- result: {question} -->" in text or "table" not in entry, question
+
+
+def test_the_audit_names_an_unlisted_file_a_missing_one_and_a_file_without_provenance(tmp_path):
+    prov = {"command": "python b.py --json a.json", "commit": "0" * 40, "machine": "m", "date": "2026-01-01"}
+    (tmp_path / "a.json").write_text(json.dumps({"provenance": prov}))
+    (tmp_path / "b.json").write_text(json.dumps({"provenance": {**prov, "commit": ""}}))
+    (tmp_path / "old_run.json").write_text("{}")
+    entries = [{"id": i, "section": "s", "question": "q", "file": f, "compute": "measured"}
+               for i, f in (("a", "a.json"), ("b", "b.json"), ("c", "c.json"))]
+    (tmp_path / "index.json").write_text(json.dumps({"questions": entries}))
+    problems = audit(Index(tmp_path / "index.json"))
+    assert any("old_run.json: not in index.json" in p for p in problems)
+    assert any("c.json: listed in index.json but missing" in p for p in problems)
+    assert any("b.json: provenance lacks commit" in p for p in problems)
+    assert not any("a.json" in p for p in problems)
+
+
+def test_a_bad_index_entry_or_question_is_named(tmp_path):
+    (tmp_path / "index.json").write_text(json.dumps({"questions": [{"id": "x", "section": "s", "question": "q",
+                                                                    "file": "x.json", "compute": "guessed"}]}))
+    with pytest.raises(ConfigError, match="compute 'guessed'"):
+        Index(tmp_path / "index.json")
+    with pytest.raises(ConfigError, match="needs the results index"):
+        regenerate("<!-- result: x -->\n", tmp_path)
+    with pytest.raises(ConfigError, match="no question 'nope'"):
+        regenerate("<!-- result: nope -->\n", tmp_path, Index(INDEX))
 
 
 def test_the_default_documents_are_both_checked_and_a_missing_one_is_named(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     assert main(["--check"]) == 0
     out = capsys.readouterr().out
-    assert "README.md: " in out and "docs/RESULTS.md: " in out
+    assert "README.md: " in out and "docs/results.md: " in out
     with pytest.raises(ConfigError, match="nowhere.md"):
         main([str(tmp_path / "nowhere.md"), "--check"])
 

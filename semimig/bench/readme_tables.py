@@ -1,15 +1,18 @@
-"""README tables from the result files in ``docs/results/``: one command regenerates them.
+"""The generated tables of README.md and docs/results.md, from the result files in ``docs/results/``.
 
-A table the README generates is preceded by a marker line::
+``docs/results/index.json`` lists one result file per question (the latest run of each): its id,
+section, question, file, whether the compute was measured or emulated and, where the file has one,
+the kind of table it renders.  Every result file carries a ``provenance`` object (command, commit,
+machine, date).  A generated table in a document is the run of ``|`` lines right after a marker:
 
-    <!-- table: KIND FILE -->
+    <!-- result: ID -->             the table of the index's question ID
+    <!-- results-index -->          the index itself: question, compute, command, file and date
+    <!-- table: KIND FILE -->       the table of KIND for FILE (relative to the document)
 
-(``FILE`` relative to the document: ``README.md`` or ``docs/RESULTS.md``) and is the run of ``|`` lines right after it.  :func:`render` turns
-one result file into the table's lines for its kind; :func:`regenerate` rewrites every marked
-table of a README's text and names the tables that changed.  ``scripts/readme_tables.py``
-(``make tables``) writes the README; ``--check`` only says which tables differ, and the test suite
-runs it, so a README table that no longer matches its file fails CI.  Tables without a marker are
-hand-written: their runs predate the result files' schema or their numbers are quoted in prose.
+:func:`regenerate` rewrites every marked table of a document and names the tables that changed;
+:func:`audit` checks the results directory against its index.  ``scripts/readme_tables.py``
+(``make tables``) writes the documents; ``--check`` only says what differs, and the test suite
+runs the same checks, so a table that no longer matches its file fails CI.
 
 Kinds:
 
@@ -19,18 +22,21 @@ Kinds:
                          columns a rank shed; a static plan); results that carry the worst step
                          after warm-up get a column for it (against healthy's steady step);
 ``device-vs-throttle``   ``benchmarks/device_vs_throttle.py --json``;
-``plans``                static uneven plans (``docs/results/uneven_plan_granularity.json``);
+``plans``                static uneven plans, each against its healthy even run;
 ``optimizer``            ``benchmarks/optimizer_bench.py --json``: each AdamW implementation's
                          median step and its ratio to the fused one;
+``overhead``             ``benchmarks/overhead_bench.py --parts llm --json``: each variant's
+                         median step and its paired ratio to Colossal-AI's layers;
 ``bench``                ``semimig bench --json``: the summary rows, each seed's accuracy delta to
                          the baseline (same seed and χ) and each seed's shed shares.
 
 Numbers are printed from the files as they are (no rounding beyond the format), so a regenerated
-README differs from the committed one only where a file changed.
+document differs from the committed one only where a file changed.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 from pathlib import Path
@@ -38,9 +44,15 @@ from typing import Callable, Optional, Sequence
 
 from semimig.errors import ConfigError
 
-__all__ = ["MARKER", "render", "regenerate", "RENDERERS"]
+__all__ = ["MARKER", "RESULT", "INDEX_MARKER", "Index", "audit", "render", "regenerate", "RENDERERS"]
 
 MARKER = re.compile(r"^<!-- table: (?P<kind>[a-z-]+) (?P<file>\S+) -->\s*$")
+RESULT = re.compile(r"^<!-- result: (?P<id>[a-z0-9-]+) -->\s*$")
+INDEX_MARKER = re.compile(r"^<!-- results-index -->\s*$")
+PROVENANCE = ("command", "commit", "machine", "date")
+"""What every result file's ``provenance`` object states."""
+MAX_FILES = 40
+"""The most files ``docs/results/`` holds: one per question, not its history."""
 
 
 def _x(value: float) -> str:
@@ -175,6 +187,21 @@ def optimizer(data: dict) -> list[str]:
     return lines
 
 
+def overhead(data: dict) -> list[str]:
+    """Colossal-AI's layers, ``SemiMigPolicy`` and ``semimig.enable`` stepped in turn in one process
+    (``benchmarks/overhead_bench.py --parts llm``): median step, paired ratio to Colossal-AI's."""
+    labels = {"cai": "Colossal-AI's layers", "semimig": "`SemiMigPolicy`", "off": '`enable(mode="off")`',
+              "semi": '`enable(mode="semi")`'}
+    lines = ["| variant | median step | step / Colossal-AI's (median, interquartile range) |", "|---|---|---|"]
+    for record in data["records"]:
+        seconds, ratios = record["wall"]["seconds"], record["wall"]["ratio_to_cai"]
+        for name, label in labels.items():
+            ratio = "1" if name == "cai" else \
+                f"{ratios[name]['median']:.3f} ({ratios[name]['q1']:.2f}–{ratios[name]['q3']:.2f})"
+            lines.append(f"| {label} | {seconds[name]['median']:.3f} s | {ratio} |")
+    return lines
+
+
 def _seed_values(values: Sequence[float], fmt: str) -> str:
     """One number when every seed gave the same (to the format), else each seed's."""
     shown = [format(v, fmt) for v in values]
@@ -218,26 +245,106 @@ def bench(data: dict) -> list[str]:
 
 
 RENDERERS: dict[str, Callable[[dict], list[str]]] = {"ttl": ttl, "device-vs-throttle": device_vs_throttle,
-                                                     "plans": plans, "bench": bench, "optimizer": optimizer}
+                                                     "plans": plans, "bench": bench, "optimizer": optimizer,
+                                                     "overhead": overhead}
+
+
+def _load(path: Path, what: str) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError, RecursionError) as err:
+        raise ConfigError(f"{what} {path}: cannot read the result file ({err})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {path}: a result file holds a JSON object, got {type(data).__name__}")
+    return data
 
 
 def render(kind: str, path: Path) -> list[str]:
     """The table of ``kind`` for the result file ``path``; a bad kind or file is named."""
     if kind not in RENDERERS:
         raise ConfigError(f"README table kind {kind!r} is not one of {sorted(RENDERERS)}")
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"README table {kind} {path}: cannot read the result file ({err})") from None
+    data = _load(path, f"README table {kind}")
     try:
         return RENDERERS[kind](data)
     except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as err:
         raise ConfigError(f"README table {kind} {path}: not a {kind} result file ({err!r})") from None
 
 
-def regenerate(text: str, root: Path) -> tuple[str, list[str], int]:
-    """``text`` with every marked table rendered afresh from its file (relative to ``root``);
-    the markers whose tables changed, and how many marked tables there are."""
+class Index:
+    """``docs/results/index.json``: the questions, each with its one result file (relative to the
+    index's directory), validated on load; errors name the entry and the bad value."""
+
+    KEYS = ("id", "section", "question", "file", "compute")
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.directory = self.path.parent
+        data = _load(self.path, "results index")
+        entries = data.get("questions")
+        if not isinstance(entries, list) or not entries:
+            raise ConfigError(f"results index {self.path}: 'questions' must be a non-empty list")
+        self.entries: dict[str, dict] = {}
+        for n, entry in enumerate(entries):
+            where = f"results index {self.path}: questions[{n}]"
+            if not isinstance(entry, dict) or any(not isinstance(entry.get(k), str) for k in self.KEYS):
+                raise ConfigError(f"{where} needs the strings {', '.join(self.KEYS)}, got {entry!r}")
+            if entry["id"] in self.entries:
+                raise ConfigError(f"{where}: id {entry['id']!r} is listed twice")
+            if entry["compute"] not in ("measured", "emulated"):
+                raise ConfigError(f"{where}: compute {entry['compute']!r} is not 'measured' or 'emulated'")
+            if "table" in entry and entry["table"] not in RENDERERS:
+                raise ConfigError(f"{where}: table {entry['table']!r} is not one of {sorted(RENDERERS)}")
+            self.entries[entry["id"]] = entry
+
+    def file(self, entry: dict) -> Path:
+        return self.directory / entry["file"]
+
+    def table(self, question: str) -> list[str]:
+        """The table of the question ``question`` (its id)."""
+        entry = self.entries.get(question)
+        if entry is None:
+            raise ConfigError(f"no question {question!r} in {self.path}; the ids are {sorted(self.entries)}")
+        if "table" not in entry:
+            raise ConfigError(f"question {question!r} in {self.path} renders no table (its file has no 'table' kind)")
+        return render(entry["table"], self.file(entry))
+
+    def overview(self, root: Path) -> list[str]:
+        """The index as a table: question, compute, the command and where and when it ran."""
+        lines = ["| question | compute | command | result file (date, commit) |", "|---|---|---|---|"]
+        for entry in self.entries.values():
+            prov = _load(self.file(entry), "results index").get("provenance", {})
+            link = os.path.relpath(self.file(entry), root)
+            lines.append(f"| {entry['question']} | {entry['compute']} | `{prov.get('command', '?')}` | "
+                         f"[{entry['file']}]({link}) ({prov.get('date', '?')}, {str(prov.get('commit', '?'))[:7]}) |")
+        return lines
+
+
+def audit(index: Index) -> list[str]:
+    """What keeps the results directory from being one current file per question: files the index
+    does not list, listed files that are missing, a file without its provenance, too many files."""
+    problems = []
+    listed = {entry["file"] for entry in index.entries.values()}
+    present = {p.relative_to(index.directory).as_posix() for p in index.directory.rglob("*") if p.is_file()}
+    present.discard(index.path.name)
+    problems += [f"{index.directory / f}: not in {index.path.name} (one file per question; git keeps old runs)"
+                 for f in sorted(present - listed)]
+    problems += [f"{index.directory / f}: listed in {index.path.name} but missing" for f in sorted(listed - present)]
+    if len(present) + 1 > MAX_FILES:
+        problems.append(f"{index.directory}: {len(present) + 1} files, more than {MAX_FILES}")
+    for f in sorted(listed & present):
+        if not f.endswith(".json"):
+            continue
+        prov = _load(index.directory / f, "result").get("provenance")
+        missing = [k for k in PROVENANCE if not isinstance(prov, dict) or not prov.get(k)]
+        if missing:
+            problems.append(f"{index.directory / f}: provenance lacks {', '.join(missing)}")
+    return problems
+
+
+def regenerate(text: str, root: Path, index: Optional[Index] = None) -> tuple[str, list[str], int]:
+    """``text`` with every marked table rendered afresh from its file (a ``table`` marker's file
+    relative to ``root``, a ``result`` marker's from ``index``); the markers whose tables changed,
+    and how many marked tables there are."""
     lines = text.split("\n")
     out: list[str] = []
     changed: list[str] = []
@@ -247,42 +354,59 @@ def regenerate(text: str, root: Path) -> tuple[str, list[str], int]:
         line = lines[i]
         out.append(line)
         i += 1
-        match = MARKER.match(line)
-        if not match:
+        table, result, overview = MARKER.match(line), RESULT.match(line), INDEX_MARKER.match(line)
+        if not (table or result or overview):
             continue
+        if (result or overview) and index is None:
+            raise ConfigError(f"{line.strip()} needs the results index (docs/results/index.json)")
         marked += 1
         old = []
         while i < len(lines) and lines[i].startswith("|"):
             old.append(lines[i])
             i += 1
-        new = render(match["kind"], root / match["file"])
+        if table:
+            new = render(table["kind"], root / table["file"])
+        elif result:
+            new = index.table(result["id"])
+        else:
+            new = index.overview(root)
         if new != old:
             changed.append(line.strip())
         out.extend(new)
     return "\n".join(out), changed, marked
 
 
-DOCUMENTS = (Path("README.md"), Path("docs/RESULTS.md"))
-"""The documents ``make tables`` keeps: the README's summary and the full results log."""
+DOCUMENTS = (Path("README.md"), Path("docs/results.md"))
+"""The documents ``make tables`` keeps: the README's headline results and the results page."""
+INDEX = Path("docs/results/index.json")
+"""The results index, relative to the repository root."""
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``scripts/readme_tables.py [--check] [DOCUMENT ...]``: write the marked tables of each document
-    (default :data:`DOCUMENTS`, relative to the working directory), or check them.  A marker's file is
-    relative to its own document."""
+    """``scripts/readme_tables.py [--check] [--index FILE] [DOCUMENT ...]``: write the marked tables
+    of each document (default :data:`DOCUMENTS`, relative to the working directory), or check them
+    and the results directory (:func:`audit`).  A ``table`` marker's file is relative to its own
+    document."""
     import argparse
 
-    parser = argparse.ArgumentParser(description="regenerate the README's tables from docs/results/")
+    parser = argparse.ArgumentParser(description="regenerate the tables of README.md and docs/ from docs/results/")
     parser.add_argument("documents", nargs="*", type=Path, help=f"default: {' '.join(map(str, DOCUMENTS))}")
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 naming the tables that differ")
+    parser.add_argument("--index", type=Path, default=INDEX, help=f"the results index (default {INDEX})")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 naming the tables that differ and what the results lack")
     args = parser.parse_args(argv)
+    index = Index(args.index) if args.index.exists() else None
     stale = 0
+    if args.check and index is not None:
+        for problem in audit(index):
+            print(problem)
+            stale += 1
     for document in args.documents or DOCUMENTS:
         try:
             text = document.read_text()
         except OSError as err:
             raise ConfigError(f"cannot read {document}: {err}") from None
-        new, changed, marked = regenerate(text, document.resolve().parent)
+        new, changed, marked = regenerate(text, document.resolve().parent, index)
         stale += len(changed)
         if args.check:
             for marker in changed:

@@ -136,6 +136,9 @@ class ResultsFile:
         except (OSError, ValueError) as err:
             raise ConfigError(f"--json {path} exists and is not a semimig bench result ({err}); "
                               "pass --overwrite to replace it or choose another --json") from None
+        except RecursionError:  # json's decoder recurses once per nesting level
+            raise ConfigError(f"--json {path} exists and nests too deeply to be a semimig bench result; "
+                              "pass --overwrite to replace it or choose another --json") from None
         difference = settings_difference(config, saved["config"])
         if difference is not None:
             raise ConfigError(f"--json {path} holds a run with other settings ({difference}); pass --overwrite "
