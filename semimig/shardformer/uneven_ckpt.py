@@ -138,8 +138,19 @@ def packed_parts(param: torch.Tensor, dim: int, tp_group) -> List[int]:
 
 
 def _our_split_dim(param: torch.Tensor, original_shape) -> Optional[int]:
-    """The split dimension of one of semimig's shards; None for every other parameter (Colossal-AI's)."""
-    return split_dim(param.shape, original_shape) if is_semimig_shard(param) else None
+    """The split dimension of one of semimig's shards; None for every other parameter (Colossal-AI's).
+
+    Read from the shard functions where they carry it (:data:`semimig.sharding.split.SPLIT_DIM`): a rank
+    holding every unit of a plan has a shard of the full shape, and its peers (holding none) still
+    gather, so it must take the same path as they do."""
+    from semimig.sharding.split import SPLIT_DIM
+
+    if not is_semimig_shard(param):
+        return None
+    carried = getattr(param.gather_fn, SPLIT_DIM, None)
+    if carried is not None:
+        return carried % param.dim()
+    return split_dim(param.shape, original_shape)
 
 
 # --------------------------------------------------------------------------- gather (save)
