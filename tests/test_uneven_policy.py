@@ -195,7 +195,7 @@ def test_plan_from_flags_parses_and_names_bad_values():
         "28,4:3,1:1": "expected MLP_UNITS",
         "32:2,2": "MLP_UNITS has 1 entries",
         "28,3:3,1": r"mlp_units=\(28, 3\) sum to 31 blocks",
-        "32,0:3,1": r"units\[1\] must be an int >= 1",
+        "33,-1:3,1": r"units\[1\] must be an int >= 0",
         "28,4:2,1": r"kv_units=\(2, 1\) sum to 3, the model has 4 KV heads",
     }
     for text, message in bad.items():
