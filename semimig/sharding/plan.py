@@ -20,6 +20,31 @@ and it still takes part in every collective (the layers of :mod:`semimig.nn` and
 of a kind entirely.  :meth:`ShardPlan.even` is today's (Colossal-AI's) layout:
 ``torch.chunk`` of the dimension into ``tp`` equal parts; like Colossal-AI it refuses a
 ``total_units`` that ``tp`` does not divide.  An uneven split exists only as an explicit plan.
+
+Finer attention units (not built).  The attention unit is a whole KV group, so with ``n_kv`` groups
+a rank's attention share moves in steps of ``1/n_kv`` (GQA at tp 8 with 8 KV heads: one group per
+rank, nothing to move but a whole rank's attention).  A finer unit would be one query head, a
+group's query heads split across ranks, with the group's small ``k, v`` rows held by every rank
+that holds one of its query heads.  It is exact (``dk`` is a sum over the group's query heads, so
+each holder's ``dk_r·W_k`` summed by the column layer's ``dx`` all-reduce is the dense ``dx``), but it
+needs, none of which exists yet:
+
+- a covering plan: the query rows stay a :class:`ShardPlan` in units of ``head_dim``, but the ``k, v``
+  rows of rank ``r`` are every group its head range touches, so neighbours overlap by up to one
+  group — intervals this class (disjoint, consecutive) cannot state;
+- the shared ``k, v`` weights' gradients summed over the ranks sharing the group before the step
+  (each holds only its heads' part of ``dW_k``), their optimizer state kept identical on each holder,
+  and the grad norm, ZeRO's DP shards and checkpoints counting and writing each group once;
+- the attention forward: Hugging Face's ``repeat_kv`` maps query head ``i`` to KV head
+  ``i // (n_q/n_kv)`` from the config, which holds only when a rank's heads are whole groups; a
+  partial group needs a per-rank head-to-KV index (an attention forward per model family);
+- :func:`~semimig.sharding.move.move_schedule` with one source and several destinations for a
+  shared group, and the solver's unit sizes (query heads for the GEMMs, a duplicated group's
+  ``k, v`` as replicated work on each holder).
+
+Until then a rank too slow for one KV group holds none (``units[r] = 0``, above), which already
+relieves it of all attention; the finer unit matters only when the best share lies strictly
+between 0 and one group.
 """
 from __future__ import annotations
 
