@@ -38,7 +38,7 @@ from dist_harness import run_on_ranks
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")
 
-from tiny_lms import VOCAB, tiny_lm, token_batch  # noqa: E402
+from tiny_lms import tiny_lm, token_batch  # noqa: E402
 LOSS = dict(atol=2e-5, rtol=0.0)
 GRAD = dict(atol=1e-7, rtol=1e-4)
 WEIGHT = dict(atol=1e-5, rtol=0.0)
