@@ -257,8 +257,8 @@ class ReshardConfig:
     under gloo, measured ~70-150 MB/s on CPU; NVLink is far faster, and the first move measures it)."""
     latency_s: float = 0.05
     """Fixed cost of a move (also a floor of a measured one's estimate)."""
-    min_units: int = 0
-    """Units every rank keeps in every dimension (0: a rank too slow for one may hold none of a kind)."""
+    min_units: int = 1
+    """Units every rank keeps in every dimension (0 allowed: a rank may then hold none of a kind)."""
     warmup: int = 1
     """Steps not fed to the window at the start of the run and after each move."""
     launch: Optional[int] = None
