@@ -35,8 +35,9 @@ def policy(config=ReshardConfig(), tp=2):
 
 def expected(speeds):
     model = StepModel.normalised(speeds, replicated_share=RHO)
-    return (solve_plan(model, total_units=MLP_UNITS, unit_size=128), solve_plan(model, total_units=KV_UNITS,
-                                                                                unit_size=128))
+    floor = ReshardConfig().min_units  # the policy's floor, not the solver's default
+    return (solve_plan(model, total_units=MLP_UNITS, unit_size=128, min_units=floor),
+            solve_plan(model, total_units=KV_UNITS, unit_size=128, min_units=floor))
 
 
 def simulate(pol, speeds_at, steps, *, noise=0.0, move_s=0.5, seed=0, gemm=1.0, decisions=None, ran=None,

@@ -128,8 +128,8 @@ def _refusals(rank, world):
         snn.Linear1D_Col.from_native_module(nn.Linear(4, 8), group, shard_sizes=(6,) + (1,) * (world - 1))
     with pytest.raises(ConfigError, match="has 1 entries"):
         snn.Linear1D_Row.from_native_module(nn.Linear(8, 4), group, shard_sizes=(8,))
-    with pytest.raises(ConfigError, match=r"units\[1\] must be an int >= 1"):
-        snn.Linear1D_Row.from_native_module(nn.Linear(8, 4), group, shard_sizes=(8,) + (0,) * (world - 1))
+    with pytest.raises(ConfigError, match=r"units\[1\] must be an int >= 0"):
+        snn.Linear1D_Row.from_native_module(nn.Linear(8, 4), group, shard_sizes=(9, -1) + (0,) * (world - 2))
 
 
 def _resizing_on_uneven(rank, world):

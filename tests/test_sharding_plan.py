@@ -48,7 +48,7 @@ def test_offsets_and_ranges_of_an_uneven_plan():
 
 
 @pytest.mark.parametrize("units, needle", [
-    ((), "units"), ((3, 0), "units[1]"), ((2, -1), "units[1]"), ((2, 1.5), "units[1]"), ((True, 1), "units[0]"),
+    ((), "units"), ((0, 0), "hold no unit"), ((2, -1), "units[1]"), ((2, 1.5), "units[1]"), ((True, 1), "units[0]"),
     ("12", "units"), (None, "units"),
 ])
 def test_plan_refuses_bad_units(units, needle):
@@ -126,11 +126,15 @@ def test_two_ranks_one_chi_slower_reach_the_limit(chi):
 
 
 def test_replicated_share_above_the_limit_pins_the_slow_rank():
-    """χ = 4, R = 0.5 > 0.4: the slow rank cannot finish R alone in 1.6; it keeps the minimum and sets the step."""
+    """χ = 4, R = 0.5 > 0.4: the slow rank cannot finish R alone in 1.6; it keeps the minimum and sets the step
+    (by default none: ``R/v = 2``; with ``min_units=1`` one unit)."""
     model = StepModel.normalised((1.0, 0.25), replicated_share=0.5)
     assert continuous_shares(model) == pytest.approx((1.0, 0.0))
     assert model.step(continuous_shares(model)) == pytest.approx(2.0)
     plan = solve_plan(model, total_units=64)
+    assert plan.units == (64, 0)
+    assert predicted_step(model, plan) == pytest.approx(0.5 / 0.25)
+    plan = solve_plan(model, total_units=64, min_units=1)
     assert plan.units == (63, 1)
     assert predicted_step(model, plan) == pytest.approx((0.5 + 1.0 / 64) / 0.25)
 
@@ -182,7 +186,9 @@ def test_solver_refusals():
     with pytest.raises(ConfigError, match="shardable must be a finite number > 0, got 0"):
         StepModel(speeds=(1.0,), replicated=0.1, shardable=0)
     with pytest.raises(ConfigError, match="total_units=3 cannot give each of tp=4 ranks min_units=1"):
-        solve_plan(StepModel.normalised((1, 1, 1, 1), replicated_share=0.1), total_units=3)
+        solve_plan(StepModel.normalised((1, 1, 1, 1), replicated_share=0.1), total_units=3, min_units=1)
+    with pytest.raises(ConfigError, match="min_units must be an int >= 0, got -1"):
+        solve_plan(StepModel.normalised((1, 1), replicated_share=0.1), total_units=3, min_units=-1)
     with pytest.raises(ConfigError, match="times must have one entry per rank"):
         speeds_from_times([1.0], ShardPlan.even(2, 2), replicated=0.1, shardable=1.0)
     with pytest.raises(ConfigError, match=r"shardable_times\[1\] must be a finite number > 0, got 0"):
@@ -192,12 +198,12 @@ def test_solver_refusals():
 
 @settings(max_examples=300, deadline=None)
 @given(speeds=speeds_st, rho=st.floats(min_value=0.0, max_value=0.95), extra=st.integers(0, 200),
-       min_units=st.integers(1, 3), unit_size=st.integers(1, 64))
+       min_units=st.integers(0, 3), unit_size=st.integers(1, 64))
 def test_rounded_plan_properties(speeds, rho, extra, min_units, unit_size):
     """Sums to the total, every rank ≥ min_units, no single-unit move lowers the max, never worse than the
     continuous optimum by more than one unit of the slowest rank, never worse than even (when even exists)."""
     model = StepModel.normalised(speeds, replicated_share=rho)
-    e, total = model.tp, len(speeds) * min_units + extra
+    e, total = model.tp, max(1, len(speeds) * min_units + extra)
     plan = solve_plan(model, total_units=total, unit_size=unit_size, min_units=min_units)
     assert plan.total_units == total and min(plan.units) >= min_units and plan.unit_size == unit_size
     best = predicted_step(model, plan)
@@ -216,14 +222,15 @@ def test_rounded_plan_properties(speeds, rho, extra, min_units, unit_size):
 
 @settings(max_examples=150, deadline=None)
 @given(speeds=st.lists(st.floats(min_value=0.05, max_value=1.0), min_size=2, max_size=3),
-       rho=st.floats(min_value=0.0, max_value=0.9), total=st.integers(3, 12))
-def test_rounded_plan_is_the_brute_force_optimum(speeds, rho, total):
-    """Against every whole-unit plan with ≥ 1 unit per rank (small groups only)."""
+       rho=st.floats(min_value=0.0, max_value=0.9), total=st.integers(3, 12), min_units=st.integers(0, 1))
+def test_rounded_plan_is_the_brute_force_optimum(speeds, rho, total, min_units):
+    """Against every whole-unit plan with ≥ ``min_units`` units per rank (small groups only)."""
     model = StepModel.normalised(speeds, replicated_share=rho)
     e = model.tp
-    plans = [c for c in itertools.product(range(1, total + 1), repeat=e) if sum(c) == total]
+    plans = [c for c in itertools.product(range(min_units, total + 1), repeat=e) if sum(c) == total]
     optimum = min(model.step([n / total for n in c]) for c in plans)
-    assert predicted_step(model, solve_plan(model, total_units=total)) == pytest.approx(optimum, rel=1e-12)
+    plan = solve_plan(model, total_units=total, min_units=min_units)
+    assert predicted_step(model, plan) == pytest.approx(optimum, rel=1e-12)
 
 
 @settings(max_examples=300, deadline=None)

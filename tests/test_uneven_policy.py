@@ -195,7 +195,7 @@ def test_plan_from_flags_parses_and_names_bad_values():
         "28,4:3,1:1": "expected MLP_UNITS",
         "32:2,2": "MLP_UNITS has 1 entries",
         "28,3:3,1": r"mlp_units=\(28, 3\) sum to 31 blocks",
-        "32,0:3,1": r"units\[1\] must be an int >= 1",
+        "33,-1:3,1": r"units\[1\] must be an int >= 0",
         "28,4:2,1": r"kv_units=\(2, 1\) sum to 3, the model has 4 KV heads",
     }
     for text, message in bad.items():
@@ -212,7 +212,8 @@ def test_plan_from_flags_parses_and_names_bad_values():
 
 def test_plan_for_speeds_follows_the_step_model():
     """DESIGN §8, two ranks, rank 1 χ = 4 times slower, ρ = 0.2 replicated: S = 2·0.8, t = (S + 2ρ)/Σv = 1.6,
-    p_1 = (t·v_1 − ρ)/S = 0.125, i.e. 4 of 32 MLP blocks of 128; KV groups 4·0.125 = 0.5 -> at least 1."""
+    p_1 = (t·v_1 − ρ)/S = 0.125, i.e. 4 of 32 MLP blocks of 128; KV groups 4·0.125 = 0.5 -> none (rank 1 at
+    (ρ + S/4)/v_1 = 2.4 with one, rank 0 at ρ + S = 1.8 with all four), or one with ``min_units=1``."""
     import transformers as T
 
     from semimig.errors import ConfigError
@@ -220,6 +221,8 @@ def test_plan_for_speeds_follows_the_step_model():
 
     cfg = T.LlamaConfig(hidden_size=1024, intermediate_size=4096, num_attention_heads=8, num_key_value_heads=4)
     assert plan_for_speeds(cfg, speeds_from_flag("1,0.25", 2), replicated_share=0.2) == \
+        UnevenPlan(mlp_units=(28, 4), kv_units=(4, 0))
+    assert plan_for_speeds(cfg, (1.0, 0.25), replicated_share=0.2, min_units=1) == \
         UnevenPlan(mlp_units=(28, 4), kv_units=(3, 1))
     assert plan_for_speeds(cfg, (1.0, 1.0), replicated_share=0.3) == UnevenPlan(mlp_units=(16, 16), kv_units=(2, 2))
     with pytest.raises(ConfigError, match="speed 'x' of rank 1"):

@@ -258,7 +258,7 @@ class ReshardConfig:
     latency_s: float = 0.05
     """Fixed cost of a move (also a floor of a measured one's estimate)."""
     min_units: int = 1
-    """Units every rank keeps in every dimension."""
+    """Units every rank keeps in every dimension (0 allowed: a rank may then hold none of a kind)."""
     warmup: int = 1
     """Steps not fed to the window at the start of the run and after each move."""
     launch: Optional[int] = None
@@ -293,7 +293,7 @@ class ReshardConfig:
         check_int("ReshardConfig.dwell", self.dwell, minimum=0, maximum=10**9)
         check_number("ReshardConfig.bandwidth_bytes_s", self.bandwidth_bytes_s, minimum=0.0, low_open=True)
         check_number("ReshardConfig.latency_s", self.latency_s, minimum=0.0)
-        check_int("ReshardConfig.min_units", self.min_units, minimum=1)
+        check_int("ReshardConfig.min_units", self.min_units, minimum=0)
         check_int("ReshardConfig.warmup", self.warmup, minimum=0, maximum=10**6)
         check_int("ReshardConfig.launch", self.launch, minimum=0, maximum=self.window, allow_none=True)
         if self.launch is None:
@@ -621,7 +621,7 @@ class ReshardPolicy:
         b = [statistics.median(s.shardable_s[r] for s in samples) for r in range(e)]
         m = [statistics.median(s.comm_s[r] for s in samples) for r in range(e)]
         p = self.shares()
-        k = min((c[r] - b[r]) * p[r] / b[r] for r in range(e))  # an upper bound (module docstring)
+        k = min((c[r] - b[r]) * p[r] / b[r] for r in range(e) if p[r] > 0)  # an upper bound (module docstring)
         if self.measured_k is not None:
             k = min(self.measured_k, k)  # a measurement above the bound is noise of the move's two windows
         S = 1.0 / (k + 1.0 / e)

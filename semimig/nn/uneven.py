@@ -19,8 +19,10 @@ after it.
 
 Refused with uneven sizes (:class:`~semimig.errors.ConfigError`): ``gather_output=True`` and
 ``parallel_input=False`` (Colossal-AI's gather/split are even), a layer built without a weight
-(build it with ``from_native_module``), sizes that are not ``tp`` ints ``≥ 1`` summing to the
-split dimension.  ``seq_parallel_mode="split_gather"`` gathers and splits along the sequence,
+(build it with ``from_native_module``), sizes that are not ``tp`` ints ``≥ 0`` summing to the
+split dimension.  A size 0 is an empty shard (weight ``[0, in]`` / ``[out, 0]``): the column layer
+outputs ``[M, 0]`` and all-reduces a zero ``dx``, the row layer all-reduces a zero partial ``y`` and
+adds its replicated bias once after the all-reduce, as Colossal-AI's row layer always does.  ``seq_parallel_mode="split_gather"`` gathers and splits along the sequence,
 not the split dimension, and is left as it is.
 
 Packed layers (``split_sizes``, e.g. GPT-2's ``c_attn`` = ``[Q, K, V]``) cut every part with the

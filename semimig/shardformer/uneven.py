@@ -9,8 +9,8 @@ A user states a plan in the units of the two paired dimensions of a transformer 
   ``k``, ``v`` and ``(n_q/n_kv)·d`` columns of ``o`` (``d`` = ``head_dim``).
 
 ``None`` for either keeps that dimension even (``tp`` must divide it).  :meth:`UnevenPlan.resolve`
-checks the plan against the model (the units sum to the dimension, every rank keeps one unit,
-the block size divides ``I``) and gives the three column plans the layers take as
+checks the plan against the model (the units sum to the dimension, the block size divides ``I``;
+a rank may hold zero units of either kind) and gives the three column plans the layers take as
 ``shard_sizes``; rank ``r``'s attention then has ``h_r = kv_units[r]·n_q/n_kv`` query heads,
 ``kv_units[r]`` KV heads and width ``h_r·d``.  Any plan computes the same function as the even
 one: only the order of the sums over ``I`` and over the heads' columns of ``o`` changes.
@@ -83,7 +83,9 @@ def attention_attributes(family: str, *, width: int, heads: int, kv_heads: int) 
     if family == "llama":
         return {"hidden_size": width, "num_heads": heads, "num_key_value_heads": kv_heads}
     if family == "gpt2":
-        return {"embed_dim": width, "split_size": width, "num_heads": heads}
+        # GPT-2 splits c_attn's [Q, K, V] output by split_size; a size 0 would give one piece, so a rank
+        # holding no head splits by the three (empty) part widths instead
+        return {"embed_dim": width, "split_size": width if width else [0, 0, 0], "num_heads": heads}
     if family == "vit":
         return {"all_head_size": width, "num_attention_heads": heads}
     raise ConfigError(f"attention_attributes: unknown model family {family!r} (llama, gpt2 or vit)")
@@ -226,17 +228,17 @@ def plan_from_flags(text: Optional[str], config: Any, tp: int, *, block_size: in
 
 
 def plan_for_speeds(config: Any, speeds: Sequence[float], *, replicated_share: float,
-                    block_size: int = DEFAULT_BLOCK_SIZE) -> UnevenPlan:
+                    block_size: int = DEFAULT_BLOCK_SIZE, min_units: int = 0) -> UnevenPlan:
     """The plan minimising the step (DESIGN §8) for ranks of relative ``speeds`` (``v_r``, e.g.
     ``(1, 0.25)``: rank 1 four times slower) when ``replicated_share`` (``ρ``) of a healthy even
     step is replicated work: :func:`~semimig.sharding.solve_plan` on
     ``StepModel.normalised(speeds, replicated_share=ρ)``, once in MLP blocks and once in KV groups,
-    every rank keeping at least one unit of each."""
+    every rank keeping at least ``min_units`` of each (0: a rank too slow for one may hold none)."""
     model = StepModel.normalised(tuple(speeds), replicated_share=replicated_share)
     dims = model_dims(config)
     blocks = units_of(f"the MLP intermediate size (block_size={block_size})", dims.intermediate, block_size)
-    mlp = solve_plan(model, total_units=blocks, unit_size=block_size)
-    kv = solve_plan(model, total_units=dims.num_kv_heads)
+    mlp = solve_plan(model, total_units=blocks, unit_size=block_size, min_units=min_units)
+    kv = solve_plan(model, total_units=dims.num_kv_heads, min_units=min_units)
     plan = UnevenPlan(mlp_units=mlp.units, kv_units=kv.units, block_size=block_size)
     plan.resolve(config, model.tp)
     return plan

@@ -112,10 +112,17 @@ def from_file_order(saved: torch.Tensor, parts: Sequence[int], tp: int, *, dim: 
 
 
 def packed_parts(param: torch.Tensor, dim: int, tp_group) -> List[int]:
-    """The part lengths of ``param`` along ``dim``, read from its current ``gather_fn`` (collective on
-    the TP group): every rank sends its rank number at each of its positions (other dimensions 1);
-    in the gathered full order each part runs ranks ``0, 1, …`` and the next part starts where the
-    number drops (every rank holds at least one unit of every part)."""
+    """The part lengths of ``param`` along ``dim``, read from its current ``gather_fn``: the lengths it
+    carries (:data:`semimig.sharding.split.PARTS`, set on every semimig shard function; no
+    communication), else a collective on the TP group: every rank sends its rank number at each of
+    its positions (other dimensions 1); in the gathered full order each part runs ranks ``0, 1, …``
+    and the next part starts where the number drops (this needs every rank to hold at least one unit
+    of every part, which the carried lengths do not)."""
+    from semimig.sharding.split import PARTS
+
+    carried = getattr(param.gather_fn, PARTS, None)
+    if carried is not None:
+        return list(carried)
     rank = dist.get_rank(tp_group) if dist.is_initialized() else 0
     shape = [1] * param.dim()
     shape[dim] = param.shape[dim]
@@ -131,8 +138,19 @@ def packed_parts(param: torch.Tensor, dim: int, tp_group) -> List[int]:
 
 
 def _our_split_dim(param: torch.Tensor, original_shape) -> Optional[int]:
-    """The split dimension of one of semimig's shards; None for every other parameter (Colossal-AI's)."""
-    return split_dim(param.shape, original_shape) if is_semimig_shard(param) else None
+    """The split dimension of one of semimig's shards; None for every other parameter (Colossal-AI's).
+
+    Read from the shard functions where they carry it (:data:`semimig.sharding.split.SPLIT_DIM`): a rank
+    holding every unit of a plan has a shard of the full shape, and its peers (holding none) still
+    gather, so it must take the same path as they do."""
+    from semimig.sharding.split import SPLIT_DIM
+
+    if not is_semimig_shard(param):
+        return None
+    carried = getattr(param.gather_fn, SPLIT_DIM, None)
+    if carried is not None:
+        return carried % param.dim()
+    return split_dim(param.shape, original_shape)
 
 
 # --------------------------------------------------------------------------- gather (save)

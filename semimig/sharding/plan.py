@@ -11,11 +11,40 @@ its inputs along, so that the pair needs no collective beyond the row layer's al
   ``unit_size = (n_q/n_kv)·head_dim`` columns of ``q`` / ``o`` and ``head_dim`` rows of ``k``, ``v``
   (:meth:`ShardPlan.with_unit_size` gives the ``k, v`` view of the same plan).
 
-Rank ``r`` holds ``units[r] ≥ 1`` consecutive units, in rank order: its columns are
-``[offsets()[r], offsets()[r] + sizes[r])`` with ``sizes[r] = units[r]·unit_size``.  Its share
-is ``p_r = units[r]/total_units``.  :meth:`ShardPlan.even` is today's (Colossal-AI's) layout:
+Rank ``r`` holds ``units[r] ≥ 0`` consecutive units, in rank order (at least one unit in all):
+its columns are ``[offsets()[r], offsets()[r] + sizes[r])`` with ``sizes[r] = units[r]·unit_size``.
+Its share is ``p_r = units[r]/total_units``.  A rank holding zero units has an empty shard: its
+column layers produce ``[M, 0]`` outputs and a zero ``dx``, its row layer a zero partial ``y``,
+and it still takes part in every collective (the layers of :mod:`semimig.nn` and the attention of
+:mod:`semimig.shardformer.uneven` serve it), so a rank too slow for even one unit can be relieved
+of a kind entirely.  :meth:`ShardPlan.even` is today's (Colossal-AI's) layout:
 ``torch.chunk`` of the dimension into ``tp`` equal parts; like Colossal-AI it refuses a
 ``total_units`` that ``tp`` does not divide.  An uneven split exists only as an explicit plan.
+
+Finer attention units (not built).  The attention unit is a whole KV group, so with ``n_kv`` groups
+a rank's attention share moves in steps of ``1/n_kv`` (GQA at tp 8 with 8 KV heads: one group per
+rank, nothing to move but a whole rank's attention).  A finer unit would be one query head, a
+group's query heads split across ranks, with the group's small ``k, v`` rows held by every rank
+that holds one of its query heads.  It is exact (``dk`` is a sum over the group's query heads, so
+each holder's ``dk_r·W_k`` summed by the column layer's ``dx`` all-reduce is the dense ``dx``), but it
+needs, none of which exists yet:
+
+- a covering plan: the query rows stay a :class:`ShardPlan` in units of ``head_dim``, but the ``k, v``
+  rows of rank ``r`` are every group its head range touches, so neighbours overlap by up to one
+  group — intervals this class (disjoint, consecutive) cannot state;
+- the shared ``k, v`` weights' gradients summed over the ranks sharing the group before the step
+  (each holds only its heads' part of ``dW_k``), their optimizer state kept identical on each holder,
+  and the grad norm, ZeRO's DP shards and checkpoints counting and writing each group once;
+- the attention forward: Hugging Face's ``repeat_kv`` maps query head ``i`` to KV head
+  ``i // (n_q/n_kv)`` from the config, which holds only when a rank's heads are whole groups; a
+  partial group needs a per-rank head-to-KV index (an attention forward per model family);
+- :func:`~semimig.sharding.move.move_schedule` with one source and several destinations for a
+  shared group, and the solver's unit sizes (query heads for the GEMMs, a duplicated group's
+  ``k, v`` as replicated work on each holder).
+
+Until then a rank too slow for one KV group holds none (``units[r] = 0``, above), which already
+relieves it of all attention; the finer unit matters only when the best share lies strictly
+between 0 and one group.
 """
 from __future__ import annotations
 
@@ -54,7 +83,7 @@ def kv_group_unit(*, num_heads: int, num_kv_heads: int, head_dim: int) -> Tuple[
 class ShardPlan:
     """Per tensor-parallel rank, its number of units of one paired dimension.
 
-    ``units``     per rank (group-rank order), ints ``≥ 1``; ``tp = len(units)``.
+    ``units``     per rank (group-rank order), ints ``≥ 0`` summing to ``≥ 1``; ``tp = len(units)``.
     ``unit_size`` columns of the dimension per unit (block size, or a KV group's columns).
     """
 
@@ -66,9 +95,10 @@ class ShardPlan:
             raise ConfigError(f"units must be a non-empty tuple of ints (one per tensor-parallel rank), "
                               f"got {self.units!r}")
         for r, n in enumerate(self.units):
-            if not is_int(n) or n < 1:
-                raise ConfigError(f"units[{r}] must be an int >= 1 (every rank keeps at least one unit), "
-                                  f"got {n!r} in units={tuple(self.units)!r}")
+            if not is_int(n) or n < 0:
+                raise ConfigError(f"units[{r}] must be an int >= 0, got {n!r} in units={tuple(self.units)!r}")
+        if sum(self.units) < 1:
+            raise ConfigError(f"units={tuple(self.units)!r} hold no unit at all: at least one rank needs one")
         object.__setattr__(self, "units", tuple(int(n) for n in self.units))
         object.__setattr__(self, "unit_size", check_int("unit_size", self.unit_size, minimum=1))
 

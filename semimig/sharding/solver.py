@@ -17,7 +17,9 @@ no free rank falls below ``p_min`` (at most ``e`` rounds).  The step is then
 ``t = 2/(1 + 1/χ) = 2χ/(χ+1)`` (1.6 at ``χ = 4``) while ``p_slow = (t/χ − R)/S ≥ 0``, i.e.
 ``R ≤ 2/(χ+1)`` (0.4 at ``χ = 4``).
 
-Whole units.  Each rank holds ``n_r ≥ min_units`` of ``U`` units, ``t_r(n) = (R + S·n/U)/v_r``.
+Whole units.  Each rank holds ``n_r ≥ min_units`` of ``U`` units, ``t_r(n) = (R + S·n/U)/v_r``
+(``min_units = 0`` by default: a rank whose ``t·v_r − R < 0`` is pinned at ``p = 0`` above and
+rounds to no unit of the kind; its time is then ``R/v_r``, the floor no plan goes under).
 Start from ``max(min_units, ⌊p_r·U⌋)`` and hand the remaining units one at a time to the rank
 whose time *after* the unit is smallest (ties: lowest rank).  Every unit of ``⌊p_r·U⌋`` finishes
 by ``t`` and every further unit after it, so this equals the greedy from ``min_units`` upwards,
@@ -108,11 +110,15 @@ def _time(model: StepModel, rank: int, n: int, total: int) -> float:
     return model.rank_time(rank, n / total)
 
 
-def solve_plan(model: StepModel, *, total_units: int, unit_size: int = 1, min_units: int = 1) -> ShardPlan:
-    """The whole-unit plan minimising ``max_r t_r(n_r)`` with every ``n_r ≥ min_units`` (module docstring)."""
+def solve_plan(model: StepModel, *, total_units: int, unit_size: int = 1, min_units: int = 0) -> ShardPlan:
+    """The whole-unit plan minimising ``max_r t_r(n_r)`` with every ``n_r ≥ min_units`` (module docstring).
+
+    ``min_units = 0`` (the default) lets a rank too slow for even one unit hold none of this kind
+    (the layers serve empty shards, :mod:`semimig.sharding.plan`); a larger value keeps that many
+    on every rank."""
     e = model.tp
     check_int("total_units", total_units, minimum=1)
-    check_int("min_units", min_units, minimum=1)
+    check_int("min_units", min_units, minimum=0)
     if total_units < e * min_units:
         raise ConfigError(f"total_units={total_units} cannot give each of tp={e} ranks min_units={min_units}")
     shares = continuous_shares(model, min_share=min_units / total_units)
@@ -148,7 +154,8 @@ def fit_step_model(replicated_times: Sequence[float], shardable_times: Sequence[
     """``R``, ``S`` and every ``v_r`` from each rank's step split into its replicated seconds ``a_r = R/v_r``
     and its shardable seconds ``b_r = S·p_r/v_r``, measured under ``plan`` (shares ``p_r``).
 
-    Each rank estimates ``R/S = a_r·p_r/b_r``; their mean ``k`` is taken, the scale fixed by
+    Each rank holding units estimates ``R/S = a_r·p_r/b_r``; their mean ``k`` is taken (a rank with
+    ``p_r = 0`` has no shardable seconds and says nothing of ``S``: ``b_r ≥ 0`` is taken from it), the scale fixed by
     ``R + S/e = 1`` (a healthy even step is 1: ``S = 1/(k + 1/e)``, ``R = k·S``), and
     ``v_r = (R + S·p_r)/(a_r + b_r)`` (so the model reproduces every rank's measured step).
     """
@@ -157,9 +164,11 @@ def fit_step_model(replicated_times: Sequence[float], shardable_times: Sequence[
         raise ConfigError(f"replicated_times and shardable_times must have one entry per rank of the plan ({e}), "
                           f"got {len(replicated_times)} and {len(shardable_times)}")
     a = [check_number(f"replicated_times[{r}]", t, minimum=0.0) for r, t in enumerate(replicated_times)]
-    b = [check_number(f"shardable_times[{r}]", t, minimum=0.0, low_open=True) for r, t in enumerate(shardable_times)]
     shares = plan.shares()
-    k = sum(a[r] * shares[r] / b[r] for r in range(e)) / e
+    b = [check_number(f"shardable_times[{r}]", t, minimum=0.0, low_open=shares[r] > 0)
+         for r, t in enumerate(shardable_times)]
+    holders = [r for r in range(e) if shares[r] > 0]
+    k = sum(a[r] * shares[r] / b[r] for r in holders) / len(holders)
     S = 1.0 / (k + 1.0 / e)
     R = k * S
     return StepModel(speeds=tuple((R + S * shares[r]) / (a[r] + b[r]) for r in range(e)), replicated=R, shardable=S)

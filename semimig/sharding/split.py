@@ -30,7 +30,7 @@ import torch.distributed as dist
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 
-__all__ = ["shard", "gather", "all_gather_shards", "shard_functions", "shard_packed", "gather_packed",
+__all__ = ["PARTS", "SPLIT_DIM", "shard", "gather", "all_gather_shards", "shard_functions", "shard_packed", "gather_packed",
            "all_gather_packed", "packed_shard_functions", "MlpShard", "split_mlp", "AttentionShard", "split_attention"]
 
 
@@ -96,6 +96,24 @@ def shard_functions(plan: ShardPlan, rank: int, *, dim: int, group=None
     def gather_fn(piece: torch.Tensor) -> torch.Tensor:
         return all_gather_shards(piece.data, plan, dim=dim, group=group)
 
+    return _labelled(shard_fn, gather_fn, (plan.dimension,), dim)
+
+
+PARTS = "packed_parts"
+"""Attribute of the functions :func:`shard_functions` / :func:`packed_shard_functions` return: the full
+lengths of the packed parts along the split dimension (one entry for a plain tensor).  Read by the
+checkpoint code, which cannot recover the parts from the gathered layout when a rank holds nothing."""
+
+SPLIT_DIM = "split_dim"
+"""Attribute of the same functions: the dimension they cut and gather along (as given, may be negative).
+A rank holding every unit has a shard of the full shape, so the shapes alone cannot say it is one."""
+
+
+def _labelled(shard_fn: Callable, gather_fn: Callable, parts: Tuple[int, ...], dim: int
+              ) -> Tuple[Callable, Callable]:
+    for fn in (shard_fn, gather_fn):
+        setattr(fn, PARTS, tuple(int(n) for n in parts))
+        setattr(fn, SPLIT_DIM, int(dim))
     return shard_fn, gather_fn
 
 
@@ -158,7 +176,7 @@ def packed_shard_functions(parts: Sequence[int], plans: Sequence[ShardPlan], ran
     def gather_fn(piece: torch.Tensor) -> torch.Tensor:
         return all_gather_packed(piece.data, parts, plans, dim=dim, group=group)
 
-    return shard_fn, gather_fn
+    return _labelled(shard_fn, gather_fn, tuple(parts), dim)
 
 
 class MlpShard(NamedTuple):
