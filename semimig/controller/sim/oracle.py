@@ -1,15 +1,19 @@
 """What a scenario could have cost: the oracle, the even plan and the group's limit.
 
 The oracle knows the whole speed trace.  Its plans: the even plan, and for each distinct state of the
-trace (at most :data:`MAX_STATES`, evenly spread over it when there are more) and for the trace's mean
-speeds the best plan it finds in the real plan space (whole units, at least one per rank and
+trace (at most :data:`MAX_STATES`, evenly spread over it when there are more), for the same state half-way
+back to healthy speeds (a compromise for a straggler that comes and goes) and for the trace's mean
+speeds, the best plan it finds in the real plan space (whole units, at least one per rank and
 dimension): the best of :func:`~semimig.sharding.solve_plan` per dimension on the true step model and
 two joint roundings (the KV groups by the solver, or handed out greedily first, then the MLP blocks
 handed out greedily around them, each unit to the rank that finishes it soonest).  Over those plans it
-picks the best schedule exactly, paying every move: a dynamic programme over the trace's constant
+picks the best schedule exactly, paying every move (one before the first step sends weights only, as
+the device probe's does): a dynamic programme over the trace's constant
 segments (within a segment whose speeds do not change, a schedule that moves at most once, at its
 start, is as good as any: the step costs are constant and the bytes of two moves are at least those of
-one move to the same end, so the triangle inequality holds).
+one move to the same end, so the triangle inequality holds).  Restricted to those plans it can be a
+little slower than the best schedule over every plan (another plan with the same step, cheaper to reach,
+or a compromise between phases): on scenarios small enough to list every plan, within 2 %.
 
 The *limit* is what no plan of whole units beats: each segment at the continuous optimum
 (:func:`~semimig.sharding.continuous_shares`, no minimum share), moves free.
@@ -69,14 +73,15 @@ def segments(speeds: np.ndarray) -> List[Tuple[int, int]]:
 
 
 def candidate_plans(scenario: Scenario) -> List[Plans]:
-    """The even plan, the best plan of each distinct state (at most :data:`MAX_STATES`) and of the mean
-    speeds, without repeats."""
+    """The even plan, the best plan of each distinct state (at most :data:`MAX_STATES`), of each state
+    half-way to healthy and of the mean speeds, without repeats."""
     workload, speeds = scenario.workload, scenario.speeds
     states = np.unique(speeds, axis=0)
     if len(states) > MAX_STATES:
         states = states[np.linspace(0, len(states) - 1, MAX_STATES).round().astype(int)]
     out = [workload.even_plans()]
-    for row in list(states) + [speeds.mean(axis=0)]:
+    rows = [row for state in states for row in (state, 0.5 * (1.0 + state))]  # and half-way to healthy
+    for row in rows + [speeds.mean(axis=0)]:
         plans = best_plans(workload, row)
         if plans not in out:
             out.append(plans)
@@ -104,7 +109,8 @@ def oracle_time(scenario: Scenario, plans: Sequence[Plans] | None = None) -> Tup
     rows = np.array([scenario.speeds[s] for s, _ in segs])
     lengths = np.array([n for _, n in segs], dtype=float)
     cost = _step_matrix(workload, plans, rows) * lengths[None, :]  # (K, segments)
-    value = moves[start] + cost[:, 0]
+    first = np.array([workload.move(even, q, first=True)[1] for q in plans])  # before the first step
+    value = first + cost[:, 0]
     count = (np.arange(len(plans)) != start).astype(int)
     for s in range(1, len(segs)):
         total = value[:, None] + moves  # from j to k

@@ -16,8 +16,8 @@ slowest rank as measured).  With a lag of ``L`` steps the policy reads step ``i 
 step ``i``.  A decision to move is carried out before the next step: the move costs its bytes over the
 link plus its latency, and the policy is told that cost.  Before the first step, when the scenario
 has the device probe, the policy's ``profile`` reads five repeats of a fixed GEMM work timed at each
-rank's first-step speed (with the same noise); a move then sends weights only (no optimizer state
-exists yet: a third of a unit's bytes).
+rank's first-step speed (with the same noise); a move then sends weights only
+(:data:`~semimig.controller.sim.stepmodel.FIRST_MOVE_SHARE`).
 
 The noise is drawn once per scenario from its seed, so every policy meets the same measurements
 for the same plans (common random numbers).
@@ -35,16 +35,13 @@ from semimig.controller.reshard import ReshardConfig, ReshardPolicy, ReshardSamp
 from semimig.controller.sim.scenarios import Scenario
 from semimig.controller.sim.stepmodel import Plans
 
-__all__ = ["PolicyFactory", "RunResult", "run_policy", "ratio", "reshard_policy", "PROBE_REPEATS", "PROBE_WEIGHT_BYTES"]
+__all__ = ["PolicyFactory", "RunResult", "run_policy", "ratio", "reshard_policy", "PROBE_REPEATS"]
 
 PolicyFactory = Callable[..., Any]
 """``factory(plans, *, weights, bytes_per_unit) -> policy`` (module docstring)."""
 
 PROBE_REPEATS = 5
 """Repeats of the device probe's fixed work."""
-PROBE_WEIGHT_BYTES = 1.0 / 3.0
-"""Share of a unit's bytes a move before the first step sends: its weights (fp32) without the two
-AdamW moments."""
 
 
 @dataclass
@@ -95,10 +92,8 @@ def run_policy(scenario: Scenario, factory: PolicyFactory) -> RunResult:
     noise = _Noise(scenario)
     result = RunResult(time_s=0.0)
 
-    def move(new: Sequence[Any], step: int, reason: str, scale: float = 1.0) -> Plans:
-        nbytes, seconds = workload.move(plans, tuple(new))
-        nbytes = int(nbytes * scale)
-        seconds = workload.latency_s + nbytes / workload.bandwidth_bytes_s if nbytes else 0.0
+    def move(new: Sequence[Any], step: int, reason: str) -> Plans:
+        nbytes, seconds = workload.move(plans, tuple(new), first=step < 0)
         result.time_s += seconds
         result.moves += 1
         result.bytes_moved += nbytes
@@ -112,7 +107,7 @@ def run_policy(scenario: Scenario, factory: PolicyFactory) -> RunResult:
         times = [[0.02 / v * f for v, f in zip(first, row)] for row in noise.probe]
         decision = policy.profile(times)
         if decision.plans is not None:
-            plans = move(decision.plans, -1, decision.reason, PROBE_WEIGHT_BYTES)
+            plans = move(decision.plans, -1, decision.reason)
     pending: collections.deque = collections.deque()
     for i in range(scenario.steps):
         speeds = scenario.speeds[i]

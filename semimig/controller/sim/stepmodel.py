@@ -16,7 +16,8 @@ shard is not timed), so the replicated work it infers is an upper bound, as on r
 
 A move sends, for every unit that changes owner, its weights and optimizer state
 (``state_bytes`` for all units together, split by parameter share), in
-``latency_s + bytes / bandwidth_bytes_s``.
+``latency_s + bytes / bandwidth_bytes_s`` (before the first step: the weights alone,
+:data:`FIRST_MOVE_SHARE` of those bytes).
 """
 from __future__ import annotations
 
@@ -28,7 +29,11 @@ from semimig.controller.reshard import moved_units
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 
-__all__ = ["Workload", "Plans"]
+__all__ = ["Workload", "Plans", "FIRST_MOVE_SHARE"]
+
+FIRST_MOVE_SHARE = 1.0 / 3.0
+"""Share of a unit's bytes a move before the first step sends: its weights (fp32), no optimizer state
+exists yet (the two AdamW moments)."""
 
 Plans = Tuple[ShardPlan, ShardPlan]
 """``(MLP blocks, KV groups)``: the plan in force, one per paired dimension, in the policy's order."""
@@ -136,9 +141,12 @@ class Workload:
         return max(self.rank_compute(plans, speeds)) + self.comm_s
 
     # ------------------------------------------------------------------ a move
-    def move(self, old: Plans, new: Plans) -> Tuple[int, float]:
-        """``(bytes, seconds)`` of moving from ``old`` to ``new`` (nothing when they are equal)."""
+    def move(self, old: Plans, new: Plans, *, first: bool = False) -> Tuple[int, float]:
+        """``(bytes, seconds)`` of moving from ``old`` to ``new`` (nothing when they are equal);
+        ``first``: before the first step (weights only)."""
         if tuple(old) == tuple(new):
             return 0, 0.0
         nbytes = sum(moved_units(o, n) * b for o, n, b in zip(old, new, self.bytes_per_unit))
+        if first:
+            nbytes = int(nbytes * FIRST_MOVE_SHARE)
         return nbytes, self.latency_s + nbytes / self.bandwidth_bytes_s
