@@ -1,0 +1,137 @@
+"""Score the re-shard policy on a family of simulated scenarios (DESIGN §9), and replay recorded runs.
+
+    python benchmarks/policy_sim.py --json F [--quick] [--scenarios N] [--seed S] [--replay DIR]
+
+Runs :mod:`semimig.controller.sim` on ``N`` generated scenarios (default 1200; ``--quick``: 30 short
+ones, for CI): each policy's time to the last step over the scenario's oracle, per category and
+overall, beside Colossal-AI alone (the even plan), and prints one table per policy.  ``--replay DIR``
+(default: the repository's ``docs/results`` unless ``--quick``) runs every ``ttl_*.json`` with
+re-shard runs through the step model and reports the simulated mean step against the measured one.
+The JSON holds ``{"overall", "categories", "policy"}`` for the policy in use, every policy's summary
+under ``"policies"``, each scenario's record, the replay, and the command, commit, machine, date,
+wall time and the machine's load around the run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench_output import add_json_flag, refuse, write_result
+
+from semimig.controller.sim import family
+from semimig.controller.sim.replay import replay_file, replay_summary
+from semimig.controller.sim.score import evaluate, summarise, table
+from semimig.controller.sim.simulate import reshard_policy
+
+REPO = Path(__file__).resolve().parent.parent
+POLICIES = {"reshard": reshard_policy}
+"""The policies scored; the first is the one in use."""
+
+
+def _optional_policies() -> dict:
+    """Policies beside the one in use that this tree has (a sketch not wired into production)."""
+    try:
+        from semimig.controller.statemachine import StateMachinePolicy
+    except ImportError:
+        return {}
+    return {"statemachine": StateMachinePolicy.factory}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_json_flag(parser, required=True, help="write the scores here")
+    parser.add_argument("--quick", action="store_true", help="30 short scenarios and no replay (CI)")
+    parser.add_argument("--scenarios", type=int, default=None, help="scenarios in the family (default 1200)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the family (default 0)")
+    parser.add_argument("--replay", type=Path, default=None,
+                        help="folder of time_to_loss results to replay (default docs/results; none with --quick)")
+    parser.add_argument("--no-replay", action="store_true", help="skip the replay")
+    args = parser.parse_args(argv)
+    if args.scenarios is not None and args.scenarios < 1:
+        parser.error(f"--scenarios must be >= 1, got {args.scenarios}")
+    if args.seed < 0:
+        parser.error(f"--seed must be >= 0, got {args.seed}")
+    if args.replay is not None and not args.replay.is_dir():
+        parser.error(f"--replay {args.replay} is not a folder")
+    return args
+
+
+def _commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if head.returncode == 0 else "unknown"
+
+
+def _replay(folder: Path) -> dict:
+    results = []
+    for path in sorted(folder.glob("ttl_*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            results.append({"file": path.name, "skipped": f"unreadable: {err}"})
+            continue
+        if "reshard" in (data.get("raw") or {}):
+            results.append(replay_file(data, path.name))
+    return {"summary": replay_summary(results), "files": results}
+
+
+def _round(value):
+    if isinstance(value, float):
+        return round(value, 5)
+    if isinstance(value, dict):
+        return {k: _round(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_round(v) for v in value]
+    return value
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    count = args.scenarios or (30 if args.quick else 1200)
+    steps = dict(min_steps=60, max_steps=160) if args.quick else dict(min_steps=150, max_steps=600)
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    scenarios = family(count, args.seed, **steps)
+    policies = {**POLICIES, **_optional_policies()}
+    records = evaluate(scenarios, policies)
+    summaries = {name: summarise(records, name) for name in policies}
+    wall = time.perf_counter() - start
+    replay = None
+    folder = args.replay or (None if args.quick or args.no_replay else REPO / "docs" / "results")
+    if folder is not None and not args.no_replay:
+        replay = _replay(folder)
+    for name, summary in summaries.items():
+        print(table(summary, title=f"policy {name}: time to N steps / oracle ({count} scenarios)"))
+        print()
+    print(f"{count} scenarios in {wall:.1f} s (load {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after)")
+    if replay is not None:
+        s = replay["summary"]
+        print(f"replay: {s['within_10pct']} of {s['files']} recorded files within 10 % "
+              f"(median {s['median_abs_error'] or 0:.1%}, worst {s['max_abs_error'] or 0:.1%})")
+    in_use = next(iter(POLICIES))
+    try:
+        write_result(args.json, "policy_sim", argv, {"scenarios": count, "seed": args.seed, "quick": args.quick,
+                                                      **steps},
+                     command=" ".join(["python", "benchmarks/policy_sim.py", *(sys.argv[1:] if argv is None
+                                                                               else argv)]),
+                     commit=_commit(), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), wall_s=wall,
+                     load_average={"before": list(load_before), "after": list(os.getloadavg())},
+                     policy=in_use, overall=_round(summaries[in_use]["overall"]),
+                     categories=_round(summaries[in_use]["categories"]), policies=_round(summaries),
+                     replay=_round(replay), records=_round(records))
+    except OSError as err:
+        return refuse("policy_sim.py", err)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

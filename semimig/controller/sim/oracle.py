@@ -1,0 +1,141 @@
+"""What a scenario could have cost: the oracle, the even plan and the group's limit.
+
+The oracle knows the whole speed trace.  Its plans: the even plan, and for each distinct state of the
+trace (at most :data:`MAX_STATES`, evenly spread over it when there are more), for the same state half-way
+back to healthy speeds (a compromise for a straggler that comes and goes) and for the trace's mean
+speeds, the best plan it finds in the real plan space (whole units, at least one per rank and
+dimension): the best of :func:`~semimig.sharding.solve_plan` per dimension on the true step model and
+two joint roundings (the KV groups by the solver, or handed out greedily first, then the MLP blocks
+handed out greedily around them, each unit to the rank that finishes it soonest).  Over those plans it
+picks the best schedule exactly, paying every move (one before the first step sends weights only, as
+the device probe's does): a dynamic programme over the trace's constant
+segments (within a segment whose speeds do not change, a schedule that moves at most once, at its
+start, is as good as any: the step costs are constant and the bytes of two moves are at least those of
+one move to the same end, so the triangle inequality holds).  Restricted to those plans it can be a
+little slower than the best schedule over every plan (another plan with the same step, cheaper to reach,
+or a compromise between phases): on scenarios small enough to list every plan, within 2 %.
+
+The *limit* is what no plan of whole units beats: each segment at the continuous optimum
+(:func:`~semimig.sharding.continuous_shares`, no minimum share), moves free.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import List, Sequence, Tuple
+
+import numpy as np
+
+from semimig.controller.sim.scenarios import Scenario
+from semimig.controller.sim.stepmodel import Plans, Workload
+from semimig.sharding.plan import ShardPlan
+from semimig.sharding.solver import StepModel, continuous_shares, solve_plan
+
+__all__ = ["MAX_STATES", "best_plans", "candidate_plans", "segments", "oracle_time", "fixed_time", "limit_time"]
+
+MAX_STATES = 40
+"""Distinct states of a trace the oracle solves a plan for (a ramp has one per step)."""
+
+
+def _greedy(workload: Workload, speeds: Sequence[float], total: int, weight: float,
+            base: Sequence[float]) -> ShardPlan:
+    """``total`` units of ``weight`` each (share of the shardable work), one per rank first, then each to
+    the rank that finishes it soonest, on top of each rank's ``base`` share."""
+    R, S, tp = workload.replicated, workload.shardable, workload.tp
+    units = [1] * tp
+    heap = [((R + S * (base[r] + 2 * weight)) / speeds[r], r) for r in range(tp)]
+    heapq.heapify(heap)
+    for _ in range(total - tp):
+        _, r = heapq.heappop(heap)
+        units[r] += 1
+        heapq.heappush(heap, ((R + S * (base[r] + (units[r] + 1) * weight)) / speeds[r], r))
+    return ShardPlan(units=tuple(units))
+
+
+def best_plans(workload: Workload, speeds: Sequence[float]) -> Plans:
+    """The best plan found for constant ``speeds`` (module docstring)."""
+    a, U, K = workload.attention_share, workload.mlp_units, workload.kv_units
+    model = StepModel(speeds=tuple(float(v) for v in speeds), replicated=workload.replicated,
+                      shardable=workload.shardable)
+    solved_kv = solve_plan(model, total_units=K)
+    candidates = [(solve_plan(model, total_units=U), solved_kv)]
+    for kv in (solved_kv, _greedy(workload, speeds, K, a / K, [0.0] * workload.tp)):
+        base = [a * k / K for k in kv.units]
+        candidates.append((_greedy(workload, speeds, U, (1.0 - a) / U, base), kv))
+    return min(candidates, key=lambda plans: workload.step_seconds(plans, speeds))
+
+
+def segments(speeds: np.ndarray) -> List[Tuple[int, int]]:
+    """``(start, length)`` of each run of steps with the same speeds."""
+    change = np.flatnonzero(np.any(np.diff(speeds, axis=0) != 0.0, axis=1)) + 1
+    starts = np.concatenate(([0], change))
+    ends = np.concatenate((change, [speeds.shape[0]]))
+    return [(int(s), int(e - s)) for s, e in zip(starts, ends)]
+
+
+def candidate_plans(scenario: Scenario) -> List[Plans]:
+    """The even plan, the best plan of each distinct state (at most :data:`MAX_STATES`), of each state
+    half-way to healthy and of the mean speeds, without repeats."""
+    workload, speeds = scenario.workload, scenario.speeds
+    states = np.unique(speeds, axis=0)
+    if len(states) > MAX_STATES:
+        states = states[np.linspace(0, len(states) - 1, MAX_STATES).round().astype(int)]
+    out = [workload.even_plans()]
+    rows = [row for state in states for row in (state, 0.5 * (1.0 + state))]  # and half-way to healthy
+    for row in rows + [speeds.mean(axis=0)]:
+        plans = best_plans(workload, row)
+        if plans not in out:
+            out.append(plans)
+    return out
+
+
+def _step_matrix(workload: Workload, plans: Sequence[Plans], speeds: np.ndarray) -> np.ndarray:
+    """``[k, s]``: the step of plan ``k`` at speeds ``speeds[s]``."""
+    shares = np.array([workload.shares(p) for p in plans])  # (K, tp)
+    work = workload.replicated + workload.shardable * shares  # (K, tp)
+    return workload.compute_s * np.max(work[:, None, :] / speeds[None, :, :], axis=2) + workload.comm_s
+
+
+def oracle_time(scenario: Scenario, plans: Sequence[Plans] | None = None) -> Tuple[float, int]:
+    """``(seconds, moves)`` of the best schedule over ``plans`` (default :func:`candidate_plans`) that
+    starts from the even plan and pays each move (module docstring)."""
+    workload = scenario.workload
+    plans = list(plans) if plans is not None else candidate_plans(scenario)
+    even = workload.even_plans()
+    if even not in plans:
+        plans.insert(0, even)
+    start = plans.index(even)
+    moves = np.array([[workload.move(p, q)[1] for q in plans] for p in plans])
+    segs = segments(scenario.speeds)
+    rows = np.array([scenario.speeds[s] for s, _ in segs])
+    lengths = np.array([n for _, n in segs], dtype=float)
+    cost = _step_matrix(workload, plans, rows) * lengths[None, :]  # (K, segments)
+    first = np.array([workload.move(even, q, first=True)[1] for q in plans])  # before the first step
+    value = first + cost[:, 0]
+    count = (np.arange(len(plans)) != start).astype(int)
+    for s in range(1, len(segs)):
+        total = value[:, None] + moves  # from j to k
+        best = np.argmin(total, axis=0)
+        count = count[best] + (best != np.arange(len(plans)))
+        value = total[best, np.arange(len(plans))] + cost[:, s]
+    k = int(np.argmin(value))
+    return float(value[k]), int(count[k])
+
+
+def fixed_time(scenario: Scenario, plans: Plans) -> float:
+    """Seconds of the whole trace under one plan, never moved (the even plan: Colossal-AI alone)."""
+    segs = segments(scenario.speeds)
+    rows = np.array([scenario.speeds[s] for s, _ in segs])
+    lengths = np.array([n for _, n in segs], dtype=float)
+    return float(_step_matrix(scenario.workload, [plans], rows)[0] @ lengths)
+
+
+def limit_time(scenario: Scenario) -> float:
+    """Seconds of the trace at the continuous optimum of every segment, moves free (module docstring)."""
+    workload = scenario.workload
+    total = 0.0
+    for start, length in segments(scenario.speeds):
+        speeds = tuple(float(v) for v in scenario.speeds[start])
+        model = StepModel(speeds=speeds, replicated=workload.replicated, shardable=workload.shardable)
+        step = model.step(continuous_shares(model))
+        total += length * (workload.compute_s * step + workload.comm_s)
+    return total

@@ -1,0 +1,131 @@
+"""Drive a re-shard policy through a scenario, as :class:`semimig.resharder.Resharder` drives it in a run.
+
+The policy is the real object, unmodified: anything with the interface of
+:class:`~semimig.controller.reshard.ReshardPolicy` (``plans``; ``profile(times)`` before the first step;
+``observe(sample) -> decision`` once a step; ``moved_to(plans, seconds=, bytes_moved=)`` after a move),
+built by a *factory* ``factory(plans, weights=, bytes_per_unit=)`` exactly as the resharder builds it
+(the weights are the paired parameters' shares; a unit's bytes are its weights and optimizer state).
+
+Per step ``i`` the group runs the plan in force at the speeds of the trace and the step costs what the
+step model says (:meth:`~semimig.controller.sim.stepmodel.Workload.step_seconds`: time is the model's,
+noise-free).  What the policy reads is a :class:`~semimig.controller.reshard.ReshardSample` of that
+step as the ranks would measure it: each rank's compute times ``exp(σ·z)`` (and, for an outlier, a
+further 1.5-3x), its timed shardable seconds (``timed_share`` of the shardable work, with its own
+noise, at most its compute), its seconds in collectives (the step's collectives plus the wait for the
+slowest rank as measured).  With a lag of ``L`` steps the policy reads step ``i − L`` at the end of
+step ``i``.  A decision to move is carried out before the next step: the move costs its bytes over the
+link plus its latency, and the policy is told that cost.  Before the first step, when the scenario
+has the device probe, the policy's ``profile`` reads five repeats of a fixed GEMM work timed at each
+rank's first-step speed (with the same noise); a move then sends weights only
+(:data:`~semimig.controller.sim.stepmodel.FIRST_MOVE_SHARE`).
+
+The noise is drawn once per scenario from its seed, so every policy meets the same measurements
+for the same plans (common random numbers).
+"""
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Sequence
+
+import numpy as np
+
+from semimig.controller.reshard import ReshardConfig, ReshardPolicy, ReshardSample
+from semimig.controller.sim.scenarios import Scenario
+from semimig.controller.sim.stepmodel import Plans
+
+__all__ = ["PolicyFactory", "RunResult", "run_policy", "ratio", "reshard_policy", "PROBE_REPEATS"]
+
+PolicyFactory = Callable[..., Any]
+"""``factory(plans, *, weights, bytes_per_unit) -> policy`` (module docstring)."""
+
+PROBE_REPEATS = 5
+"""Repeats of the device probe's fixed work."""
+
+
+@dataclass
+class RunResult:
+    """One policy's run of a scenario."""
+
+    time_s: float
+    """Seconds to the scenario's last step: steps plus moves."""
+    moves: int = 0
+    bytes_moved: int = 0
+    move_s: float = 0.0
+    plans: List[tuple] = field(default_factory=list)
+    """``(step, mlp units, kv units, reason)`` of each move (step -1: before the first)."""
+
+
+class _Noise:
+    """The scenario's measurement noise, drawn once from its seed."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        rng = np.random.default_rng(scenario.seed + 7)
+        n, tp = scenario.steps, scenario.tp
+        sigma = scenario.noise
+        self.compute = np.exp(sigma * rng.standard_normal((n, tp)))
+        self.shardable = np.exp(sigma * rng.standard_normal((n, tp)))
+        outlier = rng.random((n, tp)) < scenario.outliers
+        self.outlier = np.where(outlier, rng.uniform(1.5, 3.0, (n, tp)), 1.0)
+        self.compute *= self.outlier
+        self.comm = np.exp(0.5 * sigma * rng.standard_normal((n, tp)))
+        self.probe = np.exp(sigma * rng.standard_normal((PROBE_REPEATS, tp)))
+
+
+def _sample(scenario: Scenario, plans: Plans, speeds: Sequence[float], noise: _Noise, i: int) -> ReshardSample:
+    """Step ``i`` as the ranks measure it (module docstring)."""
+    workload = scenario.workload
+    compute = [c * f for c, f in zip(workload.rank_compute(plans, speeds), noise.compute[i])]
+    shardable = [min(workload.timed_share * b * f * o, 0.98 * c) for b, f, o, c in
+                 zip(workload.shardable_compute(plans, speeds), noise.shardable[i], noise.outlier[i], compute)]
+    slowest = max(compute)
+    comm = [(workload.comm_s + slowest - c) * f for c, f in zip(compute, noise.comm[i])]
+    return ReshardSample(tuple(compute), tuple(shardable), tuple(comm))
+
+
+def run_policy(scenario: Scenario, factory: PolicyFactory) -> RunResult:
+    """Run ``factory``'s policy through ``scenario`` (module docstring)."""
+    workload = scenario.workload
+    plans: Plans = workload.even_plans()
+    policy = factory(plans, weights=workload.weights, bytes_per_unit=workload.bytes_per_unit)
+    noise = _Noise(scenario)
+    result = RunResult(time_s=0.0)
+
+    def move(new: Sequence[Any], step: int, reason: str) -> Plans:
+        nbytes, seconds = workload.move(plans, tuple(new), first=step < 0)
+        result.time_s += seconds
+        result.moves += 1
+        result.bytes_moved += nbytes
+        result.move_s += seconds
+        result.plans.append((step, tuple(new[0].units), tuple(new[1].units), reason))
+        policy.moved_to(tuple(new), seconds=seconds, bytes_moved=nbytes)
+        return tuple(new)
+
+    if scenario.probe and hasattr(policy, "profile"):
+        first = scenario.speeds[0]
+        times = [[0.02 / v * f for v, f in zip(first, row)] for row in noise.probe]
+        decision = policy.profile(times)
+        if decision.plans is not None:
+            plans = move(decision.plans, -1, decision.reason)
+    pending: collections.deque = collections.deque()
+    for i in range(scenario.steps):
+        speeds = scenario.speeds[i]
+        result.time_s += workload.step_seconds(plans, speeds)
+        pending.append(_sample(scenario, plans, speeds, noise, i))
+        if len(pending) <= scenario.lag:
+            continue
+        decision = policy.observe(pending.popleft())
+        if decision.plans is not None and i + 1 < scenario.steps:
+            plans = move(decision.plans, i, decision.reason)
+    return result
+
+
+def ratio(time_s: float, oracle_s: float) -> float:
+    """Time to the last step over the oracle's (1: as good as the oracle)."""
+    return time_s / oracle_s if oracle_s > 0.0 else math.inf
+
+
+def reshard_policy(plans: Sequence[Any], *, weights: Sequence[float], bytes_per_unit: Sequence[int]) -> ReshardPolicy:
+    """The policy in use: :class:`ReshardPolicy` with the configuration ``mode="reshard"`` runs by default."""
+    return ReshardPolicy(plans, weights=weights, bytes_per_unit=bytes_per_unit, config=ReshardConfig())

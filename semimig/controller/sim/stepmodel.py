@@ -1,0 +1,152 @@
+"""The step-time model the policy simulator runs on (DESIGN §8): what a step and a move cost.
+
+A tensor-parallel group of ``tp`` ranks trains a model whose paired work is split in two kinds of
+unit, MLP blocks and KV groups, each rank holding whole units of each (a
+:class:`~semimig.sharding.ShardPlan` per kind, at least one unit per rank as the plans require).
+Rank ``r`` at speed ``v_r`` (1: healthy) spends ``c_r = (R + S·p_r)/v_r`` on its own work, with
+``R + S/e = 1`` so that a healthy even step's compute is 1, and ``p_r = (1 − a)·n_r/U + a·k_r/K`` its
+share of the shardable work (``a`` the attention's share of it, ``n_r`` of ``U`` MLP blocks, ``k_r``
+of ``K`` KV groups).  The step is ``max_r c_r`` plus the step's collectives, a fixed share of a
+healthy step that no plan changes.  In seconds, a healthy even step is ``step_s``.
+
+What the policy reads is not the truth: its weights are the paired *parameters*' shares
+(``attention_param_share``: the attention core's time is not in them), and the shardable seconds a
+rank's timers see are a share ``timed_share`` of its shardable work (the optimizer's update of the
+shard is not timed), so the replicated work it infers is an upper bound, as on real runs.
+
+A move sends, for every unit that changes owner, its weights and optimizer state
+(``state_bytes`` for all units together, split by parameter share), in
+``latency_s + bytes / bandwidth_bytes_s`` (before the first step: the weights alone,
+:data:`FIRST_MOVE_SHARE` of those bytes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, Tuple
+
+from semimig._validate import check_int, check_number
+from semimig.controller.reshard import moved_units
+from semimig.errors import ConfigError
+from semimig.sharding.plan import ShardPlan
+
+__all__ = ["Workload", "Plans", "FIRST_MOVE_SHARE"]
+
+FIRST_MOVE_SHARE = 1.0 / 3.0
+"""Share of a unit's bytes a move before the first step sends: its weights (fp32), no optimizer state
+exists yet (the two AdamW moments)."""
+
+Plans = Tuple[ShardPlan, ShardPlan]
+"""``(MLP blocks, KV groups)``: the plan in force, one per paired dimension, in the policy's order."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """One group's model and machine: the constants of the step model (module docstring)."""
+
+    tp: int
+    replicated_share: float
+    """``ρ = R``: the replicated work's share of a healthy even step's compute (norms, embeddings, head,
+    loss, host work)."""
+    mlp_units: int
+    """``U``: MLP blocks."""
+    kv_units: int
+    """``K``: KV groups."""
+    attention_share: float = 0.35
+    """``a``: the attention's share of the shardable work (its GEMMs and its core)."""
+    attention_param_share: float = 0.3
+    """The attention's share of the paired parameters: the policy's weight of the KV dimension."""
+    timed_share: float = 1.0
+    """Share of a rank's shardable seconds its timers see (the rest reads as replicated)."""
+    comm_share: float = 0.05
+    """The step's collectives, as a share of a healthy even step (the same under every plan)."""
+    step_s: float = 1.0
+    """Seconds of a healthy even step."""
+    state_bytes: int = 10**9
+    """Bytes of every unit's weights and optimizer state together."""
+    bandwidth_bytes_s: float = 1e9
+    latency_s: float = 0.01
+
+    def __post_init__(self) -> None:
+        check_int("Workload.tp", self.tp, minimum=1, maximum=1024)
+        check_number("Workload.replicated_share", self.replicated_share, minimum=0.0, maximum=1.0, high_open=True)
+        for name in ("mlp_units", "kv_units"):
+            units = check_int(f"Workload.{name}", getattr(self, name), minimum=self.tp)
+            if units % self.tp:
+                raise ConfigError(f"Workload.{name}={units} is not divisible by tp={self.tp} (the even plan needs it)")
+        check_number("Workload.attention_share", self.attention_share, minimum=0.0, maximum=1.0, high_open=True)
+        check_number("Workload.attention_param_share", self.attention_param_share, minimum=0.0, maximum=1.0,
+                     low_open=True, high_open=True)
+        check_number("Workload.timed_share", self.timed_share, minimum=0.0, maximum=1.0, low_open=True)
+        check_number("Workload.comm_share", self.comm_share, minimum=0.0, maximum=1.0, high_open=True)
+        check_number("Workload.step_s", self.step_s, minimum=0.0, low_open=True)
+        check_int("Workload.state_bytes", self.state_bytes, minimum=0)
+        check_number("Workload.bandwidth_bytes_s", self.bandwidth_bytes_s, minimum=0.0, low_open=True)
+        check_number("Workload.latency_s", self.latency_s, minimum=0.0)
+
+    # ------------------------------------------------------------------ constants
+    @property
+    def replicated(self) -> float:
+        """``R`` in units of a healthy even step's compute."""
+        return self.replicated_share
+
+    @property
+    def shardable(self) -> float:
+        """``S = e·(1 − R)`` (so that ``R + S/e = 1``)."""
+        return self.tp * (1.0 - self.replicated_share)
+
+    @property
+    def compute_s(self) -> float:
+        """Seconds of one unit of model work (a healthy even step's compute)."""
+        return self.step_s * (1.0 - self.comm_share)
+
+    @property
+    def comm_s(self) -> float:
+        """Seconds of the step's collectives."""
+        return self.step_s * self.comm_share
+
+    @property
+    def weights(self) -> Tuple[float, float]:
+        """The policy's weight of each dimension: its share of the paired parameters."""
+        return 1.0 - self.attention_param_share, self.attention_param_share
+
+    @property
+    def bytes_per_unit(self) -> Tuple[int, int]:
+        """Bytes one MLP block and one KV group move (weights and optimizer state)."""
+        mlp, kv = self.weights
+        return int(self.state_bytes * mlp / self.mlp_units), int(self.state_bytes * kv / self.kv_units)
+
+    def even_plans(self) -> Plans:
+        """Colossal-AI's layout: every rank an equal part of each dimension."""
+        return ShardPlan.even(self.mlp_units, self.tp), ShardPlan.even(self.kv_units, self.tp)
+
+    # ------------------------------------------------------------------ a step
+    def shares(self, plans: Plans) -> Tuple[float, ...]:
+        """``p_r``: each rank's share of the shardable work (module docstring)."""
+        mlp, kv = plans
+        a = self.attention_share
+        return tuple((1.0 - a) * n / self.mlp_units + a * k / self.kv_units for n, k in zip(mlp.units, kv.units))
+
+    def rank_compute(self, plans: Plans, speeds: Sequence[float]) -> Tuple[float, ...]:
+        """``c_r`` in seconds."""
+        R, S, unit = self.replicated, self.shardable, self.compute_s
+        return tuple(unit * (R + S * p) / v for p, v in zip(self.shares(plans), speeds))
+
+    def shardable_compute(self, plans: Plans, speeds: Sequence[float]) -> Tuple[float, ...]:
+        """Each rank's seconds of shardable work (all of it, timed or not)."""
+        S, unit = self.shardable, self.compute_s
+        return tuple(unit * S * p / v for p, v in zip(self.shares(plans), speeds))
+
+    def step_seconds(self, plans: Plans, speeds: Sequence[float]) -> float:
+        """The group's step: its slowest rank's compute plus the collectives."""
+        return max(self.rank_compute(plans, speeds)) + self.comm_s
+
+    # ------------------------------------------------------------------ a move
+    def move(self, old: Plans, new: Plans, *, first: bool = False) -> Tuple[int, float]:
+        """``(bytes, seconds)`` of moving from ``old`` to ``new`` (nothing when they are equal);
+        ``first``: before the first step (weights only)."""
+        if tuple(old) == tuple(new):
+            return 0, 0.0
+        nbytes = sum(moved_units(o, n) * b for o, n, b in zip(old, new, self.bytes_per_unit))
+        if first:
+            nbytes = int(nbytes * FIRST_MOVE_SHARE)
+        return nbytes, self.latency_s + nbytes / self.bandwidth_bytes_s

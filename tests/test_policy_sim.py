@@ -1,0 +1,161 @@
+"""The policy simulator (semimig.controller.sim): its step model against DESIGN §8's closed form, its
+oracle against every fixed schedule and the policy on small hand-built scenarios, and the runner."""
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from semimig.controller.sim import (Scenario, Workload, candidate_plans, family, fixed_time, limit_time, oracle_time,
+                                    run_policy)
+from semimig.controller.sim.oracle import best_plans
+from semimig.controller.sim.score import evaluate, summarise
+from semimig.controller.sim.simulate import reshard_policy
+from semimig.errors import ConfigError
+from semimig.sharding.plan import ShardPlan
+
+
+def _workload(**kw) -> Workload:
+    base = dict(tp=2, replicated_share=0.2, mlp_units=8, kv_units=4, attention_share=0.25,
+                attention_param_share=0.25, comm_share=0.0, step_s=1.0, state_bytes=8 * 10**6,
+                bandwidth_bytes_s=1e8, latency_s=0.01)
+    base.update(kw)
+    return Workload(**base)
+
+
+def _all_plans(workload: Workload):
+    """Every plan of whole units with at least one per rank, both dimensions."""
+    def compositions(total, parts):
+        for cut in itertools.combinations(range(1, total), parts - 1):
+            bounds = (0, *cut, total)
+            yield ShardPlan(units=tuple(b - a for a, b in zip(bounds, bounds[1:])))
+    return [(m, k) for m in compositions(workload.mlp_units, workload.tp)
+            for k in compositions(workload.kv_units, workload.tp)]
+
+
+@pytest.mark.parametrize("chi", [1.5, 2.0, 4.0, 7.0])
+def test_the_step_model_matches_the_closed_form_for_two_ranks(chi):
+    """DESIGN §8: two ranks, one χ times slower, at the continuous optimum: 2χ/(χ+1) of a healthy step
+    whatever R is (while the slow rank's share stays ≥ 0)."""
+    for rho in (0.0, 0.1, 2.0 / (chi + 1.0) - 1e-9):
+        workload = _workload(replicated_share=rho)
+        scenario = Scenario(name="closed", category="persistent", workload=workload,
+                            speeds=np.array([[1.0, 1.0 / chi]] * 3))
+        assert limit_time(scenario) / 3 == pytest.approx(2 * chi / (chi + 1), rel=1e-9)
+        assert fixed_time(scenario, workload.even_plans()) / 3 == pytest.approx(chi, rel=1e-9)
+
+
+def test_the_step_is_the_slowest_ranks_compute_plus_the_collectives():
+    workload = _workload(comm_share=0.1, step_s=2.0)
+    plans = (ShardPlan(units=(6, 2)), ShardPlan(units=(3, 1)))
+    shares = [0.75, 0.25]  # both dimensions split 3:1
+    expected = [1.8 * (0.2 + 1.6 * p) / v for p, v in zip(shares, (1.0, 0.5))]
+    assert workload.rank_compute(plans, (1.0, 0.5)) == pytest.approx(expected)
+    assert workload.step_seconds(plans, (1.0, 0.5)) == pytest.approx(max(expected) + 0.2)
+    assert workload.step_seconds(workload.even_plans(), (1.0, 1.0)) == pytest.approx(2.0)
+
+
+def _hand_built():
+    workload = _workload()
+    steady = np.array([[1.0, 0.25]] * 40)
+    bursts = np.ones((60, 2))
+    bursts[10:30, 1] = 0.3
+    bursts[45:, 0] = 0.5
+    return [Scenario(name=name, category=category, workload=workload, speeds=speeds, noise=0.02, seed=3)
+            for name, category, speeds in (("steady", "persistent", steady), ("bursts", "come_and_go", bursts))]
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_the_oracle_beats_every_fixed_plan_and_the_policy(index):
+    """On scenarios small enough to list every plan: the oracle over all of them is at most every
+    fixed plan's time (with the move to it from even) and the policy's, and the family's restricted
+    oracle is within 2 % of it (module docstring of semimig.controller.sim.oracle)."""
+    scenario = _hand_built()[index]
+    workload = scenario.workload
+    plans = _all_plans(workload)
+    exact, _ = oracle_time(scenario, plans)
+    for p in plans:
+        assert exact <= fixed_time(scenario, p) + workload.move(workload.even_plans(), p)[1] + 1e-9
+    assert exact <= run_policy(scenario, reshard_policy).time_s + 1e-9
+    restricted, _ = oracle_time(scenario)
+    assert exact - 1e-9 <= restricted <= 1.02 * exact
+    assert limit_time(scenario) <= exact + 1e-9
+
+
+def test_the_oracle_pays_its_moves():
+    """A straggler for two steps of a long run is not worth moving every unit for when a move costs
+    more than it saves."""
+    workload = _workload(state_bytes=10**10, bandwidth_bytes_s=1e8)  # a move of all units: 100 s
+    speeds = np.ones((50, 2))
+    speeds[20:22, 1] = 0.5
+    scenario = Scenario(name="blip", category="come_and_go", workload=workload, speeds=speeds)
+    seconds, moves = oracle_time(scenario)
+    assert moves == 0 and seconds == pytest.approx(fixed_time(scenario, workload.even_plans()))
+
+
+def test_best_plans_is_the_best_of_all_plans_for_constant_speeds():
+    workload = _workload(replicated_share=0.1)
+    for speeds in ((1.0, 0.25), (0.6, 1.0), (1.0, 1.0)):
+        best = min(workload.step_seconds(p, speeds) for p in _all_plans(workload))
+        assert workload.step_seconds(best_plans(workload, speeds), speeds) == pytest.approx(best)
+
+
+def test_with_no_straggler_the_even_plan_and_the_policy_match_the_oracle():
+    for scenario in family(12, seed=5, min_steps=40, max_steps=80)[::6]:  # the 'none' category
+        assert scenario.category == "none"
+        oracle, moves = oracle_time(scenario)
+        assert moves == 0
+        assert fixed_time(scenario, scenario.workload.even_plans()) / oracle == 1.0
+        assert run_policy(scenario, reshard_policy).time_s / oracle == pytest.approx(1.0, abs=1e-12)
+
+
+def test_a_family_is_deterministic_for_a_seed():
+    a, b = family(12, seed=4, min_steps=40, max_steps=60), family(12, seed=4, min_steps=40, max_steps=60)
+    assert [s.name for s in a] == [s.name for s in b]
+    assert all(np.array_equal(x.speeds, y.speeds) and x.workload == y.workload for x, y in zip(a, b))
+    ra, rb = evaluate(a, {"reshard": reshard_policy}), evaluate(b, {"reshard": reshard_policy})
+    assert ra == rb
+    assert family(12, seed=5, min_steps=40, max_steps=60)[1].workload != a[1].workload
+
+
+def test_a_bad_scenario_is_refused_by_name():
+    with pytest.raises(ConfigError, match="Scenario.speeds must have shape"):
+        Scenario(name="x", category="none", workload=_workload(), speeds=np.ones((5, 3)))
+    with pytest.raises(ConfigError, match="Workload.kv_units=6 is not divisible by tp=4"):
+        _workload(tp=4, kv_units=6)
+    with pytest.raises(ConfigError, match="Scenario.category"):
+        Scenario(name="x", category="bursty", workload=_workload(), speeds=np.ones((5, 2)))
+
+
+def test_candidate_plans_start_with_the_even_plan_without_repeats():
+    scenario = family(6, seed=1, min_steps=40, max_steps=60)[3]  # a ramp: many states
+    plans = candidate_plans(scenario)
+    assert plans[0] == scenario.workload.even_plans() and len(plans) == len(set(plans))
+
+
+def test_the_quick_run_writes_the_schema(tmp_path, capsys):
+    from scripts import load_script
+
+    script = load_script("benchmarks/policy_sim.py", "policy_sim_under_test")
+    out = tmp_path / "sim.json"
+    assert script.main(["--json", str(out), "--quick", "--scenarios", "12"]) == 0
+    data = json.loads(out.read_text())
+    keys = {"scenarios", "median_ratio", "share_within_1_10", "no_straggler_max"}
+    assert keys <= set(data["overall"]) and data["policy"] == "reshard"
+    assert data["overall"]["scenarios"] == 12 and data["overall"]["no_straggler_max"] == pytest.approx(1.0)
+    for block in data["categories"].values():
+        assert keys | {"colossal_median"} <= set(block)
+    assert {"command", "commit", "date", "machine"} <= set(data)
+    table = capsys.readouterr().out
+    assert "overall" in table and max(len(line) for line in table.splitlines()) <= 80
+    with pytest.raises(SystemExit):
+        script.main(["--json", str(out), "--quick"])  # an existing file needs --overwrite
+
+
+def test_summaries_count_the_share_within_1_10():
+    records = [{"category": "persistent", "tp": 2, "colossal": 2.0, "limit": 0.9,
+                "policies": {"p": {"ratio": r, "moves": 1}}} for r in (1.0, 1.05, 1.2, 1.5)]
+    summary = summarise(records, "p")
+    assert summary["overall"]["share_within_1_10"] == 0.5
+    assert summary["overall"]["median_ratio"] == pytest.approx(1.125)
+    assert summary["overall"]["no_straggler_max"] is None
