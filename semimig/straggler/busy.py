@@ -248,7 +248,7 @@ class BusyMeter:
         """This iteration's numbers so far (work fraction 1.0 when nothing was timed).  On CUDA the
         open step's regions are read after one wait (once-per-re-plan code only)."""
         gemm = self.clock.live("gemm", wait=True) if self.injector is None else 0.0
-        gap = self.clock.live("gap", wait=True) if self.marks_spans else 0.0
+        gap = self.clock.live("gap", wait=True)
         return self._stats(self._counters(), math.nan if gemm is None else gemm, math.nan if gap is None else gap)
 
     def end_step(self, *, wait: bool = False) -> Optional[tuple[BusyStats, StepTimes]]:
@@ -265,4 +265,4 @@ class BusyMeter:
         if not self._closed or self._closed[0][0] != times.step:
             return None
         _, counters = self._closed.popleft()
-        return self._stats(counters, times.gemm_s, times.gap_s if self.marks_spans else 0.0), times
+        return self._stats(counters, times.gemm_s, times.gap_s), times
