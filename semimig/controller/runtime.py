@@ -152,7 +152,10 @@ class StepReport:
     digest: int = 0
     """Digest of the plan every rank applied in this iteration (checked equal on all ranks)."""
     device: Optional[DeviceTime] = None
-    """This rank's step split into compute and communication (:mod:`semimig.straggler.device`)."""
+    """This rank's step split into compute and communication: the step clock's (semimig's own
+    collectives are the communication, :mod:`semimig.straggler.clock`), or under a whole-device test
+    straggler its clock's (:mod:`semimig.straggler.device`).  On CUDA the split of the iteration
+    before (one step late); ``None`` when not resolved."""
     reflex_gamma: float = 0.0
     """The share this rank pruned within the step on its own evidence (the step reflex,
     :mod:`semimig.controller.reflex`); 0 when it did not fire."""
@@ -406,7 +409,7 @@ class BalanceController:
             check_agreement([row[3] for row in rows], pending, self.group,
                             what=f"plan decided at step {self.iteration}")
             for timing, scale, (work, busy, _, _, ok, _, sudden, other) in zip(self.timings, self.busy_scale, rows):
-                if ok:  # other: the device clock's compute minus busy time (ShedPolicy's other_s)
+                if ok:  # other: the step's compute minus busy time (ShedPolicy's other_s)
                     timing.observe(work, busy / scale, sudden=sudden, other_s=other / scale)
             self._current = verified  # equal on every rank: now it may reach the layers
             walls = [row[5] for row in rows]
