@@ -179,3 +179,23 @@ def test_meter_at_lag_one_pairs_the_counts_with_their_step():
     stats, times = meter.end_step()
     assert times.step == 1 and stats.gemm_count == 2 and stats.work_fraction == 0.5
     assert math.isfinite(stats.busy_s)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_events_carry_the_same_bookkeeping():
+    from semimig.straggler.clock import CudaEventClock
+
+    clock = make_clock("cuda")
+    assert isinstance(clock, CudaEventClock) and clock.backend == "cuda-events"
+    a = torch.randn(2048, 2048, device="cuda")
+    results = []
+    for _ in range(4):
+        with clock.region("gemm"):
+            a @ a
+        with clock.region("comm"):
+            a + 1
+        results.append(clock.step(wait=True))
+    assert results[0] is None and [r.step for r in results[1:]] == [0, 1, 2]
+    assert all(r.gemm_s > 0 and r.comm_s > 0 and r.wall_s >= r.gemm_s for r in results[1:])
+    assert clock.host_syncs <= 3  # at most one wait per step
+    assert clock.markers_made <= 2 * 5 + 2
