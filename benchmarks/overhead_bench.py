@@ -198,31 +198,40 @@ def _layer_steps(kind: str, shape: tuple[int, int, int], seed: int) -> dict:
     x.requires_grad_(True)
     layers = {"cai": make(cai_cls), "semimig": make(ours_cls), "directive": make(ours_cls), "timed": make(ours_cls)}
     layers["directive"].directive = snn.LayerDirective(iteration=0)
-    layers["timed"].directive = snn.LayerDirective(iteration=0, timer=BusyMeter())
+    meter = BusyMeter()
+    layers["timed"].directive = snn.LayerDirective(iteration=0, timer=meter)
 
     def step(layer):
+        timed = layer is layers["timed"]
+
         def run():
             x.grad = None
             for p in layer.parameters():
                 p.grad = None
             layer(x).backward(dy)
+            if timed:
+                meter.end_step()  # one step of the meter's clock, as the controller closes it
         return run
 
     return {name: step(layer) for name, layer in layers.items()}
 
 
 def _controlled(train: Callable[[], None], controller=None) -> Callable[[], None]:
-    """One variant's iteration: ``train`` alone, or, with a controller, ``train`` with the controller's
-    collective clock attached only while this variant runs, then ``controller.step()``, whose target
-    gamma is kept in ``run.gammas`` (what :func:`_controller_gammas` reads)."""
+    """One variant's iteration: ``train`` alone, or, with a controller, ``train`` with semimig's
+    collectives timed on the controller's step clock only while this variant runs, then
+    ``controller.step()``, whose target gamma is kept in ``run.gammas`` (what
+    :func:`_controller_gammas` reads)."""
     if controller is None:
         return train
+    from semimig.comm import primitives as P
+
+    controller._untime()  # not while the other variants are timed
 
     def run():
-        controller.clock.attach()
+        stop = P.time_collectives(controller.meter.comm)
         train()
         run.gammas.append(controller.step().gamma_target)
-        controller.clock.detach()
+        stop()
     run.gammas = []
     return run
 
@@ -262,7 +271,6 @@ def _mlp_steps(cfg: OverheadConfig) -> dict:
 
     semi_model = build(snn.Linear1D_Col, snn.Linear1D_Row)
     controller = BalanceController(semi_model, BalanceConfig(mode="semi"), process_group=group)
-    controller.clock.detach()  # not while the other variants are timed (_controlled attaches it)
     return {"cai": step(build(CaiCol, CaiRow)), "semimig": step(build(snn.Linear1D_Col, snn.Linear1D_Row)),
             "semi": step(semi_model, controller)}
 
@@ -291,7 +299,6 @@ def _model_steps(cfg: OverheadConfig) -> tuple[dict, str]:
         controller = None
         if mode is not None:
             controller = BalanceController(model, BalanceConfig(mode=mode), process_group=plugin.tp_group)
-            controller.clock.detach()  # not while the other variants are timed (_controlled attaches it)
 
         def train():
             loss = model(pixel_values=xb, labels=yb).loss
@@ -313,6 +320,7 @@ def _llm_steps(cfg: OverheadConfig) -> tuple[dict, str]:
     from colossalai.booster.plugin import HybridParallelPlugin
 
     import semimig
+    from semimig.comm import primitives as P
     from semimig.controller import BalanceConfig, ControllerConfig
     from semimig.controller.reflex import ReflexConfig
     from semimig.resizing.config import ResizingConfig
@@ -337,17 +345,18 @@ def _llm_steps(cfg: OverheadConfig) -> tuple[dict, str]:
             balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=mode,
                                       config=BalanceConfig(controller=ControllerConfig(reflex=ReflexConfig()),
                                                            resizing=ResizingConfig(paired=True)))
-            balancer.controller.clock.detach()  # not while the other variants are timed
+            balancer.controller._untime()  # semimig's collectives timed only while this variant runs
 
         def train():
+            stop = None
             if balancer is not None:
-                balancer.controller.clock.attach()
+                stop = P.time_collectives(balancer.controller.meter.comm)
             loss = model(input_ids=ids, labels=ids).loss
             booster.backward(loss, optimizer)
             optimizer.step()
             optimizer.zero_grad()
             if balancer is not None:
-                balancer.controller.clock.detach()
+                stop()
                 train.gammas.append(balancer.report.gamma_target)
         if balancer is not None:
             train.gammas = []  # what _controller_gammas reads

@@ -471,6 +471,8 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
                                             iterations_per_epoch)
         if resharder.probe(controller.clock, dtype=_param_dtype(model)) is not None:  # a device slow from the start
             controller, layers = rebuild(controller, resharder.plan, settled=False)
+        else:
+            controller.restart_step()  # the probe's time is no step's work
     if controller.rank == 0:
         logger.info("semimig: %d semimig layers in a tensor-parallel group of %d, mode=%s, straggler=%s "
                     "(output heads named %s stay dense)%s", len(layers), controller.size,

@@ -291,8 +291,8 @@ class Resharder:
     def probe(self, clock: Any = None, *, device: Any = None, dtype: Any = None) -> Optional[Any]:
         """Before the first step: the device probe (:func:`probe_times`, collective over the TP group)
         and, when :meth:`ReshardPolicy.profile` decides, the move; returns the new plan or ``None``.
-        ``clock``: the controller's :class:`~semimig.straggler.device.DeviceClock` (an emulated device
-        straggler slows the probe through it); ``None`` times the work alone.  With several replicas
+        ``clock``: the controller's :class:`~semimig.straggler.device.DeviceClock`, attached only under
+        a whole-device test straggler (which slows the probe through it); ``None`` times the work alone.  With several replicas
         every TP group probes at once and each repeat is read at the slowest rank of each TP position
         (:meth:`_slowest_probe`, collective over the world), so every replica takes the same decision.
         Off with ``probe=0``."""
@@ -402,7 +402,12 @@ def probe_times(group: Any, clock: Any = None, *, size: int, device: Any = None,
     ``target_s``; every rank runs the same ``n``.  Each repeat ends with a one-element all-reduce, so
     that an emulated whole-device straggler (``scope=device``) sleeps its slowdown of the repeat there
     (:class:`~semimig.straggler.device.DeviceClock`), and a repeat's seconds are the clock's compute
-    (wall minus time in collectives: a fast rank's wait for the slow one is not its work)."""
+    (wall minus time in collectives: a fast rank's wait for the slow one is not its work).
+
+    Without a clock a repeat's seconds are its own products alone, between two synchronisations of
+    the device (enable-time code): on CUDA the boundary's all-reduce returns at enqueue and the next
+    repeat's products queue behind it, so a repeat timed from the host without the first wait would
+    hold the slowest rank's previous repeat and every rank would read the same time."""
     check_int("size", size, minimum=1)
     check_int("repeats", repeats, minimum=1)
     device = torch.device(device or "cpu")
@@ -420,6 +425,7 @@ def probe_times(group: Any, clock: Any = None, *, size: int, device: Any = None,
     flag = torch.zeros(1, device=P.collective_device(group))
     seconds = []
     for _ in range(repeats):
+        sync()  # the previous boundary's all-reduce (and the wait for the slowest rank in it) is done
         if clock is not None:
             clock.take()
         start = time.perf_counter()

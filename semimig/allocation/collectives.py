@@ -10,6 +10,10 @@ time spent inside collectives:
 :func:`timed_collectives` measures the subtrahend: while it is open, the collectives of
 ``torch.distributed`` (looked up by Colossal-AI and torch at call time as ``dist.<name>``) are
 wrapped by a timer.  Asynchronous calls (``async_op=True``) are timed up to their ``wait()``.
+On CUDA a collective returns at enqueue and ``wait()`` only orders the stream, so the timer
+synchronises the device before each call (the compute queued before it stays compute) and after it
+returns or its ``wait()`` does (its transfer, not its enqueue, is timed).  This is profiling code,
+run before training (Poplar's probes), never inside a training step.
 
 :func:`measure_collective_time` measures the collectives' own cost (``t_comm`` of the allocator)
 with every rank entering at the same moment (after a barrier), so no waiting is included.
@@ -22,6 +26,7 @@ import statistics
 import time
 from typing import Any, Callable, Iterator, Optional
 
+import torch
 import torch.distributed as dist
 
 from semimig._validate import check_int
@@ -37,6 +42,14 @@ COLLECTIVES: tuple[str, ...] = (
     "all_to_all",
     "all_to_all_single",
 )
+
+
+def _sync() -> None:
+    """Wait for the device's queued work (profiling only, never inside a training step): on CUDA a
+    collective returns at enqueue, so its time is read between two synchronisations, and the work
+    queued before it is not counted as its transfer."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 class CollectiveClock:
@@ -61,6 +74,7 @@ class _TimedWork:
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         result = self._work.wait(*args, **kwargs)
+        _sync()
         self._clock._add(time.perf_counter() - self._started)
         return result
 
@@ -71,10 +85,12 @@ class _TimedWork:
 def _timed(fn: Callable[..., Any], clock: CollectiveClock) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _sync()  # the compute queued before the collective is compute, not communication
         started = time.perf_counter()
         work = fn(*args, **kwargs)
         if kwargs.get("async_op") and work is not None:
             return _TimedWork(work, clock, started)
+        _sync()
         clock._add(time.perf_counter() - started)
         return work
 
@@ -114,8 +130,10 @@ def measure_collective_time(
     samples = []
     for _ in range(repeats):
         dist.barrier(group=group)
+        _sync()
         started = time.perf_counter()
         fn()
+        _sync()
         elapsed = time.perf_counter() - started
         gathered: list[Optional[float]] = [None] * dist.get_world_size(group)
         dist.all_gather_object(gathered, elapsed, group=group)

@@ -63,7 +63,8 @@ class _Trajectory:
         self.decisions: list = []
 
     def add_step(self, step) -> None:
-        row = {"busy_s": step.busy.busy_s, "compute_s": step.device.compute_s, "work_fraction": step.busy.work_fraction,
+        compute = step.device.compute_s if step.device is not None else math.nan  # CUDA: the first step is unresolved
+        row = {"busy_s": step.busy.busy_s, "compute_s": compute, "work_fraction": step.busy.work_fraction,
                "gamma_target": step.gamma_target, "gamma_per_layer": list(step.gamma_per_layer),
                "achieved_savings": step.achieved_savings, "migrate": dict(step.migrate)}
         for key, value in row.items():
@@ -106,7 +107,9 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
     controller = balancer = injection = clock = None
     if mode == "baseline":
         injection = BaselineInjection(model, StragglerInjector(straggler, tp_rank, tp_size), device=device)
-        clock = DeviceClock(injection.injector, device=device).attach()  # the controller has its own
+        # Colossal-AI's own layers issue no semimig collective: the bench's harness splits their step
+        # by wrapping torch.distributed (a benchmark with a test straggler, never a user's run)
+        clock = DeviceClock(injection.injector, device=device).attach()
     elif reshard:  # the user's entry point: it hooks optimizer.step (re-plans move the AdamW state too)
         from semimig.balancer import enable
 
@@ -181,9 +184,9 @@ def train_case(rank: int, world: int, cfg: BenchConfig, mode: str, chi: float, s
 def _balanced_share(columns: dict, timed: slice) -> Optional[float]:
     """Share of the rank's own work (wall minus time in collectives) spent in the balanced GEMMs:
     DESIGN §5's ``B``, the ceiling of what shedding can save on this rank."""
-    busy, compute = columns["busy_s"][timed], columns["compute_s"][timed]
-    total = sum(compute)
-    return min(sum(busy) / total, 1.0) if total > 0 else None
+    pairs = [(b, c) for b, c in zip(columns["busy_s"][timed], columns["compute_s"][timed]) if math.isfinite(c)]
+    total = sum(c for _, c in pairs)
+    return min(sum(b for b, _ in pairs) / total, 1.0) if total > 0 else None
 
 
 def run_case(rank: int, world: int, cfg: BenchConfig, case: tuple) -> dict:

@@ -26,16 +26,49 @@ Migration's one-to-many and many-to-one movements have two implementations here:
 
 The direct movements are counted as the collective they replace (``broadcast`` / ``reduce``,
 one call, the whole tensor as payload) with the bytes this rank's link really carries.
+
+Timing.  Every function here that communicates runs inside the region of the step clock registered
+with :func:`time_collectives` (the balancing runtime registers its meter's ``comm``), so what
+semimig's own collectives block the compute stream for is the step's communication
+(:mod:`semimig.straggler.clock`); nothing in :mod:`torch.distributed` is wrapped for it.
 """
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+import weakref
+from typing import Callable, ContextManager, Sequence
 
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from semimig.comm import traffic
+
+
+_REGIONS: list[weakref.WeakMethod] = []
+"""Registered comm regions, the latest in force (weak: a dropped runtime times nothing)."""
+
+
+def time_collectives(region: Callable[[], ContextManager[None]]) -> Callable[[], None]:
+    """Run every collective of this module inside ``region()`` (a bound method, e.g. a
+    :class:`~semimig.straggler.busy.BusyMeter`'s ``comm``) until the returned function is called."""
+    ref = weakref.WeakMethod(region)
+    _REGIONS.append(ref)
+
+    def stop() -> None:
+        if ref in _REGIONS:
+            _REGIONS.remove(ref)
+
+    return stop
+
+
+def _region() -> ContextManager[None]:
+    while _REGIONS:
+        region = _REGIONS[-1]()
+        if region is not None:
+            return region()
+        _REGIONS.pop()
+    return contextlib.nullcontext()
 
 
 def group_size(group: ProcessGroup | None) -> int:
@@ -66,7 +99,8 @@ def all_gather_rows(values: Sequence[float], group: ProcessGroup | None) -> list
         return [[float(v) for v in values]]
     mine = torch.tensor([float(v) for v in values], dtype=torch.float64, device=collective_device(group))
     out = [torch.empty_like(mine) for _ in range(group_size(group))]
-    dist.all_gather(out, mine, group=group)
+    with _region():
+        dist.all_gather(out, mine, group=group)
     return [t.cpu().tolist() for t in out]
 
 
@@ -81,12 +115,13 @@ def _global(group: ProcessGroup | None, rank: int) -> int:
 
 def _counted(op: str, tensor: torch.Tensor, group: ProcessGroup | None, call, *, root: int | None = None,
              timed: bool = True):
-    """``call()``, counted when a :func:`~semimig.comm.traffic.count_traffic` block is active."""
+    """``call()`` in the comm region, counted when a :func:`~semimig.comm.traffic.count_traffic` block is active."""
     counter = traffic.current()
-    if counter is None:
-        return call()
-    role = "root" if root is not None and group_rank(group) == root else "peer"
-    return counter.count(op, role, tensor.numel() * tensor.element_size(), group_size(group), call, timed=timed)
+    with _region():
+        if counter is None:
+            return call()
+        role = "root" if root is not None and group_rank(group) == root else "peer"
+        return counter.count(op, role, tensor.numel() * tensor.element_size(), group_size(group), call, timed=timed)
 
 
 def all_reduce_(tensor: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
@@ -111,7 +146,8 @@ def all_reduce_start(tensor: torch.Tensor, group: ProcessGroup | None) -> dist.W
 def wait(handle: dist.Work | None) -> None:
     """Complete a collective started by :func:`all_reduce_start`."""
     if handle is not None:
-        handle.wait()
+        with _region():
+            handle.wait()
 
 
 def broadcast_(tensor: torch.Tensor, src: int, group: ProcessGroup | None) -> torch.Tensor:
@@ -159,10 +195,11 @@ def _nbytes(t: torch.Tensor) -> int:
 def _direct(op: str, payload: torch.Tensor, link: tuple[int, int], group: ProcessGroup | None, call, *,
             root: bool) -> None:
     counter = traffic.current()
-    if counter is None:
-        call()
-        return
-    counter.count(op, "root" if root else "peer", _nbytes(payload), group_size(group), call, link=link)
+    with _region():
+        if counter is None:
+            call()
+            return
+        counter.count(op, "root" if root else "peer", _nbytes(payload), group_size(group), call, link=link)
 
 
 def _check_peers(root: int, peers: Sequence[int], me: int) -> int:

@@ -37,6 +37,11 @@ the two shares, forward and backward alike (a keep set never changes between a l
 and its backward).  Once fired, ``γ`` holds to the end of the step.  The next step starts clean:
 by then the controller has the evidence, or the reflex fires again.
 
+Where it runs.  The marks are read while the step runs, so the reflex needs a clock whose regions
+are known at once: the host clock (:mod:`semimig.straggler.clock`).  On CUDA the step's events are
+read only after the step (never waited for inside it), so the runtime builds no reflex there: the
+reflex is off on CUDA, and the controller meets a slow device from its step observations.
+
 What the controller sees.  A fired step is observed as the dense step it would have been,
 ``r · R`` seconds at full work (:attr:`StepReflex.dense_s`): its fitted cost model must not read a
 step whose speed changed within it, half slow and dense, half pruned, as pruning that does not pay.

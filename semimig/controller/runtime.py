@@ -70,6 +70,7 @@ from semimig.nn.balanced import BalancedLinearMixin
 from semimig.resizing.config import ResizingConfig
 from semimig.resizing.pridiff import achieved_savings
 from semimig.straggler.busy import BusyMeter, BusyStats
+from semimig.straggler.clock import make_clock
 from semimig.straggler.device import DeviceClock, DeviceTime
 from semimig.straggler.injection import StragglerConfig, StragglerInjector
 
@@ -151,7 +152,10 @@ class StepReport:
     digest: int = 0
     """Digest of the plan every rank applied in this iteration (checked equal on all ranks)."""
     device: Optional[DeviceTime] = None
-    """This rank's step split into compute and communication (:mod:`semimig.straggler.device`)."""
+    """This rank's step split into compute and communication: the step clock's (semimig's own
+    collectives are the communication, :mod:`semimig.straggler.clock`), or under a whole-device test
+    straggler its clock's (:mod:`semimig.straggler.device`).  On CUDA the split of the iteration
+    before (one step late); ``None`` when not resolved."""
     reflex_gamma: float = 0.0
     """The share this rank pruned within the step on its own evidence (the step reflex,
     :mod:`semimig.controller.reflex`); 0 when it did not fire."""
@@ -233,6 +237,8 @@ class BalanceController:
             clock = getattr(self, "clock", None)
             if clock is not None:
                 clock.detach()
+            if hasattr(self, "_untime"):
+                self._untime()
             raise
 
     def _build(self, config: BalanceConfig, process_group, iterations_per_epoch: Optional[int]) -> None:
@@ -240,14 +246,26 @@ class BalanceController:
         res = config.resizing
         device = self.binding.layers[0].layer.weight.device
         self._collective_device = P.collective_device(process_group)
-        self.meter = BusyMeter(self.injector, device=device)
+        self.step_clock = make_clock(device, lag=0 if device.type != "cuda" else 1)
+        """The step's device times (DESIGN §3b): semimig's GEMMs and collectives as regions; a host
+        step is read at its own end, a CUDA step one step late (its events never waited for)."""
+        self.meter = BusyMeter(self.injector, device=device, clock=self.step_clock)
+        self._untime = P.time_collectives(self.meter.comm)  # semimig's collectives are the step's communication
         reflex_config, resizes = config.controller.reflex, config.mode.startswith("zero") or config.mode == "semi"
-        self.reflex = StepReflex(reflex_config, gamma_max=res.gamma_max) if resizes and reflex_config else None
-        """Mode zero-*/semi: the rank's own pruning within a step (None: off)."""
+        on_host = self.step_clock.backend == "host"  # the reflex reads the step's busy time as it runs
+        self.reflex = StepReflex(reflex_config, gamma_max=res.gamma_max) if resizes and reflex_config and on_host \
+            else None
+        """Mode zero-*/semi on a host clock: the rank's own pruning within a step (None: off; off on CUDA,
+        where the open step's events are not read before the step ends)."""
         self.binding.attach_reflex(self.reflex, self.meter)
-        self.clock = DeviceClock(self.injector, device=device).attach()
-        """Splits each step into compute and communication; slows all work under ``scope=device``."""
-        weakref.finalize(self, self.clock.detach)
+        straggler = config.straggler
+        self.clock: Optional[DeviceClock] = None
+        """The whole-device test straggler (``scope=device``, a pattern configured) and only it: wraps
+        the collectives of :mod:`torch.distributed` to sleep its slowdown before each and splits the
+        step by them.  ``None`` otherwise: nothing in :mod:`torch.distributed` is patched."""
+        if straggler.pattern != "none" and straggler.scope == "device":
+            self.clock = DeviceClock(self.injector, device=device).attach()
+            weakref.finalize(self, self.clock.detach)
         self.exchange = make_exchange(config.exchange, process_group)
         self.period = res.period or iterations_per_epoch or DEFAULT_PERIOD
         self.curves = config.curves
@@ -350,9 +368,11 @@ class BalanceController:
             raise
 
     def close(self) -> None:
-        """Stop the device clock (the collectives are unwrapped once no clock is attached) and remove
-        the layers' hooks; idempotent."""
-        self.clock.detach()
+        """Stop the whole-device straggler's clock if any (the collectives are unwrapped once no clock
+        is attached) and remove the layers' hooks; idempotent."""
+        if self.clock is not None:
+            self.clock.detach()
+        self._untime()
         self.binding.detach()
 
     def step(self) -> StepReport:
@@ -363,7 +383,7 @@ class BalanceController:
         ``step()``; there every rank checks the digests (a pending plan reaches the layers only
         once they agree), feeds every rank's observation to its timing model and decides.
         """
-        stats = self.meter.snapshot()
+        stats, device_time, wall = self._close_step()
         reflex_gamma = self.reflex.end_step(stats.busy_s) if self.reflex is not None else 0.0
         observed = (stats.work_fraction, stats.busy_s)
         if reflex_gamma > 0.0:
@@ -371,11 +391,6 @@ class BalanceController:
                         "gamma=%.2f of its columns for the rest of the step (reflex)", self.iteration, self.rank,
                         self.reflex.slowdown, self.reflex.fired_at, reflex_gamma)
             observed = (1.0, self.reflex.dense_s)  # the dense step it would have been (StepReflex.dense_s)
-        self.meter.reset()
-        device_time = self.clock.take()
-        now = time.perf_counter()
-        wall = 0.0 if self._step_clock is None else now - self._step_clock
-        self._step_clock = now
         problem = observation_problem(stats.work_fraction, stats.busy_s)
         valid = stats.gemm_count > 0 and problem is None
         if not math.isfinite(wall):
@@ -385,7 +400,8 @@ class BalanceController:
             logger.warning("semimig: iteration %d on rank %d: %s; not an observation: skipped (this warning is "
                            "given once)", self.iteration, self.rank, problem)
         applied_now = None if self.forced else self._current
-        rows = self._exchange.collect()
+        with self.meter.comm():
+            rows = self._exchange.collect()
         if rows is not None:
             applied, pending, verified, applied_actions = self._posted
             check_agreement([row[2] for row in rows], applied, self.group,
@@ -393,7 +409,7 @@ class BalanceController:
             check_agreement([row[3] for row in rows], pending, self.group,
                             what=f"plan decided at step {self.iteration}")
             for timing, scale, (work, busy, _, _, ok, _, sudden, other) in zip(self.timings, self.busy_scale, rows):
-                if ok:  # other: the device clock's compute minus busy time (ShedPolicy's other_s)
+                if ok:  # other: the step's compute minus busy time (ShedPolicy's other_s)
                     timing.observe(work, busy / scale, sudden=sudden, other_s=other / scale)
             self._current = verified  # equal on every rank: now it may reach the layers
             walls = [row[5] for row in rows]
@@ -416,17 +432,17 @@ class BalanceController:
             # Not in the step whose decision flagged it: that step ran at the straggler's own pace
             # (its plan not yet in force; a reflex step at 2.3-2.7x healthy under the real
             # throttle), and a task's GEMMs on the slowed rank took it to 3.07x (20:40, semi)
-            self._advance_pretest()
-            self.clock.take()  # the pretest's own time is not the next iteration's work or traffic
+            self._advance_pretest()  # its own time is not the next iteration's work or traffic
         self._flagged_before = flagged
         pending = {**self._pending.describe(self.config.mode), **self._setup}
         self._posted = (self._description, pending, self._pending, applied_now)
         # the rest of this rank's own work (ShedPolicy: "The rest of a rank's own work"); unknown (NaN) when the
         # clock saw no compute, or the step's GEMMs were not all timed (a reflex step: its dense time is estimated)
-        other = max(device_time.compute_s - stats.busy_s, 0.0) if device_time.compute_s > 0.0 and reflex_gamma == 0.0 \
-            else math.nan
-        self._exchange.post(*observed, (digest, plan_digest(pending)), valid, wall, sudden=reflex_gamma > 0.0,
-                            other_s=other)
+        compute = 0.0 if device_time is None else device_time.compute_s
+        other = max(compute - stats.busy_s, 0.0) if compute > 0.0 and reflex_gamma == 0.0 else math.nan
+        with self.meter.comm():
+            self._exchange.post(*observed, (digest, plan_digest(pending)), valid, wall, sudden=reflex_gamma > 0.0,
+                                other_s=other)
         self._apply()
         report = StepReport(self.iteration - 1, stats, self._shed_target(), self._gammas,
                             achieved_savings(self._gammas, self.binding.layer_flops()),
@@ -434,6 +450,37 @@ class BalanceController:
                             reflex_gamma)
         self.reports.append(report)
         return report
+
+    def restart_step(self) -> None:
+        """The open iteration starts now: what ran since the last ``step()`` (the pretest, the device
+        probe, a move) is no iteration's work or traffic."""
+        self.meter.reset()
+        if self.clock is not None:
+            self.clock.take()
+
+    def _close_step(self) -> tuple[BusyStats, Optional[DeviceTime], float]:
+        """The step clock's boundary: the busy numbers and the device split of the iteration it
+        resolves (on the host the one just ended; on CUDA the one before, after one event wait at
+        most), and the iteration's wall time (0 when unknown)."""
+        resolved = self.meter.end_step(wait=True)
+        if resolved is None:  # CUDA: its events are not complete (another stream) or none yet (the first step)
+            stats, times = BusyStats(busy_s=0.0, work_fraction=1.0, gemm_count=0, collective_wait_s=0.0), None
+        else:
+            stats, times = resolved
+        if times is not None and times.dropped:  # the clock's pool ran dry: its sums are short
+            stats = dataclasses.replace(stats, gemm_count=0)
+        if self.clock is not None:  # the whole-device straggler's split (its sleeps are compute)
+            device_time = self.clock.take()
+        elif times is None:
+            device_time = None
+        else:
+            device_time = DeviceTime(wall_s=times.wall_s, comm_s=times.comm_s, sleep_s=0.0, collectives=0)
+        if self.step_clock.backend != "host":
+            return stats, device_time, 0.0 if times is None else times.wall_s
+        now = time.perf_counter()
+        wall = 0.0 if self._step_clock is None else now - self._step_clock
+        self._step_clock = now
+        return stats, device_time, wall
 
     # ------------------------------------------------------------------ decisions
     def _decide(self, previous: GroupActions) -> GroupActions:
@@ -528,7 +575,7 @@ class BalanceController:
         """Run this step's share of the pretest (collective: every rank, same tasks); fit once done."""
         run, per_step = self._pretest_run, self.config.controller.pretest_tasks_per_step
         samples = run.advance(per_step or run.remaining)
-        self.meter.reset()  # the pretest's GEMMs are not the next iteration's work
+        self.restart_step()  # the pretest's GEMMs are not the next iteration's work
         if samples is not None:
             self.curves, self._pretest_run = fit_curves(samples), None
             self._replan = True  # Eq. 2 may now split the shed share between migration and resizing

@@ -42,7 +42,8 @@ Busy time (DESIGN §3a).  With a directive, every piece of a rank's own work run
 ``directive.timer.timed``: plan building, the own GEMMs with their gathers and zero-filled
 scatters, imputation and the ``same`` policy's copy, the bias gradient, receivers' GEMMs for a
 straggler's columns (``full_flops = 0``: work a rank does on top of its own) and the straggler's
-copy of returned blocks into its gradients.  Collectives are never timed.  The span between the
+copy of returned blocks into its gradients.  Collectives are never busy time: each runs in the
+step clock's communication region (:func:`semimig.comm.primitives.time_collectives`).  The span between the
 two layers of a pair (the attention core, the activation) is marked for the meter's
 ``paired_gap_s`` (:mod:`semimig.straggler.busy`): opened when a column forward or a row backward
 ends, closed when a row forward or a column backward starts — only for a meter with

@@ -7,6 +7,11 @@ import importlib
 _WHERE = {
     "BusyMeter": "semimig.straggler.busy",
     "BusyStats": "semimig.straggler.busy",
+    "CudaEventClock": "semimig.straggler.clock",
+    "HostClock": "semimig.straggler.clock",
+    "StepClock": "semimig.straggler.clock",
+    "StepTimes": "semimig.straggler.clock",
+    "make_clock": "semimig.straggler.clock",
     "StragglerConfig": "semimig.straggler.injection",
     "StragglerInjector": "semimig.straggler.injection",
     "calibrate_cuda_sleep_rate": "semimig.straggler.injection",

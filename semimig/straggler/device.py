@@ -32,8 +32,11 @@ it (e.g. the weight gradient Colossal-AI's column layer computes while ``dX`` is
 slowed, and the time ``wait()`` blocks is communication — a fast rank waiting for the straggler
 must never look busy.  (``Work.wait`` is wrapped on the class, for every process group.)
 
-On CUDA the device is synchronised before each collective so the span is the device's, and the
-sleep is enqueued on the stream (:meth:`StragglerInjector.inject`): like real slow compute, later
+A test injector only: the balancing runtime attaches a clock only while a whole-device test
+straggler (``scope=device``) is configured; every other step is split by the step clock
+(:mod:`semimig.straggler.clock`) around semimig's own collectives, and nothing in
+:mod:`torch.distributed` is wrapped.  On CUDA the device is synchronised before each collective
+so the span is the device's, and the sleep is enqueued on the stream (:meth:`StragglerInjector.inject`): like real slow compute, later
 kernels queue behind it.
 """
 from __future__ import annotations
