@@ -49,6 +49,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from bench_output import add_json_flag, interleaved_ms, refuse, write_result
+from semimig.straggler.clock import make_clock
 
 PARTS = ("meter", "clock", "kernels", "stats", "graph", "allreduce")
 BARS = {"meter_overhead": 0.01, "event_vs_profiler": 0.05, "fused_vs_kprime": 1.10}
@@ -93,78 +94,9 @@ QUICK_CUDA = dict(reps=5, iters=5)
 
 
 # ----------------------------------------------------------------------------- the step clock
-# SEAM: the step clock is semimig.straggler.clock (make_clock / StepClock / StepTimes).  Until that
-# module is merged, _StandInClock below implements the part of its contract this script uses
-# (region, step, host_syncs, backend); once it is, delete _StandInClock and import make_clock only.
-try:
-    from semimig.straggler.clock import make_clock
-except ImportError:  # semimig.straggler.clock not merged yet
-    make_clock = None
-
-
-class _StandInClock:
-    """Stand-in for ``semimig.straggler.clock.make_clock(device)`` (see the SEAM comment above)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.backend = "cuda-events" if self.cuda else "host"
-        self.host_syncs = 0
-        self._depth = {"gemm": 0, "comm": 0}
-        self._spans: list = []
-        self._start = self._mark()
-        self._pending: list = []
-        self._index = 0
-
-    def _mark(self):
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def _elapsed(self, a, b) -> float:
-        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
-
-    @contextlib.contextmanager
-    def region(self, kind: str):
-        self._depth[kind] += 1
-        start = self._mark() if self._depth[kind] == 1 else None
-        try:
-            yield
-        finally:
-            self._depth[kind] -= 1
-            if start is not None:
-                self._spans.append((kind, start, self._mark()))
-
-    def step(self, wait: bool = False):
-        end = self._mark()
-        self._pending.append((self._index, self._start, end, self._spans))
-        self._index, self._start, self._spans = self._index + 1, end, []
-        if len(self._pending) < 2 and not wait:
-            return None  # lag 1: the step that just ended is resolved at the next boundary
-        index, start, stop, spans = self._pending[0]
-        if self.cuda and not stop.query():
-            if not wait:
-                return None
-            stop.synchronize()
-            self.host_syncs += 1
-        self._pending.pop(0)
-        sums = {"gemm": 0.0, "comm": 0.0}
-        for kind, a, b in spans:
-            sums[kind] += self._elapsed(a, b)
-        return _Times(step=index, wall_s=self._elapsed(start, stop), gemm_s=sums["gemm"], comm_s=sums["comm"])
-
-
-@dataclass(frozen=True)
-class _Times:
-    step: int
-    wall_s: float
-    gemm_s: float
-    comm_s: float
-
-
 def new_clock(device: torch.device):
-    return make_clock(device) if make_clock is not None else _StandInClock(device)
+    """The library's step clock on ``device`` (host backend on CPU, CUDA events on a GPU)."""
+    return make_clock(device)
 
 
 def drain(clock, kind: str, limit: int) -> list:
@@ -614,7 +546,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                      git_commit=_git_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                      versions={"torch": torch.__version__, "cuda": torch.version.cuda,
                                "triton": _triton_version()},
-                     clock_source=("semimig.straggler.clock" if make_clock is not None else "stand-in (module not merged)"),
+                     clock_source="semimig.straggler.clock",
                      bars=BARS, parts=list(parts), part_seconds=seconds, wall_s=total, **result)
         print(f"wrote {args.json}")
     return 0
