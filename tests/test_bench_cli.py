@@ -68,7 +68,7 @@ def test_bench_rejects_bad_flags(argv, message, capsys):
     (["--tp", "4", "--pattern", "multi", "--multi-chi", "8,0.5"], "--multi-chi: multi_chis[1] must be a finite number >= 1"),
     (["--theta-iter=-1e-4"], "--theta-iter: theta_iter must be a finite number >= 0 or None, got -0.0001"),
     (["--theta-iter", "inf"], "--theta-iter: theta_iter must be a finite number >= 0 or None, got inf"),
-    # issue 19: accepted before, then slept for ever or failed inside the ranks
+    # out of range: accepted, these would sleep for ever or fail inside the ranks
     (["--chi", "1e6"], "--chi: chis[0] must be a finite number >= 1 and <= 100, got 1000000.0"),
     (["--chi", "inf"], "--chi: chis[0] must be a finite number >= 1 and <= 100, got inf"),
     (["--chi", "1e300"], "--chi: chis[0] must be a finite number >= 1 and <= 100, got 1e+300"),

@@ -1,4 +1,4 @@
-"""Checkpoint files that are not regular files (issue 30, probes).
+"""Checkpoint files that are not regular files (probes).
 
 With :func:`semimig.shardformer.uneven_ckpt.install` in place, every reader Colossal-AI's
 ``HybridParallelCheckpointIO`` uses for a shard (``load_shard_state_dict``, ``load_state_dict``,

@@ -1,4 +1,4 @@
-"""``semimig.enable`` on a ``tp_size=1`` plugin, and its argument refusals (issue 30, probes).
+"""``semimig.enable`` on a ``tp_size=1`` plugin, and its argument refusals (probes).
 
 One rank (gloo) boosts a tiny Llama with ``HybridParallelPlugin(tp_size=1,
 custom_policy=SemiMigPolicy())``: the policy swaps no layer, so before the fix ``enable`` refused

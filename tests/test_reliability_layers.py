@@ -1,4 +1,4 @@
-"""Bad arguments to the layers' constructors and forward end in semimig's one-line refusal (issue 30).
+"""Bad arguments to the layers' constructors and forward end in semimig's one-line refusal.
 
 Before, wrong sizes, types, dtypes, devices and process groups reached Colossal-AI's or torch's
 internals (``ZeroDivisionError: float division by zero`` for ``in_features=0``, ``AttributeError:
