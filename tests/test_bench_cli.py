@@ -84,7 +84,7 @@ def test_bench_rejects_bad_flags(argv, message, capsys):
     (["--device", "cuda", "--compute", "emulated"], "device 'cuda' measures real device time"),
 ])
 def test_bench_refuses_zero_and_empty_values_instead_of_defaulting(argv, message, capsys, tmp_path):
-    """An explicit 0 or empty list is a bad value, not "use the default" (it used to start the full run)."""
+    """An explicit 0 or empty list is a bad value, not "use the default" (which would start the full run)."""
     from semimig.cli import main
 
     assert main(["bench", *argv, "--no-plots", "--dry-run", "--json", str(tmp_path / "r.json")]) == 2

@@ -1,5 +1,5 @@
 """The benchmark scripts' command lines: bad values and clashing outputs refused before any run
-(found by a review of the entry points: each case failed or lost a file after the work before)."""
+(otherwise each case would fail, or lose a file, after the work)."""
 import pytest
 
 
