@@ -13,6 +13,8 @@ HISTORY = re.compile(SITTING + "|" + TICKET + " [0-9]|" + TICKET + " #?[0-9]", r
 TEXT = {".py", ".md", ".json", ".txt", ".sh", ".cfg", ".ini", ".toml", ".yml", ".yaml", ".rst", ""}
 
 CODE = ("semimig", "kernels", "benchmarks", "tests", "examples")
+CODE_OWNED_ELSEWHERE = {folder: "files edited on other branches are cleaned after they merge"
+                        for folder in ("semimig", "benchmarks", "tests")}
 DOCS_OWNED_ELSEWHERE = {"docs/reliability.md": "its owner's pass removes the issue number from its title"}
 
 
@@ -45,8 +47,9 @@ def test_the_documents_hold_no_development_history(document):
     assert _hits([ROOT / document]) == []
 
 
-@pytest.mark.xfail(strict=False, reason="code comments are being cleaned")
-@pytest.mark.parametrize("folder", CODE)
+@pytest.mark.parametrize("folder", [
+    pytest.param(f, marks=pytest.mark.xfail(strict=False, reason=CODE_OWNED_ELSEWHERE[f]))
+    if f in CODE_OWNED_ELSEWHERE else f for f in CODE])
 def test_the_code_and_tests_hold_no_development_history(folder):
     hits = _hits(_files(ROOT / folder))
     assert hits == [], f"{len(hits)} line(s), e.g.\n" + "\n".join(hits[:20])
