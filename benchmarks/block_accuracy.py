@@ -1,4 +1,4 @@
-"""What block-granular priority pruning costs in accuracy (issue 27): digits, tiny ViT, one process.
+"""What block-granular priority pruning costs in accuracy: digits, tiny ViT, one process.
 
     python benchmarks/block_accuracy.py [--steps 300] [--seeds 0,1] [--own-share 0.5] [--json out.json]
 

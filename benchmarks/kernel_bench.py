@@ -20,7 +20,7 @@ Shapes: ViT-1B-like (hidden 2048, MLP 4·2048, M = 64·65 tokens) and LLM-like (
 sets ``random`` (single columns) and ``grouped`` (aligned groups of g).  GPU times are medians of
 ``triton.testing.do_bench``; TFLOP/s count the useful work 2·M·N·K' per pass (K for dense_full).
 
-Without a CUDA device (issue 16 item 8) the torch implementations run in fp32 with one torch
+Without a CUDA device the torch implementations run in fp32 with one torch
 thread (as a rank of the measured bench does) on the shapes of the bench model's TP layers and of
 the column -> row MLP, gamma in {.25, .5, .75}, keep sets ``random``, ``grouped`` (g = 32) and
 ``run`` (one contiguous range: the slice path).  Implementations are interleaved repetition by
@@ -31,7 +31,7 @@ kept columns).  ``--cpu-costs`` also times the pieces of the pruned path apart (
 the operand gathers, the GEMMs at K', the scatters), so ``F`` can be traced to its source.
 The Triton interpreter is not a performance model, so ``fused`` is not timed on CPU.
 
-``--mlp-layout`` (issue 27): the column -> GELU -> row MLP of one rank, one thread, at the ViT
+``--mlp-layout``: the column -> GELU -> row MLP of one rank, one thread, at the ViT
 shape (M 1088, 256 -> 1536) and an LLM shape (M 512, 1024 -> 4096), gamma in {.5, .75, .9},
 block-granular keep sets (``--block``, default 8) in both layers.  Per layer and pass (fwd,
 dgrad, wgrad), interleaved repetition by repetition, medians:
@@ -46,7 +46,7 @@ dgrad, wgrad), interleaved repetition by repetition, medians:
 - ``layout_fresh``: the same with fresh full-size gradients (only the pruned tail zeroed, plus
   the allocation), what a gradient handed to autograd's AccumulateGrad costs;
 - ``dense_kprime``: dense products on operands compacted to K' beforehand (untimed);
-- ``paired``: *paired* pruning, measured before it is built into the layers: the row layer's
+- ``paired``: *paired* pruning of the MLP, timed on its own (as the layers run it): the row layer's
   kept columns are the MLP's kept intermediate units, so the column layer computes only those
   output rows (the others feed only pruned columns: unread outputs, exactly-zero gradients)
   and keeps all of its own K; the activation between them is compact, so nothing gathers or
@@ -623,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU (default 1, as a bench rank)")
     parser.add_argument("--cpu-costs", action="store_true", help="CPU: also time the pieces of the pruned path apart")
     parser.add_argument("--mlp-layout", action="store_true",
-                        help="issue 27: the column -> row MLP, gather path vs keep layout vs dense at K' (CPU)")
+                        help="the column -> row MLP, gather path vs keep layout vs dense at K' (CPU)")
     parser.add_argument("--block", type=int, default=8, help="--mlp-layout: keep-set block size (default 8)")
     parser.add_argument("--reps", type=int, default=7, help="--mlp-layout: interleaved repetitions (default 7)")
     args = parser.parse_args(argv)

@@ -336,7 +336,7 @@ def gloo_straggler_bytes(policy: str, nu: int, gamma: float, *, hidden: int, tok
         broadcast-reduce  out = ceil(log2 e) B + (e - 1)/e R        in = 2 (e - 1)/e R
         scatter-gather    as counted (point to point: each byte crosses the link once)
 
-    Measured on the emulated cluster (e = 4, H = 256, 512 tokens, gamma = 1): 8.28 / 4.53 MiB
+    On the emulated cluster (e = 4, H = 256, 512 tokens, gamma = 1) the link carries 8.28 / 4.53 MiB
     for broadcast-reduce against 8.25 / 4.50 here, 5.02 / 9.02 for scatter-gather against 5.0 / 9.0.
     """
     import math

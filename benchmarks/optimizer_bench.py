@@ -1,14 +1,14 @@
-"""What the straggler's optimizer step costs, dense and lazy (issue 27 item 2), measured before building.
+"""What the straggler's optimizer step costs, dense and lazy: AdamW over every column against AdamW on the kept columns only.
 
     python benchmarks/optimizer_bench.py [--hidden 1024] [--layers 2] [--kv-heads 8] [--reps 7]
                                          [--json out.json]
 
 The parameters are one rank's linear weights of the example's tiny Llama at tp 2 (per decoder
 layer q ``[H/2, H]``, k and v ``[kv·d/2, H]``, o ``[H, H/2]``, gate and up ``[2H, H]``, down
-``[H, 2H]``), fp32, one torch thread (as a rank of the measured runs).  Per repetition, interleaved:
+``[H, 2H]``), fp32, one torch thread (as a rank of the benchmarks).  Per repetition, interleaved:
 
 - ``single``, ``foreach``, ``fused``: ``torch.optim.AdamW`` with that implementation, every
-  column updated (what runs today; the example's optimizer was ``single``, torch's CPU default);
+  column updated (``single`` is torch's CPU default);
 - ``lazy γ (g)``: AdamW on the kept columns only, a share ``γ`` of each weight's K columns
   skipped (parameter, ``exp_avg`` and ``exp_avg_sq`` untouched), kept in aligned blocks of ``g``
   columns (1: single columns): the kept columns of ``p``, ``grad``, ``exp_avg``, ``exp_avg_sq``

@@ -1,4 +1,4 @@
-"""γ = 0 overhead of semimig's layers against Colossal-AI's, on real compute (issue 16 item 5).
+"""γ = 0 overhead of semimig's layers against Colossal-AI's, on real compute.
 
     python benchmarks/overhead_bench.py [--quick] [--parts layers,mlp,model,llm] [--json out.json]
 
@@ -22,7 +22,7 @@ Parts and variants:
             with no timer: the balanced code path's own bookkeeping); ``timed`` (the same with a
             :class:`~semimig.straggler.BusyMeter`, as the controller runs it).
 ``mlp``     a whole training iteration (forward, backward, SGD step) of a column -> GELU -> row
-            MLP, 512 -> 2048 -> 512, batch 256 (issue 16's reference: 1.055-1.061x).  ``cai``,
+            MLP, 512 -> 2048 -> 512, batch 256.  ``cai``,
             ``semimig`` and ``semi`` (semimig with a ``BalanceController`` in mode ``semi``, no
             straggler, ``step()`` after every optimizer step).
 ``llm``     a whole training step (forward, backward, fused AdamW) of the time-to-loss tiny Llama

@@ -31,11 +31,11 @@ How, cheapest first (the fixed cost ``F`` of a pruned GEMM on a CPU is what thes
   gather of ``[products | one zero block]`` (each value read and written once, no fill).
 
 The scatters were chosen by measurement (one rank, one thread, ``[1024, 4096]`` and ``[512, 4096]``
-results, 40 interleaved repetitions, medians; twenty-second session).  Single columns at γ 0.5 /
+results, 40 interleaved repetitions, medians).  Single columns at γ 0.5 /
 0.75 / 0.9: ``scatter_`` 1.36 / 1.03 / 0.51 ms against 1.94 / 1.67 / 1.28 for the element gather of
-``[products | zero column]`` (the path before) and 2.57 / 1.49 / 0.75 for ``index_copy_`` into
+``[products | zero column]`` and 2.57 / 1.49 / 0.75 for ``index_copy_`` into
 zeros.  Blocks of 32: the block gather 0.97 / 0.58 / 0.36 ms against 1.69 / 0.87 / 0.45 for a fill
-plus a block ``index_copy_`` (what this path used below a quarter kept).  Blocks of 8, mixed: on
+plus a block ``index_copy_``.  Blocks of 8, mixed: on
 ``[1024, 4096]`` (the paired row layer's weight gradient at the LLM shape) the block gather first
 or within 5 % (1.34 / 1.15–1.22 / 1.02 ms; ``scatter_`` 1.37–1.40 / 2.07–2.31 / 1.07–1.32), on
 ``[512, 4096]`` ``scatter_`` first (0.44–0.64 / 0.27–0.55 / 0.18–0.35 against 0.59–0.65 / 0.51–0.55

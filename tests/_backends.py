@@ -74,7 +74,7 @@ def run_on_ranks(body: Callable[..., Any], world_size: int, *args: Any, backend:
 
 
 def run_pooled(body: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo", **kwargs: Any) -> Any:
-    """gloo: the session's pool of ranks (:mod:`rank_pool`); nccl: fresh ranks (the pool is gloo's)."""
+    """gloo: the test run's pool of ranks (:mod:`rank_pool`); nccl: fresh ranks (the pool is gloo's)."""
     if backend == "gloo":
         from rank_pool import run_pooled as pooled
 

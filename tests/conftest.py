@@ -1,6 +1,6 @@
 """pytest configuration shared by every test module.
 
-- The session's rank pools (tests/rank_pool.py) are retired at the end of the run, and the
+- The rank pools (tests/rank_pool.py) are retired at the end of the run, and the
   terminal summary says how many pools were started and how many cases they served.
 - Every process the suite starts writes its temporary files under one directory of its own
   (``TMPDIR``), removed when the run ends: torchrun's agents leave a ``torchelastic_*`` log
@@ -154,15 +154,12 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    if _PRIVATE_TMP is not None:
-        shutil.rmtree(_PRIVATE_TMP, ignore_errors=True)
-
-
-def pytest_sessionfinish(session, exitstatus):
     import sys
 
-    if "rank_pool" in sys.modules:
+    if "rank_pool" in sys.modules:  # the pools' ranks end before their temporary directory goes
         sys.modules["rank_pool"].shutdown_pools()
+    if _PRIVATE_TMP is not None:
+        shutil.rmtree(_PRIVATE_TMP, ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -3,7 +3,7 @@
 - :func:`run_on_ranks` (:func:`semimig.launch.run_on_ranks`): fresh ranks and a fresh gloo group
   per call, for cases that need a fresh process (their own process group, signals to a rank, the
   launcher's own behaviour).
-- :func:`run_pooled` (:mod:`rank_pool`): the same contract on the session's pool of ranks of that
+- :func:`run_pooled` (:mod:`rank_pool`): the same contract on the test run's pool of ranks of that
   world size, many cases per spawn; a failing or hanging case fails itself and retires the pool.
 """
 import signal

@@ -1,4 +1,4 @@
-"""A pool of ranks per world size, kept for the whole test session: many cases per process start.
+"""A pool of ranks per world size, kept for the whole test run: many cases per process start.
 
     run_pooled(body, world_size, *args, timeout_s=60)   # same contract as semimig.launch.run_on_ranks
 
@@ -217,7 +217,7 @@ class RankPool:
 
 
 def run_pooled(body: Callable[..., Any], world_size: int, *args: Any, timeout_s: Optional[float] = 60.0) -> Any:
-    """Run ``body(rank, world_size, *args)`` on the session's pool of ``world_size`` ranks; rank 0's
+    """Run ``body(rank, world_size, *args)`` on this process's pool of ``world_size`` ranks; rank 0's
     result.  Same contract and failures as :func:`semimig.launch.run_on_ranks` (see the module doc)."""
     if os.environ.get("SEMIMIG_TEST_POOL", "1") == "0" or threading.current_thread() is not threading.main_thread():
         return run_on_ranks(body, world_size, *args, timeout_s=timeout_s)
@@ -231,7 +231,7 @@ def run_pooled(body: Callable[..., Any], world_size: int, *args: Any, timeout_s:
 
 
 def shutdown_pools() -> None:
-    """Retire every pool of this process (the session's end; also at exit)."""
+    """Retire every pool of this process (the test run's end; also at exit)."""
     for pool in list(_POOLS.values()):
         pool.close()
     _POOLS.clear()

@@ -79,7 +79,7 @@ def test_bad_specs_exit_2_with_message(tmp_path, capsys, spec, argv, message) ->
 @pytest.mark.parametrize(
     ("spec", "argv", "message"),
     [
-        # issue 19: 10**11 asked numpy for 745 GiB; now refused by the curve's documented bound
+        # 10**11 would ask numpy for 745 GiB: refused by the curve's documented bound
         ([{"name": "a", "max_batch_size": 10**11, "peak_speed": 1.0}], [], "devices[0].max_batch_size must be an int >= 1 and <= 1048576, got 100000000000"),
         ([{"name": "a", "max_batch_size": 4, "peak_speed": 5e-324}], [], "devices[0].peak_speed (samples/s) must be a finite number >= 1e-09"),
         ([{"name": "a", "max_batch_size": 4, "peak_speed": "fast"}], [], "devices[0].peak_speed (samples/s) must be a finite number >= 1e-09 and <= 1e+09, got 'fast'"),
@@ -143,7 +143,7 @@ def test_unwritable_json_out_exits_2(tmp_path, capsys) -> None:
     assert f"cannot write --json {out}" in capsys.readouterr().err
 
 
-# ------------------------------------------------------------------------------ fuzz (issue 19)
+# ------------------------------------------------------------------------------------------- fuzz
 _json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.text(max_size=5),
                           st.floats(allow_nan=True, allow_infinity=True))
 _json_values = st.recursive(_json_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),

@@ -68,7 +68,7 @@ def test_bench_rejects_bad_flags(argv, message, capsys):
     (["--tp", "4", "--pattern", "multi", "--multi-chi", "8,0.5"], "--multi-chi: multi_chis[1] must be a finite number >= 1"),
     (["--theta-iter=-1e-4"], "--theta-iter: theta_iter must be a finite number >= 0 or None, got -0.0001"),
     (["--theta-iter", "inf"], "--theta-iter: theta_iter must be a finite number >= 0 or None, got inf"),
-    # issue 19: accepted before, then slept for ever or failed inside the ranks
+    # out of range: accepted, these would sleep for ever or fail inside the ranks
     (["--chi", "1e6"], "--chi: chis[0] must be a finite number >= 1 and <= 100, got 1000000.0"),
     (["--chi", "inf"], "--chi: chis[0] must be a finite number >= 1 and <= 100, got inf"),
     (["--chi", "1e300"], "--chi: chis[0] must be a finite number >= 1 and <= 100, got 1e+300"),
@@ -84,7 +84,7 @@ def test_bench_rejects_bad_flags(argv, message, capsys):
     (["--device", "cuda", "--compute", "emulated"], "device 'cuda' measures real device time"),
 ])
 def test_bench_refuses_zero_and_empty_values_instead_of_defaulting(argv, message, capsys, tmp_path):
-    """An explicit 0 or empty list is a bad value, not "use the default" (it used to start the full run)."""
+    """An explicit 0 or empty list is a bad value, not "use the default" (which would start the full run)."""
     from semimig.cli import main
 
     assert main(["bench", *argv, "--no-plots", "--dry-run", "--json", str(tmp_path / "r.json")]) == 2

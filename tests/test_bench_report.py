@@ -129,7 +129,7 @@ def test_report_names_a_bad_input_file(tmp_path, capsys, content, message):
     (lambda d: d.clear(), "has no 'records'"),
 ])
 def test_report_refuses_a_malformed_saved_run_in_one_line(two_runs, tmp_path, capsys, mutate, message):
-    """Issue 19: each of these was a traceback from deep inside the summary."""
+    """Each of these would otherwise be a traceback from deep inside the summary."""
     from semimig.cli import main
 
     data = json.loads(two_runs[0].read_text())

@@ -83,7 +83,7 @@ def test_no_launcher_environment_means_spawn():
 
 @pytest.mark.slow
 def test_an_agent_store_variable_without_torchrun_does_not_hang_the_default(tmp_path):
-    """Issue 15: TORCHELASTIC_USE_AGENT_STORE=True alone made the spawned ranks wait for an agent."""
+    """TORCHELASTIC_USE_AGENT_STORE=True alone (no torchrun) must not make the spawned ranks wait for an agent."""
     out = tmp_path / "r.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     done = subprocess.run([sys.executable, "-m", "semimig", *TINY, "--modes", "baseline", "--json", str(out)],

@@ -1,5 +1,5 @@
 """The benchmark scripts' command lines: bad values and clashing outputs refused before any run
-(found by a review of the entry points: each case failed or lost a file after the work before)."""
+(otherwise each case would fail, or lose a file, after the work)."""
 import pytest
 
 
@@ -58,9 +58,9 @@ def test_block_accuracy_refuses_bad_values_before_training(flags, said, capsys):
 
 
 def test_an_existing_result_file_is_kept_unless_overwrite_is_given(tmp_path, capsys):
-    """Found this session: ``time_to_loss.py --json`` given the name of an earlier result (a 27-minute run's)
-    replaced it silently after the new runs.  Refused at parse time now, the file untouched, in every
-    script that takes ``--json`` through ``bench_output.add_json_flag``; ``--overwrite`` (either order) allows it."""
+    """``--json`` given the name of an existing result (maybe a long run's) must not replace it silently
+    after the new runs: refused at parse time, the file untouched, in every script that takes ``--json``
+    through ``bench_output.add_json_flag``; ``--overwrite`` (either order) allows it."""
     import argparse
 
     from bench_output import add_json_flag

@@ -419,7 +419,7 @@ def test_finetune_example_on_two_emulated_nodes_trains_like_one_node(tmp_path):
 @needs_netns
 @pytest.mark.slow
 def test_2d_hybrid_on_two_emulated_nodes_trains_like_one_node(tmp_path):
-    """The 2-D hybrid across 2 emulated nodes (issue 28, item 5): ``semimig cluster --nodes 2
+    """The 2-D hybrid across 2 emulated nodes: ``semimig cluster --nodes 2
     --nproc-per-node 2 --link-gbit 1 -- semimig/__main__.py bench --tp 2 --dp 2 --allocation poplar``
     keeps each TP group inside a node and the data-parallel gradient all-reduce on the shaped link,
     with the default stragglers (rank 1 of group 0 at χ = 4, group 1 at χ = 2, emulated devices).

@@ -1,4 +1,4 @@
-"""SEMI never costs more than the tool it chooses (issue 27, item 4): in its resize-only state the
+"""SEMI never costs more than the tool it chooses: in its resize-only state the
 controller issues the same collectives, with the same bytes, per step as ZERO's.
 
 A 2-rank gloo group, a column -> row MLP, rank 1 an emulated 4x straggler (deterministic), every

@@ -77,8 +77,8 @@ def test_gamma_returns_to_zero_within_a_few_iterations_after_the_throttle_lifts(
 def test_a_throttle_that_lifts_sharply_is_released_at_the_next_decision(noise, seed):
     """A pruned rank whose χ = 4 throttle lifted reads one observation 4x under its regime: a change
     point on its own, so the first free iteration's observation releases it (the all-gather's lag:
-    dense from the second free iteration); before, the run of react_steps = 3 kept it pruned through
-    4 free iterations.  A lift by 2 (under the sharp bar of 2.25x) still waits the run."""
+    dense from the second free iteration) instead of waiting out react_steps = 3 observations, 4
+    free iterations pruned.  A lift by 2 (under the sharp bar of 2.25x) still waits those."""
     for lift in (35, 80):
         applied = run(on_off(15, 30), 90, noise=noise, seed=seed)
         assert applied[lift - 1][1] > 0.5
@@ -195,8 +195,8 @@ def _short_bursts_then_a_long_one(it):
 @pytest.mark.parametrize("seed", range(4))
 def test_bursts_shorter_than_the_plan_can_follow_are_left_to_the_reflex(seed):
     """After two 2-iteration bursts have ended, the plan no longer prunes for the next ones (it
-    would arrive as each ends and prune free iterations: 10-12 of them per burst here, 12-15 free
-    steps of a 60-step real 5:10 run); a burst that outlasts them is still shed, by its eighth
+    would arrive as each ends and prune free iterations: 10-12 of them per burst here); a burst
+    that outlasts them is still shed, by its eighth
     iteration (the hold lasts their median length plus the ``react_steps`` a dense fall takes to
     show) and to its end.  ``short_burst=0`` restores flagging every fresh rise."""
     applied = run(_short_bursts_then_a_long_one, 95, noise=0.05, seed=seed, reflex=True, fixed=0.25)
@@ -362,10 +362,10 @@ def test_device_bursts_on_a_real_group_flag_shed_unflag():
 @pytest.mark.parametrize("on,off", [(3, 12), (4, 12), (5, 10)])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_throttle_shorter_than_a_window_is_released_within_a_few_iterations(on, off, seed):
-    """Throttled phases of 3-5 iterations (the real ``5:10`` pattern at h1024): the regime holds the
-    throttle's dense observations only, then the rank prunes and the throttle lifts, so there is no
-    earlier observation at the pruned work to compare with.  Before the cross-work test γ decayed
-    over 8-12 iterations after each lift (0.7, 0.7, 0.5, 0.4, 0.4, 0.3, 0.1, ...)."""
+    """Throttled phases of 3-5 iterations: the regime holds the throttle's dense observations only,
+    then the rank prunes and the throttle lifts, so there is no earlier observation at the pruned
+    work to compare with; the test across works releases it (without it γ would decay over 8-12
+    iterations after each lift)."""
     start, periods = 20, 5
     applied = run(on_off(on, off), start + periods * (on + off), fixed=0.25, noise=0.08, seed=seed)
     for p in range(periods):
@@ -425,12 +425,11 @@ def test_the_opening_flags_no_phantom_under_heavy_noise():
 @pytest.mark.parametrize("on", [6, 8])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_throttle_from_the_first_step_that_lifts_early_is_released_within_a_few_steps(on, overhead, seed):
-    """The 20:40 pattern started with the training: rank 1 throttled from step 0 for ``on`` steps
-    (fewer than 2·window). The opening sheds it; the lift must release it within 4 steps. Measured
-    before the change test started at ``window`` observations (it started at 2·window): the lift
-    fell in the test's warm-up, left no change point, and γ decayed over 10+ steps or (pruned path
-    slower than its FLOPs, f fitted across the lift) stayed at 0.1-0.3 for good — a real run held
-    γ 0.1-0.2 for 40 steps."""
+    """A throttle started with the training: rank 1 throttled from step 0 for ``on`` steps (fewer
+    than 2·window). The opening sheds it; the lift must release it within 4 steps.  This needs the
+    change test to start at ``window`` observations: were it to start at 2·window, the lift would
+    fall in the test's warm-up and leave no change point, and γ would decay over 10+ steps or
+    (pruned path slower than its FLOPs, f fitted across the lift) stay at 0.1-0.3 for good."""
     applied = run(lambda it: (1.0, 4.0 if it < on else 1.0), on + 40, fixed=0.25, noise=0.05, seed=seed,
                   overhead=overhead)
     assert any(s[1] > 0.5 for s in applied[:on + 1])  # shed while throttled

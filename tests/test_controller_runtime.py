@@ -107,7 +107,7 @@ def test_a_model_without_semimig_layers_is_rejected():
 
     with pytest.raises(ConfigError, match="Sequential has no semimig layers"):
         BalanceController(nn.Sequential(nn.Linear(2, 2)))
-    with pytest.raises(ConfigError, match="model must be a torch.nn.Module, got str"):  # issue 30: was AttributeError
+    with pytest.raises(ConfigError, match="model must be a torch.nn.Module, got str"):  # a ConfigError, not an AttributeError
         BalanceController("model")
 
 
@@ -226,7 +226,7 @@ def _every_rank(rank, world, body_name):
 
 
 def test_a_force_that_differs_between_ranks_stops_every_rank_at_once():
-    """Issue 19: different forced plans used to give NaN outputs silently."""
+    """Different forced plans on two ranks would give NaN outputs silently: every rank stops at once."""
     results = run_on_ranks(_every_rank, 2, "_disagreeing_force_body", timeout_s=60)
     for message, seconds in results:
         assert message is not None

@@ -79,7 +79,7 @@ def test_a_straggler_settles_where_its_time_matches_the_others(chi, fixed_cost):
 
 def test_the_fixed_cost_of_pruning_does_not_inflate_the_ratio():
     """With a gather cost on the pruned path, γ still settles at the balancing value (not γ_max):
-    dividing busy time by the kept fraction would push it to γ_max (issue 16)."""
+    dividing busy time by the kept fraction would push it to γ_max."""
     f, v, g, chi = 0.05, 1.0, 0.1, 4.0
     trajectory, decisions = simulate([1.0, chi], 300, fixed=f, variable=v, gather=g, noise=0.02)
     tail = [step[1] for step in trajectory[-50:]]
@@ -120,7 +120,7 @@ def test_a_straggler_that_pays_off_is_never_backed_off_by_noise(noise, seed):
 
 
 def test_one_straggler_and_three_fast_ranks_fast_ranks_stay_dense():
-    """Issue 17 item 3: the fast ranks are at γ = 0 in every iteration (mode zero, mean reference)."""
+    """The fast ranks are at γ = 0 in every iteration (mode zero, mean reference)."""
     trajectory, decisions = simulate([1.0, 1.0, 8.0, 1.0], 300, noise=0.05, mode="zero")
     assert all(step[r] == 0.0 for step in trajectory for r in (0, 1, 3))
     assert decisions[-1].flagged == (2,)
@@ -166,8 +166,8 @@ def test_fixed_fraction_fit():
 @pytest.mark.parametrize("work, busy", [(0.5, math.nan), (0.5, math.inf), (math.nan, 1.0), (math.inf, 1.0),
                                         (0.0, 0.3), (-0.1, 0.3), (0.5, 0.0), (0.5, -1.0), (0.5, None)])
 def test_what_is_not_an_observation_leaves_the_model_as_it_was(work, busy):
-    """Issue 30: a NaN/inf time (a run whose loss went NaN) and a full prune's w = 0 (force(prune={r: 1.0}))
-    raised out of optimizer.step(); they are skipped instead, and the estimate stays what it was."""
+    """A NaN/inf time (a run whose loss went NaN) and a full prune's w = 0 (force(prune={r: 1.0})) must
+    not raise out of optimizer.step(): they are skipped, and the estimate stays what it was."""
     from semimig.controller.timing import observation_problem
 
     timing = RankTiming(5)

@@ -1,5 +1,5 @@
 """Fuzz the command lines (``semimig bench``, ``report``, ``plan``, ``demo``) and the JSON files that
-``report`` and ``plan`` read (issue 19 item 5).
+``report`` and ``plan`` read.
 
 Everything runs in-process through :func:`semimig.cli.main`; no rank is ever started (``bench`` gets
 ``--dry-run``, and the launcher is replaced by one that fails the test if called; ``demo`` inputs

@@ -1,4 +1,4 @@
-"""Fuzz the config dataclasses, the straggler grammar, speed curves and keep plans (issue 19 item 5).
+"""Fuzz the config dataclasses, the straggler grammar, speed curves and keep plans.
 
 Every input either works or raises :class:`semimig.errors.ConfigError` with a one-line message
 naming what it refused — never another exception type, a hang (hypothesis' deadline) or a silent
@@ -296,8 +296,8 @@ def test_plan_keep(values, k, kind, group):
     ("semimig.controller.runtime", "BalanceConfig", {"curves": "x"}, "'x'"),
     ("semimig.straggler.injection", "StragglerConfig", {"flops_per_second": "fast"}, "'fast'"),
 ])
-def test_issue_19_config_inputs_are_refused_naming_the_value(module, cls, kwargs, named) -> None:
-    """Inputs issue 19 found giving AttributeErrors now or later: one ConfigError, value named."""
+def test_config_inputs_of_the_wrong_type_are_refused_naming_the_value(module, cls, kwargs, named) -> None:
+    """Inputs of the wrong type, which would end in an AttributeError at once or later: one ConfigError, value named."""
     import importlib
 
     with pytest.raises(ConfigError) as info:
@@ -306,7 +306,7 @@ def test_issue_19_config_inputs_are_refused_naming_the_value(module, cls, kwargs
 
 
 def test_a_straggler_spec_string_is_parsed_not_kept_as_a_string() -> None:
-    """``BalanceConfig(straggler="fixed:1:4")`` (an AttributeError later, issue 19) is the parsed config."""
+    """``BalanceConfig(straggler="fixed:1:4")`` holds the parsed config (a string kept would fail later)."""
     from semimig.controller.runtime import BalanceConfig
     from semimig.straggler.injection import StragglerConfig
 

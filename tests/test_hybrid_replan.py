@@ -99,7 +99,7 @@ def test_observe_refuses_the_wrong_number_of_groups() -> None:
 
 
 def test_non_finite_group_times_are_not_measurements() -> None:
-    """Issue 30: a NaN or inf group time (a NaN loss, a broken clock) neither re-plans nor raises;
+    """A NaN or inf group time (a NaN loss, a broken clock) neither re-plans nor raises;
     the trigger acts on the finite ratios only (here: none moved, so no re-plan in 100 iterations)."""
     trigger = ReplanTrigger(2, ReplanConfig(window=5, patience=3))
     ratios = [(1.0, 1.0)] * 10 + [(float("inf"), float("nan"))] * 90

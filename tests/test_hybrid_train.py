@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from dist_harness import run_pooled  # the session pool of ranks: many cases per spawn
+from dist_harness import run_pooled  # the test run's pool of ranks: many cases per spawn
 from semimig.bench.config import BenchConfig
 from semimig.bench.models import VitSize
 from semimig.errors import ConfigError

@@ -53,7 +53,7 @@ def test_fixed_cost_fit_recovers_f_and_v():
 
 
 def test_kernel_bench_mlp_layout_writes_ratios(tmp_path, capsys):
-    """``--mlp-layout`` (issue 27) on the ViT shape, one repetition: every layer, impl and pass recorded."""
+    """``--mlp-layout`` on the ViT shape, one repetition: every layer, impl and pass recorded."""
     bench = _bench_module()
     out = tmp_path / "mlp.json"
     threads = torch.get_num_threads()

@@ -1,7 +1,7 @@
 """``semimig.launch.free_port``: a port that binds, drawn from below the kernel's ephemeral range.
 
 Ports of the ephemeral range go to outgoing connections (gloo's pairs among them), so one picked
-there could be taken before the store binds it (seen in CI: EADDRINUSE in a legacy launch).  The
+there could be taken before the store binds it (EADDRINUSE in the launch).  The
 port must bind on the host asked for (IPv4 and IPv6), lie below the range where the kernel says
 what the range is, and the caller's ``random`` state must not move.
 """

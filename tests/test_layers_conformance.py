@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dist_harness import run_pooled  # the session pool of ranks: many cases per spawn
+from dist_harness import run_pooled  # the test run's pool of ranks: many cases per spawn
 
 TOL = dict(atol=1e-5, rtol=1.3e-6)  # fp32: assert_close's default rtol, atol 1e-5 (see the module doc)
 BATCH, SEQ = 2, 4

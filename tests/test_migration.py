@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dist_harness import run_pooled  # the session pool of ranks: many cases per spawn
+from dist_harness import run_pooled  # the test run's pool of ranks: many cases per spawn
 
 ATOL = 1e-5
 IN_COL, OUT = 12, 8  # column layer: K = 12 on every rank

@@ -1,4 +1,4 @@
-"""On real compute with no straggler the controller never acts (issue 16; DESIGN §3a).
+"""On real compute with no straggler the controller never acts (DESIGN §3a).
 
 Real GEMMs, busy time measured (the default ``measured`` timing), no injected slowdown: every
 rank must stay at γ = 0 for the whole run — no phantom straggler from scheduler noise, even on a
@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dist_harness import run_pooled  # the session pool of ranks: many cases per spawn
+from dist_harness import run_pooled  # the test run's pool of ranks: many cases per spawn
 from tiny_models import TwoLayerMLP
 
 STEPS = 40

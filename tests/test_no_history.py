@@ -1,16 +1,20 @@
 """No development history inside the project: the code, its tests and its documents state what
-holds and why, not which work session or numbered issue found it.  The pattern is the one a reader
-would grep for (case-insensitive): the word for a work session, or "issue" followed by a number."""
+holds and why, not which work period or numbered issue found it.  The pattern is the one a reader
+would grep for (case-insensitive): the word for a work period (:data:`SITTING`), or "issue"
+followed by a number."""
 import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-HISTORY = re.compile("sess" + r"ion|issue [0-9]|issue #?[0-9]", re.IGNORECASE)  # split: this file passes its own test
+SITTING, TICKET = "sess" + "ion", "iss" + "ue"  # split: this file passes its own test
+HISTORY = re.compile(SITTING + "|" + TICKET + " [0-9]|" + TICKET + " #?[0-9]", re.IGNORECASE)
 TEXT = {".py", ".md", ".json", ".txt", ".sh", ".cfg", ".ini", ".toml", ".yml", ".yaml", ".rst", ""}
 
 CODE = ("semimig", "kernels", "benchmarks", "tests", "examples")
+CODE_OWNED_ELSEWHERE = {folder: "files edited on other branches are cleaned after they merge"
+                        for folder in ("semimig", "benchmarks", "tests")}
 DOCS_OWNED_ELSEWHERE = {"docs/reliability.md": "its owner's pass removes the issue number from its title"}
 
 
@@ -43,14 +47,15 @@ def test_the_documents_hold_no_development_history(document):
     assert _hits([ROOT / document]) == []
 
 
-@pytest.mark.xfail(strict=False, reason="code comments are being cleaned")
-@pytest.mark.parametrize("folder", CODE)
+@pytest.mark.parametrize("folder", [
+    pytest.param(f, marks=pytest.mark.xfail(strict=False, reason=CODE_OWNED_ELSEWHERE[f]))
+    if f in CODE_OWNED_ELSEWHERE else f for f in CODE])
 def test_the_code_and_tests_hold_no_development_history(folder):
     hits = _hits(_files(ROOT / folder))
     assert hits == [], f"{len(hits)} line(s), e.g.\n" + "\n".join(hits[:20])
 
 
 def test_the_pattern_finds_what_it_should_and_nothing_else():
-    assert HISTORY.search("found in the third Session") and HISTORY.search("see issue 27")
-    assert HISTORY.search("Issue #30") and HISTORY.search("(issue 4)")
+    assert HISTORY.search(f"found in the third {SITTING.title()}") and HISTORY.search(f"see {TICKET} 27")
+    assert HISTORY.search(f"{TICKET.title()} #30") and HISTORY.search(f"({TICKET} 4)")
     assert not HISTORY.search("an issue with the plan") and not HISTORY.search("issued 4 calls")

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import plugin_cases as pc
-from _backends import run_pooled  # gloo: the session pool of ranks, many cases per spawn
+from _backends import run_pooled  # gloo: the test run's pool of ranks, many cases per spawn
 
 pytestmark = pytest.mark.usefixtures("cpu_path")
 

@@ -126,7 +126,7 @@ def _lazy_plugin_body(rank, world, name):
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_lazily_built_model_under_the_plugin_trains_like_colossalai(name):
     """LazyInitContext + HybridParallelPlugin(tp=2): SemiMigPolicy shards the materialised weights
-    (it used to keep the full lazy weight and die in booster.boost with RecursionError) and its
+    (keeping the full lazy weight would die in booster.boost with RecursionError) and its
     3 AdamW steps give Colossal-AI's losses (fp32, atol 1e-5)."""
     runs = run_on_ranks(_lazy_plugin_body, 2, name, timeout_s=240)
     (cai, cai_layers), (ours, our_layers) = runs[False], runs[True]

@@ -1,10 +1,10 @@
-"""Checkpoint files that are not regular files (issue 30, probes).
+"""Checkpoint files that are not regular files (probes).
 
 With :func:`semimig.shardformer.uneven_ckpt.install` in place, every reader Colossal-AI's
 ``HybridParallelCheckpointIO`` uses for a shard (``load_shard_state_dict``, ``load_state_dict``,
 ``load_flat``) and for an index (``CheckpointIndexFile.from_file``) refuses a directory, a FIFO or a
-character device with one :class:`ConfigError` naming the path, without opening it: before the fix
-a FIFO blocked ``torch.load`` forever.  Each case runs in a child process with a deadline, so a
+character device with one :class:`ConfigError` naming the path, without opening it (a FIFO would
+block ``torch.load`` forever).  Each case runs in a child process with a deadline, so a
 regression fails the test instead of hanging the suite.
 """
 from __future__ import annotations

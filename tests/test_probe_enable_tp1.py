@@ -1,8 +1,8 @@
-"""``semimig.enable`` on a ``tp_size=1`` plugin, and its argument refusals (issue 30, probes).
+"""``semimig.enable`` on a ``tp_size=1`` plugin, and its argument refusals (probes).
 
 One rank (gloo) boosts a tiny Llama with ``HybridParallelPlugin(tp_size=1,
-custom_policy=SemiMigPolicy())``: the policy swaps no layer, so before the fix ``enable`` refused
-the model as having "no semimig layers" and ``finetune_llm.py --tp 1`` crashed.  Now it warns
+custom_policy=SemiMigPolicy())``: the policy swaps no layer, which is not an error (refusing the
+model as having "no semimig layers" would crash ``finetune_llm.py --tp 1``): ``enable`` warns
 once (nothing to balance) and returns an inactive handle, the optimizer's step is untouched and
 training goes on.  Every bad argument is refused first, naming it, and leaves no state: the
 corrected call then works.

@@ -1,4 +1,4 @@
-"""Probes of the entry points merged for re-sharding and the emulated cluster (issue 30).
+"""Probes of the entry points merged for re-sharding and the emulated cluster.
 
 One process, no process group: every case is a bad input that must be refused with a one-line
 :class:`~semimig.errors.ConfigError` naming the argument and the value (CLI: exit 2, one

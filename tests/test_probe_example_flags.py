@@ -1,4 +1,4 @@
-"""Hypothesis probes of ``examples/finetune_llm.py``'s numeric flags, parsed in-process (issue 30).
+"""Hypothesis probes of ``examples/finetune_llm.py``'s numeric flags, parsed in-process.
 
 ``parse_args`` runs every check (``check_flags``) before any process group or model exists, so the
 outcome class of a flag value is known without training: **refused** (``SystemExit(2)``, the last

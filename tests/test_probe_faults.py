@@ -1,7 +1,7 @@
-"""Process faults and the ``--tp 1`` edge of ``examples/finetune_llm.py`` (issue 30, probes).
+"""Process faults and the ``--tp 1`` edge of ``examples/finetune_llm.py`` (probes).
 
 Each fault case starts the example under torchrun (``--standalone``, gloo, a tiny synthetic model, a
-10 s collective timeout) in its own session, so that whatever it leaves behind can be found and
+10 s collective timeout) in a process group of its own, so that whatever it leaves behind can be found and
 killed by the test.  A fault case waits for the second logged step, SIGKILLs one process, and
 checks that every process of the run has ended within a bound, with a message naming what died.
 """
@@ -33,7 +33,7 @@ def _start(nproc: int, *flags: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            str(REPO / "examples" / "finetune_llm.py"), *TINY, *flags]
     return subprocess.Popen(cmd, cwd=REPO, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, process_group=0)
 
 
 def _reap(procs: list) -> None:

@@ -1,4 +1,4 @@
-"""The session's rank pool (tests/rank_pool.py): results, bounded failures, a fresh pool after one,
+"""The test run's rank pool (tests/rank_pool.py): results, bounded failures, a fresh pool after one,
 nothing of one case left for the next."""
 import os
 import time

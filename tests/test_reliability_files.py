@@ -1,4 +1,4 @@
-"""Nothing a user already had is lost (issue 30): results and specs survive careless commands.
+"""Nothing a user already had is lost: results and specs survive careless commands.
 
 Each test runs the real command (``semimig.cli.main``) or the one writer (``semimig._io``) on real
 files in a temporary directory and checks the outcome class: refused before any work with a
@@ -51,7 +51,7 @@ def _no_hang(fn, *args, seconds: float = 20.0):
 
 # ---------------------------------------------------------------------------- semimig bench --json
 def test_bench_on_a_file_of_other_chis_is_refused_before_training_and_keeps_it(tmp_path, capsys):
-    """Issue 30: bench --chi 1 then --chi 4 on one --json replaced the first run's records."""
+    """bench --chi 1 then --chi 4 on one --json must not replace the first run's records: refused before training."""
     from semimig.cli import main
 
     out = tmp_path / "r.json"
@@ -149,7 +149,7 @@ def _spec(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("spelling", ["same", "dotdot", "symlink"])
 def test_plan_refuses_to_write_over_its_own_spec(tmp_path, capsys, spelling):
-    """Issue 30: ``semimig plan SPEC --json SPEC`` overwrote the spec with the plan."""
+    """``semimig plan SPEC --json SPEC`` (however spelled) must not overwrite the spec with the plan."""
     from semimig.cli import main
 
     spec = _spec(tmp_path)

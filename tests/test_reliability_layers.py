@@ -1,9 +1,9 @@
-"""Bad arguments to the layers' constructors and forward end in semimig's one-line refusal (issue 30).
+"""Bad arguments to the layers' constructors and forward end in semimig's one-line refusal.
 
-Before, wrong sizes, types, dtypes, devices and process groups reached Colossal-AI's or torch's
-internals (``ZeroDivisionError: float division by zero`` for ``in_features=0``, ``AttributeError:
-'object' object has no attribute 'size'`` for a bad group, ``mat1 and mat2 must have the same
-dtype`` for a float64 input).  Now each is a :class:`~semimig.errors.ConfigError` naming the layer,
+Unchecked, wrong sizes, types, dtypes, devices and process groups would reach Colossal-AI's or
+torch's internals (``ZeroDivisionError: float division by zero`` for ``in_features=0``,
+``AttributeError: 'object' object has no attribute 'size'`` for a bad group, ``mat1 and mat2 must
+have the same dtype`` for a float64 input).  Each is a :class:`~semimig.errors.ConfigError` naming the layer,
 the argument and the value, raised before any tensor is allocated or any collective runs.
 
 Hypothesis draws the bad values inside one 2-rank gloo run (both ranks draw the same examples: a

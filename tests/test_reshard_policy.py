@@ -253,9 +253,9 @@ def test_a_launch_move_is_moved_back_after_one_window_not_the_dwell():
 
 
 def test_a_move_on_a_young_state_is_moved_back_after_one_window_not_the_dwell():
-    """A move whose gain was counted over fewer steps than the dwell is a bet like the launch's:
-    measured, the second phase of a 40 s on / 40 s off throttle was moved for with a 4-step
-    expected life as it ended, and the 2W dwell held the uneven plan 21 steps at healthy speeds."""
+    """A move whose gain was counted over fewer steps than the dwell is a bet like the launch's: it
+    may come, with a few steps' expected life, as its episode ends, and the 2W dwell would then hold
+    the uneven plan through a healthy phase.  Here the way back comes one window after the move."""
     cfg = ReshardConfig(window=10, launch=0, return_steps=0)  # the dwell rule alone
     pol = policy(cfg)
     moves = simulate(pol, lambda s: (1.0, 0.25) if s < 12 else (1.0, 1.0), 80, noise=0.02)
@@ -268,12 +268,12 @@ def test_a_move_on_a_young_state_is_moved_back_after_one_window_not_the_dwell():
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("lift", [3, 10, 30])
 def test_an_uneven_plan_goes_back_within_return_steps_of_the_lift(lift, seed):
-    """The 20:40 pattern from the training's start: the launch moves for rank 1 at 1/4 speed; when
-    the throttle lifts the uneven plan makes rank 0 the slow one, so the plan goes back after
-    ``return_steps`` samples with no slow rank (measured before: 8 steps at 1.6x while a window of
-    the new speeds filled), whatever the dwell — half as many (2) within a window of the launch
-    move, a bet (measured: the launch move held 4 free steps past a lift at step 2); nothing else
-    moves."""
+    """A throttle on from the training's start: the launch moves for rank 1 at 1/4 speed; when the
+    throttle lifts the uneven plan makes rank 0 the slow one, so the plan goes back after
+    ``return_steps`` samples with no slow rank (not after a whole window of the new speeds, each of
+    its steps well above an even one), whatever the dwell — half as many (2) within a window of the
+    launch move, a bet placed on little evidence (a lift right after it would otherwise hold the
+    uneven plan for several free steps); nothing else moves."""
     cfg = ReshardConfig(window=10)
     pol = policy(cfg)
     # move_s: 0.1 s a move (the simulation's cost does not scale with the bytes: a one-unit refinement
@@ -292,11 +292,11 @@ def test_an_uneven_plan_goes_back_within_return_steps_of_the_lift(lift, seed):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_the_way_back_moves_to_the_more_even_plan_the_recent_steps_propose(seed):
-    """Measured: a recovered rank that held 3 of 32 MLP blocks ran its small GEMMs at 0.86 of the
-    other's speed, its model proposed 17/15 rather than 16/16, and a way back that insisted on the
-    even plan never fired (the window rule moved 9 steps after the lift).  Here rank 1 recovers to
-    0.86 (within the tolerance, so no sample shows it slow): the way back moves to the solver's plan
-    for (1, 0.86) within return_steps of the lift."""
+    """A recovered rank that holds 3 of 32 MLP blocks runs its small GEMMs at ~0.86 of the other's
+    speed, so its model proposes 17/15 rather than 16/16, and a way back that insisted on the even
+    plan would never fire (leaving it to the window rule, a window after the lift).  Here rank 1
+    recovers to 0.86 (within the tolerance, so no sample shows it slow): the way back moves to the
+    solver's plan for (1, 0.86) within return_steps of the lift."""
     cfg = ReshardConfig(window=10)
     pol = policy(cfg)
     lift = 12
@@ -342,11 +342,10 @@ def test_launch_does_not_move_on_one_ranks_slow_first_step_or_without_a_straggle
 
 
 def test_launch_reads_the_noise_after_the_warm_up_so_a_slow_step_0_on_every_rank_still_moves():
-    """Measured under a real 25 % throttle: step 0 ran 1.36x rank 0's step 1 and 1.20x rank 1's
-    (first-touch allocations, not noise); a noise gate over steps 0-1 asked a 61 % gain of a 57 %
-    one and the launch kept the plan in about a third of the runs.  Now the same start moves at
-    launch, with three launch steps (the tests read steps 1-2) and with two (the noise relative to
-    the fastest rank: the warm-up slows both)."""
+    """Step 0 runs 1.36x rank 0's step 1 and 1.20x rank 1's (first-touch allocations, not noise), as
+    under a 25 % CPU throttle; a noise gate over the raw steps 0-1 would ask a 61 % gain of a 57 %
+    one and keep the plan.  The start moves at launch, with three launch steps (the tests read steps
+    1-2) and with two (the noise relative to the fastest rank: the warm-up slows both)."""
     def start(step):
         return (1.0 / 1.36, 0.25 / 1.20) if step == 0 else (1.0, 0.25)
 
@@ -358,11 +357,11 @@ def test_launch_reads_the_noise_after_the_warm_up_so_a_slow_step_0_on_every_rank
 
 
 def test_launch_noise_is_relative_so_a_warm_up_every_rank_shares_still_moves():
-    """Measured under a noisy neighbour (rank 1 at about half speed): both ranks ran 14-16 % slower
-    at step 1 than at step 2 — the warm-up does not end on one step — and a noise gate over the raw
-    times asked 29 % of a 24 % gain.  Relative to the fastest rank that drift cancels and the launch
-    moves; a rank that is slow at one launch step only still moves nothing (its ratio is noise)."""
-    def warming(step):  # rank 1 at 0.6: a gain of about a quarter of the step here, as measured
+    """Rank 1 at about half speed (a noisy neighbour) and both ranks 14-16 % slower at step 1 than at
+    step 2 — the warm-up does not end on one step — so a noise gate over the raw times would ask 29 %
+    of a 24 % gain.  Relative to the fastest rank that drift cancels and the launch moves; a rank
+    that is slow at one launch step only still moves nothing (its ratio is noise)."""
+    def warming(step):  # rank 1 at 0.6: a gain of about a quarter of the step
         slower = {0: 1.3, 1: 1.16}.get(step, 1.0)
         return (1.0 / slower, 0.6 / slower)
 
@@ -548,13 +547,13 @@ def test_a_move_measured_slower_is_undone_and_not_tried_again_while_the_episode_
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_way_back_is_not_undone_when_the_straggler_comes_back_in_its_window(seed):
-    """Measured on the 5:10 throttle: slow at the launch (steps 0-1), the launch move, the way back at
-    step 6, the throttle back for steps 12-17; the first window under the even plan (steps 8-17, 6 of
-    10 slow) measured "slower" and the undo moved to the uneven plan at 17, held it through free steps
-    18-22.  The way back was decided with no rank slow, so a slow rank in its window is the straggler's
+    """A straggler that comes and goes: slow at the launch, the launch move, the way back, then the
+    straggler back within the first window under the even plan.  That window reads "slower", but
+    the way back was decided with no rank slow, so a slow rank in its window is the straggler's
     return, left to the window rule (here: too short to be stable, so no move) — with or without
-    resizing's shorter steps.  (Here slow 0-3, the way back at 5 after two free samples, the first
-    window 7-16 with 6 of 10 slow: the undo fired at 16 before the change.)"""
+    resizing's shorter steps; undoing the way back would hold the uneven plan past the next lift.
+    (Here slow 0-3, the way back at 5 after two free samples, the first window 7-16 with 6 of 10
+    slow.)"""
     slow = {0, 1, 2, 3, *range(11, 18), *range(40, 46)}
     for ran in (None, _shed_while_slow):
         pol, decisions = policy(ReshardConfig(window=10)), []
@@ -580,8 +579,8 @@ def test_no_move_is_undone_when_the_speeds_are_what_the_model_reads():
 def test_the_resizing_scale_is_the_gemms_split_not_the_shardable_one():
     """Under an uneven plan a rank's share of the spans between a pair's layers (the attention core)
     is not its share of the GEMMs; the resizing controller divides its GEMM busy time by the scale,
-    so the scale is the GEMMs' own split.  Measured on the example's tiny Llama at `7,1:3,1`: a scale
-    from GEMMs + spans read the balanced rank 1 at 1.27x and resizing pruned it."""
+    so the scale is the GEMMs' own split.  On the example's tiny Llama at `7,1:3,1` a scale from
+    GEMMs + spans reads the balanced rank 1 at ~1.27x, and resizing would prune it."""
     samples = [ReshardSample((1.0, 1.0), (0.5 + g, 0.3 + 2 * g), (0.1, 0.1), gemm_s=(0.4, 0.1 + 0.01 * g))
                for g in (0.0, 0.01, 0.02)]
     assert gemm_scale(samples, 2) == pytest.approx((0.4 / 0.1001, 1.0))  # medians 0.4, 0.1001 (the spans: 0.51, 0.32)
@@ -618,12 +617,12 @@ def test_launch_decides_at_step_1_and_again_at_step_2_when_the_first_keeps_the_p
 
 
 def test_launch_steps_that_each_predict_a_large_gain_move_at_step_1_whatever_their_spread():
-    """Measured (twenty-first session, the 20:40 throttle attaching while step 0 runs): rank 1's
-    compute 2.96x the other's at step 0 and 3.94x at step 1; the relative noise gate over the two
-    asked 56 % of a 55 % gain and the launch moved a step later in 4 of 16 runs.  Each step alone
+    """A throttle that attaches while step 0 runs: rank 1's compute 2.96x the other's at step 0 and
+    3.94x at step 1; the relative noise gate over the two asks 56 % of a 55 % gain.  Each step alone
     predicts a gain of at least ``probe`` (25 %), so the gate asks only the margin and the launch
-    moves at step 1 — also at 10 % noise per step, where the gate asked 66 % of 59 %.  With
-    ``probe=0`` the gate is as before (step 2, or the first window with two launch steps)."""
+    moves at step 1 — also at 10 % noise per step, where the noise gate would ask 66 % of 59 %.
+    With ``probe=0`` the noise gate decides alone (step 2, or the first window with two launch
+    steps)."""
     def onset(step):
         return (1.0, 1 / 2.96) if step == 0 else (1.0, 1 / 3.94)
 
@@ -803,9 +802,10 @@ def test_a_throttle_that_lasts_a_time_is_compared_in_seconds_not_steps(monkeypat
 
 
 def test_an_episode_outlives_the_past_only_by_a_quarter_on_both_clocks():
-    """Measured on the 20:40 throttle: the first phase, re-planned for at launch, was seen for 10 steps
-    and ~14 s (its warm-up and the step after the move unobserved); the second reached 14 steps and
-    ~14 s a step before it lifted. That is not a straggler that stays: 14 s is within a quarter of 14 s."""
+    """A throttle whose phases last the same time: the first phase, re-planned for at launch, is seen
+    for 10 steps and ~14 s (its warm-up and the step after the move unobserved); the second, at
+    shorter steps, reaches 14 steps and ~14 s a step before it lifts.  That is not a straggler that
+    stays: 14 s is within a quarter of 14 s."""
     from semimig.controller.reshard import _Episode
 
     pol = policy(ReshardConfig(window=10))

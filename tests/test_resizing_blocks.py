@@ -1,4 +1,4 @@
-"""Block-granular priority pruning (issue 27): the smallest weight change still goes first, per block."""
+"""Block-granular priority pruning: the smallest weight change still goes first, per block."""
 import pytest
 import torch
 from hypothesis import given, settings

@@ -342,7 +342,7 @@ def test_relative_threshold_is_scale_free():
 
 
 def test_algorithm1_measures_every_column_within_bounded_periods():
-    """Issue 17: a straggler pruning 7/8 of its columns from the first period (no statistics yet).
+    """A straggler pruning 7/8 of its columns from the first period (no statistics yet).
 
     With one list per period and ties broken by *earlier* periods' counts, the never-measured
     columns take turns across periods and every column is measured within K/(K - |P|) + 1
@@ -413,7 +413,7 @@ def test_revisit_must_be_a_bool():
 
 @pytest.mark.parametrize("optimizer_name", ["SGD", "AdamW"])
 def test_relative_threshold_selects_a_proper_share_under_sgd_and_adamw(optimizer_name):
-    """Issue 17: a real training run (linear regression on fresh mini-batches, 25 steps = one
+    """A real training run (linear regression on fresh mini-batches, 25 steps = one
     period) in which the target depends on 3/4 of the input columns: those weights move steadily,
     the other quarter only random-walks, so the columns move unequally.  Under both optimizers
     the relative threshold makes some but not all columns candidates (share strictly in (0, 1):

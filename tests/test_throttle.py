@@ -396,8 +396,8 @@ def test_cli_forwards_a_signal_and_leaves_no_cgroup(controller, signum):
 
 
 def test_run_throttled_kills_a_command_that_ignores_sigterm(controller, tmp_path, monkeypatch):
-    """Past the grace after --timeout's SIGTERM, the command and its workers in their own sessions
-    (as torchrun starts them) are killed; nothing of them survives, no cgroup is left."""
+    """Past the grace after --timeout's SIGTERM, the command and its workers in process groups
+    of their own (as torchrun starts them) are killed; nothing of them survives, no cgroup is left."""
     from semimig.straggler import throttle_cli
 
     monkeypatch.setattr(throttle_cli, "KILL_GRACE_S", 0.5)
@@ -405,7 +405,7 @@ def test_run_throttled_kills_a_command_that_ignores_sigterm(controller, tmp_path
     code = textwrap.dedent(f"""
         import os, signal, subprocess, sys, time
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
+        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], process_group=0,
                                   env={{**os.environ, "RANK": "0"}})
         open({str(pids)!r}, "w").write(f"{{os.getpid()}} {{worker.pid}}")
         time.sleep(60)

@@ -70,8 +70,8 @@ class SimulatedSpeed:
 _SPIN_S = 1e-3
 """The last part of a simulated sleep is spun: ``time.sleep`` overshoots by ~0.1 ms on an idle
 machine and by milliseconds when the cores are oversubscribed (the process waits to be scheduled
-after it wakes); waking 1 ms early absorbs most of that (measured: the Poplar benchmark's
-``overshoot`` column)."""
+after it wakes); waking 1 ms early absorbs most of that (the Poplar benchmark's ``overshoot``
+column reports what is left)."""
 
 
 def _sleep(seconds: float) -> None:

@@ -16,11 +16,10 @@ the Poplar appendix) through the measured speeds
     s(b_k) = b_k / τ(b_k)          samples per second, τ the compute time of one micro-step,
 
 floored at a tiny positive value so that a wiggle can never produce a zero or negative speed.
-Measured on the Poplar benchmark (benchmarks/poplar_bench.py, a loaded 2-core machine): one noisy
-probe at ``b = 4`` bent the spline by 5 % at ``b = 12``, halfway between the probes 8 and 16, so
-the allocator realised 47 samples as four micro-steps of 12 instead of three of 16 and the device
-lost one whole micro-step's fixed cost (12 ms, 3.6 % of the iteration).  The linear model has no
-such reach, hence the default.
+On a loaded machine one noisy probe at ``b = 4`` can bend the spline by 5 % at ``b = 12``,
+halfway between the probes 8 and 16, enough for the allocator to realise 47 samples as four
+micro-steps of 12 instead of three of 16, so the device pays one whole micro-step's fixed cost
+more (a few percent of the iteration).  The linear model has no such reach, hence the default.
 
 Outside ``[b_min, b_max]`` of the profiled points both hold the speed constant at the nearest end
 (no extrapolation).  The time of one micro-step of ``b`` samples is ``τ(b) = b / s(b)`` and

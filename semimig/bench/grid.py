@@ -1,4 +1,4 @@
-"""The 2-D benchmark's summary, table and plot (``semimig bench --allocation ...``, issue 18).
+"""The 2-D benchmark's summary, table and plot (``semimig bench --allocation ...``).
 
 One row per mode (``baseline``, ``poplar``, ``semi``, ``poplar+semi``) over the seeds: iteration and
 epoch time, the speed-up against ``baseline`` (baseline's iteration time / the mode's), the DP

@@ -73,7 +73,7 @@ class ControllerConfig:
     Eq. 2 equates the straggler's resizing overhead with the receivers' migration overhead but
     bounds neither against ``T_min``: where the pruned path is dear (a CPU gather, f ≈ 0.25) it
     lets a single receiver take two thirds of the straggler's columns, and the group then runs at
-    the receiver's loaded pace, 1.7x the fast ranks' time (measured, tp = 2).  The cap keeps
+    the receiver's loaded pace, well above the fast ranks' time (~1.7x at tp = 2).  The cap keeps
     SEMI's time within about this share of ZERO's (DESIGN §3a: the controller must never hurt) and
     is harmless where the paper applies Eq. 2: with ``e = 8`` a whole χ = 8 straggler's shed share
     spread over 7 receivers is 0.125 each.  ``None``: Eq. 2 alone."""
@@ -100,9 +100,9 @@ class ControllerConfig:
 
     change_ratio: float = 0.5
     """Smallest relative change of a rank's busy time at the same work that can start a regime
-    (0.5: a 1.5x step; a throttle to 25 % of a core is a 3-4x step).  Three steps of more than
-    0.3 came from other processes alone on a loaded 2-core machine (load 8): the no-straggler
-    test then flagged phantom stragglers."""
+    (0.5: a 1.5x step; a throttle to 25 % of a core is a 3-4x step).  On a loaded machine other
+    processes alone give runs of three steps more than 0.3 off, so a smaller ratio flags phantom
+    stragglers with no straggler present."""
 
     change_sigmas: float = 4.0
     """... and it must also exceed this many of the rank's relative noise (MAD-based)."""
@@ -114,12 +114,11 @@ class ControllerConfig:
     until the new slow regime outlasts that median plus ``react_steps`` (the
     observations a dense fall takes to show), nor while its latest observation already left it
     downward.  The plan acts two steps after a rise at the earliest (the all-gather's lag, then the
-    next step), so on such bursts it arrives as the burst ends and prunes free steps until it is
-    released: measured on the real 5:10 throttle at h1024 (2-3 throttled steps a phase), 15-17
-    steps of each 60-step run were pruned at γ 0.7-0.9, nearly all free, no faster than dense
-    (the fast rank sets a free step's pace); with the hold 6-11, and 2 of 3 runs reached healthy's
-    loss + 2 % (1 of 3 before); the step reflex serves such bursts inside the step.  0: every
-    fresh rise flags at once."""
+    next step), so on bursts of a few steps it arrives as the burst ends and prunes free steps
+    until it is released: those pruned steps are no faster than dense (the fast rank sets a free
+    step's pace) and cost accuracy for nothing.  Holding such rises back roughly halves the pruned
+    steps; the step reflex serves such bursts inside the step.  0: every fresh rise flags at
+    once."""
 
     gamma_step: float = 0.02
     """A rank's shed share changes only when the new target differs by at least this much, so
@@ -154,8 +153,8 @@ class ControllerConfig:
 
     pretest_repeats: int = 1
     """Mode semi: how often the pretest measures each (kind, share) — best of this many.  1: the
-    pretest is a cost SEMI pays and ZERO does not (issue 27: SEMI 1.41x healthy vs ZERO's 1.18x
-    under ``fixed:1:4``), each task slowed by the straggler's own χ, and Eq. 2's β it feeds is
+    pretest is a cost SEMI pays and ZERO does not (under ``fixed:1:4`` it can make SEMI's run
+    markedly slower than ZERO's), each task slowed by the straggler's own χ, and Eq. 2's β it feeds is
     capped (``max_receiver_load``) and then checked in wall time by the migration trial, which is
     what decides whether migration stays.  3 (three times the tasks) gives smoother curves; how
     much that changes β was not measured."""

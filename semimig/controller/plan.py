@@ -26,8 +26,8 @@ the largest β with ``g(β) ≥ 0`` by bisection: β = 1 when migration stays ch
 ``|g|``), else the root. Ties prefer migration, which is loss-free.  A migrated share below
 ``ControllerConfig.min_migrate_share`` is rounded to 0 (the straggler then only resizes): every
 migrating layer adds collectives that synchronise the receivers with the straggler inside the
-layer, a fixed cost the pretest's traffic sample does not see (measured: a 2.5 % migrated share
-made a 2-rank CPU iteration 60 ms slower than resizing alone).  And β is capped so that no
+layer, a fixed cost the pretest's traffic sample does not see (on a 2-rank CPU iteration even a
+2.5 % migrated share costs tens of milliseconds more than resizing alone).  And β is capped so that no
 receiver computes more than ``ControllerConfig.max_receiver_load`` of its own columns on top of
 them (``β·n/(e−1) ≤ max_receiver_load·L``): Eq. 2 bounds neither side against ``T_min``, and a
 single receiver loaded with most of a straggler's columns sets the group's pace.

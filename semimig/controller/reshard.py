@@ -14,9 +14,8 @@ replicated-to-shardable ratio ``k = R/S`` is read from the split: ``(c_r − b_r
 rank, the *smallest* over the ranks (a slowdown that lengthens a rank's compute but not its timed
 work only inflates its ``k``). The timed work is not all the shardable work (the optimizer's update
 of the shard, the reshapes around the GEMMs also shrink with ``p``), so this ``k`` is an upper bound
-(the example's tiny Llama h1024, tp 2: 0.086–0.106 from the GEMMs alone against 0.030–0.034 measured
-across a move under a real throttle; 0.05–0.08 with the attention core and the activation counted,
-in a healthy run); a move measures it: each rank whose share changed by ``Δp`` (at least ``0.05``)
+(on the example's tiny Llama at h1024, tp 2: 0.086–0.106 from the GEMMs alone, 0.05–0.08 with the
+attention core and the activation counted, against 0.030–0.034 across a move); a move measures it: each rank whose share changed by ``Δp`` (at least ``0.05``)
 and whose median compute moved the same way by ``Δc`` gives ``k = c_old·Δp/Δc − p_old`` (speeds are
 stable on both sides of a move, or it would not have happened); a move whose ranks disagree by more
 than 2x measured a speed change instead and is ignored; the median of every estimate so far is used
@@ -59,11 +58,10 @@ Re-plan only when all of these hold (hysteresis: no flip-flop):
   again unless it now stays clearly longer.  Ages and lengths are counted both in steps and in
   seconds of the steps as they ran, and an episode has outlived the past ones only once it has on
   both clocks (the expected life is the shorter of the two, seconds turned into steps at the
-  latest step's length): a real throttle lasts a time, not a number of steps — measured on the
-  20:40 throttle, the first phase, served by re-sharding at ~1 s per step, lasted 13 steps; the
-  second, which resizing served at ~0.75 s, outlived it in steps at its 14th and was re-planned
-  for as a straggler that stays, two thirds into its 20 s — while an emulated burst lasts a number
-  of steps whatever they cost; and "clearly" is by :data:`OUTLIVE` (a quarter), since what the
+  latest step's length): a real throttle lasts a time, not a number of steps — a phase served
+  by resizing runs shorter steps than one served by re-sharding, so on the step clock alone it
+  outlives an equally long earlier phase well before it ends and is re-planned for as a
+  straggler that stays — while an emulated burst lasts a number of steps whatever they cost; and "clearly" is by :data:`OUTLIVE` (a quarter), since what the
   window sees of an episode whose start was re-planned for is shorter than the throttle;
 - at least ``dwell`` steps since the last re-plan (and its window refilled under the new plan).
 
@@ -79,27 +77,23 @@ window at the uneven plan if the slowdown passes.  With two samples the noise ga
 large gain (a spike on one rank makes the speeds unstable, and nothing moves); if the launch
 decision keeps the plan, the first window decides as before.  The warm-up step is left out of
 the tests because step 0 is slower on every rank for reasons that are not noise (first-touch
-allocations, lazy initialisation): measured under a real 25 % throttle, the healthy rank's step 0
-took 1.08 s against 0.79 s at step 1, a noise gate over those two steps asked a 61 % gain of a
-57 % one, and the launch kept the plan in about one run in three (which then ran a window at the
-full slowdown).  Hence three launch steps by default: two after the warm-up to test.  And the
-launch's noise is that of each rank's compute *relative to the fastest rank's in the same step*:
-the warm-up does not end on one step (measured under a noisy neighbour: both ranks 14–16 % slower
-at step 1 than at step 2), and a drift every rank shares moves the step but not the relative gain
-the gate compares — over the raw times that drift asked 29 % of a 24 % gain.  Relative, a warm-up
+allocations, lazy initialisation): a healthy rank's step 0 can take ~1.4x its step 1, and a
+noise gate over those two steps then asks more than the gain of a rank at a quarter speed, so
+the launch keeps the plan and runs a window at the full slowdown.  Hence three launch steps by
+default: two after the warm-up to test.  And the launch's noise is that of each rank's compute
+*relative to the fastest rank's in the same step*: the warm-up does not end on one step (every
+rank's step 1 may still run ~15 % slower than its step 2), and a drift every rank shares moves the
+step but not the relative gain the gate compares — over the raw times such a drift alone can ask
+more than a real gain.  Relative, a warm-up
 that slows every rank alike cancels in step 0 too, so the launch also decides at step 1, on steps 0
 and 1, and the third step decides only when that one keeps the plan (noisier steps: the two-sample
-gate asks for more).  Measured (sixteenth session, the example at h1024 under the real 25 %
-throttle, decisions at step 1 only): the move came at step 1 in 2 of 2 runs instead of step 2 — one
-step fewer at the full slowdown (5.7–6.2 s here against 1.3 s healthy; on the 20:40 pattern the
-three launch steps were ~15 s of SEMI's 22 s gap to healthy's time-to-target) — and six runs with
-no straggler (reshard and semi, three each) moved nothing.
-Two launch steps may disagree on *how* slow a rank is and agree that it is slow: measured (twenty-first
-session) under the 20:40 throttle, whose pattern attaches while step 0 runs, rank 1's compute was
-2.96x the other's at step 0 and 3.94x at step 1; the relative gate asked 56 % of a 55 % gain, and
-the launch moved at step 2 instead of step 1 in 4 of 16 runs (each one step more at the full
-slowdown, 2.6-3.3 s against 0.95 s after the move).  That spread is the slowdown's onset, not
-noise the gain could be lost in.  So the gate asks only the margin when every launch sample read
+gate asks for more).  A move at step 1 instead of step 2 spares one step at the full slowdown,
+several healthy steps' time for a device at a quarter speed, and with no straggler the relative
+gate still moves nothing.
+Two launch steps may disagree on *how* slow a rank is and agree that it is slow: a throttle that
+attaches while step 0 runs reads, say, 3x at step 0 and 4x at step 1, and the relative gate over
+that spread can ask slightly more than the gain, so the move would wait a step more at the full
+slowdown.  That spread is the slowdown's onset, not noise the gain could be lost in.  So the gate asks only the margin when every launch sample read
 alone (its own step model) predicts a gain of at least ``probe`` (the device probe's bar, 25 %: a
 rank ≳ 1.7x slower at tp 2) from the same proposal: two steps that slow are a straggler, and a
 start-up spike on one step, or a rank slow at one launch step only, fails it (its other step
@@ -107,10 +101,9 @@ predicts no gain).  ``probe=0`` turns this off with the probe.
 A straggler that came and went, shed.  The model's speeds and steps are at full work (a shedding
 rank's compute scaled back up, :func:`semimig.resharder.unshed`), so the gain of a move is counted
 against the even split's full step.  In mode ``semi`` resizing already serves the straggler and runs a
-shorter step; measured on the 20:40 throttle (seventeenth session), a phase whose steps resizing had
-brought from 2.4 s to 1.2-1.3 s was re-planned for at its 8th step on "gain 1.384 s/step x 3 steps >
-move and revert 4.134 s", when the move bought ~0.3 s/step, and the plan then ran 5-8 steps uneven past
-the lift.  So while the episode in progress is younger than some ended one (a straggler that comes and goes,
+shorter step, so a gain counted against the full step overstates what the move buys several times
+over (a phase whose steps resizing has halved reads a gain of ~1.4 s/step where the move buys ~0.3),
+a move is made that does not pay, and the plan then runs uneven past the lift.  So while the episode in progress is younger than some ended one (a straggler that comes and goes,
 by evidence, not yet shown to stay) and the last :data:`RAN_STEPS` samples all shed work, a move toward
 uneven counts its gain against the median step as it ran (``ReshardSample.step_s``) when that is
 shorter.  A straggler's first episode, one that has outlived every past episode, the launch and the
@@ -119,8 +112,8 @@ where pruning runs faster (the loss resizing costs is not in these seconds, and 
 is what exact re-sharding is for).
 
 The device probe.  Even a launch decision at step 1 leaves a device that is slow from the start
-two steps at the full slowdown (measured under the real 25 % throttle at h1024: 5.3 s and 4.5 s
-against healthy's 0.6 s, ~8 s of a 58 s time to target).  So before the first step every rank of
+two steps at the full slowdown (under a 25 % CPU throttle each of them costs several healthy steps).
+So before the first step every rank of
 the group runs the same fixed work (square GEMMs of the model's hidden size, sized to ~20 ms on the
 fastest rank, :data:`PROBE_REPEATS` times, each closed by a collective so that an emulated device
 straggler's sleep lands in it) and :meth:`ReshardPolicy.profile` reads the speed ratios from it: it
@@ -137,50 +130,46 @@ the window rule still serve what the probe does not move for.  ``probe=0`` turns
 
 A launch move was a bet without evidence that the state lasts, so the move back needs
 one window of the new speeds, not the default ``dwell`` of ``2W``: a throttle that was on only while the run
-started (measured: on for the first 3 steps of a 40 s on / 40 s off pattern) costs one window at
-the uneven plan instead of ``2W`` steps.  So is any move whose gain was counted over fewer steps than
-the dwell (a young state, or an episode that outlived short past ones): measured, the second
-phase of the same pattern was moved for with a 4-step expected life as it ended, and the ``2W``
-dwell then held the uneven plan 21 steps at healthy speeds.
+started (on for its first few steps only) costs one window at the uneven plan instead of ``2W``
+steps.  So is any move whose gain was counted over fewer steps than the dwell (a young state, or an
+episode that outlived short past ones): such a move may come, with a few steps' expected life, as
+its episode ends, and a ``2W`` dwell would then hold the uneven plan through a healthy phase.
 
 The way back.  An uneven plan is held for a slow rank; when the slow rank recovers, the plan
-makes the *other* ranks the slow ones at every step it is held (measured: a launch move on the
-20:40 pattern held 85 % of the MLP on the fast rank for 8 steps after the lift, a free phase 1.10x
-off's).  So after ``return_steps`` samples (default 2) in which no rank was slow (every speed ratio at least
+makes the *other* ranks the slow ones at every step it is held (a plan that puts most of the MLP on
+the fast rank runs a free step slower than the even plan).  So after ``return_steps`` samples (default 2) in which no rank was slow (every speed ratio at least
 ``1 − tolerance``) the plan in force moves to the plan the model of those samples proposes, when
 that plan is more even (a smaller largest share) and gains beyond the margin and their noise
 enough to pay the move within ``window`` steps (the window rule would make the same move a window
 later), instead of waiting for a full window of the new speeds; the dwell does not hold it (it
 guards against moving *for* a straggler on too little evidence).  The proposal, not the even plan
-itself: a small shard runs its GEMMs less efficiently, so a recovered rank that held 3 of 32 MLP
-blocks measured 0.86 of the other's speed and its model proposed 17/15, not 16/16; but the plan for
+itself: a small shard runs its GEMMs less efficiently, so a recovered rank that holds 3 of 32 MLP
+blocks reads ~0.86 of the other's speed and its model proposes 17/15, not 16/16; but the plan for
 equal speeds unless the proposal beats it by the margin and those samples' noise (four noisy
 samples otherwise land a unit or two beside it, and the window rule moves again).  A straggler
 that comes back is re-planned for by the window rule above, with its episode history.  Two
 samples, because a rank that stays slow reads slow in every sample (0.24-0.5 of the fastest under
-the real throttle and the noisy neighbour), so two samples without a slow rank are not its noise;
-and each sample waited is a step at the uneven plan with no straggler to serve (measured on the
-20:40 throttle with four: the launch move's plan ran the 5 steps after the lift at 0.93-1.13 s
-against 0.58 s even, ~2 s of a run).  With more ``return_steps``, after a bet (the launch's move,
+a 25 % CPU throttle or a noisy neighbour), so two samples without a slow rank are not its noise;
+and each sample waited is a step at the uneven plan with no straggler to serve (such a step can
+take nearly twice the even plan's).  With more ``return_steps``, after a bet (the launch's move,
 the probe's, or one whose gain was counted over fewer steps than the dwell) half as many samples,
 at least 2, take the way back within a window of the move: the bet was placed on that little
-evidence (measured on the 5:10 throttle: a launch move at step 1, the throttle lifting at step 2,
-held the uneven plan 4 free steps at 0.9-1.0 s against off's 0.6 s).
+evidence (a throttle that lifts just after a launch move would otherwise leave the uneven plan in
+force for several free steps).
 
 A move measured slower is undone.  The model's speeds are read under the plan in force, and a
-rank's speed is not always a constant of the device: measured under a real CPU throttle (a cgroup
-quota), a throttled rank that waits in the group's collectives for the others runs part of its
-throttled time inside those waits, so it reads faster (0.26 of the other's speed at 4 of 32 MLP
-blocks) than it runs once it holds more (0.21 at 6): a move to 26/6 predicted 1.03 s and measured
-1.27 s against 1.09 s before it.  So the first full window after a move (the one that measures
+rank's speed is not always a constant of the device: under a CPU quota (a cgroup), a throttled
+rank that waits in the group's collectives for the others runs part of its throttled time inside
+those waits, so it reads faster at a small share than it runs once it holds more (e.g. 0.26 of the
+other's speed at 4 of 32 MLP blocks, 0.21 at 6), and a move predicted faster can run slower than
+the plan it left.  So the first full window after a move (the one that measures
 ``R/S``) also compares the measured step with the step the move was decided against; when it is
 slower by more than ``max(margin, noise_z·σ̂)`` the plan moves back to the plan it left, and the
 rejected plan is not proposed again while the slow episode lasts (its end, or a move back toward
 even, forgets it).  A launch move is compared like any other.  The way back is not undone when a rank
 is slow again in that window: it was decided with no rank slow, so a slower step then is the
-straggler's return, not the move's doing (measured on the 5:10 throttle: the way back at step 6, the
-throttle back at 13, "the last move measured slower (1.874 s/step against 0.909 s)" at 17 held the
-uneven plan 5 free steps past the lift), and a new episode is for the window rule and, while
+straggler's return, not the move's doing (undoing it would restore the uneven plan and hold it
+past the straggler's next lift), and a new episode is for the window rule and, while
 resizing serves it, the rule for a straggler that comes and goes.
 
 Every input is a number all ranks share and the arithmetic is in a fixed order, so every rank
@@ -209,9 +198,9 @@ OUTLIVE = 1.25
 """How much longer than every ended slow episode (on both clocks) the one in progress must last before
 it counts as a straggler that stays.  An ended episode's length is what the window saw of it: the
 warm-up step and the steps after a move are not observed, so the same throttle reads shorter in the
-episode whose start was re-planned for (measured on the 20:40 throttle: the first 20 s phase, moved for
-at launch, read 10 steps and ~14 s; the second, served by resizing, reached that at its 14th step,
-~14 s, and was re-planned for one step before it lifted)."""
+episode whose start was re-planned for, and the next phase of the same throttle reaches that
+length shortly before it lifts; without the margin it would then be re-planned for as a straggler
+that stays, a step or two before it ends."""
 
 RAN_STEPS = 3
 """Samples that must all have shed work before a move's gain is counted against the step as it ran
@@ -219,8 +208,8 @@ RAN_STEPS = 3
 PROBE_REPEATS = 5
 """Repeats of the device probe's fixed work (module docstring, "The device probe")."""
 PROBE_REPLICATED_RATIO = 0.05
-"""``R/S`` of the probe's model, which has no step to read it from: measured 0.030-0.034 across moves
-and 0.05-0.08 as the split's bound in healthy runs of the example's tiny Llama (module docstring);
+"""``R/S`` of the probe's model, which has no step to read it from: 0.030-0.034 across moves and
+0.05-0.08 as the split's bound for the example's tiny Llama (module docstring);
 the window rule re-reads it from the first window under the probe's plan."""
 
 
@@ -236,8 +225,8 @@ class ReshardConfig:
     steps; the first decision still needs the noise, margin and age tests, so only a large, steady
     gain moves early.  In mode ``semi`` resizing (and the step reflex) serve it meanwhile at about
     twice a healthy step, so the move waits for a full window of evidence that the straggler stays:
-    measured with the reflex, a 20 s throttle whose steps it had shortened filled the half window
-    and was moved for 10 steps before it lifted (the uneven plan then ran 10 steps at 1.6x).
+    a half window fills within a throttled phase of a few tens of seconds whose steps the reflex
+    has shortened, and the uneven plan would then run past its lift at well above a healthy step.
     After a move the full ``W`` is needed (it also measures ``R/S``)."""
     tolerance: float = 0.25
     """Relative band of the speed ratios around their window median."""
@@ -254,7 +243,7 @@ class ReshardConfig:
     over fewer steps than that: one ``window``)."""
     bandwidth_bytes_s: float = 1e8
     """Before the first move: its cost is ``bytes / bandwidth + latency`` (100 MB/s: a host link
-    under gloo, measured ~70-150 MB/s on CPU; NVLink is far faster, and the first move measures it)."""
+    under gloo moves ~70-150 MB/s on CPU; NVLink is far faster, and the first move measures it)."""
     latency_s: float = 0.05
     """Fixed cost of a move (also a floor of a measured one's estimate)."""
     min_units: int = 1

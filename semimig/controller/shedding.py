@@ -14,9 +14,8 @@ looks slow when
 
 and looks normal when the log ratio is below half that margin (hysteresis).  For a small
 imbalance this is the linear test ``S_i − S_fast > noise_sigmas · (standard errors)``; on an
-absolute scale the margin grew with ``S_i`` itself, so at 43 % relative noise no ratio at all
-could flag a rank (measured: a 4.5x rank of the 2-node cluster test, busy 12 vs 2.7 ms on a loaded
-machine, ran 20 steps unflagged).  It is *flagged* after
+absolute scale the margin grows with ``S_i`` itself, so at 43 % relative noise (a loaded
+machine) no ratio at all could flag a rank, not even one 4.5x slower.  It is *flagged* after
 ``patience`` consecutive slow-looking decisions and unflagged after ``patience`` normal-looking
 ones.  The fast path: when the rank's or the fastest rank's timing model declared a change point
 within the last ``patience`` observations (``react_steps > 0``, :mod:`semimig.controller.timing`;
@@ -35,10 +34,9 @@ possible ``f`` gives (``RankEstimate.unpruned_low_s``) lies within the half band
 dense-equivalent time rests on ``f`` (a few points off at γ 0.9 move it by a fifth), and dense it
 is measured directly — flagged again if it still straggles.  The fast path has its own band
 because the standard error of a median of a few observations of a loaded machine's heavy-tailed
-noise would otherwise hold a 12x slower rank unflagged (measured: a scope=device burst at load 13
-on 2 cores).  The unpruned time ``S`` is the reference of every
-comparison, so ranks that prune never drag the reference down and fast ranks never look slow
-(issue 17).
+noise can otherwise hold even a 12x slower rank unflagged (a ``scope=device`` burst on a heavily
+overloaded machine).  The unpruned time ``S`` is the reference of every
+comparison, so ranks that prune never drag the reference down and fast ranks never look slow.
 
 Shed share (Eq. 1 with a fixed cost).  A flagged rank should finish in ``T_ref``, the time the
 rest of the group needs: in modes semi and mig ``T_ref = max_r S_r · max(1, w_r)`` over the
@@ -65,10 +63,9 @@ busy time, median over recent iterations), a flagged rank aims its GEMM time at
 
 so that its whole work ends with theirs; below ``f_i S_i`` that asks for more than shedding can
 give, and γ_i goes to ``γ_max``.  For a straggler slow only at its GEMMs (the paper's, ``scope=gemm``)
-``O_i ≈ O_ref`` and nothing changes.  Measured (nineteenth session, the example at h1024 under a
-real 25 % CPU throttle, zero-pri with paired MLPs): without this term the straggler's GEMM time
-was balanced at γ 0.76 (its busy 481 ms against 460 ms) while its steps took 0.90 s against
-healthy's 0.60 s — its 4x slower optimizer step and other work were not in ``S``.
+``O_i ≈ O_ref`` and nothing changes.  For a whole slow device (a CPU throttle, ``scope=device``) the
+term matters: without it the straggler's GEMM time is balanced while its step stays ~1.5x
+healthy's, because its slower optimizer step and other work are not in ``S``.
 
 ``γ_i`` moves only by steps of at least ``gamma_step`` (with regimes, at least half the regime
 test's same-work band, so the test keeps a baseline at the rank's work).  Unflagged ranks: 0.
@@ -267,9 +264,9 @@ class ShedPolicy:
         """A rise of a rank whose ended slow regimes lasted a median of at most ``short_burst``
         observations, while the new one is no longer than that median plus ``react_steps`` (a dense
         fall takes that many observations to declare, and the regime's median stays slow
-        meanwhile) or its latest observation already left it downward (the burst is ending;
-        measured on the real 5:10 throttle, the plan otherwise pruned the 3-4 free steps after
-        each burst) (:attr:`ControllerConfig.short_burst`)."""
+        meanwhile) or its latest observation already left it downward (the burst is ending; a plan
+        made then would arrive as the burst ends and prune the free steps after it)
+        (:attr:`ControllerConfig.short_burst`)."""
         return (est.change_direction > 0 and est.burst_length <= self.config.short_burst
                 and (est.regime_age <= est.burst_length + self.config.react_steps or est.leaving < 0))
 

@@ -4,8 +4,8 @@ Eq. 2 splits a straggler's shed share between pruning and migration with cost cu
 by the pretest (Ω, Φ).  What the curves cannot see is how the migration's collectives sit in
 the real iteration: each migrating layer adds a broadcast and a reduce that hold the receivers
 at the straggler's pace inside the layer.  On a NIC-bound cluster that is the paper's bargain;
-on gloo over loopback it is not (measured, tp = 2 on the 2-core CPU: migrating 15 % of the
-straggler's columns made the iteration 0.17 s where resizing alone took 0.12 s).  So SEMI
+on gloo over loopback it is not (at tp = 2 on a 2-core CPU, migrating 15 % of the straggler's
+columns makes the iteration ~40 % longer than resizing alone).  So SEMI
 checks its own choice, the way a user would, on the iteration's wall time:
 
     1. ``samples`` iterations that apply a plan in which stragglers migrate: ``W_mig``, the

@@ -3,7 +3,7 @@
 Every rank computes the plan from the same all-gathered numbers, so the plans agree by
 construction, unless a bug or a non-deterministic input breaks that; then the data-parallel
 groups would take overlapping or missing samples, or (ZeRO-2/3) different numbers of micro-steps
-and hang in a reduce-scatter.  The check (DESIGN §3a, issue 19):
+and hang in a reduce-scatter.  The check (DESIGN §3a):
 
 - what is compared: the plan's integer fields (:func:`describe_batch_plan`: ZeRO stage, global
   batch, and per group the micro-batch size, micro-steps and last batch), the only ones that

@@ -66,11 +66,11 @@ class ResizingConfig:
     block: int = 1
     """Granularity of the prioritized keep sets: whole aligned blocks of ``block`` columns (1 =
     single columns, the paper; 8, 16 or 32: block-granular priority lists, smallest mean weight
-    change first, whose keep sets the keep layout and the grouped kernels take; issue 27).  The
+    change first, whose keep sets the keep layout and the grouped kernels take).  The
     controller prunes ``round(n / block)`` whole blocks where ``n`` columns are asked for, and
     single columns in a layer whose own column count ``block`` does not divide."""
     paired: bool = True
-    """Paired pruning (issue 27; the default): in an MLP of a known class (``LlamaMLP``, ``MistralMLP``,
+    """Paired pruning (the default): in an MLP of a known class (``LlamaMLP``, ``MistralMLP``,
     ``Qwen2MLP``, ``GPT2MLP``) the row layer's kept columns are the MLP's kept intermediate units
     for the step; the column layers feeding it compute only those output rows and keep their whole
     K, and the activation between them is compact (no gather or scatter of it).  The same FLOPs as
@@ -78,10 +78,10 @@ class ResizingConfig:
     instead of two; exact against the row layer pruned alone.  Planned prunes, and the MLPs a
     step reaches after the step reflex fired (:mod:`semimig.controller.reflex`; an MLP it fires
     inside, and a step that migrates, prune each layer's own K as before); a model with no such
-    MLP prunes each layer's own K and says so in one INFO line.  The default since six of eight
-    multi-repeat time-to-loss runs (real text, a real or whole-device straggler, issue 27) ended
-    lower or reached healthy's loss more often paired, at the same step time.  False: every layer
-    prunes its own K (the paper)."""
+    MLP prunes each layer's own K and says so in one INFO line.  The default because, in
+    multi-repeat time-to-loss runs on real text under a real or whole-device straggler, paired
+    pruning mostly ends lower or reaches healthy's loss more often, at the same step time (one
+    approximation per MLP instead of two).  False: every layer prunes its own K (the paper)."""
 
     def __post_init__(self) -> None:
         check_choice("variant", self.variant, VARIANTS)

@@ -5,7 +5,7 @@ last statistics period: ``delta_kc < theta_k``.  The paper's threshold is absolu
 ``theta = N_iter * theta_iter``; but how far a weight moves per step depends on the optimizer and
 its schedule (SGD moves it by ``lr * grad``, Adam by about ``lr`` whatever the gradient), so one
 absolute number means "every column" under Adam at a small or annealed lr and "no column" under
-SGD with large gradients (issue 17).  The paper's intent is "prune what barely changed", i.e.
+SGD with large gradients.  The paper's intent is "prune what barely changed", i.e.
 barely *compared with the layer's other columns*, so the default threshold is relative:
 
     relative : theta_k = theta_rel * median_c(delta_kc)        (finite deltas only; default 0.5)
