@@ -178,3 +178,31 @@ def test_selections_equal_the_float64_host_computation(dtype):
             got = plist.select(own, n_prune, block=block)
             assert got.device.type == "cpu" and got.dtype == torch.int64
             assert got.tolist() == oracle.select(own, n_prune, block), (period, own, n_prune, block)
+
+
+# ----------------------------------------------------------------------------- the pretest's operands
+class _Conversions(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records every dtype/device conversion and copy dispatched inside the block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten._to_copy, torch.ops.aten.copy_):
+            self.seen.append((str(func), tuple(args[0].shape)))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_pretest_draws_its_operands_where_they_are_used(device):
+    """The SEMI pretest's GEMM operands are drawn on the device in the dtype they run in: no tensor
+    of their size is built elsewhere and converted or copied over."""
+    from semimig.controller.pretest import PretestRun
+
+    shapes = [(8, 12, 16), (8, 16, 12)]
+    with _Conversions() as conversions:
+        run = PretestRun(shapes, None, dtype=torch.bfloat16, device=device)
+    assert not conversions.seen, conversions.seen
+    for x, w, dy, _, _ in run.tensors:
+        assert {t.device.type for t in (x, w, dy)} == {device} and {t.dtype for t in (x, w, dy)} == {torch.bfloat16}
