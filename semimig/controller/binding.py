@@ -160,6 +160,8 @@ class LayerBinding:
         self.lineage = LineageTable()
         self._theta_warned = False
         self._flops: Optional[list[float]] = None
+        self._tuned = False
+        """The fused kernels were tuned for the layers' shapes (:meth:`_tune_kernels`)."""
         self._shares: Optional[tuple[int, list[float], list[float]]] = None
         """PriDiff's ``(period, thresholds, candidate shares)`` of the resizable layers, read from the
         device once per statistics period (the layers' ``delta`` live beside their weights)."""
@@ -313,6 +315,8 @@ class LayerBinding:
         every layer runs dense on this rank (nothing pruned, migrated or received).  The step
         reflex's hook rides on every directive that does not migrate."""
         self.iteration = iteration
+        if not self._tuned and any(gammas) and all(b.tokens for b in self.layers):
+            self._tune_kernels()
         dense = True
         paired = self._paired_keep_sets(gammas, migrate)
         for b, gamma in zip(self.layers, gammas):
@@ -404,6 +408,18 @@ class LayerBinding:
             impute=self.resizing.impute, timer=meter, state=b.state, reflex=b.reflex,  # the reflex only marks
             on_forward=self._recorder(b.name, pruned, size, iteration, matrix),
             on_backward=self._reader(b, pruned, iteration, matrix))
+
+    def _tune_kernels(self) -> None:
+        """Before the first pruned iteration, between steps: compile and tune the fused kernels for
+        the layers' shapes (:func:`semimig.kernels.tune.tune_kernels`; nothing without CUDA and Triton),
+        so no timed GEMM carries Triton's first-call compile and tuning."""
+        from semimig.kernels.tune import tune_kernels
+
+        self._tuned = True
+        pairs = {b.name for pair in self.pairs for b in (*pair.columns, pair.row)}
+        shapes = sorted({(b.tokens, *b.shape) for b in self.layers if not b.dense and b.name not in pairs})
+        weight = gemm_weight(self.layers[0].layer)
+        tune_kernels(shapes, dtype=weight.dtype, device=weight.device)
 
     def _keep_set(self, b: BoundLayer, own: int, n_prune: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(keep, pruned)`` index tensors; the same objects while the period's list and the
