@@ -35,7 +35,9 @@ layer's K by the same share, no gather or scatter of the activation between the 
 With no directive both reduce to Colossal-AI's computation, formulated the same way
 (``F.linear`` forward, ``dy.matmul(w)`` and ``dy^T.matmul(x)`` backward) and scheduled the same
 way (the column backward starts the ``dx`` all-reduce, computes ``dw`` while it runs, then
-waits), so results agree bit for bit.  Pruned GEMMs go through :mod:`semimig.kernels` with one
+waits), so results agree bit for bit.  Under ``split_gather`` sequence parallelism (``seq_dim``)
+the collectives are Colossal-AI's too: the column layer all-gathers the sequence in forward and
+reduce-scatters ``dx`` in backward, the row layer reduce-scatters ``y`` and all-gathers ``dy``.  Pruned GEMMs go through :mod:`semimig.kernels` with one
 validated keep plan per layer, rebuilt only when the keep set changes.
 
 Busy time (DESIGN §3a).  With a directive, every piece of a rank's own work runs inside
