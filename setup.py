@@ -30,7 +30,7 @@ setup(
     description="ZERO-resizing and SEMI-migration for Colossal-AI 1D tensor parallelism",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.9",
+    python_requires=">=3.10",  # dataclass(kw_only=True)
     packages=PACKAGES,
     package_dir={"semimig.kernels": "kernels"},
     install_requires=[
@@ -39,6 +39,7 @@ setup(
         "numpy",
         "scipy",
     ],
-    extras_require={"triton": ["triton"], "test": ["pytest", "pytest-timeout", "hypothesis", "import-linter"]},
+    # triton >= 3.0: the kernels call tl.dot(..., input_precision=...), which Triton 3.0 introduced
+    extras_require={"triton": ["triton>=3.0,<4"], "test": ["pytest", "pytest-timeout", "hypothesis", "import-linter"]},
     entry_points={"console_scripts": ["semimig=semimig.cli:main"]},
 )

@@ -6,9 +6,12 @@ gathered dimension, so it is at least 32 and a multiple of every group size.
 
 Autotuning.  :func:`gemm_configs` gives candidate tiles for Hopper (H100/H200: 228 KB shared
 memory, 4-5 stages of cp.async pipelining; gathered operands cannot use TMA).  Kernels tune on
-``(M, N, K_KEPT_BUCKET, GROUP)`` plus the operand dtypes: :func:`kept_bucket` rounds ``|S|`` up to
-a multiple of 512 (a power of two below 512) so that a pruning ratio that moves each iteration
-does not re-tune each iteration.  Under ``TRITON_INTERPRET=1`` a single tiny configuration is
+``(M_BUCKET, N, K_KEPT_BUCKET, GROUP)`` plus the operand dtypes: :func:`kept_bucket` rounds ``|S|`` up
+to a multiple of 512 (a power of two below 512) so that a pruning ratio that moves each iteration
+does not re-tune each iteration, and :func:`token_bucket` rounds the token count ``M`` up to a
+power of two (a multiple of 4096 above 4096) so that a new sequence length or last batch does not
+re-tune either.  Configs are pruned on the buckets too, so every ``M`` of a bucket sees the same
+candidates and shares one tuned config.  Under ``TRITON_INTERPRET=1`` a single tiny configuration is
 used so the interpreted tests stay fast and no benchmarking happens.
 """
 from __future__ import annotations
@@ -22,7 +25,7 @@ import triton.language as tl
 
 from .backend import triton_interpreting
 
-__all__ = ["device_guard", "gemm_configs", "input_precision", "kept_bucket", "prune_configs"]
+__all__ = ["device_guard", "gemm_configs", "input_precision", "kept_bucket", "prune_configs", "token_bucket"]
 
 # (output rows, output cols, reduction, num_warps, num_stages); the roles of M/N/K per kernel
 # are given to gemm_configs.  Large tiles for the big LLM/ViT GEMMs, smaller ones for small M.
@@ -80,6 +83,13 @@ def kept_bucket(n_kept: int) -> int:
     if n_kept <= 512:
         return triton.next_power_of_2(max(n_kept, 1))
     return -(-n_kept // 512) * 512
+
+
+def token_bucket(m: int) -> int:
+    """Autotune key for a token count ``M``: next power of two up to 4096, else next multiple of 4096."""
+    if m <= 4096:
+        return triton.next_power_of_2(max(m, 1))
+    return -(-m // 4096) * 4096
 
 
 def input_precision(dtype: torch.dtype) -> str:

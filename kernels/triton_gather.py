@@ -31,24 +31,27 @@ from torch import Tensor
 
 from .keep import KeepPlan
 from .triton_common import device_guard, gather_columns, gemm_configs, input_precision, kept_bucket
-from .triton_common import prune_configs, tile_ids
+from .triton_common import prune_configs, tile_ids, token_bucket
 
-__all__ = ["gather_linear_dgrad", "gather_linear_fwd", "gather_linear_wgrad"]
+__all__ = ["FWD_KEY", "GRAD_KEY", "gather_linear_dgrad", "gather_linear_fwd", "gather_linear_wgrad", "tune_key"]
 
-_KEY = ["M", "N", "K_KEPT_BUCKET", "GROUP"]
+FWD_KEY = ["M_BUCKET", "N", "K_KEPT_BUCKET", "GROUP"]
+"""The forward kernel's autotune key: the token count and ``|S|`` bucketed (:mod:`.triton_common`)."""
+GRAD_KEY = ["R_BUCKET", "RED_BUCKET", "K_KEPT_BUCKET", "GROUP", "PASS"]
+"""The gradient kernel's: its rows (``M`` for dgrad) and reduction (``M`` for wgrad) bucketed."""
 
 
 @triton.autotune(
     configs=gemm_configs("BLOCK_M", "BLOCK_N", "BLOCK_K"),
-    key=_KEY,
-    prune_configs_by={"early_config_prune": prune_configs("BLOCK_M", "M")},
+    key=FWD_KEY,
+    prune_configs_by={"early_config_prune": prune_configs("BLOCK_M", "M_BUCKET")},
 )
 @triton.jit
 def _gather_fwd_kernel(
     # pointers
     x_ptr, w_ptr, bias_ptr, y_ptr, keep_ptr,
     # sizes
-    M, N, K_KEPT, K_KEPT_BUCKET,
+    M, N, K_KEPT, K_KEPT_BUCKET, M_BUCKET,
     # strides
     stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
     # meta-parameters
@@ -81,15 +84,15 @@ def _gather_fwd_kernel(
 
 @triton.autotune(
     configs=gemm_configs("BLOCK_R", "BLOCK_K", "BLOCK_RED"),
-    key=["R", "RED", "K_KEPT_BUCKET", "GROUP", "PASS"],
-    prune_configs_by={"early_config_prune": prune_configs("BLOCK_R", "R")},
+    key=GRAD_KEY,
+    prune_configs_by={"early_config_prune": prune_configs("BLOCK_R", "R_BUCKET")},
 )
 @triton.jit
 def _scatter_grad_kernel(
     # pointers
     a_ptr, b_ptr, out_ptr, keep_ptr, pruned_ptr,
     # sizes (R output rows, RED reduction length, PASS 0 = dgrad / 1 = wgrad: autotune key only)
-    R, RED, K_KEPT, K_PRUNED, K_KEPT_BUCKET, PASS,
+    R, RED, K_KEPT, K_PRUNED, K_KEPT_BUCKET, R_BUCKET, RED_BUCKET, PASS,
     # strides
     stride_ar, stride_ared, stride_bred, stride_bk, stride_outr, stride_outk,
     # meta-parameters
@@ -127,6 +130,19 @@ def _scatter_grad_kernel(
     tl.store(out_ptrs, tile, mask=r_mask[:, None] & k_mask[None, :])
 
 
+def tune_key(kernel: str, m: int, n: int, k: int, n_kept: int, group: int = 1) -> tuple:
+    """The autotune key (without dtypes) of ``kernel`` (``"fwd"``, ``"dgrad"`` or ``"wgrad"``) for
+    ``x [M, K]``, ``w [N, K]`` and ``n_kept`` kept columns: what selects a tuned config."""
+    bucket = kept_bucket(n_kept)
+    if kernel == "fwd":
+        return token_bucket(m), n, bucket, group
+    if kernel == "dgrad":
+        return token_bucket(m), token_bucket(n), bucket, group, 0
+    if kernel == "wgrad":
+        return token_bucket(n), token_bucket(m), bucket, group, 1
+    raise ValueError(f"kernel must be 'fwd', 'dgrad' or 'wgrad', got {kernel!r}")
+
+
 def _indices(plan: KeepPlan) -> tuple[Tensor, Tensor]:
     """The index tensors the kernels read: columns (g = 1) or g-block numbers."""
     if plan.group == 1:
@@ -147,7 +163,7 @@ def gather_linear_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, plan: Keep
     with device_guard(x):
         _gather_fwd_kernel[grid](
             x, weight, bias, y, keep,
-            m, n, plan.n_kept, kept_bucket(plan.n_kept),
+            m, n, plan.n_kept, kept_bucket(plan.n_kept), token_bucket(m),
             x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
             HAS_BIAS=bias is not None, GROUP=plan.group, INPUT_PRECISION=input_precision(x.dtype),
         )  # fmt: skip
@@ -167,7 +183,7 @@ def _scatter_grad(a: Tensor, b: Tensor, plan: KeepPlan, pass_id: int) -> Tensor:
     with device_guard(a):
         _scatter_grad_kernel[grid](
             a, b, out, keep, pruned,
-            r, red, plan.n_kept, plan.n_pruned, kept_bucket(plan.n_kept), pass_id,
+            r, red, plan.n_kept, plan.n_pruned, kept_bucket(plan.n_kept), token_bucket(r), token_bucket(red), pass_id,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
             GROUP=plan.group, INPUT_PRECISION=input_precision(a.dtype),
         )  # fmt: skip

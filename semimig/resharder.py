@@ -53,6 +53,7 @@ import torch.distributed as dist
 
 from semimig._validate import check_int
 from semimig.comm import primitives as P
+from semimig.comm.lagged import LaggedRows
 from semimig.controller.reshard import (PROBE_REPEATS, ReshardConfig, ReshardDecision, ReshardPolicy,
                                         ReshardSample)
 from semimig.controller.timing import dense_equivalent
@@ -200,15 +201,19 @@ class Resharder:
     """Feeds the policy, moves on its decision (module docstring).  ``move`` is called as
     ``move(new_plan) -> (bytes this rank sent, seconds)`` (collective over the TP group).
 
-    ``replicas`` (data-parallel size ``D``, with ``world_group`` holding all ``tp·D`` ranks): every
-    replica of the TP group must hold one plan, so each step's numbers are gathered over the world
-    and the policy is fed the slowest rank at each TP position (:func:`slowest_per_position`); every
-    replica then moves within its own TP group, at the same step, to the same plan.  The resizing
-    scale (:meth:`busy_scale`) stays each replica's own GEMM split."""
+    ``replicas`` (data-parallel size ``D``, with ``world_group`` holding all ``tp·D`` ranks and
+    ``dp_group`` this rank's ``D`` peers at its TP position): every replica of the TP group must hold
+    one plan, so each step's rows, gathered over the TP group, are all-gathered over the DP group
+    asynchronously and read at the next step (:class:`~semimig.comm.lagged.LaggedRows`: no per-step
+    barrier across the world); every rank then holds every replica's rows of the same step, feeds
+    the policy the slowest rank at each TP position (:func:`slowest_per_position`), and every
+    replica moves within its own TP group, at the same step, to the same plan.  The rows in flight
+    at a move were measured under the old plan and are dropped.  The resizing scale
+    (:meth:`busy_scale`) stays each replica's own GEMM split."""
 
     def __init__(self, plan: Any, model_config: Any, *, group: Any, move: Callable[[Any], tuple[int, float]],
                  config: ReshardConfig = ReshardConfig(), state_bytes_per_param: int = 12,
-                 replicas: int = 1, world_group: Any = None, dp_rank: int = 0) -> None:
+                 replicas: int = 1, world_group: Any = None, dp_rank: int = 0, dp_group: Any = None) -> None:
         from semimig.shardformer.uneven import model_dims
 
         self.group = group
@@ -216,6 +221,7 @@ class Resharder:
         self.replicas, self.dp_rank, self.world_group = replicas, dp_rank, world_group
         self._local: collections.deque = collections.deque(maxlen=config.window)  # this replica's samples
         self._pending_local: Optional[ReshardSample] = None  # this replica's part of the step being fed
+        self._lagged = LaggedRows(dp_group) if replicas > 1 else None  # every replica's rows, a step late
         self._device = P.collective_device(group)
         self._move = move
         self.model_config = model_config
@@ -235,9 +241,10 @@ class Resharder:
         self._speaks = self.rank == 0
 
     # ------------------------------------------------------------------ per step
-    def gather(self, report: Any) -> ReshardSample:
-        """Every rank's split of the step just closed (collective over the TP group; over the world
-        with several replicas, whose slowest rank per TP position the sample holds)."""
+    def gather(self, report: Any) -> Optional[ReshardSample]:
+        """Every rank's split of the step just closed (collective over the TP group).  With several
+        replicas: the previous step's, whose slowest rank per TP position the sample holds (also an
+        asynchronous all-gather over the DP group), or ``None`` when no step is in flight."""
         device = report.device
         busy = float(report.busy.busy_s)
         compute = float(device.compute_s) if device is not None else 0.0
@@ -255,19 +262,25 @@ class Resharder:
         return _sample([unshed(c, b, sleep_s=s, work=w, fixed=f) for (c, b, _, s, _, w, _), f in zip(rows, fixed)],
                        rows, step_s=max(row[0] for row in rows) + min(row[2] for row in rows) if shed else None)
 
-    def _gather_replicas(self, report: Any, mine: list[float]) -> ReshardSample:
-        """The world's rows (each rank's own numbers, unshed with its own fixed fraction), this replica's
-        own sample kept for :meth:`busy_scale`, and the slowest rank per TP position for the policy."""
+    def _gather_replicas(self, report: Any, mine: list[float]) -> Optional[ReshardSample]:
+        """This replica's rows (each rank's own numbers, unshed with its own fixed fraction; a TP
+        gather), posted to the DP group's lagged all-gather; from the previous step's rows of every
+        replica, that replica's own sample kept for :meth:`busy_scale` and the slowest rank per TP
+        position for the policy (``None`` at a step with nothing in flight)."""
         decision = getattr(report, "decision", None)
         fixed = getattr(decision, "fixed_fraction", None)
         own_fixed = float(fixed[self.rank]) if fixed else math.nan
         compute, busy, comm, sleep, wall, work, gap = mine
         c, b = unshed(compute, busy, sleep_s=sleep, work=work, fixed=own_fixed)
-        rows = P.all_gather_rows([self.rank, self.dp_rank, c, b + gap, comm, b, sleep, wall, work, gap],
-                                 self.world_group)
-        local = sorted((r for r in rows if int(r[1]) == self.dp_rank), key=lambda r: r[0])
-        self._pending_local = ReshardSample(tuple(r[2] for r in local), tuple(r[3] for r in local),
-                                            tuple(r[4] for r in local), gemm_s=tuple(r[5] for r in local))
+        local = P.all_gather_rows([self.rank, self.dp_rank, c, b + gap, comm, b, sleep, wall, work, gap], self.group)
+        mine_sample = ReshardSample(tuple(r[2] for r in local), tuple(r[3] for r in local),
+                                    tuple(r[4] for r in local), gemm_s=tuple(r[5] for r in local))
+        lagged = self._lagged.exchange([v for row in local for v in row], mine_sample)
+        if lagged is None:
+            return None
+        flat, self._pending_local = lagged
+        width = len(local[0])
+        rows = [replica[i:i + width] for replica in flat for i in range(0, len(replica), width)]
         chosen = slowest_per_position(rows, tp=self.size)
         return ReshardSample(tuple(r[2] for r in chosen), tuple(r[3] for r in chosen), tuple(r[4] for r in chosen),
                              gemm_s=tuple(r[5] for r in chosen))
@@ -275,6 +288,9 @@ class Resharder:
     def observe(self, report: Any) -> Optional[Any]:
         """Feed the step; if the policy re-plans, move and return the new :class:`UnevenPlan`."""
         sample = self.gather(report)
+        if sample is None:  # several replicas: this step's rows are read at the next step
+            self.settled_now = False
+            return None
         decision = self.policy.observe(sample)
         if self.replicas > 1 and self.policy.samples and self.policy.samples[-1] is sample:
             self._local.append(self._pending_local)  # this replica's step, in the window the policy keeps
@@ -334,6 +350,8 @@ class Resharder:
         bytes_moved, seconds = self._agreed_cost(*self._move(new))
         self.policy.moved_to(decision.plans, seconds=seconds, bytes_moved=int(bytes_moved))
         self._local.clear()
+        if self._lagged is not None:
+            self._lagged.collect()  # measured under the old plan: dropped
         event = ReplanEvent(step=step, plan=str(new), mlp_units=mlp.units, kv_units=kv.units,
                             predicted_s=decision.predicted_s, before_s=decision.current_s,
                             bytes_moved=int(bytes_moved), move_s=float(seconds), reason=decision.reason)
@@ -565,5 +583,6 @@ def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str
         reshard = dataclasses.replace(reshard, first_window=reshard.window)
     replicas = int(getattr(plugin, "dp_size", 1))
     resharder = Resharder(plan, config, group=group, move=move, config=reshard, replicas=replicas,
-                          world_group=None, dp_rank=P.group_rank(plugin.dp_group) if replicas > 1 else 0)
+                          world_group=None, dp_rank=P.group_rank(plugin.dp_group) if replicas > 1 else 0,
+                          dp_group=plugin.dp_group if replicas > 1 else None)
     return resharder, rebuild

@@ -297,3 +297,33 @@ def gather_(piece: torch.Tensor | None, bufs: Sequence[torch.Tensor] | None, dst
         return
     piece = piece.contiguous()
     _direct("reduce", payload, (_nbytes(piece), 0), group, lambda: _p2p([(piece, dst)], [], group), root=False)
+
+
+# ----------------------------------------------------------------------------- sequence parallelism
+def _counted_bytes(op: str, nbytes: int, group: ProcessGroup | None, call, *, timed: bool = True):
+    """``call()``, counted with ``nbytes`` of payload (the whole tensor the collective reduces or assembles)."""
+    counter = traffic.current()
+    if counter is None:
+        return call()
+    return counter.count(op, "peer", nbytes, group_size(group), call, timed=timed)
+
+
+def reduce_scatter_start(out: torch.Tensor, pieces: Sequence[torch.Tensor],
+                         group: ProcessGroup | None) -> dist.Work | None:
+    """Start ``out = sum over the group of pieces[rank]`` (``pieces``: one contiguous tensor per rank,
+    each ``out``'s shape); :func:`wait` before reading ``out``.  A group of one copies its piece."""
+    if group_size(group) == 1:
+        out.copy_(pieces[0])
+        return None
+    nbytes = sum(_nbytes(p) for p in pieces)
+    return _counted_bytes("reduce_scatter", nbytes, group,
+                          lambda: dist.reduce_scatter(out, list(pieces), group=group, async_op=True), timed=False)
+
+
+def all_gather_(pieces: Sequence[torch.Tensor], tensor: torch.Tensor, group: ProcessGroup | None) -> None:
+    """``pieces[r] = tensor of rank r`` over the group (each piece ``tensor``'s shape)."""
+    if group_size(group) == 1:
+        pieces[0].copy_(tensor)
+        return
+    _counted_bytes("all_gather", sum(_nbytes(p) for p in pieces), group,
+                   lambda: dist.all_gather(list(pieces), tensor, group=group))

@@ -13,6 +13,7 @@ link-bound cluster with pipelined collectives (NCCL's chains and rings), ``B`` t
     broadcast   root: out B                 others: in B
     reduce      root: in B                  others: out B
     all_reduce  every rank: out 2B(e-1)/e and in 2B(e-1)/e   (ring)
+    reduce_scatter / all_gather   every rank: out B(e-1)/e and in B(e-1)/e   (ring; B the whole tensor)
     send / recv out B / in B
 
 So the counter of a migrating straggler says how many bytes pass through its link under each
@@ -73,6 +74,9 @@ class TrafficCounter:
 def _link_bytes(op: str, role: str, nbytes: int, group_size: int) -> tuple[float, float]:
     if op == "all_reduce":
         share = 2 * nbytes * (group_size - 1) / group_size
+        return share, share
+    if op in ("reduce_scatter", "all_gather"):
+        share = nbytes * (group_size - 1) / group_size
         return share, share
     if op == "broadcast":
         return (nbytes, 0) if role == "root" else (0, nbytes)

@@ -160,6 +160,11 @@ class LayerBinding:
         self.lineage = LineageTable()
         self._theta_warned = False
         self._flops: Optional[list[float]] = None
+        self._tuned = False
+        """The fused kernels were tuned for the layers' shapes (:meth:`_tune_kernels`)."""
+        self._shares: Optional[tuple[int, list[float], list[float]]] = None
+        """PriDiff's ``(period, thresholds, candidate shares)`` of the resizable layers, read from the
+        device once per statistics period (the layers' ``delta`` live beside their weights)."""
         self.generator = torch.Generator().manual_seed(resizing.seed * 1009 + rank)
         self.iteration = 0
         """The iteration of the directives in force (the reflex's lineage records carry it)."""
@@ -213,19 +218,21 @@ class LayerBinding:
 
     def detach(self) -> None:
         """Remove this binding's hooks from the layers (idempotent).  Each hook holds its layer's
-        priority list (host copies of the weight), so a controller that is closed or refused, or one
-        a re-plan replaces, would otherwise leave a hook and a weight copy per layer behind."""
+        priority list (a copy of the weight on its device), so a controller that is closed or refused,
+        or one a re-plan replaces, would otherwise leave a hook and a weight copy per layer behind."""
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
 
     # ------------------------------------------------------------------ statistics (Alg. 1)
     def end_period(self, period: int) -> None:
-        """Close a statistics period: new δ and priority lists, log PriDiff's candidate shares."""
+        """Close a statistics period: new δ and priority lists (on the weights' devices), log PriDiff's
+        candidate shares."""
         for b in self.layers:
             if b.priority is not None:
                 b.priority.end_period(gemm_weight(b.layer), self._prune_counts(b))
         self.lineage.reset_period()
+        self._shares = None
         if self.resizing.differentiated and self.layers[0].priority is not None:
             self._log_candidates(period)
 
@@ -236,18 +243,26 @@ class LayerBinding:
         optimizer's steps)."""
         res = self.resizing
         resizable = [b for b in self.layers if not b.dense]
-        deltas = [b.priority.delta for b in resizable]
-        thetas = layer_thresholds(deltas, res, period)
-        shares = candidate_shares(deltas, thetas)
+        thetas, shares = self._candidate_shares(period)
         logger.info("PriDiff (theta %s): share of columns below theta per layer: %s", res.theta_mode,
                     ", ".join(f"{b.name}={s:.2f}" for b, s in zip(resizable, shares)))
         if res.theta_mode == "absolute" and shares and min(shares) == 1.0 and not self._theta_warned:
             self._theta_warned = True
+            deltas = [b.priority.delta for b in resizable]
             largest = max(float(d[d.isfinite()].max()) for d in deltas if d.isfinite().any())
             logger.warning("PriDiff: every column's weight variation is below theta=%g (theta_iter=%g x %d "
                            "iterations; largest delta %.3g), so a straggler prunes gamma_max=%g in every layer "
                            "whatever it needs; use theta_mode='relative' or theta_iter below %.3g",
                            thetas[0], res.theta_iter, period, largest, res.gamma_max, largest / period)
+
+    def _candidate_shares(self, period: int) -> tuple[list[float], list[float]]:
+        """PriDiff's thresholds and candidate shares of the resizable layers, computed once per
+        statistics period (each reads a layer's ``delta`` back from its device)."""
+        if self._shares is None or self._shares[0] != period:
+            deltas = [b.priority.delta for b in self.layers if not b.dense]
+            thetas = layer_thresholds(deltas, self.resizing, period)
+            self._shares = (period, thetas, candidate_shares(deltas, thetas))
+        return self._shares[1], self._shares[2]
 
     # ------------------------------------------------------------------ ratios
     def layer_flops(self) -> list[float]:
@@ -269,8 +284,7 @@ class LayerBinding:
             return (0.0,) * len(self.layers)
         if not res.differentiated or not all(b.priority is not None and b.priority.measured for b in resizable):
             return tuple(0.0 if b.dense else shed for b in self.layers)
-        deltas = [b.priority.delta for b in resizable]
-        shares = candidate_shares(deltas, layer_thresholds(deltas, res, period))
+        _, shares = self._candidate_shares(period)
         if res.variant == "pridiff-r":
             flops = [f for f, b in zip(self.layer_flops(), self.layers) if not b.dense]
             ratios = pridiff_ratios_for_savings(shares, flops, gamma=shed, alpha=res.alpha, gamma_max=res.gamma_max)
@@ -301,6 +315,8 @@ class LayerBinding:
         every layer runs dense on this rank (nothing pruned, migrated or received).  The step
         reflex's hook rides on every directive that does not migrate."""
         self.iteration = iteration
+        if not self._tuned and any(gammas) and all(b.tokens for b in self.layers):
+            self._tune_kernels()
         dense = True
         paired = self._paired_keep_sets(gammas, migrate)
         for b, gamma in zip(self.layers, gammas):
@@ -392,6 +408,18 @@ class LayerBinding:
             impute=self.resizing.impute, timer=meter, state=b.state, reflex=b.reflex,  # the reflex only marks
             on_forward=self._recorder(b.name, pruned, size, iteration, matrix),
             on_backward=self._reader(b, pruned, iteration, matrix))
+
+    def _tune_kernels(self) -> None:
+        """Before the first pruned iteration, between steps: compile and tune the fused kernels for
+        the layers' shapes (:func:`semimig.kernels.tune.tune_kernels`; nothing without CUDA and Triton),
+        so no timed GEMM carries Triton's first-call compile and tuning."""
+        from semimig.kernels.tune import tune_kernels
+
+        self._tuned = True
+        pairs = {b.name for pair in self.pairs for b in (*pair.columns, pair.row)}
+        shapes = sorted({(b.tokens, *b.shape) for b in self.layers if not b.dense and b.name not in pairs})
+        weight = gemm_weight(self.layers[0].layer)
+        tune_kernels(shapes, dtype=weight.dtype, device=weight.device)
 
     def _keep_set(self, b: BoundLayer, own: int, n_prune: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(keep, pruned)`` index tensors; the same objects while the period's list and the

@@ -136,11 +136,14 @@ class PretestRun:
         # counted as often as it occurs (a 32-block model costs what one block costs).
         distinct = collections.Counter(_shape_with_path(shape) for shape in shapes)
         self._gen = torch.Generator().manual_seed(0)
-        gen = self._gen
-        self.tensors = [(torch.randn(m, k, generator=gen).to(device, dtype),
-                         torch.randn(n, k, generator=gen).to(device, dtype),
-                         torch.randn(m, n, generator=gen).to(device, dtype), count, path)
-                        for (m, n, k, path), count in distinct.items()]
+        # The GEMM operands are drawn where they are used: nothing of their size is built on the host.
+        device = torch.device(device)
+        gen = self._gen if device.type == "cpu" else torch.Generator(device=device).manual_seed(0)
+
+        def draw(rows: int, cols: int) -> torch.Tensor:
+            return torch.randn(rows, cols, generator=gen, device=device, dtype=dtype)
+
+        self.tensors = [(draw(m, k), draw(n, k), draw(m, n), count, path) for (m, n, k, path), count in distinct.items()]
         self.tasks = [(kind, share, rep, shape) for rep in range(repeats) for share in self.shares
                       for kind in self.KINDS for shape in range(len(self.tensors))]
         self.sums: dict[tuple[str, float, int], float] = collections.defaultdict(float)

@@ -14,12 +14,16 @@
 
 Per iteration ``step()`` closes the SEMI controller's iteration (or reads a busy source when the
 TP layers are not semimig's, e.g. the baseline's straggler hooks); when the plan may change (Poplar
-with a re-plan trigger) it then does ONE all-gather over all ranks of ``(busy time, batch plan
-digest)``: the busy times give each group's measured compute ``T_g`` (its slowest member's,
-:func:`~.layout.group_maxima`), the digests prove every rank used the same batch plan
-(:mod:`.agreement`).  ``T_g`` and the plan's predictions feed the re-plan trigger (:mod:`.replan`);
-when it fires, every rank rescales the curves, allocates again, verifies the new plan (one int64
-all-gather) and logs it.  A plan that cannot change (even split, or no trigger) is verified once,
+with a re-plan trigger) it then gathers ``(busy time, batch plan digest, batch fingerprint)`` over
+the TP group (whose ranks run in lockstep anyway) and posts the group's summary — its slowest
+member's busy time ``T_g`` and the range of its digests — to an asynchronous all-gather over the DP
+group (:class:`~semimig.comm.lagged.LaggedRows`), read at the next step: no rank waits for another
+node at the step it measured, and there is no per-step barrier across the world.  Every rank reads
+the same rows, one step late: the digests prove every rank used the same batch plan
+(:mod:`.agreement`; on a mismatch every rank joins one world gather that names the ranks), and
+``T_g`` with the predictions of the plan it was measured under feed the re-plan trigger
+(:mod:`.replan`), unless a re-plan came in between; when it fires, every rank rescales the curves,
+allocates again, verifies the new plan (one int64 all-gather) and logs it.  A plan that cannot change (even split, or no trigger) is verified once,
 when it is set, and costs no collective per iteration.  Gradients stay the global-batch mean: each micro-step's loss is scaled
 by ``m·D/G`` (:mod:`semimig.allocation.data`), whatever the split, and the SEMI controller's
 migration is exact.
@@ -41,6 +45,7 @@ from semimig.allocation.plan import AllocationPlan
 from semimig.allocation.request import AllocationRequest
 from semimig.allocation.speed import MIN_TIME_S, SpeedCurve
 from semimig.comm import primitives as P
+from semimig.comm.lagged import LaggedRows
 from semimig.controller.agreement import check_agreement, ranks_by_value
 from semimig.errors import ConfigError
 from semimig.hybrid.agreement import batch_plan_digest, describe_batch_plan, verify_batch_plan
@@ -59,8 +64,8 @@ class HybridStepReport:
 
     iteration: int
     group_busy_s: tuple[float, ...]
-    """``T_g``: each group's slowest member's busy time in the iteration that ended (empty when
-    nothing is gathered: no re-plan trigger)."""
+    """``T_g``: each group's slowest member's busy time in the iteration before the one that ended
+    (the exchange is lagged a step; empty at the first step and without a re-plan trigger)."""
     samples: tuple[int, ...]
     """Samples per group in the plan for the next iteration."""
     replan: Optional[ReplanDecision] = None
@@ -117,6 +122,8 @@ class HybridBalancer:
         self.replans: list[ReplanDecision] = []
         self._batch_fingerprint = 0
         """:func:`batch_fingerprint` of the global batch :meth:`micro_batches` cut this iteration (0: none)."""
+        self._lagged = LaggedRows(self.layout.dp_group)
+        """Each group's summary of a step, all-gathered over the DP group and read at the next step."""
         self._set_plan(self._allocate(self.request))
 
     # ------------------------------------------------------------------ plan
@@ -168,19 +175,36 @@ class HybridBalancer:
         group_busy: list[float] = []
         decision = None
         if self.trigger is not None:  # without a trigger the plan never changes: verified once, no collective
-            rows = P.all_gather_rows([busy, float(batch_plan_digest(self._plan)),  # the plan actually used
-                                       float(self._batch_fingerprint)], None)
-            check_agreement([int(r[1]) for r in rows], describe_batch_plan(self._plan), None,
-                            what=f"Poplar batch plan used in iteration {self.iteration}")
-            _check_same_batch([int(r[2]) for r in rows], self.iteration)
+            digest, fingerprint = float(batch_plan_digest(self._plan)), float(self._batch_fingerprint)  # as used
+            tp = P.all_gather_rows([busy, digest, fingerprint], self.layout.tp_group)
+            summary = [max(r[0] for r in tp)] + [f(r[i] for r in tp) for i in (1, 2) for f in (min, max)]
+            tag = (self.iteration, digest, fingerprint, self._plan, self._predicted(), len(self.replans))
+            lagged = self._lagged.exchange(summary, tag)
             self._batch_fingerprint = 0
-            group_busy = group_maxima([r[0] for r in rows], self.layout.group_of_rank, self.layout.dp_size)
-            decision = self.trigger.observe(group_busy, self._predicted())
-            if decision is not None:
-                self._replan(decision)
+            if lagged is not None:
+                group_busy, decision = self._consume(*lagged)
         self.iteration += 1
         return HybridStepReport(iteration=self.iteration - 1, group_busy_s=tuple(group_busy),
                                 samples=self._plan.samples, replan=decision, balance=balance)
+
+    def _consume(self, rows: list[list[float]], tag: tuple) -> tuple[list[float], Optional[ReplanDecision]]:
+        """A step's rows, one per group (DP-group order is group order): the plan and batch checks,
+        then ``T_g`` against that step's predictions into the trigger (not across a re-plan)."""
+        iteration, digest, fingerprint, plan, predicted, replans = tag
+        digests = {v for r in rows for v in r[1:3]}
+        fingerprints = {v for r in rows for v in r[3:5]}
+        if len(digests) > 1 or len(fingerprints) > 1:  # every rank sees it: name the ranks (one world gather)
+            world = P.all_gather_rows([digest, fingerprint], None)
+            check_agreement([int(r[0]) for r in world], describe_batch_plan(plan), None,
+                            what=f"Poplar batch plan used in iteration {iteration}")
+            _check_same_batch([int(r[1]) for r in world], iteration)
+        group_busy = [r[0] for r in rows]
+        if replans != len(self.replans):  # measured under a plan the trigger has already replaced
+            return group_busy, None
+        decision = self.trigger.observe(group_busy, predicted)
+        if decision is not None:
+            self._replan(decision)
+        return group_busy, decision
 
     def _predicted(self) -> list[float]:
         """``P_g`` per group: the plan's time, or — for a group given no sample, which runs a one-row

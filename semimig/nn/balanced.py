@@ -5,20 +5,19 @@ forwards, differing only in how the layer's outputs or inputs are gathered or sp
 
 column (``w = gemm_weight  # [N/e, K]``)::
 
-    x  = gather_seq(x)                                   split_gather sequence parallelism only
     y  = column_parallel_linear(x, w, b)                 (semimig.nn.functional; dx all-reduced)
     y  = gather_out(y)                                   gather_output only (layer-specific order)
 
 row (``w = gemm_weight  # [N, K/e]``)::
 
     x  = split_in(x)                                     parallel_input=False only
-    y  = row_parallel_linear(x, w)                       (y all-reduced)
-    y  = split_seq(y) + b                                split_gather only for split_seq
+    y  = row_parallel_linear(x, w) + b                   (y all-reduced)
 
-With ``split_gather`` Colossal-AI gathers the sequence before the column GEMM and reduce-scatters
-``dx`` (column) or ``y`` (row) along it.  semimig all-reduces and keeps its own sequence chunk
-instead: the same sums, so the same numbers, with the directive's GEMMs unchanged; it costs one
-all-gather's worth more traffic in those two collectives.
+With ``split_gather`` sequence parallelism both take the sequence dimension and run Colossal-AI's
+collectives: the column layer all-gathers the sequence before its GEMM and reduce-scatters ``dx``
+back to this rank's chunk; the row layer reduce-scatters ``y`` along the sequence and all-gathers
+``dy``.  The same collectives on the same tensors as Colossal-AI's layers, so the same numbers and
+the same bytes; the directive's GEMMs run on the gathered sequence unchanged.
 """
 from __future__ import annotations
 
@@ -26,7 +25,6 @@ from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
 
-from semimig._compat import gather_forward_split_backward, split_forward_gather_backward
 from semimig.comm import primitives as P
 from semimig.errors import ConfigError
 from semimig.nn.conversion import check_constructor, check_divisible, check_options, check_split_sizes
@@ -137,14 +135,13 @@ class BalancedLinearMixin:
     def _column_forward(self, input_: torch.Tensor, gather_out: TensorFn) -> Output:
         weight = self.gemm_weight  # [N/e, K]
         self._check_input(input_, weight.shape[-1])
-        if self._sequence_split():
-            input_ = gather_forward_split_backward(input_, dim=self._sequence_dim(), process_group=self.process_group)
+        seq_dim = self._sequence_dim() if self._sequence_split() else None
         bias = None if self.skip_bias_add else self.bias
         directive = self._active_directive()
         if directive is not None and directive.rows is not None and (self.gather_output or self.skip_bias_add):
             raise ConfigError(f"{type(self).__name__} {self.layer_name}: paired pruning computes some output rows "
                               "only; a layer with gather_output or skip_bias_add cannot be paired")
-        output = column_parallel_linear(input_, weight, bias, self.process_group, directive)
+        output = column_parallel_linear(input_, weight, bias, self.process_group, directive, seq_dim=seq_dim)
         if self.gather_output:
             output = gather_out(output)
             drop_pair_span(directive)  # the gather is no pair's own work
@@ -163,9 +160,8 @@ class BalancedLinearMixin:
         else:
             self._check_input(input_, weight.shape[-1] * P.group_size(self.process_group))
             input_ = split_in(drop_pair_span_in_backward(input_, directive))  # its backward gathers
-        output = row_parallel_linear(input_, weight, self.process_group, directive)
-        if self._sequence_split():
-            output = split_forward_gather_backward(output, dim=self._sequence_dim(), process_group=self.process_group)
+        seq_dim = self._sequence_dim() if self._sequence_split() else None
+        output = row_parallel_linear(input_, weight, self.process_group, directive, seq_dim=seq_dim)
         if self.skip_bias_add:
             return output, self.bias
         return output + self.bias if self.bias is not None else output

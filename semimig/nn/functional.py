@@ -35,7 +35,9 @@ layer's K by the same share, no gather or scatter of the activation between the 
 With no directive both reduce to Colossal-AI's computation, formulated the same way
 (``F.linear`` forward, ``dy.matmul(w)`` and ``dy^T.matmul(x)`` backward) and scheduled the same
 way (the column backward starts the ``dx`` all-reduce, computes ``dw`` while it runs, then
-waits), so results agree bit for bit.  Pruned GEMMs go through :mod:`semimig.kernels` with one
+waits), so results agree bit for bit.  Under ``split_gather`` sequence parallelism (``seq_dim``)
+the collectives are Colossal-AI's too: the column layer all-gathers the sequence in forward and
+reduce-scatters ``dx`` in backward, the row layer reduce-scatters ``y`` and all-gathers ``dy``.  Pruned GEMMs go through :mod:`semimig.kernels` with one
 validated keep plan per layer, rebuilt only when the keep set changes.
 
 Busy time (DESIGN §3a).  With a directive, every piece of a rank's own work runs inside
@@ -287,7 +289,7 @@ def _paired_column_forward(ctx, d: LayerDirective, x, weight, bias):
     return y2d.reshape(*x.shape[:-1], rows.numel())
 
 
-def _paired_column_backward(ctx, d: LayerDirective, dy, x, weight, group: ProcessGroup):
+def _paired_column_backward(ctx, d: LayerDirective, dy, x, weight):
     """``dx = all_reduce(dy @ w[S, :])``; ``dw[S, :] = dy^T @ x``, ``db[S] = sum(dy)``, exact zeros on
     the other rows (their outputs fed only the row layer's pruned columns)."""
     _gap(d, "backward", opening=False)
@@ -298,7 +300,7 @@ def _paired_column_backward(ctx, d: LayerDirective, dy, x, weight, group: Proces
     (m, kept), (n, k) = dy2d.shape, weight.shape
     rows = ctx.plan.keep.long()
     dx2d = _timed(d, lambda: dy2d.matmul(ctx.w_rows), 2 * m * kept * k, 2 * m * n * k)
-    handle = P.all_reduce_start(dx2d, group)  # overlaps the weight gradient, as the dense layer
+    dx, handle = _reduce_input_grad_start(dx2d.reshape(x.shape), ctx)  # overlaps the weight gradient, as the dense layer
 
     def work():
         dw = rows_linear_wgrad(dy2d, x2d, rows, n)
@@ -311,7 +313,7 @@ def _paired_column_backward(ctx, d: LayerDirective, dy, x, weight, group: Proces
     _remember(dw, d)
     ctx.w_rows = None
     P.wait(handle)
-    return dx2d.reshape(x.shape), dw, db, None, None
+    return dx, dw, db, None, None
 
 
 def _paired_row_forward(ctx, d: LayerDirective, x2d, weight) -> torch.Tensor:
@@ -342,13 +344,53 @@ def _paired_row_backward(ctx, d: LayerDirective, dy2d, x2d, weight):
     return dx2d, dw
 
 
+# ----------------------------------------------------------------------------- sequence parallelism
+def _gather_sequence(x: torch.Tensor, dim: int, group: ProcessGroup) -> torch.Tensor:
+    """Every rank's chunk of the sequence concatenated along ``dim`` (Colossal-AI's ``_gather``)."""
+    x = x.contiguous()
+    pieces = [torch.empty_like(x) for _ in range(P.group_size(group))]
+    P.all_gather_(pieces, x, group)
+    return torch.cat(pieces, dim=dim).contiguous()
+
+
+def _reduce_scatter_start(full: torch.Tensor, dim: int, group: ProcessGroup):
+    """Start the group's sum of ``full`` keeping this rank's chunk along ``dim`` (Colossal-AI's
+    reduce-scatter): ``(chunk, handle)``; :func:`P.wait` the handle before reading the chunk."""
+    size = P.group_size(group)
+    if full.shape[dim] % size:
+        raise ConfigError(f"split_gather: the sequence dimension {dim} of size {full.shape[dim]} is not a multiple "
+                          f"of the tensor-parallel size {size}")
+    pieces = [piece.contiguous() for piece in torch.chunk(full, size, dim=dim)]
+    out = torch.empty_like(pieces[0])
+    return out, P.reduce_scatter_start(out, pieces, group)
+
+
+def _reduce_output(y: torch.Tensor, ctx) -> torch.Tensor:
+    """A row layer's forward collective: all-reduce, or reduce-scatter along the sequence (``split_gather``)."""
+    if ctx.seq_dim is None:
+        return P.all_reduce_(y, ctx.group)
+    out, handle = _reduce_scatter_start(y, ctx.seq_dim, ctx.group)
+    P.wait(handle)
+    return out
+
+
+def _reduce_input_grad_start(dx: torch.Tensor, ctx):
+    """A column layer's backward collective on ``dx`` (shaped as the gathered input): all-reduce, or
+    reduce-scatter back to this rank's sequence chunk (``split_gather``); ``(result, handle)``."""
+    if ctx.seq_dim is None:
+        return dx, P.all_reduce_start(dx, ctx.group)
+    return _reduce_scatter_start(dx, ctx.seq_dim, ctx.group)
+
+
 # ----------------------------------------------------------------------------- column layer
 class _ColumnParallelLinear(torch.autograd.Function):
     """``y = x[:, S] @ w[:, S]^T + b``; backward ``dx = all_reduce(dy @ w[:, S])``, ``dw[:, S] = dy^T @ x[:, S]``."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group: ProcessGroup, d: Optional[LayerDirective]):
-        ctx.group, ctx.d, ctx.use_bias = group, d, bias is not None
+    def forward(ctx, x, weight, bias, group: ProcessGroup, d: Optional[LayerDirective], seq_dim: Optional[int]):
+        ctx.group, ctx.d, ctx.use_bias, ctx.seq_dim = group, d, bias is not None, seq_dim
+        if seq_dim is not None:  # split_gather: the whole sequence, as Colossal-AI gathers it
+            x = _gather_sequence(x, seq_dim, group)
         ctx.save_for_backward(x, weight)
         if d is None:
             return F.linear(x, weight, bias)
@@ -381,13 +423,13 @@ class _ColumnParallelLinear(torch.autograd.Function):
             dy2d, x2d = dy.contiguous(), x.contiguous()
             if dy2d.dim() > 2:
                 dy2d, x2d = _flat(dy2d), _flat(x2d)
-            handle = P.all_reduce_start(dx, group)  # overlaps the weight gradient below
+            dx, handle = _reduce_input_grad_start(dx, ctx)  # overlaps the weight gradient below
             dw = dy2d.t().matmul(x2d)
             db = dy2d.sum(dim=0) if ctx.use_bias else None
             P.wait(handle)
-            return dx, dw, db, None, None
+            return dx, dw, db, None, None, None
         if d.rows is not None:
-            return _paired_column_backward(ctx, d, dy, x, weight, group)
+            return (*_paired_column_backward(ctx, d, dy, x, weight), None)
         _gap(d, "backward", opening=False)
         rank, k = ctx.rank, weight.shape[1]
         dy2d, x2d = _open_backward(ctx, d, dy, x, k)
@@ -404,7 +446,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
                 dx_part = _timed(d, lambda: dy_k.matmul(w_blk[:, wc]), 2 * m * n * width, 0)
             d.exchange.merge_block(dx2d[:, k - share.count:], dx_part, share)
             blocks.append(cols)
-        handle = P.all_reduce_start(dx2d, group)  # dx complete: reduce it while the weight gradients run
+        dx, handle = _reduce_input_grad_start(dx2d.reshape(x.shape), ctx)  # dx complete: reduce it while the weight gradients run
         dw, db = _own_wgrad(dy2d, x2d, ctx.plan, ctx.backend, d, ctx.use_bias, ctx.pruned)
         for share, dy_k, cols in zip(shares, dys, blocks):
             dw_part = None
@@ -416,7 +458,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
                 _timed(d, lambda: dw[:, k - share.count:].copy_(block), 0, 0)
         _remember(dw, d)
         P.wait(handle)
-        return dx2d.reshape(x.shape), dw, db, None, None
+        return dx, dw, db, None, None, None
 
 
 # ----------------------------------------------------------------------------- row layer
@@ -424,12 +466,11 @@ class _RowParallelLinear(torch.autograd.Function):
     """``y = all_reduce(x[:, S] @ w[:, S]^T)``; backward ``dx[:, S] = dy @ w[:, S]``, ``dw[:, S] = dy^T @ x[:, S]``."""
 
     @staticmethod
-    def forward(ctx, x, weight, group: ProcessGroup, d: Optional[LayerDirective]):
-        ctx.group, ctx.d = group, d
+    def forward(ctx, x, weight, group: ProcessGroup, d: Optional[LayerDirective], seq_dim: Optional[int]):
+        ctx.group, ctx.d, ctx.seq_dim = group, d, seq_dim
         ctx.save_for_backward(x, weight)
         if d is None:
-            y = F.linear(x, weight)
-            return P.all_reduce_(y, group)
+            return _reduce_output(F.linear(x, weight), ctx)
         _gap(d, "forward", opening=False)
         rank, k, x2d = _open_forward(ctx, d, group, x, weight)
         shares = d.layout.shares if d.migrating else ()
@@ -440,7 +481,7 @@ class _RowParallelLinear(torch.autograd.Function):
             x_blk, x_off = d.exchange.share_block(x_send, share, (m, share.count), x.dtype, x.device)
             ctx.blocks.append((x_blk, x_off) + _shared_weight(weight, d, share, rank))
         if d.compact_input:
-            return P.all_reduce_(_paired_row_forward(ctx, d, x2d, weight), group).reshape(*x.shape[:-1], weight.shape[0])
+            return _reduce_output(_paired_row_forward(ctx, d, x2d, weight).reshape(*x.shape[:-1], weight.shape[0]), ctx)
         y2d = _own_forward(x2d, weight, None, ctx.plan, ctx.backend, d)
         for share, (x_blk, x_off, w_blk, w_off) in zip(shares, ctx.blocks):
             part = None
@@ -449,23 +490,24 @@ class _RowParallelLinear(torch.autograd.Function):
                 _, xc, _ = _span_cols(share, rank, x_off, k)
                 part = _timed(d, lambda: x_blk[:, xc].matmul(w_blk[:, wc].t()), 2 * m * n * width, 0)
             d.exchange.merge_sum(y2d, part, share)
-        P.all_reduce_(y2d, group)
-        return y2d.reshape(*x.shape[:-1], weight.shape[0])
+        return _reduce_output(y2d.reshape(*x.shape[:-1], weight.shape[0]), ctx)
 
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
         d = ctx.d
+        if ctx.seq_dim is not None:  # split_gather: the whole sequence's dy, as Colossal-AI gathers it
+            dy = _gather_sequence(dy, ctx.seq_dim, ctx.group)
         if d is None:  # Colossal-AI: autograd of F.linear after an identity-backward all-reduce
             dy2d, x2d = _flat(dy), _flat(x)
-            return dy.matmul(weight), dy2d.t().matmul(x2d), None, None
+            return dy.matmul(weight), dy2d.t().matmul(x2d), None, None, None
         rank, k = ctx.rank, weight.shape[1]
         dy2d, x2d = _open_backward(ctx, d, dy, x, k)
         if d.compact_input:
             dx2d, dw = _paired_row_backward(ctx, d, dy2d, x2d, weight)
             _remember(dw, d)
             _gap(d, "backward", opening=True)
-            return dx2d.reshape(x.shape), dw, None, None
+            return dx2d.reshape(x.shape), dw, None, None, None
         dx2d = _own_dgrad(dy2d, weight, ctx.plan, ctx.backend, d)
         dw, _ = _own_wgrad(dy2d, x2d, ctx.plan, ctx.backend, d, False, ctx.pruned)
         if d.migrating:
@@ -483,16 +525,25 @@ class _RowParallelLinear(torch.autograd.Function):
                     _timed(d, lambda: (dx2d[:, k - share.count:].copy_(block[:m]), dw[:, k - share.count:].copy_(block[m:])), 0, 0)
         _remember(dw, d)
         _gap(d, "backward", opening=True)
-        return dx2d.reshape(x.shape), dw, None, None
+        return dx2d.reshape(x.shape), dw, None, None, None
 
 
 def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                           group: ProcessGroup, directive: Optional[LayerDirective] = None) -> torch.Tensor:
-    """Column-parallel linear: no forward collective, ``dx`` all-reduced over ``group`` in backward."""
-    return _ColumnParallelLinear.apply(x, weight, bias, group, directive)
+                           group: ProcessGroup, directive: Optional[LayerDirective] = None, *,
+                           seq_dim: Optional[int] = None) -> torch.Tensor:
+    """Column-parallel linear: no forward collective, ``dx`` all-reduced over ``group`` in backward.
+
+    ``seq_dim`` (``split_gather`` sequence parallelism): ``x`` is this rank's chunk of the sequence
+    along ``seq_dim``; the forward all-gathers it and the backward reduce-scatters ``dx`` back to the
+    chunk, as Colossal-AI's ``linear_gather_forward_reducescatter_backward``."""
+    return _ColumnParallelLinear.apply(x, weight, bias, group, directive, seq_dim)
 
 
 def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, group: ProcessGroup,
-                        directive: Optional[LayerDirective] = None) -> torch.Tensor:
-    """Row-parallel linear without bias: ``y`` all-reduced over ``group`` in forward, identity backward."""
-    return _RowParallelLinear.apply(x, weight, group, directive)
+                        directive: Optional[LayerDirective] = None, *, seq_dim: Optional[int] = None) -> torch.Tensor:
+    """Row-parallel linear without bias: ``y`` all-reduced over ``group`` in forward, identity backward.
+
+    ``seq_dim`` (``split_gather``): ``y`` is reduce-scattered along ``seq_dim`` instead (this rank keeps
+    its chunk of the sequence) and the backward all-gathers ``dy``, as Colossal-AI's
+    ``linear_reducescatter_forward_gather_backward``."""
+    return _RowParallelLinear.apply(x, weight, group, directive, seq_dim)

@@ -57,18 +57,20 @@ def _check_block(block: int, size: int, what: str) -> None:
         raise ConfigError(f"block must be a positive int dividing {what} = {size}, got {block!r}")
 
 def column_variation(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    """``[K]`` float64: mean over rows of ``|new - old|`` for ``[N, K]`` weights."""
+    """``[K]`` float32 on ``new``'s device: mean over rows of ``|new - old|`` for ``[N, K]`` weights."""
     if new.dim() != 2 or new.shape != old.shape:
         raise ValueError(f"expected two [N, K] weights of the same shape, got {tuple(new.shape)} and {tuple(old.shape)}")
-    diff = new.to(torch.float64) - old.to(device=new.device, dtype=torch.float64)
-    return diff.abs().mean(dim=0)
+    diff = new.to(torch.float32) - old.to(device=new.device, dtype=torch.float32)
+    return diff.abs_().mean(dim=0)
 
 
 class ColumnVariationTracker:
     """Per-column variation ``delta`` of one ``[N, K]`` weight across statistics periods.
 
-    Bounded memory: one host (CPU) copy of the weight (the period-start snapshot, or the previous
-    step for ``per_step``) plus ``[K]`` float64 accumulators; nothing extra on the accelerator.
+    Everything lives where the weight lives: one copy of the weight in its own dtype on its own
+    device (the period-start snapshot, or the previous step for ``per_step``) and ``[K]`` float32
+    accumulators beside it.  Nothing is copied to the host, so a rank's host memory does not grow
+    with the model and no period waits for a device-to-host transfer of a weight.
 
     Call :meth:`observe_step` after every optimizer step (only ``per_step`` reads the weight) and
     :meth:`end_period` at each period boundary with the columns pruned during the period.
@@ -81,26 +83,33 @@ class ColumnVariationTracker:
             raise ValueError(f"method must be 'snapshot' or 'per_step', got {method!r}")
         self.method = method
         self.shape = tuple(weight.shape)
+        self.device = weight.device
         self.num_columns = weight.shape[1]
-        self.delta = torch.full((self.num_columns,), math.inf, dtype=torch.float64)
-        """``[K]`` float64 on CPU: the variation of the last completed period (inf: never measured)."""
+        self.delta = torch.full((self.num_columns,), math.inf, dtype=torch.float32, device=self.device)
+        """``[K]`` float32 on the weight's device: the variation of the last completed period (inf: never measured)."""
         self.steps = 0
         self.periods = 0
-        self._host_ref = self._to_host(weight)
-        self._accum = torch.zeros(self.num_columns, dtype=torch.float64)
+        self._ref = self._snapshot(weight)
+        self._accum = torch.zeros(self.num_columns, dtype=torch.float32, device=self.device)
 
-    def _to_host(self, weight: torch.Tensor) -> torch.Tensor:
+    def storage(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor the tracker holds (the reference copy, the accumulators, ``delta``)."""
+        return (self._ref, self._accum, self.delta)
+
+    def _snapshot(self, weight: torch.Tensor) -> torch.Tensor:
         if tuple(weight.shape) != self.shape:
             raise ValueError(f"weight shape changed from {self.shape} to {tuple(weight.shape)}")
-        return weight.detach().to("cpu", copy=True)
+        if weight.device != self.device:
+            raise ValueError(f"weight moved from {self.device} to {weight.device}")
+        return weight.detach().clone()
 
     def observe_step(self, weight: torch.Tensor) -> None:
         """After an optimizer step; ``per_step`` accumulates ``mean_n |W_t - W_{t-1}|``."""
         self.steps += 1
         if self.method == "per_step":
-            current = self._to_host(weight)
-            self._accum += column_variation(current, self._host_ref)
-            self._host_ref = current
+            current = self._snapshot(weight)
+            self._accum += column_variation(current, self._ref)
+            self._ref = current
 
     def end_period(self, weight: torch.Tensor, pruned: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Close the period: new ``delta`` for the columns not in ``pruned``, the old one for the rest.
@@ -109,16 +118,15 @@ class ColumnVariationTracker:
         any iteration of the period, e.g. ``LineageTable.prune_counts(...) > 0``; None = none.
         Returns a copy of the updated ``delta`` and starts the next period from ``weight``.
         """
-        current = self._to_host(weight)
-        measured = self._accum.clone() if self.method == "per_step" else column_variation(current, self._host_ref)
+        current = self._snapshot(weight)
+        measured = self._accum.clone() if self.method == "per_step" else column_variation(current, self._ref)
         if pruned is None:
-            keep_old = torch.zeros(self.num_columns, dtype=torch.bool)
+            self.delta = measured
         else:
             if pruned.shape != (self.num_columns,):
                 raise ValueError(f"pruned must be a [{self.num_columns}] mask, got shape {tuple(pruned.shape)}")
-            keep_old = pruned.to("cpu") != 0
-        self.delta = torch.where(keep_old, self.delta, measured)
-        self._host_ref = current
+            self.delta = torch.where(pruned.to(self.device) != 0, self.delta, measured)
+        self._ref = current
         self._accum.zero_()
         self.steps = 0
         self.periods += 1
@@ -211,32 +219,45 @@ def _lexicographic(delta: torch.Tensor, tie_break: Optional[torch.Tensor],
     order = torch.arange(delta.numel(), device=delta.device)
     if tie_break is not None:
         order = torch.sort(tie_break.to(delta.device), stable=True).indices
-    order = order[torch.sort(delta[order], stable=True).indices]
+    order = order.index_select(0, torch.sort(delta.index_select(0, order), stable=True).indices)
     if first is not None:
-        order = order[torch.sort(first.to(delta.device)[order], stable=True).indices]
+        first = first.to(delta.device).index_select(0, order)
+        order = order.index_select(0, torch.sort(first, stable=True).indices)
     return order
 
 
 class PriorityList:
     """Algorithm 1 for one ``[N, K]`` weight: the period's priority list and its statistics.
 
-    ``delta`` (``[K]`` float64, inf = never measured), ``earlier_counts`` (``[K]`` int64: in how
+    ``delta`` (``[K]`` float32, inf = never measured), ``earlier_counts`` (``[K]`` int64: in how
     many iterations of all *completed* periods each column was pruned) and ``order`` (this
-    period's list) are rebuilt by :meth:`end_period`.  ``revisit``: order the columns pruned in
-    the last period after the others (module docstring); False is the paper's list.
+    period's list) live on the weight's device and are rebuilt by :meth:`end_period`.
+    ``revisit``: order the columns pruned in the last period after the others (module
+    docstring); False is the paper's list.
+
+    :meth:`select` answers with host indices (the lineage and the keep-set caches read them on the
+    host): the list restricted to ``own`` columns (or its blocks) is read back once per period and
+    ``(own, block)``, a ``[K]`` int64 permutation, never a weight; later selections slice it.
     """
 
     def __init__(self, weight: torch.Tensor, *, revisit: bool = True) -> None:
         self.revisit = check_bool("revisit", revisit)
         self.tracker = ColumnVariationTracker(weight)
-        k = self.tracker.num_columns
+        k, device = self.tracker.num_columns, self.tracker.device
         self.delta = self.tracker.delta.clone()
-        self.earlier_counts = torch.zeros(k, dtype=torch.int64)
-        self.order = torch.arange(k)
+        self.earlier_counts = torch.zeros(k, dtype=torch.int64, device=device)
+        self.order = torch.arange(k, device=device)
         self.measured = False
         """True once a period has ended (``delta`` holds measurements)."""
         self.recent: Optional[torch.Tensor] = None
         """``[K]`` int8: 1 for the columns pruned in the last period (``revisit``), else None."""
+        self._lists: dict[tuple[int, int], torch.Tensor] = {}
+        """Per ``(own, block)``: this period's list on the host (columns, or block numbers for ``block > 1``)."""
+
+    def storage(self) -> tuple[torch.Tensor, ...]:
+        """Every statistics tensor held for the weight (the tracker's, ``delta``, the counts, the list)."""
+        mine = (self.delta, self.earlier_counts, self.order) + (() if self.recent is None else (self.recent,))
+        return self.tracker.storage() + mine
 
     def end_period(self, weight: torch.Tensor, period_counts: Optional[torch.Tensor]) -> torch.Tensor:
         """Close the period with the ``[K]`` counts of iterations each column was pruned in it.
@@ -244,18 +265,20 @@ class PriorityList:
         Columns pruned at any iteration keep their old ``delta`` (incremental update); the new
         list orders by the new ``delta`` and the counts of every completed period.
         """
-        counts = None if period_counts is None else period_counts.to("cpu", torch.int64)
+        device = self.tracker.device
+        counts = None if period_counts is None else period_counts.to(device, torch.int64)
         self.delta = self.tracker.end_period(weight, None if counts is None else counts > 0)
         if counts is not None:
             self.earlier_counts += counts
         recent = (counts > 0).to(torch.int8) if self.revisit and counts is not None else None
         self.recent = recent
         self.order = _lexicographic(self.delta, self.earlier_counts, recent)
+        self._lists.clear()
         self.measured = True
         return self.delta
 
     def select(self, own: int, n_prune: int, *, block: int = 1) -> torch.Tensor:
-        """Sorted int64: the first ``n_prune`` columns of the list within ``[0, own)``.
+        """Sorted int64 on the host: the first ``n_prune`` columns of the list within ``[0, own)``.
 
         ``block = g > 1``: whole aligned blocks of ``g`` columns instead, ``round(n_prune / g)``
         of them, ordered by the block keys of :func:`block_keys` (recently pruned last, then
@@ -264,13 +287,20 @@ class PriorityList:
         if not 0 <= n_prune <= own <= self.order.numel():
             raise ValueError(f"need 0 <= n_prune={n_prune} <= own={own} <= K={self.order.numel()}")
         if block != 1:
-            return self._select_blocks(own, n_prune, block)
-        mine = self.order if own == self.order.numel() else self.order[self.order < own]
-        return mine[:n_prune].sort().values
+            _check_block(block, own, "own")
+            blocks = self._list(own, block)
+            return _blocks_to_columns(blocks[:min(blocks.numel(), int(n_prune / block + 0.5))], block)
+        return self._list(own, 1)[:n_prune].sort().values
 
-    def _select_blocks(self, own: int, n_prune: int, block: int) -> torch.Tensor:
-        _check_block(block, own, "own")
-        recent = None if self.recent is None else self.recent[:own]
-        mean, ties, last = block_keys(self.delta[:own], block, self.earlier_counts[:own], recent)
-        n_blocks = min(mean.numel(), int(n_prune / block + 0.5))
-        return _blocks_to_columns(_lexicographic(mean, ties, last)[:n_blocks], block)
+    def _list(self, own: int, block: int) -> torch.Tensor:
+        """This period's list of ``[0, own)`` on the host: columns (``block = 1``) or aligned blocks."""
+        key = (own, block)
+        if key not in self._lists:
+            if block == 1:
+                mine = self.order if own == self.order.numel() else self.order[self.order < own]
+            else:
+                recent = None if self.recent is None else self.recent[:own]
+                mean, ties, last = block_keys(self.delta[:own], block, self.earlier_counts[:own], recent)
+                mine = _lexicographic(mean, ties, last)
+            self._lists[key] = mine.cpu()  # [K] int64 indices: the one read per period and (own, block)
+        return self._lists[key]
