@@ -8,7 +8,11 @@ it, with which arguments, on which machine and with which configuration.
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
 import platform
+import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -84,14 +88,43 @@ def write_result(path: Path, benchmark: str, argv: list[str] | None, config: dic
     clash = sorted(set(PROVENANCE) & fields.keys())
     if clash:
         raise ValueError(f"result fields {clash} would overwrite the provenance keys {list(PROVENANCE)}")
+    argv = sys.argv[1:] if argv is None else list(argv)
     out = {
         "benchmark": benchmark,
-        "argv": sys.argv[1:] if argv is None else list(argv),
+        "argv": argv,
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "device": device},
         "config": config,
         **fields,
     }
+    out.setdefault("provenance", provenance(Path(sys.argv[0]), argv, device=device))
     return write_json(path, out, indent=indent)
+
+
+def provenance(script: Path, argv: list[str], *, device: str) -> dict:
+    """``{"command", "commit", "machine", "date"}`` of this run, as every file under ``docs/results/``
+    states them (``make tables`` checks it): the command relative to the repository, the checked-out
+    commit (``+dirty`` when the tree has uncommitted changes), the machine in words, the UTC date."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        script = script.resolve().relative_to(root)
+    except ValueError:
+        pass
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    commit = git("rev-parse", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+dirty"
+    import torch  # the benchmarks all have it; imported here so the flag checks above stay light
+
+    machine = f"{os.cpu_count()}-core {platform.machine()} host, torch {torch.__version__}, {device}"
+    if device == "cuda" and torch.cuda.is_available():
+        machine += f" ({torch.cuda.get_device_name(0)})"
+    return {"command": shlex.join(["python", str(script), *argv]), "commit": commit, "machine": machine,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
 
 
 def interleaved_ms(fns: dict[Hashable, Callable[[], object]], reps: int, *, warmup: int = 1) -> dict[Hashable, list[float]]:

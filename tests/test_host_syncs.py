@@ -46,6 +46,11 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("semimig/comm/primitives.py", "_p2p", ".wait()"): STREAM + " (migration's direct movements)",
     ("semimig/nn/functional.py", "_ColumnParallelLinear.backward", ".wait()"): STREAM,
     ("semimig/nn/functional.py", "_paired_column_backward", ".wait()"): STREAM,
+    ("semimig/nn/functional.py", "_reduce_output", ".wait()"): STREAM,
+    ("semimig/comm/lagged.py", "LaggedRows.collect", ".wait()"): PER_STEP + " with dp > 1: the lagged DP exchange, posted a step earlier",
+    ("semimig/comm/lagged.py", "LaggedRows.collect", ".cpu()"): PER_STEP + " with dp > 1: the lagged DP exchange's rows",
+    ("semimig/comm/lagged.py", "LaggedRows.collect", ".tolist()"): PER_STEP + " with dp > 1: the lagged DP exchange's rows",
+    ("semimig/resizing/priority.py", "PriorityList._list", ".cpu()"): "once per period: the [K] priority order read back for selection",
     # per re-plan / per period
     ("semimig/nn/directive.py", "LayerState._same_keep", "torch.equal()"): RE_PLAN + ": a new keep tensor compared once",
     ("kernels/keep.py", "_check_values", ".tolist()"): RE_PLAN + ": a keep plan is validated when built",

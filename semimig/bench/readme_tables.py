@@ -51,6 +51,8 @@ RESULT = re.compile(r"^<!-- result: (?P<id>[a-z0-9-]+) -->\s*$")
 INDEX_MARKER = re.compile(r"^<!-- results-index -->\s*$")
 PROVENANCE = ("command", "commit", "machine", "date")
 """What every result file's ``provenance`` object states."""
+COMPUTE = ("measured", "emulated", "simulated")
+"""How a result's figures were obtained: real compute, an emulated device, or the policy simulator."""
 MAX_FILES = 40
 """The most files ``docs/results/`` holds: one per question, not its history."""
 
@@ -290,8 +292,8 @@ class Index:
                 raise ConfigError(f"{where} needs the strings {', '.join(self.KEYS)}, got {entry!r}")
             if entry["id"] in self.entries:
                 raise ConfigError(f"{where}: id {entry['id']!r} is listed twice")
-            if entry["compute"] not in ("measured", "emulated"):
-                raise ConfigError(f"{where}: compute {entry['compute']!r} is not 'measured' or 'emulated'")
+            if entry["compute"] not in COMPUTE:
+                raise ConfigError(f"{where}: compute {entry['compute']!r} is not one of {COMPUTE}")
             if "table" in entry and entry["table"] not in RENDERERS:
                 raise ConfigError(f"{where}: table {entry['table']!r} is not one of {sorted(RENDERERS)}")
             self.entries[entry["id"]] = entry

@@ -301,11 +301,13 @@ def gather_(piece: torch.Tensor | None, bufs: Sequence[torch.Tensor] | None, dst
 
 # ----------------------------------------------------------------------------- sequence parallelism
 def _counted_bytes(op: str, nbytes: int, group: ProcessGroup | None, call, *, timed: bool = True):
-    """``call()``, counted with ``nbytes`` of payload (the whole tensor the collective reduces or assembles)."""
+    """``call()`` in the comm region, counted with ``nbytes`` of payload (the whole tensor the collective
+    reduces or assembles)."""
     counter = traffic.current()
-    if counter is None:
-        return call()
-    return counter.count(op, "peer", nbytes, group_size(group), call, timed=timed)
+    with _region():
+        if counter is None:
+            return call()
+        return counter.count(op, "peer", nbytes, group_size(group), call, timed=timed)
 
 
 def reduce_scatter_start(out: torch.Tensor, pieces: Sequence[torch.Tensor],
