@@ -101,7 +101,7 @@ def add_bench_subcommand(subparsers) -> None:
                    help="with --pattern multi: also train semi with exactly λ migrating stragglers, e.g. 0,1,2,3 "
                         "(paper Fig. 11; plot lambda_sweep.png)")
     p.add_argument("--allocation", choices=("even", "poplar"), default=None,
-                   help="the 2-D benchmark (tp x dp, issue 18): even batches, or Poplar's plan across the DP groups; "
+                   help="the 2-D benchmark (tp x dp): even batches, or Poplar's plan across the DP groups; "
                         "modes baseline, poplar (allocation only), semi (TP balancing only), poplar+semi")
     p.add_argument("--group-chis", type=_group_chis, default=None, metavar="C,C/C,C",
                    help="with --allocation: slowdown of every TP rank of every DP group, groups separated by '/' "

@@ -102,7 +102,7 @@ def takeaways(rows: Sequence[dict]) -> list[str]:
         others = [row for row in _display_order(plain) if row["chi"] == chi and row["mode"] != "baseline"]
         if base is None or not others:
             continue
-        parts = [f"{row['mode']} {base['iter_time_s'] / row['iter_time_s']:.2f}x{_accuracy_words(row)}"
+        parts = [f"{row['label']} {base['iter_time_s'] / row['iter_time_s']:.2f}x as fast{_accuracy_words(row)}"
                  for row in others]
         lines.append(f"at chi {chi:g}, against Colossal-AI alone: " + "; ".join(parts))
     return lines
@@ -113,10 +113,10 @@ def _accuracy_words(row: dict) -> str:
     if delta is None:
         return ""
     if delta == 0.0 and not std:
-        return " as fast, the same accuracy"
+        return ", the same accuracy"
     if row.get("acc_delta_within_noise"):
-        return f" as fast, accuracy {100 * delta:+.1f} points (within the seed spread)"
-    return f" as fast, accuracy {100 * delta:+.1f} points"
+        return f", accuracy {100 * delta:+.1f} points (within the seed spread)"
+    return f", accuracy {100 * delta:+.1f} points"
 
 
 def _wrap(text: str) -> str:
