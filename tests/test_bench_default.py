@@ -118,7 +118,7 @@ def test_the_table_says_what_reshard_and_semi_did_against_colossalai_alone():
         text.split())
 
 
-def test_controller_warnings_are_held_and_explained_not_printed_bare(capsys):
+def test_rank_warnings_are_held_and_explained_not_printed_bare(capsys):
     from semimig.bench import sweeps
     from semimig.bench.config import BenchConfig
 
@@ -130,9 +130,13 @@ def test_controller_warnings_are_held_and_explained_not_printed_bare(capsys):
     assert sweeps._backed_off(decisions) == [0, 2]
     assert sweeps._backed_off([None, {"shed": [0.0]}]) is None  # modes without a shedding decision
     cfg = BenchConfig(compute="emulated", modes=("baseline", "semi"), chis=(1.0, 4.0), seeds=(0, 1))
-    records = [{"mode": "semi", "chi": 4.0, "seed": s, "backed_off_iterations_by_rank": [0, n]}
-               for s, n in ((0, 40), (1, 60))]
+    records = [{"mode": "semi", "chi": 4.0, "seed": s, "backed_off_iterations_by_rank": [0, n],
+                "warnings": ["rank 1: shedding work does not pay"]} for s, n in ((0, 40), (1, 60))]
+    records.append({"mode": "semi", "chi": 1.0, "seed": 0, "backed_off_iterations_by_rank": [0, 0],
+                    "warnings": ["something else"]})
     notes = sweeps.notes(cfg, [], records)
     assert notes == ["note: semi at chi 4 trained rank 1 unpruned for 50 iterations on average (seeds 0, 1): "
                      "shedding GEMM columns did not shorten that rank's step enough, as too much of its time does "
-                     "not shrink with them"]
+                     "not shrink with them",
+                     "note: semimig logged warnings while training semi chi=1 seed=0: the JSON keeps them "
+                     "(warnings); semimig -v bench prints them"]

@@ -137,31 +137,44 @@ def straggler_sweep(cfg: BenchConfig) -> Sweep:
 
 def notes(cfg: BenchConfig, rows: list, records: list) -> list[str]:
     """What a user should know to read a finished 1-D table beyond its legend: how much of an
-    iteration the GEMMs ``semi`` shrinks took (measured compute), and where ``semi`` stopped
-    shedding on a rank because it did not shorten that rank's step."""
+    iteration the GEMMs ``semi`` shrinks took (measured compute), where ``semi`` stopped shedding on
+    a rank because it did not shorten that rank's step, and which cases semimig warned in otherwise
+    (each message logged at INFO, shown by ``semimig -v``)."""
     out = []
     shares = [row["busy_share"] for row in rows if row["chi"] == 1.0 and row.get("busy_share") is not None]
     if shares and cfg.compute == "measured":
         out.append(f"note: the tensor-parallel linear GEMMs (the work semi sheds) took "
                    f"{100 * statistics.mean(shares):.0f} % of an iteration at chi 1 (mean over ranks and modes)")
     dense: dict = {}
+    other = []
     for record in records:
         counts = record.get("backed_off_iterations_by_rank")
         for rank, count in enumerate(counts or ()):
             if count:
                 dense.setdefault((record["mode"], record["chi"], rank), []).append((record["seed"], count))
+        for message in record.get("warnings") or ():
+            logger.info("%s: %s", describe_case(_case(record)), message)
+        if record.get("warnings") and not any(counts or ()):
+            other.append(describe_case(_case(record)))
     for (mode, chi, rank), seen in sorted(dense.items()):
         seeds = ", ".join(str(seed) for seed, _ in seen)
         mean = statistics.mean(count for _, count in seen)
         out.append(f"note: {mode} at chi {chi:g} trained rank {rank} unpruned for {mean:.0f} iterations on average "
                    f"(seed{'s' if len(seen) > 1 else ''} {seeds}): shedding GEMM columns did not shorten that rank's "
                    "step enough, as too much of its time does not shrink with them")
+    if other:
+        out.append(f"note: semimig logged warnings while training {', '.join(other)}: the JSON keeps them "
+                   "(warnings); semimig -v bench prints them")
     return out
+
+
+def _case(record: dict) -> tuple:
+    return (record["mode"], record.get("chi"), record["seed"], record.get("lambda"))
 
 
 # ------------------------------------------------------------------------------------------- a rank's case
 @contextlib.contextmanager
-def _held_warnings(name: str = "semimig.controller") -> Iterator[list[str]]:
+def _held_warnings(name: str = "semimig") -> Iterator[list[str]]:
     """Hold the warnings of ``name``'s loggers in a list instead of letting them reach stderr bare.
 
     A spawned rank has no logging configured, so a warning would print as one unexplained line per
@@ -192,16 +205,14 @@ def _backed_off(decisions) -> Optional[list[int]]:
 
 def run_straggler_case(rank: int, world: int, cfg: BenchConfig, case: tuple) -> dict:
     """One 1-D case on every rank (the body the runner runs): :func:`semimig.bench.train.run_case`,
-    with the controller's warnings kept in the record (``controller_warnings``) and the
+    with semimig's warnings kept in the record (``warnings``) and the
     iterations each rank was left unpruned (``backed_off_iterations_by_rank``)."""
     from semimig.bench.train import run_case
 
     with _held_warnings() as held:
         record = run_case(rank, world, cfg, case)
-    for message in held:
-        logger.debug("%s: %s", describe_case(case), message)
     decisions = (record.get("trajectory") or {}).get("decisions")
-    return {**record, "controller_warnings": list(dict.fromkeys(held)),
+    return {**record, "warnings": list(dict.fromkeys(held)),
             "backed_off_iterations_by_rank": _backed_off(decisions)}
 
 
