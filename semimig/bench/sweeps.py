@@ -205,14 +205,18 @@ def _backed_off(decisions) -> Optional[list[int]]:
 
 def run_straggler_case(rank: int, world: int, cfg: BenchConfig, case: tuple) -> dict:
     """One 1-D case on every rank (the body the runner runs): :func:`semimig.bench.train.run_case`,
-    with semimig's warnings kept in the record (``warnings``) and the
+    with every rank's semimig warnings kept in the record (``warnings``) and the
     iterations each rank was left unpruned (``backed_off_iterations_by_rank``)."""
+    import torch.distributed as dist
+
     from semimig.bench.train import run_case
 
     with _held_warnings() as held:
         record = run_case(rank, world, cfg, case)
+    every: list = [None] * world
+    dist.all_gather_object(every, held)  # a rank's own warnings (the group's decisions are on every rank)
     decisions = (record.get("trajectory") or {}).get("decisions")
-    return {**record, "warnings": list(dict.fromkeys(held)),
+    return {**record, "warnings": list(dict.fromkeys(m for messages in every for m in messages)),
             "backed_off_iterations_by_rank": _backed_off(decisions)}
 
 
