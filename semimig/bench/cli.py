@@ -349,7 +349,8 @@ def run_report_command(args: argparse.Namespace) -> int:
         title = (f"semimig report 2-D tp={config.get('tp')} dp={config.get('dp')}, {config.get('allocation')} "
                  f"allocation ({len(saved)} runs)")
     else:
-        title = (f"semimig report tp={config.get('tp')} {config.get('pattern')}, {config.get('compute')} compute "
+        title = (f"semimig report tp={config.get('tp')} {config.get('pattern')}, straggler scope="
+                 f"{config.get('scope', 'gemm')}, {config.get('compute')} compute "
                  f"(from {len(saved)} file{'' if len(saved) == 1 else 's'})")
     _write_results(args, records, config, title, machine_info=machine_info, sources=[n for n, _ in saved])
     return 0
