@@ -1,5 +1,7 @@
 # The user-facing commands:
-#   make bench   the main job (semimig's end-to-end benchmark; a short demo until it lands)
+#   make bench   the main job: semimig bench's slow-device experiment (a whole slow device, Colossal-AI alone
+#                beside reshard and semi, and healthy; ~5 min on 2 cores); BENCH_ARGS="--experiment paper"
+#                runs the paper's GEMM-only sweep instead
 #   make test    the test suite (the full suite; the 15 slowest cases listed at the end)
 #   make test-fast   the edit loop: every case not marked slow (tests/conftest.py: SLOW_MODULES)
 #   (PYTEST_WORKERS=2 runs either on 2 xdist workers, ~25 % faster; timing-dependent cases can fail

@@ -13,7 +13,11 @@ MODES: tuple[str, ...] = ("baseline", "zero-rd", "zero-pri", "zero-pridiff-e", "
 RESHARD_MODES: tuple[str, ...] = ("reshard",)
 """1-D modes of the bench beyond the controller's (owned here): ``reshard`` re-plans uneven
 tensor-parallel shards for a slow rank (``semimig.enable(..., mode="reshard")``, DESIGN §8); not
-in the default sweep (``make bench`` keeps the paper's modes), asked for with ``--modes``."""
+in the paper experiment's sweep (its modes are the paper's); the default experiment runs it."""
+EXPERIMENTS: tuple[str, ...] = ("slow-device", "paper")
+"""The 1-D experiments of ``semimig bench --experiment`` (:func:`semimig.bench.config.experiment_defaults`):
+``slow-device`` (the default), a whole slow device with Colossal-AI alone beside ``reshard`` and ``semi``;
+``paper``, the paper's GEMM-only straggler and its seven modes."""
 COMPUTES: tuple[str, ...] = ("emulated", "measured")
 """How a straggler's compute is produced (:data:`semimig.bench.config.COMPUTES`)."""
 MODES_2D: tuple[str, ...] = ("baseline", "poplar", "semi", "poplar+semi")

@@ -1,6 +1,13 @@
 """``semimig bench``: the end-to-end straggler benchmark (ViT on digits, HybridParallelPlugin).
 
-    semimig bench                                   # all seven modes, chi 1 and 4, tp 2 (< 10 min on 2 CPU cores)
+By default (the slow-device experiment) rank 1 of a tp 2 group is a whole slow device, chi = 4
+times slower at all its work (emulated on measured compute, not a real throttle), and the same
+model is trained by Colossal-AI alone (baseline), with re-sharding (reshard) and with semi, and
+healthy (chi = 1): the time per epoch and the test accuracy each reached (about 5 minutes on 2
+CPU cores).  On fewer cores than ranks only the GEMMs can be slowed (emulated device).
+
+    semimig bench                                   # the slow-device experiment
+    semimig bench --experiment paper                # the paper's GEMM-only straggler, its seven modes
     semimig bench --quick                           # 40 iterations, one seed, time only
     semimig bench --compute emulated --tp 4         # 4 ranks on 2 cores: an emulated device
     torchrun --nproc_per_node 2 -m semimig bench    # the launcher's ranks (several nodes: its rendezvous flags)
@@ -12,15 +19,18 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
 from typing import Optional
 
 # not their owners: those import torch (--help quick)
-from semimig.bench.choices import COMPUTES, MODES, MODES_2D, RESHARD_MODES
+from semimig.bench.choices import COMPUTES, EXPERIMENTS, MODES, MODES_2D, RESHARD_MODES
 from semimig.bench.schema import is_grid
 from semimig.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -66,25 +76,32 @@ def _size(text: str):
 def add_bench_subcommand(subparsers) -> None:
     p = subparsers.add_parser("bench", help="end-to-end straggler benchmark (RT and ACC per mode)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--experiment", choices=EXPERIMENTS, default=None,
+                   help="slow-device (default): rank 1 a whole slow device, Colossal-AI alone (baseline) beside "
+                        "reshard and semi, 3 seeds; paper: the paper's GEMM-only straggler and its seven modes, "
+                        "2 seeds. Other flags override either")
     p.add_argument("--modes", type=_modes, default=None,
                    help=f"comma-separated, from {','.join(MODES + RESHARD_MODES)}; with --allocation from "
-                        f"{','.join(MODES_2D)} (default: all but reshard; --allocation even: baseline,semi)")
+                        f"{','.join(MODES_2D)} (default: slow-device baseline,reshard,semi; paper all but "
+                        "reshard; --allocation even: baseline,semi)")
     p.add_argument("--chi", type=_floats, default=None, help="straggler slowdowns in [1, 100], e.g. 1,4,8 (default 1,4)")
-    p.add_argument("--seeds", type=_ints, default=None, help="e.g. 0,1,2 (default 0,1; --quick: 0)")
+    p.add_argument("--seeds", type=_ints, default=None,
+                   help="e.g. 0,1,2 (default: slow-device 0,1,2; paper 0,1; --quick: 0)")
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--dp", type=int, default=None, help="data-parallel groups (default 1; with --allocation 2)")
     p.add_argument("--pattern", choices=("fixed", "round-robin", "multi"), default=None, help="default fixed")
     p.add_argument("--straggler-rank", type=int, default=None, help="pattern fixed: the straggler (default 1)")
     p.add_argument("--scope", choices=("gemm", "device"), default=None,
-                   help="what of the straggler is slow: its linear GEMMs (gemm, the paper's method; default) or "
-                        "all of its work between collectives (device; measured compute only)")
+                   help="what of the straggler is slow: all of its work between collectives (device; measured "
+                        "compute only; the slow-device default) or its linear GEMMs (gemm, the paper's method; "
+                        "the default of paper and of emulated compute)")
     p.add_argument("--multi-chi", type=_floats, default=None,
                    help="per-rank factors of the multi pattern at chi = 8 (scaled by chi/8; default 8,6,4,2)")
     p.add_argument("--lambdas", type=_ints, default=None,
                    help="with --pattern multi: also train semi with exactly λ migrating stragglers, e.g. 0,1,2,3 "
                         "(paper Fig. 11; plot lambda_sweep.png)")
     p.add_argument("--allocation", choices=("even", "poplar"), default=None,
-                   help="the 2-D benchmark (tp x dp, issue 18): even batches, or Poplar's plan across the DP groups; "
+                   help="the 2-D benchmark (tp x dp): even batches, or Poplar's plan across the DP groups; "
                         "modes baseline, poplar (allocation only), semi (TP balancing only), poplar+semi")
     p.add_argument("--group-chis", type=_group_chis, default=None, metavar="C,C/C,C",
                    help="with --allocation: slowdown of every TP rank of every DP group, groups separated by '/' "
@@ -154,7 +171,7 @@ def default_compute(device: str, local_ranks: int) -> str:
     return "measured" if device == "cuda" or local_ranks <= usable_cores() else "emulated"
 
 
-_ONE_D_ONLY = {"chi": "--chi", "pattern": "--pattern", "straggler_rank": "--straggler-rank", "scope": "--scope",
+_ONE_D_ONLY = {"experiment": "--experiment", "chi": "--chi", "pattern": "--pattern", "straggler_rank": "--straggler-rank", "scope": "--scope",
                "multi_chi": "--multi-chi", "lambdas": "--lambdas", "theta_iter": "--theta-iter"}
 _TWO_D_ONLY = {"group_chis": "--group-chis", "zero_stage": "--zero-stage"}
 
@@ -169,9 +186,10 @@ def config_from_args(args: argparse.Namespace, *, local_ranks: Optional[int] = N
     """The run's :class:`~semimig.bench.config.BenchConfig` from the flags: the 1-D straggler sweep, or the
     2-D mode with ``--allocation`` (``local_ranks``: ranks on this machine, default tp*dp).
 
-    The command line has defaults of its own, the same in both modes (two seeds of 4x25 iterations;
-    ``--quick``: one of 2x20; 1-D chi 1 and 4), and sizes the emulated device to the ranks sharing this
-    machine: 20 ms per rank (at least 40), 2-D 40 ms per rank (at least 150)."""
+    The command line has defaults of its own: 4x25 iterations (``--quick``: 2x20, one seed); 1-D, those of
+    ``--experiment`` (:func:`semimig.bench.sweeps.experiment_defaults`; slow-device unless given); 2-D, two
+    seeds; and it sizes the emulated device to the ranks sharing this machine: 20 ms per rank (at least
+    40), 2-D 40 ms per rank (at least 150)."""
     from semimig.bench.config import MODES_BY_ALLOCATION, BenchConfig
 
     grid = args.allocation is not None
@@ -192,8 +210,7 @@ def config_from_args(args: argparse.Namespace, *, local_ranks: Optional[int] = N
     world = args.tp * args.dp
     compute = _compute(args, local_ranks)
     common = dict(
-        allocation=args.allocation, modes=args.modes, tp=args.tp, dp=args.dp, device=args.device, compute=compute,
-        seeds=_given(args.seeds, (0,) if quick else (0, 1)),
+        allocation=args.allocation, tp=args.tp, dp=args.dp, device=args.device, compute=compute,
         epochs=_given(args.epochs, 2 if quick else 4),
         iters_per_epoch=_given(args.iters_per_epoch, 20 if quick else 25),
         device_ms=_given(args.device_ms, max(150.0, 40.0 * world) if grid else 20.0 * max(2, world)),
@@ -201,14 +218,28 @@ def config_from_args(args: argparse.Namespace, *, local_ranks: Optional[int] = N
     )
     if grid:
         zero = _given(args.zero_stage, 0)
-        return BenchConfig(**common, zero_stage=zero, precision="bf16" if zero else "fp32",
-                           group_chis=_given(args.group_chis, ()))
+        return BenchConfig(**common, modes=args.modes, seeds=_given(args.seeds, (0,) if quick else (0, 1)),
+                           zero_stage=zero, precision="bf16" if zero else "fp32", group_chis=_given(args.group_chis, ()))
+    experiment = _experiment(args, compute)
     return BenchConfig(
-        **common, chis=_given(args.chi, (1.0, 4.0)), pattern=_given(args.pattern, "fixed"),
-        straggler_rank=_given(args.straggler_rank, 1), scope=_given(args.scope, "gemm"),
+        **common, modes=_given(args.modes, experiment["modes"]), seeds=_given(args.seeds, experiment["seeds"]),
+        chis=_given(args.chi, experiment["chis"]), pattern=_given(args.pattern, "fixed"),
+        straggler_rank=_given(args.straggler_rank, 1), scope=_given(args.scope, experiment["scope"]),
         multi_chis=_given(args.multi_chi, (8.0, 6.0, 4.0, 2.0)), lambdas=_given(args.lambdas, ()),
         theta_iter=args.theta_iter,
     )
+
+
+def _experiment(args: argparse.Namespace, compute: str) -> dict:
+    """The defaults of ``--experiment`` (slow-device unless given); warns when this machine leaves the slow
+    device only GEMM-slow (no core or GPU per rank) without a ``--compute`` or ``--scope`` that chose so."""
+    from semimig.bench.sweeps import experiment_defaults
+
+    name = args.experiment or "slow-device"
+    defaults = experiment_defaults(name, measured=compute == "measured", quick=args.quick)
+    if name == "slow-device" and compute != "measured" and args.compute is None and args.scope is None:
+        logger.warning("fewer cores than ranks: only the straggler's GEMMs are slowed, not its whole device")
+    return defaults
 
 
 def _compute(args: argparse.Namespace, local_ranks: Optional[int]) -> str:
@@ -318,7 +349,8 @@ def run_report_command(args: argparse.Namespace) -> int:
         title = (f"semimig report 2-D tp={config.get('tp')} dp={config.get('dp')}, {config.get('allocation')} "
                  f"allocation ({len(saved)} runs)")
     else:
-        title = (f"semimig report tp={config.get('tp')} {config.get('pattern')}, {config.get('compute')} compute "
+        title = (f"semimig report tp={config.get('tp')} {config.get('pattern')}, straggler scope="
+                 f"{config.get('scope', 'gemm')}, {config.get('compute')} compute "
                  f"(from {len(saved)} file{'' if len(saved) == 1 else 's'})")
     _write_results(args, records, config, title, machine_info=machine_info, sources=[n for n, _ in saved])
     return 0

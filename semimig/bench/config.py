@@ -5,7 +5,7 @@ loop, DESIGN §7, not a second copy):
 
     allocation None         the TP benchmark: every mode x chi x seed on ``tp x dp`` ranks, a
                             straggler inside each TP group (``pattern``; the paper's Figs. 9-11)
-    allocation "even"       the 2-D mode (issue 18): ``tp x dp`` ranks, TP rank ``t`` of DP group
+    allocation "even"       the 2-D mode: ``tp x dp`` ranks, TP rank ``t`` of DP group
     allocation "poplar"     ``g`` slowed by ``grid_chis()[g][t]``; even batches, or Poplar's plan
                             across the DP groups (profiled per TP group, re-planned when one moves)
 
@@ -19,7 +19,7 @@ global batch sequence:
     poplar+semi   both: the groups' speeds are profiled after SEMI balanced them
 
 2-D speed pattern: ``group_chis[g][t]`` is the slowdown of TP rank ``t`` of DP group ``g``; empty,
-the default (issue 18): group 1 at half speed (all its ranks χ = 2) and rank 1 of group 0 at χ = 4.
+the default: group 1 at half speed (all its ranks χ = 2) and rank 1 of group 0 at χ = 4.
 
 A field only one mode reads (TP: ``chis``, ``pattern``, ``straggler_rank``, ``scope``,
 ``multi_chis``, ``lambdas``, ``theta_iter``; 2-D: ``zero_stage``, ``precision``, ``group_chis``,
@@ -83,9 +83,10 @@ EMULATED_SIZE = VitSize(hidden=64, layers=2, heads=4, intermediate=256)
 """Emulated mode: the GEMM time is slept, so the model only needs to learn digits."""
 MEASURED_SIZE = VitSize(hidden=256, layers=1, heads=4, intermediate=1536)
 """Measured mode: wide enough that the tensor-parallel GEMMs take most of a CPU iteration (each
-record's ``busy_share_by_rank`` at chi = 1 is that share, measured), one layer so that the default
-run (28 cases of 100 iterations) stays near ten minutes on two cores; reaches ~93 % test accuracy
-in 100 iterations (the 2-layer 256x1024 model: the same accuracy at twice the time per iteration)."""
+record's ``busy_share_by_rank`` at chi = 1 is that share, measured), one layer so that the command
+line's experiments (18 and 28 cases of 100 iterations) stay under ten minutes on two cores; reaches
+~93 % test accuracy in 100 iterations (the 2-layer 256x1024 model: the same accuracy at twice the
+time per iteration)."""
 
 TP_SETTINGS = ("modes", "chis", "seeds", "tp", "dp", "pattern", "straggler_rank", "scope", "multi_chis", "lambdas",
                "epochs", "iters_per_epoch", "batch", "lr", "compute", "device_ms", "device", "theta_iter",

@@ -29,26 +29,100 @@ def _accuracy_cells(row: dict) -> tuple[str, str]:
     return acc, text
 
 
-def print_table(rows: Sequence[dict], title: str) -> None:
+WIDTH = 80
+"""The 1-D table, its title and its notes fit a terminal or a pipe this wide (headers never cut)."""
+COLUMNS = ("mode", "chi", "epoch s", "vs chi 1", "speed-up", "ACC %", "ACC - base")
+LEGEND = ("epoch s: seconds per epoch (the paper's RT), mean over seeds; vs chi 1: iteration time over the same "
+          "mode's healthy (chi 1) run; speed-up: baseline's (Colossal-AI alone) iteration time over the mode's, "
+          "at the same chi; ACC: test accuracy (%) after training, mean ± std over seeds; ACC - base: its paired "
+          "difference to baseline, same seeds and chi (points; same: every seed equal), * where within the spread "
+          "over seeds: neither a gain nor a loss")
+
+
+def _cells(row: dict, baseline_iter_s: dict) -> list[str]:
+    """One row of the 1-D table (:data:`COLUMNS`), each cell short enough for :data:`WIDTH`."""
+    base = baseline_iter_s.get(row["chi"])
+    speedup = "-" if not base or row["mode"] == "baseline" else f"{base / row['iter_time_s']:.2f}x"
+    acc = delta = "-"
+    if row.get("accuracy_mean") is not None:
+        acc = f"{100 * row['accuracy_mean']:.1f}±{100 * (row.get('accuracy_std') or 0.0):.1f}"
+    d = row.get("acc_delta_vs_baseline")
+    if d is not None and row["mode"] != "baseline" and d == 0.0 and not row.get("acc_delta_std"):
+        delta = "same"
+    elif d is not None and row["mode"] != "baseline":
+        delta = f"{100 * d:+.1f}"
+        if row.get("acc_delta_std") is not None:
+            delta += f"±{100 * row['acc_delta_std']:.1f}" + ("*" if row.get("acc_delta_within_noise") else "")
+    rt = row.get("rt_vs_chi1")
+    return [row["label"], f"{row['chi']:g}", f"{row['epoch_time_s']:.2f}", "-" if rt is None else f"{rt:.2f}x",
+            speedup, acc, delta]
+
+
+def _display_order(rows: Sequence[dict]) -> list[dict]:
+    """Rows by chi (healthy first), Colossal-AI alone first at each chi, then the modes by name and λ."""
+    return sorted(rows, key=lambda r: (r["chi"], r["mode"] != "baseline", r["mode"],
+                                       -1 if r.get("lambda") is None else r["lambda"]))
+
+
+def print_table(rows: Sequence[dict], title: str, *, console=None) -> None:
+    """The 1-D table under ``title`` (lines wrapped to :data:`WIDTH`), its legend and what it shows in words
+    (:func:`takeaways`); ``console``: a :class:`rich.console.Console` (default: stdout's)."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title)
-    for col in ("mode", "chi", "iter s", "epoch s (RT)", "RT / RT(chi=1)", "ACC mean ± std", "ACC - baseline",
-                "balanced share by rank"):
-        table.add_column(col, justify="right", no_wrap=(col == "mode"))
-    for row in rows:
-        shares = row.get("balanced_share_by_rank")
-        table.add_row(
-            row["label"], f"{row['chi']:g}", f"{row['iter_time_s']:.3f}", f"{row['epoch_time_s']:.2f}",
-            "-" if row["rt_vs_chi1"] is None else f"{row['rt_vs_chi1']:.2f}x", *_accuracy_cells(row),
-            "-" if not shares else " / ".join("-" if s is None else f"{s:.2f}" for s in shares))
-    Console().print(table)
+    console = console or Console()
+    say = (lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True))
+    for line in title.splitlines():
+        say(_wrap(line))
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for col in COLUMNS:
+        table.add_column(col, justify="left" if col == "mode" else "right", no_wrap=True, min_width=len(col))
+    baseline_iter_s = {row["chi"]: row["iter_time_s"] for row in rows
+                       if row["mode"] == "baseline" and row.get("lambda") is None}
+    for row in _display_order(rows):
+        table.add_row(*_cells(row, baseline_iter_s))
+    console.print(table)
+    say(_wrap(LEGEND))
+    for line in takeaways(rows):
+        say(_wrap(line))
     if any(row["accuracy_mean"] is None for row in rows):
-        print("accuracy not measured (time-only run: too few iterations for accuracy to differ from chance)")
+        say(_wrap("accuracy not measured (time-only run: too few iterations for accuracy to differ from chance)"))
     elif any(row["acc_delta_vs_baseline"] is not None and row["acc_delta_std"] is None for row in rows):
-        print("ACC - baseline from one seed has no noise estimate: run several seeds before reading it as a "
-              "gain or a loss")
+        say(_wrap("ACC - base from one seed has no noise estimate: run several seeds before reading it as a gain "
+                  "or a loss"))
+
+
+def takeaways(rows: Sequence[dict]) -> list[str]:
+    """At each chi > 1, every mode's speed-up against Colossal-AI alone and what it did to accuracy."""
+    lines = []
+    plain = [row for row in rows if row.get("lambda") is None]
+    for chi in sorted({row["chi"] for row in plain if row["chi"] > 1.0}):
+        base = next((row for row in plain if row["chi"] == chi and row["mode"] == "baseline"), None)
+        others = [row for row in _display_order(plain) if row["chi"] == chi and row["mode"] != "baseline"]
+        if base is None or not others:
+            continue
+        parts = [f"{row['label']} {base['iter_time_s'] / row['iter_time_s']:.2f}x as fast{_accuracy_words(row)}"
+                 for row in others]
+        lines.append(f"at chi {chi:g}, against Colossal-AI alone: " + "; ".join(parts))
+    return lines
+
+
+def _accuracy_words(row: dict) -> str:
+    delta, std = row.get("acc_delta_vs_baseline"), row.get("acc_delta_std")
+    if delta is None:
+        return ""
+    if delta == 0.0 and not std:
+        return ", the same accuracy"
+    if row.get("acc_delta_within_noise"):
+        return f", accuracy {100 * delta:+.1f} points (within the seed spread)"
+    return f", accuracy {100 * delta:+.1f} points"
+
+
+def _wrap(text: str) -> str:
+    import textwrap
+
+    return textwrap.fill(text, WIDTH, break_on_hyphens=False, break_long_words=False)
 
 
 def machine() -> dict:
