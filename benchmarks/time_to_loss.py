@@ -334,6 +334,33 @@ def run_once(args: argparse.Namespace, mode: str, workdir: Path, repeat: int) ->
     return data
 
 
+SCRATCH_PREFIX = "semimig-ttl-"
+"""A run's scratch directory: ``<tmp>/semimig-ttl-<owner pid>-<random>``."""
+
+
+def reap_stale_scratch() -> list[Path]:
+    """Remove the scratch directories of runs whose owner is gone (killed with SIGKILL: nothing could
+    clean up then); a live owner's are left alone.  Returns the removed paths."""
+    import re
+    import shutil
+
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*"):
+        match = re.fullmatch(rf"{SCRATCH_PREFIX}(\d+)-.+", path.name)
+        if match is None or not path.is_dir():
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+            continue  # its owner lives
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
 class Interrupted(BaseException):
     """One of :data:`semimig._lifetime.END_SIGNALS` arrived."""
 
@@ -399,7 +426,8 @@ def run(args: argparse.Namespace, argv) -> int:
 
     started = time.time()
     raw: dict[str, list[dict]] = {mode: [] for mode in args.modes}
-    with tempfile.TemporaryDirectory(prefix="semimig-ttl-") as tmp:
+    reap_stale_scratch()
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-") as tmp:
         for k in range(args.repeats):  # interleaved: a machine that drifts over the run touches every mode alike
             for mode in args.modes:
                 raw[mode].append(run_once(args, mode, Path(tmp), k))
