@@ -251,11 +251,11 @@ def check_flags(args: argparse.Namespace) -> None:
     from semimig._io import check_apart, check_new_file
 
     outputs = (("--json", args.json), ("--started-file", args.started_file))
+    partial = None if args.save is None else staging_dir(args.save)
+    check_apart(outputs, (("--save", args.save), ("--save's staging directory", partial), ("--resume", args.resume)))
     for flag, path in outputs:
         if path is not None:
             check_new_file(path, flag, overwrite=args.overwrite)
-    partial = None if args.save is None else staging_dir(args.save)
-    check_apart(outputs, (("--save", args.save), ("--save's staging directory", partial), ("--resume", args.resume)))
     check_checkpoint_flags(args)
 
 
