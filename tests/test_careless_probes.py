@@ -292,3 +292,25 @@ def test_a_refusal_under_torchrun_is_one_line_from_rank_0_and_no_traceback(tmp_p
     ours = [line for line in proc.stderr.splitlines() if "finetune_llm.py: error:" in line]
     assert proc.returncode != 0 and len(ours) == 1 and "--batch-split poplar" in ours[0], proc.stderr[-2000:]
     assert 'finetune_llm.py", line' not in proc.stderr  # no rank's traceback (torchrun's own box remains)
+
+
+def test_resume_with_a_new_lr_trains_with_it_and_says_so(tmp_path):
+    """Before: the losses of ``--resume DIR --lr 0.5`` were those of the saved run's lr, nothing said."""
+    import json
+
+    from example_ranks import run_example
+
+    tiny = ["--hidden", "32", "--layers", "1", "--seq-len", "16", "--batch-size", "4", "--lr", "1e-2",
+            "--timeout-s", "60", "--data", "synthetic", "--eval-every", "0", "--eval-batches", "1", "--balance", "off"]
+    ckpt = tmp_path / "ckpt"
+    first = run_example([*tiny, "--steps", "2", "--save", str(ckpt), "--json", str(tmp_path / "a.json")])
+    assert first.returncode == 0, first.stderr[-3000:]
+    kept = [a for a in tiny if a not in ("--lr", "1e-2")]
+    runs = {}
+    for name, lr in (("same", []), ("new", ["--lr", "0.5"])):
+        run = run_example([*kept, *lr, "--steps", "4", "--resume", str(ckpt), "--json", str(tmp_path / f"{name}.json")])
+        assert run.returncode == 0, run.stderr[-3000:]
+        runs[name] = (run.stdout + run.stderr, json.loads((tmp_path / f"{name}.json").read_text())["losses"])
+    assert "keeping the checkpoint's lr 0.01 (pass --lr to override it)" in runs["same"][0]
+    assert "overriding the checkpoint's lr 0.01 with --lr 0.5" in runs["new"][0]
+    assert runs["new"][1][0] == runs["same"][1][0] and runs["new"][1][1] != runs["same"][1][1]  # after one step
