@@ -204,3 +204,24 @@ def test_the_cluster_launcher_removes_its_network_and_job_on_sighup_and_sigquit(
         from semimig.cluster.netns import reap_stale
 
         reap_stale()
+
+
+# -- semimig bench (spawned ranks) ----------------------------------------------------------------
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+def test_semimig_bench_leaves_no_rank_on_any_signal(sig, tmp_path):
+    """SIGQUIT before: it killed the launcher alone, its ranks left to notice."""
+    mark = secrets.token_hex(4)
+    proc = subprocess.Popen([sys.executable, "-m", "semimig.cli", "bench", "--compute", "emulated", "--quick",
+                             "--epochs", "50", "--iters-per-epoch", "50", "--no-plots", "--modes", "baseline",
+                             "--chi", "1", "--json", str(tmp_path / "b.json")], env=_env(mark),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _until(lambda: proc.poll() is None and len(_marked(mark)) >= 3, 90, f"no ranks started: {proc.poll()}")
+        time.sleep(1.0)  # the ranks past start-up, in their loop
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        _until(lambda: not _marked(mark), 20, f"ranks outlive {sig.name}: {_marked(mark)}")
+        if sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            assert proc.returncode == 128 + sig, proc.stderr.read()[-2000:]
+    finally:
+        _stop(proc, mark)
