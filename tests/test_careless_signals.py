@@ -159,6 +159,9 @@ def test_time_to_loss_leaves_no_process_cgroup_or_scratch_directory_on_any_signa
                     not _alive(int(n.split("-")[2]))]
     finally:
         _stop(proc, mark)
+        from semimig.straggler.throttle import remove_stale_throttles
+
+        remove_stale_throttles(controller)
 
 
 def _cmdline(pid: int) -> list[str]:
