@@ -144,6 +144,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             check_figure_path(args.plot, "--plot")
         except ConfigError as err:
             p.error(str(err))
+    if args.pattern is not None and args.straggler == "real" and args.fraction >= 1:
+        p.error(f"--pattern {args.pattern} with --fraction {args.fraction:g}: the throttled phases would be free too")
     if args.pattern is not None and args.straggler == "neighbour":
         p.error("--pattern: a noisy neighbour runs for the whole run (use --straggler real or device for a pattern)")
     if args.pattern is not None:
@@ -238,7 +240,7 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
         example += ["--shard-plan", args.shard_plan]
     if args.resize_block is not None and mode.startswith(("zero-pri", "semi")):
         example += ["--resize-block", str(args.resize_block)]
-    if args.reflex != "on":
+    if args.reflex != "on" and mode in RESIZING:  # the resizing modes' reflex: the others refuse the flag
         example += ["--reflex", args.reflex]
     fraction = 1.0
     if mode != "healthy":

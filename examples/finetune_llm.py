@@ -117,7 +117,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--balance", default="semi", choices=BALANCE_MODES,
                    help="balancing mode; 'off': none; 'reshard': exact uneven shards re-planned for a straggler that "
                         "stays (semi also re-shards, and resizes what varies)")
-    p.add_argument("--reflex", default="on", choices=("on", "backward", "off"),
+    p.add_argument("--reflex", default=None, choices=("on", "backward", "off"),
                    help="the step reflex of the resizing modes (a rank turning slow prunes the rest of its step): "
                         "'on' (default), 'backward' (backward calls only: every forward exact), 'off'")
     p.add_argument("--paired", action=argparse.BooleanOptionalAction, default=None,
@@ -228,6 +228,10 @@ def check_flags(args: argparse.Namespace) -> None:
         raise ConfigError(f"--shard-plan {args.shard_plan} needs --policy semimig and a --balance other than mig "
                           f"(migration needs equal shards), got --policy {args.policy} --balance {args.balance}")
     resizes = args.policy == "semimig" and args.balance not in ("mig", "reshard", "off")
+    if args.reflex is not None and not resizes:
+        raise ConfigError(f"--reflex {args.reflex} is the resizing modes' step reflex: it needs --policy semimig and a "
+                          f"resizing --balance (semi or zero-*), got --policy {args.policy} --balance {args.balance}")
+    args.reflex = args.reflex or "on"
     if args.paired is not None and not resizes:
         flag = "--paired" if args.paired else "--no-paired"
         raise ConfigError(f"{flag} says how MLPs prune: it needs --policy semimig and a resizing --balance (semi or "

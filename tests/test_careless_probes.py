@@ -112,6 +112,7 @@ EXAMPLE_BAD = [
     (["--timeout-s", "0"], "--timeout-s"), (["--reshard-probe", "1"], "--reshard-probe"),
     (["--straggler-replica", "0"], "--straggler-replica"), (["--zero-stage", "1"], "--zero-stage"),
     (["--policy", "colossalai", "--straggler", "fixed:1:2"], "--policy"),
+    (["--reflex", "off", "--balance", "reshard"], "--reflex"),
 ]
 EXAMPLE_OK = [[], ["--steps", "5"], ["--balance", "off"], ["--lr", "0.01"], ["--seed", "3"], ["--data", "synthetic"]]
 
@@ -180,7 +181,7 @@ THROTTLE_BAD = [
     (["--switch-log", "{tmp}/s.json"], "--switch-log"), (["--timeout", "0"], "timeout"),
     (["--pattern", "1:1", "--switch-log", "{tmp}/kept"], "--switch-log"),
     (["--pattern", "1:1", "--pattern-after", "{tmp}/kept"], "--pattern-after"),
-    (["--rank", "7", "--world", "2"], "--rank"),
+    (["--rank", "7", "--world", "2"], "--rank"), (["--pattern", "1:1", "--fraction", "1"], "--pattern"),
 ]
 
 
@@ -255,6 +256,7 @@ def ttl():
     (["--straggler", "real", "--chi", "3"], "--chi 3.0 applies to no run"),
     (["--straggler", "device", "--shard-plan", "30,2:3,1"], "--shard-plan 30,2:3,1 applies to no run"),
     (["--straggler", "device", "--modes", "healthy,off", "--resize-block", "4"], "--resize-block 4 applies"),
+    (["--straggler", "real", "--pattern", "2:2", "--fraction", "1"], "--pattern 2:2 with --fraction 1"),
     (["--straggler", "device", "--modes", "healthy,uneven", "--shard-plan", "1,1:1,1"], "mode uneven: its run"),
     (["--straggler", "device", "--modes", "healthy,uneven", "--shard-plan", "31,1:3,1", "--hidden", "1000"],
      "mode uneven: its run"),  # a block size that does not divide the MLP

@@ -252,6 +252,9 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
             raise ConfigError(f"--switch-log {switch_log} records a pattern's switches: it needs --pattern")
         check_new_file(switch_log, "--switch-log", overwrite=overwrite)
         check_apart([("--switch-log", switch_log), ("--pattern-after", pattern_after), *command_outputs(argv)])
+    if pattern is not None and pattern.fraction >= 1.0:
+        raise ConfigError(f"--pattern with --fraction {pattern.fraction:g}: the throttled phases would be free too; "
+                          "give a fraction below 1")
     if pattern_after is not None:
         if pattern is None:
             raise ConfigError(f"--pattern-after {pattern_after} delays a pattern: it needs --pattern")
