@@ -526,10 +526,11 @@ def evaluate(model: torch.nn.Module, batches: list) -> float:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = parse_args(argv)
     from semimig._quiet import quiet_third_party
 
-    quiet_third_party(verbose=args.verbose)  # before torch.distributed and Colossal-AI are imported
+    words = sys.argv[1:] if argv is None else argv  # quiet before the flag checks import Colossal-AI
+    quiet_third_party(verbose=any(w in ("-v", "--verbose") for w in words))
+    args = parse_args(argv)
     rank, world, device = init_distributed(args.timeout_s)
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")

@@ -200,7 +200,7 @@ def launched_world(argv: Sequence[str]) -> Optional[int]:
     launcher = bool(words) and os.path.basename(words[0]) in ("torchrun", "colossalai")
     if "torch.distributed.run" in words or "torch.distributed.launch" in words:
         launcher = True
-    if not launcher:
+    if not launcher or "--hosts" in words or "--hostfile" in words:  # colossalai run over hosts: not stated
         return None
     values: Dict[str, str] = {}
     for i, word in enumerate(words):
