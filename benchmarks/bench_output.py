@@ -50,20 +50,22 @@ class OutputPath(argparse.Action):
 
 def add_json_flag(parser: argparse.ArgumentParser, *, required: bool, help: str) -> None:
     """``--json PATH`` (a :class:`~pathlib.Path`, ``None`` when not given), refused at parse time
-    when it cannot be written (:class:`OutputPath`) or when it names an existing file and
-    ``--overwrite`` (added here too) is not given: a benchmark's result is hours of measurement, and a
-    reused name must not replace an earlier one silently (seen: a 27-minute run's file replaced by a
-    later run given the same name).  The check runs once the whole command line is parsed, so the two
+    when it cannot be written (:class:`OutputPath`) or when it (or another :class:`OutputPath` flag of the
+    parser, a ``--plot``) names an existing file and ``--overwrite`` (added here too) is not given: a
+    benchmark's result is hours of measurement, and a reused name must not replace an earlier one
+    silently.  The check runs once the whole command line is parsed, so the two
     flags may come in either order."""
     parser.add_argument("--json", type=Path, required=required, default=None, action=OutputPath, help=help)
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --json (or other output) file")
     parse_known_args = parser.parse_known_args
 
     def checked(args=None, namespace=None):
         parsed, extras = parse_known_args(args, namespace)
-        path = getattr(parsed, "json", None)
-        if path is not None and Path(path).exists() and not parsed.overwrite:
-            parser.error(f"--json {path} exists: pass --overwrite to replace it, or choose another path")
+        for action in parser._actions:  # --json and every other OutputPath flag (a --plot)
+            path = getattr(parsed, action.dest, None) if isinstance(action, OutputPath) else None
+            if path is not None and Path(path).exists() and not parsed.overwrite:
+                parser.error(f"{action.option_strings[0]} {path} exists: pass --overwrite to replace it, or choose "
+                             "another path")
         return parsed, extras
 
     parser.parse_known_args = checked  # parse_args goes through it

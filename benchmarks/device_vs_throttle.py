@@ -16,6 +16,7 @@ the emulation is good where that ratio is near 1 (issue: within 15 % at chi = 4)
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -24,7 +25,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_output import write_result  # noqa: E402
-from time_to_loss import add_run_flags, check_run_flags, run_once  # noqa: E402  (the headline benchmark's runner)
+from time_to_loss import (  # noqa: E402  (the headline benchmark's runner and its signal handling)
+    Interrupted,
+    _interrupt,
+    add_run_flags,
+    check_run_flags,
+    reap_stale_scratch,
+    run_once,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -42,14 +50,35 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    from semimig.bench.time_to_loss import steady_step_s
+    """Every end signal stops the run in progress and removes the scratch directory (as time_to_loss.py)."""
+    import signal
+
+    from semimig._lifetime import END_SIGNALS
 
     args = parse_args(argv)
+    previous = {s: signal.signal(s, _interrupt) for s in END_SIGNALS}
+    try:
+        return run(args, argv)
+    except Interrupted as sig:
+        for s in END_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        print(f"device_vs_throttle: {sig}: the run in progress was stopped and the scratch directory removed",
+              file=sys.stderr)
+        return 128 + sig.signum
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def run(args: argparse.Namespace, argv) -> int:
+    from semimig.bench.time_to_loss import steady_step_s
+
     config = dict(vars(args))  # as parsed: the runs below set args.straggler in turn
     started = time.time()
     kinds = {"healthy": ("real", "healthy"), "real": ("real", "off"), "device": ("device", "off")}
     runs: dict[str, list[dict]] = {k: [] for k in kinds}
-    with tempfile.TemporaryDirectory(prefix="semimig-dvt-") as tmp:
+    reap_stale_scratch()
+    with tempfile.TemporaryDirectory(prefix=f"semimig-ttl-{os.getpid()}-dvt-") as tmp:
         for repeat in range(args.repeats):
             for kind, (straggler, mode) in kinds.items():
                 args.straggler = straggler

@@ -31,13 +31,23 @@ rank and the straggler's scope; ``--plot`` draws validation loss against trainin
 per mode, a band over the repeats.  Analysis: :mod:`semimig.bench.time_to_loss`.
 
     python benchmarks/time_to_loss.py --straggler real --quick --json results/ttl_real.json
+
+Every mode's command line is checked (the example's own checks, at its world of 2 ranks) before the
+healthy run starts, and a flag that no run given would use (``--fraction`` or ``--period-us``
+without the real throttle, ``--chi`` with it, ``--shard-plan`` without ``uneven``, ``--reflex`` or
+``--resize-block`` without a resizing mode) is refused.  SIGINT, SIGTERM, SIGHUP and SIGQUIT end
+the run in progress (its throttle, torchrun and ranks) and remove the scratch directory (exit
+128 + the signal); a run also ends if this script is killed (:mod:`semimig._lifetime`).  A failed
+run's log is kept beside ``--json`` (``<json stem>-<mode>-<repeat>.log``).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -88,14 +98,16 @@ def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, counts
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from semimig._validate import OneLineParser  # a refusal: one line naming the flag, exit 2
+
+    p = OneLineParser(description=__doc__.split("\n")[0])
     p.add_argument("--straggler", choices=("real", "device", "gemm", "neighbour"), required=True)
     p.add_argument("--modes", default=",".join(DEFAULT_MODES),
                    help=f"comma-separated, from {MODES} (healthy always runs; default {','.join(DEFAULT_MODES)})")
-    p.add_argument("--shard-plan", default="28,4:3,1", metavar="MLP_UNITS:KV_UNITS",
+    p.add_argument("--shard-plan", default=None, metavar="MLP_UNITS:KV_UNITS",
                    help="mode uneven: the static uneven TP layout (the example's --shard-plan; default 28,4:3,1, "
                         "the DESIGN §8 plan for rank 1 four times slower at h1024)")
-    p.add_argument("--reflex", default="on", choices=("on", "backward", "off"),
+    p.add_argument("--reflex", default=None, choices=("on", "backward", "off"),
                    help="the step reflex of the resizing modes (the example's --reflex; default on)")
     p.add_argument("--resize-block", type=int, default=None, metavar="G",
                    help="the resizing modes prune whole blocks of G columns (the example's --resize-block; default 1)")
@@ -108,7 +120,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plot", type=Path, default=None, action=OutputPath,
                    help="PNG: validation loss against training time")
     add_run_flags(p)
+    p.set_defaults(fraction=None, period_us=None)  # None: not given (a flag no run uses is refused below)
     args = p.parse_args(argv)
+    check_flags_apply(p, args)
     if args.steps is None:  # `is None`, not `or`: a given 0 is refused below, never replaced by the default
         args.steps = 40 if args.quick else 60
     if args.repeats is None:
@@ -130,6 +144,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             check_figure_path(args.plot, "--plot")
         except ConfigError as err:
             p.error(str(err))
+    if args.pattern is not None and args.straggler == "real" and args.fraction >= 1:
+        p.error(f"--pattern {args.pattern} with --fraction {args.fraction:g}: the throttled phases would be free too")
     if args.pattern is not None and args.straggler == "neighbour":
         p.error("--pattern: a noisy neighbour runs for the whole run (use --straggler real or device for a pattern)")
     if args.pattern is not None:
@@ -146,7 +162,64 @@ def parse_args(argv=None) -> argparse.Namespace:
 
         if args.resize_block not in BLOCKS:
             p.error(f"--resize-block must be one of {BLOCKS}, got {args.resize_block}")
+    check_commands(p, args)
     return args
+
+
+RESIZING = ("zero-pri", "semi", "zero-pri-paired", "semi-paired")
+
+
+def check_flags_apply(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse a flag that no run of this command would use (never dropped in silence), then fill the defaults."""
+    modes = [m for m in args.modes.split(",") if m]
+    unused = []
+    if args.straggler != "real":
+        unused += [(f, v) for f, v in (("--fraction", args.fraction), ("--period-us", args.period_us)) if v is not None]
+    if args.straggler in ("real", "neighbour") and args.chi is not None:
+        unused.append(("--chi", args.chi))
+    if args.shard_plan is not None and "uneven" not in modes:
+        unused.append(("--shard-plan", args.shard_plan))
+    if not any(m in RESIZING for m in modes):
+        unused += [(f, v) for f, v in (("--reflex", args.reflex), ("--resize-block", args.resize_block)) if v is not None]
+    if unused:
+        flag, value = unused[0]
+        p.error(f"{flag} {value} applies to no run of --straggler {args.straggler} --modes {','.join(modes)}: "
+                "drop it (--fraction/--period-us: the real throttle; --chi: device or gemm; --shard-plan: uneven; "
+                "--reflex/--resize-block: the resizing modes)")
+    args.fraction = 0.25 if args.fraction is None else args.fraction
+    args.period_us = 4000 if args.period_us is None else args.period_us
+    args.shard_plan = "28,4:3,1" if args.shard_plan is None else args.shard_plan
+    args.reflex = "on" if args.reflex is None else args.reflex
+
+
+def check_commands(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every mode's run of the example parsed here with the example's own checks (at its world of 2 ranks,
+    the flags against the model included), so a run that would be refused is refused before the healthy
+    run trains rather than after it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("finetune_llm_checked", ROOT / "examples" / "finetune_llm.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)  # its main() is not run: only its flag checks are used
+    saved = {k: os.environ.get(k) for k in ("WORLD_SIZE", "RANK")}
+    os.environ.update(WORLD_SIZE="2", RANK="0")
+    try:
+        with tempfile.TemporaryDirectory(prefix="semimig-ttl-check-") as tmp:
+            for mode in args.modes:
+                cmd = command(args, mode, Path(tmp) / f"{mode}.json")
+                words = cmd[cmd.index(str(ROOT / "examples" / "finetune_llm.py")) + 1:]
+                said = io.StringIO()
+                try:
+                    with contextlib.redirect_stderr(said):
+                        example.parse_args(words)
+                except SystemExit as err:
+                    if err.code:
+                        reason = said.getvalue().strip().splitlines()[-1:] or [f"exit {err.code}"]
+                        p.error(f"mode {mode}: its run of the example would be refused: "
+                                f"{reason[0].partition('error: ')[2] or reason[0]}")
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
 
 
 def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
@@ -167,7 +240,7 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
         example += ["--shard-plan", args.shard_plan]
     if args.resize_block is not None and mode.startswith(("zero-pri", "semi")):
         example += ["--resize-block", str(args.resize_block)]
-    if args.reflex != "on":
+    if args.reflex != "on" and mode in RESIZING:  # the resizing modes' reflex: the others refuse the flag
         example += ["--reflex", args.reflex]
     fraction = 1.0
     if mode != "healthy":
@@ -243,10 +316,16 @@ def run_once(args: argparse.Namespace, mode: str, workdir: Path, repeat: int) ->
     log = workdir / f"{mode}-{repeat}.log"
     busy = rank_core(1) if args.straggler == "neighbour" and mode != "healthy" else None
     with open(log, "w") as f, neighbour(busy):
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=args.timeout_s)
-    if proc.returncode != 0 or not out.is_file():
+        returncode = run_ended(cmd, stdout=f, env=env, timeout_s=args.timeout_s)
+    if returncode != 0 or not out.is_file():
         tail = log.read_text().splitlines()[-15:]
-        raise SystemExit(f"time_to_loss: {mode} run {repeat} failed (exit {proc.returncode}); last lines of {log}:\n"
+        kept = Path(args.json).with_name(f"{Path(args.json).stem}-{mode}-{repeat}.log")
+        if not kept.exists():  # the scratch directory goes: the log stays where the user looks
+            from semimig._io import write_atomically
+
+            write_atomically(kept, log.read_bytes())
+            log = kept
+        raise SystemExit(f"time_to_loss: {mode} run {repeat} failed (exit {returncode}); last lines of {log}:\n"
                          + "\n".join(tail))
     data = json.loads(out.read_text())
     if switch_log(out).is_file():  # a throttle pattern: which steps ran throttled
@@ -257,13 +336,100 @@ def run_once(args: argparse.Namespace, mode: str, workdir: Path, repeat: int) ->
     return data
 
 
+SCRATCH_PREFIX = "semimig-ttl-"
+"""A run's scratch directory: ``<tmp>/semimig-ttl-<owner pid>-<random>``."""
+
+
+def reap_stale_scratch() -> list[Path]:
+    """Remove the scratch directories of runs whose owner is gone (killed with SIGKILL: nothing could
+    clean up then); a live owner's are left alone.  Returns the removed paths."""
+    import re
+    import shutil
+
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*"):
+        match = re.fullmatch(rf"{SCRATCH_PREFIX}(\d+)-.+", path.name)
+        if match is None or not path.is_dir():
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+            continue  # its owner lives
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+class Interrupted(BaseException):
+    """One of :data:`semimig._lifetime.END_SIGNALS` arrived."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def run_ended(cmd: list[str], *, stdout, env: dict, timeout_s: float, grace_s: float = 15.0) -> int:
+    """Run ``cmd`` (the throttle launcher) in a session of its own, dying with this process; on a signal
+    or past ``timeout_s`` it gets SIGTERM (it ends torchrun and the ranks and removes its cgroup), then
+    SIGKILL for its whole session after ``grace_s``.  Its exit status (124 past the timeout)."""
+    from semimig._lifetime import die_with_parent
+
+    proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                            start_new_session=True, preexec_fn=die_with_parent())
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return 124
+    except Interrupted:
+        from semimig._lifetime import END_SIGNALS
+
+        for s in END_SIGNALS:  # nothing interrupts the cleanup below
+            signal.signal(s, signal.SIG_IGN)
+        raise
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
 def main(argv=None) -> int:
-    from semimig.bench.time_to_loss import TARGET_TOLERANCE, RunResult, exact_limit, summarize_mode
+    from semimig._lifetime import END_SIGNALS
 
     args = parse_args(argv)
+    previous = {s: signal.signal(s, _interrupt) for s in END_SIGNALS}
+    try:
+        return run(args, argv)
+    except Interrupted as sig:
+        for s in END_SIGNALS:  # the cleanup (the run's session, the scratch directory) finishes undisturbed
+            signal.signal(s, signal.SIG_IGN)
+        print(f"time_to_loss: {sig}: the run in progress was stopped and the scratch directory removed",
+              file=sys.stderr)
+        return 128 + sig.signum
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def run(args: argparse.Namespace, argv) -> int:
+    from semimig.bench.time_to_loss import TARGET_TOLERANCE, RunResult, exact_limit, summarize_mode
+
     started = time.time()
     raw: dict[str, list[dict]] = {mode: [] for mode in args.modes}
-    with tempfile.TemporaryDirectory(prefix="semimig-ttl-") as tmp:
+    reap_stale_scratch()
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-") as tmp:
         for k in range(args.repeats):  # interleaved: a machine that drifts over the run touches every mode alike
             for mode in args.modes:
                 raw[mode].append(run_once(args, mode, Path(tmp), k))

@@ -95,11 +95,13 @@ logger = logging.getLogger("finetune_llm")
 
 BALANCE_MODES = ("semi", "mig", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "reshard", "off")
 SYNTHETIC_VOCAB = 512
+DEFAULT_LR = 1e-3
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    from semimig._validate import OneLineParser  # a refusal: one line, from rank 0 only, exit 2
+
+    p = OneLineParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny-llama",
                    help="'tiny-llama' (built in code) or a Hugging Face causal LM name/path, weights on disk")
     p.add_argument("--hidden", type=int, default=256, help="tiny-llama hidden size (default 256)")
@@ -115,7 +117,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--balance", default="semi", choices=BALANCE_MODES,
                    help="balancing mode; 'off': none; 'reshard': exact uneven shards re-planned for a straggler that "
                         "stays (semi also re-shards, and resizes what varies)")
-    p.add_argument("--reflex", default="on", choices=("on", "backward", "off"),
+    p.add_argument("--reflex", default=None, choices=("on", "backward", "off"),
                    help="the step reflex of the resizing modes (a rank turning slow prunes the rest of its step): "
                         "'on' (default), 'backward' (backward calls only: every forward exact), 'off'")
     p.add_argument("--paired", action=argparse.BooleanOptionalAction, default=None,
@@ -147,7 +149,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"learning rate (default {DEFAULT_LR:g}; with --resume: the checkpoint's, unless given)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", default="shakespeare", choices=("shakespeare", "synthetic"),
                    help="Shakespeare's plays as bytes (default; fetched by make setup) or synthetic sequences")
@@ -157,6 +160,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=5)
     p.add_argument("--timeout-s", type=float, default=180.0, help="collective timeout of every process group")
     p.add_argument("--json", default=None, help="write losses, step times and the summary here (rank 0)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json / --started-file")
     p.add_argument("--started-file", default=None, metavar="PATH",
                    help="rank 0 creates PATH as its first training step starts (for a launcher that "
                         "throttles the training, not the start-up: semimig throttle --pattern-after PATH)")
@@ -171,6 +175,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--allow-nonfinite", action="store_true",
                    help="keep training when the loss becomes NaN or inf (default: stop, naming the step)")
     args = p.parse_args(argv)
+    args.lr_given = args.lr is not None
+    args.lr = DEFAULT_LR if args.lr is None else args.lr
     try:
         check_flags(args)
     except Exception as err:  # ConfigError: one line naming the flag and the value
@@ -207,10 +213,8 @@ def check_flags(args: argparse.Namespace) -> None:
         if args.tp is not None and args.kv_heads % args.tp:
             raise ConfigError(f"--tp must divide the tiny Llama's --kv-heads {args.kv_heads}, got {args.tp}")
     else:  # its config now, not from_pretrained failing on every rank after start-up
-        import transformers
-
         try:
-            transformers.AutoConfig.from_pretrained(args.model, local_files_only=True)
+            model_config(args)
         except (OSError, ValueError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ConfigError(f"--model {args.model!r} is neither 'tiny-llama' nor a Hugging Face model on this "
@@ -224,6 +228,10 @@ def check_flags(args: argparse.Namespace) -> None:
         raise ConfigError(f"--shard-plan {args.shard_plan} needs --policy semimig and a --balance other than mig "
                           f"(migration needs equal shards), got --policy {args.policy} --balance {args.balance}")
     resizes = args.policy == "semimig" and args.balance not in ("mig", "reshard", "off")
+    if args.reflex is not None and not resizes:
+        raise ConfigError(f"--reflex {args.reflex} is the resizing modes' step reflex: it needs --policy semimig and a "
+                          f"resizing --balance (semi or zero-*), got --policy {args.policy} --balance {args.balance}")
+    args.reflex = args.reflex or "on"
     if args.paired is not None and not resizes:
         flag = "--paired" if args.paired else "--no-paired"
         raise ConfigError(f"{flag} says how MLPs prune: it needs --policy semimig and a resizing --balance (semi or "
@@ -242,20 +250,48 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.batch_split != "none" and args.policy != "semimig":
         raise ConfigError(f"--batch-split {args.batch_split} times each data-parallel group by semimig's layers: it "
                           f"needs --policy semimig, got --policy {args.policy}")
+    check_world(args)
+
+    from semimig._io import check_apart, check_new_file
+
+    outputs = (("--json", args.json), ("--started-file", args.started_file))
+    partial = None if args.save is None else staging_dir(args.save)
+    check_apart(outputs, (("--save", args.save), ("--save's staging directory", partial), ("--resume", args.resume)))
+    for flag, path in outputs:
+        if path is not None:
+            check_new_file(path, flag, overwrite=args.overwrite)
+    check_checkpoint_flags(args)
+
+
+def check_world(args: argparse.Namespace) -> None:
+    """The flags against the launch (``WORLD_SIZE``, set by torchrun; unknown outside a launch) and the
+    model: a TP size that divides the ranks, a straggler rank inside the TP group, a replica that exists,
+    a batch split with more than one group to split between, a shard plan that fits."""
+    from semimig.errors import ConfigError
+
+    world = os.environ.get("WORLD_SIZE")
+    world = int(world) if world and world.isdigit() and int(world) > 0 else None
+    tp = args.tp or world
+    if world is not None and world % tp:
+        raise ConfigError(f"--tp {tp} must divide the number of ranks {world}")
     if args.straggler is not None:
         from semimig.straggler import StragglerConfig
 
-        StragglerConfig.from_cli(args.straggler)  # names the bad token
+        ranks = StragglerConfig.from_cli(args.straggler).ranks  # names the bad token
+        if tp is not None and any(r >= tp for r in ranks):
+            raise ConfigError(f"--straggler {args.straggler} names TP rank {max(ranks)}, but the TP group has "
+                              f"ranks 0..{tp - 1} (--tp {tp})")
+    dp = None if world is None else world // tp
+    if dp is not None and args.straggler_replica is not None and args.straggler_replica >= dp:
+        raise ConfigError(f"--straggler-replica must be below the {dp} data-parallel replica(s), got "
+                          f"{args.straggler_replica}")
+    if dp == 1 and args.batch_split != "none":
+        raise ConfigError(f"--batch-split {args.batch_split} splits a batch between data-parallel groups, but there "
+                          f"is one ({world} ranks, --tp {tp}): drop it, or launch more ranks than --tp")
+    if args.shard_plan and tp is not None:
+        from semimig.shardformer import plan_from_flags
 
-    from semimig._io import check_apart, check_output_file
-
-    outputs = (("--json", args.json), ("--started-file", args.started_file))
-    for flag, path in outputs:
-        if path is not None:
-            check_output_file(path, flag)
-    partial = None if args.save is None else staging_dir(args.save)
-    check_apart(outputs, (("--save", args.save), ("--save's staging directory", partial), ("--resume", args.resume)))
-    check_checkpoint_flags(args)
+        plan_from_flags(args.shard_plan, model_config(args), tp, block_size=args.shard_block)
 
 
 def staging_dir(save: str) -> Path:
@@ -290,6 +326,12 @@ def check_checkpoint_flags(args: argparse.Namespace) -> None:
                               "directory")
         if not path.parent.is_dir():
             raise ConfigError(f"--save {path}: its directory {path.parent} does not exist")
+        import tempfile
+
+        try:  # a real write, not os.access (root passes that on a read-only file system)
+            os.rmdir(tempfile.mkdtemp(prefix=".finetune-save-probe-", dir=partial.parent))
+        except OSError as err:
+            raise ConfigError(f"--save {path}: cannot write in {partial.parent} ({err.strerror})") from None
     if args.resume is not None:
         state_file = Path(args.resume) / CHECKPOINT_STATE
         if not state_file.is_file():
@@ -331,6 +373,19 @@ def save_checkpoint(booster, model, optimizer, args: argparse.Namespace, step: i
         partial.rename(final)
     dist.barrier()
     return time.perf_counter() - start
+
+
+def resume_lr(optimizer, args: argparse.Namespace) -> None:
+    """The learning rate after ``--resume``: the checkpoint's (loaded with the optimizer state), said so,
+    unless ``--lr`` was given: then ``--lr``, said so too.  Never one replaced by the other in silence."""
+    saved = optimizer.param_groups[0]["lr"]
+    if args.lr_given and args.lr != saved:
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr
+        logger.info("overriding the checkpoint's lr %g with --lr %g", saved, args.lr)
+    elif not args.lr_given:
+        args.lr = saved
+        logger.info("keeping the checkpoint's lr %g (pass --lr to override it)", saved)
 
 
 def load_checkpoint(booster, model, optimizer, path: str) -> float:
@@ -383,18 +438,25 @@ def watch_launcher(rank: int, poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="watch-launcher", daemon=True).start()
 
 
+def model_config(args: argparse.Namespace):
+    """The model's config alone (no weights): the tiny Llama's from the flags, or ``--model``'s from disk."""
+    import transformers as T
+
+    if args.model != "tiny-llama":
+        return T.AutoConfig.from_pretrained(args.model, local_files_only=True)
+    vocab = 256 if args.data == "shakespeare" else SYNTHETIC_VOCAB  # bytes, or the synthetic range
+    return T.LlamaConfig(vocab_size=vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
+                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                         num_key_value_heads=args.kv_heads, max_position_embeddings=max(256, args.seq_len))
+
+
 def build_model(args: argparse.Namespace) -> torch.nn.Module:
     """The tiny Llama (seeded), or ``--model`` read from disk."""
     import transformers as T
 
     torch.manual_seed(args.seed)
     if args.model == "tiny-llama":
-        vocab = 256 if args.data == "shakespeare" else SYNTHETIC_VOCAB  # bytes, or the synthetic range
-        config = T.LlamaConfig(vocab_size=vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                               num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                               num_key_value_heads=args.kv_heads,
-                               max_position_embeddings=max(256, args.seq_len))
-        model = T.LlamaForCausalLM(config)
+        model = T.LlamaForCausalLM(model_config(args))
     else:
         model = T.AutoModelForCausalLM.from_pretrained(args.model, local_files_only=True)
         if args.data == "shakespeare" and model.config.vocab_size < 256:
@@ -464,10 +526,11 @@ def evaluate(model: torch.nn.Module, batches: list) -> float:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = parse_args(argv)
     from semimig._quiet import quiet_third_party
 
-    quiet_third_party(verbose=args.verbose)  # before torch.distributed and Colossal-AI are imported
+    words = sys.argv[1:] if argv is None else argv  # quiet before the flag checks import Colossal-AI
+    quiet_third_party(verbose=any(w in ("-v", "--verbose") for w in words))
+    args = parse_args(argv)
     rank, world, device = init_distributed(args.timeout_s)
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
@@ -485,13 +548,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     apply_cpu_shim()  # fills Colossal-AI's CPU gaps; a no-op with CUDA
     tp = args.tp or world
-    if world % tp:
-        raise semimig.ConfigError(f"--tp {tp} must divide the number of ranks {world}")
-    model = build_model(args)  # before the plugin: the shard plan is checked against model.config
-    try:
-        shard_plan = plan_from_flags(args.shard_plan, model.config, tp, block_size=args.shard_block)
-    except semimig.ConfigError as err:
-        sys.exit(f"finetune_llm.py: error: {err}")
+    model = build_model(args)  # the flags were checked against the launch and this config (check_world)
+    shard_plan = plan_from_flags(args.shard_plan, model.config, tp, block_size=args.shard_block)
     plugin = HybridParallelPlugin(tp_size=tp, pp_size=1, precision=args.precision, zero_stage=args.zero_stage,
                                   overlap_communication=torch.cuda.is_available(),  # CPU: no CUDA streams
                                   custom_policy=SemiMigPolicy(shard_plan=shard_plan) if args.policy == "semimig"
@@ -515,9 +573,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         split = None if args.batch_split == "none" else \
             semimig.BatchSplit(global_batch_size=args.batch_size * plugin.dp_size, allocation=args.batch_split,
                                max_batch_size=args.batch_size)
-        if args.straggler_replica is not None and args.straggler_replica >= plugin.dp_size:
-            sys.exit(f"finetune_llm.py: error: --straggler-replica must be below the {plugin.dp_size} data-parallel "
-                     f"replica(s), got {args.straggler_replica}")
         replica = torch.distributed.get_rank(plugin.dp_group)
         straggler = args.straggler if args.straggler_replica in (None, replica) else None
         try:
@@ -530,7 +585,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                             block_size=args.shard_block, probe=args.reshard_probe),
                                       batch=split)
         except semimig.ConfigError as err:
-            sys.exit(f"finetune_llm.py: error: {err}")
+            from semimig._validate import refuse_once
+
+            refuse_once("finetune_llm.py", err)
 
     dp_rank = torch.distributed.get_rank(plugin.dp_group)  # TP ranks share a batch; DP ranks do not
     vocab = model.unwrap().config.vocab_size
@@ -544,6 +601,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for _ in range(first):  # the batches the saved run trained on
             next(batches)
         logger.info("resumed %s at step %d (loaded in %.3f s)", args.resume, first, load_s)
+        resume_lr(optimizer, args)
     losses, times, val_losses, eval_s, shares, sheds, starts = [], [], [], 0.0, [], [], []
     model.train()
     # a progress bar only on a terminal: redirected output gets the periodic log lines instead of redraws

@@ -27,7 +27,8 @@ from typing import Any, Iterable, Optional, Tuple, Union
 
 from semimig.errors import ConfigError
 
-__all__ = ["check_apart", "check_figure_path", "check_input_file", "check_output_file", "check_output_dir", "write_atomically", "write_json", "write_figure"]
+__all__ = ["check_apart", "check_figure_path", "check_input_file", "check_new_file", "check_output_file", "check_output_dir",
+           "write_atomically", "write_json", "write_figure"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -105,6 +106,16 @@ def check_output_file(path: PathLike, flag: str, *, inputs: Iterable[PathLike] =
     if not parent.exists() and not make_parents:
         raise ConfigError(f"cannot write {flag} {path}: directory {parent} does not exist")
     _writable_directory(parent, flag, path)
+    return path
+
+
+def check_new_file(path: PathLike, flag: str, *, overwrite: bool, overwrite_flag: str = "--overwrite",
+                   inputs: Iterable[PathLike] = (), make_parents: bool = False) -> Path:
+    """:func:`check_output_file`, and an existing file refused unless ``overwrite``: the one rule of every
+    output path of semimig (what a user already has is never replaced without being asked to)."""
+    path = check_output_file(path, flag, inputs=inputs, make_parents=make_parents)
+    if not overwrite and os.path.lexists(path):
+        raise ConfigError(f"{flag} {path} exists: pass {overwrite_flag} to replace it, or choose another path")
     return path
 
 

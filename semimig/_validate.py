@@ -7,12 +7,15 @@ Each ``check_*`` returns the value (normalised where stated) or raises
 """
 from __future__ import annotations
 
+import argparse
 import math
-from typing import Any, Iterable, Optional
+import os
+import sys
+from typing import Any, Iterable, NoReturn, Optional
 
 from semimig.errors import ConfigError
 
-__all__ = ["is_int", "is_number", "check_bool", "check_int", "check_number", "check_choice", "check_str_tuple"]
+__all__ = ["OneLineParser", "first_local_rank", "refuse_once", "is_int", "is_number", "check_bool", "check_int", "check_number", "check_choice", "check_str_tuple"]
 
 
 def is_int(value: object) -> bool:
@@ -92,3 +95,27 @@ def check_str_tuple(name: str, value: Any, *, allow_empty: bool = True) -> tuple
         raise ConfigError(f"{name} must be a tuple of non-empty strings{'' if allow_empty else ' (at least one)'}, "
                           f"got {value!r}")
     return tuple(value)
+
+
+def first_local_rank() -> bool:
+    """Whether this process speaks for its launch: not under a launcher, or its rank 0 (``RANK`` where a
+    launcher sets it, else ``LOCAL_RANK``).  A refusal is printed by that process only, not once per rank."""
+    rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
+    return rank.strip() in ("", "0") or not rank.strip().lstrip("-").isdigit()
+
+
+def refuse_once(prog: str, message: object, code: int = 2) -> NoReturn:
+    """``prog: error: message`` on stderr (one line, rank 0 only: :func:`first_local_rank`), then exit ``code``."""
+    if first_local_rank():
+        text = " ".join(str(message).split("\n"))
+        print(f"{prog}: error: {text}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An :class:`argparse.ArgumentParser` whose refusal is one line (no usage block), printed once per
+    launch (:func:`refuse_once`), exit status 2: under torchrun every rank parses the same flags, and one
+    line from rank 0 says what N copies of a usage block would."""
+
+    def error(self, message: str) -> NoReturn:  # noqa: D102 (argparse's)
+        refuse_once(self.prog, message)

@@ -84,7 +84,7 @@ def test_a_threshold_only_pridiff_reads_may_differ_from_runs_without_pridiff(tmp
 
     other = [dict(r, seed=1) for r in pridiff]
     clash = _save(tmp_path / "clash.json", other, modes=["zero-pridiff-e"])  # saved with the default 1e-3
-    assert main(["report", str(old), str(new), str(clash), "--no-plots", "--json", str(out)]) == 2
+    assert main(["report", str(old), str(new), str(clash), "--no-plots", "--json", str(out), "--overwrite"]) == 2
     err = capsys.readouterr().err
     assert "config 'theta_iter' differs between runs of zero-pridiff-e, zero-pridiff-r" in err
     assert f"0.0001 in {new} but 0.001 in {clash}" in err

@@ -127,7 +127,8 @@ def test_report_never_replaces_a_bench_run_it_does_not_read(tmp_path, capsys):
     assert other.read_bytes() == before
     report = tmp_path / "report.json"
     assert main(["report", str(one), "--json", str(report), "--no-plots"]) == 0
-    assert main(["report", str(one), str(other), "--json", str(report), "--no-plots"]) == 0  # a report: replaced
+    assert main(["report", str(one), str(other), "--json", str(report), "--no-plots"]) == 2  # kept
+    assert main(["report", str(one), str(other), "--json", str(report), "--no-plots", "--overwrite"]) == 0
     assert len(json.loads(report.read_text())["records"]) == 2
 
 
@@ -186,7 +187,9 @@ def test_plan_json_written_atomically_with_the_mode_kept(tmp_path, capsys):
     spec, out = _spec(tmp_path), tmp_path / "plan.json"
     out.write_text("old")
     out.chmod(0o640)
-    assert main(["plan", str(spec), "--global-batch-size", "4", "--json", str(out)]) == 0
+    assert main(["plan", str(spec), "--global-batch-size", "4", "--json", str(out)]) == 2  # needs --overwrite
+    assert out.read_text() == "old"
+    assert main(["plan", str(spec), "--global-batch-size", "4", "--json", str(out), "--overwrite"]) == 0
     assert json.loads(out.read_text())["global_batch_size"] == 4
     assert stat.S_IMODE(out.stat().st_mode) == 0o640
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json", "spec.json"]  # no temporary left

@@ -19,7 +19,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
-from semimig._io import check_input_file, check_output_file, write_json
+from semimig._io import check_input_file, check_new_file, write_json
 from semimig._validate import check_int, check_number
 from semimig.errors import ConfigError
 
@@ -42,6 +42,7 @@ def add_plan_subcommand(subparsers: Any) -> None:
     parser.add_argument("--comm-time", type=float, default=None, help="collective seconds (per iteration for ZeRO-0/1, per micro-step for 2/3)")
     parser.add_argument("--max-accumulation-steps", type=int, default=None, help="cap on micro-steps per iteration")
     parser.add_argument("--json", dest="json_out", default=None, help="also write the plan as JSON to this path")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     parser.set_defaults(func=run_plan)
 
 
@@ -65,13 +66,13 @@ def _request(args: argparse.Namespace) -> AllocationRequest:
     """The flags checked (named as typed) and the spec read into one allocation request.
 
     ``--json`` is checked first, before the spec is read: never the spec itself, never a directory
-    or a FIFO, its directory writable.
+    or a FIFO, its directory writable, an existing file only with ``--overwrite``.
     """
     from semimig.allocation.request import MAX_GLOBAL_BATCH_SIZE, AllocationRequest
     from semimig.allocation.spec import curves_from_spec
 
     if args.json_out:
-        check_output_file(args.json_out, "--json", inputs=[args.spec])
+        check_new_file(args.json_out, "--json", overwrite=args.overwrite, inputs=[args.spec])
     gbs = check_int("--global-batch-size", args.global_batch_size, minimum=1, maximum=MAX_GLOBAL_BATCH_SIZE)
     steps = check_int("--max-accumulation-steps", args.max_accumulation_steps, minimum=1, allow_none=True)
     flag_comm = check_number("--comm-time", args.comm_time, minimum=0.0, allow_none=True)

@@ -19,6 +19,7 @@ CPU cores).  On fewer cores than ranks only the GEMMs can be slowed (emulated de
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -257,6 +258,29 @@ def sweep_from_args(args: argparse.Namespace, *, local_ranks: Optional[int] = No
     return sweeps.sweep_of(config_from_args(args, local_ranks=local_ranks))
 
 
+@contextlib.contextmanager
+def _quit_terminates():
+    """SIGQUIT ends a spawned run as SIGTERM and SIGHUP do (the ranks stopped and reaped, the finished cases
+    kept, exit 128 + 3), not by killing this process alone and leaving the ranks to notice."""
+    import signal
+
+    from semimig.launch import Terminated
+
+    def handler(signum, _frame):
+        raise Terminated(signum)
+
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    previous = signal.signal(signal.SIGQUIT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGQUIT, previous)
+
+
 def run_bench_command(args: argparse.Namespace) -> int:
     """Check every flag before any rank starts; then train on spawned or launcher-given ranks."""
     from semimig.bench import runner
@@ -265,12 +289,15 @@ def run_bench_command(args: argparse.Namespace) -> int:
     env = None
     try:
         env = TorchrunEnv.from_environ()
+        if not (args.no_plots or args.resume or args.overwrite):  # a resumed run redraws its own plots
+            check_plots_new(args.plots)
         sweep = sweep_from_args(args, local_ranks=env.local_world_size if env else None)
         out = runner.Outputs(json=args.json, plots=None if args.no_plots else args.plots, resume=args.resume,
                              overwrite=args.overwrite, dry_run=args.dry_run, argv=getattr(args, "argv", None),
                              full_trace=args.full_trace)
         if env is None:
-            return runner.run_spawned(sweep, out)
+            with _quit_terminates():
+                return runner.run_spawned(sweep, out)
         return runner.run_launched(sweep, out, env)
     except (ConfigError, runner.Refused) as err:  # refused before training: say which, no traceback
         if env is None or env.local_rank == 0:
@@ -283,14 +310,32 @@ def run_bench_command(args: argparse.Namespace) -> int:
         return err.code
 
 
+PLOT_FILES = ("rt_vs_chi.png", "acc_delta.png", "lambda_sweep.png", "grid_modes.png")
+"""The files ``bench`` and ``report`` draw in ``--plots DIR`` (:func:`semimig.bench.report.write_plots`,
+:func:`semimig.bench.grid.write_plot`)."""
+
+
+def check_plots_new(directory: Path) -> None:
+    """Refuse a ``--plots`` directory that holds one of :data:`PLOT_FILES` already (``--overwrite`` replaces them)."""
+    there = [name for name in PLOT_FILES if (Path(directory) / name).exists()]
+    if there:
+        raise ConfigError(f"--plots {directory} holds {', '.join(there)} already: pass --overwrite to replace "
+                          "them, or choose another --plots directory (or --no-plots)")
+
+
 def _check_outputs(args: argparse.Namespace) -> None:
-    """``--json`` (never one of the saved runs it reads) and (unless ``--no-plots``) ``--plots`` of ``report``."""
+    """``--json`` (never one of the saved runs it reads) and (unless ``--no-plots``) ``--plots`` of ``report``:
+    an existing file is replaced only with ``--overwrite``."""
+    from semimig._io import check_new_file
     from semimig.bench.results import check_outputs
 
     check_outputs(args.json, None if args.no_plots else args.plots, inputs=args.saved)
+    if not args.no_plots and not args.overwrite:
+        check_plots_new(args.plots)
     if _is_bench_run(args.json):
         raise ConfigError(f"--json {args.json} holds a semimig bench run (its records are not among the inputs); "
                           "a report would replace it: choose another --json, or pass it as an input to merge it")
+    check_new_file(args.json, "--json", overwrite=args.overwrite)
 
 
 def _is_bench_run(path: Path) -> bool:
@@ -332,6 +377,7 @@ def add_report_subcommand(subparsers) -> None:
     p.add_argument("--json", type=Path, default=Path("results/report.json"))
     p.add_argument("--plots", type=Path, default=Path("results"), help="directory for the PNG plots")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json file and plots")
     p.set_defaults(func=run_report_command)
 
 

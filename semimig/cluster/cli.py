@@ -19,8 +19,9 @@ Each node is a network namespace (smc-<id>-n<k>) joined to a bridge (smc-<id>-b)
 whose two ends are shaped with tc tbf (and netem for a delay); node k holds ranks k*P .. k*P+P-1
 and its ranks run torchrun's c10d rendezvous on node 0.  GLOO_SOCKET_IFNAME and
 SEMIMIG_CLUSTER_{RUN,NODE,NODES,IF,NETNS,ADDRS} are set for every rank.  Everything the run makes is
-removed when it ends (success, failure, Ctrl-C, SIGTERM); a crashed run's leftovers are removed
-by the next run.  Needs root, iproute2 and network namespaces (exit 2 otherwise).  Exit code: the
+removed when it ends (success, failure, SIGINT, SIGTERM, SIGHUP, SIGQUIT; each agent gets SIGTERM if
+the launcher is killed); a crashed run's leftovers are removed by the next run.  SCRIPT is the
+training script, not a launcher (torchrun is run here, one world over the nodes).  Needs root, iproute2 and network namespaces (exit 2 otherwise).  Exit code: the
 job's (128 + signal when interrupted, 124 past --timeout)."""
 
 
@@ -42,6 +43,25 @@ def add_cluster_subcommand(sub) -> None:
                    help="only remove the leftovers of crashed runs (dead owner), then exit")
     p.add_argument("script", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS...]: the torchrun script and its args")
     p.set_defaults(func=cluster_main)
+
+
+_LAUNCHERS = ("torchrun", "colossalai", "python", "python3", "mpirun", "srun")
+
+
+def check_not_a_launcher(words: list) -> None:
+    """The job is a script that torchrun runs on every node, one world of ``nodes x nproc-per-node``
+    ranks; a launcher given as the script (``-- torchrun --nproc_per_node 2 train.py``) would start a
+    world of its own on each node, every job alone and the shaped links unused: refused, naming it."""
+    import os
+
+    from semimig.errors import ConfigError
+
+    name = os.path.basename(words[0])
+    module = words[1] if words[0] in ("-m", "--module") and len(words) > 1 else ""
+    if name in _LAUNCHERS or name.startswith("python") or module.startswith("torch.distributed"):
+        raise ConfigError(f"the script {module or words[0]!r} is a launcher: semimig cluster runs torchrun itself, one world of "
+                          "--nodes x --nproc-per-node ranks; give the training script and set --nproc-per-node, e.g. "
+                          "semimig cluster --nodes 2 --nproc-per-node 2 --link-gbit 1 -- train.py")
 
 
 def cluster_main(args: argparse.Namespace) -> int:
@@ -71,6 +91,7 @@ def cluster_main(args: argparse.Namespace) -> int:
                 raise ConfigError(f"{flag} is required")
         if not words:
             raise ConfigError("no script: put it after '--', e.g. semimig cluster --nodes 2 --link-gbit 1 -- train.py")
+        check_not_a_launcher(words)
         if args.run_id is not None and not RUN_ID_RE.fullmatch(args.run_id):
             raise ConfigError(f"--run-id must be 1-6 characters of [a-z0-9], got {args.run_id!r}")
         check_number("--timeout", args.timeout, minimum=0.0, low_open=True, allow_none=True)

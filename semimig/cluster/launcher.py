@@ -4,10 +4,12 @@
 torchrun agent inside its namespace (``ip netns exec``, its own session so a terminal's Ctrl-C
 reaches the launcher only), waits for them, and returns the job's exit code: 0 when every agent
 exits 0, else the first failing agent's code (``128 + s`` for a signal ``s``).  After the first
-failure the other agents get ``grace_s`` to finish before they are stopped.  SIGTERM, SIGHUP and
-SIGINT to the launcher stop the agents (SIGTERM, then SIGKILL after ``grace_s``; whatever still
+failure the other agents get ``grace_s`` to finish before they are stopped.  SIGTERM, SIGHUP, SIGINT
+and SIGQUIT to the launcher stop the agents (SIGTERM, then SIGKILL after ``grace_s``; whatever still
 runs in a namespace is killed with it) and the cluster is removed; the code is then ``128 + s``.
 Signals that arrive while the cluster is being removed are ignored, so removal always finishes.
+Each agent gets SIGTERM when the launcher dies, SIGKILL included (:func:`semimig._lifetime.die_with_parent`);
+its namespaces and links are then reaped by the next run.
 """
 from __future__ import annotations
 
@@ -20,17 +22,18 @@ import sys
 import time
 from typing import Callable, Optional, Sequence
 
+from semimig._lifetime import END_SIGNALS, die_with_parent
 from semimig.cluster.netns import STATE_DIR, Cluster, kill_netns_pids
 from semimig.cluster.topology import ClusterConfig, ClusterPlan, new_run_id
 
 __all__ = ["Interrupted", "run_cluster"]
 
 log = logging.getLogger(__name__)
-_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+_SIGNALS = END_SIGNALS
 
 
 class Interrupted(BaseException):
-    """The launcher received SIGTERM, SIGHUP or SIGINT."""
+    """The launcher received one of :data:`~semimig._lifetime.END_SIGNALS`."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"interrupted by {signal.Signals(signum).name}")
@@ -109,7 +112,7 @@ def run_cluster(config: ClusterConfig, script: str, args: Sequence[str] = (), *,
                 for k in range(config.nodes):
                     procs.append(subprocess.Popen(plan.agent_command(k, python, script, args, log_dir=logs),
                                                   env={**os.environ, **(env or {}), **plan.agent_env(k)},
-                                                  start_new_session=True))
+                                                  start_new_session=True, preexec_fn=die_with_parent()))
                 code = _wait(procs, grace_s, timeout_s)
             except Interrupted as sig:
                 echo(f"semimig cluster {run_id}: {sig}; stopping the job and removing the cluster")

@@ -13,12 +13,18 @@ it started before that (they share the rank's quota; later children follow by th
 launcher may use.  ``--pattern ON:OFF`` throttles for ON seconds then frees for OFF, repeating,
 from the moment the worker is attached (or, with ``--pattern-after PATH``, from the moment PATH
 exists: the rank runs free until then); ``--switch-log FILE`` writes the wall-clock times of its
-switches there when COMMAND ends (to match a run's steps with the phases).  SIGINT and SIGTERM
-are forwarded to COMMAND's process group (SIGKILL follows if it is still running 10 s later); the
-cgroup is removed on every exit path, and leftovers of crashed runs are removed first.
+switches there when COMMAND ends (to match a run's steps with the phases; an existing file needs
+``--overwrite``, and it may not be one of COMMAND's own output paths).  SIGINT, SIGTERM, SIGHUP
+and SIGQUIT are forwarded to COMMAND's process group (SIGKILL follows if it is still running 10 s
+later); COMMAND gets SIGTERM if the launcher itself is killed, SIGKILL included
+(:func:`semimig._lifetime.die_with_parent`); the cgroup is removed on every exit path, and
+leftovers of crashed runs are removed first.
 
-Exit status: COMMAND's (128 + N when it died of signal N, 124 after ``--timeout``), or 2 with a
-one-line message when a throttle cannot be made here (nothing is started then).
+Exit status: COMMAND's (128 + N when it died of signal N, 124 after ``--timeout``); 1 when COMMAND
+succeeded but nothing was throttled as asked (no process of rank R appeared, or the
+``--pattern-after`` file never did), said in one line; 2 with a one-line message when the flags
+cannot apply (a rank outside the world COMMAND launches, ``torchrun --nproc_per_node N``) or a
+throttle cannot be made here (nothing is started then).
 :func:`run_throttled` is the same launcher for benchmarks.
 """
 from __future__ import annotations
@@ -33,7 +39,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from semimig._io import check_output_file, write_json
+from semimig._io import check_apart, check_new_file, write_json
+from semimig._lifetime import END_SIGNALS, die_with_parent
 from semimig._validate import check_bool, check_int, check_number
 from semimig.errors import ConfigError
 from semimig.straggler.throttle import (
@@ -168,6 +175,45 @@ def _kill_tree(pid: int) -> None:
             pass
 
 
+_OUTPUT_WORDS = ("json", "log", "out", "save", "plot", "csv", "file", "trace")
+
+
+def command_outputs(argv: Sequence[str]) -> List[tuple]:
+    """``(flag, path)`` of the output-looking flags of a command line (``--json F``, ``--log-file=F``):
+    what ``--switch-log`` must not share a path with."""
+    found = []
+    for i, word in enumerate(argv):
+        if not word.startswith("--"):
+            continue
+        flag, eq, value = word.partition("=")
+        if not eq:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        if any(w in flag for w in _OUTPUT_WORDS) and value and not value.startswith("-"):
+            found.append((f"the command's {flag}", value))
+    return found
+
+
+def launched_world(argv: Sequence[str]) -> Optional[int]:
+    """The world size a ``torchrun`` / ``python -m torch.distributed.run`` command line states
+    (``--nproc_per_node N`` times a fixed ``--nnodes M``), else ``None`` (not stated, or elastic)."""
+    words = list(argv)
+    launcher = bool(words) and os.path.basename(words[0]) in ("torchrun", "colossalai")
+    if "torch.distributed.run" in words or "torch.distributed.launch" in words:
+        launcher = True
+    if not launcher or "--hosts" in words or "--hostfile" in words:  # colossalai run over hosts: not stated
+        return None
+    values: Dict[str, str] = {}
+    for i, word in enumerate(words):
+        flag, eq, value = word.partition("=")
+        key = flag.replace("-", "_")
+        if key in ("__nproc_per_node", "__nnodes"):
+            values.setdefault(key, value if eq else (words[i + 1] if i + 1 < len(words) else ""))
+    nproc, nnodes = values.get("__nproc_per_node"), values.get("__nnodes", "1")
+    if nproc is None or not nproc.isdigit() or not nnodes.isdigit():
+        return None
+    return int(nproc) * int(nnodes)
+
+
 def _exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
@@ -176,7 +222,7 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
                   pattern: Optional[ThrottlePattern] = None, pin: bool = True, timeout_s: Optional[float] = None,
                   poll_s: float = 0.05, controller: Optional[CpuController] = None,
                   announce: Optional[Callable[[str], None]] = None, switch_log: Optional[str] = None,
-                  pattern_after: Optional[str] = None) -> int:
+                  pattern_after: Optional[str] = None, overwrite: bool = False) -> int:
     """Run ``argv`` with its rank-``rank`` worker throttled (module docstring); returns the exit status.
 
     ``pattern`` (its own fraction) replaces ``fraction`` when given.  ``announce`` receives the one
@@ -186,6 +232,8 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
     ends, ``[{"unix_s": .., "fraction": ..}, ...]``, the pattern's start and every switch (checked
     writable before the command starts).  ``pattern_after`` (with a ``pattern`` only): the rank runs
     free until this path exists, then the pattern starts (a run's training, not its start-up).
+    ``overwrite``: replace an existing ``switch_log``.  A command that succeeds with nothing throttled
+    as asked returns 1 (module docstring).
     """
     argv = [str(a) for a in argv]
     if not argv:
@@ -196,10 +244,17 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
     check_number("timeout_s", timeout_s, minimum=0.0, low_open=True, allow_none=True)
     check_number("poll_s", poll_s, minimum=0.0, low_open=True)
     announce = announce or logger.info
+    world = launched_world(argv)
+    if world is not None and rank >= world:
+        raise ConfigError(f"--rank {rank} does not exist: the command launches {world} rank(s), 0..{world - 1}")
     if switch_log is not None:
         if pattern is None:
             raise ConfigError(f"--switch-log {switch_log} records a pattern's switches: it needs --pattern")
-        check_output_file(switch_log, "--switch-log")
+        check_new_file(switch_log, "--switch-log", overwrite=overwrite)
+        check_apart([("--switch-log", switch_log), ("--pattern-after", pattern_after), *command_outputs(argv)])
+    if pattern is not None and pattern.fraction >= 1.0:
+        raise ConfigError(f"--pattern with --fraction {pattern.fraction:g}: the throttled phases would be free too; "
+                          "give a fraction below 1")
     if pattern_after is not None:
         if pattern is None:
             raise ConfigError(f"--pattern-after {pattern_after} delays a pattern: it needs --pattern")
@@ -230,9 +285,9 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
 
         previous = {}
         if threading.current_thread() is threading.main_thread():  # before Popen: no signal slips between
-            previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+            previous = {s: signal.signal(s, forward) for s in END_SIGNALS}
         try:
-            proc = subprocess.Popen(argv, start_new_session=True)
+            proc = subprocess.Popen(argv, start_new_session=True, preexec_fn=die_with_parent())
         except BaseException:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -267,9 +322,17 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
                 watcher.driver.stop()
             if switch_log is not None:
                 write_json(switch_log, switches)
+        status = 124 if timed_out else _exit_status(proc.returncode)
+        idle = None
         if not watcher.found:
-            announce(f"semimig throttle: no process with RANK {rank} appeared; nothing was throttled")
-    return 124 if timed_out else _exit_status(proc.returncode)
+            idle = f"no process with RANK {rank} appeared; nothing was throttled"
+        elif pattern_after is not None and watcher.driver is None:
+            idle = f"--pattern-after {pattern_after} never appeared; the pattern never started"
+        if idle is not None:
+            announce(f"semimig throttle: error: {idle}")
+            if status == 0:
+                return 1
+    return status
 
 
 def add_throttle_subcommand(subparsers: Any) -> None:
@@ -287,6 +350,7 @@ def add_throttle_subcommand(subparsers: Any) -> None:
                              "(e.g. the example's --started-file: throttle the training, not the start-up)")
     parser.add_argument("--switch-log", default=None, metavar="FILE",
                         help="with --pattern: write the pattern's switch times (unix seconds, fraction) here as JSON")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --switch-log file")
     parser.add_argument("--timeout", type=float, default=None, help="terminate COMMAND after this many seconds")
     parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log at INFO level")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
@@ -303,7 +367,7 @@ def run_throttle_cli(args: argparse.Namespace) -> int:
         pattern = None if args.pattern is None else ThrottlePattern.parse(args.pattern, fraction=args.fraction)
         return run_throttled(command, rank=args.rank, fraction=args.fraction, period_us=args.period_us,
                              pattern=pattern, pin=args.pin, timeout_s=args.timeout, switch_log=args.switch_log,
-                             pattern_after=args.pattern_after,
+                             pattern_after=args.pattern_after, overwrite=args.overwrite,
                              announce=lambda line: print(line, file=sys.stderr, flush=True))
     except ConfigError as err:
         print(f"semimig throttle: error: {err}", file=sys.stderr)
