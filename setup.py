@@ -15,6 +15,7 @@ PACKAGES = [
     "semimig.resizing",
     "semimig.migration",
     "semimig.controller",
+    "semimig.controller.sim",
     "semimig.straggler",
     "semimig.allocation",
     "semimig.bench",

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Optional
