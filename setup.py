@@ -41,6 +41,6 @@ setup(
         "scipy",
     ],
     # triton >= 3.0: the kernels call tl.dot(..., input_precision=...), which Triton 3.0 introduced
-    extras_require={"triton": ["triton>=3.0,<4"], "test": ["pytest", "pytest-timeout", "hypothesis", "import-linter"]},
+    extras_require={"triton": ["triton>=3.0,<4"], "nvml": ["nvidia-ml-py>=12"], "test": ["pytest", "pytest-timeout", "hypothesis", "import-linter"]},
     entry_points={"console_scripts": ["semimig=semimig.cli:main"]},
 )

@@ -50,6 +50,7 @@ import torch.nn.functional as F
 
 from bench_output import add_json_flag, interleaved_ms, refuse, write_result
 from semimig.straggler.clock import make_clock
+from semimig.straggler.nvml import HealthWatch
 
 PARTS = ("meter", "clock", "kernels", "stats", "graph", "allreduce")
 BARS = {"meter_overhead": 0.01, "event_vs_profiler": 0.05, "fused_vs_kprime": 1.10}
@@ -485,8 +486,10 @@ def _machine(device) -> str:
     if device.type != "cuda":
         return f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
     p = torch.cuda.get_device_properties(device)
+    health = HealthWatch(device, rank=0).poll()  # NVML's clocks and reasons, when nvidia-ml-py is installed
     return (f"cuda: {p.name} (sm_{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB), CUDA {torch.version.cuda}, "
-            f"{torch.cuda.device_count()} visible")
+            f"{torch.cuda.device_count()} visible; "
+            + (health.describe() if health is not None else "NVML unavailable (pip install nvidia-ml-py)"))
 
 
 def _parse_args(argv):

@@ -73,6 +73,7 @@ from semimig.straggler.busy import BusyMeter, BusyStats
 from semimig.straggler.clock import make_clock
 from semimig.straggler.device import DeviceClock, DeviceTime
 from semimig.straggler.injection import StragglerConfig, StragglerInjector
+from semimig.straggler.nvml import HealthWatch
 
 logger = logging.getLogger(__name__)
 
@@ -251,6 +252,7 @@ class BalanceController:
         step is read at its own end, a CUDA step one step late (its events never waited for)."""
         self.meter = BusyMeter(self.injector, device=device, clock=self.step_clock)
         self._untime = P.time_collectives(self.meter.comm)  # semimig's collectives are the step's communication
+        self.health = HealthWatch(device, rank=self.rank)  # NVML's clocks and throttle reasons, logged (CUDA only)
         reflex_config, resizes = config.controller.reflex, config.mode.startswith("zero") or config.mode == "semi"
         on_host = self.step_clock.backend == "host"  # the reflex reads the step's busy time as it runs
         self.reflex = StepReflex(reflex_config, gamma_max=res.gamma_max) if resizes and reflex_config and on_host \
@@ -384,6 +386,7 @@ class BalanceController:
         once they agree), feeds every rank's observation to its timing model and decides.
         """
         stats, device_time, wall = self._close_step()
+        self.health.poll()  # at most once per HealthWatch.every_s; nothing without NVML
         reflex_gamma = self.reflex.end_step(stats.busy_s) if self.reflex is not None else 0.0
         observed = (stats.work_fraction, stats.busy_s)
         if reflex_gamma > 0.0:

@@ -12,6 +12,8 @@ _WHERE = {
     "StepClock": "semimig.straggler.clock",
     "StepTimes": "semimig.straggler.clock",
     "make_clock": "semimig.straggler.clock",
+    "DeviceHealth": "semimig.straggler.nvml",
+    "HealthWatch": "semimig.straggler.nvml",
     "StragglerConfig": "semimig.straggler.injection",
     "StragglerInjector": "semimig.straggler.injection",
     "calibrate_cuda_sleep_rate": "semimig.straggler.injection",
