@@ -59,9 +59,9 @@ from bench_output import OutputPath, add_json_flag, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("healthy", "off", "zero-pri", "semi", "reshard", "uneven", "zero-pri-paired", "semi-paired")
-"""``*-paired``: the resizing mode with the example's ``--paired`` (each MLP pruned as a pair, issue 27;
-the example's default); ``zero-pri`` / ``semi`` pass ``--no-paired`` (each layer its own K, the paper),
-so a mode's name means what it meant in every earlier result."""
+"""``*-paired``: the resizing mode with the example's ``--paired`` (each MLP pruned as a pair, the
+example's default); ``zero-pri`` / ``semi`` pass ``--no-paired`` (each layer its own K, the paper),
+so a mode's name has one meaning in every result file."""
 DEFAULT_MODES = ("healthy", "off", "zero-pri", "semi", "reshard")
 
 
@@ -376,13 +376,13 @@ def _interrupt(signum: int, _frame: object) -> None:
 
 
 def run_ended(cmd: list[str], *, stdout, env: dict, timeout_s: float, grace_s: float = 15.0) -> int:
-    """Run ``cmd`` (the throttle launcher) in a session of its own, dying with this process; on a signal
-    or past ``timeout_s`` it gets SIGTERM (it ends torchrun and the ranks and removes its cgroup), then
-    SIGKILL for its whole session after ``grace_s``.  Its exit status (124 past the timeout)."""
-    from semimig._lifetime import die_with_parent
+    """Run ``cmd`` (the throttle launcher) in a process group of its own, dying with this process; on a
+    signal or past ``timeout_s`` it gets SIGTERM (it ends torchrun and the ranks and removes its
+    cgroup), then SIGKILL for its whole group after ``grace_s``.  Its exit status (124 past the timeout)."""
+    from semimig._lifetime import own_group_dying_with_parent
 
     proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                            start_new_session=True, preexec_fn=die_with_parent())
+                            preexec_fn=own_group_dying_with_parent())
     try:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -413,7 +413,7 @@ def main(argv=None) -> int:
     try:
         return run(args, argv)
     except Interrupted as sig:
-        for s in END_SIGNALS:  # the cleanup (the run's session, the scratch directory) finishes undisturbed
+        for s in END_SIGNALS:  # the cleanup (the run's process group, the scratch directory) finishes undisturbed
             signal.signal(s, signal.SIG_IGN)
         print(f"time_to_loss: {sig}: the run in progress was stopped and the scratch directory removed",
               file=sys.stderr)

@@ -8,6 +8,9 @@ and a launcher already gone when the child starts is noticed at once (``getppid`
 launcher).  The setting survives ``execve`` (not of a set-user-ID program), so it holds for
 ``torchrun`` and ``ip netns exec`` alike; what a killed launcher made on the machine (cgroups,
 namespaces) is reaped by its next run, by name.  Elsewhere than Linux it does nothing.
+:func:`own_group_dying_with_parent` adds ``os.setsid()`` before it: the child leads a process group
+of its own, apart from the launcher's terminal, so a terminal's Ctrl-C reaches the launcher alone
+and the launcher ends the child's whole group with one ``killpg``.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import signal
 import sys
 from typing import Callable, Optional
 
-__all__ = ["END_SIGNALS", "die_with_parent"]
+__all__ = ["END_SIGNALS", "die_with_parent", "own_group_dying_with_parent"]
 
 END_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 """The signals that end a launcher: each ends its children and removes what it made first."""
@@ -37,5 +40,20 @@ def die_with_parent(signum: int = signal.SIGTERM) -> Optional[Callable[[], None]
         libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
         if os.getppid() != parent:  # the parent died before the prctl: nobody would send the signal
             os.kill(os.getpid(), signum)
+
+    return preexec
+
+
+def own_group_dying_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None]:
+    """A ``preexec_fn`` for :class:`subprocess.Popen`: ``os.setsid()`` (the child leads a new process
+    group, its id the child's pid, with no controlling terminal), then :func:`die_with_parent`'s
+    setting where the platform has it.  ``setsid`` runs first, as ``Popen`` orders its own call to it
+    before a ``preexec_fn``; the parent-death signal is kept across ``setsid``."""
+    dies = die_with_parent(signum)
+
+    def preexec() -> None:
+        os.setsid()
+        if dies is not None:
+            dies()
 
     return preexec

@@ -99,11 +99,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
     The kernel hands ports of its ephemeral range (``ip_local_port_range``, 32768-60999 by
     default) to every outgoing connection, gloo's own pairs among them, so a port picked there can
-    be taken between this check and the bind that needs it (seen: a rank's store failing with
-    EADDRINUSE while other groups were connecting).  So the port is drawn at random from the
+    be taken between this check and the bind that needs it (a rank's store then fails with
+    EADDRINUSE while other groups connect).  So the port is drawn at random from the
     thousands below that range (its own ``SystemRandom``: the caller's ``random`` state is left
     alone) and checked by binding it; where no range can be read, or no port there binds, the
-    kernel picks one as before.
+    kernel picks one (a bind to port 0).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     low = _ephemeral_low()

@@ -61,9 +61,9 @@ def _refusal(call, *argv) -> tuple[int, list[str]]:
     (["--save", "/proc/semimig-ckpt"], "--save /proc/semimig-ckpt"),  # a directory nobody can write
 ])
 def test_the_example_refuses_what_does_not_fit_the_launch_before_any_group(example, world, argv, flag):
-    """Before: refused after the process group and the model were built (--tp, --shard-plan,
-    --straggler-replica), accepted as a no-op (--batch-split with one group, a straggler rank outside
-    the TP group), or failed after every step had trained (--save)."""
+    """Refused before the process group and the model are built (--tp, --shard-plan,
+    --straggler-replica), never accepted as a no-op (--batch-split with one group, a straggler rank
+    outside the TP group), nor failing only after every step has trained (--save)."""
     world(2)
     code, err = _refusal(example.parse_args, *argv)
     assert code == 2 and len(err) == 1 and flag in err[0], err
@@ -86,8 +86,8 @@ class _Optimizer:
 
 
 def test_resume_with_lr_overrides_the_checkpoints_and_says_so(example, caplog):
-    """Before: ``--resume DIR --lr 0.5`` trained with the checkpoint's lr (the loaded optimizer state), in
-    silence; now ``--lr`` given is honoured, and either way the log says which lr is used."""
+    """``--resume DIR --lr 0.5`` trains with the lr given, not the checkpoint's (the loaded optimizer
+    state), and either way the log says which lr is used."""
     args = example.parse_args(["--lr", "0.5"])
     optimizer = _Optimizer(1e-3)
     with caplog.at_level(logging.INFO, logger="finetune_llm"):
@@ -140,7 +140,7 @@ def _throttle(*argv: str) -> subprocess.CompletedProcess:
 
 
 def test_throttle_refuses_a_rank_the_launched_world_does_not_have_before_launching(tmp_path):
-    """Before: ``--rank 5 ... -- torchrun --nproc_per_node 2`` ran the whole job unthrottled and exited 0."""
+    """``--rank 5 ... -- torchrun --nproc_per_node 2`` is refused: it would run the whole job unthrottled."""
     marker = tmp_path / "ran"
     proc = _throttle("--rank", "5", "--fraction", "0.5", "--", "torchrun", "--nproc_per_node", "2",
                      "--no-python", "touch", str(marker))
@@ -161,14 +161,14 @@ def _cgroup_or_skip():
 
 
 def test_a_throttle_whose_rank_never_appears_fails_saying_so():
-    """Before: exit 0, one line among the job's output."""
+    """Exit 1 and a line that says so, not exit 0 with one line lost among the job's output."""
     _cgroup_or_skip()
     proc = _throttle("--rank", "1", "--fraction", "0.5", "--", "env", "RANK=0", "true")
     assert proc.returncode == 1 and "no process with RANK 1 appeared" in proc.stderr
 
 
 def test_a_pattern_whose_file_never_appears_fails_saying_so(tmp_path):
-    """Before: a typo in --pattern-after left the run unthrottled, exit 0, an empty switch log."""
+    """A typo in --pattern-after fails saying so, not an unthrottled run, exit 0, an empty switch log."""
     _cgroup_or_skip()
     proc = _throttle("--rank", "0", "--fraction", "0.5", "--pattern", "1:1", "--pattern-after",
                      str(tmp_path / "typo"), "--", "env", "RANK=0", "sleep", "0.3")
@@ -215,8 +215,8 @@ def test_property_the_throttle_refuses_any_invalid_flag_before_anything_starts(t
 @pytest.mark.parametrize("script", [["torchrun", "--nproc_per_node", "2", "train.py"],
                                     ["/usr/bin/python3", "train.py"], ["-m", "torch.distributed.run", "train.py"]])
 def test_the_cluster_refuses_a_launcher_as_its_script(script, capsys):
-    """Before: ``semimig cluster ... -- torchrun --nproc_per_node 2 ...`` ran one independent world per node,
-    the shaped link unused, exit 0."""
+    """``semimig cluster ... -- torchrun --nproc_per_node 2 ...`` is refused: it would run one
+    independent world per node, the shaped link unused, exit 0."""
     from semimig.cluster import cli
 
     assert cli.main(["--nodes", "2", "--link-gbit", "1", "--run-id", "zz9", "--", *script]) == 2
@@ -262,8 +262,8 @@ def ttl():
      "mode uneven: its run"),  # a block size that does not divide the MLP
 ])
 def test_time_to_loss_refuses_before_the_healthy_run(ttl, tmp_path, argv, said):
-    """Before: a flag that no run used was dropped in silence, and a run the example refuses (a shard plan
-    that does not fit) failed only after the healthy run had trained."""
+    """A flag that no run uses, and a run the example refuses (a shard plan that does not fit), are
+    refused at parse time, before the healthy run trains."""
     code, err = _refusal(ttl.parse_args, *argv, "--json", str(tmp_path / "r.json"))
     assert code == 2 and len(err) == 1 and said in err[0], err
 
@@ -287,7 +287,7 @@ def test_property_time_to_loss_refuses_any_invalid_flag_in_one_line(ttl, tmp_pat
 
 @pytest.mark.slow
 def test_a_refusal_under_torchrun_is_one_line_from_rank_0_and_no_traceback(tmp_path):
-    """Before: one traceback or usage block per rank (refused after the group and model were built)."""
+    """One line from rank 0, before the group and model are built: no traceback or usage block per rank."""
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--log-dir",
                            str(tmp_path / "logs"), str(REPO / "examples" / "finetune_llm.py"), "--batch-split",
                            "poplar"], env=ENV, capture_output=True, text=True, timeout=180)
@@ -297,7 +297,7 @@ def test_a_refusal_under_torchrun_is_one_line_from_rank_0_and_no_traceback(tmp_p
 
 
 def test_resume_with_a_new_lr_trains_with_it_and_says_so(tmp_path):
-    """Before: the losses of ``--resume DIR --lr 0.5`` were those of the saved run's lr, nothing said."""
+    """The losses of ``--resume DIR --lr 0.5`` are those of lr 0.5, not the saved run's, and the log says so."""
     import json
 
     from example_ranks import run_example

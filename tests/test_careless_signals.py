@@ -78,8 +78,8 @@ def _throttle_cgroups(controller, pid: int) -> list[str]:
 
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_the_throttle_launcher_leaves_nothing_on_any_signal(sig):
-    """Before: SIGHUP left the cgroup with the command still throttled inside; SIGKILL left the
-    command (torchrun and its ranks) running, one of them in the stale cgroup."""
+    """On every signal, SIGHUP and SIGKILL included, no cgroup is left with the command throttled
+    inside, and the command (torchrun and its ranks) does not outlive the launcher."""
     from semimig.straggler.throttle import remove_stale_throttles
 
     controller = _controller()
@@ -120,7 +120,7 @@ sys.exit(ttl.main(["--straggler", "device", "--modes", "healthy", "--repeats", "
 
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_time_to_loss_leaves_no_process_cgroup_or_scratch_directory_on_any_signal(sig, tmp_path):
-    """Before: SIGTERM left its child throttle, torchrun, the ranks and the scratch directory."""
+    """On every signal its child throttle, torchrun, the ranks and the scratch directory end with it."""
     controller = _controller()
     mark = secrets.token_hex(4)
     scratch = tmp_path / "tmp"
@@ -183,7 +183,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.mutex("netns")
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGQUIT], ids=lambda s: s.name)
 def test_the_cluster_launcher_removes_its_network_and_job_on_sighup_and_sigquit(sig, tmp_path):
-    """Before: SIGQUIT left the namespaces, the bridge, the shaped links and the job."""
+    """SIGHUP and SIGQUIT remove the namespaces, the bridge, the shaped links and the job."""
     from test_cluster import _REASON, SLEEPER, _assert_clean, _launcher, _rid, _snapshot, _wait_ready
 
     if _REASON:

@@ -148,8 +148,9 @@ def _refused_then_corrected_body(rank: int, world_size: int) -> dict:
 
 
 def test_a_refused_enable_leaves_no_state_and_a_forced_full_prune_trains(backend: str) -> None:
-    """Issue 30: enable(optimizer=object()) left directives behind, so the corrected call was refused as
-    'already balanced'; force(prune={1: 1.0}) made every second step() raise from the timing model."""
+    """A refused enable(optimizer=object()) leaves no directives behind, so the corrected call is not
+    refused as 'already balanced'; force(prune={1: 1.0}) trains, every step() without a raise from the
+    timing model."""
     out = run_on_ranks(_refused_then_corrected_body, 2, backend=backend, timeout_s=180)
     assert out["refused"].startswith("ConfigError: optimizer must be the boosted optimizer") and "object" in out["refused"]
     assert out["not_a_model"] == "ConfigError: model must be the boosted torch.nn.Module, got object"

@@ -238,7 +238,7 @@ def test_speed_curve_from_points(points, max_batch, interpolation):
 
 @pytest.mark.parametrize("points", [None, 5])
 def test_speed_curve_from_points_refuses_a_non_sequence(points):
-    """Found by this suite (a TypeError from iterating ``points``), fixed in semimig/allocation/speed.py."""
+    """``points`` that is not a sequence is refused as a bad input, not a TypeError from iterating it."""
     from semimig.allocation.speed import SpeedCurve
 
     assert build(SpeedCurve.from_points, points=points, max_batch_size=8) is None

@@ -1,4 +1,4 @@
-"""Paired pruning of an MLP (issue 27): the row layer keeps units ``S`` and receives them compact,
+"""Paired pruning of an MLP: the row layer keeps units ``S`` and receives them compact,
 the column layers compute only rows ``S``.
 
 Oracles: the same MLP with the column layers dense and the row layer pruned to ``S`` the usual way

@@ -5,7 +5,7 @@ fakes, so the check runs on a CPU-only machine: every tensor reachable from the 
 objects is walked (their attributes, not a list the code under test hands out), and each must sit
 on the weight's device; a host tensor of the weight's shape would be a host copy of it.  A real
 CUDA device, where present, runs the same check.  The selections (priority lists, keep sets) are
-compared with the float64 host computation the statistics used to run, on the same seed.
+compared with a float64 host computation of the same statistics (the reference), on the same seed.
 """
 import math
 
@@ -122,7 +122,7 @@ def test_binding_statistics_stay_on_the_weights_device():
 
 # ----------------------------------------------------------------------------- same selections
 class _HostFloat64List:
-    """The float64 host computation the statistics used to run: a host snapshot, a float64 column
+    """The float64 host reference of the statistics: a host snapshot, a float64 column
     mean, the lexicographic list ``(pruned last period, delta, earlier counts, index)``."""
 
     def __init__(self, weight: torch.Tensor) -> None:

@@ -1,4 +1,4 @@
-"""The step reflex: a rank that turns slow prunes the rest of its step (issue 27, the come-and-go straggler).
+"""The step reflex: a rank that turns slow prunes the rest of its step (the come-and-go straggler).
 
 Three levels: the pure decision (:class:`semimig.controller.reflex.StepReflex`) on made-up marks;
 the layers' handling of a keep set handed out in the middle of a step (forward dense, backward

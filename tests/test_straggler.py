@@ -326,7 +326,7 @@ def test_emulated_busy_time_is_the_emulated_device_time():
 @pytest.mark.parametrize("spec", ["fixed:1:4:flops=1e9", "fixed:1:4:mode=measured:flops=1e9",
                                   "round-robin:2:flops=5e7", "multi:0=8,1=2:flops=1e10"])
 def test_a_flops_rate_that_measured_mode_would_ignore_is_refused(spec):
-    """Issue 30: ``flops=`` was accepted and silently unused in measured mode."""
+    """``flops=`` is refused in measured mode, where it would be silently unused."""
     with pytest.raises(ValueError, match=r"straggler spec '.*flops=.*': flops=.* is used only by mode=flops or "
                                          r"mode=emulated, not mode=measured"):
         StragglerConfig.from_cli(spec)

@@ -10,8 +10,8 @@ Every mode trains the same model on the same data for the same number of steps (
 
 Under a time-varying throttle (``--pattern``) each step is *throttled* or *free* by the fraction
 in force at its midpoint (the throttle's switch log against the example's step start times), and
-each mode's mean step per phase (after the warm-up) is set beside off's: issue 27 asks for no
-phase in which a balancing mode is slower than off.
+each mode's mean step per phase (after the warm-up) is set beside off's: a balancing mode should
+be slower than off in no phase.
 
 A mode that drops work (resizing) may be faster per step and still slower to the target, or never
 reach it: that is what this benchmark is for.  ``balanced_share`` per rank is the share of the
@@ -88,7 +88,7 @@ def steady_step_s(step_s: Sequence[float]) -> float:
 
 
 def worst_step_s(step_s: Sequence[float]) -> float:
-    """The slowest step after the first ``WARMUP_STEPS`` (issue 27's bar: none over 3x a healthy step)."""
+    """The slowest step after the first ``WARMUP_STEPS`` (the bar a mode should meet: none over 3x a healthy step)."""
     if len(step_s) <= WARMUP_STEPS:
         raise ConfigError(f"worst_step_s needs more than {WARMUP_STEPS} step times, got {len(step_s)}")
     return float(max(step_s[WARMUP_STEPS:]))

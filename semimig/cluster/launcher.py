@@ -1,14 +1,15 @@
 """Run a torchrun job on an emulated cluster: one agent per node namespace, bounded shutdown.
 
 :func:`run_cluster` makes the cluster (:class:`~semimig.cluster.netns.Cluster`), starts node ``k``'s
-torchrun agent inside its namespace (``ip netns exec``, its own session so a terminal's Ctrl-C
-reaches the launcher only), waits for them, and returns the job's exit code: 0 when every agent
+torchrun agent inside its namespace (``ip netns exec``, in a process group of its own apart from the
+terminal, so a terminal's Ctrl-C reaches the launcher only), waits for them, and returns the job's exit code: 0 when every agent
 exits 0, else the first failing agent's code (``128 + s`` for a signal ``s``).  After the first
 failure the other agents get ``grace_s`` to finish before they are stopped.  SIGTERM, SIGHUP, SIGINT
 and SIGQUIT to the launcher stop the agents (SIGTERM, then SIGKILL after ``grace_s``; whatever still
 runs in a namespace is killed with it) and the cluster is removed; the code is then ``128 + s``.
 Signals that arrive while the cluster is being removed are ignored, so removal always finishes.
-Each agent gets SIGTERM when the launcher dies, SIGKILL included (:func:`semimig._lifetime.die_with_parent`);
+Each agent gets SIGTERM when the launcher dies, SIGKILL included
+(:func:`semimig._lifetime.own_group_dying_with_parent`);
 its namespaces and links are then reaped by the next run.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 import time
 from typing import Callable, Optional, Sequence
 
-from semimig._lifetime import END_SIGNALS, die_with_parent
+from semimig._lifetime import END_SIGNALS, own_group_dying_with_parent
 from semimig.cluster.netns import STATE_DIR, Cluster, kill_netns_pids
 from semimig.cluster.topology import ClusterConfig, ClusterPlan, new_run_id
 
@@ -45,7 +46,7 @@ def _code(returncode: int) -> int:
 
 
 def _stop(procs: list[subprocess.Popen], plan: ClusterPlan, grace_s: float) -> None:
-    """SIGTERM every running agent's session, SIGKILL after ``grace_s``, then whatever is left inside."""
+    """SIGTERM every running agent's process group, SIGKILL after ``grace_s``, then whatever is left inside."""
     for p in procs:
         if p.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -58,7 +59,7 @@ def _stop(procs: list[subprocess.Popen], plan: ClusterPlan, grace_s: float) -> N
         if p.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, signal.SIGKILL)
-    for node in plan.nodes:  # ranks run in sessions of their own: sweep the namespace
+    for node in plan.nodes:  # ranks run in process groups of their own: sweep the namespace
         with contextlib.suppress(Exception):
             kill_netns_pids(node.netns)
     for p in procs:
@@ -112,7 +113,7 @@ def run_cluster(config: ClusterConfig, script: str, args: Sequence[str] = (), *,
                 for k in range(config.nodes):
                     procs.append(subprocess.Popen(plan.agent_command(k, python, script, args, log_dir=logs),
                                                   env={**os.environ, **(env or {}), **plan.agent_env(k)},
-                                                  start_new_session=True, preexec_fn=die_with_parent()))
+                                                  preexec_fn=own_group_dying_with_parent()))
                 code = _wait(procs, grace_s, timeout_s)
             except Interrupted as sig:
                 echo(f"semimig cluster {run_id}: {sig}; stopping the job and removing the cluster")

@@ -439,7 +439,7 @@ class LayerBinding:
         """The ``n_prune`` columns of ``[0, own)`` to drop: random (rd) or the period's priority list."""
         if self.resizing.variant == "rd" or b.priority is None:
             return select_pruned(torch.zeros(own), n_prune, "rd", self.generator)
-        block = self.resizing.block  # issue 27: whole aligned blocks (round(n_prune / block) of them) when they fit
+        block = self.resizing.block  # whole aligned blocks (round(n_prune / block) of them) where block divides own
         return b.priority.select(own, n_prune, block=block if own % block == 0 else 1)
 
     def _prune_counts(self, b: BoundLayer) -> Optional[torch.Tensor]:

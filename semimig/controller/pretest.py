@@ -107,8 +107,8 @@ class PretestRun:
     tasks cycle through the shares ``repeats`` times, a (kind, share) sums its shapes (each
     counted as often as it occurs) within a repeat and keeps its best (smallest) sum.  One shape
     per task bounds what a task adds to the step it runs in: at most the three GEMMs of one
-    layer, where one task over every shape cost a throttled rank 1.6 healthy steps (issue 27,
-    measured at h1024: a 6x step).  :meth:`advance` runs the next ``tasks`` of them; once all
+    layer, where one task over every shape would add the whole model's GEMMs again, slowed as
+    much as the throttled rank is.  :meth:`advance` runs the next ``tasks`` of them; once all
     have run it all-reduces the samples (MAX for the straggler-side and traffic costs, MIN for
     Φ2) and returns them.
 

@@ -2,8 +2,8 @@
 
 The controller sees a step only after it ends, decides at the next ``step()`` and needs a few
 observations of a new regime before it flags a straggler (DESIGN §3a), so a throttle that starts
-runs 3-4 whole steps at the slow device's pace before anything is pruned (measured: 4-5x a
-healthy step, issue 27).  Resizing needs no agreement — a rank that prunes computes the same
+runs a few whole steps at the slow device's pace (each as many times a healthy step as the device
+is slower) before anything is pruned.  Resizing needs no agreement — a rank that prunes computes the same
 collectives on the same shapes — so a rank may react to its *own* evidence within the step; the
 reflex is that reaction, and only that: a rule every rank holds (the config), whose firing is
 local and reported (the work fraction of the step, the step report, the lineage table).
@@ -64,9 +64,10 @@ class ReflexConfig:
     """When a rank prunes inside a step on its own evidence (module docstring)."""
 
     ratio: float = 2.5
-    """A call is slow when its own work took at least this many times its reference.  2.5: on a
-    loaded 2-core machine single steps run 1.3-1.5x their median (measured, ``change_ratio``); a
-    throttle to 25 % of a core is 3-4x."""
+    """A call is slow when its own work took at least this many times its reference.  2.5 lies
+    above the spread of a loaded host (single steps within about 1.5x their median, the noise
+    ``change_ratio`` allows for) and below the slowdown worth reacting to (a quarter of a core is
+    up to 4x)."""
 
     evidence: int = 2
     """Consecutive slow calls needed to fire (a preemption hits one call; a slow device every one)."""
@@ -74,9 +75,8 @@ class ReflexConfig:
     evidence_share: float = 0.1
     """... and together at least this share of a clean step's own work.  A rank slowed by a time
     slice (a CPU quota, a shared GPU's time slicing) stalls short calls several-fold while its step
-    keeps its pace: measured under the real 25 % throttle, the re-planned rank holding 1 of 8 KV
-    groups read 3.2-6.1x on its ~1 ms calls and pruned 70-90 % of the rest of the step, nine
-    times in 60 steps, while its steps ran 0.72-0.96 s against the other rank's 1.0-1.1 s; a
+    keeps its pace: a quota period that lands on a millisecond call stalls it whole, while over a
+    step the quota averages out, so a few slow short calls are no evidence of a slow rank.  A
     throttle that really starts slows every call, so a tenth of a step is soon there."""
 
     min_excess_s: float = 0.05
@@ -96,9 +96,9 @@ class ReflexConfig:
     """Prune the step's remaining forward calls too (ZERO-resizing of the rest of the step).
     False: only backward calls — every forward stays exact (the loss and activations are the dense
     ones) and the gradients drop the pruned columns; it sheds about two thirds as much (backward is
-    two of a layer's three GEMMs).  Measured on the ``5:10`` throttle (issue 27): with either, the
-    validation loss spiked after pruned phases early in training; ``False`` ran 4-5x steps where
-    ``True`` held 2.6-2.9x, so ``True`` is the default."""
+    two of a layer's three GEMMs).  ``True`` is the default: backward-only pruning leaves a slow
+    rank's steps further above its reference, and it does not spare the model the pruning (the
+    gradients drop the same columns, and the loss moves after pruned phases either way)."""
 
     def __post_init__(self) -> None:
         check_number("ReflexConfig.ratio", self.ratio, minimum=1.0, low_open=True, maximum=100.0)

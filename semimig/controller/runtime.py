@@ -433,8 +433,8 @@ class BalanceController:
             # only while a straggler is flagged: the curves serve it, and a group without one (the
             # free phases of a straggler that comes and goes) pays nothing (identical on every rank).
             # Not in the step whose decision flagged it: that step ran at the straggler's own pace
-            # (its plan not yet in force; a reflex step at 2.3-2.7x healthy under the real
-            # throttle), and a task's GEMMs on the slowed rank took it to 3.07x (20:40, semi)
+            # (its plan not yet in force, at most the reflex's relief), and a task's GEMMs on the
+            # slowed rank would add to the slowest step of the straggler's onset
             self._advance_pretest()  # its own time is not the next iteration's work or traffic
         self._flagged_before = flagged
         pending = {**self._pending.describe(self.config.mode), **self._setup}
@@ -524,8 +524,8 @@ class BalanceController:
 
         Migration adds the straggler's own operand hand-out and the receivers' synchronisation to
         its balanced path; where that makes shedding not pay (a fixed fraction above
-        ``max_fixed_fraction``) resizing alone may still pay (measured: the example's tiny Llama
-        on CPU, 0.58 s/step backed off vs 0.29 s resizing only).  So the first back-off of a
+        ``max_fixed_fraction``) resizing alone may still pay, since it has none of migration's
+        hand-out or synchronisation.  So the first back-off of a
         migrating rank is forgiven, its fitted fixed fraction forgotten, and Eq. 2 splits its
         share with β = 0 from then on; if resizing does not pay either, it backs off as usual.
         Identical on every rank (the decision is)."""

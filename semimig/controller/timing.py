@@ -16,7 +16,7 @@ on the rank's current speed,
 ``S`` is the rank's *unpruned* time (its busy time at ``w = 1``) and ``f`` the fixed fraction of the
 balanced path — the part that does not shrink with the kept columns (gathers, copies, launches,
 host work).  The paper's Eq. 1 assumes ``f = 0``; dividing a measured time by the kept fraction
-under that assumption inflates ``S`` the more a rank prunes whenever ``f > 0`` (issue 16), so here:
+under that assumption inflates ``S`` the more a rank prunes whenever ``f > 0``, so here:
 
     f  least squares ``T_k = a + b·w_k`` over the window's observations with ``w_k ≤ 1`` (dense
        ones included: pruning is judged against the dense path), ``f = a / (a + b)`` clamped to
@@ -25,9 +25,9 @@ under that assumption inflates ``S`` the more a rank prunes whenever ``f > 0`` (
        is kept — a rank pruning steadily keeps its ``f``.  The dense anchor matters: from points
        at one work fraction only ``S·(f + (1 − f)·w)`` is identified, and a line through two
        nearby pruned clusters (``w`` = 0.22 and 0.1 while Eq. 1 raises γ) extrapolates the busy
-       times' relative noise to ``w = 1`` amplified by about ``1/Δw``: on real compute such fits
-       wandered from 0.27 to 0.8 with 15 % noise and backed a real straggler off to dense (a
-       phantom "does not pay").  So ``f`` — a property of the code path and the shapes — is fitted
+       times' relative noise to ``w = 1`` amplified by about ``1/Δw`` (15 % noise over
+       ``Δw ≈ 0.1`` puts ``f`` anywhere in its range), enough to back a real straggler off to dense
+       (a phantom "does not pay").  So ``f`` — a property of the code path and the shapes — is fitted
        in the iterations right after the rank starts pruning, and ``S`` alone follows its speed.
     S  ``median_k T_k / (f + (1 − f)·w_k)`` over the last ``window`` observations: robust to a
        descheduled iteration, and it follows a change of speed within ``window / 2`` iterations
@@ -45,10 +45,10 @@ regime: with ``S_j`` the dense-equivalent time of observation ``j`` (``T_j / (f 
 observations all lie beyond ``(1 + m)`` times (or below ``1 / (1 + m)`` times) the median ``S`` of
 the regime's earlier observations at the same work (``|w − w_j| ≤ SAME_WORK``; a slowdown only
 after ``2·window`` observations, so warm-up iterations start nothing and the noise below is known; a
-speed-up after ``window``: a throttle from the first step that lifted within ``2·window`` — 20:40
-started with the training — left no change point, and γ decayed over 10+ steps, or stayed at
-0.1–0.2 for 40 where ``f`` had been fitted across the lift; the opening flags such a rank, the
-speed-up releases it), with
+speed-up after ``window``: a throttle present from the first step that lifts within ``2·window``
+still meets a change point, where otherwise γ would only decay as the window's median follows, or
+stay above 0 for long where ``f`` had been fitted across the lift; the opening flags such a rank,
+the speed-up releases it), with
 
     m = max( change_ratio ,  exp(change_sigmas · σ_ln) − 1 )
 
@@ -59,8 +59,8 @@ not a run of them, so a throttle during the warm-up does not widen the band for 
 Comparing at the same work makes the test independent of ``f`` (a pruned rank whose ``f`` is not
 yet known does not look like a changed speed), and it needs at least ``MIN_BASELINE`` such earlier
 observations.  Where the regime has none (a throttle shorter than a window: the regime holds its
-dense observations, then the rank prunes and the throttle lifts — measured on the ``5:10``
-pattern, γ took 10 steps to fall from 0.8 to 0.22), the regime's observations at any work are
+dense observations, then the rank prunes and the throttle lifts, and γ would fall only as fast as
+the window's median follows), the regime's observations at any work are
 the baseline, and the test compares bounds over the ``f`` the rank may have (``f ± F_TOLERANCE``
 once fitted, ``[0, 1]`` before): faster only when the observation's largest dense-equivalent
 lies below the baseline's smallest by the margin, slower only the other way round, so a wrong
@@ -73,18 +73,16 @@ speed).  A *sharp* fall of a rank that sheds (``w < 1``) needs no run: one obser
 ``(1 + m)²`` times below the regime's observations at the same work (2.25x at the default; a χ = 4
 throttle lifting reads 4x; never across work, where it would rest on ``f``) is a change point on its
 own, so a pruned rank whose throttle lifted is released one decision after its first free step, not
-``k`` (measured under device bursts: the plan pruned 4 free steps at γ 0.8–0.9 after each burst).
+``k`` (with the run, each burst's end would prune ``k`` more free steps at the burst's γ).
 A wrong release costs little: the step reflex prunes a slow step from its second slow call, while a
 late one prunes steps a healthy rank did not need to.  A *sudden* rise is the same on the way up,
 for an observation that carries the rank's own evidence from within the step (``sudden``: its step
 reflex fired, :mod:`semimig.controller.reflex`, on consecutive slow layer calls that together made
 a tenth of a step — never one descheduled call): at least ``(1 + m)²`` above the regime at the same
 work, it is a change point on its own, so the plan prunes from the third throttled step instead of
-the fifth (the all-gather's lag is the rest).  Measured before the rule: under device bursts four
-steps per onset ran at the reflex's 1.9–2.1x healthy before the plan's 1.3–1.6x, and under the
-real 20:40 throttle the plan arrived as the throttle lifted and pruned free steps at γ 0.9; with
-it, 20:40's plan came from the third or fourth throttled step.  Other slowdowns keep the run of
-``k`` (a descheduled step is slow).
+the fifth (the all-gather's lag is the rest): until the plan prunes, each throttled step runs at
+the reflex's pace, above the plan's, and a plan that arrives late may arrive as a short throttle
+lifts and prune free steps.  Other slowdowns keep the run of ``k`` (a descheduled step is slow).
 ``regime_age`` (observations since the last change point; ``change_direction`` says
 whether the rank got slower or faster there) lets the policy act at once on a fresh,
 significant regime instead of waiting out its ``patience``.  Noise alone needs ``k`` consecutive
@@ -127,14 +125,12 @@ MIX_TOLERANCE = 0.1
 OTHER_WINDOW = 3
 """Observations whose median is a rank's ``O`` (its own work outside the timed GEMMs,
 :attr:`RankTiming.other_s`).  Short: a throttle that switches on slows ``O`` at once, and the aim
-follows within two observations (over the timing window's 7, measured on the 20:40 throttle, the
-second phase shed γ 0.76 for 5-6 steps at 1.0-1.2 s before ``O``'s median moved and it shed 0.9 at
-0.72-0.95 s); a median of three still passes over one spike (an evaluation, a checkpoint between
-steps).  And ``O`` restarts with the regime at a change point, as ``S`` does: a sudden rise (the step
-reflex's evidence) restarts ``S`` from one observation, and the reflex's own step posts no ``O`` (its
-GEMMs were not all timed), so ``O`` kept the free phase's median for two more steps.  (On the 20:40
-throttle the second phase shed γ 0.69 for four steps at 1.1-1.45 s before 0.87; with the restart,
-0.75 for two steps before 0.9 — one run each, and an ``f`` not yet fitted in the new regime, the
+follows within two observations (a median over the timing window's 7 would need four, and the
+rank would shed too little until then); a median of three still passes over one spike (an
+evaluation, a checkpoint between steps).  And ``O`` restarts with the regime at a change point, as
+``S`` does: a sudden rise (the step reflex's evidence) restarts ``S`` from one observation, and the
+reflex's own step posts no ``O`` (its GEMMs were not all timed), so without the restart ``O`` would
+keep the free phase's median for two more steps.  (An ``f`` not yet fitted in the new regime, the
 prior 0, holds γ low in those first steps too.)"""
 BURST_HISTORY = 5
 """Ended slow regimes whose lengths give :attr:`RankEstimate.burst_length`."""
@@ -323,7 +319,7 @@ class RankTiming:
         # too young for the change test (fewer than react_steps + MIN_BASELINE observations: it
         # calls every observation "inside"), where a throttle's dense steps and the pruned steps
         # after its lift read as one line through the origin (f = 0: the free pruned steps then
-        # read 1/w times slow and held the plan through 5:10's free phases); and only with a dense
+        # read 1/w times slow and would hold the plan through a short throttle's free phases); and only with a dense
         # anchor (see ``f`` in the module docstring)
         young = self.react_steps > 0 and len(self._obs) < self.react_steps + MIN_BASELINE
         if (excursion is None or changed) and not young and any(w == 1.0 for w, _ in self._obs):
@@ -418,9 +414,8 @@ class RankTiming:
         ended slow regimes (a property of the straggler, not of the shapes), not its observations
         or ``f`` — times and the fixed fraction belong to the old shapes.  So the new window needs
         ``MIN_BASELINE`` observations and the run, not ``2·window`` more, before a slowdown can be a
-        change: a fresh model is blind to one for 14 steps at the default (measured under the real
-        20:40 throttle: semi re-planned at step 7, its resizing controller started at step 18, and
-        the throttle of steps 20–23 ran unserved at off's pace, 3.6–4.4x healthy)."""
+        change: a fresh model is blind to one for 14 steps at the default, so a throttle that
+        returns soon after a re-plan would run unserved at the pace of no balancing at all."""
         self.seen = max(self.seen, old.seen)
         self._steps.extend(old._steps)
         self._deviations.extend(old._deviations)

@@ -22,10 +22,9 @@ the list puts the columns pruned in the period that just ended after every colum
 computed in it, i.e. the key is ``(pruned last period, delta, earlier counts, index)``.  The
 incremental update keeps a pruned column's old ``delta`` so that its own zero change cannot trap
 it, but an old ``delta`` still ranks it against fresh ones measured at another point of the
-schedule (a warm-up's small steps): measured on a PriDiff-E straggler (tp = 4, χ = 8, 300
-iterations, seed 2) some columns were pruned in 9 of 10 periods and others never, and the dense
-model lost 9.6 points; revisiting, each column is computed in about every other period (README,
-Results).  A rank that must prune more than the columns it computed last period still
+schedule (a warm-up's small steps), so under a steady straggler some columns are pruned period
+after period and others never, and the ones left behind cost the dense model accuracy; revisiting,
+each column a rank prunes is computed again in about every other period.  A rank that must prune more than the columns it computed last period still
 prunes some of them again (fewest earlier prunes first).  ``delta`` itself keeps the paper's
 incremental values, so PriDiff's thresholds and candidate shares are unchanged.
 

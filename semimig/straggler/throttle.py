@@ -34,7 +34,7 @@ in :mod:`semimig.straggler.throttle_pattern`, re-exported here).
 :func:`pin_to_core` pins every thread of a process to one core, so a throttled rank cannot borrow
 a second core and an unthrottled one is not slowed by sharing.
 
-GPU equivalents (not measured here; this machine has no GPU): lock a device's SM clock lower with
+GPU equivalents (outside this module, which throttles CPU time only): lock a device's SM clock lower with
 ``nvidia-smi -i GPU -lgc MIN,MAX`` (``-rgc`` resets), cap its power with ``nvidia-smi -i GPU -pl
 WATTS``, or run the rank under an MPS server with ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25`` so its
 kernels get a quarter of the SMs.  All three need root or MPS set up by the administrator.

@@ -40,7 +40,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from semimig._io import check_apart, check_new_file, write_json
-from semimig._lifetime import END_SIGNALS, die_with_parent
+from semimig._lifetime import END_SIGNALS, own_group_dying_with_parent
 from semimig._validate import check_bool, check_int, check_number
 from semimig.errors import ConfigError
 from semimig.straggler.throttle import (
@@ -157,7 +157,7 @@ class _Watcher:
 
 
 def _kill_tree(pid: int) -> None:
-    """SIGKILL ``pid``'s process group and every descendant (torchrun starts its workers in sessions of their own)."""
+    """SIGKILL ``pid``'s process group and every descendant (torchrun starts its workers in process groups of their own)."""
     import psutil
 
     try:
@@ -287,7 +287,7 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
         if threading.current_thread() is threading.main_thread():  # before Popen: no signal slips between
             previous = {s: signal.signal(s, forward) for s in END_SIGNALS}
         try:
-            proc = subprocess.Popen(argv, start_new_session=True, preexec_fn=die_with_parent())
+            proc = subprocess.Popen(argv, preexec_fn=own_group_dying_with_parent())
         except BaseException:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
