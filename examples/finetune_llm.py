@@ -58,10 +58,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     from semimig._validate import OneLineParser
 
     p = OneLineParser(description=__doc__.split("\n")[0])
-    p.add_argument("--hidden", type=int, default=256, help="the tiny Llama's hidden size (a multiple of 8; default 256)")
+    p.add_argument("--hidden", type=int, default=256, help="the tiny Llama's width (a multiple of 8; default 256)")
     p.add_argument("--layers", type=int, default=4, help="its decoder layers (default 4)")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: every rank)")
-    p.add_argument("--zero-stage", type=int, default=0, choices=(0, 1, 2), help="ZeRO stage beside TP (needs bf16/fp16)")
+    p.add_argument("--zero-stage", type=int, default=0, choices=(0, 1, 2), help="ZeRO beside TP (bf16/fp16 only)")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     p.add_argument("--balance", default="semi", choices=BALANCE_MODES,
                    help="semimig's mode (default semi); reshard: exact uneven shards for a rank that stays slow; "
@@ -73,9 +73,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=30, help="training steps in total (default 30)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-3; with --resume the checkpoint's)")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-3; --resume: the checkpoint's)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--save", default=None, metavar="DIR", help="at the end, save model and optimizer into DIR (new or empty)")
+    p.add_argument("--save", default=None, metavar="DIR", help="at the end, save model and optimizer in DIR (new/empty)")
     p.add_argument("--resume", default=None, metavar="DIR", help="continue a run saved with --save DIR")
     p.add_argument("--json", default=None, metavar="FILE", help="write the summary, losses and step times here")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --json")
