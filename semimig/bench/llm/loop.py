@@ -50,7 +50,6 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
     from tqdm import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    import semimig
     from semimig._compat import apply_cpu_shim
     from semimig.shardformer import SemiMigPolicy, plan_from_flags
 
