@@ -1,6 +1,6 @@
 """Time to the same model under a really slow device (issue: a real slow device and a real task).
 
-Runs the LLM example (tiny Llama, real text, torchrun tp=2, ranks pinned one per core) once with no
+Runs ``benchmarks/llm_run.py`` (tiny Llama, real text, torchrun tp=2, one core per rank) once with no
 straggler (``healthy``) and then in every balancing mode with TP rank 1 slowed::
 
     --straggler real     rank 1's process under a cgroup CPU-bandwidth limit (--fraction of its core,
@@ -32,7 +32,7 @@ per mode, a band over the repeats.  Analysis: :mod:`semimig.bench.time_to_loss`.
 
     python benchmarks/time_to_loss.py --straggler real --quick --json results/ttl_real.json
 
-Every mode's command line is checked (the example's own checks, at its world of 2 ranks) before the
+Every mode's command line is checked (the binary's own checks, at its world of 2 ranks) before the
 healthy run starts, and a flag that no run given would use (``--fraction`` or ``--period-us``
 without the real throttle, ``--chi`` with it, ``--shard-plan`` without ``uneven``, ``--reflex`` or
 ``--resize-block`` without a resizing mode) is refused.  SIGINT, SIGTERM, SIGHUP and SIGQUIT end
@@ -58,6 +58,8 @@ from typing import Optional
 from bench_output import OutputPath, add_json_flag, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
+BINARY = ROOT / "benchmarks" / "llm_run.py"
+"""The LLM training binary every mode runs under torchrun (:mod:`semimig.bench.llm`)."""
 MODES = ("healthy", "off", "zero-pri", "semi", "reshard", "uneven", "zero-pri-paired", "semi-paired")
 """``*-paired``: the resizing mode with the example's ``--paired`` (each MLP pruned as a pair, the
 example's default); ``zero-pri`` / ``semi`` pass ``--no-paired`` (each layer its own K, the paper),
@@ -66,7 +68,7 @@ DEFAULT_MODES = ("healthy", "off", "zero-pri", "semi", "reshard")
 
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
-    """The flags every run of the example shares (this script and ``device_vs_throttle.py``)."""
+    """The flags every run of the binary shares (this script and ``device_vs_throttle.py``)."""
     p.add_argument("--fraction", type=float, default=0.25, help="real throttle: rank 1's share of its core")
     p.add_argument("--period-us", type=int, default=4000,
                    help="real throttle: its CFS period in microseconds (semimig throttle --period-us; default 4000, "
@@ -74,9 +76,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chi", type=float, default=None, help="device straggler: rank 1's slowdown (default 4)")
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=8, help="the tiny Llama's attention heads (the example's --heads)")
+    p.add_argument("--heads", type=int, default=8, help="the tiny Llama's attention heads (llm_run.py's --heads)")
     p.add_argument("--kv-heads", type=int, default=4,
-                   help="its key/value heads, the attention's re-sharding unit (the example's --kv-heads)")
+                   help="its key/value heads, the attention's re-sharding unit (llm_run.py's --kv-heads)")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=128)
     add_json_flag(p, required=True, help="write the result (every run's steps and losses included) here")
@@ -105,12 +107,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--modes", default=",".join(DEFAULT_MODES),
                    help=f"comma-separated, from {MODES} (healthy always runs; default {','.join(DEFAULT_MODES)})")
     p.add_argument("--shard-plan", default=None, metavar="MLP_UNITS:KV_UNITS",
-                   help="mode uneven: the static uneven TP layout (the example's --shard-plan; default 28,4:3,1, "
+                   help="mode uneven: the static uneven TP layout (llm_run.py's --shard-plan; default 28,4:3,1, "
                         "the DESIGN §8 plan for rank 1 four times slower at h1024)")
     p.add_argument("--reflex", default=None, choices=("on", "backward", "off"),
-                   help="the step reflex of the resizing modes (the example's --reflex; default on)")
+                   help="the step reflex of the resizing modes (llm_run.py's --reflex; default on)")
     p.add_argument("--resize-block", type=int, default=None, metavar="G",
-                   help="the resizing modes prune whole blocks of G columns (the example's --resize-block; default 1)")
+                   help="the resizing modes prune whole blocks of G columns (llm_run.py's --resize-block; default 1)")
     p.add_argument("--pattern", default=None, metavar="ON:OFF",
                    help="real: throttled ON s, free OFF s, repeating; device: as bursts of steps")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 60; --quick 40)")
@@ -193,29 +195,26 @@ def check_flags_apply(p: argparse.ArgumentParser, args: argparse.Namespace) -> N
 
 
 def check_commands(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Every mode's run of the example parsed here with the example's own checks (at its world of 2 ranks,
+    """Every mode's run of the binary parsed here with the binary's own checks (at its world of 2 ranks,
     the flags against the model included), so a run that would be refused is refused before the healthy
     run trains rather than after it."""
-    import importlib.util
+    from semimig.bench.llm.flags import parse_args as check_binary  # the binary's own parse and checks
 
-    spec = importlib.util.spec_from_file_location("finetune_llm_checked", ROOT / "examples" / "finetune_llm.py")
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)  # its main() is not run: only its flag checks are used
     saved = {k: os.environ.get(k) for k in ("WORLD_SIZE", "RANK")}
     os.environ.update(WORLD_SIZE="2", RANK="0")
     try:
         with tempfile.TemporaryDirectory(prefix="semimig-ttl-check-") as tmp:
             for mode in args.modes:
                 cmd = command(args, mode, Path(tmp) / f"{mode}.json")
-                words = cmd[cmd.index(str(ROOT / "examples" / "finetune_llm.py")) + 1:]
+                words = cmd[cmd.index(str(BINARY)) + 1:]
                 said = io.StringIO()
                 try:
                     with contextlib.redirect_stderr(said):
-                        example.parse_args(words)
+                        check_binary(words)
                 except SystemExit as err:
                     if err.code:
                         reason = said.getvalue().strip().splitlines()[-1:] or [f"exit {err.code}"]
-                        p.error(f"mode {mode}: its run of the example would be refused: "
+                        p.error(f"mode {mode}: its run of llm_run.py would be refused: "
                                 f"{reason[0].partition('error: ')[2] or reason[0]}")
     finally:
         for key, value in saved.items():
@@ -223,10 +222,10 @@ def check_commands(p: argparse.ArgumentParser, args: argparse.Namespace) -> None
 
 
 def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
-    """The run's command line: the example under torchrun, wrapped by ``semimig throttle`` (which also
+    """The run's command line: the binary under torchrun, wrapped by ``semimig throttle`` (which also
     pins each rank to its own core; fraction 1 for the runs that are not really throttled, the
     neighbour's included)."""
-    example = [str(ROOT / "examples" / "finetune_llm.py"), "--data", "shakespeare",
+    example = [str(BINARY), "--data", "shakespeare",
                "--hidden", str(args.hidden), "--layers", str(args.layers), "--heads", str(args.heads),
                "--kv-heads", str(args.kv_heads), "--batch-size", str(args.batch_size),
                "--seq-len", str(args.seq_len), "--steps", str(args.steps), "--eval-every", str(args.eval_every),

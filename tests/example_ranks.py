@@ -1,18 +1,19 @@
-"""Run ``examples/finetune_llm.py`` on local ranks forked from semimig's preloaded forkserver.
+"""Run the LLM training binary ``benchmarks/llm_run.py`` (or ``examples/finetune_llm.py``: ``script=EXAMPLE``)
+on local ranks forked from semimig's preloaded forkserver.
 
     done = run_example(["--steps", "6", ...], ranks=2, timeout_s=240)
     done.returncode, done.stdout, done.stderr   # like subprocess.run's: every rank's lines, rank 0's first
 
 Each rank gets the environment torchrun gives its workers (``RANK``, ``LOCAL_RANK``,
 ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), the script's folder first
-on ``sys.path`` and its own stdout/stderr files, and runs the script as ``__main__``, so the example
+on ``sys.path`` and its own stdout/stderr files, and runs the script as ``__main__``, so the script
 runs its own ``main`` unchanged: its flag checks, ``init_process_group("gloo")`` from the
 environment, its logging, its summary line and its exit status.  What differs from torchrun is the
 start: a rank is a fork of a process that has torch and Colossal-AI imported (:mod:`semimig.launch`'s
 forkserver) instead of a fresh interpreter that imports them (~12 s per rank on the 2-core machine,
 ~19 s per 2-rank launch before the first step).
 
-For the cases whose launcher is incidental (what the example trains, saves, prints). What only a
+For the cases whose launcher is incidental (what the script trains, saves, prints). What only a
 real launcher shows -- torchrun's agent, a rank or launcher dying, the command a user types --
 stays on ``python -m torch.distributed.run`` (``test_example_llm``'s shared 6-step run,
 ``tests/test_probe_faults.py``, ``tests/test_cluster.py``).
@@ -37,6 +38,7 @@ from typing import Optional, Sequence
 from semimig import launch
 
 REPO = Path(__file__).resolve().parents[1]
+BINARY = REPO / "benchmarks" / "llm_run.py"
 EXAMPLE = REPO / "examples" / "finetune_llm.py"
 GRACE_S = 10.0
 """After a rank fails: how long the others may take to notice and exit before they are killed."""
@@ -51,7 +53,8 @@ class ExampleRun:
     stderr: str
 
 
-def _rank_main(rank: int, world: int, port: int, argv: list, env: dict, out: str, err: str, cwd: str) -> None:
+def _rank_main(rank: int, world: int, port: int, script: str, argv: list, env: dict, out: str, err: str,
+               cwd: str) -> None:
     """One rank, in the forked child: torchrun's environment, own output files, the script as ``__main__``."""
     for fd, path in ((1, out), (2, err)):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -67,10 +70,10 @@ def _rank_main(rank: int, world: int, port: int, argv: list, env: dict, out: str
         import torch
 
         torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))  # what OMP_NUM_THREADS does at a fresh start
-        sys.argv = [str(EXAMPLE), *argv]
-        sys.path.insert(0, str(EXAMPLE.parent))  # as Python puts a script's folder
+        sys.argv = [script, *argv]
+        sys.path.insert(0, str(Path(script).parent))  # as Python puts a script's folder
         try:
-            runpy.run_path(str(EXAMPLE), run_name="__main__")
+            runpy.run_path(script, run_name="__main__")
             code = 0
         except SystemExit as exc:  # sys.exit(main()), sys.exit("message"), argparse's exit
             if exc.code is None or isinstance(exc.code, int):
@@ -103,18 +106,19 @@ def quiet_env(**extra: str) -> dict:
 
 
 def run_example(argv: Sequence[str], *, ranks: int = 2, timeout_s: float = 240, cwd: Path = REPO,
-                env: Optional[dict] = None) -> ExampleRun:
-    """Launch the example on ``ranks`` forked ranks with ``argv`` (module docstring); wait at most ``timeout_s``.
+                env: Optional[dict] = None, script: Path = BINARY) -> ExampleRun:
+    """Launch ``script`` (the benchmark binary unless given) on ``ranks`` forked ranks with ``argv`` (module
+    docstring); wait at most ``timeout_s``.
 
     ``env`` defaults to :func:`quiet_env` (this process's environment, one torch thread per rank, no
-    Python warnings), what every test launch of the example runs with."""
+    Python warnings), what every test launch of the script runs with."""
     env = quiet_env() if env is None else dict(env)
     ctx = launch._context()
     port = launch.free_port()
     with tempfile.TemporaryDirectory(prefix="semimig-example-") as tmp:
         files = [(Path(tmp) / f"{r}.out", Path(tmp) / f"{r}.err") for r in range(ranks)]
         procs = [ctx.Process(target=_rank_main, name=f"example-rank-{r}",
-                             args=(r, ranks, port, list(argv), env, str(out), str(err), str(cwd)))
+                             args=(r, ranks, port, str(script), list(argv), env, str(out), str(err), str(cwd)))
                  for r, (out, err) in enumerate(files)]
         for p in procs:
             p.start()
@@ -141,7 +145,7 @@ def run_example(argv: Sequence[str], *, ranks: int = 2, timeout_s: float = 240, 
         stdout = "".join(_read(out) for out, _ in files)
         stderr = "".join(_read(err) for _, err in files)
     if timed_out and first_failure is None:
-        raise TimeoutError(f"the example did not finish within {timeout_s:g} s on {ranks} ranks:\n"
+        raise TimeoutError(f"{Path(script).name} did not finish within {timeout_s:g} s on {ranks} ranks:\n"
                            f"{stdout[-3000:]}\n{stderr[-3000:]}")
     if first_failure is None:  # every rank ended by itself; one may have failed at the very end
         first_failure = next((p.exitcode for p in procs if p.exitcode != 0), 0)

@@ -38,6 +38,8 @@ PATH_WORDS = ("json", "log", "out", "save", "plot", "png", "csv", "dir", "file",
 NOT_OUTPUTS = {
     ("finetune_llm", "--resume"): "reads a checkpoint (never written)",
     ("finetune_llm", "--save"): "a checkpoint directory: refused when not empty, even with --overwrite",
+    ("llm_run", "--resume"): "reads a checkpoint (never written)",
+    ("llm_run", "--save"): "a checkpoint directory: refused when not empty, even with --overwrite",
 }
 """Path flags that are not output files, each with the reason."""
 
@@ -119,7 +121,7 @@ def _path_flags(parser: argparse.ArgumentParser) -> list[str]:
 
 def test_every_path_flag_of_every_parser_is_an_output_with_a_case_or_a_named_exception(capture):
     parsers = {**_cli_parsers(), **_script_parsers(capture)}
-    assert {"semimig bench", "semimig throttle", "semimig cluster", "finetune_llm", "time_to_loss"} <= parsers.keys()
+    assert {"semimig bench", "semimig throttle", "semimig cluster", "finetune_llm", "llm_run", "time_to_loss"} <= parsers.keys()
     found = {(entry, flag) for entry, parser in parsers.items() for flag in _path_flags(parser)}
     cased = set(_CLI_CASES) | {(name, flag) for name, flag in found if flag in _script_outputs(name)}
     unknown = found - cased - set(NOT_OUTPUTS)
@@ -129,7 +131,7 @@ def test_every_path_flag_of_every_parser_is_an_output_with_a_case_or_a_named_exc
 # -- the cases: each output flag pointed at an existing file --------------------------------------
 def _script_outputs(name: str) -> tuple[str, ...]:
     """A script's output flags: every benchmark's ``--json`` (bench_output.add_json_flag), and more where named."""
-    return {"time_to_loss": ("--json", "--plot"), "finetune_llm": ("--json", "--started-file")}.get(name, ("--json",))
+    return {"time_to_loss": ("--json", "--plot"), "llm_run": ("--json", "--started-file")}.get(name, ("--json",))
 
 
 def _existing(tmp_path: Path, name: str = "kept.json") -> Path:
@@ -180,9 +182,10 @@ def test_a_cli_output_over_an_existing_file_is_refused_naming_overwrite(case, tm
     assert kept.read_bytes() == before
 
 
-@pytest.mark.parametrize("flag", ["--json", "--started-file"])
-def test_the_examples_outputs_over_an_existing_file_are_refused_naming_overwrite(flag, tmp_path, capsys):
-    example = load_script("examples/finetune_llm.py", "finetune_llm_outputs")
+@pytest.mark.parametrize("script, flag", [("examples/finetune_llm.py", "--json"), ("benchmarks/llm_run.py", "--json"),
+                                          ("benchmarks/llm_run.py", "--started-file")])
+def test_the_examples_outputs_over_an_existing_file_are_refused_naming_overwrite(script, flag, tmp_path, capsys):
+    example = load_script(script, f"{Path(script).stem}_outputs")
     kept = _existing(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
         example.parse_args([flag, str(kept)])
@@ -203,7 +206,7 @@ def _required(parser: argparse.ArgumentParser, skip: str) -> list[str]:
 def test_every_script_output_over_an_existing_file_is_refused_at_parse_time(capture, tmp_path, capsys):
     checked = 0
     for name, parser in _script_parsers(capture).items():
-        if name == "finetune_llm":
+        if name in ("finetune_llm", "llm_run"):
             continue  # its checks run after the parse (test_the_examples_outputs_...)
         for flag in _script_outputs(name):
             if flag not in _path_flags(parser):

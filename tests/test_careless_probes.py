@@ -26,7 +26,7 @@ FEW = settings(max_examples=25, deadline=None, suppress_health_check=[HealthChec
 
 @pytest.fixture(scope="module")
 def example():
-    return load_script("examples/finetune_llm.py", "finetune_llm_careless")
+    return load_script("benchmarks/llm_run.py", "llm_run_careless")
 
 
 @pytest.fixture
@@ -90,13 +90,13 @@ def test_resume_with_lr_overrides_the_checkpoints_and_says_so(example, caplog):
     state), and either way the log says which lr is used."""
     args = example.parse_args(["--lr", "0.5"])
     optimizer = _Optimizer(1e-3)
-    with caplog.at_level(logging.INFO, logger="finetune_llm"):
+    with caplog.at_level(logging.INFO, logger="semimig.bench.llm"):
         example.resume_lr(optimizer, args)
     assert [g["lr"] for g in optimizer.param_groups] == [0.5, 0.5]
     assert "overriding the checkpoint's lr 0.001 with --lr 0.5" in caplog.text
     caplog.clear()
     args, optimizer = example.parse_args([]), _Optimizer(0.02)
-    with caplog.at_level(logging.INFO, logger="finetune_llm"):
+    with caplog.at_level(logging.INFO, logger="semimig.bench.llm"):
         example.resume_lr(optimizer, args)
     assert args.lr == 0.02 and [g["lr"] for g in optimizer.param_groups] == [0.02, 0.02]
     assert "keeping the checkpoint's lr 0.02 (pass --lr to override it)" in caplog.text
@@ -289,11 +289,11 @@ def test_property_time_to_loss_refuses_any_invalid_flag_in_one_line(ttl, tmp_pat
 def test_a_refusal_under_torchrun_is_one_line_from_rank_0_and_no_traceback(tmp_path):
     """One line from rank 0, before the group and model are built: no traceback or usage block per rank."""
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--log-dir",
-                           str(tmp_path / "logs"), str(REPO / "examples" / "finetune_llm.py"), "--batch-split",
+                           str(tmp_path / "logs"), str(REPO / "benchmarks" / "llm_run.py"), "--batch-split",
                            "poplar"], env=ENV, capture_output=True, text=True, timeout=180)
-    ours = [line for line in proc.stderr.splitlines() if "finetune_llm.py: error:" in line]
+    ours = [line for line in proc.stderr.splitlines() if "llm_run.py: error:" in line]
     assert proc.returncode != 0 and len(ours) == 1 and "--batch-split poplar" in ours[0], proc.stderr[-2000:]
-    assert 'finetune_llm.py", line' not in proc.stderr  # no rank's traceback (torchrun's own box remains)
+    assert 'llm_run.py", line' not in proc.stderr  # no rank's traceback (torchrun's own box remains)
 
 
 def test_resume_with_a_new_lr_trains_with_it_and_says_so(tmp_path):

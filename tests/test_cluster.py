@@ -390,7 +390,7 @@ def _losses(done, out: Path) -> list[float]:
 @needs_netns
 @pytest.mark.slow
 def test_finetune_example_on_two_emulated_nodes_trains_like_one_node(tmp_path):
-    """``semimig cluster --nodes 2 --nproc-per-node 1 --link-gbit 1 -- examples/finetune_llm.py --straggler
+    """``semimig cluster --nodes 2 --nproc-per-node 1 --link-gbit 1 -- benchmarks/llm_run.py --straggler
     fixed:1:4 --steps 20 --balance mig``: TP across the shaped link, rank 1 migrating columns to rank 0
     over it, and the same losses as 2 ranks on one node (fp32, the example tests' tolerance).
     ``mig`` balances by migration only, which is exact, so the controller's timing-dependent
@@ -400,7 +400,7 @@ def test_finetune_example_on_two_emulated_nodes_trains_like_one_node(tmp_path):
     balance = "mig"
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    script, flags = str(ROOT / "examples" / "finetune_llm.py"), [*LLM_FLAGS, "--balance", balance]
+    script, flags = str(ROOT / "benchmarks" / "llm_run.py"), [*LLM_FLAGS, "--balance", balance]
     run_id, before = _rid(), _snapshot()
     try:
         cluster = subprocess.run([sys.executable, "-m", "semimig.cluster.cli", "--nodes", "2", "--nproc-per-node", "1",

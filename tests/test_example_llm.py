@@ -1,6 +1,7 @@
-"""``examples/finetune_llm.py`` on 2 (or 4) ranks, a few steps, with and without a straggler.
+"""The LLM training binary ``benchmarks/llm_run.py`` and the user's example ``examples/finetune_llm.py``
+on 2 (or 4) ranks, a few steps, with and without a straggler.
 
-The shared 6-step run (``off_6_steps``) is started as a user starts it, ``python -m
+The binary's shared 6-step run (``off_6_steps``) is started as a user starts it, ``python -m
 torch.distributed.run --standalone --nproc_per_node 2`` in a subprocess with a deadline; the other
 cases start the same script's ranks forked from the preloaded forkserver with torchrun's environment
 (:mod:`example_ranks`: the launcher is incidental to what they check, and a fork saves each launch
@@ -10,6 +11,7 @@ run boosted with Colossal-AI's own policy (same seed, same synthetic batches): f
 tolerance.  With ``--straggler fixed:1:4`` the balancer flags TP rank 1 and says so at WARNING.
 These cases train on synthetic data (no corpus needed); one case trains on the Shakespeare bytes
 and checks the validation losses it records (skipped when ``make setup`` has not fetched them).
+The example, its flags a subset of the binary's, saves and resumes the binary's 6-step run exactly.
 """
 from __future__ import annotations
 
@@ -24,30 +26,31 @@ import pytest
 import torch
 
 from _backends import backend_problem
-from example_ranks import quiet_env, run_example
+from example_ranks import EXAMPLE, quiet_env, run_example
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_path")]
 
 REPO = Path(__file__).resolve().parents[1]
+BINARY = REPO / "benchmarks" / "llm_run.py"
 TINY = ["--hidden", "32", "--layers", "2", "--seq-len", "16", "--batch-size", "4", "--lr", "1e-2",
         "--log-every", "3", "--timeout-s", "60", "--data", "synthetic", "--eval-batches", "2"]
 
 
 def _torchrun(tmp_path: Path, name: str, *flags: str, timeout_s: float = 240, ranks: int = 2,
-              launcher: str = "fork") -> tuple[str, dict]:
-    """The example on ``ranks`` ranks: ``launcher="torchrun"`` as a user starts it, ``"fork"`` from the
+              launcher: str = "fork", script: Path = BINARY, tiny: tuple = tuple(TINY)) -> tuple[str, dict]:
+    """``script`` on ``ranks`` ranks: ``launcher="torchrun"`` as a user starts it, ``"fork"`` from the
     preloaded forkserver with torchrun's environment (module docstring)."""
     problem = backend_problem("nccl" if torch.cuda.is_available() else "gloo", ranks)  # what the example takes
     if problem:
         pytest.skip(problem)
     out = tmp_path / f"{name}.json"
-    argv = [*TINY, *flags, "--json", str(out)]
+    argv = [*tiny, *flags, "--json", str(out)]
     env = quiet_env()
     if launcher == "fork":
-        done = run_example(argv, ranks=ranks, timeout_s=timeout_s, env=env)
+        done = run_example(argv, ranks=ranks, timeout_s=timeout_s, env=env, script=script)
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
-               str(REPO / "examples" / "finetune_llm.py"), *argv]
+               str(script), *argv]
         done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
     text = done.stdout + done.stderr
     assert done.returncode == 0, f"exit {done.returncode}:\n{text[-4000:]}"
@@ -86,6 +89,27 @@ def test_save_then_resume_continues_the_uninterrupted_run(tmp_path: Path, off_6_
     assert rest["summary"]["resumed_at"] == 3 and rest["summary"]["steps"] == 3
     assert float(rest["summary"]["load_s"]) > 0
     torch.testing.assert_close(torch.tensor(first["losses"] + rest["losses"]), torch.tensor(whole["losses"]),
+                               atol=1e-5, rtol=1e-5)
+
+
+# the example's own flags: what it shares with TINY (no --log-every, --timeout-s, --eval-batches)
+EXAMPLE_TINY = ("--hidden", "32", "--layers", "2", "--seq-len", "16", "--batch-size", "4", "--lr", "1e-2",
+                "--data", "synthetic")
+
+
+def test_the_example_saves_and_resumes_the_binarys_run(tmp_path: Path, off_6_steps: dict, backend: str) -> None:
+    """The user's script, 3 steps saved and 3 resumed: the losses of the binary's 6-step run (same seed,
+    same batches, the same program), its summary line and JSON as its docstring says."""
+    ckpt = tmp_path / "ckpt"
+    _, first = _torchrun(tmp_path, "first", "--steps", "3", "--balance", "off", "--save", str(ckpt), script=EXAMPLE,
+                         tiny=EXAMPLE_TINY)
+    assert (ckpt / "finetune_state.json").is_file() and first["summary"]["resumed_at"] == 0
+    _, rest = _torchrun(tmp_path, "rest", "--steps", "6", "--balance", "off", "--resume", str(ckpt),
+                        "--straggler", "fixed:1:2", script=EXAMPLE, tiny=EXAMPLE_TINY)
+    summary = rest["summary"]
+    assert summary["resumed_at"] == 3 and summary["steps"] == 3 and summary["straggler"] == "fixed:1:2"
+    assert summary["balance"] == "off" and len(summary["shed"].split(",")) == 2 and math.isfinite(rest["val_loss"])
+    torch.testing.assert_close(torch.tensor(first["losses"] + rest["losses"]), torch.tensor(off_6_steps["losses"]),
                                atol=1e-5, rtol=1e-5)
 
 
@@ -142,15 +166,17 @@ def test_a_batch_split_trains_the_model_of_the_plain_data_parallel_run(tmp_path:
     assert all(math.isfinite(v) for v in split["losses"]) and len(split["losses"]) == 10
 
 
-def test_without_torchrun_it_says_how_to_start_it() -> None:
+@pytest.mark.parametrize("script", [EXAMPLE, BINARY])
+def test_without_torchrun_it_says_how_to_start_it(script: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    done = subprocess.run([sys.executable, str(REPO / "examples" / "finetune_llm.py"), "--steps", "1"], cwd=REPO,
+    done = subprocess.run([sys.executable, str(script), "--steps", "1"], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "start it with torchrun or colossalai run" in done.stderr
+    assert f"torchrun --nproc_per_node 2 {script.name}" in done.stderr
 
 
 def test_a_colossalai_policy_run_cannot_balance() -> None:
-    done = subprocess.run([sys.executable, str(REPO / "examples" / "finetune_llm.py"), "--policy", "colossalai",
+    done = subprocess.run([sys.executable, str(BINARY), "--policy", "colossalai",
                            "--straggler", "fixed:1:4"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--policy colossalai has no semimig layers" in done.stderr
 
@@ -158,7 +184,22 @@ def test_a_colossalai_policy_run_cannot_balance() -> None:
 def _example():
     from scripts import load_script
 
-    return load_script("examples/finetune_llm.py", "finetune_llm_example")
+    return load_script("benchmarks/llm_run.py", "llm_run_example")
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--lr", "inf"], "--lr"), (["--lr", "0"], "--lr"), (["--hidden", "100"], "--hidden"), (["--tp", "3"], "--tp"),
+    (["--steps", "0"], "--steps"), (["--seq-len", "1"], "--seq-len"), (["--straggler", "fixed:1"], "fixed:1"),
+    (["--zero-stage", "1"], "--zero-stage"), (["--balance", "fast"], "--balance"), (["--timeout-s", "9"], "--timeout-s"),
+])
+def test_the_examples_bad_flags_are_refused_in_one_line_before_any_rank_starts(flags, named, capsys):
+    """The user's script keeps the binary's refusals for the flags it has; a flag it does not have is refused."""
+    from scripts import load_script
+
+    with pytest.raises(SystemExit) as exit_info:
+        load_script("examples/finetune_llm.py", "finetune_llm_example").parse_args(flags)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and named in err[0] and "Traceback" not in err[0], err
 
 
 @pytest.mark.parametrize("flags, named", [

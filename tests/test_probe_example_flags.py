@@ -1,4 +1,4 @@
-"""Hypothesis probes of ``examples/finetune_llm.py``'s numeric flags, parsed in-process.
+"""Hypothesis probes of the LLM training binary's (``benchmarks/llm_run.py``) numeric flags, parsed in-process.
 
 ``parse_args`` runs every check (``check_flags``) before any process group or model exists, so the
 outcome class of a flag value is known without training: **refused** (``SystemExit(2)``, the last
@@ -18,7 +18,7 @@ from scripts import load_script
 
 
 def _example():
-    return load_script("examples/finetune_llm.py", "finetune_llm_probe")
+    return load_script("benchmarks/llm_run.py", "llm_run_probe")
 
 
 EXAMPLE = _example()

@@ -1,4 +1,4 @@
-"""Process faults and the ``--tp 1`` edge of ``examples/finetune_llm.py`` (probes).
+"""Process faults and the ``--tp 1`` edge of the LLM training binary ``benchmarks/llm_run.py`` (probes).
 
 Each fault case starts the example under torchrun (``--standalone``, gloo, a tiny synthetic model, a
 10 s collective timeout) in a process group of its own, so that whatever it leaves behind can be found and
@@ -31,7 +31,7 @@ BOUND_S = 45.0  # the collective timeout (10 s) plus a loaded 2-core machine's s
 
 def _start(nproc: int, *flags: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           str(REPO / "examples" / "finetune_llm.py"), *TINY, *flags]
+           str(REPO / "benchmarks" / "llm_run.py"), *TINY, *flags]
     return subprocess.Popen(cmd, cwd=REPO, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, process_group=0)
 
@@ -71,7 +71,7 @@ def test_a_dead_rank_or_launcher_ends_every_process_of_the_run(victim: str, back
                 break
         assert any("step 2/" in line for line in lines), "".join(lines)[-4000:]
         launcher = psutil.Process(proc.pid)
-        ranks = [p for p in launcher.children(recursive=True) if "finetune_llm.py" in " ".join(p.cmdline())]
+        ranks = [p for p in launcher.children(recursive=True) if "llm_run.py" in " ".join(p.cmdline())]
         assert len(ranks) == 2, ranks
         everything = [launcher, *ranks]
         reader.start()

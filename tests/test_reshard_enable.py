@@ -6,7 +6,8 @@ straggler (``fixed:1:4:scope=device``: every span of rank 1's work
 between collectives takes 4x as long) stays for the whole run, so the policy re-plans once, to a
 plan that gives rank 1 fewer units; training goes on exactly: the losses equal a healthy run's
 with the even layout (same seed, same batches) within fp32 reassociation.  The end-to-end case
-runs the example under torchrun twice (healthy, and ``--balance reshard`` with the straggler).
+runs the LLM training binary (``benchmarks/llm_run.py``) twice (healthy, and ``--balance reshard`` with
+the straggler).
 """
 from __future__ import annotations
 
@@ -234,15 +235,15 @@ def test_refusals_name_the_problem():
         assert out["semi_uneven_resharder"] is False
 
 
-# ----------------------------------------------------------------------------- the example, end to end
+# ----------------------------------------------------------------------------- the training binary, end to end
 TINY = ["--hidden", "256", "--layers", "2", "--seq-len", "64", "--batch-size", "4", "--lr", "1e-3",
         "--log-every", "5", "--timeout-s", "60", "--data", "synthetic", "--eval-batches", "2", "--eval-every", "0",
         "--shard-block", "32", "--reshard-window", "6"]
 
 
 def _example(tmp_path: Path, name: str, *flags: str) -> tuple[str, dict]:
-    """The example on 2 ranks forked with torchrun's environment (tests/example_ranks.py: the launcher is
-    incidental here; test_example_llm runs it under torchrun itself)."""
+    """The LLM training binary on 2 ranks forked with torchrun's environment (tests/example_ranks.py: the
+    launcher is incidental here; test_example_llm runs it under torchrun itself)."""
     out = tmp_path / f"{name}.json"
     done = run_example([*TINY, *flags, "--json", str(out)], ranks=2, timeout_s=300)
     text = done.stdout + done.stderr

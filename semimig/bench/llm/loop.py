@@ -1,0 +1,191 @@
+"""The training run of the LLM training program (:mod:`semimig.bench.llm`): boost, ``semimig.enable``,
+train, evaluate, save; the summary and the ``--json`` record."""
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from semimig.bench.llm.build import build_model, evaluate, init_distributed, make_data
+from semimig.bench.llm.checkpoint import load_checkpoint, resume_lr, save_checkpoint
+from semimig.bench.llm.record import (balanced_share_by_rank, plan_state, summary, summary_line,
+                                      write_record)
+
+logger = logging.getLogger(__name__)
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or inf: the run stops, naming the step (``--allow-nonfinite`` keeps going)."""
+
+
+def check_loss(loss: float, step: int, args: argparse.Namespace) -> None:
+    """Stop at a NaN or inf loss (naming the step) unless ``--allow-nonfinite``: a diverged run
+    must not train on, exit 0 and hand the balancer meaningless timings."""
+    if not math.isfinite(loss) and not args.allow_nonfinite:
+        raise NonFiniteLoss(f"the training loss is {loss} at step {step} (--lr {args.lr:g}); stopping "
+                            "(--allow-nonfinite keeps training)")
+
+
+def setup_logging(rank: int) -> None:
+    """INFO on rank 0, WARNING elsewhere, every line prefixed with its rank; Colossal-AI at WARNING."""
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("colossalai").setLevel(logging.WARNING)
+
+
+def run(args: argparse.Namespace, prog: str) -> Optional[str]:
+    """One training run of the checked flags ``args`` (:func:`semimig.bench.llm.flags.parse_args`) on
+    the process group torchrun describes; rank 0's summary line (``None`` on the other ranks)."""
+    rank, world, device = init_distributed(prog, args.timeout_s)
+    setup_logging(rank)
+
+    from colossalai.booster import Booster
+    from colossalai.booster.plugin import HybridParallelPlugin
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    from semimig._compat import apply_cpu_shim
+    from semimig.shardformer import SemiMigPolicy, plan_from_flags
+
+    apply_cpu_shim()  # fills Colossal-AI's CPU gaps; a no-op with CUDA
+    tp = args.tp or world
+    model = build_model(args)  # the flags were checked against the launch and this config (check_world)
+    shard_plan = plan_from_flags(args.shard_plan, model.config, tp, block_size=args.shard_block)
+    plugin = HybridParallelPlugin(tp_size=tp, pp_size=1, precision=args.precision, zero_stage=args.zero_stage,
+                                  overlap_communication=torch.cuda.is_available(),  # CPU: no CUDA streams
+                                  custom_policy=SemiMigPolicy(shard_plan=shard_plan) if args.policy == "semimig"
+                                  else None)
+    booster = Booster(plugin=plugin)
+    # fused: one kernel over every tensor, 5x the CPU default's speed on this model (AdamW was ~10 % of a
+    # step unfused; benchmarks/optimizer_bench.py); the same update up to rounding
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=True)
+    model, optimizer, *_ = booster.boost(model, optimizer)
+    balancer = None
+    if args.policy == "semimig":
+        balancer = _enable(args, model, plugin, optimizer, prog)
+
+    dp_rank = torch.distributed.get_rank(plugin.dp_group)  # TP ranks share a batch; DP ranks do not
+    vocab = model.unwrap().config.vocab_size
+    batches, val_batches, corpus = make_data(args, vocab, dp_rank, device, prog=prog, eval_batches=args.eval_batches,
+                                             dp_size=plugin.dp_size, global_batch=args.batch_split != "none")
+    baseline = f" (unigram entropy {corpus.unigram_entropy():.4f})" if corpus is not None else ""
+    if corpus is not None and rank == 0:
+        logger.info("data: %s", corpus.describe())
+    first, load_s = getattr(args, "resume_step", 0), None
+    if args.resume is not None:
+        load_s = load_checkpoint(booster, model, optimizer, args.resume)
+        for _ in range(first):  # the batches the saved run trained on
+            next(batches)
+        logger.info("resumed %s at step %d (loaded in %.3f s)", args.resume, first, load_s)
+        resume_lr(optimizer, args)
+    losses, times, val_losses, eval_s, shares, sheds, starts = [], [], [], 0.0, [], [], []
+    model.train()
+    # a progress bar only on a terminal: redirected output gets the periodic log lines instead of redraws
+    bar_off = rank != 0 or not sys.stderr.isatty()
+    with logging_redirect_tqdm(), tqdm(total=args.steps, initial=first, disable=bar_off, desc="finetune",
+                                       unit="step") as bar:
+        for step in range(first, args.steps):
+            batch = next(batches)
+            if step == first and rank == 0 and args.started_file is not None:
+                Path(args.started_file).touch()
+            starts.append(time.time())  # wall clock: matched with a time-varying throttle's switches
+            start = time.perf_counter()
+            if args.batch_split == "none":
+                loss = model(**batch).loss
+                booster.backward(loss, optimizer)
+            else:  # this group's rows of the global batch, its micro-steps' losses scaled (global mean)
+                loss = _split_iteration(booster, model, optimizer, balancer, batch, plugin)
+            optimizer.step()  # semimig.enable hooked it: the balancer re-plans right after
+            optimizer.zero_grad()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+            losses.append(float(loss.detach().float()))
+            check_loss(losses[-1], step + 1, args)
+            if balancer is not None and balancer.report is not None:
+                shares.append(balancer.report.balanced_share)
+            plan = plan_state(balancer, tp)
+            if balancer is not None:
+                sheds.append(list(plan.shed))  # the group's plan after this step, per TP rank
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", step_ms=f"{times[-1] * 1e3:.0f}")
+            bar.update()
+            if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
+                logger.info("step %d/%d loss %.4f step %.1f ms plan: %s", step + 1, args.steps, losses[-1],
+                            times[-1] * 1e3, plan.describe())
+            if args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
+                start = time.perf_counter()
+                val_losses.append([step + 1, evaluate(model, val_batches)])
+                eval_s += time.perf_counter() - start
+                logger.info("step %d/%d validation loss %.4f%s", step + 1, args.steps, val_losses[-1][1], baseline)
+
+    save_s = save_checkpoint(booster, model, optimizer, args, args.steps, rank) if args.save is not None else None
+    fields = summary(args, tp, world, losses, times, plan_state(balancer, tp))
+    if balancer is not None and balancer.batch_plan is not None:
+        fields["batch_split"] = f"{args.batch_split}:" + "/".join(str(s) for s in balancer.batch_plan.samples)
+    if first or save_s is not None:
+        fields.update(resumed_at=first, load_s=f"{load_s:.3f}" if load_s is not None else "none",
+                      save_s=f"{save_s:.3f}" if save_s is not None else "none")
+    by_rank = balanced_share_by_rank(shares, plugin.tp_group, tp)
+    fields.update(final_val_loss=f"{val_losses[-1][1]:.4f}" if val_losses else "none", eval_s=f"{eval_s:.3f}",
+                  balanced_share=",".join("-" if b is None else f"{b:.2f}" for b in by_rank))
+    reshard = balancer.reshard_summary if balancer is not None else None
+    if reshard is not None:
+        fields.update(replans=reshard["replans"], reshard_plan=reshard["plan"].replace(" ", ""),
+                      moved_mb=f"{reshard['bytes_moved'] / 1e6:.2f}", move_s=f"{reshard['move_s']:.3f}")
+    line = summary_line(fields) if rank == 0 else None
+    if rank == 0 and args.json:
+        write_record(args.json, fields, losses=losses, times=times, val_losses=val_losses, eval_s=eval_s,
+                     sheds=sheds, starts=starts, corpus=corpus, vocab=vocab, by_rank=by_rank, reshard=reshard)
+    if balancer is not None:
+        balancer.close()
+    torch.distributed.destroy_process_group()
+    return line
+
+
+def _enable(args: argparse.Namespace, model, plugin, optimizer, prog: str):
+    """``semimig.enable`` with the run's balancing flags; a refusal is one line naming the input (exit 2)."""
+    import semimig
+    from semimig.controller import BalanceConfig, ControllerConfig
+    from semimig.controller.reflex import ReflexConfig
+    from semimig.controller.reshard import ReshardConfig
+    from semimig.resizing.config import ResizingConfig
+
+    reflex = None if args.reflex == "off" else ReflexConfig(forward=args.reflex == "on")
+    # a group's micro-steps hold at most --batch-size rows (the plain run's activation memory); more rows
+    # than that become accumulation steps
+    split = None if args.batch_split == "none" else \
+        semimig.BatchSplit(global_batch_size=args.batch_size * plugin.dp_size, allocation=args.batch_split,
+                           max_batch_size=args.batch_size)
+    replica = torch.distributed.get_rank(plugin.dp_group)
+    straggler = args.straggler if args.straggler_replica in (None, replica) else None
+    try:
+        return semimig.enable(model, plugin, optimizer=optimizer, mode=args.balance, straggler=straggler,
+                              log_every=args.log_every,
+                              config=BalanceConfig(controller=ControllerConfig(reflex=reflex),
+                                                   resizing=ResizingConfig(paired=args.paired is not False,
+                                                                           block=args.resize_block or 1)),
+                              reshard=ReshardConfig(window=args.reshard_window, horizon=args.steps,
+                                                    block_size=args.shard_block, probe=args.reshard_probe),
+                              batch=split)
+    except semimig.ConfigError as err:
+        from semimig._validate import refuse_once
+
+        refuse_once(prog, err)
+
+
+def _split_iteration(booster, model, optimizer, balancer, batch: dict, plugin) -> torch.Tensor:
+    """Forward and backward of this DP group's micro-batches of the global ``batch``; returns the
+    global-batch mean loss (each rank's scaled losses summed over the DP group, over its size)."""
+    from semimig.allocation import run_iteration
+
+    mine = run_iteration(booster, model, optimizer, iter(balancer.micro_batches(batch)),
+                         lambda m, b: m(**b).loss, zero_stage=plugin.zero_stage)
+    total = torch.tensor([mine], dtype=torch.float64, device=batch["input_ids"].device)  # NCCL: on the GPU
+    torch.distributed.all_reduce(total, group=plugin.dp_group)
+    return total[0] / plugin.dp_size

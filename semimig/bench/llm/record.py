@@ -1,0 +1,64 @@
+"""The summary line and the ``--json`` record of the LLM training program (:mod:`semimig.bench.llm`)."""
+from __future__ import annotations
+
+import argparse
+import statistics
+from typing import Optional
+
+import torch
+
+
+def balanced_share_by_rank(shares: list, tp_group, tp: int) -> list:
+    """Per TP rank, the median over the second half of the steps of the share of its own work
+    (wall minus time in collectives) spent in the GEMMs semimig sheds (DESIGN §5's ``B``);
+    ``None`` where not measured (Colossal-AI's policy).  Collective over the TP group."""
+    steady = [s for s in shares[len(shares) // 2:] if s is not None]
+    mine = statistics.median(steady) if steady else None
+    gathered = [None] * tp
+    torch.distributed.all_gather_object(gathered, mine, group=tp_group)
+    return [None if g is None else round(float(g), 4) for g in gathered]
+
+
+def plan_state(balancer, tp: int):
+    """The balancing state to show (a :class:`semimig.balancer.PlanView`): the latest report's plan, or
+    'every rank dense'."""
+    from semimig.balancer import PlanView
+
+    if balancer is None or balancer.report is None:
+        return PlanView(flagged=(), shed=(0.0,) * tp)
+    return PlanView.from_report(balancer.report, tp)
+
+
+def summary(args: argparse.Namespace, tp: int, world: int, losses: list, times: list, plan) -> dict:
+    """One line's worth: the median step time skips the first fifth (warm-up, first plans)."""
+    steady = times[len(times) // 5:] or times
+    return {"steps": len(losses), "median_step_s": f"{statistics.median(steady):.4f}",
+            "final_loss": f"{losses[-1]:.4f}", "shed": ",".join(f"{s:.3f}" for s in plan.shed),
+            "flagged": ",".join(str(r) for r in plan.flagged) or "none",
+            "balance": args.balance if args.policy == "semimig" else "none",
+            "policy": args.policy, "straggler": args.straggler or "none", "tp": tp, "world": world,
+            "precision": args.precision, "zero_stage": args.zero_stage, "data": args.data,
+            "shard_plan": args.shard_plan or "even"}
+
+
+def summary_line(fields: dict) -> str:
+    """``summary: key=value ...``: the one line rank 0 prints at the end of a run."""
+    return "summary: " + " ".join(f"{k}={v}" for k, v in fields.items())
+
+
+def write_record(path: str, fields: dict, *, losses: list, times: list, val_losses: list, eval_s: float,
+                 sheds: list, starts: list, corpus, vocab: int, by_rank: list,
+                 reshard: Optional[dict]) -> None:
+    """The ``--json`` record: the summary (with the per-rank balanced shares, the re-plans and the
+    corpus's unigram entropy beside the line's fields), the losses, step times and step start times,
+    the validation losses, the plans' shed shares per step and the data."""
+    from semimig._io import write_json
+
+    fields = dict(fields, balanced_share_by_rank=by_rank)
+    if reshard is not None:
+        fields["reshard"] = reshard
+    if corpus is not None:
+        fields["unigram_entropy_nats"] = corpus.unigram_entropy()
+    write_json(path, {"summary": fields, "losses": losses, "step_s": times, "val_losses": val_losses,
+                      "eval_s": eval_s, "shed": sheds, "step_start_unix": starts,
+                      "data": corpus.describe() if corpus is not None else {"synthetic": True, "vocab": vocab}})
