@@ -22,8 +22,8 @@ straggler (``healthy``) and then in every balancing mode with TP rank 1 slowed::
 re-plan's own cost inside the step times and reported: re-plans, bytes moved, seconds moving;
 ``--modes ...,uneven`` adds a static uneven tensor-parallel layout, ``--shard-plan``: exact, the
 slow rank holding fewer MLP blocks and KV groups; ``zero-pri`` / ``semi`` prune each layer's own K
-(the example's ``--no-paired``, the paper, as every result before the default changed) and
-``zero-pri-paired`` / ``semi-paired`` each MLP as a pair, the example's default) and writes
+(the training binary's ``--no-paired``, the paper, as every result before the default changed) and
+``zero-pri-paired`` / ``semi-paired`` each MLP as a pair, the binary's default) and writes
 ``{"modes": {"healthy": {...}, "off": {...}, "zero-pri": {...}, "semi": {...}, "reshard": {...}}, ...}``
 with ``steady_step_s``, ``final_val_loss``, ``time_to_target_s`` (training wall time to healthy's
 final validation loss within 2 %, evaluation excluded; ``null`` if never), ``balanced_share`` per
@@ -61,8 +61,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BINARY = ROOT / "benchmarks" / "llm_run.py"
 """The LLM training binary every mode runs under torchrun (:mod:`semimig.bench.llm`)."""
 MODES = ("healthy", "off", "zero-pri", "semi", "reshard", "uneven", "zero-pri-paired", "semi-paired")
-"""``*-paired``: the resizing mode with the example's ``--paired`` (each MLP pruned as a pair, the
-example's default); ``zero-pri`` / ``semi`` pass ``--no-paired`` (each layer its own K, the paper),
+"""``*-paired``: the resizing mode with ``--paired`` of the training binary (``benchmarks/llm_run.py``;
+each MLP pruned as a pair, the binary's default); ``zero-pri`` / ``semi`` pass ``--no-paired`` (each layer its own K, the paper),
 so a mode's name has one meaning in every result file."""
 DEFAULT_MODES = ("healthy", "off", "zero-pri", "semi", "reshard")
 
