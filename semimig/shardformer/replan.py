@@ -588,6 +588,10 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None,
             raise ConfigError(f"apply_plan: {not_a_plan}") from None
         raise
     inner, masters, zero = _optimizer_parts(optimizer)
+    if replica_plans is None and getattr(model, "_semimig_replica_reduction", None) is not None:
+        raise ConfigError("apply_plan: the replicas hold different plans (semimig.shardformer.replicas."
+                          "apply_replica_plans); move them with apply_replica_plans, which keeps their gradient "
+                          "reduction in step")
     layer_group = layers[0].module.process_group
     tp = layers[0].tp
     if group is None:
