@@ -524,6 +524,19 @@ def _tp_verdict(mine: Digest, rank: int, tp: int, group) -> Optional[str]:
     return _first_disagreement(mine, every, rank, "TP rank")
 
 
+def _zero_stage(optimizer: Any) -> int:
+    """The ZeRO stage of a Colossal-AI optimizer (1 or 2; 0 when it names none)."""
+    current = optimizer
+    while current is not None:
+        stage = getattr(current, "zero_stage", None) or getattr(current, "_partition_grads", None)
+        if isinstance(stage, bool):
+            return 2 if stage else 1
+        if isinstance(stage, int):
+            return stage
+        current = getattr(current, "optim", None)
+    return 0
+
+
 def _replica_group(model: nn.Module, zero: Any, layers: List[_Layer]):
     """The data-parallel group whose replicas must move with this one: torch DDP's (HybridParallelPlugin
     wraps the model in it at ZeRO 0) or ZeRO's (the layers' parameters' DP group); ``None`` at dp = 1.
@@ -550,11 +563,18 @@ def _replica_verdict(mine: Digest, verdict: Optional[str], replicas) -> Optional
 
 
 @torch.no_grad()
-def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -> MoveReport:
+def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None,
+               replica_plans: Optional[Sequence[Any]] = None) -> MoveReport:
     """Move ``model`` (built with :class:`~semimig.shardformer.SemiMigPolicy`) and ``optimizer`` to
     ``new_plan`` (an :class:`~semimig.shardformer.UnevenPlan`): a collective over the tensor-parallel
     group (the layers' group, or ``group``, which must hold the same ranks) — and over the data-parallel
     group when there are replicas — called by every rank between steps with the same plan.  See the module docstring; returns this rank's :class:`MoveReport`.
+
+    ``replica_plans`` (one plan per data-parallel replica, in DP rank order, the same on every rank):
+    the replicas may hold different plans, ``new_plan`` being this replica's; the replicas then agree on
+    the whole tuple instead of one plan (:func:`semimig.shardformer.replicas.apply_replica_plans` serves
+    it and takes over the gradient reduction of the paired parameters).  Refused under ZeRO when the
+    plans differ (its flat buffers need equal shapes across the DP group).
     """
     from semimig.shardformer.uneven import UnevenPlan
 
@@ -568,6 +588,10 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -
             raise ConfigError(f"apply_plan: {not_a_plan}") from None
         raise
     inner, masters, zero = _optimizer_parts(optimizer)
+    if replica_plans is None and getattr(model, "_semimig_replica_reduction", None) is not None:
+        raise ConfigError("apply_plan: the replicas hold different plans (semimig.shardformer.replicas."
+                          "apply_replica_plans); move them with apply_replica_plans, which keeps their gradient "
+                          "reduction in step")
     layer_group = layers[0].module.process_group
     tp = layers[0].tp
     if group is None:
@@ -595,6 +619,13 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None) -
     mine = (str(new_plan), new_sizes, problem, _digest(old_sizes), signature)
     verdict = _tp_verdict(mine, rank, tp, group)
     replicas = _replica_group(model, zero, layers)
+    if replica_plans is not None:  # replicas agree on every replica's plan; their old shards may differ
+        if zero is not None and len({str(p) for p in replica_plans}) > 1:
+            verdict = verdict or (f"apply_plan: a plan per replica needs zero_stage=0 (got zero_stage="
+                                  f"{_zero_stage(optimizer)}): ZeRO-1/2's flat gradient buckets and master shards "
+                                  "need equal shapes across the data-parallel group; give every replica one plan")
+        if replicas is not None:
+            mine = (str(tuple(str(p) for p in replica_plans)), None, problem, "", signature)
     if replicas is not None:  # the move is a collective over the replicas too (ZeRO's gathers, DDP's rebuild)
         verdict = _replica_verdict(mine, verdict, replicas)
     if verdict is not None:

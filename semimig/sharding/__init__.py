@@ -3,7 +3,9 @@
 :class:`ShardPlan` says how many units of a paired dimension (MLP blocks, attention KV groups)
 each rank holds; :func:`solve_plan` finds the plan minimising the step from measured speeds;
 :mod:`semimig.sharding.split` cuts full weights at a plan's offsets and gathers them back;
-:mod:`semimig.sharding.move` lists the slices that change owner between two plans, and
+:mod:`semimig.sharding.move` lists the slices that change owner between two plans,
+:mod:`semimig.sharding.exchange` plans the data-parallel gradient reduction across replicas whose
+plans differ (:func:`reduction_plan`; carried out by :mod:`semimig.shardformer.replicas`), and
 :func:`apply_plan` / :func:`current_plan` (:mod:`semimig.shardformer.replan`) re-plan a built model and its
 optimizer between training steps.  Those two read the ShardFormer policy's tables and move the layers of
 :mod:`semimig.nn`, so they live in the policy's layer (DESIGN §7) and this package only re-exports them
@@ -20,10 +22,11 @@ from semimig.sharding.solver import (
 )
 
 from semimig.sharding.move import Piece, move_schedule
+from semimig.sharding.exchange import ReductionPlan, reduction_plan
 
 _REPLAN = ("apply_plan", "current_plan", "MoveReport")
 
-__all__ = ["apply_plan", "current_plan", "MoveReport", "Piece", "move_schedule",
+__all__ = ["apply_plan", "current_plan", "MoveReport", "Piece", "move_schedule", "ReductionPlan", "reduction_plan",
            "ShardPlan", "units_of", "kv_group_unit", "StepModel", "continuous_shares", "fit_step_model", "solve_plan",
            "predicted_step", "speeds_from_times"]
 

@@ -1,0 +1,197 @@
+"""A shard plan per data-parallel replica (DESIGN §8), exact: :func:`apply_replica_plans`.
+
+Each replica's TP group may hold its own :class:`~semimig.shardformer.UnevenPlan` (replica 0 even,
+replica 1 at 3:1, …).  Then the ranks of one DP group (one per replica at one TP position) hold
+different columns of the paired parameters, and the data-parallel all-reduce, which adds the
+gradients element by element, would add unrelated columns (or, as torch DDP does, refuse the shapes).
+So, while the replicas' plans differ:
+
+- torch DDP (HybridParallelPlugin's data parallelism at ``zero_stage=0``) leaves the paired
+  parameters out (``parameters_to_ignore``, its reducer rebuilt on every rank at once: the reducer's
+  first-iteration bucket sync is a collective over the DP group) and keeps all-reducing the
+  replicated ones (norms, embeddings, the row layers' biases) exactly as Colossal-AI does;
+- the paired parameters' gradients are reduced in unit coordinates
+  (:func:`semimig.sharding.exchange.reduction_plan`, carried out by
+  :func:`semimig.shardformer.crosslayout.reduce_across_layouts` over the world): every holder of a
+  column ends with the replicas' mean of that column's gradient, the global-batch mean, as the DP
+  all-reduce gives it.  It runs at the end of every backward that DDP would synchronise (an autograd
+  callback queued by the paired parameters' post-accumulate hooks; inside ``no_sync`` — gradient
+  accumulation — nothing moves), before the optimizer's gradient clipping and step.
+
+When every replica holds the same plan nothing of this is installed and DDP is Colossal-AI's, bit
+for bit.  ZeRO-1/2 cut the gradients into flat DP buckets of equal shapes: a plan per replica is
+refused there by name (``zero_stage``).  Checkpoints need nothing more: each replica's layers gather
+their full tensors by their own plan (:mod:`semimig.shardformer.uneven_ckpt`), and the replicas hold
+the same values.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from semimig.errors import ConfigError
+from semimig.sharding.exchange import ReductionPlan, even_allreduce_columns, reduction_plan
+from semimig.sharding.plan import ShardPlan
+from semimig.shardformer.crosslayout import reduce_across_layouts
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ReplicaReduction", "apply_replica_plans", "replica_reduction"]
+
+_ATTR = "_semimig_replica_reduction"
+
+
+def _ddp(model: nn.Module) -> Optional[nn.parallel.DistributedDataParallel]:
+    return next((m for m in model.modules() if isinstance(m, nn.parallel.DistributedDataParallel)), None)
+
+
+class ReplicaReduction:
+    """The paired parameters' DP gradient reduction under differing replica plans (module docstring)."""
+
+    def __init__(self, model: nn.Module, ddp: nn.parallel.DistributedDataParallel, plans: Sequence[Any], *,
+                 replica: int, grid: Sequence[Sequence[int]]) -> None:
+        from semimig.shardformer.replan import _layers
+
+        config, layers = _layers(model)
+        tp = layers[0].tp
+        tp_rank = dist.get_rank(layers[0].module.process_group) if tp > 1 else 0
+        resolved = [p.resolve(config, tp) for p in plans]
+        cache: dict = {}
+        self.jobs: List[Tuple[ReductionPlan, List[Tuple[nn.Parameter, int]]]] = []
+        self.params: List[nn.Parameter] = []
+        by_plan: dict = {}
+        for layer in layers:
+            key = (layer.kind, len(layer.parts))
+            if key not in cache:
+                per_replica = [tuple(ShardPlan(units=getattr(r, layer.kind).sizes) for _ in layer.parts)
+                               for r in resolved]
+                cache[key] = reduction_plan(per_replica)
+                by_plan[key] = []
+            for _, param, dim in layer.params():
+                by_plan[key].append((param, dim))
+                self.params.append(param)
+        self.jobs = [(cache[key], by_plan[key]) for key in cache]
+        self.replica, self.tp_rank, self.grid, self.ddp = replica, tp_rank, [list(r) for r in grid], ddp
+        self.bytes_sent = self.bytes_received = 0
+        self.reductions = 0
+        self._queued = False
+        self._handles = [p.register_post_accumulate_grad_hook(self._ready) for p in self.params]
+
+    def _ready(self, param: torch.Tensor) -> None:
+        if self._queued or not self.ddp.require_backward_grad_sync:
+            return
+        self._queued = True
+        torch.autograd.Variable._execution_engine.queue_callback(self.reduce)
+
+    def reduce(self) -> None:
+        """Reduce the paired parameters' gradients now (collective over the grid; the autograd callback)."""
+        self._queued = False
+        jobs = []
+        for plan, params in self.jobs:
+            tensors = []
+            for param, dim in params:
+                if param.grad is None:  # unused in this backward: its gradient is zero on this rank
+                    param.grad = torch.zeros_like(param)
+                tensors.append((param.grad, dim))
+            jobs.append((plan, tensors))
+        sent, received = reduce_across_layouts(jobs, replica=self.replica, tp_rank=self.tp_rank, grid=self.grid)
+        self.bytes_sent, self.bytes_received = self.bytes_sent + sent, self.bytes_received + received
+        self.reductions += 1
+
+    def ratio_to_even(self) -> float:
+        """Bytes of this reduction over the even layout's DP all-reduce of the same parameters (all ranks)."""
+        moved = even = 0.0
+        for plan, params in self.jobs:
+            for param, dim in params:
+                others = math.prod(n for i, n in enumerate(param.shape) if i != dim)  # the same on every rank
+                moved += plan.total_columns() * others
+                even += even_allreduce_columns(plan.plans[0], plan.replicas) * others
+        return moved / even if even else 1.0
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def replica_reduction(model: nn.Module) -> Optional[ReplicaReduction]:
+    """The cross-layout reduction installed on ``model`` (``None`` while every replica holds one plan)."""
+    return getattr(model, _ATTR, None)
+
+
+def _rebuild_ignoring(ddp: nn.parallel.DistributedDataParallel, params: Sequence[nn.Parameter]) -> None:
+    """DDP's reducer rebuilt with ``params`` left out (added to, or restored from, its original ignore set)."""
+    from semimig.shardformer.replan import _rebuild_ddp
+
+    base = ddp.__dict__.setdefault("_semimig_ignore_base", set(ddp.parameters_to_ignore))
+    wanted = {id(p) for p in params}
+    names = {name for name, p in ddp.module.named_parameters() if id(p) in wanted}
+    ddp.parameters_to_ignore = set(base) | names
+    _rebuild_ddp(ddp)
+
+
+def _grid(replica: int, tp_rank: int, replicas: int, tp: int) -> List[List[int]]:
+    """``grid[d][t]``: the global rank of replica ``d``'s TP rank ``t`` (one all-gather over the world)."""
+    world = dist.get_world_size()
+    if world != replicas * tp:
+        raise ConfigError(f"a plan per replica needs the world to be tp x dp ({tp} x {replicas}), got {world} ranks "
+                          "(pipeline stages plan each for itself)")
+    every: list = [None] * world
+    dist.all_gather_object(every, (replica, tp_rank))
+    grid = [[-1] * tp for _ in range(replicas)]
+    for rank, (d, t) in enumerate(every):
+        grid[d][t] = rank
+    return grid
+
+
+def apply_replica_plans(model: nn.Module, optimizer: Any, plans_by_replica: Sequence[Any]):
+    """Move this replica to ``plans_by_replica[d]`` (``d`` its DP rank) and set the gradient reduction
+    for the replicas' plans: a collective over every rank (tp x dp), called between steps (after
+    ``optimizer.step()`` and ``zero_grad()``) with the same tuple of :class:`~semimig.shardformer.UnevenPlan`
+    on every rank.  Returns this rank's :class:`~semimig.shardformer.replan.MoveReport`.
+
+    :class:`ConfigError` (on every rank) for a tuple whose length is not the DP size, a ZeRO optimizer
+    with differing plans (``zero_stage``), or anything :func:`~semimig.shardformer.replan.apply_plan` refuses.
+    """
+    from semimig.shardformer.replan import _layers, apply_plan
+
+    plans = tuple(plans_by_replica)
+    ddp = _ddp(model)
+    replicas = dist.get_world_size(ddp.process_group) if ddp is not None else None
+    _, layers = _layers(model)
+    if replicas is None:  # ZeRO (no DDP): its own DP group
+        from semimig.shardformer.replan import _optimizer_parts, _replica_group
+
+        group = _replica_group(model, _optimizer_parts(optimizer)[2], layers)
+        replicas = dist.get_world_size(group) if group is not None else 1
+        replica = dist.get_rank(group) if group is not None else 0
+    else:
+        replica = dist.get_rank(ddp.process_group)
+    if len(plans) != replicas:
+        raise ConfigError(f"plans_by_replica must hold one plan per data-parallel replica ({replicas}), got "
+                          f"{len(plans)}")
+    report = apply_plan(model, optimizer, plans[replica], replica_plans=plans)
+    old = replica_reduction(model)
+    if old is not None:
+        old.close()
+        model.__dict__.pop(_ATTR, None)
+    differ = len({str(p) for p in plans}) > 1
+    if ddp is None or (not differ and old is None):
+        return report  # one plan everywhere and nothing installed: Colossal-AI's own DP all-reduce, untouched
+    if not differ:
+        _rebuild_ignoring(ddp, [])
+        logger.info("replica plans: every replica holds %s; the DP all-reduce covers every parameter again", plans[0])
+        return report
+    tp = layers[0].tp
+    tp_rank = dist.get_rank(layers[0].module.process_group) if tp > 1 else 0
+    reduction = ReplicaReduction(model, ddp, plans, replica=replica, grid=_grid(replica, tp_rank, replicas, tp))
+    _rebuild_ignoring(ddp, reduction.params)
+    model.__dict__[_ATTR] = reduction
+    logger.info("replica plans %s: the paired parameters' gradients are reduced across layouts (%.2fx the even "
+                "DP all-reduce's bytes)", [str(p) for p in plans], reduction.ratio_to_even())
+    return report
