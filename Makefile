@@ -4,6 +4,8 @@
 #                runs the paper's GEMM-only sweep instead
 #   make test    the test suite (the full suite; the 15 slowest cases listed at the end)
 #   make test-fast   the edit loop: every case not marked slow (tests/conftest.py: SLOW_MODULES)
+#   (tests/unit: one process; tests/multirank: gloo ranks; tests/e2e: CLI, torchrun, scripts; e.g.
+#    .venv/bin/pytest -q tests/unit runs the pure cases alone)
 #   (PYTEST_WORKERS=2 runs either on 2 xdist workers, ~25 % faster; timing-dependent cases can fail
 #    under it, so CI and the default stay serial)
 #   make tables  the generated tables of README.md and docs/results.md, rewritten from docs/results/index.json

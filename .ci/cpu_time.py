@@ -1,6 +1,6 @@
 """Run a command and print the CPU time of it and of every process it started, orphans included.
 
-    python .ci/cpu_time.py -- python -m pytest -q tests/test_x.py
+    python .ci/cpu_time.py -- python -m pytest -q tests/unit/test_x.py
 
 ``/usr/bin/time`` counts only the descendants its child waited for; the test suite's ranks are
 children of multiprocessing's forkserver, which nobody waits for.  Here this process becomes a

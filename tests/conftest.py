@@ -1,5 +1,10 @@
 """pytest configuration shared by every test module.
 
+- The tests are laid out by what they start: ``unit/`` (one process, no process group of several
+  ranks, no subprocess), ``multirank/`` (real gloo process groups of 2-4 ranks, spawned or from the
+  rank pools) and ``e2e/`` (the command line, torchrun, subprocess launchers and the benchmark
+  scripts end to end).  The helpers they share stay in this folder, put on ``sys.path`` here.
+
 - The rank pools (tests/rank_pool.py) are retired at the end of the run, and the
   terminal summary says how many pools were started and how many cases they served.
 - Every process the suite starts writes its temporary files under one directory of its own
@@ -27,9 +32,16 @@ import functools
 import inspect
 import os
 import shutil
+import sys
 import tempfile
 
 import pytest
+
+# The shared helpers (rank_pool, dist_harness, tiny_lms, ...) live here, beside the unit/, multirank/
+# and e2e/ folders; every test module imports them as top-level modules.
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
 
 from _backends import backend, cpu_path  # noqa: F401 - the multi-rank modules' gloo/nccl fixtures
 

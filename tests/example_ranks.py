@@ -16,7 +16,7 @@ forkserver) instead of a fresh interpreter that imports them (~12 s per rank on 
 For the cases whose launcher is incidental (what the script trains, saves, prints). What only a
 real launcher shows -- torchrun's agent, a rank or launcher dying, the command a user types --
 stays on ``python -m torch.distributed.run`` (``test_example_llm``'s shared 6-step run,
-``tests/test_probe_faults.py``, ``tests/test_cluster.py``).
+``tests/e2e/test_probe_faults.py``, ``tests/e2e/test_cluster.py``).
 
 Like torchrun: when one rank fails, the others are given :data:`GRACE_S` to finish and are then
 killed; the launch's status is the first failing rank's.  The whole launch is bounded by

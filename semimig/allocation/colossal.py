@@ -9,7 +9,7 @@ Supported plugins and what a "device" is:
 - ``TorchDDPPlugin``: every rank is a device (ZeRO-0).
 - ``TorchFSDPPlugin`` (torch FSDP): every rank of its process group is a device; the sharding
   strategy gives the stage: ``FULL_SHARD`` (the default) is ZeRO-3, ``SHARD_GRAD_OP`` ZeRO-2.  The plugin's ``configure`` places FSDP on ``torch.cuda.current_device()``,
-  so it needs a GPU (tests/test_allocation_zero3.py runs it on CPU by answering that call with
+  so it needs a GPU (tests/multirank/test_allocation_zero3.py runs it on CPU by answering that call with
   the CPU device while ``booster.boost`` runs).  (``GeminiPlugin``, Colossal-AI's other ZeRO-3,
   is not supported: it trains only in fp16/bf16 with its own optimizers, which need a GPU.)
 

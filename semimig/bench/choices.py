@@ -3,7 +3,7 @@
 ``semimig bench --help`` lists the modes and compute kinds; their owners
 (:data:`semimig.controller.runtime.MODES`, :data:`semimig.bench.config.COMPUTES`) import torch
 and Colossal-AI, which would make ``--help`` take seconds.  These are copies of the owners'
-tuples, kept equal by ``tests/test_cli_quiet.py``.  :data:`MODES_2D` has no other owner: the 2-D
+tuples, kept equal by ``tests/e2e/test_cli_quiet.py``.  :data:`MODES_2D` has no other owner: the 2-D
 mode's names are the bench's own words (:class:`semimig.bench.config.BenchConfig` reads them from here).
 """
 from __future__ import annotations

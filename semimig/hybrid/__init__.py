@@ -22,7 +22,7 @@ The benchmark that trains it, ``semimig bench --dp D --allocation poplar``, is t
 machinery below it (layout, balancer, re-plan trigger, agreement, split) and imports nothing of the bench.
 
 Gradients stay exactly the global-batch mean (each micro-step's loss scaled by ``m·D/G``, SEMI's
-migration exact); tests/test_hybrid_*.py compare with one process on the whole batch.
+migration exact); tests/multirank/test_hybrid_*.py compare with one process on the whole batch.
 """
 from semimig.hybrid.agreement import batch_plan_digest, describe_batch_plan, verify_batch_plan
 from semimig.hybrid.balancer import ALLOCATIONS, HybridBalancer, HybridStepReport, profile_group_curves

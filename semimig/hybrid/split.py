@@ -26,7 +26,7 @@ balanced it.  Where its speed comes from:
 
 Nothing here changes the gradients: each micro-step's loss is scaled by ``m·D/G``
 (:meth:`~semimig.allocation.data.MicroBatch.scale_loss`), so the DP-averaged gradient is the
-global-batch mean whatever the split (tests/test_hybrid_gradients.py, tests/test_enable_batch.py).
+global-batch mean whatever the split (tests/multirank/test_hybrid_gradients.py, tests/multirank/test_enable_batch.py).
 """
 from __future__ import annotations
 
