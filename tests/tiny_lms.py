@@ -3,7 +3,10 @@
 ``tiny_lm("llama")``: Llama with GQA (8 query heads, 4 KV heads, hidden 64, MLP 256, 2 layers);
 ``tiny_lm("gpt2")``: GPT-2 with the same widths (fused QKV, dropout off).  Both are built under
 ``torch.manual_seed(0)``, so every rank and the dense reference hold the same weights.
+``reshardable_llama(hidden, intermediate)``: Llama with 4 query / 2 KV heads in the widths the
+re-sharding tests choose (vocabulary 128, 2 layers, sequences up to 64).
 ``token_batch(step)``: a deterministic batch of random token ids for step ``step`` (labels = ids).
+``boost_lm(model, ...)``: the model and an optimizer under ``HybridParallelPlugin`` (tensor parallel).
 """
 from __future__ import annotations
 
@@ -32,9 +35,18 @@ def tiny_lm(name: str):
     raise ValueError(f"tiny_lm: unknown model {name!r} (llama, qwen2, mistral or gpt2)")
 
 
-def token_batch(step: int) -> dict:
+def reshardable_llama(hidden: int, intermediate: int):
+    import transformers as T
+
+    torch.manual_seed(0)
+    return T.LlamaForCausalLM(T.LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=intermediate,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                            max_position_embeddings=64))
+
+
+def token_batch(step: int, seq: int = SEQ) -> dict:
     gen = torch.Generator().manual_seed(1000 + step)
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
+    ids = torch.randint(0, VOCAB, (BATCH, seq), generator=gen)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
 
 
@@ -48,3 +60,21 @@ def train_steps(booster, model, optimizer, steps, batch=token_batch) -> list:
         optimizer.zero_grad()
         losses.append(float(loss.detach()))
     return losses
+
+
+def boost_lm(model, *, tp: int = 2, precision: str = "fp32", policy=None, optimizer=None, **plugin_kwargs) -> tuple:
+    """``model`` boosted under ``HybridParallelPlugin(tp_size=tp, pp_size=1, precision=precision,
+    custom_policy=policy, **plugin_kwargs)`` with ``optimizer`` (AdamW, lr 1e-3, when ``None``):
+    ``(booster, model, optimizer, plugin)``.  Under ZeRO, communication overlap is off unless asked
+    for (it needs CUDA streams)."""
+    from colossalai.booster import Booster
+    from colossalai.booster.plugin import HybridParallelPlugin
+
+    if plugin_kwargs.get("zero_stage", 0) > 0:
+        plugin_kwargs.setdefault("overlap_communication", False)
+    plugin = HybridParallelPlugin(tp_size=tp, pp_size=1, precision=precision, custom_policy=policy, **plugin_kwargs)
+    booster = Booster(plugin=plugin)
+    if optimizer is None:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer, *_ = booster.boost(model, optimizer)
+    return booster, model, optimizer, plugin

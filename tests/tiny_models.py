@@ -54,3 +54,17 @@ def zero_pri_pair(width: int, world: int, spec):
     ctl = BalanceController(model, BalanceConfig(mode="zero-pri", straggler=spec,
                                                  controller=ControllerConfig(max_fixed_fraction=1.0)))
     return model, ctl
+
+
+def digits_batch(n: int, start: int = 0) -> tuple:
+    """Rows ``start`` to ``start + n`` of the digits training split (seed 0): ``(pixels, labels)``."""
+    from semimig.bench.models import digits_split
+
+    x, y, _, _ = digits_split(seed=0)
+    return x[start:start + n], y[start:start + n]
+
+
+def vit_loss(model: nn.Module, data: tuple) -> torch.Tensor:
+    """A ViT classifier's loss on ``(pixels, labels)``."""
+    x, y = data
+    return model(pixel_values=x, labels=y).loss

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from dist_harness import run_pooled
-from semimig.bench.models import VitSize, digits_split, tiny_vit
+from semimig.bench.models import VitSize, tiny_vit
 from semimig.errors import ConfigError
+from tiny_models import digits_batch, vit_loss
 
 SIZE = VitSize(hidden=16, layers=1, heads=2, intermediate=32)
 GLOBAL_BATCH = 11
@@ -26,13 +27,7 @@ ATOL = 2e-5
 
 
 def _batch(n: int = GLOBAL_BATCH, start: int = 0):
-    x, y, _, _ = digits_split(seed=0)
-    return x[start:start + n], y[start:start + n]
-
-
-def _loss(model, data):
-    x, y = data
-    return model(pixel_values=x, labels=y).loss
+    return digits_batch(n, start)
 
 
 def _boost(zero_stage: int = 0, precision: str = "fp32", size: VitSize = SIZE):
@@ -63,7 +58,7 @@ def _gradients_body(rank: int, world: int):
     balancer = semimig.enable(model, plugin, optimizer=optimizer, mode="semi",
                               batch=semimig.BatchSplit(global_batch_size=GLOBAL_BATCH, curves=curves, replan=None))
     try:
-        run_iteration(booster, model, optimizer, iter(balancer.micro_batches(_batch())), _loss,
+        run_iteration(booster, model, optimizer, iter(balancer.micro_batches(_batch())), vit_loss,
                       zero_stage=plugin.zero_stage)
         grads = {name: p.grad.detach().float().numpy().copy() for name, p in model.unwrap().named_parameters()}
         gathered = [None] * world
@@ -85,7 +80,7 @@ def test_enable_with_a_batch_split_gives_the_global_batch_gradient() -> None:
     plan, gathered = run_pooled(_gradients_body, 4, timeout_s=180)
     assert len(set(plan.samples)) > 1, f"plan is not uneven: {plan.samples}"
     reference_model = tiny_vit(SIZE, seed=0, num_labels=10)
-    _loss(reference_model, _batch()).backward()
+    vit_loss(reference_model, _batch()).backward()
     reference = {name: p.grad.detach() for name, p in reference_model.named_parameters()}
     for dp_rank, tp_rank, grads in gathered:
         assert set(grads) == set(reference)
@@ -117,7 +112,7 @@ def _calibration_body(rank: int, world: int, iterations: int):
         for i in range(iterations):
             plans.append(balancer.batch_plan.samples)
             run_iteration(booster, model, optimizer, iter(balancer.micro_batches(_batch(CALIBRATION_BATCH, 32 * i))),
-                          _loss, zero_stage=plugin.zero_stage)
+                          vit_loss, zero_stage=plugin.zero_stage)
             optimizer.step()  # hooked: the controller's step, then the batch plan's
             optimizer.zero_grad()
         return plans, [d.iteration for d in balancer.hybrid.replans]
@@ -266,7 +261,7 @@ def _own_batches_body(rank: int, world: int):
         # per-step exchange is read a step late, so iteration 1's batches are refused at iteration 2's step
         for own in (False, True, False):
             data = _batch(8, 8 * rank if own else 0)
-            run_iteration(booster, model, optimizer, iter(balancer.micro_batches(data)), _loss,
+            run_iteration(booster, model, optimizer, iter(balancer.micro_batches(data)), vit_loss,
                           zero_stage=plugin.zero_stage)
             try:
                 optimizer.step()

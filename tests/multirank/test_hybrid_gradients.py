@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from dist_harness import run_on_ranks
-from semimig.bench.models import VitSize, digits_split, tiny_vit
+from semimig.bench.models import VitSize, tiny_vit
+from tiny_models import digits_batch, vit_loss
 
 SIZE = VitSize(hidden=16, layers=1, heads=2, intermediate=32)
 GLOBAL_BATCH = 11
@@ -24,18 +25,12 @@ ATOL = 2e-5
 
 
 def _batch():
-    x, y, _, _ = digits_split(seed=0)
-    return x[:GLOBAL_BATCH], y[:GLOBAL_BATCH]
-
-
-def _loss(model, data):
-    x, y = data
-    return model(pixel_values=x, labels=y).loss
+    return digits_batch(GLOBAL_BATCH)
 
 
 def _reference_grads() -> dict[str, torch.Tensor]:
     model = tiny_vit(SIZE, seed=0, num_labels=10)
-    _loss(model, _batch()).backward()
+    vit_loss(model, _batch()).backward()
     return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
 
 
@@ -63,7 +58,7 @@ def _body(rank: int, world: int, zero_stage: int, migrate: bool, precision: str)
     curves = [SpeedCurve.constant(peak_speed=s, max_batch_size=m, name=f"group{g}")
               for g, (s, m) in enumerate([(1.0, 3), (3.0, 5)])]
     balancer = HybridBalancer(plugin, curves=curves, global_batch_size=GLOBAL_BATCH, controller=controller, replan=None)
-    run_iteration(booster, model, optimizer, iter(balancer.micro_batches(_batch())), _loss,
+    run_iteration(booster, model, optimizer, iter(balancer.micro_batches(_batch())), vit_loss,
                   zero_stage=balancer.zero_stage)
     migrating = [m.directive.layout is not None for m in model.modules() if isinstance(m, BalancedLinearMixin)
                  and m.directive is not None]

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from dist_harness import run_on_ranks
 
-from tiny_lms import BATCH, SEQ, VOCAB, tiny_lm, token_batch  # noqa: E402,F401
+from tiny_lms import BATCH, SEQ, VOCAB, boost_lm, tiny_lm, token_batch  # noqa: E402,F401
 FP32_ATOL, BF16_ATOL = 2e-5, 3e-3
 UNEVEN = {"llama": dict(mlp_units=(3, 1), kv_units=(3, 1), block_size=64),
           "gpt2": dict(mlp_units=(1, 3), kv_units=(5, 3), block_size=64)}
@@ -40,38 +40,24 @@ EVEN = {"llama": dict(mlp_units=(2, 2), kv_units=(2, 2), block_size=64),
         "gpt2": dict(mlp_units=(2, 2), kv_units=(4, 4), block_size=64)}
 
 
-def _model(name):
-    return tiny_lm(name)
-
-
-def _batch(step):
-    return token_batch(step)
-
-
 def _boost(name, tp=2, precision="fp32", policy="even", freeze=None, **plugin_kwargs):
-    from colossalai.booster import Booster
-    from colossalai.booster.plugin import HybridParallelPlugin
-
     from semimig.shardformer import SemiMigPolicy, UnevenPlan
 
     if isinstance(policy, UnevenPlan):
         policy = SemiMigPolicy(shard_plan=policy)
     else:
         policy = {"even": SemiMigPolicy(shard_plan=UnevenPlan()), "none": SemiMigPolicy(), "stock": None}[policy]
-    plugin = HybridParallelPlugin(tp_size=tp, pp_size=1, precision=precision, custom_policy=policy, **plugin_kwargs)
-    booster = Booster(plugin=plugin)
-    model = _model(name)
+    model = tiny_lm(name)
     for param_name, param in model.named_parameters():
         if freeze is not None and param_name.startswith(freeze):
             param.requires_grad_(False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model, optimizer, *_ = booster.boost(model, optimizer)
+    booster, model, optimizer, _ = boost_lm(model, tp=tp, precision=precision, policy=policy, **plugin_kwargs)
     return booster, model, optimizer
 
 
 def _train(name, precision, plans, steps, tp=2, policy="even", **plugin_kwargs):
     """Losses of ``steps`` steps; before step ``s`` each plan in ``plans.get(s, [])`` is applied."""
-    return _steps(*_boost(name, tp, precision, policy, **plugin_kwargs), plans, steps, _batch)
+    return _steps(*_boost(name, tp, precision, policy, **plugin_kwargs), plans, steps, token_batch)
 
 
 def _steps(booster, model, optimizer, plans, steps, batch):
@@ -168,7 +154,7 @@ def _slices_body(rank, world, name, precision, uneven, even, built_uneven=False)
     start = UnevenPlan(**uneven) if built_uneven else "even"
     booster, model, optimizer = _boost(name, world, precision, start, make_vocab_size_divisible_by=8)
     for step in range(2):
-        booster.backward(model(**_batch(step)).loss, optimizer)
+        booster.backward(model(**token_batch(step)).loss, optimizer)
         optimizer.step()
         optimizer.zero_grad()
     inner, masters, _ = _optimizer_parts(optimizer)
@@ -205,7 +191,7 @@ def _slices_body(rank, world, name, precision, uneven, even, built_uneven=False)
                             current_plan(model, block_size=block) == target)
         attention = next(m for n, m in model.unwrap().named_modules() if n.endswith(("0.self_attn", "0.attn")))
         out[f"heads {target}"] = attention.num_heads
-        loss = model(**_batch(5)).loss  # training goes on under the new plan
+        loss = model(**token_batch(5)).loss  # training goes on under the new plan
         booster.backward(loss, optimizer)
         optimizer.step()
         optimizer.zero_grad()
@@ -285,7 +271,7 @@ def _zero_body(rank, world, stage):
     uneven, even = UnevenPlan(**UNEVEN["llama"]), UnevenPlan(**EVEN["llama"])
     kwargs = dict(zero_stage=stage, overlap_communication=False)
     dp_rank = rank // 2  # HybridParallelPlugin's TP groups are consecutive ranks
-    batch = lambda step: _batch(2 * step + dp_rank)  # noqa: E731  (each replica on its own data)
+    batch = lambda step: token_batch(2 * step + dp_rank)  # noqa: E731  (each replica on its own data)
     uninterrupted, (moved,) = _train_zero({}, 8, kwargs, batch)
     return {"uninterrupted": uninterrupted, "moved": moved,
             "replanned": _train_zero({3: [uneven], 6: [even]}, 8, kwargs, batch),
@@ -328,7 +314,7 @@ def _replicas_body(rank, world):
     dist.all_gather_object(every, said)
     uneven = UnevenPlan(**UNEVEN["llama"])
     kwargs = dict(zero_stage=1, overlap_communication=False)
-    batch = lambda step: _batch(2 * step + dp_rank)  # noqa: E731
+    batch = lambda step: token_batch(2 * step + dp_rank)  # noqa: E731
     frozen = [_train_zero(plans, 5, kwargs, batch, freeze="model.layers.0.mlp.")[0] for plans in ({}, {2: [uneven]})]
     return {"disagree": every, "frozen": frozen}
 
@@ -353,7 +339,7 @@ def _zero_checkpoint_body(rank, world, root):
     from semimig.shardformer import UnevenPlan
 
     dp_rank = rank // 2
-    batch = lambda step: _batch(2 * step + dp_rank)  # noqa: E731
+    batch = lambda step: token_batch(2 * step + dp_rank)  # noqa: E731
     later = lambda step: batch(step + 3)  # noqa: E731
     kwargs = dict(zero_stage=1, overlap_communication=False)
     booster, model, optimizer = _boost("llama", 2, "bf16", "even", **kwargs)

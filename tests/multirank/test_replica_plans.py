@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from dist_harness import run_pooled
-from tiny_lms import SEQ, VOCAB, tiny_lm
+from tiny_lms import SEQ, VOCAB, boost_lm, tiny_lm
 
 BLOCK = 32
 GLOBAL = 8
@@ -48,17 +48,11 @@ def _global_batch(step):
 
 
 def _boost(precision="fp32", zero_stage=0):
-    from colossalai.booster import Booster
-    from colossalai.booster.plugin import HybridParallelPlugin
-
     from semimig.shardformer import SemiMigPolicy
 
     model = tiny_lm("llama")
-    zero = dict(zero_stage=zero_stage) if zero_stage else {}
-    plugin = HybridParallelPlugin(tp_size=2, pp_size=1, precision=precision, overlap_communication=False,
-                                  custom_policy=SemiMigPolicy(shard_plan=_plan(EVEN)), **zero)
-    booster = Booster(plugin=plugin)
-    model, optimizer, *_ = booster.boost(model, _optimizer(model))
+    booster, model, optimizer, plugin = boost_lm(model, precision=precision, optimizer=_optimizer(model),
+                                                 policy=SemiMigPolicy(shard_plan=_plan(EVEN)), zero_stage=zero_stage)
     return plugin, booster, model, optimizer
 
 

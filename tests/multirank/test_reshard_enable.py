@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiny_lms import train_steps  # noqa: E402
+from tiny_lms import boost_lm, reshardable_llama, token_batch, train_steps  # noqa: E402
 from _backends import run_on_ranks
 from example_ranks import run_example
 
@@ -43,35 +43,22 @@ needs_replan = pytest.mark.skipif(not _replan_available(), reason="semimig.shard
 
 
 def _model():
-    import transformers as T
-
-    torch.manual_seed(0)
-    config = T.LlamaConfig(vocab_size=128, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    return T.LlamaForCausalLM(config)
+    return reshardable_llama(HIDDEN, INTERMEDIATE)
 
 
 def _batch(step):
-    gen = torch.Generator().manual_seed(1000 + step)
-    ids = torch.randint(0, 128, (4, 64), generator=gen)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    return token_batch(step, seq=64)
 
 
 def _boost(zero_stage=0, **plugin_kwargs):
-    from colossalai.booster import Booster
-    from colossalai.booster.plugin import HybridParallelPlugin
-
     from semimig.resharder import even_reshardable_plan
     from semimig.shardformer import SemiMigPolicy
 
     model = _model()
     plan = even_reshardable_plan(model.config, 2, block_size=BLOCK)
-    plugin = HybridParallelPlugin(tp_size=2, pp_size=1, precision="bf16" if zero_stage else "fp32",
-                                  zero_stage=zero_stage, overlap_communication=False,
-                                  custom_policy=SemiMigPolicy(shard_plan=plan), **plugin_kwargs)
-    booster = Booster(plugin=plugin)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model, optimizer, *_ = booster.boost(model, optimizer)
+    booster, model, optimizer, plugin = boost_lm(model, precision="bf16" if zero_stage else "fp32",
+                                                 policy=SemiMigPolicy(shard_plan=plan), zero_stage=zero_stage,
+                                                 **plugin_kwargs)
     return model, optimizer, booster, plugin
 
 

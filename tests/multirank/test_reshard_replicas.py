@@ -22,7 +22,7 @@ import torch
 from dist_harness import run_pooled
 from semimig.errors import ConfigError
 from semimig.resharder import slowest_per_position
-from tiny_lms import train_steps
+from tiny_lms import boost_lm, reshardable_llama, train_steps
 
 BLOCK = 32
 STEPS = 14
@@ -63,15 +63,6 @@ def test_a_grid_with_a_missing_rank_is_refused_by_name():
         slowest_per_position([_row(0, 0, 1.0, 0.8), _row(1, 0, 2.0, 1.6), _row(0, 1, 1.0, 0.8)], tp=2)
 
 
-def _model():
-    import transformers as T
-
-    torch.manual_seed(0)
-    return T.LlamaForCausalLM(T.LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=512,
-                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                            max_position_embeddings=64))
-
-
 def _batches(dp_rank):
     def batch(step):
         gen = torch.Generator().manual_seed(1000 + 2 * step + dp_rank)  # each replica on its own data
@@ -82,18 +73,12 @@ def _batches(dp_rank):
 
 def _boosted():
     """tp 2 x dp 2 (fp32): (plugin, booster, model, optimizer), the model in units re-sharding can move."""
-    from colossalai.booster import Booster
-    from colossalai.booster.plugin import HybridParallelPlugin
-
     from semimig.resharder import even_reshardable_plan
     from semimig.shardformer import SemiMigPolicy
 
-    model = _model()
-    plugin = HybridParallelPlugin(tp_size=2, pp_size=1, precision="fp32", overlap_communication=False,
-                                  custom_policy=SemiMigPolicy(shard_plan=even_reshardable_plan(model.config, 2,
-                                                                                               block_size=BLOCK)))
-    booster = Booster(plugin=plugin)
-    model, optimizer, *_ = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    model = reshardable_llama(128, 512)
+    policy = SemiMigPolicy(shard_plan=even_reshardable_plan(model.config, 2, block_size=BLOCK))
+    booster, model, optimizer, plugin = boost_lm(model, policy=policy)
     return plugin, booster, model, optimizer
 
 

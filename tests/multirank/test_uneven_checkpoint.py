@@ -40,7 +40,7 @@ from _backends import run_on_ranks
 
 pytestmark = pytest.mark.usefixtures("cpu_path")
 
-from tiny_lms import BATCH, SEQ, VOCAB, tiny_lm, token_batch, train_steps  # noqa: E402,F401
+from tiny_lms import BATCH, SEQ, VOCAB, boost_lm, tiny_lm, train_steps  # noqa: E402,F401
 SAME_LAYOUT = dict(atol=0.0, rtol=0.0)
 REASSOCIATION = {"fp32": dict(atol=5e-6, rtol=0.0), "bf16": dict(atol=2e-3, rtol=0.0)}
 PLANS = {  # (mlp_units, kv_units, block_size) per rank of 2: "plan" saves, "other" only loads
@@ -49,37 +49,21 @@ PLANS = {  # (mlp_units, kv_units, block_size) per rank of 2: "plan" saves, "oth
 }
 
 
-def _model(name):
-    return tiny_lm(name)
-
-
-def _batch(step):
-    return token_batch(step)
-
-
 def _boost(name, layout, precision, zero_stage=0):
     """``layout``: ``"stock"`` (Colossal-AI's policy) or a key of :data:`PLANS`."""
-    from colossalai.booster import Booster
-    from colossalai.booster.plugin import HybridParallelPlugin
-
     from semimig.shardformer import SemiMigPolicy, UnevenPlan
 
     policy = None
     if layout != "stock":
         mlp, kv, block = PLANS[name][layout]
         policy = SemiMigPolicy(shard_plan=UnevenPlan(mlp_units=mlp, kv_units=kv, block_size=block))
-    zero = dict(zero_stage=zero_stage, overlap_communication=False) if zero_stage else {}  # CPU: no streams
-    plugin = HybridParallelPlugin(tp_size=2, pp_size=1, precision=precision, custom_policy=policy, **zero)
-    booster = Booster(plugin=plugin)
-    model = _model(name)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model, optimizer, *_ = booster.boost(model, optimizer)
+    booster, model, optimizer, _ = boost_lm(tiny_lm(name), precision=precision, policy=policy, zero_stage=zero_stage)
     return booster, model, optimizer
 
 
 def _train(run, steps):
     booster, model, optimizer = run
-    return train_steps(booster, model, optimizer, steps, batch=_batch)
+    return train_steps(booster, model, optimizer, steps)
 
 
 def _gather_like(param, tensor):
@@ -231,7 +215,7 @@ def _hugging_face_body(rank, world, root, name):
     import torch.distributed as dist
 
     if rank == 0:
-        dense = _model(name)
+        dense = tiny_lm(name)
         with torch.no_grad():
             for param in dense.parameters():
                 param.add_(torch.randn_like(param))
@@ -400,7 +384,7 @@ def test_model_files_are_the_dense_hugging_face_model(round_trip):
     cls = T.LlamaForCausalLM if name == "llama" else T.GPT2LMHeadModel
     want = out["source"]["plan"]
     sharded = cls.from_pretrained(root / "plan" / "model")
-    dense = _model(name)
+    dense = tiny_lm(name)
     dense.load_state_dict(torch.load(root / "plan" / "model.bin", weights_only=False), strict=True)
     for model in (sharded, dense):
         for param_name, param in model.named_parameters():

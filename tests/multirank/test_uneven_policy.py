@@ -28,24 +28,16 @@ import torch.distributed as dist
 
 from dist_harness import run_on_ranks
 
-from tiny_lms import BATCH, SEQ, VOCAB, tiny_lm, token_batch, train_steps  # noqa: E402,F401
+from tiny_lms import BATCH, SEQ, VOCAB, boost_lm, tiny_lm, token_batch, train_steps  # noqa: E402,F401
 STEPS = 5
 LOSS_TOL = dict(atol=2e-5, rtol=0.0)
 NORM_RTOL = 1e-5
 
 
-def _model(name):
-    return tiny_lm(name)
-
-
-def _batch(step):
-    return token_batch(step)
-
-
 def _dense_norm(name):
     """The dense single-process Hugging Face model's gradient norm on batch 0."""
-    model = _model(name)
-    model(**_batch(0)).loss.backward()
+    model = tiny_lm(name)
+    model(**token_batch(0)).loss.backward()
     return float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9))  # 1e9: measure, never clip
 
 
@@ -58,27 +50,20 @@ def _untp_norm(name):
     from colossalai.booster.plugin import HybridParallelPlugin
 
     booster = Booster(plugin=HybridParallelPlugin(tp_size=1, pp_size=1, precision="fp32", max_norm=1e9))
-    model = _model(name)
+    model = tiny_lm(name)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer, *_ = booster.boost(model, optimizer)
-    booster.backward(model(**_batch(0)).loss, optimizer)
+    booster.backward(model(**token_batch(0)).loss, optimizer)
     optimizer.step()
     return optimizer._current_grad_norm
 
 
 def _train(name, policy, max_norm=0.0):
     """Losses and the grad norm the optimizer clipped with, per step, under tp=2 (every rank's, rank 0 returned)."""
-    from colossalai.booster import Booster
-    from colossalai.booster.plugin import HybridParallelPlugin
-
-    plugin = HybridParallelPlugin(tp_size=2, pp_size=1, precision="fp32", max_norm=max_norm, custom_policy=policy)
-    booster = Booster(plugin=plugin)
-    model = _model(name)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model, optimizer, *_ = booster.boost(model, optimizer)
+    booster, model, optimizer, _ = boost_lm(tiny_lm(name), policy=policy, max_norm=max_norm)
     losses, norms = [], []
     for step in range(STEPS):
-        loss = model(**_batch(step)).loss
+        loss = model(**token_batch(step)).loss
         booster.backward(loss, optimizer)
         optimizer.step()
         norms.append(getattr(optimizer, "_current_grad_norm", None))
@@ -245,8 +230,8 @@ def _refusal_body(rank, world):
 
     return {
         "bert": attempt(pc.build_model("bert"), UnevenPlan(mlp_units=(1, 1), block_size=32)),
-        "kv-sum": attempt(_model("llama"), UnevenPlan(kv_units=(3, 2))),
-        "tp": attempt(_model("llama"), UnevenPlan(mlp_units=(1, 1, 2), block_size=64)),
+        "kv-sum": attempt(tiny_lm("llama"), UnevenPlan(kv_units=(3, 2))),
+        "tp": attempt(tiny_lm("llama"), UnevenPlan(mlp_units=(1, 1, 2), block_size=64)),
     }
 
 
@@ -287,16 +272,8 @@ MORE = {  # case -> (model kind, sizes, (mlp_units, kv_units, block), extra plug
 
 
 def _train_model(build, tp, policy, steps=3, **plugin_kwargs):
-    from colossalai.booster import Booster
-    from colossalai.booster.plugin import HybridParallelPlugin
-
-    booster = Booster(plugin=HybridParallelPlugin(tp_size=tp, pp_size=1, precision="fp32", custom_policy=policy,
-                                                  **plugin_kwargs))
-    model = build()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model, optimizer, *_ = booster.boost(model, optimizer)
-    losses = train_steps(booster, model, optimizer, range(steps), batch=_batch)
-    return losses
+    booster, model, optimizer, _ = boost_lm(build(), tp=tp, policy=policy, **plugin_kwargs)
+    return train_steps(booster, model, optimizer, range(steps))
 
 
 def _more_body(rank, world):
@@ -341,16 +318,16 @@ def _modes_body(rank, world, cases):
         for layout, policy in layouts:
             plugin = HybridParallelPlugin(tp_size=2, custom_policy=policy, **kwargs)
             booster = Booster(plugin=plugin)
-            model = _model("llama")
+            model = tiny_lm("llama")
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
             model, optimizer, *_ = booster.boost(model, optimizer)
             losses, norms = [], []
             for step in range(3):
                 if plugin.pp_size > 1:
-                    loss = booster.execute_pipeline(iter([_batch(step)]), model, lambda o, i: o.loss, optimizer,
+                    loss = booster.execute_pipeline(iter([token_batch(step)]), model, lambda o, i: o.loss, optimizer,
                                                     return_loss=True)["loss"]
                 else:
-                    loss = model(**_batch(step)).loss
+                    loss = model(**token_batch(step)).loss
                     booster.backward(loss, optimizer)
                 optimizer.step()
                 norms.append(getattr(optimizer, "_current_grad_norm", None))
@@ -405,7 +382,7 @@ def _enable_body(rank, world):
         plugin = HybridParallelPlugin(tp_size=2, pp_size=1, precision="fp32",
                                       custom_policy=SemiMigPolicy(shard_plan=UnevenPlan(**MODE_PLAN)))
         booster = Booster(plugin=plugin)
-        model = _model("llama")
+        model = tiny_lm("llama")
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         model, optimizer, *_ = booster.boost(model, optimizer)
         balancer = []

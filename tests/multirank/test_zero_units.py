@@ -38,7 +38,7 @@ from dist_harness import run_on_ranks
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")
 
-from tiny_lms import tiny_lm, token_batch  # noqa: E402
+from tiny_lms import boost_lm, tiny_lm, token_batch  # noqa: E402
 LOSS = dict(atol=2e-5, rtol=0.0)
 GRAD = dict(atol=1e-7, rtol=1e-4)
 WEIGHT = dict(atol=1e-5, rtol=0.0)
@@ -50,19 +50,12 @@ TIMEOUT_S = 420
 
 def _boost(world, plan):
     """``plan``: ``None`` (the even layout) or :data:`ZERO`-style keywords."""
-    from colossalai.booster import Booster
-    from colossalai.booster.plugin import HybridParallelPlugin
-
     from semimig.shardformer import SemiMigPolicy, UnevenPlan
 
     shard_plan = UnevenPlan() if plan is None else UnevenPlan(**plan)
     # the vocabulary (128) padded to a multiple of 64·tp would differ from the dense model's
-    plugin = HybridParallelPlugin(tp_size=world, pp_size=1, precision="fp32", make_vocab_size_divisible_by=8,
-                                  custom_policy=SemiMigPolicy(shard_plan=shard_plan))
-    booster = Booster(plugin=plugin)
-    model = tiny_lm("llama")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model, optimizer, *_ = booster.boost(model, optimizer)
+    booster, model, optimizer, _ = boost_lm(tiny_lm("llama"), tp=world, policy=SemiMigPolicy(shard_plan=shard_plan),
+                                            make_vocab_size_divisible_by=8)
     return booster, model, optimizer
 
 
