@@ -19,6 +19,7 @@ PACKAGES = [
     "semimig.straggler",
     "semimig.allocation",
     "semimig.bench",
+    "semimig.bench.llm",
     "semimig.hybrid",
     "semimig.kernels",
     "semimig.sharding",
