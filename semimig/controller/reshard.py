@@ -208,12 +208,14 @@ class ReshardPolicy:
         self.seconds_per_byte: Optional[float] = None
         self.samples: collections.deque = collections.deque(maxlen=config.window)
         """The window: steps of the plan in force fed to the model."""
-        self.learned = LearnedModel(self.tp, config.replicated_share)
+        total = sum(self.weights)
+        self.learned = LearnedModel(self.tp, config.replicated_share, [w / total for w in self.weights])
         self.noise = Noise()
         self.slowdown = Slowdown()
         self.history: list[ReshardDecision] = []
         """Every decision that re-planned."""
         self._skip = config.warmup
+        self._fitted = False  # the window of the plan in force was read across the ranks
         self._before: Optional[tuple] = None  # (shares, window, slow set) a move was decided on
 
     # ------------------------------------------------------------------ public
@@ -225,8 +227,9 @@ class ReshardPolicy:
     def shares(self, plans: Optional[Sequence[ShardPlan]] = None) -> Tuple[float, ...]:
         """Effective share ``p_r = Σ_d w_d·n_{d,r}/U_d / Σ_d w_d`` of each rank."""
         plans = self.plans if plans is None else plans
-        total = sum(self.weights)
-        return tuple(sum(w * p.shares()[r] for w, p in zip(self.weights, plans)) / total for r in range(self.tp))
+        weights = self.learned.weights
+        total = sum(weights)
+        return tuple(sum(w * p.shares()[r] for w, p in zip(weights, plans)) / total for r in range(self.tp))
 
     def moved(self, new: Sequence[ShardPlan]) -> Tuple[int, int]:
         """``(units, bytes)`` a move from the plan in force to ``new`` sends."""
@@ -243,11 +246,12 @@ class ReshardPolicy:
         if bytes_moved > 0:
             self.seconds_per_byte = seconds / bytes_moved
         window = list(self.samples)
-        self._before = (self.shares(), window, self.slowdown.slow) if len(window) >= N_MIN else None
+        self._before = (self.plans, window, self.slowdown.slow) if len(window) >= N_MIN else None
         self.state = transition(self.state if self.state == MOVING else MOVING, "moved")
         self.plans, self.last_move_step = plans, self.step
         self.samples.clear()
         self._skip = self.config.warmup
+        self._fitted = False
 
     def profile(self, times: Sequence[Sequence[float]]) -> ReshardDecision:
         """The plan to take before the first step from the device probe: ``times[i][r]`` is rank ``r``'s
@@ -273,7 +277,8 @@ class ReshardPolicy:
         se = noise.of_median(len(rows))
         self.slowdown.update(-1, ratios, se=math.sqrt(2.0) * se, tolerance=cfg.tolerance, z=cfg.noise_z,
                              samples=1)
-        decision = self._decide(-1, model, 0.0, se, healthy_s=1.0, needed_gain=cfg.probe, hold="probe_hold")
+        decision = self._decide(-1, model, 0.0, se, healthy_s=1.0, needed_gain=cfg.probe, hold="probe_hold",
+                                gain="probe_move")
         self.slowdown = Slowdown()  # the steps, not the probe, say how long a slowdown has lasted
         return decision
 
@@ -299,13 +304,15 @@ class ReshardPolicy:
             return self._hold(step, f"measuring the plan in force ({len(window)}/{N_MIN} steps)", event="short")
         shares = self.shares()
         self.learned.read_bound(shares, window)
-        if self.state == SETTLING and self._before is not None:
-            before_shares, before, slow = self._before
-            if slow == self.slowdown.slow:  # the same slowdown on both sides: the two plans measure R/S
-                self.learned.fit(before_shares, before, shares, window)
-            self._before = None
-        model = self.learned.model(shares, window)
         compute, comm = median_times(window)
+        if self.state == SETTLING:
+            self._verify(shares, window, max(compute) + comm)
+        if len(window) == self.config.window and not self._fitted:  # one full window of a plan: across the ranks
+            self._fitted = True
+            self.learned.fit_across([[p.shares()[r] for p in self.plans] for r in range(self.tp)], window,
+                                    [r for r in range(self.tp) if r not in self.slowdown.slow])
+            shares = self.shares()
+        model = self.learned.model(shares, window)
         se = self.noise.of_median(len(window))
         ratios = tuple(v / max(model.speeds) for v in model.speeds)
         self.slowdown.update(step, ratios, se=math.sqrt(2.0) * se, tolerance=self.config.tolerance,
@@ -317,7 +324,8 @@ class ReshardPolicy:
 
     # ------------------------------------------------------------------ decision
     def _decide(self, step: int, model: StepModel, comm: float, se: float, *, healthy_s: float,
-                measured_s: float = 0.0, needed_gain: float = 0.0, hold: str = "hold") -> ReshardDecision:
+                measured_s: float = 0.0, needed_gain: float = 0.0, hold: str = "hold",
+                gain: str = "gain") -> ReshardDecision:
         """The gain test on the best proposal (module docstring)."""
         cfg = self.config
         current = model.step(self.shares()) + comm
@@ -333,20 +341,33 @@ class ReshardPolicy:
         units, nbytes = self.moved(proposal)
         remaining = None if cfg.horizon is None else max(cfg.horizon - step, 1)
         life = expected_life(self.slowdown.age(step), self.slowdown.past(), floor=cfg.life_floor, remaining=remaining)
-        test = gain_test(current, predicted, needed=max(cfg.margin, cfg.noise_z * se), life=life,
+        test = gain_test(current, predicted, needed=max(cfg.margin, cfg.noise_z * se, self.learned.error), life=life,
                          move_s=self._move_cost(nbytes, healthy_s))
         info = dict(base, predicted_s=predicted, move_bytes=nbytes, move_cost_s=test.cost_s, horizon=life)
         if not test.passed or test.gain_s < needed_gain * current:
             return self._hold(step, f"gain {test.gain_s:.4g} s/step ({test.margin_s:.4g} beyond the noise) x "
                                     f"{life} steps does not pay the move and its way back ({test.cost_s:.4g} s)",
                               event=hold, **info)
-        self.state = transition(self.state, "gain")
+        self.state = transition(self.state, gain)
         decision = ReshardDecision(step, plans=proposal, reason=f"gain {test.gain_s:.4g} s/step "
                                    f"({test.margin_s:.4g} beyond the noise) x {life} steps > move and way back "
                                    f"{test.cost_s:.4g} s ({units} units; slow ranks {sorted(self.slowdown.slow)})",
                                    **info)
         self.history.append(decision)
         return decision
+
+    def _verify(self, shares: Tuple[float, ...], window: list, measured_s: float) -> None:
+        """Leaving ``settling``: the plan moved to, measured, against its prediction (the step model's
+        error) and, with the same slow ranks on both sides, against the plan it left (``R/S``)."""
+        if self._before is None:
+            return
+        (before_plans, before, slow), self._before = self._before, None
+        if slow != self.slowdown.slow:
+            return  # the speeds changed across the move: it measures neither
+        self.learned.fit(self.shares(before_plans), before, self.shares(), window)
+        last = self.history[-1] if self.history else None
+        if last is not None and last.current_s > 0.0:
+            self.learned.errors.append(max(0.0, (measured_s - last.predicted_s) / last.current_s))
 
     def _hold(self, step: int, reason: str, *, event: str = "hold", model: Optional[StepModel] = None,
               **info) -> ReshardDecision:

@@ -3,7 +3,7 @@
 A move from the plan in force (step ``t₀``) to a proposal (step ``t₁``, both predicted by the same
 step model) is taken when
 
-    (g − ε·t₀) · L  >  2·C          with  g = t₀ − t₁,  ε = max(margin, z·σ̂_med)
+    (g − ε·t₀) · L  >  2·C          with  g = t₀ − t₁,  ε = max(margin, z·σ̂_med, e_model)
 
 - ``L`` the present state's expected remaining life in steps (the state: which ranks are slow, or that
   none is).  With no ended state of the same kind to go by, its age so far ``a`` (a state that has
@@ -17,7 +17,8 @@ step model) is taken when
   holds from 20 ms to 5 s steps); ``2·C`` pays the move and the move back when the state ends;
 - ``ε·t₀`` the risk of being wrong: the gain is read from medians of noisy times, so it is counted
   only beyond ``z`` standard errors of a median (``σ̂_med = 1.25·σ̂/√n`` over ``n`` samples) and
-  beyond ``margin`` (what the step model itself may be off by).
+  beyond what the step model itself may be off by: ``margin``, or more when the latest moves measured
+  slower than predicted (``e_model``, their median under-delivery).
 
 ``σ̂`` is the one noise estimator: the relative noise of one rank's compute in one step, read from
 consecutive steps under one plan (``1.4826·MAD(Δ log c)/√2``: robust to outliers, blind to slow

@@ -3,10 +3,9 @@
 =========  ===========================================================  ============================
 state      what holds                                                   event → next state
 =========  ===========================================================  ============================
-start      no step observed yet; the device probe may move              probe_move → moving,
+start      no step fed yet; the device probe may move                   probe_move → moving,
                                                                         probe_hold / skip → start,
-                                                                        short → measuring,
-                                                                        hold → holding, gain → moving
+                                                                        short → measuring
 measuring  the plan in force has fewer than ``N_MIN`` steps measured    skip / short → measuring,
                                                                         hold → holding, gain → moving
 holding    the plan is measured; every step runs the gain test          skip / hold → holding,
@@ -46,8 +45,7 @@ N_MIN = 3
 """Fewest steps of one plan a decision reads: a median that one outlier step cannot move."""
 
 TABLE: Dict[str, Dict[str, str]] = {
-    START: {"probe_move": MOVING, "probe_hold": START, "skip": START, "short": MEASURING, "hold": HOLDING,
-            "gain": MOVING},
+    START: {"probe_move": MOVING, "probe_hold": START, "skip": START, "short": MEASURING},
     MEASURING: {"skip": MEASURING, "short": MEASURING, "hold": HOLDING, "gain": MOVING},
     HOLDING: {"skip": HOLDING, "hold": HOLDING, "gain": MOVING},
     MOVING: {"moved": SETTLING, "stayed": HOLDING},

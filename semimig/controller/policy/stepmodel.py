@@ -18,13 +18,18 @@ holding nothing (``p_r = 0``) reads ``v_r = R/c_r`` from its replicated work alo
   the split's bound and nothing better is measured.
 
 A plan that under-delivers (measured slower than predicted) is what the pair estimate corrects: the
-next decision reads the plan in force with the refitted ``k`` and proposes again.
+next decision reads the plan in force with the refitted ``k`` and proposes again.  How much the latest
+plans under-delivered is the model's own error (:attr:`LearnedModel.error`): a gain below it is not
+trusted (:mod:`~semimig.controller.policy.gain`).
 """
 from __future__ import annotations
 
+import collections
 import math
 import statistics
 from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from semimig.sharding.solver import StepModel
 
@@ -32,6 +37,8 @@ __all__ = ["LearnedModel", "median_times", "tercile"]
 
 K_FLOOR = 1e-3
 """Smallest ``R/S`` used: a rank holding no unit is read through ``R``, which must not vanish."""
+ERRORS = 3
+"""Latest moves whose predicted-against-measured step gives the model's error."""
 MIN_SHARE_CHANGE = 0.02
 """Smallest change of a rank's share across two plans that measures ``k`` from that rank."""
 
@@ -55,13 +62,24 @@ def median_times(window: Sequence[Any]) -> Tuple[Tuple[float, ...], float]:
 class LearnedModel:
     """``k = R/S`` learned from the plans measured (module docstring); speeds from any window."""
 
-    def __init__(self, tp: int, prior_share: float) -> None:
+    def __init__(self, tp: int, prior_share: float, weights: Sequence[float]) -> None:
         self.tp = tp
+        self.prior_weights = tuple(weights)
+        self.weight_fits: List[Tuple[float, ...]] = []
+        """Every dimension's weight (a share of the shardable work) measured across the healthy ranks."""
         self.prior_k = prior_share / (tp * (1.0 - prior_share))
         self.fits: List[float] = []
         """Every ``k`` measured across two plans."""
         self.bound: Optional[float] = None
         """The split's latest upper bound of ``k``."""
+        self.errors: collections.deque = collections.deque(maxlen=ERRORS)
+        """How much slower than predicted the latest plans moved to measured (0: as predicted or faster)."""
+
+    @property
+    def error(self) -> float:
+        """The step model's error: the least under-delivery (a share of the step moved from) of the latest
+        :data:`ERRORS` plans moved to — every one of them fell short by at least that; 0 before that many."""
+        return min(self.errors) if len(self.errors) == ERRORS else 0.0
 
     @property
     def k(self) -> float:
@@ -99,6 +117,34 @@ class LearnedModel:
         k = statistics.median(found)
         self.fits.append(k)
         return k
+
+    @property
+    def weights(self) -> Tuple[float, ...]:
+        """Each dimension's share of the shardable work: the median of the measured ones, else the prior."""
+        if not self.weight_fits:
+            return self.prior_weights
+        return tuple(statistics.median(w[d] for w in self.weight_fits) for d in range(len(self.prior_weights)))
+
+    def fit_across(self, fractions: Sequence[Sequence[float]], window: Sequence[Any],
+                   healthy: Sequence[int]) -> None:
+        """``k`` and the dimensions' weights from one window, across the ``healthy`` ranks (equal speeds):
+        ``c_r = α + Σ_d β_d·x_{r,d}`` (``x_{r,d}`` the rank's fraction of dimension ``d``'s units) by least
+        squares, ``w_d ∝ β_d`` and ``k = α/Σ_d β_d``; nothing when the plan does not vary enough among
+        them or a coefficient comes out negative (noise)."""
+        dims = len(self.prior_weights)
+        if len(healthy) < dims + 2:
+            return
+        c, _ = median_times(window)
+        x = np.array([[1.0, *fractions[r]] for r in healthy])
+        y = np.array([c[r] for r in healthy])
+        if np.linalg.matrix_rank(x, tol=1e-9) < dims + 1:
+            return
+        coef = np.linalg.lstsq(x, y, rcond=None)[0]
+        alpha, beta = float(coef[0]), coef[1:]
+        if alpha < 0.0 or np.any(beta <= 0.0):
+            return
+        self.weight_fits.append(tuple(float(b / beta.sum()) for b in beta))
+        self.fits.append(alpha / float(beta.sum()))
 
     def scale(self) -> Tuple[float, float]:
         """``(R, S)`` with ``R + S/e = 1``."""
