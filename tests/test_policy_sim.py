@@ -24,9 +24,9 @@ def _workload(**kw) -> Workload:
 
 
 def _all_plans(workload: Workload):
-    """Every plan of whole units with at least one per rank, both dimensions."""
+    """Every plan of whole units (a rank may hold none of a kind), both dimensions."""
     def compositions(total, parts):
-        for cut in itertools.combinations(range(1, total), parts - 1):
+        for cut in itertools.combinations_with_replacement(range(0, total + 1), parts - 1):
             bounds = (0, *cut, total)
             yield ShardPlan(units=tuple(b - a for a, b in zip(bounds, bounds[1:])))
     return [(m, k) for m in compositions(workload.mlp_units, workload.tp)

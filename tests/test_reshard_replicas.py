@@ -106,7 +106,7 @@ def _train(mode, straggler_on_replica_0):
     straggler = straggler_on_replica_0 if dp_rank == 0 else None
     # with the straggler: stability and noise tests opened wide (one loaded-suite run saw no re-plan) — what
     # is tested is that the replicas agree and train exactly; the calm run keeps the defaults: no phantom
-    opened = dict(tolerance=1.0, agree=0.5, noise_z=0.0) if straggler_on_replica_0 else {}
+    opened = dict(noise_z=0.0) if straggler_on_replica_0 else {}
     balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=mode, straggler=straggler,
                               reshard=ReshardConfig(window=6, horizon=STEPS, **opened))
     try:
@@ -216,8 +216,7 @@ def _train_split(mode, straggler_on_replica_0):
                               # stability and noise tests opened wide: Poplar moves samples at iteration 4 and a
                               # loaded machine's noise must not keep an 8x straggler from being re-planned —
                               # what is tested is the composition (agreement, exactness), not the policy's patience
-                              reshard=ReshardConfig(window=6, horizon=SPLIT_STEPS, tolerance=1.0, agree=0.5,
-                                                    noise_z=0.0),
+                              reshard=ReshardConfig(window=6, horizon=SPLIT_STEPS, noise_z=0.0),
                               batch=semimig.BatchSplit(global_batch_size=GLOBAL_BATCH,
                                                        replan=ReplanConfig(window=3, patience=2)))
     losses, splits = [], []

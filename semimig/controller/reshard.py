@@ -276,10 +276,9 @@ class ReshardPolicy:
         model = self.learned.from_ratios(ratios)
         se = noise.of_median(len(rows))
         self.slowdown.update(-1, ratios, se=math.sqrt(2.0) * se, tolerance=cfg.tolerance, z=cfg.noise_z,
-                             samples=1)
+                             samples=len(rows))
         decision = self._decide(-1, model, 0.0, se, healthy_s=1.0, needed_gain=cfg.probe, hold="probe_hold",
                                 gain="probe_move")
-        self.slowdown = Slowdown()  # the steps, not the probe, say how long a slowdown has lasted
         return decision
 
     def observe(self, sample: ReshardSample) -> ReshardDecision:

@@ -36,12 +36,14 @@ __all__ = ["Noise", "Gain", "gain_test", "expected_life"]
 
 NOISE_PAIRS = 400
 """Consecutive-step pairs (all ranks together) the noise estimate is read from."""
+NOISE_PRIOR_PAIRS = 24
+"""Pairs after which the prior noise has faded to half its value."""
 
 
 class Noise:
     """``σ̂``: relative noise of one rank's compute in one step (module docstring)."""
 
-    def __init__(self, prior: float = 0.05) -> None:
+    def __init__(self, prior: float = 0.1) -> None:
         self.diffs: collections.deque = collections.deque(maxlen=NOISE_PAIRS)
         self.prior = prior
 
@@ -53,9 +55,12 @@ class Noise:
 
     @property
     def sigma(self) -> float:
+        """The estimate, at least a prior that fades as pairs accrue (a few pairs can read a noisy machine
+        as a quiet one, and a move decided on that costs more than the steps a wider band waits)."""
+        floor = self.prior * NOISE_PRIOR_PAIRS / (NOISE_PRIOR_PAIRS + len(self.diffs))
         if len(self.diffs) < 4:
-            return self.prior
-        return 1.4826 * statistics.median(self.diffs) / math.sqrt(2.0)
+            return max(self.prior, floor)
+        return max(1.4826 * statistics.median(self.diffs) / math.sqrt(2.0), floor)
 
     def of_median(self, n: int) -> float:
         """Relative standard error of a median over ``n`` steps."""

@@ -24,8 +24,9 @@ moved, measured again (``settling``), and only then decided again — on the ref
 that under-delivers is revisited by the same test that chose it.
 
 The slowdown (:class:`Slowdown`): the set of ranks that are slow, with hysteresis — a rank joins when
-its speed ratio (to the fastest rank) is below ``1 − tolerance`` by ``z`` standard errors, and leaves
-when it is above by as many — and its age, the steps since that set last changed.  A set that is
+its speed ratio (to the fastest rank) is below ``1 − tolerance`` by ``z`` standard errors (the first
+slow rank over more than ``N_MIN`` steps: ``N_MIN`` slow steps in a row on one rank are also what a
+run of outliers looks like), and leaves when it is above by as many — and its age, the steps since that set last changed.  A set that is
 empty is the state "no straggler": from it only moves toward even (a smaller largest share) are
 proposed, so noise never moves an even plan.  A straggler that ends empties the set and starts the
 way back toward even; one that moves to another rank changes the set and restarts the age.  The
@@ -77,8 +78,9 @@ class Slowdown:
         ``samples`` steps; ``True`` when the set changed."""
         band = z * se
         slow = set(self.slow)
+        onset = bool(self.slow) or samples > N_MIN  # a first slow rank needs one step more than the window's least
         for r, s in enumerate(ratios):
-            if s < (1.0 - tolerance) * (1.0 - band):
+            if s < (1.0 - tolerance) * (1.0 - band) and onset:
                 slow.add(r)
             elif s > min((1.0 - tolerance) * (1.0 + band), 1.0 - tolerance / 2.0):
                 slow.discard(r)
