@@ -106,7 +106,7 @@ def test_reshard_replans_a_straggler_that_stays_and_trains_exactly():
     assert summary["replans"] >= 1, summary
     first = summary["events"][0]
     assert first["mlp_units"][1] < first["mlp_units"][0] and sum(first["mlp_units"]) == INTERMEDIATE // BLOCK
-    assert first["kv_units"] == [1, 1]  # 2 KV groups: one each is the only split with a unit per rank
+    assert sum(first["kv_units"]) == 2 and first["kv_units"][1] <= first["kv_units"][0]  # 2 KV groups
     # a rank 4x slower from the start: the device probe moves before the first step (ReshardPolicy.profile),
     # its predicted step relative to the even one; only weights move (no optimizer state exists yet)
     assert first["step"] == -1 and "device probe" in first["reason"], first

@@ -24,7 +24,8 @@ the same decision at the same step; nothing is broadcast.
 from __future__ import annotations
 
 import collections
-import logging
+import dataclasses
+import heapq
 import math
 import statistics
 from dataclasses import dataclass
@@ -39,8 +40,6 @@ from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, solve_plan
 
 __all__ = ["ReshardConfig", "ReshardSample", "ReshardDecision", "ReshardPolicy", "moved_units", "PROBE_REPEATS"]
-
-logger = logging.getLogger(__name__)
 
 PROBE_REPEATS = 5
 """Repeats of the device probe's fixed work."""
@@ -279,7 +278,11 @@ class ReshardPolicy:
                              samples=len(rows))
         decision = self._decide(-1, model, 0.0, se, healthy_s=1.0, needed_gain=cfg.probe, hold="probe_hold",
                                 gain="probe_move")
-        return decision
+        relative = dataclasses.replace(decision, reason=f"device probe: {decision.reason}",
+                                       predicted_s=decision.predicted_s / model.step(self.shares()))
+        if decision.replan:
+            self.history[-1] = relative
+        return relative
 
     def observe(self, sample: ReshardSample) -> ReshardDecision:
         """Feed one step; the decision for the next (``plans`` not ``None``: move now)."""
@@ -376,14 +379,35 @@ class ReshardPolicy:
         return ReshardDecision(step, reason=reason, **info)
 
     def _propose(self, model: StepModel) -> Tuple[ShardPlan, ...]:
-        """The solved plan, or the even one when the solved plan does not beat it by ``margin``."""
+        """The best of the plan solved per dimension and its joint roundings (each dimension in turn handed
+        out around the others' solved units), or the even plan when that best does not beat it by ``margin``."""
         solved = tuple(solve_plan(model, total_units=p.total_units, unit_size=p.unit_size,
                                   min_units=self.config.min_units) for p in self.plans)
+        candidates = [solved] + [solved[:d] + (self._around(model, solved, d),) + solved[d + 1:]
+                                 for d in range(len(solved))]
+        best = min(candidates, key=lambda plans: model.step(self.shares(plans)))
         if all(p.total_units % self.tp == 0 for p in self.plans):
             even = tuple(ShardPlan.even(p.total_units, self.tp, unit_size=p.unit_size) for p in self.plans)
-            if model.step(self.shares(solved)) * (1.0 + self.config.margin) >= model.step(self.shares(even)):
+            if model.step(self.shares(best)) * (1.0 + self.config.margin) >= model.step(self.shares(even)):
                 return even
-        return solved
+        return best
+
+    def _around(self, model: StepModel, plans: Tuple[ShardPlan, ...], d: int) -> ShardPlan:
+        """Dimension ``d``'s units, each to the rank that finishes it soonest on top of the other
+        dimensions' shares in ``plans`` (at least ``min_units`` each)."""
+        weights, floor = self.learned.weights, self.config.min_units
+        total, plan = sum(weights), plans[d]
+        unit = weights[d] / total / plan.total_units
+        base = [sum(w * p.shares()[r] for q, (w, p) in enumerate(zip(weights, plans)) if q != d) / total + floor * unit
+                for r in range(self.tp)]
+        units = [floor] * self.tp
+        heap = [(model.rank_time(r, base[r] + unit), r) for r in range(self.tp)]
+        heapq.heapify(heap)
+        for _ in range(plan.total_units - floor * self.tp):
+            _, r = heapq.heappop(heap)
+            units[r] += 1
+            heapq.heappush(heap, (model.rank_time(r, base[r] + (units[r] - floor + 1) * unit), r))
+        return ShardPlan(units=tuple(units), unit_size=plan.unit_size)
 
     def _even_step(self, model: StepModel) -> float:
         return model.step((1.0 / self.tp,) * self.tp)
