@@ -215,7 +215,7 @@ class ReshardPolicy:
         """Every decision that re-planned."""
         self._skip = config.warmup
         self._fitted = False  # the window of the plan in force was read across the ranks
-        self._before: Optional[tuple] = None  # (shares, window, slow set) a move was decided on
+        self._before: Optional[tuple] = None  # (plans, window, slow ranks) the last move was decided on
 
     # ------------------------------------------------------------------ public
     @property
@@ -371,11 +371,8 @@ class ReshardPolicy:
         if last is not None and last.current_s > 0.0:
             self.learned.errors.append(max(0.0, (measured_s - last.predicted_s) / last.current_s))
 
-    def _hold(self, step: int, reason: str, *, event: str = "hold", model: Optional[StepModel] = None,
-              **info) -> ReshardDecision:
+    def _hold(self, step: int, reason: str, *, event: str = "hold", **info) -> ReshardDecision:
         self.state = transition(self.state, event)
-        if model is not None:
-            info.setdefault("speed_ratios", tuple(v / max(model.speeds) for v in model.speeds))
         return ReshardDecision(step, reason=reason, **info)
 
     def _propose(self, model: StepModel) -> Tuple[ShardPlan, ...]:
