@@ -377,16 +377,21 @@ class ReshardPolicy:
 
     def _propose(self, model: StepModel) -> Tuple[ShardPlan, ...]:
         """The best of the plan solved per dimension and its joint roundings (each dimension in turn handed
-        out around the others' solved units), or the even plan when that best does not beat it by ``margin``."""
+        out around the others' solved units), or the even plan when that best does not beat it by ``margin``
+        or no rank is slow."""
+        even = None
+        if all(p.total_units % self.tp == 0 for p in self.plans):
+            even = tuple(ShardPlan.even(p.total_units, self.tp, unit_size=p.unit_size) for p in self.plans)
+            if not self.slowdown.slow:
+                return even  # no rank is slow: what is left between the ranks is noise or the model's error
         solved = tuple(solve_plan(model, total_units=p.total_units, unit_size=p.unit_size,
                                   min_units=self.config.min_units) for p in self.plans)
         candidates = [solved] + [solved[:d] + (self._around(model, solved, d),) + solved[d + 1:]
                                  for d in range(len(solved))]
         best = min(candidates, key=lambda plans: model.step(self.shares(plans)))
-        if all(p.total_units % self.tp == 0 for p in self.plans):
-            even = tuple(ShardPlan.even(p.total_units, self.tp, unit_size=p.unit_size) for p in self.plans)
-            if model.step(self.shares(best)) * (1.0 + self.config.margin) >= model.step(self.shares(even)):
-                return even
+        if even is not None and model.step(self.shares(best)) * (1.0 + self.config.margin) >= \
+                model.step(self.shares(even)):
+            return even
         return best
 
     def _around(self, model: StepModel, plans: Tuple[ShardPlan, ...], d: int) -> ShardPlan:
