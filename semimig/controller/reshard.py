@@ -33,7 +33,7 @@ from typing import Optional, Sequence, Tuple
 
 from semimig._validate import check_int, check_number
 from semimig.controller.policy.gain import Noise, expected_life, gain_test
-from semimig.controller.policy.states import (HOLDING, MOVING, N_MIN, SETTLING, START, Slowdown, transition)
+from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, transition
 from semimig.controller.policy.stepmodel import LearnedModel, median_times
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
@@ -52,7 +52,8 @@ class ReshardConfig:
     window: int = 12
     """Most steps of one plan the step model reads: more averages the noise away, fewer follow a change sooner."""
     margin: float = 0.03
-    """Smallest relative gain ever acted on: guards against the step model's own error, at the price of gains below it."""
+    """Smallest relative gain ever acted on: guards against the step model's own error, at the price of gains
+    below it."""
     noise_z: float = 3.0
     """Standard errors a gain (and a slow rank) must clear: fewer false moves against a later reaction under noise."""
     tolerance: float = 0.1

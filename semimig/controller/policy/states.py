@@ -26,7 +26,8 @@ that under-delivers is revisited by the same test that chose it.
 The slowdown (:class:`Slowdown`): the set of ranks that are slow, with hysteresis — a rank joins when
 its speed ratio (to the fastest rank) is below ``1 − tolerance`` by ``z`` standard errors (the first
 slow rank over more than ``N_MIN`` steps: ``N_MIN`` slow steps in a row on one rank are also what a
-run of outliers looks like), and leaves when it is above by as many — and its age, the steps since that set last changed.  A set that is
+run of outliers looks like), and leaves when it is above by as many — and its age, the steps since
+that set last changed.  A set that is
 empty is the state "no straggler": from it only moves toward even (a smaller largest share) are
 proposed, so noise never moves an even plan.  A straggler that ends empties the set and starts the
 way back toward even; one that moves to another rank changes the set and restarts the age.  The

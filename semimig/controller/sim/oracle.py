@@ -5,12 +5,12 @@ trace (at most :data:`MAX_STATES`, evenly spread over it when there are more), f
 back to healthy speeds (a compromise for a straggler that comes and goes) and for the trace's mean
 speeds, the best plan it finds in the real plan space (whole units, a rank may hold none of a
 dimension): the best of :func:`~semimig.sharding.solve_plan` per dimension on the true step model and
-joint roundings (the KV groups by the solver, by the solver with one rank's all or one moved to or from the fastest rank,
-or
-handed out greedily first, then the MLP blocks handed out greedily around them, each unit to the rank
-that finishes it soonest; and the other way round, the KV groups around the solved or greedy MLP blocks).  Over those plans it
-picks the best schedule exactly, paying every move (one before the first step sends weights only, as
-the device probe's does): a dynamic programme over the trace's constant
+joint roundings (the KV groups by the solver, by the solver with one rank's all or one moved to or
+from the fastest rank, or handed out greedily first, then the MLP blocks handed out greedily around
+them, each unit to the rank that finishes it soonest; and the other way round, the KV groups around
+the solved or greedy MLP blocks).  Over those plans it picks the best schedule exactly, paying every
+move (one before the first step sends weights only, as the device probe's does): a dynamic programme
+over the trace's constant
 segments (within a segment whose speeds do not change, a schedule that moves at most once, at its
 start, is as good as any: the step costs are constant and the bytes of two moves are at least those of
 one move to the same end, so the triangle inequality holds).  Restricted to those plans it can be a
