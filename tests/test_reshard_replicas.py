@@ -252,4 +252,6 @@ def test_a_batch_split_and_re_sharding_compose_and_train_the_global_batch_exactl
         off, reshard = out["off"][0], out["reshard"][0]
         torch.testing.assert_close(torch.tensor(reshard), torch.tensor(off), **LOSS_TOL)
     slow, fast = every[0]["reshard"][1][-1]
-    assert slow < fast, f"Poplar should give the replica with the straggler fewer samples, got {(slow, fast)}"
+    # the replica with the straggler never gets more samples (fewer, unless its TP plan gives the straggler
+    # no unit and every replica, holding that plan, runs at its healthy rank's pace)
+    assert slow <= fast, f"Poplar gave the replica with the straggler more samples: {(slow, fast)}"
