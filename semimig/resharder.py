@@ -577,10 +577,7 @@ def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str
         new.busy_scale = resharder.busy_scale() if settled and not even else (1.0,) * resharder.size
         return new, [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
 
-    reshard = reshard or ReshardConfig()
-    if mode == "semi" and reshard.first_window == 0:
-        # resizing serves the straggler while the policy waits: the first re-plan needs a full window
-        reshard = dataclasses.replace(reshard, first_window=reshard.window)
+    reshard = reshard or ReshardConfig()  # the same policy in both modes: the config is taken as given
     replicas = int(getattr(plugin, "dp_size", 1))
     resharder = Resharder(plan, config, group=group, move=move, config=reshard, replicas=replicas,
                           world_group=None, dp_rank=P.group_rank(plugin.dp_group) if replicas > 1 else 0,

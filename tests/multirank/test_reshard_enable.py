@@ -94,7 +94,7 @@ def test_reshard_replans_a_straggler_that_stays_and_trains_exactly():
     assert summary["replans"] >= 1, summary
     first = summary["events"][0]
     assert first["mlp_units"][1] < first["mlp_units"][0] and sum(first["mlp_units"]) == INTERMEDIATE // BLOCK
-    assert first["kv_units"] == [1, 1]  # 2 KV groups: one each is the only split with a unit per rank
+    assert sum(first["kv_units"]) == 2 and first["kv_units"][1] <= first["kv_units"][0]  # 2 KV groups
     # a rank 4x slower from the start: the device probe moves before the first step (ReshardPolicy.profile),
     # its predicted step relative to the even one; only weights move (no optimizer state exists yet)
     assert first["step"] == -1 and "device probe" in first["reason"], first
@@ -213,9 +213,8 @@ def test_refusals_name_the_problem():
         assert out["reshard_plain_policy"] == "ok" and "mlp=[4, 4] x 128" in out["plain_policy_plan"], out
         assert out["semi_uneven"] == "ok" and out["semi_uneven_controller"] == "zero-pri"
         assert out["semi_uneven_resharder"] is True
-        # the first re-plan: half a window in mode reshard (nothing else serves the straggler), a full
-        # one in mode semi (resizing serves it meanwhile; default window 20)
-        assert out["reshard_first_steps"] == 10 and out["semi_first_steps"] == 20, out
+        # the same policy in both modes, its config taken as given: the first decision reads N_MIN steps
+        assert out["reshard_first_steps"] == out["semi_first_steps"] == 3, out
     else:
         assert "semimig.shardformer.replan" in out["reshard_no_optimizer"]
         assert out["semi_uneven"] == "ok" and out["semi_uneven_controller"] == "zero-pri"

@@ -24,7 +24,7 @@ def _workload(**kw) -> Workload:
 
 
 def _all_plans(workload: Workload):
-    """Every plan of whole units, both dimensions (a rank may hold none of a kind: the solver's floor)."""
+    """Every plan of whole units (a rank may hold none of a kind), both dimensions."""
     def compositions(total, parts):
         for cut in itertools.combinations_with_replacement(range(0, total + 1), parts - 1):
             bounds = (0, *cut, total)

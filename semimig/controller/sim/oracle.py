@@ -3,12 +3,14 @@
 The oracle knows the whole speed trace.  Its plans: the even plan, and for each distinct state of the
 trace (at most :data:`MAX_STATES`, evenly spread over it when there are more), for the same state half-way
 back to healthy speeds (a compromise for a straggler that comes and goes) and for the trace's mean
-speeds, the best plan it finds in the real plan space (whole units; a rank may hold none of a
+speeds, the best plan it finds in the real plan space (whole units, a rank may hold none of a
 dimension): the best of :func:`~semimig.sharding.solve_plan` per dimension on the true step model and
-joint roundings (one kind by the solver or handed out greedily first, then the other kind
-handed out greedily around it, each unit to the rank that finishes it soonest, from none or one per rank).  Over those plans it
-picks the best schedule exactly, paying every move (one before the first step sends weights only, as
-the device probe's does): a dynamic programme over the trace's constant
+joint roundings (the KV groups by the solver, by the solver with one rank's all or one moved to or
+from the fastest rank, or handed out greedily first, then the MLP blocks handed out greedily around
+them, each unit to the rank that finishes it soonest; and the other way round, the KV groups around
+the solved or greedy MLP blocks).  Over those plans it picks the best schedule exactly, paying every
+move (one before the first step sends weights only, as the device probe's does): a dynamic programme
+over the trace's constant
 segments (within a segment whose speeds do not change, a schedule that moves at most once, at its
 start, is as good as any: the step costs are constant and the bytes of two moves are at least those of
 one move to the same end, so the triangle inequality holds).  Restricted to those plans it can be a
@@ -37,14 +39,14 @@ MAX_STATES = 40
 
 
 def _greedy(workload: Workload, speeds: Sequence[float], total: int, weight: float,
-            base: Sequence[float], floor: int = 1) -> ShardPlan:
-    """``total`` units of ``weight`` each (share of the shardable work), ``floor`` per rank first, then
-    each to the rank that finishes it soonest, on top of each rank's ``base`` share."""
+            base: Sequence[float]) -> ShardPlan:
+    """``total`` units of ``weight`` each (share of the shardable work), each to the rank that finishes it
+    soonest, on top of each rank's ``base`` share (a rank may get none)."""
     R, S, tp = workload.replicated, workload.shardable, workload.tp
-    units = [floor] * tp
-    heap = [((R + S * (base[r] + (floor + 1) * weight)) / speeds[r], r) for r in range(tp)]
+    units = [0] * tp
+    heap = [((R + S * (base[r] + weight)) / speeds[r], r) for r in range(tp)]
     heapq.heapify(heap)
-    for _ in range(total - floor * tp):
+    for _ in range(total):
         _, r = heapq.heappop(heap)
         units[r] += 1
         heapq.heappush(heap, ((R + S * (base[r] + (units[r] + 1) * weight)) / speeds[r], r))
@@ -56,15 +58,22 @@ def best_plans(workload: Workload, speeds: Sequence[float]) -> Plans:
     a, U, K = workload.attention_share, workload.mlp_units, workload.kv_units
     model = StepModel(speeds=tuple(float(v) for v in speeds), replicated=workload.replicated,
                       shardable=workload.shardable)
-    solved_kv, solved_mlp = solve_plan(model, total_units=K), solve_plan(model, total_units=U)
-    candidates = [(solved_mlp, solved_kv)]
-    for floor in (1, 0):  # a rank may hold none of a kind (the solver's floor); one each is the other rounding
-        for kv in (solved_kv, _greedy(workload, speeds, K, a / K, [0.0] * workload.tp, floor)):
-            base = [a * k / K for k in kv.units]  # the KV groups first, the MLP blocks around them
-            candidates.append((_greedy(workload, speeds, U, (1.0 - a) / U, base, floor), kv))
-        for mlp in (solved_mlp, _greedy(workload, speeds, U, (1.0 - a) / U, [0.0] * workload.tp, floor)):
-            base = [(1.0 - a) * m / U for m in mlp.units]  # and the other way round
-            candidates.append((mlp, _greedy(workload, speeds, K, a / K, base, floor)))
+    solved_kv = solve_plan(model, total_units=K)
+    candidates = [(solve_plan(model, total_units=U), solved_kv)]
+    fastest = max(range(workload.tp), key=lambda r: speeds[r])
+    nearby = []  # the solved KV groups with one rank's all, or one, moved to or from the fastest rank
+    for r in (q for q in range(workload.tp) if q != fastest):
+        for give in (solved_kv.units[r], 1, -1):
+            units = list(solved_kv.units)
+            units[fastest], units[r] = units[fastest] + give, units[r] - give
+            if min(units) >= 0 and give and units != list(solved_kv.units):
+                nearby.append(ShardPlan(units=tuple(units)))
+    for kv in (solved_kv, _greedy(workload, speeds, K, a / K, [0.0] * workload.tp), *nearby):
+        base = [a * k / K for k in kv.units]
+        candidates.append((_greedy(workload, speeds, U, (1.0 - a) / U, base), kv))
+    for mlp in (candidates[0][0], _greedy(workload, speeds, U, (1.0 - a) / U, [0.0] * workload.tp)):
+        base = [(1.0 - a) * n / U for n in mlp.units]  # the other way round: the KV groups around the MLP
+        candidates.append((mlp, _greedy(workload, speeds, K, a / K, base)))
     return min(candidates, key=lambda plans: workload.step_seconds(plans, speeds))
 
 

@@ -127,5 +127,6 @@ def ratio(time_s: float, oracle_s: float) -> float:
 
 
 def reshard_policy(plans: Sequence[Any], *, weights: Sequence[float], bytes_per_unit: Sequence[int]) -> ReshardPolicy:
-    """The policy in use: :class:`ReshardPolicy` with the configuration ``mode="reshard"`` runs by default."""
+    """The policy in use: :class:`ReshardPolicy` (the state machine of :mod:`semimig.controller.policy`) with
+    the default :class:`ReshardConfig`, as both re-sharding modes run it."""
     return ReshardPolicy(plans, weights=weights, bytes_per_unit=bytes_per_unit, config=ReshardConfig())

@@ -1,0 +1,100 @@
+"""The one gain test every move passes (DESIGN §9), and the one noise estimator it reads.
+
+A move from the plan in force (step ``t₀``) to a proposal (step ``t₁``, both predicted by the same
+step model) is taken when
+
+    (g − ε·t₀) · L  >  2·C          with  g = t₀ − t₁,  ε = max(margin, z·σ̂_med, e_model)
+
+- ``L`` the present state's expected remaining life in steps (the state: which ranks are slow, or that
+  none is).  With no ended state of the same kind to go by, its age so far ``a`` (a state that has
+  lasted ``a`` steps is, with no other knowledge, as likely to end before ``2a`` as after — the Lindy
+  estimate), at least ``life_floor`` (a bet on a young state).  With ended states of the same kind
+  (a straggler that comes and goes, or moves), their residual lives past ``a``: the mean of ``D − a``
+  over the ended lengths ``D > a`` (the empirical hazard); a state that has outlived every past one
+  falls back to ``max(a, floor)``.  At most the run's remaining steps when they are known;
+- ``C`` the move's cost: the measured seconds per byte of the last move times the bytes of this one,
+  or before any move ``bytes / all bytes × move_steps × the healthy even step`` (a prior in steps, so it
+  holds from 20 ms to 5 s steps); ``2·C`` pays the move and the move back when the state ends;
+- ``ε·t₀`` the risk of being wrong: the gain is read from medians of noisy times, so it is counted
+  only beyond ``z`` standard errors of a median (``σ̂_med = 1.25·σ̂/√n`` over ``n`` samples) and
+  beyond what the step model itself may be off by: ``margin``, or more when the latest moves measured
+  slower than predicted (``e_model``, their median under-delivery).
+
+``σ̂`` is the one noise estimator: the relative noise of one rank's compute in one step, read from
+consecutive steps under one plan (``1.4826·MAD(Δ log c)/√2``: robust to outliers, blind to slow
+drifts and to the plan changing, which is never inside a pair).
+"""
+from __future__ import annotations
+
+import collections
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+__all__ = ["Noise", "Gain", "gain_test", "expected_life"]
+
+NOISE_PAIRS = 400
+"""Consecutive-step pairs (all ranks together) the noise estimate is read from."""
+NOISE_PRIOR_PAIRS = 24
+"""Pairs after which the prior noise has faded to half its value."""
+
+
+class Noise:
+    """``σ̂``: relative noise of one rank's compute in one step (module docstring)."""
+
+    def __init__(self, prior: float = 0.1) -> None:
+        self.diffs: collections.deque = collections.deque(maxlen=NOISE_PAIRS)
+        self.prior = prior
+
+    def add(self, before: Sequence[float], after: Sequence[float]) -> None:
+        """Two consecutive steps under one plan: every rank's compute."""
+        for a, b in zip(before, after):
+            if a > 0.0 and b > 0.0:
+                self.diffs.append(abs(math.log(b / a)))
+
+    @property
+    def sigma(self) -> float:
+        """The estimate, at least a prior that fades as pairs accrue (a few pairs can read a noisy machine
+        as a quiet one, and a move decided on that costs more than the steps a wider band waits)."""
+        floor = self.prior * NOISE_PRIOR_PAIRS / (NOISE_PRIOR_PAIRS + len(self.diffs))
+        if len(self.diffs) < 4:
+            return max(self.prior, floor)
+        return max(1.4826 * statistics.median(self.diffs) / math.sqrt(2.0), floor)
+
+    def of_median(self, n: int) -> float:
+        """Relative standard error of a median over ``n`` steps."""
+        return 1.25 * self.sigma / math.sqrt(max(n, 1))
+
+
+@dataclass(frozen=True)
+class Gain:
+    """The test's numbers, for the decision's record."""
+
+    gain_s: float
+    """``g``: predicted seconds saved per step."""
+    margin_s: float
+    """``g − ε·t₀``: the gain beyond the noise and the margin."""
+    life: int
+    """``L``: steps the gain is counted over."""
+    cost_s: float
+    """``2·C``: the move and the move back."""
+
+    @property
+    def passed(self) -> bool:
+        return self.margin_s > 0.0 and self.margin_s * self.life > self.cost_s
+
+
+def gain_test(current_s: float, proposed_s: float, *, needed: float, life: int, move_s: float) -> Gain:
+    """The gain test (module docstring)."""
+    gain = current_s - proposed_s
+    return Gain(gain_s=gain, margin_s=gain - needed * current_s, life=life, cost_s=2.0 * move_s)
+
+
+def expected_life(age: int, past: Sequence[int], *, floor: int, remaining: Optional[int]) -> int:
+    """``L``: with ended states of the same kind, the mean of ``D − age`` over those that lasted
+    ``D > age``; with none, or none that lasted longer, ``max(age, floor)``; at most the run's
+    ``remaining`` steps (module docstring)."""
+    longer = [d - age for d in past if d > age]
+    life = round(sum(longer) / len(longer)) if longer else max(age, floor)
+    return min(life, remaining) if remaining is not None else life

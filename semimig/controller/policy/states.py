@@ -1,0 +1,101 @@
+"""The policy's states and transitions, in one table (DESIGN §9), and the slowdown it serves.
+
+=========  ===========================================================  ============================
+state      what holds                                                   event → next state
+=========  ===========================================================  ============================
+start      no step fed yet; the device probe may move                   probe_move → moving,
+                                                                        probe_hold / skip → start,
+                                                                        short → measuring
+measuring  the plan in force has fewer than ``N_MIN`` steps measured    skip / short → measuring,
+                                                                        hold → holding, gain → moving
+holding    the plan is measured; every step runs the gain test          skip / hold → holding,
+                                                                        gain → moving
+moving     a move was handed out                                        moved → settling,
+                                                                        stayed → holding
+settling   a move was made: its warm-up and first ``N_MIN`` steps;      skip / short → settling,
+           leaving it, the two plans measured refit ``R/S``            hold → holding, gain → moving
+=========  ===========================================================  ============================
+
+Events: ``skip`` a step not fed to the model (warm-up after the start or a move, or a step without
+numbers); ``short`` a step fed, fewer than ``N_MIN`` in the window; ``gain`` / ``hold`` the gain test
+(:mod:`~semimig.controller.policy.gain`) passed / failed; ``moved`` the move happened; ``stayed`` the
+caller did not make it.  A re-plan is thus always: decided on ``N_MIN`` or more steps of one plan,
+moved, measured again (``settling``), and only then decided again — on the refitted model, so a plan
+that under-delivers is revisited by the same test that chose it.
+
+The slowdown (:class:`Slowdown`): the set of ranks that are slow, with hysteresis — a rank joins when
+its speed ratio (to the fastest rank) is below ``1 − tolerance`` by ``z`` standard errors (the first
+slow rank over more than ``N_MIN`` steps: ``N_MIN`` slow steps in a row on one rank are also what a
+run of outliers looks like), and leaves when it is above by as many — and its age, the steps since
+that set last changed.  A set that is
+empty is the state "no straggler": from it only moves toward even (a smaller largest share) are
+proposed, so noise never moves an even plan.  A straggler that ends empties the set and starts the
+way back toward even; one that moves to another rank changes the set and restarts the age.  The
+lengths of the ended states are kept by kind (some rank slow, or none): they are the evidence of how
+long the present state will last (:func:`~semimig.controller.policy.gain.expected_life`).
+"""
+from __future__ import annotations
+
+from typing import Dict, FrozenSet, List, Sequence
+
+from semimig.errors import ConfigError
+
+__all__ = ["START", "MEASURING", "HOLDING", "MOVING", "SETTLING", "TABLE", "N_MIN", "transition", "Slowdown"]
+
+START, MEASURING, HOLDING, MOVING, SETTLING = "start", "measuring", "holding", "moving", "settling"
+N_MIN = 3
+"""Fewest steps of one plan a decision reads: a median that one outlier step cannot move."""
+
+TABLE: Dict[str, Dict[str, str]] = {
+    START: {"probe_move": MOVING, "probe_hold": START, "skip": START, "short": MEASURING},
+    MEASURING: {"skip": MEASURING, "short": MEASURING, "hold": HOLDING, "gain": MOVING},
+    HOLDING: {"skip": HOLDING, "hold": HOLDING, "gain": MOVING},
+    MOVING: {"moved": SETTLING, "stayed": HOLDING},
+    SETTLING: {"skip": SETTLING, "short": SETTLING, "hold": HOLDING, "gain": MOVING},
+}
+
+
+def transition(state: str, event: str) -> str:
+    """The next state (the table above); an event the state does not take is a bug, refused."""
+    try:
+        return TABLE[state][event]
+    except KeyError:
+        raise ConfigError(f"the re-shard policy has no transition from state {state!r} on event {event!r}") \
+            from None
+
+
+class Slowdown:
+    """Which ranks are slow, and since when (module docstring)."""
+
+    def __init__(self) -> None:
+        self.slow: FrozenSet[int] = frozenset()
+        self.since = 0
+        self.ended: Dict[bool, List[int]] = {False: [], True: []}
+        """Lengths in steps of the ended states, by kind: some rank slow (``True``) or none."""
+
+    def update(self, step: int, ratios: Sequence[float], *, se: float, tolerance: float, z: float,
+               samples: int) -> bool:
+        """Read the window's speed ratios (``se``: a ratio's relative standard error) at ``step`` over
+        ``samples`` steps; ``True`` when the set changed."""
+        band = z * se
+        slow = set(self.slow)
+        onset = bool(self.slow) or samples > N_MIN  # a first slow rank needs one step more than the window's least
+        for r, s in enumerate(ratios):
+            if s < (1.0 - tolerance) * (1.0 - band) and onset:
+                slow.add(r)
+            elif s > min((1.0 - tolerance) * (1.0 + band), 1.0 - tolerance / 2.0):
+                slow.discard(r)
+        if frozenset(slow) == self.slow:
+            return False
+        since = step - samples + 1
+        self.ended[bool(self.slow)].append(max(1, since - self.since))
+        self.slow, self.since = frozenset(slow), since
+        return True
+
+    def age(self, step: int) -> int:
+        """Steps the present set has held (at least 1)."""
+        return max(1, step - self.since + 1)
+
+    def past(self) -> List[int]:
+        """Lengths of the ended states of the present kind (some rank slow, or none)."""
+        return self.ended[bool(self.slow)]

@@ -1,0 +1,169 @@
+"""The step model the policy learns (DESIGN §8): ``R/S`` and every rank's speed, from every plan measured.
+
+A rank's compute in a step is ``c_r = (R + S·p_r)/v_r`` (``p_r`` its share of the shardable work under
+the plan in force).  Only the ratio ``k = R/S`` matters for a plan; the scale is fixed by ``R + S/e = 1``
+(``S = 1/(k + 1/e)``), so ``v_r = (R + S·p_r)/c_r`` is in healthy even steps per second.  Speeds are
+work over time: a rank holding less that finishes with the others reads as slow as it is, and a rank
+holding nothing (``p_r = 0``) reads ``v_r = R/c_r`` from its replicated work alone.
+
+``k`` comes from three sources, in order of trust:
+
+- two plans measured at the same speeds: per rank whose share changed,
+  ``c_a·(k + p_b) = c_b·(k + p_a)`` gives ``k = (c_b·p_a − c_a·p_b)/(c_a − c_b)``; the median over the
+  ranks, and over every such pair measured so far, is the estimate (a pair whose ranks disagree by more
+  than 2x measured a change of speed, not ``k``, and is dropped);
+- the split of a step into shardable seconds ``b_r`` and the rest: ``(c_r − b_r)·p_r/b_r`` is an upper
+  bound of ``k`` (the timers do not see every shardable second), the smallest over the ranks;
+- a prior replicated share ``ρ`` of a healthy even step (``k = ρ/(e·(1 − ρ))``), taken when it is below
+  the split's bound and nothing better is measured.
+
+A plan that under-delivers (measured slower than predicted) is what the pair estimate corrects: the
+next decision reads the plan in force with the refitted ``k`` and proposes again.  How much the latest
+plans under-delivered is the model's own error (:attr:`LearnedModel.error`): a gain below it is not
+trusted (:mod:`~semimig.controller.policy.gain`).
+"""
+from __future__ import annotations
+
+import collections
+import math
+import statistics
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from semimig.sharding.solver import StepModel
+
+__all__ = ["LearnedModel", "median_times", "tercile"]
+
+K_FLOOR = 1e-3
+"""Smallest ``R/S`` used: a rank holding no unit is read through ``R``, which must not vanish."""
+ERRORS = 3
+"""Latest moves whose predicted-against-measured step gives the model's error."""
+MIN_SHARE_CHANGE = 0.02
+"""Smallest change of a rank's share across two plans that measures ``k`` from that rank."""
+
+
+def tercile(values: Sequence[float]) -> float:
+    """The lower tercile: the ``⌊(n − 1)/3⌋``-th smallest value.  Outlier steps are slow steps, so up to two
+    thirds of them leave it alone (a median of three steps, two of them outliers, would be an outlier); its
+    bias under symmetric noise is the same on every rank and cancels in the speed ratios."""
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 3]
+
+
+def median_times(window: Sequence[Any]) -> Tuple[Tuple[float, ...], float]:
+    """Every rank's typical compute over ``window`` (:class:`~semimig.controller.reshard.ReshardSample`\ s:
+    :func:`tercile`) and the median of the smallest collective time."""
+    tp = len(window[0].compute_s)
+    return (tuple(tercile([o.compute_s[r] for o in window]) for r in range(tp)),
+            statistics.median(min(o.comm_s) for o in window))
+
+
+class LearnedModel:
+    """``k = R/S`` learned from the plans measured (module docstring); speeds from any window."""
+
+    def __init__(self, tp: int, prior_share: float, weights: Sequence[float]) -> None:
+        self.tp = tp
+        self.prior_weights = tuple(weights)
+        self.weight_fits: List[Tuple[float, ...]] = []
+        """Every dimension's weight (a share of the shardable work) measured across the healthy ranks."""
+        self.prior_k = prior_share / (tp * (1.0 - prior_share))
+        self.fits: List[float] = []
+        """Every ``k`` measured across two plans."""
+        self.bound: Optional[float] = None
+        """The split's latest upper bound of ``k``."""
+        self.errors: collections.deque = collections.deque(maxlen=ERRORS)
+        """How much slower than predicted the latest plans moved to measured (0: as predicted or faster)."""
+
+    @property
+    def error(self) -> float:
+        """The step model's error: the least under-delivery (a share of the step moved from) of the latest
+        :data:`ERRORS` plans moved to — every one of them fell short by at least that; 0 before that many."""
+        return min(self.errors) if len(self.errors) == ERRORS else 0.0
+
+    @property
+    def k(self) -> float:
+        if self.fits:
+            k = statistics.median(self.fits)
+            return max(K_FLOOR, min(k, self.bound) if self.bound is not None else k)
+        candidates = [self.prior_k] + ([self.bound] if self.bound is not None else [])
+        return max(K_FLOOR, min(candidates))
+
+    def read_bound(self, p: Sequence[float], window: Sequence[Any]) -> None:
+        """The split's bound of ``k`` from ``window``, measured under shares ``p``."""
+        found = []
+        for r in range(self.tp):
+            b = tercile([o.shardable_s[r] for o in window])
+            c = tercile([o.compute_s[r] for o in window])
+            if p[r] > 0.0 and 0.0 < b < c:
+                found.append((c - b) * p[r] / b)
+        if found:
+            self.bound = min(found)
+
+    def fit(self, pa: Sequence[float], before: Sequence[Any], pb: Sequence[float],
+            after: Sequence[Any]) -> Optional[float]:
+        """``k`` from two windows under shares ``pa`` and ``pb`` at the same speeds; ``None`` when they
+        say nothing."""
+        ca, cb = median_times(before)[0], median_times(after)[0]
+        found = []
+        for r in range(self.tp):
+            dp, dc = pb[r] - pa[r], cb[r] - ca[r]
+            if abs(dp) >= MIN_SHARE_CHANGE and dp * dc > 0.0:
+                k = (cb[r] * pa[r] - ca[r] * pb[r]) / (ca[r] - cb[r])
+                if k >= 0.0 and math.isfinite(k):
+                    found.append(k)
+        if not found or (len(found) > 1 and max(found) > 2.0 * max(min(found), K_FLOOR)):
+            return None
+        k = statistics.median(found)
+        self.fits.append(k)
+        return k
+
+    @property
+    def weights(self) -> Tuple[float, ...]:
+        """Each dimension's share of the shardable work: the median of the measured ones, else the prior."""
+        if not self.weight_fits:
+            return self.prior_weights
+        return tuple(statistics.median(w[d] for w in self.weight_fits) for d in range(len(self.prior_weights)))
+
+    def fit_across(self, fractions: Sequence[Sequence[float]], window: Sequence[Any],
+                   healthy: Sequence[int]) -> None:
+        """``k`` and the dimensions' weights from one window, across the ``healthy`` ranks (equal speeds):
+        ``c_r = α + Σ_d β_d·x_{r,d}`` (``x_{r,d}`` the rank's fraction of dimension ``d``'s units) by least
+        squares, ``w_d ∝ β_d`` and ``k = α/Σ_d β_d``; nothing when the plan does not vary enough among
+        them or a coefficient comes out negative (noise)."""
+        dims = len(self.prior_weights)
+        if len(healthy) < dims + 2:
+            return
+        c, _ = median_times(window)
+        x = np.array([[1.0, *fractions[r]] for r in healthy])
+        y = np.array([c[r] for r in healthy])
+        if np.linalg.matrix_rank(x, tol=1e-9) < dims + 1:
+            return
+        coef = np.linalg.lstsq(x, y, rcond=None)[0]
+        alpha, beta = float(coef[0]), coef[1:]
+        if alpha < 0.0 or np.any(beta <= 0.0):
+            return
+        self.weight_fits.append(tuple(float(b / beta.sum()) for b in beta))
+        self.fits.append(alpha / float(beta.sum()))
+
+    def scale(self) -> Tuple[float, float]:
+        """``(R, S)`` with ``R + S/e = 1``."""
+        S = 1.0 / (self.k + 1.0 / self.tp)
+        return self.k * S, S
+
+    def speeds(self, shares: Sequence[float], compute: Sequence[float]) -> Tuple[float, ...]:
+        """``v_r = (R + S·p_r)/c_r``."""
+        R, S = self.scale()
+        return tuple((R + S * p) / max(c, 1e-12) for p, c in zip(shares, compute))
+
+    def model(self, shares: Sequence[float], window: Sequence[Any]) -> StepModel:
+        """The step model of ``window``'s median compute, measured under ``shares``."""
+        R, S = self.scale()
+        c, _ = median_times(window)
+        return StepModel(speeds=tuple((R + S * p) / max(t, 1e-12) for p, t in zip(shares, c)), replicated=R,
+                         shardable=S)
+
+    def from_ratios(self, ratios: Sequence[float]) -> StepModel:
+        """A model from speed ratios alone (a probe before any step), in healthy even steps."""
+        R, S = self.scale()
+        return StepModel(speeds=tuple(ratios), replicated=R, shardable=S)
