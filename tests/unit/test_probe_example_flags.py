@@ -28,7 +28,7 @@ PROBE = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCh
 INT_BOUNDS = {"--hidden": (8, 65536), "--layers": (1, 1024), "--steps": (1, 10**7), "--batch-size": (1, 65536),
               "--seq-len": (2, 1 << 20), "--seed": (0, 2**32 - 1), "--eval-every": (0, 10**7),
               "--eval-batches": (1, 10**5), "--log-every": (1, 10**7), "--shard-block": (1, 1 << 20),
-              "--reshard-window": (2, 10**6)}
+              "--reshard-window": (3, 10**6)}
 
 
 def _outcome(argv: list, capsys) -> tuple:

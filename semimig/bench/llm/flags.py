@@ -46,8 +46,8 @@ def parse_args(argv: Optional[list[str]] = None, description: Optional[str] = No
                    help="resizing modes: prune whole aligned blocks of G columns (1, 8, 16 or 32; ResizingConfig.block; "
                         "default 1, single columns as in the paper), chosen by the blocks' mean weight change")
     p.add_argument("--reshard-window", type=int, default=10,
-                   help="reshard/semi: steps a straggler's speed must stay stable before a re-plan (default 10; "
-                        "the run's first re-plan may come after half of them when its gain is large)")
+                   help="reshard/semi: the most steps of a plan the re-shard policy's medians read (>= 3, "
+                        "default 10; ReshardConfig.window)")
     p.add_argument("--reshard-probe", type=float, default=0.25,
                    help="reshard/semi: before the first step, time the same GEMMs on every rank and re-plan at once "
                         "when the predicted gain is at least this fraction of the step (default 0.25: a rank ~1.7x "
@@ -106,7 +106,7 @@ def parse_args(argv: Optional[list[str]] = None, description: Optional[str] = No
 # sign, inf) is refused before any process group or model is built.
 INT_FLAGS = {"hidden": (8, 65536), "layers": (1, 1024), "steps": (1, 10**7), "batch_size": (1, 65536),
              "seq_len": (2, 1 << 20), "seed": (0, 2**32 - 1), "eval_every": (0, 10**7), "eval_batches": (1, 10**5),
-             "log_every": (1, 10**7), "shard_block": (1, 1 << 20), "reshard_window": (2, 10**6),
+             "log_every": (1, 10**7), "shard_block": (1, 1 << 20), "reshard_window": (3, 10**6),
              "heads": (1, 4096), "kv_heads": (1, 4096)}
 
 
