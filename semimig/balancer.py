@@ -49,13 +49,15 @@ even.  Re-planning needs the model built with a plan in units
 (``SemiMigPolicy(shard_plan=semimig.resharder.even_reshardable_plan(config, tp))``), the optimizer
 hooked and ``pp_size == 1`` (ZeRO-1/2 re-plan in process too: their master shards are gathered,
 moved and cut again); ``mode="reshard"`` refuses anything else by name, ``mode="semi"`` says in one INFO line why it runs without re-sharding.  With ``dp_size > 1``
-every replica holds one plan: the numbers are gathered over the world, the plan is solved for the
-slowest rank at each TP position (:func:`semimig.resharder.slowest_per_position`) and every replica
-moves inside its own TP group at the same step (with ``batch=``, Poplar's split absorbs the rest).
+the numbers are gathered over the world; under plain DP (``zero_stage=0``) each replica's TP group
+plans for itself (one policy per replica, a move of any replica moving every replica at the same
+step: :func:`semimig.shardformer.replicas.apply_replica_plans`); under ZeRO every replica holds one
+plan, solved for the slowest rank at each TP position (:func:`semimig.resharder.slowest_per_position`;
+its flat buffers need equal shapes across the DP group).  With ``batch=``, Poplar's split absorbs the rest.
 Before the first step ``enable`` runs a short device probe on the TP group (the same fixed GEMMs on
 every rank, ~0.1 s) and moves at once for a rank that is clearly and consistently slow
 (:meth:`~semimig.resharder.Resharder.probe`; ``ReshardConfig(probe=0)`` turns it off; with
-``dp_size > 1`` read at the slowest rank of each TP position, as the steps are).  One INFO line per
+``dp_size > 1`` read per replica, or at the slowest rank of each TP position under ZeRO, as the steps are).  One INFO line per
 re-plan (plan, predicted step, bytes and seconds moved) and one with the measured step once a full
 window ran under it; :attr:`Balancer.reshard_summary` has them all.
 

@@ -1,18 +1,19 @@
-"""Re-sharding with data-parallel replicas: tp = 2 x dp = 2, one plan for every replica (DESIGN §8).
+"""Re-sharding with data-parallel replicas: tp = 2 x dp = 2 under plain DP, a plan per replica (DESIGN §8).
 
-Every DP replica of a TP group must hold the same plan (DDP's gradient all-reduce needs equal
-shapes), so the resharder gathers every rank's numbers over the world and plans for the slowest
-rank at each TP position (:func:`semimig.resharder.slowest_per_position`); each replica then moves
-inside its own TP group, at the same step, to the same plan.
+Every rank gathers every replica's rows over the DP group (a step late) and runs one re-shard policy
+per replica on that replica's own rows, so all ranks take every replica's decision alike; a move of
+any replica moves the world at once (:func:`semimig.shardformer.replicas.apply_replica_plans`).  Under
+ZeRO the replicas share one plan, chosen for the slowest rank at each TP position
+(:func:`semimig.resharder.slowest_per_position`; tests/multirank/test_reshard_per_replica.py).
 
 - pure: the selection per position (relative to each replica's fastest rank, so a replica with
   more samples is not taken for a slow one);
 - four gloo ranks, a small Llama, DDP across the two replicas, each DP rank on its own batches:
-  a straggler on replica 0's TP rank 1 only (``fixed:1:8:scope=device``) makes every rank re-plan
-  at the same step to the same plan, rank 1 holding fewer units, and training goes on exactly (the
-  losses of ``mode="off"`` within fp32 reassociation: an uneven split reorders the sums over the
-  intermediate dimension and the heads); with no straggler nothing moves and the run is
-  ``off``'s bit for bit.
+  a straggler on replica 0's TP rank 1 only (``fixed:1:8:scope=device``) makes replica 0 re-plan,
+  rank 1 holding fewer units, while replica 1 stays even; every rank records the same moves, and
+  training goes on exactly (the losses of ``mode="off"`` within fp32 reassociation: an uneven split
+  reorders the sums over the intermediate dimension and the heads); with no straggler nothing moves
+  and the run is ``off``'s bit for bit.  The device probe and a batch split (Poplar) compose with it.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch
 from dist_harness import run_pooled
 from semimig.errors import ConfigError
 from semimig.resharder import slowest_per_position
+from semimig.shardformer import UnevenPlan
 from tiny_lms import boost_lm, reshardable_llama, train_steps
 
 BLOCK = 32
@@ -112,14 +114,18 @@ def _replicas_body(rank, world):
     return every
 
 
-def test_replicas_re_plan_together_and_train_exactly():
+def test_the_slow_replica_re_plans_alone_and_every_replica_trains_exactly():
     every = run_pooled(_replicas_body, 4, timeout_s=600)
     events = [out["reshard"][2]["events"] for out in every]
     assert events[0], f"no re-plan under an 8x straggler on replica 0's rank 1: {every[0]['reshard'][2]}"
-    keys = [[(e["step"], e["mlp_units"], e["kv_units"]) for e in ev] for ev in events]
-    assert all(k == keys[0] for k in keys), f"the ranks re-planned differently: {keys}"
+    keys = [[(e["step"], e["replica"], e["mlp_units"], e["kv_units"]) for e in ev] for ev in events]
+    assert all(k == keys[0] for k in keys), f"the ranks recorded different moves: {keys}"
+    assert all(e["replica"] == 0 for e in events[0]), f"the healthy replica moved: {keys[0]}"
     first = events[0][0]
     assert first["mlp_units"][1] < first["mlp_units"][0], first
+    plans = every[0]["reshard"][2]["plans"]
+    assert all(out["reshard"][2]["plans"] == plans for out in every), plans
+    assert plans[1] == str(UnevenPlan(mlp_units=(8, 8), kv_units=(1, 1), block_size=BLOCK)), plans  # still even
     for out in every:
         dp_rank, healthy, _ = out["off"]
         assert out["reshard"][0] == dp_rank
@@ -157,19 +163,21 @@ def _probe_body(rank, world):
     return every
 
 
-def test_the_device_probe_reads_every_replica_and_they_move_together_before_the_first_step():
-    """With replicas the probe runs in every TP group at once and each repeat is read at the slowest
-    rank of each TP position (``Resharder._slowest_probe``): the straggler sits in replica 0 only, yet
-    every rank of both replicas moves before step 0 to the same plan, rank 1 holding fewer units,
-    and trains as ``off`` does (the calm run with the probe on is the test above's ``calm``)."""
+def test_the_device_probe_reads_each_replica_and_only_the_slow_one_moves_before_the_first_step():
+    """With replicas the probe runs in every TP group at once and every replica's times are gathered
+    over the world (``Resharder._replica_probes``): each replica's policy profiles its own, so with the
+    straggler in replica 0 only, replica 0 moves before step 0, rank 1 holding fewer units, replica 1
+    stays even, every rank records the same move, and both train as ``off`` does (the calm run with
+    the probe on is the test above's ``calm``)."""
     every = run_pooled(_probe_body, 4, timeout_s=600)
     events = [out["reshard"][2]["events"] for out in every]
-    assert all(events), f"a rank did not re-plan: {events}"
-    firsts = [(ev[0]["step"], ev[0]["mlp_units"], ev[0]["kv_units"]) for ev in events]
-    assert all(f == firsts[0] for f in firsts), f"the ranks re-planned differently: {firsts}"
-    step, mlp, kv = firsts[0]
-    assert step == -1 and "device probe" in events[0][0]["reason"], events[0][0]
+    assert all(events), f"a rank recorded no re-plan: {events}"
+    firsts = [(ev[0]["step"], ev[0]["replica"], ev[0]["mlp_units"], ev[0]["kv_units"]) for ev in events]
+    assert all(f == firsts[0] for f in firsts), f"the ranks recorded different moves: {firsts}"
+    step, replica, mlp, kv = firsts[0]
+    assert step == -1 and replica == 0 and "device probe" in events[0][0]["reason"], events[0][0]
     assert mlp[1] < mlp[0] and kv[1] <= kv[0], firsts[0]
+    assert all(e["replica"] == 0 for e in events[0]), events[0]
     for out in every:
         dp_rank, healthy, _ = out["off"]
         assert out["reshard"][0] == dp_rank
@@ -231,8 +239,9 @@ def _split_body(rank, world):
 
 def test_a_batch_split_and_re_sharding_compose_and_train_the_global_batch_exactly():
     every = run_pooled(_split_body, 4, timeout_s=600)
-    keys = [[(e["step"], e["mlp_units"]) for e in out["reshard"][2]["events"]] for out in every]
+    keys = [[(e["step"], e["replica"], e["mlp_units"]) for e in out["reshard"][2]["events"]] for out in every]
     assert keys[0] and all(k == keys[0] for k in keys), f"re-plans differ or none: {keys}"
+    assert all(replica == 0 for _, replica, _ in keys[0]), f"the healthy replica moved: {keys[0]}"
     for out in every:
         off, reshard = out["off"][0], out["reshard"][0]
         torch.testing.assert_close(torch.tensor(reshard), torch.tensor(off), **LOSS_TOL)
