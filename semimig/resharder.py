@@ -710,6 +710,14 @@ def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str
     reshard = reshard or ReshardConfig()  # the same policy in both modes: the config is taken as given
     replicas = int(getattr(plugin, "dp_size", 1))
     zero_stage = int(getattr(plugin, "zero_stage", 0))
+    if zero_stage > 0 and reshard.min_units < 1:
+        # LowLevelZero cuts every parameter into equal flat shards per DP rank; a parameter with no
+        # elements has none to cut, so under ZeRO every rank keeps at least one unit of each kind
+        reshard = dataclasses.replace(reshard, min_units=1)
+        if dist.get_rank() == 0:
+            logger.info("semimig: zero_stage=%d: every rank keeps at least one unit of each kind (ZeRO's flat "
+                        "master shards cannot hold an empty parameter); zero_stage=0 lets a slow rank hold none",
+                        zero_stage)
 
     def move_replicas(plans: tuple) -> tuple[int, float]:
         from semimig.shardformer.replicas import apply_replica_plans

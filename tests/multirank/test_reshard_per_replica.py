@@ -70,9 +70,9 @@ def _run(straggler=None, *, replay=None, steps=STEPS):
     dp_rank = plugin.dp_group.rank()
     balancer = None
     if replay is None:
-        # stability and noise tests opened wide and the probe off: the steps' per-replica rows decide, on a
+        # the noise test opened and the probe off: the steps' per-replica rows decide, on a
         # loaded machine too — what is tested is the per-replica wiring and exactness, not the policy's patience
-        opened = dict(tolerance=1.0, agree=0.5, noise_z=0.0) if straggler else {}
+        opened = dict(noise_z=0.0) if straggler else {}
         balancer = semimig.enable(model, plugin, optimizer=optimizer, mode="reshard",
                                   straggler=straggler if dp_rank == 1 else None,
                                   reshard=ReshardConfig(window=6, horizon=steps, probe=0.0, **opened))
@@ -165,8 +165,7 @@ def _zero_body(rank, world):
         dp_rank = plugin.dp_group.rank()
         balancer = semimig.enable(model, plugin, optimizer=optimizer, mode="reshard",
                                   straggler=STRAGGLER if dp_rank == 1 else None,
-                                  reshard=ReshardConfig(window=6, horizon=ZERO_STEPS, probe=0.0, tolerance=1.0,
-                                                        agree=0.5, noise_z=0.0))
+                                  reshard=ReshardConfig(window=6, horizon=ZERO_STEPS, probe=0.0, noise_z=0.0))
         try:
             for step in range(ZERO_STEPS):
                 loss = model(**_batch(dp_rank, step)).loss
