@@ -1,4 +1,4 @@
-"""Time to the same model under a really slow device (issue: a real slow device and a real task).
+"""Time to the same model under a really slow device: a real throttle (or an emulated one) on a real task.
 
 Runs ``benchmarks/llm_run.py`` (tiny Llama, real text, torchrun tp=2, one core per rank) once with no
 straggler (``healthy``) and then in every balancing mode with TP rank 1 slowed::
