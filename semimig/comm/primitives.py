@@ -329,3 +329,14 @@ def all_gather_(pieces: Sequence[torch.Tensor], tensor: torch.Tensor, group: Pro
         return
     _counted_bytes("all_gather", sum(_nbytes(p) for p in pieces), group,
                    lambda: dist.all_gather(list(pieces), tensor, group=group))
+
+
+def unpack_into(buffer: torch.Tensor, targets: Sequence[torch.Tensor]) -> None:
+    """Copy consecutive byte ranges of the uint8 ``buffer`` (one received message) into ``targets``, in
+    order, each in its own dtype and shape: the receiving end of a packed point-to-point exchange."""
+    start = 0
+    for target in targets:
+        nbytes = target.numel() * target.element_size()
+        chunk = buffer[start:start + nbytes].clone()  # clone: aligned for the dtype view
+        target.copy_(chunk.view(target.dtype).view(target.shape))
+        start += nbytes

@@ -22,6 +22,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from semimig.comm import primitives as P
 from semimig.comm import traffic
 from semimig.errors import ConfigError
 from semimig.sharding.exchange import ReductionPlan
@@ -50,12 +51,7 @@ def _swap(outgoing: Dict[int, List[torch.Tensor]], incoming: Dict[int, List[torc
         for request in dist.batch_isend_irecv(ops):
             request.wait()
     for peer, targets in incoming.items():
-        start = 0
-        for target in targets:
-            nbytes = target.numel() * target.element_size()
-            chunk = buffers[peer][start:start + nbytes].clone()  # clone: aligned for the dtype view
-            target.copy_(chunk.view(target.dtype).view(target.shape))
-            start += nbytes
+        P.unpack_into(buffers[peer], targets)
     return sent, received
 
 

@@ -58,6 +58,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from semimig.comm import primitives as P
 from semimig.controller.agreement import gather_verdicts
 from semimig.errors import ConfigError
 from semimig.sharding.move import move_schedule
@@ -413,12 +414,7 @@ def _exchange(jobs, rank: int, group) -> Tuple[List[torch.Tensor], int, int]:
         for request in dist.batch_isend_irecv(ops):
             request.wait()
     for peer, targets in incoming.items():
-        start = 0
-        for target in targets:
-            nbytes = target.numel() * target.element_size()
-            chunk = received[peer][start:start + nbytes].clone()  # clone: aligned for the dtype view
-            target.copy_(chunk.view(target.dtype).view(target.shape))
-            start += nbytes
+        P.unpack_into(received[peer], targets)
     return new_tensors, sent_bytes, recv_bytes
 
 
