@@ -26,11 +26,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_output import write_result  # noqa: E402
 from time_to_loss import (  # noqa: E402  (the headline benchmark's runner and its signal handling)
-    Interrupted,
-    _interrupt,
     add_run_flags,
     check_run_flags,
     reap_stale_scratch,
+    run_interruptible,
     run_once,
 )
 
@@ -51,23 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     """Every end signal stops the run in progress and removes the scratch directory (as time_to_loss.py)."""
-    import signal
-
-    from semimig._lifetime import END_SIGNALS
-
-    args = parse_args(argv)
-    previous = {s: signal.signal(s, _interrupt) for s in END_SIGNALS}
-    try:
-        return run(args, argv)
-    except Interrupted as sig:
-        for s in END_SIGNALS:
-            signal.signal(s, signal.SIG_IGN)
-        print(f"device_vs_throttle: {sig}: the run in progress was stopped and the scratch directory removed",
-              file=sys.stderr)
-        return 128 + sig.signum
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    return run_interruptible("device_vs_throttle", run, parse_args(argv), argv)
 
 
 def run(args: argparse.Namespace, argv) -> int:

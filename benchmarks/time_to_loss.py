@@ -404,22 +404,27 @@ def run_ended(cmd: list[str], *, stdout, env: dict, timeout_s: float, grace_s: f
                 proc.wait()
 
 
-def main(argv=None) -> int:
+def run_interruptible(script: str, body, args: argparse.Namespace, argv) -> int:
+    """``body(args, argv)`` with every end signal turned into :class:`Interrupted`: the run in progress is
+    stopped and its scratch directory removed (``body``'s own cleanup), then ``128 + signum`` is returned."""
     from semimig._lifetime import END_SIGNALS
 
-    args = parse_args(argv)
     previous = {s: signal.signal(s, _interrupt) for s in END_SIGNALS}
     try:
-        return run(args, argv)
+        return body(args, argv)
     except Interrupted as sig:
         for s in END_SIGNALS:  # the cleanup (the run's process group, the scratch directory) finishes undisturbed
             signal.signal(s, signal.SIG_IGN)
-        print(f"time_to_loss: {sig}: the run in progress was stopped and the scratch directory removed",
+        print(f"{script}: {sig}: the run in progress was stopped and the scratch directory removed",
               file=sys.stderr)
         return 128 + sig.signum
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def main(argv=None) -> int:
+    return run_interruptible("time_to_loss", run, parse_args(argv), argv)
 
 
 def run(args: argparse.Namespace, argv) -> int:
