@@ -7,6 +7,7 @@
 re-sharding tests choose (vocabulary 128, 2 layers, sequences up to 64).
 ``token_batch(step)``: a deterministic batch of random token ids for step ``step`` (labels = ids).
 ``boost_lm(model, ...)``: the model and an optimizer under ``HybridParallelPlugin`` (tensor parallel).
+``gather_like(param, tensor)``: a shard-shaped tensor gathered to the full tensor by ``param``'s layout.
 """
 from __future__ import annotations
 
@@ -78,3 +79,21 @@ def boost_lm(model, *, tp: int = 2, precision: str = "fp32", policy=None, optimi
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer, *_ = booster.boost(model, optimizer)
     return booster, model, optimizer, plugin
+
+
+def gather_like(param, tensor) -> torch.Tensor:
+    """``tensor`` (shaped like this rank's shard of ``param``: its data, gradient or optimizer state)
+    gathered to the full tensor by ``param``'s layout; a plain tensor, no attributes, so it crosses the
+    pipe from a rank to the test."""
+    from colossalai.tensor.d_tensor.api import is_customized_distributed_tensor, is_distributed_tensor, to_global
+
+    piece = torch.empty_like(tensor).copy_(tensor.detach())
+    if is_distributed_tensor(param):
+        piece.dist_layout = param.dist_layout
+        full = to_global(piece)
+    elif is_customized_distributed_tensor(param):
+        full = param.gather_fn(piece)
+    else:
+        full = piece
+    return torch.empty_like(full).copy_(full)
+

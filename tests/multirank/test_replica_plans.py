@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from dist_harness import run_pooled
-from tiny_lms import SEQ, VOCAB, boost_lm, tiny_lm
+from tiny_lms import SEQ, VOCAB, boost_lm, gather_like, tiny_lm
 
 BLOCK = 32
 GLOBAL = 8
@@ -26,6 +26,10 @@ THREE_ONE = ((6, 2), (3, 1))
 ONE_THREE = ((2, 6), (1, 3))
 TOL = dict(atol=2e-5, rtol=1e-4)  # fp32: the uneven splits reorder sums over the intermediate dim and heads
 TIMEOUT_S = 300
+
+
+def _gather_float(param, tensor):
+    return gather_like(param, tensor).float()
 
 
 def _plan(units):
@@ -56,27 +60,13 @@ def _boost(precision="fp32", zero_stage=0):
     return plugin, booster, model, optimizer
 
 
-def _gather_like(param, tensor):
-    from colossalai.tensor.d_tensor.api import is_customized_distributed_tensor, is_distributed_tensor, to_global
-
-    piece = torch.empty_like(tensor).copy_(tensor.detach())
-    if is_distributed_tensor(param):
-        piece.dist_layout = param.dist_layout
-        full = to_global(piece)
-    elif is_customized_distributed_tensor(param):
-        full = param.gather_fn(piece)
-    else:
-        full = piece
-    return torch.empty_like(full).copy_(full).float()
-
-
 def _weights(model):
-    return {n: _gather_like(p, p.data) for n, p in model.unwrap().named_parameters()}
+    return {n: _gather_float(p, p.data) for n, p in model.unwrap().named_parameters()}
 
 
 def _momenta(model, optimizer):
     state = optimizer.optim.state
-    return {n: _gather_like(p, state[p]["momentum_buffer"]) for n, p in model.unwrap().named_parameters()}
+    return {n: _gather_float(p, state[p]["momentum_buffer"]) for n, p in model.unwrap().named_parameters()}
 
 
 def _paired_grads(model):
@@ -84,7 +74,7 @@ def _paired_grads(model):
 
     names = {id(p): n for n, p in model.unwrap().named_parameters()}
     _, layers = _layers(model)
-    return {names[id(p)]: _gather_like(p, p.grad) for layer in layers for _, p, _ in layer.params()}
+    return {names[id(p)]: _gather_float(p, p.grad) for layer in layers for _, p, _ in layer.params()}
 
 
 def _train(plans_before, plans_between=None, precision="fp32", micro=1, run=None):

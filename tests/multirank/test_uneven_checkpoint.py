@@ -40,7 +40,7 @@ from _backends import run_on_ranks
 
 pytestmark = pytest.mark.usefixtures("cpu_path")
 
-from tiny_lms import BATCH, SEQ, VOCAB, boost_lm, tiny_lm, train_steps  # noqa: E402,F401
+from tiny_lms import BATCH, SEQ, VOCAB, boost_lm, gather_like, tiny_lm, train_steps  # noqa: E402,F401
 SAME_LAYOUT = dict(atol=0.0, rtol=0.0)
 REASSOCIATION = {"fp32": dict(atol=5e-6, rtol=0.0), "bf16": dict(atol=2e-3, rtol=0.0)}
 PLANS = {  # (mlp_units, kv_units, block_size) per rank of 2: "plan" saves, "other" only loads
@@ -66,22 +66,6 @@ def _train(run, steps):
     return train_steps(booster, model, optimizer, steps)
 
 
-def _gather_like(param, tensor):
-    """``tensor`` (shaped like this rank's shard of ``param``) gathered to the full tensor by ``param``'s layout
-    (a plain tensor, no attributes: it crosses the pipe to the test)."""
-    from colossalai.tensor.d_tensor.api import is_customized_distributed_tensor, is_distributed_tensor, to_global
-
-    piece = torch.empty_like(tensor).copy_(tensor.detach())
-    if is_distributed_tensor(param):
-        piece.dist_layout = param.dist_layout
-        full = to_global(piece)
-    elif is_customized_distributed_tensor(param):
-        full = param.gather_fn(piece)
-    else:
-        full = piece
-    return torch.empty_like(full).copy_(full)
-
-
 def _full_states(run):
     """Every parameter and its AdamW state, full (gathered by the run's own layout); fp32 masters too."""
     _, model, optimizer = run
@@ -90,15 +74,15 @@ def _full_states(run):
     for name, param in model.unwrap().named_parameters():
         master = to_master[id(param)] if to_master else param
         state = optimizer.optim.state[master]
-        entry = {"weight": _gather_like(param, param.data), "step": float(state["step"])}
+        entry = {"weight": gather_like(param, param.data), "step": float(state["step"])}
         for key in ("exp_avg", "exp_avg_sq"):
             value = state[key]
             if value.shape != param.shape:  # ZeRO: flat dp shard (dp = 1 here: the whole TP shard, padded)
                 value = value[: param.numel()].reshape(param.shape)
-            entry[key] = _gather_like(param, value)
+            entry[key] = gather_like(param, value)
             assert entry[key].dtype == torch.float32, (name, key, entry[key].dtype)
         if master is not param:
-            entry["master"] = _gather_like(param, master.data[: param.numel()].reshape(param.shape))
+            entry["master"] = gather_like(param, master.data[: param.numel()].reshape(param.shape))
         out[name] = entry
     return out
 

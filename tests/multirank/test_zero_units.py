@@ -38,7 +38,7 @@ from dist_harness import run_on_ranks
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")
 
-from tiny_lms import boost_lm, tiny_lm, token_batch  # noqa: E402
+from tiny_lms import boost_lm, gather_like, tiny_lm, token_batch  # noqa: E402
 LOSS = dict(atol=2e-5, rtol=0.0)
 GRAD = dict(atol=1e-7, rtol=1e-4)
 WEIGHT = dict(atol=1e-5, rtol=0.0)
@@ -68,29 +68,14 @@ def _step(run, step):
     return float(loss.detach())
 
 
-def _gather_like(param, tensor):
-    """``tensor`` (shaped like this rank's shard of ``param``) gathered to the full tensor by ``param``'s layout."""
-    from colossalai.tensor.d_tensor.api import is_customized_distributed_tensor, is_distributed_tensor, to_global
-
-    piece = torch.empty_like(tensor).copy_(tensor.detach())
-    if is_distributed_tensor(param):
-        piece.dist_layout = param.dist_layout
-        full = to_global(piece)
-    elif is_customized_distributed_tensor(param):
-        full = param.gather_fn(piece)
-    else:
-        full = piece
-    return torch.empty_like(full).copy_(full)
-
-
 def _full(model, of=lambda p: p.data):
-    return {name: _gather_like(p, of(p)) for name, p in model.unwrap().named_parameters()}
+    return {name: gather_like(p, of(p)) for name, p in model.unwrap().named_parameters()}
 
 
 def _moments(run):
     _, model, optimizer = run
     state = optimizer.optim.state
-    return {name: {key: _gather_like(p, state[p][key]) for key in ("exp_avg", "exp_avg_sq")}
+    return {name: {key: gather_like(p, state[p][key]) for key in ("exp_avg", "exp_avg_sq")}
             for name, p in model.unwrap().named_parameters()}
 
 
