@@ -30,7 +30,7 @@ from semimig._validate import check_choice, check_int, check_number
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 
-__all__ = ["UnitKind", "JointProblem", "JointPlan", "job_step", "peak_bytes", "state_bytes_per_param"]
+__all__ = ["UnitKind", "JointProblem", "JointPlan", "from_measured", "job_step", "peak_bytes", "state_bytes_per_param"]
 
 _BYTES = {"fp32": (4, 4, 0), "bf16": (2, 2, 4), "fp16": (2, 2, 4)}
 """Per parameter: (weight, gradient, fp32 master copy) bytes of each precision."""
@@ -224,3 +224,36 @@ def job_step(problem: JointProblem, samples: Sequence[int], plans: Sequence[Sequ
     """The job's step under ``samples`` and ``plans``: ``max_{d,r} t_{d,r} + comm_s`` (memory not checked)."""
     units, samples = unit_counts(problem, plans), _samples(problem, samples)
     return max(float(rank_times(problem, d, b, units[d]).max()) for d, b in enumerate(samples)) + problem.comm_s
+
+
+def from_measured(compute_s: Sequence[Sequence[float]], samples: Sequence[int], plans: Sequence[Sequence[ShardPlan]],
+                  *, replicated_over_shardable: float, kinds: Sequence[UnitKind], global_batch: int,
+                  **fields: object) -> JointProblem:
+    """The problem whose speeds explain every rank's compute seconds ``compute_s[d][r]``, measured with
+    ``samples[d]`` samples under ``plans[d]`` (one plan per kind), from a step model's ``k = R/S`` (the
+    re-shard policy's learned ratio) and the kinds' relative weights (their ``work_per_sample``, rescaled).
+
+    Work per sample, in healthy even replica steps at ``b̄ = B/D`` samples: ``σ = 1/((k + 1/e)·b̄)`` of
+    shardable work split over the kinds by weight, ``ρ = k·σ`` replicated (no per-step parts); then
+    ``v_{d,r} = b_d·(ρ + Σ_k σ_k·n_{d,r,k}/U_k)/c_{d,r}``.  ``fields``: the rest of :class:`JointProblem`."""
+    k = check_number("replicated_over_shardable", replicated_over_shardable, minimum=0.0)
+    if isinstance(plans, (str, bytes)) or not plans or not plans[0]:
+        raise ConfigError(f"plans must be one row of plans (one per kind) per replica, got {plans!r}")
+    dp, tp = len(plans), plans[0][0].tp
+    weights = [check_number(f"kinds[{i}].work_per_sample", kind.work_per_sample, minimum=0.0, low_open=True)
+               for i, kind in enumerate(kinds)]
+    sigma = 1.0 / ((k + 1.0 / tp) * global_batch / dp)
+    scaled = tuple(UnitKind(name=kind.name, total_units=kind.total_units, work_per_sample=sigma * w / sum(weights),
+                            min_units=kind.min_units, bytes_per_unit=kind.bytes_per_unit,
+                            activation_bytes_per_unit_sample=kind.activation_bytes_per_unit_sample)
+                   for kind, w in zip(kinds, weights))
+    shape = JointProblem(speeds=((1.0,) * tp,) * dp, kinds=scaled, global_batch=global_batch,
+                         replicated_per_sample=k * sigma, **fields)
+    units, samples = unit_counts(shape, plans), _samples(shape, samples)
+    grid = _grid("compute_s", compute_s, allow_inf=False)
+    if (len(grid), len(grid[0])) != (dp, tp):
+        raise ConfigError(f"compute_s must be {dp} replicas x {tp} ranks like the plans, got {len(grid)} x {len(grid[0])}")
+    speeds = tuple(tuple(float(b * (k * sigma + units[d, r] @ np.array(shape.unit_work(1.0)))) / grid[d][r]
+                         for r in range(tp)) for d, b in enumerate(samples))
+    return JointProblem(speeds=speeds, kinds=scaled, global_batch=global_batch, replicated_per_sample=k * sigma,
+                        **fields)

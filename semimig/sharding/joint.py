@@ -24,6 +24,13 @@ Limits.  :func:`continuous_limit`: fractional samples and shares, memory ignored
 on every rank.  :func:`job_limit`: every second of work movable to any rank, ``total work / Σ v``; with one
 of ``n`` ranks ``χ`` times slower it is ``n/(n − 1 + 1/χ)`` of a healthy step.
 Pure arithmetic in a fixed order: every rank given the same numbers computes the same plans.
+
+At run time (not wired yet).  :func:`~semimig.sharding.jobmodel.from_measured` reads a problem from what the
+re-shard policies already hold — each replica's window of per-rank compute seconds under its plans and
+samples, the learned ``k = R/S`` and the kinds' weights — so that, under plain data parallelism with a batch
+split, the re-sharder's per-replica step (``Resharder._observe_replicas``: the policies say *when*) can take
+every replica's plan and the split from one :func:`plan_job` (*what*), move with ``apply_replica_plans`` and
+hand the split to the batch balancer, whose own re-plan trigger is then off: one owner of both.
 """
 from __future__ import annotations
 
@@ -33,12 +40,12 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from semimig.errors import ConfigError
-from semimig.sharding.jobmodel import (JointPlan, JointProblem, UnitKind, rank_times, unit_counts, job_step,
-                                       peak_bytes, state_bytes_per_param)
+from semimig.sharding.jobmodel import (JointPlan, JointProblem, UnitKind, from_measured, job_step, peak_bytes,
+                                       rank_times, state_bytes_per_param, unit_counts)
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, continuous_shares, solve_plan
 
-__all__ = ["UnitKind", "JointProblem", "JointPlan", "plan_job", "job_step", "peak_bytes", "continuous_limit",
+__all__ = ["UnitKind", "JointProblem", "JointPlan", "plan_job", "from_measured", "job_step", "peak_bytes", "continuous_limit",
            "job_limit", "state_bytes_per_param"]
 
 
