@@ -18,10 +18,12 @@ from typing import Any, Callable, Optional
 from semimig.comm import primitives as P
 from semimig.comm.lagged import LaggedRows
 from semimig.controller.reshard import ReshardConfig, ReshardDecision, ReshardPolicy, ReshardSample
+from semimig.resharder.joint import JointSetup, as_policy_plans, even_samples, joint_problem, per_mean_batch
 from semimig.resharder.events import ReplanEvent, log_measured, log_replan
 from semimig.resharder.observe import (PROBE_MAX_SIZE, gemm_scale, probe_times, row_sample, slowest_per_position,
                                        step_sample, unshed)
 from semimig.resharder.plans import params_per_unit
+from semimig.sharding.joint import plan_job
 from semimig.sharding.plan import ShardPlan
 
 __all__ = ["Resharder"]
@@ -53,7 +55,8 @@ class Resharder:
     def __init__(self, plan: Any, model_config: Any, *, group: Any, move: Callable[[Any], tuple[int, float]],
                  config: ReshardConfig = ReshardConfig(), state_bytes_per_param: int = 12,
                  replicas: int = 1, world_group: Any = None, dp_rank: int = 0, dp_group: Any = None,
-                 move_replicas: Optional[Callable[[tuple], tuple[int, float]]] = None) -> None:
+                 move_replicas: Optional[Callable[[tuple], tuple[int, float]]] = None,
+                 joint: Optional[JointSetup] = None) -> None:
         from semimig.shardformer.uneven import model_dims
 
         self.group = group
@@ -91,6 +94,13 @@ class Resharder:
         self.settled_now = False
         """True for the one step at which a full window under this replica's new plan has been measured."""
         self._speaks = self.rank == 0
+        self.joint = joint if self.per_replica else None
+        """With a batch split under plain DP: every replica's plan and the split from one planner (:mod:`.joint`)."""
+        self.samples: Optional[tuple[int, ...]] = None if self.joint is None else \
+            even_samples(self.joint.global_batch, replicas)
+        """The batch split the joint planner keeps (samples per replica, DP rank order); ``None`` without it."""
+        self.joint_replans: list[dict] = []
+        """Every joint decision: its step, the new split, the predicted job step, what memory bounded."""
 
     # ------------------------------------------------------------------ per step
     def gather(self, report: Any) -> Optional[Any]:
@@ -161,7 +171,11 @@ class Resharder:
         return self._take(decision, step=int(getattr(report, "iteration", decision.step)))
 
     def _observe_replicas(self, samples: tuple, report: Any) -> Optional[Any]:
-        """Each replica's policy fed its own replica's sample; any decision moves the world at once."""
+        """Each replica's policy fed its own replica's sample; any decision moves the world at once (with a
+        joint planner: to its plans and split, :meth:`_take_joint`)."""
+        if self.joint is not None:  # the policies read times per mean batch (.joint)
+            mean = self.joint.global_batch / self.replicas
+            samples = tuple(per_mean_batch(s, b, mean) for s, b in zip(samples, self.samples))
         decisions = [policy.observe(sample) for policy, sample in zip(self.policies, samples)]
         self.last = decisions[self.dp_rank]
         self._debug(self.policy, samples[self.dp_rank], self.last)
@@ -169,6 +183,8 @@ class Resharder:
         self.settled_now = settled[self.dp_rank]
         if not any(decision.replan for decision in decisions):
             return None
+        if self.joint is not None:
+            return self._take_joint(decisions, step=int(getattr(report, "iteration", self.last.step)))
         return self._take_replicas(decisions, step=int(getattr(report, "iteration", self.last.step)))
 
     def _debug(self, policy: ReshardPolicy, sample: ReshardSample, decision: ReshardDecision) -> None:
@@ -272,6 +288,50 @@ class Resharder:
         self.plans, self.plan = plans, mine
         return mine if changed else None
 
+    def _take_joint(self, decisions: list[ReshardDecision], *, step: int) -> Optional[Any]:
+        """A policy decided: every replica's plan and the split from :func:`plan_job` on every replica's
+        window (plans in force kept where they meet the job's step), every replica moved at once, every
+        policy told its replica's plans (its window, measured under the old plans or split, dropped);
+        this replica's new plan, or ``None`` when it kept its plan.  Nothing moves when the planner keeps
+        every plan and the split."""
+        problem = joint_problem(self.joint, self.policies, self.samples)
+        if problem is None:
+            return None
+        current = tuple(policy.plans for policy in self.policies)
+        answer = plan_job(problem, reference=current)
+        plans = tuple(as_policy_plans(row, now) for row, now in zip(answer.plans, current))
+        if plans == current and answer.samples == self.samples:
+            return None
+        if answer.memory_bound and self._speaks and self.dp_rank == 0:
+            logger.info("semimig joint plan at step %d: %s", step, answer.memory_bound)
+        changed = [row != now for row, now in zip(plans, current)]
+        uneven = tuple(self._uneven(ReshardDecision(step, plans=row)) if moved else old
+                       for row, moved, old in zip(plans, changed, self.plans))
+        costs = self._replica_costs(*self._move_replicas(uneven)) if any(changed) else [(0, 0.0)] * self.replicas
+        if self._lagged is not None:
+            self._lagged.collect()  # measured under the old plans and split: dropped
+        before = [d.current_s for d in decisions]
+        if self._speaks and self.dp_rank == 0:
+            logger.info("semimig joint plan at step %d: samples %s -> %s, plans %s, predicted step %.4g s "
+                        "(replicas %s)", step, list(self.samples), list(answer.samples),
+                        [[p.units for p in row] for row in plans], answer.step,
+                        [round(t, 4) for t in answer.replica_steps])
+        for d, (policy, row) in enumerate(zip(self.policies, plans)):
+            bytes_moved, seconds = costs[d]
+            policy.moved_to(row, seconds=seconds, bytes_moved=int(bytes_moved))
+            if changed[d]:
+                per_mean = self.joint.global_batch / self.replicas / answer.samples[d]  # the policies' time base
+                decision = ReshardDecision(step, plans=row, predicted_s=answer.replica_steps[d] * per_mean,
+                                           current_s=before[d], reason=f"joint plan: samples "
+                                           f"{list(answer.samples)}, job step {answer.step:.4g} s; steps per "
+                                           "mean batch")
+                self._record(decision, uneven[d], step=step, bytes_moved=bytes_moved, seconds=seconds, replica=d)
+        self.samples = answer.samples
+        self.joint_replans.append({"step": step, "samples": list(answer.samples), "step_s": answer.step,
+                                   "memory_bound": answer.memory_bound})
+        self.plans, self.plan = uneven, uneven[self.dp_rank]
+        return self.plan if changed[self.dp_rank] else None
+
     def _record(self, decision: ReshardDecision, new: Any, *, step: int, bytes_moved: int, seconds: float,
                 replica: Optional[int]) -> None:
         """The move's :class:`ReplanEvent`, and its INFO line (TP rank 0 of the replica that moved)."""
@@ -328,5 +388,7 @@ class Resharder:
                "events": [e.as_dict() for e in self.events]}
         if self.per_replica:
             out["plans"] = [str(p) for p in self.plans]  # every replica's, in DP rank order
+        if self.joint is not None:
+            out.update(samples=list(self.samples), joint_replans=list(self.joint_replans))
         return out
 

@@ -76,9 +76,11 @@ def check_reshard(mode: str, model: Any, plugin: Any, reshard: Any, optimizer: A
 
 
 def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str, balance_config: Any,
-                   reshard: Any, iterations_per_epoch: Optional[int]):
+                   reshard: Any, iterations_per_epoch: Optional[int], *, batch: Any = None):
     """The :class:`~semimig.resharder.Resharder` and the function that rebuilds the controller on
-    the new shapes after a move (the controller's binding caches every layer's shape)."""
+    the new shapes after a move (the controller's binding caches every layer's shape).  ``batch`` (a
+    :class:`~semimig.hybrid.split.BatchSplit`, plain DP with several replicas): the re-sharder also owns
+    the split, every replica's plan and it chosen by one planner (:mod:`semimig.resharder.joint`)."""
     from semimig.controller import BalanceController
     from semimig.nn.balanced import BalancedLinearMixin
 
@@ -143,8 +145,16 @@ def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str
                     "rank at each TP position (ZeRO's flat gradient buckets and master shards need equal shapes "
                     "across the data-parallel group; zero_stage=0 lets each replica plan for itself)",
                     zero_stage, replicas)
+    joint = None
+    if batch is not None and replicas > 1 and zero_stage == 0:
+        from semimig.resharder.joint import joint_setup
+        from semimig.resharder.plans import params_per_unit
+        from semimig.shardformer.uneven import model_dims
+
+        units = params_per_unit(config, model_dims(config), plan.block_size)
+        joint = joint_setup(model, optimizer, plugin, plan, batch, units=units, min_units=reshard.min_units)
     resharder = Resharder(plan, config, group=group, move=move, config=reshard, replicas=replicas,
                           world_group=None, dp_rank=P.group_rank(plugin.dp_group) if replicas > 1 else 0,
                           dp_group=plugin.dp_group if replicas > 1 else None,
-                          move_replicas=move_replicas if replicas > 1 and zero_stage == 0 else None)
+                          move_replicas=move_replicas if replicas > 1 and zero_stage == 0 else None, joint=joint)
     return resharder, rebuild
