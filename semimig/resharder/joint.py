@@ -32,7 +32,7 @@ from semimig.errors import ConfigError
 from semimig.sharding.jobmodel import JointProblem, UnitKind, from_measured, state_bytes_per_param
 from semimig.sharding.plan import ShardPlan
 
-__all__ = ["JointSetup", "even_samples", "joint_problem", "joint_setup", "per_mean_batch"]
+__all__ = ["JointSetup", "even_samples", "joint_problem", "joint_setup", "own_compute", "per_mean_batch"]
 
 KINDS = ("mlp", "kv")
 """The paired dimensions a plan splits, in the policies' order."""
@@ -82,8 +82,11 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
     if any(not window for window in windows):
         return None
     mean = setup.global_batch / setup.dp
-    compute = [[statistics.median(s.compute_s[r] for s in window) * b / mean for r in range(len(window[0].compute_s))]
-               for window, b in zip(windows, samples)]
+    tp = len(windows[0][0].compute_s)
+    own = own_compute([[statistics.median(s.compute_s[r] for s in w) for r in range(tp)] for w in windows],
+                      [[statistics.median(s.shardable_s[r] for s in w) for r in range(tp)] for w in windows],
+                      [policy.shares() for policy in policies])
+    compute = [[c * b / mean for c in row] for row, b in zip(own, samples)]
     k = sum(policy.replicated_ratio for policy in policies) / len(policies)
     kinds = tuple(UnitKind(name=name, total_units=plan.total_units, work_per_sample=float(weight),
                            min_units=setup.min_units, bytes_per_unit=nbytes)
@@ -92,6 +95,30 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
     return from_measured(compute, samples, [policy.plans for policy in policies], replicated_over_shardable=k,
                          kinds=kinds, global_batch=setup.global_batch, capacity_bytes=setup.capacity_bytes,
                          fixed_bytes=setup.fixed_bytes)
+
+
+def own_compute(compute: Sequence[Sequence[float]], shardable: Sequence[Sequence[float]],
+                shares: Sequence[Sequence[float]]) -> list[list[float]]:
+    """Every rank's compute seconds without its wait for a slower replica.
+
+    A replica faster than another waits for it in the data-parallel gradient reduction, and where that
+    reduction is not one of the collectives the step clock splits off (Colossal-AI's DDP all-reduce under
+    the step clock) the wait reads as compute, on every rank of the replica alike.  The shardable seconds
+    (the paired layers' own spans) hold no such wait: per replica ``α_d`` is the median over its ranks
+    holding units of ``share·compute/shardable`` (compute per unit of shardable speed), and a replica whose
+    ``α_d`` is above the slowest replica's (the largest compute: it waits for no one) has its compute
+    scaled by ``α_slowest/α_d``; never up."""
+    alphas = []
+    for c_row, s_row, p_row in zip(compute, shardable, shares):
+        ratios = [p * c / s for c, s, p in zip(c_row, s_row, p_row) if s > 0.0 and p > 0.0]
+        alphas.append(statistics.median(ratios) if ratios else None)
+    slowest = max(range(len(compute)), key=lambda d: (max(compute[d]), -d))
+    base = alphas[slowest]
+    out = []
+    for c_row, alpha in zip(compute, alphas):
+        scale = min(1.0, base / alpha) if base is not None and alpha else 1.0
+        out.append([c * scale for c in c_row])
+    return out
 
 
 def as_policy_plans(plans: Sequence[ShardPlan], like: Sequence[ShardPlan]) -> tuple[ShardPlan, ...]:
