@@ -83,11 +83,11 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
         return None
     mean = setup.global_batch / setup.dp
     tp = len(windows[0][0].compute_s)
+    k = sum(policy.replicated_ratio for policy in policies) / len(policies)
     own = own_compute([[statistics.median(s.compute_s[r] for s in w) for r in range(tp)] for w in windows],
                       [[statistics.median(s.shardable_s[r] for s in w) for r in range(tp)] for w in windows],
-                      [policy.shares() for policy in policies])
+                      [policy.shares() for policy in policies], k)
     compute = [[c * b / mean for c in row] for row, b in zip(own, samples)]
-    k = sum(policy.replicated_ratio for policy in policies) / len(policies)
     kinds = tuple(UnitKind(name=name, total_units=plan.total_units, work_per_sample=float(weight),
                            min_units=setup.min_units, bytes_per_unit=nbytes)
                   for name, plan, weight, nbytes in zip(KINDS, policies[0].plans, policies[0].weights,
@@ -98,27 +98,24 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
 
 
 def own_compute(compute: Sequence[Sequence[float]], shardable: Sequence[Sequence[float]],
-                shares: Sequence[Sequence[float]]) -> list[list[float]]:
+                shares: Sequence[Sequence[float]], k: float) -> list[list[float]]:
     """Every rank's compute seconds without its wait for a slower replica.
 
     A replica faster than another waits for it in the data-parallel gradient reduction, and where that
     reduction is not one of the collectives the step clock splits off (Colossal-AI's DDP all-reduce under
     the step clock) the wait reads as compute, on every rank of the replica alike.  The shardable seconds
-    (the paired layers' own spans) hold no such wait: per replica ``α_d`` is the median over its ranks
-    holding units of ``share·compute/shardable`` (compute per unit of shardable speed), and a replica whose
-    ``α_d`` is above the slowest replica's (the largest compute: it waits for no one) has its compute
-    scaled by ``α_slowest/α_d``; never up."""
-    alphas = []
+    ``s`` (the paired layers' own spans) hold no such wait, and under the step model a rank at share ``p``
+    computes ``s·(k + p)/p`` (``k = R/S``): replica ``d``'s wait ``W_d`` is the median over its ranks
+    holding units of ``compute − s·(k + p)/p``, and every rank's compute drops by ``W_d − min_d W_d``
+    (the slowest replica waits for no one; a bias of the model common to all replicas cancels)."""
+    waits = []
     for c_row, s_row, p_row in zip(compute, shardable, shares):
-        ratios = [p * c / s for c, s, p in zip(c_row, s_row, p_row) if s > 0.0 and p > 0.0]
-        alphas.append(statistics.median(ratios) if ratios else None)
-    slowest = max(range(len(compute)), key=lambda d: (max(compute[d]), -d))
-    base = alphas[slowest]
-    out = []
-    for c_row, alpha in zip(compute, alphas):
-        scale = min(1.0, base / alpha) if base is not None and alpha else 1.0
-        out.append([c * scale for c in c_row])
-    return out
+        excess = [c - s * (k + p) / p for c, s, p in zip(c_row, s_row, p_row) if s > 0.0 and p > 0.0]
+        waits.append(statistics.median(excess) if excess else None)
+    known = [w for w in waits if w is not None]
+    least = min(known) if known else 0.0
+    return [[max(c - (w - least), 1e-9 * c) if w is not None else c for c in c_row]
+            for c_row, w in zip(compute, waits)]
 
 
 def as_policy_plans(plans: Sequence[ShardPlan], like: Sequence[ShardPlan]) -> tuple[ShardPlan, ...]:
