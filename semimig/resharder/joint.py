@@ -86,7 +86,7 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
     k = sum(policy.replicated_ratio for policy in policies) / len(policies)
     own = own_compute([[statistics.median(s.compute_s[r] for s in w) for r in range(tp)] for w in windows],
                       [[statistics.median(s.shardable_s[r] for s in w) for r in range(tp)] for w in windows],
-                      [policy.shares() for policy in policies], k)
+                      [policy.shares() for policy in policies])
     compute = [[c * b / mean for c in row] for row, b in zip(own, samples)]
     kinds = tuple(UnitKind(name=name, total_units=plan.total_units, work_per_sample=float(weight),
                            min_units=setup.min_units, bytes_per_unit=nbytes)
@@ -98,24 +98,25 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
 
 
 def own_compute(compute: Sequence[Sequence[float]], shardable: Sequence[Sequence[float]],
-                shares: Sequence[Sequence[float]], k: float) -> list[list[float]]:
+                shares: Sequence[Sequence[float]]) -> list[list[float]]:
     """Every rank's compute seconds without its wait for a slower replica.
 
     A replica faster than another waits for it in the data-parallel gradient reduction, and where that
     reduction is not one of the collectives the step clock splits off (Colossal-AI's DDP all-reduce under
     the step clock) the wait reads as compute, on every rank of the replica alike.  The shardable seconds
-    ``s`` (the paired layers' own spans) hold no such wait, and under the step model a rank at share ``p``
-    computes ``s·(k + p)/p`` (``k = R/S``): replica ``d``'s wait ``W_d`` is the median over its ranks
-    holding units of ``compute − s·(k + p)/p``, and every rank's compute drops by ``W_d − min_d W_d``
-    (the slowest replica waits for no one; a bias of the model common to all replicas cancels)."""
-    waits = []
+    ``s`` (the paired layers' own spans) hold no such wait, and a rank at share ``p`` that waits for no one
+    has ``α = p·c/s = k + p`` whatever its speed.  Per replica ``α_d`` is the median over its ranks holding
+    units; the least is a replica that waits for no one, and every other replica's compute is scaled by
+    ``min α/α_d`` (a first-order correction: the wait read as a factor of the step)."""
+    alphas = []
     for c_row, s_row, p_row in zip(compute, shardable, shares):
-        excess = [c - s * (k + p) / p for c, s, p in zip(c_row, s_row, p_row) if s > 0.0 and p > 0.0]
-        waits.append(statistics.median(excess) if excess else None)
-    known = [w for w in waits if w is not None]
-    least = min(known) if known else 0.0
-    return [[max(c - (w - least), 1e-9 * c) if w is not None else c for c in c_row]
-            for c_row, w in zip(compute, waits)]
+        ratios = [p * c / s for c, s, p in zip(c_row, s_row, p_row) if s > 0.0 and p > 0.0]
+        alphas.append(statistics.median(ratios) if ratios else None)
+    known = [a for a in alphas if a]
+    if not known:
+        return [list(row) for row in compute]
+    base = min(known)
+    return [[c * (base / a if a else 1.0) for c in c_row] for c_row, a in zip(compute, alphas)]
 
 
 def as_policy_plans(plans: Sequence[ShardPlan], like: Sequence[ShardPlan]) -> tuple[ShardPlan, ...]:

@@ -35,13 +35,12 @@ def test_per_mean_batch_scales_the_work_not_the_collectives():
 
 
 def test_own_compute_takes_the_wait_for_the_slower_replica_out():
-    # k = R/S = 0.5, share 0.5 each: a rank computes 2x its shardable seconds.  Replica 1's rank 1 is 4x
+    # k = R/S = 0.5 (read from the replicas), share 0.5 each: a rank computes 2x its shardable seconds.  Replica 1's rank 1 is 4x
     # slow (8 s); replica 0 (healthy, 2 s of work) waits 6 s for it in the gradient reduction, read as compute
     compute = [[8.0, 8.0], [2.0, 8.0]]
     shardable = [[1.0, 1.0], [1.0, 4.0]]
     shares = [[0.5, 0.5], [0.5, 0.5]]
-    own = own_compute(compute, shardable, shares, 0.5)
+    own = own_compute(compute, shardable, shares)
     assert own[1] == [2.0, 8.0]  # the slowest replica waits for no one: as measured
-    assert own[0] == pytest.approx([2.0, 2.0])
-    # a model biased alike for every replica (k read as 0.3) moves nothing when nobody waits
-    assert own_compute([[2.0, 2.0], [2.0, 2.0]], [[1.0, 1.0]] * 2, shares, 0.3) == [[2.0, 2.0], [2.0, 2.0]]
+    assert own[0] == pytest.approx([2.0, 2.0])  # alpha 4 against 1: its compute scaled by a quarter
+    assert own_compute([[2.0, 2.0], [2.0, 2.0]], [[1.0, 1.0]] * 2, shares) == [[2.0, 2.0], [2.0, 2.0]]
