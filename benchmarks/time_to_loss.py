@@ -137,6 +137,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--share", type=float, default=None, metavar="S",
                    help="real throttle: every rank's share of a core, each in a cgroup of its own (semimig throttle "
                         "--share; default 1 when tp x dp fits the cores, else cores / (tp x dp))")
+    p.add_argument("--batch-split", default=None, choices=("even", "poplar"),
+                   help="dp > 1: the re-sharding and resizing modes split the global batch across the replicas "
+                        "(llm_run.py's --batch-split; with reshard one joint planner chooses every replica's plan "
+                        "and the split); healthy and off keep equal batches")
     p.add_argument("--plot", type=Path, default=None, action=OutputPath,
                    help="PNG: validation loss against training time")
     add_run_flags(p)
@@ -207,12 +211,14 @@ def check_flags_apply(p: argparse.ArgumentParser, args: argparse.Namespace) -> N
         unused.append(("--shard-plan", args.shard_plan))
     if not any(m in RESIZING for m in modes):
         unused += [(f, v) for f, v in (("--reflex", args.reflex), ("--resize-block", args.resize_block)) if v is not None]
+    if args.batch_split is not None and args.dp < 2:
+        unused.append(("--batch-split", args.batch_split))
     if unused:
         flag, value = unused[0]
         p.error(f"{flag} {value} applies to no run of --straggler {args.straggler} --modes {','.join(modes)}: "
                 "drop it (--fraction/--period-us/--share/--straggler-rank: the real throttle; --chi: device or gemm; "
                 "--shard-plan: uneven; "
-                "--reflex/--resize-block: the resizing modes)")
+                "--reflex/--resize-block: the resizing modes; --batch-split: --dp 2 or more)")
     args.period_us = 4000 if args.period_us is None else args.period_us
     args.shard_plan = "28,4:3,1" if args.shard_plan is None else args.shard_plan
     args.reflex = "on" if args.reflex is None else args.reflex
@@ -304,6 +310,8 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
         example += ["--no-paired"]
     if mode == "uneven":
         example += ["--shard-plan", args.shard_plan]
+    if getattr(args, "batch_split", None) and mode not in ("healthy", "off", "uneven"):
+        example += ["--batch-split", args.batch_split]
     if args.resize_block is not None and mode.startswith(("zero-pri", "semi")):
         example += ["--resize-block", str(args.resize_block)]
     if args.reflex != "on" and mode in RESIZING:  # the resizing modes' reflex: the others refuse the flag

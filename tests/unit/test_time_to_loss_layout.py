@@ -112,3 +112,17 @@ def test_device_vs_throttle_still_builds_tp_2_commands(tmp_path):
     cmd = load_script("benchmarks/time_to_loss.py", "time_to_loss_layout_dvt").command(args, "off", tmp_path / "x.json")
     assert cmd[:2] == [sys.executable, "-m"] and "--share" not in cmd
     assert (_value(cmd, "--rank"), _value(cmd, "--nproc_per_node"), _value(cmd, "--tp")) == ("1", "2", "2")
+
+
+def test_batch_split_reaches_the_balancing_modes_of_replicas_only(ttl, tmp_path):
+    args = _parse(ttl, tmp_path, "--tp", "2", "--dp", "2", "--batch-split", "poplar")
+    for mode in ("healthy", "off", "reshard", "semi"):
+        cmd = ttl.command(args, mode, tmp_path / f"{mode}.json")
+        split = _value(cmd, "--batch-split") if "--batch-split" in cmd else None
+        assert split == ("poplar" if mode in ("reshard", "semi") else None), (mode, cmd)
+
+
+def test_batch_split_without_replicas_is_refused(ttl, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        _parse(ttl, tmp_path, "--tp", "4", "--batch-split", "poplar")
+    assert "--batch-split poplar applies to no run" in capsys.readouterr().err
