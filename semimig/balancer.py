@@ -96,14 +96,14 @@ from typing import Any, Iterator, Optional, Union
 import torch
 import torch.nn as nn
 
-from semimig._validate import check_choice, check_int
+from semimig._validate import check_int
 from semimig.errors import ConfigError
+from semimig.modes import ENABLE_MODES, Mode, parse_mode
 
 __all__ = ["Balancer", "PlanView", "enable", "ENABLE_MODES"]
 
 logger = logging.getLogger(__name__)
 
-ENABLE_MODES = ("semi", "mig", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "baseline", "off", "reshard")
 BALANCED_SCHEDULES = ("OneForwardOneBackwardSchedule",)
 
 
@@ -337,14 +337,14 @@ def _check_batch(batch: Any, plugin: Any) -> None:
                           "micro-batches are the schedule's, not the batch plan's")
 
 
-def _config(mode: Optional[str], straggler: Any, config: Any):
+def _config(mode: Optional[str], straggler: Any, config: Any) -> tuple[Mode, Any]:
     from semimig.controller import BalanceConfig
 
     if config is not None and not isinstance(config, BalanceConfig):
         raise ConfigError(f"config must be a BalanceConfig or None, got {config!r}")
     base = config or BalanceConfig()
-    mode = base.mode if mode is None else check_choice("mode", mode, ENABLE_MODES)
-    changes = {"mode": {"off": "baseline", "reshard": "baseline"}.get(mode, mode)}
+    mode = base.mode if mode is None else parse_mode(mode)
+    changes = {"mode": mode.controller_mode}
     if straggler is not None:
         changes["straggler"] = straggler  # a spec string is parsed (and checked) by BalanceConfig
     return mode, dataclasses.replace(base, **changes)

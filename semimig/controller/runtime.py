@@ -65,6 +65,7 @@ from semimig.controller.shedding import ShedDecision, ShedPolicy
 from semimig.controller.timing import RankTiming, observation_problem
 from semimig.controller.trial import MigrationTrial
 from semimig.errors import ConfigError
+from semimig.modes import CONTROLLER_MODES, Mode, parse_mode
 from semimig.migration.exchange import EXCHANGE_POLICIES, make_exchange
 from semimig.nn.balanced import BalancedLinearMixin
 from semimig.resizing.config import ResizingConfig
@@ -77,7 +78,8 @@ from semimig.straggler.nvml import HealthWatch
 
 logger = logging.getLogger(__name__)
 
-MODES = ("baseline", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "mig", "semi")
+MODES = CONTROLLER_MODES
+"""The modes a :class:`BalanceConfig` takes (:data:`semimig.modes.CONTROLLER_MODES`)."""
 DEFAULT_PERIOD = 50
 _NO_COST = CostCurves(omega1=0.0, omega2=Curve.constant(0.0), phi1=Curve.constant(0.0), phi2=Curve.constant(0.0))
 """Mode ``mig`` needs no cost curves (every straggler migrates its whole share)."""
@@ -87,8 +89,8 @@ _NO_COST = CostCurves(omega1=0.0, omega2=Curve.constant(0.0), phi1=Curve.constan
 class BalanceConfig:
     """Everything the runtime needs; validated on construction."""
 
-    mode: str = "semi"
-    """One of :data:`MODES`."""
+    mode: Union[Mode, str] = Mode.SEMI
+    """One of :data:`MODES`, as a :class:`~semimig.modes.Mode` or its name (held as the ``Mode``)."""
     resizing: ResizingConfig = field(default_factory=ResizingConfig)
     """Pruning settings; for ``zero-*`` modes the variant is taken from the mode name."""
     controller: ControllerConfig = field(default_factory=ControllerConfig)
@@ -108,7 +110,8 @@ class BalanceConfig:
     a sharded head would train the straggler's logits from a fraction of the features."""
 
     def __post_init__(self) -> None:
-        check_choice("BalanceConfig.mode", self.mode, MODES)
+        mode = parse_mode(self.mode, "BalanceConfig.mode", map(Mode, MODES))
+        object.__setattr__(self, "mode", mode)
         for name, kind in (("resizing", ResizingConfig), ("controller", ControllerConfig)):
             if not isinstance(getattr(self, name), kind):
                 raise ConfigError(f"BalanceConfig.{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
@@ -122,18 +125,18 @@ class BalanceConfig:
         check_choice("BalanceConfig.exchange", self.exchange, EXCHANGE_POLICIES)
         check_int("BalanceConfig.interval", self.interval, minimum=1, maximum=10**6)
         object.__setattr__(self, "dense_layers", check_str_tuple("BalanceConfig.dense_layers", self.dense_layers))
-        if self.mode.startswith("zero-"):
-            object.__setattr__(self, "resizing", dataclasses.replace(self.resizing, variant=self.mode[5:]))
-        plan_mode = {"baseline": "baseline", "mig": "mig", "semi": "semi"}.get(self.mode, "zero")
+        if mode.variant is not None:
+            object.__setattr__(self, "resizing", dataclasses.replace(self.resizing, variant=mode.variant))
         gamma_max = self.resizing.gamma_max
         default = ControllerConfig.__dataclass_fields__["gamma_max"].default
         if self.controller.gamma_max not in (default, gamma_max):
             raise ConfigError(f"controller.gamma_max={self.controller.gamma_max!r} disagrees with "
                               f"resizing.gamma_max={gamma_max!r}: set it once, on resizing")
-        if self.controller.migrators is not None and self.mode != "semi":
+        if self.controller.migrators is not None and mode is not Mode.SEMI:
             raise ConfigError(f"controller.migrators (λ={self.controller.migrators}) needs mode 'semi', "
                               f"got {self.mode!r}")
-        object.__setattr__(self, "controller", dataclasses.replace(self.controller, mode=plan_mode, gamma_max=gamma_max))
+        object.__setattr__(self, "controller", dataclasses.replace(self.controller, mode=mode.plan_mode,
+                                                                        gamma_max=gamma_max))
 
 
 @dataclass(frozen=True)
@@ -219,7 +222,7 @@ class BalanceController:
         check_int("iterations_per_epoch", iterations_per_epoch, minimum=1, allow_none=True)
         self.config = config
         res = config.resizing
-        prioritized = res.prioritized and config.mode.startswith(("zero", "semi"))
+        prioritized = res.prioritized and config.mode.resizes
         layers = [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
         groups = {id(m.process_group) for m in layers}
         if process_group is None:
@@ -253,7 +256,7 @@ class BalanceController:
         self.meter = BusyMeter(self.injector, device=device, clock=self.step_clock)
         self._untime = P.time_collectives(self.meter.comm)  # semimig's collectives are the step's communication
         self.health = HealthWatch(device, rank=self.rank)  # NVML's clocks and throttle reasons, logged (CUDA only)
-        reflex_config, resizes = config.controller.reflex, config.mode.startswith("zero") or config.mode == "semi"
+        reflex_config, resizes = config.controller.reflex, config.mode.resizes
         on_host = self.step_clock.backend == "host"  # the reflex reads the step's busy time as it runs
         self.reflex = StepReflex(reflex_config, gamma_max=res.gamma_max) if resizes and reflex_config and on_host \
             else None
@@ -274,14 +277,14 @@ class BalanceController:
         ctl = config.controller
         self.timings = [RankTiming(ctl.window, react_steps=ctl.react_steps, change_ratio=ctl.change_ratio,
                                    change_sigmas=ctl.change_sigmas) for _ in range(self.size)]
-        fixed = res.empirical_gamma if res.variant == "pridiff-e" and config.mode.startswith("zero") else None
+        fixed = res.empirical_gamma if res.variant == "pridiff-e" and config.mode.variant is not None else None
         self.policy = ShedPolicy(self.size, ctl, fixed_shed=fixed)
         self.busy_scale: tuple[float, ...] = (1.0,) * self.size
         """Per rank, what its busy time is divided by before it is compared (re-sharding sets it to
         the GEMM time a rank is expected to take under an uneven plan, relative to the least)."""
         self.resize_only: set[int] = set()
         """Mode semi: ranks whose shedding with migration did not pay; they only resize from then on."""
-        wants_trial = ctl.migration_trial and config.mode == "semi" and ctl.migrators is None
+        wants_trial = ctl.migration_trial and config.mode is Mode.SEMI and ctl.migrators is None
         self.trial = MigrationTrial(ctl.migration_trial) if wants_trial else None
         """Mode semi: the wall-time check that migration pays (:mod:`semimig.controller.trial`);
         off when ``ControllerConfig.migrators`` fixes who migrates (the λ sweep)."""
@@ -489,7 +492,7 @@ class BalanceController:
     def _decide(self, previous: GroupActions) -> GroupActions:
         """The next group-level actions from every rank's timing model (identical on every rank)."""
         mode = self.config.mode
-        if mode == "baseline":
+        if mode.is_off:
             return previous
         decision = self.policy.decide(self.iteration, [t.estimate() for t in self.timings],
                                       [t.other_s for t in self.timings])
@@ -500,7 +503,7 @@ class BalanceController:
                 self._trial_events = []
         changed = previous.decision is None or decision.shed != previous.decision.shed or self._replan
         self._replan = False
-        if mode.startswith("zero"):
+        if mode.variant is not None:
             return GroupActions(prune=decision.shed, decision=decision)
         if not any(decision.shed):
             return GroupActions(prune=(0.0,) * self.size, decision=decision)
