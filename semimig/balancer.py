@@ -48,7 +48,9 @@ resizing and migration as the instant reaction; once the shards are uneven it re
 even.  Re-planning needs the model built with a plan in units
 (``SemiMigPolicy(shard_plan=semimig.resharder.even_reshardable_plan(config, tp))``), the optimizer
 hooked and ``pp_size == 1`` (ZeRO-1/2 re-plan in process too: their master shards are gathered,
-moved and cut again); ``mode="reshard"`` refuses anything else by name, ``mode="semi"`` says in one INFO line why it runs without re-sharding.  With ``dp_size > 1``
+moved and cut again); both modes refuse anything else by name.  ``mode="semi"`` on a model that
+takes no plan in units (a model type other than Llama, Qwen2, Mistral, GPT-2 and ViT, or layers
+that hold none) resizes and migrates only, and says so in one INFO line.  With ``dp_size > 1``
 the numbers are gathered over the world; under plain DP (``zero_stage=0``) each replica's TP group
 plans for itself (one policy per replica, a move of any replica moving every replica at the same
 step: :func:`semimig.shardformer.replicas.apply_replica_plans`); under ZeRO every replica holds one

@@ -31,8 +31,12 @@ def resizing_mode(config: Any) -> str:
 
 
 def check_reshard(mode: str, model: Any, plugin: Any, reshard: Any, optimizer: Any) -> Optional[Any]:
-    """The model's plan in units when this mode re-shards (``None`` for semi on a model that cannot),
-    or :class:`ConfigError` naming what stops it."""
+    """The model's plan in units when this mode re-shards, or :class:`ConfigError` naming what stops it.
+
+    ``None`` when the mode does not re-shard, with ``tp_size == 1``, and for ``semi`` on a model that
+    takes no plan in units (its documented meaning there: resizing and migration, one INFO line).  A
+    model that takes a plan re-shards under ``semi`` as under ``reshard``: what stops the re-plan (the
+    plugin, no ``optimizer=``) is refused in both modes, never served by a quieter ``semi``."""
     if reshard is not None and not isinstance(reshard, ReshardConfig):
         raise ConfigError(f"reshard must be a semimig.controller.reshard.ReshardConfig or None, got {reshard!r}")
     if mode not in ("reshard", "semi") or plugin.tp_size == 1:
@@ -42,8 +46,11 @@ def check_reshard(mode: str, model: Any, plugin: Any, reshard: Any, optimizer: A
     except ConfigError as err:
         if mode == "reshard":
             raise ConfigError(f"mode='reshard': {err}") from None
-        logger.info("semimig: mode=semi without re-sharding (%s)", err)
+        logger.info("semimig: mode=semi resizes and migrates without re-sharding: the model takes no plan in units "
+                    "(%s)", err)
         return None
+    hint = "" if mode == "reshard" else (" (semi re-shards a model that takes a plan in units; mode='zero-pri' "
+                                         "resizes and mode='mig' migrates without re-sharding)")
     blockers = [(plugin.pp_size > 1, f"pp_size={plugin.pp_size} (each stage would re-plan alone)"),
                 (getattr(plugin, "dp_size", 1) > 1 and plugin.tp_size * plugin.dp_size != dist.get_world_size(),
                  f"tp_size={plugin.tp_size} x dp_size={getattr(plugin, 'dp_size', 1)} != world size "
@@ -54,24 +61,15 @@ def check_reshard(mode: str, model: Any, plugin: Any, reshard: Any, optimizer: A
                  "zero_stage>0 with cpu_offload=True (its masters live on the host)")]
     for blocked, why in blockers:
         if blocked:
-            if mode == "reshard":
-                raise ConfigError(f"mode='reshard' cannot re-plan with {why}")
-            logger.info("semimig: mode=semi without re-sharding: %s", why)
-            return None
+            raise ConfigError(f"mode='{mode}' cannot re-plan with {why}{hint}")
     try:
         import semimig.shardformer.replan  # noqa: F401  (the mechanics that move weights and optimizer state)
     except ImportError:
-        if mode == "reshard":
-            raise ConfigError("mode='reshard' needs semimig.shardformer.replan (apply_plan), which this install "
-                              "lacks") from None
-        logger.info("semimig: mode=semi without re-sharding: semimig.shardformer.replan is missing")
-        return None
+        raise ConfigError(f"mode='{mode}' needs semimig.shardformer.replan (apply_plan), which this install "
+                          f"lacks{hint}") from None
     if optimizer is None:
-        if mode == "reshard":
-            raise ConfigError("mode='reshard' moves the optimizer state with the weights: pass optimizer= (the "
-                              "boosted optimizer)")
-        logger.info("semimig: mode=semi without re-sharding: no optimizer= to move the state of")
-        return None
+        raise ConfigError(f"mode='{mode}' moves the optimizer state with the weights: pass optimizer= (the "
+                          f"boosted optimizer){hint}")
     return plan
 
 
