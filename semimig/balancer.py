@@ -41,7 +41,8 @@ Re-sharding (DESIGN §8).  ``mode="reshard"`` is exact and never prunes: the lay
 the pure :class:`~semimig.controller.reshard.ReshardPolicy` every rank's split of the step; when
 a straggler has stayed (its speed ratio stable over a window) and the predicted gain over a
 horizon pays for the move, every changed unit's weights and optimizer state move once
-(:func:`semimig.shardformer.replan.apply_plan`) and the controller is rebuilt on the new shapes.
+(:func:`semimig.shardformer.replan.apply_plan`) and the controller is rebound to the new shapes
+(the same controller and configuration; its phase changes, :meth:`~semimig.controller.BalanceController.set_phase`).
 ``mode="semi"`` on a model that can re-plan does the same for the straggler that stays and keeps
 resizing and migration as the instant reaction; once the shards are uneven it resizes only
 (migration assumes equal K per rank; the log says so) and migrates again if a re-plan returns to
@@ -150,7 +151,7 @@ class Balancer:
     """The handle :func:`enable` returns: the controller, the latest report, and the hook."""
 
     def __init__(self, controller: Any, layers: list, *, optimizer: Any = None, log_every: int = 0,
-                 active: bool = True, resharder: Any = None, rebuild: Any = None, hybrid: Any = None) -> None:
+                 active: bool = True, resharder: Any = None, rebind: Any = None, hybrid: Any = None) -> None:
         self.controller = controller
         self._layers = layers
         self.hybrid = hybrid
@@ -161,7 +162,9 @@ class Balancer:
         self.resharder = resharder
         """Mode ``reshard`` (and ``semi`` on a model that can re-plan): the
         :class:`~semimig.resharder.Resharder` fed after every step; ``None`` otherwise."""
-        self._rebuild = rebuild
+        self._rebind = rebind
+        """With a resharder: ``rebind(controller, plan, settled=...)`` sets the controller's phase for the
+        plan in force and rebinds it to the new shapes after a move (the bound layers; ``None``: unchanged)."""
         if resharder is not None:
             controller.meter.marks_spans = True  # the policy reads the pair spans (semimig.straggler.busy)
         self.active = active
@@ -170,7 +173,7 @@ class Balancer:
         """The latest :class:`~semimig.controller.StepReport` (``None`` before the first step)."""
         self.steps = 0
         self._view: Optional[PlanView] = None
-        self._rebuilt = False  # the controller was rebuilt for new shards: its next plan is not the run's first
+        self._rebound = False  # the controller was rebound to new shards: its next plan is not the run's first
         self._warned = False
         self._optimizer = None
         self._speaks = controller is None or controller.rank == 0
@@ -203,13 +206,10 @@ class Balancer:
         if self.resharder is not None:
             plan = self.resharder.observe(report)  # collective; equal on every rank
             if plan is not None or self.resharder.settled_now:
-                rebuilt = self._rebuild(self.controller, self.resharder.plan, settled=plan is None)
-                if rebuilt is not None:
-                    self.controller, self._layers = rebuilt
-                    self.controller.meter.marks_spans = True
-                    if self.hybrid is not None:
-                        self.hybrid.controller = self.controller
-                    self._view, self._rebuilt = None, True
+                layers = self._rebind(self.controller, self.resharder.plan, settled=plan is None)
+                if layers is not None:
+                    self._layers = layers
+                    self._view, self._rebound = None, True
         return report
 
     def micro_batches(self, batch: Any) -> list:
@@ -276,7 +276,7 @@ class Balancer:
             return
         step = report.iteration
         if previous is None:
-            what = "plan on the new shards" if self._rebuilt else "first plan"
+            what = "plan on the new shards" if self._rebound else "first plan"
             logger.info("semimig step %d: %s: %s", step, what, view.describe())
         else:
             for rank in view.flagged:
@@ -349,6 +349,8 @@ def _config(mode: Optional[str], straggler: Any, config: Any) -> tuple[Mode, Any
     changes = {"mode": mode.controller_mode}
     if straggler is not None:
         changes["straggler"] = straggler  # a spec string is parsed (and checked) by BalanceConfig
+    if all(getattr(base, name) == value for name, value in changes.items()):
+        return mode, base  # the caller's configuration itself
     return mode, dataclasses.replace(base, **changes)
 
 
@@ -439,7 +441,7 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
     log_every = check_int("log_every", log_every, minimum=0)
     mode, balance_config = _config(mode, straggler, config)
     _check_batch(batch, plugin)
-    from semimig.resharder import check_reshard, make_resharder, resizing_mode
+    from semimig.resharder import check_reshard, make_resharder
     from semimig.nn.balanced import BalancedLinearMixin
 
     layers = [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
@@ -461,32 +463,33 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
                           "tensor-parallel shards (SemiMigPolicy(shard_plan=...)): use 'semi', 'reshard', a zero-* "
                           "mode or 'off'")
     plan = check_reshard(mode, model, plugin, reshard, optimizer)
-    if balance_config.mode == "semi" and uneven:
-        balance_config = dataclasses.replace(balance_config, mode=resizing_mode(balance_config))
-        logger.info("semimig: mode=semi on uneven shards: resizing only (%s), migration off (it assumes equal K "
-                    "per rank)", balance_config.mode)
     from semimig.controller import BalanceController
 
     controller = BalanceController(model, balance_config, process_group=plugin.tp_group,
                                    iterations_per_epoch=iterations_per_epoch)
-    resharder = rebuild = None
+    if uneven:
+        controller.set_phase(even=False)  # before any step: nothing decided yet to restart
+        if mode is Mode.SEMI and controller.rank == 0:
+            logger.info("semimig: mode=semi on uneven shards: resizing only (as %s), migration off (it assumes "
+                        "equal K per rank)", controller.acting)
+    resharder = rebind = None
     if plan is not None:
-        resharder, rebuild = make_resharder(model, optimizer, plugin, plan, mode, balance_config, reshard,
-                                            iterations_per_epoch)
+        resharder, rebind = make_resharder(model, optimizer, plugin, plan, mode, balance_config, reshard,
+                                           iterations_per_epoch)
         if resharder.probe(controller.clock, dtype=_param_dtype(model)) is not None:  # a device slow from the start
-            controller, layers = rebuild(controller, resharder.plan, settled=False)
+            layers = rebind(controller, resharder.plan, settled=False)
         else:
             controller.restart_step()  # the probe's time is no step's work
     if controller.rank == 0:
         logger.info("semimig: %d semimig layers in a tensor-parallel group of %d, mode=%s, straggler=%s "
                     "(output heads named %s stay dense)%s", len(layers), controller.size,
-                    mode if mode == "reshard" else balance_config.mode, balance_config.straggler.to_cli(),
+                    mode if mode == "reshard" else controller.acting, balance_config.straggler.to_cli(),
                     "/".join(balance_config.dense_layers),
                     f"; re-sharding from {plan}" if plan is not None else "")
     try:
         hybrid = None if batch is None else batch.hybrid_balancer(plugin, controller=controller)
         return Balancer(controller, layers, optimizer=optimizer, log_every=log_every, resharder=resharder,
-                        rebuild=rebuild, hybrid=hybrid)
+                        rebind=rebind, hybrid=hybrid)
     except BaseException:
         for layer in layers:  # undo the controller's binding: a corrected call must not find it "balanced"
             layer.directive = None

@@ -193,7 +193,8 @@ def _refusal_body(rank, world):
         held = []
         out[f"{mode}_uneven"] = pc.outcome(lambda: held.append(semimig.enable(model, plugin, optimizer=optimizer,
                                                                                mode=mode)))
-        out[f"{mode}_uneven_controller"] = held[0].controller.config.mode if held else None
+        out[f"{mode}_uneven_controller"] = (held[0].controller.config.mode.value, held[0].controller.acting.value) \
+            if held else None
         out[f"{mode}_uneven_resharder"] = held[0].resharder is not None if held else None
         if held and held[0].resharder is not None:
             out[f"{mode}_first_steps"] = held[0].resharder.policy.config.first_steps
@@ -215,13 +216,13 @@ def test_refusals_name_the_problem():
         assert out["semi_no_optimizer"].startswith("ConfigError: mode='semi' moves the optimizer state") and \
             "mode='zero-pri' resizes" in out["semi_no_optimizer"], out
         assert out["reshard_plain_policy"] == "ok" and "mlp=[4, 4] x 128" in out["plain_policy_plan"], out
-        assert out["semi_uneven"] == "ok" and out["semi_uneven_controller"] == "zero-pri"
+        assert out["semi_uneven"] == "ok" and out["semi_uneven_controller"] == ("semi", "zero-pri")
         assert out["semi_uneven_resharder"] is True
         # the same policy in both modes, its config taken as given: the first decision reads N_MIN steps
         assert out["reshard_first_steps"] == out["semi_first_steps"] == 3, out
     else:
         assert "semimig.shardformer.replan" in out["reshard_no_optimizer"]
-        assert out["semi_uneven"] == "ok" and out["semi_uneven_controller"] == "zero-pri"
+        assert out["semi_uneven"] == "ok" and out["semi_uneven_controller"] == ("semi", "zero-pri")
         assert out["semi_uneven_resharder"] is False
 
 
