@@ -16,8 +16,8 @@ A mode is what :func:`semimig.enable` does against a straggler (the README's tab
     nothing balanced: the layers are only timed (and slowed by a test straggler).  ``off`` is
     ``enable``'s word for it.
 
-Strings are accepted wherever a mode is: ``Mode("semi") is Mode.SEMI``, ``Mode.SEMI == "semi"``
-and ``f"{Mode.SEMI}" == "semi"``.  Importing this module imports neither torch nor Colossal-AI
+Strings are accepted wherever a mode is: ``Mode("semi") is Mode.SEMI``, ``Mode.SEMI == "semi"``,
+``f"{Mode.SEMI}" == "semi"`` and ``repr(Mode.SEMI) == "'semi'"``.  Importing this module imports neither torch nor Colossal-AI
 (the CLI's ``--help`` lists the modes from it).
 """
 from __future__ import annotations
@@ -50,6 +50,9 @@ class Mode(str, enum.Enum):
 
     def __format__(self, spec: str) -> str:
         return format(self.value, spec)
+
+    def __repr__(self) -> str:
+        return repr(self.value)  # a configuration's repr and a refusal show mode='semi', as the user wrote it
 
     @property
     def resizes(self) -> bool:
