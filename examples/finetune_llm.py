@@ -43,10 +43,12 @@ from typing import Optional
 
 import torch
 
+from semimig.modes import ENABLE_MODES
+
 logger = logging.getLogger("finetune_llm")
 
 PROG = Path(__file__).name
-BALANCE_MODES = ("semi", "mig", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "reshard", "off")
+BALANCE_MODES = tuple(m for m in ENABLE_MODES if m != "baseline")  # "off" is the user's word for it
 TIMEOUT_S = 180.0  # every collective's: a dead or frozen rank fails the run within it, never a silent hang
 LOG_EVERY = 10
 VAL_BATCHES = 8

@@ -41,14 +41,17 @@ Re-sharding (DESIGN §8).  ``mode="reshard"`` is exact and never prunes: the lay
 the pure :class:`~semimig.controller.reshard.ReshardPolicy` every rank's split of the step; when
 a straggler has stayed (its speed ratio stable over a window) and the predicted gain over a
 horizon pays for the move, every changed unit's weights and optimizer state move once
-(:func:`semimig.shardformer.replan.apply_plan`) and the controller is rebuilt on the new shapes.
+(:func:`semimig.shardformer.replan.apply_plan`) and the controller is rebound to the new shapes
+(the same controller and configuration; its phase changes, :meth:`~semimig.controller.BalanceController.set_phase`).
 ``mode="semi"`` on a model that can re-plan does the same for the straggler that stays and keeps
 resizing and migration as the instant reaction; once the shards are uneven it resizes only
 (migration assumes equal K per rank; the log says so) and migrates again if a re-plan returns to
 even.  Re-planning needs the model built with a plan in units
 (``SemiMigPolicy(shard_plan=semimig.resharder.even_reshardable_plan(config, tp))``), the optimizer
 hooked and ``pp_size == 1`` (ZeRO-1/2 re-plan in process too: their master shards are gathered,
-moved and cut again); ``mode="reshard"`` refuses anything else by name, ``mode="semi"`` says in one INFO line why it runs without re-sharding.  With ``dp_size > 1``
+moved and cut again); both modes refuse anything else by name.  ``mode="semi"`` on a model that
+takes no plan in units (a model type other than Llama, Qwen2, Mistral, GPT-2 and ViT, or layers
+that hold none) resizes and migrates only, and says so in one INFO line.  With ``dp_size > 1``
 the numbers are gathered over the world; under plain DP (``zero_stage=0``) each replica's TP group
 plans for itself (one policy per replica, a move of any replica moving every replica at the same
 step: :func:`semimig.shardformer.replicas.apply_replica_plans`); under ZeRO every replica holds one
@@ -100,14 +103,14 @@ from typing import Any, Iterator, Optional, Union
 import torch
 import torch.nn as nn
 
-from semimig._validate import check_choice, check_int
+from semimig._validate import check_int
 from semimig.errors import ConfigError
+from semimig.modes import ENABLE_MODES, Mode, parse_mode
 
 __all__ = ["Balancer", "PlanView", "enable", "ENABLE_MODES"]
 
 logger = logging.getLogger(__name__)
 
-ENABLE_MODES = ("semi", "mig", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "baseline", "off", "reshard")
 BALANCED_SCHEDULES = ("OneForwardOneBackwardSchedule",)
 
 
@@ -152,7 +155,7 @@ class Balancer:
     """The handle :func:`enable` returns: the controller, the latest report, and the hook."""
 
     def __init__(self, controller: Any, layers: list, *, optimizer: Any = None, log_every: int = 0,
-                 active: bool = True, resharder: Any = None, rebuild: Any = None, hybrid: Any = None) -> None:
+                 active: bool = True, resharder: Any = None, rebind: Any = None, hybrid: Any = None) -> None:
         self.controller = controller
         self._layers = layers
         self.hybrid = hybrid
@@ -163,7 +166,9 @@ class Balancer:
         self.resharder = resharder
         """Mode ``reshard`` (and ``semi`` on a model that can re-plan): the
         :class:`~semimig.resharder.Resharder` fed after every step; ``None`` otherwise."""
-        self._rebuild = rebuild
+        self._rebind = rebind
+        """With a resharder: ``rebind(controller, plan, settled=...)`` sets the controller's phase for the
+        plan in force and rebinds it to the new shapes after a move (the bound layers; ``None``: unchanged)."""
         if resharder is not None:
             controller.meter.marks_spans = True  # the policy reads the pair spans (semimig.straggler.busy)
         self.active = active
@@ -172,7 +177,7 @@ class Balancer:
         """The latest :class:`~semimig.controller.StepReport` (``None`` before the first step)."""
         self.steps = 0
         self._view: Optional[PlanView] = None
-        self._rebuilt = False  # the controller was rebuilt for new shards: its next plan is not the run's first
+        self._rebound = False  # the controller was rebound to new shards: its next plan is not the run's first
         self._warned = False
         self._optimizer = None
         self._speaks = controller is None or controller.rank == 0
@@ -208,13 +213,10 @@ class Balancer:
             if samples is not None and self.hybrid is not None and samples != self.hybrid.plan.samples:
                 self.hybrid.adopt(samples)
             if plan is not None or self.resharder.settled_now:
-                rebuilt = self._rebuild(self.controller, self.resharder.plan, settled=plan is None)
-                if rebuilt is not None:
-                    self.controller, self._layers = rebuilt
-                    self.controller.meter.marks_spans = True
-                    if self.hybrid is not None:
-                        self.hybrid.controller = self.controller
-                    self._view, self._rebuilt = None, True
+                layers = self._rebind(self.controller, self.resharder.plan, settled=plan is None)
+                if layers is not None:
+                    self._layers = layers
+                    self._view, self._rebound = None, True
         return report
 
     def micro_batches(self, batch: Any) -> list:
@@ -281,7 +283,7 @@ class Balancer:
             return
         step = report.iteration
         if previous is None:
-            what = "plan on the new shards" if self._rebuilt else "first plan"
+            what = "plan on the new shards" if self._rebound else "first plan"
             logger.info("semimig step %d: %s: %s", step, what, view.describe())
         else:
             for rank in view.flagged:
@@ -344,16 +346,18 @@ def _check_batch(batch: Any, plugin: Any) -> None:
                           "micro-batches are the schedule's, not the batch plan's")
 
 
-def _config(mode: Optional[str], straggler: Any, config: Any):
+def _config(mode: Optional[str], straggler: Any, config: Any) -> tuple[Mode, Any]:
     from semimig.controller import BalanceConfig
 
     if config is not None and not isinstance(config, BalanceConfig):
         raise ConfigError(f"config must be a BalanceConfig or None, got {config!r}")
     base = config or BalanceConfig()
-    mode = base.mode if mode is None else check_choice("mode", mode, ENABLE_MODES)
-    changes = {"mode": {"off": "baseline", "reshard": "baseline"}.get(mode, mode)}
+    mode = base.mode if mode is None else parse_mode(mode)
+    changes = {"mode": mode.controller_mode}
     if straggler is not None:
         changes["straggler"] = straggler  # a spec string is parsed (and checked) by BalanceConfig
+    if all(getattr(base, name) == value for name, value in changes.items()):
+        return mode, base  # the caller's configuration itself
     return mode, dataclasses.replace(base, **changes)
 
 
@@ -444,7 +448,7 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
     log_every = check_int("log_every", log_every, minimum=0)
     mode, balance_config = _config(mode, straggler, config)
     _check_batch(batch, plugin)
-    from semimig.resharder import check_reshard, make_resharder, resizing_mode
+    from semimig.resharder import check_reshard, make_resharder
     from semimig.nn.balanced import BalancedLinearMixin
 
     layers = [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
@@ -466,29 +470,30 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
                           "tensor-parallel shards (SemiMigPolicy(shard_plan=...)): use 'semi', 'reshard', a zero-* "
                           "mode or 'off'")
     plan = check_reshard(mode, model, plugin, reshard, optimizer)
-    if balance_config.mode == "semi" and uneven:
-        balance_config = dataclasses.replace(balance_config, mode=resizing_mode(balance_config))
-        logger.info("semimig: mode=semi on uneven shards: resizing only (%s), migration off (it assumes equal K "
-                    "per rank)", balance_config.mode)
     from semimig.controller import BalanceController
 
     controller = BalanceController(model, balance_config, process_group=plugin.tp_group,
                                    iterations_per_epoch=iterations_per_epoch)
-    resharder = rebuild = None
+    if uneven:
+        controller.set_phase(even=False)  # before any step: nothing decided yet to restart
+        if mode is Mode.SEMI and controller.rank == 0:
+            logger.info("semimig: mode=semi on uneven shards: resizing only (as %s), migration off (it assumes "
+                        "equal K per rank)", controller.acting)
+    resharder = rebind = None
     if plan is not None:
         joint = batch is not None and mode == "reshard"  # every replica's plan and the split: one planner
-        resharder, rebuild = make_resharder(model, optimizer, plugin, plan, mode, balance_config, reshard,
-                                            iterations_per_epoch, batch=batch if joint else None)
+        resharder, rebind = make_resharder(model, optimizer, plugin, plan, mode, balance_config, reshard,
+                                           iterations_per_epoch, batch=batch if joint else None)
         if resharder.samples is not None:  # the split has one owner: the batch balancer only carries it out
             batch = dataclasses.replace(batch, allocation="even", replan=None)
         if resharder.probe(controller.clock, dtype=_param_dtype(model)) is not None:  # a device slow from the start
-            controller, layers = rebuild(controller, resharder.plan, settled=False)
+            layers = rebind(controller, resharder.plan, settled=False)
         else:
             controller.restart_step()  # the probe's time is no step's work
     if controller.rank == 0:
         logger.info("semimig: %d semimig layers in a tensor-parallel group of %d, mode=%s, straggler=%s "
                     "(output heads named %s stay dense)%s", len(layers), controller.size,
-                    mode if mode == "reshard" else balance_config.mode, balance_config.straggler.to_cli(),
+                    mode if mode == "reshard" else controller.acting, balance_config.straggler.to_cli(),
                     "/".join(balance_config.dense_layers),
                     f"; re-sharding from {plan}" if plan is not None else "")
     try:
@@ -500,7 +505,7 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
                             "planner chooses every replica's plan and the split (samples %s); the batch split "
                             "does not re-plan on its own", len(resharder.samples), list(resharder.samples))
         return Balancer(controller, layers, optimizer=optimizer, log_every=log_every, resharder=resharder,
-                        rebuild=rebuild, hybrid=hybrid)
+                        rebind=rebind, hybrid=hybrid)
     except BaseException:
         for layer in layers:  # undo the controller's binding: a corrected call must not find it "balanced"
             layer.directive = None

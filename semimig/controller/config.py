@@ -7,9 +7,11 @@ from typing import Literal, Optional
 from semimig._validate import check_choice, check_int, check_number
 from semimig.controller.reflex import ReflexConfig
 from semimig.errors import ConfigError
+from semimig.modes import PLAN_MODES
 
-Mode = Literal["baseline", "zero", "mig", "semi"]
-MODES: tuple[str, ...] = ("baseline", "zero", "mig", "semi")
+PlanMode = Literal["baseline", "zero", "mig", "semi"]
+MODES: tuple[str, ...] = PLAN_MODES
+"""How shed columns are planned (:attr:`semimig.modes.Mode.plan_mode` of the balancing mode)."""
 ZERO_REFERENCES: tuple[str, ...] = ("mean", "min")
 RECEIVER_POLICIES: tuple[str, ...] = ("non_migrating", "normal")
 
@@ -24,7 +26,7 @@ class ControllerConfig:
     without a sustained, significant imbalance, and a rank whose pruning does not pay backs off.
     """
 
-    mode: Mode = "semi"
+    mode: PlanMode = "semi"
     """``baseline``: every rank normal. ``zero``: every straggler resizes (Eq. 1 against
     ``zero_reference``). ``mig``: every straggler migrates, nobody prunes. ``semi``: Eq. 2 for a
     single straggler, Eq. 3 for several (paper IV-B)."""

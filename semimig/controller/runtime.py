@@ -41,13 +41,13 @@ import logging
 import math
 import time
 import weakref
-from dataclasses import dataclass, field
-from typing import Mapping, Optional, Union
+from typing import Mapping, Optional, Sequence
 
 import torch.nn as nn
 
-from semimig._validate import check_choice, check_int, check_str_tuple, is_int, is_number
+from semimig._validate import check_int
 from semimig.comm import primitives as P
+from semimig.controller.actions import GroupActions, StepReport, check_forced
 from semimig.controller.agreement import (
     ObservationExchange,
     check_agreement,
@@ -55,144 +55,34 @@ from semimig.controller.agreement import (
     exchange_observations,
     plan_digest,
 )
-from semimig.controller.config import ControllerConfig
-from semimig.controller.curves import CostCurves, Curve
-from semimig.controller.plan import GroupPlan, decide_plan
-from semimig.controller.pretest import REFERENCE_COLUMNS, PretestRun, fit_curves
+from semimig.controller.balance_config import MODES, BalanceConfig
 from semimig.controller.binding import LayerBinding
+from semimig.controller.deciding import Decisions
+from semimig.controller.plan import GroupPlan
+from semimig.controller.pretest import PretestRun
 from semimig.controller.reflex import StepReflex
 from semimig.controller.shedding import ShedDecision, ShedPolicy
 from semimig.controller.timing import RankTiming, observation_problem
 from semimig.controller.trial import MigrationTrial
 from semimig.errors import ConfigError
-from semimig.migration.exchange import EXCHANGE_POLICIES, make_exchange
+from semimig.migration.exchange import make_exchange
+from semimig.modes import Mode
 from semimig.nn.balanced import BalancedLinearMixin
-from semimig.resizing.config import ResizingConfig
 from semimig.resizing.pridiff import achieved_savings
 from semimig.straggler.busy import BusyMeter, BusyStats
 from semimig.straggler.clock import make_clock
 from semimig.straggler.device import DeviceClock, DeviceTime
-from semimig.straggler.injection import StragglerConfig, StragglerInjector
+from semimig.straggler.injection import StragglerInjector
 from semimig.straggler.nvml import HealthWatch
+
+__all__ = ["BalanceConfig", "BalanceController", "GroupActions", "MODES", "StepReport"]
 
 logger = logging.getLogger(__name__)
 
-MODES = ("baseline", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "mig", "semi")
 DEFAULT_PERIOD = 50
-_NO_COST = CostCurves(omega1=0.0, omega2=Curve.constant(0.0), phi1=Curve.constant(0.0), phi2=Curve.constant(0.0))
-"""Mode ``mig`` needs no cost curves (every straggler migrates its whole share)."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class BalanceConfig:
-    """Everything the runtime needs; validated on construction."""
-
-    mode: str = "semi"
-    """One of :data:`MODES`."""
-    resizing: ResizingConfig = field(default_factory=ResizingConfig)
-    """Pruning settings; for ``zero-*`` modes the variant is taken from the mode name."""
-    controller: ControllerConfig = field(default_factory=ControllerConfig)
-    """Evidence, Eq. 1-3 settings; its ``mode`` is derived from :attr:`mode`."""
-    straggler: Union[StragglerConfig, str] = field(default_factory=StragglerConfig)
-    """Injected slowdown (benchmarks and tests): a :class:`StragglerConfig` or its CLI spec
-    (``"fixed:1:4"``); ``pattern="none"`` in production."""
-    exchange: str = "broadcast-reduce"
-    """How migrated operands travel: one of ``EXCHANGE_POLICIES``."""
-    interval: int = 1
-    """Re-plan every ``interval`` iterations (the plan is kept in between)."""
-    curves: Optional[CostCurves] = None
-    """SEMI cost curves; ``None`` runs the pretest when the first straggler is flagged."""
-    dense_layers: tuple[str, ...] = ("classifier", "lm_head", "score", "qa_outputs")
-    """Module-name suffixes of layers that never resize or migrate (still timed and slowed): the
-    model's output head.  The paper balances the transformer layers (attention and MLP); pruning
-    a sharded head would train the straggler's logits from a fraction of the features."""
-
-    def __post_init__(self) -> None:
-        check_choice("BalanceConfig.mode", self.mode, MODES)
-        for name, kind in (("resizing", ResizingConfig), ("controller", ControllerConfig)):
-            if not isinstance(getattr(self, name), kind):
-                raise ConfigError(f"BalanceConfig.{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
-        if isinstance(self.straggler, str):
-            object.__setattr__(self, "straggler", StragglerConfig.from_cli(self.straggler))
-        if not isinstance(self.straggler, StragglerConfig):
-            raise ConfigError(f"BalanceConfig.straggler must be a StragglerConfig or a spec like 'fixed:1:4', "
-                              f"got {self.straggler!r}")
-        if self.curves is not None and not isinstance(self.curves, CostCurves):
-            raise ConfigError(f"BalanceConfig.curves must be CostCurves or None, got {self.curves!r}")
-        check_choice("BalanceConfig.exchange", self.exchange, EXCHANGE_POLICIES)
-        check_int("BalanceConfig.interval", self.interval, minimum=1, maximum=10**6)
-        object.__setattr__(self, "dense_layers", check_str_tuple("BalanceConfig.dense_layers", self.dense_layers))
-        if self.mode.startswith("zero-"):
-            object.__setattr__(self, "resizing", dataclasses.replace(self.resizing, variant=self.mode[5:]))
-        plan_mode = {"baseline": "baseline", "mig": "mig", "semi": "semi"}.get(self.mode, "zero")
-        gamma_max = self.resizing.gamma_max
-        default = ControllerConfig.__dataclass_fields__["gamma_max"].default
-        if self.controller.gamma_max not in (default, gamma_max):
-            raise ConfigError(f"controller.gamma_max={self.controller.gamma_max!r} disagrees with "
-                              f"resizing.gamma_max={gamma_max!r}: set it once, on resizing")
-        if self.controller.migrators is not None and self.mode != "semi":
-            raise ConfigError(f"controller.migrators (λ={self.controller.migrators}) needs mode 'semi', "
-                              f"got {self.mode!r}")
-        object.__setattr__(self, "controller", dataclasses.replace(self.controller, mode=plan_mode, gamma_max=gamma_max))
-
-
-@dataclass(frozen=True)
-class StepReport:
-    """What ``step()`` measured for the iteration that just ended and decided for the next."""
-
-    iteration: int
-    busy: BusyStats
-    gamma_target: float
-    """This rank's shed share (pruned + migrated) for the next iteration."""
-    gamma_per_layer: tuple[float, ...]
-    achieved_savings: float
-    migrate: Mapping[int, float]
-    plan: Optional[GroupPlan]
-    decision: Optional[ShedDecision] = None
-    """The group's evidence and shares (flags, unpruned times, reference); ``None`` while forced."""
-    digest: int = 0
-    """Digest of the plan every rank applied in this iteration (checked equal on all ranks)."""
-    device: Optional[DeviceTime] = None
-    """This rank's step split into compute and communication: the step clock's (semimig's own
-    collectives are the communication, :mod:`semimig.straggler.clock`), or under a whole-device test
-    straggler its clock's (:mod:`semimig.straggler.device`).  On CUDA the split of the iteration
-    before (one step late); ``None`` when not resolved."""
-    reflex_gamma: float = 0.0
-    """The share this rank pruned within the step on its own evidence (the step reflex,
-    :mod:`semimig.controller.reflex`); 0 when it did not fire."""
-
-    @property
-    def balanced_share(self) -> Optional[float]:
-        """Share of this rank's own work (``compute_s``) spent in the GEMMs semimig sheds (DESIGN §5's B)."""
-        if self.device is None or self.device.compute_s <= 0:
-            return None
-        return min(self.busy.busy_s / self.device.compute_s, 1.0)
-
-    @property
-    def flagged(self) -> tuple[int, ...]:
-        """The ranks treated as stragglers at this decision (slowest first)."""
-        return () if self.decision is None else self.decision.flagged
-
-
-@dataclass(frozen=True)
-class GroupActions:
-    """A group-level plan: what every rank does (identical on every rank, hence digested)."""
-
-    prune: tuple[float, ...]
-    """Pruned share of every rank's K columns."""
-    migrate: Mapping[int, float] = field(default_factory=dict)
-    """Migrated share per migrating rank."""
-    receivers: Optional[tuple[int, ...]] = None
-    """The plan's receivers (``None``: every non-migrating rank)."""
-    plan: Optional[GroupPlan] = field(default=None, compare=False)
-    decision: Optional[ShedDecision] = field(default=None, compare=False)
-
-    def describe(self, mode: str) -> dict[str, str]:
-        return describe(mode=mode, prune=self.prune, migrate=dict(self.migrate), receivers=self.receivers,
-                        flagged=None if self.decision is None else self.decision.flagged)
-
-
-class BalanceController:
+class BalanceController(Decisions):
     """Per tensor-parallel group: measures, decides and applies balancing for one model.
 
     A plan decided at ``step()`` ``j`` is *pending*: its digest travels in the background
@@ -218,8 +108,8 @@ class BalanceController:
             raise ConfigError(f"config must be a BalanceConfig, got {config!r}")
         check_int("iterations_per_epoch", iterations_per_epoch, minimum=1, allow_none=True)
         self.config = config
-        res = config.resizing
-        prioritized = res.prioritized and config.mode.startswith(("zero", "semi"))
+        """The configuration in force, as given: never rewritten (the phase below is runtime state)."""
+        self._model = model
         layers = [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
         groups = {id(m.process_group) for m in layers}
         if process_group is None:
@@ -229,7 +119,7 @@ class BalanceController:
         self.group = process_group
         self.rank, self.size = P.group_rank(process_group), P.group_size(process_group)
         self.injector = StragglerInjector(config.straggler, self.rank, self.size)  # refuses a bad rank before any hook
-        self.binding = LayerBinding(model, res, config.dense_layers, prioritized=prioritized, rank=self.rank)
+        self.binding = self._bind()
         try:
             self._build(config, process_group, iterations_per_epoch)
         except BaseException:
@@ -253,13 +143,6 @@ class BalanceController:
         self.meter = BusyMeter(self.injector, device=device, clock=self.step_clock)
         self._untime = P.time_collectives(self.meter.comm)  # semimig's collectives are the step's communication
         self.health = HealthWatch(device, rank=self.rank)  # NVML's clocks and throttle reasons, logged (CUDA only)
-        reflex_config, resizes = config.controller.reflex, config.mode.startswith("zero") or config.mode == "semi"
-        on_host = self.step_clock.backend == "host"  # the reflex reads the step's busy time as it runs
-        self.reflex = StepReflex(reflex_config, gamma_max=res.gamma_max) if resizes and reflex_config and on_host \
-            else None
-        """Mode zero-*/semi on a host clock: the rank's own pruning within a step (None: off; off on CUDA,
-        where the open step's events are not read before the step ends)."""
-        self.binding.attach_reflex(self.reflex, self.meter)
         straggler = config.straggler
         self.clock: Optional[DeviceClock] = None
         """The whole-device test straggler (``scope=device``, a pattern configured) and only it: wraps
@@ -271,17 +154,99 @@ class BalanceController:
         self.exchange = make_exchange(config.exchange, process_group)
         self.period = res.period or iterations_per_epoch or DEFAULT_PERIOD
         self.curves = config.curves
-        ctl = config.controller
+        self.iteration, self.epoch = 0, 0
+        self.reports: collections.deque = collections.deque(maxlen=4096)
+        self._nonfinite_warned = False
+        self.holding, self.even = False, True
+        self.busy_scale: tuple[float, ...] = (1.0,) * self.size
+        self._start_decisions()
+
+    def _bind(self) -> LayerBinding:
+        """Bind the model's layers as they are shaped now (the binding caches every layer's shape)."""
+        res = self.config.resizing
+        return LayerBinding(self._model, res, self.config.dense_layers, prioritized=res.prioritized and
+                            self.config.mode.resizes, rank=self.rank)
+
+    # ------------------------------------------------------------------ phase
+    @property
+    def acting(self) -> Mode:
+        """The mode the controller acts in now (:attr:`config.mode <BalanceConfig.mode>` stays as given):
+        ``baseline`` while :attr:`holding`; mode ``semi`` on uneven shards (not :attr:`even`) acts as
+        the ``zero-*`` mode of its resizing variant, since migration assumes equal K per rank."""
+        if self.holding:
+            return Mode.BASELINE
+        if self.config.mode is Mode.SEMI and not self.even:
+            return Mode("zero-" + self.config.resizing.variant)
+        return self.config.mode
+
+    def set_phase(self, *, hold: bool = False, even: bool = True,
+                  busy_scale: Optional[Sequence[float]] = None) -> bool:
+        """Set the runtime state the shards' plan imposes (every rank the same, at the same step):
+        ``hold`` measures only (no decisions, every layer dense), ``even`` says whether every rank
+        holds the same shard shapes (semi migrates only then), ``busy_scale`` (default all 1) what
+        each rank's busy time is divided by before it is compared (the GEMM time a rank is expected
+        to take under an uneven plan, relative to the least).  A change starts the decisions afresh
+        (a dense plan, a new evidence state; the timing models keep their history, the iteration,
+        the injector's phase and fitted cost curves stay); returns whether anything changed."""
+        scale = self._check_scale(busy_scale)
+        if (bool(hold), bool(even), scale) == (self.holding, self.even, self.busy_scale):
+            return False
+        self.holding, self.even, self.busy_scale = bool(hold), bool(even), scale
+        self._restart()
+        return True
+
+    def rebind(self, *, hold: bool = False, even: bool = True,
+               busy_scale: Optional[Sequence[float]] = None) -> list:
+        """Bind the layers again after their shapes changed (a re-shard moved them; every rank at the
+        same step) and set the phase (:meth:`set_phase`), starting the decisions afresh as it does.
+        The controller stays the one in use: its configuration, iteration, epoch, the injector's
+        phase, clocks, reports, fitted cost curves and the timing models' history.  Returns the
+        bound layers."""
+        scale = self._check_scale(busy_scale)
+        self.binding.clear_directives()
+        self.binding.detach()
+        self.binding = self._bind()
+        self.holding, self.even, self.busy_scale = bool(hold), bool(even), scale
+        self._restart()
+        return [b.layer for b in self.binding.layers]
+
+    def _check_scale(self, busy_scale: Optional[Sequence[float]]) -> tuple[float, ...]:
+        if busy_scale is None:
+            return (1.0,) * self.size
+        scale = tuple(float(s) for s in busy_scale)
+        if len(scale) != self.size or not all(math.isfinite(s) and s > 0.0 for s in scale):
+            raise ConfigError(f"busy_scale must hold {self.size} positive finite numbers, got {busy_scale!r}")
+        return scale
+
+    def _restart(self) -> None:
+        """Drop what was decided (the posted exchange is collected and its plans discarded: they
+        were made for the old phase or shapes) and start the decisions afresh."""
+        with self.meter.comm():
+            self._exchange.collect()
+        self._start_decisions()
+        self.restart_step()
+
+    def _start_decisions(self) -> None:
+        """A fresh decision state for the layers as bound and the phase in force: the acting mode's
+        step reflex, evidence policy and migration trial, every layer dense; timing models that
+        continue the previous ones' history (:meth:`RankTiming.carry_history`)."""
+        config, res, ctl, acting = self.config, self.config.resizing, self.config.controller, self.acting
+        on_host = self.step_clock.backend == "host"  # the reflex reads the step's busy time as it runs
+        self.reflex = StepReflex(ctl.reflex, gamma_max=res.gamma_max) \
+            if acting.resizes and ctl.reflex and on_host else None
+        """Mode zero-*/semi on a host clock: the rank's own pruning within a step (None: off; off on CUDA,
+        where the open step's events are not read before the step ends)."""
+        self.binding.attach_reflex(self.reflex, self.meter)
+        before = getattr(self, "timings", ())
         self.timings = [RankTiming(ctl.window, react_steps=ctl.react_steps, change_ratio=ctl.change_ratio,
                                    change_sigmas=ctl.change_sigmas) for _ in range(self.size)]
-        fixed = res.empirical_gamma if res.variant == "pridiff-e" and config.mode.startswith("zero") else None
-        self.policy = ShedPolicy(self.size, ctl, fixed_shed=fixed)
-        self.busy_scale: tuple[float, ...] = (1.0,) * self.size
-        """Per rank, what its busy time is divided by before it is compared (re-sharding sets it to
-        the GEMM time a rank is expected to take under an uneven plan, relative to the least)."""
+        for timing, old in zip(self.timings, before):
+            timing.carry_history(old)  # warm: a slowdown after a move is seen within a few steps
+        fixed = res.empirical_gamma if res.variant == "pridiff-e" and acting.variant is not None else None
+        self.policy = ShedPolicy(self.size, ctl, fixed_shed=fixed, mode=acting.plan_mode)
         self.resize_only: set[int] = set()
         """Mode semi: ranks whose shedding with migration did not pay; they only resize from then on."""
-        wants_trial = ctl.migration_trial and config.mode == "semi" and ctl.migrators is None
+        wants_trial = ctl.migration_trial and acting is Mode.SEMI and ctl.migrators is None
         self.trial = MigrationTrial(ctl.migration_trial) if wants_trial else None
         """Mode semi: the wall-time check that migration pays (:mod:`semimig.controller.trial`);
         off when ``ControllerConfig.migrators`` fixes who migrates (the λ sweep)."""
@@ -292,12 +257,9 @@ class BalanceController:
         """The ranks flagged at the previous ``step()`` (no pretest task in the step that flags one)."""
         self._trial_events: list[str] = []
         self._step_clock: Optional[float] = None
-        self._nonfinite_warned = False
-        self.iteration, self.epoch = 0, 0
         self.forced: Optional[tuple[dict, dict]] = None
-        self.reports: collections.deque = collections.deque(maxlen=4096)
         self._current = self._pending = GroupActions(prune=(0.0,) * self.size)
-        self._exchange = ObservationExchange(process_group, self._collective_device)
+        self._exchange = ObservationExchange(self.group, self._collective_device)
         self._posted: tuple = ({}, {}, self._pending, None)
         """What the posted all-gather checks: the applied plan's description, the pending one's, the
         pending actions themselves (applied once the check passes), and the actions applied in the
@@ -342,7 +304,7 @@ class BalanceController:
         """
         unforce, problem = prune is None and migrate is None, None
         try:
-            prune, migrate = self._check_forced("prune", prune), self._check_forced("migrate", migrate)
+            prune, migrate = check_forced("prune", prune, self.size), check_forced("migrate", migrate, self.size)
             for rank in prune.keys() & migrate.keys():
                 if prune[rank] + migrate[rank] > 1.0:
                     raise ConfigError(f"force: rank {rank} sheds {prune[rank] + migrate[rank]} > 1 of its columns")
@@ -437,7 +399,7 @@ class BalanceController:
             # slowed rank would add to the slowest step of the straggler's onset
             self._advance_pretest()  # its own time is not the next iteration's work or traffic
         self._flagged_before = flagged
-        pending = {**self._pending.describe(self.config.mode), **self._setup}
+        pending = {**self._pending.describe(self.acting.value), **self._setup}
         self._posted = (self._description, pending, self._pending, applied_now)
         # the rest of this rank's own work (ShedPolicy: "The rest of a rank's own work"); unknown (NaN) when the
         # clock saw no compute, or the step's GEMMs were not all timed (a reflex step: its dense time is estimated)
@@ -485,104 +447,6 @@ class BalanceController:
         self._step_clock = now
         return stats, device_time, wall
 
-    # ------------------------------------------------------------------ decisions
-    def _decide(self, previous: GroupActions) -> GroupActions:
-        """The next group-level actions from every rank's timing model (identical on every rank)."""
-        mode = self.config.mode
-        if mode == "baseline":
-            return previous
-        decision = self.policy.decide(self.iteration, [t.estimate() for t in self.timings],
-                                      [t.other_s for t in self.timings])
-        if mode == "semi":
-            decision = self._retry_resizing_only(decision, previous)
-            if self._trial_events:
-                decision = dataclasses.replace(decision, events=decision.events + tuple(self._trial_events))
-                self._trial_events = []
-        changed = previous.decision is None or decision.shed != previous.decision.shed or self._replan
-        self._replan = False
-        if mode.startswith("zero"):
-            return GroupActions(prune=decision.shed, decision=decision)
-        if not any(decision.shed):
-            return GroupActions(prune=(0.0,) * self.size, decision=decision)
-        if not changed and previous.plan is not None:
-            return dataclasses.replace(previous, decision=decision)
-        if mode == "semi" and self.curves is None and self._pretest_run is None:
-            self._start_pretest()
-        controller = self.config.controller
-        if (self.resize_only | self.trial_probing) & set(decision.flagged) or (mode == "semi" and self.curves is None):
-            controller = dataclasses.replace(controller, max_receiver_load=0.0)  # Eq. 2 with no receiver capacity: β = 0
-        plan = decide_plan(decision.unpruned_s, REFERENCE_COLUMNS, self.curves or _NO_COST,
-                           controller, shed=decision.shed)
-        logger.info("semimig plan at iteration %d: %s", self.iteration, plan.summary())
-        return GroupActions(prune=tuple(a.gamma for a in plan.actions),
-                            migrate={a.rank: a.migrate_share for a in plan.actions if a.migrate_share > 0},
-                            receivers=tuple(sorted({r for a in plan.actions for r in a.receivers})) or None,
-                            plan=plan, decision=decision)
-
-    def _retry_resizing_only(self, decision: ShedDecision, previous: GroupActions) -> ShedDecision:
-        """Mode semi: a rank that backs off while it migrates retries with resizing only.
-
-        Migration adds the straggler's own operand hand-out and the receivers' synchronisation to
-        its balanced path; where that makes shedding not pay (a fixed fraction above
-        ``max_fixed_fraction``) resizing alone may still pay, since it has none of migration's
-        hand-out or synchronisation.  So the first back-off of a
-        migrating rank is forgiven, its fitted fixed fraction forgotten, and Eq. 2 splits its
-        share with β = 0 from then on; if resizing does not pay either, it backs off as usual.
-        Identical on every rank (the decision is)."""
-        retried = [r for r in decision.backed_off if previous.migrate.get(r, 0.0) > 0.0 and r not in self.resize_only]
-        for r in retried:
-            self.resize_only.add(r)
-            self.policy.forgive(r)
-            self.timings[r].forget_reduced_work()
-            logger.warning("iteration %d: rank %d: its back-off is lifted: shedding with migration does not pay, "
-                           "so it resizes only from now on",
-                           self.iteration, r)
-        if not retried:
-            return decision
-        return dataclasses.replace(decision, backed_off=tuple(r for r in decision.backed_off if r not in retried))
-
-    @property
-    def trial_probing(self) -> set[int]:
-        """Ranks the migration trial holds at resizing only right now (mode semi)."""
-        return set(self.trial.probing) if self.trial is not None else set()
-
-    def _run_trial(self, shortest_wall: float, wall: float, applied: Optional[GroupActions]) -> None:
-        """Feed SEMI's migration trial the iteration's wall time (the slowest rank's, from the
-        gathered rows: the same number on every rank) and what its applied plan did."""
-        if self.trial is None or applied is None or self.forced or not shortest_wall > 0.0:
-            return
-        verdict = self.trial.observe(wall, {r for r, s in applied.migrate.items() if s > 0.0},
-                                     {r for r, g in enumerate(applied.prune) if g > 0.0})
-        if verdict.probe or verdict.restore or verdict.resize_only:
-            self._replan = True
-        self.resize_only.update(verdict.resize_only)
-        if verdict.message:
-            (logger.warning if verdict.resize_only else logger.info)("iteration %d: %s", self.iteration, verdict.message)
-            self._trial_events.append(verdict.message)
-
-    def _start_pretest(self) -> None:
-        """Mode semi, first straggler: start measuring the cost curves (spread over the next steps)."""
-        layers = self.binding.layers
-        if not all(b.tokens for b in layers):
-            raise RuntimeError("the SEMI pretest needs the token count of every layer: call step() after "
-                               "a training forward/backward, not before")
-        weight = layers[0].layer.weight
-        self._pretest_run = PretestRun(self.binding.pretest_shapes(), self.group, gemm_timer=self.meter,
-                                       device=weight.device, dtype=weight.dtype,
-                                       repeats=self.config.controller.pretest_repeats)
-        logger.info("iteration %d: SEMI pretest started (%d tasks, %s per step); stragglers resize only until "
-                    "it ends", self.iteration, self._pretest_run.remaining,
-                    self.config.controller.pretest_tasks_per_step or "all")
-
-    def _advance_pretest(self) -> None:
-        """Run this step's share of the pretest (collective: every rank, same tasks); fit once done."""
-        run, per_step = self._pretest_run, self.config.controller.pretest_tasks_per_step
-        samples = run.advance(per_step or run.remaining)
-        self.restart_step()  # the pretest's GEMMs are not the next iteration's work
-        if samples is not None:
-            self.curves, self._pretest_run = fit_curves(samples), None
-            self._replan = True  # Eq. 2 may now split the shed share between migration and resizing
-
     def _shed_target(self) -> float:
         """This rank's shed share (pruned + migrated) in force for the next iteration."""
         if self.forced:
@@ -595,20 +459,6 @@ class BalanceController:
             return {r: s for r, s in self.forced[1].items() if s > 0}
         return self._current.migrate
 
-    def _check_forced(self, what: str, table: Optional[Mapping[int, float]]) -> dict[int, float]:
-        if table is None:
-            return {}
-        if not isinstance(table, Mapping):
-            raise ConfigError(f"force({what}=...) must be a mapping rank -> share, got {table!r}")
-        out = {}
-        for rank, share in table.items():
-            if not is_int(rank) or not 0 <= rank < self.size:
-                raise ConfigError(f"force({what}=...): rank {rank!r} must be an int in [0, {self.size})")
-            if not is_number(share) or not 0.0 <= share <= 1.0:
-                raise ConfigError(f"force({what}=...): share for rank {rank} must be a number in [0, 1], got {share!r}")
-            out[int(rank)] = float(share)
-        return dict(sorted(out.items()))  # equal tables describe (and digest) equally, whatever their order
-
     # ------------------------------------------------------------------ directives
     def _apply(self) -> None:
         """Hand the layers the actions in force (forced, or the verified current plan)."""
@@ -616,11 +466,11 @@ class BalanceController:
             gamma = self.forced[0].get(self.rank, 0.0)
             self._gammas = tuple(0.0 if b.dense else gamma for b in self.binding.layers)
             receivers = None
-            self._description = {**describe(mode=self.config.mode, forced=self.forced), **self._setup}
+            self._description = {**describe(mode=self.acting.value, forced=self.forced), **self._setup}
         else:
             self._gammas = self.binding.layer_gammas(self._current.prune[self.rank], self.period)
             receivers = self._current.receivers
-            self._description = {**self._current.describe(self.config.mode), **self._setup}
+            self._description = {**self._current.describe(self.acting.value), **self._setup}
         self._digest = plan_digest(self._description)
         dense = self.binding.apply(iteration=self.iteration, gammas=self._gammas, migrate=self._migrate(),
                                    receivers=receivers, group_size=self.size, rank=self.rank, exchange=self.exchange,

@@ -157,12 +157,16 @@ def _log_band(cfg: ControllerConfig, est: RankEstimate, fast: RankEstimate) -> f
 class ShedPolicy:
     """The evidence state machine of the module docstring, for a group of ``size`` ranks."""
 
-    def __init__(self, size: int, config: ControllerConfig, *, fixed_shed: Optional[float] = None) -> None:
-        """``fixed_shed``: a flagged rank sheds this share instead of Eq. 1 (PriDiff-E's empirical γ)."""
+    def __init__(self, size: int, config: ControllerConfig, *, fixed_shed: Optional[float] = None,
+                 mode: Optional[str] = None) -> None:
+        """``fixed_shed``: a flagged rank sheds this share instead of Eq. 1 (PriDiff-E's empirical γ);
+        ``mode``: the plan mode it decides for (``config.mode`` unless given: the runtime's phase may
+        act in another than the configured one)."""
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
         self.size = size
         self.config = config
+        self.mode = config.mode if mode is None else mode
         self.fixed_shed = fixed_shed
         self.states = [RankState() for _ in range(size)]
 
@@ -282,7 +286,7 @@ class ShedPolicy:
         normal = [est for est, state in zip(estimates, self.states) if not state.flagged]
         if not normal:
             return s_fast
-        if self.config.mode == "zero":
+        if self.mode == "zero":
             if self.config.zero_reference == "mean":
                 return math.fsum(est.unpruned_s for est in normal) / len(normal)
             return s_fast

@@ -23,10 +23,10 @@ data-parallel group.  One INFO line per re-plan (plan, predicted step, move cost
 full window under it has been measured.
 """
 from semimig.resharder.core import Resharder
-from semimig.resharder.enable import check_reshard, make_resharder, resizing_mode
+from semimig.resharder.enable import check_reshard, make_resharder
 from semimig.resharder.events import ReplanEvent
 from semimig.resharder.observe import gemm_scale, probe_times, slowest_per_position, unshed
 from semimig.resharder.plans import even_reshardable_plan, reshardable_plan
 
 __all__ = ["Resharder", "ReplanEvent", "probe_times", "unshed", "slowest_per_position", "reshardable_plan",
-           "even_reshardable_plan", "check_reshard", "make_resharder", "resizing_mode", "gemm_scale"]
+           "even_reshardable_plan", "check_reshard", "make_resharder", "gemm_scale"]

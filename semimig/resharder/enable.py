@@ -3,7 +3,7 @@
 :func:`check_reshard` returns the model's plan in units when the mode re-shards, or refuses by
 name what stops it; :func:`make_resharder` builds the :class:`~semimig.resharder.core.Resharder`
 (one plan per data-parallel replica under plain DP, one shared plan under ZeRO, whose flat buckets
-need equal shapes across the DP group) and the function that rebuilds the controller on the new
+need equal shapes across the DP group) and the function that rebinds the controller to the new
 shapes after a move.
 """
 from __future__ import annotations
@@ -20,19 +20,18 @@ from semimig.errors import ConfigError
 from semimig.resharder.core import Resharder
 from semimig.resharder.plans import reshardable_plan
 
-__all__ = ["check_reshard", "make_resharder", "resizing_mode"]
+__all__ = ["check_reshard", "make_resharder"]
 
 logger = logging.getLogger(__name__)
 
 
-def resizing_mode(config: Any) -> str:
-    """Mode semi on uneven shards: the zero-* mode of its resizing variant (migration assumes equal K)."""
-    return "zero-" + config.resizing.variant
-
-
 def check_reshard(mode: str, model: Any, plugin: Any, reshard: Any, optimizer: Any) -> Optional[Any]:
-    """The model's plan in units when this mode re-shards (``None`` for semi on a model that cannot),
-    or :class:`ConfigError` naming what stops it."""
+    """The model's plan in units when this mode re-shards, or :class:`ConfigError` naming what stops it.
+
+    ``None`` when the mode does not re-shard, with ``tp_size == 1``, and for ``semi`` on a model that
+    takes no plan in units (its documented meaning there: resizing and migration, one INFO line).  A
+    model that takes a plan re-shards under ``semi`` as under ``reshard``: what stops the re-plan (the
+    plugin, no ``optimizer=``) is refused in both modes, never served by a quieter ``semi``."""
     if reshard is not None and not isinstance(reshard, ReshardConfig):
         raise ConfigError(f"reshard must be a semimig.controller.reshard.ReshardConfig or None, got {reshard!r}")
     if mode not in ("reshard", "semi") or plugin.tp_size == 1:
@@ -42,8 +41,11 @@ def check_reshard(mode: str, model: Any, plugin: Any, reshard: Any, optimizer: A
     except ConfigError as err:
         if mode == "reshard":
             raise ConfigError(f"mode='reshard': {err}") from None
-        logger.info("semimig: mode=semi without re-sharding (%s)", err)
+        logger.info("semimig: mode=semi resizes and migrates without re-sharding: the model takes no plan in units "
+                    "(%s)", err)
         return None
+    hint = "" if mode == "reshard" else (" (semi re-shards a model that takes a plan in units; mode='zero-pri' "
+                                         "resizes and mode='mig' migrates without re-sharding)")
     blockers = [(plugin.pp_size > 1, f"pp_size={plugin.pp_size} (each stage would re-plan alone)"),
                 (getattr(plugin, "dp_size", 1) > 1 and plugin.tp_size * plugin.dp_size != dist.get_world_size(),
                  f"tp_size={plugin.tp_size} x dp_size={getattr(plugin, 'dp_size', 1)} != world size "
@@ -54,34 +56,25 @@ def check_reshard(mode: str, model: Any, plugin: Any, reshard: Any, optimizer: A
                  "zero_stage>0 with cpu_offload=True (its masters live on the host)")]
     for blocked, why in blockers:
         if blocked:
-            if mode == "reshard":
-                raise ConfigError(f"mode='reshard' cannot re-plan with {why}")
-            logger.info("semimig: mode=semi without re-sharding: %s", why)
-            return None
+            raise ConfigError(f"mode='{mode}' cannot re-plan with {why}{hint}")
     try:
         import semimig.shardformer.replan  # noqa: F401  (the mechanics that move weights and optimizer state)
     except ImportError:
-        if mode == "reshard":
-            raise ConfigError("mode='reshard' needs semimig.shardformer.replan (apply_plan), which this install "
-                              "lacks") from None
-        logger.info("semimig: mode=semi without re-sharding: semimig.shardformer.replan is missing")
-        return None
+        raise ConfigError(f"mode='{mode}' needs semimig.shardformer.replan (apply_plan), which this install "
+                          f"lacks{hint}") from None
     if optimizer is None:
-        if mode == "reshard":
-            raise ConfigError("mode='reshard' moves the optimizer state with the weights: pass optimizer= (the "
-                              "boosted optimizer)")
-        logger.info("semimig: mode=semi without re-sharding: no optimizer= to move the state of")
-        return None
+        raise ConfigError(f"mode='{mode}' moves the optimizer state with the weights: pass optimizer= (the "
+                          f"boosted optimizer){hint}")
     return plan
 
 
 def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str, balance_config: Any,
                    reshard: Any, iterations_per_epoch: Optional[int], *, batch: Any = None):
-    """The :class:`~semimig.resharder.Resharder` and the function that rebuilds the controller on
-    the new shapes after a move (the controller's binding caches every layer's shape).  ``batch`` (a
+    """The :class:`~semimig.resharder.Resharder` and the function that sets the controller's phase
+    for a plan and rebinds it to the new shapes after a move (its binding caches every layer's
+    shape): the controller and its configuration stay the ones in use.  ``batch`` (a
     :class:`~semimig.hybrid.split.BatchSplit`, plain DP with several replicas): the re-sharder also owns
     the split, every replica's plan and it chosen by one planner (:mod:`semimig.resharder.joint`)."""
-    from semimig.controller import BalanceController
     from semimig.nn.balanced import BalancedLinearMixin
 
     group = plugin.tp_group
@@ -93,34 +86,28 @@ def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str
         report = apply_plan(model, optimizer, new_plan, group=group)
         return int(report.bytes_sent), float(report.seconds)
 
-    def rebuild(old: Any, new_plan: Any, *, settled: bool):
-        """A controller on the new shapes (``None``: keep ``old``).  Mode semi on uneven shards: only
-        measuring until the policy has a full window under the new plan (``settled``), then resizing
-        only, comparing each rank's busy time to the share of it the new plan gives the rank."""
+    def rebind(controller: Any, new_plan: Any, *, settled: bool) -> Optional[list]:
+        """Set ``controller``'s phase for ``new_plan`` and, after a move (not ``settled``), bind it to the
+        new shapes; the bound layers, or ``None`` when nothing changed.  Mode semi on uneven shards:
+        only measuring until the policy has a full window under the new plan (``settled``), then
+        resizing only, comparing each rank's busy time to the share of it the new plan gives the rank;
+        on even shards semi again (migration assumes equal K per rank)."""
         even = len(set(new_plan.mlp_units)) == 1 and len(set(new_plan.kv_units)) == 1
-        if mode == "semi":
-            wanted = "semi" if even else (resizing_mode(balance_config) if settled else "baseline")
+        semi = mode == "semi"
+        phase = dict(hold=semi and not even and not settled, even=even,
+                     busy_scale=resharder.busy_scale() if semi and settled and not even else None)
+        if settled:
+            if not controller.set_phase(**phase):
+                return None
         else:
-            wanted = balance_config.mode
-        if settled and wanted == old.config.mode:
-            return None
-        for layer in (m for m in model.modules() if isinstance(m, BalancedLinearMixin)):
-            layer.directive = None
-        old.close()
-        base = balance_config if wanted == balance_config.mode else dataclasses.replace(balance_config, mode=wanted)
-        if mode == "semi" and old.rank == 0 and wanted != old.config.mode:
-            logger.info("semimig: shards %s: %s", "even again, migration back on (semi)" if even else
-                        "uneven, resizing only (%s) for what varies from step to step, against the busy times "
-                        "measured under the new plan (migration assumes equal K per rank)" % wanted if settled else
-                        "uneven: resizing paused until a window of steps is measured under the new plan", new_plan)
-        new = BalanceController(model, base, process_group=group, iterations_per_epoch=iterations_per_epoch)
-        new.iteration, new.epoch = old.iteration, old.epoch
-        for timing, before in zip(new.timings, old.timings):
-            timing.carry_history(before)  # warm: a slowdown after the move is seen within a few steps
-        new.injector.set_position(old.epoch, old.iteration)  # a time-varying straggler keeps its phase
-        # resizing compares what varies, not the planned split
-        new.busy_scale = resharder.busy_scale() if settled and not even else (1.0,) * resharder.size
-        return new, [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
+            controller.rebind(**phase)
+        if semi and controller.rank == 0:
+            logger.info("semimig: shards %s: %s", new_plan, "even, migration on (semi)" if even else
+                        "uneven, resizing only (as %s) for what varies from step to step, against the busy "
+                        "times measured under the new plan (migration assumes equal K per rank)" % controller.acting
+                        if settled else "uneven: resizing paused until a window of steps is measured under the "
+                        "new plan")
+        return [m for m in model.modules() if isinstance(m, BalancedLinearMixin)]
 
     reshard = reshard or ReshardConfig()  # the same policy in both modes: the config is taken as given
     replicas = int(getattr(plugin, "dp_size", 1))
@@ -157,4 +144,4 @@ def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str
                           world_group=None, dp_rank=P.group_rank(plugin.dp_group) if replicas > 1 else 0,
                           dp_group=plugin.dp_group if replicas > 1 else None,
                           move_replicas=move_replicas if replicas > 1 and zero_stage == 0 else None, joint=joint)
-    return resharder, rebuild
+    return resharder, rebind

@@ -166,6 +166,7 @@ def _refusal_body(rank, world):
     out["reshard_no_optimizer"] = "n/a"
     model, optimizer, _, plugin = _boost()
     out["reshard_no_optimizer"] = pc.outcome(lambda: semimig.enable(model, plugin, mode="reshard").close())
+    out["semi_no_optimizer"] = pc.outcome(lambda: semimig.enable(model, plugin, mode="semi").close())
     # a model built with Colossal-AI's even layout and no plan in units: the plan is read from its layers
     plugin = HybridParallelPlugin(tp_size=2, pp_size=1, precision="fp32", custom_policy=SemiMigPolicy())
     booster = Booster(plugin=plugin)
@@ -192,7 +193,8 @@ def _refusal_body(rank, world):
         held = []
         out[f"{mode}_uneven"] = pc.outcome(lambda: held.append(semimig.enable(model, plugin, optimizer=optimizer,
                                                                                mode=mode)))
-        out[f"{mode}_uneven_controller"] = held[0].controller.config.mode if held else None
+        out[f"{mode}_uneven_controller"] = (held[0].controller.config.mode.value, held[0].controller.acting.value) \
+            if held else None
         out[f"{mode}_uneven_resharder"] = held[0].resharder is not None if held else None
         if held and held[0].resharder is not None:
             out[f"{mode}_first_steps"] = held[0].resharder.policy.config.first_steps
@@ -210,14 +212,17 @@ def test_refusals_name_the_problem():
     assert out["mig_uneven"].startswith("ConfigError") and "uneven" in out["mig_uneven"]
     if _replan_available():
         assert out["reshard_no_optimizer"].startswith("ConfigError") and "optimizer" in out["reshard_no_optimizer"]
+        # semi re-shards this model, so what stops a re-plan is refused, not served by a quieter semi
+        assert out["semi_no_optimizer"].startswith("ConfigError: mode='semi' moves the optimizer state") and \
+            "mode='zero-pri' resizes" in out["semi_no_optimizer"], out
         assert out["reshard_plain_policy"] == "ok" and "mlp=[4, 4] x 128" in out["plain_policy_plan"], out
-        assert out["semi_uneven"] == "ok" and out["semi_uneven_controller"] == "zero-pri"
+        assert out["semi_uneven"] == "ok" and out["semi_uneven_controller"] == ("semi", "zero-pri")
         assert out["semi_uneven_resharder"] is True
         # the same policy in both modes, its config taken as given: the first decision reads N_MIN steps
         assert out["reshard_first_steps"] == out["semi_first_steps"] == 3, out
     else:
         assert "semimig.shardformer.replan" in out["reshard_no_optimizer"]
-        assert out["semi_uneven"] == "ok" and out["semi_uneven_controller"] == "zero-pri"
+        assert out["semi_uneven"] == "ok" and out["semi_uneven_controller"] == ("semi", "zero-pri")
         assert out["semi_uneven_resharder"] is False
 
 

@@ -10,8 +10,9 @@ from typing import Optional
 
 from semimig.bench.llm.build import model_config
 from semimig.bench.llm.checkpoint import check_checkpoint_flags, staging_dir
+from semimig.modes import Mode
 
-BALANCE_MODES = ("semi", "mig", "zero-rd", "zero-pri", "zero-pridiff-e", "zero-pridiff-r", "reshard", "off")
+BALANCE_MODES = tuple(m.value for m in Mode if m is not Mode.BASELINE)  # "off" is the user's word for it
 DEFAULT_LR = 1e-3
 
 
