@@ -16,6 +16,7 @@ PACKAGES = [
     "semimig.migration",
     "semimig.controller",
     "semimig.controller.sim",
+    "semimig.resharder",
     "semimig.straggler",
     "semimig.allocation",
     "semimig.bench",
