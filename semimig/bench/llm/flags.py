@@ -153,11 +153,11 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.straggler_replica is not None and args.straggler is None:
         raise ConfigError(f"--straggler-replica {args.straggler_replica} names where --straggler acts: give --straggler")
     check_int("--straggler-replica", args.straggler_replica, minimum=0, maximum=65535, allow_none=True)
-    check_pipeline(args)
     if args.batch_split != "none" and args.policy != "semimig":
         raise ConfigError(f"--batch-split {args.batch_split} times each data-parallel group by semimig's layers: it "
                           f"needs --policy semimig, got --policy {args.policy}")
     check_world(args)
+    check_pipeline(args)
     check_outputs(args, (("--json", args.json), ("--started-file", args.started_file)))
 
 
