@@ -14,10 +14,14 @@ steps and stage 0's keeps the even plan.  Every run trains the same batches from
 - with no straggler nothing moves and the run equals Colossal-AI's own pp 2 x tp 2 (its policy, no
   semimig) bit for bit;
 - a checkpoint saved after the move loads into the even plan with every parameter bit-equal (the
-  files are Colossal-AI's full tensors, whatever the plan).
+  files are Colossal-AI's full tensors, whatever the plan);
+- mode semi runs a re-sharder per stage too;
+- the training binary (``benchmarks/llm_run.py --pp 2 --tp 2``) re-plans stage 1 only and trains and
+  validates as ``--balance off`` does.
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -98,8 +102,8 @@ def _everywhere(mine):
     return every
 
 
-def _run(mode, straggler_on_stage, *, semimig=True, save=None):
-    """Train STEPS; every rank's ``(stage, tp rank, losses, params, reshard summary)``."""
+def _run(mode, straggler_on_stage, *, semimig=True, save=None, steps=STEPS):
+    """Train ``steps``; every rank's ``(stage, tp rank, losses, params, reshard summary)``."""
     import semimig as sm
     from semimig.controller.reshard import ReshardConfig
 
@@ -110,7 +114,7 @@ def _run(mode, straggler_on_stage, *, semimig=True, save=None):
         straggler = STRAGGLER if stage == straggler_on_stage else None
         balancer = sm.enable(model, plugin, optimizer=optimizer, mode=mode, straggler=straggler,
                              reshard=ReshardConfig(window=WINDOW, block_size=BLOCK))
-    losses = [_step(booster, model, optimizer, step) for step in range(STEPS)]
+    losses = [_step(booster, model, optimizer, step) for step in range(steps)]
     summary = balancer.reshard_summary if balancer is not None else None
     if save is not None:
         booster.save_model(model, save, shard=True, size_per_shard=1)
@@ -147,7 +151,8 @@ def _body(rank, world, root):
     out = {"healthy": _everywhere(_run("off", None)),
            "reshard": _everywhere(_run("reshard", 1, save=os.path.join(root, "model"))),
            "calm": _everywhere(_run("reshard", None)),
-           "stock": _everywhere(_run("off", None, semimig=False))}
+           "stock": _everywhere(_run("off", None, semimig=False)),
+           "semi": _everywhere(_run("semi", 1, steps=4))}
     out["loaded"] = _everywhere(_load_even(os.path.join(root, "model")))
     if rank == 0:
         out["dense"] = _dense()
@@ -219,8 +224,51 @@ def test_no_straggler_moves_nothing_and_equals_colossalai_bit_for_bit(runs):
         torch.testing.assert_close(got[name], want[name], atol=0.0, rtol=0.0, msg=lambda m, name=name: f"{name}: {m}")
 
 
+def test_mode_semi_runs_a_resharder_per_stage(runs):
+    """Mode semi re-shards under a pipeline too (it resizes and prunes as well, so it is not exact)."""
+    for r in runs["semi"]:
+        assert r["summary"] is not None and r["summary"]["plan"].startswith("UnevenPlan"), r["summary"]
+    losses = _last_stage_losses(runs["semi"])
+    assert len(losses) == 4 and all(math.isfinite(loss) for loss in losses), losses
+
+
 def test_a_checkpoint_saved_after_the_move_loads_into_the_even_plan(runs):
     want, got = _merged(runs["reshard"]), _merged(runs["loaded"])
     assert want.keys() == got.keys()
     for name in want:
         torch.testing.assert_close(got[name], want[name], atol=0.0, rtol=0.0, msg=lambda m, name=name: f"{name}: {m}")
+
+
+# ----------------------------------------------------------------------------- the training binary, end to end
+BINARY_FLAGS = ["--pp", "2", "--tp", "2", "--hidden", "256", "--layers", "4", "--heads", "4", "--kv-heads", "2",
+                "--seq-len", "64", "--batch-size", "4", "--steps", "12", "--data", "synthetic", "--eval-every", "6",
+                "--eval-batches", "2", "--timeout-s", "120", "--shard-block", "32", "--reshard-window", "4",
+                "--log-every", "6"]
+
+
+def _binary(tmp_path: Path, name: str, *flags: str) -> dict:
+    import json
+
+    from example_ranks import run_example
+
+    out = tmp_path / f"{name}.json"
+    done = run_example([*BINARY_FLAGS, *flags, "--json", str(out)], ranks=4, timeout_s=400)
+    assert done.returncode == 0, f"exit {done.returncode}:\n{(done.stdout + done.stderr)[-4000:]}"
+    return json.loads(out.read_text())
+
+
+def test_the_binary_trains_a_pipeline_and_replans_the_slow_stage(tmp_path: Path) -> None:
+    """``--pp 2 --tp 2``: the losses (the last stage's, sent to rank 0) and validation losses of
+    ``--balance reshard`` with the straggler in stage 1 equal ``--balance off``'s; the record holds
+    each stage's re-plans, stage 1's only."""
+    off = _binary(tmp_path, "off", "--balance", "off")
+    run = _binary(tmp_path, "reshard", "--balance", "reshard", "--straggler", STRAGGLER, "--straggler-stage", "1")
+    summary = run["summary"]
+    assert summary["pp"] == 2 and summary["replans"] >= 1, summary
+    stages = summary["reshard"]["stages"]
+    assert stages[0]["replans"] == 0 and stages[1]["replans"] >= 1, stages
+    assert {e["stage"] for e in summary["reshard"]["events"]} == {1}
+    torch.testing.assert_close(torch.tensor(run["losses"]), torch.tensor(off["losses"]), **TOL)
+    torch.testing.assert_close(torch.tensor([v for _, v in run["val_losses"]]),
+                               torch.tensor([v for _, v in off["val_losses"]]), **TOL)
+    assert len(off["val_losses"]) == 2 and len(run["losses"]) == 12

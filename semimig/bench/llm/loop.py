@@ -143,10 +143,7 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
     reshard = balancer.reshard_summary if balancer is not None else None
     if stages is not None:  # every stage's re-plans (rank 0 holds stage 0's balancer only)
         fields["pp"] = pp
-        reshard = None if all(r is None for r in stages) else \
-            {"replans": sum(r["replans"] for r in stages if r), "plan": " | ".join(str(r and r["plan"]) for r in stages),
-             "bytes_moved": sum(r["bytes_moved"] for r in stages if r), "move_s": sum(r["move_s"] for r in stages if r),
-             "events": [dict(e, stage=s) for s, r in enumerate(stages) if r for e in r["events"]], "stages": stages}
+        reshard = _pipeline_reshard(stages)
     if reshard is not None:
         fields.update(replans=reshard["replans"], reshard_plan=reshard["plan"].replace(" ", ""),
                       moved_mb=f"{reshard['bytes_moved'] / 1e6:.2f}", move_s=f"{reshard['move_s']:.3f}")
@@ -233,6 +230,18 @@ def _stage_summaries(balancer, plugin) -> list:
     torch.distributed.all_gather_object(every, (stage, torch.distributed.get_rank(plugin.tp_group), mine))
     by_stage = {s: summary for s, tp_rank, summary in every if tp_rank == 0}
     return [by_stage.get(s) for s in range(plugin.pp_size)]
+
+
+def _pipeline_reshard(stages: list) -> Optional[dict]:
+    """The stages' re-shard summaries as one (``None`` when no stage re-shards): re-plans, bytes and
+    seconds summed, the plans joined by ``|`` in stage order, each event with its ``stage``, and
+    every stage's own summary under ``stages``."""
+    held = [(s, r) for s, r in enumerate(stages) if r is not None]
+    if not held:
+        return None
+    return {"replans": sum(r["replans"] for _, r in held), "plan": " | ".join(str(r and r["plan"]) for r in stages),
+            "bytes_moved": sum(r["bytes_moved"] for _, r in held), "move_s": sum(r["move_s"] for _, r in held),
+            "events": [dict(e, stage=s) for s, r in held for e in r["events"]], "stages": stages}
 
 
 def _split_iteration(booster, model, optimizer, balancer, batch: dict, plugin) -> torch.Tensor:
