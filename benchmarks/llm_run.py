@@ -5,6 +5,8 @@ script; this one is what ``benchmarks/time_to_loss.py`` and the tests launch).
     torchrun --nproc_per_node 2 benchmarks/llm_run.py --straggler fixed:1:4:scope=device --balance reshard
     torchrun --nproc_per_node 4 benchmarks/llm_run.py --tp 2 --batch-split poplar \\
         --straggler fixed:1:4:scope=device --straggler-replica 0
+    torchrun --nproc_per_node 4 benchmarks/llm_run.py --pp 2 --tp 2 --balance reshard \\
+        --straggler fixed:1:4:scope=device --straggler-stage 1
 
 Beyond the example's flags: ``--model NAME`` (a Hugging Face causal LM on disk, read with
 ``local_files_only=True``), ``--heads``/``--kv-heads``, ``--policy colossalai`` (Colossal-AI's own
@@ -14,7 +16,10 @@ stable before a re-plan) and ``--reshard-probe`` (before the first step, time th
 rank and re-plan at once when the predicted gain is at least this fraction of the step), a static
 uneven ``--shard-plan`` of ``--shard-block`` columns, ``--batch-split even|poplar`` with
 ``--straggler-replica D`` (data parallelism beside TP: each iteration's batch a global one, Poplar
-giving faster TP groups more of its rows, the gradient still the global-batch mean),
+giving faster TP groups more of its rows, the gradient still the global-batch mean), ``--pp N`` with
+``--microbatches M`` (a 1F1B pipeline of ``N`` stages, ``M`` micro-batches a step, default ``N``; each
+stage's TP group balances and re-plans its own layers; the loss comes from the last stage) and
+``--straggler-stage S`` (the straggler in stage ``S`` only),
 ``--eval-every``/``--eval-batches`` (validation loss on fixed batches, its wall time kept apart as
 ``eval_s``), ``--log-every``, ``--timeout-s`` (the collective timeout of every process group: a dead
 or frozen rank fails the run within it), ``--started-file PATH`` (rank 0 creates it as its first

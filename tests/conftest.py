@@ -70,7 +70,8 @@ SLOW_CASES = frozenset({
 # run alone.
 SERIAL_MODULES = frozenset({"test_throttle.py", "test_straggler.py", "test_device_straggler.py",
                             "test_controller_runtime.py", "test_resizing_layers.py", "test_reshard_enable.py",
-                            "test_never_hurts.py", "test_controller_reactive.py", "test_hybrid_train.py"})
+                            "test_never_hurts.py", "test_controller_reactive.py", "test_hybrid_train.py",
+                            "test_reshard_pipeline.py"})
 SERIAL_CASES = frozenset({"test_a_straggler_is_balanced_and_summarised",
                           "test_a_whole_device_straggler_reports_the_balanced_share_of_every_rank",
                           "test_waiting_in_collectives_is_not_counted_as_compute"})

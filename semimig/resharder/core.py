@@ -50,13 +50,16 @@ class Resharder:
     one plan: the one policy is fed the slowest rank at each TP position (:func:`slowest_per_position`)
     and every replica moves within its own TP group, at the same step, to the same plan.  The rows in
     flight at a move were measured under the old plans and are dropped.  The resizing scale
-    (:meth:`busy_scale`) stays each replica's own GEMM split."""
+    (:meth:`busy_scale`) stays each replica's own GEMM split.
+
+    ``layers``: the decoder layers this rank's model holds (a pipeline stage's own; default every
+    layer of ``model_config``): what one unit weighs, and so what moving it costs, counts only them."""
 
     def __init__(self, plan: Any, model_config: Any, *, group: Any, move: Callable[[Any], tuple[int, float]],
                  config: ReshardConfig = ReshardConfig(), state_bytes_per_param: int = 12,
                  replicas: int = 1, world_group: Any = None, dp_rank: int = 0, dp_group: Any = None,
                  move_replicas: Optional[Callable[[tuple], tuple[int, float]]] = None,
-                 joint: Optional[JointSetup] = None) -> None:
+                 joint: Optional[JointSetup] = None, layers: Optional[int] = None) -> None:
         from semimig.shardformer.uneven import model_dims
 
         self.group = group
@@ -76,7 +79,7 @@ class Resharder:
         """Every replica's plan in DP rank order (a plan per replica), or the one shared plan."""
         resolved = plan.resolve(model_config, self.size)
         dims = model_dims(model_config)
-        mlp_params, kv_params = params_per_unit(model_config, dims, plan.block_size)
+        mlp_params, kv_params = params_per_unit(model_config, dims, plan.block_size, layers=layers)
         mlp_plan, kv_plan = resolved.mlp, ShardPlan(units=resolved.q.units)
 
         def new_policy() -> ReshardPolicy:  # a dimension's weight: its share of the paired parameters (all its units)

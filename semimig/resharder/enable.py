@@ -5,6 +5,13 @@ name what stops it; :func:`make_resharder` builds the :class:`~semimig.resharder
 (one plan per data-parallel replica under plain DP, one shared plan under ZeRO, whose flat buckets
 need equal shapes across the DP group) and the function that rebinds the controller to the new
 shapes after a move.
+
+With a pipeline (``pp_size > 1``, 1F1B: one model chunk per stage) each stage's TP group re-plans
+for itself: ``plugin.tp_group`` is the stage's own, so its ranks' numbers are gathered, its device
+probe run and its moves made within it alone, over the decoder layers the stage holds (the plan in
+units read from them, a unit's weight counted over them); a slow card in one stage re-plans that
+stage and leaves the others as they are.  The pipeline's sends between stages carry activations of
+the hidden size, which no plan changes.
 """
 from __future__ import annotations
 
@@ -18,11 +25,15 @@ from semimig.comm import primitives as P
 from semimig.controller.reshard import ReshardConfig
 from semimig.errors import ConfigError
 from semimig.resharder.core import Resharder
-from semimig.resharder.plans import reshardable_plan
+from semimig.resharder.plans import held_layers, reshardable_plan
 
-__all__ = ["check_reshard", "make_resharder"]
+__all__ = ["RESHARD_SCHEDULES", "check_reshard", "make_resharder"]
 
 logger = logging.getLogger(__name__)
+
+RESHARD_SCHEDULES = ("OneForwardOneBackwardSchedule",)
+"""The pipeline schedules whose stages re-plan: one model chunk per stage, stepped once per iteration
+(interleaved and zero-bubble schedules run several chunks per stage)."""
 
 
 def check_reshard(mode: str, model: Any, plugin: Any, reshard: Any, optimizer: Any) -> Optional[Any]:
@@ -46,9 +57,15 @@ def check_reshard(mode: str, model: Any, plugin: Any, reshard: Any, optimizer: A
         return None
     hint = "" if mode == "reshard" else (" (semi re-shards a model that takes a plan in units; mode='zero-pri' "
                                          "resizes and mode='mig' migrates without re-sharding)")
-    blockers = [(plugin.pp_size > 1, f"pp_size={plugin.pp_size} (each stage would re-plan alone)"),
-                (getattr(plugin, "dp_size", 1) > 1 and plugin.tp_size * plugin.dp_size != dist.get_world_size(),
-                 f"tp_size={plugin.tp_size} x dp_size={getattr(plugin, 'dp_size', 1)} != world size "
+    pp, dp = int(plugin.pp_size), int(getattr(plugin, "dp_size", 1))
+    schedule = type(getattr(plugin, "scheduler", None)).__name__
+    blockers = [(pp > 1 and schedule not in RESHARD_SCHEDULES,
+                 f"pipeline schedule {schedule} (pp_style={getattr(plugin, 'pp_style', '?')!r}; each stage re-plans "
+                 "under pp_style='1f1b', one model chunk per stage)"),
+                (pp > 1 and dp > 1, f"pp_size={pp} with dp_size={dp} (a stage's replicas would plan over the whole "
+                                    "world, which holds the other stages; a pipeline re-plans at dp_size=1)"),
+                (dp > 1 and plugin.tp_size * dp != dist.get_world_size(),
+                 f"tp_size={plugin.tp_size} x dp_size={dp} != world size "
                  f"{dist.get_world_size()} (the replicas agree on one plan over the whole world)"),
                 (getattr(plugin, "zero_stage", 0) > 0 and getattr(plugin, "zero_config", {}).get("overlap_allgather"),
                  "zero_stage>0 with overlap_allgather=True (pending all-gather handles on the parameters)"),
@@ -140,8 +157,11 @@ def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str
 
         units = params_per_unit(config, model_dims(config), plan.block_size)
         joint = joint_setup(model, optimizer, plugin, plan, batch, units=units, min_units=reshard.min_units)
+    # a pipeline stage holds some of the decoder layers: a unit weighs (and moves) what it has in them
+    layers = held_layers(model, config) if plugin.pp_size > 1 else None
     resharder = Resharder(plan, config, group=group, move=move, config=reshard, replicas=replicas,
                           world_group=None, dp_rank=P.group_rank(plugin.dp_group) if replicas > 1 else 0,
                           dp_group=plugin.dp_group if replicas > 1 else None,
-                          move_replicas=move_replicas if replicas > 1 and zero_stage == 0 else None, joint=joint)
+                          move_replicas=move_replicas if replicas > 1 and zero_stage == 0 else None, joint=joint,
+                          layers=layers)
     return resharder, rebind

@@ -2,7 +2,8 @@
 
 Re-sharding moves MLP blocks (``block_size`` columns of the intermediate size) and KV groups
 (a KV head with its query heads); a model built with ``SemiMigPolicy(shard_plan=...)`` in units
-can move, and :func:`params_per_unit` gives what one unit weighs (its parameters over the layers).
+can move, and :func:`params_per_unit` gives what one unit weighs (its parameters over the layers
+the rank holds: a pipeline stage holds only its own decoder layers, :func:`held_layers`).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, Optional
 from semimig.errors import ConfigError
 from semimig.sharding.plan import units_of
 
-__all__ = ["even_reshardable_plan", "params_per_unit", "reshardable_plan"]
+__all__ = ["even_reshardable_plan", "held_layers", "params_per_unit", "reshardable_plan"]
 
 
 def even_reshardable_plan(config: Any, tp: int, *, block_size: int = 128):
@@ -52,10 +53,27 @@ def reshardable_plan(model: Any, plugin: Any, *, block_size: Optional[int] = Non
     return plan
 
 
-def params_per_unit(config: Any, dims: Any, block_size: int) -> tuple[float, float]:
-    """Parameters of one MLP block and one KV group, summed over the decoder layers."""
+def held_layers(model: Any, config: Any) -> int:
+    """How many decoder layers ``model`` (built from ``config``) holds on this rank as semimig paired
+    layers, counted by their query projections: every layer at ``pp_size=1``, its own stage's under a
+    pipeline (Colossal-AI leaves the other stages' layers unreplaced and empty)."""
+    from semimig.nn.balanced import BalancedLinearMixin
+    from semimig.shardformer.policy import query_layer
+    from semimig.shardformer.uneven import model_dims
+
+    query = query_layer(model_dims(config).family)
+    return sum(1 for name, module in model.named_modules()
+               if isinstance(module, BalancedLinearMixin) and (name == query or name.endswith("." + query)))
+
+
+def params_per_unit(config: Any, dims: Any, block_size: int, *, layers: Optional[int] = None) -> tuple[float, float]:
+    """Parameters of one MLP block and one KV group, summed over ``layers`` decoder layers (default:
+    every layer of ``config``; a pipeline stage passes the layers it holds, :func:`held_layers`)."""
     hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd")
-    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer")
+    if layers is None:
+        layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer")
+    elif not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+        raise ConfigError(f"params_per_unit: layers must be a positive int (the decoder layers held), got {layers!r}")
     group_q = dims.num_heads // dims.num_kv_heads * dims.head_dim
     if dims.family == "llama":  # gate, up, down; q, o (group_q each) and k, v (head_dim each)
         mlp, kv = 3 * hidden * block_size, 2 * hidden * group_q + 2 * hidden * dims.head_dim

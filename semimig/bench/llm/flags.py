@@ -28,7 +28,12 @@ def parse_args(argv: Optional[list[str]] = None, description: Optional[str] = No
     p.add_argument("--heads", type=int, default=8, help="tiny-llama attention heads (default 8)")
     p.add_argument("--kv-heads", type=int, default=4,
                    help="tiny-llama key/value heads (default 4; GQA groups, the attention's re-sharding unit)")
-    p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: every rank)")
+    p.add_argument("--tp", type=int, default=None,
+                   help="tensor-parallel size (default: every rank of a pipeline stage, the ranks over --pp)")
+    p.add_argument("--pp", type=int, default=1,
+                   help="pipeline stages (1F1B; default 1); each stage's TP group balances and re-plans its own layers")
+    p.add_argument("--microbatches", type=int, default=None, metavar="M",
+                   help="with --pp > 1: micro-batches per step, dividing --batch-size (default: --pp)")
     p.add_argument("--zero-stage", type=int, default=0, choices=(0, 1, 2), help="ZeRO stage beside TP")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     p.add_argument("--policy", default="semimig", choices=("semimig", "colossalai"),
@@ -62,6 +67,8 @@ def parse_args(argv: Optional[list[str]] = None, description: Optional[str] = No
     p.add_argument("--straggler-replica", type=int, default=None, metavar="D",
                    help="inject --straggler only in data-parallel replica D (default: in every TP group), e.g. to "
                         "give --batch-split poplar a slow group to plan around")
+    p.add_argument("--straggler-stage", type=int, default=None, metavar="S",
+                   help="with --pp > 1: inject --straggler only in pipeline stage S (default: in every stage)")
     p.add_argument("--batch-split", default="none", choices=("none", "even", "poplar"),
                    help="with DP groups beside TP: split each global batch (--batch-size rows per DP rank) between "
                         "them; 'poplar' gives faster TP groups more rows (the gradient stays the global-batch mean); "
@@ -110,7 +117,7 @@ def parse_args(argv: Optional[list[str]] = None, description: Optional[str] = No
 INT_FLAGS = {"hidden": (8, 65536), "layers": (1, 1024), "steps": (1, 10**7), "batch_size": (1, 65536),
              "seq_len": (2, 1 << 20), "seed": (0, 2**32 - 1), "eval_every": (0, 10**7), "eval_batches": (1, 10**5),
              "log_every": (1, 10**7), "shard_block": (1, 1 << 20), "reshard_window": (3, 10**6),
-             "heads": (1, 4096), "kv_heads": (1, 4096)}
+             "heads": (1, 4096), "kv_heads": (1, 4096), "pp": (1, 1024)}
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -153,7 +160,34 @@ def check_flags(args: argparse.Namespace) -> None:
         raise ConfigError(f"--batch-split {args.batch_split} times each data-parallel group by semimig's layers: it "
                           f"needs --policy semimig, got --policy {args.policy}")
     check_world(args)
+    check_pipeline(args)
     check_outputs(args, (("--json", args.json), ("--started-file", args.started_file)))
+
+
+def check_pipeline(args: argparse.Namespace) -> None:
+    """``--pp``'s companions: ``--microbatches`` dividing ``--batch-size`` (default ``--pp``), the
+    straggler's stage inside the pipeline, and the flags the binary runs at ``--pp 1`` only: a batch
+    split between DP groups (a pipeline's micro-batches are the schedule's), ``--save`` and ``--resume``."""
+    from semimig._validate import check_int
+    from semimig.errors import ConfigError
+
+    if args.pp == 1:
+        for flag, value in (("--microbatches", args.microbatches), ("--straggler-stage", args.straggler_stage)):
+            if value is not None:
+                raise ConfigError(f"{flag} {value} is for a pipeline: it needs --pp above 1")
+        return
+    args.microbatches = args.pp if args.microbatches is None else args.microbatches
+    check_int("--microbatches", args.microbatches, minimum=1, maximum=65536)
+    if args.batch_size % args.microbatches:
+        raise ConfigError(f"--microbatches {args.microbatches} must divide --batch-size {args.batch_size}")
+    check_int("--straggler-stage", args.straggler_stage, minimum=0, maximum=args.pp - 1, allow_none=True)
+    if args.straggler_stage is not None and args.straggler is None:
+        raise ConfigError(f"--straggler-stage {args.straggler_stage} names where --straggler acts: give --straggler")
+    if args.batch_split != "none":
+        raise ConfigError(f"--batch-split {args.batch_split} needs --pp 1: a pipeline's micro-batches are the "
+                          "schedule's, not a batch plan's")
+    if args.save is not None or args.resume is not None:
+        raise ConfigError("--save and --resume need --pp 1 (this binary's checkpoint path is built for one stage)")
 
 
 def check_user_flags(args: argparse.Namespace) -> None:
@@ -221,9 +255,12 @@ def check_tp_and_straggler(args: argparse.Namespace) -> tuple[Optional[int], Opt
 
     world = os.environ.get("WORLD_SIZE")
     world = int(world) if world and world.isdigit() and int(world) > 0 else None
-    tp = args.tp or world
-    if world is not None and world % tp:
-        raise ConfigError(f"--tp {tp} must divide the number of ranks {world}")
+    pp = getattr(args, "pp", 1)
+    if world is not None and world % pp:
+        raise ConfigError(f"--pp {pp} must divide the number of ranks {world}")
+    tp = args.tp or (world // pp if world is not None else None)
+    if world is not None and world % (tp * pp):
+        raise ConfigError(f"--tp {tp} x --pp {pp} must divide the number of ranks {world}")
     if args.straggler is not None:
         from semimig.straggler import StragglerConfig
 
@@ -241,13 +278,16 @@ def check_world(args: argparse.Namespace) -> None:
     from semimig.errors import ConfigError
 
     world, tp = check_tp_and_straggler(args)
-    dp = None if world is None else world // tp
+    dp = None if world is None else world // (tp * getattr(args, "pp", 1))
     if dp is not None and args.straggler_replica is not None and args.straggler_replica >= dp:
         raise ConfigError(f"--straggler-replica must be below the {dp} data-parallel replica(s), got "
                           f"{args.straggler_replica}")
     if dp == 1 and args.batch_split != "none":
         raise ConfigError(f"--batch-split {args.batch_split} splits a batch between data-parallel groups, but there "
                           f"is one ({world} ranks, --tp {tp}): drop it, or launch more ranks than --tp")
+    if dp is not None and getattr(args, "pp", 1) > 1 and args.balance == "reshard" and dp > 1:
+        raise ConfigError(f"--balance reshard with --pp {args.pp} re-plans at one data-parallel replica per stage, "
+                          f"got {dp} ({world} ranks, --tp {tp} x --pp {args.pp})")
     if args.shard_plan and tp is not None:
         from semimig.shardformer import plan_from_flags
 

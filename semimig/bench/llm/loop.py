@@ -54,10 +54,12 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
     from semimig.shardformer import SemiMigPolicy, plan_from_flags
 
     apply_cpu_shim()  # fills Colossal-AI's CPU gaps; a no-op with CUDA
-    tp = args.tp or world
+    pp = getattr(args, "pp", 1)
+    tp = args.tp or world // pp
     model = build_model(args)  # the flags were checked against the launch and this config (check_world)
     shard_plan = plan_from_flags(args.shard_plan, model.config, tp, block_size=args.shard_block)
-    plugin = HybridParallelPlugin(tp_size=tp, pp_size=1, precision=args.precision, zero_stage=args.zero_stage,
+    plugin = HybridParallelPlugin(tp_size=tp, pp_size=pp, num_microbatches=args.microbatches if pp > 1 else None,
+                                  precision=args.precision, zero_stage=args.zero_stage,
                                   overlap_communication=torch.cuda.is_available(),  # CPU: no CUDA streams
                                   custom_policy=SemiMigPolicy(shard_plan=shard_plan) if args.policy == "semimig"
                                   else None)
@@ -96,7 +98,9 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
                 Path(args.started_file).touch()
             starts.append(time.time())  # wall clock: matched with a time-varying throttle's switches
             start = time.perf_counter()
-            if args.batch_split == "none":
+            if pp > 1:  # 1F1B over --microbatches; the loss reaches every stage from the last
+                loss = _pipeline_loss(booster, model, optimizer, batch, plugin)
+            elif args.batch_split == "none":
                 loss = model(**batch).loss
                 booster.backward(loss, optimizer)
             else:  # this group's rows of the global batch, its micro-steps' losses scaled (global mean)
@@ -120,12 +124,14 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
                             times[-1] * 1e3, plan.describe())
             if args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
                 start = time.perf_counter()
-                val_losses.append([step + 1, evaluate(model, val_batches)])
+                val_losses.append([step + 1, evaluate(model, val_batches) if pp == 1 else
+                                   _pipeline_eval(booster, model, val_batches, plugin)])
                 eval_s += time.perf_counter() - start
                 logger.info("step %d/%d validation loss %.4f%s", step + 1, args.steps, val_losses[-1][1], baseline)
 
     save_s = save_checkpoint(booster, model, optimizer, args, args.steps, rank) if args.save is not None else None
     fields = summary(args, tp, world, losses, times, plan_state(balancer, tp))
+    stages = _stage_summaries(balancer, plugin) if pp > 1 else None
     if balancer is not None and balancer.batch_plan is not None:
         fields["batch_split"] = f"{args.batch_split}:" + "/".join(str(s) for s in balancer.batch_plan.samples)
     if first or save_s is not None:
@@ -135,6 +141,9 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
     fields.update(final_val_loss=f"{val_losses[-1][1]:.4f}" if val_losses else "none", eval_s=f"{eval_s:.3f}",
                   balanced_share=",".join("-" if b is None else f"{b:.2f}" for b in by_rank))
     reshard = balancer.reshard_summary if balancer is not None else None
+    if stages is not None:  # every stage's re-plans (rank 0 holds stage 0's balancer only)
+        fields["pp"] = pp
+        reshard = _pipeline_reshard(stages)
     if reshard is not None:
         fields.update(replans=reshard["replans"], reshard_plan=reshard["plan"].replace(" ", ""),
                       moved_mb=f"{reshard['bytes_moved'] / 1e6:.2f}", move_s=f"{reshard['move_s']:.3f}")
@@ -163,7 +172,9 @@ def _enable(args: argparse.Namespace, model, plugin, optimizer, prog: str):
         semimig.BatchSplit(global_batch_size=args.batch_size * plugin.dp_size, allocation=args.batch_split,
                            max_batch_size=args.batch_size)
     replica = torch.distributed.get_rank(plugin.dp_group)
-    straggler = args.straggler if args.straggler_replica in (None, replica) else None
+    stage = int(plugin.stage_manager.stage) if plugin.pp_size > 1 else 0
+    straggler = args.straggler if args.straggler_replica in (None, replica) and \
+        getattr(args, "straggler_stage", None) in (None, stage) else None
     try:
         return semimig.enable(model, plugin, optimizer=optimizer, mode=args.balance, straggler=straggler,
                               log_every=args.log_every,
@@ -177,6 +188,60 @@ def _enable(args: argparse.Namespace, model, plugin, optimizer, prog: str):
         from semimig._validate import refuse_once
 
         refuse_once(prog, err)
+
+
+def _pipeline_loss(booster, model, optimizer, batch: dict, plugin) -> torch.Tensor:
+    """Forward and backward of one step through the 1F1B pipeline; the step's loss (the mean of the
+    micro-batches' losses), sent from the last stage to every stage (one broadcast over the pipeline group)."""
+    out = booster.execute_pipeline(iter([batch]), model, lambda outputs, inputs: outputs.loss, optimizer,
+                                   return_loss=True)
+    return _from_last_stage(out["loss"], plugin, batch["input_ids"].device)
+
+
+def _pipeline_eval(booster, model, batches: list, plugin) -> float:
+    """:func:`~semimig.bench.llm.build.evaluate` through the pipeline: forward only (no gradients, no
+    optimizer), the mean loss over ``batches`` from the last stage on every rank."""
+    model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for batch in batches:
+            out = booster.execute_pipeline(iter([batch]), model, lambda outputs, inputs: outputs.loss, None,
+                                           return_loss=True)
+            total += float(_from_last_stage(out["loss"], plugin, batch["input_ids"].device))
+    model.train()
+    return total / len(batches)
+
+
+def _from_last_stage(loss, plugin, device) -> torch.Tensor:
+    """``loss`` (``None`` on every stage but the last) on every stage: a broadcast over the pipeline group."""
+    value = torch.zeros(1, dtype=torch.float64, device=device)
+    if loss is not None:
+        value[0] = float(loss.detach().float())
+    last = torch.distributed.get_global_rank(plugin.pp_group, plugin.pp_size - 1)
+    torch.distributed.broadcast(value, src=last, group=plugin.pp_group)
+    return value[0]
+
+
+def _stage_summaries(balancer, plugin) -> list:
+    """Every stage's re-shard summary, in stage order, from its TP rank 0 (collective over the world)."""
+    mine = balancer.reshard_summary if balancer is not None else None
+    stage = int(plugin.stage_manager.stage)
+    every: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(every, (stage, torch.distributed.get_rank(plugin.tp_group), mine))
+    by_stage = {s: summary for s, tp_rank, summary in every if tp_rank == 0}
+    return [by_stage.get(s) for s in range(plugin.pp_size)]
+
+
+def _pipeline_reshard(stages: list) -> Optional[dict]:
+    """The stages' re-shard summaries as one (``None`` when no stage re-shards): re-plans, bytes and
+    seconds summed, the plans joined by ``|`` in stage order, each event with its ``stage``, and
+    every stage's own summary under ``stages``."""
+    held = [(s, r) for s, r in enumerate(stages) if r is not None]
+    if not held:
+        return None
+    return {"replans": sum(r["replans"] for _, r in held), "plan": " | ".join(str(r and r["plan"]) for r in stages),
+            "bytes_moved": sum(r["bytes_moved"] for _, r in held), "move_s": sum(r["move_s"] for _, r in held),
+            "events": [dict(e, stage=s) for s, r in held for e in r["events"]], "stages": stages}
 
 
 def _split_iteration(booster, model, optimizer, balancer, batch: dict, plugin) -> torch.Tensor:
