@@ -215,12 +215,15 @@ def _straggler_body(rank: int, world_size: int, mode: str, steps: int) -> dict:
     captured, saved = io.StringIO(), sys.stderr
     sys.stderr = captured  # Python's last-resort handler writes WARNING records to sys.stderr
     try:
-        run = pc.boost("llama", TP2, semimig=True)
+        # semi on a model that takes a plan in units re-shards first (tests/multirank/test_reshard_enable.py);
+        # on OPT, which takes none, it is what this test reads: resizing and migration
+        name = "opt" if mode == "semi" else "llama"
+        run = pc.boost(name, TP2, semimig=True)
         balancer = semimig.enable(run.model, run.plugin, optimizer=run.optimizer, mode=mode,
                                   straggler=FLOPS_STRAGGLER, log_every=5)
         reports = []
         for step in range(steps):
-            pc.train_step(run, pc.batch_for("llama", step))
+            pc.train_step(run, pc.batch_for(name, step))
             reports.append(balancer.report)
     finally:
         sys.stderr = saved
