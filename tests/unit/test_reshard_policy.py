@@ -200,7 +200,7 @@ def test_a_rank_holding_nothing_is_read_from_its_replicated_work():
     pol = policy(ReshardConfig(window=6, replicated_share=0.2), plans=plans)
     for _ in range(3):
         pol.observe(sample(pol, (1.0, 0.5)))
-    model = pol.learned.model(pol.shares(), list(pol.samples))
+    model = pol.learned.model(pol.shares(), pol.samples.times()[0])
     assert model.speeds[1] / model.speeds[0] == pytest.approx(0.5, rel=1e-6)
     # healthy again: back toward even, units returned to the rank that held none
     moves = run(pol, lambda step: (1.0, 1.0), 40)
@@ -250,7 +250,7 @@ def test_a_straggler_that_comes_and_goes_slowly_is_served_and_released():
     run_ = run_policy(_scenario(speeds), reshard_policy)
     steps = [step for step, *_ in run_.plans]
     assert any(40 < s < 50 for s in steps)  # moved for it within a few steps
-    assert any(140 < s < 150 for s in steps)  # and back
+    assert any(140 <= s < 150 for s in steps)  # and back (140: decided on the first healthy step)
     assert run_.plans[-1][1:3] == (even_plans()[0].units, even_plans()[1].units)
 
 

@@ -36,6 +36,7 @@ long the present state will last (:func:`~semimig.controller.policy.gain.expecte
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, FrozenSet, List, Sequence
 
 from semimig.errors import ConfigError
@@ -77,13 +78,13 @@ class Slowdown:
                samples: int) -> bool:
         """Read the window's speed ratios (``se``: a ratio's relative standard error) at ``step`` over
         ``samples`` steps; ``True`` when the set changed."""
-        band = z * se
+        band = math.exp(z * se)  # the ratio's noise is relative: its band is a factor
         slow = set(self.slow)
         onset = bool(self.slow) or samples > N_MIN  # a first slow rank needs one step more than the window's least
         for r, s in enumerate(ratios):
-            if s < (1.0 - tolerance) * (1.0 - band) and onset:
+            if s < (1.0 - tolerance) / band and onset:
                 slow.add(r)
-            elif s > min((1.0 - tolerance) * (1.0 + band), 1.0 - tolerance / 2.0):
+            elif s > min((1.0 - tolerance) * band, 1.0 - tolerance / 2.0):
                 slow.discard(r)
         if frozenset(slow) == self.slow:
             return False
