@@ -45,6 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     check_run_flags(p, args, ("steps", "repeats"))
     # what time_to_loss.command reads (the reflex's and the keep-set block's defaults: these runs are unbalanced)
     args.straggler, args.pattern, args.eval_every, args.reflex, args.resize_block = "real", None, 0, "on", None
+    args.tp, args.dp, args.world, args.straggler_rank, args.share = 2, 1, 2, 1, 1.0  # rank 1 of tp 2, own cores
     return args
 
 

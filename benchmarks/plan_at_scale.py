@@ -1,70 +1,113 @@
-"""The shard plan semimig's planner chooses for one slow rank at tp 8, scored by the policy simulator's
-step model (DESIGN §8), against the job's limit.
+"""The joint planner's plans and batch split for one slow rank in a tp x dp job, scored by the policy
+simulator's step model (DESIGN §8), against the job's limit.
 
-    python benchmarks/plan_at_scale.py [--tp 8] [--chi 4] [--json F]
+    python benchmarks/plan_at_scale.py [--chi 4] [--global-batch 64] [--json F]
 
-A TP group of ``tp`` ranks with ``U`` MLP blocks and ``K`` KV groups (the example's Llama at tp 8:
-32 blocks, 8 KV groups), one rank ``chi`` times slower.  For each replicated-to-shardable ratio
-``R/S`` (the work every rank does whole over the group's paired work) the planner's best plan
-(:func:`semimig.controller.sim.oracle.best_plans`: the solver per dimension and its joint roundings,
-a rank may hold no unit of a kind) is scored by
-:class:`~semimig.controller.sim.stepmodel.Workload` against three references: the even plan
-(Colossal-AI alone), the continuous optimum (fractional shares, the step model's limit) and the job's
-limit ``n / (n − 1 + 1/chi)`` (every rank's work movable).  The slow rank cannot shed its replicated
-work, so once ``chi · R`` exceeds the job's limit no TP plan reaches it: the table shows where.
+Eight ranks laid out as tp 8 x dp 1, tp 4 x dp 2 and tp 2 x dp 4 (each TP group holds the example's Llama
+at tp 8: 32 MLP blocks, 8 KV groups), the last rank ``chi`` times slower.  For each replicated-to-shardable
+ratio ``R/S`` (the work every rank of a TP group does whole over the group's paired work)
+:func:`semimig.sharding.joint.plan_job` chooses every replica's plan (a rank may hold no unit of a kind)
+and the batch split together; each replica's step is the simulator's
+:class:`~semimig.controller.sim.stepmodel.Workload` step of its plan, scaled by its share of the global
+batch (its work is per sample), and the job's step is the slowest replica's.  References: Colossal-AI
+alone (even plans, even split), the batch split alone (even plans, split by the planner: Poplar), the
+plans alone (per-replica plans, even split), the continuous limit (fractional samples and shares, the
+replicated work on every rank) and the job's limit ``n / (n − 1 + 1/chi)`` (every rank's work movable).
+The slow rank cannot shed its replicated work inside a TP group, so at tp 8 x dp 1 once ``chi · R``
+exceeds the job's limit no plan reaches it; with replicas its replica takes fewer samples instead.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 from bench_output import add_json_flag, write_result
 
-from semimig.controller.sim.oracle import best_plans
 from semimig.controller.sim.stepmodel import Workload
+from semimig.sharding.joint import JointProblem, UnitKind, continuous_limit, job_limit, plan_job
 
 RATIOS = {"0.032": "R/S the re-shard policy measures across moves at tp 2 (the example's Llama, hidden 1024)",
           "0.0625": "twice that",
           "0.125": "R a third of a tp-4 step (the example's smaller Llama at tp 4)"}
 """The replicated-to-shardable ratios scored, and where each comes from."""
+LAYOUTS = ((8, 1), (4, 2), (2, 4))
+"""``(tp, dp)`` of the eight ranks."""
 
 
-def score(tp: int, chi: float, ratio: float, mlp_units: int, kv_units: int) -> dict:
-    """The planner's plan for ranks ``[1] * (tp - 1) + [1/chi]`` and its step against the references."""
+def problem(work: Workload, speeds: tuple, global_batch: int) -> JointProblem:
+    """The joint planner's input for ``work`` on every replica: a healthy even step of ``work.step_s`` at
+    ``global_batch / dp`` samples per replica, its compute per sample, its collectives fixed."""
+    per = global_batch / len(speeds) / work.compute_s  # samples per second of a healthy replica's compute
+    a, S = work.attention_share, work.shardable
+    kinds = (UnitKind(name="mlp", total_units=work.mlp_units, work_per_sample=S * (1.0 - a) / per),
+             UnitKind(name="kv", total_units=work.kv_units, work_per_sample=S * a / per))
+    return JointProblem(speeds=speeds, kinds=kinds, global_batch=global_batch,
+                        replicated_per_sample=work.replicated / per, comm_s=work.comm_s)
+
+
+def simulated(work: Workload, speeds: tuple, samples: tuple, plans: tuple) -> float:
+    """The job's step in the simulator's model: each replica's compute scaled by its samples over an even
+    share, the slowest replica's, plus the collectives."""
+    even = sum(samples) / len(samples)
+    return max(max(work.rank_compute(p, v)) * b / even for v, b, p in zip(speeds, samples, plans)) + work.comm_s
+
+
+def score(tp: int, dp: int, chi: float, ratio: float, mlp_units: int, kv_units: int, global_batch: int) -> dict:
+    """The planner's answer for the last rank ``chi`` times slower, against the references (module docstring)."""
     rho = ratio / (ratio + 1.0 / tp)  # R as a share of a healthy even step's compute
     work = Workload(tp=tp, replicated_share=rho, mlp_units=mlp_units, kv_units=kv_units)
-    speeds = [1.0] * (tp - 1) + [1.0 / chi]
+    speeds = ((1.0,) * tp,) * (dp - 1) + ((1.0,) * (tp - 1) + (1.0 / chi,),)
     healthy = work.step_seconds(work.even_plans(), [1.0] * tp)
-    mlp, kv = best_plans(work, speeds)
-    continuous = max((work.shardable + tp * work.replicated) / sum(speeds), work.replicated * chi)
-    return {"replicated_over_shardable": ratio, "replicated_share": rho, "mlp_units": list(mlp.units),
-            "kv_units": list(kv.units), "step_vs_healthy": work.step_seconds((mlp, kv), speeds) / healthy,
-            "even_vs_healthy": work.step_seconds(work.even_plans(), speeds) / healthy,
-            "continuous_vs_healthy": (continuous * work.compute_s + work.comm_s) / healthy,
-            "job_limit_vs_healthy": tp / (tp - 1 + 1.0 / chi)}
+    joint = problem(work, speeds, global_batch)
+    best = plan_job(joint)
+    even_split = (global_batch // dp,) * dp
+    pinned = replace(joint, kinds=tuple(replace(k, min_units=k.total_units // tp) for k in joint.kinds))
+    split_only = plan_job(pinned)  # every kind's minimum is its even share: only the split moves
+    plans_only = plan_job(replace(joint, micro_batch=global_batch // dp))  # one granule each: only the plans move
+    even = (work.even_plans(),) * dp
+    step = {name: simulated(work, speeds, s, p) / healthy for name, s, p in (
+        ("step", best.samples, best.plans), ("even", even_split, even),
+        ("split_only", split_only.samples, split_only.plans), ("plans_only", plans_only.samples, plans_only.plans))}
+    return {"tp": tp, "dp": dp, "replicated_over_shardable": ratio, "replicated_share": rho,
+            "samples": list(best.samples), "mlp_units": [list(p[0].units) for p in best.plans],
+            "kv_units": [list(p[1].units) for p in best.plans], "step_vs_healthy": step["step"],
+            "planner_predicted_vs_healthy": best.step / healthy, "even_vs_healthy": step["even"],
+            "split_only_vs_healthy": step["split_only"], "plans_only_vs_healthy": step["plans_only"],
+            "continuous_vs_healthy": continuous_limit(joint) / healthy,
+            "job_limit_vs_healthy": job_limit(joint) / healthy}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tp", type=int, default=8, choices=(2, 4, 8), help="TP group size (default 8)")
     parser.add_argument("--chi", type=float, default=4.0, help="the slow rank's slowdown, > 1 (default 4)")
-    parser.add_argument("--mlp-units", type=int, default=32, help="MLP blocks (default 32)")
-    parser.add_argument("--kv-units", type=int, default=8, help="KV groups (default 8)")
+    parser.add_argument("--mlp-units", type=int, default=32, help="MLP blocks per TP group (default 32)")
+    parser.add_argument("--kv-units", type=int, default=8, help="KV groups per TP group (default 8)")
+    parser.add_argument("--global-batch", type=int, default=64, help="samples per step over all replicas (default 64)")
     add_json_flag(parser, required=False, help="write the rows here")
     args = parser.parse_args(argv)
     if not args.chi > 1.0:
         parser.error(f"--chi must be > 1, got {args.chi}")
     for flag, units in (("--mlp-units", args.mlp_units), ("--kv-units", args.kv_units)):
-        if units < args.tp:
-            parser.error(f"{flag} must be at least --tp {args.tp}, got {units}")
-    rows = [dict(score(args.tp, args.chi, float(r), args.mlp_units, args.kv_units), source=RATIOS[r]) for r in RATIOS]
-    print(f"tp {args.tp}, one rank {args.chi:g}x slower, {args.mlp_units} MLP blocks, {args.kv_units} KV groups")
-    print(f"{'R/S':>6} {'MLP blocks':<26} {'KV groups':<18} {'plan':>6} {'even':>6} {'limit':>6} {'job':>6}")
+        if units < 8 or units % 8:
+            parser.error(f"{flag} must be a multiple of 8 (the even plan at tp 8), got {units}")
+    if args.global_batch < 4 or args.global_batch % 4:
+        parser.error(f"--global-batch must be a multiple of 4 (an even split at dp 4), got {args.global_batch}")
+    rows = [dict(score(tp, dp, args.chi, float(r), args.mlp_units, args.kv_units, args.global_batch), source=RATIOS[r])
+            for tp, dp in LAYOUTS for r in RATIOS]
+    print(f"8 ranks, the last {args.chi:g}x slower; per TP group {args.mlp_units} MLP blocks, {args.kv_units} KV groups;"
+          f" global batch {args.global_batch}")
+    print(f"{'layout':<9} {'R/S':>6} {'samples':<13} {'slow replica MLP / KV':<32} {'joint':>6} {'even':>6} "
+          f"{'split':>6} {'plans':>6} {'limit':>6} {'job':>6}")
     for row in rows:
-        print(f"{row['replicated_over_shardable']:>6.3f} {','.join(map(str, row['mlp_units'])):<26} "
-              f"{','.join(map(str, row['kv_units'])):<18} {row['step_vs_healthy']:>5.2f}x "
-              f"{row['even_vs_healthy']:>5.2f}x {row['continuous_vs_healthy']:>5.2f}x {row['job_limit_vs_healthy']:>5.2f}x")
-    print("plan: the planner's plan; even: Colossal-AI alone; limit: fractional shares; job: every rank's work movable")
+        slow = f"{','.join(map(str, row['mlp_units'][-1]))} / {','.join(map(str, row['kv_units'][-1]))}"
+        print(f"{'tp%d x dp%d' % (row['tp'], row['dp']):<9} {row['replicated_over_shardable']:>6.3f} "
+              f"{','.join(map(str, row['samples'])):<13} {slow:<32} {row['step_vs_healthy']:>5.3f}x "
+              f"{row['even_vs_healthy']:>5.2f}x {row['split_only_vs_healthy']:>5.2f}x {row['plans_only_vs_healthy']:>5.2f}x "
+              f"{row['continuous_vs_healthy']:>5.3f}x {row['job_limit_vs_healthy']:>5.3f}x")
+    print("joint: the planner's plans and split; even: Colossal-AI alone; split: the batch split alone (even plans); "
+          "plans: per-replica plans alone (even split); limit: fractional samples and shares; job: every rank's "
+          "work movable")
     if args.json is not None:
         write_result(args.json, "plan_at_scale", None, vars(args) | {"json": str(args.json)}, rows=rows)
     return 0

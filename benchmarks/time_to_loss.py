@@ -1,10 +1,16 @@
 """Time to the same model under a really slow device: a real throttle (or an emulated one) on a real task.
 
-Runs ``benchmarks/llm_run.py`` (tiny Llama, real text, torchrun tp=2, one core per rank) once with no
-straggler (``healthy``) and then in every balancing mode with TP rank 1 slowed::
+Runs ``benchmarks/llm_run.py`` (tiny Llama, real text, torchrun, by default tp 2 with one core per
+rank) once with no straggler (``healthy``) and then in every balancing mode with one rank slowed::
 
-    --straggler real     rank 1's process under a cgroup CPU-bandwidth limit (--fraction of its core,
-                         default 0.25; ``semimig throttle``), nothing injected
+    --straggler real     the straggler's process under a cgroup CPU-bandwidth limit (--fraction of a
+                         core, default a quarter of --share; ``semimig throttle``), nothing injected;
+                         any layout: --tp N --dp M (world N*M <= 8), --straggler-rank R (default the
+                         last rank), --share S (every rank held to S of a core in a cgroup of its own;
+                         default 1 when the world fits the cores, else cores / world: four ranks on two
+                         cores at half a core each).  The job's exact limit with one of n ranks
+                         chi = S / F times slower is n / (n - 1 + 1/chi) of healthy's step
+                         (``limit_vs_healthy``, printed beside every mode's ratio)
     --straggler device   ``--straggler fixed:1:<chi>:scope=device``: every span of rank 1's work
                          between collectives takes chi times as long (default chi 4)
     --straggler gemm     ``--straggler fixed:1:<chi>``: the paper's straggler, only rank 1's linear
@@ -13,6 +19,7 @@ straggler (``healthy``) and then in every balancing mode with TP rank 1 slowed::
     --straggler neighbour  a noisy neighbour: a busy loop pinned to rank 1's core for the whole
                          run (the kernel's scheduler shares the core, chi about 2); chi is read
                          from ``off``'s steady step against healthy's when ``off`` runs
+    (device, gemm and neighbour run tp 2 x dp 1 with rank 1 slowed; another layout is refused)
     --pattern ON:OFF     the throttle (or the device straggler, as bursts) comes and goes; the
                          throttle's pattern starts with the first training step, and the run's
                          exact limit over the phases it spends is printed beside every mode
@@ -31,11 +38,15 @@ rank and the straggler's scope; ``--plot`` draws validation loss against trainin
 per mode, a band over the repeats.  Analysis: :mod:`semimig.bench.time_to_loss`.
 
     python benchmarks/time_to_loss.py --straggler real --quick --json results/ttl_real.json
+    python benchmarks/time_to_loss.py --straggler real --tp 2 --dp 2 --heads 16 --kv-heads 8 \
+        --json results/ttl_real_tp2dp2.json       # 4 ranks on 2 cores: each at 0.5, rank 3 at 0.125
 
-Every mode's command line is checked (the binary's own checks, at its world of 2 ranks) before the
+The result records the ``layout`` (tp, dp, world, share, fraction, straggler rank, cores).
+Every mode's command line is checked (the binary's own checks, at the layout's world) before the
 healthy run starts, and a flag that no run given would use (``--fraction`` or ``--period-us``
-without the real throttle, ``--chi`` with it, ``--shard-plan`` without ``uneven``, ``--reflex`` or
-``--resize-block`` without a resizing mode) is refused.  SIGINT, SIGTERM, SIGHUP and SIGQUIT end
+without the real throttle, ``--share`` or ``--straggler-rank`` without it, ``--chi`` with it,
+``--shard-plan`` without ``uneven``, ``--reflex`` or ``--resize-block`` without a resizing mode) is
+refused; so is ``--pattern`` with a share below 1 (its free phases would run at a whole core).  SIGINT, SIGTERM, SIGHUP and SIGQUIT end
 the run in progress (its throttle, torchrun and ranks) and remove the scratch directory (exit
 128 + the signal); a run also ends if this script is killed (:mod:`semimig._lifetime`).  A failed
 run's log is kept beside ``--json`` (``<json stem>-<mode>-<repeat>.log``).
@@ -69,7 +80,7 @@ DEFAULT_MODES = ("healthy", "off", "zero-pri", "semi", "reshard")
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
     """The flags every run of the binary shares (this script and ``device_vs_throttle.py``)."""
-    p.add_argument("--fraction", type=float, default=0.25, help="real throttle: rank 1's share of its core")
+    p.add_argument("--fraction", type=float, default=0.25, help="real throttle: the straggler's share of a core (absolute, not a part of --share)")
     p.add_argument("--period-us", type=int, default=4000,
                    help="real throttle: its CFS period in microseconds (semimig throttle --period-us; default 4000, "
                         "the kernel's tick at HZ=250; 1000 is the shortest the kernel takes)")
@@ -119,12 +130,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help="runs per mode (default 3; --quick 1)")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="one repeat of 40 steps (about 10 minutes on 2 cores)")
+    p.add_argument("--tp", type=int, default=2, help="tensor-parallel size (llm_run.py's --tp; default 2)")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel replicas: torchrun starts tp x dp ranks (default 1)")
+    p.add_argument("--straggler-rank", type=int, default=None, metavar="R",
+                   help="real throttle: the global rank slowed (default the last one, tp x dp - 1)")
+    p.add_argument("--share", type=float, default=None, metavar="S",
+                   help="real throttle: every rank's share of a core, each in a cgroup of its own (semimig throttle "
+                        "--share; default 1 when tp x dp fits the cores, else cores / (tp x dp))")
     p.add_argument("--plot", type=Path, default=None, action=OutputPath,
                    help="PNG: validation loss against training time")
     add_run_flags(p)
     p.set_defaults(fraction=None, period_us=None)  # None: not given (a flag no run uses is refused below)
     args = p.parse_args(argv)
     check_flags_apply(p, args)
+    check_layout(p, args)
     if args.steps is None:  # `is None`, not `or`: a given 0 is refused below, never replaced by the default
         args.steps = 40 if args.quick else 60
     if args.repeats is None:
@@ -146,6 +165,9 @@ def parse_args(argv=None) -> argparse.Namespace:
             check_figure_path(args.plot, "--plot")
         except ConfigError as err:
             p.error(str(err))
+    if args.pattern is not None and args.straggler == "real" and args.share < 1:
+        p.error(f"--pattern {args.pattern} with --share {args.share:g}: the throttle's free phases would run at a "
+                "whole core, above the other ranks' share (a pattern needs as many cores as ranks)")
     if args.pattern is not None and args.straggler == "real" and args.fraction >= 1:
         p.error(f"--pattern {args.pattern} with --fraction {args.fraction:g}: the throttled phases would be free too")
     if args.pattern is not None and args.straggler == "neighbour":
@@ -176,7 +198,9 @@ def check_flags_apply(p: argparse.ArgumentParser, args: argparse.Namespace) -> N
     modes = [m for m in args.modes.split(",") if m]
     unused = []
     if args.straggler != "real":
-        unused += [(f, v) for f, v in (("--fraction", args.fraction), ("--period-us", args.period_us)) if v is not None]
+        unused += [(f, v) for f, v in (("--fraction", args.fraction), ("--period-us", args.period_us),
+                                       ("--share", args.share), ("--straggler-rank", args.straggler_rank))
+                   if v is not None]
     if args.straggler in ("real", "neighbour") and args.chi is not None:
         unused.append(("--chi", args.chi))
     if args.shard_plan is not None and "uneven" not in modes:
@@ -186,22 +210,64 @@ def check_flags_apply(p: argparse.ArgumentParser, args: argparse.Namespace) -> N
     if unused:
         flag, value = unused[0]
         p.error(f"{flag} {value} applies to no run of --straggler {args.straggler} --modes {','.join(modes)}: "
-                "drop it (--fraction/--period-us: the real throttle; --chi: device or gemm; --shard-plan: uneven; "
+                "drop it (--fraction/--period-us/--share/--straggler-rank: the real throttle; --chi: device or gemm; "
+                "--shard-plan: uneven; "
                 "--reflex/--resize-block: the resizing modes)")
-    args.fraction = 0.25 if args.fraction is None else args.fraction
     args.period_us = 4000 if args.period_us is None else args.period_us
     args.shard_plan = "28,4:3,1" if args.shard_plan is None else args.shard_plan
     args.reflex = "on" if args.reflex is None else args.reflex
 
 
+MAX_WORLD = 8
+"""The most ranks a run launches (every rank needs a meaningful share of this machine's cores)."""
+
+
+def default_share(world: int, cores: int) -> float:
+    """Each rank's share of a core when ``--share`` is not given: a whole one while the ranks fit the
+    cores, else the cores split evenly (``cores / world``: 0.5 for four ranks on two cores)."""
+    return 1.0 if world <= cores else cores / world
+
+
+def check_layout(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The layout's bounds (``2 <= tp x dp <= MAX_WORLD``; a straggler rank inside the world; a share in
+    (0, 1] with the straggler's fraction at most it), then its defaults: ``args.world``, the share, the
+    straggler rank and the fraction (a quarter of the share).  Device, gemm and neighbour stragglers
+    run tp 2 x dp 1 only (their rank-1 spec and core are the TP group of two's)."""
+    for name in ("tp", "dp"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    args.world = args.tp * args.dp
+    if not 2 <= args.world <= MAX_WORLD:
+        p.error(f"--tp {args.tp} --dp {args.dp} launches {args.world} rank(s): a run needs 2..{MAX_WORLD} "
+                "(a straggler and at least one other rank)")
+    if args.straggler != "real" and (args.tp, args.dp) != (2, 1):
+        p.error(f"--tp {args.tp} --dp {args.dp}: --straggler {args.straggler} runs tp 2 x dp 1 only (its slow "
+                "rank is rank 1 of the one TP group); use --straggler real for other layouts")
+    if args.straggler_rank is None:
+        args.straggler_rank = args.world - 1
+    elif not 0 <= args.straggler_rank < args.world:
+        p.error(f"--straggler-rank must be a rank of the {args.world} launched (0..{args.world - 1}), "
+                f"got {args.straggler_rank}")
+    args.cores = len(os.sched_getaffinity(0))
+    if args.share is None:
+        args.share = default_share(args.world, args.cores)
+    elif not 0 < args.share <= 1:
+        p.error(f"--share must be in (0, 1], got {args.share}")
+    if args.fraction is None:
+        args.fraction = args.share / 4
+    elif args.straggler == "real" and 0 < args.fraction <= 1 and args.fraction > args.share:
+        p.error(f"--fraction {args.fraction:g} is above --share {args.share:g}: the straggler would be the "
+                "fastest rank; give a fraction <= the share")
+
+
 def check_commands(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Every mode's run of the binary parsed here with the binary's own checks (at its world of 2 ranks,
+    """Every mode's run of the binary parsed here with the binary's own checks (at the layout's world,
     the flags against the model included), so a run that would be refused is refused before the healthy
     run trains rather than after it."""
     from semimig.bench.llm.flags import parse_args as check_binary  # the binary's own parse and checks
 
     saved = {k: os.environ.get(k) for k in ("WORLD_SIZE", "RANK")}
-    os.environ.update(WORLD_SIZE="2", RANK="0")
+    os.environ.update(WORLD_SIZE=str(args.world), RANK="0")
     try:
         with tempfile.TemporaryDirectory(prefix="semimig-ttl-check-") as tmp:
             for mode in args.modes:
@@ -222,12 +288,13 @@ def check_commands(p: argparse.ArgumentParser, args: argparse.Namespace) -> None
 
 
 def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
-    """The run's command line: the binary under torchrun, wrapped by ``semimig throttle`` (which also
-    pins each rank to its own core; fraction 1 for the runs that are not really throttled, the
-    neighbour's included)."""
+    """The run's command line: the binary under torchrun (``tp x dp`` ranks, ``--tp``), wrapped by
+    ``semimig throttle`` (which also pins each rank to core rank mod cores; fraction 1 for the runs
+    that are not really throttled, the neighbour's included).  A share below 1 holds every rank at it
+    (``--share``), healthy's straggler rank included; the throttled modes' straggler at ``--fraction``."""
     example = [str(BINARY), "--data", "shakespeare",
                "--hidden", str(args.hidden), "--layers", str(args.layers), "--heads", str(args.heads),
-               "--kv-heads", str(args.kv_heads), "--batch-size", str(args.batch_size),
+               "--kv-heads", str(args.kv_heads), "--tp", str(args.tp), "--batch-size", str(args.batch_size),
                "--seq-len", str(args.seq_len), "--steps", str(args.steps), "--eval-every", str(args.eval_every),
                "--balance", "off" if mode in ("healthy", "off", "uneven") else mode.removesuffix("-paired"),
                "--json", str(out), "--log-every", "10"]
@@ -241,14 +308,16 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
         example += ["--resize-block", str(args.resize_block)]
     if args.reflex != "on" and mode in RESIZING:  # the resizing modes' reflex: the others refuse the flag
         example += ["--reflex", args.reflex]
-    fraction = 1.0
+    fraction = 1.0 if args.share >= 1 else args.share
     if mode != "healthy":
         if args.straggler in ("device", "gemm"):
             example += ["--straggler", device_spec(args)]
         elif args.straggler == "real":
             fraction = args.fraction  # (a neighbour runs beside the ranks: run_once)
-    throttle = [sys.executable, "-m", "semimig.cli", "throttle", "--rank", "1", "--fraction", f"{fraction:g}",
-                "--period-us", str(args.period_us), "--pin"]
+    throttle = [sys.executable, "-m", "semimig.cli", "throttle", "--rank", str(args.straggler_rank),
+                "--fraction", f"{fraction:g}", "--period-us", str(args.period_us), "--pin"]
+    if args.share < 1:
+        throttle += ["--share", f"{args.share:g}"]
     if mode != "healthy" and args.straggler == "real" and args.pattern:
         # the pattern starts with the first training step (the example creates the file), not with
         # the start-up: throttled from step 0, as the pattern says
@@ -256,7 +325,7 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
         throttle += ["--pattern", args.pattern, "--pattern-after", str(started), "--switch-log", str(switch_log(out))]
         example += ["--started-file", str(started)]
     # torchrun's own log directory inside the run's temporary one (its default, /tmp/torchelastic_*, stays behind)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.world),
                 "--log-dir", str(out.with_name(out.stem + "-torchrun"))]
     return throttle + ["--"] + torchrun + example
 
@@ -313,7 +382,7 @@ def run_once(args: argparse.Namespace, mode: str, workdir: Path, repeat: int) ->
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     print(f"[{time.strftime('%H:%M:%S')}] {mode} #{repeat}: {' '.join(cmd[cmd.index('--') + 1:])}", flush=True)
     log = workdir / f"{mode}-{repeat}.log"
-    busy = rank_core(1) if args.straggler == "neighbour" and mode != "healthy" else None
+    busy = rank_core(args.straggler_rank) if args.straggler == "neighbour" and mode != "healthy" else None
     with open(log, "w") as f, neighbour(busy):
         returncode = run_ended(cmd, stdout=f, env=env, timeout_s=args.timeout_s)
     if returncode != 0 or not out.is_file():
@@ -443,12 +512,16 @@ def run(args: argparse.Namespace, argv) -> int:
     modes = {mode: summarize_mode(rs, target) for mode, rs in runs.items()}
     base_step, base_time = modes["healthy"]["steady_step_s"], modes["healthy"]["time_to_target_s"]
     chi = straggler_chi(args, modes)
+    limit = None if chi is None else exact_limit(chi, args.world)
+    for m in modes.values():
+        m["steady_vs_healthy"] = m["steady_step_s"] / base_step
+        m["limit_vs_healthy"] = limit
     result = {
         "straggler": args.straggler, "scope": {"real": "real-throttle"}.get(args.straggler, args.straggler),
         "spec": straggler_spec(args), "chi": chi,
         "period_us": args.period_us if args.straggler == "real" else None,
         "pattern": args.pattern, "reflex": args.reflex, "target_val_loss": target,
-        "exact_limit_vs_healthy": None if chi is None else exact_limit(chi),
+        "layout": layout(args), "exact_limit_vs_healthy": limit,
         "pattern_limit_vs_healthy": pattern_limits(args, chi, modes["healthy"]),
         "unigram_entropy_nats": raw["healthy"][0]["summary"].get("unigram_entropy_nats"),
         "model": {k: getattr(args, k)
@@ -459,20 +532,21 @@ def run(args: argparse.Namespace, argv) -> int:
                 for mode, rs in raw.items()},
     }
     write_result(args.json, "time_to_loss", argv, vars(args), **result)
-    print(f"\ntime to the same model: {result['spec']}, tiny Llama h{args.hidden} x{args.layers}, tp=2, "
+    print(f"\ntime to the same model: {result['spec']}, tiny Llama h{args.hidden} x{args.layers}, "
+          f"tp {args.tp} x dp {args.dp}, "
           f"{args.steps} steps x {args.repeats}; target val loss {target if target is None else round(target, 4)} "
           f"(healthy's final + {TARGET_TOLERANCE:.0%}); exact limit "
           + ("n/a" if result["exact_limit_vs_healthy"] is None
-             else f"{result['exact_limit_vs_healthy']:.2f}x (chi {chi:.2f})"))
-    print(f"{'mode':>10} {'steady s':>9} {'vs healthy':>10} {'mean step':>9} {'worst':>6} {'final val':>9} "
-          f"{'to target s':>11} {'vs healthy':>10}  balanced share by rank; re-plans")
-    print(f"{'':>10} {'':>9} {'':>10} {'vs healthy steady step':>16}")
+             else f"{limit:.2f}x (chi {chi:.2f}, {args.world} ranks)"))
+    print(f"{'mode':>10} {'steady s':>9} {'vs healthy':>10} {'limit':>6} {'mean step':>9} {'worst':>6} "
+          f"{'final val':>9} {'to target s':>11} {'vs healthy':>10}  balanced share by rank; re-plans")
+    print(f"{'':>10} {'':>9} {'':>10} {'':>6} {'vs healthy steady step':>16}")
     for mode, m in modes.items():
         ttt = m["time_to_target_s"]
         share = " / ".join("-" if s is None else f"{s:.2f}" for s in (m["balanced_share"] or []))
         worst = "-" if m["worst_step_s"] is None else f"{m['worst_step_s'] / base_step:.2f}x"
-        print(f"{mode:>10} {m['steady_step_s']:>9.3f} {m['steady_step_s'] / base_step:>9.2f}x "
-              f"{m['mean_step_s'] / base_step:>8.2f}x {worst:>6} "
+        print(f"{mode:>10} {m['steady_step_s']:>9.3f} {m['steady_vs_healthy']:>9.2f}x "
+              f"{'-' if limit is None else f'{limit:.2f}x':>6} {m['mean_step_s'] / base_step:>8.2f}x {worst:>6} "
               f"{m['final_val_loss'] if m['final_val_loss'] is not None else float('nan'):>9.4f} "
               f"{'never' if ttt is None else f'{ttt:.1f}':>11} "
               f"{'-' if ttt is None or not base_time else f'{ttt / base_time:.2f}x':>10}  {share}{replans(m)}")
@@ -485,11 +559,19 @@ def run(args: argparse.Namespace, argv) -> int:
     return 0
 
 
+def layout(args: argparse.Namespace) -> dict:
+    """The run's layout as the result file records it."""
+    return {"tp": args.tp, "dp": args.dp, "world": args.world, "cores": args.cores, "straggler_rank": args.straggler_rank,
+            "share": args.share if args.straggler == "real" else None,
+            "fraction": args.fraction if args.straggler == "real" else None}
+
+
 def straggler_chi(args: argparse.Namespace, modes: dict) -> Optional[float]:
-    """Rank 1's slowdown: the throttle's ``1/fraction``, the device straggler's ``chi``; a neighbour's
-    from ``off``'s steady step against healthy's (``None`` without ``off``); none for GEMMs only."""
+    """The straggler's slowdown against the other ranks: the throttle's ``share / fraction``, the device
+    straggler's ``chi``; a neighbour's from ``off``'s steady step against healthy's (``None`` without
+    ``off``); none for GEMMs only."""
     if args.straggler == "real":
-        return 1 / args.fraction
+        return args.share / args.fraction
     if args.straggler == "device":
         return args.chi
     if args.straggler == "neighbour" and "off" in modes:
@@ -507,8 +589,8 @@ def pattern_limits(args: argparse.Namespace, chi: Optional[float], healthy: dict
         return None
     on, off = args.on_off
     ttt = healthy["time_to_target_s"]
-    return {"mean_step": pattern_limit(chi, on, off, healthy["train_s"]),
-            "time_to_target": None if ttt is None else pattern_limit(chi, on, off, ttt)}
+    return {"mean_step": pattern_limit(chi, on, off, healthy["train_s"], args.world),
+            "time_to_target": None if ttt is None else pattern_limit(chi, on, off, ttt, args.world)}
 
 
 def print_against_pattern(modes: dict, limits: Optional[dict]) -> None:
@@ -532,9 +614,10 @@ def print_against_pattern(modes: dict, limits: Optional[dict]) -> None:
 def straggler_spec(args: argparse.Namespace) -> str:
     """The straggler in words, for the result file and the printed header."""
     if args.straggler == "real":
-        return f"rank 1 at {args.fraction:g} of its core"
+        others = "" if args.share >= 1 else f", every other rank at {args.share:g}"
+        return f"rank {args.straggler_rank} at {args.fraction:g} of a core{others}"
     if args.straggler == "neighbour":
-        return f"a busy loop on rank 1's core ({rank_core(1)})"
+        return f"a busy loop on rank {args.straggler_rank}'s core ({rank_core(args.straggler_rank)})"
     return device_spec(args)
 
 

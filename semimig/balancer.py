@@ -53,7 +53,11 @@ the numbers are gathered over the world; under plain DP (``zero_stage=0``) each 
 plans for itself (one policy per replica, a move of any replica moving every replica at the same
 step: :func:`semimig.shardformer.replicas.apply_replica_plans`); under ZeRO every replica holds one
 plan, solved for the slowest rank at each TP position (:func:`semimig.resharder.slowest_per_position`;
-its flat buffers need equal shapes across the DP group).  With ``batch=``, Poplar's split absorbs the rest.
+its flat buffers need equal shapes across the DP group).  With ``batch=`` under plain DP, one joint planner
+(:mod:`semimig.resharder.joint`, :func:`semimig.sharding.joint.plan_job`) chooses every replica's plan and the
+batch split together whenever a replica's policy decides, within every rank's memory
+(``BatchSplit.memory_bytes``; one INFO line when memory, not speed, bounds the plan), and the batch split
+only carries its samples out (no re-plan trigger of its own: one owner); under ZeRO Poplar's split absorbs the rest.
 Before the first step ``enable`` runs a short device probe on the TP group (the same fixed GEMMs on
 every rank, ~0.1 s) and moves at once for a rank that is clearly and consistently slow
 (:meth:`~semimig.resharder.Resharder.probe`; ``ReshardConfig(probe=0)`` turns it off; with
@@ -200,6 +204,9 @@ class Balancer:
         self._log(report)
         if self.resharder is not None:
             plan = self.resharder.observe(report)  # collective; equal on every rank
+            samples = self.resharder.samples  # the joint planner's split (DP with a batch split): the next step's
+            if samples is not None and self.hybrid is not None and samples != self.hybrid.plan.samples:
+                self.hybrid.adopt(samples)
             if plan is not None or self.resharder.settled_now:
                 rebuilt = self._rebuild(self.controller, self.resharder.plan, settled=plan is None)
                 if rebuilt is not None:
@@ -469,8 +476,11 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
                                    iterations_per_epoch=iterations_per_epoch)
     resharder = rebuild = None
     if plan is not None:
+        joint = batch is not None and mode == "reshard"  # every replica's plan and the split: one planner
         resharder, rebuild = make_resharder(model, optimizer, plugin, plan, mode, balance_config, reshard,
-                                            iterations_per_epoch)
+                                            iterations_per_epoch, batch=batch if joint else None)
+        if resharder.samples is not None:  # the split has one owner: the batch balancer only carries it out
+            batch = dataclasses.replace(batch, allocation="even", replan=None)
         if resharder.probe(controller.clock, dtype=_param_dtype(model)) is not None:  # a device slow from the start
             controller, layers = rebuild(controller, resharder.plan, settled=False)
         else:
@@ -483,6 +493,12 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
                     f"; re-sharding from {plan}" if plan is not None else "")
     try:
         hybrid = None if batch is None else batch.hybrid_balancer(plugin, controller=controller)
+        if hybrid is not None and resharder is not None and resharder.samples is not None:
+            hybrid.adopt(resharder.samples)
+            if torch.distributed.get_rank() == 0:
+                logger.info("semimig: mode=reshard with a batch split over %d data-parallel replicas: one joint "
+                            "planner chooses every replica's plan and the split (samples %s); the batch split "
+                            "does not re-plan on its own", len(resharder.samples), list(resharder.samples))
         return Balancer(controller, layers, optimizer=optimizer, log_every=log_every, resharder=resharder,
                         rebuild=rebuild, hybrid=hybrid)
     except BaseException:

@@ -190,10 +190,13 @@ def _median_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
 
 
 def exact_limit(chi: float, ranks: int = 2) -> float:
-    """The group's exact limit with one rank ``chi`` times slower and work re-split in proportion to
-    speed (DESIGN §8, replicated work R = 0 or small enough that every share stays >= 0)::
+    """The exact limit with one of ``ranks`` ranks ``chi`` times slower and work re-split in proportion
+    to speed (DESIGN §8, replicated work R = 0 or small enough that every share stays >= 0): a TP
+    group's, and a whole tp x dp job's with ``ranks`` = tp·dp (its speed is the sum of its ranks')::
 
         t / t_healthy = e / (e − 1 + 1/chi) = e·chi / ((e − 1)·chi + 1)      2chi/(chi+1) for e = 2
+
+    (1.23x for one of four ranks at chi 4, 1.10x for one of eight.)
     """
     check_number("chi", chi, minimum=1.0)
     return ranks * chi / ((ranks - 1) * chi + 1)

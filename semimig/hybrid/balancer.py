@@ -41,7 +41,7 @@ from torch.utils._pytree import tree_map
 from semimig._validate import check_choice, check_int
 from semimig.allocation.allocate import even_plan, poplar_plan
 from semimig.allocation.data import MicroBatch
-from semimig.allocation.plan import AllocationPlan
+from semimig.allocation.plan import AllocationPlan, DevicePlan
 from semimig.allocation.request import AllocationRequest
 from semimig.allocation.speed import MIN_TIME_S, SpeedCurve
 from semimig.comm import primitives as P
@@ -138,6 +138,27 @@ class HybridBalancer:
     def _set_plan(self, plan: AllocationPlan) -> None:
         verify_batch_plan(plan)
         self._plan = plan
+
+    def adopt(self, samples: Sequence[int]) -> None:
+        """Take ``samples[g]`` rows per group from the next iteration on, chosen by another owner (the joint
+        planner of :class:`~semimig.resharder.Resharder`, identical on every rank): each group's rows in
+        micro-steps of at most its curve's ``max_batch_size``, verified like any plan (collective: one
+        int64 all-gather).  Only where this balancer does not re-plan on its own (no trigger)."""
+        if self.trigger is not None:
+            raise ConfigError("adopt(): this batch split re-plans on its own (a re-plan trigger); a plan chosen "
+                              "elsewhere needs replan=None: one owner of the split")
+        samples = tuple(check_int(f"samples[{g}]", b, minimum=0) for g, b in enumerate(samples))
+        if len(samples) != self.layout.dp_size or sum(samples) != self.request.global_batch_size:
+            raise ConfigError(f"adopt(): samples {list(samples)} must give the {self.layout.dp_size} groups the "
+                              f"global batch {self.request.global_batch_size}")
+        devices = []
+        for b, curve in zip(samples, self.request.curves):
+            micro = min(b, curve.max_batch_size)
+            steps = -(-b // micro) if micro else 1
+            devices.append(DevicePlan(name=curve.name, micro_batch_size=micro, accumulation_steps=steps,
+                                      last_batch_size=b - (steps - 1) * micro))
+        self._set_plan(AllocationPlan(zero_stage=self.zero_stage, global_batch_size=self.request.global_batch_size,
+                                      devices=tuple(devices), comm_time_s=self.request.comm_time_s))
 
     def micro_batches(self, batch: Any) -> list[MicroBatch]:
         """This group's micro-batches of one global ``batch`` (tensors with ``gbs`` rows, same on every rank).

@@ -30,6 +30,7 @@ global-batch mean whatever the split (tests/multirank/test_hybrid_gradients.py, 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -60,7 +61,10 @@ class BatchSplit:
     ``replan``                when a group's speed moves, re-plan (``None``: keep the first plan; with
                               ``curves=None`` and ``poplar`` the trigger is what calibrates, so it is required);
     ``comm_time_s``           Poplar's collective seconds per iteration (ZeRO-0/1) or micro-step (ZeRO-2);
-    ``max_accumulation_steps`` cap on micro-steps per iteration (``None``: none).
+    ``max_accumulation_steps`` cap on micro-steps per iteration (``None``: none);
+    ``memory_bytes``          bytes each rank may hold under a plan the joint planner chooses (``mode="reshard"``
+                              with ``dp_size > 1`` and ``zero_stage=0``: :meth:`capacity`); ``None``: on CUDA the
+                              device's free memory plus what this process holds at ``enable``, elsewhere unlimited.
     """
 
     global_batch_size: int
@@ -70,6 +74,7 @@ class BatchSplit:
     replan: Optional[ReplanConfig] = field(default_factory=ReplanConfig)
     comm_time_s: float = 0.0
     max_accumulation_steps: Optional[int] = None
+    memory_bytes: Optional[float] = None
 
     def __post_init__(self) -> None:
         check_int("BatchSplit.global_batch_size", self.global_batch_size, minimum=1)
@@ -77,6 +82,8 @@ class BatchSplit:
         check_int("BatchSplit.max_batch_size", self.max_batch_size, minimum=1, allow_none=True)
         check_number("BatchSplit.comm_time_s", self.comm_time_s, minimum=0.0)
         check_int("BatchSplit.max_accumulation_steps", self.max_accumulation_steps, minimum=1, allow_none=True)
+        if self.memory_bytes is not None and self.memory_bytes != math.inf:
+            check_number("BatchSplit.memory_bytes", self.memory_bytes, minimum=0.0, low_open=True)
         if self.replan is not None and not isinstance(self.replan, ReplanConfig):
             raise ConfigError(f"BatchSplit.replan must be a ReplanConfig or None, got {self.replan!r}")
         if self.curves is not None:
@@ -98,6 +105,19 @@ class BatchSplit:
     def calibrates(self) -> bool:
         """No profile: the first re-plan sets every group's speed from measurement."""
         return self.curves is None and self.allocation == "poplar"
+
+    def capacity(self, device: Any = None) -> float:
+        """This rank's bytes for the joint planner: ``memory_bytes`` when given; else on a CUDA ``device`` the
+        free memory plus what this process's allocator holds now (the model and optimizer state already
+        in it count against the plan's bytes too), elsewhere ``math.inf``."""
+        if self.memory_bytes is not None:
+            return float(self.memory_bytes)
+        import torch
+
+        if device is None or torch.device(device).type != "cuda":
+            return math.inf
+        free, _ = torch.cuda.mem_get_info(device)
+        return float(free + torch.cuda.memory_reserved(device))
 
     def curves_for(self, dp_size: int) -> tuple[SpeedCurve, ...]:
         """One curve per DP group: the given ones (their count checked), or the uncalibrated start."""

@@ -1,6 +1,6 @@
 """``semimig throttle``: run a command and throttle its worker of one rank (a real CPU straggler).
 
-    semimig [-v] throttle --rank R --fraction F [--period-us P]
+    semimig [-v] throttle --rank R --fraction F [--share S] [--period-us P]
                           [--pattern ON:OFF [--pattern-after PATH] [--switch-log F]]
                           [--pin] [--timeout S] -- COMMAND ARGS...
 
@@ -10,14 +10,17 @@ environment has ``RANK == R`` (``LOCAL_RANK`` where ``RANK`` is absent) is attac
 :class:`~semimig.straggler.throttle.CpuThrottle` as soon as it appears, together with any process
 it started before that (they share the rank's quota; later children follow by themselves).
 ``--pin`` pins every worker (all threads) to core ``LOCAL_RANK mod ncpu`` of the cores this
-launcher may use.  ``--pattern ON:OFF`` throttles for ON seconds then frees for OFF, repeating,
+launcher may use.  ``--share S`` holds every other rank too, each in a cgroup of its own at ``S``
+of a core (``--fraction`` stays absolute: ``--share 0.5 --fraction 0.125`` makes rank R four times
+slower than the others), and pins every worker as ``--pin`` does: more ranks than cores, each
+with a known share of one (``F <= S``; no ``--pattern``: its free phases would run at a whole core).  ``--pattern ON:OFF`` throttles for ON seconds then frees for OFF, repeating,
 from the moment the worker is attached (or, with ``--pattern-after PATH``, from the moment PATH
 exists: the rank runs free until then); ``--switch-log FILE`` writes the wall-clock times of its
 switches there when COMMAND ends (to match a run's steps with the phases; an existing file needs
 ``--overwrite``, and it may not be one of COMMAND's own output paths).  SIGINT, SIGTERM, SIGHUP
 and SIGQUIT are forwarded to COMMAND's process group (SIGKILL follows if it is still running 10 s
 later); COMMAND gets SIGTERM if the launcher itself is killed, SIGKILL included
-(:func:`semimig._lifetime.die_with_parent`); the cgroup is removed on every exit path, and
+(:func:`semimig._lifetime.die_with_parent`); every cgroup is removed on every exit path, and
 leftovers of crashed runs are removed first.
 
 Exit status: COMMAND's (128 + N when it died of signal N, 124 after ``--timeout``); 1 when COMMAND
@@ -30,6 +33,7 @@ throttle cannot be made here (nothing is started then).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -76,23 +80,36 @@ def _rank_env(proc: Any) -> Optional[Dict[str, int]]:
 
 
 class _Watcher:
-    """The per-poll work: find ranked descendants, attach rank R's, pin workers."""
+    """The per-poll work: find ranked descendants, attach rank R's (and, with ``share_throttle``,
+    every other rank's to a cgroup of its own), pin workers."""
 
     def __init__(self, root_pid: int, throttle: CpuThrottle, *, rank: int, pin: bool,
                  pattern: Optional[ThrottlePattern], announce: Callable[[str], None],
                  on_switch: Optional[Callable[[float, float], None]] = None,
-                 pattern_after: Optional[str] = None) -> None:
+                 pattern_after: Optional[str] = None,
+                 share_throttle: Optional[Callable[[], CpuThrottle]] = None, world: Optional[int] = None) -> None:
         import psutil
 
         self._root = psutil.Process(root_pid)
         self._throttle, self._rank, self._pin, self._pattern = throttle, rank, pin, pattern
         self._announce, self._on_switch, self._pattern_after = announce, on_switch, pattern_after
+        self._share_throttle, self._world = share_throttle, world
         self._cpus = sorted(os.sched_getaffinity(0))
         self._ranked: Dict[int, Dict[str, int]] = {}
         self._pinned: Dict[int, set] = {}
+        self.shares: Dict[int, CpuThrottle] = {}
+        """With ``share_throttle``: every other rank seen so far and its own throttle."""
         self.driver: Optional[PatternDriver] = None
         self.found = False
         """Whether a process of rank R has been attached (and announced)."""
+
+    @property
+    def settled(self) -> bool:
+        """Whether every rank asked for has been attached (polling may slow down then): rank R, and with
+        ``share_throttle`` and a known world every other rank as well."""
+        if not self.found:
+            return False
+        return self._share_throttle is None or self._world is None or len(self.shares) >= self._world - 1
 
     def poll(self) -> None:
         import psutil
@@ -114,6 +131,8 @@ class _Watcher:
                 self._ranked[proc.pid] = info
                 if info["rank"] == self._rank:
                     self._attach(proc.pid, info)
+                elif self._share_throttle is not None:
+                    self._attach_share(proc.pid, info)
             if self._pin:
                 self._pin_new_threads(proc.pid, self._ranked[proc.pid]["local_rank"])
 
@@ -138,6 +157,23 @@ class _Watcher:
                 self.driver = PatternDriver(self._throttle, self._pattern, on_switch=self._on_switch).start()
         else:
             logger.info("throttle: pid %d (RANK %d) joins %s", pid, info["rank"], self._throttle.path)
+
+    def _attach_share(self, pid: int, info: Dict[str, int]) -> None:
+        """Into the cgroup of ``info``'s rank (made at its first process; later ones join it)."""
+        throttle = self.shares.get(info["rank"])
+        first = throttle is None
+        if first:
+            throttle = self.shares[info["rank"]] = self._share_throttle()
+        try:
+            throttle.attach(pid)
+        except ProcessLookupError:
+            return
+        if first:
+            self._announce(f"semimig throttle: pid {pid} (RANK {info['rank']}, LOCAL_RANK {info['local_rank']}) "
+                           f"held to its share, {throttle.fraction:g} of a core, period {throttle.period_us} us, "
+                           f"cgroup {throttle.path}")
+        else:
+            logger.info("throttle: pid %d (RANK %d) joins %s", pid, info["rank"], throttle.path)
 
     def _pin_new_threads(self, pid: int, local_rank: int) -> None:
         core = self._cpus[local_rank % len(self._cpus)]
@@ -222,7 +258,8 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
                   pattern: Optional[ThrottlePattern] = None, pin: bool = True, timeout_s: Optional[float] = None,
                   poll_s: float = 0.05, controller: Optional[CpuController] = None,
                   announce: Optional[Callable[[str], None]] = None, switch_log: Optional[str] = None,
-                  pattern_after: Optional[str] = None, overwrite: bool = False) -> int:
+                  pattern_after: Optional[str] = None, overwrite: bool = False,
+                  share: Optional[float] = None) -> int:
     """Run ``argv`` with its rank-``rank`` worker throttled (module docstring); returns the exit status.
 
     ``pattern`` (its own fraction) replaces ``fraction`` when given.  ``announce`` receives the one
@@ -233,7 +270,9 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
     writable before the command starts).  ``pattern_after`` (with a ``pattern`` only): the rank runs
     free until this path exists, then the pattern starts (a run's training, not its start-up).
     ``overwrite``: replace an existing ``switch_log``.  A command that succeeds with nothing throttled
-    as asked returns 1 (module docstring).
+    as asked returns 1 (module docstring).  ``share`` (in (0, 1], at least ``fraction``): every other
+    rank in a cgroup of its own at this share of a core, each made when the rank's first process
+    appears, all removed on every exit path; it implies ``pin`` and excludes ``pattern``.
     """
     argv = [str(a) for a in argv]
     if not argv:
@@ -241,6 +280,8 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
     check_int("rank", rank, minimum=0)
     fraction = check_number("fraction", fraction, minimum=0.0, maximum=1.0, low_open=True)
     check_bool("pin", pin)
+    if share is not None:
+        share = check_number("--share", share, minimum=0.0, maximum=1.0, low_open=True)
     check_number("timeout_s", timeout_s, minimum=0.0, low_open=True, allow_none=True)
     check_number("poll_s", poll_s, minimum=0.0, low_open=True)
     announce = announce or logger.info
@@ -260,11 +301,19 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
             raise ConfigError(f"--pattern-after {pattern_after} delays a pattern: it needs --pattern")
         if os.path.exists(pattern_after):
             raise ConfigError(f"--pattern-after {pattern_after} exists already: the pattern would start at once")
+    if share is not None:
+        if pattern is not None:
+            raise ConfigError(f"--pattern {pattern.on_s:g}:{pattern.off_s:g} with --share {share:g}: the free phases "
+                              "would run at a whole core, above the other ranks' share; drop one of them")
+        if fraction > share:
+            raise ConfigError(f"--fraction {fraction:g} is above --share {share:g}: rank {rank} would be the fastest, "
+                              "not a straggler; give a fraction <= the share")
+        pin = True  # a share of a core means one core: every rank on its own (LOCAL_RANK mod ncpu)
     switches: List[Dict[str, float]] = []
 
     first = 1.0 if pattern_after is not None else pattern.fraction if pattern else fraction
     with CpuThrottle(first, period_us=period_us, controller=controller,
-                     handle_signals=False) as throttle:
+                     handle_signals=False) as throttle, contextlib.ExitStack() as shares:
         # after the throttle exists, so that an unusable cgroup refuses before anything is started
         for path in remove_stale_throttles(controller):
             logger.warning("removed a stale throttle cgroup left by a dead run: %s", path)
@@ -294,9 +343,11 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
             raise
         for signum in pending:
             forward(signum, None)
+        share_throttle = None if share is None else lambda: shares.enter_context(CpuThrottle(
+            share, period_us=period_us, controller=controller, handle_signals=False))
         watcher = _Watcher(proc.pid, throttle, rank=rank, pin=pin, pattern=pattern, announce=announce,
                            on_switch=lambda unix_s, f: switches.append({"unix_s": unix_s, "fraction": f}),
-                           pattern_after=pattern_after)
+                           pattern_after=pattern_after, share_throttle=share_throttle, world=world)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         timed_out = False
         try:
@@ -311,7 +362,7 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
                     kill_at.clear()
                     logger.warning("throttle: %s still running %g s after a signal; killing it", argv[0], KILL_GRACE_S)
                     _kill_tree(proc.pid)
-                time.sleep(poll_s if not watcher.found else max(poll_s, 0.25))
+                time.sleep(poll_s if not watcher.settled else max(poll_s, 0.25))
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -341,6 +392,9 @@ def add_throttle_subcommand(subparsers: Any) -> None:
                                    "(a real straggler; Linux cgroups, root)", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rank", type=int, required=True, help="throttle the process whose RANK is this")
     parser.add_argument("--fraction", type=float, required=True, help="share of one core it may use, (0, 1]")
+    parser.add_argument("--share", type=float, default=None, metavar="S",
+                        help="every other rank in a cgroup of its own at S of a core, (0, 1], >= --fraction "
+                             "(more ranks than cores; implies --pin)")
     parser.add_argument("--period-us", type=int, default=DEFAULT_PERIOD_US,
                         help=f"CFS period in microseconds (default {DEFAULT_PERIOD_US})")
     parser.add_argument("--pattern", default=None, help="ON:OFF seconds: throttled ON, free OFF, repeating")
@@ -367,6 +421,7 @@ def run_throttle_cli(args: argparse.Namespace) -> int:
         pattern = None if args.pattern is None else ThrottlePattern.parse(args.pattern, fraction=args.fraction)
         return run_throttled(command, rank=args.rank, fraction=args.fraction, period_us=args.period_us,
                              pattern=pattern, pin=args.pin, timeout_s=args.timeout, switch_log=args.switch_log,
+                             share=args.share,
                              pattern_after=args.pattern_after, overwrite=args.overwrite,
                              announce=lambda line: print(line, file=sys.stderr, flush=True))
     except ConfigError as err:

@@ -452,3 +452,78 @@ def test_a_command_that_cannot_run_is_refused_in_one_line_with_the_shells_code(c
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 2 and all(line.startswith("semimig throttle: error: cannot run") for line in err), err
     assert not [d for d in os.listdir(controller.root) if d.startswith("semimig-throttle-")]
+
+
+SHARE_LAUNCHER = r"""
+import os, subprocess, sys
+WORKER = r'''
+import os, sys, time
+root = sys.argv[1]
+deadline = time.monotonic() + 20.0
+while time.monotonic() < deadline:   # until the launcher has moved this process into its rank's cgroup
+    line = [l for l in open("/proc/self/cgroup").read().splitlines() if "cpu" in l.split(":")[1].split(",")][0]
+    path = os.path.join(root, line.split(":", 2)[2].lstrip("/"))
+    if os.path.basename(path).startswith("semimig-throttle-"):
+        break
+    time.sleep(0.02)
+time.sleep(0.3)   # the launcher pins this worker on its next poll
+quota = open(os.path.join(path, "cpu.cfs_quota_us")).read().strip()
+period = open(os.path.join(path, "cpu.cfs_period_us")).read().strip()
+line = "rank %s cgroup %s quota %s period %s cores %s\n" % (
+    os.environ["RANK"], path, quota, period, sorted(os.sched_getaffinity(0)))
+os.write(1, line.encode())   # one write: the workers share the pipe
+'''
+world = int(sys.argv[2])
+workers = [subprocess.Popen([sys.executable, "-c", WORKER, sys.argv[1]],
+                            env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(world)]
+sys.exit(0 if [w.wait() for w in workers] == [0] * world else 1)
+"""
+
+
+@pytest.mark.parametrize("world, share, fraction, straggler, periods", [
+    (4, 0.5, 0.125, 3, {"share": ("2000", "4000"), "straggler": ("1000", "8000")}),
+    (8, 0.25, 0.0625, 5, {"share": ("1000", "4000"), "straggler": ("1000", "16000")}),
+])
+def test_share_puts_every_rank_in_a_cgroup_of_its_own_and_removes_them_all(controller, tmp_path, world, share,
+                                                                           fraction, straggler, periods):
+    """``--share``: each rank its own cgroup at the share (the straggler at its absolute fraction, its
+    period lengthened where the quota would be under 1000 us), each pinned to core rank mod ncpu;
+    every cgroup gone when the command ends."""
+    if controller.version != 1:
+        pytest.skip("the workers read the v1 cpu.cfs_* files")
+    script = tmp_path / "fake_torchrun.py"
+    script.write_text(SHARE_LAUNCHER)
+    cmd = [sys.executable, "-m", "semimig.straggler.throttle_cli", "--rank", str(straggler), "--fraction",
+           str(fraction), "--share", str(share), "--", sys.executable, str(script), controller.root, str(world)]
+    before = {n for n in os.listdir(controller.root) if n.startswith(NAME_PREFIX)}
+    out = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    reports = re.findall(r"^rank (\d) cgroup (\S+) quota (\d+) period (\d+) cores (\[[\d, ]*\])$", out.stdout,
+                         flags=re.M)
+    assert sorted(int(r[0]) for r in reports) == list(range(world)), (out.stdout, out.stderr)
+    allowed = sorted(os.sched_getaffinity(0))
+    for rank, path, quota, period, cores in reports:
+        kind = "straggler" if int(rank) == straggler else "share"
+        assert (quota, period) == periods[kind], (rank, quota, period)
+        assert cores == str([allowed[int(rank) % len(allowed)]]), (rank, cores)
+        assert not os.path.exists(path), path
+    assert len({path for _, path, *_ in reports}) == world            # one cgroup per rank
+    announced = [line for line in out.stderr.splitlines() if line.startswith("semimig throttle: pid")]
+    assert len(announced) == world, out.stderr
+    assert {n for n in os.listdir(controller.root) if n.startswith(NAME_PREFIX)} <= before
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--share", "0"], "--share must be a finite number > 0 and <= 1, got 0.0"),
+    (["--share", "1.5"], "--share must be a finite number > 0 and <= 1, got 1.5"),
+    (["--share", "0.1"], "--fraction 0.25 is above --share 0.1"),
+    (["--share", "0.5", "--pattern", "2:2"], "--pattern 2:2 with --share 0.5"),
+])
+def test_share_refusals_are_one_line_and_start_nothing(flags, said, tmp_path, capsys):
+    from semimig.straggler.throttle_cli import main
+
+    marker = tmp_path / "ran"
+    assert main(["--rank", "1", "--fraction", "0.25", *flags, "--", "touch", str(marker)]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("semimig throttle: error: ") and said in errors[0], errors
+    assert not marker.exists()

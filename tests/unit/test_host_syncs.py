@@ -65,7 +65,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("semimig/shardformer/replan.py", "_exchange", ".wait()"): RE_PLAN + ": moving units' weights",
     ("semimig/hybrid/agreement.py", "verify_batch_plan", ".item()"): RE_PLAN + ": the batch plan's digest",
     # setup
-    ("semimig/resharder.py", "probe_times", ".synchronize()"): SETUP + ": the device probe's synchronised repeats",
+    ("semimig/resharder/observe.py", "probe_times", ".synchronize()"): SETUP + ": the device probe's synchronised repeats",
     ("semimig/hybrid/layout.py", "GridLayout.from_plugin", ".item()"): SETUP,
     ("semimig/_compat/cpu_shim.py", "<module>", ".synchronize()"): "the CPU shim (no CUDA device)",
     ("semimig/_compat/cpu_shim.py", "_synchronize", ".synchronize()"): "the CPU shim (no CUDA device)",

@@ -63,7 +63,9 @@ def parse_args(argv: Optional[list[str]] = None, description: Optional[str] = No
                         "give --batch-split poplar a slow group to plan around")
     p.add_argument("--batch-split", default="none", choices=("none", "even", "poplar"),
                    help="with DP groups beside TP: split each global batch (--batch-size rows per DP rank) between "
-                        "them; 'poplar' gives faster TP groups more rows (the gradient stays the global-batch mean)")
+                        "them; 'poplar' gives faster TP groups more rows (the gradient stays the global-batch mean); "
+                        "with --balance reshard and --zero-stage 0 one joint planner chooses every replica's shard "
+                        "plan and the split together")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=64)

@@ -1,0 +1,159 @@
+"""The re-sharder's joint step: every replica's plan and the batch split from one planner (DESIGN §8).
+
+Under plain data parallelism (``zero_stage=0``) with a batch split (``enable(..., mode="reshard",
+batch=BatchSplit(...))``) the replicas' policies say *when* (any of them deciding), and
+:func:`~semimig.sharding.joint.plan_job` says *what*: every replica's plan and every replica's samples
+together, from one step model, within every rank's memory.  The batch balancer then only carries the
+split out (:meth:`~semimig.hybrid.HybridBalancer.adopt`, no re-plan trigger of its own): one owner.
+
+The policies read times per sample.  Replica ``d`` runs ``b_d`` of the global batch's ``B`` samples, so
+its rows are scaled by ``b̄/b_d`` (``b̄ = B/D``, compute, shardable and GEMM seconds; the collectives as
+they are) before a policy sees them (:func:`per_mean_batch`): a change of split is then no change of
+speed to the policy, and its ``R/S`` fits compare plans at one batch.  :func:`joint_problem` scales them
+back to each replica's own batch for :func:`~semimig.sharding.jobmodel.from_measured`.
+
+Memory (:class:`JointSetup`): every rank's capacity (``BatchSplit.capacity``), the bytes of one unit of
+each kind (its parameters over the layers, times the bytes a trained parameter holds: weight, gradient,
+fp32 master under bf16/fp16, the optimizer's moments) and the most any rank holds outside its units.
+Activations are not in the model (they depend on the sequence length the loop feeds, not known at
+``enable``); ``memory_bytes`` below the device's size leaves them room.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from semimig.comm import primitives as P
+from semimig.controller.reshard import ReshardSample
+from semimig.errors import ConfigError
+from semimig.sharding.jobmodel import JointProblem, UnitKind, from_measured, state_bytes_per_param
+from semimig.sharding.plan import ShardPlan
+
+__all__ = ["JointSetup", "even_samples", "joint_problem", "joint_setup", "own_compute", "per_mean_batch"]
+
+KINDS = ("mlp", "kv")
+"""The paired dimensions a plan splits, in the policies' order."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JointSetup:
+    """What the joint planner needs beyond the policies' windows (identical on every rank)."""
+
+    global_batch: int
+    dp: int
+    bytes_per_unit: tuple[float, ...]
+    """One unit's parameters, gradients and optimizer state per kind (:data:`KINDS`), bytes."""
+    fixed_bytes: float
+    """The most any rank holds outside its units (replicated parameters and their state), bytes."""
+    capacity_bytes: Optional[tuple[tuple[float, ...], ...]]
+    """``[replica][TP rank]`` bytes each rank may hold; ``None``: every rank unlimited."""
+    min_units: int = 0
+
+    def __post_init__(self) -> None:
+        if self.global_batch < self.dp:
+            raise ConfigError(f"the joint planner gives each of the {self.dp} data-parallel replicas at least one "
+                              f"sample: BatchSplit.global_batch_size={self.global_batch} is too small")
+
+
+def even_samples(global_batch: int, dp: int) -> tuple[int, ...]:
+    """``B`` samples over ``D`` replicas, the first ``B mod D`` taking one more."""
+    return tuple(global_batch // dp + (1 if d < global_batch % dp else 0) for d in range(dp))
+
+
+def per_mean_batch(sample: ReshardSample, samples: int, mean: float) -> ReshardSample:
+    """``sample`` (a replica's step at ``samples`` samples) scaled to ``mean`` samples: compute, shardable and
+    GEMM seconds times ``mean/samples``, the collectives as they are (module docstring)."""
+    scale = mean / samples
+    if scale == 1.0:
+        return sample
+    return dataclasses.replace(sample, compute_s=tuple(c * scale for c in sample.compute_s),
+                               shardable_s=tuple(b * scale for b in sample.shardable_s),
+                               gemm_s=None if sample.gemm_s is None else tuple(g * scale for g in sample.gemm_s))
+
+
+def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[int]) -> Optional[JointProblem]:
+    """The problem every replica's window poses (``None`` while some window is empty): per rank the median
+    compute per mean batch scaled to its replica's ``samples``, the policies' mean ``R/S`` and the kinds'
+    weights of replica 0's policy (every replica's policy starts from the same)."""
+    windows = [list(policy.samples) for policy in policies]
+    if any(not window for window in windows):
+        return None
+    mean = setup.global_batch / setup.dp
+    tp = len(windows[0][0].compute_s)
+    k = sum(policy.replicated_ratio for policy in policies) / len(policies)
+    own = own_compute([[statistics.median(s.compute_s[r] for s in w) for r in range(tp)] for w in windows],
+                      [[statistics.median(s.shardable_s[r] for s in w) for r in range(tp)] for w in windows],
+                      [policy.shares() for policy in policies])
+    compute = [[c * b / mean for c in row] for row, b in zip(own, samples)]
+    kinds = tuple(UnitKind(name=name, total_units=plan.total_units, work_per_sample=float(weight),
+                           min_units=setup.min_units, bytes_per_unit=nbytes)
+                  for name, plan, weight, nbytes in zip(KINDS, policies[0].plans, policies[0].weights,
+                                                        setup.bytes_per_unit))
+    return from_measured(compute, samples, [policy.plans for policy in policies], replicated_over_shardable=k,
+                         kinds=kinds, global_batch=setup.global_batch, capacity_bytes=setup.capacity_bytes,
+                         fixed_bytes=setup.fixed_bytes)
+
+
+def own_compute(compute: Sequence[Sequence[float]], shardable: Sequence[Sequence[float]],
+                shares: Sequence[Sequence[float]]) -> list[list[float]]:
+    """Every rank's compute seconds without its wait for a slower replica.
+
+    A replica faster than another waits for it in the data-parallel gradient reduction, and where that
+    reduction is not one of the collectives the step clock splits off (Colossal-AI's DDP all-reduce under
+    the step clock) the wait reads as compute, on every rank of the replica alike.  The shardable seconds
+    ``s`` (the paired layers' own spans) hold no such wait, and a rank at share ``p`` that waits for no one
+    has ``α = p·c/s = k + p`` whatever its speed.  Per replica ``α_d`` is the median over its ranks holding
+    units; the least is a replica that waits for no one, and every other replica's compute is scaled by
+    ``min α/α_d`` (a first-order correction: the wait read as a factor of the step)."""
+    alphas = []
+    for c_row, s_row, p_row in zip(compute, shardable, shares):
+        ratios = [p * c / s for c, s, p in zip(c_row, s_row, p_row) if s > 0.0 and p > 0.0]
+        alphas.append(statistics.median(ratios) if ratios else None)
+    known = [a for a in alphas if a]
+    if not known:
+        return [list(row) for row in compute]
+    base = min(known)
+    return [[c * (base / a if a else 1.0) for c in c_row] for c_row, a in zip(compute, alphas)]
+
+
+def as_policy_plans(plans: Sequence[ShardPlan], like: Sequence[ShardPlan]) -> tuple[ShardPlan, ...]:
+    """The planner's plans with the unit sizes of the plans in force (``like``)."""
+    return tuple(ShardPlan(units=p.units, unit_size=q.unit_size) for p, q in zip(plans, like))
+
+
+def _optimizer_kind(optimizer: Any) -> str:
+    inner = getattr(optimizer, "optim", optimizer)
+    name = type(inner).__name__.lower()
+    if "sgd" in name:
+        groups = getattr(inner, "param_groups", None) or [{}]
+        return "sgd-momentum" if groups[0].get("momentum", 0) else "sgd"
+    return "adam"  # Adam, AdamW and anything else: two fp32 moments per parameter, the larger guess
+
+
+def joint_setup(model: Any, optimizer: Any, plugin: Any, plan: Any, batch: Any, *, units: tuple[float, float],
+                min_units: int) -> JointSetup:
+    """The :class:`JointSetup` of this job (collective over the world: every rank's capacity and bytes
+    outside its units are gathered).  ``units``: one MLP block's and one KV group's parameters over the
+    layers (:func:`~semimig.resharder.plans.params_per_unit`); ``plan``: the plan in force (every replica's)."""
+    per_param = state_bytes_per_param(str(getattr(plugin, "precision", "fp32")), _optimizer_kind(optimizer))
+    unit_bytes = tuple(float(n * per_param) for n in units)
+    tp_rank = P.group_rank(plugin.tp_group)
+    config = getattr(model, "unwrap", lambda: model)().config
+    resolved = plan.resolve(config, P.group_size(plugin.tp_group))
+    held = (resolved.mlp.units[tp_rank], resolved.q.units[tp_rank])
+    params = list(model.parameters())
+    outside = sum(p.numel() for p in params) * per_param - sum(n * b for n, b in zip(held, unit_bytes))
+    device = next((p.device for p in params), None)
+    dp_rank = P.group_rank(plugin.dp_group)
+    rows = P.all_gather_rows([dp_rank, tp_rank, batch.capacity(device), max(outside, 0.0)], None)
+    dp = int(plugin.dp_size)
+    grid = {(int(r[0]), int(r[1])): r[2] for r in rows}
+    tp = P.group_size(plugin.tp_group)
+    caps = tuple(tuple(grid[(d, r)] for r in range(tp)) for d in range(dp))
+    unlimited = all(c == math.inf for row in caps for c in row)
+    return JointSetup(global_batch=batch.global_batch_size, dp=dp, bytes_per_unit=unit_bytes,
+                      fixed_bytes=max(r[3] for r in rows), capacity_bytes=None if unlimited else caps,
+                      min_units=min_units)

@@ -1,0 +1,259 @@
+"""The step and memory model of a tensor × data-parallel job, which the joint planner (:mod:`.joint`) minimises.
+
+``D`` replicas (data-parallel groups), each a TP group of ``e`` ranks; replica ``d`` takes ``b_d`` of the global
+batch's ``B`` samples.  The paired work is split in units of several kinds (MLP blocks, KV groups): kind ``k``
+has ``U_k`` units, ``n_{d,r,k}`` of them on rank ``r`` of replica ``d``.  At speed ``v_{d,r}`` (work per
+second) the rank's step is
+
+    t_{d,r} = (A(b_d) + Σ_k c_k(b_d)·n_{d,r,k}) / v_{d,r}
+    A(b) = R_0 + b·R_s                   the replicated work, every rank whole (norms, embeddings, head, host)
+    c_k(b) = (S_{0,k} + b·S_{s,k}) / U_k one unit's work (its GEMMs per sample, its parameters' update per step)
+
+the replica's step ``T_d = max_r t_{d,r}`` and the job's ``max_d T_d + comm``: the data-parallel gradient
+reduction waits for the slowest replica.  Rank ``r``'s peak bytes under a plan are
+
+    m_{d,r} = F + b_d·a_0 + Σ_k n_{d,r,k}·(β_k + b_d·a_k)  ≤  C_{d,r}
+
+``F`` the replicated parameters' state and buffers, ``a_0`` the replicated activations per sample, ``β_k`` one
+unit's parameters, gradients and optimizer state (:func:`state_bytes_per_param` per parameter), ``a_k`` its
+activations per sample, ``C_{d,r}`` the rank's capacity (``math.inf``: unlimited).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+from semimig._validate import check_choice, check_int, check_number
+from semimig.errors import ConfigError
+from semimig.sharding.plan import ShardPlan
+
+__all__ = ["UnitKind", "JointProblem", "JointPlan", "from_measured", "job_step", "peak_bytes", "state_bytes_per_param"]
+
+_BYTES = {"fp32": (4, 4, 0), "bf16": (2, 2, 4), "fp16": (2, 2, 4)}
+"""Per parameter: (weight, gradient, fp32 master copy) bytes of each precision."""
+_MOMENTS = {"adam": 8, "sgd-momentum": 4, "sgd": 0}
+"""Optimizer state bytes per parameter (fp32 moments)."""
+
+
+def state_bytes_per_param(precision: str = "fp32", optimizer: str = "adam") -> int:
+    """Bytes one trained parameter holds: weight + gradient (+ fp32 master under bf16/fp16) + the optimizer's
+    fp32 moments.  fp32 with Adam: 4 + 4 + 8 = 16; bf16 with Adam: 2 + 2 + 4 + 8 = 16."""
+    weight, grad, master = _BYTES[check_choice("precision", precision, tuple(_BYTES))]
+    return weight + grad + master + _MOMENTS[check_choice("optimizer", optimizer, tuple(_MOMENTS))]
+
+
+def _grid(name: str, value: object, *, allow_inf: bool) -> Tuple[Tuple[float, ...], ...]:
+    """A non-empty rectangular ``[replica][tp position]`` table of numbers > 0."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) or not value or any(
+            isinstance(row, (str, bytes)) or not isinstance(row, (tuple, list)) or not row for row in value):
+        raise ConfigError(f"{name} must be a non-empty tuple of non-empty tuples ([replica][tp position]), got {value!r}")
+    if len({len(row) for row in value}) != 1:
+        raise ConfigError(f"{name} must give every replica the same number of ranks, got {value!r}")
+    out = []
+    for d, row in enumerate(value):
+        out.append(tuple(math.inf if allow_inf and x == math.inf else
+                         check_number(f"{name}[{d}][{r}]", x, minimum=0.0, low_open=True) for r, x in enumerate(row)))
+    return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnitKind:
+    """One paired dimension a plan splits in whole units (MLP blocks, KV groups)."""
+
+    name: str
+    total_units: int
+    """``U_k``."""
+    work_per_sample: float
+    """``S_{s,k}``: the work of all its units per sample (seconds at speed 1)."""
+    work_fixed: float = 0.0
+    """``S_{0,k}``: its work per step whatever the batch (its parameters' optimizer update)."""
+    min_units: int = 0
+    """Units every rank keeps (0: a rank may hold none of this kind)."""
+    bytes_per_unit: float = 0.0
+    """``β_k``: one unit's parameters, gradients and optimizer state (:func:`state_bytes_per_param` each)."""
+    activation_bytes_per_unit_sample: float = 0.0
+    """``a_k``: one unit's activations kept for the backward, per sample."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"UnitKind.name must be a non-empty string, got {self.name!r}")
+        check_int(f"UnitKind({self.name}).total_units", self.total_units, minimum=1)
+        check_int(f"UnitKind({self.name}).min_units", self.min_units, minimum=0)
+        for field in ("work_per_sample", "work_fixed", "bytes_per_unit", "activation_bytes_per_unit_sample"):
+            object.__setattr__(self, field, check_number(f"UnitKind({self.name}).{field}", getattr(self, field),
+                                                         minimum=0.0))
+        if self.work_per_sample + self.work_fixed <= 0.0:
+            raise ConfigError(f"UnitKind({self.name}) has no work (work_per_sample=0, work_fixed=0): nothing to plan")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JointProblem:
+    """Everything the joint planner decides from (module docstring).  Work in seconds at speed 1; to give it
+    per step at the current batch ``b``, divide the per-sample parts by ``b``."""
+
+    speeds: Tuple[Tuple[float, ...], ...]
+    """``v_{d,r} > 0`` per replica (DP rank order) and TP position."""
+    kinds: Tuple[UnitKind, ...]
+    global_batch: int
+    """``B``: samples per step over all replicas."""
+    replicated_per_sample: float = 0.0
+    """``R_s``."""
+    replicated_fixed: float = 0.0
+    """``R_0``."""
+    comm_s: float = 0.0
+    """The step's collectives, seconds, the same under every plan."""
+    micro_batch: int = 1
+    """Every replica takes a multiple of this many samples, at least one multiple."""
+    capacity_bytes: Optional[Tuple[Tuple[float, ...], ...]] = None
+    """``C_{d,r}`` per replica and TP position (``math.inf``: unlimited); ``None``: every rank unlimited."""
+    fixed_bytes: float = 0.0
+    """``F``: bytes every rank holds whatever the plan (replicated parameters' state, buffers)."""
+    activation_bytes_per_sample: float = 0.0
+    """``a_0``: the replicated activations per sample."""
+
+    def __post_init__(self) -> None:
+        speeds = _grid("speeds", self.speeds, allow_inf=False)
+        object.__setattr__(self, "speeds", speeds)
+        dp, tp = len(speeds), len(speeds[0])
+        if isinstance(self.kinds, UnitKind) or not isinstance(self.kinds, (tuple, list)) or not self.kinds or \
+                not all(isinstance(k, UnitKind) for k in self.kinds):
+            raise ConfigError(f"kinds must be a non-empty tuple of UnitKind, got {self.kinds!r}")
+        object.__setattr__(self, "kinds", tuple(self.kinds))
+        names = [k.name for k in self.kinds]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"kinds must have distinct names, got {names}")
+        for k in self.kinds:
+            if k.total_units < tp * k.min_units:
+                raise ConfigError(f"UnitKind({k.name}).total_units={k.total_units} cannot give each of tp={tp} ranks "
+                                  f"min_units={k.min_units}")
+        check_int("global_batch", self.global_batch, minimum=1)
+        check_int("micro_batch", self.micro_batch, minimum=1)
+        if self.global_batch % self.micro_batch or self.global_batch // self.micro_batch < dp:
+            raise ConfigError(f"global_batch={self.global_batch} must be a multiple of micro_batch={self.micro_batch} "
+                              f"giving each of the {dp} replicas at least one")
+        for field in ("replicated_per_sample", "replicated_fixed", "comm_s", "fixed_bytes",
+                      "activation_bytes_per_sample"):
+            object.__setattr__(self, field, check_number(field, getattr(self, field), minimum=0.0))
+        if self.capacity_bytes is not None:
+            caps = _grid("capacity_bytes", self.capacity_bytes, allow_inf=True)
+            if (len(caps), len(caps[0])) != (dp, tp):
+                raise ConfigError(f"capacity_bytes must be {dp} replicas x {tp} ranks like speeds, got "
+                                  f"{len(caps)} x {len(caps[0])}")
+            object.__setattr__(self, "capacity_bytes", caps)
+
+    @property
+    def dp(self) -> int:
+        return len(self.speeds)
+
+    @property
+    def tp(self) -> int:
+        return len(self.speeds[0])
+
+    def capacity(self, replica: int, rank: int) -> float:
+        return math.inf if self.capacity_bytes is None else self.capacity_bytes[replica][rank]
+
+    def unit_work(self, b: float) -> Tuple[float, ...]:
+        """``c_k(b)`` per kind."""
+        return tuple((k.work_fixed + b * k.work_per_sample) / k.total_units for k in self.kinds)
+
+    def unit_bytes(self, b: float) -> Tuple[float, ...]:
+        """``β_k + b·a_k`` per kind."""
+        return tuple(k.bytes_per_unit + b * k.activation_bytes_per_unit_sample for k in self.kinds)
+
+    def replicated(self, b: float) -> float:
+        """``A(b)``."""
+        return self.replicated_fixed + b * self.replicated_per_sample
+
+
+@dataclass(frozen=True, kw_only=True)
+class JointPlan:
+    """The planner's answer: identical on every rank given the same problem."""
+
+    samples: Tuple[int, ...]
+    """``b_d`` per replica (sums to the global batch)."""
+    plans: Tuple[Tuple[ShardPlan, ...], ...]
+    """``[replica][kind]``: every replica's plan of every kind."""
+    replica_steps: Tuple[float, ...]
+    """``T_d``: each replica's compute (no collectives)."""
+    step: float
+    """The job's predicted step: ``max_d T_d + comm_s``."""
+    peak_bytes: Tuple[Tuple[float, ...], ...]
+    """``m_{d,r}``: every rank's predicted peak bytes."""
+    memory_bound: Optional[str] = None
+    """Why the plan is slower than the speeds alone would allow (a capacity, named), or ``None``."""
+
+
+def unit_counts(problem: JointProblem, plans: Sequence[Sequence[ShardPlan]]) -> np.ndarray:
+    """``[replica, rank, kind]`` unit counts, checked against the problem."""
+    if len(plans) != problem.dp or any(len(p) != len(problem.kinds) for p in plans):
+        raise ConfigError(f"plans must be {problem.dp} replicas x {len(problem.kinds)} kinds, got {plans!r}")
+    for d, row in enumerate(plans):
+        for plan, kind in zip(row, problem.kinds):
+            plan.check_tp(problem.tp)
+            if plan.total_units != kind.total_units:
+                raise ConfigError(f"replica {d}'s {kind.name} plan {plan.units} does not hold its {kind.total_units} units")
+    return np.array([[[p.units[r] for p in row] for r in range(problem.tp)] for row in plans], dtype=float)
+
+
+def _samples(problem: JointProblem, samples: Sequence[int]) -> Tuple[int, ...]:
+    if len(samples) != problem.dp or sum(samples) != problem.global_batch:
+        raise ConfigError(f"samples must give {problem.dp} replicas the global batch {problem.global_batch}, "
+                          f"got {tuple(samples)}")
+    return tuple(check_int(f"samples[{d}]", b, minimum=0) for d, b in enumerate(samples))
+
+
+def rank_times(problem: JointProblem, d: int, b: int, units: np.ndarray) -> np.ndarray:
+    """``t_{d,r}`` for ``units`` ``[rank, kind]``."""
+    work = problem.replicated(b) + units @ np.array(problem.unit_work(b))
+    return work / np.array(problem.speeds[d])
+
+
+def peak_bytes(problem: JointProblem, samples: Sequence[int],
+               plans: Sequence[Sequence[ShardPlan]]) -> Tuple[Tuple[float, ...], ...]:
+    """``m_{d,r}`` of every rank under ``samples`` and ``plans`` (module docstring)."""
+    units, samples = unit_counts(problem, plans), _samples(problem, samples)
+    return tuple(tuple(float(problem.fixed_bytes + b * problem.activation_bytes_per_sample
+                             + units[d, r] @ np.array(problem.unit_bytes(b))) for r in range(problem.tp))
+                 for d, b in enumerate(samples))
+
+
+def job_step(problem: JointProblem, samples: Sequence[int], plans: Sequence[Sequence[ShardPlan]]) -> float:
+    """The job's step under ``samples`` and ``plans``: ``max_{d,r} t_{d,r} + comm_s`` (memory not checked)."""
+    units, samples = unit_counts(problem, plans), _samples(problem, samples)
+    return max(float(rank_times(problem, d, b, units[d]).max()) for d, b in enumerate(samples)) + problem.comm_s
+
+
+def from_measured(compute_s: Sequence[Sequence[float]], samples: Sequence[int], plans: Sequence[Sequence[ShardPlan]],
+                  *, replicated_over_shardable: float, kinds: Sequence[UnitKind], global_batch: int,
+                  **fields: object) -> JointProblem:
+    """The problem whose speeds explain every rank's compute seconds ``compute_s[d][r]``, measured with
+    ``samples[d]`` samples under ``plans[d]`` (one plan per kind), from a step model's ``k = R/S`` (the
+    re-shard policy's learned ratio) and the kinds' relative weights (their ``work_per_sample``, rescaled).
+
+    Work per sample, in healthy even replica steps at ``b̄ = B/D`` samples: ``σ = 1/((k + 1/e)·b̄)`` of
+    shardable work split over the kinds by weight, ``ρ = k·σ`` replicated (no per-step parts); then
+    ``v_{d,r} = b_d·(ρ + Σ_k σ_k·n_{d,r,k}/U_k)/c_{d,r}``.  ``fields``: the rest of :class:`JointProblem`."""
+    k = check_number("replicated_over_shardable", replicated_over_shardable, minimum=0.0)
+    if isinstance(plans, (str, bytes)) or not plans or not plans[0]:
+        raise ConfigError(f"plans must be one row of plans (one per kind) per replica, got {plans!r}")
+    dp, tp = len(plans), plans[0][0].tp
+    weights = [check_number(f"kinds[{i}].work_per_sample", kind.work_per_sample, minimum=0.0, low_open=True)
+               for i, kind in enumerate(kinds)]
+    sigma = 1.0 / ((k + 1.0 / tp) * global_batch / dp)
+    scaled = tuple(UnitKind(name=kind.name, total_units=kind.total_units, work_per_sample=sigma * w / sum(weights),
+                            min_units=kind.min_units, bytes_per_unit=kind.bytes_per_unit,
+                            activation_bytes_per_unit_sample=kind.activation_bytes_per_unit_sample)
+                   for kind, w in zip(kinds, weights))
+    shape = JointProblem(speeds=((1.0,) * tp,) * dp, kinds=scaled, global_batch=global_batch,
+                         replicated_per_sample=k * sigma, **fields)
+    units, samples = unit_counts(shape, plans), _samples(shape, samples)
+    grid = _grid("compute_s", compute_s, allow_inf=False)
+    if (len(grid), len(grid[0])) != (dp, tp):
+        raise ConfigError(f"compute_s must be {dp} replicas x {tp} ranks like the plans, got {len(grid)} x {len(grid[0])}")
+    speeds = tuple(tuple(float(b * (k * sigma + units[d, r] @ np.array(shape.unit_work(1.0)))) / grid[d][r]
+                         for r in range(tp)) for d, b in enumerate(samples))
+    return JointProblem(speeds=speeds, kinds=scaled, global_batch=global_batch, replicated_per_sample=k * sigma,
+                        **fields)

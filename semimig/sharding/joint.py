@@ -1,0 +1,264 @@
+"""One planner for a tensor × data-parallel job: every replica's shard plan and the batch split together (DESIGN §8).
+
+Model (:mod:`.jobmodel`).  Replica ``d`` takes ``b_d`` samples; rank ``r`` of it, holding ``n_{d,r,k}`` units of
+kind ``k`` at speed ``v_{d,r}``, steps ``t_{d,r} = (A(b_d) + Σ_k c_k(b_d)·n_{d,r,k}) / v_{d,r}`` with the replicated
+work ``A`` and one unit's work ``c_k`` both linear in the batch; the job steps ``max_{d,r} t_{d,r} + comm``.
+Every rank's peak bytes ``m_{d,r}`` (parameters, gradients and optimizer state of its units and of the
+replicated part, activations per sample) stay within its capacity ``C_{d,r}``: no plan above one is chosen.
+
+Exact optimum.
+1. One replica at ``b`` samples: ``min max_r t_r`` over whole-unit plans that fit.  The optimum is one of the
+   finitely many values ``t_r(n)``; a binary search over them with an exact test — for a threshold ``t``
+   each rank's admissible unit vectors are those with ``t_r(n) ≤ t`` and ``m_r(n) ≤ C_r``, and a dynamic
+   programme over the ranks on the running unit counts says whether admissible vectors add up to every
+   ``U_k`` (:meth:`_Replica.feasible`).
+2. ``T_d(b)`` is non-decreasing in ``b`` (every plan's times and bytes grow with ``b``), so the split
+   minimising ``max_d T_d(b_d)`` is the greedy: every replica starts at one granule (``micro_batch``
+   samples), each further granule goes to the replica whose step after it is smallest (ties: lowest
+   replica) — the exchange argument of the minimax.
+3. Every replica's plan is then the one that fits the job's step with the fewest units moved from the
+   plans in force (``reference``; default near-even): a replica faster than the job keeps its plan when it
+   can, and with no straggler nothing moves.
+
+Limits.  :func:`continuous_limit`: fractional samples and shares, memory ignored, the replicated work still
+on every rank.  :func:`job_limit`: every second of work movable to any rank, ``total work / Σ v``; with one
+of ``n`` ranks ``χ`` times slower it is ``n/(n − 1 + 1/χ)`` of a healthy step.
+Pure arithmetic in a fixed order: every rank given the same numbers computes the same plans.
+
+At run time (not wired yet).  :func:`~semimig.sharding.jobmodel.from_measured` reads a problem from what the
+re-shard policies already hold — each replica's window of per-rank compute seconds under its plans and
+samples, the learned ``k = R/S`` and the kinds' weights — so that, under plain data parallelism with a batch
+split, the re-sharder's per-replica step (``Resharder._observe_replicas``: the policies say *when*) can take
+every replica's plan and the split from one :func:`plan_job` (*what*), move with ``apply_replica_plans`` and
+hand the split to the batch balancer, whose own re-plan trigger is then off: one owner of both.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+from semimig.errors import ConfigError
+from semimig.sharding.jobmodel import (JointPlan, JointProblem, UnitKind, from_measured, job_step, peak_bytes,
+                                       rank_times, state_bytes_per_param, unit_counts)
+from semimig.sharding.plan import ShardPlan
+from semimig.sharding.solver import StepModel, continuous_shares, solve_plan
+
+__all__ = ["UnitKind", "JointProblem", "JointPlan", "plan_job", "from_measured", "job_step", "peak_bytes", "continuous_limit",
+           "job_limit", "state_bytes_per_param"]
+
+
+# ------------------------------------------------------------------------------ one replica
+class _Replica:
+    """Replica ``d`` at ``b`` samples: every rank's time and fit over the grid of unit vectors."""
+
+    def __init__(self, problem: JointProblem, d: int, b: int, *, memory: bool) -> None:
+        kinds = problem.kinds
+        self.totals = tuple(k.total_units for k in kinds)
+        self.shape = tuple(U + 1 for U in self.totals)
+        n = np.indices(self.shape).reshape(len(kinds), -1).T.astype(float)  # [points, kind]
+        work = problem.replicated(b) + n @ np.array(problem.unit_work(b))
+        nbytes = problem.fixed_bytes + b * problem.activation_bytes_per_sample + n @ np.array(problem.unit_bytes(b))
+        self.low = tuple(k.min_units for k in kinds)
+        low = np.all(n >= np.array(self.low), axis=1)
+        self.times = [work / v for v in problem.speeds[d]]  # [rank][points]
+        self.fits = [low & (nbytes <= (problem.capacity(d, r) if memory else math.inf)) for r in range(problem.tp)]
+        self.points = n.astype(int)
+
+    def candidates(self) -> np.ndarray:
+        return np.unique(np.concatenate([t[f] for t, f in zip(self.times, self.fits)]))
+
+    def admissible(self, t: float) -> list:
+        return [np.flatnonzero(f & (times <= t)) for times, f in zip(self.times, self.fits)]
+
+    def feasible(self, t: float) -> bool:
+        """Whether plans with every rank's time ``≤ t`` that fit add up to every total: the admissible vectors
+        of a rank are a down-set above the minimums (time and bytes grow with every count), so for each
+        vector ``o`` of the other kinds its counts of the largest kind run from the minimum to a largest
+        ``top(o)``; a max-plus programme over the ranks on the running ``o`` says whether ``Σ top`` reaches
+        that kind's total."""
+        last = int(np.argmax(self.totals))
+        other = tuple(U + 1 for k, U in enumerate(self.totals) if k != last)
+        best = np.full(other, -np.inf)
+        best[(0,) * len(other)] = 0.0
+        for times, fits in zip(self.times, self.fits):
+            ok = np.moveaxis((fits & (times <= t)).reshape(self.shape), last, -1)
+            count = ok.sum(axis=-1)
+            top = np.where(count > 0, self.low[last] + count - 1, -np.inf)
+            new = np.full(other, -np.inf)
+            for o in np.argwhere(np.isfinite(top)):
+                src = tuple(slice(0, n - k) for n, k in zip(other, o))
+                dst = tuple(slice(k, n) for n, k in zip(other, o))
+                new[dst] = np.maximum(new[dst], best[src] + top[tuple(o)])
+            best = new
+        return bool(best[tuple(n - 1 for n in other)] >= self.totals[last])
+
+    def best(self) -> float:
+        """``T_d(b)``: the least threshold some plan meets (``inf``: none fits)."""
+        values = self.candidates()
+        lo, hi = 0, len(values) - 1
+        if hi < 0 or not self.feasible(values[hi]):
+            return math.inf
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.feasible(values[mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+        return float(values[lo])
+
+
+def _assign(rep: _Replica, options: list, reference: Optional[np.ndarray]) -> Optional[np.ndarray]:
+    """Unit vectors per rank from ``options`` (indices into ``rep.points``) adding up to every total, with the
+    fewest units received relative to ``reference`` ``[rank, kind]`` (any when ``None``); ``None`` if none.
+    A dynamic programme over the ranks on the running counts (ties: the first option in grid order)."""
+    cost = np.full(rep.shape, np.inf)
+    cost[(0,) * len(rep.shape)] = 0.0
+    choices = []
+    for r, opts in enumerate(options):
+        new, choice = np.full(rep.shape, np.inf), np.full(rep.shape, -1, dtype=np.int64)
+        for i in opts:
+            n = rep.points[i]
+            src = tuple(slice(0, U + 1 - k) for U, k in zip(rep.totals, n))
+            dst = tuple(slice(k, U + 1) for U, k in zip(rep.totals, n))
+            extra = 0.0 if reference is None else float(np.maximum(n - reference[r], 0).sum())
+            candidate = cost[src] + extra
+            better = candidate < new[dst]
+            new[dst] = np.where(better, candidate, new[dst])
+            choice[dst] = np.where(better, i, choice[dst])
+        cost = new
+        choices.append(choice)
+    at = tuple(rep.totals)
+    if not np.isfinite(cost[at]):
+        return None
+    out = []
+    for choice in reversed(choices):
+        n = rep.points[choice[at]]
+        out.append(n)
+        at = tuple(a - k for a, k in zip(at, n))
+    return np.array(out[::-1])
+
+
+# ------------------------------------------------------------------------------ the job
+def _near_even(problem: JointProblem) -> Tuple[Tuple[ShardPlan, ...], ...]:
+    """Per kind the solver's plan for equal speeds (the even plan where ``tp`` divides the units)."""
+    healthy = StepModel(speeds=(1.0,) * problem.tp, replicated=0.0, shardable=1.0)
+    row = tuple(solve_plan(healthy, total_units=k.total_units, min_units=k.min_units) for k in problem.kinds)
+    return (row,) * problem.dp
+
+
+def _split(problem: JointProblem, *, memory: bool) -> Tuple[Tuple[int, ...], float]:
+    """The greedy batch split (module docstring, step 2) and its compute step ``max_d T_d(b_d)``."""
+    m, dp = problem.micro_batch, problem.dp
+    cache: dict = {}
+
+    def step(d: int, b: int) -> float:
+        if (d, b) not in cache:
+            cache[(d, b)] = _Replica(problem, d, b, memory=memory).best()
+        return cache[(d, b)]
+
+    samples = [m] * dp
+    for _ in range(problem.global_batch // m - dp):
+        d = min(range(dp), key=lambda d: (step(d, samples[d] + m), d))
+        samples[d] += m
+    return tuple(samples), max(step(d, b) for d, b in enumerate(samples))
+
+
+def _refuse_unfit(problem: JointProblem) -> None:
+    """:class:`ConfigError` naming the rank (and its bytes) that cannot fit even its least share."""
+    m = problem.micro_batch
+    least = problem.fixed_bytes + m * problem.activation_bytes_per_sample + sum(
+        k.min_units * b for k, b in zip(problem.kinds, problem.unit_bytes(m)))
+    for d in range(problem.dp):
+        for r in range(problem.tp):
+            if least > problem.capacity(d, r):
+                raise ConfigError(f"no plan fits memory: replica {d} TP rank {r} needs at least {least:.0f} bytes "
+                                  f"(fixed, minimum units, {m} samples' activations), capacity "
+                                  f"{problem.capacity(d, r):.0f}")
+    caps = [sum(problem.capacity(d, r) for r in range(problem.tp)) for d in range(problem.dp)]
+    raise ConfigError(f"no plan fits memory: some replica cannot hold every unit at {m} samples (capacities per "
+                      f"replica {caps} bytes); give more capacity or fewer units per rank")
+
+
+def plan_job(problem: JointProblem, *,
+             reference: Optional[Sequence[Sequence[ShardPlan]]] = None) -> JointPlan:
+    """Every replica's plan and the batch split minimising the job's step, each rank within its capacity
+    (module docstring); ``reference``: the plans in force ``[replica][kind]`` (default near-even), kept
+    where they meet the job's step.  :class:`ConfigError` when no plan fits a rank's memory."""
+    ref = unit_counts(problem, reference if reference is not None else _near_even(problem)).astype(int)
+    samples, compute = _split(problem, memory=True)
+    if not math.isfinite(compute):
+        _refuse_unfit(problem)
+    plans = []
+    for d, b in enumerate(samples):
+        rep = _Replica(problem, d, b, memory=True)
+        units = _assign(rep, rep.admissible(compute), ref[d])
+        plans.append(tuple(ShardPlan(units=tuple(int(n) for n in units[:, k])) for k in range(len(problem.kinds))))
+    plans = tuple(plans)
+    units = unit_counts(problem, plans)
+    replica_steps = tuple(float(rank_times(problem, d, b, units[d]).max()) for d, b in enumerate(samples))
+    bound = None
+    if problem.capacity_bytes is not None:
+        free_samples, free = _split(problem, memory=False)
+        if compute > free * (1.0 + 1e-9):
+            bound = _memory_reason(problem, free_samples, free, compute, ref)
+    return JointPlan(samples=samples, plans=plans, replica_steps=replica_steps, step=max(replica_steps) + problem.comm_s,
+                     peak_bytes=peak_bytes(problem, samples, plans), memory_bound=bound)
+
+
+def _memory_reason(problem: JointProblem, samples: Tuple[int, ...], free: float, bound: float,
+                   ref: np.ndarray) -> str:
+    """Which ranks the speed-optimal plan would overfill, with their bytes and capacities."""
+    over = []
+    for d, b in enumerate(samples):
+        rep = _Replica(problem, d, b, memory=False)
+        units = _assign(rep, rep.admissible(free), ref[d])
+        nbytes = problem.fixed_bytes + b * problem.activation_bytes_per_sample + units @ np.array(problem.unit_bytes(b))
+        over += [f"replica {d} TP rank {r} would hold {nbytes[r]:.0f} bytes over its capacity "
+                 f"{problem.capacity(d, r):.0f}" for r in range(problem.tp) if nbytes[r] > problem.capacity(d, r)]
+    return (f"memory, not speed, bounds the plan: {'; '.join(over)} under the speed-optimal plan (step "
+            f"{free + problem.comm_s:.4g} s); the plan that fits takes {bound + problem.comm_s:.4g} s")
+
+
+# ------------------------------------------------------------------------------ limits
+def _continuous_replica(problem: JointProblem, d: int, b: float) -> float:
+    """Replica ``d``'s step at ``b`` samples with fractional shares (the kinds merged), memory ignored."""
+    work = problem.unit_work(b)
+    S = sum(c * k.total_units for c, k in zip(work, problem.kinds))
+    if S <= 0.0:
+        return problem.replicated(b) / min(problem.speeds[d])
+    model = StepModel(speeds=problem.speeds[d], replicated=problem.replicated(b), shardable=S)
+    least = sum(c * k.min_units for c, k in zip(work, problem.kinds)) / S
+    return model.step(continuous_shares(model, min_share=min(least, 1.0 / problem.tp)))
+
+
+def continuous_limit(problem: JointProblem) -> float:
+    """The job's step with fractional samples and shares (memory ignored, the replicated work on every rank):
+    the ``t`` at which the replicas' largest batches ``b_d(t)`` (``T_d(b_d) ≤ t``, by bisection) add up to
+    ``B``, plus ``comm_s``."""
+    B = float(problem.global_batch)
+
+    def batch(d: int, t: float) -> float:
+        lo, hi = 0.0, B
+        if _continuous_replica(problem, d, hi) <= t:
+            return hi
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if _continuous_replica(problem, d, mid) <= t else (lo, mid)
+        return lo
+
+    lo, hi = 0.0, max(_continuous_replica(problem, d, B / problem.dp) for d in range(problem.dp))
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if sum(batch(d, mid) for d in range(problem.dp)) >= B else (mid, hi)
+    return hi + problem.comm_s
+
+
+def job_limit(problem: JointProblem) -> float:
+    """Every second of work movable to any rank: the job's total work over its total speed, plus ``comm_s``
+    (``n/(n − 1 + 1/χ)`` of a healthy step for one of ``n`` ranks ``χ`` times slower)."""
+    B, dp, tp = problem.global_batch, problem.dp, problem.tp
+    total = dp * tp * problem.replicated_fixed + B * tp * problem.replicated_per_sample + sum(
+        dp * k.work_fixed + B * k.work_per_sample for k in problem.kinds)
+    return total / sum(sum(row) for row in problem.speeds) + problem.comm_s

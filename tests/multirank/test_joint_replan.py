@@ -1,0 +1,145 @@
+"""One joint planner for every replica's plan and the batch split, through ``semimig.enable``: tp 2 x dp 2 on gloo.
+
+``enable(mode="reshard", batch=BatchSplit(...))`` under plain DP: the replicas' policies say when, and
+:func:`semimig.sharding.joint.plan_job` chooses every replica's plan and the split at once; the batch
+split only carries it out.  Four gloo ranks, a small Llama, SGD with momentum (linear in the gradients,
+so the weights keep reassociation-sized differences), every rank on the same global batch of 8 rows:
+
+- an emulated 8x whole-device straggler on replica 1's TP rank 1 (the probe off, so the steps' rows
+  decide): after the decision replica 1's plan gives rank 1 fewer units and replica 1 takes fewer
+  samples, every rank records the same decisions, and the losses and every weight after the run equal
+  one dense process training on the whole global batch (each micro-step's loss scaled by ``m·D/G``:
+  the gradient stays the global-batch mean whatever the split);
+- no straggler: nothing moves, the split stays even, and losses and weights are bit for bit those of
+  ``mode="reshard"`` without a batch split, each replica on its own half of the rows.
+"""
+from __future__ import annotations
+
+import torch
+
+from dist_harness import run_pooled
+from tiny_lms import VOCAB, boost_lm, gather_like, reshardable_llama
+
+BLOCK = 32
+GLOBAL = 8
+SEQ = 32
+STEPS = 14
+STRAGGLER = "fixed:1:8:scope=device"
+TOL = dict(atol=2e-5, rtol=1e-4)  # fp32: uneven splits and the batch split reorder sums
+TIMEOUT_S = 600
+
+
+def _global_batch(step):
+    gen = torch.Generator().manual_seed(4000 + step)
+    ids = torch.randint(0, VOCAB, (GLOBAL, SEQ), generator=gen)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+
+def _optimizer(model):
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def _boosted():
+    from semimig.resharder import even_reshardable_plan
+    from semimig.shardformer import SemiMigPolicy
+
+    model = reshardable_llama(128, 512)
+    policy = SemiMigPolicy(shard_plan=even_reshardable_plan(model.config, 2, block_size=BLOCK))
+    booster, model, optimizer, plugin = boost_lm(model, policy=policy, optimizer=_optimizer(model))
+    return plugin, booster, model, optimizer
+
+
+def _weights(model):
+    return {n: gather_like(p, p.data).float() for n, p in model.unwrap().named_parameters()}
+
+
+def _run(straggler, *, split):
+    """``semimig.enable(mode="reshard")`` with ``straggler`` on replica 1 only; ``split``: through a batch
+    split of the global batch (the joint planner), else each replica on its own half of it.  Returns
+    (global-batch losses, every replica's plans and the split after each step, summary, weights)."""
+    import torch.distributed as dist
+
+    import semimig
+    from semimig.allocation import run_iteration
+    from semimig.controller.reshard import ReshardConfig
+
+    plugin, booster, model, optimizer = _boosted()
+    dp_rank = plugin.dp_group.rank()
+    opened = dict(noise_z=0.0) if straggler else {}  # the wiring and exactness are tested, not the policy's patience
+    balancer = semimig.enable(model, plugin, optimizer=optimizer, mode="reshard",
+                              straggler=straggler if dp_rank == 1 else None,
+                              reshard=ReshardConfig(window=6, horizon=STEPS, probe=0.0, **opened),
+                              batch=semimig.BatchSplit(global_batch_size=GLOBAL) if split else None)
+    losses, trace = [], []
+    try:
+        for step in range(STEPS):
+            batch = _global_batch(step)
+            if split:
+                mine = run_iteration(booster, model, optimizer, iter(balancer.micro_batches(batch)),
+                                     lambda m, b: m(**b).loss, zero_stage=0)
+            else:
+                half = GLOBAL // 2
+                loss = model(**{k: v[half * dp_rank:half * (dp_rank + 1)] for k, v in batch.items()}).loss
+                booster.backward(loss, optimizer)
+                mine = float(loss.detach())
+            optimizer.step()
+            optimizer.zero_grad()
+            total = torch.tensor([mine], dtype=torch.float64)
+            dist.all_reduce(total, group=plugin.dp_group)
+            losses.append(float(total[0]) / 2)
+            samples = balancer.batch_plan.samples if split else None
+            trace.append(([(p.mlp_units, p.kv_units) for p in balancer.resharder.plans], samples))
+        summary = balancer.reshard_summary
+    finally:
+        balancer.close()
+    return losses, trace, summary, _weights(model)
+
+
+def _dense():
+    model = reshardable_llama(128, 512)
+    optimizer = _optimizer(model)
+    losses = []
+    for step in range(STEPS):
+        loss = model(**_global_batch(step)).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _body(rank, world):
+    import torch.distributed as dist
+
+    out = {"straggler": _run(STRAGGLER, split=True), "calm": _run(None, split=True),
+           "plain": _run(None, split=False)}
+    every = [None] * world
+    dist.all_gather_object(every, out)
+    return every
+
+
+def test_the_joint_planner_moves_plans_and_split_together_and_trains_exactly():
+    every = run_pooled(_body, 4, timeout_s=TIMEOUT_S)
+    dense_losses, dense_weights = _dense()
+    first = every[0]["straggler"]
+    summary = first[2]
+    assert summary["joint_replans"], f"no joint decision under an 8x straggler on replica 1's rank 1: {summary}"
+    plans, samples = first[1][-1]
+    assert samples[1] < samples[0], f"the slow replica kept its share of the batch: {first[1]}"
+    assert plans[1][0][1] < plans[1][0][0], f"replica 1's slow rank kept its MLP blocks: {first[1]}"
+    assert sum(samples) == GLOBAL and summary["samples"] == list(samples)
+    for rank, out in enumerate(every):
+        losses, trace, rank_summary, weights = out["straggler"]
+        assert trace == first[1], f"rank {rank} recorded other plans or splits"
+        assert rank_summary["joint_replans"] == summary["joint_replans"], rank
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(dense_losses), **TOL)
+        assert weights.keys() == dense_weights.keys()
+        for name, value in weights.items():
+            torch.testing.assert_close(value, dense_weights[name], **TOL, msg=lambda m, n=name, r=rank: f"rank {r} {n}: {m}")
+        calm_losses, calm_trace, calm_summary, calm_weights = out["calm"]
+        plain_losses, _, _, plain_weights = out["plain"]
+        assert calm_summary["replans"] == 0 and not calm_summary["joint_replans"], calm_summary
+        assert all(s == (4, 4) for _, s in calm_trace), calm_trace
+        assert calm_losses == plain_losses  # the even split scales each loss by 1: bit for bit
+        for name, value in calm_weights.items():
+            assert torch.equal(value, plain_weights[name]), name

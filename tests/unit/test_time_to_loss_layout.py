@@ -1,0 +1,114 @@
+"""``benchmarks/time_to_loss.py``'s layouts: tp x dp ranks, each held to a share of a core, one of them
+the straggler at an absolute fraction; the command lines it builds, its refusals and the job's limit."""
+import sys
+
+import pytest
+
+from semimig.bench.time_to_loss import exact_limit
+
+
+@pytest.fixture(scope="module")
+def ttl():
+    from scripts import load_script
+
+    return load_script("benchmarks/time_to_loss.py", "time_to_loss_layout")
+
+
+def _parse(ttl, tmp_path, *flags):
+    return ttl.parse_args(["--straggler", "real", "--json", str(tmp_path / "r.json"), "--heads", "16",
+                           "--kv-heads", "8", "--modes", "healthy,off,reshard,semi", *flags])
+
+
+def _value(cmd, flag, start=0):
+    return cmd[cmd.index(flag, start) + 1]
+
+
+@pytest.mark.parametrize("layout, tp", [(["--tp", "4"], "4"), (["--tp", "2", "--dp", "2"], "2")])
+def test_four_ranks_on_half_a_core_each_with_the_straggler_at_an_eighth(ttl, tmp_path, layout, tp):
+    args = _parse(ttl, tmp_path, *layout, "--share", "0.5")
+    assert (args.world, args.straggler_rank, args.share, args.fraction) == (4, 3, 0.5, 0.125)
+    for mode, fraction in (("healthy", "0.5"), ("off", "0.125"), ("reshard", "0.125")):
+        cmd = ttl.command(args, mode, tmp_path / f"{mode}.json")
+        sep = cmd.index("--")
+        throttle, launched = cmd[:sep], cmd[sep + 1:]
+        assert throttle[1:4] == ["-m", "semimig.cli", "throttle"] and "--pin" in throttle
+        assert (_value(throttle, "--rank"), _value(throttle, "--fraction"), _value(throttle, "--share")) == \
+            ("3", fraction, "0.5")
+        assert _value(launched, "--nproc_per_node") == "4" and _value(launched, "--tp") == tp
+        assert _value(launched, "--balance") == {"healthy": "off"}.get(mode, mode)
+
+
+def test_the_default_layout_is_tp_2_with_rank_1_at_a_quarter_of_its_own_core(ttl, tmp_path):
+    args = _parse(ttl, tmp_path, "--share", "1")
+    assert (args.tp, args.dp, args.world, args.straggler_rank, args.fraction) == (2, 1, 2, 1, 0.25)
+    cmd = ttl.command(args, "reshard", tmp_path / "r.json")
+    throttle = cmd[:cmd.index("--")]
+    assert "--share" not in throttle and (_value(throttle, "--rank"), _value(throttle, "--fraction")) == ("1", "0.25")
+    assert _value(cmd, "--nproc_per_node") == "2" and _value(cmd, "--tp") == "2"
+    assert _value(ttl.command(args, "healthy", tmp_path / "h.json"), "--fraction") == "1"
+
+
+def test_eight_ranks_at_a_quarter_core_with_the_straggler_at_a_sixteenth(ttl, tmp_path):
+    args = _parse(ttl, tmp_path, "--tp", "8", "--share", "0.25", "--straggler-rank", "5")
+    cmd = ttl.command(args, "reshard", tmp_path / "r.json")
+    assert (_value(cmd, "--rank"), _value(cmd, "--fraction"), _value(cmd, "--share")) == ("5", "0.0625", "0.25")
+    assert _value(cmd, "--nproc_per_node") == "8" and _value(cmd, "--tp") == "8"
+    assert ttl.layout(args) == {"tp": 8, "dp": 1, "world": 8, "cores": args.cores, "straggler_rank": 5,
+                                "share": 0.25, "fraction": 0.0625}
+    assert ttl.straggler_chi(args, {}) == 4.0
+
+
+def test_the_default_share_splits_the_cores_when_the_ranks_outnumber_them(ttl):
+    assert [ttl.default_share(w, 2) for w in (2, 4, 8)] == [1.0, 0.5, 0.25]
+    assert ttl.default_share(4, 4) == 1.0 and ttl.default_share(3, 2) == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("ranks, chi, limit", [(4, 4.0, 16 / 13), (8, 4.0, 32 / 29), (2, 4.0, 1.6), (4, 1.0, 1.0)])
+def test_the_jobs_limit_with_one_of_n_ranks_chi_times_slower(ranks, chi, limit):
+    # n / (n - 1 + 1/chi): the job's speed is the sum of its ranks' speeds
+    assert exact_limit(chi, ranks) == pytest.approx(limit)
+    assert exact_limit(chi, ranks) == pytest.approx(ranks / (ranks - 1 + 1 / chi))
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--tp", "0"], "--tp must be >= 1, got 0"),
+    (["--dp", "0"], "--dp must be >= 1, got 0"),
+    (["--tp", "4", "--dp", "4"], "--tp 4 --dp 4 launches 16 rank(s): a run needs 2..8"),
+    (["--tp", "1"], "--tp 1 --dp 1 launches 1 rank(s)"),
+    (["--tp", "4", "--straggler-rank", "4"], "--straggler-rank must be a rank of the 4 launched (0..3), got 4"),
+    (["--straggler-rank", "-1"], "--straggler-rank must be a rank of the 2 launched (0..1), got -1"),
+    (["--share", "0"], "--share must be in (0, 1], got 0.0"),
+    (["--share", "1.5"], "--share must be in (0, 1], got 1.5"),
+    (["--tp", "4", "--share", "0.5", "--fraction", "0.6"], "--fraction 0.6 is above --share 0.5"),
+    (["--tp", "4", "--share", "0.5", "--pattern", "2:2"], "--pattern 2:2 with --share 0.5"),
+    (["--tp", "4", "--share", "0.5", "--modes", "healthy,uneven"], "mode uneven: its run of llm_run.py would be refused"),
+])
+def test_layout_refusals_are_one_line_before_any_run(ttl, tmp_path, capsys, flags, said):
+    with pytest.raises(SystemExit) as exit_info:
+        _parse(ttl, tmp_path, *flags)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and said in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--tp", "4"], "--tp 4 --dp 1: --straggler device runs tp 2 x dp 1 only"),
+    (["--dp", "2"], "--tp 2 --dp 2: --straggler device runs tp 2 x dp 1 only"),
+    (["--share", "0.5"], "--share 0.5 applies to no run"),
+    (["--straggler-rank", "1"], "--straggler-rank 1 applies to no run"),
+])
+def test_the_emulated_stragglers_keep_tp_2_and_refuse_the_real_throttles_flags(ttl, tmp_path, capsys, flags, said):
+    with pytest.raises(SystemExit) as exit_info:
+        ttl.parse_args(["--straggler", "device", "--json", str(tmp_path / "r.json"), *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and said in err[0], err
+
+
+def test_device_vs_throttle_still_builds_tp_2_commands(tmp_path):
+    from scripts import load_script
+
+    dvt = load_script("benchmarks/device_vs_throttle.py", "device_vs_throttle_layout")
+    args = dvt.parse_args(["--json", str(tmp_path / "d.json")])
+    cmd = load_script("benchmarks/time_to_loss.py", "time_to_loss_layout_dvt").command(args, "off", tmp_path / "x.json")
+    assert cmd[:2] == [sys.executable, "-m"] and "--share" not in cmd
+    assert (_value(cmd, "--rank"), _value(cmd, "--nproc_per_node"), _value(cmd, "--tp")) == ("1", "2", "2")
