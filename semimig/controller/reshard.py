@@ -320,8 +320,9 @@ class ReshardPolicy:
         model = self.learned.model(shares, self.samples.times()[0])
         se = self.noise.of_median(self.samples.independent)
         ratios = tuple(v / max(model.speeds) for v in model.speeds)
+        confirm = tuple(v / max(model.speeds) for v in self.learned.speeds(shares, self.samples.after_change()))
         self.slowdown.update(step, ratios, se=math.sqrt(2.0) * se, tolerance=self.config.tolerance,
-                             z=self.config.noise_z, samples=self.samples.steps)
+                             z=self.config.noise_z, samples=self.samples.steps, confirm=confirm)
         healthy = StepModel(speeds=(max(model.speeds),) * self.tp, replicated=model.replicated,
                             shardable=model.shardable)
         return self._decide(step, model, comm, se, healthy_s=self._even_step(healthy) + comm,

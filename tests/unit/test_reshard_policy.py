@@ -229,6 +229,20 @@ def test_no_straggler_never_moves_under_noise_and_outliers(tp):
             assert not pol.observe(s).replan, (tp, seed, step)
 
 
+def test_a_run_of_outliers_on_one_rank_is_not_a_slow_rank():
+    """Outlier, outlier, a true step, outlier on one of eight ranks: the first two pass the change test as
+    a slowdown, but the steps after them read the rank's true speed, so no rank is slow and nothing moves."""
+    rng = random.Random(0)
+    pol = policy(tp=8)
+    for step in range(40):
+        s = sample(pol, (1.0,) * 8, noise=0.1, rng=rng)
+        if step - 30 in (0, 1, 3):
+            s = ReshardSample(tuple(c * (2.5 if r == 4 else 1.0) for r, c in enumerate(s.compute_s)), s.shardable_s,
+                              s.comm_s)
+        assert not pol.observe(s).replan, step
+        assert not pol.slowdown.slow, step
+
+
 # ---------------------------------------------------------------- traces replayed through the simulator
 def _scenario(speeds, *, noise=0.05, step_s=1.0, move_steps=ReshardConfig().move_steps):
     workload = Workload(tp=len(speeds[0]), replicated_share=0.2, mlp_units=MLP_UNITS, kv_units=KV_UNITS,

@@ -108,3 +108,11 @@ class Window:
         compute = tuple(tercile([s.compute_s[r] for s in window[-max(f, 1):]]) for r, f in enumerate(self.fresh))
         return compute, statistics.median(min(s.comm_s) for s in window)
 
+    def after_change(self) -> Tuple[float, ...]:
+        """Every rank's compute over its fresh steps after the ones that made its last change (the lower
+        tercile; ``inf`` while there is none): the steps that made a change were chosen for being far from
+        the earlier ones, so only the steps after them tell a slowdown from a run of outliers."""
+        window = list(self.samples)
+        return tuple(tercile([s.compute_s[r] for s in window[-(f - t):]]) if f > t else math.inf
+                     for r, (f, t) in enumerate(zip(self.fresh, self.trigger)))
+
