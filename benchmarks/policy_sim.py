@@ -113,7 +113,8 @@ def main(argv=None) -> int:
     for name, summary in summaries.items():
         print(table(summary, title=f"policy {name}: time to N steps / oracle ({count} scenarios)"))
         print()
-    print(f"{count} scenarios in {wall:.1f} s, {cpu:.1f} s of CPU for {len(policies)} policies and the oracles "
+    policy_word = "policy" if len(policies) == 1 else "policies"
+    print(f"{count} scenarios in {wall:.1f} s, {cpu:.1f} s of CPU (the oracles and {len(policies)} {policy_word}) "
           f"(load {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after)")
     if replay is not None:
         s = replay["summary"]
