@@ -114,8 +114,8 @@ def main(argv=None) -> int:
         print(table(summary, title=f"policy {name}: time to N steps / oracle ({count} scenarios)"))
         print()
     policy_word = "policy" if len(policies) == 1 else "policies"
-    print(f"{count} scenarios in {wall:.1f} s, {cpu:.1f} s of CPU (the oracles and {len(policies)} {policy_word}) "
-          f"(load {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after)")
+    print(f"{count} scenarios in {wall:.1f} s (load {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after)")
+    print(f"{cpu:.1f} s of CPU: the oracles and {len(policies)} {policy_word}")
     if replay is not None:
         s = replay["summary"]
         print(f"replay: {s['within_10pct']} of {s['files']} recorded files within 10 % "
