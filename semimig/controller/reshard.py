@@ -300,7 +300,7 @@ class ReshardPolicy:
                               "numbers", event="skip")
         if self.samples:
             self.noise.add(self.samples[-1].compute_s, sample.compute_s)
-        self.samples.add(sample, sigma=self.noise.sigma, z=self.config.noise_z)
+        self.samples.add(sample, sigma=self.noise.sigma)
         window = list(self.samples)
         if len(window) < N_MIN:
             return self._hold(step, f"measuring the plan in force ({len(window)}/{N_MIN} steps)", event="short")
@@ -320,7 +320,9 @@ class ReshardPolicy:
         model = self.learned.model(shares, self.samples.times()[0])
         se = self.noise.of_median(self.samples.independent)
         ratios = tuple(v / max(model.speeds) for v in model.speeds)
-        confirm = tuple(v / max(model.speeds) for v in self.learned.speeds(shares, self.samples.after_change()))
+        after = self.samples.after_change()  # a rank with no step after its change is not confirmed slow
+        confirm = tuple(1.0 if c is None else v / max(model.speeds)
+                        for c, v in zip(after, self.learned.speeds(shares, [c or 1.0 for c in after])))
         self.slowdown.update(step, ratios, se=math.sqrt(2.0) * se, tolerance=self.config.tolerance,
                              z=self.config.noise_z, samples=self.samples.steps, confirm=confirm)
         healthy = StepModel(speeds=(max(model.speeds),) * self.tp, replicated=model.replicated,

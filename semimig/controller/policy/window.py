@@ -5,8 +5,8 @@ The window holds the latest steps of one plan (at most ``size``; a move empties 
 reads only its *fresh* steps, the ones since its speed last changed: its time is their lower tercile
 (:func:`~semimig.controller.policy.stepmodel.tercile`).  A change is a step in a rank's log compute:
 the last ``m`` steps all away from the median of the rank's earlier fresh steps (at least ``N_MIN``
-of them), on the same side, by more than ``z·σ̂/√m`` (``σ̂`` the one noise estimator,
-:class:`~semimig.controller.policy.gain.Noise`).  A large change clears that band in one step, a small
+of them), on the same side, by more than ``z·σ̂/√m`` (``z``: :data:`CHANGE_Z`; ``σ̂`` the one noise
+estimator, :class:`~semimig.controller.policy.gain.Noise`).  A large change clears that band in one step, a small
 one only as ``m`` grows: the detection delay scales as ``(σ̂ / size of the change)²``, and the false
 alarms per rank and step stay near ``Φ(−z/√m)^m``.
 
@@ -23,12 +23,17 @@ from __future__ import annotations
 import collections
 import math
 import statistics
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 from semimig.controller.policy.states import N_MIN
 from semimig.controller.policy.stepmodel import tercile
 
-__all__ = ["Window", "SLOW_STEPS"]
+__all__ = ["Window", "CHANGE_Z", "SLOW_STEPS"]
+
+CHANGE_Z = 3.0
+"""Standard errors a change of speed must clear: its own false-alarm rate (``Φ(−z)`` per rank and step),
+apart from the gain test's ``noise_z``, so a gain test opened wide does not also read every step's noise
+as a change and keep each rank's reading a step or two long."""
 
 SLOW_STEPS = 2
 """Fewest steps a slowdown is believed on: one slower step may be an outlier, two in a row on one rank
@@ -73,7 +78,7 @@ class Window:
         made its last change (at least 1; the fewest of any rank)."""
         return min(max(f - t, 1) for f, t in zip(self.fresh, self.trigger))
 
-    def add(self, sample: Any, *, sigma: float, z: float) -> bool:
+    def add(self, sample: Any, *, sigma: float, z: float = CHANGE_Z) -> bool:
         """Append one step; ``True`` when some rank's speed changed (module docstring)."""
         self.samples.append(sample)
         n = len(self.samples)
@@ -108,11 +113,11 @@ class Window:
         compute = tuple(tercile([s.compute_s[r] for s in window[-max(f, 1):]]) for r, f in enumerate(self.fresh))
         return compute, statistics.median(min(s.comm_s) for s in window)
 
-    def after_change(self) -> Tuple[float, ...]:
+    def after_change(self) -> Tuple[Optional[float], ...]:
         """Every rank's compute over its fresh steps after the ones that made its last change (the lower
-        tercile; ``inf`` while there is none): the steps that made a change were chosen for being far from
+        tercile; ``None`` while there is none): the steps that made a change were chosen for being far from
         the earlier ones, so only the steps after them tell a slowdown from a run of outliers."""
         window = list(self.samples)
-        return tuple(tercile([s.compute_s[r] for s in window[-(f - t):]]) if f > t else math.inf
+        return tuple(tercile([s.compute_s[r] for s in window[-(f - t):]]) if f > t else None
                      for r, (f, t) in enumerate(zip(self.fresh, self.trigger)))
 
