@@ -4,12 +4,13 @@
 
 Runs :mod:`semimig.controller.sim` on ``N`` generated scenarios (default 1200; ``--quick``: 30 short
 ones, for CI): each policy's time to the last step over the scenario's oracle, per category and
-overall, beside Colossal-AI alone (the even plan), and prints one table per policy.  ``--replay DIR``
+overall, beside Colossal-AI alone (the even plan) and the reactive bound (what reacting only to measured
+changes costs by itself), and prints one table per policy.  ``--replay DIR``
 (default: the repository's ``docs/results`` unless ``--quick``) runs every ``ttl_*.json`` with
 re-shard runs through the step model and reports the simulated mean step against the measured one.
 The JSON holds ``{"overall", "categories", "policy"}`` for the policy in use, every policy's summary
 under ``"policies"``, each scenario's record, the replay, and the command, commit, machine, date,
-wall time and the machine's load around the run.
+wall and CPU time and the machine's load around the run.
 """
 from __future__ import annotations
 
@@ -99,12 +100,12 @@ def main(argv=None) -> int:
     count = args.scenarios or (30 if args.quick else 1200)
     steps = dict(min_steps=60, max_steps=160) if args.quick else dict(min_steps=150, max_steps=600)
     load_before = os.getloadavg()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     scenarios = family(count, args.seed, **steps)
     policies = {**POLICIES, **_optional_policies()}
     records = evaluate(scenarios, policies)
     summaries = {name: summarise(records, name) for name in policies}
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     replay = None
     folder = args.replay or (None if args.quick or args.no_replay else REPO / "docs" / "results")
     if folder is not None and not args.no_replay:
@@ -112,7 +113,9 @@ def main(argv=None) -> int:
     for name, summary in summaries.items():
         print(table(summary, title=f"policy {name}: time to N steps / oracle ({count} scenarios)"))
         print()
+    policy_word = "policy" if len(policies) == 1 else "policies"
     print(f"{count} scenarios in {wall:.1f} s (load {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after)")
+    print(f"{cpu:.1f} s of CPU: the oracles and {len(policies)} {policy_word}")
     if replay is not None:
         s = replay["summary"]
         print(f"replay: {s['within_10pct']} of {s['files']} recorded files within 10 % "
@@ -123,7 +126,7 @@ def main(argv=None) -> int:
                                                       **steps},
                      command=" ".join(["python", "benchmarks/policy_sim.py", *(sys.argv[1:] if argv is None
                                                                                else argv)]),
-                     commit=_commit(), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), wall_s=wall,
+                     commit=_commit(), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), wall_s=wall, cpu_s=cpu,
                      load_average={"before": list(load_before), "after": list(os.getloadavg())},
                      policy=in_use, overall=_round(summaries[in_use]["overall"]),
                      categories=_round(summaries[in_use]["categories"]), policies=_round(summaries),

@@ -10,9 +10,9 @@ groups), with a weight ``w_d`` per dimension (its share of the shardable work); 
 The decision is a small state machine (:mod:`semimig.controller.policy.states`: the table), one gain
 test shared by every move (:mod:`semimig.controller.policy.gain`) and a step model that learns ``R/S``
 from every plan it measured (:mod:`semimig.controller.policy.stepmodel`).  Per step: the step joins a
-window of the plan in force (at most ``window`` steps; a change of speed — the last ``N_MIN`` steps'
-median away from the window's by more than its noise — keeps only those steps); the window's medians
-give the step model, the slow ranks and their age; the proposal is the solved plan (or the even one,
+window of the plan in force (at most ``window`` steps; each rank reads only its steps since its speed
+last changed, a change-point test on its log compute: :mod:`semimig.controller.policy.window`); the
+window's readings give the step model, the slow ranks and their age; the proposal is the solved plan (or the even one,
 when it is within ``margin``); the gain test decides.  A move is then measured for ``N_MIN`` steps
 before the next decision, and the two plans refit ``R/S``.  Before the first step, :meth:`profile`
 reads the device probe's speed ratios with the prior ``R/S`` and takes its plan only when the gain
@@ -23,7 +23,6 @@ the same decision at the same step; nothing is broadcast.
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import heapq
 import math
@@ -34,7 +33,8 @@ from typing import Optional, Sequence, Tuple
 from semimig._validate import check_int, check_number
 from semimig.controller.policy.gain import Noise, expected_life, gain_test
 from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, transition
-from semimig.controller.policy.stepmodel import LearnedModel, median_times
+from semimig.controller.policy.stepmodel import LearnedModel
+from semimig.controller.policy.window import Window
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, solve_plan
@@ -206,8 +206,8 @@ class ReshardPolicy:
         self.step = 0
         self.last_move_step: Optional[int] = None
         self.seconds_per_byte: Optional[float] = None
-        self.samples: collections.deque = collections.deque(maxlen=config.window)
-        """The window: steps of the plan in force fed to the model."""
+        self.samples = Window(config.window, self.tp)
+        """The window: steps of the plan in force fed to the model, and each rank's fresh steps."""
         total = sum(self.weights)
         self.learned = LearnedModel(self.tp, config.replicated_share, [w / total for w in self.weights])
         self.noise = Noise()
@@ -300,14 +300,16 @@ class ReshardPolicy:
                               "numbers", event="skip")
         if self.samples:
             self.noise.add(self.samples[-1].compute_s, sample.compute_s)
-        self.samples.append(sample)
-        self._trim()
+        self.samples.add(sample, sigma=self.noise.sigma)
         window = list(self.samples)
         if len(window) < N_MIN:
             return self._hold(step, f"measuring the plan in force ({len(window)}/{N_MIN} steps)", event="short")
+        if self.samples.pending:
+            return self._hold(step, "a rank's last step is slower than the noise: an outlier or a change, told "
+                              "apart at the next step")
         shares = self.shares()
         self.learned.read_bound(shares, window)
-        compute, comm = median_times(window)
+        compute, comm = self.samples.times()
         if self.state == SETTLING:
             self._verify(shares, window, max(compute) + comm)
         if len(window) == self.config.window and not self._fitted:  # one full window of a plan: across the ranks
@@ -315,11 +317,14 @@ class ReshardPolicy:
             self.learned.fit_across([[p.shares()[r] for p in self.plans] for r in range(self.tp)], window,
                                     [r for r in range(self.tp) if r not in self.slowdown.slow])
             shares = self.shares()
-        model = self.learned.model(shares, window)
-        se = self.noise.of_median(len(window))
+        model = self.learned.model(shares, self.samples.times()[0])
+        se = self.noise.of_median(self.samples.independent)
         ratios = tuple(v / max(model.speeds) for v in model.speeds)
+        after = self.samples.after_change()  # a rank with no step after its change is not confirmed slow
+        confirm = tuple(1.0 if c is None else v / max(model.speeds)
+                        for c, v in zip(after, self.learned.speeds(shares, [c or 1.0 for c in after])))
         self.slowdown.update(step, ratios, se=math.sqrt(2.0) * se, tolerance=self.config.tolerance,
-                             z=self.config.noise_z, samples=len(window))
+                             z=self.config.noise_z, samples=self.samples.steps, confirm=confirm)
         healthy = StepModel(speeds=(max(model.speeds),) * self.tp, replicated=model.replicated,
                             shardable=model.shardable)
         return self._decide(step, model, comm, se, healthy_s=self._even_step(healthy) + comm,
@@ -344,8 +349,8 @@ class ReshardPolicy:
         units, nbytes = self.moved(proposal)
         remaining = None if cfg.horizon is None else max(cfg.horizon - step, 1)
         life = expected_life(self.slowdown.age(step), self.slowdown.past(), floor=cfg.life_floor, remaining=remaining)
-        test = gain_test(current, predicted, needed=max(cfg.margin, cfg.noise_z * se, self.learned.error), life=life,
-                         move_s=self._move_cost(nbytes, healthy_s))
+        needed = max(cfg.margin, -math.expm1(-cfg.noise_z * se), self.learned.error)  # the noise is relative
+        test = gain_test(current, predicted, needed=needed, life=life, move_s=self._move_cost(nbytes, healthy_s))
         info = dict(base, predicted_s=predicted, move_bytes=nbytes, move_cost_s=test.cost_s, horizon=life)
         if not test.passed or test.gain_s < needed_gain * current:
             return self._hold(step, f"gain {test.gain_s:.4g} s/step ({test.margin_s:.4g} beyond the noise) x "
@@ -421,19 +426,3 @@ class ReshardPolicy:
             return nbytes * self.seconds_per_byte
         total = sum(b * p.total_units for b, p in zip(self.bytes_per_unit, self.plans))
         return nbytes / total * self.config.move_steps * healthy_s if total else 0.0
-
-    def _trim(self) -> None:
-        """A change of speed: on some rank every one of the last ``N_MIN`` steps is away from the rest of the
-        window's median, on the same side, by more than ``noise_z`` standard errors of an ``N_MIN``-step
-        mean (a lone outlier is not a change); the window then keeps only those steps."""
-        window = list(self.samples)
-        if len(window) < 2 * N_MIN:
-            return
-        older, _ = median_times(window[:-N_MIN])
-        band = self.config.noise_z * self.noise.sigma / math.sqrt(N_MIN)
-        for r, base in enumerate(older):
-            devs = [math.log(s.compute_s[r] / base) for s in window[-N_MIN:]]
-            if all(d > band for d in devs) or all(d < -band for d in devs):
-                for _ in range(len(window) - N_MIN):
-                    self.samples.popleft()
-                return

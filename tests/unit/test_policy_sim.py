@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from semimig.controller.sim import (Scenario, Workload, candidate_plans, family, fixed_time, limit_time, oracle_time,
-                                    run_policy)
+                                    reactive_time, run_policy)
 from semimig.controller.sim.oracle import best_plans
 from semimig.controller.sim.score import evaluate, summarise
 from semimig.controller.sim.simulate import reshard_policy
@@ -82,6 +82,34 @@ def test_the_oracle_beats_every_fixed_plan_and_the_policy(index):
     assert limit_time(scenario) <= exact + 1e-9
 
 
+@pytest.mark.parametrize("lag", [0, 1, 3])
+def test_the_reactive_bound_pays_the_steps_before_a_change_is_measured(lag):
+    """A straggler from step 10 to the end, moves free: the oracle moves before step 10, the reactive bound
+    only before step 11 + lag, so it pays up to ``lag + 1`` even steps at the straggler's speeds (less
+    where a compromise plan held from the start beats even over the steps before it may move)."""
+    workload = _workload(state_bytes=8, latency_s=0.0)
+    speeds = np.ones((40, 2))
+    speeds[10:, 1] = 0.25
+    scenario = Scenario(name="late", category="persistent", workload=workload, speeds=speeds, lag=lag)
+    plans = candidate_plans(scenario)
+    oracle, _ = oracle_time(scenario, plans)
+    bound, moves = reactive_time(scenario, plans)
+    best = workload.step_seconds(best_plans(workload, (1.0, 0.25)), (1.0, 0.25))
+    even = workload.step_seconds(workload.even_plans(), (1.0, 0.25))
+    assert 0.0 < bound - oracle <= (lag + 1) * (even - best) + 1e-9
+    if lag == 0:
+        assert moves == 1 and bound - oracle == pytest.approx(even - best, rel=1e-6)
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_the_reactive_bound_lies_between_the_oracle_and_the_policy(index):
+    scenario = _hand_built()[index]
+    plans = candidate_plans(scenario)
+    oracle, _ = oracle_time(scenario, plans)
+    bound, _ = reactive_time(scenario, plans)
+    assert oracle - 1e-9 <= bound <= run_policy(scenario, reshard_policy).time_s + 1e-9
+
+
 def test_the_oracle_pays_its_moves():
     """A straggler for two steps of a long run is not worth moving every unit for when a move costs
     more than it saves."""
@@ -144,7 +172,8 @@ def test_the_quick_run_writes_the_schema(tmp_path, capsys):
     assert keys <= set(data["overall"]) and data["policy"] == "reshard"
     assert data["overall"]["scenarios"] == 12 and data["overall"]["no_straggler_max"] == pytest.approx(1.0)
     for block in data["categories"].values():
-        assert keys | {"colossal_median"} <= set(block)
+        assert keys | {"colossal_median", "reactive_bound_share_above_1_10", "median_ratio_to_reactive",
+                       "share_within_1_10_of_reactive"} <= set(block)
     assert {"command", "commit", "date", "machine"} <= set(data)
     table = capsys.readouterr().out
     assert "overall" in table and max(len(line) for line in table.splitlines()) <= 80
@@ -153,9 +182,12 @@ def test_the_quick_run_writes_the_schema(tmp_path, capsys):
 
 
 def test_summaries_count_the_share_within_1_10():
-    records = [{"category": "persistent", "tp": 2, "colossal": 2.0, "limit": 0.9,
-                "policies": {"p": {"ratio": r, "moves": 1}}} for r in (1.0, 1.05, 1.2, 1.5)]
+    records = [{"category": "persistent", "tp": 2, "colossal": 2.0, "limit": 0.9, "reactive": b,
+                "policies": {"p": {"ratio": r, "moves": 1, "ratio_to_reactive": r / b}}}
+               for r, b in ((1.0, 1.0), (1.05, 1.0), (1.2, 1.15), (1.5, 1.2))]
     summary = summarise(records, "p")
     assert summary["overall"]["share_within_1_10"] == 0.5
+    assert summary["overall"]["reactive_bound_share_above_1_10"] == 0.5
+    assert summary["overall"]["share_within_1_10_of_reactive"] == 0.75
     assert summary["overall"]["median_ratio"] == pytest.approx(1.125)
     assert summary["overall"]["no_straggler_max"] is None

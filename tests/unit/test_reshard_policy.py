@@ -200,7 +200,7 @@ def test_a_rank_holding_nothing_is_read_from_its_replicated_work():
     pol = policy(ReshardConfig(window=6, replicated_share=0.2), plans=plans)
     for _ in range(3):
         pol.observe(sample(pol, (1.0, 0.5)))
-    model = pol.learned.model(pol.shares(), list(pol.samples))
+    model = pol.learned.model(pol.shares(), pol.samples.times()[0])
     assert model.speeds[1] / model.speeds[0] == pytest.approx(0.5, rel=1e-6)
     # healthy again: back toward even, units returned to the rank that held none
     moves = run(pol, lambda step: (1.0, 1.0), 40)
@@ -229,6 +229,20 @@ def test_no_straggler_never_moves_under_noise_and_outliers(tp):
             assert not pol.observe(s).replan, (tp, seed, step)
 
 
+def test_a_run_of_outliers_on_one_rank_is_not_a_slow_rank():
+    """Outlier, outlier, a true step, outlier on one of eight ranks: the first two pass the change test as
+    a slowdown, but the steps after them read the rank's true speed, so no rank is slow and nothing moves."""
+    rng = random.Random(0)
+    pol = policy(tp=8)
+    for step in range(40):
+        s = sample(pol, (1.0,) * 8, noise=0.1, rng=rng)
+        if step - 30 in (0, 1, 3):
+            s = ReshardSample(tuple(c * (2.5 if r == 4 else 1.0) for r, c in enumerate(s.compute_s)), s.shardable_s,
+                              s.comm_s)
+        assert not pol.observe(s).replan, step
+        assert not pol.slowdown.slow, step
+
+
 # ---------------------------------------------------------------- traces replayed through the simulator
 def _scenario(speeds, *, noise=0.05, step_s=1.0, move_steps=ReshardConfig().move_steps):
     workload = Workload(tp=len(speeds[0]), replicated_share=0.2, mlp_units=MLP_UNITS, kv_units=KV_UNITS,
@@ -250,7 +264,7 @@ def test_a_straggler_that_comes_and_goes_slowly_is_served_and_released():
     run_ = run_policy(_scenario(speeds), reshard_policy)
     steps = [step for step, *_ in run_.plans]
     assert any(40 < s < 50 for s in steps)  # moved for it within a few steps
-    assert any(140 < s < 150 for s in steps)  # and back
+    assert any(140 <= s < 150 for s in steps)  # and back (140: decided on the first healthy step)
     assert run_.plans[-1][1:3] == (even_plans()[0].units, even_plans()[1].units)
 
 

@@ -25,8 +25,9 @@ that under-delivers is revisited by the same test that chose it.
 
 The slowdown (:class:`Slowdown`): the set of ranks that are slow, with hysteresis — a rank joins when
 its speed ratio (to the fastest rank) is below ``1 − tolerance`` by ``z`` standard errors (the first
-slow rank over more than ``N_MIN`` steps: ``N_MIN`` slow steps in a row on one rank are also what a
-run of outliers looks like), and leaves when it is above by as many — and its age, the steps since
+slow rank over more than ``N_MIN`` steps, and also over its steps after the ones that made its change:
+a few slow steps in a row on one rank are also what a run of outliers looks like, and the steps after
+them read its true speed), and leaves when it is above by as many — and its age, the steps since
 that set last changed.  A set that is
 empty is the state "no straggler": from it only moves toward even (a smaller largest share) are
 proposed, so noise never moves an even plan.  A straggler that ends empties the set and starts the
@@ -36,7 +37,8 @@ long the present state will last (:func:`~semimig.controller.policy.gain.expecte
 """
 from __future__ import annotations
 
-from typing import Dict, FrozenSet, List, Sequence
+import math
+from typing import Dict, FrozenSet, List, Optional, Sequence
 
 from semimig.errors import ConfigError
 
@@ -74,16 +76,18 @@ class Slowdown:
         """Lengths in steps of the ended states, by kind: some rank slow (``True``) or none."""
 
     def update(self, step: int, ratios: Sequence[float], *, se: float, tolerance: float, z: float,
-               samples: int) -> bool:
+               samples: int, confirm: Optional[Sequence[float]] = None) -> bool:
         """Read the window's speed ratios (``se``: a ratio's relative standard error) at ``step`` over
-        ``samples`` steps; ``True`` when the set changed."""
-        band = z * se
+        ``samples`` steps; ``True`` when the set changed.  ``confirm``: each rank's ratio read over only
+        its steps after its last change; a first slow rank must be slow on those too."""
+        band = math.exp(z * se)  # the ratio's noise is relative: its band is a factor
         slow = set(self.slow)
         onset = bool(self.slow) or samples > N_MIN  # a first slow rank needs one step more than the window's least
-        for r, s in enumerate(ratios):
-            if s < (1.0 - tolerance) * (1.0 - band) and onset:
+        confirm = ratios if confirm is None or self.slow else confirm
+        for r, (s, c) in enumerate(zip(ratios, confirm)):
+            if max(s, c) < (1.0 - tolerance) / band and onset:
                 slow.add(r)
-            elif s > min((1.0 - tolerance) * (1.0 + band), 1.0 - tolerance / 2.0):
+            elif s > min((1.0 - tolerance) * band, 1.0 - tolerance / 2.0):
                 slow.discard(r)
         if frozenset(slow) == self.slow:
             return False

@@ -156,10 +156,9 @@ class LearnedModel:
         R, S = self.scale()
         return tuple((R + S * p) / max(c, 1e-12) for p, c in zip(shares, compute))
 
-    def model(self, shares: Sequence[float], window: Sequence[Any]) -> StepModel:
-        """The step model of ``window``'s median compute, measured under ``shares``."""
+    def model(self, shares: Sequence[float], c: Sequence[float]) -> StepModel:
+        """The step model of every rank's compute ``c`` (the window's reading), measured under ``shares``."""
         R, S = self.scale()
-        c, _ = median_times(window)
         return StepModel(speeds=tuple((R + S * p) / max(t, 1e-12) for p, t in zip(shares, c)), replicated=R,
                          shardable=S)
 

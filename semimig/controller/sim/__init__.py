@@ -6,10 +6,12 @@ observations from a step-time model over a family of scenarios, scored against e
 (the best schedule, the even plan, the limit), :mod:`~semimig.controller.sim.score` (the table) and
 :mod:`~semimig.controller.sim.replay` (recorded runs through the model).  Pure: no torch, no process group.
 """
-from semimig.controller.sim.oracle import best_plans, candidate_plans, fixed_time, limit_time, oracle_time
+from semimig.controller.sim.oracle import (best_plans, candidate_plans, fixed_time, limit_time, oracle_time,
+                                          reactive_time)
 from semimig.controller.sim.scenarios import CATEGORIES, Scenario, family, make_scenario
 from semimig.controller.sim.simulate import RunResult, ratio, run_policy
 from semimig.controller.sim.stepmodel import Workload
 
 __all__ = ["Workload", "Scenario", "CATEGORIES", "family", "make_scenario", "RunResult", "run_policy", "ratio",
-           "best_plans", "candidate_plans", "oracle_time", "fixed_time", "limit_time"]
+           "best_plans", "candidate_plans", "oracle_time", "reactive_time", "fixed_time",
+           "limit_time"]

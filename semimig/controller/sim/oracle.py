@@ -17,6 +17,19 @@ one move to the same end, so the triangle inequality holds).  Restricted to thos
 little slower than the best schedule over every plan (another plan with the same step, cheaper to reach,
 or a compromise between phases): on scenarios small enough to list every plan, within 2 %.
 
+The *reactive bound* is the same schedule over the same plans, allowed to move only before the steps
+at which a change of speeds has just become known to a policy: 0, and ``s + lag + 1`` for a change at
+step ``s`` (the plan of step ``t`` is chosen at the end of step ``t − 1``, on the steps measured up to
+``t − 1 − lag``).  Between two such steps what a policy knows does not change; it picks, clairvoyantly,
+the best plan for each of those intervals (the true speeds over it, which may already be those of the
+next change).  It bounds from below every policy that pays the same moves and moves only on what it
+has measured, never in anticipation of a change it has not seen: a move later than the knowledge that
+justifies it costs at least as much as the same move when the knowledge came (the plan it leaves was
+the one held, and the plan it takes is better for the speeds known, which are the interval's until its
+last ``lag + 1`` steps).  A policy that predicts changes (a strict period learnt from the past) can beat
+it, and so can one whose late move happens to land in those last steps.  The ratio of the bound to the oracle is what reacting
+costs by itself: where it is above 1.10, no reactive policy is within 1.10 of the oracle.
+
 The *limit* is what no plan of whole units beats: each segment at the continuous optimum
 (:func:`~semimig.sharding.continuous_shares`, no minimum share), moves free.
 """
@@ -32,7 +45,8 @@ from semimig.controller.sim.stepmodel import Plans, Workload
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, continuous_shares, solve_plan
 
-__all__ = ["MAX_STATES", "best_plans", "candidate_plans", "segments", "oracle_time", "fixed_time", "limit_time"]
+__all__ = ["MAX_STATES", "best_plans", "candidate_plans", "segments", "oracle_time", "reactive_starts", "reactive_time",
+           "fixed_time", "limit_time"]
 
 MAX_STATES = 40
 """Distinct states of a trace the oracle solves a plan for (a ramp has one per step)."""
@@ -108,30 +122,53 @@ def _step_matrix(workload: Workload, plans: Sequence[Plans], speeds: np.ndarray)
     return workload.compute_s * np.max(work[:, None, :] / speeds[None, :, :], axis=2) + workload.comm_s
 
 
-def oracle_time(scenario: Scenario, plans: Sequence[Plans] | None = None) -> Tuple[float, int]:
-    """``(seconds, moves)`` of the best schedule over ``plans`` (default :func:`candidate_plans`) that
-    starts from the even plan and pays each move (module docstring)."""
+def _schedule(scenario: Scenario, plans: Sequence[Plans], starts: Sequence[int]) -> Tuple[float, int]:
+    """``(seconds, moves)`` of the best schedule over ``plans`` from the even plan that may move only before
+    the steps ``starts`` (the first is 0; one move before it sends weights only), paying each move."""
     workload = scenario.workload
-    plans = list(plans) if plans is not None else candidate_plans(scenario)
+    plans = list(plans)
     even = workload.even_plans()
     if even not in plans:
         plans.insert(0, even)
     start = plans.index(even)
     moves = np.array([[workload.move(p, q)[1] for q in plans] for p in plans])
-    segs = segments(scenario.speeds)
-    rows = np.array([scenario.speeds[s] for s, _ in segs])
-    lengths = np.array([n for _, n in segs], dtype=float)
-    cost = _step_matrix(workload, plans, rows) * lengths[None, :]  # (K, segments)
+    pieces = sorted(set(starts) | {s for s, _ in segments(scenario.speeds)})  # constant speeds, one interval
+    lengths = np.diff(np.array(pieces + [scenario.steps], dtype=float))
+    piece_cost = _step_matrix(workload, plans, scenario.speeds[pieces]) * lengths[None, :]  # (K, pieces)
+    owner = np.searchsorted(np.array(starts), np.array(pieces), side="right") - 1
+    cost = np.zeros((len(plans), len(starts)))
+    np.add.at(cost.T, owner, piece_cost.T)  # (K, intervals)
     first = np.array([workload.move(even, q, first=True)[1] for q in plans])  # before the first step
     value = first + cost[:, 0]
     count = (np.arange(len(plans)) != start).astype(int)
-    for s in range(1, len(segs)):
+    for s in range(1, len(starts)):
         total = value[:, None] + moves  # from j to k
         best = np.argmin(total, axis=0)
         count = count[best] + (best != np.arange(len(plans)))
         value = total[best, np.arange(len(plans))] + cost[:, s]
     k = int(np.argmin(value))
     return float(value[k]), int(count[k])
+
+
+def oracle_time(scenario: Scenario, plans: Sequence[Plans] | None = None) -> Tuple[float, int]:
+    """``(seconds, moves)`` of the best schedule over ``plans`` (default :func:`candidate_plans`) that
+    starts from the even plan and pays each move (module docstring)."""
+    plans = list(plans) if plans is not None else candidate_plans(scenario)
+    return _schedule(scenario, plans, [s for s, _ in segments(scenario.speeds)])
+
+
+def reactive_starts(scenario: Scenario) -> List[int]:
+    """The steps before which a reactive schedule may move: 0, and ``s + lag + 1`` for each change of speeds
+    at step ``s`` (the first step whose plan can be chosen on a measured step of the new speeds)."""
+    out = [0] + [s + scenario.lag + 1 for s, _ in segments(scenario.speeds)[1:]]
+    return sorted({s for s in out if s < scenario.steps})
+
+
+def reactive_time(scenario: Scenario, plans: Sequence[Plans] | None = None) -> Tuple[float, int]:
+    """``(seconds, moves)`` of the reactive bound (module docstring): the oracle's schedule, allowed to move
+    only where a change of speeds has just been measured (:func:`reactive_starts`)."""
+    plans = list(plans) if plans is not None else candidate_plans(scenario)
+    return _schedule(scenario, plans, reactive_starts(scenario))
 
 
 def fixed_time(scenario: Scenario, plans: Plans) -> float:

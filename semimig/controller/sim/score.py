@@ -3,15 +3,18 @@
 Per scenario: each policy's ratio (:func:`~semimig.controller.sim.simulate.run_policy` time over
 :func:`~semimig.controller.sim.oracle.oracle_time`), Colossal-AI alone's (the even plan, never moved)
 and the limit's (:func:`~semimig.controller.sim.oracle.limit_time`: below 1 by what whole units and
-paid moves cost the oracle).  Per category and overall: the median ratio, the share of scenarios
-within 1.10 of the oracle, and the worst ratio of the scenarios with no straggler.
+paid moves cost the oracle), and the reactive bound's (:func:`~semimig.controller.sim.oracle.reactive_time`:
+what reacting only to measured changes costs by itself).  Per category and overall: the median ratio, the
+share of scenarios within 1.10 of the oracle, the worst ratio of the scenarios with no straggler, the
+share of scenarios whose reactive bound is above 1.10 of the oracle (where no reactive policy can be
+within 1.10) and the policy's time over the reactive bound (median, share within 1.10).
 """
 from __future__ import annotations
 
 import statistics
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from semimig.controller.sim.oracle import fixed_time, limit_time, oracle_time
+from semimig.controller.sim.oracle import candidate_plans, fixed_time, limit_time, oracle_time, reactive_time
 from semimig.controller.sim.scenarios import CATEGORIES, Scenario
 from semimig.controller.sim.simulate import PolicyFactory, ratio, run_policy
 
@@ -26,28 +29,36 @@ def evaluate(scenarios: Sequence[Scenario], policies: Mapping[str, PolicyFactory
     ``colossal``, the even plan) the ratio to the oracle and the moves."""
     records = []
     for scenario in scenarios:
-        oracle_s, oracle_moves = oracle_time(scenario)
+        plans = candidate_plans(scenario)
+        oracle_s, oracle_moves = oracle_time(scenario, plans)
+        reactive_s, _ = reactive_time(scenario, plans)
         record = {"name": scenario.name, "category": scenario.category, "tp": scenario.tp, "steps": scenario.steps,
                   "oracle_s": oracle_s, "oracle_moves": oracle_moves,
                   "colossal": ratio(fixed_time(scenario, scenario.workload.even_plans()), oracle_s),
-                  "limit": ratio(limit_time(scenario), oracle_s), "drawn": scenario.info, "policies": {}}
+                  "limit": ratio(limit_time(scenario), oracle_s), "reactive": ratio(reactive_s, oracle_s),
+                  "drawn": scenario.info, "policies": {}}
         for name, factory in policies.items():
             run = run_policy(scenario, factory)
             record["policies"][name] = {"ratio": ratio(run.time_s, oracle_s), "moves": run.moves,
-                                        "bytes_moved": run.bytes_moved}
+                                        "bytes_moved": run.bytes_moved,
+                                        "ratio_to_reactive": ratio(run.time_s, reactive_s)}
         records.append(record)
     return records
 
 
 def _stats(ratios: Sequence[float], colossal: Sequence[float], limits: Sequence[float], moves: Sequence[int],
-           none: Sequence[float]) -> dict:
+           none: Sequence[float], reactive: Sequence[float], to_reactive: Sequence[float]) -> dict:
     ordered = sorted(ratios)
     return {"scenarios": len(ratios), "median_ratio": statistics.median(ratios),
             "share_within_1_10": sum(r <= WITHIN for r in ratios) / len(ratios),
             "no_straggler_max": max(none) if none else None,
             "p90_ratio": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], "max_ratio": ordered[-1],
             "colossal_median": statistics.median(colossal), "limit_median": statistics.median(limits),
-            "mean_moves": sum(moves) / len(moves)}
+            "mean_moves": sum(moves) / len(moves),
+            "reactive_bound_median": statistics.median(reactive),
+            "reactive_bound_share_above_1_10": sum(r > WITHIN for r in reactive) / len(reactive),
+            "median_ratio_to_reactive": statistics.median(to_reactive),
+            "share_within_1_10_of_reactive": sum(r <= WITHIN for r in to_reactive) / len(to_reactive)}
 
 
 def summarise(records: Sequence[dict], policy: str) -> dict:
@@ -56,7 +67,8 @@ def summarise(records: Sequence[dict], policy: str) -> dict:
         ratios = [r["policies"][policy]["ratio"] for r in rows]
         none = [r["policies"][policy]["ratio"] for r in rows if r["category"] == "none"]
         return _stats(ratios, [r["colossal"] for r in rows], [r["limit"] for r in rows],
-                      [r["policies"][policy]["moves"] for r in rows], none)
+                      [r["policies"][policy]["moves"] for r in rows], none, [r["reactive"] for r in rows],
+                      [r["policies"][policy]["ratio_to_reactive"] for r in rows])
 
     out: Dict[str, dict] = {"overall": block(records), "categories": {}, "by_tp": {}}
     for category in CATEGORIES:
@@ -71,14 +83,15 @@ def summarise(records: Sequence[dict], policy: str) -> dict:
 def table(summary: dict, title: Optional[str] = None) -> str:
     """The summary as a table of at most 80 columns."""
     head = f"{'category':<12} {'n':>5} {'median':>7} {'<=1.10':>7} {'p90':>6} {'max':>6} {'moves':>6} " \
-           f"{'colossal':>8} {'limit':>6}"
+           f"{'react>1.1':>9} {'/react':>6} {'<=1.10':>6}"
     lines = [title] if title else []
     lines += [head, "-" * len(head)]
     rows = list(summary["categories"].items()) + [(f"tp {k}", v) for k, v in summary["by_tp"].items()]
     for name, s in rows + [("overall", summary["overall"])]:
         lines.append(f"{name:<12} {s['scenarios']:>5} {s['median_ratio']:>7.3f} {s['share_within_1_10']:>7.1%} "
                      f"{s['p90_ratio']:>6.2f} {s['max_ratio']:>6.2f} {s['mean_moves']:>6.2f} "
-                     f"{s['colossal_median']:>8.3f} {s['limit_median']:>6.3f}")
+                     f"{s['reactive_bound_share_above_1_10']:>9.1%} "
+                     f"{s['median_ratio_to_reactive']:>6.3f} {s['share_within_1_10_of_reactive']:>6.1%}")
     worst = summary["overall"]["no_straggler_max"]
     if worst is not None:
         lines.append(f"no straggler: worst ratio {worst:.4f}")
