@@ -76,6 +76,9 @@ MODES = ("healthy", "off", "zero-pri", "semi", "reshard", "uneven", "zero-pri-pa
 each MLP pruned as a pair, the binary's default); ``zero-pri`` / ``semi`` pass ``--no-paired`` (each layer its own K, the paper),
 so a mode's name has one meaning in every result file."""
 DEFAULT_MODES = ("healthy", "off", "zero-pri", "semi", "reshard")
+COLLECTIVE_TIMEOUT_S = 900
+"""Every process group's timeout in a run (the binary's ``--timeout-s``): a rank held to a small share
+of a core takes minutes to import and reach the first collective."""
 
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
@@ -303,7 +306,9 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
                "--kv-heads", str(args.kv_heads), "--tp", str(args.tp), "--batch-size", str(args.batch_size),
                "--seq-len", str(args.seq_len), "--steps", str(args.steps), "--eval-every", str(args.eval_every),
                "--balance", "off" if mode in ("healthy", "off", "uneven") else mode.removesuffix("-paired"),
-               "--json", str(out), "--log-every", "10"]
+               "--json", str(out), "--log-every", "10",
+               # a rank at an eighth of a core imports and joins the process group eight times slower
+               "--timeout-s", str(COLLECTIVE_TIMEOUT_S)]
     if mode.endswith("-paired"):
         example += ["--paired"]
     elif mode in ("zero-pri", "semi"):
