@@ -349,7 +349,7 @@ class ReshardPolicy:
         units, nbytes = self.moved(proposal)
         remaining = None if cfg.horizon is None else max(cfg.horizon - step, 1)
         life = expected_life(self.slowdown.age(step), self.slowdown.past(), floor=cfg.life_floor, remaining=remaining)
-        needed = max(cfg.margin, -math.expm1(-cfg.noise_z * se), self.learned.error)  # the noise is relative
+        needed = self._needed(se)
         test = gain_test(current, predicted, needed=needed, life=life, move_s=self._move_cost(nbytes, healthy_s))
         info = dict(base, predicted_s=predicted, move_bytes=nbytes, move_cost_s=test.cost_s, horizon=life)
         if not test.passed or test.gain_s < needed_gain * current:
@@ -416,6 +416,18 @@ class ReshardPolicy:
             units[r] += 1
             heapq.heappush(heap, (model.rank_time(r, base[r] + (units[r] - floor + 1) * unit), r))
         return ShardPlan(units=tuple(units), unit_size=plan.unit_size)
+
+    def _needed(self, se: float) -> float:
+        """``ε``: the margin, the noise of the window's median (relative) and the step model's own error."""
+        return max(self.config.margin, -math.expm1(-self.config.noise_z * se), self.learned.error)
+
+    def needed_gain(self) -> float:
+        """``ε`` of the window in force: the least share of the step a move must predict to save."""
+        return self._needed(self.noise.of_median(max(self.samples.independent, 1)))
+
+    def move_cost_s(self, new: Sequence[ShardPlan], step_s: float) -> float:
+        """Seconds a move from the plan in force to ``new`` costs (``step_s``: the step the prior is in)."""
+        return self._move_cost(self.moved(new)[1], step_s)
 
     def _even_step(self, model: StepModel) -> float:
         return model.step((1.0 / self.tp,) * self.tp)

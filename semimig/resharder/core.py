@@ -23,7 +23,9 @@ from semimig.resharder.events import ReplanEvent, log_measured, log_replan
 from semimig.resharder.observe import (PROBE_MAX_SIZE, gemm_scale, probe_times, row_sample, slowest_per_position,
                                        step_sample, unshed)
 from semimig.resharder.plans import params_per_unit
-from semimig.sharding.joint import plan_job
+from semimig.controller.policy.gain import gain_test
+from semimig.controller.policy.states import HOLDING
+from semimig.sharding.joint import job_step, plan_job
 from semimig.sharding.plan import ShardPlan
 
 __all__ = ["Resharder"]
@@ -104,6 +106,7 @@ class Resharder:
         """The batch split the joint planner keeps (samples per replica, DP rank order); ``None`` without it."""
         self.joint_replans: list[dict] = []
         """Every joint decision: its step, the new split, the predicted job step, what memory bounded."""
+        self._job_moved = 0  # the step the job last moved (the joint gain test's age)
 
     # ------------------------------------------------------------------ per step
     def gather(self, report: Any) -> Optional[Any]:
@@ -184,10 +187,11 @@ class Resharder:
         self._debug(self.policy, samples[self.dp_rank], self.last)
         settled = [self._measured(decision, replica=d) for d, decision in enumerate(decisions)]
         self.settled_now = settled[self.dp_rank]
+        step = int(getattr(report, "iteration", self.last.step))
         if not any(decision.replan for decision in decisions):
-            return None
+            return self._job_gain(decisions, step=step) if self.joint is not None else None
         if self.joint is not None:
-            return self._take_joint(decisions, step=int(getattr(report, "iteration", self.last.step)))
+            return self._take_joint(decisions, step=step)
         return self._take_replicas(decisions, step=int(getattr(report, "iteration", self.last.step)))
 
     def _debug(self, policy: ReshardPolicy, sample: ReshardSample, decision: ReshardDecision) -> None:
@@ -291,12 +295,15 @@ class Resharder:
         self.plans, self.plan = plans, mine
         return mine if changed else None
 
-    def _take_joint(self, decisions: list[ReshardDecision], *, step: int) -> Optional[Any]:
-        """A policy decided: every replica's plan and the split from :func:`plan_job` on every replica's
-        window (plans in force kept where they meet the job's step), every replica moved at once, every
-        policy told its replica's plans (its window, measured under the old plans or split, dropped);
-        this replica's new plan, or ``None`` when it kept its plan.  Nothing moves when the planner keeps
-        every plan and the split."""
+    def _job_gain(self, decisions: list[ReshardDecision], *, step: int) -> Optional[Any]:
+        """No replica's policy decided, yet the job may gain: a replica balanced within itself can still
+        run slower than the others (its slow rank's replicated work, a split that no longer fits).  Once
+        every policy holds a measured plan, the job's step under the plans and split in force is set
+        against the joint planner's, with the policies' own gain test: the least gain ``ε`` the noisiest
+        replica's window allows, the moves' cost and their way back, over a life of the steps since
+        the job last moved (at least ``life_floor``).  A change of split alone moves no weights."""
+        if any(policy.state != HOLDING for policy in self.policies):
+            return None
         problem = joint_problem(self.joint, self.policies, self.samples)
         if problem is None:
             return None
@@ -305,6 +312,34 @@ class Resharder:
         plans = tuple(as_policy_plans(row, now) for row, now in zip(answer.plans, current))
         if plans == current and answer.samples == self.samples:
             return None
+        now_s = job_step(problem, self.samples, current)
+        config = self.policy.config
+        life = max(step - self._job_moved, config.life_floor)
+        if config.horizon is not None:
+            life = min(life, max(config.horizon - step, 1))
+        cost = sum(policy.move_cost_s(row, now_s) for policy, row in zip(self.policies, plans))
+        test = gain_test(now_s, answer.step, needed=max(policy.needed_gain() for policy in self.policies),
+                         life=life, move_s=cost)
+        if not test.passed:
+            return None
+        return self._take_joint(decisions, step=step, answer=answer)
+
+    def _take_joint(self, decisions: list[ReshardDecision], *, step: int, answer: Any = None) -> Optional[Any]:
+        """A policy decided: every replica's plan and the split from :func:`plan_job` on every replica's
+        window (plans in force kept where they meet the job's step), every replica moved at once, every
+        policy told its replica's plans (its window, measured under the old plans or split, dropped);
+        this replica's new plan, or ``None`` when it kept its plan.  Nothing moves when the planner keeps
+        every plan and the split."""
+        current = tuple(policy.plans for policy in self.policies)
+        if answer is None:
+            problem = joint_problem(self.joint, self.policies, self.samples)
+            if problem is None:
+                return None
+            answer = plan_job(problem, reference=current)
+        plans = tuple(as_policy_plans(row, now) for row, now in zip(answer.plans, current))
+        if plans == current and answer.samples == self.samples:
+            return None
+        self._job_moved = step
         if answer.memory_bound and self._speaks and self.dp_rank == 0:
             logger.info("semimig joint plan at step %d: %s", step, answer.memory_bound)
         changed = [row != now for row, now in zip(plans, current)]

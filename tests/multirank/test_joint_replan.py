@@ -10,6 +10,9 @@ so the weights keep reassociation-sized differences), every rank on the same glo
   samples, every rank records the same decisions, and the losses and every weight after the run equal
   one dense process training on the whole global batch (each micro-step's loss scaled by ``m·D/G``:
   the gradient stays the global-batch mean whatever the split);
+- the same straggler found by the device probe before the first step (the policy's defaults): the
+  probe moves replica 1's plan, which leaves replica 1 balanced within itself but slower than replica
+  0; the job's own gain test then moves the split, and the run still trains exactly;
 - no straggler: nothing moves, the split stays even, and losses and weights are bit for bit those of
   ``mode="reshard"`` without a batch split, each replica on its own half of the rows.
 """
@@ -53,7 +56,7 @@ def _weights(model):
     return {n: gather_like(p, p.data).float() for n, p in model.unwrap().named_parameters()}
 
 
-def _run(straggler, *, split):
+def _run(straggler, *, split, probe=False):
     """``semimig.enable(mode="reshard")`` with ``straggler`` on replica 1 only; ``split``: through a batch
     split of the global batch (the joint planner), else each replica on its own half of it.  Returns
     (global-batch losses, every replica's plans and the split after each step, summary, weights)."""
@@ -65,10 +68,11 @@ def _run(straggler, *, split):
 
     plugin, booster, model, optimizer = _boosted()
     dp_rank = plugin.dp_group.rank()
-    opened = dict(noise_z=0.0) if straggler else {}  # the wiring and exactness are tested, not the policy's patience
+    # the wiring and exactness are tested, not the policy's patience; with the probe, the policy as it ships
+    opened = {} if probe else dict(probe=0.0, noise_z=0.0) if straggler else dict(probe=0.0)
     balancer = semimig.enable(model, plugin, optimizer=optimizer, mode="reshard",
                               straggler=straggler if dp_rank == 1 else None,
-                              reshard=ReshardConfig(window=6, horizon=STEPS, probe=0.0, **opened),
+                              reshard=ReshardConfig(window=6, horizon=STEPS, **opened),
                               batch=semimig.BatchSplit(global_batch_size=GLOBAL) if split else None)
     losses, trace = [], []
     try:
@@ -111,7 +115,8 @@ def _dense():
 def _body(rank, world):
     import torch.distributed as dist
 
-    out = {"straggler": _run(STRAGGLER, split=True), "calm": _run(None, split=True),
+    out = {"straggler": _run(STRAGGLER, split=True), "probed": _run(STRAGGLER, split=True, probe=True),
+           "calm": _run(None, split=True),
            "plain": _run(None, split=False)}
     every = [None] * world
     dist.all_gather_object(every, out)
@@ -143,3 +148,10 @@ def test_the_joint_planner_moves_plans_and_split_together_and_trains_exactly():
         assert calm_losses == plain_losses  # the even split scales each loss by 1: bit for bit
         for name, value in calm_weights.items():
             assert torch.equal(value, plain_weights[name]), name
+        probed_losses, probed_trace, probed_summary, probed_weights = out["probed"]
+        assert probed_trace == every[0]["probed"][1], f"rank {rank} recorded other plans or splits"
+        torch.testing.assert_close(torch.tensor(probed_losses), torch.tensor(dense_losses), **TOL)
+        for name, value in probed_weights.items():
+            torch.testing.assert_close(value, dense_weights[name], **TOL, msg=lambda m, n=name, r=rank: f"rank {r} {n}: {m}")
+    probed_plans, probed_samples = every[0]["probed"][1][-1]
+    assert probed_samples[1] < probed_samples[0], f"the slow replica kept its share: {every[0]['probed'][1]}"
