@@ -118,7 +118,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     tp = args.tp or world
 
     # Colossal-AI as usual, with semimig's policy: its layers time themselves and can shed or move work
-    model = build_model(args)
+    model = build_model(args, tp)
     plugin = HybridParallelPlugin(tp_size=tp, pp_size=1, precision=args.precision, zero_stage=args.zero_stage,
                                   overlap_communication=torch.cuda.is_available(), custom_policy=SemiMigPolicy())
     booster = Booster(plugin=plugin)

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+VOCAB_MULTIPLE = 64
+"""Colossal-AI's ``make_vocab_size_divisible_by`` default: every TP rank's vocabulary shard is a multiple of it."""
+
 SYNTHETIC_VOCAB = 512
 """The synthetic data's vocabulary: token sequences ``x_t = (a + b·t) mod 512``."""
 
@@ -62,25 +65,29 @@ def watch_launcher(prog: str, rank: int, poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="watch-launcher", daemon=True).start()
 
 
-def model_config(args: argparse.Namespace):
-    """The model's config alone (no weights): the tiny Llama's from the flags, or ``--model``'s from disk."""
+def model_config(args: argparse.Namespace, tp: int = 1):
+    """The model's config alone (no weights): the tiny Llama's from the flags (its vocabulary padded for ``tp``
+    ranks), or ``--model``'s from disk."""
     import transformers as T
 
     if args.model != "tiny-llama":
         return T.AutoConfig.from_pretrained(args.model, local_files_only=True)
     vocab = 256 if args.data == "shakespeare" else SYNTHETIC_VOCAB  # bytes, or the synthetic range
+    # Colossal-AI pads the vocabulary to a multiple of 64·tp and its cross entropy fails on a rank whose
+    # shard is padding only; ids above the data's range are never fed and only learn to be unlikely
+    vocab = max(vocab, VOCAB_MULTIPLE * tp)
     return T.LlamaConfig(vocab_size=vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
                          num_hidden_layers=args.layers, num_attention_heads=args.heads,
                          num_key_value_heads=args.kv_heads, max_position_embeddings=max(256, args.seq_len))
 
 
-def build_model(args: argparse.Namespace) -> torch.nn.Module:
-    """The tiny Llama (seeded), or ``--model`` read from disk."""
+def build_model(args: argparse.Namespace, tp: int = 1) -> torch.nn.Module:
+    """The tiny Llama (seeded; its vocabulary padded for ``tp`` ranks), or ``--model`` read from disk."""
     import transformers as T
 
     torch.manual_seed(args.seed)
     if args.model == "tiny-llama":
-        model = T.LlamaForCausalLM(model_config(args))
+        model = T.LlamaForCausalLM(model_config(args, tp))
     else:
         model = T.AutoModelForCausalLM.from_pretrained(args.model, local_files_only=True)
         if args.data == "shakespeare" and model.config.vocab_size < 256:

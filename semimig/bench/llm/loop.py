@@ -56,7 +56,7 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
     apply_cpu_shim()  # fills Colossal-AI's CPU gaps; a no-op with CUDA
     pp = getattr(args, "pp", 1)
     tp = args.tp or world // pp
-    model = build_model(args)  # the flags were checked against the launch and this config (check_world)
+    model = build_model(args, tp)  # the flags were checked against the launch and this config (check_world)
     shard_plan = plan_from_flags(args.shard_plan, model.config, tp, block_size=args.shard_block)
     plugin = HybridParallelPlugin(tp_size=tp, pp_size=pp, num_microbatches=args.microbatches if pp > 1 else None,
                                   precision=args.precision, zero_stage=args.zero_stage,
