@@ -177,6 +177,19 @@ def recv_(tensor: torch.Tensor, src: int, group: ProcessGroup | None) -> torch.T
     return tensor
 
 
+def isend(tensor: torch.Tensor, dst: int, group: ProcessGroup | None) -> dist.Work | None:
+    """Post a point-to-point send of ``tensor`` to group rank ``dst``; the caller keeps ``tensor`` unchanged
+    until the returned work is waited for."""
+    return _counted("send", tensor, group, lambda: dist.isend(tensor, dst=_global(group, dst), group=group),
+                    timed=False)
+
+
+def irecv_(tensor: torch.Tensor, src: int, group: ProcessGroup | None) -> dist.Work | None:
+    """Post a point-to-point receive from group rank ``src`` into ``tensor``; :func:`wait` before reading it."""
+    return _counted("recv", tensor, group, lambda: dist.irecv(tensor, src=_global(group, src), group=group),
+                    timed=False)
+
+
 # ----------------------------------------------------------------------------- direct movements
 def _p2p(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
          group: ProcessGroup | None) -> None:

@@ -26,6 +26,7 @@ from typing import Callable, Optional, Sequence, Tuple, Union
 import torch
 
 from semimig.comm import primitives as P
+from semimig.comm.holders import HolderSum, holders_of
 from semimig.errors import ConfigError
 from semimig.nn.conversion import check_constructor, check_divisible, check_options, check_split_sizes
 from semimig.nn.directive import LayerDirective
@@ -141,11 +142,28 @@ class BalancedLinearMixin:
         if directive is not None and directive.rows is not None and (self.gather_output or self.skip_bias_add):
             raise ConfigError(f"{type(self).__name__} {self.layer_name}: paired pruning computes some output rows "
                               "only; a layer with gather_output or skip_bias_add cannot be paired")
-        output = column_parallel_linear(input_, weight, bias, self.process_group, directive, seq_dim=seq_dim)
+        output = column_parallel_linear(input_, weight, bias, self.process_group, directive, seq_dim=seq_dim,
+                                        holders=self._holders(directive, seq_dim))
         if self.gather_output:
             output = gather_out(output)
             drop_pair_span(directive)  # the gather is no pair's own work
         return (output, self.bias) if self.skip_bias_add else output
+
+    def _holders(self, directive, seq_dim: Optional[int]) -> Optional[HolderSum]:
+        """The holders' sum (:mod:`semimig.comm.holders`) when this layer's plan leaves a rank without a
+        column; ``None`` (the group's all-reduce) with every rank holding some, along a split sequence
+        (every rank holds its chunk of it) and while the layer migrates (a rank holding nothing may
+        compute a straggler's columns).  Made once per plan."""
+        plans = self.shard_plans
+        if plans is None or seq_dim is not None or (directive is not None and directive.migrating):
+            return None
+        sizes = tuple(tuple(plan.sizes) for plan in plans)
+        cached = getattr(self, "_holder_sum", None)
+        if cached is None or cached[0] != sizes:
+            held = holders_of(sizes)
+            cached = (sizes, HolderSum(self.process_group, held) if len(held) < len(sizes[0]) else None)
+            self._holder_sum = cached
+        return cached[1]
 
     def _row_forward(self, input_: torch.Tensor, split_in: TensorFn) -> Output:
         weight = self.gemm_weight  # [N, K/e]
@@ -161,7 +179,8 @@ class BalancedLinearMixin:
             self._check_input(input_, weight.shape[-1] * P.group_size(self.process_group))
             input_ = split_in(drop_pair_span_in_backward(input_, directive))  # its backward gathers
         seq_dim = self._sequence_dim() if self._sequence_split() else None
-        output = row_parallel_linear(input_, weight, self.process_group, directive, seq_dim=seq_dim)
+        output = row_parallel_linear(input_, weight, self.process_group, directive, seq_dim=seq_dim,
+                                     holders=self._holders(directive, seq_dim))
         if self.skip_bias_add:
             return output, self.bias
         return output + self.bias if self.bias is not None else output

@@ -61,6 +61,7 @@ import torch.nn.functional as F
 from torch.distributed import ProcessGroup
 
 from semimig.comm import primitives as P
+from semimig.comm.holders import HolderSum
 from semimig.errors import ConfigError
 from semimig.kernels import KeepPlan, impute_
 from semimig.kernels import ops as kernel_ops
@@ -366,9 +367,10 @@ def _reduce_scatter_start(full: torch.Tensor, dim: int, group: ProcessGroup):
 
 
 def _reduce_output(y: torch.Tensor, ctx) -> torch.Tensor:
-    """A row layer's forward collective: all-reduce, or reduce-scatter along the sequence (``split_gather``)."""
+    """A row layer's forward collective: all-reduce (over the holders when some rank holds no column,
+    :mod:`semimig.comm.holders`), or reduce-scatter along the sequence (``split_gather``)."""
     if ctx.seq_dim is None:
-        return P.all_reduce_(y, ctx.group)
+        return P.all_reduce_(y, ctx.group) if ctx.holders is None else ctx.holders.all_reduce_(y)
     out, handle = _reduce_scatter_start(y, ctx.seq_dim, ctx.group)
     P.wait(handle)
     return out
@@ -378,7 +380,7 @@ def _reduce_input_grad_start(dx: torch.Tensor, ctx):
     """A column layer's backward collective on ``dx`` (shaped as the gathered input): all-reduce, or
     reduce-scatter back to this rank's sequence chunk (``split_gather``); ``(result, handle)``."""
     if ctx.seq_dim is None:
-        return dx, P.all_reduce_start(dx, ctx.group)
+        return dx, P.all_reduce_start(dx, ctx.group) if ctx.holders is None else ctx.holders.start(dx)
     return _reduce_scatter_start(dx, ctx.seq_dim, ctx.group)
 
 
@@ -387,8 +389,9 @@ class _ColumnParallelLinear(torch.autograd.Function):
     """``y = x[:, S] @ w[:, S]^T + b``; backward ``dx = all_reduce(dy @ w[:, S])``, ``dw[:, S] = dy^T @ x[:, S]``."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group: ProcessGroup, d: Optional[LayerDirective], seq_dim: Optional[int]):
-        ctx.group, ctx.d, ctx.use_bias, ctx.seq_dim = group, d, bias is not None, seq_dim
+    def forward(ctx, x, weight, bias, group: ProcessGroup, d: Optional[LayerDirective], seq_dim: Optional[int],
+                holders: Optional[HolderSum]):
+        ctx.group, ctx.d, ctx.use_bias, ctx.seq_dim, ctx.holders = group, d, bias is not None, seq_dim, holders
         if seq_dim is not None:  # split_gather: the whole sequence, as Colossal-AI gathers it
             x = _gather_sequence(x, seq_dim, group)
         ctx.save_for_backward(x, weight)
@@ -427,9 +430,9 @@ class _ColumnParallelLinear(torch.autograd.Function):
             dw = dy2d.t().matmul(x2d)
             db = dy2d.sum(dim=0) if ctx.use_bias else None
             P.wait(handle)
-            return dx, dw, db, None, None, None
+            return dx, dw, db, None, None, None, None
         if d.rows is not None:
-            return (*_paired_column_backward(ctx, d, dy, x, weight), None)
+            return (*_paired_column_backward(ctx, d, dy, x, weight), None, None)
         _gap(d, "backward", opening=False)
         rank, k = ctx.rank, weight.shape[1]
         dy2d, x2d = _open_backward(ctx, d, dy, x, k)
@@ -458,7 +461,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
                 _timed(d, lambda: dw[:, k - share.count:].copy_(block), 0, 0)
         _remember(dw, d)
         P.wait(handle)
-        return dx, dw, db, None, None, None
+        return dx, dw, db, None, None, None, None
 
 
 # ----------------------------------------------------------------------------- row layer
@@ -466,8 +469,9 @@ class _RowParallelLinear(torch.autograd.Function):
     """``y = all_reduce(x[:, S] @ w[:, S]^T)``; backward ``dx[:, S] = dy @ w[:, S]``, ``dw[:, S] = dy^T @ x[:, S]``."""
 
     @staticmethod
-    def forward(ctx, x, weight, group: ProcessGroup, d: Optional[LayerDirective], seq_dim: Optional[int]):
-        ctx.group, ctx.d, ctx.seq_dim = group, d, seq_dim
+    def forward(ctx, x, weight, group: ProcessGroup, d: Optional[LayerDirective], seq_dim: Optional[int],
+                holders: Optional[HolderSum]):
+        ctx.group, ctx.d, ctx.seq_dim, ctx.holders = group, d, seq_dim, holders
         ctx.save_for_backward(x, weight)
         if d is None:
             return _reduce_output(F.linear(x, weight), ctx)
@@ -500,14 +504,14 @@ class _RowParallelLinear(torch.autograd.Function):
             dy = _gather_sequence(dy, ctx.seq_dim, ctx.group)
         if d is None:  # Colossal-AI: autograd of F.linear after an identity-backward all-reduce
             dy2d, x2d = _flat(dy), _flat(x)
-            return dy.matmul(weight), dy2d.t().matmul(x2d), None, None, None
+            return dy.matmul(weight), dy2d.t().matmul(x2d), None, None, None, None
         rank, k = ctx.rank, weight.shape[1]
         dy2d, x2d = _open_backward(ctx, d, dy, x, k)
         if d.compact_input:
             dx2d, dw = _paired_row_backward(ctx, d, dy2d, x2d, weight)
             _remember(dw, d)
             _gap(d, "backward", opening=True)
-            return dx2d.reshape(x.shape), dw, None, None, None
+            return dx2d.reshape(x.shape), dw, None, None, None, None
         dx2d = _own_dgrad(dy2d, weight, ctx.plan, ctx.backend, d)
         dw, _ = _own_wgrad(dy2d, x2d, ctx.plan, ctx.backend, d, False, ctx.pruned)
         if d.migrating:
@@ -525,25 +529,27 @@ class _RowParallelLinear(torch.autograd.Function):
                     _timed(d, lambda: (dx2d[:, k - share.count:].copy_(block[:m]), dw[:, k - share.count:].copy_(block[m:])), 0, 0)
         _remember(dw, d)
         _gap(d, "backward", opening=True)
-        return dx2d.reshape(x.shape), dw, None, None, None
+        return dx2d.reshape(x.shape), dw, None, None, None, None
 
 
 def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                            group: ProcessGroup, directive: Optional[LayerDirective] = None, *,
-                           seq_dim: Optional[int] = None) -> torch.Tensor:
+                           seq_dim: Optional[int] = None, holders: Optional[HolderSum] = None) -> torch.Tensor:
     """Column-parallel linear: no forward collective, ``dx`` all-reduced over ``group`` in backward.
 
     ``seq_dim`` (``split_gather`` sequence parallelism): ``x`` is this rank's chunk of the sequence
     along ``seq_dim``; the forward all-gathers it and the backward reduce-scatters ``dx`` back to the
-    chunk, as Colossal-AI's ``linear_gather_forward_reducescatter_backward``."""
-    return _ColumnParallelLinear.apply(x, weight, bias, group, directive, seq_dim)
+    chunk, as Colossal-AI's ``linear_gather_forward_reducescatter_backward``.  ``holders``: the sum of a
+    layer some rank holds no column of (:mod:`semimig.comm.holders`; without ``seq_dim`` only)."""
+    return _ColumnParallelLinear.apply(x, weight, bias, group, directive, seq_dim, holders)
 
 
 def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, group: ProcessGroup,
-                        directive: Optional[LayerDirective] = None, *, seq_dim: Optional[int] = None) -> torch.Tensor:
+                        directive: Optional[LayerDirective] = None, *, seq_dim: Optional[int] = None,
+                        holders: Optional[HolderSum] = None) -> torch.Tensor:
     """Row-parallel linear without bias: ``y`` all-reduced over ``group`` in forward, identity backward.
 
     ``seq_dim`` (``split_gather``): ``y`` is reduce-scattered along ``seq_dim`` instead (this rank keeps
     its chunk of the sequence) and the backward all-gathers ``dy``, as Colossal-AI's
-    ``linear_reducescatter_forward_gather_backward``."""
-    return _RowParallelLinear.apply(x, weight, group, directive, seq_dim)
+    ``linear_reducescatter_forward_gather_backward``.  ``holders`` as :func:`column_parallel_linear`'s."""
+    return _RowParallelLinear.apply(x, weight, group, directive, seq_dim, holders)

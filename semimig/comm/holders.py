@@ -1,0 +1,127 @@
+"""The sum a tensor-parallel layer reduces when its plan leaves some ranks without a column (DESIGN §8).
+
+A row layer's partial output is ``y_r = x_r @ w[:, S_r]^T`` and a column layer's partial input
+gradient ``dx_r = dy_r @ w[S_r, :]``; the layer's result is ``Σ_r`` of them over the group.  A rank
+whose shard ``S_r`` is empty contributes exactly zero, so the sum over the *holders* (the ranks with
+``|S_r| > 0``) is the whole sum.  :class:`HolderSum` computes it that way:
+
+- the holders all-reduce among themselves (a process group of the holders alone; none when one
+  rank holds everything);
+- the first holder sends the sum to every rank holding nothing, and goes on at once: the send
+  completes while it computes (at most :data:`IN_FLIGHT` sends of this process are left open; the
+  oldest is waited for beyond that);
+- a rank holding nothing receives the sum.
+
+Every rank ends with the same tensor (the holders' all-reduce gives each holder the same sum, and
+the idle ranks receive the first holder's).  What it buys: no holder waits inside the layer for a
+rank that holds nothing of it, so a slow rank given no units leaves the layers' critical path; it
+still takes part in what no plan splits (the vocabulary-parallel embedding and head, the loss).
+With every rank holding columns the group's own all-reduce runs, the even layout's bit for bit.
+
+Holder groups are made once per set of global ranks, by its members only
+(``new_group(..., use_local_synchronization=True)``), the first time a layer with that set runs:
+every rank of a tensor-parallel group runs the layers in the same order, so the members create
+their groups in the same order too.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+
+from semimig.comm import primitives as P
+
+__all__ = ["IN_FLIGHT", "HolderSum", "holders_of", "pending_sends"]
+
+IN_FLIGHT = 256
+"""Sends to idle ranks this process leaves open before it waits for the oldest."""
+
+_GROUPS: dict[tuple[int, ...], ProcessGroup] = {}
+_SENDS: collections.deque = collections.deque()
+
+
+def holders_of(sizes: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """The group ranks holding at least one column of a layer whose parts have per-rank ``sizes``."""
+    tp = len(sizes[0])
+    return tuple(r for r in range(tp) if any(part[r] > 0 for part in sizes))
+
+
+def pending_sends() -> int:
+    """Sends to idle ranks posted by this process and not yet waited for."""
+    return len(_SENDS)
+
+
+def _post(work: Optional[dist.Work]) -> None:
+    if work is None:
+        return
+    _SENDS.append(work)
+    while len(_SENDS) > IN_FLIGHT:
+        _SENDS.popleft().wait()
+
+
+def _holder_group(group: ProcessGroup, holders: tuple[int, ...]) -> Optional[ProcessGroup]:
+    if len(holders) < 2:
+        return None
+    ranks = tuple(dist.get_global_rank(group, r) for r in holders)
+    found = _GROUPS.get(ranks)
+    if found is None:
+        found = dist.new_group(list(ranks), backend=dist.get_backend(group), use_local_synchronization=True)
+        _GROUPS[ranks] = found
+    return found
+
+
+class _Pending:
+    """The handle :meth:`HolderSum.start` returns: :func:`semimig.comm.primitives.wait` completes the
+    holders' sum and posts the sends, or completes an idle rank's receive."""
+
+    def __init__(self, owner: "HolderSum", tensor: torch.Tensor, work: Optional[dist.Work]) -> None:
+        self.owner, self.tensor, self.work = owner, tensor, work
+
+    def wait(self) -> None:
+        if self.work is not None:
+            self.work.wait()
+        if self.owner.me in self.owner.holders:
+            self.owner._send(self.tensor)
+
+
+class HolderSum:
+    """The group sum of a layer held by ``holders`` (group ranks) only (module docstring)."""
+
+    def __init__(self, group: ProcessGroup, holders: Sequence[int]) -> None:
+        self.group = group
+        self.holders = tuple(holders)
+        size = P.group_size(group)
+        if not self.holders or any(not 0 <= r < size for r in self.holders):
+            raise ValueError(f"holders {self.holders} must be a non-empty set of ranks of a group of {size}")
+        self.me = P.group_rank(group)
+        self.root = self.holders[0]
+        self.idle = tuple(r for r in range(size) if r not in self.holders)
+        self._group = _holder_group(group, self.holders) if self.me in self.holders else None
+
+    def _send(self, tensor: torch.Tensor) -> None:
+        if self.me != self.root or not self.idle:
+            return
+        payload = tensor.detach().clone()  # the caller may write into its tensor before the send is done
+        for peer in self.idle:
+            _post(P.isend(payload, peer, self.group))
+
+    def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The group's sum into ``tensor`` (in place), as ``all_reduce`` over the group."""
+        if self.me in self.holders:
+            if self._group is not None:
+                P.all_reduce_(tensor, self._group)
+            self._send(tensor)
+        else:
+            P.recv_(tensor, self.root, self.group)
+        return tensor
+
+    def start(self, tensor: torch.Tensor) -> _Pending:
+        """Start the group's sum into ``tensor``; :func:`semimig.comm.primitives.wait` the handle before
+        reading it."""
+        if self.me in self.holders:
+            work = None if self._group is None else P.all_reduce_start(tensor, self._group)
+            return _Pending(self, tensor, work)
+        return _Pending(self, tensor, P.irecv_(tensor, self.root, self.group))
