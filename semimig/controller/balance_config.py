@@ -35,7 +35,7 @@ class BalanceConfig:
     ``gamma_max`` bounds the controller's shed shares too (:attr:`gamma_max`)."""
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     """Evidence, Eq. 1-3 settings, kept as given; its ``mode`` and ``gamma_max`` are read from
-    :attr:`mode` and :attr:`resizing` instead (:meth:`controller_for`)."""
+    :attr:`mode` and :attr:`resizing` instead (:meth:`controller_in_force`)."""
     straggler: Union[StragglerConfig, str] = field(default_factory=StragglerConfig)
     """Injected slowdown (benchmarks and tests): a :class:`StragglerConfig` or its CLI spec
     (``"fixed:1:4"``); ``pattern="none"`` in production."""
@@ -111,13 +111,15 @@ class BalanceConfig:
             return self.resizing
         return dataclasses.replace(self.resizing, variant=self.variant)
 
-    def controller_for(self, acting: Union[Mode, str, None] = None) -> ControllerConfig:
+    def controller_in_force(self) -> ControllerConfig:
         """:attr:`controller` as the decision core reads it (:func:`~semimig.controller.plan.decide_plan`,
-        :class:`~semimig.controller.shedding.ShedPolicy`): with the plan mode of ``acting`` (the
-        mode the controller acts in now; default :attr:`mode`) and :attr:`gamma_max`.  A new object
-        each call; the user's ``controller`` stays as given."""
-        plan_mode = self.plan_mode if acting is None else parse_mode(acting, "acting mode").plan_mode
-        return dataclasses.replace(self.controller, mode=plan_mode, gamma_max=self.gamma_max)
+        :class:`~semimig.controller.shedding.ShedPolicy`): with :attr:`plan_mode` and :attr:`gamma_max`
+        (``controller`` itself when it already holds them; else a new object, the user's stays as
+        given).  A controller acting in another mode than :attr:`mode` for a while (measuring only,
+        or ``semi`` on uneven shards) tells the policy that mode itself."""
+        if (self.controller.mode, self.controller.gamma_max) == (self.plan_mode, self.gamma_max):
+            return self.controller
+        return dataclasses.replace(self.controller, mode=self.plan_mode, gamma_max=self.gamma_max)
 
 
 def _default(kind: type, name: str) -> object:

@@ -31,7 +31,7 @@ class ControllerConfig:
     ``zero_reference``). ``mig``: every straggler migrates, nobody prunes. ``semi``: Eq. 2 for a
     single straggler, Eq. 3 for several (paper IV-B).  Inside a
     :class:`~semimig.controller.BalanceConfig` it is read from the balancing mode
-    (:meth:`BalanceConfig.controller_for <semimig.controller.BalanceConfig.controller_for>`); left at
+    (:meth:`BalanceConfig.controller_in_force <semimig.controller.BalanceConfig.controller_in_force>`); left at
     its default there, or set to the mode's own plan mode."""
 
     tol: float = 0.20

@@ -231,7 +231,7 @@ class BalanceController(Decisions):
         step reflex, evidence policy and migration trial, every layer dense; timing models that
         continue the previous ones' history (:meth:`RankTiming.carry_history`)."""
         config, acting = self.config, self.acting
-        ctl = config.controller_for(acting)  # the acting mode's plan mode, resizing's gamma_max
+        ctl = config.controller_in_force()  # resizing's gamma_max
         on_host = self.step_clock.backend == "host"  # the reflex reads the step's busy time as it runs
         self.reflex = StepReflex(ctl.reflex, gamma_max=config.gamma_max) \
             if acting.resizes and ctl.reflex and on_host else None
@@ -245,7 +245,7 @@ class BalanceController(Decisions):
             timing.carry_history(old)  # warm: a slowdown after a move is seen within a few steps
         pridiff_e = config.variant == "pridiff-e" and acting.variant is not None
         fixed = config.resizing.empirical_gamma if pridiff_e else None
-        self.policy = ShedPolicy(self.size, ctl, fixed_shed=fixed)
+        self.policy = ShedPolicy(self.size, ctl, fixed_shed=fixed, mode=acting.plan_mode)
         self.resize_only: set[int] = set()
         """Mode semi: ranks whose shedding with migration did not pay; they only resize from then on."""
         wants_trial = ctl.migration_trial and acting is Mode.SEMI and ctl.migrators is None

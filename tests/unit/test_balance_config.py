@@ -33,7 +33,7 @@ def test_derived_values_follow_the_mode_and_resizing(mode):
     want_variant = Mode(mode).variant or "pri"
     assert config.plan_mode == Mode(mode).plan_mode
     assert config.variant == want_variant and config.gamma_max == 0.6
-    planning = config.controller_for()
+    planning = config.controller_in_force()
     assert (planning.mode, planning.gamma_max) == (Mode(mode).plan_mode, 0.6)
     assert dataclasses.replace(planning, mode="semi", gamma_max=0.9) == config.controller  # nothing else differs
     pruning = config.resizing_in_force()
@@ -41,13 +41,12 @@ def test_derived_values_follow_the_mode_and_resizing(mode):
     assert dataclasses.replace(pruning, variant="pri") == config.resizing
 
 
-def test_the_decision_core_plans_in_the_acting_mode():
-    config = BalanceConfig(mode="semi", resizing=ResizingConfig(variant="pridiff-r"))
+def test_semi_keeps_its_resizing_variant_and_migrators():
+    config = BalanceConfig(mode="semi", resizing=ResizingConfig(variant="pridiff-r"),
+                           controller=ControllerConfig(migrators=1))
     assert config.variant == "pridiff-r" and config.resizing_in_force() is config.resizing
-    assert config.controller_for(Mode("zero-pridiff-r")).mode == "zero"
-    assert config.controller_for(Mode.BASELINE).mode == "baseline"
-    with pytest.raises(ConfigError, match="acting mode must be one of .* got 'fast'"):
-        config.controller_for("fast")
+    assert config.controller_in_force() is config.controller  # it already plans as semi, gamma_max 0.9
+    assert config.controller_in_force().migrators == 1
 
 
 def test_a_changed_mode_derives_afresh():
@@ -56,7 +55,7 @@ def test_a_changed_mode_derives_afresh():
     zero_rd = BalanceConfig(mode="zero-rd")
     semi = dataclasses.replace(zero_rd, mode="semi")
     assert (zero_rd.variant, semi.variant, semi.resizing.variant) == ("rd", "pri", "pri")
-    assert dataclasses.replace(semi, mode="zero-pridiff-e").controller_for().mode == "zero"
+    assert dataclasses.replace(semi, mode="zero-pridiff-e").controller_in_force().mode == "zero"
 
 
 @pytest.mark.parametrize("kwargs, match", [
