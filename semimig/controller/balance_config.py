@@ -31,9 +31,11 @@ class BalanceConfig:
     mode: Union[Mode, str] = Mode.SEMI
     """One of :data:`MODES`, as a :class:`~semimig.modes.Mode` or its name (held as the ``Mode``)."""
     resizing: ResizingConfig = field(default_factory=ResizingConfig)
-    """Pruning settings; for ``zero-*`` modes the variant is taken from the mode name."""
+    """Pruning settings, kept as given.  A ``zero-*`` mode names the variant (:attr:`variant`); its
+    ``gamma_max`` bounds the controller's shed shares too (:attr:`gamma_max`)."""
     controller: ControllerConfig = field(default_factory=ControllerConfig)
-    """Evidence, Eq. 1-3 settings; its ``mode`` is derived from :attr:`mode`."""
+    """Evidence, Eq. 1-3 settings, kept as given; its ``mode`` and ``gamma_max`` are read from
+    :attr:`mode` and :attr:`resizing` instead (:meth:`controller_in_force`)."""
     straggler: Union[StragglerConfig, str] = field(default_factory=StragglerConfig)
     """Injected slowdown (benchmarks and tests): a :class:`StragglerConfig` or its CLI spec
     (``"fixed:1:4"``); ``pattern="none"`` in production."""
@@ -64,15 +66,62 @@ class BalanceConfig:
         check_choice("BalanceConfig.exchange", self.exchange, EXCHANGE_POLICIES)
         check_int("BalanceConfig.interval", self.interval, minimum=1, maximum=10**6)
         object.__setattr__(self, "dense_layers", check_str_tuple("BalanceConfig.dense_layers", self.dense_layers))
-        if mode.variant is not None:
-            object.__setattr__(self, "resizing", dataclasses.replace(self.resizing, variant=mode.variant))
-        gamma_max = self.resizing.gamma_max
-        default = ControllerConfig.__dataclass_fields__["gamma_max"].default
-        if self.controller.gamma_max not in (default, gamma_max):
+        self._check_agreement(mode)
+
+    def _check_agreement(self, mode: Mode) -> None:
+        """The sub-configs' copies of what :attr:`mode` and :attr:`resizing` decide (the plan mode, a
+        ``zero-*`` mode's variant, ``gamma_max``) are read from there (:attr:`plan_mode`,
+        :attr:`variant`, :attr:`gamma_max`); a copy left at its default is unused, a different one
+        is refused rather than silently overridden."""
+        variant = _default(ResizingConfig, "variant")
+        if mode.variant is not None and self.resizing.variant not in (variant, mode.variant):
+            raise ConfigError(f"resizing.variant={self.resizing.variant!r} disagrees with mode={mode!r}, which "
+                              f"names the variant {mode.variant!r}: set it once, in the mode")
+        if self.controller.mode not in (_default(ControllerConfig, "mode"), mode.plan_mode):
+            raise ConfigError(f"controller.mode={self.controller.mode!r} disagrees with mode={mode!r}, which "
+                              f"plans as {mode.plan_mode!r}: set it once, as BalanceConfig.mode")
+        if self.controller.gamma_max not in (_default(ControllerConfig, "gamma_max"), self.gamma_max):
             raise ConfigError(f"controller.gamma_max={self.controller.gamma_max!r} disagrees with "
-                              f"resizing.gamma_max={gamma_max!r}: set it once, on resizing")
+                              f"resizing.gamma_max={self.gamma_max!r}: set it once, on resizing")
         if self.controller.migrators is not None and mode is not Mode.SEMI:
             raise ConfigError(f"controller.migrators (λ={self.controller.migrators}) needs mode 'semi', "
-                              f"got {self.mode!r}")
-        object.__setattr__(self, "controller", dataclasses.replace(self.controller, mode=mode.plan_mode,
-                                                                        gamma_max=gamma_max))
+                              f"got {mode!r}")
+
+    # ------------------------------------------------------------------ derived, never stored
+    @property
+    def plan_mode(self) -> str:
+        """How shed columns are planned (:attr:`Mode.plan_mode <semimig.modes.Mode.plan_mode>` of
+        :attr:`mode`): ``baseline``, ``zero``, ``mig`` or ``semi``."""
+        return Mode(self.mode).plan_mode
+
+    @property
+    def variant(self) -> str:
+        """The resizing variant in force: the one a ``zero-*`` mode names, else ``resizing.variant``."""
+        return Mode(self.mode).variant or self.resizing.variant
+
+    @property
+    def gamma_max(self) -> float:
+        """Upper bound of a rank's shed share and of every pruning ratio: ``resizing.gamma_max``."""
+        return self.resizing.gamma_max
+
+    def resizing_in_force(self) -> ResizingConfig:
+        """:attr:`resizing` with :attr:`variant`, as the layer binding prunes by it (``resizing`` itself
+        when it already names that variant; else a new object, the user's stays as given)."""
+        if self.resizing.variant == self.variant:
+            return self.resizing
+        return dataclasses.replace(self.resizing, variant=self.variant)
+
+    def controller_in_force(self) -> ControllerConfig:
+        """:attr:`controller` as the decision core reads it (:func:`~semimig.controller.plan.decide_plan`,
+        :class:`~semimig.controller.shedding.ShedPolicy`): with :attr:`plan_mode` and :attr:`gamma_max`
+        (``controller`` itself when it already holds them; else a new object, the user's stays as
+        given).  A controller acting in another mode than :attr:`mode` for a while (measuring only,
+        or ``semi`` on uneven shards) tells the policy that mode itself."""
+        if (self.controller.mode, self.controller.gamma_max) == (self.plan_mode, self.gamma_max):
+            return self.controller
+        return dataclasses.replace(self.controller, mode=self.plan_mode, gamma_max=self.gamma_max)
+
+
+def _default(kind: type, name: str) -> object:
+    """The default of field ``name`` of dataclass ``kind``."""
+    return kind.__dataclass_fields__[name].default

@@ -29,7 +29,10 @@ class ControllerConfig:
     mode: PlanMode = "semi"
     """``baseline``: every rank normal. ``zero``: every straggler resizes (Eq. 1 against
     ``zero_reference``). ``mig``: every straggler migrates, nobody prunes. ``semi``: Eq. 2 for a
-    single straggler, Eq. 3 for several (paper IV-B)."""
+    single straggler, Eq. 3 for several (paper IV-B).  Inside a
+    :class:`~semimig.controller.BalanceConfig` it is read from the balancing mode
+    (:meth:`BalanceConfig.controller_in_force <semimig.controller.BalanceConfig.controller_in_force>`); left at
+    its default there, or set to the mode's own plan mode."""
 
     tol: float = 0.20
     """Relative band of the straggler test: rank ``i`` straggles only if its unpruned time exceeds
@@ -44,7 +47,9 @@ class ControllerConfig:
 
     gamma_max: float = 0.9
     """Upper bound of a rank's shed share (pruned + migrated share of its K columns), so a
-    straggler always computes at least ``1 − gamma_max`` of its own columns. In ``[0, 1)``."""
+    straggler always computes at least ``1 − gamma_max`` of its own columns. In ``[0, 1)``.  Inside a
+    :class:`~semimig.controller.BalanceConfig` it is ``resizing.gamma_max`` (set it there; a
+    different value here is refused)."""
 
     zero_reference: Literal["mean", "min"] = "mean"
     """``T_ref`` of mode ``zero``: the mean over the ranks that do not straggle (the fixed point of

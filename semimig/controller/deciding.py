@@ -51,7 +51,7 @@ class Decisions:
             return dataclasses.replace(previous, decision=decision)
         if mode == "semi" and self.curves is None and self._pretest_run is None:
             self._start_pretest()
-        controller = self.config.controller
+        controller = self.config.controller_in_force()  # acting in the configured mode (semi or mig) here
         if (self.resize_only | self.trial_probing) & set(decision.flagged) or (mode == "semi" and self.curves is None):
             controller = dataclasses.replace(controller, max_receiver_load=0.0)  # Eq. 2 with no receiver capacity: β = 0
         plan = decide_plan(decision.unpruned_s, REFERENCE_COLUMNS, self.curves or _NO_COST,

@@ -163,7 +163,7 @@ class BalanceController(Decisions):
 
     def _bind(self) -> LayerBinding:
         """Bind the model's layers as they are shaped now (the binding caches every layer's shape)."""
-        res = self.config.resizing
+        res = self.config.resizing_in_force()  # a zero-* mode's variant
         return LayerBinding(self._model, res, self.config.dense_layers, prioritized=res.prioritized and
                             self.config.mode.resizes, rank=self.rank)
 
@@ -176,7 +176,7 @@ class BalanceController(Decisions):
         if self.holding:
             return Mode.BASELINE
         if self.config.mode is Mode.SEMI and not self.even:
-            return Mode("zero-" + self.config.resizing.variant)
+            return Mode("zero-" + self.config.variant)
         return self.config.mode
 
     def set_phase(self, *, hold: bool = False, even: bool = True,
@@ -230,9 +230,10 @@ class BalanceController(Decisions):
         """A fresh decision state for the layers as bound and the phase in force: the acting mode's
         step reflex, evidence policy and migration trial, every layer dense; timing models that
         continue the previous ones' history (:meth:`RankTiming.carry_history`)."""
-        config, res, ctl, acting = self.config, self.config.resizing, self.config.controller, self.acting
+        config, acting = self.config, self.acting
+        ctl = config.controller_in_force()  # resizing's gamma_max
         on_host = self.step_clock.backend == "host"  # the reflex reads the step's busy time as it runs
-        self.reflex = StepReflex(ctl.reflex, gamma_max=res.gamma_max) \
+        self.reflex = StepReflex(ctl.reflex, gamma_max=config.gamma_max) \
             if acting.resizes and ctl.reflex and on_host else None
         """Mode zero-*/semi on a host clock: the rank's own pruning within a step (None: off; off on CUDA,
         where the open step's events are not read before the step ends)."""
@@ -242,7 +243,8 @@ class BalanceController(Decisions):
                                    change_sigmas=ctl.change_sigmas) for _ in range(self.size)]
         for timing, old in zip(self.timings, before):
             timing.carry_history(old)  # warm: a slowdown after a move is seen within a few steps
-        fixed = res.empirical_gamma if res.variant == "pridiff-e" and acting.variant is not None else None
+        pridiff_e = config.variant == "pridiff-e" and acting.variant is not None
+        fixed = config.resizing.empirical_gamma if pridiff_e else None
         self.policy = ShedPolicy(self.size, ctl, fixed_shed=fixed, mode=acting.plan_mode)
         self.resize_only: set[int] = set()
         """Mode semi: ranks whose shedding with migration did not pay; they only resize from then on."""

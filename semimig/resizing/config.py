@@ -37,7 +37,9 @@ class ResizingConfig:
     """ZERO-resizing settings; every field is validated, errors name the field and the value."""
 
     variant: Variant = "pri"
-    """Column selection and ratio rule, one of ``VARIANTS``."""
+    """Column selection and ratio rule, one of ``VARIANTS``.  Inside a
+    :class:`~semimig.controller.BalanceConfig` a ``zero-*`` mode names it (a different one here,
+    other than the default, is refused)."""
     gamma_max: float = 0.9
     """Upper clamp of every pruning ratio, in [0, 1)."""
     impute: Impute = "zero"
