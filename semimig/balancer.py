@@ -261,6 +261,8 @@ class Balancer:
             for layer in self._layers:
                 layer.directive = None
             self.controller.close()
+            if self.resharder is not None:
+                self.resharder.close()
             self.active = False
 
     # ------------------------------------------------------------------ internals
@@ -483,7 +485,8 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
     if plan is not None:
         joint = batch is not None and mode == "reshard"  # every replica's plan and the split: one planner
         resharder, rebind = make_resharder(model, optimizer, plugin, plan, mode, balance_config, reshard,
-                                           iterations_per_epoch, batch=batch if joint else None)
+                                           iterations_per_epoch, batch=batch if joint else None,
+                                           clock=controller.step_clock)
         if resharder.samples is not None:  # the split has one owner: the batch balancer only carries it out
             batch = dataclasses.replace(batch, allocation="even", replan=None)
         if resharder.probe(controller.clock, dtype=_param_dtype(model)) is not None:  # a device slow from the start

@@ -107,6 +107,9 @@ class Resharder:
         self.joint_replans: list[dict] = []
         """Every joint decision: its step, the new split, the predicted job step, what memory bounded."""
         self._job_moved = 0  # the step the job last moved (the joint gain test's age)
+        self.ddp_waits: tuple = ()
+        """The DDP hooks that time the data-parallel all-reduce's wait on the step clock
+        (:mod:`semimig.straggler.ddp_wait`; set by :func:`~semimig.resharder.make_resharder`)."""
 
     # ------------------------------------------------------------------ per step
     def gather(self, report: Any) -> Optional[Any]:
@@ -416,6 +419,11 @@ class Resharder:
         if self.per_replica:
             return gemm_scale(self.policy.samples, self.size)
         return gemm_scale(self._local if self.replicas > 1 else self.policy.samples, self.size)
+
+    def close(self) -> None:
+        """The DDP hooks stop timing (they keep reducing as DDP does; torch cannot unregister them)."""
+        for state in self.ddp_waits:
+            state.clock = None
 
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict:

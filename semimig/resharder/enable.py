@@ -86,12 +86,15 @@ def check_reshard(mode: str, model: Any, plugin: Any, reshard: Any, optimizer: A
 
 
 def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str, balance_config: Any,
-                   reshard: Any, iterations_per_epoch: Optional[int], *, batch: Any = None):
+                   reshard: Any, iterations_per_epoch: Optional[int], *, batch: Any = None, clock: Any = None):
     """The :class:`~semimig.resharder.Resharder` and the function that sets the controller's phase
     for a plan and rebinds it to the new shapes after a move (its binding caches every layer's
     shape): the controller and its configuration stay the ones in use.  ``batch`` (a
     :class:`~semimig.hybrid.split.BatchSplit`, plain DP with several replicas): the re-sharder also owns
-    the split, every replica's plan and it chosen by one planner (:mod:`semimig.resharder.joint`)."""
+    the split, every replica's plan and it chosen by one planner (:mod:`semimig.resharder.joint`).
+    ``clock`` (the controller's :class:`~semimig.straggler.clock.StepClock`): a torch DDP over several
+    replicas reduces through semimig's hook, its wait for a slower replica timed there as communication
+    (:mod:`semimig.straggler.ddp_wait`), so every rank's compute is its own work."""
     from semimig.nn.balanced import BalancedLinearMixin
 
     group = plugin.tp_group
@@ -164,4 +167,8 @@ def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str
                           dp_group=plugin.dp_group if replicas > 1 else None,
                           move_replicas=move_replicas if replicas > 1 and zero_stage == 0 else None, joint=joint,
                           layers=layers)
+    if clock is not None:
+        from semimig.straggler import ddp_wait
+
+        resharder.ddp_waits = tuple(ddp_wait.install(model, clock))
     return resharder, rebind

@@ -10,7 +10,9 @@ The policies read times per sample.  Replica ``d`` runs ``b_d`` of the global ba
 its rows are scaled by ``b̄/b_d`` (``b̄ = B/D``, compute, shardable and GEMM seconds; the collectives as
 they are) before a policy sees them (:func:`per_mean_batch`): a change of split is then no change of
 speed to the policy, and its ``R/S`` fits compare plans at one batch.  :func:`joint_problem` scales them
-back to each replica's own batch for :func:`~semimig.sharding.jobmodel.from_measured`.
+back to each replica's own batch for :func:`~semimig.sharding.jobmodel.from_measured`.  A rank's compute
+is its own work: a replica faster than another waits for it in DDP's gradient all-reduce, and that wait
+is communication on the step clock (:mod:`semimig.straggler.ddp_wait`), not compute.
 
 Memory (:class:`JointSetup`): every rank's capacity (``BatchSplit.capacity``), the bytes of one unit of
 each kind (its parameters over the layers, times the bytes a trained parameter holds: weight, gradient,
@@ -32,7 +34,7 @@ from semimig.errors import ConfigError
 from semimig.sharding.jobmodel import JointProblem, UnitKind, from_measured, state_bytes_per_param
 from semimig.sharding.plan import ShardPlan
 
-__all__ = ["JointSetup", "even_samples", "joint_problem", "joint_setup", "own_compute", "per_mean_batch"]
+__all__ = ["JointSetup", "even_samples", "joint_problem", "joint_setup", "per_mean_batch"]
 
 KINDS = ("mlp", "kv")
 """The paired dimensions a plan splits, in the policies' order."""
@@ -84,10 +86,8 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
     mean = setup.global_batch / setup.dp
     tp = len(windows[0][0].compute_s)
     k = sum(policy.replicated_ratio for policy in policies) / len(policies)
-    own = own_compute([[statistics.median(s.compute_s[r] for s in w) for r in range(tp)] for w in windows],
-                      [[statistics.median(s.shardable_s[r] for s in w) for r in range(tp)] for w in windows],
-                      [policy.shares() for policy in policies])
-    compute = [[c * b / mean for c in row] for row, b in zip(own, samples)]
+    compute = [[statistics.median(s.compute_s[r] for s in window) * b / mean for r in range(tp)]
+               for window, b in zip(windows, samples)]
     kinds = tuple(UnitKind(name=name, total_units=plan.total_units, work_per_sample=float(weight),
                            min_units=setup.min_units, bytes_per_unit=nbytes)
                   for name, plan, weight, nbytes in zip(KINDS, policies[0].plans, policies[0].weights,
@@ -95,28 +95,6 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
     return from_measured(compute, samples, [policy.plans for policy in policies], replicated_over_shardable=k,
                          kinds=kinds, global_batch=setup.global_batch, capacity_bytes=setup.capacity_bytes,
                          fixed_bytes=setup.fixed_bytes)
-
-
-def own_compute(compute: Sequence[Sequence[float]], shardable: Sequence[Sequence[float]],
-                shares: Sequence[Sequence[float]]) -> list[list[float]]:
-    """Every rank's compute seconds without its wait for a slower replica.
-
-    A replica faster than another waits for it in the data-parallel gradient reduction, and where that
-    reduction is not one of the collectives the step clock splits off (Colossal-AI's DDP all-reduce under
-    the step clock) the wait reads as compute, on every rank of the replica alike.  The shardable seconds
-    ``s`` (the paired layers' own spans) hold no such wait, and a rank at share ``p`` that waits for no one
-    has ``α = p·c/s = k + p`` whatever its speed.  Per replica ``α_d`` is the median over its ranks holding
-    units; the least is a replica that waits for no one, and every other replica's compute is scaled by
-    ``min α/α_d`` (a first-order correction: the wait read as a factor of the step)."""
-    alphas = []
-    for c_row, s_row, p_row in zip(compute, shardable, shares):
-        ratios = [p * c / s for c, s, p in zip(c_row, s_row, p_row) if s > 0.0 and p > 0.0]
-        alphas.append(statistics.median(ratios) if ratios else None)
-    known = [a for a in alphas if a]
-    if not known:
-        return [list(row) for row in compute]
-    base = min(known)
-    return [[c * (base / a if a else 1.0) for c in c_row] for c_row, a in zip(compute, alphas)]
 
 
 def as_policy_plans(plans: Sequence[ShardPlan], like: Sequence[ShardPlan]) -> tuple[ShardPlan, ...]:

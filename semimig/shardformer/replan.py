@@ -32,7 +32,8 @@ group too: the replicas move together), called by every rank between steps (afte
    plain layers), so the even layout stays today's, bit for bit.
 
 A torch DDP wrapper (HybridParallelPlugin uses one even at dp=1) gets its reducer rebuilt for the
-new shapes, as DDP's own ``__setstate__`` does.  Under ZeRO-1/2 (Colossal-AI's ``LowLevelZeroOptimizer``,
+new shapes, as DDP's own ``__setstate__`` does, with semimig's own communication hook (the timed
+all-reduce of :mod:`semimig.straggler.ddp_wait`) registered on it again.  Under ZeRO-1/2 (Colossal-AI's ``LowLevelZeroOptimizer``,
 ``HybridParallelPlugin(zero_stage=1|2)``) every working parameter is whole on each data-parallel rank
 but its fp32 master and the master's optimizer state are cut per parameter into DP shards (flattened,
 padded to a multiple of the DP size): for a layer that moves, those shards are all-gathered over the
@@ -42,8 +43,8 @@ state's keys); the padded all-gather buffer of each working parameter and its pa
 and ZeRO's gradient stores are cleared (the step has consumed them).  Refused by name: a model
 without semimig's paired layers (stock Colossal-AI layers: build it with ``SemiMigPolicy``), Gemini
 (chunks: re-plan by checkpoint and resume), ZeRO with ``master_weights=False``, ``overlap_allgather``
-or ``cpu_offload``, a DDP with a communication hook or DDP's own mixed precision, optimizer state of
-another shape (factored).
+or ``cpu_offload``, a DDP with a communication hook other than semimig's or DDP's own mixed precision,
+optimizer state of another shape (factored).
 """
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ from semimig.errors import ConfigError
 from semimig.sharding.move import move_schedule
 from semimig.sharding.plan import ShardPlan, kv_group_unit
 from semimig.sharding.split import packed_shard_functions
+from semimig.straggler import ddp_wait
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +145,8 @@ def _layers(model: nn.Module) -> Tuple[Any, List[_Layer]]:
     table = PLANNED[dims.family]
     for module in model.modules():
         if isinstance(module, nn.parallel.DistributedDataParallel) and \
-                (getattr(module, "_comm_hooks", None) or getattr(module, "mixed_precision", None) is not None):
+                (any(not ddp_wait.is_ours(hook, state) for hook, state in getattr(module, "_comm_hooks", None) or [])
+                 or getattr(module, "mixed_precision", None) is not None):
             raise ConfigError(f"apply_plan: {type(model).__name__} is wrapped in torch DDP with a communication hook "
                               "or DDP's own mixed precision, which semimig cannot rebuild for new shapes")
     found, stock = [], []
@@ -449,7 +452,8 @@ def _reattach(layer: _Layer, plans: Plans, rank: int, group) -> None:
 def _rebuild_ddp(model: nn.Module) -> int:
     """Rebuild the reducer of every torch DDP inside ``model`` for the parameters' new shapes (its gradient
     buckets are sized at construction; HybridParallelPlugin wraps the model in DDP even at dp=1).  The
-    recipe is DDP's own ``__setstate__``; the old reducer's autograd hooks go with it."""
+    recipe is DDP's own ``__setstate__``; the old reducer's autograd hooks go with it, and semimig's own
+    communication hook (:mod:`semimig.straggler.ddp_wait`) is registered on the new one."""
     count = 0
     for ddp in model.modules():
         if not isinstance(ddp, nn.parallel.DistributedDataParallel):
@@ -464,6 +468,7 @@ def _rebuild_ddp(model: nn.Module) -> int:
         if ddp.static_graph:
             ddp.reducer._set_static_graph()
             ddp.logger._set_static_graph()
+        ddp_wait.reregister(ddp)  # semimig's own communication hook, on the new reducer
         count += 1
     return count
 

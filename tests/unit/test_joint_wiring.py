@@ -8,7 +8,7 @@ import pytest
 from semimig.controller.reshard import ReshardSample
 from semimig.errors import ConfigError
 from semimig.hybrid.split import BatchSplit
-from semimig.resharder.joint import JointSetup, even_samples, own_compute, per_mean_batch
+from semimig.resharder.joint import JointSetup, even_samples, per_mean_batch
 
 
 def test_memory_bytes_is_checked_by_name_and_read_back():
@@ -34,13 +34,21 @@ def test_per_mean_batch_scales_the_work_not_the_collectives():
     assert per_mean_batch(sample, 4, 4.0) is sample
 
 
-def test_own_compute_takes_the_wait_for_the_slower_replica_out():
-    # k = R/S = 0.5 (read from the replicas), share 0.5 each: a rank computes 2x its shardable seconds.  Replica 1's rank 1 is 4x
-    # slow (8 s); replica 0 (healthy, 2 s of work) waits 6 s for it in the gradient reduction, read as compute
-    compute = [[8.0, 8.0], [2.0, 8.0]]
-    shardable = [[1.0, 1.0], [1.0, 4.0]]
-    shares = [[0.5, 0.5], [0.5, 0.5]]
-    own = own_compute(compute, shardable, shares)
-    assert own[1] == [2.0, 8.0]  # the slowest replica waits for no one: as measured
-    assert own[0] == pytest.approx([2.0, 2.0])  # alpha 4 against 1: its compute scaled by a quarter
-    assert own_compute([[2.0, 2.0], [2.0, 2.0]], [[1.0, 1.0]] * 2, shares) == [[2.0, 2.0], [2.0, 2.0]]
+def test_the_joint_problem_reads_every_rank_s_compute_as_measured():
+    """The step clock times a fast replica's wait for a slower one as communication, so its compute is its own
+    work: replica 0 (healthy, 2 s) reads as fast as replica 1's healthy rank, replica 1's rank 1 a quarter of it."""
+    from semimig.controller.reshard import ReshardConfig, ReshardPolicy
+    from semimig.resharder.joint import joint_problem
+    from semimig.sharding.plan import ShardPlan
+
+    plans = (ShardPlan.even(8, 2), ShardPlan.even(4, 2))
+    policies = [ReshardPolicy(plans, weights=(3.0, 1.0), bytes_per_unit=(1, 1), config=ReshardConfig(window=4))
+                for _ in range(2)]
+    for _ in range(3):
+        policies[0].observe(ReshardSample((2.0, 2.0), (1.0, 1.0), (6.0, 6.0)))
+        policies[1].observe(ReshardSample((2.0, 8.0), (1.0, 4.0), (0.1, 0.1)))
+    setup = JointSetup(global_batch=8, dp=2, bytes_per_unit=(1.0, 1.0), fixed_bytes=0.0, capacity_bytes=None)
+    speeds = joint_problem(setup, policies, (4, 4)).speeds
+    assert speeds[0][0] == pytest.approx(speeds[1][0]) and speeds[0][1] == pytest.approx(speeds[1][0])
+    assert speeds[1][1] == pytest.approx(speeds[1][0] / 4)
+
