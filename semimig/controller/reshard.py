@@ -24,7 +24,6 @@ the same decision at the same step; nothing is broadcast.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import math
 import statistics
 from dataclasses import dataclass
@@ -32,12 +31,14 @@ from typing import Optional, Sequence, Tuple
 
 from semimig._validate import check_int, check_number
 from semimig.controller.policy.gain import Noise, expected_life, gain_test
+from semimig.controller.policy.propose import propose, shares
+from semimig.controller.policy.records import ReshardDecision, ReshardSample, moved_units
 from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, transition
 from semimig.controller.policy.stepmodel import LearnedModel
 from semimig.controller.policy.window import Window
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
-from semimig.sharding.solver import StepModel, solve_plan
+from semimig.sharding.solver import StepModel
 
 __all__ = ["ReshardConfig", "ReshardSample", "ReshardDecision", "ReshardPolicy", "moved_units", "PROBE_REPEATS"]
 
@@ -100,83 +101,6 @@ class ReshardConfig:
         return N_MIN
 
 
-@dataclass(frozen=True)
-class ReshardSample:
-    """One step of the group, every rank's numbers (all-gathered, so identical on every rank)."""
-
-    compute_s: Tuple[float, ...]
-    """``c_r``: the rank's own work in the step (wall minus collectives), seconds."""
-    shardable_s: Tuple[float, ...]
-    """``b_r``: the part of ``c_r`` in shardable work (the paired GEMMs and the spans between a pair's
-    layers), seconds; 0 on a rank holding no unit."""
-    comm_s: Tuple[float, ...]
-    """``m_r``: seconds in collectives."""
-    gemm_s: Optional[Tuple[float, ...]] = None
-    """The part of ``b_r`` in the paired GEMMs alone (unpruned): what a resizing controller's busy
-    time measures; ``None``: all of ``b_r``."""
-    step_s: Optional[float] = None
-    """The step as it ran when some rank shed work (resizing or migration); ``None``: nothing was shed."""
-
-    def __post_init__(self) -> None:
-        lengths = [len(self.compute_s), len(self.shardable_s), len(self.comm_s)]
-        lengths += [] if self.gemm_s is None else [len(self.gemm_s)]
-        if lengths[0] == 0 or any(n != lengths[0] for n in lengths):
-            raise ConfigError(f"ReshardSample: compute_s, shardable_s, comm_s (and gemm_s) need one entry per rank, "
-                              f"got {', '.join(map(str, lengths))}")
-        for name in ("compute_s", "shardable_s", "comm_s") + (() if self.gemm_s is None else ("gemm_s",)):
-            values = tuple(check_number(f"{name}[{r}]", float(v), minimum=0.0)
-                           for r, v in enumerate(getattr(self, name)))
-            object.__setattr__(self, name, values)
-        if self.step_s is not None:
-            object.__setattr__(self, "step_s", check_number("step_s", float(self.step_s), minimum=0.0))
-
-    @property
-    def gemm(self) -> Tuple[float, ...]:
-        """``gemm_s``, or ``shardable_s`` when it was not given."""
-        return self.shardable_s if self.gemm_s is None else self.gemm_s
-
-    @property
-    def valid(self) -> bool:
-        """Every rank did some work, its shardable part within it."""
-        return all(0.0 < c and b <= c for b, c in zip(self.shardable_s, self.compute_s))
-
-
-@dataclass(frozen=True)
-class ReshardDecision:
-    """What :meth:`ReshardPolicy.observe` concluded at one step."""
-
-    step: int
-    plans: Optional[Tuple[ShardPlan, ...]] = None
-    """The plans to move to now (one per dimension), or ``None``: keep the plan in force."""
-    reason: str = ""
-    predicted_s: float = 0.0
-    """Predicted step (compute + communication) under ``plans`` (or under the plan in force)."""
-    current_s: float = 0.0
-    """The plan in force's step as measured (its window's medians); 0 while it is not measured."""
-    speed_ratios: Tuple[float, ...] = ()
-    move_bytes: int = 0
-    move_cost_s: float = 0.0
-    """The move's predicted cost and its way back's."""
-    horizon: int = 0
-    """Steps the gain was counted over (the expected remaining life)."""
-
-    @property
-    def replan(self) -> bool:
-        return self.plans is not None
-
-
-def moved_units(old: ShardPlan, new: ShardPlan) -> int:
-    """Units that change owner: with consecutive units in rank order, the unit at position ``i``
-    moves when its owner differs between the two plans."""
-    if old.total_units != new.total_units or old.tp != new.tp:
-        raise ConfigError(f"plans {old} and {new} are not of the same dimension and group")
-
-    def owners(plan: ShardPlan) -> list[int]:
-        return [r for r, n in enumerate(plan.units) for _ in range(n)]
-
-    return sum(a != b for a, b in zip(owners(old), owners(new)))
-
-
 class ReshardPolicy:
     """Decides, step by step, whether to move to another plan (module docstring).
 
@@ -226,10 +150,7 @@ class ReshardPolicy:
 
     def shares(self, plans: Optional[Sequence[ShardPlan]] = None) -> Tuple[float, ...]:
         """Effective share ``p_r = Σ_d w_d·n_{d,r}/U_d / Σ_d w_d`` of each rank."""
-        plans = self.plans if plans is None else plans
-        weights = self.learned.weights
-        total = sum(weights)
-        return tuple(sum(w * p.shares()[r] for w, p in zip(weights, plans)) / total for r in range(self.tp))
+        return shares(self.learned.weights, self.plans if plans is None else plans)
 
     def moved(self, new: Sequence[ShardPlan]) -> Tuple[int, int]:
         """``(units, bytes)`` a move from the plan in force to ``new`` sends."""
@@ -382,40 +303,8 @@ class ReshardPolicy:
         return ReshardDecision(step, reason=reason, **info)
 
     def _propose(self, model: StepModel) -> Tuple[ShardPlan, ...]:
-        """The best of the plan solved per dimension and its joint roundings (each dimension in turn handed
-        out around the others' solved units), or the even plan when that best does not beat it by ``margin``
-        or no rank is slow."""
-        even = None
-        if all(p.total_units % self.tp == 0 for p in self.plans):
-            even = tuple(ShardPlan.even(p.total_units, self.tp, unit_size=p.unit_size) for p in self.plans)
-            if not self.slowdown.slow:
-                return even  # no rank is slow: what is left between the ranks is noise or the model's error
-        solved = tuple(solve_plan(model, total_units=p.total_units, unit_size=p.unit_size,
-                                  min_units=self.config.min_units) for p in self.plans)
-        candidates = [solved] + [solved[:d] + (self._around(model, solved, d),) + solved[d + 1:]
-                                 for d in range(len(solved))]
-        best = min(candidates, key=lambda plans: model.step(self.shares(plans)))
-        if even is not None and model.step(self.shares(best)) * (1.0 + self.config.margin) >= \
-                model.step(self.shares(even)):
-            return even
-        return best
-
-    def _around(self, model: StepModel, plans: Tuple[ShardPlan, ...], d: int) -> ShardPlan:
-        """Dimension ``d``'s units, each to the rank that finishes it soonest on top of the other
-        dimensions' shares in ``plans`` (at least ``min_units`` each)."""
-        weights, floor = self.learned.weights, self.config.min_units
-        total, plan = sum(weights), plans[d]
-        unit = weights[d] / total / plan.total_units
-        base = [sum(w * p.shares()[r] for q, (w, p) in enumerate(zip(weights, plans)) if q != d) / total + floor * unit
-                for r in range(self.tp)]
-        units = [floor] * self.tp
-        heap = [(model.rank_time(r, base[r] + unit), r) for r in range(self.tp)]
-        heapq.heapify(heap)
-        for _ in range(plan.total_units - floor * self.tp):
-            _, r = heapq.heappop(heap)
-            units[r] += 1
-            heapq.heappush(heap, (model.rank_time(r, base[r] + (units[r] - floor + 1) * unit), r))
-        return ShardPlan(units=tuple(units), unit_size=plan.unit_size)
+        return propose(model, self.plans, self.learned.weights, slow=bool(self.slowdown.slow),
+                       min_units=self.config.min_units, margin=self.config.margin)
 
     def _needed(self, se: float) -> float:
         """``ε``: the margin, the noise of the window's median (relative) and the step model's own error."""
