@@ -14,7 +14,10 @@ window of the plan in force (at most ``window`` steps; each rank reads only its 
 last changed, a change-point test on its log compute: :mod:`semimig.controller.policy.window`); the
 window's readings give the step model, the slow ranks and their age; the proposal is the solved plan (or the even one,
 when it is within ``margin``); the gain test decides.  A move is then measured for ``N_MIN`` steps
-before the next decision, and the two plans refit ``R/S``.  Before the first step, :meth:`profile`
+before the next decision, and the two plans refit ``R/S``.  A rank whose last step alone is slower than
+the noise is either an outlier or a change, told apart at the next step; the move it would call for is
+taken at once when the gain test passes on it and acting a step sooner pays for the risk of an outlier
+(:func:`~semimig.controller.policy.gain.bet_pays`, its odds counted by the window over the run).  Before the first step, :meth:`profile`
 reads the device probe's speed ratios with the prior ``R/S`` and takes its plan only when the gain
 test passes on the probe's own noise and the gain is at least ``probe`` of the even step.
 
@@ -23,6 +26,7 @@ the same decision at the same step; nothing is broadcast.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import statistics
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
 from semimig._validate import check_int, check_number
-from semimig.controller.policy.gain import Noise, expected_life, gain_test
+from semimig.controller.policy.gain import Noise, bet_pays, expected_life, gain_test
 from semimig.controller.policy.propose import propose, shares
 from semimig.controller.policy.records import ReshardDecision, ReshardSample, moved_units
 from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, transition
@@ -135,7 +139,7 @@ class ReshardPolicy:
         total = sum(self.weights)
         self.learned = LearnedModel(self.tp, config.replicated_share, [w / total for w in self.weights])
         self.noise = Noise()
-        self.slowdown = Slowdown()
+        self.slowdown = Slowdown(self.samples.rates)
         self.history: list[ReshardDecision] = []
         """Every decision that re-planned."""
         self._skip = config.warmup
@@ -167,7 +171,10 @@ class ReshardPolicy:
         if bytes_moved > 0:
             self.seconds_per_byte = seconds / bytes_moved
         window = list(self.samples)
-        self._before = (self.plans, window, self.slowdown.slow) if len(window) >= N_MIN else None
+        # a move bet on a pending step left a window whose last step has other speeds: it measures nothing
+        measured = len(window) >= N_MIN and not (self.history and self.history[-1].step == self.step - 1
+                                                 and self.history[-1].bet)
+        self._before = (self.plans, window, self.slowdown.slow) if measured else None
         self.state = transition(self.state if self.state == MOVING else MOVING, "moved")
         self.plans, self.last_move_step = plans, self.step
         self.samples.clear()
@@ -226,8 +233,7 @@ class ReshardPolicy:
         if len(window) < N_MIN:
             return self._hold(step, f"measuring the plan in force ({len(window)}/{N_MIN} steps)", event="short")
         if self.samples.pending:
-            return self._hold(step, "a rank's last step is slower than the noise: an outlier or a change, told "
-                              "apart at the next step")
+            return self._bet(step)
         shares = self.shares()
         self.learned.read_bound(shares, window)
         compute, comm = self.samples.times()
@@ -252,6 +258,47 @@ class ReshardPolicy:
                             measured_s=max(compute) + comm)
 
     # ------------------------------------------------------------------ decision
+    def _bet(self, step: int) -> ReshardDecision:
+        """A rank's last step alone is slower than the band: read as a change, the move it calls for is
+        taken now when the gain test passes on it and acting a step sooner is worth the risk
+        (:func:`~semimig.controller.policy.gain.bet_pays`, the odds from the window's counts); else
+        held, told apart at the next step."""
+        cfg, shares = self.config, self.shares()
+        compute, comm = self.samples.times()
+        base = self.learned.model(shares, compute)
+        model = self.learned.model(shares, self.samples.betting())
+        se = max(self.noise.sigma, self.noise.of_median(self.samples.independent))  # one step's reading
+        slowdown = copy.copy(self.slowdown)  # the set if the step is a change; the counts only if it is taken
+        slowdown.ended = {kind: list(lengths) for kind, lengths in self.slowdown.ended.items()}
+        slowdown.rates = None
+        slowdown.update(step, tuple(v / max(model.speeds) for v in model.speeds), se=math.sqrt(2.0) * se,
+                        tolerance=cfg.tolerance, z=cfg.noise_z, samples=self.samples.steps, since=step)
+        held = self._hold(step, "a rank's last step is slower than the noise: an outlier or a change, told "
+                                "apart at the next step")
+        if not slowdown.slow - self.slowdown.slow:
+            return held
+        proposal = propose(model, self.plans, self.learned.weights, slow=True, min_units=cfg.min_units,
+                           margin=cfg.margin)
+        if proposal == self.plans:
+            return held
+        now, then = self.shares(), self.shares(proposal)
+        wrong = max(0.0, base.step(then) - base.step(now)) * (cfg.warmup + N_MIN + 1)  # until moved back
+        healthy = self._even_step(StepModel(speeds=(max(base.speeds),) * self.tp, replicated=base.replicated,
+                                            shardable=base.shardable)) + comm
+        move = 2.0 * self._move_cost(self.moved(proposal)[1], healthy)
+        if not bet_pays(model.step(now) - model.step(then), wrong + move, self.samples.rates.change_odds()):
+            return held
+        saved, self.slowdown = self.slowdown, slowdown
+        slowdown.rates = saved.rates
+        decision = self._decide(step, model, comm, se, healthy_s=healthy, measured_s=max(compute) + comm)
+        if not decision.replan:
+            self.slowdown = saved
+            return held
+        saved.rates.joined(step, slowdown.slow - saved.slow)
+        self.history[-1] = decision = dataclasses.replace(decision, reason=f"on one slow step: {decision.reason}",
+                                                          bet=True)
+        return decision
+
     def _decide(self, step: int, model: StepModel, comm: float, se: float, *, healthy_s: float,
                 measured_s: float = 0.0, needed_gain: float = 0.0, hold: str = "hold",
                 gain: str = "gain") -> ReshardDecision:

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 import semimig.controller.reshard as reshard
-from semimig.controller.policy.gain import Noise, expected_life, gain_test
+from semimig.controller.policy.gain import Noise, bet_pays, expected_life, gain_test
 from semimig.controller.policy.states import N_MIN, TABLE, Slowdown
 from semimig.controller.policy.stepmodel import LearnedModel, tercile
+from semimig.controller.policy.window import LASTED, Rates
 from semimig.controller.reshard import ReshardConfig, ReshardPolicy, ReshardSample, moved_units
 from semimig.controller.sim import Scenario, Workload, run_policy
 from semimig.controller.sim.simulate import reshard_policy
@@ -306,3 +307,23 @@ def test_bad_configs_and_inputs_are_refused_by_name():
     with pytest.raises(ConfigError, match="before the first step"):
         pol.profile([[0.02, 0.02]])
     assert N_MIN == ReshardConfig().first_steps
+
+
+def test_the_odds_of_one_slow_step_follow_the_counts_of_outliers_and_lasting_slowdowns():
+    rates = Rates()
+    prior = rates.change_odds()
+    assert 0.0 < prior < 0.5  # before any count: outliers are the likelier reading
+    rates.rank_steps = 400
+    rates.joined(10, {1})
+    rates.held(10 + LASTED, {1})  # stayed slow: a slowdown that lasted
+    assert rates.slowdowns == 1 and rates.change_odds() > prior
+    rates.joined(50, {2})
+    rates.left(51, {2})  # left at once: counted as an outlier
+    assert rates.outliers == 1 and rates.slowdowns == 1
+    assert rates.change_odds(2) > rates.change_odds(1)  # two slow steps in a row are rarer as outliers
+
+
+def test_a_bet_pays_when_the_odds_weigh_its_gain_above_what_being_wrong_costs():
+    assert bet_pays(1.0, 1.0, 0.6) and not bet_pays(1.0, 1.0, 0.4)
+    assert not bet_pays(10.0, 0.0, 0.0)  # no chance of a change: nothing to gain
+    assert bet_pays(0.1, 0.0, 0.01)  # nothing to lose

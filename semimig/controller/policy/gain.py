@@ -32,7 +32,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-__all__ = ["Noise", "Gain", "gain_test", "expected_life"]
+__all__ = ["Noise", "Gain", "gain_test", "expected_life", "bet_pays"]
 
 NOISE_PAIRS = 400
 """Consecutive-step pairs (all ranks together) the noise estimate is read from."""
@@ -98,3 +98,12 @@ def expected_life(age: int, past: Sequence[int], *, floor: int, remaining: Optio
     longer = [d - age for d in past if d > age]
     life = round(sum(longer) / len(longer)) if longer else max(age, floor)
     return min(life, remaining) if remaining is not None else life
+
+
+def bet_pays(gain_s: float, wrong_s: float, odds: float) -> bool:
+    """Whether to act on one slow step before the next step tells a change from an outlier: with
+    probability ``odds`` it is a change and acting now saves one step's ``gain_s``; otherwise the move,
+    its way back and the steps under a plan made for a slowdown that was not there cost ``wrong_s``.
+    Waiting costs nothing else (the next step decides either way), so the bet pays when
+    ``odds·gain_s > (1 − odds)·wrong_s``."""
+    return odds * gain_s > (1.0 - odds) * wrong_s

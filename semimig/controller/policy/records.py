@@ -71,6 +71,8 @@ class ReshardDecision:
     """The move's predicted cost and its way back's."""
     horizon: int = 0
     """Steps the gain was counted over (the expected remaining life)."""
+    bet: bool = False
+    """Decided on a rank's single slow step, before the next step told a change from an outlier."""
 
     @property
     def replan(self) -> bool:

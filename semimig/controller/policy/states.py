@@ -38,7 +38,7 @@ long the present state will last (:func:`~semimig.controller.policy.gain.expecte
 from __future__ import annotations
 
 import math
-from typing import Dict, FrozenSet, List, Optional, Sequence
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence
 
 from semimig.errors import ConfigError
 
@@ -69,17 +69,20 @@ def transition(state: str, event: str) -> str:
 class Slowdown:
     """Which ranks are slow, and since when (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rates: Optional[Any] = None) -> None:
+        self.rates = rates
+        """Where stays in the set are counted (:class:`~semimig.controller.policy.window.Rates`), or ``None``."""
         self.slow: FrozenSet[int] = frozenset()
         self.since = 0
         self.ended: Dict[bool, List[int]] = {False: [], True: []}
         """Lengths in steps of the ended states, by kind: some rank slow (``True``) or none."""
 
     def update(self, step: int, ratios: Sequence[float], *, se: float, tolerance: float, z: float,
-               samples: int, confirm: Optional[Sequence[float]] = None) -> bool:
+               samples: int, confirm: Optional[Sequence[float]] = None, since: Optional[int] = None) -> bool:
         """Read the window's speed ratios (``se``: a ratio's relative standard error) at ``step`` over
         ``samples`` steps; ``True`` when the set changed.  ``confirm``: each rank's ratio read over only
-        its steps after its last change; a first slow rank must be slow on those too."""
+        its steps after its last change; a first slow rank must be slow on those too.  ``since``: the
+        step the new set holds from (default: the first of the ``samples``)."""
         band = math.exp(z * se)  # the ratio's noise is relative: its band is a factor
         slow = set(self.slow)
         onset = bool(self.slow) or samples > N_MIN  # a first slow rank needs one step more than the window's least
@@ -89,9 +92,13 @@ class Slowdown:
                 slow.add(r)
             elif s > min((1.0 - tolerance) * band, 1.0 - tolerance / 2.0):
                 slow.discard(r)
+        if self.rates is not None:
+            self.rates.held(step, self.slow & slow)
+            self.rates.left(step, self.slow - slow)
+            self.rates.joined(step, slow - self.slow)
         if frozenset(slow) == self.slow:
             return False
-        since = step - samples + 1
+        since = step - samples + 1 if since is None else since
         self.ended[bool(self.slow)].append(max(1, since - self.since))
         self.slow, self.since = frozenset(slow), since
         return True
