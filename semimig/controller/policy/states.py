@@ -25,9 +25,9 @@ that under-delivers is revisited by the same test that chose it.
 
 The slowdown (:class:`Slowdown`): the set of ranks that are slow, with hysteresis — a rank joins when
 its speed ratio (to the fastest rank) is below ``1 − tolerance`` by ``z`` standard errors (the first
-slow rank over more than ``N_MIN`` steps, and also over its steps after the ones that made its change:
+slow rank over ``N_MIN`` or more steps, and also over its steps after the ones that made its change:
 a few slow steps in a row on one rank are also what a run of outliers looks like, and the steps after
-them read its true speed), and leaves when it is above by as many — and its age, the steps since
+them read its true speed; a rank that keeps slowing, a change every few steps, is read so after each), and leaves when it is above by as many — and its age, the steps since
 that set last changed.  A set that is
 empty is the state "no straggler": from it only moves toward even (a smaller largest share) are
 proposed, so noise never moves an even plan.  A straggler that ends empties the set and starts the
@@ -85,7 +85,7 @@ class Slowdown:
         step the new set holds from (default: the first of the ``samples``)."""
         band = math.exp(z * se)  # the ratio's noise is relative: its band is a factor
         slow = set(self.slow)
-        onset = bool(self.slow) or samples > N_MIN  # a first slow rank needs one step more than the window's least
+        onset = bool(self.slow) or samples >= N_MIN  # a median one outlier cannot move
         confirm = ratios if confirm is None or self.slow else confirm
         for r, (s, c) in enumerate(zip(ratios, confirm)):
             if max(s, c) < (1.0 - tolerance) / band and onset:
