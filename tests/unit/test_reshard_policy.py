@@ -117,7 +117,7 @@ def test_an_event_the_state_does_not_take_is_refused():
 def test_the_slowdown_has_hysteresis_and_an_age():
     slow = Slowdown()
     assert not slow.update(10, (1.0, 0.95), se=0.01, tolerance=0.1, z=3.0, samples=3)  # 5 % slower: not slow
-    assert not slow.update(20, (1.0, 0.5), se=0.01, tolerance=0.1, z=3.0, samples=N_MIN)  # a first: one more
+    assert not slow.update(20, (1.0, 0.5), se=0.01, tolerance=0.1, z=3.0, samples=N_MIN - 1)  # a first: N_MIN
     assert slow.update(20, (1.0, 0.5), se=0.01, tolerance=0.1, z=3.0, samples=N_MIN + 1)
     assert slow.slow == {1} and slow.age(20) == 4 and slow.age(29) == 13
     assert not slow.update(30, (1.0, 0.88), se=0.01, tolerance=0.1, z=3.0, samples=3)  # inside the band: kept
