@@ -33,7 +33,9 @@ empty is the state "no straggler": from it only moves toward even (a smaller lar
 proposed, so noise never moves an even plan.  A straggler that ends empties the set and starts the
 way back toward even; one that moves to another rank changes the set and restarts the age.  The
 lengths of the ended states are kept by kind (some rank slow, or none): they are the evidence of how
-long the present state will last (:func:`~semimig.controller.policy.gain.expected_life`).
+long the present state will last (:func:`~semimig.controller.policy.gain.expected_life`); the first state
+is not among them, for it began with the run, not with a change, and its length tells when the run
+started rather than how long a state lasts.
 """
 from __future__ import annotations
 
@@ -74,6 +76,7 @@ class Slowdown:
         """Where stays in the set are counted (:class:`~semimig.controller.policy.window.Rates`), or ``None``."""
         self.slow: FrozenSet[int] = frozenset()
         self.since = 0
+        self.changes = 0
         self.ended: Dict[bool, List[int]] = {False: [], True: []}
         """Lengths in steps of the ended states, by kind: some rank slow (``True``) or none."""
 
@@ -99,8 +102,9 @@ class Slowdown:
         if frozenset(slow) == self.slow:
             return False
         since = step - samples + 1 if since is None else since
-        self.ended[bool(self.slow)].append(max(1, since - self.since))
-        self.slow, self.since = frozenset(slow), since
+        if self.changes:  # the first state began with the run, not with a change: its length is not a life
+            self.ended[bool(self.slow)].append(max(1, since - self.since))
+        self.slow, self.since, self.changes = frozenset(slow), since, self.changes + 1
         return True
 
     def age(self, step: int) -> int:
