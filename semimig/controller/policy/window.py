@@ -5,7 +5,8 @@ The window holds the latest steps of one plan (at most ``size``; a move empties 
 reads only its *fresh* steps, the ones since its speed last changed: its time is their lower tercile
 (:func:`~semimig.controller.policy.stepmodel.tercile`).  A change is a step in a rank's log compute:
 the last ``m`` steps all away from the median of the rank's earlier fresh steps (at least ``N_MIN``
-of them), on the same side, by more than ``z·σ̂/√m`` (``z``: :data:`CHANGE_Z`; ``σ̂`` the one noise
+of them), on the same side, by more than ``z·σ̂/√m``, the smallest such ``m`` (the latest change: a
+step before it that clears the wider band of a longer run would otherwise set the new reading) (``z``: :data:`CHANGE_Z`; ``σ̂`` the one noise
 estimator, :class:`~semimig.controller.policy.gain.Noise`).  A large change clears that band in one step, a small
 one only as ``m`` grows: the detection delay scales as ``(σ̂ / size of the change)²``, and the false
 alarms per rank and step stay near ``Φ(−z/√m)^m``.
@@ -160,7 +161,7 @@ class Window:
         whether they are slower; with none, whether its last step alone is slower than the band."""
         times = [s.compute_s[r] for s in list(self.samples)[-fresh:]]
         slower = False
-        for m in range(min(N_MIN, fresh - N_MIN), 0, -1):
+        for m in range(1, min(N_MIN, fresh - N_MIN) + 1):  # the latest change first: its steps read the new speed
             base = statistics.median(times[:-m])
             devs = [math.log(t / base) for t in times[-m:]]
             band = z * sigma / math.sqrt(m)
@@ -168,7 +169,7 @@ class Window:
                 return m, False
             if m >= SLOW_STEPS and all(d > band for d in devs):
                 return m, True
-            slower = m == 1 and devs[0] > band
+            slower = slower or (m == 1 and devs[0] > band)
         return 0, slower
 
     def times(self) -> Tuple[Tuple[float, ...], float]:
