@@ -142,6 +142,7 @@ def test_the_expected_life_is_the_age_floored_or_the_past_states_residual_life()
     assert expected_life(40, [], floor=10, remaining=25) == 25
     assert expected_life(3, [4, 4, 10], floor=10, remaining=None) == 3  # mean of 1, 1 and 7
     assert expected_life(12, [4, 4, 10], floor=10, remaining=None) == 12  # outlived them all: its age
+    assert expected_life(5, [4, 4], floor=10, remaining=None) == 5  # outlived them all: its age, not the floor
 
 
 def test_the_noise_is_one_robust_estimator_of_a_steps_relative_noise():
