@@ -35,7 +35,7 @@ from typing import Optional, Sequence, Tuple
 
 from semimig._validate import check_int, check_number
 from semimig.controller.policy.gain import Noise, bet_pays, expected_life, gain_test
-from semimig.controller.policy.propose import propose, shares
+from semimig.controller.policy.propose import pooled, propose, shares
 from semimig.controller.policy.records import ReshardDecision, ReshardSample, moved_units
 from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, transition
 from semimig.controller.policy.stepmodel import LearnedModel
@@ -277,6 +277,7 @@ class ReshardPolicy:
                                 "apart at the next step")
         if not slowdown.slow - self.slowdown.slow:
             return held
+        model, base = pooled(model, slowdown.slow), pooled(base, slowdown.slow)
         proposal = propose(model, self.plans, self.learned.weights, slow=True, min_units=cfg.min_units,
                            margin=cfg.margin)
         if proposal == self.plans:
@@ -302,8 +303,9 @@ class ReshardPolicy:
     def _decide(self, step: int, model: StepModel, comm: float, se: float, *, healthy_s: float,
                 measured_s: float = 0.0, needed_gain: float = 0.0, hold: str = "hold",
                 gain: str = "gain") -> ReshardDecision:
-        """The gain test on the best proposal (module docstring)."""
+        """The gain test on the best proposal (module docstring), the ranks outside the slow set alike."""
         cfg = self.config
+        model = pooled(model, self.slowdown.slow)
         current = model.step(self.shares()) + comm
         proposal = self._propose(model)
         ratios = tuple(v / max(model.speeds) for v in model.speeds)

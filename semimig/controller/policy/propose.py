@@ -11,18 +11,31 @@ would eat a smaller gain) or when no rank is slow (what is left between the rank
 from __future__ import annotations
 
 import heapq
-from typing import Optional, Sequence, Tuple
+import statistics
+from typing import AbstractSet, Optional, Sequence, Tuple
 
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, solve_plan
 
-__all__ = ["shares", "even_plans", "propose"]
+__all__ = ["shares", "even_plans", "propose", "pooled"]
 
 
 def shares(weights: Sequence[float], plans: Sequence[ShardPlan]) -> Tuple[float, ...]:
     """``p_r`` of each rank under ``plans`` (module docstring)."""
     total, tp = sum(weights), plans[0].tp
     return tuple(sum(w * p.shares()[r] for w, p in zip(weights, plans)) / total for r in range(tp))
+
+
+def pooled(model: StepModel, slow: AbstractSet[int]) -> StepModel:
+    """``model`` with every rank outside ``slow`` at their median speed: the slow set's test found them
+    alike within the noise, so what is left between them is noise, and a plan solved on it would move
+    units between healthy ranks to fit it."""
+    healthy = [v for r, v in enumerate(model.speeds) if r not in slow]
+    if len(healthy) < 2:
+        return model
+    common = statistics.median(healthy)
+    return StepModel(speeds=tuple(v if r in slow else common for r, v in enumerate(model.speeds)),
+                     replicated=model.replicated, shardable=model.shardable)
 
 
 def even_plans(plans: Sequence[ShardPlan]) -> Optional[Tuple[ShardPlan, ...]]:
