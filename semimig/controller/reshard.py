@@ -273,28 +273,30 @@ class ReshardPolicy:
         slowdown.rates = None
         slowdown.update(step, tuple(v / max(model.speeds) for v in model.speeds), se=math.sqrt(2.0) * se,
                         tolerance=cfg.tolerance, z=cfg.noise_z, samples=self.samples.steps, since=step)
-        held = self._hold(step, "a rank's last step is slower than the noise: an outlier or a change, told "
-                                "apart at the next step")
+        def held() -> ReshardDecision:
+            return self._hold(step, "a rank's last step is slower than the noise: an outlier or a change, told "
+                                    "apart at the next step")
+
         if not slowdown.slow - self.slowdown.slow:
-            return held
+            return held()
         model, base = pooled(model, slowdown.slow), pooled(base, slowdown.slow)
         proposal = propose(model, self.plans, self.learned.weights, slow=True, min_units=cfg.min_units,
                            margin=cfg.margin)
         if proposal == self.plans:
-            return held
+            return held()
         now, then = self.shares(), self.shares(proposal)
         wrong = max(0.0, base.step(then) - base.step(now)) * (cfg.warmup + N_MIN + 1)  # until moved back
         healthy = self._even_step(StepModel(speeds=(max(base.speeds),) * self.tp, replicated=base.replicated,
                                             shardable=base.shardable)) + comm
         move = 2.0 * self._move_cost(self.moved(proposal)[1], healthy)
         if not bet_pays(model.step(now) - model.step(then), wrong + move, self.samples.rates.change_odds()):
-            return held
+            return held()
         saved, self.slowdown = self.slowdown, slowdown
         slowdown.rates = saved.rates
         decision = self._decide(step, model, comm, se, healthy_s=healthy, measured_s=max(compute) + comm)
         if not decision.replan:
             self.slowdown = saved
-            return held
+            return held()
         saved.rates.joined(step, slowdown.slow - saved.slow)
         self.history[-1] = decision = dataclasses.replace(decision, reason=f"on one slow step: {decision.reason}",
                                                           bet=True)
