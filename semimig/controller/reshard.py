@@ -14,7 +14,10 @@ window of the plan in force (at most ``window`` steps; each rank reads only its 
 last changed, a change-point test on its log compute: :mod:`semimig.controller.policy.window`); the
 window's readings give the step model, the slow ranks and their age; the proposal is the solved plan (or the even one,
 when it is within ``margin``); the gain test decides.  A move is then measured for ``N_MIN`` steps
-before the next decision, and the two plans refit ``R/S``.  Before the first step, :meth:`profile`
+before the next decision, and the two plans refit ``R/S``.  A rank whose last step alone is slower than
+the noise is either an outlier or a change, told apart at the next step; the move it would call for is
+taken at once when the gain test passes on it and acting a step sooner pays for the risk of an outlier
+(:func:`~semimig.controller.policy.gain.bet_pays`, its odds counted by the window over the run).  Before the first step, :meth:`profile`
 reads the device probe's speed ratios with the prior ``R/S`` and takes its plan only when the gain
 test passes on the probe's own noise and the gain is at least ``probe`` of the even step.
 
@@ -23,21 +26,23 @@ the same decision at the same step; nothing is broadcast.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
-import heapq
 import math
 import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
 from semimig._validate import check_int, check_number
-from semimig.controller.policy.gain import Noise, expected_life, gain_test
+from semimig.controller.policy.gain import Noise, bet_pays, expected_life, gain_test
+from semimig.controller.policy.propose import pooled, propose, shares
+from semimig.controller.policy.records import ReshardDecision, ReshardSample, moved_units
 from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, transition
 from semimig.controller.policy.stepmodel import LearnedModel
 from semimig.controller.policy.window import Window
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
-from semimig.sharding.solver import StepModel, solve_plan
+from semimig.sharding.solver import StepModel
 
 __all__ = ["ReshardConfig", "ReshardSample", "ReshardDecision", "ReshardPolicy", "moved_units", "PROBE_REPEATS"]
 
@@ -100,83 +105,6 @@ class ReshardConfig:
         return N_MIN
 
 
-@dataclass(frozen=True)
-class ReshardSample:
-    """One step of the group, every rank's numbers (all-gathered, so identical on every rank)."""
-
-    compute_s: Tuple[float, ...]
-    """``c_r``: the rank's own work in the step (wall minus collectives), seconds."""
-    shardable_s: Tuple[float, ...]
-    """``b_r``: the part of ``c_r`` in shardable work (the paired GEMMs and the spans between a pair's
-    layers), seconds; 0 on a rank holding no unit."""
-    comm_s: Tuple[float, ...]
-    """``m_r``: seconds in collectives."""
-    gemm_s: Optional[Tuple[float, ...]] = None
-    """The part of ``b_r`` in the paired GEMMs alone (unpruned): what a resizing controller's busy
-    time measures; ``None``: all of ``b_r``."""
-    step_s: Optional[float] = None
-    """The step as it ran when some rank shed work (resizing or migration); ``None``: nothing was shed."""
-
-    def __post_init__(self) -> None:
-        lengths = [len(self.compute_s), len(self.shardable_s), len(self.comm_s)]
-        lengths += [] if self.gemm_s is None else [len(self.gemm_s)]
-        if lengths[0] == 0 or any(n != lengths[0] for n in lengths):
-            raise ConfigError(f"ReshardSample: compute_s, shardable_s, comm_s (and gemm_s) need one entry per rank, "
-                              f"got {', '.join(map(str, lengths))}")
-        for name in ("compute_s", "shardable_s", "comm_s") + (() if self.gemm_s is None else ("gemm_s",)):
-            values = tuple(check_number(f"{name}[{r}]", float(v), minimum=0.0)
-                           for r, v in enumerate(getattr(self, name)))
-            object.__setattr__(self, name, values)
-        if self.step_s is not None:
-            object.__setattr__(self, "step_s", check_number("step_s", float(self.step_s), minimum=0.0))
-
-    @property
-    def gemm(self) -> Tuple[float, ...]:
-        """``gemm_s``, or ``shardable_s`` when it was not given."""
-        return self.shardable_s if self.gemm_s is None else self.gemm_s
-
-    @property
-    def valid(self) -> bool:
-        """Every rank did some work, its shardable part within it."""
-        return all(0.0 < c and b <= c for b, c in zip(self.shardable_s, self.compute_s))
-
-
-@dataclass(frozen=True)
-class ReshardDecision:
-    """What :meth:`ReshardPolicy.observe` concluded at one step."""
-
-    step: int
-    plans: Optional[Tuple[ShardPlan, ...]] = None
-    """The plans to move to now (one per dimension), or ``None``: keep the plan in force."""
-    reason: str = ""
-    predicted_s: float = 0.0
-    """Predicted step (compute + communication) under ``plans`` (or under the plan in force)."""
-    current_s: float = 0.0
-    """The plan in force's step as measured (its window's medians); 0 while it is not measured."""
-    speed_ratios: Tuple[float, ...] = ()
-    move_bytes: int = 0
-    move_cost_s: float = 0.0
-    """The move's predicted cost and its way back's."""
-    horizon: int = 0
-    """Steps the gain was counted over (the expected remaining life)."""
-
-    @property
-    def replan(self) -> bool:
-        return self.plans is not None
-
-
-def moved_units(old: ShardPlan, new: ShardPlan) -> int:
-    """Units that change owner: with consecutive units in rank order, the unit at position ``i``
-    moves when its owner differs between the two plans."""
-    if old.total_units != new.total_units or old.tp != new.tp:
-        raise ConfigError(f"plans {old} and {new} are not of the same dimension and group")
-
-    def owners(plan: ShardPlan) -> list[int]:
-        return [r for r, n in enumerate(plan.units) for _ in range(n)]
-
-    return sum(a != b for a, b in zip(owners(old), owners(new)))
-
-
 class ReshardPolicy:
     """Decides, step by step, whether to move to another plan (module docstring).
 
@@ -211,7 +139,7 @@ class ReshardPolicy:
         total = sum(self.weights)
         self.learned = LearnedModel(self.tp, config.replicated_share, [w / total for w in self.weights])
         self.noise = Noise()
-        self.slowdown = Slowdown()
+        self.slowdown = Slowdown(self.samples.rates)
         self.history: list[ReshardDecision] = []
         """Every decision that re-planned."""
         self._skip = config.warmup
@@ -226,10 +154,7 @@ class ReshardPolicy:
 
     def shares(self, plans: Optional[Sequence[ShardPlan]] = None) -> Tuple[float, ...]:
         """Effective share ``p_r = Σ_d w_d·n_{d,r}/U_d / Σ_d w_d`` of each rank."""
-        plans = self.plans if plans is None else plans
-        weights = self.learned.weights
-        total = sum(weights)
-        return tuple(sum(w * p.shares()[r] for w, p in zip(weights, plans)) / total for r in range(self.tp))
+        return shares(self.learned.weights, self.plans if plans is None else plans)
 
     def moved(self, new: Sequence[ShardPlan]) -> Tuple[int, int]:
         """``(units, bytes)`` a move from the plan in force to ``new`` sends."""
@@ -246,7 +171,10 @@ class ReshardPolicy:
         if bytes_moved > 0:
             self.seconds_per_byte = seconds / bytes_moved
         window = list(self.samples)
-        self._before = (self.plans, window, self.slowdown.slow) if len(window) >= N_MIN else None
+        # a move bet on a pending step left a window whose last step has other speeds: it measures nothing
+        measured = len(window) >= N_MIN and not (self.history and self.history[-1].step == self.step - 1
+                                                 and self.history[-1].bet)
+        self._before = (self.plans, window, self.slowdown.slow) if measured else None
         self.state = transition(self.state if self.state == MOVING else MOVING, "moved")
         self.plans, self.last_move_step = plans, self.step
         self.samples.clear()
@@ -305,8 +233,7 @@ class ReshardPolicy:
         if len(window) < N_MIN:
             return self._hold(step, f"measuring the plan in force ({len(window)}/{N_MIN} steps)", event="short")
         if self.samples.pending:
-            return self._hold(step, "a rank's last step is slower than the noise: an outlier or a change, told "
-                              "apart at the next step")
+            return self._bet(step)
         shares = self.shares()
         self.learned.read_bound(shares, window)
         compute, comm = self.samples.times()
@@ -331,11 +258,56 @@ class ReshardPolicy:
                             measured_s=max(compute) + comm)
 
     # ------------------------------------------------------------------ decision
+    def _bet(self, step: int) -> ReshardDecision:
+        """A rank's last step alone is slower than the band: read as a change, the move it calls for is
+        taken now when the gain test passes on it and acting a step sooner is worth the risk
+        (:func:`~semimig.controller.policy.gain.bet_pays`, the odds from the window's counts); else
+        held, told apart at the next step."""
+        cfg, shares = self.config, self.shares()
+        compute, comm = self.samples.times()
+        base = self.learned.model(shares, compute)
+        model = self.learned.model(shares, self.samples.betting())
+        se = max(self.noise.sigma, self.noise.of_median(self.samples.independent))  # one step's reading
+        slowdown = copy.copy(self.slowdown)  # the set if the step is a change; the counts only if it is taken
+        slowdown.ended = {kind: list(lengths) for kind, lengths in self.slowdown.ended.items()}
+        slowdown.rates = None
+        slowdown.update(step, tuple(v / max(model.speeds) for v in model.speeds), se=math.sqrt(2.0) * se,
+                        tolerance=cfg.tolerance, z=cfg.noise_z, samples=self.samples.steps, since=step)
+        def held() -> ReshardDecision:
+            return self._hold(step, "a rank's last step is slower than the noise: an outlier or a change, told "
+                                    "apart at the next step")
+
+        if not slowdown.slow - self.slowdown.slow:
+            return held()
+        model, base = pooled(model, slowdown.slow), pooled(base, slowdown.slow)
+        proposal = propose(model, self.plans, self.learned.weights, slow=True, min_units=cfg.min_units,
+                           margin=cfg.margin)
+        if proposal == self.plans:
+            return held()
+        now, then = self.shares(), self.shares(proposal)
+        wrong = max(0.0, base.step(then) - base.step(now)) * (cfg.warmup + N_MIN + 1)  # until moved back
+        healthy = self._even_step(StepModel(speeds=(max(base.speeds),) * self.tp, replicated=base.replicated,
+                                            shardable=base.shardable)) + comm
+        move = 2.0 * self._move_cost(self.moved(proposal)[1], healthy)
+        if not bet_pays(model.step(now) - model.step(then), wrong + move, self.samples.rates.change_odds()):
+            return held()
+        saved, self.slowdown = self.slowdown, slowdown
+        slowdown.rates = saved.rates
+        decision = self._decide(step, model, comm, se, healthy_s=healthy, measured_s=max(compute) + comm)
+        if not decision.replan:
+            self.slowdown = saved
+            return held()
+        saved.rates.joined(step, slowdown.slow - saved.slow)
+        self.history[-1] = decision = dataclasses.replace(decision, reason=f"on one slow step: {decision.reason}",
+                                                          bet=True)
+        return decision
+
     def _decide(self, step: int, model: StepModel, comm: float, se: float, *, healthy_s: float,
                 measured_s: float = 0.0, needed_gain: float = 0.0, hold: str = "hold",
                 gain: str = "gain") -> ReshardDecision:
-        """The gain test on the best proposal (module docstring)."""
+        """The gain test on the best proposal (module docstring), the ranks outside the slow set alike."""
         cfg = self.config
+        model = pooled(model, self.slowdown.slow)
         current = model.step(self.shares()) + comm
         proposal = self._propose(model)
         ratios = tuple(v / max(model.speeds) for v in model.speeds)
@@ -382,40 +354,8 @@ class ReshardPolicy:
         return ReshardDecision(step, reason=reason, **info)
 
     def _propose(self, model: StepModel) -> Tuple[ShardPlan, ...]:
-        """The best of the plan solved per dimension and its joint roundings (each dimension in turn handed
-        out around the others' solved units), or the even plan when that best does not beat it by ``margin``
-        or no rank is slow."""
-        even = None
-        if all(p.total_units % self.tp == 0 for p in self.plans):
-            even = tuple(ShardPlan.even(p.total_units, self.tp, unit_size=p.unit_size) for p in self.plans)
-            if not self.slowdown.slow:
-                return even  # no rank is slow: what is left between the ranks is noise or the model's error
-        solved = tuple(solve_plan(model, total_units=p.total_units, unit_size=p.unit_size,
-                                  min_units=self.config.min_units) for p in self.plans)
-        candidates = [solved] + [solved[:d] + (self._around(model, solved, d),) + solved[d + 1:]
-                                 for d in range(len(solved))]
-        best = min(candidates, key=lambda plans: model.step(self.shares(plans)))
-        if even is not None and model.step(self.shares(best)) * (1.0 + self.config.margin) >= \
-                model.step(self.shares(even)):
-            return even
-        return best
-
-    def _around(self, model: StepModel, plans: Tuple[ShardPlan, ...], d: int) -> ShardPlan:
-        """Dimension ``d``'s units, each to the rank that finishes it soonest on top of the other
-        dimensions' shares in ``plans`` (at least ``min_units`` each)."""
-        weights, floor = self.learned.weights, self.config.min_units
-        total, plan = sum(weights), plans[d]
-        unit = weights[d] / total / plan.total_units
-        base = [sum(w * p.shares()[r] for q, (w, p) in enumerate(zip(weights, plans)) if q != d) / total + floor * unit
-                for r in range(self.tp)]
-        units = [floor] * self.tp
-        heap = [(model.rank_time(r, base[r] + unit), r) for r in range(self.tp)]
-        heapq.heapify(heap)
-        for _ in range(plan.total_units - floor * self.tp):
-            _, r = heapq.heappop(heap)
-            units[r] += 1
-            heapq.heappush(heap, (model.rank_time(r, base[r] + (units[r] - floor + 1) * unit), r))
-        return ShardPlan(units=tuple(units), unit_size=plan.unit_size)
+        return propose(model, self.plans, self.learned.weights, slow=bool(self.slowdown.slow),
+                       min_units=self.config.min_units, margin=self.config.margin)
 
     def _needed(self, se: float) -> float:
         """``ε``: the margin, the noise of the window's median (relative) and the step model's own error."""

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 import semimig.controller.reshard as reshard
-from semimig.controller.policy.gain import Noise, expected_life, gain_test
+from semimig.controller.policy.gain import Noise, bet_pays, expected_life, gain_test
 from semimig.controller.policy.states import N_MIN, TABLE, Slowdown
 from semimig.controller.policy.stepmodel import LearnedModel, tercile
+from semimig.controller.policy.window import LASTED, Rates
 from semimig.controller.reshard import ReshardConfig, ReshardPolicy, ReshardSample, moved_units
 from semimig.controller.sim import Scenario, Workload, run_policy
 from semimig.controller.sim.simulate import reshard_policy
@@ -116,12 +117,13 @@ def test_an_event_the_state_does_not_take_is_refused():
 def test_the_slowdown_has_hysteresis_and_an_age():
     slow = Slowdown()
     assert not slow.update(10, (1.0, 0.95), se=0.01, tolerance=0.1, z=3.0, samples=3)  # 5 % slower: not slow
-    assert not slow.update(20, (1.0, 0.5), se=0.01, tolerance=0.1, z=3.0, samples=N_MIN)  # a first: one more
+    assert not slow.update(20, (1.0, 0.5), se=0.01, tolerance=0.1, z=3.0, samples=N_MIN - 1)  # a first: N_MIN
     assert slow.update(20, (1.0, 0.5), se=0.01, tolerance=0.1, z=3.0, samples=N_MIN + 1)
     assert slow.slow == {1} and slow.age(20) == 4 and slow.age(29) == 13
     assert not slow.update(30, (1.0, 0.88), se=0.01, tolerance=0.1, z=3.0, samples=3)  # inside the band: kept
     assert slow.update(40, (1.0, 1.0), se=0.01, tolerance=0.1, z=3.0, samples=3)
-    assert slow.slow == set() and slow.ended[True] == [38 - 17] and slow.past() == [17 - 0]
+    assert slow.slow == set() and slow.ended[True] == [38 - 17]
+    assert slow.past() == []  # the first state began with the run: its length is not a life
 
 
 # ---------------------------------------------------------------- the gain test
@@ -140,6 +142,7 @@ def test_the_expected_life_is_the_age_floored_or_the_past_states_residual_life()
     assert expected_life(40, [], floor=10, remaining=25) == 25
     assert expected_life(3, [4, 4, 10], floor=10, remaining=None) == 3  # mean of 1, 1 and 7
     assert expected_life(12, [4, 4, 10], floor=10, remaining=None) == 12  # outlived them all: its age
+    assert expected_life(5, [4, 4], floor=10, remaining=None) == 5  # outlived them all: its age, not the floor
 
 
 def test_the_noise_is_one_robust_estimator_of_a_steps_relative_noise():
@@ -306,3 +309,23 @@ def test_bad_configs_and_inputs_are_refused_by_name():
     with pytest.raises(ConfigError, match="before the first step"):
         pol.profile([[0.02, 0.02]])
     assert N_MIN == ReshardConfig().first_steps
+
+
+def test_the_odds_of_one_slow_step_follow_the_counts_of_outliers_and_lasting_slowdowns():
+    rates = Rates()
+    prior = rates.change_odds()
+    assert 0.0 < prior < 0.5  # before any count: outliers are the likelier reading
+    rates.rank_steps = 400
+    rates.joined(10, {1})
+    rates.held(10 + LASTED, {1})  # stayed slow: a slowdown that lasted
+    assert rates.slowdowns == 1 and rates.change_odds() > prior
+    rates.joined(50, {2})
+    rates.left(51, {2})  # left at once: counted as an outlier
+    assert rates.outliers == 1 and rates.slowdowns == 1
+    assert rates.change_odds(2) > rates.change_odds(1)  # two slow steps in a row are rarer as outliers
+
+
+def test_a_bet_pays_when_the_odds_weigh_its_gain_above_what_being_wrong_costs():
+    assert bet_pays(1.0, 1.0, 0.6) and not bet_pays(1.0, 1.0, 0.4)
+    assert not bet_pays(10.0, 0.0, 0.0)  # no chance of a change: nothing to gain
+    assert bet_pays(0.1, 0.0, 0.01)  # nothing to lose

@@ -11,7 +11,8 @@ step model) is taken when
   estimate), at least ``life_floor`` (a bet on a young state).  With ended states of the same kind
   (a straggler that comes and goes, or moves), their residual lives past ``a``: the mean of ``D − a``
   over the ended lengths ``D > a`` (the empirical hazard); a state that has outlived every past one
-  falls back to ``max(a, floor)``.  At most the run's remaining steps when they are known;
+  falls back to its age ``a`` (the floor is a bet on a state nothing is known of, and here the past
+  says states of this kind end sooner).  At most the run's remaining steps when they are known;
 - ``C`` the move's cost: the measured seconds per byte of the last move times the bytes of this one,
   or before any move ``bytes / all bytes × move_steps × the healthy even step`` (a prior in steps, so it
   holds from 20 ms to 5 s steps); ``2·C`` pays the move and the move back when the state ends;
@@ -32,7 +33,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-__all__ = ["Noise", "Gain", "gain_test", "expected_life"]
+__all__ = ["Noise", "Gain", "gain_test", "expected_life", "bet_pays"]
 
 NOISE_PAIRS = 400
 """Consecutive-step pairs (all ranks together) the noise estimate is read from."""
@@ -93,8 +94,20 @@ def gain_test(current_s: float, proposed_s: float, *, needed: float, life: int, 
 
 def expected_life(age: int, past: Sequence[int], *, floor: int, remaining: Optional[int]) -> int:
     """``L``: with ended states of the same kind, the mean of ``D − age`` over those that lasted
-    ``D > age``; with none, or none that lasted longer, ``max(age, floor)``; at most the run's
+    ``D > age``, or ``age`` when none did; with none, ``max(age, floor)``; at most the run's
     ``remaining`` steps (module docstring)."""
     longer = [d - age for d in past if d > age]
-    life = round(sum(longer) / len(longer)) if longer else max(age, floor)
+    if longer:
+        life = round(sum(longer) / len(longer))
+    else:  # no evidence: a bet on a young state; outlived every past one: its age alone (Lindy)
+        life = age if past else max(age, floor)
     return min(life, remaining) if remaining is not None else life
+
+
+def bet_pays(gain_s: float, wrong_s: float, odds: float) -> bool:
+    """Whether to act on one slow step before the next step tells a change from an outlier: with
+    probability ``odds`` it is a change and acting now saves one step's ``gain_s``; otherwise the move,
+    its way back and the steps under a plan made for a slowdown that was not there cost ``wrong_s``.
+    Waiting costs nothing else (the next step decides either way), so the bet pays when
+    ``odds·gain_s > (1 − odds)·wrong_s``."""
+    return odds * gain_s > (1.0 - odds) * wrong_s

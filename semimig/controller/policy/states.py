@@ -25,20 +25,22 @@ that under-delivers is revisited by the same test that chose it.
 
 The slowdown (:class:`Slowdown`): the set of ranks that are slow, with hysteresis — a rank joins when
 its speed ratio (to the fastest rank) is below ``1 − tolerance`` by ``z`` standard errors (the first
-slow rank over more than ``N_MIN`` steps, and also over its steps after the ones that made its change:
+slow rank over ``N_MIN`` or more steps, and also over its steps after the ones that made its change:
 a few slow steps in a row on one rank are also what a run of outliers looks like, and the steps after
-them read its true speed), and leaves when it is above by as many — and its age, the steps since
+them read its true speed; a rank that keeps slowing, a change every few steps, is read so after each), and leaves when it is above by as many — and its age, the steps since
 that set last changed.  A set that is
 empty is the state "no straggler": from it only moves toward even (a smaller largest share) are
 proposed, so noise never moves an even plan.  A straggler that ends empties the set and starts the
 way back toward even; one that moves to another rank changes the set and restarts the age.  The
 lengths of the ended states are kept by kind (some rank slow, or none): they are the evidence of how
-long the present state will last (:func:`~semimig.controller.policy.gain.expected_life`).
+long the present state will last (:func:`~semimig.controller.policy.gain.expected_life`); the first state
+is not among them, for it began with the run, not with a change, and its length tells when the run
+started rather than how long a state lasts.
 """
 from __future__ import annotations
 
 import math
-from typing import Dict, FrozenSet, List, Optional, Sequence
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence
 
 from semimig.errors import ConfigError
 
@@ -69,31 +71,40 @@ def transition(state: str, event: str) -> str:
 class Slowdown:
     """Which ranks are slow, and since when (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rates: Optional[Any] = None) -> None:
+        self.rates = rates
+        """Where stays in the set are counted (:class:`~semimig.controller.policy.window.Rates`), or ``None``."""
         self.slow: FrozenSet[int] = frozenset()
         self.since = 0
+        self.changes = 0
         self.ended: Dict[bool, List[int]] = {False: [], True: []}
         """Lengths in steps of the ended states, by kind: some rank slow (``True``) or none."""
 
     def update(self, step: int, ratios: Sequence[float], *, se: float, tolerance: float, z: float,
-               samples: int, confirm: Optional[Sequence[float]] = None) -> bool:
+               samples: int, confirm: Optional[Sequence[float]] = None, since: Optional[int] = None) -> bool:
         """Read the window's speed ratios (``se``: a ratio's relative standard error) at ``step`` over
         ``samples`` steps; ``True`` when the set changed.  ``confirm``: each rank's ratio read over only
-        its steps after its last change; a first slow rank must be slow on those too."""
+        its steps after its last change; a first slow rank must be slow on those too.  ``since``: the
+        step the new set holds from (default: the first of the ``samples``)."""
         band = math.exp(z * se)  # the ratio's noise is relative: its band is a factor
         slow = set(self.slow)
-        onset = bool(self.slow) or samples > N_MIN  # a first slow rank needs one step more than the window's least
+        onset = bool(self.slow) or samples >= N_MIN  # a median one outlier cannot move
         confirm = ratios if confirm is None or self.slow else confirm
         for r, (s, c) in enumerate(zip(ratios, confirm)):
             if max(s, c) < (1.0 - tolerance) / band and onset:
                 slow.add(r)
             elif s > min((1.0 - tolerance) * band, 1.0 - tolerance / 2.0):
                 slow.discard(r)
+        if self.rates is not None:
+            self.rates.held(step, self.slow & slow)
+            self.rates.left(step, self.slow - slow)
+            self.rates.joined(step, slow - self.slow)
         if frozenset(slow) == self.slow:
             return False
-        since = step - samples + 1
-        self.ended[bool(self.slow)].append(max(1, since - self.since))
-        self.slow, self.since = frozenset(slow), since
+        since = step - samples + 1 if since is None else since
+        if self.changes:  # the first state began with the run, not with a change: its length is not a life
+            self.ended[bool(self.slow)].append(max(1, since - self.since))
+        self.slow, self.since, self.changes = frozenset(slow), since, self.changes + 1
         return True
 
     def age(self, step: int) -> int:

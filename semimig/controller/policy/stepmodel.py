@@ -39,6 +39,10 @@ K_FLOOR = 1e-3
 """Smallest ``R/S`` used: a rank holding no unit is read through ``R``, which must not vanish."""
 ERRORS = 3
 """Latest moves whose predicted-against-measured step gives the model's error."""
+FIT_Z = 3.0
+"""Standard errors every dimension's coefficient must clear for a fit across the ranks to be taken: a
+weight read from a plan that barely varies among the healthy ranks is noise, and a plan solved on it
+hands out the units of the dimension it underrates as if they were free."""
 MIN_SHARE_CHANGE = 0.02
 """Smallest change of a rank's share across two plans that measures ``k`` from that rank."""
 
@@ -139,10 +143,15 @@ class LearnedModel:
         y = np.array([c[r] for r in healthy])
         if np.linalg.matrix_rank(x, tol=1e-9) < dims + 1:
             return
-        coef = np.linalg.lstsq(x, y, rcond=None)[0]
+        coef, rss, _, _ = np.linalg.lstsq(x, y, rcond=None)
         alpha, beta = float(coef[0]), coef[1:]
         if alpha < 0.0 or np.any(beta <= 0.0):
             return
+        dof = len(healthy) - dims - 1
+        resid = float(rss[0]) if len(rss) else float(np.sum((y - x @ coef) ** 2))
+        se = np.sqrt(np.diag(np.linalg.pinv(x.T @ x)) * resid / dof)[1:]
+        if np.any(beta < FIT_Z * se):
+            return  # a weight within the noise of the fit: the plans do not vary enough among these ranks
         self.weight_fits.append(tuple(float(b / beta.sum()) for b in beta))
         self.fits.append(alpha / float(beta.sum()))
 

@@ -5,14 +5,21 @@ The window holds the latest steps of one plan (at most ``size``; a move empties 
 reads only its *fresh* steps, the ones since its speed last changed: its time is their lower tercile
 (:func:`~semimig.controller.policy.stepmodel.tercile`).  A change is a step in a rank's log compute:
 the last ``m`` steps all away from the median of the rank's earlier fresh steps (at least ``N_MIN``
-of them), on the same side, by more than ``z·σ̂/√m`` (``z``: :data:`CHANGE_Z`; ``σ̂`` the one noise
+of them), on the same side, by more than ``z·σ̂/√m``, the smallest such ``m`` (the latest change: a
+step before it that clears the wider band of a longer run would otherwise set the new reading) (``z``: :data:`CHANGE_Z`; ``σ̂`` the one noise
 estimator, :class:`~semimig.controller.policy.gain.Noise`).  A large change clears that band in one step, a small
 one only as ``m`` grows: the detection delay scales as ``(σ̂ / size of the change)²``, and the false
 alarms per rank and step stay near ``Φ(−z/√m)^m``.
 
 Outlier steps are slow steps (an interrupt, a collection, a page fault never makes a step faster), so
-one step faster than the band is a change while one step slower is as likely an outlier: a rank is
-believed faster after one step and slower after :data:`SLOW_STEPS`.  A change resets only that rank's
+one step faster than the band is a change while one step slower may be an outlier: a rank is
+believed faster after one step and slower after :data:`SLOW_STEPS`.  A rank whose last step alone is
+slower than the band is *pending*; the next step tells which it was.  :class:`Rates` counts, over every
+step seen, the one-step excursions that did not last (outliers, and the noise's own false alarms) and
+the slowdowns that did (a rank that stayed in the slow set for :data:`LASTED` steps,
+:class:`~semimig.controller.policy.states.Slowdown`; one that left it sooner counts as an outlier).  Their ratio is
+what a single slow step is worth as evidence of a change (:meth:`Rates.change_odds`), which lets the
+gain test bet on a pending step when acting a step sooner is worth the risk.  A change resets only that rank's
 fresh steps; the other ranks keep their readings and their precision.  The steps that made a change
 were chosen for being far from the earlier ones: the noise of a reading is counted over the fresh
 steps after them (:attr:`Window.independent`), so a run of outliers that passes for a change does not
@@ -28,7 +35,7 @@ from typing import Any, List, Optional, Tuple
 from semimig.controller.policy.states import N_MIN
 from semimig.controller.policy.stepmodel import tercile
 
-__all__ = ["Window", "CHANGE_Z", "SLOW_STEPS"]
+__all__ = ["Window", "Rates", "LASTED", "CHANGE_Z", "SLOW_STEPS", "RATE_PRIOR_STEPS", "PRIOR_OUTLIER_RATE", "PRIOR_SLOWDOWN_RATE"]
 
 CHANGE_Z = 3.0
 """Standard errors a change of speed must clear: its own false-alarm rate (``Φ(−z)`` per rank and step),
@@ -40,6 +47,57 @@ SLOW_STEPS = 2
 rarely are (``q²`` for an outlier rate ``q``)."""
 
 
+RATE_PRIOR_STEPS = 200
+"""Rank-steps of prior evidence in :class:`Rates`: the run's own counts outweigh it after a few hundred."""
+PRIOR_OUTLIER_RATE = 0.01
+"""Outliers per rank-step assumed before any is counted."""
+PRIOR_SLOWDOWN_RATE = 0.003
+"""Slowdowns per rank-step assumed before any is counted: a third as likely as an outlier, so a first slow step
+is bet on only for a gain over three times what being wrong costs, and readily once slowdowns were seen to
+come.  Chosen on the simulator's family: as likely as an outlier, noise alone moves an even plan."""
+
+
+LASTED = 2 * N_MIN
+"""Steps a rank must stay in the slow set for its slowdown to count as one that lasted: two decisions'
+worth of steps, past the move a bet may have made and the steps that measure the plan it moved to."""
+
+
+class Rates:
+    """How often a rank's single slow step was an outlier, and how often a slowdown that lasted (module
+    docstring); both per rank-step, over every step the window has seen."""
+
+    def __init__(self) -> None:
+        self.rank_steps = 0
+        self.outliers = 0
+        self.slowdowns = 0
+        self.since: dict = {}
+        """Step each rank joined the slow set, until its stay is counted."""
+
+    def joined(self, step: int, ranks) -> None:
+        """``ranks`` joined the slow set at ``step``."""
+        self.since.update({r: step for r in ranks})
+
+    def left(self, step: int, ranks) -> None:
+        """``ranks`` left the slow set at ``step``: a stay shorter than :data:`LASTED` was an outlier."""
+        for r in ranks:
+            self.outliers += step - self.since.pop(r, step - LASTED) < LASTED
+
+    def held(self, step: int, ranks) -> None:
+        """``ranks`` are in the slow set at ``step``: a stay of :data:`LASTED` steps is a slowdown."""
+        for r in ranks:
+            if r in self.since and step - self.since[r] >= LASTED:
+                del self.since[r]
+                self.slowdowns += 1
+
+    def change_odds(self, steps: int = 1) -> float:
+        """Probability that ``steps`` slow steps in a row on one rank are a slowdown rather than as many
+        outliers (each independent): ``h / (h + q^steps)`` with the two rates read with their prior."""
+        n = self.rank_steps + RATE_PRIOR_STEPS
+        h = (self.slowdowns + PRIOR_SLOWDOWN_RATE * RATE_PRIOR_STEPS) / n
+        q = (self.outliers + PRIOR_OUTLIER_RATE * RATE_PRIOR_STEPS) / n
+        return h / (h + q ** steps)
+
+
 class Window:
     """The steps of the plan in force, and each rank's fresh steps among them (module docstring)."""
 
@@ -49,8 +107,10 @@ class Window:
         self.trigger: List[int] = [0] * tp
         """Per rank, the steps among its fresh ones that made its last change: chosen for being far from
         the earlier ones, they tell that the speed changed, not by how much."""
-        self.pending = False
-        """Some rank's last step is slower than the band, not yet told apart from an outlier."""
+        self.pending: Tuple[int, ...] = ()
+        """The ranks whose last step is slower than the band, not yet told apart from an outlier."""
+        self.rates = Rates()
+        """Outliers and slowdowns counted over every step seen (kept across plans)."""
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -65,7 +125,7 @@ class Window:
         self.samples.clear()
         self.fresh = [0] * len(self.fresh)
         self.trigger = [0] * len(self.fresh)
-        self.pending = False
+        self.pending = ()
 
     @property
     def steps(self) -> int:
@@ -84,26 +144,33 @@ class Window:
         n = len(self.samples)
         self.trigger = [t - 1 if f + 1 > n and t > 0 else t for f, t in zip(self.fresh, self.trigger)]
         self.fresh = [min(f + 1, n) for f in self.fresh]
-        changed, self.pending = False, False
+        changed, pending = False, []
+        self.rates.rank_steps += len(self.fresh)
         for r, fresh in enumerate(self.fresh):
             m, slower = self._change(r, fresh, sigma, z)
             if m:
                 self.fresh[r], self.trigger[r], changed = m, m, True
-            self.pending |= slower and not m
+                continue
+            self.rates.outliers += r in self.pending  # the slow step before did not last
+            if slower:
+                pending.append(r)
+        self.pending = tuple(pending)
         return changed
 
     def _change(self, r: int, fresh: int, sigma: float, z: float) -> Tuple[int, bool]:
-        """The most recent steps of rank ``r`` that differ from its earlier fresh steps (0: none), and
-        whether its last step alone is slower than the band."""
+        """The most recent steps of rank ``r`` that differ from its earlier fresh steps (0: none) and
+        whether they are slower; with none, whether its last step alone is slower than the band."""
         times = [s.compute_s[r] for s in list(self.samples)[-fresh:]]
         slower = False
-        for m in range(min(N_MIN, fresh - N_MIN), 0, -1):
+        for m in range(1, min(N_MIN, fresh - N_MIN) + 1):  # the latest change first: its steps read the new speed
             base = statistics.median(times[:-m])
             devs = [math.log(t / base) for t in times[-m:]]
             band = z * sigma / math.sqrt(m)
-            if all(d < -band for d in devs) or (m >= SLOW_STEPS and all(d > band for d in devs)):
+            if all(d < -band for d in devs):
                 return m, False
-            slower = m == 1 and devs[0] > band
+            if m >= SLOW_STEPS and all(d > band for d in devs):
+                return m, True
+            slower = slower or (m == 1 and devs[0] > band)
         return 0, slower
 
     def times(self) -> Tuple[Tuple[float, ...], float]:
@@ -112,6 +179,13 @@ class Window:
         window = list(self.samples)
         compute = tuple(tercile([s.compute_s[r] for s in window[-max(f, 1):]]) for r, f in enumerate(self.fresh))
         return compute, statistics.median(min(s.comm_s) for s in window)
+
+    def betting(self) -> Tuple[float, ...]:
+        """:meth:`times` with every pending rank read from its last step alone: the speeds if each
+        pending step is a change."""
+        compute, _ = self.times()
+        last = self.samples[-1].compute_s
+        return tuple(last[r] if r in self.pending else c for r, c in enumerate(compute))
 
     def after_change(self) -> Tuple[Optional[float], ...]:
         """Every rank's compute over its fresh steps after the ones that made its last change (the lower

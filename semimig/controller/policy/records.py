@@ -1,0 +1,91 @@
+"""What the re-shard policy reads and what it concludes (DESIGN §9): one step of the group, one decision,
+and the units a move between two plans sends.  Plain records, identical on every rank."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from semimig._validate import check_number
+from semimig.errors import ConfigError
+from semimig.sharding.plan import ShardPlan
+
+__all__ = ["ReshardSample", "ReshardDecision", "moved_units"]
+
+
+@dataclass(frozen=True)
+class ReshardSample:
+    """One step of the group, every rank's numbers (all-gathered, so identical on every rank)."""
+
+    compute_s: Tuple[float, ...]
+    """``c_r``: the rank's own work in the step (wall minus collectives), seconds."""
+    shardable_s: Tuple[float, ...]
+    """``b_r``: the part of ``c_r`` in shardable work (the paired GEMMs and the spans between a pair's
+    layers), seconds; 0 on a rank holding no unit."""
+    comm_s: Tuple[float, ...]
+    """``m_r``: seconds in collectives."""
+    gemm_s: Optional[Tuple[float, ...]] = None
+    """The part of ``b_r`` in the paired GEMMs alone (unpruned): what a resizing controller's busy
+    time measures; ``None``: all of ``b_r``."""
+    step_s: Optional[float] = None
+    """The step as it ran when some rank shed work (resizing or migration); ``None``: nothing was shed."""
+
+    def __post_init__(self) -> None:
+        lengths = [len(self.compute_s), len(self.shardable_s), len(self.comm_s)]
+        lengths += [] if self.gemm_s is None else [len(self.gemm_s)]
+        if lengths[0] == 0 or any(n != lengths[0] for n in lengths):
+            raise ConfigError(f"ReshardSample: compute_s, shardable_s, comm_s (and gemm_s) need one entry per rank, "
+                              f"got {', '.join(map(str, lengths))}")
+        for name in ("compute_s", "shardable_s", "comm_s") + (() if self.gemm_s is None else ("gemm_s",)):
+            values = tuple(check_number(f"{name}[{r}]", float(v), minimum=0.0)
+                           for r, v in enumerate(getattr(self, name)))
+            object.__setattr__(self, name, values)
+        if self.step_s is not None:
+            object.__setattr__(self, "step_s", check_number("step_s", float(self.step_s), minimum=0.0))
+
+    @property
+    def gemm(self) -> Tuple[float, ...]:
+        """``gemm_s``, or ``shardable_s`` when it was not given."""
+        return self.shardable_s if self.gemm_s is None else self.gemm_s
+
+    @property
+    def valid(self) -> bool:
+        """Every rank did some work, its shardable part within it."""
+        return all(0.0 < c and b <= c for b, c in zip(self.shardable_s, self.compute_s))
+
+
+@dataclass(frozen=True)
+class ReshardDecision:
+    """What :meth:`~semimig.controller.reshard.ReshardPolicy.observe` concluded at one step."""
+
+    step: int
+    plans: Optional[Tuple[ShardPlan, ...]] = None
+    """The plans to move to now (one per dimension), or ``None``: keep the plan in force."""
+    reason: str = ""
+    predicted_s: float = 0.0
+    """Predicted step (compute + communication) under ``plans`` (or under the plan in force)."""
+    current_s: float = 0.0
+    """The plan in force's step as measured (its window's medians); 0 while it is not measured."""
+    speed_ratios: Tuple[float, ...] = ()
+    move_bytes: int = 0
+    move_cost_s: float = 0.0
+    """The move's predicted cost and its way back's."""
+    horizon: int = 0
+    """Steps the gain was counted over (the expected remaining life)."""
+    bet: bool = False
+    """Decided on a rank's single slow step, before the next step told a change from an outlier."""
+
+    @property
+    def replan(self) -> bool:
+        return self.plans is not None
+
+
+def moved_units(old: ShardPlan, new: ShardPlan) -> int:
+    """Units that change owner: with consecutive units in rank order, the unit at position ``i``
+    moves when its owner differs between the two plans."""
+    if old.total_units != new.total_units or old.tp != new.tp:
+        raise ConfigError(f"plans {old} and {new} are not of the same dimension and group")
+
+    def owners(plan: ShardPlan) -> list[int]:
+        return [r for r, n in enumerate(plan.units) for _ in range(n)]
+
+    return sum(a != b for a, b in zip(owners(old), owners(new)))
