@@ -35,7 +35,7 @@ from typing import Optional, Sequence, Tuple
 
 from semimig._validate import check_int, check_number
 from semimig.controller.policy.gain import Noise, bet_pays, expected_life, gain_test
-from semimig.controller.policy.propose import pooled, propose, shares
+from semimig.controller.policy.propose import pooled, propose, seat_delta, shares
 from semimig.controller.policy.records import ReshardDecision, ReshardSample, moved_units
 from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, transition
 from semimig.controller.policy.stepmodel import LearnedModel
@@ -280,16 +280,18 @@ class ReshardPolicy:
         if not slowdown.slow - self.slowdown.slow:
             return held()
         model, base = pooled(model, slowdown.slow), pooled(base, slowdown.slow)
+        seats = self._seat_comm(slowdown.slow)
         proposal = propose(model, self.plans, self.learned.weights, slow=True, min_units=cfg.min_units,
-                           margin=cfg.margin)
+                           margin=cfg.margin, unseat=slowdown.slow, comm=seats)
         if proposal == self.plans:
             return held()
         now, then = self.shares(), self.shares(proposal)
+        seated = seat_delta(model.speeds, self.plans, proposal, seats)
         wrong = max(0.0, base.step(then) - base.step(now)) * (cfg.warmup + N_MIN + 1)  # until moved back
         healthy = self._even_step(StepModel(speeds=(max(base.speeds),) * self.tp, replicated=base.replicated,
                                             shardable=base.shardable)) + comm
         move = 2.0 * self._move_cost(self.moved(proposal)[1], healthy)
-        if not bet_pays(model.step(now) - model.step(then), wrong + move, self.samples.rates.change_odds()):
+        if not bet_pays(model.step(now) - model.step(then) - seated, wrong + move, self.samples.rates.change_odds()):
             return held()
         saved, self.slowdown = self.slowdown, slowdown
         slowdown.rates = saved.rates
@@ -317,7 +319,8 @@ class ReshardPolicy:
             return self._hold(step, "the plan in force is the best", event=hold, **base)
         if not self.slowdown.slow and not toward_even:
             return self._hold(step, "no rank is slow: only a move toward even is taken", event=hold, **base)
-        predicted = model.step(self.shares(proposal)) + comm
+        predicted = model.step(self.shares(proposal)) + comm + seat_delta(model.speeds, self.plans, proposal,
+                                                                          self._seat_comm(self.slowdown.slow))
         units, nbytes = self.moved(proposal)
         remaining = None if cfg.horizon is None else max(cfg.horizon - step, 1)
         life = expected_life(self.slowdown.age(step), self.slowdown.past(), floor=cfg.life_floor, remaining=remaining)
@@ -354,8 +357,18 @@ class ReshardPolicy:
         return ReshardDecision(step, reason=reason, **info)
 
     def _propose(self, model: StepModel) -> Tuple[ShardPlan, ...]:
-        return propose(model, self.plans, self.learned.weights, slow=bool(self.slowdown.slow),
-                       min_units=self.config.min_units, margin=self.config.margin)
+        slow = self.slowdown.slow
+        return propose(model, self.plans, self.learned.weights, slow=bool(slow), min_units=self.config.min_units,
+                       margin=self.config.margin, unseat=slow, comm=self._seat_comm(slow))
+
+    def _seat_comm(self, slow) -> float:
+        """The paired layers' reductions as the ranks outside ``slow`` measure them (the median over the
+        window of their median): what a slow rank's seats stretch (:mod:`~semimig.controller.policy.propose`)."""
+        fast = [r for r in range(self.tp) if r not in slow]
+        window = list(self.samples)
+        if not slow or not fast or not window:
+            return 0.0
+        return statistics.median(statistics.median(s.comm_s[r] for r in fast) for s in window)
 
     def _needed(self, se: float) -> float:
         """``ε``: the margin, the noise of the window's median (relative) and the step model's own error."""

@@ -7,6 +7,18 @@ model, of the plan solved per dimension (:func:`~semimig.sharding.solve_plan`) a
 (each dimension in turn handed out around the others' solved units, each unit to the rank that finishes
 it soonest); the even plan when that best does not beat it by ``margin`` (the step model's own error
 would eat a smaller gain) or when no rank is slow (what is left between the ranks is noise).
+
+Seats.  A rank holding a unit of a dimension takes part in every reduction of its layers, and a
+reduction runs at the pace of its slowest member (each member moves and sums its part of the tensor
+at its own speed; a rank holding none only receives the sum, :mod:`semimig.comm.holders`).  With
+``b`` the reductions' seconds of one dimension among full-speed ranks, the layers' collectives take
+``b·Σ_d 1/min_{r seated in d} v_r`` (``v`` relative to the fastest rank): :func:`seat_scale` is that
+sum.  Measured as ``m`` under the plan in force, a plan ``P`` changes the step by
+``m·(seat_scale(P) − seat_scale(now))/seat_scale(now)`` (:func:`seat_delta`), and every candidate
+also comes with each slow rank unseated from one dimension or from all of them (its units handed to
+the others, each to the rank that finishes it soonest).  One unit gives a slow rank a seat in all of
+its dimension's reductions: it is worth it only where the compute it takes off the others beats the
+pace it sets.
 """
 from __future__ import annotations
 
@@ -17,7 +29,7 @@ from typing import AbstractSet, Optional, Sequence, Tuple
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, solve_plan
 
-__all__ = ["shares", "even_plans", "propose", "pooled"]
+__all__ = ["shares", "even_plans", "propose", "pooled", "seat_scale", "seat_delta"]
 
 
 def shares(weights: Sequence[float], plans: Sequence[ShardPlan]) -> Tuple[float, ...]:
@@ -45,10 +57,26 @@ def even_plans(plans: Sequence[ShardPlan]) -> Optional[Tuple[ShardPlan, ...]]:
     return tuple(ShardPlan.even(p.total_units, p.tp, unit_size=p.unit_size) for p in plans)
 
 
+def seat_scale(speeds: Sequence[float], plans: Sequence[ShardPlan]) -> float:
+    """``Σ_d 1/min_{r seated in d} v_r``, ``v`` relative to the fastest rank (module docstring)."""
+    top = max(speeds)
+    return sum(top / min(speeds[r] for r in range(p.tp) if p.units[r] > 0) for p in plans)
+
+
+def seat_delta(speeds: Sequence[float], now: Sequence[ShardPlan], plans: Sequence[ShardPlan], comm: float) -> float:
+    """Seconds ``plans`` add to the step's collectives against ``now``, measured at ``comm`` (module docstring)."""
+    if comm <= 0.0:
+        return 0.0
+    here = seat_scale(speeds, now)
+    return comm * (seat_scale(speeds, plans) - here) / here
+
+
 def propose(model: StepModel, plans: Sequence[ShardPlan], weights: Sequence[float], *, slow: bool,
-            min_units: int, margin: float) -> Tuple[ShardPlan, ...]:
+            min_units: int, margin: float, unseat: AbstractSet[int] = frozenset(),
+            comm: float = 0.0) -> Tuple[ShardPlan, ...]:
     """The proposal for ``model`` from the dimensions of ``plans`` (module docstring); ``slow``: some
-    rank is slow."""
+    rank is slow; ``unseat``: the slow ranks a candidate may take out of a dimension's reductions,
+    ``comm`` the seconds those reductions measure under ``plans`` (0: seats not weighed)."""
     even = even_plans(plans)
     if even is not None and not slow:
         return even
@@ -56,22 +84,41 @@ def propose(model: StepModel, plans: Sequence[ShardPlan], weights: Sequence[floa
                    for p in plans)
     candidates = [solved] + [solved[:d] + (_around(model, solved, weights, d, min_units),) + solved[d + 1:]
                              for d in range(len(solved))]
-    best = min(candidates, key=lambda c: model.step(shares(weights, c)))
-    if even is not None and model.step(shares(weights, best)) * (1.0 + margin) >= model.step(shares(weights, even)):
+    if min_units == 0 and comm > 0.0:
+        candidates += [c for base in list(candidates) for r in sorted(unseat) for c in _unseated(model, base, weights, r)]
+
+    def cost(c: Tuple[ShardPlan, ...]) -> float:
+        return model.step(shares(weights, c)) + seat_delta(model.speeds, plans, c, comm)
+
+    best = min(candidates, key=cost)
+    if even is not None and cost(best) * (1.0 + margin) >= cost(even):
         return even
     return best
 
 
+def _unseated(model: StepModel, plans: Tuple[ShardPlan, ...], weights: Sequence[float],
+              rank: int) -> list[Tuple[ShardPlan, ...]]:
+    """``plans`` with ``rank`` out of one dimension, for each dimension it holds units of, and out of all of them."""
+    held = [d for d, p in enumerate(plans) if p.units[rank] > 0]
+    out, every = [], plans
+    for d in held:
+        out.append(plans[:d] + (_around(model, plans, weights, d, 0, skip=rank),) + plans[d + 1:])
+        every = every[:d] + (_around(model, every, weights, d, 0, skip=rank),) + every[d + 1:]
+    if len(held) > 1:
+        out.append(every)
+    return out
+
+
 def _around(model: StepModel, plans: Tuple[ShardPlan, ...], weights: Sequence[float], d: int,
-            floor: int) -> ShardPlan:
+            floor: int, skip: Optional[int] = None) -> ShardPlan:
     """Dimension ``d``'s units, each to the rank that finishes it soonest on top of the other
-    dimensions' shares in ``plans`` (at least ``floor`` each)."""
+    dimensions' shares in ``plans`` (at least ``floor`` each; ``skip``: a rank given none)."""
     total, plan, tp = sum(weights), plans[d], plans[d].tp
     unit = weights[d] / total / plan.total_units
     base = [sum(w * p.shares()[r] for q, (w, p) in enumerate(zip(weights, plans)) if q != d) / total + floor * unit
             for r in range(tp)]
     units = [floor] * tp
-    heap = [(model.rank_time(r, base[r] + unit), r) for r in range(tp)]
+    heap = [(model.rank_time(r, base[r] + unit), r) for r in range(tp) if r != skip]
     heapq.heapify(heap)
     for _ in range(plan.total_units - floor * tp):
         _, r = heapq.heappop(heap)

@@ -8,7 +8,8 @@ dimension): the best of :func:`~semimig.sharding.solve_plan` per dimension on th
 joint roundings (the KV groups by the solver, by the solver with one rank's all or one moved to or
 from the fastest rank, or handed out greedily first, then the MLP blocks handed out greedily around
 them, each unit to the rank that finishes it soonest; and the other way round, the KV groups around
-the solved or greedy MLP blocks).  Over those plans it picks the best schedule exactly, paying every
+the solved or greedy MLP blocks; and the slowest rank taken out of one dimension's reductions or of both,
+since a reduction runs at its slowest member's pace, :meth:`~semimig.controller.sim.stepmodel.Workload.seat_comm`).  Over those plans it picks the best schedule exactly, paying every
 move (one before the first step sends weights only, as the device probe's does): a dynamic programme
 over the trace's constant
 segments (within a segment whose speeds do not change, a schedule that moves at most once, at its
@@ -88,6 +89,16 @@ def best_plans(workload: Workload, speeds: Sequence[float]) -> Plans:
     for mlp in (candidates[0][0], _greedy(workload, speeds, U, (1.0 - a) / U, [0.0] * workload.tp)):
         base = [(1.0 - a) * n / U for n in mlp.units]  # the other way round: the KV groups around the MLP
         candidates.append((mlp, _greedy(workload, speeds, K, a / K, base)))
+    slowest = min(range(workload.tp), key=lambda r: speeds[r])
+    if speeds[slowest] < max(speeds):  # the slowest rank out of one dimension's reductions, or of both
+        out = [float(v) for v in speeds]
+        out[slowest] = 1e-12 * max(speeds)  # never handed a unit
+        mlp, kv = candidates[0]
+        kv_out = _greedy(workload, out, K, a / K, [(1.0 - a) * n / U for n in mlp.units])
+        mlp_out = _greedy(workload, out, U, (1.0 - a) / U, [a * k / K for k in kv.units])
+        kv_first = _greedy(workload, out, K, a / K, [0.0] * workload.tp)
+        candidates += [(mlp, kv_out), (mlp_out, kv),
+                       (_greedy(workload, out, U, (1.0 - a) / U, [a * k / K for k in kv_first.units]), kv_first)]
     return min(candidates, key=lambda plans: workload.step_seconds(plans, speeds))
 
 
@@ -119,7 +130,10 @@ def _step_matrix(workload: Workload, plans: Sequence[Plans], speeds: np.ndarray)
     """``[k, s]``: the step of plan ``k`` at speeds ``speeds[s]``."""
     shares = np.array([workload.shares(p) for p in plans])  # (K, tp)
     work = workload.replicated + workload.shardable * shares  # (K, tp)
-    return workload.compute_s * np.max(work[:, None, :] / speeds[None, :, :], axis=2) + workload.comm_s
+    top = speeds.max(axis=1)  # (s,)
+    seats = np.array([sum(top / speeds[:, np.array(p.units) > 0].min(axis=1) for p in plan) for plan in plans])
+    comm = workload.comm_s * seats / 2.0  # (K, s): each dimension's reductions at its slowest member's pace
+    return workload.compute_s * np.max(work[:, None, :] / speeds[None, :, :], axis=2) + comm
 
 
 def _schedule(scenario: Scenario, plans: Sequence[Plans], starts: Sequence[int]) -> Tuple[float, int]:

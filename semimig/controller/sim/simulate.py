@@ -80,7 +80,7 @@ def _sample(scenario: Scenario, plans: Plans, speeds: Sequence[float], noise: _N
     shardable = [min(workload.timed_share * b * f * o, 0.98 * c) for b, f, o, c in
                  zip(workload.shardable_compute(plans, speeds), noise.shardable[i], noise.outlier[i], compute)]
     slowest = max(compute)
-    comm = [(workload.comm_s + slowest - c) * f for c, f in zip(compute, noise.comm[i])]
+    comm = [(workload.seat_comm(plans, speeds) + slowest - c) * f for c, f in zip(compute, noise.comm[i])]
     return ReshardSample(tuple(compute), tuple(shardable), tuple(comm))
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Sequence, Tuple
 
 from semimig._validate import check_int, check_number
+from semimig.controller.policy.propose import seat_scale
 from semimig.controller.reshard import moved_units
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
@@ -136,9 +137,15 @@ class Workload:
         S, unit = self.shardable, self.compute_s
         return tuple(unit * S * p / v for p, v in zip(self.shares(plans), speeds))
 
+    def seat_comm(self, plans: Plans, speeds: Sequence[float]) -> float:
+        """The collectives' seconds: ``comm_s`` split evenly over the paired dimensions, each dimension's
+        reductions at the pace of its slowest rank holding units of it (``comm_s`` on healthy ranks;
+        :func:`~semimig.controller.policy.propose.seat_scale`)."""
+        return self.comm_s * seat_scale(speeds, plans) / len(plans)
+
     def step_seconds(self, plans: Plans, speeds: Sequence[float]) -> float:
         """The group's step: its slowest rank's compute plus the collectives."""
-        return max(self.rank_compute(plans, speeds)) + self.comm_s
+        return max(self.rank_compute(plans, speeds)) + self.seat_comm(plans, speeds)
 
     # ------------------------------------------------------------------ a move
     def move(self, old: Plans, new: Plans, *, first: bool = False) -> Tuple[int, float]:

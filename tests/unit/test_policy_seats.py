@@ -1,0 +1,61 @@
+"""A slow rank's seat in a dimension's reductions (semimig.controller.policy.propose): a reduction runs
+at the pace of its slowest member, so a slow rank given a unit or two of a dimension can cost the step
+more in that dimension's collectives than the compute it takes off the others.  Checked on the pure
+proposal: with the collectives' seconds measured, the slow rank is taken out of every dimension; with
+none measured the compute-only plan (which seats it) stands; no slow rank: nothing changes."""
+from __future__ import annotations
+
+import pytest
+
+from semimig.controller.policy.propose import propose, seat_delta, seat_scale, shares
+from semimig.sharding.plan import ShardPlan
+from semimig.sharding.solver import StepModel
+
+MODEL = StepModel(speeds=(1.0, 1.0, 1.0, 0.25), replicated=0.1, shardable=3.6)
+WEIGHTS = (0.7, 0.3)
+NOW = (ShardPlan(units=(8, 8, 7, 1)), ShardPlan(units=(3, 2, 2, 1)))  # rank 3 seated in both dimensions
+
+
+def _propose(comm: float, unseat=frozenset({3})):
+    return propose(MODEL, NOW, WEIGHTS, slow=True, min_units=0, margin=0.03, unseat=unseat, comm=comm)
+
+
+def test_the_scale_counts_each_dimension_at_its_slowest_member():
+    assert seat_scale(MODEL.speeds, NOW) == pytest.approx(8.0)
+    out = (ShardPlan(units=(8, 8, 8, 0)), ShardPlan(units=(3, 3, 2, 0)))
+    assert seat_scale(MODEL.speeds, out) == pytest.approx(2.0)
+    assert seat_delta(MODEL.speeds, NOW, out, 0.2) == pytest.approx(0.2 * (2.0 - 8.0) / 8.0)
+    assert seat_delta(MODEL.speeds, NOW, out, 0.0) == 0.0
+
+
+def test_without_measured_collectives_the_compute_plan_seats_the_slow_rank():
+    plan = _propose(0.0)
+    assert any(p.units[3] > 0 for p in plan)  # the compute-only optimum gives it work it can finish in time
+
+
+def test_measured_collectives_take_the_slow_rank_out_of_every_dimension():
+    plan = _propose(0.5)
+    assert all(p.units[3] == 0 for p in plan), plan
+    assert [sum(p.units) for p in plan] == [24, 8]
+    # the step it predicts beats the compute-only plan's, seats counted
+    compute_only = _propose(0.0)
+
+    def cost(c):
+        return MODEL.step(shares(WEIGHTS, c)) + seat_delta(MODEL.speeds, NOW, c, 0.5)
+    assert cost(plan) < cost(compute_only)
+
+
+def test_a_seat_worth_less_than_the_compute_it_takes_off_stays():
+    """Two MLP units off the slow rank cost the others more compute than its MLP seat costs at 0.2 s."""
+    plan = _propose(0.2)
+    assert plan[0].units[3] > 0 and plan[1].units[3] == 0
+
+
+def test_a_rank_outside_the_slow_set_is_never_unseated():
+    assert _propose(0.2, unseat=frozenset()) == _propose(0.0, unseat=frozenset())
+
+
+def test_no_slow_rank_keeps_the_even_plan():
+    even_model = StepModel(speeds=(1.0,) * 4, replicated=0.1, shardable=3.6)
+    even = (ShardPlan(units=(6, 6, 6, 6)), ShardPlan(units=(2, 2, 2, 2)))
+    assert propose(even_model, even, WEIGHTS, slow=False, min_units=0, margin=0.03, comm=0.2) == even
