@@ -60,7 +60,7 @@ def even_plans(plans: Sequence[ShardPlan]) -> Optional[Tuple[ShardPlan, ...]]:
 def seat_scale(speeds: Sequence[float], plans: Sequence[ShardPlan]) -> float:
     """``Σ_d 1/min_{r seated in d} v_r``, ``v`` relative to the fastest rank (module docstring)."""
     top = max(speeds)
-    return sum(top / min(speeds[r] for r in range(p.tp) if p.units[r] > 0) for p in plans)
+    return sum(top / min((v for v, n in zip(speeds, p.units) if n > 0), default=top) for p in plans)
 
 
 def seat_delta(speeds: Sequence[float], now: Sequence[ShardPlan], plans: Sequence[ShardPlan], comm: float) -> float:
