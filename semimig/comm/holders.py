@@ -7,15 +7,13 @@ whose shard ``S_r`` is empty contributes exactly zero, so the sum over the *hold
 
 - the holders all-reduce among themselves (a process group of the holders alone; none when one
   rank holds everything);
-- one holder (the layer's *root*: the layers take the holders in turn, in the order the group first
-  runs them, so that no rank sends for every layer) sends the sum to every rank holding nothing, and
-  goes on at once: the send
+- the first holder sends the sum to every rank holding nothing, and goes on at once: the send
   completes while it computes (at most :data:`IN_FLIGHT` sends of this process are left open; the
   oldest is waited for beyond that);
 - a rank holding nothing receives the sum.
 
 Every rank ends with the same tensor (the holders' all-reduce gives each holder the same sum, and
-the idle ranks receive the root's).  What it buys: no holder waits inside the layer for a
+the idle ranks receive the first holder's).  What it buys: no holder waits inside the layer for a
 rank that holds nothing of it, so a slow rank given no units leaves the layers' critical path; it
 still takes part in what no plan splits (the vocabulary-parallel embedding and head, the loss).
 With every rank holding columns the group's own all-reduce runs, the even layout's bit for bit.
@@ -43,7 +41,6 @@ IN_FLIGHT = 256
 
 _GROUPS: dict[tuple[int, ...], ProcessGroup] = {}
 _SENDS: collections.deque = collections.deque()
-_MADE = 0  # HolderSums made by this process: the next one's root is its holders' [_MADE mod |holders|]
 
 
 def holders_of(sizes: Sequence[Sequence[int]]) -> tuple[int, ...]:
@@ -100,11 +97,7 @@ class HolderSum:
         if not self.holders or any(not 0 <= r < size for r in self.holders):
             raise ValueError(f"holders {self.holders} must be a non-empty set of ranks of a group of {size}")
         self.me = P.group_rank(group)
-        global _MADE
-        self.root = self.holders[_MADE % len(self.holders)]
-        """The holder that sends the sum to the idle ranks: every rank of the group makes its layers'
-        sums in the same order, so every rank names the same root."""
-        _MADE += 1
+        self.root = self.holders[0]
         self.idle = tuple(r for r in range(size) if r not in self.holders)
         self._group = _holder_group(group, self.holders) if self.me in self.holders else None
 

@@ -6,7 +6,7 @@ AdamW (lr 1e-3); one spawn per case, ``e`` 2 and 4.  The zero plans give one ran
 KV group (:data:`ZERO`: rank 0 at tp 2, a middle rank at tp 4, so an empty shard sits at offset 0
 and between two others).  That rank's ``q/k/v/gate/up`` produce ``[M, 0]`` outputs and a zero
 ``dx``, its ``o/down`` a zero partial; it joins none of the layers' reductions and receives their sums from
-one holder (in turn by layer; :mod:`semimig.comm.holders`; the message counts are checked).
+the first holder (:mod:`semimig.comm.holders`; the message counts are checked).
 
 Checked against the dense single-process Hugging Face model from the same seed (:func:`_dense`):
 - step 0's loss (the forward), every parameter's gradient after step 0's backward (gathered to the
@@ -165,7 +165,7 @@ def _traffic_body(rank, world):
 @pytest.mark.parametrize("world", [2, 4])
 def test_a_rank_holding_nothing_receives_the_sums_and_joins_no_reduction(world):
     """Every planned layer's sum (row forward, column backward) reaches the idle rank as one message from
-    that layer's root holder; the idle rank is in none of the layers' reductions, the holders reduce among
+    the first holder; the idle rank is in none of the layers' reductions, the holders reduce among
     themselves (at tp 2 the one holder has nothing to reduce)."""
     every = run_on_ranks(_traffic_body, world, timeout_s=TIMEOUT_S)
     idle = 0 if world == 2 else 1
@@ -176,11 +176,8 @@ def test_a_rank_holding_nothing_receives_the_sums_and_joins_no_reduction(world):
     for r in holders:
         mine, _ = every[r]
         assert "recv" not in mine
+        assert mine.get("send", 0) == (layers if r == holders[0] else 0)
         assert mine.get("all_reduce", 0) == (layers if len(holders) > 1 else 0)
-    sends = [every[r][0].get("send", 0) for r in holders]
-    assert sum(sends) == layers  # one root per layer
-    if len(holders) > 1:
-        assert sum(1 for n in sends if n) > 1, sends  # spread over the holders, not all on one
 
 
 # ----------------------------------------------------------------------------- a re-plan to and from zero
