@@ -67,7 +67,7 @@ def _holder_group(group: ProcessGroup, holders: tuple[int, ...]) -> Optional[Pro
         return None
     ranks = tuple(dist.get_global_rank(group, r) for r in holders)
     found = _GROUPS.get(ranks)
-    if found is None:
+    if found is None or found not in dist.distributed_c10d._world.pg_map:  # none yet, or of a world since destroyed
         found = dist.new_group(list(ranks), backend=dist.get_backend(group), use_local_synchronization=True)
         _GROUPS[ranks] = found
     return found

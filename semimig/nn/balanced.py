@@ -154,7 +154,7 @@ class BalancedLinearMixin:
         column; ``None`` (the group's all-reduce) with every rank holding some, along a split sequence
         (every rank holds its chunk of it) and while the layer migrates (a rank holding nothing may
         compute a straggler's columns).  Made once per plan."""
-        plans = self.shard_plans
+        plans = getattr(self, "shard_plans", None)  # the legacy layers are always even
         if plans is None or seq_dim is not None or (directive is not None and directive.migrating):
             return None
         sizes = tuple(tuple(plan.sizes) for plan in plans)
