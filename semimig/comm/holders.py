@@ -7,13 +7,15 @@ whose shard ``S_r`` is empty contributes exactly zero, so the sum over the *hold
 
 - the holders all-reduce among themselves (a process group of the holders alone; none when one
   rank holds everything);
-- the first holder sends the sum to every rank holding nothing, and goes on at once: the send
-  completes while it computes (at most :data:`IN_FLIGHT` sends of this process are left open; the
-  oldest is waited for beyond that);
-- a rank holding nothing receives the sum.
+- the holders then hand the sum on to every rank holding nothing in equal slices: of ``k`` holders
+  the ``j``-th sends the ``j``-th of ``k`` contiguous slices of the flattened sum, and goes on at
+  once: the send completes while it computes (at most :data:`IN_FLIGHT` sends of this process are
+  left open; the oldest is waited for beyond that).  Each holder sends ``1/k`` of the tensor per
+  idle rank, so no one holder carries the whole hand-off on top of its share of the all-reduce;
+- a rank holding nothing receives the ``k`` slices into its tensor.
 
 Every rank ends with the same tensor (the holders' all-reduce gives each holder the same sum, and
-the idle ranks receive the first holder's).  What it buys: no holder waits inside the layer for a
+the idle ranks receive its slices).  What it buys: no holder waits inside the layer for a
 rank that holds nothing of it, so a slow rank given no units leaves the layers' critical path; it
 still takes part in what no plan splits (the vocabulary-parallel embedding and head, the loss).
 With every rank holding columns the group's own all-reduce runs, the even layout's bit for bit.
@@ -73,18 +75,28 @@ def _holder_group(group: ProcessGroup, holders: tuple[int, ...]) -> Optional[Pro
     return found
 
 
+def _slices(flat: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+    """``k`` contiguous slices of a flat tensor, the first ones a column longer where ``k`` does not
+    divide its length (the same cut on every rank: it depends on the length only)."""
+    return flat.tensor_split(k)
+
+
 class _Pending:
     """The handle :meth:`HolderSum.start` returns: :func:`semimig.comm.primitives.wait` completes the
-    holders' sum and posts the sends, or completes an idle rank's receive."""
+    holders' sum and posts the sends, or completes an idle rank's receives."""
 
-    def __init__(self, owner: "HolderSum", tensor: torch.Tensor, work: Optional[dist.Work]) -> None:
-        self.owner, self.tensor, self.work = owner, tensor, work
+    def __init__(self, owner: "HolderSum", tensor: torch.Tensor, works: Sequence[Optional[dist.Work]],
+                 landing: Optional[torch.Tensor] = None) -> None:
+        self.owner, self.tensor, self.works, self.landing = owner, tensor, works, landing
 
     def wait(self) -> None:
-        if self.work is not None:
-            self.work.wait()
+        for work in self.works:
+            if work is not None:
+                work.wait()
         if self.owner.me in self.owner.holders:
             self.owner._send(self.tensor)
+        elif self.landing is not None:
+            self.tensor.copy_(self.landing.view_as(self.tensor))
 
 
 class HolderSum:
@@ -97,16 +109,27 @@ class HolderSum:
         if not self.holders or any(not 0 <= r < size for r in self.holders):
             raise ValueError(f"holders {self.holders} must be a non-empty set of ranks of a group of {size}")
         self.me = P.group_rank(group)
-        self.root = self.holders[0]
         self.idle = tuple(r for r in range(size) if r not in self.holders)
         self._group = _holder_group(group, self.holders) if self.me in self.holders else None
 
     def _send(self, tensor: torch.Tensor) -> None:
-        if self.me != self.root or not self.idle:
+        if not self.idle:
             return
-        payload = tensor.detach().clone()  # the caller may write into its tensor before the send is done
+        mine = _slices(tensor.detach().reshape(-1), len(self.holders))[self.holders.index(self.me)]
+        if not mine.numel():
+            return
+        payload = mine.clone()  # the caller may write into its tensor before the send is done
         for peer in self.idle:
             _post(P.isend(payload, peer, self.group))
+
+    def _receive(self, tensor: torch.Tensor) -> _Pending:
+        """Post the receives of every holder's slice (into ``tensor`` itself when it is contiguous)."""
+        landing = None if tensor.is_contiguous() else torch.empty(tensor.numel(), dtype=tensor.dtype,
+                                                                   device=tensor.device)
+        flat = tensor.view(-1) if landing is None else landing
+        works = [P.irecv_(part, holder, self.group)
+                 for part, holder in zip(_slices(flat, len(self.holders)), self.holders) if part.numel()]
+        return _Pending(self, tensor, works, landing)
 
     def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         """The group's sum into ``tensor`` (in place), as ``all_reduce`` over the group."""
@@ -115,7 +138,7 @@ class HolderSum:
                 P.all_reduce_(tensor, self._group)
             self._send(tensor)
         else:
-            P.recv_(tensor, self.root, self.group)
+            P.wait(self._receive(tensor))
         return tensor
 
     def start(self, tensor: torch.Tensor) -> _Pending:
@@ -123,5 +146,5 @@ class HolderSum:
         reading it."""
         if self.me in self.holders:
             work = None if self._group is None else P.all_reduce_start(tensor, self._group)
-            return _Pending(self, tensor, work)
-        return _Pending(self, tensor, P.irecv_(tensor, self.root, self.group))
+            return _Pending(self, tensor, [work])
+        return self._receive(tensor)
