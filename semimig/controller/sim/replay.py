@@ -91,9 +91,11 @@ def file_constants(data: dict) -> dict:
     "chi", "chi_from", "shardable_share", "hidden", "kv_heads", "kv_dim"}``, or ``{"skipped": why}``."""
     raw = data.get("raw") or {}
     tp, dp, pp, slow = _layout(data)
-    if pp > 1 or dp > 1:
-        return {"skipped": f"pp {pp} x dp {dp}: the step model is one tensor-parallel group (no stages, no "
-                           f"replicas with their own plans and batch split)"}
+    if pp > 1:
+        return {"skipped": f"pp {pp}: the step model is one tensor-parallel group (no pipeline stages)"}
+    if dp > 1:
+        return {"skipped": f"dp {dp}: the step model is one tensor-parallel group (no replicas with plans of "
+                           f"their own, no batch split, no data-parallel reduction)"}
     if "reshard" not in raw or "healthy" not in raw:
         return {"skipped": f"modes {', '.join(raw) or 'none'}: no healthy and reshard runs (the other balancing "
                            f"modes shed work within a step, which the step model does not hold)"}
