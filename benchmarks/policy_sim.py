@@ -6,8 +6,10 @@ Runs :mod:`semimig.controller.sim` on ``N`` generated scenarios (default 1200; `
 ones, for CI): each policy's time to the last step over the scenario's oracle, per category and
 overall, beside Colossal-AI alone (the even plan) and the reactive bound (what reacting only to measured
 changes costs by itself), and prints one table per policy.  ``--replay DIR``
-(default: the repository's ``docs/results`` unless ``--quick``) runs every ``ttl_*.json`` with
-re-shard runs through the step model and reports the simulated mean step against the measured one.
+(default: the repository's ``docs/results`` unless ``--quick``) runs every ``time_to_loss`` result
+with re-shard runs through the step model (:mod:`semimig.controller.sim.replay`) and reports the
+simulated mean step against the measured one, per run, and every straggler result it cannot replay
+with the reason.
 The JSON holds ``{"overall", "categories", "policy"}`` for the policy in use, every policy's summary
 under ``"policies"``, each scenario's record, the replay, and the command, commit, machine, date,
 wall and CPU time and the machine's load around the run.
@@ -72,17 +74,34 @@ def _commit() -> str:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if head.returncode == 0 else "unknown"
 
 
+REPLAYED = ("time_to_loss", "pipeline_real")
+"""The benchmarks whose result files hold a straggler's runs: every one is replayed or listed as skipped."""
+
+
 def _replay(folder: Path) -> dict:
     results = []
-    for path in sorted(folder.glob("ttl_*.json")):
+    for path in sorted(folder.glob("*.json")):
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             results.append({"file": path.name, "skipped": f"unreadable: {err}"})
             continue
-        if "reshard" in (data.get("raw") or {}):
+        if isinstance(data, dict) and data.get("benchmark") in REPLAYED:
             results.append(replay_file(data, path.name))
     return {"summary": replay_summary(results), "files": results}
+
+
+def _replay_table(replay: dict) -> str:
+    """One line per replayed run: measured and simulated mean step, their ratio and the band over splits."""
+    lines = [f"{'replayed file':40s} {'run':>3s} {'measured':>8s} {'sim':>7s} {'ratio':>6s} {'band':>13s}"]
+    for result in replay["files"]:
+        for i, run in enumerate(result.get("runs", [])):
+            lo, hi = run["band_s"]
+            lines.append(f"{result['file'][:40]:40s} {i:3d} {run['measured_mean_s']:8.3f} "
+                         f"{run['simulated_mean_s']:7.3f} {run['ratio']:6.2f} {lo:6.3f}-{hi:6.3f}")
+    for name, why in replay["summary"]["skipped"].items():
+        lines.append(f"skipped {name}: {why}")
+    return "\n".join(lines)
 
 
 def _round(value):
@@ -118,8 +137,10 @@ def main(argv=None) -> int:
     print(f"{cpu:.1f} s of CPU: the oracles and {len(policies)} {policy_word}")
     if replay is not None:
         s = replay["summary"]
+        print(_replay_table(replay))
         print(f"replay: {s['within_10pct']} of {s['files']} recorded files within 10 % "
-              f"(median {s['median_abs_error'] or 0:.1%}, worst {s['max_abs_error'] or 0:.1%})")
+              f"(median {s['median_abs_error'] or 0:.1%}, worst {s['max_abs_error'] or 0:.1%}); "
+              f"{s['in_band']} within 10 % of their band; {len(s['skipped'])} skipped")
     in_use = next(iter(POLICIES))
     try:
         write_result(args.json, "policy_sim", argv, {"scenarios": count, "seed": args.seed, "quick": args.quick,

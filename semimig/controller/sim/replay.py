@@ -1,72 +1,142 @@
 """Recorded runs through the step model: does the simulator's model reproduce what real runs measured?
 
 A ``time_to_loss`` result file holds, per mode and run, every step's wall time (``step_s``), for
-throttle patterns which steps ran throttled (``throttled``, when the run recorded it) and every
-re-plan (``summary.reshard.events``: the step it was decided at, the MLP and KV units, the bytes and
-seconds of the move).  It does not hold any rank's own numbers: no per-rank compute, shardable or
-communication seconds per step, no device-probe times, no ``R/S`` the policy measured.  So the replay
-derives what the model needs from what is there:
+throttle patterns which steps ran throttled (``throttled``), every re-plan of a ``reshard`` run
+(``summary.reshard.events``: the step it was decided at, the MLP and KV units per rank), each mode's
+per-rank ``balanced_share`` and the layout (``layout``: ``tp``, ``dp``, the throttled rank, its core
+``fraction`` against every other rank's ``share``).  Every constant of the model is read from those
+fields of the file being replayed, none is carried over from another run:
 
-- the healthy step: the median of the healthy mode's steps after the first (warm-up) one;
-- the throttled rank's slowdown ``χ``: from the ``off`` mode (Colossal-AI alone, even plan) where the
-  file has it (its throttled steps' median over the healthy step, the collectives' share taken out),
-  else the throttle's nominal ``χ`` (``chi``, or one over the core ``fraction``);
-- which steps are throttled: all of them for a steady throttle, the run's own ``throttled`` flags for
-  a pattern (a pattern run without them is skipped);
-- the replicated share: :data:`REPLICATED_RATIO`; the attention's share of the shardable work: its
-  share of the paired parameters (the example's Llama: ``2·h·(h + h_kv)`` per layer against the
-  MLP's ``3·h·I``);
+- layout: ``tp``, ``dp`` and the throttled rank from ``layout`` (else ``config``; files without them
+  ran the benchmark's defaults: tp 2, dp 1, the last rank throttled).  The model is one
+  tensor-parallel group: a file with ``dp > 1`` (per-replica plans, a batch split) or ``pp > 1``
+  (stages) is skipped with that reason;
+- the healthy step ``T``: the mean of the healthy runs' steps after the first (the statistic the
+  replayed runs are compared by);
+- the slowdown ``χ``: an ``off`` run's (Colossal-AI alone, even plan) mean throttled step over ``T``
+  where the file has one, since on the even plan the model's step is ``χ·T`` (the slow rank holds units
+  of every kind, so its collectives run at its pace too); else the throttle's nominal ratio, the
+  others' core ``share`` over the slow rank's ``fraction``, or the file's ``chi``, or (a plain
+  ``real`` throttle on one core each) one over ``config.fraction``.  A straggler with no nominal
+  slowdown (``neighbour``: ``chi`` null) and no ``off`` run is skipped;
+- the shardable share ``B``: the median over ranks of the healthy mode's ``balanced_share``, the share
+  of a rank's step its sheddable GEMM passes took (``busy / compute``, where ``compute`` is the step
+  less the controller's own exchanges: the layers' collectives are inside it);
+- the model shape: ``U`` MLP blocks and ``K`` KV groups from the run's first event (even: the
+  example's ``I = 4·h`` and ``kv_heads``); the attention's share ``a`` of the shardable work as its share of
+  the paired parameters, ``2·h·(h + h_kv)`` per layer against the MLP's ``3·h·I`` (``I = 128·U``).
 
-then runs the run's recorded plan schedule through the model (no policy involved: this checks the
-model) and compares the mean simulated step with the mean measured one, both over the steps after the
-first (a move's own seconds are in neither).
+The rest of a healthy step, ``1 − B``, is replicated work (norms, embeddings, head, loss, host work:
+slow on the slow rank wherever it sits) and the group's collectives (slow only at its seats,
+:meth:`~semimig.controller.sim.stepmodel.Workload.seat_comm`), and no field of the file splits it:
+``balanced_share`` is the only per-rank time the file keeps.  So the replay runs every split
+``f`` in :data:`SPLITS` (``f`` of ``1 − B`` replicated, the rest collectives) and reports the band
+of simulated means over them beside the point estimate at ``f = 1`` (all of it replicated: what
+the policy itself reads, a rank's ``compute − busy`` being the replicated seconds it posts).  In
+the model's terms: ``comm_share = (1 − f)·(1 − B)`` and ``replicated_share = f·(1 − B) / (f·(1 − B) + B)``
+(the replicated work's share of the compute, ``R + S/e = 1``).
+
+The run's recorded plan schedule then runs through the model (no policy involved: this checks the
+model), the throttled rank at ``1/χ`` on every step (a pattern: on the steps its ``throttled``
+flags mark; a pattern run without them is skipped), and the mean simulated step is set against the
+mean measured one, both over the steps after the first (a move's own seconds are in neither).
 """
 from __future__ import annotations
 
 import statistics
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
-import numpy as np
-
-from semimig.controller.sim.stepmodel import Workload
+from semimig.controller.sim.stepmodel import Plans, Workload
 from semimig.sharding.plan import ShardPlan
 
-__all__ = ["REPLICATED_RATIO", "COMM_SHARE", "replay_file", "replay_summary"]
+__all__ = ["SPLITS", "BLOCK", "replay_file", "replay_summary", "file_constants"]
 
-REPLICATED_RATIO = 0.032
-"""``R/S`` of the example's tiny Llama (h1024, 2 layers, tp 2) as the re-shard policy measured it across
-moves under a real throttle (0.030-0.034)."""
-COMM_SHARE = 0.05
-"""The collectives' share of a healthy step assumed for those runs (gloo on one machine)."""
+SPLITS: Tuple[float, ...] = tuple(i / 10 for i in range(11))
+"""The shares ``f`` of a healthy step's non-shardable seconds taken as replicated work (module docstring)."""
 BLOCK = 128
+"""Columns of one MLP unit (the example's re-shard block)."""
+
+
+def _layout(data: dict) -> Tuple[int, int, int, int]:
+    """``(tp, dp, pp, throttled rank)`` from ``layout``, else ``config``, else the benchmark's defaults."""
+    layout, config = data.get("layout") or {}, data.get("config") or {}
+
+    def read(key: str, default: int) -> int:
+        value = layout.get(key, config.get(key))
+        return default if value is None else int(value)
+
+    tp, dp, pp = read("tp", 2), read("dp", 1), read("pp", 1)
+    return tp, dp, pp, read("straggler_rank", tp * dp * pp - 1)
 
 
 def _nominal_chi(data: dict) -> Optional[float]:
+    layout, config = data.get("layout") or {}, data.get("config") or {}
+    if layout.get("share") and layout.get("fraction"):
+        return float(layout["share"]) / float(layout["fraction"])
     if data.get("chi"):
         return float(data["chi"])
-    fraction = (data.get("config") or {}).get("fraction")
-    return 1.0 / float(fraction) if fraction else None
+    if data.get("straggler") == "real" and config.get("fraction"):
+        return 1.0 / float(config["fraction"])
+    return None
 
 
-def _workload(data: dict, healthy_s: float, mlp_units: int, kv_units: int) -> Workload:
+def _steps(runs: Sequence[dict], pattern: bool, throttled: bool = True) -> List[float]:
+    """The runs' steps after the first; under a pattern only those whose flag equals ``throttled``."""
+    return [s for run in runs for i, s in enumerate(run["step_s"]) if i > 0
+            and (not pattern or bool(run["throttled"][i]) == throttled)]
+
+
+def file_constants(data: dict) -> dict:
+    """What the module docstring derives from ``data``: ``{"tp", "straggler_rank", "healthy_step_s",
+    "chi", "chi_from", "shardable_share", "hidden", "kv_heads", "kv_dim"}``, or ``{"skipped": why}``."""
+    raw = data.get("raw") or {}
+    tp, dp, pp, slow = _layout(data)
+    if pp > 1:
+        return {"skipped": f"pp {pp}: the step model is one tensor-parallel group (no pipeline stages)"}
+    if dp > 1:
+        return {"skipped": f"dp {dp}: the step model is one tensor-parallel group (no replicas with plans of "
+                           f"their own, no batch split, no data-parallel reduction)"}
+    if "reshard" not in raw or "healthy" not in raw:
+        return {"skipped": f"modes {', '.join(raw) or 'none'}: no healthy and reshard runs (the other balancing "
+                           f"modes shed work within a step, which the step model does not hold)"}
+    if not all(run.get("step_s") and len(run["step_s"]) > 1 for run in raw["reshard"] + raw["healthy"]):
+        return {"skipped": "a run without per-step times"}
+    pattern = bool(data.get("pattern"))
+    if pattern and any(run.get("throttled") is None for run in raw["reshard"] + raw.get("off", [])):
+        return {"skipped": "a throttle pattern without per-step throttled flags"}
+    healthy = statistics.fmean(_steps(raw["healthy"], pattern=False))
+    chi, source = _nominal_chi(data), "nominal"
+    off = _steps(raw.get("off") or [], pattern) if all(r.get("step_s") for r in raw.get("off") or []) else []
+    if off:
+        chi, source = statistics.fmean(off) / healthy, "off"
+    if chi is None:
+        return {"skipped": f"straggler {data.get('straggler')!r}: no nominal slowdown and no off run to measure it"}
+    shares = ((data.get("modes") or {}).get("healthy") or {}).get("balanced_share")
+    if not shares or any(b is None for b in shares):
+        return {"skipped": "no balanced_share of the healthy mode: the shardable share is unknown"}
     model = data.get("model") or {}
-    h = int(model.get("hidden", 1024))
-    heads = int(model.get("heads", 16))
-    kv_heads = int(model.get("kv_heads") or kv_units)
-    h_kv = h // heads * kv_heads
-    intermediate = mlp_units * BLOCK
-    attention = 2 * h * (h + h_kv) / (2 * h * (h + h_kv) + 3 * h * intermediate)
-    k = REPLICATED_RATIO
-    return Workload(tp=2, replicated_share=k / (k + 0.5), mlp_units=mlp_units, kv_units=kv_units,
-                    attention_share=attention, attention_param_share=attention, comm_share=COMM_SHARE,
-                    step_s=healthy_s)
+    if not model.get("hidden") or not model.get("heads"):
+        return {"skipped": "no model shape (hidden, heads)"}
+    hidden = int(model["hidden"])
+    kv_heads = int(model.get("kv_heads") or model["heads"])
+    return {"tp": tp, "straggler_rank": slow, "healthy_step_s": healthy, "chi": max(chi, 1.0), "chi_from": source,
+            "shardable_share": statistics.median(float(b) for b in shares), "hidden": hidden,
+            "kv_heads": kv_heads, "kv_dim": hidden // int(model["heads"]) * kv_heads}
 
 
-def _schedule(events: Sequence[dict], steps: int, even: tuple) -> List[tuple]:
+def _workload(c: dict, split: float, mlp_units: int, kv_units: int) -> Workload:
+    h, h_kv, b = c["hidden"], c["kv_dim"], c["shardable_share"]
+    attention = 2 * h * (h + h_kv) / (2 * h * (h + h_kv) + 3 * h * mlp_units * BLOCK)
+    replicated = split * (1.0 - b)
+    return Workload(tp=c["tp"], replicated_share=replicated / (replicated + b), mlp_units=mlp_units,
+                    kv_units=kv_units, attention_share=attention, attention_param_share=attention,
+                    comm_share=(1.0 - split) * (1.0 - b), step_s=c["healthy_step_s"])
+
+
+def _schedule(events: Sequence[dict], steps: int, even: Plans) -> List[Plans]:
     """The plans in force at each step: a decision at step ``i`` is in force from step ``i + 1``."""
-    plans, out = even, []
+    plans, out, j = even, [], 0
     moves = sorted(events, key=lambda e: e["step"])
-    j = 0
     for i in range(steps):
         while j < len(moves) and moves[j]["step"] < i:
             plans = (ShardPlan(units=tuple(moves[j]["mlp_units"])), ShardPlan(units=tuple(moves[j]["kv_units"])))
@@ -75,56 +145,52 @@ def _schedule(events: Sequence[dict], steps: int, even: tuple) -> List[tuple]:
     return out
 
 
+def _simulated_mean(c: dict, split: float, run: dict, events: Sequence[dict], pattern: bool) -> float:
+    units = (sum(events[0]["mlp_units"]), sum(events[0]["kv_units"])) if events else (4 * c["hidden"] // BLOCK,
+                                                                                      c["kv_heads"])
+    workload = _workload(c, split, *units)
+    steps = len(run["step_s"])
+    schedule = _schedule(events, steps, workload.even_plans())
+    total = 0.0
+    for i in range(1, steps):
+        speeds = [1.0] * c["tp"]
+        if not pattern or run["throttled"][i]:
+            speeds[c["straggler_rank"]] = 1.0 / c["chi"]
+        total += workload.step_seconds(schedule[i], speeds)
+    return total / (steps - 1)
+
+
 def replay_file(data: dict, name: str = "") -> dict:
     """Every ``reshard`` run of a ``time_to_loss`` result through the model (module docstring):
-    ``{"file", "chi", "chi_from", "runs": [{"measured_mean_s", "simulated_mean_s", "error"}],
-    "error"}`` (the mean absolute error over the runs), or ``{"file", "skipped": why}``."""
-    raw = data.get("raw") or {}
-    if "reshard" not in raw or "healthy" not in raw:
-        return {"file": name, "skipped": "no healthy and reshard runs"}
-    if not all(run.get("step_s") for run in raw["reshard"] + raw["healthy"]):
-        return {"file": name, "skipped": "a run without per-step times"}
-    healthy = statistics.median(s for run in raw["healthy"] for s in run["step_s"][1:])
-    pattern = data.get("pattern")
-    runs = raw["reshard"]
-    if pattern and any(run.get("throttled") is None for run in runs):
-        return {"file": name, "skipped": "a throttle pattern without per-step throttled flags"}
-    chi, source = _nominal_chi(data), "nominal"
-    if "off" in raw:
-        throttled = [s for run in raw["off"] for i, s in enumerate(run["step_s"][1:], start=1)
-                     if not pattern or (run.get("throttled") or [True] * len(run["step_s"]))[i]]
-        if throttled:
-            ratio = statistics.median(throttled) / healthy
-            chi, source = (ratio - COMM_SHARE) / (1.0 - COMM_SHARE), "off"
-    if chi is None:
-        return {"file": name, "skipped": "no off run and no nominal slowdown to read the slowdown from"}
+    ``{"file", "constants", "runs": [{"measured_mean_s", "simulated_mean_s", "ratio", "band_s", "moves",
+    "plan"}], "ratio", "error"}`` (``ratio``: simulated over measured, the mean over runs; ``error``:
+    the mean of ``|ratio − 1|``), or ``{"file", "skipped": why}``."""
+    c = file_constants(data)
+    if "skipped" in c:
+        return {"file": name, "skipped": c["skipped"]}
+    pattern = bool(data.get("pattern"))
     out = []
-    for run in runs:
+    for run in data["raw"]["reshard"]:
         events = ((run.get("summary") or {}).get("reshard") or {}).get("events") or []
-        units = [(e["mlp_units"], e["kv_units"]) for e in events]
-        mlp_units = sum(units[0][0]) if units else 32
-        kv_units = sum(units[0][1]) if units else int((data.get("model") or {}).get("kv_heads") or 8)
-        workload = _workload(data, healthy, mlp_units, kv_units)
-        steps = len(run["step_s"])
-        flags = run.get("throttled") if pattern else None
-        speeds = np.ones((steps, 2))
-        for i in range(steps):
-            if flags is None or flags[i]:
-                speeds[i, 1] = 1.0 / chi
-        schedule = _schedule(events, steps, workload.even_plans())
-        simulated = [workload.step_seconds(schedule[i], speeds[i]) for i in range(1, steps)]
-        measured = run["step_s"][1:]
-        sim, meas = statistics.fmean(simulated), statistics.fmean(measured)
-        out.append({"measured_mean_s": meas, "simulated_mean_s": sim, "error": sim / meas - 1.0,
-                    "moves": len(events), "plan": [list(p) for p in units[-1]] if units else None})
-    return {"file": name, "chi": chi, "chi_from": source, "healthy_step_s": healthy, "runs": out,
-            "error": statistics.fmean(abs(r["error"]) for r in out)}
+        if any(len(e["mlp_units"]) != c["tp"] or len(e["kv_units"]) != c["tp"] for e in events):
+            return {"file": name, "skipped": f"a plan whose length is not tp {c['tp']}"}
+        band = [_simulated_mean(c, f, run, events, pattern) for f in SPLITS]
+        measured = statistics.fmean(run["step_s"][1:])
+        out.append({"measured_mean_s": measured, "simulated_mean_s": band[-1], "ratio": band[-1] / measured,
+                    "band_s": [min(band), max(band)], "moves": len(events),
+                    "plan": [e["mlp_units"], e["kv_units"]] if (e := events[-1] if events else None) else None})
+    ratios = [r["ratio"] for r in out]
+    return {"file": name, "constants": c, "runs": out, "ratio": statistics.fmean(ratios),
+            "error": statistics.fmean(abs(x - 1.0) for x in ratios),
+            "in_band": all(r["band_s"][0] * 0.9 <= r["measured_mean_s"] <= r["band_s"][1] * 1.1 for r in out)}
 
 
 def replay_summary(results: Sequence[dict]) -> dict:
-    """How many replayed files are within 10 % (mean absolute error over their runs), and the worst."""
+    """How many replayed files are within 10 % (mean ``|ratio − 1|`` over their runs), how many lie in
+    their band widened by 10 %, the median and worst error, and every skipped file with its reason."""
     done = [r for r in results if "error" in r]
     return {"files": len(done), "skipped": {r["file"]: r["skipped"] for r in results if "skipped" in r},
             "within_10pct": sum(r["error"] <= 0.10 for r in done),
+            "in_band": sum(bool(r["in_band"]) for r in done),
             "median_abs_error": statistics.median(r["error"] for r in done) if done else None,
             "max_abs_error": max((r["error"] for r in done), default=None)}

@@ -1,0 +1,131 @@
+"""The replay of recorded runs (semimig.controller.sim.replay): every constant read from the file, the
+simulated step against a closed form of the step model, and files the model cannot hold skipped with
+their reason."""
+import json
+
+import pytest
+
+from semimig.controller.sim.replay import SPLITS, file_constants, replay_file, replay_summary
+
+T = 0.5  # seconds of a healthy step
+
+
+def _run(steps, events=(), throttled=None):
+    run = {"step_s": list(steps), "summary": {"reshard": {"events": list(events)}}}
+    if throttled is not None:
+        run["throttled"] = list(throttled)
+    return run
+
+
+def _event(step, mlp, kv):
+    return {"step": step, "mlp_units": list(mlp), "kv_units": list(kv)}
+
+
+def _file(reshard, *, tp=2, share=0.8, layout=None, model=None, **top):
+    data = {"benchmark": "time_to_loss", "straggler": "real", "chi": 4.0, "pattern": None,
+            "model": model or {"hidden": 1024, "heads": 16, "kv_heads": 8},
+            "modes": {"healthy": {"balanced_share": [share] * tp}},
+            "raw": {"healthy": [_run([9.0] + [T] * 10)], "reshard": reshard}}
+    if layout is not None:
+        data["layout"] = layout
+    data.update(top)
+    return data
+
+
+def _attention(h=1024, h_kv=512, units=32):
+    return 2 * h * (h + h_kv) / (2 * h * (h + h_kv) + 3 * h * units * 128)
+
+
+def _closed_form(plan_mlp, plan_kv, speeds, share, units=32, kv=8, h=1024, h_kv=512):
+    """DESIGN §8's step with all of a healthy step's non-GEMM seconds replicated (``f = 1``): rank r
+    spends ``T·(R + S·p_r)/v_r`` with ``R = 1 − B`` and ``S = e·B``."""
+    a, e = _attention(h, h_kv, units), len(speeds)
+    return max(T * ((1 - share) + e * share * ((1 - a) * n / units + a * k / kv)) / v
+               for n, k, v in zip(plan_mlp, plan_kv, speeds))
+
+
+def test_a_steady_throttle_replays_to_the_closed_form():
+    plan = ([26, 6], [6, 2])
+    moved = _closed_form(*plan, (1.0, 0.25), 0.8)
+    steps = [9.0] + [4 * T] * 3 + [moved] * 6  # even for steps 0..3, the move decided at step 3
+    data = _file([_run(steps, [_event(3, *plan)])])
+    out = replay_file(data, "f.json")
+    run = out["runs"][0]
+    assert run["measured_mean_s"] == pytest.approx((3 * 4 * T + 6 * moved) / 9)
+    assert run["simulated_mean_s"] == pytest.approx(run["measured_mean_s"], rel=1e-9)
+    assert out["ratio"] == pytest.approx(1.0) and out["error"] == pytest.approx(0.0, abs=1e-9)
+    assert out["constants"]["chi"] == 4.0 and out["constants"]["chi_from"] == "nominal"
+    lo, hi = run["band_s"]
+    assert lo <= run["simulated_mean_s"] <= hi and out["in_band"]
+
+
+def test_tp4_reads_its_layout_and_the_slow_rank_out_of_every_dimension():
+    """tp 4, the last rank at an eighth of a core against half a core (χ = 4), holding nothing: at
+    ``f = 1`` the step is its replicated work, χ·(1 − B)·T; at ``f = 0`` (no replicated work) the
+    collectives run at healthy pace beside the fast ranks' larger shards."""
+    layout = {"tp": 4, "dp": 1, "straggler_rank": 3, "share": 0.5, "fraction": 0.125}
+    model = {"hidden": 768, "heads": 16, "kv_heads": 8}
+    plan = ([8, 8, 8, 0], [3, 3, 2, 0])
+    data = _file([_run([9.0] + [0.7] * 10, [_event(-1, *plan)])], tp=4, share=0.55, layout=layout, model=model,
+                 chi=None)
+    c = file_constants(data)
+    assert (c["tp"], c["straggler_rank"], c["chi"], c["shardable_share"]) == (4, 3, 4.0, 0.55)
+    run = replay_file(data)["runs"][0]
+    assert run["simulated_mean_s"] == pytest.approx(4 * 0.45 * T)
+    a = _attention(768, 384, 24)
+    fast = T * (0.55 * 4 * ((1 - a) * 8 / 24 + a * 3 / 8) + 0.45)  # f = 0: the shards plus healthy collectives
+    assert run["band_s"][0] == pytest.approx(min(fast, run["simulated_mean_s"]), rel=1e-3)
+
+
+def test_the_slowdown_is_read_from_an_off_run_when_the_file_has_one():
+    data = _file([_run([9.0] + [T] * 4)], chi=None, straggler="device")
+    data["raw"]["off"] = [_run([9.0] + [3 * T] * 4)]
+    c = file_constants(data)
+    assert c["chi"] == pytest.approx(3.0) and c["chi_from"] == "off"
+
+
+def test_a_pattern_throttles_only_its_flagged_steps():
+    flags = [True, True, False, False, True]
+    data = _file([_run([9.0, 4 * T, T, T, 4 * T], throttled=flags)], pattern="1:1")
+    run = replay_file(data)["runs"][0]
+    assert run["simulated_mean_s"] == pytest.approx(2.5 * T)  # even plan: χ·T throttled, T free
+    del data["raw"]["reshard"][0]["throttled"]
+    assert "throttled flags" in replay_file(data)["skipped"]
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda d: d.update(layout={"tp": 2, "dp": 2}), "dp 2"),
+    (lambda d: d.update(layout={"pp": 2, "tp": 2, "dp": 1}), "pp 2"),
+    (lambda d: d.update(chi=None, straggler="neighbour"), "no nominal slowdown"),
+    (lambda d: d["modes"]["healthy"].pop("balanced_share"), "balanced_share"),
+    (lambda d: d["raw"].pop("reshard"), "no healthy and reshard runs"),
+    (lambda d: d["raw"]["reshard"][0]["summary"]["reshard"]["events"].append(_event(1, [10, 10, 12], [2, 2, 4])),
+     "not tp 2"),
+])
+def test_what_the_model_cannot_hold_is_skipped_with_its_reason(change, reason):
+    data = _file([_run([9.0] + [T] * 4)])
+    change(data)
+    out = replay_file(data, "x.json")
+    assert reason in out["skipped"] and out["file"] == "x.json"
+    assert replay_summary([out])["skipped"] == {"x.json": out["skipped"]}
+
+
+def test_the_splits_span_all_replicated_to_all_collectives():
+    assert SPLITS[0] == 0.0 and SPLITS[-1] == 1.0 and list(SPLITS) == sorted(SPLITS)
+
+
+def test_the_benchmark_replays_a_folder_and_lists_what_it_skips(tmp_path):
+    from scripts import load_script
+
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "ttl_a.json").write_text(json.dumps(_file([_run([9.0] + [4 * T] * 4)])))
+    (folder / "pp.json").write_text(json.dumps({"benchmark": "pipeline_real", "layout": {"pp": 2, "tp": 2}}))
+    (folder / "other.json").write_text(json.dumps({"benchmark": "kernel"}))
+    script = load_script("benchmarks/policy_sim.py", "policy_sim_replay_under_test")
+    out = tmp_path / "sim.json"
+    assert script.main(["--json", str(out), "--quick", "--scenarios", "2", "--replay", str(folder)]) == 0
+    replay = json.loads(out.read_text())["replay"]
+    assert replay["summary"]["files"] == 1 and replay["summary"]["within_10pct"] == 1
+    assert set(replay["summary"]["skipped"]) == {"pp.json"}
+    assert replay["files"][1]["runs"][0]["ratio"] == pytest.approx(1.0)
