@@ -53,6 +53,9 @@ class RunResult:
     ``move_s``: the moves' own cost, already inside ``step_s``); ``None`` otherwise."""
     throttled: Optional[tuple[Optional[bool], ...]] = None
     """Under a throttle pattern: per step, whether it ran throttled (:func:`throttled_steps`)."""
+    step_split: tuple[Optional[dict], ...] = ()
+    """Per TP rank, its steady step's own work, collectives and balanced GEMMs in seconds
+    (:data:`semimig.bench.llm.record.SPLIT_FIELDS`; ``None`` where not measured; empty in older files)."""
 
     @classmethod
     def from_json(cls, data: dict, where: str = "run") -> "RunResult":
@@ -63,6 +66,8 @@ class RunResult:
             shares = tuple(None if b is None else float(b) for b in data["summary"].get("balanced_share_by_rank", ()))
             reshard = data["summary"].get("reshard")
             throttled = data.get("throttled")
+            split = tuple(None if r is None else {k: float(v) for k, v in r.items()}
+                          for r in data["summary"].get("step_split_by_rank", ()))
             throttled = None if throttled is None else tuple(None if t is None else bool(t) for t in throttled)
             if reshard is not None:
                 reshard = {"replans": int(reshard["replans"]), "plan": str(reshard["plan"]),
@@ -73,7 +78,8 @@ class RunResult:
             raise ConfigError(f"{where}: no training steps recorded")
         if throttled is not None and len(throttled) != len(step_s):
             raise ConfigError(f"{where}: {len(throttled)} step phases for {len(step_s)} steps")
-        return cls(step_s=step_s, val_losses=val, balanced_share=shares, reshard=reshard, throttled=throttled)
+        return cls(step_s=step_s, val_losses=val, balanced_share=shares, reshard=reshard, throttled=throttled,
+                   step_split=split)
 
     @property
     def final_val_loss(self) -> Optional[float]:
@@ -159,10 +165,24 @@ def summarize_mode(runs: Sequence[RunResult], target: Optional[float]) -> dict:
         "worst_step_s": statistics.median(worst_step_s(r.step_s) for r in runs) if all(
             len(r.step_s) > WARMUP_STEPS for r in runs) else None,
         "balanced_share": [_median_or_none(col) for col in zip(*shares)] if shares else None,
+        "step_split": _split_summary(runs),
         "val_losses": [list(v) for v in runs[0].val_losses],
         "reshard": _reshard_summary(runs),
         "phase_mean_step_s": _phase_summary(runs),
     }
+
+
+def _split_summary(runs: Sequence[RunResult]) -> Optional[list]:
+    """Per TP rank, the median over the repeats of each field of its step split (``None`` where no run
+    recorded one)."""
+    splits = [r.step_split for r in runs if r.step_split]
+    if not splits:
+        return None
+    out = []
+    for col in zip(*splits):
+        got = [c for c in col if c is not None]
+        out.append({k: statistics.median(c[k] for c in got) for k in got[0]} if got else None)
+    return out
 
 
 def _phase_summary(runs: Sequence[RunResult]) -> Optional[dict]:

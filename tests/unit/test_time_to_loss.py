@@ -34,6 +34,18 @@ def test_summary_takes_median_and_range_over_repeats():
     assert s["time_to_target_s_each"] == [4.0, 8.0, None]
     assert s["time_to_target_s"] == 6.0  # median of the repeats that reached it (a majority did)
     assert s["balanced_share"] == [0.5, 0.8]
+    assert s["step_split"] is None  # no run recorded one
+
+
+def test_step_splits_are_read_and_their_fields_taken_as_medians_per_rank():
+    def split(c, m):
+        return {"compute_s": c, "comm_s": m, "gemm_s": c / 2}
+
+    files = [{"step_s": [1.0], "val_losses": [], "summary": {"step_split_by_rank": [split(c, 0.1), None]}}
+             for c in (0.3, 0.5, 0.4)]
+    runs = [RunResult.from_json(f) for f in files] + [RunResult(step_s=(1.0,), val_losses=())]
+    s = summarize_mode(runs, target=None)
+    assert s["step_split"] == [{"compute_s": 0.4, "comm_s": 0.1, "gemm_s": 0.2}, None]
 
 
 def test_a_mode_most_of_whose_repeats_never_reach_the_target_has_no_time():

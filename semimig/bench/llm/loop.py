@@ -14,7 +14,7 @@ import torch
 
 from semimig.bench.llm.build import build_model, evaluate, init_distributed, make_data
 from semimig.bench.llm.checkpoint import load_checkpoint, resume_lr, save_checkpoint
-from semimig.bench.llm.record import (balanced_share_by_rank, plan_state, summary, summary_line,
+from semimig.bench.llm.record import (balanced_share_by_rank, plan_state, step_split_by_rank, summary, summary_line,
                                       write_record)
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
             next(batches)
         logger.info("resumed %s at step %d (loaded in %.3f s)", args.resume, first, load_s)
         resume_lr(optimizer, args)
-    losses, times, val_losses, eval_s, shares, sheds, starts = [], [], [], 0.0, [], [], []
+    losses, times, val_losses, eval_s, shares, sheds, starts, splits = [], [], [], 0.0, [], [], [], []
     model.train()
     # a progress bar only on a terminal: redirected output gets the periodic log lines instead of redraws
     bar_off = rank != 0 or not sys.stderr.isatty()
@@ -114,6 +114,8 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
             check_loss(losses[-1], step + 1, args)
             if balancer is not None and balancer.report is not None:
                 shares.append(balancer.report.balanced_share)
+                dev = balancer.report.device
+                splits.append(None if dev is None else (dev.compute_s, dev.comm_s, balancer.report.busy.busy_s))
             plan = plan_state(balancer, tp)
             if balancer is not None:
                 sheds.append(list(plan.shed))  # the group's plan after this step, per TP rank
@@ -138,6 +140,7 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
         fields.update(resumed_at=first, load_s=f"{load_s:.3f}" if load_s is not None else "none",
                       save_s=f"{save_s:.3f}" if save_s is not None else "none")
     by_rank = balanced_share_by_rank(shares, plugin.tp_group, tp)
+    split_by_rank = step_split_by_rank(splits, plugin.tp_group, tp)
     fields.update(final_val_loss=f"{val_losses[-1][1]:.4f}" if val_losses else "none", eval_s=f"{eval_s:.3f}",
                   balanced_share=",".join("-" if b is None else f"{b:.2f}" for b in by_rank))
     reshard = balancer.reshard_summary if balancer is not None else None
@@ -150,7 +153,8 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
     line = summary_line(fields) if rank == 0 else None
     if rank == 0 and args.json:
         write_record(args.json, fields, losses=losses, times=times, val_losses=val_losses, eval_s=eval_s,
-                     sheds=sheds, starts=starts, corpus=corpus, vocab=vocab, by_rank=by_rank, reshard=reshard)
+                     sheds=sheds, starts=starts, corpus=corpus, vocab=vocab, by_rank=by_rank, reshard=reshard,
+                     split_by_rank=split_by_rank)
     if balancer is not None:
         balancer.close()
     torch.distributed.destroy_process_group()

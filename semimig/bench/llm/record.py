@@ -19,6 +19,23 @@ def balanced_share_by_rank(shares: list, tp_group, tp: int) -> list:
     return [None if g is None else round(float(g), 4) for g in gathered]
 
 
+SPLIT_FIELDS = ("compute_s", "comm_s", "gemm_s")
+"""A rank's step as :func:`step_split_by_rank` records it: its own work (the step less the time inside
+semimig's collectives and DDP's gradient wait), the time inside those collectives, and the part of its own
+work spent in the GEMMs semimig balances (the rest of ``compute_s`` is the replicated work, the attention
+core and the waits inside Colossal-AI's own collectives)."""
+
+
+def step_split_by_rank(splits: list, tp_group, tp: int) -> list:
+    """Per TP rank, the medians over the second half of the steps of :data:`SPLIT_FIELDS`
+    (``None`` where not measured).  Collective over the TP group."""
+    steady = [s for s in splits[len(splits) // 2:] if s is not None]
+    mine = [statistics.median(col) for col in zip(*steady)] if steady else None
+    gathered = [None] * tp
+    torch.distributed.all_gather_object(gathered, mine, group=tp_group)
+    return [None if g is None else dict(zip(SPLIT_FIELDS, (round(float(v), 6) for v in g))) for g in gathered]
+
+
 def plan_state(balancer, tp: int):
     """The balancing state to show (a :class:`semimig.balancer.PlanView`): the latest report's plan, or
     'every rank dense'."""
@@ -48,13 +65,15 @@ def summary_line(fields: dict) -> str:
 
 def write_record(path: str, fields: dict, *, losses: list, times: list, val_losses: list, eval_s: float,
                  sheds: list, starts: list, corpus, vocab: int, by_rank: list,
-                 reshard: Optional[dict]) -> None:
-    """The ``--json`` record: the summary (with the per-rank balanced shares, the re-plans and the
+                 reshard: Optional[dict], split_by_rank: Optional[list] = None) -> None:
+    """The ``--json`` record: the summary (with the per-rank balanced shares and step splits, the re-plans and the
     corpus's unigram entropy beside the line's fields), the losses, step times and step start times,
     the validation losses, the plans' shed shares per step and the data."""
     from semimig._io import write_json
 
     fields = dict(fields, balanced_share_by_rank=by_rank)
+    if split_by_rank is not None:
+        fields["step_split_by_rank"] = split_by_rank
     if reshard is not None:
         fields["reshard"] = reshard
     if corpus is not None:
