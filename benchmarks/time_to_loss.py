@@ -33,8 +33,8 @@ slow rank holding fewer MLP blocks and KV groups; ``zero-pri`` / ``semi`` prune 
 ``zero-pri-paired`` / ``semi-paired`` each MLP as a pair, the binary's default) and writes
 ``{"modes": {"healthy": {...}, "off": {...}, "zero-pri": {...}, "semi": {...}, "reshard": {...}}, ...}``
 with ``steady_step_s``, ``final_val_loss``, ``time_to_target_s`` (training wall time to healthy's
-final validation loss within 2 %, evaluation excluded; ``null`` if never), ``balanced_share`` per
-rank and the straggler's scope; ``--plot`` draws validation loss against training time, one line
+final validation loss within 2 %, evaluation excluded; ``null`` if never), ``balanced_share`` and ``step_split`` (own work,
+collectives, balanced GEMMs, seconds) per rank and the straggler's scope; ``--plot`` draws validation loss against training time, one line
 per mode, a band over the repeats.  Analysis: :mod:`semimig.bench.time_to_loss`.
 
     python benchmarks/time_to_loss.py --straggler real --quick --json results/ttl_real.json
