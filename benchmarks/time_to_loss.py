@@ -33,9 +33,9 @@ slow rank holding fewer MLP blocks and KV groups; ``zero-pri`` / ``semi`` prune 
 ``zero-pri-paired`` / ``semi-paired`` each MLP as a pair, the binary's default) and writes
 ``{"modes": {"healthy": {...}, "off": {...}, "zero-pri": {...}, "semi": {...}, "reshard": {...}}, ...}``
 with ``steady_step_s``, ``final_val_loss``, ``time_to_target_s`` (training wall time to healthy's
-final validation loss within 2 %, evaluation excluded; ``null`` if never), ``balanced_share`` and ``step_split`` (own work,
-collectives, balanced GEMMs, seconds) per rank and the straggler's scope; ``--plot`` draws validation loss against training time, one line
-per mode, a band over the repeats.  Analysis: :mod:`semimig.bench.time_to_loss`.
+final validation loss within 2 %, evaluation excluded; ``null`` if never), ``balanced_share`` and
+``step_split`` (own work, collectives, balanced GEMMs, seconds) per rank and the straggler's scope;
+``--plot`` draws validation loss against training time, one line per mode, a band over the repeats.  Analysis: :mod:`semimig.bench.time_to_loss`.
 
     python benchmarks/time_to_loss.py --straggler real --quick --json results/ttl_real.json
     python benchmarks/time_to_loss.py --straggler real --tp 2 --dp 2 --heads 16 --kv-heads 8 \
