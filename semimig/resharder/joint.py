@@ -21,7 +21,8 @@ replica as its policy does (:func:`~semimig.controller.policy.propose.pooled`): 
 policy's slow set at their median speed, so what its slow-set test calls noise moves no unit, and with
 no rank slow anywhere the planner's plans are the plans in force.  Seats
 (:func:`~semimig.sharding.jobmodel.with_seats`): the layers' reductions each replica's ranks outside its
-slow set measure, as its policy weighs them; a replica with no rank slow measures none.
+slow set measure while a slow rank sits in some kind, as its policy weighs them (a replica with no rank
+slow measures none), kept across the move that empties it (:class:`SeatMemory`).
 
 Memory (:class:`JointSetup`): every rank's capacity (``BatchSplit.capacity``), the bytes of one unit of
 each kind (its parameters over the layers, times the bytes a trained parameter holds: weight, gradient,
@@ -45,7 +46,7 @@ from semimig.sharding.jobmodel import JointProblem, UnitKind, from_measured, sta
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel
 
-__all__ = ["JointSetup", "even_samples", "joint_problem", "joint_setup", "per_mean_batch"]
+__all__ = ["JointSetup", "SeatMemory", "even_samples", "joint_problem", "joint_setup", "per_mean_batch"]
 
 KINDS = ("mlp", "kv")
 """The paired dimensions a plan splits, in the policies' order."""
@@ -87,12 +88,13 @@ def per_mean_batch(sample: ReshardSample, samples: int, mean: float) -> ReshardS
                                gemm_s=None if sample.gemm_s is None else tuple(g * scale for g in sample.gemm_s))
 
 
-def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[int]) -> Optional[JointProblem]:
+def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[int],
+                  memory: Optional["SeatMemory"] = None) -> Optional[JointProblem]:
     """The problem every replica's window poses (``None`` while some window is empty): per rank the median
     compute per mean batch scaled to its replica's ``samples``, the policies' mean ``R/S`` and the kinds'
     weights of replica 0's policy (every replica's policy starts from the same); each replica's ranks outside
-    its policy's slow set at their median speed, the seats fitted to the reductions they measure (module
-    docstring)."""
+    its policy's slow set at their median speed, the seats fitted to the reductions they measure while a slow
+    rank is seated (module docstring; ``memory``: the fit kept across a move that empties it)."""
     windows = [list(policy.samples) for policy in policies]
     if any(not window for window in windows):
         return None
@@ -112,8 +114,35 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
     slow = [frozenset(policy.slowdown.slow) for policy in policies]
     speeds = tuple(pooled(StepModel(speeds=row, replicated=0.0, shardable=1.0), s).speeds
                    for row, s in zip(problem.speeds, slow))
-    seats = [_seat_comm(window, s, tp) for window, s in zip(windows, slow)]
-    return with_seats(dataclasses.replace(problem, speeds=speeds), samples, plans, seats)
+    seats = [_seat_comm(window, s, tp) if _seated(row, s) else 0.0 for window, s, row in zip(windows, slow, plans)]
+    problem = with_seats(dataclasses.replace(problem, speeds=speeds), samples, plans, seats)
+    return problem if memory is None else memory.apply(problem, slow=any(slow))
+
+
+class SeatMemory:
+    """The last seat fit measured with a slow rank seated, kept while some rank stays slow.
+
+    Emptied of a kind, a slow rank leaves no trace of its pace in what the others measure (at tp 2 its
+    partner holds the kind alone and reduces nothing), so a fit read then would price seating it again at
+    nothing and the planner would hand it units back, to find the old pace and move again.  The fit in
+    force is the last one read with the slow rank seated; it is forgotten when no rank is slow."""
+
+    def __init__(self) -> None:
+        self.seat_per_sample = 0.0
+
+    def apply(self, problem: JointProblem, *, slow: bool) -> JointProblem:
+        if not slow:
+            self.seat_per_sample = 0.0
+            return problem
+        if problem.seat_per_sample > 0.0:
+            self.seat_per_sample = problem.seat_per_sample
+            return problem
+        return dataclasses.replace(problem, seat_per_sample=self.seat_per_sample)
+
+
+def _seated(plans: Sequence[ShardPlan], slow: frozenset) -> bool:
+    """Whether a rank of ``slow`` holds a unit of some kind under ``plans``: its pace is in the reductions."""
+    return any(p.units[r] > 0 for p in plans for r in slow)
 
 
 def _seat_comm(window: Sequence[ReshardSample], slow: frozenset, tp: int) -> float:
