@@ -22,7 +22,9 @@ policy's slow set at their median speed, so what its slow-set test calls noise m
 no rank slow anywhere the planner's plans are the plans in force.  Seats
 (:func:`~semimig.sharding.jobmodel.with_seats`): the layers' reductions each replica's ranks outside its
 slow set measure while a slow rank sits in some kind, as its policy weighs them (a replica with no rank
-slow measures none), kept across the move that empties it (:class:`SeatMemory`).
+slow measures none), kept across the move that empties it (:class:`SeatMemory`).  Only the replica with the
+longest compute is read: the others' collectives hold their wait for it in DDP's all-reduce (communication
+on the step clock, but no seat's), which would price every seat at that wait.
 
 Memory (:class:`JointSetup`): every rank's capacity (``BatchSplit.capacity``), the bytes of one unit of
 each kind (its parameters over the layers, times the bytes a trained parameter holds: weight, gradient,
@@ -114,7 +116,9 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
     slow = [frozenset(policy.slowdown.slow) for policy in policies]
     speeds = tuple(pooled(StepModel(speeds=row, replicated=0.0, shardable=1.0), s).speeds
                    for row, s in zip(problem.speeds, slow))
-    seats = [_seat_comm(window, s, tp) if _seated(row, s) else 0.0 for window, s, row in zip(windows, slow, plans)]
+    slowest = max(range(len(compute)), key=lambda d: (max(compute[d]), -d))
+    seats = [_seat_comm(window, s, tp) if d == slowest and _seated(row, s) else 0.0
+             for d, (window, s, row) in enumerate(zip(windows, slow, plans))]
     problem = with_seats(dataclasses.replace(problem, speeds=speeds), samples, plans, seats)
     return problem if memory is None else memory.apply(problem, slow=any(slow))
 
