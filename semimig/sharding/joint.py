@@ -30,15 +30,16 @@ fastest speed never lowers the pace, so the seatings left out cost no less than 
 
 Limits.  :func:`continuous_limit`: fractional samples and shares, memory ignored, the replicated work still
 on every rank.  :func:`job_limit`: every second of work movable to any rank, ``total work / Σ v``; with one
-of ``n`` ranks ``χ`` times slower it is ``n/(n − 1 + 1/χ)`` of a healthy step.
+of ``n`` ranks ``χ`` times slower it is ``n/(n − 1 + 1/χ)`` of a healthy step.  Neither counts seats.
 Pure arithmetic in a fixed order: every rank given the same numbers computes the same plans.
 
-At run time (not wired yet).  :func:`~semimig.sharding.jobmodel.from_measured` reads a problem from what the
-re-shard policies already hold — each replica's window of per-rank compute seconds under its plans and
-samples, the learned ``k = R/S`` and the kinds' weights — so that, under plain data parallelism with a batch
-split, the re-sharder's per-replica step (``Resharder._observe_replicas``: the policies say *when*) can take
-every replica's plan and the split from one :func:`plan_job` (*what*), move with ``apply_replica_plans`` and
-hand the split to the batch balancer, whose own re-plan trigger is then off: one owner of both.
+At run time.  :func:`~semimig.sharding.jobmodel.from_measured` reads a problem from what the re-shard
+policies already hold — each replica's window of per-rank compute seconds under its plans and samples, the
+learned ``k = R/S`` and the kinds' weights — and :func:`~semimig.sharding.jobmodel.with_seats` the seats
+from the reductions they measure (:mod:`semimig.resharder.joint`), so that, under plain data parallelism
+with a batch split, the re-sharder's per-replica step (the policies say *when*) takes every replica's plan
+and the split from one :func:`plan_job` (*what*) and hands the split to the batch balancer, whose own
+re-plan trigger is then off: one owner of both.
 """
 from __future__ import annotations
 
