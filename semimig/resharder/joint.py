@@ -14,6 +14,18 @@ back to each replica's own batch for :func:`~semimig.sharding.jobmodel.from_meas
 is its own work: a replica faster than another waits for it in DDP's gradient all-reduce, and that wait
 is communication on the step clock (:mod:`semimig.straggler.ddp_wait`), not compute.
 
+What the clock cannot tell apart.  Waits inside collectives that are not semimig's own (Colossal-AI's
+vocabulary-parallel embedding and cross-entropy all-reduces) are compute on the step clock, so the ranks
+of a healthy TP group read apart by whatever one of them waited for the other.  The planner reads each
+replica as its policy does (:func:`~semimig.controller.policy.propose.pooled`): the ranks outside the
+policy's slow set at their median speed, so what its slow-set test calls noise moves no unit, and with
+no rank slow anywhere the planner's plans are the plans in force.  Seats
+(:func:`~semimig.sharding.jobmodel.with_seats`): the layers' reductions each replica's ranks outside its
+slow set measure while a slow rank sits in some kind, as its policy weighs them (a replica with no rank
+slow measures none), kept across the move that empties it (:class:`SeatMemory`).  Only the replica with the
+longest compute is read: the others' collectives hold their wait for it in DDP's all-reduce (communication
+on the step clock, but no seat's), which would price every seat at that wait.
+
 Memory (:class:`JointSetup`): every rank's capacity (``BatchSplit.capacity``), the bytes of one unit of
 each kind (its parameters over the layers, times the bytes a trained parameter holds: weight, gradient,
 fp32 master under bf16/fp16, the optimizer's moments) and the most any rank holds outside its units.
@@ -29,12 +41,14 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from semimig.comm import primitives as P
+from semimig.controller.policy.propose import pooled
 from semimig.controller.reshard import ReshardSample
 from semimig.errors import ConfigError
-from semimig.sharding.jobmodel import JointProblem, UnitKind, from_measured, state_bytes_per_param
+from semimig.sharding.jobmodel import JointProblem, UnitKind, from_measured, state_bytes_per_param, with_seats
 from semimig.sharding.plan import ShardPlan
+from semimig.sharding.solver import StepModel
 
-__all__ = ["JointSetup", "even_samples", "joint_problem", "joint_setup", "per_mean_batch"]
+__all__ = ["JointSetup", "SeatMemory", "even_samples", "joint_problem", "joint_setup", "per_mean_batch"]
 
 KINDS = ("mlp", "kv")
 """The paired dimensions a plan splits, in the policies' order."""
@@ -76,10 +90,13 @@ def per_mean_batch(sample: ReshardSample, samples: int, mean: float) -> ReshardS
                                gemm_s=None if sample.gemm_s is None else tuple(g * scale for g in sample.gemm_s))
 
 
-def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[int]) -> Optional[JointProblem]:
+def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[int],
+                  memory: Optional["SeatMemory"] = None) -> Optional[JointProblem]:
     """The problem every replica's window poses (``None`` while some window is empty): per rank the median
     compute per mean batch scaled to its replica's ``samples``, the policies' mean ``R/S`` and the kinds'
-    weights of replica 0's policy (every replica's policy starts from the same)."""
+    weights of replica 0's policy (every replica's policy starts from the same); each replica's ranks outside
+    its policy's slow set at their median speed, the seats fitted to the reductions they measure while a slow
+    rank is seated (module docstring; ``memory``: the fit kept across a move that empties it)."""
     windows = [list(policy.samples) for policy in policies]
     if any(not window for window in windows):
         return None
@@ -92,9 +109,53 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
                            min_units=setup.min_units, bytes_per_unit=nbytes)
                   for name, plan, weight, nbytes in zip(KINDS, policies[0].plans, policies[0].weights,
                                                         setup.bytes_per_unit))
-    return from_measured(compute, samples, [policy.plans for policy in policies], replicated_over_shardable=k,
-                         kinds=kinds, global_batch=setup.global_batch, capacity_bytes=setup.capacity_bytes,
-                         fixed_bytes=setup.fixed_bytes)
+    plans = [policy.plans for policy in policies]
+    problem = from_measured(compute, samples, plans, replicated_over_shardable=k, kinds=kinds,
+                            global_batch=setup.global_batch, capacity_bytes=setup.capacity_bytes,
+                            fixed_bytes=setup.fixed_bytes)
+    slow = [frozenset(policy.slowdown.slow) for policy in policies]
+    speeds = tuple(pooled(StepModel(speeds=row, replicated=0.0, shardable=1.0), s).speeds
+                   for row, s in zip(problem.speeds, slow))
+    slowest = max(range(len(compute)), key=lambda d: (max(compute[d]), -d))
+    seats = [_seat_comm(window, s, tp) if d == slowest and _seated(row, s) else 0.0
+             for d, (window, s, row) in enumerate(zip(windows, slow, plans))]
+    problem = with_seats(dataclasses.replace(problem, speeds=speeds), samples, plans, seats)
+    return problem if memory is None else memory.apply(problem, slow=any(slow))
+
+
+class SeatMemory:
+    """The last seat fit measured with a slow rank seated, kept while some rank stays slow.
+
+    Emptied of a kind, a slow rank leaves no trace of its pace in what the others measure (at tp 2 its
+    partner holds the kind alone and reduces nothing), so a fit read then would price seating it again at
+    nothing and the planner would hand it units back, to find the old pace and move again.  The fit in
+    force is the last one read with the slow rank seated; it is forgotten when no rank is slow."""
+
+    def __init__(self) -> None:
+        self.seat_per_sample = 0.0
+
+    def apply(self, problem: JointProblem, *, slow: bool) -> JointProblem:
+        if not slow:
+            self.seat_per_sample = 0.0
+            return problem
+        if problem.seat_per_sample > 0.0:
+            self.seat_per_sample = problem.seat_per_sample
+            return problem
+        return dataclasses.replace(problem, seat_per_sample=self.seat_per_sample)
+
+
+def _seated(plans: Sequence[ShardPlan], slow: frozenset) -> bool:
+    """Whether a rank of ``slow`` holds a unit of some kind under ``plans``: its pace is in the reductions."""
+    return any(p.units[r] > 0 for p in plans for r in slow)
+
+
+def _seat_comm(window: Sequence[ReshardSample], slow: frozenset, tp: int) -> float:
+    """A replica's layer reductions as its ranks outside ``slow`` measure them (the median over the window of
+    their median; 0 with no rank slow): what a slow rank's seats stretch, as the re-shard policy reads them."""
+    fast = [r for r in range(tp) if r not in slow]
+    if not slow or not fast:
+        return 0.0
+    return statistics.median(statistics.median(s.comm_s[r] for r in fast) for s in window)
 
 
 def as_policy_plans(plans: Sequence[ShardPlan], like: Sequence[ShardPlan]) -> tuple[ShardPlan, ...]:

@@ -17,9 +17,18 @@ reduction waits for the slowest replica.  Rank ``r``'s peak bytes under a plan a
 ``F`` the replicated parameters' state and buffers, ``a_0`` the replicated activations per sample, ``β_k`` one
 unit's parameters, gradients and optimizer state (:func:`state_bytes_per_param` per parameter), ``a_k`` its
 activations per sample, ``C_{d,r}`` the rank's capacity (``math.inf``: unlimited).
+
+Seats.  A rank holding a unit of kind ``k`` takes part in every reduction of its layers, and a reduction
+runs at the pace of its slowest member; a rank holding none of a kind only receives the sum
+(:mod:`semimig.comm.holders`).  With ``s`` the seconds per sample one kind's reductions take among
+full-speed ranks, replica ``d``'s layers' collectives take ``b_d·s·Σ_k 1/min_{r seated in k} v_{d,r}``
+(``v`` relative to the replica's fastest rank; :func:`seat_scale`, the re-shard policy's pricing), added to
+its step: ``T_d = max_r t_{d,r} + b_d·s·seat_scale``.  :func:`with_seats` fits ``s`` from the collectives
+measured under the plans in force.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
@@ -30,7 +39,8 @@ from semimig._validate import check_choice, check_int, check_number
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 
-__all__ = ["UnitKind", "JointProblem", "JointPlan", "from_measured", "job_step", "peak_bytes", "state_bytes_per_param"]
+__all__ = ["UnitKind", "JointProblem", "JointPlan", "from_measured", "job_step", "peak_bytes", "replica_step",
+           "seat_scale", "seat_seconds", "state_bytes_per_param", "with_seats"]
 
 _BYTES = {"fp32": (4, 4, 0), "bf16": (2, 2, 4), "fp16": (2, 2, 4)}
 """Per parameter: (weight, gradient, fp32 master copy) bytes of each precision."""
@@ -113,6 +123,9 @@ class JointProblem:
     """``F``: bytes every rank holds whatever the plan (replicated parameters' state, buffers)."""
     activation_bytes_per_sample: float = 0.0
     """``a_0``: the replicated activations per sample."""
+    seat_per_sample: float = 0.0
+    """``s``: seconds per sample one kind's layer reductions take among full-speed ranks (0: seats not
+    priced; module docstring)."""
 
     def __post_init__(self) -> None:
         speeds = _grid("speeds", self.speeds, allow_inf=False)
@@ -135,7 +148,7 @@ class JointProblem:
             raise ConfigError(f"global_batch={self.global_batch} must be a multiple of micro_batch={self.micro_batch} "
                               f"giving each of the {dp} replicas at least one")
         for field in ("replicated_per_sample", "replicated_fixed", "comm_s", "fixed_bytes",
-                      "activation_bytes_per_sample"):
+                      "activation_bytes_per_sample", "seat_per_sample"):
             object.__setattr__(self, field, check_number(field, getattr(self, field), minimum=0.0))
         if self.capacity_bytes is not None:
             caps = _grid("capacity_bytes", self.capacity_bytes, allow_inf=True)
@@ -177,7 +190,7 @@ class JointPlan:
     plans: Tuple[Tuple[ShardPlan, ...], ...]
     """``[replica][kind]``: every replica's plan of every kind."""
     replica_steps: Tuple[float, ...]
-    """``T_d``: each replica's compute (no collectives)."""
+    """``T_d``: each replica's compute and its layers' reductions at its seats (no other collectives)."""
     step: float
     """The job's predicted step: ``max_d T_d + comm_s``."""
     peak_bytes: Tuple[Tuple[float, ...], ...]
@@ -211,6 +224,43 @@ def rank_times(problem: JointProblem, d: int, b: int, units: np.ndarray) -> np.n
     return work / np.array(problem.speeds[d])
 
 
+def seat_scale(speeds: Sequence[float], plans: Sequence[ShardPlan]) -> float:
+    """``Σ_k 1/min_{r seated in k} v_r``, ``v`` relative to the fastest rank (module docstring).
+
+    The same pricing as :func:`semimig.controller.policy.propose.seat_scale`, which sits a layer above the
+    plans (DESIGN §7) and cannot be imported here; the two are one formula and must stay so."""
+    top = max(speeds)
+    return sum(top / min((v for v, n in zip(speeds, p.units) if n > 0), default=top) for p in plans)
+
+
+def seat_seconds(problem: JointProblem, d: int, b: float, plans: Sequence[ShardPlan]) -> float:
+    """Replica ``d``'s layer reductions at ``b`` samples under ``plans``: ``b·s·seat_scale``."""
+    if problem.seat_per_sample <= 0.0:
+        return 0.0
+    return b * problem.seat_per_sample * seat_scale(problem.speeds[d], plans)
+
+
+def replica_step(problem: JointProblem, d: int, b: int, plans: Sequence[ShardPlan]) -> float:
+    """``T_d``: replica ``d``'s slowest rank at ``b`` samples under ``plans`` plus its seats."""
+    units = np.array([[p.units[r] for p in plans] for r in range(problem.tp)], dtype=float)
+    return float(rank_times(problem, d, b, units).max()) + seat_seconds(problem, d, b, plans)
+
+
+def with_seats(problem: JointProblem, samples: Sequence[int], plans: Sequence[Sequence[ShardPlan]],
+               comm_s: Sequence[float]) -> JointProblem:
+    """``problem`` with ``s`` fitted to ``comm_s[d]``, replica ``d``'s layer reductions measured at
+    ``samples[d]`` under ``plans[d]``: the mean over the replicas that measured any of ``m_d/(b_d·seat_scale)``
+    (0 where none did: seats not priced)."""
+    unit_counts(problem, plans)
+    samples = _samples(problem, samples)
+    if len(comm_s) != problem.dp:
+        raise ConfigError(f"comm_s must give one time per replica ({problem.dp}), got {tuple(comm_s)!r}")
+    measured = [check_number(f"comm_s[{d}]", m, minimum=0.0) for d, m in enumerate(comm_s)]
+    fits = [m / (b * seat_scale(problem.speeds[d], plans[d]))
+            for d, (m, b) in enumerate(zip(measured, samples)) if m > 0.0 and b > 0]
+    return dataclasses.replace(problem, seat_per_sample=sum(fits) / len(fits) if fits else 0.0)
+
+
 def peak_bytes(problem: JointProblem, samples: Sequence[int],
                plans: Sequence[Sequence[ShardPlan]]) -> Tuple[Tuple[float, ...], ...]:
     """``m_{d,r}`` of every rank under ``samples`` and ``plans`` (module docstring)."""
@@ -221,9 +271,10 @@ def peak_bytes(problem: JointProblem, samples: Sequence[int],
 
 
 def job_step(problem: JointProblem, samples: Sequence[int], plans: Sequence[Sequence[ShardPlan]]) -> float:
-    """The job's step under ``samples`` and ``plans``: ``max_{d,r} t_{d,r} + comm_s`` (memory not checked)."""
-    units, samples = unit_counts(problem, plans), _samples(problem, samples)
-    return max(float(rank_times(problem, d, b, units[d]).max()) for d, b in enumerate(samples)) + problem.comm_s
+    """The job's step under ``samples`` and ``plans``: ``max_d T_d + comm_s`` (memory not checked)."""
+    unit_counts(problem, plans)
+    samples = _samples(problem, samples)
+    return max(replica_step(problem, d, b, plans[d]) for d, b in enumerate(samples)) + problem.comm_s
 
 
 def from_measured(compute_s: Sequence[Sequence[float]], samples: Sequence[int], plans: Sequence[Sequence[ShardPlan]],

@@ -20,40 +20,51 @@ Exact optimum.
    plans in force (``reference``; default near-even): a replica faster than the job keeps its plan when it
    can, and with no straggler nothing moves.
 
+Seats (``seat_per_sample > 0``, :mod:`.jobmodel`).  A replica's step adds its layers' reductions at the
+pace of the slowest rank seated in each kind, so step 1 runs once per seating, as the re-shard policy's
+candidates (:mod:`semimig.controller.policy.propose`): every rank seated, and each rank slower than the
+replica's fastest emptied of one kind or of all (its admissible vectors those with zero units there),
+each seating priced by :func:`~semimig.sharding.jobmodel.seat_scale`; ``T_d(b)`` is the least over them.
+It is exact over every plan while one rank per replica is slower than the rest (emptying a rank at the
+fastest speed never lowers the pace, so the seatings left out cost no less than one priced).
+
 Limits.  :func:`continuous_limit`: fractional samples and shares, memory ignored, the replicated work still
 on every rank.  :func:`job_limit`: every second of work movable to any rank, ``total work / Σ v``; with one
-of ``n`` ranks ``χ`` times slower it is ``n/(n − 1 + 1/χ)`` of a healthy step.
+of ``n`` ranks ``χ`` times slower it is ``n/(n − 1 + 1/χ)`` of a healthy step.  Neither counts seats.
 Pure arithmetic in a fixed order: every rank given the same numbers computes the same plans.
 
-At run time (not wired yet).  :func:`~semimig.sharding.jobmodel.from_measured` reads a problem from what the
-re-shard policies already hold — each replica's window of per-rank compute seconds under its plans and
-samples, the learned ``k = R/S`` and the kinds' weights — so that, under plain data parallelism with a batch
-split, the re-sharder's per-replica step (``Resharder._observe_replicas``: the policies say *when*) can take
-every replica's plan and the split from one :func:`plan_job` (*what*), move with ``apply_replica_plans`` and
-hand the split to the batch balancer, whose own re-plan trigger is then off: one owner of both.
+At run time.  :func:`~semimig.sharding.jobmodel.from_measured` reads a problem from what the re-shard
+policies already hold — each replica's window of per-rank compute seconds under its plans and samples, the
+learned ``k = R/S`` and the kinds' weights — and :func:`~semimig.sharding.jobmodel.with_seats` the seats
+from the reductions they measure (:mod:`semimig.resharder.joint`), so that, under plain data parallelism
+with a batch split, the re-sharder's per-replica step (the policies say *when*) takes every replica's plan
+and the split from one :func:`plan_job` (*what*) and hands the split to the batch balancer, whose own
+re-plan trigger is then off: one owner of both.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple
+from typing import FrozenSet, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from semimig.errors import ConfigError
 from semimig.sharding.jobmodel import (JointPlan, JointProblem, UnitKind, from_measured, job_step, peak_bytes,
-                                       rank_times, state_bytes_per_param, unit_counts)
+                                       rank_times, replica_step, seat_scale, seat_seconds, state_bytes_per_param,
+                                       unit_counts, with_seats)
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, continuous_shares, solve_plan
 
 __all__ = ["UnitKind", "JointProblem", "JointPlan", "plan_job", "from_measured", "job_step", "peak_bytes", "continuous_limit",
-           "job_limit", "state_bytes_per_param"]
+           "job_limit", "replica_step", "seat_scale", "state_bytes_per_param", "with_seats"]
 
 
 # ------------------------------------------------------------------------------ one replica
 class _Replica:
     """Replica ``d`` at ``b`` samples: every rank's time and fit over the grid of unit vectors."""
 
-    def __init__(self, problem: JointProblem, d: int, b: int, *, memory: bool) -> None:
+    def __init__(self, problem: JointProblem, d: int, b: int, *, memory: bool,
+                 empty: Tuple[int, FrozenSet[int]] = (-1, frozenset())) -> None:
         kinds = problem.kinds
         self.totals = tuple(k.total_units for k in kinds)
         self.shape = tuple(U + 1 for U in self.totals)
@@ -64,7 +75,14 @@ class _Replica:
         low = np.all(n >= np.array(self.low), axis=1)
         self.times = [work / v for v in problem.speeds[d]]  # [rank][points]
         self.fits = [low & (nbytes <= (problem.capacity(d, r) if memory else math.inf)) for r in range(problem.tp)]
+        rank, emptied = empty
+        if emptied:
+            self.fits[rank] = self.fits[rank] & np.all(n[:, sorted(emptied)] == 0, axis=1)
         self.points = n.astype(int)
+        self.seats = seat_seconds(problem, d, b, tuple(
+            ShardPlan(units=tuple(0 if r == rank and k in emptied else 1 for r in range(problem.tp)))
+            for k in range(len(kinds))))
+        """The reductions' seconds with every rank seated but ``rank`` out of the kinds ``emptied``."""
 
     def candidates(self) -> np.ndarray:
         return np.unique(np.concatenate([t[f] for t, f in zip(self.times, self.fits)]))
@@ -95,7 +113,7 @@ class _Replica:
         return bool(best[tuple(n - 1 for n in other)] >= self.totals[last])
 
     def best(self) -> float:
-        """``T_d(b)``: the least threshold some plan meets (``inf``: none fits)."""
+        """The least threshold of the ranks' compute some plan meets (``inf``: none fits)."""
         values = self.candidates()
         lo, hi = 0, len(values) - 1
         if hi < 0 or not self.feasible(values[hi]):
@@ -140,6 +158,48 @@ def _assign(rep: _Replica, options: list, reference: Optional[np.ndarray]) -> Op
     return np.array(out[::-1])
 
 
+def _seatings(problem: JointProblem, d: int) -> List[Tuple[int, FrozenSet[int]]]:
+    """The seatings replica ``d``'s plans are sought under, as the re-shard policy's candidates: every rank
+    seated, and (seats priced) each rank slower than the replica's fastest emptied of one kind or of every
+    kind a rank may hold none of (``min_units == 0``)."""
+    out: List[Tuple[int, FrozenSet[int]]] = [(-1, frozenset())]
+    free = [k for k, kind in enumerate(problem.kinds) if kind.min_units == 0]
+    if problem.seat_per_sample <= 0.0 or not free:
+        return out
+    speeds = problem.speeds[d]
+    for r in sorted(range(problem.tp), key=lambda r: (speeds[r], r)):
+        if speeds[r] < max(speeds):
+            out += [(r, frozenset((k,))) for k in free] + ([(r, frozenset(free))] if len(free) > 1 else [])
+    return out
+
+
+def _replica_best(problem: JointProblem, d: int, b: int, *, memory: bool) -> float:
+    """``T_d(b)``: the least of the ranks' compute plus the seats' reductions over the seatings."""
+    return min(rep.best() + rep.seats for rep in (_Replica(problem, d, b, memory=memory, empty=e)
+                                                  for e in _seatings(problem, d)))
+
+
+def _choose(problem: JointProblem, d: int, b: int, target: float, reference: np.ndarray, *,
+            memory: bool) -> Optional[np.ndarray]:
+    """Replica ``d``'s units ``[rank, kind]`` at ``b`` samples whose step (compute and seats) meets
+    ``target``, with the fewest units received relative to ``reference`` (ties: the smaller step, then
+    the first seating); ``None`` if none."""
+    best: Optional[Tuple[float, float, np.ndarray]] = None
+    for empty in _seatings(problem, d):
+        rep = _Replica(problem, d, b, memory=memory, empty=empty)
+        least = rep.best()
+        if not math.isfinite(least) or least + rep.seats > target * (1.0 + 1e-12):
+            continue
+        units = _assign(rep, rep.admissible(max(target - rep.seats, least)), reference)
+        if units is None:
+            continue
+        plans = tuple(ShardPlan(units=tuple(int(n) for n in units[:, k])) for k in range(len(problem.kinds)))
+        key = (float(np.maximum(units - reference, 0).sum()), replica_step(problem, d, b, plans))
+        if best is None or key < best[:2]:
+            best = (*key, units)
+    return None if best is None else best[2]
+
+
 # ------------------------------------------------------------------------------ the job
 def _near_even(problem: JointProblem) -> Tuple[Tuple[ShardPlan, ...], ...]:
     """Per kind the solver's plan for equal speeds (the even plan where ``tp`` divides the units)."""
@@ -155,7 +215,7 @@ def _split(problem: JointProblem, *, memory: bool) -> Tuple[Tuple[int, ...], flo
 
     def step(d: int, b: int) -> float:
         if (d, b) not in cache:
-            cache[(d, b)] = _Replica(problem, d, b, memory=memory).best()
+            cache[(d, b)] = _replica_best(problem, d, b, memory=memory)
         return cache[(d, b)]
 
     samples = [m] * dp
@@ -192,12 +252,10 @@ def plan_job(problem: JointProblem, *,
         _refuse_unfit(problem)
     plans = []
     for d, b in enumerate(samples):
-        rep = _Replica(problem, d, b, memory=True)
-        units = _assign(rep, rep.admissible(compute), ref[d])
+        units = _choose(problem, d, b, compute, ref[d], memory=True)
         plans.append(tuple(ShardPlan(units=tuple(int(n) for n in units[:, k])) for k in range(len(problem.kinds))))
     plans = tuple(plans)
-    units = unit_counts(problem, plans)
-    replica_steps = tuple(float(rank_times(problem, d, b, units[d]).max()) for d, b in enumerate(samples))
+    replica_steps = tuple(replica_step(problem, d, b, plans[d]) for d, b in enumerate(samples))
     bound = None
     if problem.capacity_bytes is not None:
         free_samples, free = _split(problem, memory=False)
@@ -212,8 +270,7 @@ def _memory_reason(problem: JointProblem, samples: Tuple[int, ...], free: float,
     """Which ranks the speed-optimal plan would overfill, with their bytes and capacities."""
     over = []
     for d, b in enumerate(samples):
-        rep = _Replica(problem, d, b, memory=False)
-        units = _assign(rep, rep.admissible(free), ref[d])
+        units = _choose(problem, d, b, free, ref[d], memory=False)
         nbytes = problem.fixed_bytes + b * problem.activation_bytes_per_sample + units @ np.array(problem.unit_bytes(b))
         over += [f"replica {d} TP rank {r} would hold {nbytes[r]:.0f} bytes over its capacity "
                  f"{problem.capacity(d, r):.0f}" for r in range(problem.tp) if nbytes[r] > problem.capacity(d, r)]

@@ -1,0 +1,66 @@
+"""The joint planner on four gloo ranks (tp 2 x dp 2, a batch split under plain DP): with no straggler nothing
+moves and the split stays even; with one rank of replica 0 slow, replica 1 (healthy)
+keeps its even plan whatever its ranks' waits in Colossal-AI's own collectives read as, and the slow replica moves;
+both train as ``off`` does (the losses within fp32's tolerance).
+"""
+from __future__ import annotations
+
+import torch
+
+from dist_harness import run_pooled
+from test_reshard_replicas import GLOBAL_BATCH, LOSS_TOL, SPLIT_STEPS, _boosted, _global_batch
+
+TIMEOUT_S = 600
+
+
+def _run(mode, straggler_on_replica_0):
+    """The global-batch mean loss per step, the splits, the re-shard summary (the policies' own noise tests:
+    opened wide, they would call a healthy rank slow, and what is tested is that the planner moves no rank
+    its policy finds alike)."""
+    import torch.distributed as dist
+
+    import semimig
+    from semimig.allocation import run_iteration
+    from semimig.controller.reshard import ReshardConfig
+
+    plugin, booster, model, optimizer = _boosted()
+    straggler = straggler_on_replica_0 if plugin.dp_group.rank() == 0 else None
+    balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=mode, straggler=straggler,
+                              reshard=ReshardConfig(window=6, horizon=SPLIT_STEPS),
+                              batch=semimig.BatchSplit(global_batch_size=GLOBAL_BATCH))
+    losses, splits = [], []
+    try:
+        for step in range(SPLIT_STEPS):
+            splits.append(tuple(balancer.batch_plan.samples))
+            mine = run_iteration(booster, model, optimizer, iter(balancer.micro_batches(_global_batch(step))),
+                                 lambda m, b: m(**b).loss, zero_stage=plugin.zero_stage)
+            total = torch.tensor([mine], dtype=torch.float64)
+            dist.all_reduce(total, group=plugin.dp_group)
+            losses.append(float(total) / plugin.dp_size)
+            optimizer.step()
+            optimizer.zero_grad()
+        return losses, splits, balancer.reshard_summary
+    finally:
+        balancer.close()
+
+
+def _body(rank, world):
+    import torch.distributed as dist
+
+    out = {"off": _run("off", None), "calm": _run("reshard", None),
+           "slow": _run("reshard", "fixed:1:8:scope=device")}
+    every = [None] * world
+    dist.all_gather_object(every, out)
+    return every
+
+
+def test_the_joint_planner_moves_nothing_when_calm_and_never_the_healthy_replica():
+    every = run_pooled(_body, 4, timeout_s=TIMEOUT_S)
+    for out in every:
+        losses, splits, summary = out["calm"]
+        assert not summary["events"] and not summary["joint_replans"], f"a calm run moved: {summary}"
+        assert set(splits) == {(GLOBAL_BATCH // 2, GLOBAL_BATCH // 2)}
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(out["off"][0]), **LOSS_TOL)
+        events = out["slow"][2]["events"]
+        assert events and {e["replica"] for e in events} == {0}, f"the healthy replica moved: {events}"
+        torch.testing.assert_close(torch.tensor(out["slow"][0]), torch.tensor(out["off"][0]), **LOSS_TOL)
