@@ -311,7 +311,8 @@ class ReshardPolicy:
         cfg = self.config
         model = pooled(model, self.slowdown.slow)
         current = model.step(self.shares()) + comm
-        proposal = self._propose(model)
+        seats = self._seat_comm(self.slowdown.slow)
+        proposal = self._propose(model, seats)
         ratios = tuple(v / max(model.speeds) for v in model.speeds)
         base = dict(current_s=measured_s, predicted_s=current, speed_ratios=ratios)
         toward_even = max(self.shares(proposal)) < max(self.shares())
@@ -319,8 +320,7 @@ class ReshardPolicy:
             return self._hold(step, "the plan in force is the best", event=hold, **base)
         if not self.slowdown.slow and not toward_even:
             return self._hold(step, "no rank is slow: only a move toward even is taken", event=hold, **base)
-        predicted = model.step(self.shares(proposal)) + comm + seat_delta(model.speeds, self.plans, proposal,
-                                                                          self._seat_comm(self.slowdown.slow))
+        predicted = model.step(self.shares(proposal)) + comm + seat_delta(model.speeds, self.plans, proposal, seats)
         units, nbytes = self.moved(proposal)
         remaining = None if cfg.horizon is None else max(cfg.horizon - step, 1)
         life = expected_life(self.slowdown.age(step), self.slowdown.past(), floor=cfg.life_floor, remaining=remaining)
@@ -356,10 +356,11 @@ class ReshardPolicy:
         self.state = transition(self.state, event)
         return ReshardDecision(step, reason=reason, **info)
 
-    def _propose(self, model: StepModel) -> Tuple[ShardPlan, ...]:
+    def _propose(self, model: StepModel, seats: float) -> Tuple[ShardPlan, ...]:
+        """The proposal for ``model``; ``seats``: :meth:`_seat_comm` of the slow set."""
         slow = self.slowdown.slow
         return propose(model, self.plans, self.learned.weights, slow=bool(slow), min_units=self.config.min_units,
-                       margin=self.config.margin, unseat=slow, comm=self._seat_comm(slow))
+                       margin=self.config.margin, unseat=slow, comm=seats)
 
     def _seat_comm(self, slow) -> float:
         """The paired layers' reductions as the ranks outside ``slow`` measure them (the median over the
