@@ -170,7 +170,8 @@ class ReshardPolicy:
         check_int("bytes_moved", bytes_moved, minimum=0)
         if bytes_moved > 0:
             self.seconds_per_byte = seconds / bytes_moved
-        window = list(self.samples)
+        # the steps since any rank's speed last changed: a pair of plans measures R/S only at the same speeds
+        window = list(self.samples)[len(self.samples) - self.samples.steps:]
         # a move bet on a pending step left a window whose last step has other speeds: it measures nothing
         measured = len(window) >= N_MIN and not (self.history and self.history[-1].step == self.step - 1
                                                  and self.history[-1].bet)

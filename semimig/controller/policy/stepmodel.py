@@ -161,15 +161,21 @@ class LearnedModel:
         return self.k * S, S
 
     def speeds(self, shares: Sequence[float], compute: Sequence[float]) -> Tuple[float, ...]:
-        """``v_r = (R + S·p_r)/c_r``."""
+        """``v_r = (R + S·p_r)/c_r``.  A rank holding no unit is read through ``R`` alone, so ``k``'s error
+        scales its speed by as much (``k`` read 3x too high reads it 3x fast, and the ranks holding units
+        as slow beside it): it is read no faster than the fastest of two or more ranks holding units, whose
+        readings rest on the work they do (one holder may itself be the slow rank, and tells nothing)."""
         R, S = self.scale()
-        return tuple((R + S * p) / max(c, 1e-12) for p, c in zip(shares, compute))
+        speeds = [(R + S * p) / max(c, 1e-12) for p, c in zip(shares, compute)]
+        holders = [v for v, p in zip(speeds, shares) if p > 0.0]
+        if len(holders) < 2:
+            return tuple(speeds)
+        return tuple(v if p > 0.0 else min(v, max(holders)) for v, p in zip(speeds, shares))
 
     def model(self, shares: Sequence[float], c: Sequence[float]) -> StepModel:
         """The step model of every rank's compute ``c`` (the window's reading), measured under ``shares``."""
         R, S = self.scale()
-        return StepModel(speeds=tuple((R + S * p) / max(t, 1e-12) for p, t in zip(shares, c)), replicated=R,
-                         shardable=S)
+        return StepModel(speeds=self.speeds(shares, c), replicated=R, shardable=S)
 
     def from_ratios(self, ratios: Sequence[float]) -> StepModel:
         """A model from speed ratios alone (a probe before any step), in healthy even steps."""
