@@ -21,6 +21,7 @@ A move sends, for every unit that changes owner, its weights and optimizer state
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence, Tuple
 
@@ -142,7 +143,7 @@ class Workload:
         """The collectives' seconds: ``comm_s`` split evenly over the paired dimensions, each dimension's
         reductions at the pace of its slowest rank holding units of it (``comm_s`` on healthy ranks;
         the sum of the policy's :func:`~semimig.controller.policy.propose.seat_scale`; :meth:`seat_comms`)."""
-        return float(self.seat_comms([plans], np.asarray(speeds, dtype=float)[None, :])[0, 0])
+        return _seat_comm(self, tuple(plans), tuple(float(v) for v in speeds))
 
     def seat_comms(self, plans: Sequence[Plans], speeds: np.ndarray) -> np.ndarray:
         """``[k, s]``: :meth:`seat_comm` of ``plans[k]`` at the speeds ``speeds[s]`` (one row per state)."""
@@ -169,3 +170,9 @@ class Workload:
         if first:
             nbytes = int(nbytes * FIRST_MOVE_SHARE)
         return nbytes, self.latency_s + nbytes / self.bandwidth_bytes_s
+
+
+@functools.lru_cache(maxsize=4096)
+def _seat_comm(workload: Workload, plans: Plans, speeds: Tuple[float, ...]) -> float:
+    """:meth:`Workload.seat_comm` (a trace holds its speeds and its plan for many steps: read once)."""
+    return float(workload.seat_comms([plans], np.array(speeds)[None, :])[0, 0])
