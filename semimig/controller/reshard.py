@@ -38,7 +38,7 @@ from semimig.controller.policy.gain import Noise, bet_pays, expected_life, gain_
 from semimig.controller.policy.propose import pooled, propose, seat_delta, shares
 from semimig.controller.policy.records import ReshardDecision, ReshardSample, moved_units
 from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, transition
-from semimig.controller.policy.stepmodel import LearnedModel
+from semimig.controller.policy.stepmodel import LearnedModel, median_times
 from semimig.controller.policy.window import Window
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
@@ -170,7 +170,8 @@ class ReshardPolicy:
         check_int("bytes_moved", bytes_moved, minimum=0)
         if bytes_moved > 0:
             self.seconds_per_byte = seconds / bytes_moved
-        window = list(self.samples)
+        # the steps since any rank's speed last changed: a pair of plans measures R/S only at the same speeds
+        window = list(self.samples)[len(self.samples) - self.samples.steps:]
         # a move bet on a pending step left a window whose last step has other speeds: it measures nothing
         measured = len(window) >= N_MIN and not (self.history and self.history[-1].step == self.step - 1
                                                  and self.history[-1].bet)
@@ -237,14 +238,12 @@ class ReshardPolicy:
         shares = self.shares()
         self.learned.read_bound(shares, window)
         compute, comm = self.samples.times()
-        if self.state == SETTLING:
-            self._verify(shares, window, max(compute) + comm)
         if len(window) == self.config.window and not self._fitted:  # one full window of a plan: across the ranks
             self._fitted = True
             self.learned.fit_across([[p.shares()[r] for p in self.plans] for r in range(self.tp)], window,
                                     [r for r in range(self.tp) if r not in self.slowdown.slow])
             shares = self.shares()
-        model = self.learned.model(shares, self.samples.times()[0])
+        model = self.learned.model(shares, compute)
         se = self.noise.of_median(self.samples.independent)
         ratios = tuple(v / max(model.speeds) for v in model.speeds)
         after = self.samples.after_change()  # a rank with no step after its change is not confirmed slow
@@ -252,6 +251,8 @@ class ReshardPolicy:
                         for c, v in zip(after, self.learned.speeds(shares, [c or 1.0 for c in after])))
         self.slowdown.update(step, ratios, se=math.sqrt(2.0) * se, tolerance=self.config.tolerance,
                              z=self.config.noise_z, samples=self.samples.steps, confirm=confirm)
+        if self.state == SETTLING and self._verify(window[len(window) - self.samples.steps:], max(compute) + comm):
+            model = self.learned.model(self.shares(), compute)
         healthy = StepModel(speeds=(max(model.speeds),) * self.tp, replicated=model.replicated,
                             shardable=model.shardable)
         return self._decide(step, model, comm, se, healthy_s=self._even_step(healthy) + comm,
@@ -311,7 +312,8 @@ class ReshardPolicy:
         cfg = self.config
         model = pooled(model, self.slowdown.slow)
         current = model.step(self.shares()) + comm
-        proposal = self._propose(model)
+        seats = self._seat_comm(self.slowdown.slow)
+        proposal = self._propose(model, seats)
         ratios = tuple(v / max(model.speeds) for v in model.speeds)
         base = dict(current_s=measured_s, predicted_s=current, speed_ratios=ratios)
         toward_even = max(self.shares(proposal)) < max(self.shares())
@@ -319,8 +321,7 @@ class ReshardPolicy:
             return self._hold(step, "the plan in force is the best", event=hold, **base)
         if not self.slowdown.slow and not toward_even:
             return self._hold(step, "no rank is slow: only a move toward even is taken", event=hold, **base)
-        predicted = model.step(self.shares(proposal)) + comm + seat_delta(model.speeds, self.plans, proposal,
-                                                                          self._seat_comm(self.slowdown.slow))
+        predicted = model.step(self.shares(proposal)) + comm + seat_delta(model.speeds, self.plans, proposal, seats)
         units, nbytes = self.moved(proposal)
         remaining = None if cfg.horizon is None else max(cfg.horizon - step, 1)
         life = expected_life(self.slowdown.age(step), self.slowdown.past(), floor=cfg.life_floor, remaining=remaining)
@@ -339,27 +340,33 @@ class ReshardPolicy:
         self.history.append(decision)
         return decision
 
-    def _verify(self, shares: Tuple[float, ...], window: list, measured_s: float) -> None:
-        """Leaving ``settling``: the plan moved to, measured, against its prediction (the step model's
-        error) and, with the same slow ranks on both sides, against the plan it left (``R/S``)."""
+    def _verify(self, window: list, measured_s: float) -> bool:
+        """Leaving ``settling`` (the slow set read on the new window; one set of speeds in each window): the
+        plan moved to against the plan it left (``R/S``) and against its prediction re-read with the refitted
+        ``R/S`` (an error the refit corrected would hold every later gain below it).  ``True``: refitted."""
         if self._before is None:
-            return
+            return False
         (before_plans, before, slow), self._before = self._before, None
-        if slow != self.slowdown.slow:
-            return  # the speeds changed across the move: it measures neither
-        self.learned.fit(self.shares(before_plans), before, self.shares(), window)
+        if slow != self.slowdown.slow or len(window) < N_MIN:
+            return False  # the speeds changed across the move: it measures neither
+        then, now, before_c = self.shares(before_plans), self.shares(), median_times(before)[0]
+        old, se = self.learned.model(then, before_c).step(now), self.noise.of_median(min(len(before), len(window)))
+        fitted = self.learned.fit(then, before, now, window, se=se) is not None
+        new = self.learned.model(self.shares(before_plans), before_c).step(self.shares())
         last = self.history[-1] if self.history else None
         if last is not None and last.current_s > 0.0:
-            self.learned.errors.append(max(0.0, (measured_s - last.predicted_s) / last.current_s))
+            self.learned.errors.append(max(0.0, (measured_s - last.predicted_s - new + old) / last.current_s))
+        return fitted
 
     def _hold(self, step: int, reason: str, *, event: str = "hold", **info) -> ReshardDecision:
         self.state = transition(self.state, event)
         return ReshardDecision(step, reason=reason, **info)
 
-    def _propose(self, model: StepModel) -> Tuple[ShardPlan, ...]:
+    def _propose(self, model: StepModel, seats: float) -> Tuple[ShardPlan, ...]:
+        """The proposal for ``model``; ``seats``: :meth:`_seat_comm` of the slow set."""
         slow = self.slowdown.slow
         return propose(model, self.plans, self.learned.weights, slow=bool(slow), min_units=self.config.min_units,
-                       margin=self.config.margin, unseat=slow, comm=self._seat_comm(slow))
+                       margin=self.config.margin, unseat=slow, comm=seats)
 
     def _seat_comm(self, slow) -> float:
         """The paired layers' reductions as the ranks outside ``slow`` measure them (the median over the

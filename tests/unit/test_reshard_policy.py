@@ -173,6 +173,35 @@ def test_two_plans_measure_r_over_s(rho):
     assert learned.k == pytest.approx(max(k, 1e-3))
 
 
+def test_a_pair_that_moves_too_little_to_tell_r_over_s_from_the_noise_measures_nothing():
+    """A move of a few units changes a rank's compute by about the noise of its reading: no fit; a rank
+    that gives all its units up measures ``k`` well under the same noise."""
+    e, k, se = 2, 0.05, 0.01
+    S = 1.0 / (k + 1.0 / e)
+
+    def window(shares, speeds=(1.0, 0.4)):
+        return [ReshardSample(tuple((k * S + S * p) / v for p, v in zip(shares, speeds)), (0.0, 0.0), (0.0, 0.0))
+                for _ in range(3)]
+
+    learned = LearnedModel(e, 0.2, (0.8, 0.2))
+    assert learned.fit((0.7, 0.3), window((0.7, 0.3)), (0.73, 0.27), window((0.73, 0.27)), se=se) is None
+    assert learned.fit((0.7, 0.3), window((0.7, 0.3)), (1.0, 0.0), window((1.0, 0.0)), se=se) == pytest.approx(k)
+
+
+def test_a_rank_holding_nothing_is_read_no_faster_than_the_fastest_of_two_holders():
+    """``R/S`` read 3x too high would read a healthy rank holding nothing 3x fast (and the holders slow
+    beside it); with two or more holders it is read no faster than the fastest of them."""
+    e, k_true = 4, 0.02
+    learned = LearnedModel(e, 0.2, (0.8, 0.2))
+    learned.fits.append(3 * k_true)
+    S = 1.0 / (k_true + 1.0 / e)
+    shares, speeds = (0.0, 1 / 3, 1 / 3, 1 / 3), (1.0, 1.0, 1.0, 0.3)
+    read = learned.speeds(shares, [(k_true * S + S * p) / v for p, v in zip(shares, speeds)])
+    assert read[0] == pytest.approx(max(read[1:])) and read[3] / read[1] == pytest.approx(0.3)
+    one = learned.speeds((0.0, 1.0), [k_true * S, (k_true * S + S) / 0.3])  # one holder, the slow one: no cap
+    assert one[0] > one[1]
+
+
 def test_the_healthy_ranks_measure_the_dimensions_weights():
     """Across healthy ranks holding different mixes of units: the true weights and R/S."""
     k, w = 0.1, (0.6, 0.4)

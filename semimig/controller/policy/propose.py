@@ -100,11 +100,11 @@ def _unseated(model: StepModel, plans: Tuple[ShardPlan, ...], weights: Sequence[
               rank: int) -> list[Tuple[ShardPlan, ...]]:
     """``plans`` with ``rank`` out of one dimension, for each dimension it holds units of, and out of all of them."""
     held = [d for d, p in enumerate(plans) if p.units[rank] > 0]
-    out, every = [], plans
-    for d in held:
-        out.append(plans[:d] + (_around(model, plans, weights, d, 0, skip=rank),) + plans[d + 1:])
-        every = every[:d] + (_around(model, every, weights, d, 0, skip=rank),) + every[d + 1:]
-    if len(held) > 1:
+    out = [plans[:d] + (_around(model, plans, weights, d, 0, skip=rank),) + plans[d + 1:] for d in held]
+    if len(held) > 1:  # out of every one in turn: the first step is the first candidate's
+        every = out[0]
+        for d in held[1:]:
+            every = every[:d] + (_around(model, every, weights, d, 0, skip=rank),) + every[d + 1:]
         out.append(every)
     return out
 

@@ -105,16 +105,21 @@ class LearnedModel:
             self.bound = min(found)
 
     def fit(self, pa: Sequence[float], before: Sequence[Any], pb: Sequence[float],
-            after: Sequence[Any]) -> Optional[float]:
+            after: Sequence[Any], se: float = 0.0) -> Optional[float]:
         """``k`` from two windows under shares ``pa`` and ``pb`` at the same speeds; ``None`` when they
-        say nothing."""
+        say nothing.  ``se``: the relative standard error of one window's reading of a rank.  A rank's
+        ``k = (ρ·p_a − p_b)/(1 − ρ)`` with ``ρ = c_b/c_a`` has the standard error
+        ``|p_a − p_b|·ρ·√2·se/(1 − ρ)²``: a move of a few units changes ``ρ`` too little to tell ``k``
+        from the noise, and a rank's reading is taken only when ``k`` clears :data:`FIT_Z` of them."""
         ca, cb = median_times(before)[0], median_times(after)[0]
         found = []
         for r in range(self.tp):
             dp, dc = pb[r] - pa[r], cb[r] - ca[r]
             if abs(dp) >= MIN_SHARE_CHANGE and dp * dc > 0.0:
                 k = (cb[r] * pa[r] - ca[r] * pb[r]) / (ca[r] - cb[r])
-                if k >= 0.0 and math.isfinite(k):
+                rho = cb[r] / ca[r]
+                k_se = abs(dp) * rho * math.sqrt(2.0) * se / (1.0 - rho) ** 2
+                if k >= 0.0 and math.isfinite(k) and k >= FIT_Z * k_se:
                     found.append(k)
         if not found or (len(found) > 1 and max(found) > 2.0 * max(min(found), K_FLOOR)):
             return None
@@ -161,15 +166,21 @@ class LearnedModel:
         return self.k * S, S
 
     def speeds(self, shares: Sequence[float], compute: Sequence[float]) -> Tuple[float, ...]:
-        """``v_r = (R + S·p_r)/c_r``."""
+        """``v_r = (R + S·p_r)/c_r``.  A rank holding no unit is read through ``R`` alone, so ``k``'s error
+        scales its speed by as much (``k`` read 3x too high reads it 3x fast, and the ranks holding units
+        as slow beside it): it is read no faster than the fastest of two or more ranks holding units, whose
+        readings rest on the work they do (one holder may itself be the slow rank, and tells nothing)."""
         R, S = self.scale()
-        return tuple((R + S * p) / max(c, 1e-12) for p, c in zip(shares, compute))
+        speeds = [(R + S * p) / max(c, 1e-12) for p, c in zip(shares, compute)]
+        holders = [v for v, p in zip(speeds, shares) if p > 0.0]
+        if len(holders) < 2:
+            return tuple(speeds)
+        return tuple(v if p > 0.0 else min(v, max(holders)) for v, p in zip(speeds, shares))
 
     def model(self, shares: Sequence[float], c: Sequence[float]) -> StepModel:
         """The step model of every rank's compute ``c`` (the window's reading), measured under ``shares``."""
         R, S = self.scale()
-        return StepModel(speeds=tuple((R + S * p) / max(t, 1e-12) for p, t in zip(shares, c)), replicated=R,
-                         shardable=S)
+        return StepModel(speeds=self.speeds(shares, c), replicated=R, shardable=S)
 
     def from_ratios(self, ratios: Sequence[float]) -> StepModel:
         """A model from speed ratios alone (a probe before any step), in healthy even steps."""

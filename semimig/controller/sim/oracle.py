@@ -37,7 +37,7 @@ The *limit* is what no plan of whole units beats: each segment at the continuous
 from __future__ import annotations
 
 import heapq
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -54,12 +54,12 @@ MAX_STATES = 40
 
 
 def _greedy(workload: Workload, speeds: Sequence[float], total: int, weight: float,
-            base: Sequence[float]) -> ShardPlan:
+            base: Sequence[float], skip: Optional[int] = None) -> ShardPlan:
     """``total`` units of ``weight`` each (share of the shardable work), each to the rank that finishes it
-    soonest, on top of each rank's ``base`` share (a rank may get none)."""
+    soonest, on top of each rank's ``base`` share (a rank may get none; ``skip``: a rank given none)."""
     R, S, tp = workload.replicated, workload.shardable, workload.tp
     units = [0] * tp
-    heap = [((R + S * (base[r] + weight)) / speeds[r], r) for r in range(tp)]
+    heap = [((R + S * (base[r] + weight)) / speeds[r], r) for r in range(tp) if r != skip]
     heapq.heapify(heap)
     for _ in range(total):
         _, r = heapq.heappop(heap)
@@ -91,14 +91,13 @@ def best_plans(workload: Workload, speeds: Sequence[float]) -> Plans:
         candidates.append((mlp, _greedy(workload, speeds, K, a / K, base)))
     slowest = min(range(workload.tp), key=lambda r: speeds[r])
     if speeds[slowest] < max(speeds):  # the slowest rank out of one dimension's reductions, or of both
-        out = [float(v) for v in speeds]
-        out[slowest] = 1e-12 * max(speeds)  # never handed a unit
         mlp, kv = candidates[0]
-        kv_out = _greedy(workload, out, K, a / K, [(1.0 - a) * n / U for n in mlp.units])
-        mlp_out = _greedy(workload, out, U, (1.0 - a) / U, [a * k / K for k in kv.units])
-        kv_first = _greedy(workload, out, K, a / K, [0.0] * workload.tp)
+        kv_out = _greedy(workload, speeds, K, a / K, [(1.0 - a) * n / U for n in mlp.units], skip=slowest)
+        mlp_out = _greedy(workload, speeds, U, (1.0 - a) / U, [a * k / K for k in kv.units], skip=slowest)
+        kv_first = _greedy(workload, speeds, K, a / K, [0.0] * workload.tp, skip=slowest)
         candidates += [(mlp, kv_out), (mlp_out, kv),
-                       (_greedy(workload, out, U, (1.0 - a) / U, [a * k / K for k in kv_first.units]), kv_first)]
+                       (_greedy(workload, speeds, U, (1.0 - a) / U, [a * k / K for k in kv_first.units],
+                                skip=slowest), kv_first)]
     return min(candidates, key=lambda plans: workload.step_seconds(plans, speeds))
 
 
@@ -130,9 +129,7 @@ def _step_matrix(workload: Workload, plans: Sequence[Plans], speeds: np.ndarray)
     """``[k, s]``: the step of plan ``k`` at speeds ``speeds[s]``."""
     shares = np.array([workload.shares(p) for p in plans])  # (K, tp)
     work = workload.replicated + workload.shardable * shares  # (K, tp)
-    top = speeds.max(axis=1)  # (s,)
-    seats = np.array([sum(top / speeds[:, np.array(p.units) > 0].min(axis=1) for p in plan) for plan in plans])
-    comm = workload.comm_s * seats / 2.0  # (K, s): each dimension's reductions at its slowest member's pace
+    comm = workload.seat_comms(plans, speeds)  # (K, s): each dimension's reductions at its slowest member's pace
     return workload.compute_s * np.max(work[:, None, :] / speeds[None, :, :], axis=2) + comm
 
 

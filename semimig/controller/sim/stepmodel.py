@@ -21,11 +21,13 @@ A move sends, for every unit that changes owner, its weights and optimizer state
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence, Tuple
 
+import numpy as np
+
 from semimig._validate import check_int, check_number
-from semimig.controller.policy.propose import seat_scale
 from semimig.controller.reshard import moved_units
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
@@ -140,8 +142,19 @@ class Workload:
     def seat_comm(self, plans: Plans, speeds: Sequence[float]) -> float:
         """The collectives' seconds: ``comm_s`` split evenly over the paired dimensions, each dimension's
         reductions at the pace of its slowest rank holding units of it (``comm_s`` on healthy ranks;
-        :func:`~semimig.controller.policy.propose.seat_scale`)."""
-        return self.comm_s * seat_scale(speeds, plans) / len(plans)
+        the sum of the policy's :func:`~semimig.controller.policy.propose.seat_scale`; :meth:`seat_comms`)."""
+        return _seat_comm(self, tuple(plans), tuple(float(v) for v in speeds))
+
+    def seat_comms(self, plans: Sequence[Plans], speeds: np.ndarray) -> np.ndarray:
+        """``[k, s]``: :meth:`seat_comm` of ``plans[k]`` at the speeds ``speeds[s]`` (one row per state)."""
+        speeds = np.asarray(speeds, dtype=float)
+        top = speeds.max(axis=1)  # (s,)
+        out = np.zeros((len(plans), speeds.shape[0]))
+        for k, plan in enumerate(plans):
+            for dim in plan:
+                seated = np.array(dim.units) > 0
+                out[k] += top / speeds[:, seated].min(axis=1) if seated.any() else 1.0
+        return self.comm_s * out / len(plans[0]) if plans else out
 
     def step_seconds(self, plans: Plans, speeds: Sequence[float]) -> float:
         """The group's step: its slowest rank's compute plus the collectives."""
@@ -157,3 +170,9 @@ class Workload:
         if first:
             nbytes = int(nbytes * FIRST_MOVE_SHARE)
         return nbytes, self.latency_s + nbytes / self.bandwidth_bytes_s
+
+
+@functools.lru_cache(maxsize=4096)
+def _seat_comm(workload: Workload, plans: Plans, speeds: Tuple[float, ...]) -> float:
+    """:meth:`Workload.seat_comm` (a trace holds its speeds and its plan for many steps: read once)."""
+    return float(workload.seat_comms([plans], np.array(speeds)[None, :])[0, 0])
