@@ -225,10 +225,9 @@ def rank_times(problem: JointProblem, d: int, b: int, units: np.ndarray) -> np.n
 
 
 def seat_scale(speeds: Sequence[float], plans: Sequence[ShardPlan]) -> float:
-    """``Σ_k 1/min_{r seated in k} v_r``, ``v`` relative to the fastest rank (module docstring).
-
-    The same pricing as :func:`semimig.controller.policy.propose.seat_scale`, which sits a layer above the
-    plans (DESIGN §7) and cannot be imported here; the two are one formula and must stay so."""
+    """``Σ_k 1/min_{r seated in k} v_r``, ``v`` relative to the fastest rank (module docstring): a
+    reduction runs at its slowest member's pace.  The re-shard policy prices seats with this same
+    function (:mod:`semimig.controller.policy.propose`)."""
     top = max(speeds)
     return sum(top / min((v for v, n in zip(speeds, p.units) if n > 0), default=top) for p in plans)
 

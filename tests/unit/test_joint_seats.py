@@ -71,13 +71,15 @@ def test_the_planner_with_seats_finds_the_brute_force_optimum(seed):
     assert job_step(problem, plan.samples, plan.plans) == pytest.approx(plan.step, rel=1e-12)
 
 
-def test_seat_scale_is_the_policy_s_pricing():
+def test_seat_scale_is_the_policy_s_pricing_each_kind_at_its_slowest_seated_rank():
+    assert policy_seat_scale is seat_scale  # one definition for the planner and the policy
     rng = random.Random(3)
     for _ in range(50):
         tp = rng.choice([2, 4, 8])
         speeds = [rng.choice([1.0, 0.5, 0.25, 0.9]) for _ in range(tp)]
         plans = [ShardPlan(units=tuple(rng.randint(0, 3) for _ in range(tp - 1)) + (1,)) for _ in range(2)]
-        assert seat_scale(speeds, plans) == policy_seat_scale(speeds, plans)
+        slowest = [min(v for v, n in zip(speeds, p.units) if n) for p in plans]
+        assert seat_scale(speeds, plans) == pytest.approx(sum(max(speeds) / v for v in slowest))
 
 
 def test_tp2_dp2_rank_3_slow_replica_0_even_rank_3_emptied_and_the_split_balanced():

@@ -26,6 +26,7 @@ import heapq
 import statistics
 from typing import AbstractSet, Optional, Sequence, Tuple
 
+from semimig.sharding.jobmodel import seat_scale
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, solve_plan
 
@@ -55,12 +56,6 @@ def even_plans(plans: Sequence[ShardPlan]) -> Optional[Tuple[ShardPlan, ...]]:
     if not all(p.total_units % p.tp == 0 for p in plans):
         return None
     return tuple(ShardPlan.even(p.total_units, p.tp, unit_size=p.unit_size) for p in plans)
-
-
-def seat_scale(speeds: Sequence[float], plans: Sequence[ShardPlan]) -> float:
-    """``Σ_d 1/min_{r seated in d} v_r``, ``v`` relative to the fastest rank (module docstring)."""
-    top = max(speeds)
-    return sum(top / min((v for v, n in zip(speeds, p.units) if n > 0), default=top) for p in plans)
 
 
 def seat_delta(speeds: Sequence[float], now: Sequence[ShardPlan], plans: Sequence[ShardPlan], comm: float) -> float:
