@@ -46,6 +46,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("semimig/comm/primitives.py", "_p2p", ".wait()"): STREAM + " (migration's direct movements)",
     ("semimig/comm/holders.py", "_Pending.wait", ".wait()"): STREAM + " (the holders' sum, as the group's all-reduce)",
     ("semimig/comm/holders.py", "_post", ".wait()"): STREAM + " (a send to an idle rank, waited only beyond the sends in flight)",
+    ("semimig/comm/holders.py", "HolderSum.all_reduce_", ".wait()"): STREAM + " (an idle rank's receive of the holders' slices)",
     ("semimig/shardformer/crosslayout.py", "_swap", ".wait()"): STREAM + " (per-replica plans: the cross-layout gradient exchange, once per backward)",
     ("semimig/nn/functional.py", "_ColumnParallelLinear.backward", ".wait()"): STREAM,
     ("semimig/nn/functional.py", "_paired_column_backward", ".wait()"): STREAM,
