@@ -77,6 +77,26 @@ def test_tp4_reads_its_layout_and_the_slow_rank_out_of_every_dimension():
     assert run["band_s"][0] == pytest.approx(min(fast, run["simulated_mean_s"]), rel=1e-3)
 
 
+def test_a_recorded_step_split_sets_the_point_estimate():
+    """A healthy step split into own work 0.6, collectives 0.4 and balanced GEMMs 0.4 (of a step of 1):
+    ``B = 0.4`` and ``f = 0.2/0.6``; with the slow rank holding nothing the step is the larger of its
+    replicated work at χ and the fast ranks' shards plus replicated work, then the collectives at the
+    fast ranks' pace (the slow rank holds no seat)."""
+    layout = {"tp": 4, "dp": 1, "straggler_rank": 3, "share": 0.5, "fraction": 0.125}
+    model = {"hidden": 768, "heads": 16, "kv_heads": 8}
+    plan = ([8, 8, 8, 0], [3, 3, 2, 0])
+    data = _file([_run([9.0] + [0.7] * 10, [_event(-1, *plan)])], tp=4, share=0.55, layout=layout, model=model,
+                 chi=None)
+    data["modes"]["healthy"]["step_split"] = [{"compute_s": 0.6 * T, "comm_s": 0.4 * T, "gemm_s": 0.4 * T}] * 4
+    c = file_constants(data)
+    assert c["shardable_share"] == pytest.approx(0.4) and c["split"] == pytest.approx(1 / 3)
+    assert c["split_from"] == "step_split"
+    run = replay_file(data)["runs"][0]
+    a = _attention(768, 384, 24)
+    fast = T * (0.4 * 4 * ((1 - a) * 8 / 24 + a * 3 / 8) + 0.2)
+    assert run["simulated_mean_s"] == pytest.approx(max(4 * 0.2 * T, fast) + 0.4 * T, rel=1e-6)
+
+
 def test_the_slowdown_is_read_from_an_off_run_when_the_file_has_one():
     data = _file([_run([9.0] + [T] * 4)], chi=None, straggler="device")
     data["raw"]["off"] = [_run([9.0] + [3 * T] * 4)]

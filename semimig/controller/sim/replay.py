@@ -28,11 +28,14 @@ fields of the file being replayed, none is carried over from another run:
 
 The rest of a healthy step, ``1 − B``, is replicated work (norms, embeddings, head, loss, host work:
 slow on the slow rank wherever it sits) and the group's collectives (slow only at its seats,
-:meth:`~semimig.controller.sim.stepmodel.Workload.seat_comm`), and no field of the file splits it:
-``balanced_share`` is the only per-rank time the file keeps.  So the replay runs every split
-``f`` in :data:`SPLITS` (``f`` of ``1 − B`` replicated, the rest collectives) and reports the band
-of simulated means over them beside the point estimate at ``f = 1`` (all of it replicated: what
-the policy itself reads, a rank's ``compute − busy`` being the replicated seconds it posts).  In
+:meth:`~semimig.controller.sim.stepmodel.Workload.seat_comm`).  A file whose healthy mode records
+each rank's step split (``step_split``: its own work ``c``, the time in semimig's collectives ``m``, the
+balanced GEMMs ``g``, medians over ranks) splits it: ``B = g/(c + m)`` and ``f = (c − g)/(c − g + m)``,
+the point estimate.  An older file keeps ``balanced_share`` as its only per-rank time, so its point
+estimate is ``f = 1`` (all of it replicated: what the policy itself reads, a rank's ``compute − busy``
+being the replicated seconds it posts).  Either way the replay also runs every split ``f`` in
+:data:`SPLITS` (``f`` of ``1 − B`` replicated, the rest collectives) and reports the band of simulated
+means over them.  In
 the model's terms: ``comm_share = (1 − f)·(1 − B)`` and ``replicated_share = f·(1 − B) / (f·(1 − B) + B)``
 (the replicated work's share of the compute, ``R + S/e = 1``).
 
@@ -88,7 +91,8 @@ def _steps(runs: Sequence[dict], pattern: bool, throttled: bool = True) -> List[
 
 def file_constants(data: dict) -> dict:
     """What the module docstring derives from ``data``: ``{"tp", "straggler_rank", "healthy_step_s",
-    "chi", "chi_from", "shardable_share", "hidden", "kv_heads", "kv_dim"}``, or ``{"skipped": why}``."""
+    "chi", "chi_from", "shardable_share", "split", "split_from", "hidden", "kv_heads", "kv_dim"}``, or
+    ``{"skipped": why}``."""
     raw = data.get("raw") or {}
     tp, dp, pp, slow = _layout(data)
     if pp > 1:
@@ -114,13 +118,20 @@ def file_constants(data: dict) -> dict:
     shares = ((data.get("modes") or {}).get("healthy") or {}).get("balanced_share")
     if not shares or any(b is None for b in shares):
         return {"skipped": "no balanced_share of the healthy mode: the shardable share is unknown"}
+    split, b = 1.0, statistics.median(float(x) for x in shares)
+    measured = ((data.get("modes") or {}).get("healthy") or {}).get("step_split")
+    if measured and all(r is not None for r in measured):
+        c, m, g = (statistics.median(float(r[k]) for r in measured) for k in ("compute_s", "comm_s", "gemm_s"))
+        if c + m > 0 and c - g + m > 0:
+            split, b = max(c - g, 0.0) / (c - g + m), g / (c + m)
     model = data.get("model") or {}
     if not model.get("hidden") or not model.get("heads"):
         return {"skipped": "no model shape (hidden, heads)"}
     hidden = int(model["hidden"])
     kv_heads = int(model.get("kv_heads") or model["heads"])
     return {"tp": tp, "straggler_rank": slow, "healthy_step_s": healthy, "chi": max(chi, 1.0), "chi_from": source,
-            "shardable_share": statistics.median(float(b) for b in shares), "hidden": hidden,
+            "shardable_share": b, "split": split, "split_from": "step_split" if measured else "none (f = 1)",
+            "hidden": hidden,
             "kv_heads": kv_heads, "kv_dim": hidden // int(model["heads"]) * kv_heads}
 
 
@@ -176,7 +187,8 @@ def replay_file(data: dict, name: str = "") -> dict:
             return {"file": name, "skipped": f"a plan whose length is not tp {c['tp']}"}
         band = [_simulated_mean(c, f, run, events, pattern) for f in SPLITS]
         measured = statistics.fmean(run["step_s"][1:])
-        out.append({"measured_mean_s": measured, "simulated_mean_s": band[-1], "ratio": band[-1] / measured,
+        point = _simulated_mean(c, c["split"], run, events, pattern)
+        out.append({"measured_mean_s": measured, "simulated_mean_s": point, "ratio": point / measured,
                     "band_s": [min(band), max(band)], "moves": len(events),
                     "plan": [e["mlp_units"], e["kv_units"]] if (e := events[-1] if events else None) else None})
     ratios = [r["ratio"] for r in out]
