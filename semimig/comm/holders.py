@@ -7,18 +7,18 @@ whose shard ``S_r`` is empty contributes exactly zero, so the sum over the *hold
 
 - the holders all-reduce among themselves (a process group of the holders alone; none when one
   rank holds everything);
-- the holders then hand the sum on to every rank holding nothing in equal slices: of ``k`` holders
-  the ``j``-th sends the ``j``-th of ``k`` contiguous slices of the flattened sum, and goes on at
-  once: the send completes while it computes (at most :data:`IN_FLIGHT` sends of this process are
-  left open; the oldest is waited for beyond that).  Each holder sends ``1/k`` of the tensor per
-  idle rank, so no one holder carries the whole hand-off on top of its share of the all-reduce;
-- a rank holding nothing receives the ``k`` slices into its tensor.
+- the first holder sends the sum to every rank holding nothing, and goes on at once: the send
+  completes while it computes (at most :data:`IN_FLIGHT` sends of this process are left open; the
+  oldest is waited for beyond that);
+- a rank holding nothing receives the sum.
 
 Every rank ends with the same tensor (the holders' all-reduce gives each holder the same sum, and
-the idle ranks receive its slices).  What it buys: no holder waits inside the layer for a
+the idle ranks receive the first holder's).  What it buys: no holder waits inside the layer for a
 rank that holds nothing of it, so a slow rank given no units leaves the layers' critical path; it
 still takes part in what no plan splits (the vocabulary-parallel embedding and head, the loss).
-With every rank holding columns the group's own all-reduce runs, the even layout's bit for bit.
+One holder sends, not each a slice: a send is paced by its receiver, and an idle rank is typically
+the slow one, so every holder that sends to it is tied to its pace (the transport's buffers fill);
+one sender ties one holder.  With every rank holding columns the group's own all-reduce runs, the even layout's bit for bit.
 
 Holder groups are made once per set of global ranks, by its members only
 (``new_group(..., use_local_synchronization=True)``), the first time a layer with that set runs:
@@ -75,15 +75,9 @@ def _holder_group(group: ProcessGroup, holders: tuple[int, ...]) -> Optional[Pro
     return found
 
 
-def _slices(flat: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
-    """``k`` contiguous slices of a flat tensor, the first ones a column longer where ``k`` does not
-    divide its length (the same cut on every rank: it depends on the length only)."""
-    return flat.tensor_split(k)
-
-
 class _Pending:
     """The handle :meth:`HolderSum.start` returns: :func:`semimig.comm.primitives.wait` completes the
-    holders' sum and posts the sends, or completes an idle rank's receives."""
+    holders' sum and posts the sends, or completes an idle rank's receive."""
 
     def __init__(self, owner: "HolderSum", tensor: torch.Tensor, works: Sequence[Optional[dist.Work]],
                  landing: Optional[torch.Tensor] = None) -> None:
@@ -96,7 +90,7 @@ class _Pending:
         if self.owner.me in self.owner.holders:
             self.owner._send(self.tensor)
         elif self.landing is not None:
-            self.tensor.copy_(self.landing.view_as(self.tensor))
+            self.tensor.copy_(self.landing)
 
 
 class HolderSum:
@@ -109,27 +103,22 @@ class HolderSum:
         if not self.holders or any(not 0 <= r < size for r in self.holders):
             raise ValueError(f"holders {self.holders} must be a non-empty set of ranks of a group of {size}")
         self.me = P.group_rank(group)
+        self.root = self.holders[0]
         self.idle = tuple(r for r in range(size) if r not in self.holders)
         self._group = _holder_group(group, self.holders) if self.me in self.holders else None
 
     def _send(self, tensor: torch.Tensor) -> None:
-        if not self.idle:
+        if self.me != self.root or not self.idle:
             return
-        mine = _slices(tensor.detach().reshape(-1), len(self.holders))[self.holders.index(self.me)]
-        if not mine.numel():
-            return
-        payload = mine.clone()  # the caller may write into its tensor before the send is done
+        payload = tensor.detach().clone(memory_format=torch.contiguous_format)  # the caller may write into it before the send is done
         for peer in self.idle:
             _post(P.isend(payload, peer, self.group))
 
     def _receive(self, tensor: torch.Tensor) -> _Pending:
-        """Post the receives of every holder's slice (into ``tensor`` itself when it is contiguous)."""
-        landing = None if tensor.is_contiguous() else torch.empty(tensor.numel(), dtype=tensor.dtype,
-                                                                   device=tensor.device)
-        flat = tensor.view(-1) if landing is None else landing
-        works = [P.irecv_(part, holder, self.group)
-                 for part, holder in zip(_slices(flat, len(self.holders)), self.holders) if part.numel()]
-        return _Pending(self, tensor, works, landing)
+        """Post the receive of the first holder's sum (into ``tensor`` itself when it is contiguous)."""
+        landing = None if tensor.is_contiguous() else torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        return _Pending(self, tensor, [P.irecv_(tensor if landing is None else landing, self.root, self.group)],
+                        landing)
 
     def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         """The group's sum into ``tensor`` (in place), as ``all_reduce`` over the group."""
