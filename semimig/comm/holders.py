@@ -18,7 +18,8 @@ rank that holds nothing of it, so a slow rank given no units leaves the layers' 
 still takes part in what no plan splits (the vocabulary-parallel embedding and head, the loss).
 One holder sends, not each a slice: a send is paced by its receiver, and an idle rank is typically
 the slow one, so every holder that sends to it is tied to its pace (the transport's buffers fill);
-one sender ties one holder.  With every rank holding columns the group's own all-reduce runs, the even layout's bit for bit.
+one sender ties one holder.  With every rank holding columns the group's own all-reduce runs, the
+even layout's bit for bit.
 
 Holder groups are made once per set of global ranks, by its members only
 (``new_group(..., use_local_synchronization=True)``), the first time a layer with that set runs:
@@ -110,13 +111,15 @@ class HolderSum:
     def _send(self, tensor: torch.Tensor) -> None:
         if self.me != self.root or not self.idle:
             return
-        payload = tensor.detach().clone(memory_format=torch.contiguous_format)  # the caller may write into it before the send is done
+        # a copy: the caller may write into its tensor before the send is done
+        payload = tensor.detach().clone(memory_format=torch.contiguous_format)
         for peer in self.idle:
             _post(P.isend(payload, peer, self.group))
 
     def _receive(self, tensor: torch.Tensor) -> _Pending:
         """Post the receive of the first holder's sum (into ``tensor`` itself when it is contiguous)."""
-        landing = None if tensor.is_contiguous() else torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        contiguous = torch.contiguous_format
+        landing = None if tensor.is_contiguous() else torch.empty_like(tensor, memory_format=contiguous)
         return _Pending(self, tensor, [P.irecv_(tensor if landing is None else landing, self.root, self.group)],
                         landing)
 
