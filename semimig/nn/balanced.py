@@ -60,6 +60,9 @@ class BalancedLinearMixin:
     weight_transposed: bool = False  # stored [in, out] (GPT-2's Conv1D): the split dimension of the weight flips
     directive: Optional[LayerDirective]
     layer_name: Optional[str]
+    shard_plans: Optional[Plans] = None
+    """This rank's layout, one plan per packed part; ``None``: Colossal-AI's even layout (the legacy
+    layers are always even)."""
 
     def _refuse_unservable(self, options: dict, process_group, in_features: int, out_features: int,
                            split_sizes: Optional[list] = None, shard_sizes: Optional[Sequence] = None, *,
@@ -91,6 +94,7 @@ class BalancedLinearMixin:
     def _init_balancing(self) -> None:
         self.directive = None
         self.layer_name = None
+        self._holder_sum: Optional[tuple] = None  # (the plans' sizes, their HolderSum or None)
 
     @property
     def gemm_weight(self) -> torch.Tensor:
@@ -154,11 +158,11 @@ class BalancedLinearMixin:
         column; ``None`` (the group's all-reduce) with every rank holding some, along a split sequence
         (every rank holds its chunk of it) and while the layer migrates (a rank holding nothing may
         compute a straggler's columns).  Made once per plan."""
-        plans = getattr(self, "shard_plans", None)  # the legacy layers are always even
+        plans = self.shard_plans
         if plans is None or seq_dim is not None or (directive is not None and directive.migrating):
             return None
         sizes = tuple(tuple(plan.sizes) for plan in plans)
-        cached = getattr(self, "_holder_sum", None)
+        cached = self._holder_sum
         if cached is None or cached[0] != sizes:
             held = holders_of(sizes)
             cached = (sizes, HolderSum(self.process_group, held) if len(held) < len(sizes[0]) else None)
