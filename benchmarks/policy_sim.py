@@ -92,13 +92,18 @@ def _replay(folder: Path) -> dict:
 
 
 def _replay_table(replay: dict) -> str:
-    """One line per replayed run: measured and simulated mean step, their ratio and the band over splits."""
-    lines = [f"{'replayed file':40s} {'run':>3s} {'measured':>8s} {'sim':>7s} {'ratio':>6s} {'band':>13s}"]
+    """One line per replayed run: measured and simulated mean step, their ratio, the band over splits, and
+    under a steady throttle the model's best plan over its healthy step (the layout's limit with the
+    file's replicated work)."""
+    lines = [f"{'replayed file':40s} {'run':>3s} {'measured':>8s} {'sim':>7s} {'ratio':>6s} {'band':>13s} "
+             f"{'best':>5s}"]
     for result in replay["files"]:
+        best = result.get("model_best")
         for i, run in enumerate(result.get("runs", [])):
             lo, hi = run["band_s"]
             lines.append(f"{result['file'][:40]:40s} {i:3d} {run['measured_mean_s']:8.3f} "
-                         f"{run['simulated_mean_s']:7.3f} {run['ratio']:6.2f} {lo:6.3f}-{hi:6.3f}")
+                         f"{run['simulated_mean_s']:7.3f} {run['ratio']:6.2f} {lo:6.3f}-{hi:6.3f} "
+                         + (f"{best['vs_healthy']:4.2f}x" if best else "    -"))
     for name, why in replay["summary"]["skipped"].items():
         lines.append(f"skipped {name}: {why}")
     return "\n".join(lines)

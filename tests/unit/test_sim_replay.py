@@ -95,6 +95,9 @@ def test_a_recorded_step_split_sets_the_point_estimate():
     a = _attention(768, 384, 24)
     fast = T * (0.4 * 4 * ((1 - a) * 8 / 24 + a * 3 / 8) + 0.2)
     assert run["simulated_mean_s"] == pytest.approx(max(4 * 0.2 * T, fast) + 0.4 * T, rel=1e-6)
+    best = replay_file(data)["model_best"]  # no plan beats emptying the slow rank: its replicated work stays
+    assert best["plan"][0][3] == 0 and best["plan"][1][3] == 0
+    assert best["vs_healthy"] == pytest.approx(run["simulated_mean_s"] / T, rel=1e-6)
 
 
 def test_the_slowdown_is_read_from_an_off_run_when_the_file_has_one():

@@ -49,6 +49,7 @@ from __future__ import annotations
 import statistics
 from typing import List, Optional, Sequence, Tuple
 
+from semimig.controller.sim.oracle import best_plans
 from semimig.controller.sim.stepmodel import Plans, Workload
 from semimig.sharding.plan import ShardPlan
 
@@ -174,7 +175,9 @@ def _simulated_mean(c: dict, split: float, run: dict, events: Sequence[dict], pa
 def replay_file(data: dict, name: str = "") -> dict:
     """Every ``reshard`` run of a ``time_to_loss`` result through the model (module docstring):
     ``{"file", "constants", "runs": [{"measured_mean_s", "simulated_mean_s", "ratio", "band_s", "moves",
-    "plan"}], "ratio", "error"}`` (``ratio``: simulated over measured, the mean over runs; ``error``:
+    "plan"}], "ratio", "model_best", "error"}`` (``model_best``: under a steady throttle, the best plan the
+    model finds at the throttled speeds and its step over the model's healthy step: the layout's limit
+    with the file's replicated work, which stays on the slow rank) (``ratio``: simulated over measured, the mean over runs; ``error``:
     the mean of ``|ratio − 1|``), or ``{"file", "skipped": why}``."""
     c = file_constants(data)
     if "skipped" in c:
@@ -192,7 +195,18 @@ def replay_file(data: dict, name: str = "") -> dict:
                     "band_s": [min(band), max(band)], "moves": len(events),
                     "plan": [e["mlp_units"], e["kv_units"]] if (e := events[-1] if events else None) else None})
     ratios = [r["ratio"] for r in out]
-    return {"file": name, "constants": c, "runs": out, "ratio": statistics.fmean(ratios),
+    best = None
+    if not pattern:  # the best plan the model finds at the throttled speeds, over the healthy step
+        events = ((data["raw"]["reshard"][0].get("summary") or {}).get("reshard") or {}).get("events") or []
+        units = (sum(events[0]["mlp_units"]), sum(events[0]["kv_units"])) if events else (4 * c["hidden"] // BLOCK,
+                                                                                          c["kv_heads"])
+        workload, speeds = _workload(c, c["split"], *units), [1.0] * c["tp"]
+        speeds[c["straggler_rank"]] = 1.0 / c["chi"]
+        plans = best_plans(workload, speeds)
+        best = {"plan": [list(p.units) for p in plans],
+                "vs_healthy": workload.step_seconds(plans, speeds) / workload.step_seconds(workload.even_plans(),
+                                                                                          [1.0] * c["tp"])}
+    return {"file": name, "constants": c, "runs": out, "ratio": statistics.fmean(ratios), "model_best": best,
             "error": statistics.fmean(abs(x - 1.0) for x in ratios),
             "in_band": all(r["band_s"][0] * 0.9 <= r["measured_mean_s"] <= r["band_s"][1] * 1.1 for r in out)}
 
