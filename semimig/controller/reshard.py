@@ -35,7 +35,7 @@ from typing import Optional, Sequence, Tuple
 
 from semimig._validate import check_int, check_number
 from semimig.controller.policy.gain import Noise, bet_pays, expected_life, gain_test
-from semimig.controller.policy.propose import pooled, propose, seat_delta, shares
+from semimig.controller.policy.propose import pooled, propose, seat_delta, seat_reading, shares
 from semimig.controller.policy.records import ReshardDecision, ReshardSample, moved_units
 from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, transition
 from semimig.controller.policy.stepmodel import LearnedModel, median_times
@@ -369,13 +369,9 @@ class ReshardPolicy:
                        margin=self.config.margin, unseat=slow, comm=seats)
 
     def _seat_comm(self, slow) -> float:
-        """The paired layers' reductions as the ranks outside ``slow`` measure them (the median over the
-        window of their median): what a slow rank's seats stretch (:mod:`~semimig.controller.policy.propose`)."""
-        fast = [r for r in range(self.tp) if r not in slow]
-        window = list(self.samples)
-        if not slow or not fast or not window:
-            return 0.0
-        return statistics.median(statistics.median(s.comm_s[r] for r in fast) for s in window)
+        """The paired layers' reductions under the plan in force (:func:`seat_reading`; 0 with no rank in
+        ``slow``): what a slow rank's seats stretch."""
+        return seat_reading(list(self.samples), self.plans) if slow else 0.0
 
     def _needed(self, se: float) -> float:
         """``ε``: the margin, the noise of the window's median (relative) and the step model's own error."""

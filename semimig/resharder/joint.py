@@ -20,9 +20,10 @@ of a healthy TP group read apart by whatever one of them waited for the other.  
 replica as its policy does (:func:`~semimig.controller.policy.propose.pooled`): the ranks outside the
 policy's slow set at their median speed, so what its slow-set test calls noise moves no unit, and with
 no rank slow anywhere the planner's plans are the plans in force.  Seats
-(:func:`~semimig.sharding.jobmodel.with_seats`): the layers' reductions each replica's ranks outside its
-slow set measure while a slow rank sits in some kind, as its policy weighs them (a replica with no rank
-slow measures none), kept across the move that empties it (:class:`SeatMemory`).  Only the replica with the
+(:func:`~semimig.sharding.jobmodel.with_seats`): the layers' reductions as each replica's policy reads
+them (:func:`~semimig.controller.policy.propose.seat_reading`, the least time in collectives of the
+ranks seated, so no wait for a slow rank's compute) while a slow rank sits in some kind (a replica with
+no rank slow measures none), kept across the move that empties it (:class:`SeatMemory`).  Only the replica with the
 longest compute is read: the others' collectives hold their wait for it in DDP's all-reduce (communication
 on the step clock, but no seat's), which would price every seat at that wait.
 
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from semimig.comm import primitives as P
-from semimig.controller.policy.propose import pooled
+from semimig.controller.policy.propose import pooled, seat_reading
 from semimig.controller.reshard import ReshardSample
 from semimig.errors import ConfigError
 from semimig.sharding.jobmodel import JointProblem, UnitKind, from_measured, state_bytes_per_param, with_seats
@@ -117,7 +118,7 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
     speeds = tuple(pooled(StepModel(speeds=row, replicated=0.0, shardable=1.0), s).speeds
                    for row, s in zip(problem.speeds, slow))
     slowest = max(range(len(compute)), key=lambda d: (max(compute[d]), -d))
-    seats = [_seat_comm(window, s, tp) if d == slowest and _seated(row, s) else 0.0
+    seats = [_seat_comm(window, s, row) if d == slowest and _seated(row, s) else 0.0
              for d, (window, s, row) in enumerate(zip(windows, slow, plans))]
     problem = with_seats(dataclasses.replace(problem, speeds=speeds), samples, plans, seats)
     return problem if memory is None else memory.apply(problem, slow=any(slow))
@@ -149,13 +150,10 @@ def _seated(plans: Sequence[ShardPlan], slow: frozenset) -> bool:
     return any(p.units[r] > 0 for p in plans for r in slow)
 
 
-def _seat_comm(window: Sequence[ReshardSample], slow: frozenset, tp: int) -> float:
-    """A replica's layer reductions as its ranks outside ``slow`` measure them (the median over the window of
-    their median; 0 with no rank slow): what a slow rank's seats stretch, as the re-shard policy reads them."""
-    fast = [r for r in range(tp) if r not in slow]
-    if not slow or not fast:
-        return 0.0
-    return statistics.median(statistics.median(s.comm_s[r] for r in fast) for s in window)
+def _seat_comm(window: Sequence[ReshardSample], slow: frozenset, plans: Sequence[ShardPlan]) -> float:
+    """A replica's layer reductions under ``plans`` as the re-shard policy reads them
+    (:func:`~semimig.controller.policy.propose.seat_reading`; 0 with no rank slow)."""
+    return seat_reading(window, plans) if slow else 0.0
 
 
 def as_policy_plans(plans: Sequence[ShardPlan], like: Sequence[ShardPlan]) -> tuple[ShardPlan, ...]:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from semimig.controller.policy.propose import propose, seat_delta, seat_scale, shares
+from semimig.controller.policy.propose import propose, seat_delta, seat_reading, seat_scale, shares
+from semimig.controller.policy.records import ReshardSample
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel
 
@@ -59,3 +60,13 @@ def test_no_slow_rank_keeps_the_even_plan():
     even_model = StepModel(speeds=(1.0,) * 4, replicated=0.1, shardable=3.6)
     even = (ShardPlan(units=(6, 6, 6, 6)), ShardPlan(units=(2, 2, 2, 2)))
     assert propose(even_model, even, WEIGHTS, slow=False, min_units=0, margin=0.03, comm=0.2) == even
+
+
+def test_the_reading_is_the_least_seated_rank_s_time_in_collectives():
+    """Rank 3 seated and last to arrive: the others' collectives hold their wait for its compute, its own
+    the transfer alone; emptied, it waits for the sums and the seated ranks' least is read."""
+    steps = [ReshardSample((1.0, 1.0, 1.0, 2.0), (0.5,) * 4, (0.9, 1.0, 0.95, 0.1 + 0.01 * i)) for i in range(3)]
+    assert seat_reading(steps, NOW) == pytest.approx(0.11)
+    out = (ShardPlan(units=(8, 8, 8, 0)), ShardPlan(units=(3, 3, 2, 0)))
+    assert seat_reading(steps, out) == pytest.approx(0.9)
+    assert seat_reading([], NOW) == 0.0

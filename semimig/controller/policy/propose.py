@@ -13,7 +13,7 @@ reduction runs at the pace of its slowest member (each member moves and sums its
 at its own speed; a rank holding none only receives the sum, :mod:`semimig.comm.holders`).  With
 ``b`` the reductions' seconds of one dimension among full-speed ranks, the layers' collectives take
 ``b·Σ_d 1/min_{r seated in d} v_r`` (``v`` relative to the fastest rank): :func:`seat_scale` is that
-sum.  Measured as ``m`` under the plan in force, a plan ``P`` changes the step by
+sum.  Measured as ``m`` under the plan in force (:func:`seat_reading`), a plan ``P`` changes the step by
 ``m·(seat_scale(P) − seat_scale(now))/seat_scale(now)`` (:func:`seat_delta`), and every candidate
 also comes with each slow rank unseated from one dimension or from all of them (its units handed to
 the others, each to the rank that finishes it soonest).  One unit gives a slow rank a seat in all of
@@ -30,7 +30,7 @@ from semimig.sharding.jobmodel import seat_scale
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, solve_plan
 
-__all__ = ["shares", "even_plans", "propose", "pooled", "seat_scale", "seat_delta"]
+__all__ = ["shares", "even_plans", "propose", "pooled", "seat_scale", "seat_reading", "seat_delta"]
 
 
 def shares(weights: Sequence[float], plans: Sequence[ShardPlan]) -> Tuple[float, ...]:
@@ -56,6 +56,20 @@ def even_plans(plans: Sequence[ShardPlan]) -> Optional[Tuple[ShardPlan, ...]]:
     if not all(p.total_units % p.tp == 0 for p in plans):
         return None
     return tuple(ShardPlan.even(p.total_units, p.tp, unit_size=p.unit_size) for p in plans)
+
+
+def seat_reading(window: Sequence, plans: Sequence[ShardPlan]) -> float:
+    """``m``, the layers' reductions under ``plans`` as a window of steps measured them: per step the least
+    time in collectives of the ranks seated in some dimension, the median over the window (0 with none).
+
+    A member's time in a reduction is its wait for the last member to arrive plus the transfer at the
+    pace the seats set; the last to arrive waits least, so the least over the members bounds the
+    transfer from above without the wait for a slow rank's compute, which no seat causes (a fast
+    rank's own reading holds that wait and would price every seat at it)."""
+    seated = [r for r in range(len(plans[0].units)) if any(p.units[r] > 0 for p in plans)]
+    if not seated or not window:
+        return 0.0
+    return statistics.median(min(s.comm_s[r] for r in seated) for s in window)
 
 
 def seat_delta(speeds: Sequence[float], now: Sequence[ShardPlan], plans: Sequence[ShardPlan], comm: float) -> float:
