@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 from semimig.comm import primitives as P
 from semimig.comm.lagged import LaggedRows
 from semimig.controller.reshard import ReshardConfig, ReshardDecision, ReshardPolicy, ReshardSample
-from semimig.resharder.joint import (JointSetup, as_policy_plans, even_samples, joint_problem,
+from semimig.resharder.joint import (JointSetup, SeatMemory, as_policy_plans, even_samples, joint_problem,
                                      per_mean_batch)
 from semimig.resharder.events import ReplanEvent, log_measured, log_replan
 from semimig.resharder.observe import (PROBE_MAX_SIZE, gemm_scale, probe_times, row_sample, slowest_per_position,
@@ -108,6 +108,7 @@ class Resharder:
         self.joint_replans: list[dict] = []
         """Every joint decision: its step, the new split, the predicted job step, what memory bounded."""
         self._job_moved = 0  # the step the job last moved (the joint gain test's age)
+        self._seats = SeatMemory()  # the joint planner's seat fit across a move that empties a slow rank
         self.ddp_waits: tuple = ()
         """The DDP hooks that time the data-parallel all-reduce's wait on the step clock
         (:mod:`semimig.straggler.ddp_wait`; set by :func:`~semimig.resharder.make_resharder`)."""
@@ -308,7 +309,7 @@ class Resharder:
         the job last moved (at least ``life_floor``).  A change of split alone moves no weights."""
         if any(policy.state != HOLDING for policy in self.policies):
             return None
-        problem = joint_problem(self.joint, self.policies, self.samples)
+        problem = joint_problem(self.joint, self.policies, self.samples, self._seats)
         if problem is None:
             return None
         current = tuple(policy.plans for policy in self.policies)
@@ -336,7 +337,7 @@ class Resharder:
         every plan and the split."""
         current = tuple(policy.plans for policy in self.policies)
         if answer is None:
-            problem = joint_problem(self.joint, self.policies, self.samples)
+            problem = joint_problem(self.joint, self.policies, self.samples, self._seats)
             if problem is None:
                 return None
             answer = plan_job(problem, reference=current)

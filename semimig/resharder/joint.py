@@ -19,12 +19,13 @@ vocabulary-parallel embedding and cross-entropy all-reduces) are compute on the 
 of a healthy TP group read apart by whatever one of them waited for the other.  The planner reads each
 replica as its policy does (:func:`~semimig.controller.policy.propose.pooled`): the ranks outside the
 policy's slow set at their median speed, so what its slow-set test calls noise moves no unit, and with
-no rank slow anywhere the planner's plans are the plans in force.  Seats are not priced here: the
-planner can weigh them (:func:`~semimig.sharding.jobmodel.with_seats`), but its step model holds a
-slow rank's replicated work at the policies' ``R/S``, far below what an emptied slow rank still runs at
-its pace (its replicated layers, its part of Colossal-AI's own collectives), so with seats priced it
-emptied the slow rank of a replica and measured 2.15× healthy at tp 2 × dp 2 where the plans it
-chooses without them measured 1.54× (docs/limitations.md).
+no rank slow anywhere the planner's plans are the plans in force.  Seats
+(:func:`~semimig.sharding.jobmodel.with_seats`): the layers' reductions as each replica's policy reads
+them (:func:`~semimig.controller.policy.propose.seat_reading`, the least time in collectives of the
+ranks seated, so no wait for a slow rank's compute) while a slow rank sits in some kind (a replica with
+no rank slow measures none), kept across the move that empties it (:class:`SeatMemory`).  Only the replica with the
+longest compute is read: the others' collectives hold their wait for it in DDP's all-reduce (communication
+on the step clock, but no seat's), which would price every seat at that wait.
 
 Memory (:class:`JointSetup`): every rank's capacity (``BatchSplit.capacity``), the bytes of one unit of
 each kind (its parameters over the layers, times the bytes a trained parameter holds: weight, gradient,
@@ -41,14 +42,14 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from semimig.comm import primitives as P
-from semimig.controller.policy.propose import pooled
+from semimig.controller.policy.propose import pooled, seat_reading
 from semimig.controller.reshard import ReshardSample
 from semimig.errors import ConfigError
-from semimig.sharding.jobmodel import JointProblem, UnitKind, from_measured, state_bytes_per_param
+from semimig.sharding.jobmodel import JointProblem, UnitKind, from_measured, state_bytes_per_param, with_seats
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel
 
-__all__ = ["JointSetup", "even_samples", "joint_problem", "joint_setup", "per_mean_batch"]
+__all__ = ["JointSetup", "SeatMemory", "even_samples", "joint_problem", "joint_setup", "per_mean_batch"]
 
 KINDS = ("mlp", "kv")
 """The paired dimensions a plan splits, in the policies' order."""
@@ -90,11 +91,13 @@ def per_mean_batch(sample: ReshardSample, samples: int, mean: float) -> ReshardS
                                gemm_s=None if sample.gemm_s is None else tuple(g * scale for g in sample.gemm_s))
 
 
-def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[int]) -> Optional[JointProblem]:
+def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[int],
+                  memory: Optional["SeatMemory"] = None) -> Optional[JointProblem]:
     """The problem every replica's window poses (``None`` while some window is empty): per rank the median
     compute per mean batch scaled to its replica's ``samples``, the policies' mean ``R/S`` and the kinds'
     weights of replica 0's policy (every replica's policy starts from the same); each replica's ranks outside
-    its policy's slow set at their median speed (module docstring)."""
+    its policy's slow set at their median speed, the seats fitted to the reductions they measure while a slow
+    rank is seated (module docstring; ``memory``: the fit kept across a move that empties it)."""
     windows = [list(policy.samples) for policy in policies]
     if any(not window for window in windows):
         return None
@@ -114,7 +117,43 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
     slow = [frozenset(policy.slowdown.slow) for policy in policies]
     speeds = tuple(pooled(StepModel(speeds=row, replicated=0.0, shardable=1.0), s).speeds
                    for row, s in zip(problem.speeds, slow))
-    return dataclasses.replace(problem, speeds=speeds)
+    slowest = max(range(len(compute)), key=lambda d: (max(compute[d]), -d))
+    seats = [_seat_comm(window, s, row) if d == slowest and _seated(row, s) else 0.0
+             for d, (window, s, row) in enumerate(zip(windows, slow, plans))]
+    problem = with_seats(dataclasses.replace(problem, speeds=speeds), samples, plans, seats)
+    return problem if memory is None else memory.apply(problem, slow=any(slow))
+
+
+class SeatMemory:
+    """The last seat fit measured with a slow rank seated, kept while some rank stays slow.
+
+    Emptied of a kind, a slow rank leaves no trace of its pace in what the others measure (at tp 2 its
+    partner holds the kind alone and reduces nothing), so a fit read then would price seating it again at
+    nothing and the planner would hand it units back, to find the old pace and move again.  The fit in
+    force is the last one read with the slow rank seated; it is forgotten when no rank is slow."""
+
+    def __init__(self) -> None:
+        self.seat_per_sample = 0.0
+
+    def apply(self, problem: JointProblem, *, slow: bool) -> JointProblem:
+        if not slow:
+            self.seat_per_sample = 0.0
+            return problem
+        if problem.seat_per_sample > 0.0:
+            self.seat_per_sample = problem.seat_per_sample
+            return problem
+        return dataclasses.replace(problem, seat_per_sample=self.seat_per_sample)
+
+
+def _seated(plans: Sequence[ShardPlan], slow: frozenset) -> bool:
+    """Whether a rank of ``slow`` holds a unit of some kind under ``plans``: its pace is in the reductions."""
+    return any(p.units[r] > 0 for p in plans for r in slow)
+
+
+def _seat_comm(window: Sequence[ReshardSample], slow: frozenset, plans: Sequence[ShardPlan]) -> float:
+    """A replica's layer reductions under ``plans`` as the re-shard policy reads them
+    (:func:`~semimig.controller.policy.propose.seat_reading`; 0 with no rank slow)."""
+    return seat_reading(window, plans) if slow else 0.0
 
 
 def as_policy_plans(plans: Sequence[ShardPlan], like: Sequence[ShardPlan]) -> tuple[ShardPlan, ...]:

@@ -53,7 +53,9 @@ def test_the_joint_problem_reads_every_rank_s_compute_as_measured():
     speeds = problem.speeds
     assert speeds[0][0] == pytest.approx(speeds[1][0]) and speeds[0][1] == pytest.approx(speeds[1][0])
     assert speeds[1][1] == pytest.approx(speeds[1][0] / 4)
-    assert problem.seat_per_sample == 0.0  # seats are not priced by the joint re-plan (module docstring)
+    # seats: replica 1's fast rank measures 0.1 s of reductions at 4 samples with its rank 1 seated in both kinds
+    # at a quarter speed (seat_scale 4 + 4); replica 0, with no rank slow, measures no seat
+    assert problem.seat_per_sample == pytest.approx(0.1 / (4 * 8.0))
 
 
 def _policies(rows_by_replica, steps: int = 4):
@@ -105,3 +107,36 @@ def test_with_no_rank_slow_the_planner_moves_nothing():
     assert problem.seat_per_sample == 0.0
     answer = plan_job(problem, reference=[p.plans for p in policies])
     assert answer.samples == (4, 4) and [tuple(row) for row in answer.plans] == [p.plans for p in policies]
+
+
+
+def test_the_seat_fit_outlives_the_move_that_empties_the_slow_rank():
+    """Emptied, the slow rank leaves no pace in its partner's reductions; the fit read while it sat is kept, so
+    the planner does not hand it units back, and it is forgotten once no rank is slow."""
+    from semimig.controller.reshard import ReshardConfig, ReshardPolicy
+    from semimig.resharder.joint import SeatMemory, joint_problem
+    from semimig.sharding.joint import plan_job
+    from semimig.sharding.plan import ShardPlan
+
+    setup = JointSetup(global_batch=8, dp=2, bytes_per_unit=(1.0, 1.0), fixed_bytes=0.0, capacity_bytes=None)
+    healthy = [ReshardSample((2.0, 2.0), (1.0, 1.0), (0.1, 0.1))]
+    memory = SeatMemory()
+    seated = joint_problem(setup, _policies([healthy, [ReshardSample((2.0, 8.0), (1.0, 4.0), (1.0, 0.1))]]),
+                           (4, 4), memory)
+    assert seated.seat_per_sample > 0.0 and memory.seat_per_sample == seated.seat_per_sample
+
+    emptied = (ShardPlan(units=(8, 0)), ShardPlan(units=(4, 0)))
+    policies = [ReshardPolicy(plans, weights=(3.0, 1.0), bytes_per_unit=(1, 1), config=ReshardConfig(window=4))
+                for plans in ((ShardPlan.even(8, 2), ShardPlan.even(4, 2)), emptied)]
+    for _ in range(4):  # rank 1 of replica 1 holds nothing: its replicated work alone, four times slower
+        policies[0].observe(healthy[0])
+        policies[1].observe(ReshardSample((3.0, 1.2), (2.0, 0.0), (0.01, 0.4)))
+    assert policies[1].slowdown.slow == {1}
+    assert joint_problem(setup, policies, (5, 3)).seat_per_sample == 0.0  # nothing read: seats unpriced
+    kept = joint_problem(setup, policies, (5, 3), memory)
+    assert kept.seat_per_sample == seated.seat_per_sample
+    answer = plan_job(kept, reference=[p.plans for p in policies])
+    assert answer.plans[1][0].units[1] == 0  # no MLP back to the slow rank
+
+    calm = _policies([healthy, healthy])
+    assert joint_problem(setup, calm, (4, 4), memory).seat_per_sample == 0.0 and memory.seat_per_sample == 0.0
