@@ -280,7 +280,7 @@ def test_the_slow_rank_prunes_within_the_first_slow_step_and_the_fast_rank_never
 
 
 def test_no_reflex_when_it_is_off():
-    (fired0, _, _), (fired1, planned1, _) = run_pooled(_burst_body, 2, None, timeout_s=240)
+    (fired0, _, _), (fired1, _, _) = run_pooled(_burst_body, 2, None, timeout_s=240)
     assert fired0 == fired1 == [0.0] * STEPS  # when the plan then reacts is the step clock's timing, not checked
 
 
