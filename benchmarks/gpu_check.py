@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import logging
 import os
 import platform
 import statistics
@@ -526,8 +527,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
                             world_size=1, timeout=datetime.timedelta(seconds=120))
     group = dist.group.WORLD
-    started, result, seconds = time.perf_counter(), {}, {}
+    started, result, seconds, errors = time.perf_counter(), {}, {}, {}
     print(f"gpu_check: {_machine(device)}; parts {','.join(parts)}", flush=True)
+    command = " ".join(["python", "benchmarks/gpu_check.py", *(sys.argv[1:] if argv is None else argv)])
+
+    def record(complete: bool) -> None:
+        """The file as it stands: rewritten after every part, so a run stopped early keeps what it measured."""
+        if args.json is None:
+            return
+        write_result(args.json, "gpu_check", argv, asdict(cfg), device=_machine(device), command=command,
+                     git_commit=_git_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                     versions={"torch": torch.__version__, "cuda": torch.version.cuda,
+                               "triton": _triton_version()},
+                     clock_source="semimig.straggler.clock", bars=BARS, parts=list(parts), complete=complete,
+                     errors=errors, part_seconds=seconds, wall_s=time.perf_counter() - started, **result)
     try:
         runners = {"meter": lambda: meter_part(cfg, device, dtype, group), "clock": lambda: clock_part(cfg, device, dtype),
                    "kernels": lambda: kernels_part(cfg, device, dtype), "stats": lambda: stats_part(cfg, device, dtype),
@@ -535,24 +548,24 @@ def main(argv: Optional[list[str]] = None) -> int:
                    "graph": lambda: graph_part(cfg, device, dtype, group)}  # last: a failed capture may upset the device
         for part in sorted(parts, key=lambda p: p == "graph"):
             begin = time.perf_counter()
-            result[part] = runners[part]()
+            try:
+                result[part] = runners[part]()
+            except Exception as err:  # noqa: BLE001 - one part's failure is its finding; the others still run
+                errors[part] = f"{type(err).__name__}: {err}"
+                logging.getLogger("gpu_check").exception("part %s failed", part)
             seconds[part] = time.perf_counter() - begin
-            print(f"  {part}: {seconds[part]:.1f} s", flush=True)
+            print(f"  {part}: {seconds[part]:.1f} s{' FAILED: ' + errors[part] if part in errors else ''}", flush=True)
+            record(complete=False)
     finally:
         dist.destroy_process_group()
     print(table(result))
-    total = time.perf_counter() - started
-    print(f"wall time {total:.0f} s")
+    for part, error in errors.items():
+        print(f"{part} FAILED: {error}"[:WIDTH])
+    print(f"wall time {time.perf_counter() - started:.0f} s")
+    record(complete=True)
     if args.json is not None:
-        command = " ".join(["python", "benchmarks/gpu_check.py", *(sys.argv[1:] if argv is None else argv)])
-        write_result(args.json, "gpu_check", argv, asdict(cfg), device=_machine(device), command=command,
-                     git_commit=_git_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                     versions={"torch": torch.__version__, "cuda": torch.version.cuda,
-                               "triton": _triton_version()},
-                     clock_source="semimig.straggler.clock",
-                     bars=BARS, parts=list(parts), part_seconds=seconds, wall_s=total, **result)
         print(f"wrote {args.json}")
-    return 0
+    return 1 if errors else 0
 
 
 def _triton_version() -> Optional[str]:
