@@ -276,6 +276,8 @@ def clock_part(cfg: CheckConfig, device, dtype) -> list[dict]:
 def kernels_part(cfg: CheckConfig, device, dtype) -> dict:
     from kernel_bench import check_fused, implementations, make_keep
 
+    from semimig.kernels import choice, ops
+    from semimig.kernels.backend import resolve_backend
     from semimig.kernels.keep import plan_keep
 
     cuda = device.type == "cuda"
@@ -292,6 +294,11 @@ def kernels_part(cfg: CheckConfig, device, dtype) -> dict:
                 keep = make_keep("random" if kind == "random" else "grouped", k, gamma, group, gen).to(device)
                 plan = plan_keep(keep, k, device, group=group)
                 impls = implementations(x, w, dy, plan, cuda)
+                if cuda:  # what the layers run: the faster path per key, chosen at its first launch
+                    backend = resolve_backend(device, dtype)
+                    impls["auto"] = {"fwd": lambda: ops.fwd(backend, x, w, None, plan),
+                                     "dgrad": lambda: ops.dgrad(backend, dy, w, plan),
+                                     "wgrad": lambda: ops.wgrad(backend, dy, x, plan)}
                 worst = None
                 if cuda:
                     for p in ("fwd", "dgrad", "wgrad"):
@@ -313,9 +320,12 @@ def kernels_part(cfg: CheckConfig, device, dtype) -> dict:
                     records.append({"shape": shape_name, "m_n_k": [cfg.tokens, n, k], "gamma": gamma, "keep": kind,
                                     "block": group, "pass": p, "ms": ms, "fused_vs_kprime": ratio, "fused_max_rel_diff": worst,
                                     "torch_gather_vs_kprime": ms["torch_gather"] / ms["dense_kprime"],
+                                    "auto_vs_kprime": ms["auto"] / ms["dense_kprime"] if "auto" in ms else None,
                                     "ok": None if ratio is None else ratio <= BARS["fused_vs_kprime"]})
     skipped = None if cuda else "fused Triton kernels are timed on CUDA only (the interpreter is not a performance model)"
-    return {"records": records, "first_calls": first_calls, "fused_skipped": skipped, "bar": BARS["fused_vs_kprime"]}
+    chosen = [{"key": str(key), "path": path} for key, path in choice.choices().items()]
+    return {"records": records, "first_calls": first_calls, "fused_skipped": skipped, "bar": BARS["fused_vs_kprime"],
+            "auto_choices": chosen}
 
 
 # ----------------------------------------------------------------------------- part: stats
@@ -454,6 +464,9 @@ def table(result: dict) -> str:
             verdict = ok(all(r["ok"] for r in recs)) if fused else "-"
             lines.append(row("kernels", f"{shape} g{gamma} {keep} f/d/w", f"{'fused' if fused else 'torch'}/K' {ratios}",
                              f"1.10x {verdict}" if fused else ""))
+            if all(r.get("auto_vs_kprime") is not None for r in recs):
+                autos = " ".join(f"{r['auto_vs_kprime']:.2f}" for r in recs)
+                lines.append(row("kernels", f"{shape} g{gamma} {keep} f/d/w", f"auto/K' {autos}"))
         if k["first_calls"]:
             first = max(c["seconds"] for c in k["first_calls"])
             lines.append(row("kernels", "first call (compile+tune)", f"max {first:.2f} s"))

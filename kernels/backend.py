@@ -1,7 +1,8 @@
 """Which implementation the launchers run: the Triton kernels or their pure-torch twins.
 
-- ``"auto"`` (default): Triton for CUDA tensors of dtype fp16/bf16/fp32 when Triton is
-  installed, torch otherwise (CPU tensors, float64).
+- ``"auto"`` (default): for CUDA tensors of dtype fp16/bf16/fp32 when Triton is installed, the
+  faster of the two per launch shape, measured at its first launch (:mod:`semimig.kernels.choice`;
+  the resolved name is ``"measured"``); torch otherwise (CPU tensors, float64).
 - ``"torch"``: always the pure-torch twins (:mod:`semimig.kernels.reference`).
 - ``"triton"``: always Triton; CPU tensors are accepted only under Triton's interpreter
   (``TRITON_INTERPRET=1``), which is how the test suite runs the kernels without a GPU.
@@ -65,13 +66,13 @@ def use_backend(name: Backend) -> Iterator[None]:
         set_backend(previous)
 
 
-def resolve_backend(device: torch.device, dtype: torch.dtype) -> Literal["torch", "triton"]:
+def resolve_backend(device: torch.device, dtype: torch.dtype) -> Literal["torch", "triton", "measured"]:
     """The concrete backend for operands on ``device`` with ``dtype`` under the current setting."""
     if _backend == "torch":
         return "torch"
     if _backend == "auto":
         usable = device.type == "cuda" and dtype in TRITON_DTYPES and triton_available()
-        return "triton" if usable else "torch"
+        return "measured" if usable else "torch"
     if not triton_available():
         raise RuntimeError("backend 'triton' was requested but the triton package is not installed")
     if dtype not in TRITON_DTYPES:

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from semimig.errors import ConfigError
 
-from . import reference
+from . import choice, reference
 from .backend import resolve_backend
 from .keep import KeepPlan, plan_keep
 
@@ -77,10 +77,21 @@ def check_linear_operands(x: Tensor, weight: Tensor, bias: Tensor | None) -> Non
 # -- dispatch on checked operands (also used by the autograd function) --------------------------
 
 
+def _measured(kernel: str, m: int, n: int, plan: KeepPlan, like: Tensor, fused, gathered) -> Tensor:
+    """The faster of the fused kernel and the torch gather path for this launch's key
+    (:mod:`semimig.kernels.choice`)."""
+    key = (kernel, like.device, like.dtype, _triton_gather().tune_key(kernel, m, n, plan.k, plan.n_kept, plan.group))
+    return choice.fastest(key, like.device, {"triton": fused, "torch": gathered})
+
+
 def fwd(backend: str, x: Tensor, weight: Tensor, bias: Tensor | None, plan: KeepPlan) -> Tensor:
     """``y = x[:, S] @ w[:, S]^T (+ bias)`` with a resolved backend; operands checked."""
     if backend == "torch" or plan.dense or plan.span is not None or x.shape[0] == 0 or weight.shape[0] == 0:
         return reference.gather_linear_fwd(x, weight, bias, plan)
+    if backend == "measured":
+        return _measured("fwd", x.shape[0], weight.shape[0], plan, x,
+                         lambda: _triton_gather().gather_linear_fwd(x, weight, bias, plan),
+                         lambda: reference.gather_linear_fwd(x, weight, bias, plan))
     return _triton_gather().gather_linear_fwd(x, weight, bias, plan)
 
 
@@ -92,6 +103,10 @@ def dgrad(backend: str, dy: Tensor, weight: Tensor, plan: KeepPlan, *, column_ma
     """
     if backend == "torch" or plan.dense or plan.span is not None or dy.numel() == 0 or plan.k == 0:
         return reference.gather_linear_dgrad(dy, weight, plan, column_major=column_major)
+    if backend == "measured":
+        return _measured("dgrad", dy.shape[0], dy.shape[1], plan, dy,
+                         lambda: _triton_gather().gather_linear_dgrad(dy, weight, plan),
+                         lambda: reference.gather_linear_dgrad(dy, weight, plan, column_major=column_major))
     return _triton_gather().gather_linear_dgrad(dy, weight, plan)
 
 
@@ -101,6 +116,10 @@ def wgrad(backend: str, dy: Tensor, x: Tensor, plan: KeepPlan) -> Tensor:
         return reference.gather_linear_wgrad(dy, x, plan)
     if dy.shape[0] == 0:  # empty reduction: the sum over no tokens is zero
         return dy.new_zeros(dy.shape[1], plan.k)
+    if backend == "measured":
+        return _measured("wgrad", dy.shape[0], dy.shape[1], plan, dy,
+                         lambda: _triton_gather().gather_linear_wgrad(dy, x, plan),
+                         lambda: reference.gather_linear_wgrad(dy, x, plan))
     return _triton_gather().gather_linear_wgrad(dy, x, plan)
 
 

@@ -29,12 +29,14 @@ def tune_kernels(shapes: Iterable[tuple[int, int, int]], *, dtype: torch.dtype, 
     output features, reduction columns) at each pruned ``share`` of K; returns the launches made
     (0 where the layers use the torch path)."""
     device = torch.device(device)
-    if resolve_backend(device, dtype) != "triton":
+    backend = resolve_backend(device, dtype)
+    if backend not in ("triton", "measured"):
         return 0
     for share in shares:
         if not 0.0 <= share < 1.0:
             raise ValueError(f"tune_kernels: a pruned share must be in [0, 1), got {share!r}")
-    from .triton_gather import gather_linear_dgrad, gather_linear_fwd, gather_linear_wgrad, tune_key
+    from . import ops
+    from .triton_gather import tune_key
 
     gen = torch.Generator(device=device).manual_seed(0)
     start, seen, launches = time.perf_counter(), set(), 0
@@ -50,9 +52,9 @@ def tune_kernels(shapes: Iterable[tuple[int, int, int]], *, dtype: torch.dtype, 
             x = torch.randn(m, k, generator=gen, device=device, dtype=dtype)
             w = torch.randn(n, k, generator=gen, device=device, dtype=dtype)
             dy = torch.randn(m, n, generator=gen, device=device, dtype=dtype)
-            gather_linear_fwd(x, w, None, plan)
-            gather_linear_dgrad(dy, w, plan)
-            gather_linear_wgrad(dy, x, plan)
+            ops.fwd(backend, x, w, None, plan)  # "measured": also times both paths at this key
+            ops.dgrad(backend, dy, w, plan)
+            ops.wgrad(backend, dy, x, plan)
             launches += 3
     logger.info("tuned the fused kernels for %d keys in %.2f s", len(seen), time.perf_counter() - start)
     return launches

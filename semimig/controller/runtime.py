@@ -140,7 +140,10 @@ class BalanceController(Decisions):
         self.step_clock = make_clock(device, lag=0 if device.type != "cuda" else 1)
         """The step's device times (DESIGN §3b): semimig's GEMMs and collectives as regions; a host
         step is read at its own end, a CUDA step one step late (its events never waited for)."""
-        self.meter = BusyMeter(self.injector, device=device, clock=self.step_clock)
+        injecting = config.straggler.pattern != "none"
+        self.meter = BusyMeter(self.injector if injecting else None, device=device, clock=self.step_clock)
+        """The injector reaches the meter only when a test straggler is configured: an injecting meter
+        waits for the device around every GEMM to time it, which a real run must never do."""
         self._untime = P.time_collectives(self.meter.comm)  # semimig's collectives are the step's communication
         self.health = HealthWatch(device, rank=self.rank)  # NVML's clocks and throttle reasons, logged (CUDA only)
         straggler = config.straggler
