@@ -15,6 +15,10 @@ layers at the shard shapes a rank of a larger tensor-parallel group holds.  Part
               ``Event``/``Stream.synchronize`` are wrapped for counting in this process only).
               The block has no attention core and no optimizer step, so the ratio is an upper
               bound of the overhead on a real step.
+``resize``    what resizing buys a rank: the same block's step with the controller pinning the rank's
+              pruned share at γ (``force(prune=...)``: the priority keep set, the lineage, the zero-imputed
+              gradients, the pruned GEMMs on the path ``auto`` chooses) against γ = 0, beside the share
+              of the GEMMs' work left, 1 − γ.
 ``clock``     event-timed GEMM time (the step clock's ``region("gemm")``) against
               ``torch.profiler``'s kernel time for the same GEMMs.
 ``kernels``   fused Triton vs the torch gather path vs dense at K' vs dense at K, fwd/dgrad/wgrad,
@@ -53,7 +57,7 @@ from bench_output import add_json_flag, interleaved_ms, refuse, write_result
 from semimig.straggler.clock import make_clock
 from semimig.straggler.nvml import HealthWatch
 
-PARTS = ("meter", "clock", "kernels", "stats", "graph", "allreduce")
+PARTS = ("meter", "resize", "clock", "kernels", "stats", "graph", "allreduce")
 BARS = {"meter_overhead": 0.01, "event_vs_profiler": 0.05, "fused_vs_kprime": 1.10}
 WIDTH = 80
 
@@ -219,6 +223,44 @@ def meter_part(cfg: CheckConfig, device, dtype, group) -> list[dict]:
                         "per_rep_ms": samples, "overhead": overhead, "overhead_range": [min(ratios) - 1, max(ratios) - 1],
                         "host_syncs_per_step": syncs, "clock_host_syncs": clock_syncs,
                         "bar": BARS["meter_overhead"], "ok": overhead <= BARS["meter_overhead"]})
+    return records
+
+
+# ----------------------------------------------------------------------------- part: resize
+def resize_part(cfg: CheckConfig, device, dtype, group) -> list[dict]:
+    from semimig.controller import BalanceConfig, BalanceController
+
+    records = []
+    for tp in cfg.tps:
+        step_ms = {}
+        for gamma in (0.0, *cfg.gammas):
+            torch.manual_seed(cfg.seed)
+            model = LlamaShard(cfg, tp, group, device, dtype)
+            controller = BalanceController(model, BalanceConfig(mode="semi"), process_group=group)
+            if gamma:
+                controller.force(prune={0: gamma})
+            x = torch.randn(cfg.tokens, cfg.hidden, device=device, dtype=dtype, requires_grad=True)
+            dy = torch.randn_like(x)
+
+            def run() -> None:
+                for _ in range(cfg.iters):
+                    x.grad = None
+                    for p in model.parameters():
+                        p.grad = None
+                    model(x).backward(dy)
+                    controller.step()
+                wait(device)
+            run()  # warm-up: a new key's first pruned launches choose their path (and compile)
+            samples = []
+            for _ in range(cfg.reps):
+                start = time.perf_counter()
+                run()
+                samples.append((time.perf_counter() - start) * 1e3 / cfg.iters)
+            step_ms[gamma] = statistics.median(samples)
+            controller.close()
+        records.append({"tp": tp, "step_ms": {str(g): v for g, v in step_ms.items()},
+                        "vs_dense": {str(g): v / step_ms[0.0] for g, v in step_ms.items()},
+                        "gemm_work_left": {str(g): 1.0 - g for g in step_ms}})
     return records
 
 
@@ -449,6 +491,10 @@ def table(result: dict) -> str:
     for r in result.get("meter", []):
         figure = f"{r['overhead'] * 100:+.2f}% step, {r['host_syncs_per_step']['semi']:.0f} syncs/step"
         lines.append(row("meter", f"tp {r['tp']}: semi vs plain", figure, f"1% {ok(r['ok'])}"))
+    for r in result.get("resize", []):
+        ratios = " / ".join(f"{v:.2f}" for g, v in r["vs_dense"].items() if g != "0.0")
+        gammas = "/".join(g for g in r["vs_dense"] if g != "0.0")
+        lines.append(row("resize", f"tp {r['tp']}: g {gammas} vs dense", f"{ratios} of the step"))
     for r in result.get("clock", []):
         err = "n/a" if r["error"] is None else f"{r['error'] * 100:+.1f}%"
         figure = f"{r['event_ms']:.3f}/{r['profiler_ms']:.3f} ms {err}"
@@ -555,7 +601,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                      clock_source="semimig.straggler.clock", bars=BARS, parts=list(parts), complete=complete,
                      errors=errors, part_seconds=seconds, wall_s=time.perf_counter() - started, **result)
     try:
-        runners = {"meter": lambda: meter_part(cfg, device, dtype, group), "clock": lambda: clock_part(cfg, device, dtype),
+        runners = {"meter": lambda: meter_part(cfg, device, dtype, group),
+                   "resize": lambda: resize_part(cfg, device, dtype, group), "clock": lambda: clock_part(cfg, device, dtype),
                    "kernels": lambda: kernels_part(cfg, device, dtype), "stats": lambda: stats_part(cfg, device, dtype),
                    "allreduce": lambda: allreduce_part(cfg, device, group),
                    "graph": lambda: graph_part(cfg, device, dtype, group)}  # last: a failed capture may upset the device

@@ -12,7 +12,7 @@ from example_ranks import quiet_env
 from scripts import REPO
 
 PROVENANCE = ("benchmark", "argv", "machine", "config", "command", "git_commit", "date", "versions", "bars")
-PARTS = ("meter", "clock", "kernels", "stats", "graph", "allreduce")
+PARTS = ("meter", "resize", "clock", "kernels", "stats", "graph", "allreduce")
 
 
 def _script():
@@ -42,6 +42,10 @@ def test_the_quick_cpu_run_records_every_part_with_its_provenance(quick_run):
         assert set(r["step_ms"]) == {"plain", "semi"} and all(v > 0 for v in r["step_ms"].values())
         assert set(r["host_syncs_per_step"]) == {"plain", "semi"} and r["host_syncs_per_step"]["plain"] == 0
         assert isinstance(r["ok"], bool) and r["bar"] == 0.01
+    assert [r["tp"] for r in record["resize"]] == [2, 8]
+    for r in record["resize"]:  # γ = 0 and each pruned share, every step timed
+        assert list(r["step_ms"]) == ["0.0", "0.5", "0.9"] and all(v > 0 for v in r["step_ms"].values())
+        assert r["vs_dense"]["0.0"] == 1.0 and r["gemm_work_left"] == pytest.approx({"0.0": 1.0, "0.5": 0.5, "0.9": 0.1})
     for r in record["clock"]:  # every measured step resolved, none invented
         assert r["clock"] == "host" and r["resolved_steps"] == r["calls"] and r["event_ms"] > 0 and r["profiler_ms"] > 0
     kernels = record["kernels"]
