@@ -458,11 +458,13 @@ class LayerBinding:
         the step reflex's larger one handed out at this forward (``matrix``: ``"weight.rows"`` for a
         paired column layer's dropped rows)."""
         def read() -> None:
-            recorded = self.lineage.lookup(b.name, matrix).cpu()
-            if torch.equal(recorded, pruned.cpu()):
-                return
+            recorded = self.lineage.lookup(b.name, matrix)
             handed = None if b.reflex is None else b.reflex.handed
-            if handed is not None and handed[0] == iteration and torch.equal(recorded, handed[1].cpu()):
+            handed = handed[1] if handed is not None and handed[0] == iteration else None
+            if recorded is pruned or recorded is handed:  # the very tensor recorded: equal, and no device sync
+                return
+            recorded = recorded.cpu()  # another tensor: its values decide (one sync on an accelerator)
+            if torch.equal(recorded, pruned.cpu()) or (handed is not None and torch.equal(recorded, handed.cpu())):
                 return
             raise RuntimeError(f"lineage of {b.name} changed between forward and backward")
         return read
