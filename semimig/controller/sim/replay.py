@@ -157,10 +157,20 @@ def _schedule(events: Sequence[dict], steps: int, even: Plans) -> List[Plans]:
     return out
 
 
-def _simulated_mean(c: dict, split: float, run: dict, events: Sequence[dict], pattern: bool) -> float:
+def _run_events(run: dict) -> List[dict]:
+    """The re-plans a run recorded (its summary's ``reshard.events``), oldest first as recorded."""
+    return ((run.get("summary") or {}).get("reshard") or {}).get("events") or []
+
+
+def _file_workload(c: dict, split: float, events: Sequence[dict]) -> Workload:
+    """The file's workload at ``split``: its unit totals from a recorded plan, else the model's shape."""
     units = (sum(events[0]["mlp_units"]), sum(events[0]["kv_units"])) if events else (4 * c["hidden"] // BLOCK,
                                                                                       c["kv_heads"])
-    workload = _workload(c, split, *units)
+    return _workload(c, split, *units)
+
+
+def _simulated_mean(c: dict, split: float, run: dict, events: Sequence[dict], pattern: bool) -> float:
+    workload = _file_workload(c, split, events)
     steps = len(run["step_s"])
     schedule = _schedule(events, steps, workload.even_plans())
     total = 0.0
@@ -185,7 +195,7 @@ def replay_file(data: dict, name: str = "") -> dict:
     pattern = bool(data.get("pattern"))
     out = []
     for run in data["raw"]["reshard"]:
-        events = ((run.get("summary") or {}).get("reshard") or {}).get("events") or []
+        events = _run_events(run)
         if any(len(e["mlp_units"]) != c["tp"] or len(e["kv_units"]) != c["tp"] for e in events):
             return {"file": name, "skipped": f"a plan whose length is not tp {c['tp']}"}
         band = [_simulated_mean(c, f, run, events, pattern) for f in SPLITS]
@@ -197,10 +207,8 @@ def replay_file(data: dict, name: str = "") -> dict:
     ratios = [r["ratio"] for r in out]
     best = None
     if not pattern:  # the best plan the model finds at the throttled speeds, over the healthy step
-        events = ((data["raw"]["reshard"][0].get("summary") or {}).get("reshard") or {}).get("events") or []
-        units = (sum(events[0]["mlp_units"]), sum(events[0]["kv_units"])) if events else (4 * c["hidden"] // BLOCK,
-                                                                                          c["kv_heads"])
-        workload, speeds = _workload(c, c["split"], *units), [1.0] * c["tp"]
+        workload = _file_workload(c, c["split"], _run_events(data["raw"]["reshard"][0]))
+        speeds = [1.0] * c["tp"]
         speeds[c["straggler_rank"]] = 1.0 / c["chi"]
         plans = best_plans(workload, speeds)
         best = {"plan": [list(p.units) for p in plans],
