@@ -8,6 +8,8 @@ re-sharding tests choose (vocabulary 128, 2 layers, sequences up to 64).
 ``token_batch(step)``: a deterministic batch of random token ids for step ``step`` (labels = ids).
 ``boost_lm(model, ...)``: the model and an optimizer under ``HybridParallelPlugin`` (tensor parallel).
 ``gather_like(param, tensor)``: a shard-shaped tensor gathered to the full tensor by ``param``'s layout.
+``split_step(...)``: one optimizer step of a global batch split over the replicas by a balancer; the
+global-batch mean loss.
 """
 from __future__ import annotations
 
@@ -61,6 +63,23 @@ def train_steps(booster, model, optimizer, steps, batch=token_batch) -> list:
         optimizer.zero_grad()
         losses.append(float(loss.detach()))
     return losses
+
+
+def split_step(booster, model, optimizer, balancer, plugin, batch: dict) -> float:
+    """One optimizer step of ``batch`` (the global batch) split over the DP replicas by ``balancer``
+    (:func:`semimig.allocation.run_iteration`); returns the global-batch mean loss (the replicas' sum
+    of their samples' share, all-reduced over the DP group)."""
+    import torch.distributed as dist
+
+    from semimig.allocation import run_iteration
+
+    mine = run_iteration(booster, model, optimizer, iter(balancer.micro_batches(batch)),
+                         lambda m, b: m(**b).loss, zero_stage=plugin.zero_stage)
+    total = torch.tensor([mine], dtype=torch.float64)
+    dist.all_reduce(total, group=plugin.dp_group)
+    optimizer.step()
+    optimizer.zero_grad()
+    return float(total) / plugin.dp_size
 
 
 def boost_lm(model, *, tp: int = 2, precision: str = "fp32", policy=None, optimizer=None, **plugin_kwargs) -> tuple:

@@ -204,14 +204,13 @@ def test_tp_1_and_pipelines_are_refused_with_a_batch_split(tp, pp, needle) -> No
 def _llama_global_losses(rank: int, world: int, speeds):
     """Global-batch mean losses of 4 AdamW steps of the tiny Llama under enable(..., batch=...) with
     profiled constant curves of the given per-group speeds (a group may get no sample at all)."""
-    import torch.distributed as dist
     from colossalai.booster import Booster
     from colossalai.booster.plugin import HybridParallelPlugin
 
     import semimig
-    from semimig.allocation import SpeedCurve, run_iteration
+    from semimig.allocation import SpeedCurve
     from semimig.shardformer import SemiMigPolicy
-    from tiny_lms import tiny_lm
+    from tiny_lms import split_step, tiny_lm
 
     plugin = HybridParallelPlugin(tp_size=2, pp_size=1, precision="fp32", overlap_communication=False,
                                   custom_policy=SemiMigPolicy())
@@ -227,13 +226,7 @@ def _llama_global_losses(rank: int, world: int, speeds):
             gen = torch.Generator().manual_seed(100 + step)
             ids = torch.randint(0, 128, (4, 16), generator=gen)
             batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
-            mine = run_iteration(booster, model, optimizer, iter(balancer.micro_batches(batch)),
-                                 lambda m, b: m(**b).loss, zero_stage=plugin.zero_stage)
-            total = torch.tensor([mine], dtype=torch.float64)
-            dist.all_reduce(total, group=plugin.dp_group)
-            losses.append(float(total) / plugin.dp_size)
-            optimizer.step()
-            optimizer.zero_grad()
+            losses.append(split_step(booster, model, optimizer, balancer, plugin, batch))
         return balancer.batch_plan.samples, losses
     finally:
         balancer.close()

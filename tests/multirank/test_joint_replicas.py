@@ -17,11 +17,9 @@ def _run(mode, straggler_on_replica_0):
     """The global-batch mean loss per step, the splits, the re-shard summary (the policies' own noise tests:
     opened wide, they would call a healthy rank slow, and what is tested is that the planner moves no rank
     its policy finds alike)."""
-    import torch.distributed as dist
-
     import semimig
-    from semimig.allocation import run_iteration
     from semimig.controller.reshard import ReshardConfig
+    from tiny_lms import split_step
 
     plugin, booster, model, optimizer = _boosted()
     straggler = straggler_on_replica_0 if plugin.dp_group.rank() == 0 else None
@@ -32,13 +30,7 @@ def _run(mode, straggler_on_replica_0):
     try:
         for step in range(SPLIT_STEPS):
             splits.append(tuple(balancer.batch_plan.samples))
-            mine = run_iteration(booster, model, optimizer, iter(balancer.micro_batches(_global_batch(step))),
-                                 lambda m, b: m(**b).loss, zero_stage=plugin.zero_stage)
-            total = torch.tensor([mine], dtype=torch.float64)
-            dist.all_reduce(total, group=plugin.dp_group)
-            losses.append(float(total) / plugin.dp_size)
-            optimizer.step()
-            optimizer.zero_grad()
+            losses.append(split_step(booster, model, optimizer, balancer, plugin, _global_batch(step)))
         return losses, splits, balancer.reshard_summary
     finally:
         balancer.close()

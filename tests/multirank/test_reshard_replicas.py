@@ -24,7 +24,7 @@ from dist_harness import run_pooled
 from semimig.errors import ConfigError
 from semimig.resharder import slowest_per_position
 from semimig.shardformer import UnevenPlan
-from tiny_lms import boost_lm, reshardable_llama, train_steps
+from tiny_lms import boost_lm, reshardable_llama, split_step, train_steps
 
 BLOCK = 32
 STEPS = 14
@@ -196,10 +196,7 @@ def _global_batch(step):
 
 def _train_split(mode, straggler_on_replica_0):
     """``enable(..., batch=BatchSplit(...))`` with re-sharding: the global-batch mean loss per step."""
-    import torch.distributed as dist
-
     import semimig
-    from semimig.allocation import run_iteration
     from semimig.controller.reshard import ReshardConfig
     from semimig.hybrid import ReplanConfig
 
@@ -216,13 +213,7 @@ def _train_split(mode, straggler_on_replica_0):
     try:
         for step in range(SPLIT_STEPS):
             splits.append(balancer.batch_plan.samples)
-            mine = run_iteration(booster, model, optimizer, iter(balancer.micro_batches(_global_batch(step))),
-                                 lambda m, b: m(**b).loss, zero_stage=plugin.zero_stage)
-            total = torch.tensor([mine], dtype=torch.float64)
-            dist.all_reduce(total, group=plugin.dp_group)
-            losses.append(float(total) / plugin.dp_size)  # the global-batch mean loss (run_iteration's docs)
-            optimizer.step()
-            optimizer.zero_grad()
+            losses.append(split_step(booster, model, optimizer, balancer, plugin, _global_batch(step)))
         return losses, splits, balancer.reshard_summary
     finally:
         balancer.close()
