@@ -31,6 +31,8 @@ PROFILE = "profiling before training (Poplar's probes), synchronised on purpose"
 TEST_STRAGGLER = "injected test straggler only (benchmarks, tests): its delay needs the GEMM's own time"
 HARNESS = "benchmark harness (semimig.bench), not the library a user runs"
 PROCESS = "a subprocess or thread, not a device"
+LINEAGE = ("only when a layer's lineage is another tensor than the one its forward recorded (compared by "
+           "identity first): the values then decide")
 
 ALLOWED: dict[tuple[str, str, str], str] = {
     # the step clock's resolver: at most one event wait per step (DESIGN §3b)
@@ -59,8 +61,10 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("semimig/nn/directive.py", "LayerState._same_keep", "torch.equal()"): RE_PLAN + ": a new keep tensor compared once",
     ("kernels/keep.py", "_check_values", ".tolist()"): RE_PLAN + ": a keep plan is validated when built",
     ("kernels/keep.py", "_detect_group", ".tolist()"): RE_PLAN + ": a keep plan is built once per keep set",
-    ("semimig/controller/binding.py", "LayerBinding._reader.read", ".cpu()"): "once per period: priority statistics",
-    ("semimig/controller/binding.py", "LayerBinding._reader.read", "torch.equal()"): "once per period: priority statistics",
+    ("semimig/controller/binding.py", "LayerBinding._reader.read", ".cpu()"): LINEAGE,
+    ("semimig/controller/binding.py", "LayerBinding._reader.read", "torch.equal()"): LINEAGE,
+    ("kernels/choice.py", "_markers.wait", ".synchronize()"): "once per tuning key: a new shape's first pruned launch "
+                                                               "times both paths",
     ("semimig/controller/pretest.py", "PretestRun._samples", ".cpu()"): RE_PLAN + ": the SEMI pretest",
     ("semimig/controller/pretest.py", "PretestRun._samples", ".tolist()"): RE_PLAN + ": the SEMI pretest",
     ("semimig/controller/pretest.py", "_best_of", ".synchronize()"): RE_PLAN + ": the SEMI pretest times its tasks",
