@@ -19,7 +19,10 @@ vocabulary-parallel embedding and cross-entropy all-reduces) are compute on the 
 of a healthy TP group read apart by whatever one of them waited for the other.  The planner reads each
 replica as its policy does (:func:`~semimig.controller.policy.propose.pooled`): the ranks outside the
 policy's slow set at their median speed, so what its slow-set test calls noise moves no unit, and with
-no rank slow anywhere the planner's plans are the plans in force.  Seats
+no rank slow anywhere the planner's plans are the plans in force.  ``k = R/S`` is read from the windows' own split of every
+rank's compute into shardable and replicated seconds (:func:`split_ratio`), the policies' fitted ratio
+only where no rank measured a split: the replicated work a slow rank keeps when emptied is then what it
+measures, not what a fit over plan changes made of it.  Seats
 (:func:`~semimig.sharding.jobmodel.with_seats`): the layers' reductions as each replica's policy reads
 them (:func:`~semimig.controller.policy.propose.seat_reading`, the least time in collectives of the
 ranks seated, so no wait for a slow rank's compute) while a slow rank sits in some kind (a replica with
@@ -43,13 +46,15 @@ from typing import Any, Optional, Sequence
 
 from semimig.comm import primitives as P
 from semimig.controller.policy.propose import pooled, seat_reading
+from semimig.controller.policy.stepmodel import K_FLOOR
 from semimig.controller.reshard import ReshardSample
 from semimig.errors import ConfigError
 from semimig.sharding.jobmodel import JointProblem, UnitKind, from_measured, state_bytes_per_param, with_seats
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel
 
-__all__ = ["JointSetup", "SeatMemory", "even_samples", "joint_problem", "joint_setup", "per_mean_batch"]
+__all__ = ["JointSetup", "SeatMemory", "even_samples", "joint_problem", "joint_setup", "per_mean_batch",
+           "split_ratio"]
 
 KINDS = ("mlp", "kv")
 """The paired dimensions a plan splits, in the policies' order."""
@@ -91,19 +96,49 @@ def per_mean_batch(sample: ReshardSample, samples: int, mean: float) -> ReshardS
                                gemm_s=None if sample.gemm_s is None else tuple(g * scale for g in sample.gemm_s))
 
 
+def split_ratio(windows: Sequence[Sequence[ReshardSample]], shares: Sequence[Sequence[float]]) -> Optional[float]:
+    """``k = R/S`` from the measured split of every rank's compute (``None`` where no rank measured one).
+
+    Rank ``r`` of a replica at ``b`` samples, speed ``v_r``, holding the share ``p_r`` of the shardable work
+    (``shares[d]``, the kinds' weights included: the policy's :meth:`shares`) computes
+    ``c_r = b·(ρ + σ·p_r)/v_r`` seconds, ``b_r = b·σ·p_r/v_r`` of them shardable (``ρ``, ``σ``: the replicated
+    and shardable work per sample, ``k = ρ/σ``).  So ``(c_r − b_r)/b_r = k/p_r``, whatever the rank's speed
+    and batch (a window scaled per mean batch reads the same):
+
+        k_r = p_r·(c_r − b_r)/b_r
+
+    Each rank with ``p_r > 0`` reads the median of ``k_r`` over its window's steps with ``b_r > 0``, and ``k``
+    is the median of those readings over every replica's ranks: one outlier step or one rank's timer off
+    moves neither.  A rank holding nothing measures no split (its compute is all replicated).  Shardable
+    seconds the timers miss read as replicated work, so ``k`` errs high, never towards a slow rank's
+    replicated work being free.  Floored at :data:`~semimig.controller.policy.stepmodel.K_FLOOR`: a rank
+    holding no unit is read through ``R``."""
+    readings = []
+    for window, p in zip(windows, shares):
+        for r, share in enumerate(p):
+            steps = [share * (s.compute_s[r] - s.shardable_s[r]) / s.shardable_s[r]
+                     for s in window if share > 0.0 and s.shardable_s[r] > 0.0]
+            if steps:
+                readings.append(statistics.median(steps))
+    return max(K_FLOOR, statistics.median(readings)) if readings else None
+
+
 def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[int],
                   memory: Optional["SeatMemory"] = None) -> Optional[JointProblem]:
     """The problem every replica's window poses (``None`` while some window is empty): per rank the median
-    compute per mean batch scaled to its replica's ``samples``, the policies' mean ``R/S`` and the kinds'
-    weights of replica 0's policy (every replica's policy starts from the same); each replica's ranks outside
-    its policy's slow set at their median speed, the seats fitted to the reductions they measure while a slow
+    compute per mean batch scaled to its replica's ``samples``, ``R/S`` from the windows' split
+    (:func:`split_ratio`; the policies' mean ``R/S`` where no rank measured one) and the kinds' weights of
+    replica 0's policy (every replica's policy starts from the same); each replica's ranks outside its
+    policy's slow set at their median speed, the seats fitted to the reductions they measure while a slow
     rank is seated (module docstring; ``memory``: the fit kept across a move that empties it)."""
     windows = [list(policy.samples) for policy in policies]
     if any(not window for window in windows):
         return None
     mean = setup.global_batch / setup.dp
     tp = len(windows[0][0].compute_s)
-    k = sum(policy.replicated_ratio for policy in policies) / len(policies)
+    k = split_ratio(windows, [policy.shares() for policy in policies])
+    if k is None:
+        k = sum(policy.replicated_ratio for policy in policies) / len(policies)
     compute = [[statistics.median(s.compute_s[r] for s in window) * b / mean for r in range(tp)]
                for window, b in zip(windows, samples)]
     kinds = tuple(UnitKind(name=name, total_units=plan.total_units, work_per_sample=float(weight),

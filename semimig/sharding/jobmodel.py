@@ -280,12 +280,16 @@ def from_measured(compute_s: Sequence[Sequence[float]], samples: Sequence[int], 
                   *, replicated_over_shardable: float, kinds: Sequence[UnitKind], global_batch: int,
                   **fields: object) -> JointProblem:
     """The problem whose speeds explain every rank's compute seconds ``compute_s[d][r]``, measured with
-    ``samples[d]`` samples under ``plans[d]`` (one plan per kind), from a step model's ``k = R/S`` (the
-    re-shard policy's learned ratio) and the kinds' relative weights (their ``work_per_sample``, rescaled).
+    ``samples[d]`` samples under ``plans[d]`` (one plan per kind), from a step model's ``k = R/S`` (at run time
+    read from the ranks' measured split of compute into shardable and replicated seconds,
+    :func:`~semimig.resharder.joint.split_ratio`) and the kinds' relative weights (their ``work_per_sample``,
+    rescaled).
 
     Work per sample, in healthy even replica steps at ``b̄ = B/D`` samples: ``σ = 1/((k + 1/e)·b̄)`` of
     shardable work split over the kinds by weight, ``ρ = k·σ`` replicated (no per-step parts); then
-    ``v_{d,r} = b_d·(ρ + Σ_k σ_k·n_{d,r,k}/U_k)/c_{d,r}``.  ``fields``: the rest of :class:`JointProblem`."""
+    ``v_{d,r} = b_d·(ρ + Σ_k σ_k·n_{d,r,k}/U_k)/c_{d,r}``: a rank holding no unit reads ``b_d·ρ/c_{d,r}``,
+    its compute all replicated work, so its speed is only as right as ``k``.  ``fields``: the rest of
+    :class:`JointProblem`."""
     k = check_number("replicated_over_shardable", replicated_over_shardable, minimum=0.0)
     if isinstance(plans, (str, bytes)) or not plans or not plans[0]:
         raise ConfigError(f"plans must be one row of plans (one per kind) per replica, got {plans!r}")

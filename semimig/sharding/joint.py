@@ -35,11 +35,12 @@ Pure arithmetic in a fixed order: every rank given the same numbers computes the
 
 At run time.  :func:`~semimig.sharding.jobmodel.from_measured` reads a problem from what the re-shard
 policies already hold — each replica's window of per-rank compute seconds under its plans and samples, the
-learned ``k = R/S`` and the kinds' weights — and :func:`~semimig.sharding.jobmodel.with_seats` the seats
-from the reductions they measure (:mod:`semimig.resharder.joint`), so that, under plain data parallelism
-with a batch split, the re-sharder's per-replica step (the policies say *when*) takes every replica's plan
-and the split from one :func:`plan_job` (*what*) and hands the split to the batch balancer, whose own
-re-plan trigger is then off: one owner of both.
+``k = R/S`` their windows' split measures and the kinds' weights — and
+:func:`~semimig.sharding.jobmodel.with_seats` the seats from the reductions they measure
+(:mod:`semimig.resharder.joint`), so that, under plain data parallelism with a batch split, the
+re-sharder's per-replica step (the policies say *when*) takes every replica's plan and the split from one
+:func:`plan_job` (*what*) and hands the split to the batch balancer, whose own re-plan trigger is then
+off: one owner of both.
 """
 from __future__ import annotations
 

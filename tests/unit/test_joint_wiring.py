@@ -128,9 +128,9 @@ def test_the_seat_fit_outlives_the_move_that_empties_the_slow_rank():
     emptied = (ShardPlan(units=(8, 0)), ShardPlan(units=(4, 0)))
     policies = [ReshardPolicy(plans, weights=(3.0, 1.0), bytes_per_unit=(1, 1), config=ReshardConfig(window=4))
                 for plans in ((ShardPlan.even(8, 2), ShardPlan.even(4, 2)), emptied)]
-    for _ in range(4):  # rank 1 of replica 1 holds nothing: its replicated work alone, four times slower
+    for _ in range(4):  # rank 1 of replica 1 holds nothing: its replicated work alone (1 s), four times slower
         policies[0].observe(healthy[0])
-        policies[1].observe(ReshardSample((3.0, 1.2), (2.0, 0.0), (0.01, 0.4)))
+        policies[1].observe(ReshardSample((3.0, 4.0), (2.0, 0.0), (0.01, 0.4)))
     assert policies[1].slowdown.slow == {1}
     assert joint_problem(setup, policies, (5, 3)).seat_per_sample == 0.0  # nothing read: seats unpriced
     kept = joint_problem(setup, policies, (5, 3), memory)

@@ -1,0 +1,118 @@
+"""The joint planner's ``k = R/S`` read from the windows' measured split of compute (split_ratio).
+
+Windows are generated from a known step model (known replicated and shardable work, per-rank speeds, kind
+weights) under uneven plans and an uneven split, and read back through real re-shard policies whose own
+``R/S`` is deliberately a third of the truth: the problem the joint planner reads must be the generating
+model itself, its speeds and its predicted steps under other plans and splits.
+"""
+from __future__ import annotations
+
+import pytest
+
+from semimig.controller.reshard import ReshardConfig, ReshardPolicy, ReshardSample
+from semimig.resharder.joint import JointSetup, joint_problem, per_mean_batch, split_ratio
+from semimig.sharding.joint import JointProblem, UnitKind, from_measured, job_step, plan_job, seat_scale
+from semimig.sharding.jobmodel import rank_times, unit_counts
+from semimig.sharding.plan import ShardPlan
+
+K = 0.6
+"""The generating model's ``R/S``."""
+WEIGHTS = (3.0, 1.0)
+BATCH, DP, TP = 8, 2, 2
+SEAT = 0.004
+"""Seconds per sample one kind's reductions take among full-speed ranks."""
+SPEEDS = ((0.9, 0.9), (1.0, 0.25))
+MEASURED = ((ShardPlan.even(24, 2), ShardPlan.even(8, 2)),  # replica 0 even
+            (ShardPlan(units=(20, 4)), ShardPlan(units=(8, 0))))  # replica 1's slow rank: few MLP, no KV
+SAMPLES = (5, 3)
+
+
+def _truth() -> JointProblem:
+    """The generating model in :func:`~semimig.sharding.jobmodel.from_measured`'s units (a healthy even
+    replica step of 1 at the mean batch)."""
+    sigma = 1.0 / ((K + 1.0 / TP) * BATCH / DP)
+    kinds = tuple(UnitKind(name=name, total_units=plan.total_units, work_per_sample=sigma * w / sum(WEIGHTS))
+                  for name, plan, w in zip(("mlp", "kv"), MEASURED[0], WEIGHTS))
+    return JointProblem(speeds=SPEEDS, kinds=kinds, global_batch=BATCH, replicated_per_sample=K * sigma,
+                        seat_per_sample=SEAT)
+
+
+def _windows(truth: JointProblem, steps: int = 5) -> list[list[ReshardSample]]:
+    """Every replica's steps under :data:`MEASURED` at :data:`SAMPLES`, per mean batch as the policies read them:
+    each rank's compute, its shardable part, and the layers' reductions at the seats' pace."""
+    units = unit_counts(truth, MEASURED)
+    windows = []
+    for d, b in enumerate(SAMPLES):
+        compute = rank_times(truth, d, b, units[d])
+        shardable = [b * (units[d, r] @ truth.unit_work(1.0)) / truth.speeds[d][r] for r in range(TP)]
+        comm = b * SEAT * seat_scale(truth.speeds[d], MEASURED[d])
+        sample = ReshardSample(tuple(compute), tuple(shardable), (comm,) * TP)
+        windows.append([per_mean_batch(sample, b, BATCH / DP)] * steps)
+    return windows
+
+
+def _policies(windows, *, k_prior: float) -> list[ReshardPolicy]:
+    share = k_prior * TP / (1.0 + k_prior * TP)  # the prior replicated share whose R/S is k_prior
+    policies = [ReshardPolicy(plans, weights=WEIGHTS, bytes_per_unit=(1, 1),
+                              config=ReshardConfig(window=8, replicated_share=share)) for plans in MEASURED]
+    for policy, window in zip(policies, windows):
+        for sample in [window[0]] + window:  # a warm-up step, then the window
+            policy.observe(sample)
+    return policies
+
+
+def test_the_joint_problem_is_the_generating_model_whatever_the_policies_ratio():
+    truth = _truth()
+    policies = _policies(_windows(truth), k_prior=K / 3)
+    assert [p.replicated_ratio for p in policies] == pytest.approx([K / 3] * DP)  # deliberately wrong
+    assert policies[1].slowdown.slow == {1} and not policies[0].slowdown.slow
+    setup = JointSetup(global_batch=BATCH, dp=DP, bytes_per_unit=(1.0, 1.0), fixed_bytes=0.0, capacity_bytes=None)
+    problem = joint_problem(setup, policies, SAMPLES)
+
+    for row, true in zip(problem.speeds, truth.speeds):
+        assert row == pytest.approx(true, rel=1e-6)
+    assert problem.replicated_per_sample == pytest.approx(truth.replicated_per_sample, rel=1e-6)
+    assert problem.seat_per_sample == pytest.approx(SEAT, rel=1e-6)
+    even = (ShardPlan.even(24, 2), ShardPlan.even(8, 2))
+    emptied = (ShardPlan(units=(24, 0)), ShardPlan(units=(8, 0)))
+    best = plan_job(truth)
+    for samples, plans in (((4, 4), (even, even)), ((5, 3), (even, emptied)), ((6, 2), (even, emptied)),
+                           ((3, 5), MEASURED), (best.samples, best.plans)):
+        assert job_step(problem, samples, plans) == pytest.approx(job_step(truth, samples, plans), rel=1e-6)
+    answer = plan_job(problem)
+    assert (answer.samples, answer.plans) == (best.samples, best.plans)
+    assert answer.step == pytest.approx(best.step, rel=1e-6)
+
+
+def test_split_ratio_reads_each_rank_s_split_through_its_share():
+    """``k_r = p_r·(c_r − b_r)/b_r``; the median over each rank's steps and then over the ranks, so an outlier
+    step or a rank with a broken timer moves nothing; ranks holding nothing, or with no split measured, say
+    nothing."""
+    truth = _truth()
+    windows = _windows(truth, steps=3)
+    shares = [ReshardPolicy(plans, weights=WEIGHTS, bytes_per_unit=(1, 1)).shares() for plans in MEASURED]
+    assert split_ratio(windows, shares) == pytest.approx(K, rel=1e-12)
+    bent = ReshardSample(windows[1][0].compute_s, (windows[1][0].shardable_s[0] * 0.5,
+                                                   windows[1][0].shardable_s[1]), windows[1][0].comm_s)
+    outlier = [windows[0], [bent] + windows[1][1:]]
+    assert split_ratio(outlier, shares) == pytest.approx(K, rel=1e-12)
+    broken = [windows[0], [bent] * 3]  # one rank's timer off all the window: one reading of four
+    assert split_ratio(broken, shares) == pytest.approx(K, rel=1e-12)
+    unsplit = [[ReshardSample(s.compute_s, (0.0,) * TP, s.comm_s) for s in w] for w in windows]
+    assert split_ratio(unsplit, shares) is None
+    assert split_ratio(windows, [(0.0, 0.0), (0.0, 0.0)]) is None
+
+
+def test_with_no_split_measured_the_policies_ratio_is_used():
+    truth = _truth()
+    windows = [[ReshardSample(s.compute_s, (0.0,) * TP, s.comm_s) for s in w] for w in _windows(truth)]
+    policies = _policies(windows, k_prior=K / 3)
+    setup = JointSetup(global_batch=BATCH, dp=DP, bytes_per_unit=(1.0, 1.0), fixed_bytes=0.0, capacity_bytes=None)
+    problem = joint_problem(setup, policies, SAMPLES)
+    k = sum(p.replicated_ratio for p in policies) / DP
+    assert k == pytest.approx(K / 3)
+    compute = [list(rank_times(truth, d, b, unit_counts(truth, MEASURED)[d])) for d, b in enumerate(SAMPLES)]
+    read = from_measured(compute, SAMPLES, MEASURED, replicated_over_shardable=k, kinds=truth.kinds,
+                         global_batch=BATCH)
+    assert problem.replicated_per_sample == pytest.approx(read.replicated_per_sample, rel=1e-12)
+    assert problem.speeds[1][1] == pytest.approx(read.speeds[1][1], rel=1e-9)
