@@ -180,6 +180,21 @@ class LlamaShard(nn.Module):
         return x + self.down(F.silu(self.gate(x)) * self.up(x))
 
 
+def _steps(cfg: CheckConfig, model, x, dy, device, controller=None) -> Callable[[], None]:
+    """``cfg.iters`` training steps of ``model`` (forward, backward of ``dy``, the controller's ``step()``
+    when there is one), then the device's work waited for: one timed call."""
+    def run() -> None:
+        for _ in range(cfg.iters):
+            x.grad = None
+            for p in model.parameters():
+                p.grad = None
+            model(x).backward(dy)
+            if controller is not None:
+                controller.step()
+        wait(device)
+    return run
+
+
 def meter_part(cfg: CheckConfig, device, dtype, group) -> list[dict]:
     from semimig.controller import BalanceConfig, BalanceController
 
@@ -192,18 +207,7 @@ def meter_part(cfg: CheckConfig, device, dtype, group) -> list[dict]:
         x = torch.randn(cfg.tokens, cfg.hidden, device=device, dtype=dtype, requires_grad=True)
         dy = torch.randn_like(x)
 
-        def step(model, ctl=None):
-            def run():
-                for _ in range(cfg.iters):
-                    x.grad = None
-                    for p in model.parameters():
-                        p.grad = None
-                    model(x).backward(dy)
-                    if ctl is not None:
-                        ctl.step()
-                wait(device)
-            return run
-        fns = {"plain": step(plain), "semi": step(bound, controller)}
+        fns = {"plain": _steps(cfg, plain, x, dy, device), "semi": _steps(cfg, bound, x, dy, device, controller)}
         syncs = {}
         for name, fn in fns.items():  # warm-up, and the synchronisations of one call
             fn()
@@ -240,16 +244,7 @@ def resize_part(cfg: CheckConfig, device, dtype, group) -> list[dict]:
             if gamma:
                 controller.force(prune={0: gamma})
             x = torch.randn(cfg.tokens, cfg.hidden, device=device, dtype=dtype, requires_grad=True)
-            dy = torch.randn_like(x)
-
-            def run() -> None:
-                for _ in range(cfg.iters):
-                    x.grad = None
-                    for p in model.parameters():
-                        p.grad = None
-                    model(x).backward(dy)
-                    controller.step()
-                wait(device)
+            run = _steps(cfg, model, x, torch.randn_like(x), device, controller)
             run()  # warm-up: a new key's first pruned launches choose their path (and compile)
             samples = []
             for _ in range(cfg.reps):
