@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import time
 from typing import Callable
 
 import torch
@@ -45,29 +46,17 @@ def forget() -> None:
     _CHOSEN.clear()
 
 
-def _markers(device: torch.device):
-    """A (start, end) marker pair and how to read seconds between them: CUDA events on CUDA, the host
-    clock elsewhere (the host's work is finished when its call returns)."""
+def _clock(device: torch.device):
+    """``(mark, seconds, wait)``: a mark recorded now, the seconds between two marks, and a wait for a
+    mark to complete: CUDA events on the current stream on CUDA, the host clock elsewhere (the host's
+    work is finished when its call returns)."""
     if device.type == "cuda":
-        def pair():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            return start, end
-
-        def close(marks):
-            marks[1].record()
-            return marks
-
-        def seconds(marks):
-            return marks[0].elapsed_time(marks[1]) / 1000.0
-
-        def wait(all_marks):
-            all_marks[-1][1].synchronize()
-        return pair, close, seconds, wait
-    import time
-
-    return (lambda: [time.perf_counter(), None], lambda marks: [marks[0], time.perf_counter()],
-            lambda marks: marks[1] - marks[0], lambda all_marks: None)
+        def mark():
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return mark, lambda start, end: start.elapsed_time(end) / 1000.0, lambda last: last.synchronize()
+    return time.perf_counter, lambda start, end: end - start, lambda last: None
 
 
 def fastest(key: tuple, device: torch.device, paths: dict[str, Callable[[], Tensor]]) -> Tensor:
@@ -78,16 +67,16 @@ def fastest(key: tuple, device: torch.device, paths: dict[str, Callable[[], Tens
         return paths[chosen]()
     if not paths:
         raise ValueError("fastest: no path to choose from")
-    pair, close, seconds, wait = _markers(device)
+    mark, seconds, wait = _clock(device)
     outs = {name: fn() for name, fn in paths.items()}  # untimed: compiles and tunes a fused kernel
     timed: dict[str, list] = {name: [] for name in paths}
     for _ in range(TRIALS):
         for name, fn in paths.items():
-            marks = pair()
+            start = mark()
             outs[name] = fn()
-            timed[name].append(close(marks))
-    wait([m for marks in timed.values() for m in marks])
-    medians = {name: statistics.median(seconds(m) for m in marks) for name, marks in timed.items()}
+            timed[name].append((start, mark()))
+    wait(timed[name][-1][1])  # the last mark recorded: every earlier one is complete with it
+    medians = {name: statistics.median(seconds(*m) for m in marks) for name, marks in timed.items()}
     chosen = min(medians, key=medians.get)
     _CHOSEN[key] = chosen
     logger.info("pruned GEMM %s: %s (%s)", key, chosen,

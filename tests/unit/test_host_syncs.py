@@ -63,7 +63,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("kernels/keep.py", "_detect_group", ".tolist()"): RE_PLAN + ": a keep plan is built once per keep set",
     ("semimig/controller/binding.py", "LayerBinding._reader.read", ".cpu()"): LINEAGE,
     ("semimig/controller/binding.py", "LayerBinding._reader.read", "torch.equal()"): LINEAGE,
-    ("kernels/choice.py", "_markers.wait", ".synchronize()"): "once per tuning key: a new shape's first pruned launch "
+    ("kernels/choice.py", "_clock", ".synchronize()"): "once per tuning key: a new shape's first pruned launch "
                                                                "times both paths",
     ("semimig/controller/pretest.py", "PretestRun._samples", ".cpu()"): RE_PLAN + ": the SEMI pretest",
     ("semimig/controller/pretest.py", "PretestRun._samples", ".tolist()"): RE_PLAN + ": the SEMI pretest",
