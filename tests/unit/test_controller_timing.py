@@ -259,3 +259,34 @@ def test_semi_retries_resizing_only_when_shedding_with_migration_does_not_pay():
     state.policy.states[1].backoff_until, state.policy.states[1].backoffs = 10_000, 1
     held = state.policy.decide(301, [t.estimate() for t in state.timings])
     assert BalanceController._retry_resizing_only(state, held, previous).backed_off == (1,)
+
+
+def _decisions(rows, config=None):
+    """Feed dense observations ``rows`` (one tuple of busy times per iteration) to the regime
+    models and the policy as the runtime does; the flags of every decision."""
+    cfg = config or ControllerConfig(mode="zero")
+    timings = [RankTiming(cfg.window, react_steps=cfg.react_steps, change_ratio=cfg.change_ratio,
+                          change_sigmas=cfg.change_sigmas) for _ in rows[0]]
+    policy = ShedPolicy(len(rows[0]), cfg)
+    flags = []
+    for it, row in enumerate(rows):
+        for timing, busy in zip(timings, row):
+            timing.observe(1.0, busy)
+        flags.append(policy.decide(it, [t.estimate() for t in timings]).flagged)
+    return flags
+
+
+def test_a_warm_up_that_delayed_some_first_steps_is_no_straggler():
+    """A loaded machine's warm-up: rank 1's first three steps 4x delayed, its fourth at rank 0's pace.
+    A device slow from the start is slow at every step; the opening does not flag this one."""
+    rows = [(1.06, 4.1), (0.98, 4.39), (0.95, 4.73), (0.92, 0.88)] + [(0.9, 0.9)] * 10
+    assert all(f == () for f in _decisions(rows))
+
+
+def test_a_delay_no_larger_than_the_noise_made_before_waits_for_the_patience():
+    """Rank 1's noise already rose 3.5x for single steps; a run of three steps 3x delayed and then
+    back is what that noise makes, not a throttle: no flag at once."""
+    base = [0.8, 0.82, 0.78, 0.81, 0.79, 0.8, 0.83, 0.8]
+    ones = base * 2 + [0.8, 2.8, 0.8, 0.81, 0.79, 0.8] + [2.4, 2.4, 2.3, 0.84, 0.8, 0.81, 0.8, 0.82]
+    rows = [(0.8 + 0.01 * (i % 3), b) for i, b in enumerate(ones)]
+    assert all(f == () for f in _decisions(rows))
