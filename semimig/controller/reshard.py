@@ -12,14 +12,16 @@ test shared by every move (:mod:`semimig.controller.policy.gain`) and a step mod
 from every plan it measured (:mod:`semimig.controller.policy.stepmodel`).  Per step: the step joins a
 window of the plan in force (at most ``window`` steps; each rank reads only its steps since its speed
 last changed, a change-point test on its log compute: :mod:`semimig.controller.policy.window`); the
-window's readings give the step model, the slow ranks and their age; the proposal is the solved plan (or the even one,
-when it is within ``margin``); the gain test decides.  A move is then measured for ``N_MIN`` steps
-before the next decision, and the two plans refit ``R/S``.  A rank whose last step alone is slower than
-the noise is either an outlier or a change, told apart at the next step; the move it would call for is
-taken at once when the gain test passes on it and acting a step sooner pays for the risk of an outlier
-(:func:`~semimig.controller.policy.gain.bet_pays`, its odds counted by the window over the run).  Before the first step, :meth:`profile`
-reads the device probe's speed ratios with the prior ``R/S`` and takes its plan only when the gain
-test passes on the probe's own noise and the gain is at least ``probe`` of the even step.
+window's readings give the step model, the slow ranks and their age; the proposal is the solved plan
+(or the even one, when it is within ``margin``), scored by its own measurement when it was measured at
+the speeds in force (:mod:`semimig.controller.policy.memory`); the gain test decides.  A move is then
+measured for ``N_MIN`` steps before the next decision, and the two plans refit ``R/S``.  A rank whose
+last step alone is slower than the noise is an outlier or a change, told apart at the next step; the
+move it calls for is taken at once when the gain test passes on it and acting a step sooner pays for
+the risk of an outlier (:func:`~semimig.controller.policy.gain.bet_pays`, its odds counted over the
+run).  Before the first step, :meth:`profile` reads the device probe's speed ratios with the prior
+``R/S`` and takes its plan only when the gain test passes on the probe's noise and the gain is at
+least ``probe`` of the even step.
 
 Every input is a number all ranks share and the arithmetic is in a fixed order, so every rank takes
 the same decision at the same step; nothing is broadcast.
@@ -35,6 +37,7 @@ from typing import Optional, Sequence, Tuple
 
 from semimig._validate import check_int, check_number
 from semimig.controller.policy.gain import Noise, bet_pays, expected_life, gain_test
+from semimig.controller.policy.memory import PlanMemory
 from semimig.controller.policy.propose import pooled, propose, seat_delta, seat_reading, shares
 from semimig.controller.policy.records import ReshardDecision, ReshardSample, moved_units
 from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, transition
@@ -48,6 +51,7 @@ __all__ = ["ReshardConfig", "ReshardSample", "ReshardDecision", "ReshardPolicy",
 
 PROBE_REPEATS = 5
 """Repeats of the device probe's fixed work."""
+PENDING = "a rank's last step is slower than the noise: an outlier or a change, told apart at the next step"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,6 +143,8 @@ class ReshardPolicy:
         total = sum(self.weights)
         self.learned = LearnedModel(self.tp, config.replicated_share, [w / total for w in self.weights])
         self.noise = Noise()
+        self.measured = PlanMemory()
+        """The step each plan measured at the speeds in force (:mod:`~semimig.controller.policy.memory`)."""
         self.slowdown = Slowdown(self.samples.rates)
         self.history: list[ReshardDecision] = []
         """Every decision that re-planned."""
@@ -170,8 +176,7 @@ class ReshardPolicy:
         check_int("bytes_moved", bytes_moved, minimum=0)
         if bytes_moved > 0:
             self.seconds_per_byte = seconds / bytes_moved
-        # the steps since any rank's speed last changed: a pair of plans measures R/S only at the same speeds
-        window = list(self.samples)[len(self.samples) - self.samples.steps:]
+        window = list(self.samples)[len(self.samples) - self.samples.steps:]  # at one set of speeds, as R/S needs
         # a move bet on a pending step left a window whose last step has other speeds: it measures nothing
         measured = len(window) >= N_MIN and not (self.history and self.history[-1].step == self.step - 1
                                                  and self.history[-1].bet)
@@ -229,7 +234,8 @@ class ReshardPolicy:
                               "numbers", event="skip")
         if self.samples:
             self.noise.add(self.samples[-1].compute_s, sample.compute_s)
-        self.samples.add(sample, sigma=self.noise.sigma)
+        if self.samples.add(sample, sigma=self.noise.sigma):
+            self.measured.forget()
         window = list(self.samples)
         if len(window) < N_MIN:
             return self._hold(step, f"measuring the plan in force ({len(window)}/{N_MIN} steps)", event="short")
@@ -253,9 +259,7 @@ class ReshardPolicy:
                              z=self.config.noise_z, samples=self.samples.steps, confirm=confirm)
         if self.state == SETTLING and self._verify(window[len(window) - self.samples.steps:], max(compute) + comm):
             model = self.learned.model(self.shares(), compute)
-        healthy = StepModel(speeds=(max(model.speeds),) * self.tp, replicated=model.replicated,
-                            shardable=model.shardable)
-        return self._decide(step, model, comm, se, healthy_s=self._even_step(healthy) + comm,
+        return self._decide(step, model, comm, se, healthy_s=self._healthy_step(model) + comm,
                             measured_s=max(compute) + comm)
 
     # ------------------------------------------------------------------ decision
@@ -274,32 +278,27 @@ class ReshardPolicy:
         slowdown.rates = None
         slowdown.update(step, tuple(v / max(model.speeds) for v in model.speeds), se=math.sqrt(2.0) * se,
                         tolerance=cfg.tolerance, z=cfg.noise_z, samples=self.samples.steps, since=step)
-        def held() -> ReshardDecision:
-            return self._hold(step, "a rank's last step is slower than the noise: an outlier or a change, told "
-                                    "apart at the next step")
-
         if not slowdown.slow - self.slowdown.slow:
-            return held()
+            return self._hold(step, PENDING)
         model, base = pooled(model, slowdown.slow), pooled(base, slowdown.slow)
         seats = self._seat_comm(slowdown.slow)
         proposal = propose(model, self.plans, self.learned.weights, slow=True, min_units=cfg.min_units,
                            margin=cfg.margin, unseat=slowdown.slow, comm=seats)
         if proposal == self.plans:
-            return held()
+            return self._hold(step, PENDING)
         now, then = self.shares(), self.shares(proposal)
         seated = seat_delta(model.speeds, self.plans, proposal, seats)
         wrong = max(0.0, base.step(then) - base.step(now)) * (cfg.warmup + N_MIN + 1)  # until moved back
-        healthy = self._even_step(StepModel(speeds=(max(base.speeds),) * self.tp, replicated=base.replicated,
-                                            shardable=base.shardable)) + comm
+        healthy = self._healthy_step(base) + comm
         move = 2.0 * self._move_cost(self.moved(proposal)[1], healthy)
         if not bet_pays(model.step(now) - model.step(then) - seated, wrong + move, self.samples.rates.change_odds()):
-            return held()
+            return self._hold(step, PENDING)
         saved, self.slowdown = self.slowdown, slowdown
         slowdown.rates = saved.rates
         decision = self._decide(step, model, comm, se, healthy_s=healthy, measured_s=max(compute) + comm)
         if not decision.replan:
             self.slowdown = saved
-            return held()
+            return self._hold(step, PENDING)
         saved.rates.joined(step, slowdown.slow - saved.slow)
         self.history[-1] = decision = dataclasses.replace(decision, reason=f"on one slow step: {decision.reason}",
                                                           bet=True)
@@ -316,23 +315,28 @@ class ReshardPolicy:
         proposal = self._propose(model, seats)
         ratios = tuple(v / max(model.speeds) for v in model.speeds)
         base = dict(current_s=measured_s, predicted_s=current, speed_ratios=ratios)
+        if self.samples.steps >= N_MIN and not self.samples.pending:  # a reading at one set of speeds
+            self.measured.record(self.plans, measured_s, self.slowdown.slow)
         toward_even = max(self.shares(proposal)) < max(self.shares())
         if proposal == self.plans:
             return self._hold(step, "the plan in force is the best", event=hold, **base)
         if not self.slowdown.slow and not toward_even:
             return self._hold(step, "no rank is slow: only a move toward even is taken", event=hold, **base)
-        predicted = model.step(self.shares(proposal)) + comm + seat_delta(model.speeds, self.plans, proposal, seats)
+        known = self.measured.measured(proposal, self.slowdown.slow) if measured_s > 0.0 else None
+        current, predicted = (measured_s, known) if known is not None else (  # measured beats predicted
+            current, model.step(self.shares(proposal)) + comm + seat_delta(model.speeds, self.plans, proposal, seats))
         units, nbytes = self.moved(proposal)
         remaining = None if cfg.horizon is None else max(cfg.horizon - step, 1)
         life = expected_life(self.slowdown.age(step), self.slowdown.past(), floor=cfg.life_floor, remaining=remaining)
-        needed = self._needed(se)
-        test = gain_test(current, predicted, needed=needed, life=life, move_s=self._move_cost(nbytes, healthy_s))
+        test = gain_test(current, predicted, needed=self._needed(se), life=life,
+                         move_s=self._move_cost(nbytes, healthy_s), late_s=self.slowdown.late_cost())
         info = dict(base, predicted_s=predicted, move_bytes=nbytes, move_cost_s=test.cost_s, horizon=life)
         if not test.passed or test.gain_s < needed_gain * current:
             return self._hold(step, f"gain {test.gain_s:.4g} s/step ({test.margin_s:.4g} beyond the noise) x "
                                     f"{life} steps does not pay the move and its way back ({test.cost_s:.4g} s)",
                               event=hold, **info)
         self.state = transition(self.state, gain)
+        self.slowdown.reacted(step, test.gain_s)
         decision = ReshardDecision(step, plans=proposal, reason=f"gain {test.gain_s:.4g} s/step "
                                    f"({test.margin_s:.4g} beyond the noise) x {life} steps > move and way back "
                                    f"{test.cost_s:.4g} s ({units} units; slow ranks {sorted(self.slowdown.slow)})",
@@ -344,14 +348,13 @@ class ReshardPolicy:
         """Leaving ``settling`` (the slow set read on the new window; one set of speeds in each window): the
         plan moved to against the plan it left (``R/S``) and against its prediction re-read with the refitted
         ``R/S`` (an error the refit corrected would hold every later gain below it).  ``True``: refitted."""
-        if self._before is None:
-            return False
-        (before_plans, before, slow), self._before = self._before, None
-        if slow != self.slowdown.slow or len(window) < N_MIN:
-            return False  # the speeds changed across the move: it measures neither
+        (before_plans, before, slow), self._before = self._before or (None, None, None), None
+        if before is None or slow != self.slowdown.slow or len(window) < N_MIN:
+            return False  # no window before the move, or the speeds changed across it: it measures neither
         then, now, before_c = self.shares(before_plans), self.shares(), median_times(before)[0]
         old, se = self.learned.model(then, before_c).step(now), self.noise.of_median(min(len(before), len(window)))
-        fitted = self.learned.fit(then, before, now, window, se=se) is not None
+        fitted = self.learned.fit(then, before, now, window, se=se,  # an emptied slow rank: read through k alone
+                                  doubtful={r for r in slow if now[r] == 0.0}) is not None
         new = self.learned.model(self.shares(before_plans), before_c).step(self.shares())
         last = self.history[-1] if self.history else None
         if last is not None and last.current_s > 0.0:
@@ -369,8 +372,7 @@ class ReshardPolicy:
                        margin=self.config.margin, unseat=slow, comm=seats)
 
     def _seat_comm(self, slow) -> float:
-        """The paired layers' reductions under the plan in force (:func:`seat_reading`; 0 with no rank in
-        ``slow``): what a slow rank's seats stretch."""
+        """What a slow rank's seats stretch: the layers' reductions in force (:func:`seat_reading`; 0: none slow)."""
         return seat_reading(list(self.samples), self.plans) if slow else 0.0
 
     def _needed(self, se: float) -> float:
@@ -385,8 +387,10 @@ class ReshardPolicy:
         """Seconds a move from the plan in force to ``new`` costs (``step_s``: the step the prior is in)."""
         return self._move_cost(self.moved(new)[1], step_s)
 
-    def _even_step(self, model: StepModel) -> float:
-        return model.step((1.0 / self.tp,) * self.tp)
+    def _healthy_step(self, model: StepModel) -> float:
+        """The even plan's step with every rank at ``model``'s fastest speed."""
+        return StepModel(speeds=(max(model.speeds),) * self.tp, replicated=model.replicated,
+                         shardable=model.shardable).step((1.0 / self.tp,) * self.tp)
 
     def _move_cost(self, nbytes: int, healthy_s: float) -> float:
         """Seconds a move of ``nbytes`` costs: the last move's seconds per byte, or the prior in steps."""

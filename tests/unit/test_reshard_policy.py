@@ -309,6 +309,49 @@ def test_a_straggler_too_short_to_pay_its_move_is_not_moved_for():
     assert run_.moves == 0
 
 
+def test_a_plan_measured_at_the_speeds_in_force_is_not_traded_on_a_biased_prediction():
+    """The policy's KV weight (the parameter share, 0.27) understates attention's work (0.39): read from
+    either of two neighbouring plans, the other looks a few per cent faster.  Once both were measured at
+    the same speeds, the faster one is kept instead of the pair being traded back and forth."""
+    workload = Workload(tp=2, replicated_share=0.08, mlp_units=16, kv_units=8, attention_share=0.39,
+                        attention_param_share=0.27, timed_share=0.8, comm_share=0.03, step_s=0.075,
+                        state_bytes=7_700_000_000, bandwidth_bytes_s=3.5e10, latency_s=0.005)
+    speeds = np.array([[1.0, 1.0 / 2.36]] * 300)
+    run_ = run_policy(Scenario(name="bias", category="persistent", workload=workload, speeds=speeds, noise=0.016,
+                               seed=0), reshard_policy)
+    assert run_.moves <= 8, run_.plans  # the pair traded on predictions alone: 35 moves
+
+
+def test_a_straggler_emptied_as_it_recovers_is_read_recovered():
+    """A 4-step burst on rank 2: the move empties it as the burst ends.  The pair of plans around the move
+    is no reading of ``R/S`` through rank 2 (its speed changed across it), so its replicated work alone
+    reads it healthy again and the plan goes back to even."""
+    burst = [[1.0, 1.0, 1.0 / 6.45 if 18 <= i < 22 else 1.0, 1.0] for i in range(150)]
+    workload = Workload(tp=4, replicated_share=0.23, mlp_units=64, kv_units=32, attention_share=0.31,
+                        attention_param_share=0.31, timed_share=0.9, comm_share=0.085, step_s=0.24,
+                        state_bytes=8_550_000_000, bandwidth_bytes_s=7.3e10, latency_s=0.005)
+    run_ = run_policy(Scenario(name="burst", category="come_and_go", workload=workload, speeds=np.array(burst),
+                               noise=0.11, seed=5), reshard_policy)
+    assert run_.plans and run_.plans[0][1][2] == 0, run_.plans  # moved for the burst, rank 2 emptied
+    assert run_.plans[-1][0] < 60 and run_.plans[-1][1][2] >= 12, run_.plans  # its share given back
+
+
+def test_bursts_that_recur_keep_the_plan_made_for_them_when_the_next_would_cost_more_than_its_gain():
+    """4-step bursts of a 6x slower rank every 67 steps.  Back to even between bursts gains 0.3 s a step
+    for 60 steps, but each burst would then run 3 steps under the even plan before the policy reacts,
+    6.6 s each: once the bursts were seen to alternate with healthy spells, the plan made for them is
+    kept (the way back's cost counts the next state's steps until the reaction)."""
+    workload = Workload(tp=8, replicated_share=0.27, mlp_units=32, kv_units=16, attention_share=0.32,
+                        attention_param_share=0.27, timed_share=0.75, comm_share=0.08, step_s=1.45,
+                        state_bytes=343_000_000, bandwidth_bytes_s=1.9e8, latency_s=0.05)
+    speeds, i = np.ones((400, 8)), np.arange(400)
+    speeds[(i >= 50) & ((i - 50) % 67 < 4), 5] = 1 / 6.26
+    run_ = run_policy(Scenario(name="bursts", category="come_and_go", workload=workload, speeds=speeds,
+                               noise=0.014, seed=0), reshard_policy)
+    steps = [step for step, *_ in run_.plans]
+    assert steps[0] < 56 and not any(130 < s < 385 for s in steps), steps  # chasing each burst: 10 moves
+
+
 # ---------------------------------------------------------------- inputs
 def test_moved_units_counts_changed_owners():
     even = ShardPlan.even(8, 2)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import collections
 import math
 import statistics
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -105,9 +105,13 @@ class LearnedModel:
             self.bound = min(found)
 
     def fit(self, pa: Sequence[float], before: Sequence[Any], pb: Sequence[float],
-            after: Sequence[Any], se: float = 0.0) -> Optional[float]:
+            after: Sequence[Any], se: float = 0.0, doubtful: AbstractSet[int] = frozenset()) -> Optional[float]:
         """``k`` from two windows under shares ``pa`` and ``pb`` at the same speeds; ``None`` when they
-        say nothing.  ``se``: the relative standard error of one window's reading of a rank.  A rank's
+        say nothing.  ``doubtful``: ranks whose reading corroborates the ``k`` in use (within a factor 2)
+        and never overturns it — a slow rank the move emptied: holding no unit it is read through ``k``
+        alone, so a slowdown ending during the move is seen by nothing but this fit, which would read the
+        drop of its compute as a ``k`` near 0 and, through it, the recovered rank as slow as before.
+        ``se``: the relative standard error of one window's reading of a rank.  A rank's
         ``k = (ρ·p_a − p_b)/(1 − ρ)`` with ``ρ = c_b/c_a`` has the standard error
         ``|p_a − p_b|·ρ·√2·se/(1 − ρ)²``: a move of a few units changes ``ρ`` too little to tell ``k``
         from the noise, and a rank's reading is taken only when ``k`` clears :data:`FIT_Z` of them."""
@@ -119,7 +123,8 @@ class LearnedModel:
                 k = (cb[r] * pa[r] - ca[r] * pb[r]) / (ca[r] - cb[r])
                 rho = cb[r] / ca[r]
                 k_se = abs(dp) * rho * math.sqrt(2.0) * se / (1.0 - rho) ** 2
-                if k >= 0.0 and math.isfinite(k) and k >= FIT_Z * k_se:
+                plausible = r not in doubtful or 0.5 * self.k <= k <= 2.0 * self.k
+                if k >= 0.0 and math.isfinite(k) and k >= FIT_Z * k_se and plausible:
                     found.append(k)
         if not found or (len(found) > 1 and max(found) > 2.0 * max(min(found), K_FLOOR)):
             return None
