@@ -292,7 +292,10 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
         if pattern is None:
             raise ConfigError(f"--switch-log {switch_log} records a pattern's switches: it needs --pattern")
         check_new_file(switch_log, "--switch-log", overwrite=overwrite)
-        check_apart([("--switch-log", switch_log), ("--pattern-after", pattern_after), *command_outputs(argv)])
+        watched = None if pattern_after is None else os.path.realpath(pattern_after)
+        outputs = [(flag, path) for flag, path in command_outputs(argv)  # the file --pattern-after waits for:
+                   if os.path.realpath(path) != watched]  # the command writes it for that (--started-file)
+        check_apart([("--switch-log", switch_log), ("--pattern-after", pattern_after), *outputs])
     if pattern is not None and pattern.fraction >= 1.0:
         raise ConfigError(f"--pattern with --fraction {pattern.fraction:g}: the throttled phases would be free too; "
                           "give a fraction below 1")

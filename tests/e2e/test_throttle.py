@@ -335,13 +335,15 @@ def test_run_throttled_with_a_pattern_and_timeout(controller, caplog, tmp_path):
 
 
 def test_a_pattern_after_a_file_starts_when_the_file_appears(controller, tmp_path):
-    """The rank runs free until the file exists (a run's start-up), then the pattern starts throttled."""
+    """The rank runs free until the file exists (a run's start-up), then the pattern starts throttled.
+    The file is the command's own output (the example's ``--started-file``), as the benchmark runs it."""
     from semimig.straggler.throttle_cli import run_throttled
 
     flag, log = tmp_path / "started", tmp_path / "switches.json"
     worker = f"import pathlib, time; time.sleep(0.8); pathlib.Path({str(flag)!r}).touch(); time.sleep(1.2)"
     started = time.time()
-    rc = run_throttled(["env", "RANK=0", sys.executable, "-c", worker], rank=0, fraction=0.25,
+    rc = run_throttled(["env", "RANK=0", sys.executable, "-c", worker, "--started-file", str(flag)], rank=0,
+                       fraction=0.25,
                        pattern=ThrottlePattern(on_s=0.5, off_s=0.5, fraction=0.25), pin=False,
                        announce=lambda line: None, switch_log=str(log), pattern_after=str(flag))
     assert rc == 0
