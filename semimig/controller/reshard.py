@@ -329,14 +329,13 @@ class ReshardPolicy:
         remaining = None if cfg.horizon is None else max(cfg.horizon - step, 1)
         life = expected_life(self.slowdown.age(step), self.slowdown.past(), floor=cfg.life_floor, remaining=remaining)
         test = gain_test(current, predicted, needed=self._needed(se), life=life,
-                         move_s=self._move_cost(nbytes, healthy_s), late_s=self.slowdown.late_cost())
+                         move_s=self._move_cost(nbytes, healthy_s))
         info = dict(base, predicted_s=predicted, move_bytes=nbytes, move_cost_s=test.cost_s, horizon=life)
         if not test.passed or test.gain_s < needed_gain * current:
             return self._hold(step, f"gain {test.gain_s:.4g} s/step ({test.margin_s:.4g} beyond the noise) x "
                                     f"{life} steps does not pay the move and its way back ({test.cost_s:.4g} s)",
                               event=hold, **info)
         self.state = transition(self.state, gain)
-        self.slowdown.reacted(step, test.gain_s)
         decision = ReshardDecision(step, plans=proposal, reason=f"gain {test.gain_s:.4g} s/step "
                                    f"({test.margin_s:.4g} beyond the noise) x {life} steps > move and way back "
                                    f"{test.cost_s:.4g} s ({units} units; slow ranks {sorted(self.slowdown.slow)})",

@@ -3,7 +3,7 @@
 A move from the plan in force (step ``t₀``) to a proposal (step ``t₁``, both predicted by the same
 step model) is taken when
 
-    (g − ε·t₀) · L  >  2·C + W      with  g = t₀ − t₁,  ε = max(margin, z·σ̂_med, e_model)
+    (g − ε·t₀) · L  >  2·C          with  g = t₀ − t₁,  ε = max(margin, z·σ̂_med, e_model)
 
 - ``L`` the present state's expected remaining life in steps (the state: which ranks are slow, or that
   none is).  With no ended state of the same kind to go by, its age so far ``a`` (a state that has
@@ -16,13 +16,6 @@ step model) is taken when
 - ``C`` the move's cost: the measured seconds per byte of the last move times the bytes of this one,
   or before any move ``bytes / all bytes × move_steps × the healthy even step`` (a prior in steps, so it
   holds from 20 ms to 5 s steps); ``2·C`` pays the move and the move back when the state ends;
-- ``W`` what the plan costs when the present state ends, against the plan in force: when that plan was
-  made for the other kind of state (a straggler's plan while none is slow, or the even plan while one
-  is) and a state of that kind has come and ended before, the next state is likely of that kind, and it
-  runs under the new plan until the policy reacts — as many steps as its latest reaction to that kind
-  took, each losing what that reaction saved a step (:meth:`~semimig.controller.policy.states.Slowdown.late_cost`).
-  Bursts that recur keep the plan made for them when going back between them would gain less than the
-  next burst's first steps lose;
 - ``ε·t₀`` the risk of being wrong: the gain is read from medians of noisy times, so it is counted
   only beyond ``z`` standard errors of a median (``σ̂_med = 1.25·σ̂/√n`` over ``n`` samples) and
   beyond what the step model itself may be off by: ``margin``, or more when the latest moves measured
@@ -86,18 +79,17 @@ class Gain:
     life: int
     """``L``: steps the gain is counted over."""
     cost_s: float
-    """``2·C + W``: the move, the move back and the next state's steps until the reaction."""
+    """``2·C``: the move and the move back."""
 
     @property
     def passed(self) -> bool:
         return self.margin_s > 0.0 and self.margin_s * self.life > self.cost_s
 
 
-def gain_test(current_s: float, proposed_s: float, *, needed: float, life: int, move_s: float,
-              late_s: float = 0.0) -> Gain:
-    """The gain test (module docstring); ``late_s``: ``W``, the next state's steps until the reaction."""
+def gain_test(current_s: float, proposed_s: float, *, needed: float, life: int, move_s: float) -> Gain:
+    """The gain test (module docstring)."""
     gain = current_s - proposed_s
-    return Gain(gain_s=gain, margin_s=gain - needed * current_s, life=life, cost_s=2.0 * move_s + late_s)
+    return Gain(gain_s=gain, margin_s=gain - needed * current_s, life=life, cost_s=2.0 * move_s)
 
 
 def expected_life(age: int, past: Sequence[int], *, floor: int, remaining: Optional[int]) -> int:

@@ -40,7 +40,7 @@ started rather than how long a state lasts.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence
 
 from semimig.errors import ConfigError
 
@@ -79,11 +79,6 @@ class Slowdown:
         self.changes = 0
         self.ended: Dict[bool, List[int]] = {False: [], True: []}
         """Lengths in steps of the ended states, by kind: some rank slow (``True``) or none."""
-        self.reactions: Dict[bool, Tuple[int, float]] = {}
-        """By kind, the latest move made for a state of it: (steps of the state run under the plan before,
-        seconds a step the move saved)."""
-        self.plan_kind = False
-        """The kind of state the plan in force was made for (the even plan: none slow)."""
 
     def update(self, step: int, ratios: Sequence[float], *, se: float, tolerance: float, z: float,
                samples: int, confirm: Optional[Sequence[float]] = None, since: Optional[int] = None) -> bool:
@@ -111,26 +106,6 @@ class Slowdown:
             self.ended[bool(self.slow)].append(max(1, since - self.since))
         self.slow, self.since, self.changes = frozenset(slow), since, self.changes + 1
         return True
-
-    def reacted(self, step: int, gain_s: float) -> None:
-        """A move was made at ``step`` for the present state, saving ``gain_s`` a step (``step`` < 0: before
-        the first step, no reaction to time)."""
-        kind = bool(self.slow)
-        if step >= 0:
-            self.reactions = {**self.reactions, kind: (max(1, step - self.since + 1), gain_s)}
-        self.plan_kind = kind
-
-    def late_cost(self) -> float:
-        """Seconds a move made now for the present state costs when the state ends, against staying on the
-        plan in force, made for the other kind: when states of both kinds have come and ended (the two
-        alternate), the next state is of that kind and runs under the new plan until the policy reacts —
-        as many steps as its latest reaction to that kind took, each losing what that reaction saved.
-        0 when the plan in force was made for this kind, or no alternation was seen yet."""
-        other = not bool(self.slow)
-        if self.plan_kind != other or not (self.ended[other] and self.ended[not other]) or other not in self.reactions:
-            return 0.0
-        steps, gain_s = self.reactions[other]
-        return steps * max(gain_s, 0.0)
 
     def age(self, step: int) -> int:
         """Steps the present set has held (at least 1)."""
