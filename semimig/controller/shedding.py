@@ -21,10 +21,7 @@ ones.  The fast path: when the rank's or the fastest rank's timing model declare
 within the last ``patience`` observations (``react_steps > 0``, :mod:`semimig.controller.timing`;
 that change already took ``react_steps`` consecutive observations beyond its own noise), the rank
 is flagged at once when ``ln(S_i / S_fast) > max(ln(1 + change_ratio), change_sigmas ·
-hypot(σ_ln,i, σ_ln,fast))`` (both ranks' log-noise), its window's lower tercile also beyond the
-largest rise noise made on either rank (``RankEstimate.rise_noise``: a loaded machine delays runs of
-steps, and a change no larger than such a rise waits out the patience), and unflagged at once below
-half that; so a
+hypot(σ_ln,i, σ_ln,fast))`` (both ranks' log-noise) and unflagged at once below half that; so a
 throttle that switches on or off is acted on ``react_steps`` observations after it switched, with
 hysteresis — except for a rank whose ended slow regimes lasted a median of at most
 ``short_burst`` observations: a rise flags it, by this path or its patience, only once it
@@ -151,11 +148,6 @@ def _log_ratio_of(s: float, s_fast: float) -> float:
     return math.log(s / s_fast) if s > 0.0 and s_fast > 0.0 else 0.0
 
 
-def _low(est: RankEstimate) -> float:
-    """The rank's time read past its descheduled steps: the window's lower tercile (``S`` where unknown)."""
-    return est.low_s if math.isfinite(est.low_s) else est.unpruned_s
-
-
 def _log_band(cfg: ControllerConfig, est: RankEstimate, fast: RankEstimate) -> float:
     """The fresh-regime test's band on a log scale: ``max(ln(1 + change_ratio), change_sigmas ·
     hypot(σ_ln,i, σ_ln,fast))`` — both ranks' noise, since both times are measured."""
@@ -265,11 +257,9 @@ class ShedPolicy:
             # flagged again if it still straggles
             low = _log_ratio_of(est.unpruned_low_s, s_fast) if math.isfinite(est.unpruned_low_s) else ratio
             return own_fall and est.work < 1.0 and low <= 0.5 * band
-        # a fresh regime beyond both ranks' log-noise and beyond the largest rise noise made on
-        # either rank (a loaded machine delays runs of steps: a change no larger than such a rise
-        # waits out the patience), unless it is this rank's own fall (it just got faster)
-        noise = max(est.rise_noise, fast.rise_noise)
-        if fresh and ratio > band and _log_ratio_of(_low(est), s_fast) > noise and not own_fall:
+        # a fresh regime beyond both ranks' log-noise, unless it is this rank's own fall (it just
+        # got faster)
+        if fresh and ratio > band and not own_fall:
             return True
         # the opening: a rank slow from the first step has no regime change to show, so its first
         # decisions flag it when every one of its steps lies beyond twice the band (2.25x at the

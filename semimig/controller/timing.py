@@ -106,7 +106,7 @@ from typing import Optional, Sequence
 from semimig._fit import line_fit
 
 __all__ = ["MIN_SPREAD", "OTHER_WINDOW", "RankEstimate", "RankTiming", "dense_equivalent", "fit_fixed_fraction",
-           "lower_tercile", "observation_problem"]
+           "observation_problem"]
 
 SAME_WORK = 0.15
 """Work fractions this close count as the same work for the change test."""
@@ -173,14 +173,8 @@ class RankEstimate:
     leaving: int = 0
     """-1 / +1 when the latest observation left the regime downward / upward without (yet) making
     a change point (the first of a possible run), 0 inside it or at a change point."""
-    low_s: float = math.nan
-    """The lower tercile of the window's dense-equivalent times (:func:`lower_tercile`): the rank's
-    speed read past its descheduled steps.  NaN when not computed."""
     fastest_s: float = math.nan
     """The smallest dense-equivalent time of the window (NaN when not computed)."""
-    rise_noise: float = 0.0
-    """The largest rise (on a log scale, against the window's median before it) that noise made in
-    the rank's latest ``NOISE_HISTORY`` observations: rises that started no change point."""
 
     def time_at(self, work: float) -> float:
         """Predicted busy time at work fraction ``work``."""
@@ -194,14 +188,6 @@ class RankEstimate:
         if variable <= 0.0 or self.unpruned_s <= 0.0:
             return 1.0 if target_s >= self.unpruned_s else -math.inf
         return (target_s / self.unpruned_s - self.fixed_fraction) / variable
-
-
-def lower_tercile(values: Sequence[float]) -> float:
-    """The ``⌊(n − 1)/3⌋``-th smallest of ``values`` (non-empty): descheduling only ever adds time, so
-    up to two thirds of slow outlier steps leave it at the rank's speed, where a median of steps half
-    of which a loaded machine delayed is one of the delayed ones."""
-    ordered = sorted(values)
-    return ordered[(len(ordered) - 1) // 3]
 
 
 def dense_equivalent(busy_s: float, work: float, fixed_fraction: float) -> float:
@@ -287,10 +273,6 @@ class RankTiming:
         """``|ln(S_k / S_(k−1))|`` of successive observations at the same work: the regime test's
         noise.  A change of level adds one large step, not a run of large deviations (a throttle
         during the warm-up would otherwise inflate the noise band for the next 64 iterations)."""
-        self._rises: collections.deque = collections.deque(maxlen=NOISE_HISTORY)
-        """``(seen, ln(S_k / median of the window before k))`` of the latest observations that rose
-        above their window: the size of the rises noise makes (a change point's run is removed: it
-        was a change, not noise)."""
         self._bursts: collections.deque = collections.deque(maxlen=BURST_HISTORY)
         """Lengths (observations) of the latest slow regimes, each a rise that a fall ended."""
 
@@ -347,15 +329,6 @@ class RankTiming:
         if fitted is not None:
             self.fixed_fraction, self.informed = fitted, True
         per_obs = self._per_observation()
-        if changed and excursion == 1:  # the run was a change, not noise
-            while self._rises and self._rises[-1][0] > self.seen - run:
-                self._rises.pop()
-        elif len(per_obs) >= 2:
-            earlier = [s for (w, _), s in zip(list(self._obs)[:-1], per_obs[:-1]) if abs(w - work) <= SAME_WORK]
-            if earlier and per_obs[-1] > statistics.median(earlier):
-                self._rises.append((self.seen, math.log(per_obs[-1] / statistics.median(earlier))))
-        while self._rises and self._rises[0][0] <= self.seen - NOISE_HISTORY:
-            self._rises.popleft()
         if len(self._obs) >= 2 and abs(self._obs[-1][0] - self._obs[-2][0]) <= SAME_WORK:
             self._steps.append(abs(math.log(per_obs[-1] / per_obs[-2])))
         if len(per_obs) >= 3 and excursion is None:  # a step into another regime is not noise
@@ -449,7 +422,6 @@ class RankTiming:
         self._steps.extend(old._steps)
         self._deviations.extend(old._deviations)
         self._bursts.extend(old._bursts)
-        self._rises.extend(old._rises)
 
     def forget_reduced_work(self) -> None:
         """Drop the observations at ``w != 1`` and the fitted ``f`` (back to the prior): the rank's
@@ -481,5 +453,4 @@ class RankTiming:
                             log_noise=self._step_sigma() if self.react_steps else 0.0,
                             change_direction=self.change_direction, unpruned_low_s=min(unpruned, unpruned_low),
                             burst_length=statistics.median(self._bursts) if len(self._bursts) >= 2 else math.inf,
-                            leaving=self.leaving, low_s=lower_tercile(per_obs), fastest_s=min(per_obs),
-                            rise_noise=max((r for _, r in self._rises), default=0.0))
+                            leaving=self.leaving, fastest_s=min(per_obs))

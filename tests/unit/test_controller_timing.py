@@ -282,11 +282,3 @@ def test_a_warm_up_that_delayed_some_first_steps_is_no_straggler():
     rows = [(1.06, 4.1), (0.98, 4.39), (0.95, 4.73), (0.92, 0.88)] + [(0.9, 0.9)] * 10
     assert all(f == () for f in _decisions(rows))
 
-
-def test_a_delay_no_larger_than_the_noise_made_before_waits_for_the_patience():
-    """Rank 1's noise already rose 3.5x for single steps; a run of three steps 3x delayed and then
-    back is what that noise makes, not a throttle: no flag at once."""
-    base = [0.8, 0.82, 0.78, 0.81, 0.79, 0.8, 0.83, 0.8]
-    ones = base * 2 + [0.8, 2.8, 0.8, 0.81, 0.79, 0.8] + [2.4, 2.4, 2.3, 0.84, 0.8, 0.81, 0.8, 0.82]
-    rows = [(0.8 + 0.01 * (i % 3), b) for i, b in enumerate(ones)]
-    assert all(f == () for f in _decisions(rows))
