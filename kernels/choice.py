@@ -74,8 +74,9 @@ def fastest(key: tuple, device: torch.device, paths: dict[str, Callable[[], Tens
         for name, fn in paths.items():
             start = mark()
             outs[name] = fn()
-            timed[name].append((start, mark()))
-    wait(timed[name][-1][1])  # the last mark recorded: every earlier one is complete with it
+            end = mark()
+            timed[name].append((start, end))
+    wait(end)  # the last mark recorded: every earlier one is complete with it
     medians = {name: statistics.median(seconds(*m) for m in marks) for name, marks in timed.items()}
     chosen = min(medians, key=medians.get)
     _CHOSEN[key] = chosen

@@ -445,7 +445,6 @@ class RankTiming:
         high_f = self._f_range()[1]
         unpruned_low = statistics.median(dense_equivalent(t, w, high_f) for w, t in self._obs)
         sigma = _MAD_TO_SIGMA * (statistics.median(self._deviations) if self._deviations else 0.0)
-        per_obs = self._per_observation()
         return RankEstimate(unpruned_s=unpruned, fixed_fraction=f, noise_s=sigma * unpruned,
                             informed=self.informed, observations=len(self._obs), work=self._obs[-1][0],
                             seen=self.seen, regime_age=self.regime_age,
@@ -453,4 +452,4 @@ class RankTiming:
                             log_noise=self._step_sigma() if self.react_steps else 0.0,
                             change_direction=self.change_direction, unpruned_low_s=min(unpruned, unpruned_low),
                             burst_length=statistics.median(self._bursts) if len(self._bursts) >= 2 else math.inf,
-                            leaving=self.leaving, fastest_s=min(per_obs))
+                            leaving=self.leaving, fastest_s=min(self._per_observation()))

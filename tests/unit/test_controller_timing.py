@@ -281,4 +281,3 @@ def test_a_warm_up_that_delayed_some_first_steps_is_no_straggler():
     A device slow from the start is slow at every step; the opening does not flag this one."""
     rows = [(1.06, 4.1), (0.98, 4.39), (0.95, 4.73), (0.92, 0.88)] + [(0.9, 0.9)] * 10
     assert all(f == () for f in _decisions(rows))
-

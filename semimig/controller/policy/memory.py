@@ -16,9 +16,8 @@ speeds is scored by its recorded step instead of the model's prediction, so of t
 the faster one is kept, and a plan that measured slower is not proposed again on a prediction.
 
 "The same speeds": the same set of slow ranks and no change of any rank's speed detected since (the
-window's change-point test).  A drift too slow for that test moves a record by less than the noise of
-the window it was read from per window; the proposals it could block are the ones whose predicted gain
-is within that drift of the record.
+window's change-point test).  A drift too slow for that test leaves a record stale; the plan in force
+is recorded afresh at every decision, so only a plan left earlier can be held back by an old reading.
 """
 from __future__ import annotations
 

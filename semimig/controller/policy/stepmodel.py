@@ -116,14 +116,14 @@ class LearnedModel:
         ``|p_a − p_b|·ρ·√2·se/(1 − ρ)²``: a move of a few units changes ``ρ`` too little to tell ``k``
         from the noise, and a rank's reading is taken only when ``k`` clears :data:`FIT_Z` of them."""
         ca, cb = median_times(before)[0], median_times(after)[0]
-        found = []
+        found, k_now = [], self.k
         for r in range(self.tp):
             dp, dc = pb[r] - pa[r], cb[r] - ca[r]
             if abs(dp) >= MIN_SHARE_CHANGE and dp * dc > 0.0:
                 k = (cb[r] * pa[r] - ca[r] * pb[r]) / (ca[r] - cb[r])
                 rho = cb[r] / ca[r]
                 k_se = abs(dp) * rho * math.sqrt(2.0) * se / (1.0 - rho) ** 2
-                plausible = r not in doubtful or 0.5 * self.k <= k <= 2.0 * self.k
+                plausible = r not in doubtful or 0.5 * k_now <= k <= 2.0 * k_now
                 if k >= 0.0 and math.isfinite(k) and k >= FIT_Z * k_se and plausible:
                     found.append(k)
         if not found or (len(found) > 1 and max(found) > 2.0 * max(min(found), K_FLOOR)):
