@@ -54,7 +54,7 @@ class RunResult:
     throttled: Optional[tuple[Optional[bool], ...]] = None
     """Under a throttle pattern: per step, whether it ran throttled (:func:`throttled_steps`)."""
     step_split: tuple[Optional[dict], ...] = ()
-    """Per TP rank, its steady step's own work, collectives and balanced GEMMs in seconds
+    """Per rank of the job (global order), its steady step's own work, collectives and balanced GEMMs in seconds
     (:data:`semimig.bench.llm.record.SPLIT_FIELDS`; ``None`` where not measured; empty in older files)."""
 
     @classmethod
@@ -173,7 +173,7 @@ def summarize_mode(runs: Sequence[RunResult], target: Optional[float]) -> dict:
 
 
 def _split_summary(runs: Sequence[RunResult]) -> Optional[list]:
-    """Per TP rank, the median over the repeats of each field of its step split (``None`` where no run
+    """Per rank, the median over the repeats of each field of its step split (``None`` where no run
     recorded one)."""
     splits = [r.step_split for r in runs if r.step_split]
     if not splits:

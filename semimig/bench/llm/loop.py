@@ -140,7 +140,7 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
         fields.update(resumed_at=first, load_s=f"{load_s:.3f}" if load_s is not None else "none",
                       save_s=f"{save_s:.3f}" if save_s is not None else "none")
     by_rank = balanced_share_by_rank(shares, plugin.tp_group, tp)
-    split_by_rank = step_split_by_rank(splits, plugin.tp_group, tp)
+    split_by_rank, splits_by_step = step_split_by_rank(splits)
     fields.update(final_val_loss=f"{val_losses[-1][1]:.4f}" if val_losses else "none", eval_s=f"{eval_s:.3f}",
                   balanced_share=",".join("-" if b is None else f"{b:.2f}" for b in by_rank))
     reshard = balancer.reshard_summary if balancer is not None else None
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
     if rank == 0 and args.json:
         write_record(args.json, fields, losses=losses, times=times, val_losses=val_losses, eval_s=eval_s,
                      sheds=sheds, starts=starts, corpus=corpus, vocab=vocab, by_rank=by_rank, reshard=reshard,
-                     split_by_rank=split_by_rank)
+                     split_by_rank=split_by_rank, splits_by_step=splits_by_step)
     if balancer is not None:
         balancer.close()
     torch.distributed.destroy_process_group()

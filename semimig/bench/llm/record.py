@@ -26,14 +26,19 @@ work spent in the GEMMs semimig balances (the rest of ``compute_s`` is the repli
 core and the waits inside Colossal-AI's own collectives)."""
 
 
-def step_split_by_rank(splits: list, tp_group, tp: int) -> list:
-    """Per TP rank, the medians over the second half of the steps of :data:`SPLIT_FIELDS`
-    (``None`` where not measured).  Collective over the TP group."""
+def step_split_by_rank(splits: list) -> tuple[list, list]:
+    """Per rank of the job (global rank order), the medians over the second half of the steps of
+    :data:`SPLIT_FIELDS`, and every step's split (``None`` where not measured).  Every rank, not one TP
+    group: under data parallelism the replica that sets the pace is often not rank 0's.  Collective
+    over the default group."""
     steady = [s for s in splits[len(splits) // 2:] if s is not None]
     mine = [statistics.median(col) for col in zip(*steady)] if steady else None
-    gathered = [None] * tp
-    torch.distributed.all_gather_object(gathered, mine, group=tp_group)
-    return [None if g is None else dict(zip(SPLIT_FIELDS, (round(float(v), 6) for v in g))) for g in gathered]
+    steps = [None if s is None else [round(float(v), 6) for v in s] for s in splits]
+    gathered = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, (mine, steps))
+    medians = [None if g[0] is None else dict(zip(SPLIT_FIELDS, (round(float(v), 6) for v in g[0])))
+               for g in gathered]
+    return medians, [g[1] for g in gathered]
 
 
 def plan_state(balancer, tp: int):
@@ -65,10 +70,11 @@ def summary_line(fields: dict) -> str:
 
 def write_record(path: str, fields: dict, *, losses: list, times: list, val_losses: list, eval_s: float,
                  sheds: list, starts: list, corpus, vocab: int, by_rank: list,
-                 reshard: Optional[dict], split_by_rank: Optional[list] = None) -> None:
+                 reshard: Optional[dict], split_by_rank: Optional[list] = None,
+                 splits_by_step: Optional[list] = None) -> None:
     """The ``--json`` record: the summary (with the per-rank balanced shares and step splits, the re-plans and the
     corpus's unigram entropy beside the line's fields), the losses, step times and step start times,
-    the validation losses, the plans' shed shares per step and the data."""
+    the validation losses, the plans' shed shares per step, every rank's step split per step and the data."""
     from semimig._io import write_json
 
     fields = dict(fields, balanced_share_by_rank=by_rank)
@@ -80,4 +86,5 @@ def write_record(path: str, fields: dict, *, losses: list, times: list, val_loss
         fields["unigram_entropy_nats"] = corpus.unigram_entropy()
     write_json(path, {"summary": fields, "losses": losses, "step_s": times, "val_losses": val_losses,
                       "eval_s": eval_s, "shed": sheds, "step_start_unix": starts,
+                      "step_split_each": splits_by_step,
                       "data": corpus.describe() if corpus is not None else {"synthetic": True, "vocab": vocab}})
