@@ -541,7 +541,8 @@ def run(args: argparse.Namespace, argv) -> int:
                   for k in ("hidden", "layers", "heads", "kv_heads", "batch_size", "seq_len", "steps", "eval_every")},
         "repeats": args.repeats, "wall_s": time.time() - started, "modes": modes,
         "raw": {mode: [{"step_s": d["step_s"], "val_losses": d["val_losses"], "shed": d.get("shed", []),
-                        "throttled": d.get("throttled"), "summary": d["summary"]} for d in rs]
+                        "throttled": d.get("throttled"), "step_split_each": d.get("step_split_each"),
+                        "summary": d["summary"]} for d in rs]
                 for mode, rs in raw.items()},
     }
     write_result(args.json, "time_to_loss", argv, vars(args), **result)
