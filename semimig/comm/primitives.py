@@ -201,6 +201,14 @@ def _p2p(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, 
             work.wait()
 
 
+def exchange(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
+             group: ProcessGroup | None = None) -> None:
+    """Post every ``(tensor, group rank)`` send and receive as one batch and wait for all of them, in the comm
+    region: a rank that waits here for a slower peer is communicating on the step clock, not computing."""
+    with _region():
+        _p2p(sends, recvs, group)
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 

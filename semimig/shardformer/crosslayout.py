@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Dict, List, Sequence, Tuple
 
 import torch
-import torch.distributed as dist
 
 from semimig.comm import primitives as P
 from semimig.comm import traffic
@@ -34,25 +33,17 @@ Job = Tuple[ReductionPlan, Sequence[Tuple[torch.Tensor, int]]]
 
 
 def _swap(outgoing: Dict[int, List[torch.Tensor]], incoming: Dict[int, List[torch.Tensor]]) -> Tuple[int, int]:
-    """Send each peer its pieces and receive into ``incoming``'s tensors (one byte buffer each way per peer);
-    ``(bytes sent, bytes received)``.  Peers are global ranks."""
-    ops, buffers = [], {}
-    sent = received = 0
-    for peer, pieces in sorted(outgoing.items()):
-        buffer = torch.cat([p.contiguous().view(-1).view(torch.uint8) for p in pieces])
-        sent += buffer.numel()
-        ops.append(dist.P2POp(dist.isend, buffer, peer))
-    for peer, targets in sorted(incoming.items()):
-        nbytes = sum(t.numel() * t.element_size() for t in targets)
-        received += nbytes
-        buffers[peer] = torch.empty(nbytes, dtype=torch.uint8, device=targets[0].device)
-        ops.append(dist.P2POp(dist.irecv, buffers[peer], peer))
-    if ops:
-        for request in dist.batch_isend_irecv(ops):
-            request.wait()
+    """Send each peer its pieces and receive into ``incoming``'s tensors (one byte buffer each way per peer, in
+    the step clock's comm region: the wait for a slower replica is communication, as in DDP's all-reduce it
+    replaces); ``(bytes sent, bytes received)``.  Peers are global ranks."""
+    sends = [(torch.cat([p.contiguous().view(-1).view(torch.uint8) for p in pieces]), peer)
+             for peer, pieces in sorted(outgoing.items())]
+    buffers = {peer: torch.empty(sum(t.numel() * t.element_size() for t in targets), dtype=torch.uint8,
+                                 device=targets[0].device) for peer, targets in sorted(incoming.items())}
+    P.exchange(sends, [(buffer, peer) for peer, buffer in buffers.items()])
     for peer, targets in incoming.items():
         P.unpack_into(buffers[peer], targets)
-    return sent, received
+    return sum(b.numel() for b, _ in sends), sum(b.numel() for b in buffers.values())
 
 
 def _check(jobs: Sequence[Job], replica: int, tp_rank: int, grid: Sequence[Sequence[int]]) -> None:

@@ -45,11 +45,11 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("semimig/hybrid/balancer.py", "batch_fingerprint", ".cpu()"): PER_STEP + " with dp > 1: the batch plan's check",
     # collectives' handles
     ("semimig/comm/primitives.py", "wait", ".wait()"): STREAM,
-    ("semimig/comm/primitives.py", "_p2p", ".wait()"): STREAM + " (migration's direct movements)",
+    ("semimig/comm/primitives.py", "_p2p", ".wait()"): STREAM + " (migration's direct movements; per-replica plans: "
+                                                                 "the cross-layout gradient exchange, once per backward)",
     ("semimig/comm/holders.py", "_Pending.wait", ".wait()"): STREAM + " (the holders' sum, as the group's all-reduce)",
     ("semimig/comm/holders.py", "_post", ".wait()"): STREAM + " (a send to an idle rank, waited only beyond the sends in flight)",
     ("semimig/comm/holders.py", "HolderSum.all_reduce_", ".wait()"): STREAM + " (an idle rank's receive of the holders' slices)",
-    ("semimig/shardformer/crosslayout.py", "_swap", ".wait()"): STREAM + " (per-replica plans: the cross-layout gradient exchange, once per backward)",
     ("semimig/nn/functional.py", "_ColumnParallelLinear.backward", ".wait()"): STREAM,
     ("semimig/nn/functional.py", "_paired_column_backward", ".wait()"): STREAM,
     ("semimig/nn/functional.py", "_reduce_output", ".wait()"): STREAM,
