@@ -19,7 +19,7 @@ from semimig.comm import primitives as P
 from semimig.comm.lagged import LaggedRows
 from semimig.controller.reshard import ReshardConfig, ReshardDecision, ReshardPolicy, ReshardSample
 from semimig.resharder.joint import (JointSetup, SeatMemory, as_policy_plans, even_samples, joint_problem,
-                                     per_mean_batch)
+                                     per_mean_batch, reading_due)
 from semimig.resharder.events import ReplanEvent, log_measured, log_replan
 from semimig.resharder.observe import (PROBE_MAX_SIZE, gemm_scale, probe_times, row_sample, slowest_per_position,
                                        step_sample, unshed)
@@ -108,6 +108,7 @@ class Resharder:
         self.joint_replans: list[dict] = []
         """Every joint decision: its step, the new split, the predicted job step, what memory bounded."""
         self._job_moved = 0  # the step the job last moved (the joint gain test's age)
+        self._job_read: Optional[int] = None  # the age at which the job's gain was last read (:func:`reading_due`)
         self._seats = SeatMemory()  # the joint planner's seat fit across a move that empties a slow rank
         self.ddp_waits: tuple = ()
         """The DDP hooks that time the data-parallel all-reduce's wait on the step clock
@@ -306,9 +307,16 @@ class Resharder:
         every policy holds a measured plan, the job's step under the plans and split in force is set
         against the joint planner's, with the policies' own gain test: the least gain ``ε`` the noisiest
         replica's window allows, the moves' cost and their way back, over a life of the steps since
-        the job last moved (at least ``life_floor``).  A change of split alone moves no weights."""
+        the job last moved (at least ``life_floor``).  A change of split alone moves no weights.  Read when
+        :func:`reading_due` says so, not every step: the planner's search is host work on every rank, the
+        slowest one's included."""
         if any(policy.state != HOLDING for policy in self.policies):
+            self._job_read = None
             return None
+        age = step - self._job_moved
+        if not reading_due(age, self._job_read):
+            return None
+        self._job_read = age
         problem = joint_problem(self.joint, self.policies, self.samples, self._seats)
         if problem is None:
             return None
@@ -344,7 +352,7 @@ class Resharder:
         plans = tuple(as_policy_plans(row, now) for row, now in zip(answer.plans, current))
         if plans == current and answer.samples == self.samples:
             return None
-        self._job_moved = step
+        self._job_moved, self._job_read = step, None
         if answer.memory_bound and self._speaks and self.dp_rank == 0:
             logger.info("semimig joint plan at step %d: %s", step, answer.memory_bound)
         changed = [row != now for row, now in zip(plans, current)]

@@ -54,7 +54,7 @@ from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel
 
 __all__ = ["JointSetup", "SeatMemory", "even_samples", "joint_problem", "joint_setup", "per_mean_batch",
-           "split_ratio"]
+           "reading_due", "split_ratio"]
 
 KINDS = ("mlp", "kv")
 """The paired dimensions a plan splits, in the policies' order."""
@@ -78,6 +78,17 @@ class JointSetup:
         if self.global_batch < self.dp:
             raise ConfigError(f"the joint planner gives each of the {self.dp} data-parallel replicas at least one "
                               f"sample: BatchSplit.global_batch_size={self.global_batch} is too small")
+
+
+def reading_due(age: int, last: Optional[int]) -> bool:
+    """Whether the job's gain is read again at ``age`` steps since the job last moved, the last reading taken
+    at age ``last`` (``None``: none since the move, or a policy has since left its plan held).
+
+    With the speeds held, the gain test's answer changes only with the life it counts (the age) and with
+    drift within the noise.  It is read at once, then whenever the age has doubled since the last reading:
+    a gain that needs a life ``L`` is taken by age ``2L`` at the latest, and a run of ``T`` steps reads it
+    about ``log₂ T`` times instead of every step (the planner's search is host work on every rank)."""
+    return last is None or age >= 2 * max(last, 1)
 
 
 def even_samples(global_batch: int, dp: int) -> tuple[int, ...]:

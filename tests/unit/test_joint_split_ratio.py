@@ -116,3 +116,16 @@ def test_with_no_split_measured_the_policies_ratio_is_used():
                          global_batch=BATCH)
     assert problem.replicated_per_sample == pytest.approx(read.replicated_per_sample, rel=1e-12)
     assert problem.speeds[1][1] == pytest.approx(read.speeds[1][1], rel=1e-9)
+
+
+def test_the_job_gain_is_read_at_once_then_at_doubled_ages():
+    from semimig.resharder.joint import reading_due
+
+    read, last = [], None
+    for age in range(0, 1000):
+        if reading_due(age, last):
+            read.append(age)
+            last = age
+    assert read[:1] == [0] and all(b == max(2 * a, 2) for a, b in zip(read, read[1:])), read
+    assert len(read) <= 11  # about log2 of the run, not every step
+    assert reading_due(5, None)  # after a move, or a policy leaving its plan held: at once
