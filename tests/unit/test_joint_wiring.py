@@ -140,3 +140,47 @@ def test_the_seat_fit_outlives_the_move_that_empties_the_slow_rank():
 
     calm = _policies([healthy, healthy])
     assert joint_problem(setup, calm, (4, 4), memory).seat_per_sample == 0.0 and memory.seat_per_sample == 0.0
+
+
+def _emptied_replica(slow_row):
+    """Replica 0 healthy and even; replica 1's rank 1 slow and holding nothing, stepping as ``slow_row`` says."""
+    from semimig.controller.reshard import ReshardConfig, ReshardPolicy
+    from semimig.sharding.plan import ShardPlan
+
+    emptied = (ShardPlan(units=(8, 0)), ShardPlan(units=(4, 0)))
+    policies = [ReshardPolicy(plans, weights=(3.0, 1.0), bytes_per_unit=(1, 1), config=ReshardConfig(window=4))
+                for plans in ((ShardPlan.even(8, 2), ShardPlan.even(4, 2)), emptied)]
+    for _ in range(4):
+        policies[0].observe(ReshardSample((2.0, 2.0), (1.0, 1.0), (0.1, 0.1)))
+        policies[1].observe(slow_row)
+    assert policies[1].slowdown.slow == {1}
+    return policies
+
+
+def test_a_straggling_replica_stepping_slower_than_its_model_is_read_at_its_measured_pace():
+    """Replica 1's holder computes 4 s and its emptied slow rank 3 s, yet the step takes 6 s (the slow rank's
+    replicated work runs in series): the model said 4 s.  Read at its measured pace, the replica is given
+    fewer samples; the factor is kept while the slow sets hold and forgotten when they change."""
+    from semimig.resharder.joint import PaceMemory, joint_problem
+    from semimig.sharding.joint import plan_job
+    from semimig.sharding.jobmodel import replica_step
+
+    setup = JointSetup(global_batch=8, dp=2, bytes_per_unit=(1.0, 1.0), fixed_bytes=0.0, capacity_bytes=None)
+    policies = _emptied_replica(ReshardSample((4.0, 3.0), (3.0, 0.0), (2.0, 3.0)))
+    plans = [p.plans for p in policies]
+    pace = PaceMemory()
+    model = joint_problem(setup, policies, (4, 4))
+    read = joint_problem(setup, policies, (4, 4), calibration=pace)
+    assert pace.scales == {1: pytest.approx(6.0 / replica_step(model, 1, 4, plans[1]))} and pace.scales[1] > 1.2
+    assert replica_step(read, 1, 4, plans[1]) == pytest.approx(6.0)
+    assert read.speeds[0] == model.speeds[0]  # the healthy replica as the model reads it
+    assert plan_job(read, reference=plans).samples[1] < plan_job(model, reference=plans).samples[1]
+
+    # the model names the healthy replica the pace-setter (replica 1 now steps within it): nothing new is read
+    calm = _emptied_replica(ReshardSample((1.0, 0.8), (0.7, 0.0), (2.0, 2.2)))
+    kept = joint_problem(setup, calm, (4, 4), calibration=pace)
+    assert set(pace.scales) == {1} and kept.speeds[1][0] < joint_problem(setup, calm, (4, 4)).speeds[1][0]
+
+    healthy = [ReshardSample((2.0, 2.0), (1.0, 1.0), (0.1, 0.1))]
+    joint_problem(setup, _policies([healthy, healthy]), (4, 4), calibration=pace)
+    assert pace.scales == {}  # the slow sets changed: forgotten
