@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 from semimig.comm import primitives as P
 from semimig.comm.lagged import LaggedRows
 from semimig.controller.reshard import ReshardConfig, ReshardDecision, ReshardPolicy, ReshardSample
-from semimig.resharder.joint import (JointSetup, PaceMemory, SeatMemory, as_policy_plans, even_samples, joint_problem,
+from semimig.resharder.joint import (JointSetup, SeatMemory, as_policy_plans, even_samples, joint_problem,
                                      per_mean_batch, reading_due)
 from semimig.resharder.events import ReplanEvent, log_measured, log_replan
 from semimig.resharder.observe import (PROBE_MAX_SIZE, gemm_scale, probe_times, row_sample, slowest_per_position,
@@ -110,7 +110,6 @@ class Resharder:
         self._job_moved = 0  # the step the job last moved (the joint gain test's age)
         self._job_read: Optional[int] = None  # the age at which the job's gain was last read (:func:`reading_due`)
         self._seats = SeatMemory()  # the joint planner's seat fit across a move that empties a slow rank
-        self._pace = PaceMemory()  # each replica's measured step over the model's, read while it set the pace
         self.ddp_waits: tuple = ()
         """The DDP hooks that time the data-parallel all-reduce's wait on the step clock
         (:mod:`semimig.straggler.ddp_wait`; set by :func:`~semimig.resharder.make_resharder`)."""
@@ -318,7 +317,7 @@ class Resharder:
         if not reading_due(age, self._job_read):
             return None
         self._job_read = age
-        problem = joint_problem(self.joint, self.policies, self.samples, self._seats, self._pace)
+        problem = joint_problem(self.joint, self.policies, self.samples, self._seats)
         if problem is None:
             return None
         current = tuple(policy.plans for policy in self.policies)
@@ -346,7 +345,7 @@ class Resharder:
         every plan and the split."""
         current = tuple(policy.plans for policy in self.policies)
         if answer is None:
-            problem = joint_problem(self.joint, self.policies, self.samples, self._seats, self._pace)
+            problem = joint_problem(self.joint, self.policies, self.samples, self._seats)
             if problem is None:
                 return None
             answer = plan_job(problem, reference=current)

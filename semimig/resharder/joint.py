@@ -49,12 +49,11 @@ from semimig.controller.policy.propose import pooled, seat_reading
 from semimig.controller.policy.stepmodel import K_FLOOR
 from semimig.controller.reshard import ReshardSample
 from semimig.errors import ConfigError
-from semimig.sharding.jobmodel import (JointProblem, UnitKind, from_measured, replica_step, state_bytes_per_param,
-                                      with_seats)
+from semimig.sharding.jobmodel import JointProblem, UnitKind, from_measured, state_bytes_per_param, with_seats
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel
 
-__all__ = ["JointSetup", "PaceMemory", "SeatMemory", "even_samples", "joint_problem", "joint_setup", "per_mean_batch",
+__all__ = ["JointSetup", "SeatMemory", "even_samples", "joint_problem", "joint_setup", "per_mean_batch",
            "reading_due", "split_ratio"]
 
 KINDS = ("mlp", "kv")
@@ -136,15 +135,13 @@ def split_ratio(windows: Sequence[Sequence[ReshardSample]], shares: Sequence[Seq
 
 
 def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[int],
-                  memory: Optional["SeatMemory"] = None,
-                  calibration: Optional["PaceMemory"] = None) -> Optional[JointProblem]:
+                  memory: Optional["SeatMemory"] = None) -> Optional[JointProblem]:
     """The problem every replica's window poses (``None`` while some window is empty): per rank the median
     compute per mean batch scaled to its replica's ``samples``, ``R/S`` from the windows' split
     (:func:`split_ratio`; the policies' mean ``R/S`` where no rank measured one) and the kinds' weights of
     replica 0's policy (every replica's policy starts from the same); each replica's ranks outside its
     policy's slow set at their median speed, the seats fitted to the reductions they measure while a slow
-    rank is seated (module docstring; ``memory``: the fit kept across a move that empties it); ``calibration``:
-    each replica's step as measured while it set the job's pace (:class:`PaceMemory`)."""
+    rank is seated (module docstring; ``memory``: the fit kept across a move that empties it)."""
     windows = [list(policy.samples) for policy in policies]
     if any(not window for window in windows):
         return None
@@ -170,13 +167,7 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
     seats = [_seat_comm(window, s, row) if d == slowest and _seated(row, s) else 0.0
              for d, (window, s, row) in enumerate(zip(windows, slow, plans))]
     problem = with_seats(dataclasses.replace(problem, speeds=speeds), samples, plans, seats)
-    if memory is not None:
-        problem = memory.apply(problem, slow=any(slow))
-    if calibration is not None:
-        steps = [statistics.median(max(c * b / mean + m for c, m in zip(s.compute_s, s.comm_s)) for s in window)
-                 for window, b in zip(windows, samples)]
-        problem = calibration.apply(problem, steps, samples, plans, slow=tuple(slow))
-    return problem
+    return problem if memory is None else memory.apply(problem, slow=any(slow))
 
 
 class SeatMemory:
@@ -198,41 +189,6 @@ class SeatMemory:
             self.seat_per_sample = problem.seat_per_sample
             return problem
         return dataclasses.replace(problem, seat_per_sample=self.seat_per_sample)
-
-
-class PaceMemory:
-    """A straggling replica's measured step over the model's, applied to its speeds.
-
-    The step model puts a rank's replicated work beside the others' shardable work; on a real step part of it
-    runs while the others wait (the vocabulary-parallel embedding, the head and loss, the optimizer, the host),
-    so a slow rank's share of that part is paid in series.  Ranks of one speed pay it alike, which the model
-    already says; a replica with a slow rank steps slower than its model.  When the model itself names a
-    replica with a slow rank as the job's pace-setter (its predicted step the longest), the job's measured
-    step is that replica's own: ``m_d = measured/predicted`` under the plans and split in force, and the
-    planner reads the replica ``m_d`` times slower than the model says (its speeds over ``m_d``), so the split
-    gives it the samples it really steps at.  Nothing is read while the model names a replica with no slow
-    rank (its measured step then need not be the straggling replica's), so a factor cannot feed on itself.
-    A factor is kept while every replica's slow set holds (it was measured at these speeds) and forgotten
-    when one changes."""
-
-    def __init__(self) -> None:
-        self.scales: dict[int, float] = {}
-        self._slow: Optional[tuple] = None
-
-    def apply(self, problem: JointProblem, measured_s: Sequence[float], samples: Sequence[int],
-              plans: Sequence[Sequence[ShardPlan]], *, slow: tuple) -> JointProblem:
-        """``problem`` with the factors applied; ``measured_s[d]``: replica ``d``'s measured step (the median
-        over its window of its ranks' longest compute and collectives)."""
-        if slow != self._slow:
-            self.scales, self._slow = {}, slow
-        steps = [replica_step(problem, d, b, row) for d, (b, row) in enumerate(zip(samples, plans))]
-        pacer = max(range(len(steps)), key=lambda d: (steps[d], -d))
-        if slow[pacer] and steps[pacer] > 0.0 and measured_s[pacer] > 0.0:
-            self.scales[pacer] = measured_s[pacer] / steps[pacer]
-        if not self.scales:
-            return problem
-        speeds = tuple(tuple(v / self.scales.get(d, 1.0) for v in row) for d, row in enumerate(problem.speeds))
-        return dataclasses.replace(problem, speeds=speeds)
 
 
 def _seated(plans: Sequence[ShardPlan], slow: frozenset) -> bool:
