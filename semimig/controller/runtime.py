@@ -444,7 +444,8 @@ class BalanceController(Decisions):
         elif times is None:
             device_time = None
         else:
-            device_time = DeviceTime(wall_s=times.wall_s, comm_s=times.comm_s, sleep_s=0.0, collectives=0)
+            device_time = DeviceTime(wall_s=times.wall_s, comm_s=times.comm_s, sleep_s=0.0, collectives=0,
+                                     dp_s=times.dp_s)
         if self.step_clock.backend != "host":
             return stats, device_time, 0.0 if times is None else times.wall_s
         now = time.perf_counter()

@@ -129,7 +129,9 @@ class Resharder:
         work = float(report.busy.work_fraction)
         gap = float(report.busy.paired_gap_s)
         if self.replicas > 1:
-            return self._gather_replicas(report, [compute, busy, comm, sleep, wall, work, gap])
+            waited = getattr(device, "dp_s", None) if self.ddp_waits else None  # timed only by semimig's DDP hook
+            dp = math.nan if waited is None else float(waited)
+            return self._gather_replicas(report, [compute, busy, comm, sleep, wall, work, gap, dp])
         rows = P.all_gather_rows([compute, busy, comm, sleep, wall, work, gap], self.group)
         decision = getattr(report, "decision", None)
         fixed = getattr(decision, "fixed_fraction", None) or (math.nan,) * self.size
@@ -146,9 +148,10 @@ class Resharder:
         decision = getattr(report, "decision", None)
         fixed = getattr(decision, "fixed_fraction", None)
         own_fixed = float(fixed[self.rank]) if fixed else math.nan
-        compute, busy, comm, sleep, wall, work, gap = mine
+        compute, busy, comm, sleep, wall, work, gap, dp = mine
         c, b = unshed(compute, busy, sleep_s=sleep, work=work, fixed=own_fixed)
-        local = P.all_gather_rows([self.rank, self.dp_rank, c, b + gap, comm, b, sleep, wall, work, gap], self.group)
+        local = P.all_gather_rows([self.rank, self.dp_rank, c, b + gap, comm, b, sleep, wall, work, gap, dp],
+                                  self.group)
         mine_sample = None if self.per_replica else row_sample(local)
         lagged = self._lagged.exchange([v for row in local for v in row], mine_sample)
         if lagged is None:

@@ -30,6 +30,16 @@ no rank slow measures none), kept across the move that empties it (:class:`SeatM
 longest compute is read: the others' collectives hold their wait for it in DDP's all-reduce (communication
 on the step clock, but no seat's), which would price every seat at that wait.
 
+Each replica at its measured pace (:func:`at_measured_pace`).  The step model puts a rank's replicated work
+beside the others' shardable work; on a real step part of it runs while the others wait (the
+vocabulary-parallel embedding, the head and loss, the optimizer, the host), so a slow rank pays its share
+of that part in series and its replica steps slower than the model says.  While some rank is slow, every
+replica's own step (:func:`own_steps`: its ranks' compute and collectives less their wait for the other
+replicas in the data-parallel reduction, which the step clock times apart) over the model's step for it
+under the plans and split in force, ``m_d``, divides that replica's speeds: the split then gives each
+replica the samples it really steps at.  Each factor is read from the replica's own measurement, never
+from another's, so it cannot feed on itself; with no rank slow anywhere nothing is scaled.
+
 Memory (:class:`JointSetup`): every rank's capacity (``BatchSplit.capacity``), the bytes of one unit of
 each kind (its parameters over the layers, times the bytes a trained parameter holds: weight, gradient,
 fp32 master under bf16/fp16, the optimizer's moments) and the most any rank holds outside its units.
@@ -49,12 +59,13 @@ from semimig.controller.policy.propose import pooled, seat_reading
 from semimig.controller.policy.stepmodel import K_FLOOR
 from semimig.controller.reshard import ReshardSample
 from semimig.errors import ConfigError
-from semimig.sharding.jobmodel import JointProblem, UnitKind, from_measured, state_bytes_per_param, with_seats
+from semimig.sharding.jobmodel import (JointProblem, UnitKind, from_measured, replica_step, seat_seconds,
+                                      state_bytes_per_param, with_seats)
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel
 
-__all__ = ["JointSetup", "SeatMemory", "even_samples", "joint_problem", "joint_setup", "per_mean_batch",
-           "reading_due", "split_ratio"]
+__all__ = ["JointSetup", "SeatMemory", "at_measured_pace", "even_samples", "joint_problem", "joint_setup",
+           "own_steps", "per_mean_batch", "reading_due", "split_ratio"]
 
 KINDS = ("mlp", "kv")
 """The paired dimensions a plan splits, in the policies' order."""
@@ -167,7 +178,34 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
     seats = [_seat_comm(window, s, row) if d == slowest and _seated(row, s) else 0.0
              for d, (window, s, row) in enumerate(zip(windows, slow, plans))]
     problem = with_seats(dataclasses.replace(problem, speeds=speeds), samples, plans, seats)
-    return problem if memory is None else memory.apply(problem, slow=any(slow))
+    if memory is not None:
+        problem = memory.apply(problem, slow=any(slow))
+    own = own_steps(windows, samples, mean)
+    return at_measured_pace(problem, own, samples, plans) if own is not None and any(slow) else problem
+
+
+def own_steps(windows: Sequence[Sequence[ReshardSample]], samples: Sequence[int], mean: float) -> Optional[list]:
+    """Each replica's own step: per step the longest of its ranks' compute (scaled back from the mean batch to
+    its ``samples``) and collectives less their wait in the data-parallel reduction, the median over its
+    window; ``None`` unless every sample tells that wait apart (``dp_wait_s``)."""
+    if any(s.dp_wait_s is None for window in windows for s in window):
+        return None
+    return [statistics.median(max(c * b / mean + m - w for c, m, w in zip(s.compute_s, s.comm_s, s.dp_wait_s))
+                              for s in window) for window, b in zip(windows, samples)]
+
+
+def at_measured_pace(problem: JointProblem, own: Sequence[float], samples: Sequence[int],
+                     plans: Sequence[Sequence[ShardPlan]]) -> JointProblem:
+    """``problem`` with every replica's speeds over ``m_d``, its own step measured under the plans and split in
+    force over the model's (module docstring; the seats' reductions, which the speeds do not scale, taken off
+    both): each replica is read at the pace it steps at."""
+    speeds = []
+    for d, (row, b, mine) in enumerate(zip(problem.speeds, samples, own)):
+        seats = seat_seconds(problem, d, b, plans[d])
+        predicted = replica_step(problem, d, b, plans[d]) - seats
+        scale = (mine - seats) / predicted if predicted > 0.0 and mine > seats else 1.0
+        speeds.append(tuple(v / scale for v in row))
+    return dataclasses.replace(problem, speeds=tuple(speeds))
 
 
 class SeatMemory:

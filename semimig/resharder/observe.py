@@ -135,9 +135,12 @@ def probe_times(group: Any, clock: Any = None, *, size: int, device: Any = None,
 
 def row_sample(rows: list[list[float]]) -> ReshardSample:
     """The policy's sample from one replica's rows ``[tp_rank, dp_rank, compute, shardable, comm, gemm, …]``
-    in TP rank order (seconds at full work)."""
+    in TP rank order (seconds at full work); ``row[10]``, where rows carry it, is the rank's data-parallel
+    wait (NaN: not told apart)."""
+    waits = tuple(r[10] for r in rows) if len(rows[0]) > 10 else ()
+    known = bool(waits) and not any(math.isnan(w) for w in waits)
     return ReshardSample(tuple(r[2] for r in rows), tuple(r[3] for r in rows), tuple(r[4] for r in rows),
-                         gemm_s=tuple(r[5] for r in rows))
+                         gemm_s=tuple(r[5] for r in rows), dp_wait_s=waits if known else None)
 
 
 def step_sample(split: list[tuple[float, float]], rows: list[list[float]], *,

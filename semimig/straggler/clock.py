@@ -2,12 +2,15 @@
 
 A step is the span between two calls of :meth:`StepClock.step`.  Inside it, semimig marks its own
 work with :meth:`StepClock.region`: ``"gemm"`` around its GEMM passes, ``"comm"`` around its own
-collectives (the time they block the compute stream for), and the layers' pair spans with
+collectives (the time they block the compute stream for), ``"dp"`` around the data-parallel gradient
+reduction's wait (inside a ``"comm"`` region: the part of the collectives spent waiting for the other
+replicas), and the layers' pair spans with
 :meth:`StepClock.open_span` / :meth:`StepClock.close_span` (kind ``"gap"``).  Per step::
 
     wall_s  = t(boundary ending the step) − t(boundary starting it)
     gemm_s  = Σ over outermost "gemm" regions of t(end) − t(start)
     comm_s  = Σ over outermost "comm" regions of t(end) − t(start)
+    dp_s    = Σ over outermost "dp" regions of t(end) − t(start)      (a part of comm_s)
     compute = wall_s − comm_s
 
 A region nested in one of the same kind records nothing (its time is inside the outer one), so
@@ -54,7 +57,7 @@ __all__ = ["KINDS", "CudaEventClock", "HostClock", "StepClock", "StepTimes", "ma
 
 logger = logging.getLogger(__name__)
 
-KINDS: tuple[str, ...] = ("gemm", "comm", "gap")
+KINDS: tuple[str, ...] = ("gemm", "comm", "gap", "dp")
 """What a region marks: semimig's GEMM passes, its own collectives, the spans between a pair's layers."""
 
 
@@ -72,6 +75,8 @@ class StepTimes:
     """Union of the ``"comm"`` regions: what semimig's collectives blocked the stream for."""
     gap_s: float = 0.0
     """Sum of the closed pair spans (kind ``"gap"``)."""
+    dp_s: float = 0.0
+    """Union of the ``"dp"`` regions: the data-parallel gradient reduction's wait, a part of ``comm_s``."""
     regions: int = 0
     """Regions recorded (outermost ones; spans included)."""
     dropped: int = 0
@@ -334,7 +339,7 @@ class StepClock:
         for kind, start, end in step.regions:
             sums[kind] += seconds(start, end)
         times = StepTimes(step=step.index, wall_s=seconds(step.start, step.end), gemm_s=sums["gemm"],
-                          comm_s=sums["comm"], gap_s=sums["gap"], regions=len(step.regions), dropped=step.dropped)
+                          comm_s=sums["comm"], gap_s=sums["gap"], dp_s=sums["dp"], regions=len(step.regions), dropped=step.dropped)
         self._give([step.start] + [m for _, a, b in step.regions for m in (a, b)])  # end: the next step's start
         return times
 

@@ -13,11 +13,14 @@ gradients.  A replica faster than another waits there for the slower one.  :func
   bucket holds the raw gradients, so the hook scales the bucket the same way (``mul_(1/size)`` or
   ``div_(size)``: the same scalar, rounded the same) and all-reduces its sum asynchronously, its future's
   value the bucket tensor;
-- times the wait: at the last bucket (``bucket.is_last()``) it opens a ``"comm"`` region on the clock and
+- times the wait: at the last bucket (``bucket.is_last()``) it opens a ``"comm"`` region on the clock (and
+  a ``"dp"`` one inside it, which tells this wait apart from the layers' own collectives) and
   queues an autograd final callback that itself queues a second one, which closes the region.  DDP queues
   its ``finalize_backward`` callback right after launching the last bucket's reduction, so after the
   first one; the engine runs final callbacks in the order queued, including those queued while it runs
-  them, so the second runs after DDP's finalize, and the region holds the wait for every bucket.
+  them, so the second runs after DDP's finalize, and the region holds the wait for every bucket (and for
+  the final callbacks queued earlier in the backward: under per-replica plans, the cross-layout reduction
+  of the paired gradients, :mod:`semimig.shardformer.replicas`).
 
 On the host the region's end is the time finalize returned; on CUDA the clock's markers are events on
 the current stream (the final callbacks run on the stream ``backward()`` was called on), so the region is
@@ -70,14 +73,19 @@ def _bucket_tensor(fut: torch.futures.Future) -> torch.Tensor:
     return fut.value()[0]
 
 
+def _close(clock: StepClock) -> None:
+    clock.stop("dp")
+    clock.stop("comm")
+
+
 def _close_after(clock: StepClock) -> None:
-    """First final callback: queue the one that closes the region (it runs after DDP's finalize)."""
-    torch.autograd.Variable._execution_engine.queue_callback(functools.partial(clock.stop, "comm"))
+    """First final callback: queue the one that closes the regions (it runs after DDP's finalize)."""
+    torch.autograd.Variable._execution_engine.queue_callback(functools.partial(_close, clock))
 
 
 def timed_allreduce(state: DDPWait, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP's reduction of ``bucket`` (the mean over the group, bit for bit DDP's own) with the wait for
-    the last bucket timed as ``"comm"`` on ``state.clock`` (module docstring)."""
+    the last bucket timed as ``"comm"`` and ``"dp"`` on ``state.clock`` (module docstring)."""
     buffer = bucket.buffer()
     if state.divide:
         buffer.div_(state.size)
@@ -87,6 +95,7 @@ def timed_allreduce(state: DDPWait, bucket: dist.GradBucket) -> torch.futures.Fu
     last = clock is not None and bucket.is_last()
     if last:
         clock.start("comm")
+        clock.start("dp")
     work = dist.all_reduce(buffer, group=state.group, async_op=True)
     if last:
         torch.autograd.Variable._execution_engine.queue_callback(functools.partial(_close_after, clock))

@@ -79,6 +79,9 @@ class DeviceTime:
     """Seconds slept by the whole-device straggler (part of ``compute_s``)."""
     collectives: int
     """Collectives issued (an async collective's ``wait()`` is timed, not counted again)."""
+    dp_s: Optional[float] = None
+    """The part of ``comm_s`` spent in the data-parallel gradient reduction's wait (the step clock's ``"dp"``
+    regions); ``None``: not told apart."""
 
     @property
     def compute_s(self) -> float:

@@ -106,21 +106,26 @@ def test_no_hook_where_ddp_itself_rounds_two_ways():
 
 
 class _Recording:
-    """A host step clock that keeps the gradients of ``model`` seen when a ``"comm"`` region opens and closes."""
+    """A host step clock that keeps the gradients of ``model`` seen when a ``"comm"`` region opens and closes, and
+    the order every region opened and closed in."""
 
     def __init__(self, model):
         from semimig.straggler.clock import HostClock
 
         class Clock(HostClock):
             def start(clock, kind):
-                self.opened.append([p.grad.clone() for p in model.parameters()])
+                self.kinds.append(("start", kind))
+                if kind == "comm":
+                    self.opened.append([p.grad.clone() for p in model.parameters()])
                 super().start(kind)
 
             def stop(clock, kind):
-                self.closed.append([p.grad.clone() for p in model.parameters()])
+                self.kinds.append(("stop", kind))
+                if kind == "comm":
+                    self.closed.append([p.grad.clone() for p in model.parameters()])
                 super().stop(kind)
 
-        self.opened, self.closed = [], []
+        self.opened, self.closed, self.kinds = [], [], []
         self.clock = Clock(lag=0)
 
 
@@ -135,12 +140,14 @@ def _order_body(rank, world):
     reduced = [p.grad.clone() for p in model.parameters()]
     return dict(closed=[torch.equal(a, b) for a, b in zip(recording.closed[0], reduced)],
                 opened=[torch.equal(a, b) for a, b in zip(recording.opened[0], reduced)],
-                regions=(len(recording.opened), len(recording.closed)))
+                regions=(len(recording.opened), len(recording.closed)), kinds=recording.kinds)
 
 
 def test_the_region_closes_after_ddp_finalized_the_reduction():
     out = run_pooled(_order_body, 2, timeout_s=TIMEOUT_S)
     assert out["regions"] == (1, 1)
+    # the data-parallel wait's own region nests inside the comm one: opened after it, closed before it
+    assert out["kinds"] == [("start", "comm"), ("start", "dp"), ("stop", "dp"), ("stop", "comm")], out["kinds"]
     assert all(out["closed"]), "the region closed before DDP's finalize wrote the means into the gradients"
     assert not all(out["opened"]), "the gradients held the means before the last bucket's reduction"
 
@@ -165,16 +172,20 @@ def _wait_body(rank, world):
         times.append(clock.step())
     comm = statistics.median(t.comm_s for t in times[1:])
     compute = statistics.median(t.compute_s for t in times[1:])
+    dp = statistics.median(t.dp_s for t in times[1:])
     every = [None] * world
-    torch.distributed.all_gather_object(every, (comm, compute))
+    torch.distributed.all_gather_object(every, (comm, compute, dp))
     return every
 
 
 def test_the_fast_replica_reads_its_wait_for_the_slow_one_as_communication():
-    (fast_comm, fast_compute), (slow_comm, slow_compute) = run_pooled(_wait_body, 2, timeout_s=TIMEOUT_S)
+    (fast_comm, fast_compute, fast_dp), (slow_comm, slow_compute, slow_dp) = run_pooled(_wait_body, 2,
+                                                                                        timeout_s=TIMEOUT_S)
     assert fast_comm > DELAY_S / 2, (fast_comm, slow_comm)
     assert slow_comm < DELAY_S / 2, (fast_comm, slow_comm)
     assert fast_compute < slow_compute - DELAY_S / 2, (fast_compute, slow_compute)
+    # the wait is the data-parallel one, told apart from the other collectives (a part of them)
+    assert DELAY_S / 2 < fast_dp <= fast_comm and slow_dp <= slow_comm and slow_dp < DELAY_S / 2, (fast_dp, slow_dp)
 
 
 # ------------------------------------------------------------------------------------------ a re-plan

@@ -1,6 +1,7 @@
 """The joint re-plan's pure parts (semimig.resharder.joint) and BatchSplit's memory field."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -140,3 +141,64 @@ def test_the_seat_fit_outlives_the_move_that_empties_the_slow_rank():
 
     calm = _policies([healthy, healthy])
     assert joint_problem(setup, calm, (4, 4), memory).seat_per_sample == 0.0 and memory.seat_per_sample == 0.0
+
+
+def _emptied_replica(slow_row, healthy_row):
+    """Replica 0 even; replica 1's rank 1 slow and holding nothing; each stepping as its row says."""
+    from semimig.controller.reshard import ReshardConfig, ReshardPolicy
+    from semimig.sharding.plan import ShardPlan
+
+    emptied = (ShardPlan(units=(8, 0)), ShardPlan(units=(4, 0)))
+    policies = [ReshardPolicy(plans, weights=(3.0, 1.0), bytes_per_unit=(1, 1), config=ReshardConfig(window=4))
+                for plans in ((ShardPlan.even(8, 2), ShardPlan.even(4, 2)), emptied)]
+    for _ in range(4):
+        policies[0].observe(healthy_row)
+        policies[1].observe(slow_row)
+    return policies
+
+
+def test_every_replica_is_read_at_its_own_measured_pace_while_a_rank_is_slow():
+    """Replica 1's holder computes 4 s and its emptied slow rank 3 s, yet replica 1 steps 6 s (the slow rank's
+    replicated work runs in series with its partner's): the model said 4 s.  Replica 0 computes 2 s and waits
+    3.1 s for replica 1 in the data-parallel reduction (0.1 s of its own collectives).  Each read at its own
+    measured step, replica 1 gets fewer samples; without the waits told apart nothing is scaled."""
+    from semimig.resharder.joint import joint_problem, own_steps
+    from semimig.sharding.joint import plan_job
+    from semimig.sharding.jobmodel import replica_step
+
+    setup = JointSetup(global_batch=8, dp=2, bytes_per_unit=(1.0, 1.0), fixed_bytes=0.0, capacity_bytes=None)
+    healthy = ReshardSample((2.0, 2.0), (1.0, 1.0), (3.2, 3.2), dp_wait_s=(3.1, 3.1))
+    slow = ReshardSample((4.0, 3.0), (3.0, 0.0), (2.0, 3.0), dp_wait_s=(0.0, 0.0))
+    policies = _emptied_replica(slow, healthy)
+    assert policies[1].slowdown.slow == {1}
+    plans = [p.plans for p in policies]
+    assert own_steps([p.samples for p in policies], (4, 4), 4.0) == [pytest.approx(2.1), pytest.approx(6.0)]
+    read = joint_problem(setup, policies, (4, 4))
+    assert replica_step(read, 0, 4, plans[0]) == pytest.approx(2.1)
+    assert replica_step(read, 1, 4, plans[1]) == pytest.approx(6.0)
+
+    blind = _emptied_replica(dataclasses.replace(slow, dp_wait_s=None), dataclasses.replace(healthy, dp_wait_s=None))
+    model = joint_problem(setup, blind, (4, 4))
+    assert replica_step(model, 1, 4, plans[1]) == pytest.approx(4.0)  # compute alone: no waits told apart
+    assert plan_job(read, reference=plans).samples[1] < plan_job(model, reference=plans).samples[1]
+
+    calm = [ReshardSample((2.0, 2.0), (1.0, 1.0), (0.3, 0.3), dp_wait_s=(0.0, 0.0))]
+    even = joint_problem(setup, _policies([calm, calm]), (4, 4))
+    assert even.speeds[0] == even.speeds[1] and replica_step(even, 0, 4, plans[0]) == pytest.approx(2.0)
+
+
+def test_a_seated_slow_replica_is_read_at_its_own_step_seats_included():
+    """Replica 1's slow rank holds units (seated): its reductions are priced as seats, which the speeds do not
+    scale; the replica's step read back is still its own measured one."""
+    from semimig.resharder.joint import joint_problem, own_steps
+    from semimig.sharding.jobmodel import replica_step, seat_seconds
+
+    setup = JointSetup(global_batch=8, dp=2, bytes_per_unit=(1.0, 1.0), fixed_bytes=0.0, capacity_bytes=None)
+    healthy = [ReshardSample((2.0, 2.0), (1.0, 1.0), (7.0, 7.0), dp_wait_s=(6.9, 6.9))]
+    seated = [ReshardSample((2.0, 8.0), (1.0, 4.0), (1.0, 0.1), dp_wait_s=(0.0, 0.0))]
+    policies = _policies([healthy, seated])
+    plans = [p.plans for p in policies]
+    read = joint_problem(setup, policies, (4, 4))
+    own = own_steps([p.samples for p in policies], (4, 4), 4.0)
+    assert seat_seconds(read, 1, 4, plans[1]) > 0.0
+    assert [replica_step(read, d, 4, plans[d]) for d in range(2)] == [pytest.approx(o) for o in own]

@@ -28,14 +28,19 @@ class ReshardSample:
     time measures; ``None``: all of ``b_r``."""
     step_s: Optional[float] = None
     """The step as it ran when some rank shed work (resizing or migration); ``None``: nothing was shed."""
+    dp_wait_s: Optional[Tuple[float, ...]] = None
+    """The part of ``m_r`` spent waiting in the data-parallel gradient reduction (for other replicas);
+    ``None``: not told apart."""
 
     def __post_init__(self) -> None:
         lengths = [len(self.compute_s), len(self.shardable_s), len(self.comm_s)]
         lengths += [] if self.gemm_s is None else [len(self.gemm_s)]
+        lengths += [] if self.dp_wait_s is None else [len(self.dp_wait_s)]
         if lengths[0] == 0 or any(n != lengths[0] for n in lengths):
-            raise ConfigError(f"ReshardSample: compute_s, shardable_s, comm_s (and gemm_s) need one entry per rank, "
-                              f"got {', '.join(map(str, lengths))}")
-        for name in ("compute_s", "shardable_s", "comm_s") + (() if self.gemm_s is None else ("gemm_s",)):
+            raise ConfigError(f"ReshardSample: compute_s, shardable_s, comm_s (and gemm_s, dp_wait_s) need one entry "
+                              f"per rank, got {', '.join(map(str, lengths))}")
+        optional = tuple(name for name in ("gemm_s", "dp_wait_s") if getattr(self, name) is not None)
+        for name in ("compute_s", "shardable_s", "comm_s") + optional:
             values = tuple(check_number(f"{name}[{r}]", float(v), minimum=0.0)
                            for r, v in enumerate(getattr(self, name)))
             object.__setattr__(self, name, values)
