@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from dist_harness import sigint_as_from_a_terminal
 from scripts import REPO
 
 SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGKILL]
@@ -86,7 +87,8 @@ def test_the_throttle_launcher_leaves_nothing_on_any_signal(sig):
     mark = secrets.token_hex(4)
     proc = subprocess.Popen([sys.executable, "-m", "semimig.straggler.throttle_cli", "--rank", "0", "--fraction",
                              "0.5", "--", "env", "RANK=0", *SLEEP], env=_env(mark),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_from_a_terminal)
     try:
         def attached() -> bool:
             assert proc.poll() is None, proc.stderr.read()
@@ -129,7 +131,8 @@ def test_time_to_loss_leaves_no_process_cgroup_or_scratch_directory_on_any_signa
                 "RANK=0", *SLEEP]
     driver = _TTL_DRIVER.format(bench=str(REPO / "benchmarks"), throttle=throttle, json=str(tmp_path / "r.json"))
     proc = subprocess.Popen([sys.executable, "-c", driver], env=_env(mark, TMPDIR=str(scratch)),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_from_a_terminal)
     try:
         sleeping = lambda: [p for p in _marked(mark) if SLEEP[-1] in _cmdline(p)]  # noqa: E731 (an argument)
         _until(lambda: proc.poll() is None and sleeping(), 60, f"the payload never started: {proc.poll()}")
@@ -217,7 +220,8 @@ def test_semimig_bench_leaves_no_rank_on_any_signal(sig, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "semimig.cli", "bench", "--compute", "emulated", "--quick",
                              "--epochs", "50", "--iters-per-epoch", "50", "--no-plots", "--modes", "baseline",
                              "--chi", "1", "--json", str(tmp_path / "b.json")], env=_env(mark),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_from_a_terminal)
     try:
         _until(lambda: proc.poll() is None and len(_marked(mark)) >= 3, 90, f"no ranks started: {proc.poll()}")
         time.sleep(1.0)  # the ranks past start-up, in their loop
@@ -226,5 +230,8 @@ def test_semimig_bench_leaves_no_rank_on_any_signal(sig, tmp_path):
         _until(lambda: not _marked(mark), 20, f"ranks outlive {sig.name}: {_marked(mark)}")
         if sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
             assert proc.returncode == 128 + sig, proc.stderr.read()[-2000:]
+        elif sig == signal.SIGINT:  # interrupted, not a run that ended before the signal mattered
+            err = proc.stderr.read()
+            assert proc.returncode == 130 and "interrupted (SIGINT)" in err, err[-2000:]
     finally:
         _stop(proc, mark)
