@@ -201,12 +201,21 @@ def _p2p(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, 
             work.wait()
 
 
-def exchange(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
-             group: ProcessGroup | None = None) -> None:
-    """Post every ``(tensor, group rank)`` send and receive as one batch and wait for all of them, in the comm
-    region: a rank that waits here for a slower peer is communicating on the step clock, not computing."""
-    with _region():
-        _p2p(sends, recvs, group)
+def swap_packed(outgoing: dict[int, list[torch.Tensor]], incoming: dict[int, list[torch.Tensor]],
+                group: ProcessGroup | None = None, *, timed: bool = False) -> tuple[int, int]:
+    """Send each peer (group rank) its ``outgoing`` pieces and receive into its ``incoming`` tensors: one byte
+    buffer each way per peer, packed and unpacked in list order (both ends derive the lists from one plan),
+    all posted as one batch and waited for.  ``timed``: in the comm region (a rank waiting here for a slower
+    peer is communicating on the step clock).  Returns ``(bytes sent, bytes received)``."""
+    sends = [(torch.cat([p.contiguous().view(-1).view(torch.uint8) for p in pieces]), peer)
+             for peer, pieces in sorted(outgoing.items())]
+    buffers = {peer: targets[0].new_empty(sum(_nbytes(t) for t in targets), dtype=torch.uint8)
+               for peer, targets in sorted(incoming.items())}
+    with _region() if timed else contextlib.nullcontext():
+        _p2p(sends, [(buffer, peer) for peer, buffer in buffers.items()], group)
+    for peer, targets in incoming.items():
+        unpack_into(buffers[peer], targets)
+    return sum(b.numel() for b, _ in sends), sum(b.numel() for b in buffers.values())
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -32,20 +32,6 @@ Job = Tuple[ReductionPlan, Sequence[Tuple[torch.Tensor, int]]]
 """A plan and the tensors it lays out: ``(tensor, split dim)``, each this rank's packed shard."""
 
 
-def _swap(outgoing: Dict[int, List[torch.Tensor]], incoming: Dict[int, List[torch.Tensor]]) -> Tuple[int, int]:
-    """Send each peer its pieces and receive into ``incoming``'s tensors (one byte buffer each way per peer, in
-    the step clock's comm region: the wait for a slower replica is communication, as in DDP's all-reduce it
-    replaces); ``(bytes sent, bytes received)``.  Peers are global ranks."""
-    sends = [(torch.cat([p.contiguous().view(-1).view(torch.uint8) for p in pieces]), peer)
-             for peer, pieces in sorted(outgoing.items())]
-    buffers = {peer: torch.empty(sum(t.numel() * t.element_size() for t in targets), dtype=torch.uint8,
-                                 device=targets[0].device) for peer, targets in sorted(incoming.items())}
-    P.exchange(sends, [(buffer, peer) for peer, buffer in buffers.items()])
-    for peer, targets in incoming.items():
-        P.unpack_into(buffers[peer], targets)
-    return sum(b.numel() for b, _ in sends), sum(b.numel() for b in buffers.values())
-
-
 def _check(jobs: Sequence[Job], replica: int, tp_rank: int, grid: Sequence[Sequence[int]]) -> None:
     for plan, tensors in jobs:
         if len(grid) != plan.replicas or any(len(row) != plan.tp for row in grid):
@@ -91,7 +77,7 @@ def reduce_across_layouts(jobs: Sequence[Job], *, replica: int, tp_rank: int,
                         incoming.setdefault(grid[src[0]][src[1]], []).append(target)
         if not outgoing and not incoming and phase == 1:
             break
-        out_b, in_b = _swap(outgoing, incoming)
+        out_b, in_b = P.swap_packed(outgoing, incoming, timed=True)  # peers: global ranks
         sent, received = sent + out_b, received + in_b
         if phase == 0:
             _sum(jobs, landed, me)

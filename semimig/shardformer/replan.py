@@ -402,22 +402,7 @@ def _exchange(jobs, rank: int, group) -> Tuple[List[torch.Tensor], int, int]:
                     outgoing.setdefault(piece.dst, []).append(source)
                 else:
                     incoming.setdefault(piece.src, []).append(target)
-    ops, received = [], {}
-    sent_bytes = recv_bytes = 0
-    for peer, pieces in sorted(outgoing.items()):
-        buffer = torch.cat([p.contiguous().view(-1).view(torch.uint8) for p in pieces])
-        sent_bytes += buffer.numel()
-        ops.append(dist.P2POp(dist.isend, buffer, dist.get_global_rank(group, peer), group))
-    for peer, targets in sorted(incoming.items()):
-        nbytes = sum(t.numel() * t.element_size() for t in targets)
-        recv_bytes += nbytes
-        received[peer] = targets[0].new_empty(nbytes, dtype=torch.uint8)
-        ops.append(dist.P2POp(dist.irecv, received[peer], dist.get_global_rank(group, peer), group))
-    if ops:
-        for request in dist.batch_isend_irecv(ops):
-            request.wait()
-    for peer, targets in incoming.items():
-        P.unpack_into(received[peer], targets)
+    sent_bytes, recv_bytes = P.swap_packed(outgoing, incoming, group)
     return new_tensors, sent_bytes, recv_bytes
 
 

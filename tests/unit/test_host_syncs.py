@@ -46,7 +46,8 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     # collectives' handles
     ("semimig/comm/primitives.py", "wait", ".wait()"): STREAM,
     ("semimig/comm/primitives.py", "_p2p", ".wait()"): STREAM + " (migration's direct movements; per-replica plans: "
-                                                                 "the cross-layout gradient exchange, once per backward)",
+                                                                 "the cross-layout gradient exchange, once per backward; "
+                                                                 + RE_PLAN + ": moving units' weights)",
     ("semimig/comm/holders.py", "_Pending.wait", ".wait()"): STREAM + " (the holders' sum, as the group's all-reduce)",
     ("semimig/comm/holders.py", "_post", ".wait()"): STREAM + " (a send to an idle rank, waited only beyond the sends in flight)",
     ("semimig/comm/holders.py", "HolderSum.all_reduce_", ".wait()"): STREAM + " (an idle rank's receive of the holders' slices)",
@@ -69,7 +70,6 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("semimig/controller/pretest.py", "PretestRun._samples", ".tolist()"): RE_PLAN + ": the SEMI pretest",
     ("semimig/controller/pretest.py", "_best_of", ".synchronize()"): RE_PLAN + ": the SEMI pretest times its tasks",
     ("semimig/controller/agreement.py", "exchange_observations", ".cpu()"): "force(): an experiment's pinned plan",
-    ("semimig/shardformer/replan.py", "_exchange", ".wait()"): RE_PLAN + ": moving units' weights",
     ("semimig/hybrid/agreement.py", "verify_batch_plan", ".item()"): RE_PLAN + ": the batch plan's digest",
     # setup
     ("semimig/resharder/observe.py", "probe_times", ".synchronize()"): SETUP + ": the device probe's synchronised repeats",
