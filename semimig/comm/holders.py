@@ -21,10 +21,16 @@ the slow one, so every holder that sends to it is tied to its pace (the transpor
 one sender ties one holder.  With every rank holding columns the group's own all-reduce runs, the
 even layout's bit for bit.
 
-Holder groups are made once per set of global ranks, by its members only
-(``new_group(..., use_local_synchronization=True)``), the first time a layer with that set runs:
-every rank of a tensor-parallel group runs the layers in the same order, so the members create
-their groups in the same order too.
+Holder groups are made once per set of global ranks, within the tensor-parallel group alone
+(``new_group(..., use_local_synchronization=True)``: the other replicas and pipeline stages take no
+part), the first time a layer with that set runs.  torch names such a group by its ranks and the
+number of process groups the creating process knows of, so its members must know equally many, or
+they meet under different names and wait for each other forever.  A plan with two holder sets (MLP
+blocks on seven ranks of eight, KV groups on five) would break that: the ranks holding both kinds
+would know one group more.  So every rank of the tensor-parallel group makes one group per holder
+set: the holders their group, the others the group of the rest (which nothing uses).  Every rank of
+the group runs the layers in the same order, so each set is made at the same point on every rank, and
+the counts stay equal.
 """
 from __future__ import annotations
 
@@ -66,14 +72,19 @@ def _post(work: Optional[dist.Work]) -> None:
 
 
 def _holder_group(group: ProcessGroup, holders: tuple[int, ...]) -> Optional[ProcessGroup]:
+    """The holders' own group on a holder, ``None`` on any other rank: called by every rank of ``group``
+    at the same point (module docstring: the holders make their group, the others the group of the rest)."""
     if len(holders) < 2:
         return None
-    ranks = tuple(dist.get_global_rank(group, r) for r in holders)
-    found = _GROUPS.get(ranks)
+    size, me = P.group_size(group), P.group_rank(group)
+    key = tuple(dist.get_global_rank(group, r) for r in holders)
+    part = holders if me in holders else tuple(r for r in range(size) if r not in holders)
+    found = _GROUPS.get(key)
     if found is None or found not in dist.distributed_c10d._world.pg_map:  # none yet, or of a world since destroyed
-        found = dist.new_group(list(ranks), backend=dist.get_backend(group), use_local_synchronization=True)
-        _GROUPS[ranks] = found
-    return found
+        ranks = [dist.get_global_rank(group, r) for r in part]
+        found = dist.new_group(ranks, backend=dist.get_backend(group), use_local_synchronization=True)
+        _GROUPS[key] = found
+    return found if me in holders else None
 
 
 class _Pending:
@@ -106,7 +117,7 @@ class HolderSum:
         self.me = P.group_rank(group)
         self.root = self.holders[0]
         self.idle = tuple(r for r in range(size) if r not in self.holders)
-        self._group = _holder_group(group, self.holders) if self.me in self.holders else None
+        self._group = _holder_group(group, self.holders)
 
     def _send(self, tensor: torch.Tensor) -> None:
         if self.me != self.root or not self.idle:

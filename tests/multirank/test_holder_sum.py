@@ -3,7 +3,9 @@
 Three gloo ranks, each with its own tensor from one seed; the ranks in ``holders`` contribute their
 tensor, the others (which hold no column of the layer, so their partial is zero) receive the sum.
 Checked against the sum computed on one process: the blocking and the started form, tensors of
-several shapes, and a non-contiguous one (received through a contiguous buffer).
+several shapes, and a non-contiguous one (received through a contiguous buffer).  Four ranks with two
+holder sets, one inside the other (a plan whose MLP and KV groups leave different ranks idle): the ranks
+in both sets make their groups without waiting forever for the one that is in the larger only.
 """
 from __future__ import annotations
 
@@ -56,3 +58,32 @@ def test_every_rank_ends_with_the_holders_sum(holders):
         for form in got[rank]:
             for a, b in zip(form, want):
                 torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def _nested_body(rank: int, world: int, sets: tuple[tuple[int, ...], ...]) -> list[list[torch.Tensor]]:
+    import torch.distributed as dist
+
+    from semimig.comm.holders import HolderSum
+
+    out = []
+    for holders in sets:  # each set's group is made here, the first time it is used
+        t = _parts(world)[rank][0] if rank in holders else torch.zeros(SHAPES[0])
+        HolderSum(dist.group.WORLD, holders).all_reduce_(t)
+        out.append(t)
+    every = [None] * world
+    dist.all_gather_object(every, out)
+    return every
+
+
+NESTED = ((1, 3), (0, 1, 3))
+"""Sets no other case of the four-rank pool makes, so their groups are made by this case."""
+
+
+def test_nested_holder_sets_each_reduce_on_every_rank():
+    world = 4
+    got = run_pooled(_nested_body, world, NESTED, timeout_s=TIMEOUT_S)
+    parts = _parts(world)
+    for i, holders in enumerate(NESTED):
+        want = sum(parts[r][0] for r in holders)
+        for rank in range(world):
+            torch.testing.assert_close(got[rank][i], want, rtol=1e-6, atol=1e-6)

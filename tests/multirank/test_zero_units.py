@@ -46,6 +46,8 @@ WEIGHT = dict(atol=1e-5, rtol=0.0)
 BLOCK = 64
 ZERO = {2: dict(mlp_units=(0, 4), kv_units=(0, 4), block_size=BLOCK),
         4: dict(mlp_units=(2, 0, 1, 1), kv_units=(1, 0, 2, 1), block_size=BLOCK)}
+TWO_SETS = dict(mlp_units=(2, 0, 1, 1), kv_units=(2, 0, 2, 0), block_size=BLOCK)
+"""tp 4 with two holder sets: the MLP on ranks 0, 2, 3, the KV groups on 0 and 2 only."""
 TIMEOUT_S = 420
 
 
@@ -104,8 +106,8 @@ def _dense(steps):
 
 
 # ----------------------------------------------------------------------------- exactness against dense
-def _exact_body(rank, world, root):
-    run = _boost(world, ZERO[world])
+def _exact_body(rank, world, root, plan):
+    run = _boost(world, plan)
     booster, model, optimizer = run
     shapes = {n: tuple(p.shape) for n, p in model.unwrap().named_parameters() if "layers.0." in n}
     loss = model(**token_batch(0)).loss
@@ -125,9 +127,11 @@ def dense():
     return _dense(3)
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_a_zero_unit_plan_trains_like_the_dense_model(world, dense, tmp_path: Path):
-    run_on_ranks(_exact_body, world, str(tmp_path), timeout_s=TIMEOUT_S)
+@pytest.mark.parametrize("world, plan", [(2, ZERO[2]), (4, ZERO[4]), (4, TWO_SETS)], ids=["tp2", "tp4", "tp4-two-sets"])
+def test_a_zero_unit_plan_trains_like_the_dense_model(world, plan, dense, tmp_path: Path):
+    """``tp4-two-sets``: the ranks holding both kinds make one holder group more than the rank holding MLP
+    blocks only; every rank of the group still meets the others under the same group names."""
+    run_on_ranks(_exact_body, world, str(tmp_path), plan, timeout_s=TIMEOUT_S)
     out = torch.load(tmp_path / "results.pt")
     torch.testing.assert_close(out["losses"], dense["losses"], **LOSS)
     assert out["grads"].keys() == dense["grads"].keys()
