@@ -420,7 +420,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
-        d, group = ctx.d, ctx.group
+        d = ctx.d
         if d is None:  # Colossal-AI's LinearWithAsyncCommunication, operation for operation
             dx = dy.matmul(weight)
             dy2d, x2d = dy.contiguous(), x.contiguous()

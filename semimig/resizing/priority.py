@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Literal, Optional, Sequence
+from typing import Literal, Optional
 
 import torch
 

@@ -51,7 +51,7 @@ import numpy as np
 
 from semimig.errors import ConfigError
 from semimig.sharding.jobmodel import (JointPlan, JointProblem, UnitKind, from_measured, job_step, peak_bytes,
-                                       rank_times, replica_step, seat_scale, seat_seconds, state_bytes_per_param,
+                                       replica_step, seat_scale, seat_seconds, state_bytes_per_param,
                                        unit_counts, with_seats)
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, continuous_shares, solve_plan

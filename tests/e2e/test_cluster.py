@@ -16,7 +16,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 

@@ -224,7 +224,7 @@ def test_heavy_straggler_splits_by_eq2_closed_form():
 def test_a_sliver_of_migration_resizes_instead():
     """Eq. 2 wants β = 0.03 of a 0.75 share (2 % of the columns): below min_migrate_share the
     straggler only resizes; with the threshold at 0, Eq. 2's own β stands."""
-    e, times = 2, [1.0, 4.0]
+    times = [1.0, 4.0]  # two ranks
     a, b, c, d, p = 0.0, 1e-6, 0.0, 1e-6, 3e-5  # β = b n / (n (b + d + p)) = 1/32
     curves = _curves(omega1=a, omega2=(0.0, b), phi1=(c, d), phi2=(0.0, p))
     plan = decide_plan(times, L, curves, ControllerConfig())

@@ -13,8 +13,9 @@ import random
 import pytest
 
 from semimig.errors import ConfigError
+from semimig.sharding.jobmodel import rank_times
 from semimig.sharding.joint import (JointProblem, UnitKind, continuous_limit, from_measured, job_limit, job_step,
-                                    peak_bytes, plan_job, rank_times, state_bytes_per_param, unit_counts)
+                                    peak_bytes, plan_job, state_bytes_per_param, unit_counts)
 from semimig.sharding.plan import ShardPlan
 
 
