@@ -181,6 +181,8 @@ class Balancer:
         self._warned = False
         self._optimizer = None
         self._speaks = controller is None or controller.rank == 0
+        self.skip_model = None
+        """The model whose idle ranks skip their steps (:mod:`semimig.shardformer.skip`); ``None``: none may."""
         if optimizer is not None:
             self._hook(optimizer)
 
@@ -271,6 +273,10 @@ class Balancer:
 
         def step(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
+            if self.skip_model is not None:  # idle ranks take the replicated parameters' new values
+                from semimig.shardformer.skip import after_step
+
+                after_step(self.skip_model)
             self._step()
             return result
 
@@ -507,10 +513,35 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
                 logger.info("semimig: mode=reshard with a batch split over %d data-parallel replicas: one joint "
                             "planner chooses every replica's plan and the split (samples %s); the batch split "
                             "does not re-plan on its own", len(resharder.samples), list(resharder.samples))
-        return Balancer(controller, layers, optimizer=optimizer, log_every=log_every, resharder=resharder,
-                        rebind=rebind, hybrid=hybrid)
+        balancer = Balancer(controller, layers, optimizer=optimizer, log_every=log_every, resharder=resharder,
+                            rebind=rebind, hybrid=hybrid)
+        if optimizer is not None:
+            balancer.skip_model = _skip_idle_ranks(model, optimizer, plugin, resharder, controller.clock)
+        return balancer
     except BaseException:
         for layer in layers:  # undo the controller's binding: a corrected call must not find it "balanced"
             layer.directive = None
         controller.close()
         raise
+
+
+def _skip_idle_ranks(model: nn.Module, optimizer: Any, plugin: Any, resharder: Any, clock: Any = None
+                     ) -> Optional[nn.Module]:
+    """Let the ranks the plan leaves idle skip their steps from now on (:mod:`semimig.shardformer.skip`; a
+    collective over the TP group); ``model``, or ``None`` when they cannot (the reason logged once)."""
+    from semimig.shardformer import skip
+    from semimig.shardformer.replan import current_plan
+
+    state = skip.install(model, optimizer, plugin)
+    if resharder is not None and state.blocked is None:
+        reader = resharder.read_idle_ranks(clock)
+        if reader is None:
+            state.blocked = "the re-shard policy reads an idle rank's speed by the device probe, which is off"
+        else:
+            state.probe = reader.probe
+    if state.blocked is not None:
+        if state.rank == 0:
+            logger.info("semimig: a rank a plan leaves idle will run its steps (it cannot skip them: %s)", state.blocked)
+        return None
+    skip.configure(model, current_plan(model).resolve(model.unwrap().config, state.tp))
+    return model

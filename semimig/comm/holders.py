@@ -31,6 +31,10 @@ would know one group more.  So every rank of the tensor-parallel group makes one
 set: the holders their group, the others the group of the rest (which nothing uses).  Every rank of
 the group runs the layers in the same order, so each set is made at the same point on every rank, and
 the counts stay equal.
+
+A rank that holds no unit of any kind may skip the step altogether (:mod:`semimig.shardformer.skip`):
+then it runs no layer and receives nothing, so :func:`set_skipping` names it for its group and the
+first holder sends to the other idle ranks only.
 """
 from __future__ import annotations
 
@@ -43,13 +47,29 @@ from torch.distributed import ProcessGroup
 
 from semimig.comm import primitives as P
 
-__all__ = ["IN_FLIGHT", "HolderSum", "holders_of", "pending_sends"]
+__all__ = ["IN_FLIGHT", "HolderSum", "holder_group", "holders_of", "pending_sends", "set_skipping", "skipping"]
 
 IN_FLIGHT = 256
 """Sends to idle ranks this process leaves open before it waits for the oldest."""
 
 _GROUPS: dict[tuple[int, ...], ProcessGroup] = {}
 _SENDS: collections.deque = collections.deque()
+_SKIPPING: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
+def _ranks(group: ProcessGroup) -> tuple[int, ...]:
+    return tuple(dist.get_process_group_ranks(group)) if group is not None else tuple(range(dist.get_world_size()))
+
+
+def set_skipping(group: ProcessGroup, ranks: Sequence[int]) -> None:
+    """Name the group ranks of ``group`` that skip whole steps (none: ``()``); every rank of the group
+    sets the same."""
+    _SKIPPING[_ranks(group)] = tuple(sorted(ranks))
+
+
+def skipping(group: ProcessGroup) -> tuple[int, ...]:
+    """The group ranks of ``group`` that skip whole steps (:func:`set_skipping`)."""
+    return _SKIPPING.get(_ranks(group), ())
 
 
 def holders_of(sizes: Sequence[Sequence[int]]) -> tuple[int, ...]:
@@ -71,10 +91,18 @@ def _post(work: Optional[dist.Work]) -> None:
         _SENDS.popleft().wait()
 
 
-def _holder_group(group: ProcessGroup, holders: tuple[int, ...]) -> Optional[ProcessGroup]:
+def holder_group(group: ProcessGroup, holders: Sequence[int]) -> Optional[ProcessGroup]:
+    """The holders' own process group (one rank's own group when one rank holds everything) on a holder,
+    ``None`` on any other rank: made, or found made, by every rank of ``group`` at the same point."""
+    return _holder_group(group, tuple(holders), single=True)
+
+
+def _holder_group(group: ProcessGroup, holders: tuple[int, ...], *, single: bool = False
+                  ) -> Optional[ProcessGroup]:
     """The holders' own group on a holder, ``None`` on any other rank: called by every rank of ``group``
-    at the same point (module docstring: the holders make their group, the others the group of the rest)."""
-    if len(holders) < 2:
+    at the same point (module docstring: the holders make their group, the others the group of the rest).
+    One holder has a group of its own only with ``single``."""
+    if len(holders) < (1 if single else 2):
         return None
     size, me = P.group_size(group), P.group_rank(group)
     key = tuple(dist.get_global_rank(group, r) for r in holders)
@@ -108,7 +136,7 @@ class _Pending:
 class HolderSum:
     """The group sum of a layer held by ``holders`` (group ranks) only (module docstring)."""
 
-    def __init__(self, group: ProcessGroup, holders: Sequence[int]) -> None:
+    def __init__(self, group: ProcessGroup, holders: Sequence[int], skip: Sequence[int] = ()) -> None:
         self.group = group
         self.holders = tuple(holders)
         size = P.group_size(group)
@@ -116,7 +144,9 @@ class HolderSum:
             raise ValueError(f"holders {self.holders} must be a non-empty set of ranks of a group of {size}")
         self.me = P.group_rank(group)
         self.root = self.holders[0]
-        self.idle = tuple(r for r in range(size) if r not in self.holders)
+        if set(skip) & set(self.holders):
+            raise ValueError(f"ranks {tuple(skip)} skip the step but hold columns ({self.holders})")
+        self.idle = tuple(r for r in range(size) if r not in self.holders and r not in skip)
         self._group = _holder_group(group, self.holders)
 
     def _send(self, tensor: torch.Tensor) -> None:

@@ -26,7 +26,7 @@ from typing import Callable, Optional, Sequence, Tuple, Union
 import torch
 
 from semimig.comm import primitives as P
-from semimig.comm.holders import HolderSum, holders_of
+from semimig.comm.holders import HolderSum, holders_of, skipping
 from semimig.errors import ConfigError
 from semimig.nn.conversion import check_constructor, check_divisible, check_options, check_split_sizes
 from semimig.nn.directive import LayerDirective
@@ -162,10 +162,11 @@ class BalancedLinearMixin:
         if plans is None or seq_dim is not None or (directive is not None and directive.migrating):
             return None
         sizes = tuple(tuple(plan.sizes) for plan in plans)
+        skip = skipping(self.process_group)
         cached = self._holder_sum
-        if cached is None or cached[0] != sizes:
+        if cached is None or cached[0] != (sizes, skip):
             held = holders_of(sizes)
-            cached = (sizes, HolderSum(self.process_group, held) if len(held) < len(sizes[0]) else None)
+            cached = ((sizes, skip), HolderSum(self.process_group, held, skip) if len(held) < len(sizes[0]) else None)
             self._holder_sum = cached
         return cached[1]
 

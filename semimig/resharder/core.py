@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import statistics
 from typing import Any, Callable, Optional
 
 from semimig.comm import primitives as P
@@ -21,6 +22,8 @@ from semimig.controller.reshard import ReshardConfig, ReshardDecision, ReshardPo
 from semimig.resharder.joint import (JointSetup, SeatMemory, as_policy_plans, even_samples, joint_problem,
                                      per_mean_batch, reading_due)
 from semimig.resharder.events import ReplanEvent, log_measured, log_replan
+from semimig.resharder.idle import IdleReader
+from semimig.comm.holders import skipping
 from semimig.resharder.observe import (PROBE_MAX_SIZE, gemm_scale, probe_times, row_sample, slowest_per_position,
                                        step_sample, unshed)
 from semimig.resharder.plans import params_per_unit
@@ -110,6 +113,10 @@ class Resharder:
         self._job_moved = 0  # the step the job last moved (the joint gain test's age)
         self._job_read: Optional[int] = None  # the age at which the job's gain was last read (:func:`reading_due`)
         self._seats = SeatMemory()  # the joint planner's seat fit across a move that empties a slow rank
+        self.probe_work: Optional[dict] = None
+        """The device probe's work and every rank's seconds for it (set by :meth:`probe` with one replica)."""
+        self.idle: Optional[IdleReader] = None
+        """How a rank that skips the step is read (:mod:`.idle`); ``None``: no rank skips."""
         self.ddp_waits: tuple = ()
         """The DDP hooks that time the data-parallel all-reduce's wait on the step clock
         (:mod:`semimig.straggler.ddp_wait`; set by :func:`~semimig.resharder.make_resharder`)."""
@@ -132,7 +139,11 @@ class Resharder:
             waited = getattr(device, "dp_s", None) if self.ddp_waits else None  # timed only by semimig's DDP hook
             dp = math.nan if waited is None else float(waited)
             return self._gather_replicas(report, [compute, busy, comm, sleep, wall, work, gap, dp])
-        rows = P.all_gather_rows([compute, busy, comm, sleep, wall, work, gap], self.group)
+        idle = skipping(self.group) if self.idle is not None else ()
+        probe = [self.idle.take(wall)] if self.idle is not None and idle else []
+        rows = P.all_gather_rows([compute, busy, comm, sleep, wall, work, gap] + probe, self.group)
+        if idle:  # a rank that skips the step: its replicated work at its probed speed (.idle)
+            rows = self.idle.rows(rows, idle)
         decision = getattr(report, "decision", None)
         fixed = getattr(decision, "fixed_fraction", None) or (math.nan,) * self.size
         shed = any(0.0 < row[5] < 1.0 for row in rows)  # the step as it ran, when a rank shed work
@@ -222,7 +233,11 @@ class Resharder:
             return None
         hidden = getattr(self.model_config, "hidden_size", None) or getattr(self.model_config, "n_embd")
         size = min(int(hidden), PROBE_MAX_SIZE)  # three size x size matrices live for the probe's ~0.1 s
-        times = probe_times(self.group, clock, size=size, device=device or self._device, dtype=dtype)
+        work: dict = {}
+        times = probe_times(self.group, clock, size=size, device=device or self._device, dtype=dtype, work=work)
+        if not self.per_replica and self.replicas == 1:  # what an idle rank's probe reruns (.idle)
+            self.probe_work = dict(work, device=device or self._device, dtype=dtype,
+                                   base=[statistics.median(row[r] for row in times) for r in range(self.size)])
         if self.per_replica:
             by_replica = self._replica_probes(times)
             decisions = [policy.profile(t) for policy, t in zip(self.policies, by_replica)]
@@ -425,6 +440,18 @@ class Resharder:
         if self._speaks and (replica is None or replica == self.dp_rank):
             log_measured(event, self.policy.config.window)
         return True
+
+    def read_idle_ranks(self, clock: Any = None) -> Optional[IdleReader]:
+        """Let ranks that hold nothing skip the step: price them so (every policy's step model) and read them
+        by the probe (:mod:`.idle`); ``None`` (nothing changed) without the enable-time probe."""
+        if self.probe_work is None:
+            return None
+        work = self.probe_work
+        self.idle = IdleReader(size=work["size"], n=work["n"], base=work["base"], device=work["device"],
+                               dtype=work["dtype"], clock=clock)
+        for policy in self.policies:
+            policy.learned.idle_free = True
+        return self.idle
 
     def busy_scale(self) -> tuple[float, ...]:
         """:func:`gemm_scale` of the policy's window under the plan in force (this replica's own

@@ -87,7 +87,8 @@ def slowest_per_position(rows: list[list[float]], *, tp: int) -> list[list[float
 
 
 def probe_times(group: Any, clock: Any = None, *, size: int, device: Any = None, dtype: Any = None,
-                repeats: int = PROBE_REPEATS, target_s: float = PROBE_TARGET_S) -> list[list[float]]:
+                repeats: int = PROBE_REPEATS, target_s: float = PROBE_TARGET_S,
+                work: Optional[dict] = None) -> list[list[float]]:
     """Every rank's seconds for the same fixed work, ``repeats`` times: ``out[i][r]`` (collective over
     ``group``; identical on every rank).
 
@@ -116,6 +117,8 @@ def probe_times(group: Any, clock: Any = None, *, size: int, device: Any = None,
     sync()
     one = min(P.all_gather_floats(time.perf_counter() - start, group))
     n = max(1, min(10_000, math.ceil(target_s / max(one, 1e-7))))
+    if work is not None:  # what one repeat ran: the idle ranks' probe reruns it (semimig.resharder.idle)
+        work.update(size=size, n=n)
     flag = torch.zeros(1, device=P.collective_device(group))
     seconds = []
     for _ in range(repeats):

@@ -573,7 +573,10 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None,
         if not_a_plan is not None:  # nothing to agree over: name the plan first, as before
             raise ConfigError(f"apply_plan: {not_a_plan}") from None
         raise
+    from semimig.shardformer import skip
+
     inner, masters, zero = _optimizer_parts(optimizer)
+    skip.before_move(model)  # a rank that skipped its steps takes the optimizer state it lacks
     if replica_plans is None and getattr(model, "_semimig_replica_reduction", None) is not None:
         raise ConfigError("apply_plan: the replicas hold different plans (semimig.shardformer.replicas."
                           "apply_replica_plans); move them with apply_replica_plans, which keeps their gradient "
@@ -654,6 +657,7 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None,
     if changed:
         _set_attention(model, layers, resolved, rank)
         _rebuild_ddp(model)
+    skip.configure(model, resolved)  # the ranks the new plan leaves idle skip their steps (when enabled)
     seconds = time.perf_counter() - started
     report = MoveReport(old_plan=old_plan, new_plan=new_plan, bytes_sent=sent, bytes_received=received,
                         seconds=seconds, tensors_moved=moved, layers_changed=len(changed))

@@ -47,11 +47,14 @@ class StepModel:
     ``speeds``      ``v_r > 0`` per rank (group-rank order), on the whole step.
     ``replicated``  ``R ≥ 0``: work every rank does whole.
     ``shardable``   ``S > 0``: the whole group's work along the paired dimension.
+    ``idle_free``   a rank holding no unit takes no part in the step (it skips it,
+                    :mod:`semimig.shardformer.skip`): the step is the slowest *holder*'s.
     """
 
     speeds: Tuple[float, ...]
     replicated: float
     shardable: float
+    idle_free: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.speeds, (str, bytes)) or not isinstance(self.speeds, (tuple, list)) or not self.speeds:
@@ -77,10 +80,10 @@ class StepModel:
         return (self.replicated + self.shardable * share) / self.speeds[rank]
 
     def step(self, shares: Sequence[float]) -> float:
-        """``max_r (R + S·p_r)/v_r``."""
+        """``max_r (R + S·p_r)/v_r`` (over the ranks with ``p_r > 0`` when :attr:`idle_free`)."""
         if len(shares) != self.tp:
             raise ConfigError(f"shares must have one entry per rank ({self.tp}), got {len(shares)}")
-        return max(self.rank_time(r, p) for r, p in enumerate(shares))
+        return max(self.rank_time(r, p) for r, p in enumerate(shares) if p > 0.0 or not self.idle_free)
 
 
 def continuous_shares(model: StepModel, *, min_share: float = 0.0) -> Tuple[float, ...]:

@@ -34,7 +34,13 @@ PROCESS = "a subprocess or thread, not a device"
 LINEAGE = ("only when a layer's lineage is another tensor than the one its forward recorded (compared by "
            "identity first): the values then decide")
 
+IDLE = "a rank that skips the step (it holds no unit: nothing else runs on its device)"
+
 ALLOWED: dict[tuple[str, str, str], str] = {
+    # a rank that skips the step waits for the holders; the holders never wait for it
+    ("semimig/resharder/idle.py", "probe_seconds", ".synchronize()"): IDLE + ": the probe of its speed",
+    ("semimig/shardformer/skip.py", "_received_loss", ".wait()"): IDLE + ": the step's loss from the first holder",
+    ("semimig/shardformer/skip.py", "after_step", ".wait()"): IDLE + ": the replicated parameters' new values",
     # the step clock's resolver: at most one event wait per step (DESIGN §3b)
     ("semimig/straggler/clock.py", "StepClock._wait_one", ".wait()"): PER_STEP + ": the step clock's one event wait",
     ("semimig/straggler/clock.py", "_CudaMarks.wait", ".synchronize()"): PER_STEP + ": the step clock's one event wait",

@@ -22,6 +22,7 @@ pace it sets.
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import statistics
 from typing import AbstractSet, Optional, Sequence, Tuple
@@ -47,8 +48,7 @@ def pooled(model: StepModel, slow: AbstractSet[int]) -> StepModel:
     if len(healthy) < 2:
         return model
     common = statistics.median(healthy)
-    return StepModel(speeds=tuple(v if r in slow else common for r, v in enumerate(model.speeds)),
-                     replicated=model.replicated, shardable=model.shardable)
+    return dataclasses.replace(model, speeds=tuple(v if r in slow else common for r, v in enumerate(model.speeds)))
 
 
 def even_plans(plans: Sequence[ShardPlan]) -> Optional[Tuple[ShardPlan, ...]]:

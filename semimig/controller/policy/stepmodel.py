@@ -68,6 +68,8 @@ class LearnedModel:
 
     def __init__(self, tp: int, prior_share: float, weights: Sequence[float]) -> None:
         self.tp = tp
+        self.idle_free = False
+        """A rank holding no unit skips the step (:attr:`~semimig.sharding.solver.StepModel.idle_free`)."""
         self.prior_weights = tuple(weights)
         self.weight_fits: List[Tuple[float, ...]] = []
         """Every dimension's weight (a share of the shardable work) measured across the healthy ranks."""
@@ -185,9 +187,9 @@ class LearnedModel:
     def model(self, shares: Sequence[float], c: Sequence[float]) -> StepModel:
         """The step model of every rank's compute ``c`` (the window's reading), measured under ``shares``."""
         R, S = self.scale()
-        return StepModel(speeds=self.speeds(shares, c), replicated=R, shardable=S)
+        return StepModel(speeds=self.speeds(shares, c), replicated=R, shardable=S, idle_free=self.idle_free)
 
     def from_ratios(self, ratios: Sequence[float]) -> StepModel:
         """A model from speed ratios alone (a probe before any step), in healthy even steps."""
         R, S = self.scale()
-        return StepModel(speeds=tuple(ratios), replicated=R, shardable=S)
+        return StepModel(speeds=tuple(ratios), replicated=R, shardable=S, idle_free=self.idle_free)
