@@ -259,6 +259,12 @@ class Balancer:
         if self._optimizer is not None and getattr(self._optimizer, "step", None) is self._hooked_step:
             del self._optimizer.step  # the class's own step again
         self._optimizer = None
+        if self.skip_model is not None:  # every rank computes again, the vocabulary even
+            from semimig.shardformer import skip
+            from semimig.shardformer.replan import current_plan
+
+            model, self.skip_model = self.skip_model, None
+            skip.release(model, current_plan(model).resolve(model.unwrap().config, self.controller.size))
         if self.active:
             for layer in self._layers:
                 layer.directive = None
@@ -478,6 +484,7 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
                           "tensor-parallel shards (SemiMigPolicy(shard_plan=...)): use 'semi', 'reshard', a zero-* "
                           "mode or 'off'")
     plan = check_reshard(mode, model, plugin, reshard, optimizer)
+    skip_state = _install_skip(model, optimizer, plugin) if optimizer is not None else None
     from semimig.controller import BalanceController
 
     controller = BalanceController(model, balance_config, process_group=plugin.tp_group,
@@ -493,6 +500,8 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
         resharder, rebind = make_resharder(model, optimizer, plugin, plan, mode, balance_config, reshard,
                                            iterations_per_epoch, batch=batch if joint else None,
                                            clock=controller.step_clock)
+        if skip_state is not None and skip_state.blocked is None:  # priced and read as idle from the probe on
+            skip_state.probe = resharder.allow_idle(True, clock=controller.clock)
         if resharder.samples is not None:  # the split has one owner: the batch balancer only carries it out
             batch = dataclasses.replace(batch, allocation="even", replan=None)
         if resharder.probe(controller.clock, dtype=_param_dtype(model)) is not None:  # a device slow from the start
@@ -515,8 +524,8 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
                             "does not re-plan on its own", len(resharder.samples), list(resharder.samples))
         balancer = Balancer(controller, layers, optimizer=optimizer, log_every=log_every, resharder=resharder,
                             rebind=rebind, hybrid=hybrid)
-        if optimizer is not None:
-            balancer.skip_model = _skip_idle_ranks(model, optimizer, plugin, resharder, controller.clock)
+        if skip_state is not None:
+            balancer.skip_model = _start_skip(model, skip_state, resharder)
         return balancer
     except BaseException:
         for layer in layers:  # undo the controller's binding: a corrected call must not find it "balanced"
@@ -525,23 +534,27 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
         raise
 
 
-def _skip_idle_ranks(model: nn.Module, optimizer: Any, plugin: Any, resharder: Any, clock: Any = None
-                     ) -> Optional[nn.Module]:
-    """Let the ranks the plan leaves idle skip their steps from now on (:mod:`semimig.shardformer.skip`; a
-    collective over the TP group); ``model``, or ``None`` when they cannot (the reason logged once)."""
+def _install_skip(model: nn.Module, optimizer: Any, plugin: Any) -> Any:
+    """The skip state (:mod:`semimig.shardformer.skip`), installed before any move so that a move to a plan
+    that leaves a rank idle lets it skip; its reason logged once when idle ranks cannot skip."""
+    from semimig.shardformer import skip
+
+    state = skip.install(model, optimizer, plugin)
+    if state.blocked is not None and state.rank == 0:
+        logger.info("semimig: a rank a plan leaves idle will run its steps (it cannot skip them: %s)", state.blocked)
+    return state
+
+
+def _start_skip(model: nn.Module, state: Any, resharder: Any) -> Optional[nn.Module]:
+    """Idle ranks skip from now on under the plan in force (a collective over the TP group); ``model``, or
+    ``None`` when they cannot (the re-shard policy reads an idle rank's speed by the device probe)."""
     from semimig.shardformer import skip
     from semimig.shardformer.replan import current_plan
 
-    state = skip.install(model, optimizer, plugin)
-    if resharder is not None and state.blocked is None:
-        reader = resharder.read_idle_ranks(clock)
-        if reader is None:
-            state.blocked = "the re-shard policy reads an idle rank's speed by the device probe, which is off"
-        else:
-            state.probe = reader.probe
-    if state.blocked is not None:
+    if state.blocked is None and resharder is not None and resharder.idle is None:
+        state.blocked = "the re-shard policy reads an idle rank's speed by the device probe, which is off"
+        resharder.allow_idle(False)
         if state.rank == 0:
-            logger.info("semimig: a rank a plan leaves idle will run its steps (it cannot skip them: %s)", state.blocked)
-        return None
+            logger.info("semimig: a rank a plan leaves idle will run its steps (%s)", state.blocked)
     skip.configure(model, current_plan(model).resolve(model.unwrap().config, state.tp))
-    return model
+    return model if state.blocked is None else None

@@ -117,6 +117,7 @@ class Resharder:
         """The device probe's work and every rank's seconds for it (set by :meth:`probe` with one replica)."""
         self.idle: Optional[IdleReader] = None
         """How a rank that skips the step is read (:mod:`.idle`); ``None``: no rank skips."""
+        self._idle_clock: Any = None
         self.ddp_waits: tuple = ()
         """The DDP hooks that time the data-parallel all-reduce's wait on the step clock
         (:mod:`semimig.straggler.ddp_wait`; set by :func:`~semimig.resharder.make_resharder`)."""
@@ -238,6 +239,8 @@ class Resharder:
         if not self.per_replica and self.replicas == 1:  # what an idle rank's probe reruns (.idle)
             self.probe_work = dict(work, device=device or self._device, dtype=dtype,
                                    base=[statistics.median(row[r] for row in times) for r in range(self.size)])
+            if self.policy.learned.idle_free:
+                self._read_idle()
         if self.per_replica:
             by_replica = self._replica_probes(times)
             decisions = [policy.profile(t) for policy, t in zip(self.policies, by_replica)]
@@ -441,17 +444,28 @@ class Resharder:
             log_measured(event, self.policy.config.window)
         return True
 
-    def read_idle_ranks(self, clock: Any = None) -> Optional[IdleReader]:
-        """Let ranks that hold nothing skip the step: price them so (every policy's step model) and read them
-        by the probe (:mod:`.idle`); ``None`` (nothing changed) without the enable-time probe."""
-        if self.probe_work is None:
-            return None
+    def allow_idle(self, allowed: bool, *, clock: Any = None) -> Callable[[], None]:
+        """Let ranks that hold nothing skip the step (or no longer): every policy's step model prices them as
+        bounding no step, and from the device probe on they are read by it (:mod:`.idle`).  Returns what an
+        idle rank runs while it waits (:meth:`probe_idle`)."""
+        self._idle_clock = clock if allowed else None
+        for policy in self.policies:
+            policy.learned.idle_free = allowed
+        if not allowed:
+            self.idle = None
+        elif self.probe_work is not None and self.idle is None:
+            self._read_idle()
+        return self.probe_idle
+
+    def _read_idle(self) -> None:
         work = self.probe_work
         self.idle = IdleReader(size=work["size"], n=work["n"], base=work["base"], device=work["device"],
-                               dtype=work["dtype"], clock=clock)
-        for policy in self.policies:
-            policy.learned.idle_free = True
-        return self.idle
+                               dtype=work["dtype"], clock=self._idle_clock)
+
+    def probe_idle(self) -> None:
+        """On a rank that skips the step, while it waits: the probe of its speed (:mod:`.idle`)."""
+        if self.idle is not None:
+            self.idle.probe()
 
     def busy_scale(self) -> tuple[float, ...]:
         """:func:`gemm_scale` of the policy's window under the plan in force (this replica's own

@@ -267,9 +267,11 @@ def configure(model: nn.Module, resolved: Any) -> Optional[SkipState]:
     from semimig.shardformer.replan import _rebuild_ddp
 
     _rebuild_ddp(model)
-    if state.rank == 0:
+    if state.rank == 0 and idle:
         logger.info("semimig: TP ranks %s skip their steps (they hold no unit); vocabulary rows %s", list(idle),
                     list(new))
+    elif state.rank == 0:
+        logger.info("semimig: every TP rank runs its steps again; vocabulary rows %s", list(new))
     return state
 
 
@@ -395,3 +397,16 @@ def _state_from_root(state: SkipState) -> None:
                 _broadcast(tensor, state)
             elif tensor is None:
                 target[k] = torch.zeros(key.shape, dtype=dtype, device=device)
+
+
+def release(model: nn.Module, resolved: Any) -> None:
+    """No rank skips any more (a collective over the TP group, every rank at once): the vocabulary back to
+    the even split, an idle rank's optimizer state taken from the first holder, the forward unwrapped."""
+    state = getattr(model, _ATTR, None)
+    if state is None:
+        return
+    before_move(model)
+    state.blocked = "released"
+    configure(model, resolved)
+    delattr(model, _ATTR)
+    model.__dict__.pop("forward", None)

@@ -19,6 +19,10 @@ also comes with each slow rank unseated from one dimension or from all of them (
 the others, each to the rank that finishes it soonest).  One unit gives a slow rank a seat in all of
 its dimension's reductions: it is worth it only where the compute it takes off the others beats the
 pace it sets.
+
+Idle ranks.  Where a rank holding nothing skips the step (the model's ``idle_free``), the step is the
+slowest holder's, a discontinuity the per-dimension solver cannot see: each slow rank emptied, and all
+of them together, are candidates too.
 """
 from __future__ import annotations
 
@@ -95,6 +99,13 @@ def propose(model: StepModel, plans: Sequence[ShardPlan], weights: Sequence[floa
                              for d in range(len(solved))]
     if min_units == 0 and comm > 0.0:
         candidates += [c for base in list(candidates) for r in sorted(unseat) for c in _unseated(model, base, weights, r)]
+    if min_units == 0 and model.idle_free:  # a slow rank emptied skips the step: it bounds none
+        sets = [[r] for r in sorted(unseat)] + ([sorted(unseat)] if len(unseat) > 1 else [])
+        for ranks in sets:
+            emptied = solved
+            for r in ranks:
+                emptied = _unseated(model, emptied, weights, r)[-1] if any(p.units[r] for p in emptied) else emptied
+            candidates.append(emptied)
 
     def cost(c: Tuple[ShardPlan, ...]) -> float:
         return model.step(shares(weights, c)) + seat_delta(model.speeds, plans, c, comm)

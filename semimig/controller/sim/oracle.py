@@ -54,12 +54,12 @@ MAX_STATES = 40
 
 
 def _greedy(workload: Workload, speeds: Sequence[float], total: int, weight: float,
-            base: Sequence[float], skip: Optional[int] = None) -> ShardPlan:
+            base: Sequence[float], skip: Optional[int] = None, *, out: Sequence[int] = ()) -> ShardPlan:
     """``total`` units of ``weight`` each (share of the shardable work), each to the rank that finishes it
-    soonest, on top of each rank's ``base`` share (a rank may get none; ``skip``: a rank given none)."""
+    soonest, on top of each rank's ``base`` share (a rank may get none; ``skip``, ``out``: ranks given none)."""
     R, S, tp = workload.replicated, workload.shardable, workload.tp
     units = [0] * tp
-    heap = [((R + S * (base[r] + weight)) / speeds[r], r) for r in range(tp) if r != skip]
+    heap = [((R + S * (base[r] + weight)) / speeds[r], r) for r in range(tp) if r != skip and r not in out]
     heapq.heapify(heap)
     for _ in range(total):
         _, r = heapq.heappop(heap)
@@ -98,6 +98,14 @@ def best_plans(workload: Workload, speeds: Sequence[float]) -> Plans:
         candidates += [(mlp, kv_out), (mlp_out, kv),
                        (_greedy(workload, speeds, U, (1.0 - a) / U, [a * k / K for k in kv_first.units],
                                 skip=slowest), kv_first)]
+    if workload.idle_skips:  # the k slowest ranks emptied of both kinds: they skip the step
+        order = sorted(range(workload.tp), key=lambda r: speeds[r])
+        for k in range(1, workload.tp):
+            if speeds[order[k - 1]] >= max(speeds):
+                break
+            kv = _greedy(workload, speeds, K, a / K, [0.0] * workload.tp, out=order[:k])
+            candidates.append((_greedy(workload, speeds, U, (1.0 - a) / U, [a * n / K for n in kv.units],
+                                       out=order[:k]), kv))
     return min(candidates, key=lambda plans: workload.step_seconds(plans, speeds))
 
 
@@ -129,6 +137,8 @@ def _step_matrix(workload: Workload, plans: Sequence[Plans], speeds: np.ndarray)
     """``[k, s]``: the step of plan ``k`` at speeds ``speeds[s]``."""
     shares = np.array([workload.shares(p) for p in plans])  # (K, tp)
     work = workload.replicated + workload.shardable * shares  # (K, tp)
+    if workload.idle_skips:  # a rank holding nothing bounds no step
+        work = np.where(shares > 0.0, work, 0.0)
     comm = workload.seat_comms(plans, speeds)  # (K, s): each dimension's reductions at its slowest member's pace
     return workload.compute_s * np.max(work[:, None, :] / speeds[None, :, :], axis=2) + comm
 

@@ -142,7 +142,7 @@ def _trace(rng: np.random.Generator, category: str, steps: int, tp: int, step_s:
 
 
 def make_scenario(seed: int, category: str, *, steps: Optional[int] = None, min_steps: int = 150,
-                  max_steps: int = 600) -> Scenario:
+                  max_steps: int = 600, idle_skips: bool = False) -> Scenario:
     """One scenario of ``category``, every draw from ``seed`` (module docstring)."""
     check_int("seed", seed, minimum=0)
     rng = np.random.default_rng([seed, CATEGORIES.index(category) if category in CATEGORIES else 99])
@@ -158,7 +158,8 @@ def make_scenario(seed: int, category: str, *, steps: Optional[int] = None, min_
         mlp_units=int(rng.choice([16, 32, 64])), kv_units=int(rng.choice([k for k in (8, 16, 32) if k >= tp])),
         attention_share=attention, attention_param_share=attention * float(rng.uniform(0.7, 1.0)),
         timed_share=float(rng.uniform(0.75, 1.0)), comm_share=float(rng.uniform(0.0, 0.1)), step_s=step_s,
-        state_bytes=int(move_all * bandwidth), bandwidth_bytes_s=bandwidth, latency_s=0.005 if gpu else 0.05)
+        state_bytes=int(move_all * bandwidth), bandwidth_bytes_s=bandwidth, latency_s=0.005 if gpu else 0.05,
+        idle_skips=idle_skips)
     speeds, info = _trace(rng, category, n, tp, step_s)
     noise = _log_uniform(rng, 0.01, 0.2)
     outliers = float(rng.choice([0.0, 0.01, 0.03]))
@@ -168,9 +169,11 @@ def make_scenario(seed: int, category: str, *, steps: Optional[int] = None, min_
                     outliers=outliers, lag=1 if gpu else 0, seed=seed, info=info)
 
 
-def family(count: int, seed: int = 0, *, min_steps: int = 150, max_steps: int = 600) -> List[Scenario]:
-    """``count`` scenarios, the categories in turn, scenario ``i`` drawn from ``(seed, i)``."""
+def family(count: int, seed: int = 0, *, min_steps: int = 150, max_steps: int = 600,
+           idle_skips: bool = False) -> List[Scenario]:
+    """``count`` scenarios, the categories in turn, scenario ``i`` drawn from ``(seed, i)``; ``idle_skips``:
+    a rank holding nothing skips the step (:class:`~semimig.controller.sim.stepmodel.Workload`)."""
     check_int("count", count, minimum=1)
     check_int("seed", seed, minimum=0)
     return [make_scenario(seed * 1_000_003 + i, CATEGORIES[i % len(CATEGORIES)], min_steps=min_steps,
-                          max_steps=max_steps) for i in range(count)]
+                          max_steps=max_steps, idle_skips=idle_skips) for i in range(count)]

@@ -79,7 +79,7 @@ def _sample(scenario: Scenario, plans: Plans, speeds: Sequence[float], noise: _N
     compute = [c * f for c, f in zip(workload.rank_compute(plans, speeds), noise.compute[i])]
     shardable = [min(workload.timed_share * b * f * o, 0.98 * c) for b, f, o, c in
                  zip(workload.shardable_compute(plans, speeds), noise.shardable[i], noise.outlier[i], compute)]
-    slowest = max(compute)
+    slowest = workload.bound(plans, compute)
     comm = [(workload.seat_comm(plans, speeds) + slowest - c) * f for c, f in zip(compute, noise.comm[i])]
     return ReshardSample(tuple(compute), tuple(shardable), tuple(comm))
 
@@ -89,6 +89,8 @@ def run_policy(scenario: Scenario, factory: PolicyFactory) -> RunResult:
     workload = scenario.workload
     plans: Plans = workload.even_plans()
     policy = factory(plans, weights=workload.weights, bytes_per_unit=workload.bytes_per_unit)
+    if workload.idle_skips and hasattr(policy, "learned"):  # as the resharder tells it when ranks may skip
+        policy.learned.idle_free = True
     noise = _Noise(scenario)
     result = RunResult(time_s=0.0)
 

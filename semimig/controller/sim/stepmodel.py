@@ -7,7 +7,10 @@ Rank ``r`` at speed ``v_r`` (1: healthy) spends ``c_r = (R + S·p_r)/v_r`` on it
 ``R + S/e = 1`` so that a healthy even step's compute is 1, and ``p_r = (1 − a)·n_r/U + a·k_r/K`` its
 share of the shardable work (``a`` the attention's share of it, ``n_r`` of ``U`` MLP blocks, ``k_r``
 of ``K`` KV groups).  The step is ``max_r c_r`` plus the step's collectives, a fixed share of a
-healthy step that no plan changes.  In seconds, a healthy even step is ``step_s``.
+healthy step that no plan changes.  In seconds, a healthy even step is ``step_s``.  With
+``idle_skips`` a rank holding no unit of either kind skips the step (:mod:`semimig.shardformer.skip`):
+the step is the slowest *holder*'s, and what the policy reads of the idle rank is its replicated work at
+its speed, ``R/v_r`` (what :mod:`semimig.resharder.idle` gives it from the probe).
 
 What the policy reads is not the truth: its weights are the paired *parameters*' shares
 (``attention_param_share``: the attention core's time is not in them), and the shardable seconds a
@@ -68,6 +71,8 @@ class Workload:
     """Bytes of every unit's weights and optimizer state together."""
     bandwidth_bytes_s: float = 1e9
     latency_s: float = 0.01
+    idle_skips: bool = False
+    """A rank holding no unit skips the step (module docstring)."""
 
     def __post_init__(self) -> None:
         check_int("Workload.tp", self.tp, minimum=1, maximum=1024)
@@ -157,8 +162,12 @@ class Workload:
         return self.comm_s * out / len(plans[0]) if plans else out
 
     def step_seconds(self, plans: Plans, speeds: Sequence[float]) -> float:
-        """The group's step: its slowest rank's compute plus the collectives."""
-        return max(self.rank_compute(plans, speeds)) + self.seat_comm(plans, speeds)
+        """The group's step: its slowest rank's compute (holder's, with ``idle_skips``) plus the collectives."""
+        return self.bound(plans, self.rank_compute(plans, speeds)) + self.seat_comm(plans, speeds)
+
+    def bound(self, plans: Plans, compute: Sequence[float]) -> float:
+        """The compute that bounds the step: the slowest rank's, or the slowest holder's with ``idle_skips``."""
+        return max(c for c, p in zip(compute, self.shares(plans)) if p > 0.0 or not self.idle_skips)
 
     # ------------------------------------------------------------------ a move
     def move(self, old: Plans, new: Plans, *, first: bool = False) -> Tuple[int, float]:
