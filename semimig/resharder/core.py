@@ -481,11 +481,12 @@ class Resharder:
 
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict:
-        """Re-plans of the run: count, plans, bytes moved and seconds (JSON-friendly)."""
+        """Re-plans of the run: count, plans, bytes moved and seconds, whether a rank holding nothing skips
+        the step (JSON-friendly)."""
         out = {"replans": len(self.events), "plan": str(self.plan),
                "bytes_moved": sum(e.bytes_moved for e in self.events),
                "move_s": sum(e.move_s for e in self.events),
-               "events": [e.as_dict() for e in self.events]}
+               "events": [e.as_dict() for e in self.events], "idle_skips": self.idle is not None}
         if self.per_replica:
             out["plans"] = [str(p) for p in self.plans]  # every replica's, in DP rank order
         if self.joint is not None:

@@ -37,7 +37,8 @@ being the replicated seconds it posts).  Either way the replay also runs every s
 :data:`SPLITS` (``f`` of ``1 − B`` replicated, the rest collectives) and reports the band of simulated
 means over them.  In
 the model's terms: ``comm_share = (1 − f)·(1 − B)`` and ``replicated_share = f·(1 − B) / (f·(1 − B) + B)``
-(the replicated work's share of the compute, ``R + S/e = 1``).
+(the replicated work's share of the compute, ``R + S/e = 1``).  A run whose re-shard summary says
+``idle_skips`` let a rank holding nothing skip the step, and so does its replay.
 
 The run's recorded plan schedule then runs through the model (no policy involved: this checks the
 model), the throttled rank at ``1/χ`` on every step (a pattern: on the steps its ``throttled``
@@ -46,6 +47,7 @@ mean measured one, both over the steps after the first (a move's own seconds are
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from typing import List, Optional, Sequence, Tuple
 
@@ -162,15 +164,17 @@ def _run_events(run: dict) -> List[dict]:
     return ((run.get("summary") or {}).get("reshard") or {}).get("events") or []
 
 
-def _file_workload(c: dict, split: float, events: Sequence[dict]) -> Workload:
-    """The file's workload at ``split``: its unit totals from a recorded plan, else the model's shape."""
+def _file_workload(c: dict, split: float, events: Sequence[dict], idle_skips: bool = False) -> Workload:
+    """The file's workload at ``split``: its unit totals from a recorded plan, else the model's shape; with
+    ``idle_skips`` (the run recorded it) a rank holding nothing skips the step."""
     units = (sum(events[0]["mlp_units"]), sum(events[0]["kv_units"])) if events else (4 * c["hidden"] // BLOCK,
                                                                                       c["kv_heads"])
-    return _workload(c, split, *units)
+    return dataclasses.replace(_workload(c, split, *units), idle_skips=idle_skips)
 
 
 def _simulated_mean(c: dict, split: float, run: dict, events: Sequence[dict], pattern: bool) -> float:
-    workload = _file_workload(c, split, events)
+    idle_skips = bool(((run.get("summary") or {}).get("reshard") or {}).get("idle_skips"))
+    workload = _file_workload(c, split, events, idle_skips)
     steps = len(run["step_s"])
     schedule = _schedule(events, steps, workload.even_plans())
     total = 0.0
@@ -207,7 +211,9 @@ def replay_file(data: dict, name: str = "") -> dict:
     ratios = [r["ratio"] for r in out]
     best = None
     if not pattern:  # the best plan the model finds at the throttled speeds, over the healthy step
-        workload = _file_workload(c, c["split"], _run_events(data["raw"]["reshard"][0]))
+        first = data["raw"]["reshard"][0]
+        workload = _file_workload(c, c["split"], _run_events(first),
+                                  bool(((first.get("summary") or {}).get("reshard") or {}).get("idle_skips")))
         speeds = [1.0] * c["tp"]
         speeds[c["straggler_rank"]] = 1.0 / c["chi"]
         plans = best_plans(workload, speeds)
