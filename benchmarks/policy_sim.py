@@ -1,6 +1,6 @@
 """Score the re-shard policy on a family of simulated scenarios (DESIGN §9), and replay recorded runs.
 
-    python benchmarks/policy_sim.py --json F [--quick] [--scenarios N] [--seed S] [--replay DIR]
+    python benchmarks/policy_sim.py --json F [--quick] [--scenarios N] [--seed S] [--replay DIR] [--idle-skips]
 
 Runs :mod:`semimig.controller.sim` on ``N`` generated scenarios (default 1200; ``--quick``: 30 short
 ones, for CI): each policy's time to the last step over the scenario's oracle, per category and
@@ -9,7 +9,10 @@ changes costs by itself), and prints one table per policy.  ``--replay DIR``
 (default: the repository's ``docs/results`` unless ``--quick``) runs every ``time_to_loss`` result
 with re-shard runs through the step model (:mod:`semimig.controller.sim.replay`) and reports the
 simulated mean step against the measured one, per run, and every straggler result it cannot replay
-with the reason.
+with the reason.  ``--idle-skips``: in every scenario a rank holding no unit skips the step (one TP
+group of a Llama-family model: :mod:`semimig.shardformer.skip`), for the policy, its step model and
+the oracle alike; without it an emptied rank still runs its replicated work (pipelines, replicas, ZeRO,
+other models).
 The JSON holds ``{"overall", "categories", "policy"}`` for the policy in use, every policy's summary
 under ``"policies"``, each scenario's record, the replay, and the command, commit, machine, date,
 wall and CPU time and the machine's load around the run.
@@ -54,6 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--replay", type=Path, default=None,
                         help="folder of time_to_loss results to replay (default docs/results; none with --quick)")
     parser.add_argument("--no-replay", action="store_true", help="skip the replay")
+    parser.add_argument("--idle-skips", action="store_true",
+                        help="a rank holding no unit skips the step in every scenario (one TP group, Llama family)")
     args = parser.parse_args(argv)
     if args.scenarios is not None and args.scenarios < 1:
         parser.error(f"--scenarios must be >= 1, got {args.scenarios}")
@@ -125,7 +130,7 @@ def main(argv=None) -> int:
     steps = dict(min_steps=60, max_steps=160) if args.quick else dict(min_steps=150, max_steps=600)
     load_before = os.getloadavg()
     start, cpu_start = time.perf_counter(), time.process_time()
-    scenarios = family(count, args.seed, **steps)
+    scenarios = family(count, args.seed, **steps, idle_skips=args.idle_skips)
     policies = {**POLICIES, **_optional_policies()}
     records = evaluate(scenarios, policies)
     summaries = {name: summarise(records, name) for name in policies}
@@ -149,7 +154,7 @@ def main(argv=None) -> int:
     in_use = next(iter(POLICIES))
     try:
         write_result(args.json, "policy_sim", argv, {"scenarios": count, "seed": args.seed, "quick": args.quick,
-                                                      **steps},
+                                                      "idle_skips": args.idle_skips, **steps},
                      command=" ".join(["python", "benchmarks/policy_sim.py", *(sys.argv[1:] if argv is None
                                                                                else argv)]),
                      commit=_commit(), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), wall_s=wall, cpu_s=cpu,

@@ -73,6 +73,8 @@ class SkipState:
     vocab: Optional[Tuple[int, ...]] = None
     holder_group: Any = None
     tp_group_of_loss: Any = None
+    replicated: Tuple[nn.Parameter, ...] = ()
+    """The parameters every rank holds whole (found at :func:`configure`), in the same order on every rank."""
     probe: Optional[Callable[[], None]] = None
     """Run on an idle rank while it waits for the holders: how the re-shard policy reads its speed
     (:meth:`semimig.resharder.idle.IdleReader.probe`)."""
@@ -230,13 +232,12 @@ def after_step(model: nn.Module) -> None:
     state = getattr(model, _ATTR, None)
     if state is None or not state.idle:
         return
-    _, _, replicated = _parts(model)
     if state.skips:
-        works = [P.irecv_(p.data, state.root, state.group) for p in replicated]
+        works = [P.irecv_(p.data, state.root, state.group) for p in state.replicated]
         for work in works:
             P.wait(work)
     elif state.rank == state.root:
-        for p in replicated:
+        for p in state.replicated:
             _send(p.data, state)
 
 
@@ -260,6 +261,7 @@ def configure(model: nn.Module, resolved: Any) -> Optional[SkipState]:
     new = vocab_sizes(rows, holders, state.tp) if idle else (rows // state.tp,) * state.tp
     _move_rows(state, [embedding.weight, head.weight], old, new)
     state.idle, state.holders, state.vocab = idle, holders, (None if not idle else new)
+    state.replicated = tuple(_parts(model)[2])
     state.holder_group = H.holder_group(state.group, holders) if idle else None
     group = state.holder_group if idle else state.tp_group_of_loss
     _set_vocab(embedding, head, new, group, state, idle)
@@ -410,3 +412,4 @@ def release(model: nn.Module, resolved: Any) -> None:
     configure(model, resolved)
     delattr(model, _ATTR)
     model.__dict__.pop("forward", None)
+

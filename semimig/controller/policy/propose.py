@@ -22,7 +22,11 @@ pace it sets.
 
 Idle ranks.  Where a rank holding nothing skips the step (the model's ``idle_free``), the step is the
 slowest holder's, a discontinuity the per-dimension solver cannot see: each slow rank emptied, and all
-of them together, are candidates too.
+of them together, are candidates too.  Among the candidates within ``margin`` of the best (the step
+model's own resolution) the one seating the slow ranks in the fewest dimensions is taken: a seat costs
+what no term at hand prices (a slow rank holding any unit also sits in the vocabulary's collectives, and
+before a plan is measured its layer reductions are not priced either), and an emptied rank sits in
+none.
 """
 from __future__ import annotations
 
@@ -111,6 +115,9 @@ def propose(model: StepModel, plans: Sequence[ShardPlan], weights: Sequence[floa
         return model.step(shares(weights, c)) + seat_delta(model.speeds, plans, c, comm)
 
     best = min(candidates, key=cost)
+    if model.idle_free and unseat:  # within the margin: the fewest seats of the slow ranks (module docstring)
+        close = [c for c in candidates if cost(c) <= cost(best) * (1.0 + margin)]
+        best = min(close, key=lambda c: (sum(p.units[r] > 0 for p in c for r in unseat), cost(c)))
     if even is not None and cost(best) * (1.0 + margin) >= cost(even):
         return even
     return best
