@@ -556,5 +556,8 @@ def _start_skip(model: nn.Module, state: Any, resharder: Any) -> Optional[nn.Mod
         resharder.allow_idle(False)
         if state.rank == 0:
             logger.info("semimig: a rank a plan leaves idle will run its steps (%s)", state.blocked)
+    if state.blocked is not None:  # every rank runs its steps: nothing of skipping stays on the model
+        skip.uninstall(model)
+        return None
     skip.configure(model, current_plan(model).resolve(model.unwrap().config, state.tp))
-    return model if state.blocked is None else None
+    return model

@@ -257,14 +257,10 @@ class ReshardPolicy:
                         for c, v in zip(after, self.learned.speeds(shares, [c or 1.0 for c in after])))
         self.slowdown.update(step, ratios, se=math.sqrt(2.0) * se, tolerance=self.config.tolerance,
                              z=self.config.noise_z, samples=self.samples.steps, confirm=confirm)
-        if self.state == SETTLING and self._verify(window[len(window) - self.samples.steps:], self._bound(compute) + comm):
+        measured = self.learned.slowest(compute, self.shares()) + comm
+        if self.state == SETTLING and self._verify(window[len(window) - self.samples.steps:], measured):
             model = self.learned.model(self.shares(), compute)
-        return self._decide(step, model, comm, se, healthy_s=self._healthy_step(model) + comm,
-                            measured_s=self._bound(compute) + comm)
-
-    def _bound(self, compute: Sequence[float]) -> float:
-        """The step's compute: its slowest rank's, or slowest holder's when an idle rank skips (``learned.idle_free``)."""
-        return max(c for c, p in zip(compute, self.shares()) if p > 0.0 or not self.learned.idle_free)
+        return self._decide(step, model, comm, se, healthy_s=self._healthy_step(model) + comm, measured_s=measured)
 
     # ------------------------------------------------------------------ decision
     def _bet(self, step: int) -> ReshardDecision:
@@ -299,7 +295,8 @@ class ReshardPolicy:
             return self._hold(step, PENDING)
         saved, self.slowdown = self.slowdown, slowdown
         slowdown.rates = saved.rates
-        decision = self._decide(step, model, comm, se, healthy_s=healthy, measured_s=self._bound(compute) + comm)
+        decision = self._decide(step, model, comm, se, healthy_s=healthy,
+                                measured_s=self.learned.slowest(compute, shares) + comm)
         if not decision.replan:
             self.slowdown = saved
             return self._hold(step, PENDING)

@@ -48,8 +48,8 @@ from semimig.sharding.plan import ShardPlan
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SkipState", "after_step", "before_move", "blocker", "configure", "idle_ranks", "install", "skipping_ranks",
-           "vocab_sizes"]
+__all__ = ["SkipState", "after_step", "before_move", "blocker", "configure", "idle_ranks", "install", "release",
+           "skipping_ranks", "uninstall", "vocab_sizes"]
 
 _ATTR = "_semimig_skip"  # on the boosted model: its SkipState
 
@@ -75,6 +75,8 @@ class SkipState:
     tp_group_of_loss: Any = None
     replicated: Tuple[nn.Parameter, ...] = ()
     """The parameters every rank holds whole (found at :func:`configure`), in the same order on every rank."""
+    own_forward: Any = None
+    """The model's own instance-level ``forward`` before :func:`install` wrapped it (``None``: its class's)."""
     probe: Optional[Callable[[], None]] = None
     """Run on an idle rank while it waits for the holders: how the re-shard policy reads its speed
     (:meth:`semimig.resharder.idle.IdleReader.probe`)."""
@@ -189,6 +191,7 @@ def install(model: nn.Module, optimizer: Any, plugin: Any) -> SkipState:
                       tp=P.group_size(group), shard_config=plugin.shard_config,
                       blocked=blocker(model, plugin, optimizer))
     state.tp_group_of_loss = plugin.shard_config.tensor_parallel_process_group
+    state.own_forward = model.__dict__.get("forward")
     setattr(model, _ATTR, state)
     original = model.forward
 
@@ -410,6 +413,16 @@ def release(model: nn.Module, resolved: Any) -> None:
     before_move(model)
     state.blocked = "released"
     configure(model, resolved)
+    uninstall(model)
+
+
+def uninstall(model: nn.Module) -> None:
+    """Take the skip state and the forward's wrapper off ``model`` (no rank may be skipping)."""
+    state = getattr(model, _ATTR, None)
+    if state is None:
+        return
     delattr(model, _ATTR)
     model.__dict__.pop("forward", None)
+    if state.own_forward is not None:
+        model.forward = state.own_forward
 

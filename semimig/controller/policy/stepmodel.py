@@ -184,6 +184,10 @@ class LearnedModel:
             return tuple(speeds)
         return tuple(v if p > 0.0 else min(v, max(holders)) for v, p in zip(speeds, shares))
 
+    def slowest(self, compute: Sequence[float], shares: Sequence[float]) -> float:
+        """The measured step's compute: its slowest rank's, or its slowest holder's with :attr:`idle_free`."""
+        return max(c for c, p in zip(compute, shares) if p > 0.0 or not self.idle_free)
+
     def model(self, shares: Sequence[float], c: Sequence[float]) -> StepModel:
         """The step model of every rank's compute ``c`` (the window's reading), measured under ``shares``."""
         R, S = self.scale()
