@@ -531,6 +531,10 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
         for layer in layers:  # undo the controller's binding: a corrected call must not find it "balanced"
             layer.directive = None
         controller.close()
+        if skip_state is not None and not skip_state.idle:  # the forward unwrapped (nothing skips yet)
+            from semimig.shardformer import skip
+
+            skip.uninstall(model)
         raise
 
 

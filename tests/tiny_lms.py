@@ -116,3 +116,21 @@ def gather_like(param, tensor) -> torch.Tensor:
         full = piece
     return torch.empty_like(full).copy_(full)
 
+
+def dense_llama_run(steps: int) -> dict:
+    """The dense Hugging Face tiny Llama from the same seed, AdamW (lr 1e-3) on :func:`token_batch`: every
+    step's loss, step 0's gradients and the weights after 2 steps (``losses``, ``grads``, ``weights``)."""
+    model = tiny_lm("llama")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    out = {"losses": []}
+    for step in range(steps):
+        loss = model(**token_batch(step)).loss
+        loss.backward()
+        if step == 0:
+            out["grads"] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        optimizer.step()
+        optimizer.zero_grad()
+        out["losses"].append(float(loss.detach()))
+        if step == 1:
+            out["weights"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return out

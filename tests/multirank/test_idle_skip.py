@@ -31,7 +31,7 @@ from dist_harness import run_on_ranks
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")
 
-from tiny_lms import boost_lm, gather_like, tiny_lm, token_batch  # noqa: E402
+from tiny_lms import boost_lm, dense_llama_run, gather_like, tiny_lm, token_batch  # noqa: E402
 
 LOSS = dict(atol=2e-5, rtol=0.0)
 WEIGHT = dict(atol=1e-5, rtol=0.0)
@@ -102,24 +102,9 @@ def _exact_body(rank, world, root):
     return rank
 
 
-def _dense(steps):
-    model = tiny_lm("llama")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    out = {"losses": []}
-    for step in range(steps):
-        loss = model(**token_batch(step)).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        out["losses"].append(float(loss.detach()))
-        if step == 1:
-            out["weights"] = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return out
-
-
 @pytest.fixture(scope="module")
 def dense():
-    return _dense(STEPS)
+    return dense_llama_run(STEPS)
 
 
 @pytest.mark.parametrize("world", [2, 4])

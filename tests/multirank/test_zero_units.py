@@ -8,7 +8,7 @@ and between two others).  That rank's ``q/k/v/gate/up`` produce ``[M, 0]`` outpu
 ``dx``, its ``o/down`` a zero partial; it joins none of the layers' reductions and receives their sums from
 the first holder (:mod:`semimig.comm.holders`; the message counts are checked).
 
-Checked against the dense single-process Hugging Face model from the same seed (:func:`_dense`):
+Checked against the dense single-process Hugging Face model from the same seed (:func:`tiny_lms.dense_llama_run`):
 - step 0's loss (the forward), every parameter's gradient after step 0's backward (gathered to the
   full tensor by the run's own layout) and every parameter after two AdamW steps, and the losses of
   3 steps;
@@ -39,7 +39,7 @@ from dist_harness import run_on_ranks
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")
 
-from tiny_lms import boost_lm, gather_like, tiny_lm, token_batch  # noqa: E402
+from tiny_lms import boost_lm, dense_llama_run, gather_like, tiny_lm, token_batch  # noqa: E402
 LOSS = dict(atol=2e-5, rtol=0.0)
 GRAD = dict(atol=1e-7, rtol=1e-4)
 WEIGHT = dict(atol=1e-5, rtol=0.0)
@@ -87,24 +87,6 @@ def _save(rank, out, root):
         torch.save(out, os.path.join(root, "results.pt"))
 
 
-def _dense(steps):
-    """The dense Hugging Face model from the same seed: losses, step 0's gradients, weights after 2 steps."""
-    model = tiny_lm("llama")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    out = {"losses": []}
-    for step in range(steps):
-        loss = model(**token_batch(step)).loss
-        loss.backward()
-        if step == 0:
-            out["grads"] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-        optimizer.step()
-        optimizer.zero_grad()
-        out["losses"].append(float(loss.detach()))
-        if step == 1:
-            out["weights"] = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return out
-
-
 # ----------------------------------------------------------------------------- exactness against dense
 def _exact_body(rank, world, root, plan):
     run = _boost(world, plan)
@@ -124,7 +106,7 @@ def _exact_body(rank, world, root, plan):
 
 @pytest.fixture(scope="module")
 def dense():
-    return _dense(3)
+    return dense_llama_run(3)
 
 
 @pytest.mark.parametrize("world, plan", [(2, ZERO[2]), (4, ZERO[4]), (4, TWO_SETS)], ids=["tp2", "tp4", "tp4-two-sets"])
