@@ -141,7 +141,7 @@ class Resharder:
             dp = math.nan if waited is None else float(waited)
             return self._gather_replicas(report, [compute, busy, comm, sleep, wall, work, gap, dp])
         idle = skipping(self.group) if self.idle is not None else ()
-        probe = [self.idle.take(wall)] if self.idle is not None and idle else []
+        probe = [self.idle.take(wall)] if idle else []
         rows = P.all_gather_rows([compute, busy, comm, sleep, wall, work, gap] + probe, self.group)
         if idle:  # a rank that skips the step: its replicated work at its probed speed (.idle)
             rows = self.idle.rows(rows, idle)

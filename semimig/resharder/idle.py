@@ -62,10 +62,9 @@ class IdleReader:
 
     def probe(self) -> None:
         """Time the probe's work, or the part of it that fits a quarter of the last step."""
-        per = self._per if self._per is not None else None
         k = self.n
-        if per is not None and self.wall > 0.0:
-            k = max(1, min(self.n, int(QUARTER * self.wall / per)))
+        if self._per is not None and self.wall > 0.0:
+            k = max(1, min(self.n, int(QUARTER * self.wall / self._per)))
         elapsed = probe_seconds(self.size, k, device=self.device, dtype=self.dtype)
         if self.clock is not None and getattr(self.clock, "slows", False):  # slept at the next collective
             elapsed *= float(self.clock.injector.current_chi())
