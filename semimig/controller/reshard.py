@@ -28,7 +28,6 @@ the same decision at the same step; nothing is broadcast.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import statistics
@@ -36,7 +35,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
 from semimig._validate import check_int, check_number
-from semimig.controller.policy.gain import Noise, bet_pays, expected_life, gain_test
+from semimig.controller.policy.gain import Noise, bet_pays, expected_life, gain_test, return_risk
 from semimig.controller.policy.memory import PlanMemory
 from semimig.controller.policy.propose import pooled, propose, seat_delta, seat_reading, shares
 from semimig.controller.policy.records import ReshardDecision, ReshardSample, moved_units
@@ -273,9 +272,7 @@ class ReshardPolicy:
         base = self.learned.model(shares, compute)
         model = self.learned.model(shares, self.samples.betting())
         se = max(self.noise.sigma, self.noise.of_median(self.samples.independent))  # one step's reading
-        slowdown = copy.copy(self.slowdown)  # the set if the step is a change; the counts only if it is taken
-        slowdown.ended = {kind: list(lengths) for kind, lengths in self.slowdown.ended.items()}
-        slowdown.rates = None
+        slowdown = self.slowdown.trial()  # the set if the step is a change; the counts only if it is taken
         slowdown.update(step, tuple(v / max(model.speeds) for v in model.speeds), se=math.sqrt(2.0) * se,
                         tolerance=cfg.tolerance, z=cfg.noise_z, samples=self.samples.steps, since=step)
         if not slowdown.slow - self.slowdown.slow:
@@ -329,8 +326,10 @@ class ReshardPolicy:
         units, nbytes = self.moved(proposal)
         remaining = None if cfg.horizon is None else max(cfg.horizon - step, 1)
         life = expected_life(self.slowdown.age(step), self.slowdown.past(), floor=cfg.life_floor, remaining=remaining)
+        risk = return_risk(model, self.slowdown.slow, self.slowdown.previous, self.shares(), self.shares(proposal),
+                           self.slowdown.return_odds())
         test = gain_test(current, predicted, needed=self._needed(se), life=life,
-                         move_s=self._move_cost(nbytes, healthy_s))
+                         move_s=self._move_cost(nbytes, healthy_s), risk_s=risk)
         info = dict(base, predicted_s=predicted, move_bytes=nbytes, move_cost_s=test.cost_s, horizon=life)
         if not test.passed or test.gain_s < needed_gain * current:
             return self._hold(step, f"gain {test.gain_s:.4g} s/step ({test.margin_s:.4g} beyond the noise) x "

@@ -3,7 +3,7 @@
 A move from the plan in force (step ``t₀``) to a proposal (step ``t₁``, both predicted by the same
 step model) is taken when
 
-    (g − ε·t₀) · L  >  2·C          with  g = t₀ − t₁,  ε = max(margin, z·σ̂_med, e_model)
+    (g − ε·t₀) · L  >  2·C + ρ       with  g = t₀ − t₁,  ε = max(margin, z·σ̂_med, e_model)
 
 - ``L`` the present state's expected remaining life in steps (the state: which ranks are slow, or that
   none is).  With no ended state of the same kind to go by, its age so far ``a`` (a state that has
@@ -16,6 +16,14 @@ step model) is taken when
 - ``C`` the move's cost: the measured seconds per byte of the last move times the bytes of this one,
   or before any move ``bytes / all bytes × move_steps × the healthy even step`` (a prior in steps, so it
   holds from 20 ms to 5 s steps); ``2·C`` pays the move and the move back when the state ends;
+- ``ρ`` the risk of the state before coming back: when the present state ends, with probability ``p``
+  (:meth:`~semimig.controller.policy.states.Slowdown.return_odds`) it is the one before again, and the
+  plan moved to runs at its speeds for the steps it takes to be seen and left, ``D``:
+  ``ρ = p · D · max(0, t₁' − t₀')``, ``t'`` the two plans' steps at the state before's speeds (a move back
+  to even as a straggler pauses pays what the even plan costs if it resumes; a move onto a straggler,
+  only the uneven plan's cost if it recovers).  ``D`` is the window's own delay plus the step the move
+  takes effect before: :data:`~semimig.controller.policy.window.SLOW_STEPS` when a rank slows again,
+  one when ranks only recover (a faster step is believed at once);
 - ``ε·t₀`` the risk of being wrong: the gain is read from medians of noisy times, so it is counted
   only beyond ``z`` standard errors of a median (``σ̂_med = 1.25·σ̂/√n`` over ``n`` samples) and
   beyond what the step model itself may be off by: ``margin``, or more when the latest moves measured
@@ -28,12 +36,17 @@ drifts and to the plan changing, which is never inside a pair).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import AbstractSet, Optional, Sequence, Tuple
 
-__all__ = ["Noise", "Gain", "gain_test", "expected_life", "bet_pays"]
+from semimig.controller.policy.propose import pooled
+from semimig.controller.policy.window import SLOW_STEPS
+from semimig.sharding.solver import StepModel
+
+__all__ = ["Noise", "Gain", "gain_test", "expected_life", "bet_pays", "return_risk"]
 
 NOISE_PAIRS = 400
 """Consecutive-step pairs (all ranks together) the noise estimate is read from."""
@@ -79,17 +92,32 @@ class Gain:
     life: int
     """``L``: steps the gain is counted over."""
     cost_s: float
-    """``2·C``: the move and the move back."""
+    """``2·C + ρ``: the move, the move back and the risk of the state before coming back."""
 
     @property
     def passed(self) -> bool:
         return self.margin_s > 0.0 and self.margin_s * self.life > self.cost_s
 
 
-def gain_test(current_s: float, proposed_s: float, *, needed: float, life: int, move_s: float) -> Gain:
+def gain_test(current_s: float, proposed_s: float, *, needed: float, life: int, move_s: float,
+              risk_s: float = 0.0) -> Gain:
     """The gain test (module docstring)."""
     gain = current_s - proposed_s
-    return Gain(gain_s=gain, margin_s=gain - needed * current_s, life=life, cost_s=2.0 * move_s)
+    return Gain(gain_s=gain, margin_s=gain - needed * current_s, life=life, cost_s=2.0 * move_s + risk_s)
+
+
+def return_risk(model: StepModel, slow: AbstractSet[int], previous: Optional[Tuple[AbstractSet[int], Sequence[float]]],
+                now: Sequence[float], then: Sequence[float], odds: float) -> float:
+    """``ρ`` (module docstring) for a move from shares ``now`` to ``then`` with ``slow`` the present slow set:
+    ``model`` at the state before's speed ratios (``previous``: its slow set and ratios; ``None``: no state
+    ended, no risk), the ranks outside its slow set at their median."""
+    if previous is None:
+        return 0.0
+    before_slow, ratios = previous
+    fastest = max(model.speeds)
+    before = pooled(dataclasses.replace(model, speeds=tuple(v * fastest for v in ratios)), before_slow)
+    delay = (SLOW_STEPS if set(before_slow) - set(slow) else 1) + 1
+    return odds * delay * max(0.0, before.step(then) - before.step(now))
 
 
 def expected_life(age: int, past: Sequence[int], *, floor: int, remaining: Optional[int]) -> int:

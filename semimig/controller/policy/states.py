@@ -39,8 +39,9 @@ started rather than how long a state lasts.
 """
 from __future__ import annotations
 
+import copy
 import math
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from semimig.errors import ConfigError
 
@@ -79,6 +80,12 @@ class Slowdown:
         self.changes = 0
         self.ended: Dict[bool, List[int]] = {False: [], True: []}
         """Lengths in steps of the ended states, by kind: some rank slow (``True``) or none."""
+        self.ratios: Optional[Tuple[float, ...]] = None
+        """The speed ratios last read while the present set held."""
+        self.previous: Optional[Tuple[FrozenSet[int], Tuple[float, ...]]] = None
+        """The state before the present one: its slow set and its last speed ratios (``None``: none ended)."""
+        self.sets: List[FrozenSet[int]] = [frozenset()]
+        """Every set the run has held, the first (the run's start) included."""
 
     def update(self, step: int, ratios: Sequence[float], *, se: float, tolerance: float, z: float,
                samples: int, confirm: Optional[Sequence[float]] = None, since: Optional[int] = None) -> bool:
@@ -100,7 +107,11 @@ class Slowdown:
             self.rates.left(step, self.slow - slow)
             self.rates.joined(step, slow - self.slow)
         if frozenset(slow) == self.slow:
+            self.ratios = tuple(ratios)
             return False
+        self.previous = (self.slow, self.ratios if self.ratios is not None else (1.0,) * len(ratios))
+        self.sets.append(frozenset(slow))
+        self.ratios = tuple(ratios)
         since = step - samples + 1 if since is None else since
         if self.changes:  # the first state began with the run, not with a change: its length is not a life
             self.ended[bool(self.slow)].append(max(1, since - self.since))
@@ -110,6 +121,22 @@ class Slowdown:
     def age(self, step: int) -> int:
         """Steps the present set has held (at least 1)."""
         return max(1, step - self.since + 1)
+
+    def trial(self) -> "Slowdown":
+        """A copy to read a step on that may not be kept: its own lists, no :attr:`rates` to count in."""
+        out = copy.copy(self)
+        out.ended = {kind: list(lengths) for kind, lengths in self.ended.items()}
+        out.sets, out.rates = list(self.sets), None
+        return out
+
+    def return_odds(self) -> float:
+        """Probability that the state after the present one is the one before it: among the ended states
+        that began with a change and were followed by another, the share followed by the state before them
+        (a straggler that comes and goes; one that moves on is not), with one of each assumed (Laplace).
+        The run's first state is before none of them: it began with the run, so what follows the first
+        change is the way back to it by construction, not by evidence."""
+        back = sum(a == b for a, b in zip(self.sets[1:], self.sets[3:]))
+        return (back + 1.0) / (max(len(self.sets) - 3, 0) + 2.0)
 
     def past(self) -> List[int]:
         """Lengths of the ended states of the present kind (some rank slow, or none)."""
