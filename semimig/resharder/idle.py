@@ -21,29 +21,14 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from typing import Any, Optional, Sequence
 
-import torch
+from semimig.resharder.observe import ProbeWork
 
-__all__ = ["IdleReader", "probe_seconds"]
+__all__ = ["IdleReader"]
 
 QUARTER = 0.25
 """Most of the last step the idle rank's probe may take."""
-
-
-def probe_seconds(size: int, n: int, *, device: Any, dtype: Any) -> float:
-    """Seconds of ``n`` products of two ``size x size`` matrices on ``device`` (the device probe's work)."""
-    a = torch.full((size, size), 1.0 / size, device=device, dtype=dtype or torch.float32)
-    b, c = a.clone(), torch.empty_like(a)
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    torch.mm(a, b, out=c)  # first touch
-    sync()
-    start = time.perf_counter()
-    for _ in range(n):
-        torch.mm(a, b, out=c)
-    sync()
-    return time.perf_counter() - start
 
 
 class IdleReader:
@@ -54,7 +39,7 @@ class IdleReader:
                  clock: Any = None) -> None:
         self.size, self.n, self.base = size, n, tuple(base)
         self.clock = clock  # a test straggler's clock slows the whole device: the probe's work too
-        self.device, self.dtype = device, dtype
+        self.work = ProbeWork(size, device=device, dtype=dtype)
         self.seconds = math.nan  # this rank's latest probe, whole work; NaN until it probes
         self.wall = 0.0  # the last step's wall time on this rank
         self._per: Optional[float] = None  # seconds per product at the latest probe
@@ -65,7 +50,8 @@ class IdleReader:
         k = self.n
         if self._per is not None and self.wall > 0.0:
             k = max(1, min(self.n, int(QUARTER * self.wall / self._per)))
-        elapsed = probe_seconds(self.size, k, device=self.device, dtype=self.dtype)
+        self.work.sync()
+        elapsed = self.work.run(k)
         if self.clock is not None and getattr(self.clock, "slows", False):  # slept at the next collective
             elapsed *= float(self.clock.injector.current_chi())
         self._per = elapsed / k

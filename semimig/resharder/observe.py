@@ -25,7 +25,7 @@ from semimig.controller.reshard import PROBE_REPEATS, ReshardSample
 from semimig.controller.timing import dense_equivalent
 from semimig.errors import ConfigError
 
-__all__ = ["PROBE_MAX_SIZE", "PROBE_TARGET_S", "gemm_scale", "probe_times", "row_sample", "slowest_per_position",
+__all__ = ["PROBE_MAX_SIZE", "PROBE_TARGET_S", "ProbeWork", "gemm_scale", "probe_times", "row_sample", "slowest_per_position",
            "step_sample", "unshed"]
 
 PROBE_TARGET_S = 0.02
@@ -86,50 +86,58 @@ def slowest_per_position(rows: list[list[float]], *, tp: int) -> list[list[float
     return out
 
 
+class ProbeWork:
+    """The device probe's fixed work on ``device``: products of two ``size x size`` matrices of constant
+    values (the global random stream is not touched), touched once at construction."""
+
+    def __init__(self, size: int, *, device: Any = None, dtype: Any = None) -> None:
+        check_int("size", size, minimum=1)
+        device = torch.device(device or "cpu")
+        self.a = torch.full((size, size), 1.0 / size, device=device, dtype=dtype or torch.float32)
+        self.b, self.c = self.a.clone(), torch.empty_like(self.a)
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.run(1)  # first touch
+
+    def run(self, n: int) -> float:
+        """Seconds of ``n`` products, from now to the device's end of them (a synchronisation: the probe's
+        work is timed on purpose, at enable time or on a rank that skips the step)."""
+        start = time.perf_counter()
+        for _ in range(n):
+            torch.mm(self.a, self.b, out=self.c)
+        self.sync()
+        return time.perf_counter() - start
+
+
 def probe_times(group: Any, clock: Any = None, *, size: int, device: Any = None, dtype: Any = None,
                 repeats: int = PROBE_REPEATS, target_s: float = PROBE_TARGET_S,
                 work: Optional[dict] = None) -> list[list[float]]:
     """Every rank's seconds for the same fixed work, ``repeats`` times: ``out[i][r]`` (collective over
     ``group``; identical on every rank).
 
-    The work is ``n`` products of two ``size x size`` matrices (constant values: the global random
-    stream is not touched), ``n`` chosen from one timed product so that the *fastest* rank takes about
-    ``target_s``; every rank runs the same ``n``.  Each repeat ends with a one-element all-reduce, so
-    that an emulated whole-device straggler (``scope=device``) sleeps its slowdown of the repeat there
-    (:class:`~semimig.straggler.device.DeviceClock`), and a repeat's seconds are the clock's compute
-    (wall minus time in collectives: a fast rank's wait for the slow one is not its work).
+    The work is ``n`` products of :class:`ProbeWork`, ``n`` chosen from one timed product so that the
+    *fastest* rank takes about ``target_s``; every rank runs the same ``n``.  Each repeat ends with a
+    one-element all-reduce, so that an emulated whole-device straggler (``scope=device``) sleeps its
+    slowdown of the repeat there (:class:`~semimig.straggler.device.DeviceClock`), and a repeat's seconds
+    are the clock's compute (wall minus time in collectives: a fast rank's wait for the slow one is not
+    its work).
 
     Without a clock a repeat's seconds are its own products alone, between two synchronisations of
     the device (enable-time code): on CUDA the boundary's all-reduce returns at enqueue and the next
     repeat's products queue behind it, so a repeat timed from the host without the first wait would
     hold the slowest rank's previous repeat and every rank would read the same time."""
-    check_int("size", size, minimum=1)
     check_int("repeats", repeats, minimum=1)
-    device = torch.device(device or "cpu")
-    a = torch.full((size, size), 1.0 / size, device=device, dtype=dtype or torch.float32)
-    b, c = a.clone(), torch.empty_like(a)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-    torch.mm(a, b, out=c)  # first touch
-    sync()
-    start = time.perf_counter()
-    torch.mm(a, b, out=c)
-    sync()
-    one = min(P.all_gather_floats(time.perf_counter() - start, group))
+    probe = ProbeWork(size, device=device, dtype=dtype)
+    one = min(P.all_gather_floats(probe.run(1), group))
     n = max(1, min(10_000, math.ceil(target_s / max(one, 1e-7))))
     if work is not None:  # what one repeat ran: the idle ranks' probe reruns it (semimig.resharder.idle)
         work.update(size=size, n=n)
     flag = torch.zeros(1, device=P.collective_device(group))
     seconds = []
     for _ in range(repeats):
-        sync()  # the previous boundary's all-reduce (and the wait for the slowest rank in it) is done
+        probe.sync()  # the previous boundary's all-reduce (and the wait for the slowest rank in it) is done
         if clock is not None:
             clock.take()
-        start = time.perf_counter()
-        for _ in range(n):
-            torch.mm(a, b, out=c)
-        sync()
-        elapsed = time.perf_counter() - start  # without a clock: the work alone, not the wait for the others
+        elapsed = probe.run(n)  # without a clock: the work alone, not the wait for the others
         dist.all_reduce(flag, group=group)  # the repeat's boundary (an emulated straggler sleeps before it)
         seconds.append(clock.take().compute_s if clock is not None else elapsed)
     columns = P.all_gather_rows(seconds, group)  # columns[r][i]: rank r, repeat i

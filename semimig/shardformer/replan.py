@@ -406,29 +406,40 @@ def _exchange(jobs, rank: int, group) -> Tuple[List[torch.Tensor], int, int]:
     return new_tensors, sent_bytes, recv_bytes
 
 
-def _reattach(layer: _Layer, plans: Plans, rank: int, group) -> None:
-    """The parameters' distributed-tensor attributes and the layer's ``shard_plans`` for ``plans``."""
+def relayout_param(param: nn.Parameter, saved: Optional[dict], parts: Sequence[int] = (), plans: Sequence[ShardPlan] = (),
+                   rank: int = 0, *, dim: int = 0, group: Any = None, keys: Tuple[str, ...] = _DIST_ATTRS) -> None:
+    """``param``'s distributed-tensor attributes (``keys``) for a layout: the even layout's, ``saved``, back
+    when ``saved`` is given; else packed shard functions for ``plans`` over ``parts`` along ``dim``
+    (:func:`~semimig.sharding.split.packed_shard_functions`), ``detach``/``clone`` hijacked as Colossal-AI
+    does for its own distributed tensors, so ``state_dict`` gathers the full tensor."""
     from colossalai.tensor.d_tensor.api import _hijack_detach_and_clone_for_customized_distributed_tensor
 
+    for key in keys:
+        param.__dict__.pop(key, None)
+    if saved is not None:
+        param.__dict__.update(saved)
+        return
+    param.shard_fn, param.gather_fn = packed_shard_functions(parts, plans, rank, dim=dim, group=group)
+    _hijack_detach_and_clone_for_customized_distributed_tensor(param)
+
+
+def _reattach(layer: _Layer, plans: Plans, rank: int, group) -> None:
+    """The parameters' distributed-tensor attributes and the layer's ``shard_plans`` for ``plans``."""
     from semimig.shardformer import uneven_norm
 
     module = layer.module
     even = all(plan.is_even for plan in plans)
+    keys = _DIST_ATTRS + (uneven_norm.MARK,)
     saved = module.__dict__.get(_EVEN_ATTRS)
     if module.__dict__.get("shard_plans") is None and saved is None:  # leaving the even layout: remember it
-        saved = {name: {k: p.__dict__[k] for k in _DIST_ATTRS + (uneven_norm.MARK,) if k in p.__dict__}
-                 for name, p, _ in layer.params()}
+        saved = {name: {k: p.__dict__[k] for k in keys if k in p.__dict__} for name, p, _ in layer.params()}
         module.__dict__[_EVEN_ATTRS] = saved
     parts = [plan.dimension for plan in plans]
     for name, param, dim in layer.params():
-        for key in _DIST_ATTRS + (uneven_norm.MARK,):
-            param.__dict__.pop(key, None)
-        if even and saved is not None:
-            param.__dict__.update(saved[name])
-            continue
-        param.shard_fn, param.gather_fn = packed_shard_functions(parts, plans, rank, dim=dim, group=group)
-        _hijack_detach_and_clone_for_customized_distributed_tensor(param)
-        setattr(param, uneven_norm.MARK, True)  # counted once by the grad norm (semimig.shardformer.uneven_norm)
+        back = saved[name] if even and saved is not None else None
+        relayout_param(param, back, parts, plans, rank, dim=dim, group=group, keys=keys)
+        if back is None:
+            setattr(param, uneven_norm.MARK, True)  # counted once by the grad norm (semimig.shardformer.uneven_norm)
     module.shard_plans = None if even else plans
     if not even:
         uneven_norm.install()

@@ -319,10 +319,7 @@ def _set_vocab(embedding: nn.Module, head: nn.Module, sizes: Tuple[int, ...], gr
                idle: Tuple[int, ...]) -> None:
     """The embedding's and the head's rows ``sizes`` per rank: their index range, the group their sums run
     over, the valid rows of the head and how checkpoints gather them."""
-    from colossalai.tensor.d_tensor.api import _hijack_detach_and_clone_for_customized_distributed_tensor
-
-    from semimig.shardformer.replan import _DIST_ATTRS
-    from semimig.sharding.split import packed_shard_functions
+    from semimig.shardformer.replan import _DIST_ATTRS, relayout_param
 
     start, size = sum(sizes[:state.rank]), sizes[state.rank]
     pad = getattr(getattr(state.model.unwrap(), "config", None), "pad_token_id", None)
@@ -336,17 +333,11 @@ def _set_vocab(embedding: nn.Module, head: nn.Module, sizes: Tuple[int, ...], gr
     for param in (embedding.weight, head.weight):
         saved = param.__dict__.get(_EVEN)
         if saved is None:
-            saved = {k: param.__dict__[k] for k in _DIST_ATTRS if k in param.__dict__}
-            param.__dict__[_EVEN] = saved
-        for key in _DIST_ATTRS:
-            param.__dict__.pop(key, None)
+            saved = param.__dict__[_EVEN] = {k: param.__dict__[k] for k in _DIST_ATTRS if k in param.__dict__}
         if not idle:
-            param.__dict__.update(saved)
             del param.__dict__[_EVEN]
-            continue
-        param.shard_fn, param.gather_fn = packed_shard_functions([sum(sizes)], [ShardPlan(units=sizes)], state.rank,
-                                                                 dim=0, group=state.group)
-        _hijack_detach_and_clone_for_customized_distributed_tensor(param)
+        relayout_param(param, None if idle else saved, [sum(sizes)], [ShardPlan(units=sizes)], state.rank, dim=0,
+                       group=state.group)
 
 
 def _broadcast(tensor: torch.Tensor, state: SkipState) -> None:
@@ -376,8 +367,7 @@ def _state_from_root(state: SkipState) -> None:
 
     inner, masters, _ = _optimizer_parts(state.optimizer)
     params = list(state.model.parameters())  # the same order on every rank
-    _, _, replicated = _parts(state.model)
-    whole = {id(p) for p in replicated}
+    whole = {id(p) for p in state.replicated}
     layout: List[Any] = [None]
     if state.rank == state.root:
         layout = [[{k: (tuple(v.shape), v.dtype, v.device.type != "cpu")

@@ -38,7 +38,6 @@ IDLE = "a rank that skips the step (it holds no unit: nothing else runs on its d
 
 ALLOWED: dict[tuple[str, str, str], str] = {
     # a rank that skips the step waits for the holders; the holders never wait for it
-    ("semimig/resharder/idle.py", "probe_seconds", ".synchronize()"): IDLE + ": the probe of its speed",
     ("semimig/shardformer/skip.py", "_received_loss", ".wait()"): IDLE + ": the step's loss from the first holder",
     ("semimig/shardformer/skip.py", "after_step", ".wait()"): IDLE + ": the replicated parameters' new values",
     # the step clock's resolver: at most one event wait per step (DESIGN §3b)
@@ -78,7 +77,8 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("semimig/controller/agreement.py", "exchange_observations", ".cpu()"): "force(): an experiment's pinned plan",
     ("semimig/hybrid/agreement.py", "verify_batch_plan", ".item()"): RE_PLAN + ": the batch plan's digest",
     # setup
-    ("semimig/resharder/observe.py", "probe_times", ".synchronize()"): SETUP + ": the device probe's synchronised repeats",
+    ("semimig/resharder/observe.py", "ProbeWork.__init__", ".synchronize()"):
+        SETUP + ": the device probe's synchronised repeats; and " + IDLE + ": the probe of its speed",
     ("semimig/hybrid/layout.py", "GridLayout.from_plugin", ".item()"): SETUP,
     ("semimig/_compat/cpu_shim.py", "<module>", ".synchronize()"): "the CPU shim (no CUDA device)",
     ("semimig/_compat/cpu_shim.py", "_synchronize", ".synchronize()"): "the CPU shim (no CUDA device)",
