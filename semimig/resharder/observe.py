@@ -25,8 +25,8 @@ from semimig.controller.reshard import PROBE_REPEATS, ReshardSample
 from semimig.controller.timing import dense_equivalent
 from semimig.errors import ConfigError
 
-__all__ = ["PROBE_MAX_SIZE", "PROBE_TARGET_S", "ProbeWork", "gemm_scale", "probe_times", "row_sample", "slowest_per_position",
-           "step_sample", "unshed"]
+__all__ = ["PROBE_MAX_SIZE", "PROBE_TARGET_S", "ProbeWork", "gemm_scale", "probe_times", "row_sample",
+           "slowest_per_position", "step_sample", "unshed"]
 
 PROBE_TARGET_S = 0.02
 """Seconds one repeat of the device probe takes on the fastest rank (:func:`probe_times`)."""
