@@ -39,7 +39,7 @@ class IdleReader:
                  clock: Any = None) -> None:
         self.size, self.n, self.base = size, n, tuple(base)
         self.clock = clock  # a test straggler's clock slows the whole device: the probe's work too
-        self.work = ProbeWork(size, device=device, dtype=dtype)
+        self.device, self.dtype = device, dtype
         self.seconds = math.nan  # this rank's latest probe, whole work; NaN until it probes
         self.wall = 0.0  # the last step's wall time on this rank
         self._per: Optional[float] = None  # seconds per product at the latest probe
@@ -50,8 +50,8 @@ class IdleReader:
         k = self.n
         if self._per is not None and self.wall > 0.0:
             k = max(1, min(self.n, int(QUARTER * self.wall / self._per)))
-        self.work.sync()
-        elapsed = self.work.run(k)
+        # made here, not kept: only an idle rank runs it, and its matrices (up to 3 x 64 MB) need not stay
+        elapsed = ProbeWork(self.size, device=self.device, dtype=self.dtype).run(k)
         if self.clock is not None and getattr(self.clock, "slows", False):  # slept at the next collective
             elapsed *= float(self.clock.injector.current_chi())
         self._per = elapsed / k
