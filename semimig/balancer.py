@@ -502,6 +502,8 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
                                            clock=controller.step_clock)
         if skip_state is not None and skip_state.blocked is None:  # priced and read as idle from the probe on
             skip_state.probe = resharder.allow_idle(True, clock=controller.clock)
+            if not resharder.reads_idle:  # decided before the probe's move may leave a rank idle
+                _block_skip(skip_state, resharder)
         if resharder.samples is not None:  # the split has one owner: the batch balancer only carries it out
             batch = dataclasses.replace(batch, allocation="even", replan=None)
         if resharder.probe(controller.clock, dtype=_param_dtype(model)) is not None:  # a device slow from the start
@@ -549,6 +551,13 @@ def _install_skip(model: nn.Module, optimizer: Any, plugin: Any) -> Any:
     return state
 
 
+def _block_skip(state: Any, resharder: Any) -> None:
+    state.blocked = "the re-shard policy reads an idle rank's speed by the device probe, which is off"
+    resharder.allow_idle(False)
+    if state.rank == 0:
+        logger.info("semimig: a rank a plan leaves idle will run its steps (%s)", state.blocked)
+
+
 def _start_skip(model: nn.Module, state: Any, resharder: Any) -> Optional[nn.Module]:
     """Idle ranks skip from now on under the plan in force (a collective over the TP group); ``model``, or
     ``None`` when they cannot (the re-shard policy reads an idle rank's speed by the device probe)."""
@@ -556,10 +565,7 @@ def _start_skip(model: nn.Module, state: Any, resharder: Any) -> Optional[nn.Mod
     from semimig.shardformer.replan import current_plan
 
     if state.blocked is None and resharder is not None and resharder.idle is None:
-        state.blocked = "the re-shard policy reads an idle rank's speed by the device probe, which is off"
-        resharder.allow_idle(False)
-        if state.rank == 0:
-            logger.info("semimig: a rank a plan leaves idle will run its steps (%s)", state.blocked)
+        _block_skip(state, resharder)
     if state.blocked is not None:  # every rank runs its steps: nothing of skipping stays on the model
         skip.uninstall(model)
         return None

@@ -158,12 +158,16 @@ class Resharder:
         :meth:`busy_scale` and the slowest rank per TP position for the one policy (``None`` at a step
         with nothing in flight)."""
         decision = getattr(report, "decision", None)
-        fixed = getattr(decision, "fixed_fraction", None)
-        own_fixed = float(fixed[self.rank]) if fixed else math.nan
-        compute, busy, comm, sleep, wall, work, gap, dp = mine
-        c, b = unshed(compute, busy, sleep_s=sleep, work=work, fixed=own_fixed)
-        local = P.all_gather_rows([self.rank, self.dp_rank, c, b + gap, comm, b, sleep, wall, work, gap, dp],
-                                  self.group)
+        fixed = getattr(decision, "fixed_fraction", None) or (math.nan,) * self.size
+        *row, dp = mine
+        idle = skipping(self.group) if self.idle is not None else ()
+        probe = [self.idle.take(row[4])] if idle else []
+        gathered = P.all_gather_rows(row + probe + [dp], self.group)
+        rows = self.idle.rows([g[:-1] for g in gathered], idle) if idle else [g[:7] for g in gathered]
+        local = []
+        for r, ((compute, busy, comm, sleep, wall, work, gap), g) in enumerate(zip(rows, gathered)):
+            c, b = unshed(compute, busy, sleep_s=sleep, work=work, fixed=float(fixed[r]))
+            local.append([r, self.dp_rank, c, b + gap, comm, b, sleep, wall, work, gap, g[-1]])
         mine_sample = None if self.per_replica else row_sample(local)
         lagged = self._lagged.exchange([v for row in local for v in row], mine_sample)
         if lagged is None:
@@ -236,7 +240,7 @@ class Resharder:
         size = min(int(hidden), PROBE_MAX_SIZE)  # three size x size matrices live for the probe's ~0.1 s
         work: dict = {}
         times = probe_times(self.group, clock, size=size, device=device or self._device, dtype=dtype, work=work)
-        if not self.per_replica and self.replicas == 1:  # what an idle rank's probe reruns (.idle)
+        if self.reads_idle:  # what an idle rank's probe reruns (.idle): its own TP group's
             self.probe_work = dict(work, device=device or self._device, dtype=dtype,
                                    base=[statistics.median(row[r] for row in times) for r in range(self.size)])
             if self.policy.learned.idle_free:
@@ -443,6 +447,12 @@ class Resharder:
         if self._speaks and (replica is None or replica == self.dp_rank):
             log_measured(event, self.policy.config.window)
         return True
+
+    @property
+    def reads_idle(self) -> bool:
+        """Whether a rank that skips the step is read by the device probe (:mod:`.idle`): the probe runs (tp > 1,
+        ``probe`` > 0) and each TP group plans for itself (one replica, or a plan per replica)."""
+        return self.size > 1 and self.policy.config.probe > 0.0 and (self.per_replica or self.replicas == 1)
 
     def allow_idle(self, allowed: bool, *, clock: Any = None) -> Callable[[], None]:
         """Let ranks that hold nothing skip the step (or no longer): every policy's step model prices them as

@@ -170,7 +170,7 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
     plans = [policy.plans for policy in policies]
     problem = from_measured(compute, samples, plans, replicated_over_shardable=k, kinds=kinds,
                             global_batch=setup.global_batch, capacity_bytes=setup.capacity_bytes,
-                            fixed_bytes=setup.fixed_bytes)
+                            fixed_bytes=setup.fixed_bytes, idle_free=policies[0].learned.idle_free)
     slow = [frozenset(policy.slowdown.slow) for policy in policies]
     speeds = tuple(pooled(StepModel(speeds=row, replicated=0.0, shardable=1.0), s).speeds
                    for row, s in zip(problem.speeds, slow))

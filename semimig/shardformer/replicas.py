@@ -18,6 +18,15 @@ So, while the replicas' plans differ:
   callback queued by the paired parameters' post-accumulate hooks; inside ``no_sync`` — gradient
   accumulation — nothing moves), before the optimizer's gradient clipping and step.
 
+Where a plan leaves a rank idle and idle ranks skip their steps (:mod:`semimig.shardformer.skip`), an
+idle rank computes no gradient and must take part in no reduction.  Replicas leaving the same TP
+positions idle need nothing more (those positions' DP groups are idle whole).  Where the replicas' idle
+ranks differ, DDP is set aside (its forward runs the module alone, its reducer is never armed) and the
+cross-layout reduction covers every parameter: the vocabulary's rows as one more plan (each replica's
+rows per rank), and the replicated parameters (norms), whose gradient every holder of a replica holds
+alike, summed between the replicas' first holders in replica order, over ``D``, each first holder then
+sending the means to its replica's other holders.
+
 When every replica holds the same plan nothing of this is installed and DDP is Colossal-AI's, bit
 for bit.  ZeRO-1/2 cut the gradients into flat DP buckets of equal shapes: a plan per replica is
 refused there by name (``zero_stage``).  Checkpoints need nothing more: each replica's layers gather
@@ -34,6 +43,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from semimig.comm import primitives as P
 from semimig.errors import ConfigError
 from semimig.sharding.exchange import ReductionPlan, even_allreduce_columns, reduction_plan
 from semimig.sharding.plan import ShardPlan
@@ -41,7 +51,7 @@ from semimig.shardformer.crosslayout import reduce_across_layouts
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ReplicaReduction", "apply_replica_plans", "replica_reduction"]
+__all__ = ["ReplicaReduction", "after_release", "apply_replica_plans", "replica_reduction"]
 
 _ATTR = "_semimig_replica_reduction"
 
@@ -54,16 +64,18 @@ class ReplicaReduction:
     """The paired parameters' DP gradient reduction under differing replica plans (module docstring)."""
 
     def __init__(self, model: nn.Module, ddp: nn.parallel.DistributedDataParallel, plans: Sequence[Any], *,
-                 replica: int, grid: Sequence[Sequence[int]]) -> None:
+                 replica: int, grid: Sequence[Sequence[int]], idle: Optional[Sequence[Sequence[int]]] = None) -> None:
         from semimig.shardformer.replan import _layers
 
         config, layers = _layers(model)
         tp = layers[0].tp
         tp_rank = dist.get_rank(layers[0].module.process_group) if tp > 1 else 0
         resolved = [p.resolve(config, tp) for p in plans]
+        self.plans, self.idle = tuple(plans), None if idle is None else tuple(tuple(i) for i in idle)
         cache: dict = {}
         self.jobs: List[Tuple[ReductionPlan, List[Tuple[nn.Parameter, int]]]] = []
         self.params: List[nn.Parameter] = []
+        """The paired parameters (DDP leaves them out)."""
         by_plan: dict = {}
         for layer in layers:
             key = (layer.kind, len(layer.parts))
@@ -77,10 +89,37 @@ class ReplicaReduction:
                 self.params.append(param)
         self.jobs = [(cache[key], by_plan[key]) for key in cache]
         self.replica, self.tp_rank, self.grid, self.ddp = replica, tp_rank, [list(r) for r in grid], ddp
+        self.replicated: List[nn.Parameter] = []
+        self.replicated_plan: Optional[ReductionPlan] = None
+        self.shares: List[int] = []  # global ranks the first holder of this replica sends the replicated means to
+        if self.idle is not None:
+            self._cover_the_rest(model, tp)
         self.bytes_sent = self.bytes_received = 0
         self.reductions = 0
         self._queued = False
-        self._handles = [p.register_post_accumulate_grad_hook(self._ready) for p in self.params]
+        hooked = list(model.parameters()) if self.idle is not None else self.params
+        self._handles = [p.register_post_accumulate_grad_hook(self._ready) for p in hooked if p.requires_grad]
+
+    def _cover_the_rest(self, model: nn.Module, tp: int) -> None:
+        """While the replicas' idle ranks differ (DDP set aside): the vocabulary's rows join the reduction as
+        one more plan (each replica's rows per rank, :func:`~semimig.shardformer.skip.vocab_layout`), and the
+        replicated parameters are reduced between the replicas' first holders, each then sending the means
+        to its replica's other holders."""
+        from semimig.shardformer import skip
+
+        rows = skip.vocab_rows(model)
+        embedding, head = (m[0] for m in skip._vocab_modules(model))
+        vocab = reduction_plan([(ShardPlan(units=skip.vocab_layout(rows, idle, tp)),) for idle in self.idle])
+        self.jobs.append((vocab, [(embedding.weight, 0), (head.weight, 0)]))
+        self.replicated = [p for p in skip.replicated_parameters(model) if p.requires_grad]
+        width = sum(p.numel() for p in self.replicated)
+        roots = [next(t for t in range(tp) if t not in idle) for idle in self.idle]
+        self.replicated_plan = reduction_plan([(ShardPlan(units=tuple(width if t == root else 0 for t in range(tp))),)
+                                               for root in roots])
+        self.root = roots[self.replica]
+        if self.tp_rank == self.root:
+            self.shares = [self.grid[self.replica][t] for t in range(tp)
+                           if t != self.root and t not in self.idle[self.replica]]
 
     def _ready(self, param: torch.Tensor) -> None:
         if self._queued or not self.ddp.require_backward_grad_sync:
@@ -99,9 +138,32 @@ class ReplicaReduction:
                     param.grad = torch.zeros_like(param)
                 tensors.append((param.grad, dim))
             jobs.append((plan, tensors))
+        flat = None
+        if self.replicated_plan is not None:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.replicated]
+            flat = torch.cat([g.reshape(-1) for g in grads]) if self.tp_rank == self.root else None
+            jobs.append((self.replicated_plan, [] if flat is None else [(flat, 0)]))
         sent, received = reduce_across_layouts(jobs, replica=self.replica, tp_rank=self.tp_rank, grid=self.grid)
+        if self.replicated_plan is not None:
+            shared = self._share(flat, grads)
+            sent, received = sent + shared[0], received + shared[1]
         self.bytes_sent, self.bytes_received = self.bytes_sent + sent, self.bytes_received + received
         self.reductions += 1
+
+    def _share(self, flat: Optional[torch.Tensor], grads: List[torch.Tensor]) -> Tuple[int, int]:
+        """The replicated parameters' means from this replica's first holder to its other holders, into
+        every holder's gradients."""
+        if flat is None:  # a holder other than the first: receives the means
+            flat = torch.empty(sum(g.numel() for g in grads), dtype=grads[0].dtype, device=grads[0].device)
+            moved = P.swap_packed({}, {self.grid[self.replica][self.root]: [flat]}, timed=True)
+        else:
+            moved = P.swap_packed({peer: [flat] for peer in self.shares}, {}, timed=True)
+        offset = 0
+        for param, grad in zip(self.replicated, grads):
+            grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+            param.grad = grad
+            offset += grad.numel()
+        return moved
 
     def ratio_to_even(self) -> float:
         """Bytes of this reduction over the even layout's DP all-reduce of the same parameters (all ranks)."""
@@ -176,22 +238,56 @@ def apply_replica_plans(model: nn.Module, optimizer: Any, plans_by_replica: Sequ
         raise ConfigError(f"plans_by_replica must hold one plan per data-parallel replica ({replicas}), got "
                           f"{len(plans)}")
     report = apply_plan(model, optimizer, plans[replica], replica_plans=plans)
+    _set_reduction(model, ddp, plans, replica, replicas)
+    return report
+
+
+def _set_reduction(model: nn.Module, ddp: Optional[nn.parallel.DistributedDataParallel], plans: Sequence[Any],
+                   replica: int, replicas: int) -> None:
+    """The DP gradient reduction for the replicas' ``plans`` now in force (module docstring), on every rank."""
+    from semimig.shardformer import skip
+    from semimig.shardformer.replan import _layers
+
     old = replica_reduction(model)
     if old is not None:
         old.close()
         model.__dict__.pop(_ATTR, None)
+    config, layers = _layers(model)
+    tp = layers[0].tp
+    idle = skip.replica_idle(model, [p.resolve(config, tp) for p in plans], tp)
+    aside = idle is not None and len(set(idle)) > 1  # an idle rank's DP group holds a rank that is not idle
+    if ddp is not None:
+        _set_aside(ddp, aside)
     differ = len({str(p) for p in plans}) > 1
     if ddp is None or (not differ and old is None):
-        return report  # one plan everywhere and nothing installed: Colossal-AI's own DP all-reduce, untouched
+        return  # one plan everywhere and nothing installed: Colossal-AI's own DP all-reduce, untouched
     if not differ:
         _rebuild_ignoring(ddp, [])
         logger.info("replica plans: every replica holds %s; the DP all-reduce covers every parameter again", plans[0])
-        return report
-    tp = layers[0].tp
+        return
     tp_rank = dist.get_rank(layers[0].module.process_group) if tp > 1 else 0
-    reduction = ReplicaReduction(model, ddp, plans, replica=replica, grid=_grid(replica, tp_rank, replicas, tp))
-    _rebuild_ignoring(ddp, reduction.params)
+    reduction = ReplicaReduction(model, ddp, plans, replica=replica, grid=_grid(replica, tp_rank, replicas, tp),
+                                 idle=idle if aside else None)
+    _rebuild_ignoring(ddp, reduction.params)  # set aside, it keeps the others, unreduced: it may not hold none
     model.__dict__[_ATTR] = reduction
-    logger.info("replica plans %s: the paired parameters' gradients are reduced across layouts (%.2fx the even "
-                "DP all-reduce's bytes)", [str(p) for p in plans], reduction.ratio_to_even())
-    return report
+    logger.info("replica plans %s: the %s gradients are reduced across layouts (%.2fx the even DP all-reduce's "
+                "bytes)%s", [str(p) for p in plans], "every parameter's" if aside else "paired parameters'",
+                reduction.ratio_to_even(), f"; idle ranks {list(idle)} skip, DDP set aside" if aside else "")
+
+
+def _set_aside(ddp: nn.parallel.DistributedDataParallel, aside: bool) -> None:
+    """DDP's forward runs its module alone (``aside``): no buffer broadcast, and its reducer, never prepared
+    for a backward, ignores its autograd hooks; or DDP's own forward again."""
+    if aside:
+        module = ddp.module
+        ddp.forward = lambda *args, **kwargs: module(*args, **kwargs)
+    else:
+        ddp.__dict__.pop("forward", None)
+
+
+def after_release(model: nn.Module) -> None:
+    """No rank skips any more (:func:`semimig.shardformer.skip.release`): the reduction again for the replicas'
+    plans alone, DDP's forward its own (a collective over every rank)."""
+    reduction = replica_reduction(model)
+    if reduction is not None and reduction.idle is not None:
+        _set_reduction(model, reduction.ddp, reduction.plans, reduction.replica, len(reduction.plans))

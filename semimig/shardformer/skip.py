@@ -24,11 +24,16 @@ the step instead:
   holder as well (:func:`configure`).
 
 Every holder computes exactly what it computed before (the sums over the holders are the whole sums),
-so the step is the same function.  What skipping needs (:func:`blocker`): no pipeline, no
-data-parallel replicas, no ZeRO, no sequence parallelism, no gradient clipping (its norm's all-reduce
-counts the replicated parameters on every rank), and a model whose only tensor-parallel layers are
-semimig's paired layers and one untied vocabulary-parallel embedding and head.  Otherwise an idle rank
-runs its step as before — the same numbers, at its own pace — and one INFO line says why.
+so the step is the same function.  With data-parallel replicas an idle rank takes no part in the
+gradient reduction either: where every replica leaves the same TP positions idle, those positions' DP
+groups are idle whole and DDP reduces over the others as before; where the replicas' idle ranks
+differ, :mod:`semimig.shardformer.replicas` reduces every gradient across the layouts itself (the
+vocabulary's rows like a plan's columns, the replicated parameters from each replica's first holder)
+and DDP is set aside.  What skipping needs (:func:`blocker`): no pipeline, no ZeRO, no sequence
+parallelism, no gradient clipping (its norm's all-reduce counts the replicated parameters on every
+rank), and a model whose only tensor-parallel layers are semimig's paired layers and one untied
+vocabulary-parallel embedding and head.  Otherwise an idle rank runs its step as before — the same
+numbers, at its own pace — and one INFO line says why.
 """
 from __future__ import annotations
 
@@ -49,7 +54,8 @@ from semimig.sharding.plan import ShardPlan
 logger = logging.getLogger(__name__)
 
 __all__ = ["SkipState", "after_step", "before_move", "blocker", "configure", "idle_ranks", "install", "release",
-           "skipping_ranks", "uninstall", "vocab_sizes"]
+           "replica_idle", "replicated_parameters", "skipping_ranks", "uninstall", "vocab_layout", "vocab_rows",
+           "vocab_sizes"]
 
 _ATTR = "_semimig_skip"  # on the boosted model: its SkipState
 
@@ -112,6 +118,39 @@ def vocab_sizes(rows: int, holders: Sequence[int], tp: int) -> Tuple[int, ...]:
     return tuple(sizes)
 
 
+def vocab_layout(rows: int, idle: Sequence[int], tp: int) -> Tuple[int, ...]:
+    """Rows per rank of a TP group whose ranks ``idle`` skip: :func:`vocab_sizes` over the others, or
+    Colossal-AI's even split when none skips."""
+    if not idle:
+        return (rows // tp,) * tp
+    return vocab_sizes(rows, [r for r in range(tp) if r not in idle], tp)
+
+
+def replica_idle(model: nn.Module, resolved: Sequence[Any], tp: int) -> Optional[Tuple[Tuple[int, ...], ...]]:
+    """Per data-parallel replica, the TP ranks that skip under its resolved plan (``resolved[d]``) — what
+    :func:`configure` sets on that replica's ranks — or ``None`` when no rank of ``model`` may skip."""
+    state = getattr(model, _ATTR, None)
+    if state is None or state.blocked is not None:
+        return None
+    out = []
+    for plan in resolved:
+        idle = idle_ranks(plan, tp)
+        out.append(() if len(idle) == tp else idle)
+    return tuple(out)
+
+
+def vocab_rows(model: nn.Module) -> int:
+    """The vocabulary's rows over the whole TP group (padded: a multiple of its size)."""
+    state = getattr(model, _ATTR)
+    embedding = _vocab_modules(model)[0][0]
+    return embedding.weight.shape[0] * state.tp if state.vocab is None else sum(state.vocab)
+
+
+def replicated_parameters(model: nn.Module) -> List[nn.Parameter]:
+    """The parameters every rank of a TP group holds whole, in the same order on every rank."""
+    return _parts(model)[2]
+
+
 def skipping_ranks(model: nn.Module) -> Tuple[int, ...]:
     """The TP ranks that skip their steps under ``model``'s current plan (none when skipping is off)."""
     state = getattr(model, _ATTR, None)
@@ -151,8 +190,6 @@ def blocker(model: nn.Module, plugin: Any, optimizer: Any) -> Optional[str]:
 
     if plugin.pp_size > 1:
         return f"pp_size={plugin.pp_size} (a stage's idle rank still relays the pipeline)"
-    if plugin.dp_size > 1:
-        return f"{plugin.dp_size} data-parallel replicas (an idle rank's replicated gradients join the reduction)"
     if getattr(plugin, "zero_stage", 0):
         return f"zero_stage={plugin.zero_stage}"
     if plugin.shard_config.enable_sequence_parallelism:
@@ -259,12 +296,12 @@ def configure(model: nn.Module, resolved: Any) -> Optional[SkipState]:
     holders = tuple(r for r in range(state.tp) if r not in idle)
     _prepare_groups(state, resolved, holders)
     embedding, head = (m[0] for m in _vocab_modules(model))
-    rows = embedding.weight.shape[0] * state.tp if state.vocab is None else sum(state.vocab)  # padded: even
-    old = state.vocab or (rows // state.tp,) * state.tp
-    new = vocab_sizes(rows, holders, state.tp) if idle else (rows // state.tp,) * state.tp
+    rows = vocab_rows(model)
+    old = state.vocab or vocab_layout(rows, (), state.tp)
+    new = vocab_layout(rows, idle, state.tp)
     _move_rows(state, [embedding.weight, head.weight], old, new)
     state.idle, state.holders, state.vocab = idle, holders, (None if not idle else new)
-    state.replicated = tuple(_parts(model)[2])
+    state.replicated = tuple(replicated_parameters(model))
     state.holder_group = H.holder_group(state.group, holders) if idle else None
     group = state.holder_group if idle else state.tp_group_of_loss
     _set_vocab(embedding, head, new, group, state, idle)
@@ -395,15 +432,19 @@ def _state_from_root(state: SkipState) -> None:
 
 
 def release(model: nn.Module, resolved: Any) -> None:
-    """No rank skips any more (a collective over the TP group, every rank at once): the vocabulary back to
-    the even split, an idle rank's optimizer state taken from the first holder, the forward unwrapped."""
+    """No rank skips any more (a collective over the TP group, every rank at once — over every rank under
+    per-replica plans): the vocabulary back to the even split, an idle rank's optimizer state taken from the
+    first holder, the forward unwrapped."""
     state = getattr(model, _ATTR, None)
     if state is None:
         return
+    from semimig.shardformer.replicas import after_release
+
     before_move(model)
     state.blocked = "released"
     configure(model, resolved)
     uninstall(model)
+    after_release(model)  # replicas whose idle ranks differed: their reduction without skipping
 
 
 def uninstall(model: nn.Module) -> None:

@@ -126,6 +126,9 @@ class JointProblem:
     seat_per_sample: float = 0.0
     """``s``: seconds per sample one kind's layer reductions take among full-speed ranks (0: seats not
     priced; module docstring)."""
+    idle_free: bool = False
+    """A rank holding no unit of any kind skips the step (:mod:`semimig.shardformer.skip`): ``t_{d,r} = 0``,
+    its replica's replicated work being its holders'."""
 
     def __post_init__(self) -> None:
         speeds = _grid("speeds", self.speeds, allow_inf=False)
@@ -219,8 +222,10 @@ def _samples(problem: JointProblem, samples: Sequence[int]) -> Tuple[int, ...]:
 
 
 def rank_times(problem: JointProblem, d: int, b: int, units: np.ndarray) -> np.ndarray:
-    """``t_{d,r}`` for ``units`` ``[rank, kind]``."""
+    """``t_{d,r}`` for ``units`` ``[rank, kind]`` (0 for a rank holding none with :attr:`JointProblem.idle_free`)."""
     work = problem.replicated(b) + units @ np.array(problem.unit_work(b))
+    if problem.idle_free:
+        work = np.where(np.all(units == 0, axis=1), 0.0, work)
     return work / np.array(problem.speeds[d])
 
 

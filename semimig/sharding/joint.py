@@ -71,6 +71,8 @@ class _Replica:
         self.shape = tuple(U + 1 for U in self.totals)
         n = np.indices(self.shape).reshape(len(kinds), -1).T.astype(float)  # [points, kind]
         work = problem.replicated(b) + n @ np.array(problem.unit_work(b))
+        if problem.idle_free:  # a rank holding nothing skips the step
+            work = np.where(np.all(n == 0, axis=1), 0.0, work)
         nbytes = problem.fixed_bytes + b * problem.activation_bytes_per_sample + n @ np.array(problem.unit_bytes(b))
         self.low = tuple(k.min_units for k in kinds)
         low = np.all(n >= np.array(self.low), axis=1)

@@ -12,8 +12,9 @@ so the weights keep reassociation-sized differences), every rank on the same glo
   on the whole global batch (each micro-step's loss scaled by ``m·D/G``: the gradient stays the
   global-batch mean whatever the split);
 - the same straggler found by the device probe before the first step (the policy's defaults): the
-  probe moves replica 1's plan, which leaves replica 1 balanced within itself but slower than replica
-  0; the job's own gain test then moves the split, and the run still trains exactly;
+  probe moves replica 1's plan — emptying the slow rank, which then skips its steps, or leaving replica
+  1 balanced within itself but slower than replica 0, when the job's own gain test moves the split —
+  and the run still trains exactly;
 - no straggler: nothing moves, the split stays even, and losses and weights are bit for bit those of
   ``mode="reshard"`` without a batch split, each replica on its own half of the rows.
 """
@@ -158,4 +159,6 @@ def test_the_joint_planner_moves_plans_and_split_together_and_trains_exactly():
         for name, value in probed_weights.items():
             torch.testing.assert_close(value, dense_weights[name], **TOL, msg=lambda m, n=name, r=rank: f"rank {r} {n}: {m}")
     probed_plans, probed_samples = every[0]["probed"][1][-1]
-    assert probed_samples[1] < probed_samples[0], f"the slow replica kept its share: {every[0]['probed'][1]}"
+    emptied = all(units[1] == 0 for units in probed_plans[1])  # it skips: its replica runs on its partner alone
+    assert emptied or probed_samples[1] < probed_samples[0], \
+        f"the slow rank kept units and its replica its share: {every[0]['probed'][1]}"

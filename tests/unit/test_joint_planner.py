@@ -6,6 +6,7 @@ rank 4x slower against the job's limit ``n/(n − 1 + 1/χ) = 4/3.25``.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -59,7 +60,8 @@ def _brute_force(problem: JointProblem) -> float:
 
 def _replica_step(problem: JointProblem, d: int, b: int, row) -> float:
     work = problem.unit_work(b)
-    return max((problem.replicated(b) + sum(c * plan.units[r] for c, plan in zip(work, row))) / problem.speeds[d][r]
+    return max(0.0 if problem.idle_free and not any(plan.units[r] for plan in row) else
+               (problem.replicated(b) + sum(c * plan.units[r] for c, plan in zip(work, row))) / problem.speeds[d][r]
                for r in range(problem.tp))
 
 
@@ -79,10 +81,11 @@ def _random_case(seed: int) -> JointProblem:
         capacity = tuple(tuple(rng.choice([math.inf, 60.0, 90.0]) for _ in range(tp)) for _ in range(dp))
     return JointProblem(speeds=speeds, kinds=kinds, global_batch=batch, micro_batch=micro,
                         replicated_per_sample=rng.uniform(0.0, 0.3), replicated_fixed=rng.choice([0.0, 0.2]),
-                        comm_s=0.01, capacity_bytes=capacity, fixed_bytes=5.0, activation_bytes_per_sample=2.0)
+                        comm_s=0.01, capacity_bytes=capacity, fixed_bytes=5.0, activation_bytes_per_sample=2.0,
+                        idle_free=seed % 3 == 0)
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(15))
 def test_the_planner_finds_the_brute_force_optimum_and_its_plan_fits(seed):
     problem = _random_case(seed)
     expected = _brute_force(problem)
@@ -229,3 +232,17 @@ def test_a_problem_read_from_measured_compute_gives_the_same_plan(measured_sampl
     with pytest.raises(ConfigError, match=r"compute_s\[1\]\[0\] must be .* got 0.0"):
         from_measured([compute[0], [0.0, 1.0]], measured_samples, measured, replicated_over_shardable=k,
                       kinds=truth.kinds, global_batch=64)
+
+
+def test_a_rank_that_skips_when_empty_is_emptied_when_its_replicated_work_alone_would_bound_the_step():
+    """A third of the work replicated and one rank 8x slower: seated at all it takes at least the replicated
+    work at its pace (a third of a step, times 8); skipping when it holds nothing, the replica runs on its
+    other rank, whose whole share of the batch the split then sizes."""
+    problem = _problem(((1.0, 1.0), (1.0, 0.125)), rho=1 / 3)
+    idle = plan_job(dataclasses.replace(problem, idle_free=True))
+    seated = plan_job(problem)
+    assert [p.units[1] for p in idle.plans[1]] == [0, 0]
+    assert idle.step < seated.step
+    # the replica of one working rank: (R + S)·b at speed 1 against the other's (R + S/2)·b
+    b0, b1 = idle.samples
+    assert idle.replica_steps[1] == pytest.approx(b1 / 32 * (1 / 3 + 2 * 2 / 3), rel=1e-12)
