@@ -128,7 +128,27 @@ class ReplicaReduction:
         torch.autograd.Variable._execution_engine.queue_callback(self.reduce)
 
     def reduce(self) -> None:
-        """Reduce the paired parameters' gradients now (collective over the grid; the autograd callback)."""
+        """Reduce the paired parameters' gradients now (collective over the grid; the autograd callback).
+        With DDP set aside its wait is the step clock's ``"comm"`` and ``"dp"``, as DDP's hook times its
+        own (:mod:`semimig.straggler.ddp_wait`): the re-shard policy tells a replica's own step from it."""
+        clock = None
+        if self.idle is not None:
+            from semimig.straggler import ddp_wait
+
+            hook = ddp_wait.hook_state(self.ddp)
+            clock = None if hook is None else hook.clock
+        if clock is None:
+            self._reduce()
+            return
+        clock.start("comm")
+        clock.start("dp")
+        try:
+            self._reduce()
+        finally:
+            clock.stop("dp")
+            clock.stop("comm")
+
+    def _reduce(self) -> None:
         self._queued = False
         jobs = []
         for plan, params in self.jobs:

@@ -47,7 +47,7 @@ import torch.nn as nn
 
 from semimig.straggler.clock import StepClock
 
-__all__ = ["DDPWait", "install", "is_ours", "release", "reregister", "timed_allreduce"]
+__all__ = ["DDPWait", "hook_state", "install", "is_ours", "release", "reregister", "timed_allreduce"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,8 @@ def is_ours(hook: Any, state: Any) -> bool:
     return hook is timed_allreduce and isinstance(state, DDPWait)
 
 
-def _ours(ddp: nn.parallel.DistributedDataParallel) -> Optional[DDPWait]:
+def hook_state(ddp: nn.parallel.DistributedDataParallel) -> Optional[DDPWait]:
+    """The state of semimig's hook on ``ddp`` (``None``: it has none)."""
     hooks = getattr(ddp, "_comm_hooks", None) or []
     return next((state for hook, state in hooks if is_ours(hook, state)), None)
 
@@ -140,7 +141,7 @@ def install(model: nn.Module, clock: StepClock) -> list[DDPWait]:
         size = dist.get_world_size(ddp.process_group)
         if size < 2:
             continue
-        state = _ours(ddp)
+        state = hook_state(ddp)
         if state is None:
             why = _why_not(ddp, size)
             if why is not None:
@@ -170,6 +171,6 @@ def release(model: nn.Module) -> None:
     """Every semimig hook inside ``model`` reduces without timing from now on (torch cannot unregister a hook)."""
     for ddp in model.modules():
         if isinstance(ddp, nn.parallel.DistributedDataParallel):
-            state = _ours(ddp)
+            state = hook_state(ddp)
             if state is not None:
                 state.clock = None

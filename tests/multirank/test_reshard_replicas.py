@@ -91,11 +91,10 @@ def _train(mode, straggler_on_replica_0):
     plugin, booster, model, optimizer = _boosted()
     dp_rank = plugin.dp_group.rank()
     straggler = straggler_on_replica_0 if dp_rank == 0 else None
-    # with the straggler: stability and noise tests opened wide (one loaded-suite run saw no re-plan) — what
-    # is tested is that the replicas agree and train exactly; the calm run keeps the defaults: no phantom
-    opened = dict(noise_z=0.0) if straggler_on_replica_0 else {}
+    # the policy's defaults: the device probe finds the whole-device straggler before the first step (its
+    # clock slows the probe too), and the noise test keeps a loaded machine's jitter from moving the other
     balancer = semimig.enable(model, plugin, optimizer=optimizer, mode=mode, straggler=straggler,
-                              reshard=ReshardConfig(window=6, horizon=STEPS, **opened))
+                              reshard=ReshardConfig(window=6, horizon=STEPS))
     try:
         losses = train_steps(booster, model, optimizer, range(STEPS), batch=_batches(dp_rank))
         summary = balancer.reshard_summary
@@ -240,6 +239,9 @@ def test_a_batch_split_and_re_sharding_compose_and_train_the_global_batch_exactl
         off, reshard = out["off"][0], out["reshard"][0]
         torch.testing.assert_close(torch.tensor(reshard), torch.tensor(off), **LOSS_TOL)
     slow, fast = every[0]["reshard"][1][-1]
-    # the replica with the straggler never gets more samples (fewer, unless its TP plan gives the straggler
-    # no unit and every replica, holding that plan, runs at its healthy rank's pace)
-    assert slow <= fast, f"Poplar gave the replica with the straggler more samples: {(slow, fast)}"
+    # the replica with the straggler never gets more samples while the straggler works in its step; once its
+    # plan gives the straggler no unit, the straggler skips the step (semimig.shardformer.skip) and that
+    # replica runs on its healthy rank alone: no slower than a replica of healthy ranks, the split the planner's
+    last = [e for e in every[0]["reshard"][2]["events"] if e["replica"] == 0][-1]
+    skips = last["mlp_units"][1] == 0 and last["kv_units"][1] == 0
+    assert skips or slow <= fast, f"Poplar gave the replica with the straggler more samples: {(slow, fast)}"
