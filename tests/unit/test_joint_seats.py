@@ -7,6 +7,7 @@ with rank 3 four times slower.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -60,10 +61,10 @@ def _random_case(seed: int) -> JointProblem:
              UnitKind(name="kv", total_units=rng.randint(tp, 3), work_per_sample=rng.uniform(0.2, 1.0)))
     return JointProblem(speeds=tuple(map(tuple, speeds)), kinds=kinds, global_batch=micro * rng.randint(dp, 4),
                         micro_batch=micro, replicated_per_sample=rng.uniform(0.0, 0.3), comm_s=0.01,
-                        seat_per_sample=rng.choice([0.05, 0.2, 0.6]))
+                        seat_per_sample=rng.choice([0.05, 0.2, 0.6]), idle_free=seed % 2 == 1)
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(16))
 def test_the_planner_with_seats_finds_the_brute_force_optimum(seed):
     problem = _random_case(seed)
     plan = plan_job(problem)
@@ -121,3 +122,17 @@ def test_with_seats_fits_the_reductions_per_sample_from_what_was_measured():
         with_seats(problem, (4, 4), plans, [0.1, -1.0])
     with pytest.raises(ConfigError, match="seat_per_sample"):
         _problem(((1.0, 1.0),), seat=-0.1)
+
+
+def test_with_ranks_that_skip_the_vocabulary_seats_every_rank_holding_a_unit():
+    """A rank holding no unit skips the step and sits in no collective; one holding any unit sits in the
+    vocabulary's (the embedding's, the head's and the loss's) as well as its kinds'."""
+    speeds = (1.0, 0.25)
+    seated = (ShardPlan(units=(3, 1)), ShardPlan(units=(2, 0)))
+    emptied = (ShardPlan(units=(4, 0)), ShardPlan(units=(2, 0)))
+    assert seat_scale(speeds, seated, vocab=True) == pytest.approx(4 + 1 + 4)
+    assert seat_scale(speeds, emptied, vocab=True) == pytest.approx(1 + 1 + 1)
+    assert seat_scale(speeds, seated) == pytest.approx(4 + 1)
+    problem = _problem(((1.0, 1.0), (1.0, 0.25)), seat=0.05, idle_free=True, mlp=4, kv=2)
+    assert replica_step(problem, 1, 4, seated) - replica_step(dataclasses.replace(problem, seat_per_sample=0.0), 1, 4,
+                                                                seated) == pytest.approx(4 * 0.05 * 9)

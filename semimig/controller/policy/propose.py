@@ -68,7 +68,8 @@ def even_plans(plans: Sequence[ShardPlan]) -> Optional[Tuple[ShardPlan, ...]]:
 
 def seat_reading(window: Sequence, plans: Sequence[ShardPlan]) -> float:
     """``m``, the layers' reductions under ``plans`` as a window of steps measured them: per step the least
-    time in collectives of the ranks seated in some dimension, the median over the window (0 with none).
+    time in collectives of the ranks seated in some dimension, less its wait in the data-parallel gradient
+    reduction where a step tells that apart (no seat sets that), the median over the window (0 with none).
 
     A member's time in a reduction is its wait for the last member to arrive plus the transfer at the
     pace the seats set; the last to arrive waits least, so the least over the members bounds the
@@ -77,7 +78,8 @@ def seat_reading(window: Sequence, plans: Sequence[ShardPlan]) -> float:
     seated = [r for r in range(len(plans[0].units)) if any(p.units[r] > 0 for p in plans)]
     if not seated or not window:
         return 0.0
-    return statistics.median(min(s.comm_s[r] for r in seated) for s in window)
+    return statistics.median(min(s.comm_s[r] - (0.0 if s.dp_wait_s is None else s.dp_wait_s[r]) for r in seated)
+                             for s in window)
 
 
 def seat_delta(speeds: Sequence[float], now: Sequence[ShardPlan], plans: Sequence[ShardPlan], comm: float) -> float:
