@@ -61,7 +61,8 @@ def _ddp(model: nn.Module) -> Optional[nn.parallel.DistributedDataParallel]:
 
 
 class ReplicaReduction:
-    """The paired parameters' DP gradient reduction under differing replica plans (module docstring)."""
+    """The DP gradient reduction under differing replica plans: the paired parameters', and every
+    parameter's while the replicas' idle ranks differ (module docstring)."""
 
     def __init__(self, model: nn.Module, ddp: nn.parallel.DistributedDataParallel, plans: Sequence[Any], *,
                  replica: int, grid: Sequence[Sequence[int]], idle: Optional[Sequence[Sequence[int]]] = None) -> None:
@@ -108,15 +109,16 @@ class ReplicaReduction:
         from semimig.shardformer import skip
 
         rows = skip.vocab_rows(model)
-        embedding, head = (m[0] for m in skip._vocab_modules(model))
         vocab = reduction_plan([(ShardPlan(units=skip.vocab_layout(rows, idle, tp)),) for idle in self.idle])
-        self.jobs.append((vocab, [(embedding.weight, 0), (head.weight, 0)]))
+        self.jobs.append((vocab, [(weight, 0) for weight in skip.vocab_parameters(model)]))
+        roots = [next(t for t in range(tp) if t not in idle) for idle in self.idle]
+        self.root = roots[self.replica]
         self.replicated = [p for p in skip.replicated_parameters(model) if p.requires_grad]
         width = sum(p.numel() for p in self.replicated)
-        roots = [next(t for t in range(tp) if t not in idle) for idle in self.idle]
+        if not width:
+            return
         self.replicated_plan = reduction_plan([(ShardPlan(units=tuple(width if t == root else 0 for t in range(tp))),)
                                                for root in roots])
-        self.root = roots[self.replica]
         if self.tp_rank == self.root:
             self.shares = [self.grid[self.replica][t] for t in range(tp)
                            if t != self.root and t not in self.idle[self.replica]]

@@ -54,8 +54,8 @@ from semimig.sharding.plan import ShardPlan
 logger = logging.getLogger(__name__)
 
 __all__ = ["SkipState", "after_step", "before_move", "blocker", "configure", "idle_ranks", "install", "release",
-           "replica_idle", "replicated_parameters", "skipping_ranks", "uninstall", "vocab_layout", "vocab_rows",
-           "vocab_sizes"]
+           "replica_idle", "replicated_parameters", "skipping_ranks", "uninstall", "vocab_layout",
+           "vocab_parameters", "vocab_rows", "vocab_sizes"]
 
 _ATTR = "_semimig_skip"  # on the boosted model: its SkipState
 
@@ -144,6 +144,12 @@ def vocab_rows(model: nn.Module) -> int:
     state = getattr(model, _ATTR)
     embedding = _vocab_modules(model)[0][0]
     return embedding.weight.shape[0] * state.tp if state.vocab is None else sum(state.vocab)
+
+
+def vocab_parameters(model: nn.Module) -> Tuple[nn.Parameter, nn.Parameter]:
+    """The vocabulary-parallel embedding's and head's weights (their rows split like a plan's columns)."""
+    embedding, head = (m[0] for m in _vocab_modules(model))
+    return embedding.weight, head.weight
 
 
 def replicated_parameters(model: nn.Module) -> List[nn.Parameter]:

@@ -17,11 +17,9 @@ import pytest
 import torch
 
 from dist_harness import run_pooled
-from tiny_lms import SEQ, VOCAB, boost_lm, gather_like, tiny_lm
+from replica_cases import EVEN, global_batch as _global_batch, plan as _plan, replica_backward, sgd as _optimizer
+from tiny_lms import boost_lm, gather_like, tiny_lm
 
-BLOCK = 32
-GLOBAL = 8
-EVEN = ((4, 4), (2, 2))          # (mlp blocks, kv groups) per TP rank
 THREE_ONE = ((6, 2), (3, 1))
 ONE_THREE = ((2, 6), (1, 3))
 TOL = dict(atol=2e-5, rtol=1e-4)  # fp32: the uneven splits reorder sums over the intermediate dim and heads
@@ -30,25 +28,6 @@ TIMEOUT_S = 300
 
 def _gather_float(param, tensor):
     return gather_like(param, tensor).float()
-
-
-def _plan(units):
-    from semimig.shardformer import UnevenPlan
-
-    return UnevenPlan(mlp_units=units[0], kv_units=units[1], block_size=BLOCK)
-
-
-def _optimizer(model):
-    """SGD with momentum: linear in the gradients, so the weights keep their reassociation-sized differences
-    (AdamW's first steps, ``g/|g|``, turn a near-zero gradient's last bits into a whole step); its momentum
-    buffers are per-parameter state a re-plan moves like AdamW's moments."""
-    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-
-
-def _global_batch(step):
-    gen = torch.Generator().manual_seed(2000 + step)
-    ids = torch.randint(0, VOCAB, (GLOBAL, SEQ), generator=gen)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
 
 
 def _boost(precision="fp32", zero_stage=0):
@@ -90,16 +69,7 @@ def _train(plans_before, plans_between=None, precision="fp32", micro=1, run=None
     for step in range(2):
         if step == 1 and plans_between is not None:
             apply_replica_plans(model, optimizer, [_plan(p) for p in plans_between])
-        rows = 4 // micro
-        for m in range(micro):
-            batch = {k: v[4 * d + rows * m:4 * d + rows * (m + 1)] for k, v in _global_batch(step).items()}
-            if m < micro - 1:
-                with booster.no_sync(model, optimizer):
-                    loss = model(**batch).loss / micro
-                    booster.backward(loss, optimizer)
-            else:
-                loss = model(**batch).loss / micro
-                booster.backward(loss, optimizer)
+        loss = replica_backward(booster, model, optimizer, step, d, micro)
         if step == 1:
             grads = _paired_grads(model)
         optimizer.step()

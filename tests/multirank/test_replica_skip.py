@@ -19,12 +19,11 @@ import pytest
 import torch
 
 from dist_harness import run_pooled
-from tiny_lms import SEQ, VOCAB, boost_lm, gather_like, tiny_lm
+from replica_cases import EVEN, global_batch as _global_batch, plan as _plan, replica_backward, sgd as _optimizer
+from tiny_lms import boost_lm, gather_like, tiny_lm
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo path")
 
-BLOCK = 32
-EVEN = ((4, 4), (2, 2))          # (mlp blocks, kv groups) per TP rank
 SECOND_IDLE = ((8, 0), (4, 0))
 FIRST_IDLE = ((0, 8), (0, 4))
 TOL = dict(atol=2e-5, rtol=1e-4)  # fp32: the uneven splits reorder sums over the intermediate dim and heads
@@ -32,40 +31,24 @@ TIMEOUT_S = 300
 STEPS = 3
 
 
-def _plan(units):
-    from semimig.shardformer import UnevenPlan
-
-    return UnevenPlan(mlp_units=units[0], kv_units=units[1], block_size=BLOCK)
-
-
-def _optimizer(model):
-    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-
-
-def _global_batch(step):
-    gen = torch.Generator().manual_seed(2000 + step)
-    ids = torch.randint(0, VOCAB, (8, SEQ), generator=gen)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
-
-
-def _boost():
+def _boost(precision="fp32"):
     import semimig
     from semimig.shardformer import SemiMigPolicy
 
     model = tiny_lm("llama")
-    booster, model, optimizer, plugin = boost_lm(model, optimizer=_optimizer(model),
+    booster, model, optimizer, plugin = boost_lm(model, optimizer=_optimizer(model), precision=precision,
                                                  policy=SemiMigPolicy(shard_plan=_plan(EVEN)))
     balancer = semimig.enable(model, plugin, optimizer=optimizer, mode="off")
     return plugin, booster, model, optimizer, balancer
 
 
-def _train(schedule, micro=1):
+def _train(schedule, micro=1, precision="fp32"):
     """``schedule[step]``: the replicas' plans applied before that step (``None``: keep).  Returns
     ``(losses, weights, what the idle rank did, the skipping ranks at each step)``."""
     from semimig.shardformer.replicas import apply_replica_plans
     from semimig.shardformer.skip import skipping_ranks
 
-    plugin, booster, model, optimizer, balancer = _boost()
+    plugin, booster, model, optimizer, balancer = _boost(precision)
     d = plugin.dp_group.rank()
     fired, grads = [], []
     hooks = [m.register_forward_hook(lambda *_: fired.append(1)) for m in model.unwrap().modules()]
@@ -75,16 +58,7 @@ def _train(schedule, micro=1):
             apply_replica_plans(model, optimizer, [_plan(p) for p in schedule[step]])
         skipping.append(skipping_ranks(model))
         hooks += [p.register_hook(lambda g: grads.append(1)) for p in model.unwrap().parameters()]
-        rows = 4 // micro
-        for m in range(micro):
-            batch = {k: v[4 * d + rows * m:4 * d + rows * (m + 1)] for k, v in _global_batch(step).items()}
-            if m < micro - 1:
-                with booster.no_sync(model, optimizer):
-                    loss = model(**batch).loss / micro
-                    booster.backward(loss, optimizer)
-            else:
-                loss = model(**batch).loss / micro
-                booster.backward(loss, optimizer)
+        loss = replica_backward(booster, model, optimizer, step, d, micro)
         optimizer.step()
         optimizer.zero_grad()
         losses.append(float(loss.detach()) * micro)
@@ -140,3 +114,28 @@ def test_an_idle_rank_of_one_replica_skips_and_training_is_the_dense_models(case
                 (rank, step, ranks)
             assert (fired == 0 and grads == 0) if skips else (fired > 0 and grads > 0), (rank, step, fired, grads)
         assert losses == every[rank - rank % 2][0], f"rank {rank} reads another loss than its replica's first rank"
+
+
+def _bf16_body(rank, world):
+    import torch.distributed as dist
+
+    out = {"even": _train([(EVEN, EVEN), None, None], precision="bf16"),
+           "skipping": _train([(EVEN, SECOND_IDLE), None, None], precision="bf16")}
+    every = [None] * world
+    dist.all_gather_object(every, out)
+    return every
+
+
+def test_bf16_with_an_idle_rank_follows_the_even_bf16_run():
+    """bf16 (Colossal-AI's mixed precision: bf16 working gradients reduced, fp32 masters), against the even
+    layout's bf16 run on the same rows.  Tolerances as for per-replica plans: the uneven splits and the
+    replica-order sums round differently, elements by a few bf16 ulps, the weights after the steps by about
+    one ulp of the bf16 working copy."""
+    every = run_pooled(_bf16_body, 4, timeout_s=TIMEOUT_S)
+    for rank, out in enumerate(every):
+        (even_losses, even_weights, _), (losses, weights, skipping) = out["even"], out["skipping"]
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(even_losses), atol=0, rtol=2e-2)
+        for name, value in weights.items():
+            torch.testing.assert_close(value, even_weights[name], atol=1e-3, rtol=2 ** -7, msg=name)
+            assert torch.equal(value, every[0]["skipping"][1][name]), (rank, name)
+        assert all(ranks == ((1,) if rank >= 2 else ()) for ranks, _, _ in skipping), (rank, skipping)
