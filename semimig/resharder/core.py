@@ -161,7 +161,8 @@ class Resharder:
         fixed = getattr(decision, "fixed_fraction", None) or (math.nan,) * self.size
         *row, dp = mine
         idle = skipping(self.group) if self.idle is not None else ()
-        probe = [self.idle.take(row[4])] if idle else []
+        wall = row[4]
+        probe = [self.idle.take(wall)] if idle else []
         gathered = P.all_gather_rows(row + probe + [dp], self.group)
         rows = self.idle.rows([g[:-1] for g in gathered], idle) if idle else [g[:7] for g in gathered]
         local = []

@@ -52,7 +52,7 @@ import numpy as np
 from semimig.errors import ConfigError
 from semimig.sharding.jobmodel import (JointPlan, JointProblem, UnitKind, from_measured, job_step, peak_bytes,
                                        replica_step, seat_scale, seat_seconds, state_bytes_per_param,
-                                       unit_counts, with_seats)
+                                       unit_counts, unit_vector_work, with_seats)
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, continuous_shares, solve_plan
 
@@ -70,9 +70,7 @@ class _Replica:
         self.totals = tuple(k.total_units for k in kinds)
         self.shape = tuple(U + 1 for U in self.totals)
         n = np.indices(self.shape).reshape(len(kinds), -1).T.astype(float)  # [points, kind]
-        work = problem.replicated(b) + n @ np.array(problem.unit_work(b))
-        if problem.idle_free:  # a rank holding nothing skips the step
-            work = np.where(np.all(n == 0, axis=1), 0.0, work)
+        work = unit_vector_work(problem, b, n)
         nbytes = problem.fixed_bytes + b * problem.activation_bytes_per_sample + n @ np.array(problem.unit_bytes(b))
         self.low = tuple(k.min_units for k in kinds)
         low = np.all(n >= np.array(self.low), axis=1)
