@@ -181,6 +181,8 @@ class Balancer:
         self._warned = False
         self._optimizer = None
         self._speaks = controller is None or controller.rank == 0
+        self.timed_model = None
+        """The model whose vocabulary collectives are timed (:mod:`semimig.shardformer.vocab_clock`)."""
         self.skip_model = None
         """The model whose idle ranks skip their steps (:mod:`semimig.shardformer.skip`); ``None``: none may."""
         if optimizer is not None:
@@ -272,6 +274,11 @@ class Balancer:
             if self.resharder is not None:
                 self.resharder.close()
             self.active = False
+        if self.timed_model is not None:
+            from semimig.shardformer import vocab_clock
+
+            vocab_clock.uninstall(self.timed_model)
+            self.timed_model = None
 
     # ------------------------------------------------------------------ internals
     def _hook(self, optimizer: Any) -> None:
@@ -489,6 +496,9 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
 
     controller = BalanceController(model, balance_config, process_group=plugin.tp_group,
                                    iterations_per_epoch=iterations_per_epoch)
+    from semimig.shardformer import vocab_clock
+
+    vocab_clock.install(model)  # the vocabulary's collectives are the step's communication too
     if uneven:
         controller.set_phase(even=False)  # before any step: nothing decided yet to restart
         if mode is Mode.SEMI and controller.rank == 0:
@@ -526,6 +536,7 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
                             "does not re-plan on its own", len(resharder.samples), list(resharder.samples))
         balancer = Balancer(controller, layers, optimizer=optimizer, log_every=log_every, resharder=resharder,
                             rebind=rebind, hybrid=hybrid)
+        balancer.timed_model = model
         if skip_state is not None:
             balancer.skip_model = _start_skip(model, skip_state, resharder)
         return balancer
@@ -533,6 +544,7 @@ def enable(model: nn.Module, plugin: Any, *, optimizer: Any = None, mode: Option
         for layer in layers:  # undo the controller's binding: a corrected call must not find it "balanced"
             layer.directive = None
         controller.close()
+        vocab_clock.uninstall(model)
         if skip_state is not None and not skip_state.idle:  # the forward unwrapped (nothing skips yet)
             from semimig.shardformer import skip
 

@@ -62,6 +62,12 @@ def time_collectives(region: Callable[[], ContextManager[None]]) -> Callable[[],
     return stop
 
 
+def comm_region() -> ContextManager[None]:
+    """The comm region in force (:func:`time_collectives`), for a collective run outside this module (the
+    vocabulary's, :mod:`semimig.shardformer.vocab_clock`); a null context when none is registered."""
+    return _region()
+
+
 def _region() -> ContextManager[None]:
     while _REGIONS:
         region = _REGIONS[-1]()
