@@ -284,7 +284,7 @@ class ReshardPolicy:
         if proposal == self.plans:
             return self._hold(step, PENDING)
         now, then = self.shares(), self.shares(proposal)
-        seated = seat_delta(model.speeds, self.plans, proposal, seats)
+        seated = seat_delta(model.speeds, self.plans, proposal, seats, idle_free=model.idle_free)
         wrong = max(0.0, base.step(then) - base.step(now)) * (cfg.warmup + N_MIN + 1)  # until moved back
         healthy = self._healthy_step(base) + comm
         move = 2.0 * self._move_cost(self.moved(proposal)[1], healthy)
@@ -322,7 +322,8 @@ class ReshardPolicy:
             return self._hold(step, "no rank is slow: only a move toward even is taken", event=hold, **base)
         known = self.measured.measured(proposal, self.slowdown.slow) if measured_s > 0.0 else None
         current, predicted = (measured_s, known) if known is not None else (  # measured beats predicted
-            current, model.step(self.shares(proposal)) + comm + seat_delta(model.speeds, self.plans, proposal, seats))
+            current, model.step(self.shares(proposal)) + comm + seat_delta(model.speeds, self.plans, proposal, seats,
+                                                                                   idle_free=model.idle_free))
         units, nbytes = self.moved(proposal)
         remaining = None if cfg.horizon is None else max(cfg.horizon - step, 1)
         life = expected_life(self.slowdown.age(step), self.slowdown.past(), floor=cfg.life_floor, remaining=remaining)

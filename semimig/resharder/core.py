@@ -361,9 +361,10 @@ class Resharder:
                          life=life, move_s=cost)
         if not test.passed:
             return None
-        return self._take_joint(decisions, step=step, answer=answer)
+        return self._take_joint(decisions, step=step, answer=answer, problem=problem)
 
-    def _take_joint(self, decisions: list[ReshardDecision], *, step: int, answer: Any = None) -> Optional[Any]:
+    def _take_joint(self, decisions: list[ReshardDecision], *, step: int, answer: Any = None,
+                    problem: Any = None) -> Optional[Any]:
         """A policy decided: every replica's plan and the split from :func:`plan_job` on every replica's
         window (plans in force kept where they meet the job's step), every replica moved at once, every
         policy told its replica's plans (its window, measured under the old plans or split, dropped);
@@ -390,9 +391,10 @@ class Resharder:
         before = [d.current_s for d in decisions]
         if self._speaks and self.dp_rank == 0:
             logger.info("semimig joint plan at step %d: samples %s -> %s, plans %s, predicted step %.4g s "
-                        "(replicas %s)", step, list(self.samples), list(answer.samples),
-                        [[p.units for p in row] for row in plans], answer.step,
-                        [round(t, 4) for t in answer.replica_steps])
+                        "(replicas %s; the plans in force: modelled %.4g s, measured %s)", step, list(self.samples),
+                        list(answer.samples), [[p.units for p in row] for row in plans], answer.step,
+                        [round(t, 4) for t in answer.replica_steps], job_step(problem, self.samples, current)
+                        if problem is not None else math.nan, [round(t, 4) for t in before])
         for d, (policy, row) in enumerate(zip(self.policies, plans)):
             bytes_moved, seconds = costs[d]
             policy.moved_to(row, seconds=seconds, bytes_moved=int(bytes_moved))

@@ -14,10 +14,8 @@ back to each replica's own batch for :func:`~semimig.sharding.jobmodel.from_meas
 is its own work: a replica faster than another waits for it in DDP's gradient all-reduce, and that wait
 is communication on the step clock (:mod:`semimig.straggler.ddp_wait`), not compute.
 
-What the clock cannot tell apart.  Waits inside collectives that are not semimig's own (Colossal-AI's
-vocabulary-parallel embedding and cross-entropy all-reduces) are compute on the step clock, so the ranks
-of a healthy TP group read apart by whatever one of them waited for the other.  The planner reads each
-replica as its policy does (:func:`~semimig.controller.policy.propose.pooled`): the ranks outside the
+Noise between healthy ranks.  The ranks of a healthy TP group read apart by their noise.  The planner
+reads each replica as its policy does (:func:`~semimig.controller.policy.propose.pooled`): the ranks outside the
 policy's slow set at their median speed, so what its slow-set test calls noise moves no unit, and with
 no rank slow anywhere the planner's plans are the plans in force.  ``k = R/S`` is read from the windows' own split of every
 rank's compute into shardable and replicated seconds (:func:`split_ratio`), the policies' fitted ratio

@@ -24,10 +24,10 @@ runs at the pace of its slowest member; a rank holding none of a kind only recei
 full-speed ranks, replica ``d``'s layers' collectives take ``b_d·s·Σ_k 1/min_{r seated in k} v_{d,r}``
 (``v`` relative to the replica's fastest rank; :func:`seat_scale`, the re-shard policy's pricing), added to
 its step: ``T_d = max_r t_{d,r} + b_d·s·seat_scale``.  :func:`with_seats` fits ``s`` from the collectives
-measured under the plans in force.  Where a rank holding no unit skips the step (``idle_free``), the
-vocabulary's collectives (the vocabulary-parallel embedding, head and loss, split over the ranks that do
-not skip) are one more such group, seating every rank that holds a unit of any kind: a plan seats a
-slow rank there unless it empties it.
+measured under the plans in force.  The vocabulary's collectives (the vocabulary-parallel embedding, head
+and loss, timed as communication: :mod:`semimig.shardformer.vocab_clock`) are one more such group; every
+rank sits in it, or, where a rank holding no unit skips the step (``idle_free``), every rank holding a
+unit of any kind: a plan seats a slow rank there unless it empties it and it skips.
 """
 from __future__ import annotations
 
@@ -238,23 +238,22 @@ def rank_times(problem: JointProblem, d: int, b: int, units: np.ndarray) -> np.n
     return unit_vector_work(problem, b, units) / np.array(problem.speeds[d])
 
 
-def seat_scale(speeds: Sequence[float], plans: Sequence[ShardPlan], *, vocab: bool = False) -> float:
-    """``Σ_k 1/min_{r seated in k} v_r``, ``v`` relative to the fastest rank (module docstring): a
-    reduction runs at its slowest member's pace.  ``vocab``: the vocabulary's collectives too, seating
-    the ranks holding any unit (ranks holding none skip the step).  The re-shard policy prices seats
-    with this same function (:mod:`semimig.controller.policy.propose`)."""
+def seat_scale(speeds: Sequence[float], plans: Sequence[ShardPlan], *, idle_free: bool = False) -> float:
+    """``Σ_k 1/min_{r seated in k} v_r`` over the plans' kinds and the vocabulary, ``v`` relative to the
+    fastest rank (module docstring): a reduction runs at its slowest member's pace.  The vocabulary seats
+    every rank, or with ``idle_free`` the ranks holding any unit (ranks holding none skip the step).  The
+    re-shard policy prices seats with this same function (:mod:`semimig.controller.policy.propose`)."""
     top = max(speeds)
     total = sum(top / min((v for v, n in zip(speeds, p.units) if n > 0), default=top) for p in plans)
-    if vocab:
-        total += top / min((v for r, v in enumerate(speeds) if any(p.units[r] > 0 for p in plans)), default=top)
-    return total
+    vocab = [v for r, v in enumerate(speeds) if not idle_free or any(p.units[r] > 0 for p in plans)]
+    return total + top / min(vocab, default=top)
 
 
 def seat_seconds(problem: JointProblem, d: int, b: float, plans: Sequence[ShardPlan]) -> float:
     """Replica ``d``'s layer reductions at ``b`` samples under ``plans``: ``b·s·seat_scale``."""
     if problem.seat_per_sample <= 0.0:
         return 0.0
-    return b * problem.seat_per_sample * seat_scale(problem.speeds[d], plans, vocab=problem.idle_free)
+    return b * problem.seat_per_sample * seat_scale(problem.speeds[d], plans, idle_free=problem.idle_free)
 
 
 def replica_step(problem: JointProblem, d: int, b: int, plans: Sequence[ShardPlan]) -> float:
@@ -273,7 +272,7 @@ def with_seats(problem: JointProblem, samples: Sequence[int], plans: Sequence[Se
     if len(comm_s) != problem.dp:
         raise ConfigError(f"comm_s must give one time per replica ({problem.dp}), got {tuple(comm_s)!r}")
     measured = [check_number(f"comm_s[{d}]", m, minimum=0.0) for d, m in enumerate(comm_s)]
-    fits = [m / (b * seat_scale(problem.speeds[d], plans[d], vocab=problem.idle_free))
+    fits = [m / (b * seat_scale(problem.speeds[d], plans[d], idle_free=problem.idle_free))
             for d, (m, b) in enumerate(zip(measured, samples)) if m > 0.0 and b > 0]
     return dataclasses.replace(problem, seat_per_sample=sum(fits) / len(fits) if fits else 0.0)
 

@@ -50,6 +50,8 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("semimig/hybrid/balancer.py", "batch_fingerprint", ".cpu()"): PER_STEP + " with dp > 1: the batch plan's check",
     # collectives' handles
     ("semimig/comm/primitives.py", "wait", ".wait()"): STREAM,
+    ("semimig/shardformer/vocab_clock.py", "_HeadLinear.backward", ".wait()"): STREAM + " (the head's input gradient, "
+    "as Colossal-AI's LinearWithAsyncCommunication)",
     ("semimig/comm/primitives.py", "_p2p", ".wait()"): STREAM + " (migration's direct movements; per-replica plans: "
                                                                  "the cross-layout gradient exchange, once per backward; "
                                                                  + RE_PLAN + ": moving units' weights)",

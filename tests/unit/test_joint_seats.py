@@ -79,7 +79,7 @@ def test_seat_scale_is_the_policy_s_pricing_each_kind_at_its_slowest_seated_rank
         tp = rng.choice([2, 4, 8])
         speeds = [rng.choice([1.0, 0.5, 0.25, 0.9]) for _ in range(tp)]
         plans = [ShardPlan(units=tuple(rng.randint(0, 3) for _ in range(tp - 1)) + (1,)) for _ in range(2)]
-        slowest = [min(v for v, n in zip(speeds, p.units) if n) for p in plans]
+        slowest = [min(v for v, n in zip(speeds, p.units) if n) for p in plans] + [min(speeds)]  # + the vocabulary
         assert seat_scale(speeds, plans) == pytest.approx(sum(max(speeds) / v for v in slowest))
 
 
@@ -112,7 +112,8 @@ def test_with_seats_fits_the_reductions_per_sample_from_what_was_measured():
     problem = _problem(((1.0, 1.0), (1.0, 0.25)))
     plans = [(ShardPlan.even(32, 2), ShardPlan.even(8, 2)), (ShardPlan(units=(30, 2)), ShardPlan(units=(8, 0)))]
     s = 0.01
-    measured = [4 * s * 2.0, 2 * s * (4.0 + 1.0)]  # replica 0 at 4 samples seated evenly; replica 1's rank 3 in MLP
+    measured = [4 * s * 3.0, 2 * s * (4.0 + 1.0 + 4.0)]  # replica 0 at 4 samples seated evenly; replica 1's rank 3
+    # in MLP and, as every rank, in the vocabulary
     fitted = with_seats(problem, (4, 4), plans, [measured[0], measured[1] * 2])  # replica 1 measured at 4 samples
     assert fitted.seat_per_sample == pytest.approx(s)
     assert with_seats(problem, (4, 4), plans, [0.0, 0.0]).seat_per_sample == 0.0
@@ -130,9 +131,9 @@ def test_with_ranks_that_skip_the_vocabulary_seats_every_rank_holding_a_unit():
     speeds = (1.0, 0.25)
     seated = (ShardPlan(units=(3, 1)), ShardPlan(units=(2, 0)))
     emptied = (ShardPlan(units=(4, 0)), ShardPlan(units=(2, 0)))
-    assert seat_scale(speeds, seated, vocab=True) == pytest.approx(4 + 1 + 4)
-    assert seat_scale(speeds, emptied, vocab=True) == pytest.approx(1 + 1 + 1)
-    assert seat_scale(speeds, seated) == pytest.approx(4 + 1)
+    assert seat_scale(speeds, seated, idle_free=True) == pytest.approx(4 + 1 + 4)
+    assert seat_scale(speeds, emptied, idle_free=True) == pytest.approx(1 + 1 + 1)
+    assert seat_scale(speeds, emptied) == pytest.approx(1 + 1 + 4)  # it does not skip: still in the vocabulary's
     problem = _problem(((1.0, 1.0), (1.0, 0.25)), seat=0.05, idle_free=True, mlp=4, kv=2)
     assert replica_step(problem, 1, 4, seated) - replica_step(dataclasses.replace(problem, seat_per_sample=0.0), 1, 4,
                                                                 seated) == pytest.approx(4 * 0.05 * 9)

@@ -55,8 +55,8 @@ def test_the_joint_problem_reads_every_rank_s_compute_as_measured():
     assert speeds[0][0] == pytest.approx(speeds[1][0]) and speeds[0][1] == pytest.approx(speeds[1][0])
     assert speeds[1][1] == pytest.approx(speeds[1][0] / 4)
     # seats: replica 1's fast rank measures 0.1 s of reductions at 4 samples with its rank 1 seated in both kinds
-    # at a quarter speed (seat_scale 4 + 4); replica 0, with no rank slow, measures no seat
-    assert problem.seat_per_sample == pytest.approx(0.1 / (4 * 8.0))
+    # at a quarter speed (seat_scale 4 + 4, and 4 for the vocabulary); replica 0, with no rank slow, measures no seat
+    assert problem.seat_per_sample == pytest.approx(0.1 / (4 * 12.0))
 
 
 def _policies(rows_by_replica, steps: int = 4):

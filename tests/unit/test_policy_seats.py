@@ -22,10 +22,11 @@ def _propose(comm: float, unseat=frozenset({3})):
 
 
 def test_the_scale_counts_each_dimension_at_its_slowest_member():
-    assert seat_scale(MODEL.speeds, NOW) == pytest.approx(8.0)
+    assert seat_scale(MODEL.speeds, NOW) == pytest.approx(12.0)  # two kinds and the vocabulary at rank 3's pace
     out = (ShardPlan(units=(8, 8, 8, 0)), ShardPlan(units=(3, 3, 2, 0)))
-    assert seat_scale(MODEL.speeds, out) == pytest.approx(2.0)
-    assert seat_delta(MODEL.speeds, NOW, out, 0.2) == pytest.approx(0.2 * (2.0 - 8.0) / 8.0)
+    assert seat_scale(MODEL.speeds, out) == pytest.approx(6.0)  # rank 3 still sits in the vocabulary's
+    assert seat_scale(MODEL.speeds, out, idle_free=True) == pytest.approx(3.0)  # unless it skips the step
+    assert seat_delta(MODEL.speeds, NOW, out, 0.2) == pytest.approx(0.2 * (6.0 - 12.0) / 12.0)
     assert seat_delta(MODEL.speeds, NOW, out, 0.0) == 0.0
 
 

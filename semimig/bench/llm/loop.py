@@ -115,7 +115,8 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
             if balancer is not None and balancer.report is not None:
                 shares.append(balancer.report.balanced_share)
                 dev = balancer.report.device
-                splits.append(None if dev is None else (dev.compute_s, dev.comm_s, balancer.report.busy.busy_s))
+                splits.append(None if dev is None else (dev.compute_s, dev.comm_s, balancer.report.busy.busy_s,
+                                                          dev.dp_s or 0.0))
             plan = plan_state(balancer, tp)
             if balancer is not None:
                 sheds.append(list(plan.shed))  # the group's plan after this step, per TP rank

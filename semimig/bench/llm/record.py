@@ -19,11 +19,12 @@ def balanced_share_by_rank(shares: list, tp_group, tp: int) -> list:
     return [None if g is None else round(float(g), 4) for g in gathered]
 
 
-SPLIT_FIELDS = ("compute_s", "comm_s", "gemm_s")
+SPLIT_FIELDS = ("compute_s", "comm_s", "gemm_s", "dp_s")
 """A rank's step as :func:`step_split_by_rank` records it: its own work (the step less the time inside
-semimig's collectives and DDP's gradient wait), the time inside those collectives, and the part of its own
-work spent in the GEMMs semimig balances (the rest of ``compute_s`` is the replicated work, the attention
-core and the waits inside Colossal-AI's own collectives)."""
+collectives: semimig's, the vocabulary's and the data-parallel gradient reduction), the time inside those
+collectives, the part of its own work spent in the GEMMs semimig balances (the rest of ``compute_s`` is the
+replicated work and the attention core), and the part of its collectives spent in the data-parallel
+gradient reduction (0 without replicas)."""
 
 
 def step_split_by_rank(splits: list) -> tuple[list, list]:

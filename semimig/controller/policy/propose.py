@@ -12,8 +12,9 @@ Seats.  A rank holding a unit of a dimension takes part in every reduction of it
 reduction runs at the pace of its slowest member (each member moves and sums its part of the tensor
 at its own speed; a rank holding none only receives the sum, :mod:`semimig.comm.holders`).  With
 ``b`` the reductions' seconds of one dimension among full-speed ranks, the layers' collectives take
-``b·Σ_d 1/min_{r seated in d} v_r`` (``v`` relative to the fastest rank): :func:`seat_scale` is that
-sum.  Measured as ``m`` under the plan in force (:func:`seat_reading`), a plan ``P`` changes the step by
+``b·Σ_d 1/min_{r seated in d} v_r`` (``v`` relative to the fastest rank), the vocabulary's collectives
+one more such group (every rank's, or only the holders' where a rank holding nothing skips the step):
+:func:`seat_scale` is that sum.  Measured as ``m`` under the plan in force (:func:`seat_reading`), a plan ``P`` changes the step by
 ``m·(seat_scale(P) − seat_scale(now))/seat_scale(now)`` (:func:`seat_delta`), and every candidate
 also comes with each slow rank unseated from one dimension or from all of them (its units handed to
 the others, each to the rank that finishes it soonest).  One unit gives a slow rank a seat in all of
@@ -23,10 +24,8 @@ pace it sets.
 Idle ranks.  Where a rank holding nothing skips the step (the model's ``idle_free``), the step is the
 slowest holder's, a discontinuity the per-dimension solver cannot see: each slow rank emptied, and all
 of them together, are candidates too.  Among the candidates within ``margin`` of the best (the step
-model's own resolution) the one seating the slow ranks in the fewest dimensions is taken: a seat costs
-what no term at hand prices (a slow rank holding any unit also sits in the vocabulary's collectives, and
-before a plan is measured its layer reductions are not priced either), and an emptied rank sits in
-none.
+model's own resolution) the one seating the slow ranks in the fewest dimensions is taken: before a plan
+is measured its reductions are not priced, and an emptied rank sits in none.
 """
 from __future__ import annotations
 
@@ -82,12 +81,14 @@ def seat_reading(window: Sequence, plans: Sequence[ShardPlan]) -> float:
                              for s in window)
 
 
-def seat_delta(speeds: Sequence[float], now: Sequence[ShardPlan], plans: Sequence[ShardPlan], comm: float) -> float:
-    """Seconds ``plans`` add to the step's collectives against ``now``, measured at ``comm`` (module docstring)."""
+def seat_delta(speeds: Sequence[float], now: Sequence[ShardPlan], plans: Sequence[ShardPlan], comm: float, *,
+               idle_free: bool = False) -> float:
+    """Seconds ``plans`` add to the step's collectives against ``now``, measured at ``comm`` (module docstring;
+    ``idle_free``: a rank holding nothing skips the step, and the vocabulary's collectives with it)."""
     if comm <= 0.0:
         return 0.0
-    here = seat_scale(speeds, now)
-    return comm * (seat_scale(speeds, plans) - here) / here
+    here = seat_scale(speeds, now, idle_free=idle_free)
+    return comm * (seat_scale(speeds, plans, idle_free=idle_free) - here) / here
 
 
 def propose(model: StepModel, plans: Sequence[ShardPlan], weights: Sequence[float], *, slow: bool,
@@ -114,7 +115,7 @@ def propose(model: StepModel, plans: Sequence[ShardPlan], weights: Sequence[floa
             candidates.append(emptied)
 
     def cost(c: Tuple[ShardPlan, ...]) -> float:
-        return model.step(shares(weights, c)) + seat_delta(model.speeds, plans, c, comm)
+        return model.step(shares(weights, c)) + seat_delta(model.speeds, plans, c, comm, idle_free=model.idle_free)
 
     best = min(candidates, key=cost)
     if model.idle_free and unseat:  # within the margin: the fewest seats of the slow ranks (module docstring)
