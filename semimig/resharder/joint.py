@@ -178,18 +178,26 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
     problem = with_seats(dataclasses.replace(problem, speeds=speeds), samples, plans, seats)
     if memory is not None:
         problem = memory.apply(problem, slow=any(slow))
-    own = own_steps(windows, samples, mean)
+    own = own_steps(windows, samples, mean, plans if problem.idle_free else None)
     return at_measured_pace(problem, own, samples, plans) if own is not None and any(slow) else problem
 
 
-def own_steps(windows: Sequence[Sequence[ReshardSample]], samples: Sequence[int], mean: float) -> Optional[list]:
+def own_steps(windows: Sequence[Sequence[ReshardSample]], samples: Sequence[int], mean: float,
+              plans: Optional[Sequence[Sequence[ShardPlan]]] = None) -> Optional[list]:
     """Each replica's own step: per step the longest of its ranks' compute (scaled back from the mean batch to
     its ``samples``) and collectives less their wait in the data-parallel reduction, the median over its
-    window; ``None`` unless every sample tells that wait apart (``dp_wait_s``)."""
+    window; ``None`` unless every sample tells that wait apart (``dp_wait_s``).  ``plans``: where a rank
+    holding no unit skips the step, each replica's plans in force — a skipping rank runs no step (its row
+    is what it would compute if it held work, read by its probe) and is left out."""
     if any(s.dp_wait_s is None for window in windows for s in window):
         return None
-    return [statistics.median(max(c * b / mean + m - w for c, m, w in zip(s.compute_s, s.comm_s, s.dp_wait_s))
-                              for s in window) for window, b in zip(windows, samples)]
+    out = []
+    for d, (window, b) in enumerate(zip(windows, samples)):
+        ranks = [r for r in range(len(window[0].compute_s))
+                 if plans is None or any(p.units[r] > 0 for p in plans[d])]
+        out.append(statistics.median(max(s.compute_s[r] * b / mean + s.comm_s[r] - s.dp_wait_s[r] for r in ranks)
+                                     for s in window))
+    return out
 
 
 def at_measured_pace(problem: JointProblem, own: Sequence[float], samples: Sequence[int],

@@ -202,3 +202,17 @@ def test_a_seated_slow_replica_is_read_at_its_own_step_seats_included():
     own = own_steps([p.samples for p in policies], (4, 4), 4.0)
     assert seat_seconds(read, 1, 4, plans[1]) > 0.0
     assert [replica_step(read, d, 4, plans[d]) for d in range(2)] == [pytest.approx(o) for o in own]
+
+
+def test_a_rank_that_skips_the_step_is_no_part_of_its_replica_s_own_step():
+    """Where an emptied rank skips the step, its row is what it would compute if it held work (its probe's
+    reading, 5 s here); the replica steps at its holder's pace (1 s of compute, 0.2 s of collectives)."""
+    from semimig.resharder.joint import own_steps
+    from semimig.sharding.plan import ShardPlan
+
+    emptied = (ShardPlan(units=(8, 0)), ShardPlan(units=(4, 0)))
+    even = (ShardPlan.even(8, 2), ShardPlan.even(4, 2))
+    idle = [ReshardSample((1.0, 5.0), (1.0, 0.0), (0.2, 0.1), dp_wait_s=(0.0, 0.0))]
+    calm = [ReshardSample((1.0, 1.0), (0.5, 0.5), (0.3, 0.3), dp_wait_s=(0.1, 0.1))]
+    assert own_steps([calm, idle], (4, 4), 4.0, [even, emptied]) == [pytest.approx(1.2), pytest.approx(1.2)]
+    assert own_steps([calm, idle], (4, 4), 4.0) == [pytest.approx(1.2), pytest.approx(5.1)]  # it did not skip
