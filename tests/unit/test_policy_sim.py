@@ -1,9 +1,11 @@
 """The policy simulator (semimig.controller.sim): its step model against DESIGN §8's closed form, its
 oracle against every fixed schedule and the policy on small hand-built scenarios, and the runner."""
+import dataclasses
 import itertools
 import json
 
 import numpy as np
+
 import pytest
 
 from semimig.controller.sim import (Scenario, Workload, candidate_plans, family, fixed_time, limit_time, oracle_time,
@@ -51,10 +53,15 @@ def test_the_step_is_the_slowest_ranks_compute_plus_the_collectives():
     shares = [0.75, 0.25]  # both dimensions split 3:1
     expected = [1.8 * (0.2 + 1.6 * p) / v for p, v in zip(shares, (1.0, 0.5))]
     assert workload.rank_compute(plans, (1.0, 0.5)) == pytest.approx(expected)
-    # rank 1 at half speed holds units of both dimensions: both dimensions' reductions run at its pace
+    # rank 1 at half speed holds units of both dimensions: both dimensions' reductions and the vocabulary's
+    # run at its pace
     assert workload.step_seconds(plans, (1.0, 0.5)) == pytest.approx(max(expected) + 0.2 * 2.0)
     alone = (ShardPlan(units=(8, 0)), ShardPlan(units=(3, 1)))  # out of the MLP's reductions
-    assert workload.seat_comm(alone, (1.0, 0.5)) == pytest.approx(0.2 * (1.0 + 2.0) / 2)
+    assert workload.seat_comm(alone, (1.0, 0.5)) == pytest.approx(0.2 * (1.0 + 2.0 + 2.0) / 3)
+    emptied = (ShardPlan(units=(8, 0)), ShardPlan(units=(4, 0)))  # in the vocabulary's alone, unless it skips
+    assert workload.seat_comm(emptied, (1.0, 0.5)) == pytest.approx(0.2 * (1.0 + 1.0 + 2.0) / 3)
+    skipping = dataclasses.replace(workload, idle_skips=True)
+    assert skipping.seat_comm(emptied, (1.0, 0.5)) == pytest.approx(0.2)
     assert workload.step_seconds(workload.even_plans(), (1.0, 1.0)) == pytest.approx(2.0)
 
 

@@ -6,8 +6,9 @@ unit, MLP blocks and KV groups, each rank holding whole units of each (a
 Rank ``r`` at speed ``v_r`` (1: healthy) spends ``c_r = (R + S·p_r)/v_r`` on its own work, with
 ``R + S/e = 1`` so that a healthy even step's compute is 1, and ``p_r = (1 − a)·n_r/U + a·k_r/K`` its
 share of the shardable work (``a`` the attention's share of it, ``n_r`` of ``U`` MLP blocks, ``k_r``
-of ``K`` KV groups).  The step is ``max_r c_r`` plus the step's collectives, a fixed share of a
-healthy step that no plan changes.  In seconds, a healthy even step is ``step_s``.  With
+of ``K`` KV groups).  The step is ``max_r c_r`` plus the step's collectives, a share of a healthy
+step split over each kind's reductions and the vocabulary's, each at its slowest member's pace
+(:meth:`Workload.seat_comm`).  In seconds, a healthy even step is ``step_s``.  With
 ``idle_skips`` a rank holding no unit of either kind skips the step (:mod:`semimig.shardformer.skip`):
 the step is the slowest *holder*'s, and what the policy reads of the idle rank is its replicated work at
 its speed, ``R/v_r`` (what :mod:`semimig.resharder.idle` gives it from the probe).
@@ -145,9 +146,10 @@ class Workload:
         return tuple(unit * S * p / v for p, v in zip(self.shares(plans), speeds))
 
     def seat_comm(self, plans: Plans, speeds: Sequence[float]) -> float:
-        """The collectives' seconds: ``comm_s`` split evenly over the paired dimensions, each dimension's
-        reductions at the pace of its slowest rank holding units of it (``comm_s`` on healthy ranks;
-        the sum of the policy's :func:`~semimig.controller.policy.propose.seat_scale`; :meth:`seat_comms`)."""
+        """The collectives' seconds: ``comm_s`` split evenly over the paired dimensions and the vocabulary's
+        collectives, each dimension's reductions at the pace of its slowest rank holding units of it, the
+        vocabulary's at its slowest rank (its slowest holder with ``idle_skips``) (``comm_s`` on healthy ranks;
+        the policy's :func:`~semimig.controller.policy.propose.seat_scale`; :meth:`seat_comms`)."""
         return _seat_comm(self, tuple(plans), tuple(float(v) for v in speeds))
 
     def seat_comms(self, plans: Sequence[Plans], speeds: np.ndarray) -> np.ndarray:
@@ -156,10 +158,14 @@ class Workload:
         top = speeds.max(axis=1)  # (s,)
         out = np.zeros((len(plans), speeds.shape[0]))
         for k, plan in enumerate(plans):
+            holders = np.zeros(speeds.shape[1], dtype=bool)
             for dim in plan:
                 seated = np.array(dim.units) > 0
+                holders |= seated
                 out[k] += top / speeds[:, seated].min(axis=1) if seated.any() else 1.0
-        return self.comm_s * out / len(plans[0]) if plans else out
+            vocab = holders if self.idle_skips else np.ones_like(holders)
+            out[k] += top / speeds[:, vocab].min(axis=1)
+        return self.comm_s * out / (len(plans[0]) + 1) if plans else out
 
     def step_seconds(self, plans: Plans, speeds: Sequence[float]) -> float:
         """The group's step: its slowest rank's compute (holder's, with ``idle_skips``) plus the collectives."""
