@@ -2,13 +2,13 @@
 embedding, head and vocabulary-parallel cross-entropy, timed, compute bit-equal outputs and gradients to
 Colossal-AI's own, and a rank that reaches one of their collectives before a slower rank reads its wait as
 communication (gloo, two ranks; rank 1 late by ``LATE_S`` before each collective in turn)."""
-import contextlib
 import time
 
 import pytest
 import torch
 import torch.nn as nn
 
+from comm_regions import recorded_comm
 from dist_harness import run_pooled
 
 LATE_S = 0.3
@@ -42,7 +42,6 @@ def _run(rank, world, late_at):
     import torch.distributed as dist
 
     from semimig._compat import apply_cpu_shim
-    from semimig.comm import primitives as P
     from semimig.shardformer import vocab_clock
 
     apply_cpu_shim()
@@ -51,18 +50,6 @@ def _run(rank, world, late_at):
     timed = _build(group)  # the same seed: the same weights
     vocab_clock.install(timed)
     assert type(timed.head).__name__ == "TimedVocabParallelLMHead1D"
-    inside = []
-
-    @contextlib.contextmanager
-    def comm():
-        start = time.perf_counter()
-        yield
-        inside.append(time.perf_counter() - start)
-
-    class Meter:  # a bound method, as the balancing runtime registers its meter's
-        def region(self):
-            return comm()
-
     def late(*_):
         if rank == 1:
             time.sleep(LATE_S)
@@ -74,15 +61,12 @@ def _run(rank, world, late_at):
                  "loss": lambda: model.head.register_forward_hook(lambda *a: late()),
                  "head backward": lambda: model.head.register_full_backward_pre_hook(lambda *a: late())}
         handle = hooks[late_at]()
-        meter = Meter()
-        untime = P.time_collectives(meter.region)
-        inside.clear()
         try:
-            dist.barrier()
-            loss = model(ids)
-            loss.backward()
+            with recorded_comm() as inside:
+                dist.barrier()
+                loss = model(ids)
+                loss.backward()
         finally:
-            untime()
             handle.remove()
         out.append((loss.detach(), [p.grad.clone() for p in model.parameters()], sum(inside)))
     vocab_clock.uninstall(timed)
