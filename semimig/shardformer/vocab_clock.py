@@ -63,7 +63,7 @@ class _HeadLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        from colossalai.shardformer.layer import _operation as op
+        from semimig import _compat
 
         x, weight, bias = ctx.saved_tensors
         if ctx.use_bias:
@@ -75,10 +75,11 @@ class _HeadLinear(torch.autograd.Function):
             dy, total = dy.view(-1, dy.shape[-1]), total.view(-1, total.shape[-1])
         handle = P.all_reduce_start(dx, ctx.group)
         dw = None
-        if op._grad_accum_fusion_available and weight.grad is not None and weight.grad.dtype in (
-                torch.float32, torch.float16):  # Colossal-AI's fused accumulation into .grad (CUDA, apex)
-            kernel = (op.fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32 if weight.grad.dtype == torch.float32
-                      else op.fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp16)
+        if _compat.private_operation("_grad_accum_fusion_available") and weight.grad is not None and \
+                weight.grad.dtype in (torch.float32, torch.float16):  # Colossal-AI's fused accumulation (CUDA, apex)
+            import fused_weight_gradient_mlp_cuda as fused
+
+            kernel = fused.wgrad_gemm_accum_fp32 if weight.grad.dtype == torch.float32 else fused.wgrad_gemm_accum_fp16
             kernel(total, dy, weight.grad)
         else:
             dw = dy.t().matmul(total)
@@ -94,7 +95,7 @@ def _head_class():
         """Colossal-AI's ``VocabParallelLMHead1D`` with its collectives in the comm region (module docstring)."""
 
         def forward(self, input_):
-            from colossalai.shardformer.layer._operation import gather_forward_split_backward
+            from semimig._compat import gather_forward_split_backward
 
             if input_.shape[-1] != self.weight.shape[-1]:
                 raise ValueError(f"the head's input has {input_.shape[-1]} features, its weight "
@@ -120,7 +121,7 @@ def _embedding_class():
         """Colossal-AI's ``VocabParallelEmbedding1D`` with its all-reduce in the comm region (module docstring)."""
 
         def forward(self, input_):
-            from colossalai.shardformer.layer._operation import reduce_forward
+            from semimig._compat import reduce_forward
 
             mask = (input_ < self.vocab_start_index) | (input_ >= self.vocab_end_index)
             masked = input_.clone() - self.vocab_start_index
