@@ -29,6 +29,7 @@ so and its waits stay in the compute.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from typing import Any, List, Optional
 
@@ -88,7 +89,8 @@ class _HeadLinear(torch.autograd.Function):
         return dx, dw, db, None
 
 
-def _head_class():
+@functools.cache
+def _head_class() -> type:
     cai = _cai()
 
     class TimedVocabParallelLMHead1D(cai.VocabParallelLMHead1D):
@@ -114,7 +116,8 @@ def _head_class():
     return TimedVocabParallelLMHead1D
 
 
-def _embedding_class():
+@functools.cache
+def _embedding_class() -> type:
     cai = _cai()
 
     class TimedVocabParallelEmbedding1D(cai.VocabParallelEmbedding1D):
@@ -133,15 +136,6 @@ def _embedding_class():
                 return reduce_forward(out, self.process_group, fp8_communication=self.fp8_communication)
 
     return TimedVocabParallelEmbedding1D
-
-
-_CLASSES: dict = {}
-
-
-def _timed(kind: str) -> type:
-    if kind not in _CLASSES:
-        _CLASSES[kind] = _head_class() if kind == "head" else _embedding_class()
-    return _CLASSES[kind]
 
 
 # ----------------------------------------------------------------------------- the loss's span
@@ -189,14 +183,14 @@ def install(model: nn.Module) -> None:
     for module in model.modules():
         if type(module) is cai.VocabParallelEmbedding1D:
             state.swapped.append((module, type(module)))
-            module.__class__ = _timed("embedding")
+            module.__class__ = _embedding_class()
         elif type(module) is cai.VocabParallelLMHead1D:
             why = _why_untimed(module)
             if why is not None:
                 logger.info("semimig: the head's collectives are not timed (%s): a wait in them reads as compute", why)
                 continue
             state.swapped.append((module, type(module)))
-            module.__class__ = _timed("head")
+            module.__class__ = _head_class()
             setattr(module, _ATTR, state)
     if not state.swapped:
         return
