@@ -161,7 +161,8 @@ class BalanceController(Decisions):
         self.reports: collections.deque = collections.deque(maxlen=4096)
         self._nonfinite_warned = False
         self.holding, self.even = False, True
-        self.busy_scale: tuple[float, ...] = (1.0,) * self.size
+        self.baseline: Optional[tuple[float, ...]] = None
+        """Each rank's busy seconds measured under the uneven plan in force (:meth:`set_phase`), or ``None``."""
         self._start_decisions()
 
     def _bind(self) -> LayerBinding:
@@ -183,43 +184,53 @@ class BalanceController(Decisions):
         return self.config.mode
 
     def set_phase(self, *, hold: bool = False, even: bool = True,
-                  busy_scale: Optional[Sequence[float]] = None) -> bool:
+                  baseline: Optional[Sequence[float]] = None) -> bool:
         """Set the runtime state the shards' plan imposes (every rank the same, at the same step):
         ``hold`` measures only (no decisions, every layer dense), ``even`` says whether every rank
-        holds the same shard shapes (semi migrates only then), ``busy_scale`` (default all 1) what
-        each rank's busy time is divided by before it is compared (the GEMM time a rank is expected
-        to take under an uneven plan, relative to the least).  A change starts the decisions afresh
+        holds the same shard shapes (semi migrates only then), ``baseline`` (default none) each rank's
+        busy seconds measured under an uneven plan: a rank is then compared with its own baseline, and
+        a straggler aims at the others' real times, never below its baseline
+        (:class:`~semimig.controller.shedding.ShedPolicy`).  A change starts the decisions afresh
         (a dense plan, a new evidence state; the timing models keep their history, the iteration,
         the injector's phase and fitted cost curves stay); returns whether anything changed."""
-        scale = self._check_scale(busy_scale)
-        if (bool(hold), bool(even), scale) == (self.holding, self.even, self.busy_scale):
+        base = self._check_baseline(baseline)
+        if (bool(hold), bool(even), base) == (self.holding, self.even, self.baseline):
             return False
-        self.holding, self.even, self.busy_scale = bool(hold), bool(even), scale
+        self.holding, self.even, self.baseline = bool(hold), bool(even), base
         self._restart()
         return True
 
     def rebind(self, *, hold: bool = False, even: bool = True,
-               busy_scale: Optional[Sequence[float]] = None) -> list:
+               baseline: Optional[Sequence[float]] = None) -> list:
         """Bind the layers again after their shapes changed (a re-shard moved them; every rank at the
         same step) and set the phase (:meth:`set_phase`), starting the decisions afresh as it does.
         The controller stays the one in use: its configuration, iteration, epoch, the injector's
         phase, clocks, reports, fitted cost curves and the timing models' history.  Returns the
         bound layers."""
-        scale = self._check_scale(busy_scale)
+        base = self._check_baseline(baseline)
         self.binding.clear_directives()
         self.binding.detach()
         self.binding = self._bind()
-        self.holding, self.even, self.busy_scale = bool(hold), bool(even), scale
+        self.holding, self.even, self.baseline = bool(hold), bool(even), base
         self._restart()
         return [b.layer for b in self.binding.layers]
 
-    def _check_scale(self, busy_scale: Optional[Sequence[float]]) -> tuple[float, ...]:
-        if busy_scale is None:
+    @property
+    def busy_scale(self) -> tuple[float, ...]:
+        """What each rank's busy time is divided by before its timing model reads it: its
+        :attr:`baseline` over the least (all 1 without one)."""
+        if self.baseline is None:
             return (1.0,) * self.size
-        scale = tuple(float(s) for s in busy_scale)
-        if len(scale) != self.size or not all(math.isfinite(s) and s > 0.0 for s in scale):
-            raise ConfigError(f"busy_scale must hold {self.size} positive finite numbers, got {busy_scale!r}")
-        return scale
+        low = min(self.baseline)
+        return tuple(b / low for b in self.baseline)
+
+    def _check_baseline(self, baseline: Optional[Sequence[float]]) -> Optional[tuple[float, ...]]:
+        if baseline is None:
+            return None
+        base = tuple(float(s) for s in baseline)
+        if len(base) != self.size or not all(math.isfinite(s) and s > 0.0 for s in base):
+            raise ConfigError(f"baseline must hold {self.size} positive finite seconds, got {baseline!r}")
+        return base
 
     def _restart(self) -> None:
         """Drop what was decided (the posted exchange is collected and its plans discarded: they
@@ -248,7 +259,7 @@ class BalanceController(Decisions):
             timing.carry_history(old)  # warm: a slowdown after a move is seen within a few steps
         pridiff_e = config.variant == "pridiff-e" and acting.variant is not None
         fixed = config.resizing.empirical_gamma if pridiff_e else None
-        self.policy = ShedPolicy(self.size, ctl, fixed_shed=fixed, mode=acting.plan_mode)
+        self.policy = ShedPolicy(self.size, ctl, fixed_shed=fixed, mode=acting.plan_mode, baseline=self.baseline)
         self.resize_only: set[int] = set()
         """Mode semi: ranks whose shedding with migration did not pay; they only resize from then on."""
         wants_trial = ctl.migration_trial and acting is Mode.SEMI and ctl.migrators is None

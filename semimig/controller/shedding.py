@@ -69,6 +69,17 @@ give, and γ_i goes to ``γ_max``.  For a straggler slow only at its GEMMs (the 
 term matters: without it the straggler's GEMM time is balanced while its step stays ~1.5x
 healthy's, because its slower optimizer step and other work are not in ``S``.
 
+Under an uneven plan.  Given each rank's ``baseline`` ``B_r`` (its busy seconds measured under an
+uneven shard plan, :meth:`ReshardPolicy`-settled), the runtime feeds the timing models ``busy_r / s_r``
+with ``s_r = B_r / min B``, so at its baseline every rank reads ``B_min``: a rank is compared with its
+own baseline, and ``S_fast`` is at least ``B_min``.  A rank that got faster than its baseline (a
+throttle lifting under a plan made for it) thus makes no other rank look slow: the plan no longer
+fits, which re-sharding answers exactly, and a lossy shed cannot.  A flagged rank aims at the others'
+*real* times, ``T_ref`` taken over ``S_r·s_r`` (seconds) and divided by its own ``s_i``, never below
+its baseline (``B_min`` in its units): it sheds only what its own slowdown added, and nothing while
+the others' real times are longer than its own.  Without a baseline (even shards) ``s_r = 1`` and
+nothing changes.
+
 ``γ_i`` moves only by steps of at least ``gamma_step`` (with regimes, at least half the regime
 test's same-work band, so the test keeps a baseline at the rank's work).  Unflagged ranks: 0.
 
@@ -160,12 +171,20 @@ class ShedPolicy:
     """The evidence state machine of the module docstring, for a group of ``size`` ranks."""
 
     def __init__(self, size: int, config: ControllerConfig, *, fixed_shed: Optional[float] = None,
-                 mode: Optional[str] = None) -> None:
+                 mode: Optional[str] = None, baseline: Optional[Sequence[float]] = None) -> None:
         """``fixed_shed``: a flagged rank sheds this share instead of Eq. 1 (PriDiff-E's empirical γ);
         ``mode``: the plan mode it decides for (``config.mode`` unless given: the runtime's phase may
-        act in another than the configured one)."""
+        act in another than the configured one); ``baseline``: each rank's busy seconds under the
+        uneven plan in force (module docstring, "Under an uneven plan"), ``None`` on even shards."""
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
+        if baseline is not None and (len(baseline) != size or not all(b > 0.0 for b in baseline)):
+            raise ValueError(f"baseline must hold {size} positive seconds, got {baseline!r}")
+        low = min(baseline) if baseline is not None else 1.0
+        self.scale = tuple(b / low for b in baseline) if baseline is not None else (1.0,) * size
+        """``s_r``: what the timing models' busy times were divided by."""
+        self.floor = low if baseline is not None else 0.0
+        """``B_min``: a rank at its baseline, in the timing models' units (0: no baseline)."""
         self.size = size
         self.config = config
         self.mode = config.mode if mode is None else mode
@@ -190,7 +209,7 @@ class ShedPolicy:
             return ShedDecision(iteration, tuple(s.shed for s in self.states), self._flagged(unpruned), unpruned,
                                 fixed, math.nan, other_s=others)
         fast = min(range(self.size), key=lambda r: (unpruned[r], r))
-        s_fast, error_fast = unpruned[fast], _log_median_error(estimates[fast])
+        s_fast, error_fast = max(unpruned[fast], self.floor), _log_median_error(estimates[fast])
         events = []
         for r, (state, est) in enumerate(zip(self.states, estimates)):
             log_margin = max(math.log1p(cfg.tol), cfg.noise_sigmas * math.hypot(_log_median_error(est), error_fast))
@@ -205,7 +224,7 @@ class ShedPolicy:
                 events.append(f"rank {r} {'straggles' if state.flagged else 'no longer straggles'}: "
                               f"unpruned {est.unpruned_s * 1e3:.3g} ms vs fastest {s_fast * 1e3:.3g} ms "
                               f"(margin {margin * 1e3:.2g} ms)")
-        reference = self._reference(estimates, s_fast)
+        reference = self._reference(estimates, s_fast * self.scale[fast])  # real seconds, as other_ref
         other_ref = self._other_reference(others)
         backed = []
         for r, (state, est) in enumerate(zip(self.states, estimates)):
@@ -227,9 +246,9 @@ class ShedPolicy:
                               f"{cfg.max_fixed_fraction:g} of its busy time does not shrink with the columns it "
                               f"keeps); dense for {length} iterations")
                 continue
-            own = others[r] if others else math.nan
+            own = others[r] * self.scale[r] if others else math.nan
             aim = reference + other_ref - own if math.isfinite(other_ref) and math.isfinite(own) else reference
-            target = self._target(est, aim)
+            target = self._target(est, max(aim / self.scale[r], self.floor) if self.floor > 0.0 else aim)
             # with regimes, γ holds within half the regime test's same-work band, so a rank keeps
             # running at one work fraction and the test can see its speed change (a throttle lifting)
             step = max(cfg.gamma_step, 0.5 * SAME_WORK) if math.isfinite(est.change_margin) else cfg.gamma_step
@@ -289,18 +308,20 @@ class ShedPolicy:
         state.unpaid = 0
 
     def _reference(self, estimates: Sequence[RankEstimate], s_fast: float) -> float:
-        normal = [est for est, state in zip(estimates, self.states) if not state.flagged]
+        """``T_ref`` in real seconds (the unflagged ranks' ``S_r·s_r``; ``s_fast`` already real)."""
+        normal = [(est, scale) for est, state, scale in zip(estimates, self.states, self.scale) if not state.flagged]
         if not normal:
             return s_fast
         if self.mode == "zero":
             if self.config.zero_reference == "mean":
-                return math.fsum(est.unpruned_s for est in normal) / len(normal)
-            return s_fast
-        return max(est.unpruned_s * max(1.0, est.work) for est in normal)
+                return math.fsum(est.unpruned_s * scale for est, scale in normal) / len(normal)
+            return min(est.unpruned_s * scale for est, scale in normal) if self.floor > 0.0 else s_fast
+        return max(est.unpruned_s * scale * max(1.0, est.work) for est, scale in normal)
 
     def _other_reference(self, others: Sequence[float]) -> float:
-        """``O_ref``: the median ``O`` of the unflagged ranks that report one (NaN: none does)."""
-        values = [o for o, state in zip(others, self.states) if not state.flagged and math.isfinite(o)]
+        """``O_ref``: the median real ``O`` of the unflagged ranks that report one (NaN: none does)."""
+        values = [o * scale for o, state, scale in zip(others, self.states, self.scale)
+                  if not state.flagged and math.isfinite(o)]
         return statistics.median(values) if values else math.nan
 
     def _target(self, est: RankEstimate, reference: float) -> float:

@@ -25,8 +25,8 @@ full window under it has been measured.
 from semimig.resharder.core import Resharder
 from semimig.resharder.enable import check_reshard, make_resharder
 from semimig.resharder.events import ReplanEvent
-from semimig.resharder.observe import gemm_scale, probe_times, slowest_per_position, unshed
+from semimig.resharder.observe import gemm_baseline, probe_times, slowest_per_position, unshed
 from semimig.resharder.plans import even_reshardable_plan, reshardable_plan
 
 __all__ = ["Resharder", "ReplanEvent", "probe_times", "unshed", "slowest_per_position", "reshardable_plan",
-           "even_reshardable_plan", "check_reshard", "make_resharder", "gemm_scale"]
+           "even_reshardable_plan", "check_reshard", "make_resharder", "gemm_baseline"]

@@ -24,7 +24,7 @@ from semimig.resharder.joint import (JointSetup, SeatMemory, as_policy_plans, ev
 from semimig.resharder.events import ReplanEvent, log_measured, log_replan
 from semimig.resharder.idle import IdleReader
 from semimig.comm.holders import skipping
-from semimig.resharder.observe import (PROBE_MAX_SIZE, gemm_scale, probe_times, row_sample, slowest_per_position,
+from semimig.resharder.observe import (PROBE_MAX_SIZE, gemm_baseline, probe_times, row_sample, slowest_per_position,
                                        step_sample, unshed)
 from semimig.resharder.plans import params_per_unit
 from semimig.controller.policy.gain import gain_test
@@ -55,8 +55,8 @@ class Resharder:
     Without it (ZeRO, whose flat buffers need equal shapes across the DP group) the replicas share
     one plan: the one policy is fed the slowest rank at each TP position (:func:`slowest_per_position`)
     and every replica moves within its own TP group, at the same step, to the same plan.  The rows in
-    flight at a move were measured under the old plans and are dropped.  The resizing scale
-    (:meth:`busy_scale`) stays each replica's own GEMM split.
+    flight at a move were measured under the old plans and are dropped.  The resizing baseline
+    (:meth:`busy_baseline`) stays each replica's own GEMM split.
 
     ``layers``: the decoder layers this rank's model holds (a pipeline stage's own; default every
     layer of ``model_config``): what one unit weighs, and so what moving it costs, counts only them."""
@@ -155,7 +155,7 @@ class Resharder:
         """This replica's rows (each rank's own numbers, unshed with its own fixed fraction; a TP
         gather), posted to the DP group's lagged all-gather; from the previous step's rows of every
         replica, every replica's own sample (a plan per replica), or that replica's own sample kept for
-        :meth:`busy_scale` and the slowest rank per TP position for the one policy (``None`` at a step
+        :meth:`busy_baseline` and the slowest rank per TP position for the one policy (``None`` at a step
         with nothing in flight)."""
         decision = getattr(report, "decision", None)
         fixed = getattr(decision, "fixed_fraction", None) or (math.nan,) * self.size
@@ -480,12 +480,12 @@ class Resharder:
         if self.idle is not None:
             self.idle.probe()
 
-    def busy_scale(self) -> tuple[float, ...]:
-        """:func:`gemm_scale` of the policy's window under the plan in force (this replica's own
+    def busy_baseline(self) -> Optional[tuple[float, ...]]:
+        """:func:`gemm_baseline` of the policy's window under the plan in force (this replica's own
         steps in it when there are several replicas: its resizing compares its own ranks)."""
         if self.per_replica:
-            return gemm_scale(self.policy.samples, self.size)
-        return gemm_scale(self._local if self.replicas > 1 else self.policy.samples, self.size)
+            return gemm_baseline(self.policy.samples, self.size)
+        return gemm_baseline(self._local if self.replicas > 1 else self.policy.samples, self.size)
 
     def close(self) -> None:
         """The DDP hooks stop timing (they keep reducing as DDP does; torch cannot unregister them)."""

@@ -110,12 +110,12 @@ def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str
         """Set ``controller``'s phase for ``new_plan`` and, after a move (not ``settled``), bind it to the
         new shapes; the bound layers, or ``None`` when nothing changed.  Mode semi on uneven shards:
         only measuring until the policy has a full window under the new plan (``settled``), then
-        resizing only, comparing each rank's busy time to the share of it the new plan gives the rank;
-        on even shards semi again (migration assumes equal K per rank)."""
+        resizing only, each rank's busy time compared with its own measured under the new plan (its
+        baseline: :class:`~semimig.controller.shedding.ShedPolicy`); on even shards semi again (migration assumes equal K per rank)."""
         even = len(set(new_plan.mlp_units)) == 1 and len(set(new_plan.kv_units)) == 1
         semi = mode == "semi"
         phase = dict(hold=semi and not even and not settled, even=even,
-                     busy_scale=resharder.busy_scale() if semi and settled and not even else None)
+                     baseline=resharder.busy_baseline() if semi and settled and not even else None)
         if settled:
             if not controller.set_phase(**phase):
                 return None

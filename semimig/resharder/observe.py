@@ -25,7 +25,7 @@ from semimig.controller.reshard import PROBE_REPEATS, ReshardSample
 from semimig.controller.timing import dense_equivalent
 from semimig.errors import ConfigError
 
-__all__ = ["PROBE_MAX_SIZE", "PROBE_TARGET_S", "ProbeWork", "gemm_scale", "probe_times", "row_sample",
+__all__ = ["PROBE_MAX_SIZE", "PROBE_TARGET_S", "ProbeWork", "gemm_baseline", "probe_times", "row_sample",
            "slowest_per_position", "step_sample", "unshed"]
 
 PROBE_TARGET_S = 0.02
@@ -162,18 +162,16 @@ def step_sample(split: list[tuple[float, float]], rows: list[list[float]], *,
                          tuple(row[2] for row in rows), gemm_s=tuple(b for _, b in split), step_s=step_s)
 
 
-def gemm_scale(samples: Any, size: int) -> tuple[float, ...]:
+def gemm_baseline(samples: Any, size: int) -> Optional[tuple[float, ...]]:
     """Per rank, its median GEMM seconds (``ReshardSample.gemm``: what the resizing controller's busy
-    time measures, not the spans between a pair's layers) over ``samples``, relative to the least:
-    a resizing controller on top divides busy times by it, so it compares what *varies* and leaves
-    the re-planned split alone (all 1 without samples).  The GEMMs' own split, not the shardable
-    one: an uneven plan gives a rank a share of the attention core different from its share of the
-    GEMMs, and a scale from GEMMs + spans read a balanced rank 1.27x slow (the example's tiny Llama
-    at `7,1:3,1`), which resizing then pruned."""
+    time measures, not the spans between a pair's layers) over ``samples``, the busy times the plan in
+    force was measured at (``None`` without samples, or where a rank's median is not positive).  A
+    resizing controller on top compares each rank with its own baseline (what *varies*) and aims at
+    the ranks' real times (:class:`~semimig.controller.shedding.ShedPolicy`).  The GEMMs' own split, not
+    the shardable one: an uneven plan gives a rank a share of the attention core different from its
+    share of the GEMMs, so a baseline from GEMMs + spans reads a balanced rank slow."""
     samples = list(samples)
     if not samples:
-        return (1.0,) * size
-    medians = [statistics.median(s.gemm[r] for s in samples) for r in range(size)]
-    low = min(medians)
-    return tuple(m / low if low > 0 else 1.0 for m in medians)
-
+        return None
+    medians = tuple(statistics.median(s.gemm[r] for s in samples) for r in range(size))
+    return medians if all(m > 0.0 for m in medians) else None
