@@ -133,8 +133,7 @@ class ReshardPolicy:
         self.bytes_per_unit = tuple(check_int(f"bytes_per_unit[{d}]", b, minimum=0)
                                     for d, b in enumerate(bytes_per_unit))
         self.config, self.plans, self.tp = config, plans, plans[0].tp
-        self.state = START
-        self.step = 0
+        self.state, self.step = START, 0
         self.last_move_step: Optional[int] = None
         self.seconds_per_byte: Optional[float] = None
         self.samples = Window(config.window, self.tp)
@@ -329,16 +328,17 @@ class ReshardPolicy:
         life = expected_life(self.slowdown.age(step), self.slowdown.past(), floor=cfg.life_floor, remaining=remaining)
         risk = return_risk(model, self.slowdown.slow, self.slowdown.previous, self.shares(), self.shares(proposal),
                            self.slowdown.return_odds())
-        test = gain_test(current, predicted, needed=self._needed(se), life=life,
-                         move_s=self._move_cost(nbytes, healthy_s), risk_s=risk)
+        way_back = life != remaining  # a state expected to outlive the run is never moved back from
+        test = gain_test(current, predicted, needed=self._needed(se), life=life, risk_s=risk, way_back=way_back,
+                         move_s=self._move_cost(nbytes, healthy_s))
+        paid = "the move and its way back" if way_back else "the move"
         info = dict(base, predicted_s=predicted, move_bytes=nbytes, move_cost_s=test.cost_s, horizon=life)
         if not test.passed or test.gain_s < needed_gain * current:
-            return self._hold(step, f"gain {test.gain_s:.4g} s/step ({test.margin_s:.4g} beyond the noise) x "
-                                    f"{life} steps does not pay the move and its way back ({test.cost_s:.4g} s)",
-                              event=hold, **info)
+            return self._hold(step, f"gain {test.gain_s:.4g} s/step ({test.margin_s:.4g} beyond the noise) x {life} "
+                                    f"steps does not pay {paid} ({test.cost_s:.4g} s)", event=hold, **info)
         self.state = transition(self.state, gain)
         decision = ReshardDecision(step, plans=proposal, reason=f"gain {test.gain_s:.4g} s/step "
-                                   f"({test.margin_s:.4g} beyond the noise) x {life} steps > move and way back "
+                                   f"({test.margin_s:.4g} beyond the noise) x {life} steps > {paid} "
                                    f"{test.cost_s:.4g} s ({units} units; slow ranks {sorted(self.slowdown.slow)})",
                                    **info)
         self.history.append(decision)

@@ -354,11 +354,12 @@ class Resharder:
         now_s = job_step(problem, self.samples, current)
         config = self.policy.config
         life = max(step - self._job_moved, config.life_floor)
-        if config.horizon is not None:
-            life = min(life, max(config.horizon - step, 1))
+        remaining = None if config.horizon is None else max(config.horizon - step, 1)
+        if remaining is not None:
+            life = min(life, remaining)
         cost = sum(policy.move_cost_s(row, now_s) for policy, row in zip(self.policies, plans))
         test = gain_test(now_s, answer.step, needed=max(policy.needed_gain() for policy in self.policies),
-                         life=life, move_s=cost)
+                         life=life, move_s=cost, way_back=life != remaining)
         if not test.passed:
             return None
         return self._take_joint(decisions, step=step, answer=answer, problem=problem)

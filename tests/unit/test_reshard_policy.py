@@ -136,6 +136,16 @@ def test_the_gain_test_pays_the_move_and_its_way_back_beyond_the_noise():
     assert not gain_test(1.0, 0.95, needed=0.1, life=10**6, move_s=0.0).passed  # inside the noise: never
 
 
+def test_a_state_expected_to_outlive_the_run_pays_the_move_alone():
+    assert gain_test(1.0, 0.6, needed=0.1, life=10, move_s=1.6, risk_s=5.0, way_back=False).cost_s == 1.6
+    # a straggler recovers 12 steps before the run's end: the even plan's gain over the steps left pays
+    # the move (3 s), not a move back as well (and the risk of the straggler returning) past the run's end
+    pol = policy(ReshardConfig(horizon=52))
+    moves = run(pol, lambda step: (1.0, 0.25) if step < 40 else (1.0, 1.0), 52, move_s=3.0)
+    assert len(moves) == 2 and moves[1].plans == even_plans() and 40 < moves[1].step < 52
+    assert moves[1].reason.split(" > ")[1].startswith("the move 3 s")
+
+
 def test_the_expected_life_is_the_age_floored_or_the_past_states_residual_life():
     assert expected_life(3, [], floor=10, remaining=None) == 10
     assert expected_life(40, [], floor=10, remaining=None) == 40

@@ -15,7 +15,9 @@ step model) is taken when
   says states of this kind end sooner).  At most the run's remaining steps when they are known;
 - ``C`` the move's cost: the measured seconds per byte of the last move times the bytes of this one,
   or before any move ``bytes / all bytes × move_steps × the healthy even step`` (a prior in steps, so it
-  holds from 20 ms to 5 s steps); ``2·C`` pays the move and the move back when the state ends;
+  holds from 20 ms to 5 s steps); ``2·C`` pays the move and the move back when the state ends.  Where
+  the state is expected to outlive the run (its life, uncapped, reaches the run's remaining steps) no
+  move back is paid and nothing comes back within the run: the cost is ``C`` alone, without ``ρ``;
 - ``ρ`` the risk of the state before coming back: when the present state ends, with probability ``p``
   (:meth:`~semimig.controller.policy.states.Slowdown.return_odds`) it is the one before again, and the
   plan moved to runs at its speeds for the steps it takes to be seen and left, ``D``:
@@ -100,10 +102,12 @@ class Gain:
 
 
 def gain_test(current_s: float, proposed_s: float, *, needed: float, life: int, move_s: float,
-              risk_s: float = 0.0) -> Gain:
-    """The gain test (module docstring)."""
+              risk_s: float = 0.0, way_back: bool = True) -> Gain:
+    """The gain test (module docstring); ``way_back``: whether the state is expected to end within the run
+    (else the move alone is paid)."""
     gain = current_s - proposed_s
-    return Gain(gain_s=gain, margin_s=gain - needed * current_s, life=life, cost_s=2.0 * move_s + risk_s)
+    cost = 2.0 * move_s + risk_s if way_back else move_s
+    return Gain(gain_s=gain, margin_s=gain - needed * current_s, life=life, cost_s=cost)
 
 
 def return_risk(model: StepModel, slow: AbstractSet[int], previous: Optional[Tuple[AbstractSet[int], Sequence[float]]],
@@ -123,7 +127,7 @@ def return_risk(model: StepModel, slow: AbstractSet[int], previous: Optional[Tup
 def expected_life(age: int, past: Sequence[int], *, floor: int, remaining: Optional[int]) -> int:
     """``L``: with ended states of the same kind, the mean of ``D − age`` over those that lasted
     ``D > age``, or ``age`` when none did; with none, ``max(age, floor)``; at most the run's
-    ``remaining`` steps (module docstring)."""
+    ``remaining`` steps (module docstring; ``L == remaining``: the state is expected to outlive the run)."""
     longer = [d - age for d in past if d > age]
     if longer:
         life = round(sum(longer) / len(longer))
