@@ -19,17 +19,14 @@ from typing import Any, Callable, Optional
 from semimig.comm import primitives as P
 from semimig.comm.lagged import LaggedRows
 from semimig.controller.reshard import ReshardConfig, ReshardDecision, ReshardPolicy, ReshardSample
-from semimig.resharder.joint import (JointSetup, SeatMemory, as_policy_plans, even_samples, joint_problem,
-                                     per_mean_batch, reading_due)
+from semimig.resharder.joint import JointSetup, SeatMemory, even_samples, per_mean_batch
 from semimig.resharder.events import ReplanEvent, log_measured, log_replan
 from semimig.resharder.idle import IdleReader
+from semimig.resharder.jointmoves import JointMoves
 from semimig.comm.holders import skipping
 from semimig.resharder.observe import (PROBE_MAX_SIZE, gemm_baseline, probe_times, row_sample, slowest_per_position,
                                        step_sample, unshed)
 from semimig.resharder.plans import params_per_unit
-from semimig.controller.policy.gain import gain_test
-from semimig.controller.policy.states import HOLDING
-from semimig.sharding.joint import job_step, plan_job
 from semimig.sharding.plan import ShardPlan
 
 __all__ = ["Resharder"]
@@ -37,7 +34,7 @@ __all__ = ["Resharder"]
 logger = logging.getLogger(__name__)
 
 
-class Resharder:
+class Resharder(JointMoves):
     """Feeds the policy, moves on its decision (module docstring).  ``move`` is called as
     ``move(new_plan) -> (bytes this rank sent, seconds)`` (collective over the TP group).
 
@@ -326,91 +323,6 @@ class Resharder:
         changed = decisions[self.dp_rank].replan
         self.plans, self.plan = plans, mine
         return mine if changed else None
-
-    def _job_gain(self, decisions: list[ReshardDecision], *, step: int) -> Optional[Any]:
-        """No replica's policy decided, yet the job may gain: a replica balanced within itself can still
-        run slower than the others (its slow rank's replicated work, a split that no longer fits).  Once
-        every policy holds a measured plan, the job's step under the plans and split in force is set
-        against the joint planner's, with the policies' own gain test: the least gain ``ε`` the noisiest
-        replica's window allows, the moves' cost and their way back, over a life of the steps since
-        the job last moved (at least ``life_floor``).  A change of split alone moves no weights.  Read when
-        :func:`reading_due` says so, not every step: the planner's search is host work on every rank, the
-        slowest one's included."""
-        if any(policy.state != HOLDING for policy in self.policies):
-            self._job_read = None
-            return None
-        age = step - self._job_moved
-        if not reading_due(age, self._job_read):
-            return None
-        self._job_read = age
-        problem = joint_problem(self.joint, self.policies, self.samples, self._seats)
-        if problem is None:
-            return None
-        current = tuple(policy.plans for policy in self.policies)
-        answer = plan_job(problem, reference=current)
-        plans = tuple(as_policy_plans(row, now) for row, now in zip(answer.plans, current))
-        if plans == current and answer.samples == self.samples:
-            return None
-        now_s = job_step(problem, self.samples, current)
-        config = self.policy.config
-        life = max(step - self._job_moved, config.life_floor)
-        remaining = None if config.horizon is None else max(config.horizon - step, 1)
-        if remaining is not None:
-            life = min(life, remaining)
-        cost = sum(policy.move_cost_s(row, now_s) for policy, row in zip(self.policies, plans))
-        test = gain_test(now_s, answer.step, needed=max(policy.needed_gain() for policy in self.policies),
-                         life=life, move_s=cost, way_back=life != remaining)
-        if not test.passed:
-            return None
-        return self._take_joint(decisions, step=step, answer=answer, problem=problem)
-
-    def _take_joint(self, decisions: list[ReshardDecision], *, step: int, answer: Any = None,
-                    problem: Any = None) -> Optional[Any]:
-        """A policy decided: every replica's plan and the split from :func:`plan_job` on every replica's
-        window (plans in force kept where they meet the job's step), every replica moved at once, every
-        policy told its replica's plans (its window, measured under the old plans or split, dropped);
-        this replica's new plan, or ``None`` when it kept its plan.  Nothing moves when the planner keeps
-        every plan and the split."""
-        current = tuple(policy.plans for policy in self.policies)
-        if answer is None:
-            problem = joint_problem(self.joint, self.policies, self.samples, self._seats)
-            if problem is None:
-                return None
-            answer = plan_job(problem, reference=current)
-        plans = tuple(as_policy_plans(row, now) for row, now in zip(answer.plans, current))
-        if plans == current and answer.samples == self.samples:
-            return None
-        self._job_moved, self._job_read = step, None
-        if answer.memory_bound and self._speaks and self.dp_rank == 0:
-            logger.info("semimig joint plan at step %d: %s", step, answer.memory_bound)
-        changed = [row != now for row, now in zip(plans, current)]
-        uneven = tuple(self._uneven(ReshardDecision(step, plans=row)) if moved else old
-                       for row, moved, old in zip(plans, changed, self.plans))
-        costs = self._replica_costs(*self._move_replicas(uneven)) if any(changed) else [(0, 0.0)] * self.replicas
-        if self._lagged is not None:
-            self._lagged.collect()  # measured under the old plans and split: dropped
-        before = [d.current_s for d in decisions]
-        if self._speaks and self.dp_rank == 0:
-            logger.info("semimig joint plan at step %d: samples %s -> %s, plans %s, predicted step %.4g s "
-                        "(replicas %s; the plans in force: modelled %.4g s, measured %s)", step, list(self.samples),
-                        list(answer.samples), [[p.units for p in row] for row in plans], answer.step,
-                        [round(t, 4) for t in answer.replica_steps], job_step(problem, self.samples, current)
-                        if problem is not None else math.nan, [round(t, 4) for t in before])
-        for d, (policy, row) in enumerate(zip(self.policies, plans)):
-            bytes_moved, seconds = costs[d]
-            policy.moved_to(row, seconds=seconds, bytes_moved=int(bytes_moved))
-            if changed[d]:
-                per_mean = self.joint.global_batch / self.replicas / answer.samples[d]  # the policies' time base
-                decision = ReshardDecision(step, plans=row, predicted_s=answer.replica_steps[d] * per_mean,
-                                           current_s=before[d], reason=f"joint plan: samples "
-                                           f"{list(answer.samples)}, job step {answer.step:.4g} s; steps per "
-                                           "mean batch")
-                self._record(decision, uneven[d], step=step, bytes_moved=bytes_moved, seconds=seconds, replica=d)
-        self.samples = answer.samples
-        self.joint_replans.append({"step": step, "samples": list(answer.samples), "step_s": answer.step,
-                                   "memory_bound": answer.memory_bound})
-        self.plans, self.plan = uneven, uneven[self.dp_rank]
-        return self.plan if changed[self.dp_rank] else None
 
     def _record(self, decision: ReshardDecision, new: Any, *, step: int, bytes_moved: int, seconds: float,
                 replica: Optional[int]) -> None:
