@@ -98,7 +98,13 @@ def _sum(jobs: Sequence[Job], landed: Dict[Tuple[int, int, int, int], torch.Tens
             for k, (tensor, dim) in enumerate(tensors):
                 own = tensor.narrow(dim, seg.offsets[replica], seg.length)
                 parts = [own if d == replica else landed[(j, k, s, d)] for d in range(plan.replicas)]
-                acc = parts[0].clone()
-                for part in parts[1:]:
+                if len(parts) == 1:
+                    continue  # one replica: its own gradient is the mean
+                # in replica order; into ``own`` itself unless a later term still reads it (replica >= 2)
+                acc = own if replica < 2 else torch.empty_like(own)
+                torch.add(parts[0], parts[1], out=acc)
+                for part in parts[2:]:
                     acc.add_(part)
-                own.copy_(acc.div_(plan.replicas))
+                acc.div_(plan.replicas)
+                if acc is not own:
+                    own.copy_(acc)
