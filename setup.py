@@ -9,6 +9,7 @@ from setuptools import setup
 PACKAGES = [
     "semimig",
     "semimig._compat",
+    "semimig.balancer",
     "semimig.nn",
     "semimig.shardformer",
     "semimig.comm",
