@@ -71,3 +71,15 @@ def test_the_reading_is_the_least_seated_rank_s_time_in_collectives():
     out = (ShardPlan(units=(8, 8, 8, 0)), ShardPlan(units=(3, 3, 2, 0)))
     assert seat_reading(steps, out) == pytest.approx(0.9)
     assert seat_reading([], NOW) == 0.0
+
+
+def test_seats_that_outweigh_the_compute_still_give_a_proposal():
+    """Collectives measured far longer than the compute (tiny GEMMs, a loaded machine) can price the
+    candidate that unseats the slow rank below zero seconds; the fewest-seats choice within the margin
+    then still has that candidate (an empty choice was a crash inside the policy's bet)."""
+    plans = (ShardPlan.even(32, 2), ShardPlan.even(4, 2))
+    model = StepModel(speeds=(1.0, 0.2), replicated=0.2, shardable=1.6, idle_free=True)
+    for comm in (1.0, 100.0):
+        proposal = propose(model, plans, (0.8, 0.2), slow=True, min_units=0, margin=0.03, unseat=frozenset({1}),
+                           comm=comm)
+        assert [p.units[1] for p in proposal] == [0, 0], comm

@@ -119,7 +119,8 @@ def propose(model: StepModel, plans: Sequence[ShardPlan], weights: Sequence[floa
 
     best = min(candidates, key=cost)
     if model.idle_free and unseat:  # within the margin: the fewest seats of the slow ranks (module docstring)
-        close = [c for c in candidates if cost(c) <= cost(best) * (1.0 + margin)]
+        # ``or [best]``: seats measured longer than the compute can price a candidate below 0 s, under its margin
+        close = [c for c in candidates if cost(c) <= cost(best) * (1.0 + margin)] or [best]
         best = min(close, key=lambda c: (sum(p.units[r] > 0 for p in c for r in unseat), cost(c)))
     if even is not None and cost(best) * (1.0 + margin) >= cost(even):
         return even
