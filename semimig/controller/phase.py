@@ -63,15 +63,6 @@ class Phase:
         self._restart()
         return [b.layer for b in self.binding.layers]
 
-    @property
-    def busy_scale(self) -> tuple[float, ...]:
-        """What each rank's busy time is divided by before its timing model reads it: its
-        :attr:`baseline` over the least (all 1 without one)."""
-        if self.baseline is None:
-            return (1.0,) * self.size
-        low = min(self.baseline)
-        return tuple(b / low for b in self.baseline)
-
     def _check_baseline(self, baseline: Optional[Sequence[float]]) -> Optional[tuple[float, ...]]:
         if baseline is None:
             return None

@@ -321,7 +321,7 @@ class BalanceController(Decisions, Phase):
                             what=f"plan applied in iteration {self.iteration - 1}")
             check_agreement([row[3] for row in rows], pending, self.group,
                             what=f"plan decided at step {self.iteration}")
-            for timing, scale, (work, busy, _, _, ok, _, sudden, other) in zip(self.timings, self.busy_scale, rows):
+            for timing, scale, (work, busy, _, _, ok, _, sudden, other) in zip(self.timings, self.policy.scale, rows):
                 if ok:  # other: the step's compute minus busy time (ShedPolicy's other_s)
                     timing.observe(work, busy / scale, sudden=sudden, other_s=other / scale)
             self._current = verified  # equal on every rank: now it may reach the layers

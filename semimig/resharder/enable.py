@@ -111,7 +111,8 @@ def make_resharder(model: Any, optimizer: Any, plugin: Any, plan: Any, mode: str
         new shapes; the bound layers, or ``None`` when nothing changed.  Mode semi on uneven shards:
         only measuring until the policy has a full window under the new plan (``settled``), then
         resizing only, each rank's busy time compared with its own measured under the new plan (its
-        baseline: :class:`~semimig.controller.shedding.ShedPolicy`); on even shards semi again (migration assumes equal K per rank)."""
+        baseline: :class:`~semimig.controller.shedding.ShedPolicy`); on even shards semi again (migration
+        assumes equal K per rank)."""
         even = len(set(new_plan.mlp_units)) == 1 and len(set(new_plan.kv_units)) == 1
         semi = mode == "semi"
         phase = dict(hold=semi and not even and not settled, even=even,

@@ -11,7 +11,7 @@ import logging
 import math
 from typing import Any, Optional
 
-from semimig.controller.policy.gain import gain_test
+from semimig.controller.policy.gain import expected_life, gain_test
 from semimig.controller.policy.states import HOLDING
 from semimig.controller.reshard import ReshardDecision
 from semimig.resharder.joint import as_policy_plans, joint_problem, reading_due
@@ -51,10 +51,8 @@ class JointMoves:
             return None
         now_s = job_step(problem, self.samples, current)
         config = self.policy.config
-        life = max(step - self._job_moved, config.life_floor)
         remaining = None if config.horizon is None else max(config.horizon - step, 1)
-        if remaining is not None:
-            life = min(life, remaining)
+        life = expected_life(step - self._job_moved, (), floor=config.life_floor, remaining=remaining)
         cost = sum(policy.move_cost_s(row, now_s) for policy, row in zip(self.policies, plans))
         test = gain_test(now_s, answer.step, needed=max(policy.needed_gain() for policy in self.policies),
                          life=life, move_s=cost, way_back=life != remaining)
