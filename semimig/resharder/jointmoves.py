@@ -77,6 +77,8 @@ class JointMoves:
         if plans == current and answer.samples == self.samples:
             return None
         self._job_moved, self._job_read = step, None
+        if problem is not None and self._speaks and self.dp_rank == 0:
+            logger.debug("semimig joint plan at step %d from %r", step, problem)
         if answer.memory_bound and self._speaks and self.dp_rank == 0:
             logger.info("semimig joint plan at step %d: %s", step, answer.memory_bound)
         changed = [row != now for row, now in zip(plans, current)]
