@@ -48,20 +48,20 @@ optimizer state of another shape (factored).
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from semimig.comm import primitives as P
-from semimig.controller.agreement import gather_verdicts
 from semimig.errors import ConfigError
+from semimig.shardformer.carriers import carriers_of, materialise, optimizer_parts, zero_carriers
+from semimig.shardformer.plan_agreement import digest, replica_verdict, tp_verdict
 from semimig.sharding.move import move_schedule
 from semimig.sharding.plan import ShardPlan, kv_group_unit
 from semimig.sharding.split import packed_shard_functions
@@ -220,163 +220,6 @@ def current_plan(model: nn.Module, *, block_size: Optional[int] = None):
     return _plan_from_layers(config, layers, block_size)
 
 
-# ----------------------------------------------------------------------------- the optimizer's view
-def _optimizer_parts(optimizer: Any) -> Tuple[Any, Dict[Any, Any], Optional[Any]]:
-    """``(torch optimizer holding the state, working -> master map, the ZeRO optimizer or None)``;
-    refuses Gemini, and the ZeRO options whose buffers are not per parameter, by name."""
-    from colossalai.interface import OptimizerWrapper
-    from colossalai.zero.gemini.gemini_optimizer import GeminiOptimizer
-    from colossalai.zero.low_level.low_level_optim import LowLevelZeroOptimizer
-
-    masters: Dict[Any, Any] = {}
-    current = optimizer
-    while current is not None:
-        if isinstance(current, GeminiOptimizer):
-            raise ConfigError(f"apply_plan: {type(current).__name__} (Gemini) keeps parameters and optimizer state in "
-                              "chunks sized by the old plan; re-plan by checkpoint and resume (HybridParallelPlugin "
-                              "with zero_stage 0, 1 or 2 re-plans in process)")
-        if isinstance(current, LowLevelZeroOptimizer):
-            problems = [(not current._master_weights, "master_weights=False (the masters are views of the working "
-                         "parameters)"), (current._overlap_allgather, "overlap_allgather=True (pending all-gather "
-                         "handles on the parameters)"), (current._cpu_offload, "cpu_offload=True")]
-            for problem, why in problems:
-                if problem:
-                    raise ConfigError(f"apply_plan: {type(current).__name__} with {why} cannot be re-planned in "
-                                      "process; re-plan by checkpoint and resume")
-            return current.optim, masters, current
-        masters.update(getattr(current, "working_to_master_map", None) or {})
-        if isinstance(current, OptimizerWrapper):
-            current = current.optim
-            continue
-        break
-    if not isinstance(current, torch.optim.Optimizer):
-        raise ConfigError(f"apply_plan: optimizer must be a torch.optim.Optimizer or a Colossal-AI wrapper of one, "
-                          f"got {type(optimizer).__name__}")
-    return current, masters, None
-
-
-Setter = Callable[[torch.Tensor], None]
-
-
-def _forget_grad_accumulator(tensor: torch.Tensor) -> None:
-    """Make autograd build a new gradient accumulator for ``tensor`` at its next use.
-
-    A leaf's accumulator records the leaf's shape when it is made and lives as long as anyone holds it
-    (DDP's reducer does); ``tensor.data = new`` keeps it unless the dtype or the device changes, so a new
-    shape would meet the old metadata in backward.  Passing through an empty tensor of another dtype
-    drops it (``VariableHooks::set_data``).  Hooks put on the old accumulator node go with it (DDP's are
-    rebuilt, :func:`_rebuild_ddp`); hooks registered on the tensor itself stay."""
-    other = torch.float64 if tensor.dtype != torch.float64 else torch.float32
-    tensor.data = torch.empty(0, dtype=other, device=tensor.device)
-
-
-def _carriers(param: nn.Parameter, inner: torch.optim.Optimizer, masters: Dict[Any, Any]
-              ) -> List[Tuple[torch.Tensor, Setter]]:
-    """Every tensor laid out like ``param``'s shard, with how to put its replacement in place."""
-    def data_setter(t: torch.Tensor) -> Setter:
-        def put(new: torch.Tensor) -> None:
-            _forget_grad_accumulator(t)
-            t.data = new
-        return put
-
-    def state_setter(state: dict, key: Any) -> Setter:
-        def put(new: torch.Tensor) -> None:
-            state[key] = new
-        return put
-
-    out: List[Tuple[torch.Tensor, Setter]] = [(param.data, data_setter(param))]
-    master = masters.get(param, param)
-    if master is not param:
-        out.append((master.data, data_setter(master)))
-    for state, key, value in _sliced_state(inner, master, param.shape, "its parameter's"):
-        out.append((value, state_setter(state, key)))
-    return out
-
-
-def _sliced_state(inner: torch.optim.Optimizer, key: Any, shape: torch.Size, whose: str
-                  ) -> List[Tuple[dict, Any, torch.Tensor]]:
-    """``(state dict, key, tensor)`` of every per-parameter state tensor of ``key`` (the parameter or its
-    master) laid out like it, ``shape``; a scalar (AdamW's ``step``) is the same for every slice and
-    stays; any other shape (factored state, e.g. Adafactor's) cannot be re-sliced and is refused."""
-    state = inner.state.get(key, {})
-    out = []
-    for name in sorted(state, key=str):
-        value = state[name]
-        if not torch.is_tensor(value) or value.dim() == 0:
-            continue
-        if value.shape != shape:
-            raise ConfigError(f"apply_plan: {type(inner).__name__} state {name!r} has shape {tuple(value.shape)}, "
-                              f"not {whose} {tuple(shape)} (factored state cannot be re-sliced)")
-        out.append((state, name, value))
-    return out
-
-
-class _Gathered:
-    """A ZeRO carrier: the data-parallel shards of a tensor laid out like the parameter, gathered into
-    the full tensor only when its layer moves (a collective over the parameter's DP group)."""
-
-    def __init__(self, shard: torch.Tensor, param: nn.Parameter, zero: Any) -> None:
-        self.shard, self.param, self.zero = shard, param, zero
-        self.dtype = shard.dtype
-
-    def get(self) -> torch.Tensor:
-        store = self.zero.pid_to_bucket_store[id(self.param)]
-        if store.world_size == 1:
-            flat = self.shard
-        else:
-            parts = [torch.empty_like(self.shard) for _ in range(store.world_size)]
-            dist.all_gather(parts, self.shard.contiguous(), group=store.torch_pg)
-            flat = torch.cat(parts)
-        return flat[:self.param.numel()].view(self.param.shape)
-
-
-def _dp_split(zero: Any, param: nn.Parameter, full: torch.Tensor) -> Tuple[torch.Tensor, int]:
-    """``(this DP rank's shard of full, the padding)``, as LowLevelZero cuts a parameter: flattened, padded to a
-    multiple of the DP size, split evenly (``_create_master_param_current_rank``)."""
-    store = zero.pid_to_bucket_store[id(param)]
-    padding = (store.world_size - full.numel() % store.world_size) % store.world_size
-    flat = full.reshape(-1)
-    if padding:
-        flat = torch.nn.functional.pad(flat, [0, padding])
-    return flat.split(flat.numel() // store.world_size)[store.local_rank].clone(), padding
-
-
-def _zero_carriers(param: nn.Parameter, inner: torch.optim.Optimizer, zero: Any) -> List[Tuple[Any, Setter]]:
-    """:func:`_carriers` under LowLevelZero (ZeRO-1/2): the working parameter is whole on every DP rank
-    (padded into the buffer its all-gather writes); its fp32 master and the master's optimizer state are
-    this DP rank's shard, gathered when the layer moves and cut again (:func:`_dp_split`) when put.  A
-    frozen parameter (``requires_grad=False``) has no master and no state: only its data moves."""
-    master = zero.working_to_master_param.get(id(param))
-    if master is None:
-        return _carriers(param, inner, {})
-
-    def put_working(new: torch.Tensor) -> None:
-        _forget_grad_accumulator(param)
-        flat = new.reshape(-1)
-        padding = (-flat.numel()) % zero.pid_to_bucket_store[id(param)].world_size
-        padded = torch.nn.functional.pad(flat, [0, padding]) if padding else flat
-        param.data = padded[:flat.numel()].view(new.shape)  # shares the padded buffer, as ZeRO builds it
-        zero.record_param_padding_size(param, padding)
-        zero._working_param_to_padded_working_param[param] = padded
-
-    def put_master(new: torch.Tensor) -> None:
-        master.data = _dp_split(zero, param, new)[0]  # the same object: param groups and state keep their key
-
-    def put_state(state: dict, key: Any) -> Setter:
-        def put(new: torch.Tensor) -> None:
-            state[key] = _dp_split(zero, param, new)[0]
-        return put
-
-    out: List[Tuple[Any, Setter]] = [(param.data, put_working), (_Gathered(master.data, param, zero), put_master)]
-    for state, key, value in _sliced_state(inner, master, master.shape, "its ZeRO master shard's"):
-        out.append((_Gathered(value, param, zero), put_state(state, key)))
-    return out
-
-
-def _materialise(tensor: Any) -> torch.Tensor:
-    return tensor.get() if isinstance(tensor, _Gathered) else tensor
-
-
 # ----------------------------------------------------------------------------- the move
 def _exchange(jobs, rank: int, group) -> Tuple[List[torch.Tensor], int, int]:
     """``jobs``: ``(schedule, [(old tensor, dim, new shape)])``.  Returns the new tensors (in job, carrier
@@ -485,42 +328,6 @@ def _set_attention(model: nn.Module, layers: List[_Layer], resolved, rank: int) 
                 setattr(attention, key, value)
 
 
-def _digest(*items: Any) -> str:
-    return hashlib.sha256(repr(items).encode()).hexdigest()[:16]
-
-
-Digest = Tuple[str, Any, Optional[str], str, str]
-"""A rank's ``(new plan, resolved sizes, problem resolving it, digest of old sizes, digest of what its
-optimizer holds)``."""
-
-
-def _first_disagreement(mine: Digest, every: List[Digest], me: int, peer: str) -> Optional[str]:
-    """The refusal for the first of ``every`` (gathered digests, indexed like ``me``) that holds another
-    plan (fields ``[:2]``) or another model or optimizer state (fields ``[3:]``) than ``mine``, or ``None``.
-    ``peer`` names one of them: ``"TP rank"`` or ``"data-parallel replica"``."""
-    for r, theirs in enumerate(every):
-        if theirs[:2] != mine[:2]:
-            return (f"apply_plan: {peer} {me} and {peer} {r} disagree on the new plan: {peer} {me} has {mine[0]}, "
-                    f"{peer} {r} has {theirs[0]}; every rank (tensor- and data-parallel) must pass the same plan")
-        if theirs[3:] != mine[3:]:
-            return (f"apply_plan: {peer} {r}'s model or optimizer state differs from {peer} {me}'s (shard sizes "
-                    "or optimizer state kinds); re-plan only between steps, after optimizer.step() on every rank")
-    return None
-
-
-def _tp_verdict(mine: Digest, rank: int, tp: int, group) -> Optional[str]:
-    """Phase 1 of the agreement (a collective over the TP group): the refusal every TP rank reaches
-    from the gathered digests, or ``None``."""
-    every = [mine] * tp
-    if tp > 1:
-        every = [None] * tp
-        dist.all_gather_object(every, mine, group=group)
-    for r, theirs in enumerate(every):
-        if theirs[2] is not None:
-            return f"apply_plan: {theirs[0]} does not fit the model (TP rank {r}): {theirs[2]}"
-    return _first_disagreement(mine, every, rank, "TP rank")
-
-
 def _zero_stage(optimizer: Any) -> int:
     """The ZeRO stage of a Colossal-AI optimizer (1 or 2; 0 when it names none)."""
     current = optimizer
@@ -547,16 +354,6 @@ def _replica_group(model: nn.Module, zero: Any, layers: List[_Layer]):
             if store is not None and store.world_size > 1:
                 return store.torch_pg
     return None
-
-
-def _replica_verdict(mine: Digest, verdict: Optional[str], replicas) -> Optional[str]:
-    """Phase 2 (a collective over the DP group, reached by every rank: phase 1 raised nothing yet): the
-    rank at this TP position in every replica must hold the same digest; any replica's phase-1 refusal
-    is everyone's, so no replica moves alone (it would hang in ZeRO's gathers or mix shapes)."""
-    every, refusal = gather_verdicts(mine, verdict, replicas, "data-parallel replica")
-    if refusal is not None:
-        return refusal
-    return _first_disagreement(mine, every, dist.get_rank(replicas), "data-parallel replica")
 
 
 @torch.no_grad()
@@ -586,7 +383,7 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None,
         raise
     from semimig.shardformer import skip
 
-    inner, masters, zero = _optimizer_parts(optimizer)
+    inner, masters, zero = optimizer_parts(optimizer)
     skip.before_move(model)  # a rank that skipped its steps takes the optimizer state it lacks
     if replica_plans is None and getattr(model, "_semimig_replica_reduction", None) is not None:
         raise ConfigError("apply_plan: the replicas hold different plans (semimig.shardformer.replicas."
@@ -610,14 +407,14 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None,
         except ConfigError as err:
             problem = str(err)
 
-    carriers = {layer.name: [(name, _carriers(p, inner, masters) if zero is None else _zero_carriers(p, inner, zero))
+    carriers = {layer.name: [(name, carriers_of(p, inner, masters) if zero is None else zero_carriers(p, inner, zero))
                              for name, p, _ in layer.params()]
                 for layer in layers}
-    signature = _digest([(n, [[c.dtype for c, _ in cs] for _, cs in v]) for n, v in carriers.items()])
+    signature = digest([(n, [[c.dtype for c, _ in cs] for _, cs in v]) for n, v in carriers.items()])
     old_sizes = tuple(layer.plans[0].sizes for layer in layers)
     new_sizes = None if resolved is None else (resolved.mlp.sizes, resolved.q.sizes, resolved.kv.sizes)
-    mine = (str(new_plan), new_sizes, problem, _digest(old_sizes), signature)
-    verdict = _tp_verdict(mine, rank, tp, group)
+    mine = (str(new_plan), new_sizes, problem, digest(old_sizes), signature)
+    verdict = tp_verdict(mine, rank, tp, group)
     replicas = _replica_group(model, zero, layers)
     if replica_plans is not None:  # replicas agree on every replica's plan; their old shards may differ
         if zero is not None and len({str(p) for p in replica_plans}) > 1:
@@ -627,7 +424,7 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None,
         if replicas is not None:
             mine = (str(tuple(str(p) for p in replica_plans)), None, problem, "", signature)
     if replicas is not None:  # the move is a collective over the replicas too (ZeRO's gathers, DDP's rebuild)
-        verdict = _replica_verdict(mine, verdict, replicas)
+        verdict = replica_verdict(mine, verdict, replicas)
     if verdict is not None:
         raise ConfigError(verdict)
 
@@ -645,7 +442,7 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None,
         for (_, _, dim), (_, tensors) in zip(layer.params(), carriers.pop(layer.name)):
             job = []
             for tensor, put in tensors:
-                tensor = _materialise(tensor)  # ZeRO: the DP shards gathered (same order on every rank)
+                tensor = materialise(tensor)  # ZeRO: the DP shards gathered (same order on every rank)
                 shape = list(tensor.shape)
                 shape[dim] = width
                 job.append((tensor, dim, shape))

@@ -249,9 +249,10 @@ def apply_replica_plans(model: nn.Module, optimizer: Any, plans_by_replica: Sequ
     replicas = dist.get_world_size(ddp.process_group) if ddp is not None else None
     _, layers = _layers(model)
     if replicas is None:  # ZeRO (no DDP): its own DP group
-        from semimig.shardformer.replan import _optimizer_parts, _replica_group
+        from semimig.shardformer.carriers import optimizer_parts
+        from semimig.shardformer.replan import _replica_group
 
-        group = _replica_group(model, _optimizer_parts(optimizer)[2], layers)
+        group = _replica_group(model, optimizer_parts(optimizer)[2], layers)
         replicas = dist.get_world_size(group) if group is not None else 1
         replica = dist.get_rank(group) if group is not None else 0
     else:

@@ -192,7 +192,8 @@ def _parts(model: nn.Module) -> Tuple[List[nn.Parameter], List[Tuple[nn.Paramete
 
 def blocker(model: nn.Module, plugin: Any, optimizer: Any) -> Optional[str]:
     """Why an idle rank cannot skip its steps in this job (``None``: it can)."""
-    from semimig.shardformer.replan import _layers, _optimizer_parts
+    from semimig.shardformer.carriers import optimizer_parts
+    from semimig.shardformer.replan import _layers
 
     if plugin.pp_size > 1:
         return f"pp_size={plugin.pp_size} (a stage's idle rank still relays the pipeline)"
@@ -206,7 +207,7 @@ def blocker(model: nn.Module, plugin: Any, optimizer: Any) -> Optional[str]:
         return "parallel_output=False (the head gathers its output over the whole group)"
     try:
         config, _ = _layers(model)
-        _optimizer_parts(optimizer)
+        optimizer_parts(optimizer)
     except Exception as err:  # noqa: BLE001 - any refusal is a reason not to skip
         return str(err)
     if getattr(config, "model_type", None) not in ("llama", "qwen2", "mistral"):
@@ -336,14 +337,15 @@ def _prepare_groups(state: SkipState, resolved: Any, holders: Tuple[int, ...]) -
 
 def _move_rows(state: SkipState, params: Sequence[nn.Parameter], old: Tuple[int, ...], new: Tuple[int, ...]) -> None:
     """Move the rows of ``params`` (dim 0) and of their optimizer state from the ``old`` rows per rank to ``new``."""
-    from semimig.shardformer.replan import _carriers, _exchange, _optimizer_parts
+    from semimig.shardformer.carriers import carriers_of, optimizer_parts
+    from semimig.shardformer.replan import _exchange
 
     if old == new:
         return
-    inner, masters, _ = _optimizer_parts(state.optimizer)
+    inner, masters, _ = optimizer_parts(state.optimizer)
     schedule = move_schedule([ShardPlan(units=old)], [ShardPlan(units=new)])
     for param in params:
-        carriers = _carriers(param, inner, masters)
+        carriers = carriers_of(param, inner, masters)
         job = []
         for tensor, _ in carriers:
             shape = list(tensor.shape)
@@ -406,9 +408,9 @@ def _state_from_root(state: SkipState) -> None:
     with their optimizer state, and every other parameter's scalar state (AdamW's ``step``); a state
     tensor laid out like a sharded parameter is made, zero, where a rank has none (a rank that skipped
     holds no row of it)."""
-    from semimig.shardformer.replan import _optimizer_parts
+    from semimig.shardformer.carriers import optimizer_parts
 
-    inner, masters, _ = _optimizer_parts(state.optimizer)
+    inner, masters, _ = optimizer_parts(state.optimizer)
     params = list(state.model.parameters())  # the same order on every rank
     whole = {id(p) for p in state.replicated}
     layout: List[Any] = [None]

@@ -146,7 +146,8 @@ def _slices_body(rank, world, name, precision, uneven, even, built_uneven=False)
     """Two steps even, gather every paired tensor in full; re-plan; compare each local tensor with the new
     plan's slice of the full one (bit for bit); one training step.  Then back to even, and again."""
     from semimig.sharding import apply_plan, current_plan
-    from semimig.shardformer.replan import _carriers, _layers, _optimizer_parts
+    from semimig.shardformer.carriers import carriers_of, optimizer_parts
+    from semimig.shardformer.replan import _layers
     from semimig.sharding.split import shard_packed
     from semimig.shardformer import UnevenPlan
 
@@ -157,7 +158,7 @@ def _slices_body(rank, world, name, precision, uneven, even, built_uneven=False)
         booster.backward(model(**token_batch(step)).loss, optimizer)
         optimizer.step()
         optimizer.zero_grad()
-    inner, masters, _ = _optimizer_parts(optimizer)
+    inner, masters, _ = optimizer_parts(optimizer)
     block = even["block_size"]
     out = {"before": current_plan(model, block_size=block), "losses": []}
     checked = 0
@@ -169,7 +170,7 @@ def _slices_body(rank, world, name, precision, uneven, even, built_uneven=False)
             plans = layer.plans
             for pname, param, dim in layer.params():
                 parts = [plan.dimension for plan in plans]
-                full[(layer.name, pname)] = [_full(t, parts, plans, dim) for t, _ in _carriers(param, inner, masters)]
+                full[(layer.name, pname)] = [_full(t, parts, plans, dim) for t, _ in carriers_of(param, inner, masters)]
         report = apply_plan(model, optimizer, target)
         _, layers = _layers(model)
         state = model.unwrap().state_dict()
@@ -177,7 +178,7 @@ def _slices_body(rank, world, name, precision, uneven, even, built_uneven=False)
             plans = layer.plans
             parts = [plan.dimension for plan in plans]
             for pname, param, dim in layer.params():
-                now = [t for t, _ in _carriers(param, inner, masters)]
+                now = [t for t, _ in carriers_of(param, inner, masters)]
                 before = full[(layer.name, pname)]
                 assert len(now) == len(before) == (4 if precision == "bf16" else 3), (layer.name, len(now))
                 for t, f in zip(now, before):
