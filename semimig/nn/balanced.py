@@ -30,8 +30,8 @@ from semimig.comm.holders import HolderSum, holders_of, skipping
 from semimig.errors import ConfigError
 from semimig.nn.conversion import check_constructor, check_divisible, check_options, check_split_sizes
 from semimig.nn.directive import LayerDirective
-from semimig.nn.functional import (column_parallel_linear, drop_pair_span, drop_pair_span_in_backward,
-                                   row_parallel_linear)
+from semimig.nn.functional import column_parallel_linear, row_parallel_linear
+from semimig.nn.spans import drop_pair_span, drop_pair_span_in_backward
 from semimig.nn.uneven import Plans, presharded, uneven_plans
 
 TensorFn = Callable[[torch.Tensor], torch.Tensor]

@@ -37,7 +37,7 @@ With no directive both reduce to Colossal-AI's computation, formulated the same 
 way (the column backward starts the ``dx`` all-reduce, computes ``dw`` while it runs, then
 waits), so results agree bit for bit.  Under ``split_gather`` sequence parallelism (``seq_dim``)
 the collectives are Colossal-AI's too: the column layer all-gathers the sequence in forward and
-reduce-scatters ``dx`` in backward, the row layer reduce-scatters ``y`` and all-gathers ``dy``.  Pruned GEMMs go through :mod:`semimig.kernels` with one
+reduce-scatters ``dx`` in backward, the row layer reduce-scatters ``y`` and all-gathers ``dy`` (:mod:`semimig.nn.collectives`).  Pruned GEMMs go through :mod:`semimig.kernels` with one
 validated keep plan per layer, rebuilt only when the keep set changes.
 
 Busy time (DESIGN §3a).  With a directive, every piece of a rank's own work runs inside
@@ -49,7 +49,7 @@ step clock's communication region (:func:`semimig.comm.primitives.time_collectiv
 two layers of a pair (the attention core, the activation) is marked for the meter's
 ``paired_gap_s`` (:mod:`semimig.straggler.busy`): opened when a column forward or a row backward
 ends, closed when a row forward or a column backward starts — only for a meter with
-``marks_spans`` (the re-sharding policy's); other modes run no mark at all.
+``marks_spans`` (the re-sharding policy's; :mod:`semimig.nn.spans`); other modes run no mark at all.
 """
 from __future__ import annotations
 
@@ -67,7 +67,9 @@ from semimig.kernels import KeepPlan, impute_
 from semimig.kernels import ops as kernel_ops
 from semimig.kernels.backend import resolve_backend
 from semimig.kernels.reference import compact_linear_fwd, compact_linear_wgrad, rows_linear_fwd, rows_linear_wgrad
+from semimig.nn.collectives import gather_sequence, reduce_input_grad_start, reduce_output
 from semimig.nn.directive import LayerDirective
+from semimig.nn.spans import mark_gap
 
 
 # ----------------------------------------------------------------------------- own work, timed
@@ -75,50 +77,6 @@ def _timed(d: LayerDirective, fn: Callable[[], Any], flops: int, full_flops: int
     if d.timer is None:
         return fn()
     return d.timer.timed(fn, flops=flops, full_flops=full_flops)
-
-
-def _span_mark(d: Optional[LayerDirective], name: str) -> Optional[Callable]:
-    """The timer's ``open_gap`` / ``close_gap`` / ``drop_gap``, or ``None`` (no directive, no timer,
-    or a timer that does not mark the span between a pair's layers: ``marks_spans`` unset)."""
-    timer = getattr(d, "timer", None)
-    return getattr(timer, name, None) if getattr(timer, "marks_spans", False) else None
-
-
-def _gap(d: LayerDirective, phase: str, *, opening: bool) -> None:
-    """Mark the span between a pair's layers (module docstring); timers without marks ignore it."""
-    mark = _span_mark(d, "open_gap" if opening else "close_gap")
-    if mark is not None:
-        mark(phase)
-
-
-def drop_pair_span(d: Optional[LayerDirective]) -> None:
-    """A collective runs now, inside the span between a pair's layers: that span is not the pair's
-    own work (a column layer's ``gather_output``)."""
-    drop = _span_mark(d, "drop_gap")
-    if drop is not None:
-        drop()
-
-
-class _DropSpanInBackward(torch.autograd.Function):
-    """Identity; its backward drops the span in progress (the op after it in forward runs a
-    collective in backward: a row layer's ``parallel_input=False`` split)."""
-
-    @staticmethod
-    def forward(ctx, x, d):
-        ctx.d = d
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, dy):
-        drop_pair_span(ctx.d)
-        return dy, None
-
-
-def drop_pair_span_in_backward(x: torch.Tensor, d: Optional[LayerDirective]) -> torch.Tensor:
-    """``x`` itself; in backward, the pair span in progress is dropped when this point is reached."""
-    if _span_mark(d, "drop_gap") is None:
-        return x
-    return _DropSpanInBackward.apply(x, d)
 
 
 def _own_plan(d: LayerDirective, rank: int, k: int, k_own: int, device: torch.device,
@@ -286,14 +244,14 @@ def _paired_column_forward(ctx, d: LayerDirective, x, weight, bias):
 
     ctx.w_rows, y2d = _timed(d, lambda: rows_linear_fwd(x2d, weight, bias, rows),
                              2 * x2d.shape[0] * rows.numel() * k, 2 * x2d.shape[0] * n * k)
-    _gap(d, "forward", opening=True)
+    mark_gap(d, "forward", opening=True)
     return y2d.reshape(*x.shape[:-1], rows.numel())
 
 
 def _paired_column_backward(ctx, d: LayerDirective, dy, x, weight):
     """``dx = all_reduce(dy @ w[S, :])``; ``dw[S, :] = dy^T @ x``, ``db[S] = sum(dy)``, exact zeros on
     the other rows (their outputs fed only the row layer's pruned columns)."""
-    _gap(d, "backward", opening=False)
+    mark_gap(d, "backward", opening=False)
     if d.on_backward is not None:
         d.on_backward()
     _mark_paired(d)
@@ -301,7 +259,7 @@ def _paired_column_backward(ctx, d: LayerDirective, dy, x, weight):
     (m, kept), (n, k) = dy2d.shape, weight.shape
     rows = ctx.plan.keep.long()
     dx2d = _timed(d, lambda: dy2d.matmul(ctx.w_rows), 2 * m * kept * k, 2 * m * n * k)
-    dx, handle = _reduce_input_grad_start(dx2d.reshape(x.shape), ctx)  # overlaps the weight gradient, as the dense layer
+    dx, handle = reduce_input_grad_start(dx2d.reshape(x.shape), ctx)  # overlaps the weight gradient, as the dense layer
 
     def work():
         dw = rows_linear_wgrad(dy2d, x2d, rows, n)
@@ -345,45 +303,6 @@ def _paired_row_backward(ctx, d: LayerDirective, dy2d, x2d, weight):
     return dx2d, dw
 
 
-# ----------------------------------------------------------------------------- sequence parallelism
-def _gather_sequence(x: torch.Tensor, dim: int, group: ProcessGroup) -> torch.Tensor:
-    """Every rank's chunk of the sequence concatenated along ``dim`` (Colossal-AI's ``_gather``)."""
-    x = x.contiguous()
-    pieces = [torch.empty_like(x) for _ in range(P.group_size(group))]
-    P.all_gather_(pieces, x, group)
-    return torch.cat(pieces, dim=dim).contiguous()
-
-
-def _reduce_scatter_start(full: torch.Tensor, dim: int, group: ProcessGroup):
-    """Start the group's sum of ``full`` keeping this rank's chunk along ``dim`` (Colossal-AI's
-    reduce-scatter): ``(chunk, handle)``; :func:`P.wait` the handle before reading the chunk."""
-    size = P.group_size(group)
-    if full.shape[dim] % size:
-        raise ConfigError(f"split_gather: the sequence dimension {dim} of size {full.shape[dim]} is not a multiple "
-                          f"of the tensor-parallel size {size}")
-    pieces = [piece.contiguous() for piece in torch.chunk(full, size, dim=dim)]
-    out = torch.empty_like(pieces[0])
-    return out, P.reduce_scatter_start(out, pieces, group)
-
-
-def _reduce_output(y: torch.Tensor, ctx) -> torch.Tensor:
-    """A row layer's forward collective: all-reduce (over the holders when some rank holds no column,
-    :mod:`semimig.comm.holders`), or reduce-scatter along the sequence (``split_gather``)."""
-    if ctx.seq_dim is None:
-        return P.all_reduce_(y, ctx.group) if ctx.holders is None else ctx.holders.all_reduce_(y)
-    out, handle = _reduce_scatter_start(y, ctx.seq_dim, ctx.group)
-    P.wait(handle)
-    return out
-
-
-def _reduce_input_grad_start(dx: torch.Tensor, ctx):
-    """A column layer's backward collective on ``dx`` (shaped as the gathered input): all-reduce, or
-    reduce-scatter back to this rank's sequence chunk (``split_gather``); ``(result, handle)``."""
-    if ctx.seq_dim is None:
-        return dx, P.all_reduce_start(dx, ctx.group) if ctx.holders is None else ctx.holders.start(dx)
-    return _reduce_scatter_start(dx, ctx.seq_dim, ctx.group)
-
-
 # ----------------------------------------------------------------------------- column layer
 class _ColumnParallelLinear(torch.autograd.Function):
     """``y = x[:, S] @ w[:, S]^T + b``; backward ``dx = all_reduce(dy @ w[:, S])``, ``dw[:, S] = dy^T @ x[:, S]``."""
@@ -393,7 +312,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
                 holders: Optional[HolderSum]):
         ctx.group, ctx.d, ctx.use_bias, ctx.seq_dim, ctx.holders = group, d, bias is not None, seq_dim, holders
         if seq_dim is not None:  # split_gather: the whole sequence, as Colossal-AI gathers it
-            x = _gather_sequence(x, seq_dim, group)
+            x = gather_sequence(x, seq_dim, group)
         ctx.save_for_backward(x, weight)
         if d is None:
             return F.linear(x, weight, bias)
@@ -414,7 +333,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
                 part = _timed(d, lambda: x2d[:, xc].matmul(w_blk[:, wc].t()), 2 * x2d.shape[0] * weight.shape[0] * width, 0)
             if d.exchange.policy == "broadcast-reduce" or part is not None:
                 d.exchange.return_sum(part if part is not None else y2d.new_zeros(y2d.shape), share)
-        _gap(d, "forward", opening=True)
+        mark_gap(d, "forward", opening=True)
         return y2d.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -426,14 +345,14 @@ class _ColumnParallelLinear(torch.autograd.Function):
             dy2d, x2d = dy.contiguous(), x.contiguous()
             if dy2d.dim() > 2:
                 dy2d, x2d = _flat(dy2d), _flat(x2d)
-            dx, handle = _reduce_input_grad_start(dx, ctx)  # overlaps the weight gradient below
+            dx, handle = reduce_input_grad_start(dx, ctx)  # overlaps the weight gradient below
             dw = dy2d.t().matmul(x2d)
             db = dy2d.sum(dim=0) if ctx.use_bias else None
             P.wait(handle)
             return dx, dw, db, None, None, None, None
         if d.rows is not None:
             return (*_paired_column_backward(ctx, d, dy, x, weight), None, None)
-        _gap(d, "backward", opening=False)
+        mark_gap(d, "backward", opening=False)
         rank, k = ctx.rank, weight.shape[1]
         dy2d, x2d = _open_backward(ctx, d, dy, x, k)
         shares = d.layout.shares if d.migrating else ()
@@ -449,7 +368,7 @@ class _ColumnParallelLinear(torch.autograd.Function):
                 dx_part = _timed(d, lambda: dy_k.matmul(w_blk[:, wc]), 2 * m * n * width, 0)
             d.exchange.merge_block(dx2d[:, k - share.count:], dx_part, share)
             blocks.append(cols)
-        dx, handle = _reduce_input_grad_start(dx2d.reshape(x.shape), ctx)  # dx complete: reduce it while the weight gradients run
+        dx, handle = reduce_input_grad_start(dx2d.reshape(x.shape), ctx)  # dx complete: reduce it while the weight gradients run
         dw, db = _own_wgrad(dy2d, x2d, ctx.plan, ctx.backend, d, ctx.use_bias, ctx.pruned)
         for share, dy_k, cols in zip(shares, dys, blocks):
             dw_part = None
@@ -474,8 +393,8 @@ class _RowParallelLinear(torch.autograd.Function):
         ctx.group, ctx.d, ctx.seq_dim, ctx.holders = group, d, seq_dim, holders
         ctx.save_for_backward(x, weight)
         if d is None:
-            return _reduce_output(F.linear(x, weight), ctx)
-        _gap(d, "forward", opening=False)
+            return reduce_output(F.linear(x, weight), ctx)
+        mark_gap(d, "forward", opening=False)
         rank, k, x2d = _open_forward(ctx, d, group, x, weight)
         shares = d.layout.shares if d.migrating else ()
         m, n = x2d.shape[0], weight.shape[0]
@@ -485,7 +404,7 @@ class _RowParallelLinear(torch.autograd.Function):
             x_blk, x_off = d.exchange.share_block(x_send, share, (m, share.count), x.dtype, x.device)
             ctx.blocks.append((x_blk, x_off) + _shared_weight(weight, d, share, rank))
         if d.compact_input:
-            return _reduce_output(_paired_row_forward(ctx, d, x2d, weight).reshape(*x.shape[:-1], weight.shape[0]), ctx)
+            return reduce_output(_paired_row_forward(ctx, d, x2d, weight).reshape(*x.shape[:-1], weight.shape[0]), ctx)
         y2d = _own_forward(x2d, weight, None, ctx.plan, ctx.backend, d)
         for share, (x_blk, x_off, w_blk, w_off) in zip(shares, ctx.blocks):
             part = None
@@ -494,14 +413,14 @@ class _RowParallelLinear(torch.autograd.Function):
                 _, xc, _ = _span_cols(share, rank, x_off, k)
                 part = _timed(d, lambda: x_blk[:, xc].matmul(w_blk[:, wc].t()), 2 * m * n * width, 0)
             d.exchange.merge_sum(y2d, part, share)
-        return _reduce_output(y2d.reshape(*x.shape[:-1], weight.shape[0]), ctx)
+        return reduce_output(y2d.reshape(*x.shape[:-1], weight.shape[0]), ctx)
 
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
         d = ctx.d
         if ctx.seq_dim is not None:  # split_gather: the whole sequence's dy, as Colossal-AI gathers it
-            dy = _gather_sequence(dy, ctx.seq_dim, ctx.group)
+            dy = gather_sequence(dy, ctx.seq_dim, ctx.group)
         if d is None:  # Colossal-AI: autograd of F.linear after an identity-backward all-reduce
             dy2d, x2d = _flat(dy), _flat(x)
             return dy.matmul(weight), dy2d.t().matmul(x2d), None, None, None, None
@@ -510,7 +429,7 @@ class _RowParallelLinear(torch.autograd.Function):
         if d.compact_input:
             dx2d, dw = _paired_row_backward(ctx, d, dy2d, x2d, weight)
             _remember(dw, d)
-            _gap(d, "backward", opening=True)
+            mark_gap(d, "backward", opening=True)
             return dx2d.reshape(x.shape), dw, None, None, None, None
         dx2d = _own_dgrad(dy2d, weight, ctx.plan, ctx.backend, d)
         dw, _ = _own_wgrad(dy2d, x2d, ctx.plan, ctx.backend, d, False, ctx.pruned)
@@ -528,7 +447,7 @@ class _RowParallelLinear(torch.autograd.Function):
                 if rank == share.straggler:
                     _timed(d, lambda: (dx2d[:, k - share.count:].copy_(block[:m]), dw[:, k - share.count:].copy_(block[m:])), 0, 0)
         _remember(dw, d)
-        _gap(d, "backward", opening=True)
+        mark_gap(d, "backward", opening=True)
         return dx2d.reshape(x.shape), dw, None, None, None, None
 
 

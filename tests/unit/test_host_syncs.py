@@ -60,7 +60,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("semimig/comm/holders.py", "HolderSum.all_reduce_", ".wait()"): STREAM + " (an idle rank's receive of the holders' slices)",
     ("semimig/nn/functional.py", "_ColumnParallelLinear.backward", ".wait()"): STREAM,
     ("semimig/nn/functional.py", "_paired_column_backward", ".wait()"): STREAM,
-    ("semimig/nn/functional.py", "_reduce_output", ".wait()"): STREAM,
+    ("semimig/nn/collectives.py", "reduce_output", ".wait()"): STREAM,
     ("semimig/comm/lagged.py", "LaggedRows.collect", ".wait()"): PER_STEP + " with dp > 1: the lagged DP exchange, posted a step earlier",
     ("semimig/comm/lagged.py", "LaggedRows.collect", ".cpu()"): PER_STEP + " with dp > 1: the lagged DP exchange's rows",
     ("semimig/comm/lagged.py", "LaggedRows.collect", ".tolist()"): PER_STEP + " with dp > 1: the lagged DP exchange's rows",
@@ -158,7 +158,8 @@ def test_nothing_in_a_layers_step_waits_but_a_collectives_handle():
     """The layers, the meter and the clock's region code: no host synchronisation in the step's path
     (the meter's only one serves an injected straggler)."""
     found = _scan()
-    in_step = {key for key in found if key[0] in ("semimig/nn/functional.py", "semimig/nn/balanced.py",
+    in_step = {key for key in found if key[0] in ("semimig/nn/functional.py", "semimig/nn/collectives.py",
+                                                    "semimig/nn/spans.py", "semimig/nn/balanced.py",
                                                     "semimig/nn/layers.py", "semimig/straggler/busy.py",
                                                     "semimig/straggler/clock.py")}
     assert {key for key in in_step if ALLOWED[key] not in (STREAM, TEST_STRAGGLER)
