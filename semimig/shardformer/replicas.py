@@ -47,6 +47,7 @@ from semimig.comm import primitives as P
 from semimig.errors import ConfigError
 from semimig.sharding.exchange import ReductionPlan, even_allreduce_columns, reduction_plan
 from semimig.sharding.plan import ShardPlan
+from semimig.shardformer.carriers import optimizer_parts
 from semimig.shardformer.crosslayout import reduce_across_layouts
 
 logger = logging.getLogger(__name__)
@@ -249,7 +250,6 @@ def apply_replica_plans(model: nn.Module, optimizer: Any, plans_by_replica: Sequ
     replicas = dist.get_world_size(ddp.process_group) if ddp is not None else None
     _, layers = _layers(model)
     if replicas is None:  # ZeRO (no DDP): its own DP group
-        from semimig.shardformer.carriers import optimizer_parts
         from semimig.shardformer.replan import _replica_group
 
         group = _replica_group(model, optimizer_parts(optimizer)[2], layers)

@@ -50,6 +50,7 @@ from semimig.comm import holders as H
 from semimig.comm import primitives as P
 from semimig.sharding.move import move_schedule
 from semimig.sharding.plan import ShardPlan
+from semimig.shardformer.carriers import carriers_of, optimizer_parts
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +193,6 @@ def _parts(model: nn.Module) -> Tuple[List[nn.Parameter], List[Tuple[nn.Paramete
 
 def blocker(model: nn.Module, plugin: Any, optimizer: Any) -> Optional[str]:
     """Why an idle rank cannot skip its steps in this job (``None``: it can)."""
-    from semimig.shardformer.carriers import optimizer_parts
     from semimig.shardformer.replan import _layers
 
     if plugin.pp_size > 1:
@@ -337,7 +337,6 @@ def _prepare_groups(state: SkipState, resolved: Any, holders: Tuple[int, ...]) -
 
 def _move_rows(state: SkipState, params: Sequence[nn.Parameter], old: Tuple[int, ...], new: Tuple[int, ...]) -> None:
     """Move the rows of ``params`` (dim 0) and of their optimizer state from the ``old`` rows per rank to ``new``."""
-    from semimig.shardformer.carriers import carriers_of, optimizer_parts
     from semimig.shardformer.replan import _exchange
 
     if old == new:
@@ -408,8 +407,6 @@ def _state_from_root(state: SkipState) -> None:
     with their optimizer state, and every other parameter's scalar state (AdamW's ``step``); a state
     tensor laid out like a sharded parameter is made, zero, where a rank has none (a rank that skipped
     holds no row of it)."""
-    from semimig.shardformer.carriers import optimizer_parts
-
     inner, masters, _ = optimizer_parts(state.optimizer)
     params = list(state.model.parameters())  # the same order on every rank
     whole = {id(p) for p in state.replicated}

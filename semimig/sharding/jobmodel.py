@@ -246,12 +246,12 @@ def seat_scale(speeds: Sequence[float], plans: Sequence[ShardPlan], *, idle_free
     re-shard policy prices seats with this same function (:mod:`semimig.controller.policy.propose`).  With
     ``idle_free`` and a single rank holding any unit the group runs no collective at all (every other rank
     skips the step, the holder's sums and its vocabulary are whole on it): 0."""
-    if idle_free and sum(any(p.units[r] > 0 for p in plans) for r in range(len(speeds))) <= 1:
+    seated = [v for r, v in enumerate(speeds) if not idle_free or any(p.units[r] > 0 for p in plans)]
+    if idle_free and len(seated) <= 1:
         return 0.0
     top = max(speeds)
     total = sum(top / min((v for v, n in zip(speeds, p.units) if n > 0), default=top) for p in plans)
-    vocab = [v for r, v in enumerate(speeds) if not idle_free or any(p.units[r] > 0 for p in plans)]
-    return total + top / min(vocab, default=top)
+    return total + top / min(seated, default=top)
 
 
 def seat_seconds(problem: JointProblem, d: int, b: float, plans: Sequence[ShardPlan]) -> float:
