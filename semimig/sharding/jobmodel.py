@@ -27,8 +27,7 @@ its step: ``T_d = max_r t_{d,r} + b_d·s·seat_scale``.  :func:`with_seats` fits
 measured under the plans in force.  The vocabulary's collectives (the vocabulary-parallel embedding, head
 and loss, timed as communication: :mod:`semimig.shardformer.vocab_clock`) are one more such group; every
 rank sits in it, or, where a rank holding no unit skips the step (``idle_free``), every rank holding a
-unit of any kind: a plan seats a slow rank there unless it empties it and it skips.  A replica left with
-one holder (every other rank skipping) runs no collective: its seats cost nothing.
+unit of any kind: a plan seats a slow rank there unless it empties it and it skips.
 """
 from __future__ import annotations
 
@@ -243,15 +242,11 @@ def seat_scale(speeds: Sequence[float], plans: Sequence[ShardPlan], *, idle_free
     """``Σ_k 1/min_{r seated in k} v_r`` over the plans' kinds and the vocabulary, ``v`` relative to the
     fastest rank (module docstring): a reduction runs at its slowest member's pace.  The vocabulary seats
     every rank, or with ``idle_free`` the ranks holding any unit (ranks holding none skip the step).  The
-    re-shard policy prices seats with this same function (:mod:`semimig.controller.policy.propose`).  With
-    ``idle_free`` and a single rank holding any unit the group runs no collective at all (every other rank
-    skips the step, the holder's sums and its vocabulary are whole on it): 0."""
-    seated = [v for r, v in enumerate(speeds) if not idle_free or any(p.units[r] > 0 for p in plans)]
-    if idle_free and len(seated) <= 1:
-        return 0.0
+    re-shard policy prices seats with this same function (:mod:`semimig.controller.policy.propose`)."""
     top = max(speeds)
     total = sum(top / min((v for v, n in zip(speeds, p.units) if n > 0), default=top) for p in plans)
-    return total + top / min(seated, default=top)
+    vocab = [v for r, v in enumerate(speeds) if not idle_free or any(p.units[r] > 0 for p in plans)]
+    return total + top / min(vocab, default=top)
 
 
 def seat_seconds(problem: JointProblem, d: int, b: float, plans: Sequence[ShardPlan]) -> float:
@@ -271,14 +266,14 @@ def with_seats(problem: JointProblem, samples: Sequence[int], plans: Sequence[Se
                comm_s: Sequence[float]) -> JointProblem:
     """``problem`` with ``s`` fitted to ``comm_s[d]``, replica ``d``'s layer reductions measured at
     ``samples[d]`` under ``plans[d]``: the mean over the replicas that measured any of ``m_d/(b_d·seat_scale)``
-    (0 where none did: seats not priced; a replica whose lone holder runs no collective fits nothing)."""
+    (0 where none did: seats not priced)."""
     unit_counts(problem, plans)
     samples = _samples(problem, samples)
     if len(comm_s) != problem.dp:
         raise ConfigError(f"comm_s must give one time per replica ({problem.dp}), got {tuple(comm_s)!r}")
     measured = [check_number(f"comm_s[{d}]", m, minimum=0.0) for d, m in enumerate(comm_s)]
-    scales = [seat_scale(problem.speeds[d], plans[d], idle_free=problem.idle_free) for d in range(problem.dp)]
-    fits = [m / (b * scale) for m, b, scale in zip(measured, samples, scales) if m > 0.0 and b > 0 and scale > 0.0]
+    fits = [m / (b * seat_scale(problem.speeds[d], plans[d], idle_free=problem.idle_free))
+            for d, (m, b) in enumerate(zip(measured, samples)) if m > 0.0 and b > 0]
     return dataclasses.replace(problem, seat_per_sample=sum(fits) / len(fits) if fits else 0.0)
 
 
