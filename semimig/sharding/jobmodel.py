@@ -9,8 +9,22 @@ second) the rank's step is
     A(b) = R_0 + b·R_s                   the replicated work, every rank whole (norms, embeddings, head, host)
     c_k(b) = (S_{0,k} + b·S_{s,k}) / U_k one unit's work (its GEMMs per sample, its parameters' update per step)
 
-the replica's step ``T_d = max_r t_{d,r}`` and the job's ``max_d T_d + comm``: the data-parallel gradient
-reduction waits for the slowest replica.  Rank ``r``'s peak bytes under a plan are
+and the job's ``max_d T_d + comm``: the data-parallel gradient reduction waits for the slowest replica.
+
+Segments.  A TP group's ranks meet at every layer's reduction, so a replica's step is not its slowest rank's
+total but, kind by kind, its slowest rank's share of that kind's layers: each kind's layers (with the
+replicated work beside them, norms, residuals and the host's part, in proportion to the kind's work) form
+one segment,
+
+    t_{d,r,k} = (w_k(b_d)·A(b_d) + c_k(b_d)·n_{d,r,k}) / v_{d,r}     w_k(b) = c_k(b)·U_k / Σ_j c_j(b)·U_j
+    T_d = Σ_k max_r t_{d,r,k}
+
+(:func:`segment_times`; ``Σ_k t_{d,r,k} = t_{d,r}``).  A plan giving every rank the same share of every kind
+steps ``max_r t_{d,r}``; one that balances the ranks' totals with a slow rank holding many units of one kind
+and few of another does not: the others wait for it in the first kind's reductions and it waits for them in
+the second's.  With :attr:`JointProblem.idle_free` a rank holding no unit skips the step (``t_{d,r,k} = 0``).
+
+Rank ``r``'s peak bytes under a plan are
 
     m_{d,r} = F + b_d·a_0 + Σ_k n_{d,r,k}·(β_k + b_d·a_k)  ≤  C_{d,r}
 
@@ -23,7 +37,7 @@ runs at the pace of its slowest member; a rank holding none of a kind only recei
 (:mod:`semimig.comm.holders`).  With ``s`` the seconds per sample one kind's reductions take among
 full-speed ranks, replica ``d``'s layers' collectives take ``b_d·s·Σ_k 1/min_{r seated in k} v_{d,r}``
 (``v`` relative to the replica's fastest rank; :func:`seat_scale`, the re-shard policy's pricing), added to
-its step: ``T_d = max_r t_{d,r} + b_d·s·seat_scale``.  :func:`with_seats` fits ``s`` from the collectives
+its step: ``T_d = Σ_k max_r t_{d,r,k} + b_d·s·seat_scale``.  :func:`with_seats` fits ``s`` from the collectives
 measured under the plans in force.  The vocabulary's collectives (the vocabulary-parallel embedding, head
 and loss, timed as communication: :mod:`semimig.shardformer.vocab_clock`) are one more such group; every
 rank sits in it, or, where a rank holding no unit skips the step (``idle_free``), every rank holding a
@@ -43,7 +57,7 @@ from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 
 __all__ = ["UnitKind", "JointProblem", "JointPlan", "from_measured", "job_step", "peak_bytes", "replica_step",
-           "seat_scale", "seat_seconds", "state_bytes_per_param", "unit_vector_work", "with_seats"]
+           "seat_scale", "seat_seconds", "segment_times", "segment_work", "state_bytes_per_param", "unit_vector_work", "with_seats"]
 
 _BYTES = {"fp32": (4, 4, 0), "bf16": (2, 2, 4), "fp16": (2, 2, 4)}
 """Per parameter: (weight, gradient, fp32 master copy) bytes of each precision."""
@@ -238,6 +252,26 @@ def rank_times(problem: JointProblem, d: int, b: int, units: np.ndarray) -> np.n
     return unit_vector_work(problem, b, units) / np.array(problem.speeds[d])
 
 
+def segment_work(problem: JointProblem, b: float, units: np.ndarray) -> np.ndarray:
+    """``w_k(b)·A(b) + c_k(b)·n_k`` ``[row, kind]`` for each row of ``units`` ``[row, kind]``: a rank's work in
+    every kind's segment, holding the row's units and taking part in the step."""
+    work = np.array(problem.unit_work(b))
+    whole = work * np.array([k.total_units for k in problem.kinds])
+    weights = whole / whole.sum() if whole.sum() > 0.0 else np.full(len(whole), 1.0 / len(whole))
+    return problem.replicated(b) * weights[None, :] + np.asarray(units, dtype=float) * work[None, :]
+
+
+def segment_times(problem: JointProblem, d: int, b: float, units: np.ndarray) -> np.ndarray:
+    """``t_{d,r,k}`` ``[rank, kind]`` for ``units`` ``[rank, kind]`` (module docstring): every kind's segment of each
+    rank, its share of the replicated work included (0 for a rank holding none with
+    :attr:`JointProblem.idle_free`: it skips the step)."""
+    units = np.asarray(units, dtype=float)
+    seconds = segment_work(problem, b, units) / np.array(problem.speeds[d])[:, None]
+    if problem.idle_free:
+        seconds = np.where(np.all(units == 0, axis=1)[:, None], 0.0, seconds)
+    return seconds
+
+
 def seat_scale(speeds: Sequence[float], plans: Sequence[ShardPlan], *, idle_free: bool = False) -> float:
     """``Σ_k 1/min_{r seated in k} v_r`` over the plans' kinds and the vocabulary, ``v`` relative to the
     fastest rank (module docstring): a reduction runs at its slowest member's pace.  The vocabulary seats
@@ -257,9 +291,10 @@ def seat_seconds(problem: JointProblem, d: int, b: float, plans: Sequence[ShardP
 
 
 def replica_step(problem: JointProblem, d: int, b: int, plans: Sequence[ShardPlan]) -> float:
-    """``T_d``: replica ``d``'s slowest rank at ``b`` samples under ``plans`` plus its seats."""
+    """``T_d``: replica ``d``'s segments at ``b`` samples under ``plans``, each at its slowest rank, plus its
+    seats."""
     units = np.array([[p.units[r] for p in plans] for r in range(problem.tp)], dtype=float)
-    return float(rank_times(problem, d, b, units).max()) + seat_seconds(problem, d, b, plans)
+    return float(segment_times(problem, d, b, units).max(axis=0).sum()) + seat_seconds(problem, d, b, plans)
 
 
 def with_seats(problem: JointProblem, samples: Sequence[int], plans: Sequence[Sequence[ShardPlan]],

@@ -1,30 +1,38 @@
 """One planner for a tensor × data-parallel job: every replica's shard plan and the batch split together (DESIGN §8).
 
 Model (:mod:`.jobmodel`).  Replica ``d`` takes ``b_d`` samples; rank ``r`` of it, holding ``n_{d,r,k}`` units of
-kind ``k`` at speed ``v_{d,r}``, steps ``t_{d,r} = (A(b_d) + Σ_k c_k(b_d)·n_{d,r,k}) / v_{d,r}`` with the replicated
-work ``A`` and one unit's work ``c_k`` both linear in the batch; the job steps ``max_{d,r} t_{d,r} + comm``.
+kind ``k`` at speed ``v_{d,r}``, spends ``t_{d,r,k} = (w_k·A(b_d) + c_k(b_d)·n_{d,r,k}) / v_{d,r}`` in kind ``k``'s
+segment (its layers up to their reductions, with their share ``w_k`` of the replicated work ``A``; ``A`` and one
+unit's work ``c_k`` both linear in the batch); the replica steps ``T_d = Σ_k max_r t_{d,r,k}`` (its ranks meet
+at every reduction) and the job ``max_d T_d + comm``.
 Every rank's peak bytes ``m_{d,r}`` (parameters, gradients and optimizer state of its units and of the
 replicated part, activations per sample) stay within its capacity ``C_{d,r}``: no plan above one is chosen.
 
 Exact optimum.
-1. One replica at ``b`` samples: ``min max_r t_r`` over whole-unit plans that fit.  The optimum is one of the
-   finitely many values ``t_r(n)``; a binary search over them with an exact test — for a threshold ``t``
-   each rank's admissible unit vectors are those with ``t_r(n) ≤ t`` and ``m_r(n) ≤ C_r``, and a dynamic
-   programme over the ranks on the running unit counts says whether admissible vectors add up to every
-   ``U_k`` (:meth:`_Replica.feasible`).
+1. One replica at ``b`` samples: ``min Σ_k τ_k`` over per-kind thresholds some whole-unit plan that fits
+   meets (every rank's segment ``k`` ``≤ τ_k``).  Each ``τ_k`` is one of the finitely many values
+   ``t_{r,k}(n)``; for a threshold vector each rank's admissible unit vectors are those within every
+   threshold and its capacity, and a dynamic programme over the ranks on the running unit counts says
+   whether admissible vectors add up to every ``U_k`` (:meth:`_Replica.feasible`).  Each kind's least
+   threshold alone (a binary search) bounds it from below; without memory bounds the admissible sets are
+   products over the kinds and those bounds are met together, otherwise the other kinds' thresholds are
+   tried from their bounds up with the largest kind's least beside each (:meth:`_Replica.best`).
 2. ``T_d(b)`` is non-decreasing in ``b`` (every plan's times and bytes grow with ``b``), so the split
    minimising ``max_d T_d(b_d)`` is the greedy: every replica starts at one granule (``micro_batch``
    samples), each further granule goes to the replica whose step after it is smallest (ties: lowest
    replica) — the exchange argument of the minimax.
 3. Every replica's plan is then the one that fits the job's step with the fewest units moved from the
-   plans in force (``reference``; default near-even): a replica faster than the job keeps its plan when it
-   can, and with no straggler nothing moves.
+   plans in force (``reference``; default near-even), over the threshold vectors its step's room allows
+   (:meth:`_Replica.budgets`): a replica faster than the job keeps its plan when it can, and with no
+   straggler nothing moves.
 
 Seats (``seat_per_sample > 0``, :mod:`.jobmodel`).  A replica's step adds its layers' reductions at the
 pace of the slowest rank seated in each kind, so step 1 runs once per seating, as the re-shard policy's
 candidates (:mod:`semimig.controller.policy.propose`): every rank seated, and each rank slower than the
 replica's fastest emptied of one kind or of all (its admissible vectors those with zero units there),
 each seating priced by :func:`~semimig.sharding.jobmodel.seat_scale`; ``T_d(b)`` is the least over them.
+Where a rank holding nothing skips the step (``idle_free``) each slower rank emptied of all is a seating too,
+priced or not: there its segments are 0.
 It is exact over every plan while one rank per replica is slower than the rest (emptying a rank at the
 fastest speed never lowers the pace, so the seatings left out cost no less than one priced).
 
@@ -44,6 +52,7 @@ off: one owner of both.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import FrozenSet, List, Optional, Sequence, Tuple
 
@@ -51,8 +60,8 @@ import numpy as np
 
 from semimig.errors import ConfigError
 from semimig.sharding.jobmodel import (JointPlan, JointProblem, UnitKind, from_measured, job_step, peak_bytes,
-                                       replica_step, seat_scale, seat_seconds, state_bytes_per_param,
-                                       unit_counts, unit_vector_work, with_seats)
+                                       replica_step, seat_scale, seat_seconds, segment_work, state_bytes_per_param,
+                                       unit_counts, with_seats)
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, continuous_shares, solve_plan
 
@@ -62,7 +71,10 @@ __all__ = ["UnitKind", "JointProblem", "JointPlan", "plan_job", "from_measured",
 
 # ------------------------------------------------------------------------------ one replica
 class _Replica:
-    """Replica ``d`` at ``b`` samples: every rank's time and fit over the grid of unit vectors."""
+    """Replica ``d`` at ``b`` samples under one seating: every rank's segment times and fit over the grid of
+    unit vectors.  A rank emptied of every kind where idle ranks skip the step holds none and times 0; every
+    other rank's vector, the empty one too, times as a rank taking part (the seating that empties it prices
+    its skip), so without memory bounds each rank's admissible vectors are a product over the kinds."""
 
     def __init__(self, problem: JointProblem, d: int, b: int, *, memory: bool,
                  empty: Tuple[int, FrozenSet[int]] = (-1, frozenset())) -> None:
@@ -70,39 +82,45 @@ class _Replica:
         self.totals = tuple(k.total_units for k in kinds)
         self.shape = tuple(U + 1 for U in self.totals)
         n = np.indices(self.shape).reshape(len(kinds), -1).T.astype(float)  # [points, kind]
-        work = unit_vector_work(problem, b, n)
+        work = segment_work(problem, b, n)
         nbytes = problem.fixed_bytes + b * problem.activation_bytes_per_sample + n @ np.array(problem.unit_bytes(b))
         self.low = tuple(k.min_units for k in kinds)
         low = np.all(n >= np.array(self.low), axis=1)
-        self.times = [work / v for v in problem.speeds[d]]  # [rank][points]
+        self.times = [work / v for v in problem.speeds[d]]  # [rank][points, kind]
         self.fits = [low & (nbytes <= (problem.capacity(d, r) if memory else math.inf)) for r in range(problem.tp)]
         rank, emptied = empty
         if emptied:
             self.fits[rank] = self.fits[rank] & np.all(n[:, sorted(emptied)] == 0, axis=1)
+            if problem.idle_free and len(emptied) == len(kinds):
+                self.times[rank] = np.zeros_like(work)
         self.points = n.astype(int)
+        self.tau = self.bounds = np.full(len(kinds), math.inf)
+        """The per-kind thresholds :meth:`best` found, and each kind's least alone (``inf`` until then, or when
+        no plan fits)."""
         self.seats = seat_seconds(problem, d, b, tuple(
             ShardPlan(units=tuple(0 if r == rank and k in emptied else 1 for r in range(problem.tp)))
             for k in range(len(kinds))))
         """The reductions' seconds with every rank seated but ``rank`` out of the kinds ``emptied``."""
 
-    def candidates(self) -> np.ndarray:
-        return np.unique(np.concatenate([t[f] for t, f in zip(self.times, self.fits)]))
+    def candidates(self, k: int) -> np.ndarray:
+        """Every value kind ``k``'s segment takes on a rank's admissible vector, ascending."""
+        return np.unique(np.concatenate([t[f, k] for t, f in zip(self.times, self.fits)]))
 
-    def admissible(self, t: float) -> list:
-        return [np.flatnonzero(f & (times <= t)) for times, f in zip(self.times, self.fits)]
+    def admissible(self, tau: np.ndarray) -> list:
+        return [np.flatnonzero(f & np.all(times <= tau, axis=1)) for times, f in zip(self.times, self.fits)]
 
-    def feasible(self, t: float) -> bool:
-        """Whether plans with every rank's time ``≤ t`` that fit add up to every total: the admissible vectors
-        of a rank are a down-set above the minimums (time and bytes grow with every count), so for each
-        vector ``o`` of the other kinds its counts of the largest kind run from the minimum to a largest
-        ``top(o)``; a max-plus programme over the ranks on the running ``o`` says whether ``Σ top`` reaches
-        that kind's total."""
+    def feasible(self, tau: np.ndarray) -> bool:
+        """Whether plans with every rank's segment of kind ``k`` ``≤ tau[k]`` that fit add up to every total: the
+        admissible vectors of a rank are a down-set above the minimums (times and bytes grow with every count),
+        so for each vector ``o`` of the other kinds its counts of the largest kind run from the minimum to a
+        largest ``top(o)``; a max-plus programme over the ranks on the running ``o`` says whether ``Σ top``
+        reaches that kind's total."""
         last = int(np.argmax(self.totals))
         other = tuple(U + 1 for k, U in enumerate(self.totals) if k != last)
         best = np.full(other, -np.inf)
         best[(0,) * len(other)] = 0.0
         for times, fits in zip(self.times, self.fits):
-            ok = np.moveaxis((fits & (times <= t)).reshape(self.shape), last, -1)
+            ok = np.moveaxis((fits & np.all(times <= tau, axis=1)).reshape(self.shape), last, -1)
             count = ok.sum(axis=-1)
             top = np.where(count > 0, self.low[last] + count - 1, -np.inf)
             new = np.full(other, -np.inf)
@@ -113,19 +131,68 @@ class _Replica:
             best = new
         return bool(best[tuple(n - 1 for n in other)] >= self.totals[last])
 
-    def best(self) -> float:
-        """The least threshold of the ranks' compute some plan meets (``inf``: none fits)."""
-        values = self.candidates()
+    def _least(self, k: int, values: np.ndarray, tau: np.ndarray) -> float:
+        """The least of ``values`` (ascending) that, as kind ``k``'s threshold beside ``tau``, some plan meets
+        (``inf``: none)."""
+        trial = tau.copy()
+
+        def meets(i: int) -> bool:
+            trial[k] = values[i]
+            return self.feasible(trial)
+
         lo, hi = 0, len(values) - 1
-        if hi < 0 or not self.feasible(values[hi]):
+        if hi < 0 or not meets(hi):
             return math.inf
         while lo < hi:
             mid = (lo + hi) // 2
-            if self.feasible(values[mid]):
-                hi = mid
-            else:
-                lo = mid + 1
+            lo, hi = (lo, mid) if meets(mid) else (mid + 1, hi)
         return float(values[lo])
+
+    def best(self) -> float:
+        """The least ``Σ_k τ_k`` of segment thresholds some plan meets (``inf``: none fits).  Each kind's least
+        threshold alone is a lower bound; without memory bounds the admissible sets are products over the kinds
+        and those thresholds are met together.  Where memory couples the kinds, every threshold of the other
+        kinds from their bounds up is tried with the least of the largest kind beside it."""
+        K, free = len(self.totals), np.full(len(self.totals), math.inf)
+        cands = [self.candidates(k) for k in range(K)]
+        low = np.array([self._least(k, cands[k], free) for k in range(K)])
+        if not np.all(np.isfinite(low)):
+            return math.inf
+        self.bounds = low
+        if self.feasible(low):
+            self.tau = low
+            return float(low.sum())
+        last = int(np.argmax(self.totals))
+        others = [k for k in range(K) if k != last]
+        best = math.inf
+        for combo in itertools.product(*[cands[k][cands[k] >= low[k]] for k in others]):
+            if sum(combo) + low[last] >= best:
+                continue
+            tau = free.copy()
+            tau[others] = combo
+            t_last = self._least(last, cands[last][cands[last] >= low[last]], tau)
+            if sum(combo) + t_last < best:
+                best, tau[last] = sum(combo) + t_last, t_last
+                self.tau = tau
+        return best
+
+    def budgets(self, budget: float) -> list:
+        """Per-kind thresholds adding up to at most ``budget`` (after :meth:`best`): every threshold of the kinds
+        but the largest between its bound and what the others' bounds leave, the largest taking the rest."""
+        if not np.all(np.isfinite(self.tau)):
+            return []
+        K, last = len(self.totals), int(np.argmax(self.totals))
+        others = [k for k in range(K) if k != last]
+        floor = self.tau if self.tau.sum() >= budget else self.bounds
+        out = [self.tau]
+        for combo in itertools.product(*[c[(c >= floor[k]) & (c <= budget - floor.sum() + floor[k])]
+                                         for k, c in ((k, self.candidates(k)) for k in others)]):
+            tau = np.empty(K)
+            tau[others] = combo
+            tau[last] = budget - sum(combo)
+            if tau[last] >= floor[last]:
+                out.append(tau)
+        return out
 
 
 def _assign(rep: _Replica, options: list, reference: Optional[np.ndarray]) -> Optional[np.ndarray]:
@@ -165,12 +232,16 @@ def _seatings(problem: JointProblem, d: int) -> List[Tuple[int, FrozenSet[int]]]
     kind a rank may hold none of (``min_units == 0``)."""
     out: List[Tuple[int, FrozenSet[int]]] = [(-1, frozenset())]
     free = [k for k, kind in enumerate(problem.kinds) if kind.min_units == 0]
-    if problem.seat_per_sample <= 0.0 or not free:
+    priced = problem.seat_per_sample > 0.0
+    idle = problem.idle_free and len(free) == len(problem.kinds)
+    if not free or not (priced or idle):
         return out
     speeds = problem.speeds[d]
     for r in sorted(range(problem.tp), key=lambda r: (speeds[r], r)):
         if speeds[r] < max(speeds):
-            out += [(r, frozenset((k,))) for k in free] + ([(r, frozenset(free))] if len(free) > 1 else [])
+            ones = [(r, frozenset((k,))) for k in free] if priced else []
+            every = [(r, frozenset(free))] if (priced and len(free) > 1) or idle else []
+            out += ones + [e for e in every if e not in ones]
     return out
 
 
@@ -191,13 +262,14 @@ def _choose(problem: JointProblem, d: int, b: int, target: float, reference: np.
         least = rep.best()
         if not math.isfinite(least) or least + rep.seats > target * (1.0 + 1e-12):
             continue
-        units = _assign(rep, rep.admissible(max(target - rep.seats, least)), reference)
-        if units is None:
-            continue
-        plans = tuple(ShardPlan(units=tuple(int(n) for n in units[:, k])) for k in range(len(problem.kinds)))
-        key = (float(np.maximum(units - reference, 0).sum()), replica_step(problem, d, b, plans))
-        if best is None or key < best[:2]:
-            best = (*key, units)
+        for tau in rep.budgets(max(target - rep.seats, least)):
+            units = _assign(rep, rep.admissible(tau), reference)
+            if units is None:
+                continue
+            plans = tuple(ShardPlan(units=tuple(int(n) for n in units[:, k])) for k in range(len(problem.kinds)))
+            key = (float(np.maximum(units - reference, 0).sum()), replica_step(problem, d, b, plans))
+            if best is None or key < best[:2]:
+                best = (*key, units)
     return None if best is None else best[2]
 
 

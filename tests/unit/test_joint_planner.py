@@ -14,7 +14,7 @@ import random
 import pytest
 
 from semimig.errors import ConfigError
-from semimig.sharding.jobmodel import rank_times
+from semimig.sharding.jobmodel import rank_times, replica_step
 from semimig.sharding.joint import (JointProblem, UnitKind, continuous_limit, from_measured, job_limit, job_step,
                                     peak_bytes, plan_job, state_bytes_per_param, unit_counts)
 from semimig.sharding.plan import ShardPlan
@@ -59,10 +59,16 @@ def _brute_force(problem: JointProblem) -> float:
 
 
 def _replica_step(problem: JointProblem, d: int, b: int, row) -> float:
+    """Kind by kind, the slowest rank's segment: its units' work and the kind's share of the replicated work
+    (a rank holding nothing where idle ranks skip: none)."""
     work = problem.unit_work(b)
-    return max(0.0 if problem.idle_free and not any(plan.units[r] for plan in row) else
-               (problem.replicated(b) + sum(c * plan.units[r] for c, plan in zip(work, row))) / problem.speeds[d][r]
-               for r in range(problem.tp))
+    whole = [c * k.total_units for c, k in zip(work, problem.kinds)]
+    step = 0.0
+    for c, plan, share in zip(work, row, whole):
+        step += max(0.0 if problem.idle_free and not any(p.units[r] for p in row) else
+                    (problem.replicated(b) * share / sum(whole) + c * plan.units[r]) / problem.speeds[d][r]
+                    for r in range(problem.tp))
+    return step
 
 
 def _random_case(seed: int) -> JointProblem:
@@ -132,6 +138,27 @@ def test_tp2_dp2_one_rank_4x_slower_gets_fewer_samples_and_units_near_the_job_li
     assert job_limit(problem) == pytest.approx(limit, rel=1e-12)
     assert limit <= plan.step <= 1.03 * limit
     assert plan.step < 1.6  # one plan shared by both replicas reaches 2·4/(4 + 1) at best
+
+
+def test_a_replica_steps_each_kinds_segment_at_its_slowest_rank():
+    """Totals balanced, kinds not: the slow rank holds half the attention and little MLP.  Its ranks meet at
+    every reduction, so the step is the sum of each kind's slowest segment, not the slowest total."""
+    problem = _problem(((1.0, 0.25),), batch=8, rho=0.2, mlp=24, kv=8, attention=0.2)
+    b, (mlp, kv) = 8, problem.unit_work(8)
+    A = problem.replicated(b)
+    w_mlp = 24 * mlp / (24 * mlp + 8 * kv)
+    mixed = (ShardPlan(units=(23, 1)), ShardPlan(units=(4, 4)))
+    segments = [max((A * w_mlp + mlp * 23) / 1.0, (A * w_mlp + mlp * 1) / 0.25),
+                max((A * (1 - w_mlp) + kv * 4) / 1.0, (A * (1 - w_mlp) + kv * 4) / 0.25)]
+    totals = max(A + mlp * 23 + kv * 4, (A + mlp + kv * 4) / 0.25)
+    assert replica_step(problem, 0, b, mixed) == pytest.approx(sum(segments), rel=1e-12)
+    assert replica_step(problem, 0, b, mixed) > 1.2 * totals
+    proportional = (ShardPlan(units=(21, 3)), ShardPlan(units=(7, 1)))  # the same share of each kind
+    p0 = [(A + mlp * 21 + kv * 7) / 1.0, (A + mlp * 3 + kv * 1) / 0.25]
+    assert replica_step(problem, 0, b, proportional) == pytest.approx(max(p0), rel=1e-12)
+    answer = plan_job(problem)
+    assert replica_step(problem, 0, b, answer.plans[0]) <= replica_step(problem, 0, b, proportional)
+    assert answer.plans[0][1].units[1] <= 1  # attention follows the speeds too
 
 
 def test_a_faster_replica_keeps_the_plan_in_force_when_it_meets_the_job_step():
