@@ -37,7 +37,7 @@ from typing import Optional, Sequence, Tuple
 from semimig._validate import check_int, check_number
 from semimig.controller.policy.gain import Noise, bet_pays, expected_life, gain_test, return_risk
 from semimig.controller.policy.memory import PlanMemory
-from semimig.controller.policy.propose import pooled, propose, seat_delta, seat_reading, shares
+from semimig.controller.policy.propose import plan_step, pooled, propose, seat_delta, seat_reading, shares
 from semimig.controller.policy.records import ReshardDecision, ReshardSample, moved_units
 from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, transition
 from semimig.controller.policy.stepmodel import LearnedModel, median_times
@@ -212,7 +212,7 @@ class ReshardPolicy:
         decision = self._decide(-1, model, 0.0, se, healthy_s=1.0, needed_gain=cfg.probe, hold="probe_hold",
                                 gain="probe_move")
         relative = dataclasses.replace(decision, reason=f"device probe: {decision.reason}",
-                                       predicted_s=decision.predicted_s / model.step(self.shares()))
+                                       predicted_s=decision.predicted_s / plan_step(model, self.learned.weights, self.plans))
         if decision.replan:
             self.history[-1] = relative
         return relative
@@ -282,12 +282,12 @@ class ReshardPolicy:
                            margin=cfg.margin, unseat=slowdown.slow, comm=seats)
         if proposal == self.plans:
             return self._hold(step, PENDING)
-        now, then = self.shares(), self.shares(proposal)
-        seated = seat_delta(model.speeds, self.plans, proposal, seats, idle_free=model.idle_free)
-        wrong = max(0.0, base.step(then) - base.step(now)) * (cfg.warmup + N_MIN + 1)  # until moved back
+        w, seated = self.learned.weights, seat_delta(model.speeds, self.plans, proposal, seats, idle_free=model.idle_free)
+        wrong = max(0.0, plan_step(base, w, proposal) - plan_step(base, w, self.plans)) * (cfg.warmup + N_MIN + 1)
         healthy = self._healthy_step(base) + comm
         move = 2.0 * self._move_cost(self.moved(proposal)[1], healthy)
-        if not bet_pays(model.step(now) - model.step(then) - seated, wrong + move, self.samples.rates.change_odds()):
+        gain = plan_step(model, w, self.plans) - plan_step(model, w, proposal) - seated
+        if not bet_pays(gain, wrong + move, self.samples.rates.change_odds()):
             return self._hold(step, PENDING)
         saved, self.slowdown = self.slowdown, slowdown
         slowdown.rates = saved.rates
@@ -307,7 +307,7 @@ class ReshardPolicy:
         """The gain test on the best proposal (module docstring), the ranks outside the slow set alike."""
         cfg = self.config
         model = pooled(model, self.slowdown.slow)
-        current = model.step(self.shares()) + comm
+        current = plan_step(model, self.learned.weights, self.plans) + comm
         seats = self._seat_comm(self.slowdown.slow)
         proposal = self._propose(model, seats)
         ratios = tuple(v / max(model.speeds) for v in model.speeds)
@@ -321,8 +321,8 @@ class ReshardPolicy:
             return self._hold(step, "no rank is slow: only a move toward even is taken", event=hold, **base)
         known = self.measured.measured(proposal, self.slowdown.slow) if measured_s > 0.0 else None
         current, predicted = (measured_s, known) if known is not None else (  # measured beats predicted
-            current, model.step(self.shares(proposal)) + comm + seat_delta(model.speeds, self.plans, proposal, seats,
-                                                                                   idle_free=model.idle_free))
+            current, plan_step(model, self.learned.weights, proposal) + comm
+            + seat_delta(model.speeds, self.plans, proposal, seats, idle_free=model.idle_free))
         units, nbytes = self.moved(proposal)
         remaining = None if cfg.horizon is None else max(cfg.horizon - step, 1)
         life = expected_life(self.slowdown.age(step), self.slowdown.past(), floor=cfg.life_floor, remaining=remaining)

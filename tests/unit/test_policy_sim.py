@@ -65,6 +65,20 @@ def test_the_step_is_the_slowest_ranks_compute_plus_the_collectives():
     assert workload.step_seconds(workload.even_plans(), (1.0, 1.0)) == pytest.approx(2.0)
 
 
+def test_the_ranks_meet_at_every_reduction_so_each_kinds_segment_waits_for_its_slowest_rank():
+    """Rank 1 at half speed holds little MLP and most of the attention: its total is no longer than rank
+    0's, but rank 0 waits for it in the attention's reductions and it waits for rank 0 in the MLP's."""
+    workload = _workload()  # R 0.2, S 1.6, attention a quarter of the shardable work, no collectives
+    plans = (ShardPlan(units=(7, 1)), ShardPlan(units=(1, 3)))
+    segments = [max(0.75 * (0.2 + 1.6 * 7 / 8) / 1.0, 0.75 * (0.2 + 1.6 * 1 / 8) / 0.5),
+                max(0.25 * (0.2 + 1.6 * 1 / 4) / 1.0, 0.25 * (0.2 + 1.6 * 3 / 4) / 0.5)]
+    assert workload.step_seconds(plans, (1.0, 0.5)) == pytest.approx(sum(segments))
+    assert sum(segments) > max(workload.rank_compute(plans, (1.0, 0.5))) * 1.1
+    assert workload.bound(plans, (1.0, 0.5), (2.0, 1.0)) == pytest.approx(
+        max(0.75 * (0.2 + 1.6 * 7 / 8) * 2.0, 0.75 * (0.2 + 1.6 / 8) / 0.5)
+        + max(0.25 * (0.2 + 1.6 / 4) * 2.0, 0.25 * (0.2 + 1.6 * 3 / 4) / 0.5))  # rank 0 measured twice as long
+
+
 def _hand_built():
     workload = _workload()
     steady = np.array([[1.0, 0.25]] * 40)

@@ -2,8 +2,12 @@
 possibly holding none of a kind.
 
 A rank's share of the shardable work under plans ``(P_d)`` with weights ``w_d`` is
-``p_r = Σ_d w_d·n_{d,r}/U_d / Σ_d w_d`` (:func:`shares`).  The proposal is the best, on the step
-model, of the plan solved per dimension (:func:`~semimig.sharding.solve_plan`) and its joint roundings
+``p_r = Σ_d w_d·n_{d,r}/U_d / Σ_d w_d`` (:func:`shares`).  The ranks meet at every layer's reduction, so a
+plan's step is taken dimension by dimension (:func:`plan_step`): each dimension's layers, with their share
+of the replicated work, at their slowest rank, ``Σ_d ω_d·max_r (R + S·n_{d,r}/U_d)/v_r`` (``ω_d = w_d/Σw``),
+which is the step model's ``max_r (R + S·p_r)/v_r`` when every dimension gives each rank the same share
+(the joint planner's model, :mod:`semimig.sharding.jobmodel`).  The proposal is the best, by that step, of
+the plan solved per dimension (:func:`~semimig.sharding.solve_plan`) and its joint roundings
 (each dimension in turn handed out around the others' solved units, each unit to the rank that finishes
 it soonest); the even plan when that best does not beat it by ``margin`` (the step model's own error
 would eat a smaller gain) or when no rank is slow (what is left between the ranks is noise).
@@ -38,13 +42,21 @@ from semimig.sharding.jobmodel import seat_scale
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, solve_plan
 
-__all__ = ["shares", "even_plans", "propose", "pooled", "seat_scale", "seat_reading", "seat_delta"]
+__all__ = ["shares", "plan_step", "even_plans", "propose", "pooled", "seat_scale", "seat_reading", "seat_delta"]
 
 
 def shares(weights: Sequence[float], plans: Sequence[ShardPlan]) -> Tuple[float, ...]:
     """``p_r`` of each rank under ``plans`` (module docstring)."""
     total, tp = sum(weights), plans[0].tp
     return tuple(sum(w * p.shares()[r] for w, p in zip(weights, plans)) / total for r in range(tp))
+
+
+def plan_step(model: StepModel, weights: Sequence[float], plans: Sequence[ShardPlan]) -> float:
+    """``Σ_d ω_d·max_r (R + S·n_{d,r}/U_d)/v_r`` (module docstring), over the ranks holding some unit where
+    a rank holding none skips the step (``model.idle_free``)."""
+    total = sum(weights)
+    ranks = [r for r in range(model.tp) if not model.idle_free or any(p.units[r] > 0 for p in plans)]
+    return sum(w / total * max(model.rank_time(r, p.shares()[r]) for r in ranks) for w, p in zip(weights, plans))
 
 
 def pooled(model: StepModel, slow: AbstractSet[int]) -> StepModel:
@@ -115,7 +127,7 @@ def propose(model: StepModel, plans: Sequence[ShardPlan], weights: Sequence[floa
             candidates.append(emptied)
 
     def cost(c: Tuple[ShardPlan, ...]) -> float:
-        return model.step(shares(weights, c)) + seat_delta(model.speeds, plans, c, comm, idle_free=model.idle_free)
+        return plan_step(model, weights, c) + seat_delta(model.speeds, plans, c, comm, idle_free=model.idle_free)
 
     best = min(candidates, key=cost)
     if model.idle_free and unseat:  # within the margin: the fewest seats of the slow ranks (module docstring)

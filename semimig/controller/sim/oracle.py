@@ -9,7 +9,10 @@ joint roundings (the KV groups by the solver, by the solver with one rank's all 
 from the fastest rank, or handed out greedily first, then the MLP blocks handed out greedily around
 them, each unit to the rank that finishes it soonest; and the other way round, the KV groups around
 the solved or greedy MLP blocks; and the slowest rank taken out of one dimension's reductions or of both,
-since a reduction runs at its slowest member's pace, :meth:`~semimig.controller.sim.stepmodel.Workload.seat_comm`).  Over those plans it picks the best schedule exactly, paying every
+since a reduction runs at its slowest member's pace, :meth:`~semimig.controller.sim.stepmodel.Workload.seat_comm`,
+each kind then balanced alone; and, where idle ranks skip, the slowest ranks emptied of both).  The step is
+the model's, kind by kind (:meth:`~semimig.controller.sim.stepmodel.Workload.bound`), so the plan solved per
+dimension alone is among the candidates for every balance of the kinds.  Over those plans it picks the best schedule exactly, paying every
 move (one before the first step sends weights only, as the device probe's does): a dynamic programme
 over the trace's constant
 segments (within a segment whose speeds do not change, a schedule that moves at most once, at its
@@ -98,6 +101,8 @@ def best_plans(workload: Workload, speeds: Sequence[float]) -> Plans:
         candidates += [(mlp, kv_out), (mlp_out, kv),
                        (_greedy(workload, speeds, U, (1.0 - a) / U, [a * k / K for k in kv_first.units],
                                 skip=slowest), kv_first)]
+        alone = [_greedy(workload, speeds, n, 1.0 / n, [0.0] * workload.tp, skip=slowest) for n in (U, K)]
+        candidates += [(candidates[0][0], alone[1]), (alone[0], candidates[0][1]), tuple(alone)]  # each kind alone
     if workload.idle_skips:  # the k slowest ranks emptied of both kinds: they skip the step
         order = sorted(range(workload.tp), key=lambda r: speeds[r])
         for k in range(1, workload.tp):
@@ -106,6 +111,8 @@ def best_plans(workload: Workload, speeds: Sequence[float]) -> Plans:
             kv = _greedy(workload, speeds, K, a / K, [0.0] * workload.tp, out=order[:k])
             candidates.append((_greedy(workload, speeds, U, (1.0 - a) / U, [a * n / K for n in kv.units],
                                        out=order[:k]), kv))
+            candidates.append(tuple(_greedy(workload, speeds, n, 1.0 / n, [0.0] * workload.tp, out=order[:k])
+                                    for n in (U, K)))
     return min(candidates, key=lambda plans: workload.step_seconds(plans, speeds))
 
 
@@ -135,12 +142,14 @@ def candidate_plans(scenario: Scenario) -> List[Plans]:
 
 def _step_matrix(workload: Workload, plans: Sequence[Plans], speeds: np.ndarray) -> np.ndarray:
     """``[k, s]``: the step of plan ``k`` at speeds ``speeds[s]``."""
-    shares = np.array([workload.shares(p) for p in plans])  # (K, tp)
-    work = workload.replicated + workload.shardable * shares  # (K, tp)
-    if workload.idle_skips:  # a rank holding nothing bounds no step
-        work = np.where(shares > 0.0, work, 0.0)
+    a, R, S = workload.attention_share, workload.replicated, workload.shardable
+    mlp = np.array([p[0].units for p in plans], dtype=float) / workload.mlp_units  # (K, tp)
+    kv = np.array([p[1].units for p in plans], dtype=float) / workload.kv_units
+    held = (mlp + kv > 0.0) if workload.idle_skips else np.ones(mlp.shape, dtype=bool)  # an idle rank bounds nothing
+    compute = sum(np.max(np.where(held, omega * (R + S * share), 0.0)[:, None, :] / speeds[None, :, :], axis=2)
+                  for omega, share in ((1.0 - a, mlp), (a, kv)))  # (K, s): each kind's segment at its slowest rank
     comm = workload.seat_comms(plans, speeds)  # (K, s): each dimension's reductions at its slowest member's pace
-    return workload.compute_s * np.max(work[:, None, :] / speeds[None, :, :], axis=2) + comm
+    return workload.compute_s * compute + comm
 
 
 def _schedule(scenario: Scenario, plans: Sequence[Plans], starts: Sequence[int]) -> Tuple[float, int]:

@@ -79,9 +79,9 @@ def _sample(scenario: Scenario, plans: Plans, speeds: Sequence[float], noise: _N
     compute = [c * f for c, f in zip(workload.rank_compute(plans, speeds), noise.compute[i])]
     shardable = [min(workload.timed_share * b * f * o, 0.98 * c) for b, f, o, c in
                  zip(workload.shardable_compute(plans, speeds), noise.shardable[i], noise.outlier[i], compute)]
-    slowest = workload.bound(plans, compute)
+    slowest = workload.bound(plans, speeds, noise.compute[i])
     idle = [workload.idle_skips and p == 0.0 for p in workload.shares(plans)]  # waits the whole step
-    comm = [(workload.seat_comm(plans, speeds) + slowest - (0.0 if skips else c)) * f
+    comm = [(workload.seat_comm(plans, speeds) + max(0.0, slowest - (0.0 if skips else c))) * f
             for c, f, skips in zip(compute, noise.comm[i], idle)]
     return ReshardSample(tuple(compute), tuple(shardable), tuple(comm))
 

@@ -6,7 +6,11 @@ unit, MLP blocks and KV groups, each rank holding whole units of each (a
 Rank ``r`` at speed ``v_r`` (1: healthy) spends ``c_r = (R + S·p_r)/v_r`` on its own work, with
 ``R + S/e = 1`` so that a healthy even step's compute is 1, and ``p_r = (1 − a)·n_r/U + a·k_r/K`` its
 share of the shardable work (``a`` the attention's share of it, ``n_r`` of ``U`` MLP blocks, ``k_r``
-of ``K`` KV groups).  The step is ``max_r c_r`` plus the step's collectives, a share of a healthy
+of ``K`` KV groups).  The ranks meet at every layer's reduction, so the step's compute is not
+``max_r c_r`` but kind by kind the slowest rank's segment: each kind's layers with their share of the
+replicated work, ``ω_k·(R + S·p_{k,r})/v_r`` with ``ω = (1 − a, a)`` and ``p_{k,r}`` the rank's share of
+kind ``k`` (``Σ_k`` of them is ``c_r``; :meth:`Workload.bound`), as the joint planner's model
+(:mod:`semimig.sharding.jobmodel`).  To it come the step's collectives, a share of a healthy
 step split over each kind's reductions and the vocabulary's, each at its slowest member's pace
 (:meth:`Workload.seat_comm`).  In seconds, a healthy even step is ``step_s``.  With
 ``idle_skips`` a rank holding no unit of either kind skips the step (:mod:`semimig.shardformer.skip`):
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -168,12 +172,14 @@ class Workload:
         return self.comm_s * out / (len(plans[0]) + 1) if plans else out
 
     def step_seconds(self, plans: Plans, speeds: Sequence[float]) -> float:
-        """The group's step: its slowest rank's compute (holder's, with ``idle_skips``) plus the collectives."""
-        return self.bound(plans, self.rank_compute(plans, speeds)) + self.seat_comm(plans, speeds)
+        """The group's step: its compute (:meth:`bound`) plus the collectives."""
+        return _bound(self, tuple(plans), tuple(float(v) for v in speeds), None) + self.seat_comm(plans, speeds)
 
-    def bound(self, plans: Plans, compute: Sequence[float]) -> float:
-        """The compute that bounds the step: the slowest rank's, or the slowest holder's with ``idle_skips``."""
-        return max(c for c, p in zip(compute, self.shares(plans)) if p > 0.0 or not self.idle_skips)
+    def bound(self, plans: Plans, speeds: Sequence[float], factors: Optional[Sequence[float]] = None) -> float:
+        """The compute that bounds the step: kind by kind the slowest rank's segment (module docstring), over
+        the holders with ``idle_skips``; ``factors``: each rank's compute scaled by it (measurement noise)."""
+        return _bound(self, tuple(plans), tuple(float(v) for v in speeds),
+                      None if factors is None else tuple(float(f) for f in factors))
 
     # ------------------------------------------------------------------ a move
     def move(self, old: Plans, new: Plans, *, first: bool = False) -> Tuple[int, float]:
@@ -191,3 +197,15 @@ class Workload:
 def _seat_comm(workload: Workload, plans: Plans, speeds: Tuple[float, ...]) -> float:
     """:meth:`Workload.seat_comm` (a trace holds its speeds and its plan for many steps: read once)."""
     return float(workload.seat_comms([plans], np.array(speeds)[None, :])[0, 0])
+
+
+@functools.lru_cache(maxsize=4096)
+def _bound(workload: Workload, plans: Plans, speeds: Tuple[float, ...], factors: Optional[Tuple[float, ...]]) -> float:
+    """:meth:`Workload.bound`."""
+    (mlp, kv), a = plans, workload.attention_share
+    R, S, unit = workload.replicated, workload.shardable, workload.compute_s
+    held = [n > 0 or k > 0 or not workload.idle_skips for n, k in zip(mlp.units, kv.units)]
+    scale = factors if factors is not None else (1.0,) * workload.tp
+    ranks = [r for r in range(workload.tp) if held[r]]
+    return unit * (max((1.0 - a) * (R + S * mlp.units[r] / workload.mlp_units) / speeds[r] * scale[r] for r in ranks)
+                   + max(a * (R + S * kv.units[r] / workload.kv_units) / speeds[r] * scale[r] for r in ranks))
