@@ -57,7 +57,7 @@ from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 
 __all__ = ["UnitKind", "JointProblem", "JointPlan", "from_measured", "job_step", "peak_bytes", "replica_step",
-           "seat_scale", "seat_seconds", "segment_times", "segment_work", "state_bytes_per_param", "unit_vector_work", "with_seats"]
+           "seat_scale", "seat_seconds", "segment_times", "segment_work", "state_bytes_per_param", "with_seats"]
 
 _BYTES = {"fp32": (4, 4, 0), "bf16": (2, 2, 4), "fp16": (2, 2, 4)}
 """Per parameter: (weight, gradient, fp32 master copy) bytes of each precision."""
@@ -238,18 +238,10 @@ def _samples(problem: JointProblem, samples: Sequence[int]) -> Tuple[int, ...]:
     return tuple(check_int(f"samples[{d}]", b, minimum=0) for d, b in enumerate(samples))
 
 
-def unit_vector_work(problem: JointProblem, b: float, units: np.ndarray) -> np.ndarray:
-    """A rank's work at ``b`` samples for each row of ``units`` ``[row, kind]``: ``A(b) + Σ_k c_k(b)·n_k``,
-    0 for a row of none with :attr:`JointProblem.idle_free` (that rank skips the step)."""
-    work = problem.replicated(b) + units @ np.array(problem.unit_work(b))
-    if problem.idle_free:
-        work = np.where(np.all(units == 0, axis=1), 0.0, work)
-    return work
-
-
 def rank_times(problem: JointProblem, d: int, b: int, units: np.ndarray) -> np.ndarray:
-    """``t_{d,r}`` for ``units`` ``[rank, kind]`` (0 for a rank holding none with :attr:`JointProblem.idle_free`)."""
-    return unit_vector_work(problem, b, units) / np.array(problem.speeds[d])
+    """``t_{d,r} = Σ_k t_{d,r,k}`` for ``units`` ``[rank, kind]`` (0 for a rank holding none with
+    :attr:`JointProblem.idle_free`)."""
+    return segment_times(problem, d, b, units).sum(axis=1)
 
 
 def segment_work(problem: JointProblem, b: float, units: np.ndarray) -> np.ndarray:

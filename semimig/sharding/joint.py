@@ -97,6 +97,8 @@ class _Replica:
         self.tau = self.bounds = np.full(len(kinds), math.inf)
         """The per-kind thresholds :meth:`best` found, and each kind's least alone (``inf`` until then, or when
         no plan fits)."""
+        self.cands: list = []
+        """Per kind, :meth:`candidates` as :meth:`best` read them."""
         self.seats = seat_seconds(problem, d, b, tuple(
             ShardPlan(units=tuple(0 if r == rank and k in emptied else 1 for r in range(problem.tp)))
             for k in range(len(kinds))))
@@ -154,7 +156,7 @@ class _Replica:
         and those thresholds are met together.  Where memory couples the kinds, every threshold of the other
         kinds from their bounds up is tried with the least of the largest kind beside it."""
         K, free = len(self.totals), np.full(len(self.totals), math.inf)
-        cands = [self.candidates(k) for k in range(K)]
+        self.cands = cands = [self.candidates(k) for k in range(K)]
         low = np.array([self._least(k, cands[k], free) for k in range(K)])
         if not np.all(np.isfinite(low)):
             return math.inf
@@ -185,8 +187,9 @@ class _Replica:
         others = [k for k in range(K) if k != last]
         floor = self.tau if self.tau.sum() >= budget else self.bounds
         out = [self.tau]
-        for combo in itertools.product(*[c[(c >= floor[k]) & (c <= budget - floor.sum() + floor[k])]
-                                         for k, c in ((k, self.candidates(k)) for k in others)]):
+        for combo in itertools.product(*[self.cands[k][(self.cands[k] >= floor[k])
+                                                       & (self.cands[k] <= budget - floor.sum() + floor[k])]
+                                         for k in others]):
             tau = np.empty(K)
             tau[others] = combo
             tau[last] = budget - sum(combo)
