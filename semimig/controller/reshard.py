@@ -326,11 +326,12 @@ class ReshardPolicy:
         units, nbytes = self.moved(proposal)
         remaining = None if cfg.horizon is None else max(cfg.horizon - step, 1)
         life = expected_life(self.slowdown.age(step), self.slowdown.past(), floor=cfg.life_floor, remaining=remaining)
+        odds = self.slowdown.return_odds()
         risk = return_risk(model, self.slowdown.slow, self.slowdown.previous, self.shares(), self.shares(proposal),
-                           self.slowdown.return_odds())
+                           odds)
         way_back = life != remaining  # a state expected to outlive the run is never moved back from
         test = gain_test(current, predicted, needed=self._needed(se), life=life, risk_s=risk, way_back=way_back,
-                         move_s=self._move_cost(nbytes, healthy_s))
+                         back_odds=odds, move_s=self._move_cost(nbytes, healthy_s))
         paid = "the move and its way back" if way_back else "the move"
         info = dict(base, predicted_s=predicted, move_bytes=nbytes, move_cost_s=test.cost_s, horizon=life)
         if not test.passed or test.gain_s < needed_gain * current:

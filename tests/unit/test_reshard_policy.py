@@ -136,6 +136,13 @@ def test_the_gain_test_pays_the_move_and_its_way_back_beyond_the_noise():
     assert not gain_test(1.0, 0.95, needed=0.1, life=10**6, move_s=0.0).passed  # inside the noise: never
 
 
+def test_the_move_back_is_paid_with_the_odds_that_the_state_before_returns():
+    # a state after this one that is new calls for a move from either plan: only a return is this move's
+    assert gain_test(1.0, 0.6, needed=0.1, life=10, move_s=1.6, risk_s=0.5, back_odds=0.0).cost_s == pytest.approx(2.1)
+    assert gain_test(1.0, 0.6, needed=0.1, life=10, move_s=1.6, risk_s=0.5, back_odds=0.25).cost_s == pytest.approx(2.5)
+    assert gain_test(1.0, 0.6, needed=0.1, life=10, move_s=1.6, back_odds=0.0).passed  # 3 s against 1.6 s
+
+
 def test_a_state_expected_to_outlive_the_run_pays_the_move_alone():
     assert gain_test(1.0, 0.6, needed=0.1, life=10, move_s=1.6, risk_s=5.0, way_back=False).cost_s == 1.6
     # a straggler recovers 12 steps before the run's end: the even plan's gain over the steps left pays

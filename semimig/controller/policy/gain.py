@@ -3,7 +3,7 @@
 A move from the plan in force (step ``t₀``) to a proposal (step ``t₁``, both predicted by the same
 step model) is taken when
 
-    (g − ε·t₀) · L  >  2·C + ρ       with  g = t₀ − t₁,  ε = max(margin, z·σ̂_med, e_model)
+    (g − ε·t₀) · L  >  (1 + p)·C + ρ   with  g = t₀ − t₁,  ε = max(margin, z·σ̂_med, e_model)
 
 - ``L`` the present state's expected remaining life in steps (the state: which ranks are slow, or that
   none is).  With no ended state of the same kind to go by, its age so far ``a`` (a state that has
@@ -15,7 +15,9 @@ step model) is taken when
   says states of this kind end sooner).  At most the run's remaining steps when they are known;
 - ``C`` the move's cost: the measured seconds per byte of the last move times the bytes of this one,
   or before any move ``bytes / all bytes × move_steps × the healthy even step`` (a prior in steps, so it
-  holds from 20 ms to 5 s steps); ``2·C`` pays the move and the move back when the state ends.  Where
+  holds from 20 ms to 5 s steps).  ``(1 + p)·C`` pays the move, and the move back with the odds ``p``
+  that the state after the present one is the one before (below): a state after it that is new calls
+  for a move from either plan, so only a return makes the move back this move's own cost.  Where
   the state is expected to outlive the run (its life, uncapped, reaches the run's remaining steps) no
   move back is paid and nothing comes back within the run: the cost is ``C`` alone, without ``ρ``;
 - ``ρ`` the risk of the state before coming back: when the present state ends, with probability ``p``
@@ -94,7 +96,7 @@ class Gain:
     life: int
     """``L``: steps the gain is counted over."""
     cost_s: float
-    """``2·C + ρ``: the move, the move back and the risk of the state before coming back."""
+    """``(1 + p)·C + ρ``: the move, and the move back and the risk of the state before coming back."""
 
     @property
     def passed(self) -> bool:
@@ -102,11 +104,11 @@ class Gain:
 
 
 def gain_test(current_s: float, proposed_s: float, *, needed: float, life: int, move_s: float,
-              risk_s: float = 0.0, way_back: bool = True) -> Gain:
+              risk_s: float = 0.0, way_back: bool = True, back_odds: float = 1.0) -> Gain:
     """The gain test (module docstring); ``way_back``: whether the state is expected to end within the run
-    (else the move alone is paid)."""
+    (else the move alone is paid); ``back_odds``: ``p``, the odds that the state before follows the present one."""
     gain = current_s - proposed_s
-    cost = 2.0 * move_s + risk_s if way_back else move_s
+    cost = (1.0 + back_odds) * move_s + risk_s if way_back else move_s
     return Gain(gain_s=gain, margin_s=gain - needed * current_s, life=life, cost_s=cost)
 
 
