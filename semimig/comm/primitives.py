@@ -30,7 +30,9 @@ one call, the whole tensor as payload) with the bytes this rank's link really ca
 Timing.  Every function here that communicates runs inside the region of the step clock registered
 with :func:`time_collectives` (the balancing runtime registers its meter's ``comm``), so what
 semimig's own collectives block the compute stream for is the step's communication
-(:mod:`semimig.straggler.clock`); nothing in :mod:`torch.distributed` is wrapped for it.
+(:mod:`semimig.straggler.clock`); nothing in :mod:`torch.distributed` is wrapped for it.  The one
+exception is :func:`post_packed`, which posts an exchange and returns without waiting: its caller waits
+(:meth:`PackedSwap.wait`) inside :func:`comm_region`, where the wait for a slower peer is communication.
 """
 from __future__ import annotations
 
@@ -197,14 +199,60 @@ def irecv_(tensor: torch.Tensor, src: int, group: ProcessGroup | None) -> dist.W
 
 
 # ----------------------------------------------------------------------------- direct movements
+def _post_p2p(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
+              group: ProcessGroup | None, tag: int = 0) -> list[dist.Work]:
+    """Post every ``(tensor, group rank)`` send and receive as one batch (one NCCL group: a pair of ranks that
+    send to each other cannot deadlock), each with ``tag``; the works to wait for."""
+    ops = [dist.P2POp(dist.isend, t, _global(group, peer), group, tag) for t, peer in sends if t.numel()]
+    ops += [dist.P2POp(dist.irecv, t, _global(group, peer), group, tag) for t, peer in recvs if t.numel()]
+    return list(dist.batch_isend_irecv(ops)) if ops else []
+
+
 def _p2p(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
          group: ProcessGroup | None) -> None:
     """Post every ``(tensor, group rank)`` send and receive as one batch and wait for all of them."""
-    ops = [dist.P2POp(dist.isend, t, _global(group, peer), group) for t, peer in sends if t.numel()]
-    ops += [dist.P2POp(dist.irecv, t, _global(group, peer), group) for t, peer in recvs if t.numel()]
-    if ops:
-        for work in dist.batch_isend_irecv(ops):
+    for work in _post_p2p(sends, recvs, group):
+        work.wait()
+
+
+class PackedSwap:
+    """A packed exchange in flight (:func:`post_packed`): :meth:`wait` for its messages, then :meth:`unpack`
+    the received buffers into their targets.  ``sent`` / ``received``: its bytes."""
+
+    def __init__(self, works: list[dist.Work], sends: list[torch.Tensor], buffers: dict[int, torch.Tensor],
+                 incoming: dict[int, list[torch.Tensor]]) -> None:
+        self.works, self.sends, self.buffers, self.incoming = works, sends, buffers, incoming
+        self.sent = sum(b.numel() for b in sends)
+        self.received = sum(b.numel() for b in buffers.values())
+
+    def wait(self) -> None:
+        """Wait for every message (the send buffers are free, the receive buffers full after it)."""
+        works, self.works = self.works, []
+        for work in works:
             work.wait()
+        self.sends = []
+
+    def unpack(self) -> None:
+        """Copy the received buffers into their targets (after :meth:`wait`)."""
+        for peer, targets in self.incoming.items():
+            unpack_into(self.buffers[peer], targets)
+
+
+def post_packed(outgoing: dict[int, list[torch.Tensor]], incoming: dict[int, list[torch.Tensor]],
+                group: ProcessGroup | None = None, *, tag: int = 0, timed: bool = False) -> PackedSwap:
+    """Post what :func:`swap_packed` exchanges, without waiting: the outgoing pieces are copied into their
+    byte buffers now (the caller may change them once this returns), the received ones land in buffers of
+    the returned :class:`PackedSwap`.  ``tag``: every message's, so exchanges posted with distinct tags
+    between the same ranks match by tag (gloo), whatever order each rank posted or completes them in;
+    NCCL matches in posting order, so every rank must post its exchanges in one order.  ``timed``: the
+    posting in the comm region (as :func:`swap_packed`'s)."""
+    sends = [(torch.cat([p.contiguous().view(-1).view(torch.uint8) for p in pieces]), peer)
+             for peer, pieces in sorted(outgoing.items())]
+    buffers = {peer: targets[0].new_empty(sum(_nbytes(t) for t in targets), dtype=torch.uint8)
+               for peer, targets in sorted(incoming.items())}
+    with _region() if timed else contextlib.nullcontext():
+        works = _post_p2p(sends, [(buffer, peer) for peer, buffer in buffers.items()], group, tag)
+    return PackedSwap(works, [b for b, _ in sends], buffers, incoming)
 
 
 def swap_packed(outgoing: dict[int, list[torch.Tensor]], incoming: dict[int, list[torch.Tensor]],
@@ -213,15 +261,11 @@ def swap_packed(outgoing: dict[int, list[torch.Tensor]], incoming: dict[int, lis
     buffer each way per peer, packed and unpacked in list order (both ends derive the lists from one plan),
     all posted as one batch and waited for.  ``timed``: in the comm region (a rank waiting here for a slower
     peer is communicating on the step clock).  Returns ``(bytes sent, bytes received)``."""
-    sends = [(torch.cat([p.contiguous().view(-1).view(torch.uint8) for p in pieces]), peer)
-             for peer, pieces in sorted(outgoing.items())]
-    buffers = {peer: targets[0].new_empty(sum(_nbytes(t) for t in targets), dtype=torch.uint8)
-               for peer, targets in sorted(incoming.items())}
+    swap = post_packed(outgoing, incoming, group, timed=timed)
     with _region() if timed else contextlib.nullcontext():
-        _p2p(sends, [(buffer, peer) for peer, buffer in buffers.items()], group)
-    for peer, targets in incoming.items():
-        unpack_into(buffers[peer], targets)
-    return sum(b.numel() for b, _ in sends), sum(b.numel() for b in buffers.values())
+        swap.wait()
+    swap.unpack()
+    return swap.sent, swap.received
 
 
 def _nbytes(t: torch.Tensor) -> int:
