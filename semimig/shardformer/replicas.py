@@ -14,9 +14,13 @@ So, while the replicas' plans differ:
   (:func:`semimig.sharding.exchange.reduction_plan`, carried out by
   :func:`semimig.shardformer.crosslayout.reduce_across_layouts` over the world): every holder of a
   column ends with the replicas' mean of that column's gradient, the global-batch mean, as the DP
-  all-reduce gives it.  It runs at the end of every backward that DDP would synchronise (an autograd
-  callback queued by the paired parameters' post-accumulate hooks; inside ``no_sync`` — gradient
-  accumulation — nothing moves), before the optimizer's gradient clipping and step.
+  all-reduce gives it.  It overlaps the backward as DDP's buckets do, one bucket per TP layer
+  (:mod:`semimig.shardformer.layer_buckets`): in every backward that DDP would synchronise, a layer's
+  sends and receives are posted from its paired parameters' post-accumulate hooks once their gradients
+  are accumulated, and an autograd callback queued by the first of those hooks posts any layer left
+  (a parameter unused in this backward), waits for them all and sums, before the optimizer's gradient
+  clipping and step (inside ``no_sync`` — gradient accumulation — nothing moves).  The result is bit
+  for bit that of one reduction of every paired gradient at the end of the backward.
 
 Where a plan leaves a rank idle and idle ranks skip their steps (:mod:`semimig.shardformer.skip`), an
 idle rank computes no gradient and must take part in no reduction.  Replicas leaving the same TP
@@ -25,7 +29,9 @@ ranks differ, DDP is set aside (its forward runs the module alone, its reducer i
 cross-layout reduction covers every parameter: the vocabulary's rows as one more plan (each replica's
 rows per rank), and the replicated parameters (norms), whose gradient every holder of a replica holds
 alike, summed between the replicas' first holders in replica order, over ``D``, each first holder then
-sending the means to its replica's other holders.
+sending the means to its replica's other holders.  That reduction runs whole in the end-of-backward
+callback, not overlapped: the replicated parameters' sum is one flat tensor of every norm's gradient,
+complete only when the backward is, and its wait is timed on the step clock as DDP's would be.
 
 When every replica holds the same plan nothing of this is installed and DDP is Colossal-AI's, bit
 for bit.  ZeRO-1/2 cut the gradients into flat DP buckets of equal shapes: a plan per replica is
@@ -49,6 +55,7 @@ from semimig.sharding.exchange import ReductionPlan, even_allreduce_columns, red
 from semimig.sharding.plan import ShardPlan
 from semimig.shardformer.carriers import optimizer_parts
 from semimig.shardformer.crosslayout import reduce_across_layouts
+from semimig.shardformer.layer_buckets import LayerBuckets
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +86,7 @@ class ReplicaReduction:
         self.params: List[nn.Parameter] = []
         """The paired parameters (DDP leaves them out)."""
         by_plan: dict = {}
+        buckets = []  # one per layer: the overlapped reduction's
         for layer in layers:
             key = (layer.kind, len(layer.parts))
             if key not in cache:
@@ -86,11 +94,16 @@ class ReplicaReduction:
                                for r in resolved]
                 cache[key] = reduction_plan(per_replica)
                 by_plan[key] = []
+            buckets.append((cache[key], [(param, dim) for _, param, dim in layer.params()]))
             for _, param, dim in layer.params():
                 by_plan[key].append((param, dim))
                 self.params.append(param)
         self.jobs = [(cache[key], by_plan[key]) for key in cache]
         self.replica, self.tp_rank, self.grid, self.ddp = replica, tp_rank, [list(r) for r in grid], ddp
+        self.overlap: Optional[LayerBuckets] = None
+        """The per-layer buckets posted during the backward (``None`` while DDP is set aside)."""
+        if self.idle is None:
+            self.overlap = LayerBuckets(buckets, replica=replica, tp_rank=tp_rank, grid=self.grid)
         self.replicated: List[nn.Parameter] = []
         self.replicated_plan: Optional[ReductionPlan] = None
         self.shares: List[int] = []  # global ranks the first holder of this replica sends the replicated means to
@@ -125,15 +138,21 @@ class ReplicaReduction:
                            if t != self.root and t not in self.idle[self.replica]]
 
     def _ready(self, param: torch.Tensor) -> None:
-        if self._queued or not self.ddp.require_backward_grad_sync:
+        if not self.ddp.require_backward_grad_sync:
             return
-        self._queued = True
-        torch.autograd.Variable._execution_engine.queue_callback(self.reduce)
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.reduce)
+        if self.overlap is not None:
+            self.overlap.ready(param)
 
     def reduce(self) -> None:
-        """Reduce the paired parameters' gradients now (collective over the grid; the autograd callback).
-        With DDP set aside its wait is the step clock's ``"comm"`` and ``"dp"``, as DDP's hook times its
-        own (:mod:`semimig.straggler.ddp_wait`): the re-shard policy tells a replica's own step from it."""
+        """Finish the reduction of the gradients now (collective over the grid; the autograd callback): with
+        DDP in place, post the buckets not yet posted, wait for every one and sum; with DDP set aside, the
+        whole reduction, whose wait is then the step clock's ``"comm"`` and ``"dp"``, as DDP's hook times its
+        own (:mod:`semimig.straggler.ddp_wait`): the re-shard policy tells a replica's own step from it.
+        With DDP in place the callback runs before DDP's finalize, inside the wait semimig's DDP hook times
+        (its last bucket, posted before the backward ends, opens it), and its own waits are in the comm region."""
         clock = None
         if self.idle is not None:
             from semimig.straggler import ddp_wait
@@ -153,6 +172,11 @@ class ReplicaReduction:
 
     def _reduce(self) -> None:
         self._queued = False
+        if self.overlap is not None:
+            sent, received = self.overlap.finish()
+            self.bytes_sent, self.bytes_received = self.bytes_sent + sent, self.bytes_received + received
+            self.reductions += 1
+            return
         jobs = []
         for plan, params in self.jobs:
             tensors = []
