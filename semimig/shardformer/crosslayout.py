@@ -33,7 +33,8 @@ from semimig.comm import traffic
 from semimig.errors import ConfigError
 from semimig.sharding.exchange import ReductionPlan
 
-__all__ = ["Job", "Posted", "exchanges", "finish_across_layouts", "post_across_layouts", "reduce_across_layouts"]
+__all__ = ["Job", "Posted", "exchanges", "finish_across_layouts", "post_across_layouts",
+           "reduce_across_layouts"]
 
 Job = Tuple[ReductionPlan, Sequence[Tuple[torch.Tensor, int]]]
 """A plan and the tensors it lays out: ``(tensor, split dim)``, each this rank's packed shard."""

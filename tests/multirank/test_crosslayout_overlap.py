@@ -64,7 +64,8 @@ def _train(plans, overlap):
     from semimig.shardformer.replicas import apply_replica_plans, replica_reduction
 
     model = tiny_lm("llama")
-    booster, model, optimizer, plugin = boost_lm(model, optimizer=sgd(model), policy=SemiMigPolicy(shard_plan=plan(EVEN)))
+    booster, model, optimizer, plugin = boost_lm(model, optimizer=sgd(model),
+                                                 policy=SemiMigPolicy(shard_plan=plan(EVEN)))
     d = plugin.dp_group.rank()
     apply_replica_plans(model, optimizer, [plan(p) for p in plans])
     reduction = replica_reduction(model)
@@ -112,7 +113,8 @@ def _dense():
             (model(**_micro_rows(step, micro, m, [0, 1])).loss / micro).backward()
             if handle is not None:
                 handle.remove()
-        grads.append({n: p.grad.clone() if p.grad is not None else torch.zeros_like(p) for n, p in model.named_parameters()})
+        grads.append({n: torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                      for n, p in model.named_parameters()})
         optimizer.step()
         optimizer.zero_grad()
     return grads, {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -134,7 +136,8 @@ def test_overlapped_buckets_reduce_as_the_one_shot_reduction_and_post_during_bac
                                            msg=lambda m, n=name, r=rank, s=step: f"rank {r} step {s} {n}: {m}")
         for name, value in weights.items():
             assert torch.equal(value, one_weights[name]), (rank, name)
-            torch.testing.assert_close(value, dense_weights[name], **TOL, msg=lambda m, n=name, r=rank: f"rank {r} {n}: {m}")
+            torch.testing.assert_close(value, dense_weights[name], **TOL,
+                                       msg=lambda m, n=name, r=rank: f"rank {r} {n}: {m}")
         # the buckets this rank exchanges in: all 14 layers', but the MLP's where it holds no MLP column
         assert exchanging == (2 * LAYER_BUCKETS - 2 * 3 if plans[1] == NO_MLP and rank == 3 else 2 * LAYER_BUCKETS), \
             (rank, exchanging)

@@ -52,9 +52,17 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("semimig/comm/primitives.py", "wait", ".wait()"): STREAM,
     ("semimig/shardformer/vocab_clock.py", "_HeadLinear.backward", ".wait()"): STREAM + " (the head's input gradient, "
     "as Colossal-AI's LinearWithAsyncCommunication)",
-    ("semimig/comm/primitives.py", "_p2p", ".wait()"): STREAM + " (migration's direct movements; per-replica plans: "
-                                                                 "the cross-layout gradient exchange, once per backward; "
-                                                                 + RE_PLAN + ": moving units' weights)",
+    ("semimig/comm/primitives.py", "_p2p", ".wait()"): STREAM + " (migration's direct movements)",
+    ("semimig/comm/primitives.py", "PackedSwap.wait", ".wait()"): STREAM + " (a packed exchange's messages: per-replica "
+                                                                        "plans' cross-layout gradient exchange; "
+                                                                        + RE_PLAN + ": moving units' weights)",
+    ("semimig/comm/primitives.py", "swap_packed", ".wait()"): STREAM + " (PackedSwap.wait: a packed exchange posted and "
+                                                                       "waited at once; " + RE_PLAN + ": moving units' "
+                                                                       "weights)",
+    ("semimig/shardformer/crosslayout.py", "finish_across_layouts", ".wait()"): STREAM + " (PackedSwap.wait: per-replica "
+                                                                                        "plans' gradient buckets, posted "
+                                                                                        "during the backward, waited "
+                                                                                        "once at its end)",
     ("semimig/comm/holders.py", "_Pending.wait", ".wait()"): STREAM + " (the holders' sum, as the group's all-reduce)",
     ("semimig/comm/holders.py", "_post", ".wait()"): STREAM + " (a send to an idle rank, waited only beyond the sends in flight)",
     ("semimig/comm/holders.py", "HolderSum.all_reduce_", ".wait()"): STREAM + " (an idle rank's receive of the holders' slices)",
