@@ -57,7 +57,7 @@ PENDING = "a rank's last step is slower than the noise: an outlier or a change, 
 class ReshardConfig:
     """The policy's knobs (docs/policy.md has them in one table).  Frozen; nothing derived is stored."""
 
-    window: int = 12
+    window: int = 48
     """Most steps of one plan the step model reads: more averages the noise away, fewer follow a change sooner."""
     margin: float = 0.03
     """Smallest relative gain ever acted on: guards against the step model's own error, at the price of gains
@@ -326,9 +326,8 @@ class ReshardPolicy:
         units, nbytes = self.moved(proposal)
         remaining = None if cfg.horizon is None else max(cfg.horizon - step, 1)
         life = expected_life(self.slowdown.age(step), self.slowdown.past(), floor=cfg.life_floor, remaining=remaining)
-        odds = self.slowdown.return_odds()
-        risk = return_risk(model, self.slowdown.slow, self.slowdown.previous, self.shares(), self.shares(proposal),
-                           odds)
+        slow, odds = self.slowdown.slow, self.slowdown.return_odds()
+        risk = return_risk(model, slow, self.slowdown.previous, self.shares(), self.shares(proposal), odds)
         way_back = life != remaining  # a state expected to outlive the run is never moved back from
         test = gain_test(current, predicted, needed=self._needed(se), life=life, risk_s=risk, way_back=way_back,
                          back_odds=odds, move_s=self._move_cost(nbytes, healthy_s))
