@@ -256,12 +256,13 @@ def post_packed(outgoing: dict[int, list[torch.Tensor]], incoming: dict[int, lis
 
 
 def swap_packed(outgoing: dict[int, list[torch.Tensor]], incoming: dict[int, list[torch.Tensor]],
-                group: ProcessGroup | None = None, *, timed: bool = False) -> tuple[int, int]:
+                group: ProcessGroup | None = None, *, tag: int = 0, timed: bool = False) -> tuple[int, int]:
     """Send each peer (group rank) its ``outgoing`` pieces and receive into its ``incoming`` tensors: one byte
     buffer each way per peer, packed and unpacked in list order (both ends derive the lists from one plan),
     all posted as one batch and waited for.  ``timed``: in the comm region (a rank waiting here for a slower
-    peer is communicating on the step clock).  Returns ``(bytes sent, bytes received)``."""
-    swap = post_packed(outgoing, incoming, group, timed=timed)
+    peer is communicating on the step clock); ``tag`` as :func:`post_packed`'s.  Returns ``(bytes sent, bytes
+    received)``."""
+    swap = post_packed(outgoing, incoming, group, tag=tag, timed=timed)
     with _region() if timed else contextlib.nullcontext():
         swap.wait()
     swap.unpack()

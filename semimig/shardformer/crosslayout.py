@@ -100,11 +100,8 @@ def finish_across_layouts(posted: Sequence[Posted], *, replica: int, tp_rank: in
     jobs = [job for part in posted for job in part.jobs]
     outgoing, incoming, _ = _messages(jobs, 1, me, grid)
     if outgoing or incoming:
-        swap = P.post_packed(outgoing, incoming, tag=tag, timed=True)
-        with P.comm_region():
-            swap.wait()
-        swap.unpack()
-        sent, received = sent + swap.sent, received + swap.received
+        out_b, in_b = P.swap_packed(outgoing, incoming, tag=tag, timed=True)
+        sent, received = sent + out_b, received + in_b
     counter = traffic.current()
     if counter is not None:
         counter.count("send", "cross-layout", sent, 2, lambda: None, timed=False, link=(sent, 0))
