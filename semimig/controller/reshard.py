@@ -16,12 +16,13 @@ window's readings give the step model, the slow ranks and their age; the proposa
 (or the even one, when it is within ``margin``), scored by its own measurement when it was measured at
 the speeds in force (:mod:`semimig.controller.policy.memory`); the gain test decides.  A move is then
 measured for ``N_MIN`` steps before the next decision, and the two plans refit ``R/S``.  A rank whose
-last step alone is slower than the noise is an outlier or a change, told apart at the next step; the
-move it calls for is taken at once when the gain test passes on it and acting a step sooner pays for
-the risk of an outlier (:func:`~semimig.controller.policy.gain.bet_pays`, its odds counted over the
-run).  Before the first step, :meth:`profile` reads the device probe's speed ratios with the prior
-``R/S`` and takes its plan only when the gain test passes on the probe's noise and the gain is at
-least ``probe`` of the even step.
+last step alone is slower than the noise is an outlier or a change, told apart at the next step, and a
+slowdown of two steps in a row is confirmed by the step after them; the move either calls for is taken
+at once when the gain test passes on it and acting a step sooner pays for the risk of outliers
+(:func:`~semimig.controller.policy.gain.bet_pays`, the odds of that many slow steps counted over the
+run; two steps once the run has seen a slowdown last).  Before the first step, :meth:`profile` reads
+the device probe's speed ratios with the prior ``R/S`` and takes its plan only when the gain test
+passes on the probe's noise and the gain is at least ``probe`` of the even step.
 
 Every input is a number all ranks share and the arithmetic is in a fixed order, so every rank takes
 the same decision at the same step; nothing is broadcast.
@@ -37,7 +38,7 @@ from typing import Optional, Sequence, Tuple
 from semimig._validate import check_int, check_number
 from semimig.controller.policy.gain import Noise, bet_pays, expected_life, gain_test, return_risk
 from semimig.controller.policy.memory import PlanMemory
-from semimig.controller.policy.propose import plan_step, pooled, propose, seat_delta, seat_reading, shares
+from semimig.controller.policy.propose import healthy_step, plan_step, pooled, propose, seat_delta, seat_reading, shares
 from semimig.controller.policy.records import ReshardDecision, ReshardSample, moved_units
 from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, transition
 from semimig.controller.policy.stepmodel import LearnedModel, median_times
@@ -50,7 +51,6 @@ __all__ = ["ReshardConfig", "ReshardSample", "ReshardDecision", "ReshardPolicy",
 
 PROBE_REPEATS = 5
 """Repeats of the device probe's fixed work."""
-PENDING = "a rank's last step is slower than the noise: an outlier or a change, told apart at the next step"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,7 +175,7 @@ class ReshardPolicy:
         if bytes_moved > 0:
             self.seconds_per_byte = seconds / bytes_moved
         window = list(self.samples)[len(self.samples) - self.samples.steps:]  # at one set of speeds, as R/S needs
-        # a move bet on a pending step left a window whose last step has other speeds: it measures nothing
+        # a move bet on slow steps left a window whose last steps have other speeds: it measures nothing
         measured = len(window) >= N_MIN and not (self.history and self.history[-1].step == self.step - 1
                                                  and self.history[-1].bet)
         self._before = (self.plans, window, self.slowdown.slow) if measured else None
@@ -237,8 +237,8 @@ class ReshardPolicy:
         window = list(self.samples)
         if len(window) < N_MIN:
             return self._hold(step, f"measuring the plan in force ({len(window)}/{N_MIN} steps)", event="short")
-        if self.samples.pending:
-            return self._bet(step)
+        if self.samples.pending:  # a bet, or wait: the next step tells a change from an outlier
+            return self._bet(step) or self._hold(step, "a rank's last step alone is slower than the noise")
         shares = self.shares()
         self.learned.read_bound(shares, window)
         compute, comm = self.samples.times()
@@ -255,17 +255,21 @@ class ReshardPolicy:
                         for c, v in zip(after, self.learned.speeds(shares, [c or 1.0 for c in after])))
         self.slowdown.update(step, ratios, se=math.sqrt(2.0) * se, tolerance=self.config.tolerance,
                              z=self.config.noise_z, samples=self.samples.steps, confirm=confirm)
+        # slow steps in a row with none after them: a bet at their odds once a slowdown was seen to last (on the
+        # prior alone, pairs of outliers would move plans in runs without a straggler)
+        unconfirmed = [m for r, m in self.samples.unconfirmed().items() if r not in self.slowdown.slow]
+        if unconfirmed and self.samples.rates.slowdowns and (bet := self._bet(step, min(unconfirmed))):
+            return bet
         measured = self.learned.slowest(compute, self.shares()) + comm
         if self.state == SETTLING and self._verify(window[len(window) - self.samples.steps:], measured):
             model = self.learned.model(self.shares(), compute)
-        return self._decide(step, model, comm, se, healthy_s=self._healthy_step(model) + comm, measured_s=measured)
+        return self._decide(step, model, comm, se, healthy_s=healthy_step(model) + comm, measured_s=measured)
 
     # ------------------------------------------------------------------ decision
-    def _bet(self, step: int) -> ReshardDecision:
-        """A rank's last step alone is slower than the band: read as a change, the move it calls for is
-        taken now when the gain test passes on it and acting a step sooner is worth the risk
-        (:func:`~semimig.controller.policy.gain.bet_pays`, the odds from the window's counts); else
-        held, told apart at the next step."""
+    def _bet(self, step: int, steps: int = 1) -> Optional[ReshardDecision]:
+        """A rank's last ``steps`` steps are slower than the band: read as a change, its move is taken now when the
+        gain test passes on it and acting a step sooner is worth the risk (:func:`~semimig.controller.policy.gain.
+        bet_pays`, the odds of that many slow steps in a row); else ``None``, the next step tells them apart."""
         cfg, shares = self.config, self.shares()
         compute, comm = self.samples.times()
         base = self.learned.model(shares, compute)
@@ -273,32 +277,33 @@ class ReshardPolicy:
         se = max(self.noise.sigma, self.noise.of_median(self.samples.independent))  # one step's reading
         slowdown = self.slowdown.trial()  # the set if the step is a change; the counts only if it is taken
         slowdown.update(step, tuple(v / max(model.speeds) for v in model.speeds), se=math.sqrt(2.0) * se,
-                        tolerance=cfg.tolerance, z=cfg.noise_z, samples=self.samples.steps, since=step)
+                        tolerance=cfg.tolerance, z=cfg.noise_z, samples=max(self.samples.steps, N_MIN),
+                        since=step - steps + 1)
         if not slowdown.slow - self.slowdown.slow:
-            return self._hold(step, PENDING)
+            return None
         model, base = pooled(model, slowdown.slow), pooled(base, slowdown.slow)
         seats = self._seat_comm(slowdown.slow)
         proposal = propose(model, self.plans, self.learned.weights, slow=True, min_units=cfg.min_units,
                            margin=cfg.margin, unseat=slowdown.slow, comm=seats)
         if proposal == self.plans:
-            return self._hold(step, PENDING)
+            return None
         w, seated = self.learned.weights, seat_delta(model.speeds, self.plans, proposal, seats, idle_free=model.idle_free)
         wrong = max(0.0, plan_step(base, w, proposal) - plan_step(base, w, self.plans)) * (cfg.warmup + N_MIN + 1)
-        healthy = self._healthy_step(base) + comm
+        healthy = healthy_step(base) + comm
         move = 2.0 * self._move_cost(self.moved(proposal)[1], healthy)
         gain = plan_step(model, w, self.plans) - plan_step(model, w, proposal) - seated
-        if not bet_pays(gain, wrong + move, self.samples.rates.change_odds()):
-            return self._hold(step, PENDING)
-        saved, self.slowdown = self.slowdown, slowdown
+        if not bet_pays(gain, wrong + move, self.samples.rates.change_odds(steps)):
+            return None
+        saved, state, self.slowdown = self.slowdown, self.state, slowdown
         slowdown.rates = saved.rates
         decision = self._decide(step, model, comm, se, healthy_s=healthy,
                                 measured_s=self.learned.slowest(compute, shares) + comm)
         if not decision.replan:
-            self.slowdown = saved
-            return self._hold(step, PENDING)
+            self.slowdown, self.state = saved, state
+            return None
         saved.rates.joined(step, slowdown.slow - saved.slow)
-        self.history[-1] = decision = dataclasses.replace(decision, reason=f"on one slow step: {decision.reason}",
-                                                          bet=True)
+        self.history[-1] = decision = dataclasses.replace(decision, reason=f"on {steps} slow step(s): "
+                                                          f"{decision.reason}", bet=steps)
         return decision
 
     def _decide(self, step: int, model: StepModel, comm: float, se: float, *, healthy_s: float,
@@ -386,11 +391,6 @@ class ReshardPolicy:
     def move_cost_s(self, new: Sequence[ShardPlan], step_s: float) -> float:
         """Seconds a move from the plan in force to ``new`` costs (``step_s``: the step the prior is in)."""
         return self._move_cost(self.moved(new)[1], step_s)
-
-    def _healthy_step(self, model: StepModel) -> float:
-        """The even plan's step with every rank at ``model``'s fastest speed."""
-        return StepModel(speeds=(max(model.speeds),) * self.tp, replicated=model.replicated,
-                         shardable=model.shardable).step((1.0 / self.tp,) * self.tp)
 
     def _move_cost(self, nbytes: int, healthy_s: float) -> float:
         """Seconds a move of ``nbytes`` costs: the last move's seconds per byte, or the prior in steps."""

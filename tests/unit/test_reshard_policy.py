@@ -449,6 +449,37 @@ def test_the_odds_of_one_slow_step_follow_the_counts_of_outliers_and_lasting_slo
     assert rates.change_odds(2) > rates.change_odds(1)  # two slow steps in a row are rarer as outliers
 
 
+def test_two_slow_steps_each_beyond_the_one_step_band_await_the_step_after_them():
+    """Two steps in a row on rank 1, each beyond the one-step band, are a change with no step after it yet
+    (what a two-step bet prices); two that clear only the two-step band are a change too, but no bet's
+    evidence; the step after either confirms it."""
+    from semimig.controller.policy.window import Window
+
+    for factor, bettable in ((1.5, True), (1.09, False)):  # sigma 0.04: one-step band 1.127, two-step 1.089
+        window = Window(48, 2)
+        for _ in range(10):
+            window.add(ReshardSample((1.0, 1.0), (0.5, 0.5), (0.0, 0.0)), sigma=0.04)
+        window.add(ReshardSample((1.0, factor + 0.003), (0.5, 0.5), (0.0, 0.0)), sigma=0.04)
+        assert window.unconfirmed() == {}
+        window.add(ReshardSample((1.0, factor + 0.003), (0.5, 0.5), (0.0, 0.0)), sigma=0.04)
+        assert window.fresh[1] == 2 and window.unconfirmed() == ({1: 2} if bettable else {}), factor
+        window.add(ReshardSample((1.0, factor + 0.003), (0.5, 0.5), (0.0, 0.0)), sigma=0.04)
+        assert window.unconfirmed() == {}
+
+
+@pytest.mark.parametrize("slowdowns", [0, 5])
+def test_two_slow_steps_are_bet_on_once_the_run_has_seen_slowdowns_last(slowdowns):
+    """Rank 1 at a third of its speed from step 30, outliers common (their odds low for one slow step).
+    With no slowdown counted the move waits for the step that confirms the change (step 32); once
+    slowdowns were seen to last, two slow steps in a row are bet on (step 31), at their odds."""
+    pol = policy()
+    rates = pol.samples.rates
+    rates.rank_steps, rates.slowdowns, rates.outliers = 2000, slowdowns, 100
+    assert rates.change_odds(1) < 0.1 and (slowdowns == 0 or rates.change_odds(2) > 0.5)
+    moves = run(pol, lambda step: (1.0, 1.0 / 3.0 if step >= 30 else 1.0), 40)
+    assert [(d.step, d.bet) for d in moves] == ([(32, 0)] if slowdowns == 0 else [(31, 2)])
+
+
 def test_a_bet_pays_when_the_odds_weigh_its_gain_above_what_being_wrong_costs():
     assert bet_pays(1.0, 1.0, 0.6) and not bet_pays(1.0, 1.0, 0.4)
     assert not bet_pays(10.0, 0.0, 0.0)  # no chance of a change: nothing to gain

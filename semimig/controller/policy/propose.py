@@ -42,7 +42,7 @@ from semimig.sharding.jobmodel import seat_scale
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, solve_plan
 
-__all__ = ["shares", "plan_step", "even_plans", "propose", "pooled", "seat_scale", "seat_reading", "seat_delta"]
+__all__ = ["shares", "plan_step", "healthy_step", "even_plans", "propose", "pooled", "seat_scale", "seat_reading", "seat_delta"]
 
 
 def shares(weights: Sequence[float], plans: Sequence[ShardPlan]) -> Tuple[float, ...]:
@@ -57,6 +57,13 @@ def plan_step(model: StepModel, weights: Sequence[float], plans: Sequence[ShardP
     total = sum(weights)
     ranks = [r for r in range(model.tp) if not model.idle_free or any(p.units[r] > 0 for p in plans)]
     return sum(w / total * max(model.rank_time(r, p.shares()[r]) for r in ranks) for w, p in zip(weights, plans))
+
+
+def healthy_step(model: StepModel) -> float:
+    """The even plan's step with every rank at ``model``'s fastest speed."""
+    tp = len(model.speeds)
+    return StepModel(speeds=(max(model.speeds),) * tp, replicated=model.replicated,
+                     shardable=model.shardable).step((1.0 / tp,) * tp)
 
 
 def pooled(model: StepModel, slow: AbstractSet[int]) -> StepModel:

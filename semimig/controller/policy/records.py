@@ -76,8 +76,8 @@ class ReshardDecision:
     """The move's predicted cost and its way back's."""
     horizon: int = 0
     """Steps the gain was counted over (the expected remaining life)."""
-    bet: bool = False
-    """Decided on a rank's single slow step, before the next step told a change from an outlier."""
+    bet: int = 0
+    """The slow steps in a row it was decided on before the next step told a change from outliers (0: none)."""
 
     @property
     def replan(self) -> bool:

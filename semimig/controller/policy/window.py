@@ -91,7 +91,9 @@ class Rates:
 
     def change_odds(self, steps: int = 1) -> float:
         """Probability that ``steps`` slow steps in a row on one rank are a slowdown rather than as many
-        outliers (each independent): ``h / (h + q^steps)`` with the two rates read with their prior."""
+        outliers (each independent): ``h / (h + q^steps)`` with the two rates read with their prior.  Each
+        of the steps must be slower than the one-step band, as a pending step is: ``q`` counts every such
+        step that did not last, the noise's own false alarms among them."""
         n = self.rank_steps + RATE_PRIOR_STEPS
         h = (self.slowdowns + PRIOR_SLOWDOWN_RATE * RATE_PRIOR_STEPS) / n
         q = (self.outliers + PRIOR_OUTLIER_RATE * RATE_PRIOR_STEPS) / n
@@ -109,6 +111,9 @@ class Window:
         the earlier ones, they tell that the speed changed, not by how much."""
         self.pending: Tuple[int, ...] = ()
         """The ranks whose last step is slower than the band, not yet told apart from an outlier."""
+        self.slower: List[bool] = [False] * tp
+        """Per rank, whether its last change is a slowdown whose every step is slower than the one-step band
+        (each as a pending step is: what :meth:`Rates.change_odds` prices)."""
         self.rates = Rates()
         """Outliers and slowdowns counted over every step seen (kept across plans)."""
 
@@ -125,6 +130,7 @@ class Window:
         self.samples.clear()
         self.fresh = [0] * len(self.fresh)
         self.trigger = [0] * len(self.fresh)
+        self.slower = [False] * len(self.fresh)
         self.pending = ()
 
     @property
@@ -149,7 +155,7 @@ class Window:
         for r, fresh in enumerate(self.fresh):
             m, slower = self._change(r, fresh, sigma, z)
             if m:
-                self.fresh[r], self.trigger[r], changed = m, m, True
+                self.fresh[r], self.trigger[r], self.slower[r], changed = m, m, slower, True
                 continue
             self.rates.outliers += r in self.pending  # the slow step before did not last
             if slower:
@@ -158,8 +164,9 @@ class Window:
         return changed
 
     def _change(self, r: int, fresh: int, sigma: float, z: float) -> Tuple[int, bool]:
-        """The most recent steps of rank ``r`` that differ from its earlier fresh steps (0: none) and
-        whether they are slower; with none, whether its last step alone is slower than the band."""
+        """The most recent steps of rank ``r`` that differ from its earlier fresh steps (0: none) and whether
+        they are slower, each beyond the one-step band; with none, whether its last step alone is slower
+        than the band."""
         times = [s.compute_s[r] for s in list(self.samples)[-fresh:]]
         slower = False
         for m in range(1, min(N_MIN, fresh - N_MIN) + 1):  # the latest change first: its steps read the new speed
@@ -169,9 +176,15 @@ class Window:
             if all(d < -band for d in devs):
                 return m, False
             if m >= SLOW_STEPS and all(d > band for d in devs):
-                return m, True
+                return m, all(d > z * sigma for d in devs)
             slower = slower or (m == 1 and devs[0] > band)
         return 0, slower
+
+    def unconfirmed(self) -> dict:
+        """``{rank: m}`` for every rank whose last change is a slowdown of ``m`` steps, each slower than the
+        one-step band, with no step after them yet: a change or as many outliers (:meth:`Rates.change_odds`),
+        the next step tells which."""
+        return {r: t for r, (f, t, s) in enumerate(zip(self.fresh, self.trigger, self.slower)) if s and f == t}
 
     def times(self) -> Tuple[Tuple[float, ...], float]:
         """Every rank's compute (the lower tercile of its fresh steps) and the median of the step's
