@@ -301,7 +301,7 @@ class ReshardPolicy:
         if not decision.replan:
             self.slowdown, self.state = saved, state
             return None
-        saved.rates.joined(step, slowdown.slow - saved.slow)
+        saved.rates.joined(step - steps + 1, slowdown.slow - saved.slow)  # a stay counts from its first slow step
         self.history[-1] = decision = dataclasses.replace(decision, reason=f"on {steps} slow step(s): "
                                                           f"{decision.reason}", bet=steps)
         return decision

@@ -102,17 +102,17 @@ class Slowdown:
                 slow.add(r)
             elif s > min((1.0 - tolerance) * band, 1.0 - tolerance / 2.0):
                 slow.discard(r)
-        if self.rates is not None:
+        since = step - samples + 1 if since is None else since
+        if self.rates is not None:  # a stay is counted from the slowdown's first step
             self.rates.held(step, self.slow & slow)
             self.rates.left(step, self.slow - slow)
-            self.rates.joined(step, slow - self.slow)
+            self.rates.joined(since, slow - self.slow)
         if frozenset(slow) == self.slow:
             self.ratios = tuple(ratios)
             return False
         self.previous = (self.slow, self.ratios if self.ratios is not None else (1.0,) * len(ratios))
         self.sets.append(frozenset(slow))
         self.ratios = tuple(ratios)
-        since = step - samples + 1 if since is None else since
         if self.changes:  # the first state began with the run, not with a change: its length is not a life
             self.ended[bool(self.slow)].append(max(1, since - self.since))
         self.slow, self.since, self.changes = frozenset(slow), since, self.changes + 1

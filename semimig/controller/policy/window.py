@@ -58,8 +58,9 @@ come.  Chosen on the simulator's family: as likely as an outlier, noise alone mo
 
 
 LASTED = 2 * N_MIN
-"""Steps a rank must stay in the slow set for its slowdown to count as one that lasted: two decisions'
-worth of steps, past the move a bet may have made and the steps that measure the plan it moved to."""
+"""Steps a rank must stay in the slow set, from its first slow step, for its slowdown to count as one that
+lasted: two decisions' worth of steps, past the move a bet may have made and the steps that measure the
+plan it moved to (a bet on outliers leaves the set within them)."""
 
 
 class Rates:
@@ -74,7 +75,7 @@ class Rates:
         """Step each rank joined the slow set, until its stay is counted."""
 
     def joined(self, step: int, ranks) -> None:
-        """``ranks`` joined the slow set at ``step``."""
+        """``ranks`` joined the slow set, their slowdown's first slow step ``step``."""
         self.since.update({r: step for r in ranks})
 
     def left(self, step: int, ranks) -> None:
