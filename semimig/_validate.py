@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import numbers
 import os
 import sys
 from typing import Any, Iterable, NoReturn, Optional
@@ -20,15 +21,15 @@ __all__ = ["OneLineParser", "first_local_rank", "refuse_once", "is_int", "is_num
 
 def is_int(value: object) -> bool:
     """An ``int`` (numpy integers included), not a ``bool``."""
-    import numbers
-
+    if type(value) is int:  # the common case, without the abstract-class check
+        return True
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def is_number(value: object) -> bool:
     """A finite real number, not a ``bool``."""
-    import numbers
-
+    if type(value) is float or type(value) is int:  # the common cases, without the abstract-class check
+        return math.isfinite(value)
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
 
 

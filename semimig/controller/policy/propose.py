@@ -47,8 +47,8 @@ __all__ = ["shares", "plan_step", "healthy_step", "even_plans", "propose", "pool
 
 def shares(weights: Sequence[float], plans: Sequence[ShardPlan]) -> Tuple[float, ...]:
     """``p_r`` of each rank under ``plans`` (module docstring)."""
-    total, tp = sum(weights), plans[0].tp
-    return tuple(sum(w * p.shares()[r] for w, p in zip(weights, plans)) / total for r in range(tp))
+    total, tp, per = sum(weights), plans[0].tp, [p.shares() for p in plans]
+    return tuple(sum(w * s[r] for w, s in zip(weights, per)) / total for r in range(tp))
 
 
 def plan_step(model: StepModel, weights: Sequence[float], plans: Sequence[ShardPlan]) -> float:
@@ -56,7 +56,7 @@ def plan_step(model: StepModel, weights: Sequence[float], plans: Sequence[ShardP
     a rank holding none skips the step (``model.idle_free``)."""
     total = sum(weights)
     ranks = [r for r in range(model.tp) if not model.idle_free or any(p.units[r] > 0 for p in plans)]
-    return sum(w / total * max(model.rank_time(r, p.shares()[r]) for r in ranks) for w, p in zip(weights, plans))
+    return sum(w / total * max(model.rank_time(r, s[r]) for r in ranks) for w, s in zip(weights, map(ShardPlan.shares, plans)))
 
 
 def healthy_step(model: StepModel) -> float:
@@ -165,7 +165,8 @@ def _around(model: StepModel, plans: Tuple[ShardPlan, ...], weights: Sequence[fl
     dimensions' shares in ``plans`` (at least ``floor`` each; ``skip``: a rank given none)."""
     total, plan, tp = sum(weights), plans[d], plans[d].tp
     unit = weights[d] / total / plan.total_units
-    base = [sum(w * p.shares()[r] for q, (w, p) in enumerate(zip(weights, plans)) if q != d) / total + floor * unit
+    per = [p.shares() for p in plans]
+    base = [sum(w * s[r] for q, (w, s) in enumerate(zip(weights, per)) if q != d) / total + floor * unit
             for r in range(tp)]
     units = [floor] * tp
     heap = [(model.rank_time(r, base[r] + unit), r) for r in range(tp) if r != skip]
