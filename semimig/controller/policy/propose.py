@@ -136,12 +136,13 @@ def propose(model: StepModel, plans: Sequence[ShardPlan], weights: Sequence[floa
     def cost(c: Tuple[ShardPlan, ...]) -> float:
         return plan_step(model, weights, c) + seat_delta(model.speeds, plans, c, comm, idle_free=model.idle_free)
 
-    best = min(candidates, key=cost)
+    priced = [(cost(c), c) for c in candidates]
+    best_cost, best = min(priced, key=lambda pc: pc[0])
     if model.idle_free and unseat:  # within the margin: the fewest seats of the slow ranks (module docstring)
         # ``or [best]``: seats measured longer than the compute can price a candidate below 0 s, under its margin
-        close = [c for c in candidates if cost(c) <= cost(best) * (1.0 + margin)] or [best]
-        best = min(close, key=lambda c: (sum(p.units[r] > 0 for p in c for r in unseat), cost(c)))
-    if even is not None and cost(best) * (1.0 + margin) >= cost(even):
+        close = [pc for pc in priced if pc[0] <= best_cost * (1.0 + margin)] or [(best_cost, best)]
+        best_cost, best = min(close, key=lambda pc: (sum(p.units[r] > 0 for p in pc[1] for r in unseat), pc[0]))
+    if even is not None and best_cost * (1.0 + margin) >= cost(even):
         return even
     return best
 
@@ -168,11 +169,36 @@ def _around(model: StepModel, plans: Tuple[ShardPlan, ...], weights: Sequence[fl
     per = [p.shares() for p in plans]
     base = [sum(w * s[r] for q, (w, s) in enumerate(zip(weights, per)) if q != d) / total + floor * unit
             for r in range(tp)]
-    units = [floor] * tp
-    heap = [(model.rank_time(r, base[r] + unit), r) for r in range(tp) if r != skip]
+    ranks = [r for r in range(tp) if r != skip]
+    left = plan.total_units - floor * tp
+    units = [floor + n for n in _below(model, base, unit, ranks, left)]
+    left -= sum(units) - floor * tp
+    heap = [(model.rank_time(r, base[r] + (units[r] - floor + 1) * unit), r) for r in ranks]
     heapq.heapify(heap)
-    for _ in range(plan.total_units - floor * tp):
+    for _ in range(left):
         _, r = heapq.heappop(heap)
         units[r] += 1
         heapq.heappush(heap, (model.rank_time(r, base[r] + (units[r] - floor + 1) * unit), r))
     return ShardPlan(units=tuple(units), unit_size=plan.unit_size)
+
+
+def _below(model: StepModel, base: Sequence[float], unit: float, ranks: Sequence[int], count: int) -> list[int]:
+    """Per rank, its units that finish before a level ``T`` under which at most ``count`` units finish:
+    the first units :func:`_around`'s soonest-first order hands out (each rank's finish times rise with
+    its units, so every unit finishing before ``T`` precedes every unit finishing at or after it).
+    ``T`` is the continuous level at which ``count − len(ranks)`` units fit; none where that is ``≤ 0``."""
+    out = [0] * len(base)
+    R, S = model.replicated, model.shardable
+    speed = sum(model.speeds[r] for r in ranks)
+    if count <= len(ranks) or S <= 0.0 or speed <= 0.0:
+        return out
+    # Σ_r ((T·v_r − R)/S − base_r)/unit = count − |ranks|, solved for T
+    level = (S * (unit * (count - len(ranks)) + sum(base[r] for r in ranks)) + R * len(ranks)) / speed
+    for r in ranks:
+        k = max(0, int(((level * model.speeds[r] - R) / S - base[r]) / unit))
+        while k > 0 and model.rank_time(r, base[r] + k * unit) >= level:
+            k -= 1
+        while model.rank_time(r, base[r] + (k + 1) * unit) < level:
+            k += 1
+        out[r] = k
+    return out if sum(out) <= count else [0] * len(base)
