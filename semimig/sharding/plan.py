@@ -148,9 +148,13 @@ class ShardPlan:
         return len(set(self.units)) == 1
 
     def shares(self) -> Tuple[float, ...]:
-        """``p_r = units[r] / total_units`` (sums to 1)."""
-        total = self.total_units
-        return tuple(n / total for n in self.units)
+        """``p_r = units[r] / total_units`` (sums to 1); computed once (the plan is frozen)."""
+        cached = self.__dict__.get("_shares")
+        if cached is None:
+            total = self.total_units
+            cached = tuple(n / total for n in self.units)
+            object.__setattr__(self, "_shares", cached)
+        return cached
 
     def offsets(self) -> Tuple[int, ...]:
         """First column of each rank: ``offsets()[r] = Σ_{q<r} sizes[q]`` (length ``tp``)."""

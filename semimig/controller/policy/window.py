@@ -30,7 +30,7 @@ from __future__ import annotations
 import collections
 import math
 import statistics
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from semimig.controller.policy.states import N_MIN
 from semimig.controller.policy.stepmodel import tercile
@@ -153,8 +153,9 @@ class Window:
         self.fresh = [min(f + 1, n) for f in self.fresh]
         changed, pending = False, []
         self.rates.rank_steps += len(self.fresh)
+        window = list(self.samples)
         for r, fresh in enumerate(self.fresh):
-            m, slower = self._change(r, fresh, sigma, z)
+            m, slower = self._change([s.compute_s[r] for s in window[-fresh:]], fresh, sigma, z)
             if m:
                 self.fresh[r], self.trigger[r], self.slower[r], changed = m, m, slower, True
                 continue
@@ -164,11 +165,11 @@ class Window:
         self.pending = tuple(pending)
         return changed
 
-    def _change(self, r: int, fresh: int, sigma: float, z: float) -> Tuple[int, bool]:
-        """The most recent steps of rank ``r`` that differ from its earlier fresh steps (0: none) and whether
-        they are slower, each beyond the one-step band; with none, whether its last step alone is slower
-        than the band."""
-        times = [s.compute_s[r] for s in list(self.samples)[-fresh:]]
+    @staticmethod
+    def _change(times: Sequence[float], fresh: int, sigma: float, z: float) -> Tuple[int, bool]:
+        """The most recent of a rank's ``fresh`` steps ``times`` that differ from its earlier ones (0: none)
+        and whether they are slower, each beyond the one-step band; with none, whether its last step alone
+        is slower than the band."""
         slower = False
         for m in range(1, min(N_MIN, fresh - N_MIN) + 1):  # the latest change first: its steps read the new speed
             base = statistics.median(times[:-m])
