@@ -133,8 +133,11 @@ def propose(model: StepModel, plans: Sequence[ShardPlan], weights: Sequence[floa
                 emptied = _unseated(model, emptied, weights, r)[-1] if any(p.units[r] for p in emptied) else emptied
             candidates.append(emptied)
 
-    def cost(c: Tuple[ShardPlan, ...]) -> float:
-        return plan_step(model, weights, c) + seat_delta(model.speeds, plans, c, comm, idle_free=model.idle_free)
+    here = seat_scale(model.speeds, plans, idle_free=model.idle_free) if comm > 0.0 else 0.0
+
+    def cost(c: Tuple[ShardPlan, ...]) -> float:  # plan_step + seat_delta, the seats in force scaled once
+        seats = comm * (seat_scale(model.speeds, c, idle_free=model.idle_free) - here) / here if comm > 0.0 else 0.0
+        return plan_step(model, weights, c) + seats
 
     priced = [(cost(c), c) for c in candidates]
     best_cost, best = min(priced, key=lambda pc: pc[0])
