@@ -101,12 +101,13 @@ def seat_reading(window: Sequence, plans: Sequence[ShardPlan]) -> float:
 
 
 def seat_delta(speeds: Sequence[float], now: Sequence[ShardPlan], plans: Sequence[ShardPlan], comm: float, *,
-               idle_free: bool = False) -> float:
+               idle_free: bool = False, here: Optional[float] = None) -> float:
     """Seconds ``plans`` add to the step's collectives against ``now``, measured at ``comm`` (module docstring;
-    ``idle_free``: a rank holding nothing skips the step, and the vocabulary's collectives with it)."""
+    ``idle_free``: a rank holding nothing skips the step, and the vocabulary's collectives with it; ``here``:
+    ``seat_scale`` of ``now``, where the caller prices many plans against it)."""
     if comm <= 0.0:
         return 0.0
-    here = seat_scale(speeds, now, idle_free=idle_free)
+    here = seat_scale(speeds, now, idle_free=idle_free) if here is None else here
     return comm * (seat_scale(speeds, plans, idle_free=idle_free) - here) / here
 
 
@@ -133,11 +134,11 @@ def propose(model: StepModel, plans: Sequence[ShardPlan], weights: Sequence[floa
                 emptied = _unseated(model, emptied, weights, r)[-1] if any(p.units[r] for p in emptied) else emptied
             candidates.append(emptied)
 
-    here = seat_scale(model.speeds, plans, idle_free=model.idle_free) if comm > 0.0 else 0.0
+    here = seat_scale(model.speeds, plans, idle_free=model.idle_free) if comm > 0.0 else None  # scaled once
 
-    def cost(c: Tuple[ShardPlan, ...]) -> float:  # plan_step + seat_delta, the seats in force scaled once
-        seats = comm * (seat_scale(model.speeds, c, idle_free=model.idle_free) - here) / here if comm > 0.0 else 0.0
-        return plan_step(model, weights, c) + seats
+    def cost(c: Tuple[ShardPlan, ...]) -> float:
+        return plan_step(model, weights, c) + seat_delta(model.speeds, plans, c, comm, idle_free=model.idle_free,
+                                                         here=here)
 
     priced = [(cost(c), c) for c in candidates]
     best_cost, best = min(priced, key=lambda pc: pc[0])
