@@ -542,6 +542,7 @@ def run(args: argparse.Namespace, argv) -> int:
         "repeats": args.repeats, "wall_s": time.time() - started, "modes": modes,
         "raw": {mode: [{"step_s": d["step_s"], "val_losses": d["val_losses"], "shed": d.get("shed", []),
                         "throttled": d.get("throttled"), "step_split_each": d.get("step_split_each"),
+                        "reflex_each": d.get("reflex_each"),
                         "summary": d["summary"]} for d in rs]
                 for mode, rs in raw.items()},
     }
@@ -565,6 +566,11 @@ def run(args: argparse.Namespace, argv) -> int:
               f"{'never' if ttt is None else f'{ttt:.1f}':>11} "
               f"{'-' if ttt is None or not base_time else f'{ttt / base_time:.2f}x':>10}  {share}{replans(m)}")
     print_phases(modes)
+    for mode, m in modes.items():
+        fired = [n for n in m["reflex_steps_each"] if n]
+        if fired:  # lossy steps that no plan shows: the rank pruned them on its own evidence
+            print(f"{mode:>10} step reflex pruned steps in {len(fired)} of {m['repeats']} runs "
+                  f"({', '.join(map(str, m['reflex_steps_each']))} rank-steps per run)")
     print_against_pattern(modes, result["pattern_limit_vs_healthy"])
     print(f"JSON: {args.json}")
     if args.plot:

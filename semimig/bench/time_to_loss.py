@@ -56,6 +56,9 @@ class RunResult:
     step_split: tuple[Optional[dict], ...] = ()
     """Per rank of the job (global order), its steady step's own work, collectives and balanced GEMMs in seconds
     (:data:`semimig.bench.llm.record.SPLIT_FIELDS`; ``None`` where not measured; empty in older files)."""
+    reflex_steps: Optional[tuple[int, ...]] = None
+    """Per rank of the job, how many steps its step reflex pruned (lossy steps no plan shows); ``None``
+    where the file does not record it."""
 
     @classmethod
     def from_json(cls, data: dict, where: str = "run") -> "RunResult":
@@ -69,6 +72,8 @@ class RunResult:
             split = tuple(None if r is None else {k: float(v) for k, v in r.items()}
                           for r in data["summary"].get("step_split_by_rank", ()))
             throttled = None if throttled is None else tuple(None if t is None else bool(t) for t in throttled)
+            reflex = data.get("reflex_each")
+            reflex = None if reflex is None else tuple(len(r) for r in reflex)
             if reshard is not None:
                 reshard = {"replans": int(reshard["replans"]), "plan": str(reshard["plan"]),
                            "bytes_moved": int(reshard["bytes_moved"]), "move_s": float(reshard["move_s"])}
@@ -79,7 +84,7 @@ class RunResult:
         if throttled is not None and len(throttled) != len(step_s):
             raise ConfigError(f"{where}: {len(throttled)} step phases for {len(step_s)} steps")
         return cls(step_s=step_s, val_losses=val, balanced_share=shares, reshard=reshard, throttled=throttled,
-                   step_split=split)
+                   step_split=split, reflex_steps=reflex)
 
     @property
     def final_val_loss(self) -> Optional[float]:
@@ -169,6 +174,7 @@ def summarize_mode(runs: Sequence[RunResult], target: Optional[float]) -> dict:
         "val_losses": [list(v) for v in runs[0].val_losses],
         "reshard": _reshard_summary(runs),
         "phase_mean_step_s": _phase_summary(runs),
+        "reflex_steps_each": [None if r.reflex_steps is None else sum(r.reflex_steps) for r in runs],
     }
 
 

@@ -14,8 +14,8 @@ import torch
 
 from semimig.bench.llm.build import build_model, evaluate, init_distributed, make_data
 from semimig.bench.llm.checkpoint import load_checkpoint, resume_lr, save_checkpoint
-from semimig.bench.llm.record import (balanced_share_by_rank, plan_state, step_split_by_rank, summary, summary_line,
-                                      write_record)
+from semimig.bench.llm.record import (balanced_share_by_rank, plan_state, reflex_by_rank, step_split_by_rank,
+                                      summary, summary_line, write_record)
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
             next(batches)
         logger.info("resumed %s at step %d (loaded in %.3f s)", args.resume, first, load_s)
         resume_lr(optimizer, args)
-    losses, times, val_losses, eval_s, shares, sheds, starts, splits = [], [], [], 0.0, [], [], [], []
+    losses, times, val_losses, eval_s, shares, sheds, starts, splits, reflexes = [], [], [], 0.0, [], [], [], [], []
     model.train()
     # a progress bar only on a terminal: redirected output gets the periodic log lines instead of redraws
     bar_off = rank != 0 or not sys.stderr.isatty()
@@ -120,6 +120,7 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
             plan = plan_state(balancer, tp)
             if balancer is not None:
                 sheds.append(list(plan.shed))  # the group's plan after this step, per TP rank
+                reflexes.append(balancer.report.reflex_gamma if balancer.report is not None else 0.0)
             bar.set_postfix(loss=f"{losses[-1]:.3f}", step_ms=f"{times[-1] * 1e3:.0f}")
             bar.update()
             if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
@@ -142,8 +143,10 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
                       save_s=f"{save_s:.3f}" if save_s is not None else "none")
     by_rank = balanced_share_by_rank(shares, plugin.tp_group, tp)
     split_by_rank, splits_by_step = step_split_by_rank(splits)
+    reflex_each = reflex_by_rank(reflexes)
     fields.update(final_val_loss=f"{val_losses[-1][1]:.4f}" if val_losses else "none", eval_s=f"{eval_s:.3f}",
-                  balanced_share=",".join("-" if b is None else f"{b:.2f}" for b in by_rank))
+                  balanced_share=",".join("-" if b is None else f"{b:.2f}" for b in by_rank),
+                  reflex_steps=",".join(str(len(r)) for r in reflex_each))
     reshard = balancer.reshard_summary if balancer is not None else None
     if stages is not None:  # every stage's re-plans (rank 0 holds stage 0's balancer only)
         fields["pp"] = pp
@@ -155,7 +158,7 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
     if rank == 0 and args.json:
         write_record(args.json, fields, losses=losses, times=times, val_losses=val_losses, eval_s=eval_s,
                      sheds=sheds, starts=starts, corpus=corpus, vocab=vocab, by_rank=by_rank, reshard=reshard,
-                     split_by_rank=split_by_rank, splits_by_step=splits_by_step)
+                     split_by_rank=split_by_rank, splits_by_step=splits_by_step, reflex_each=reflex_each)
     if balancer is not None:
         balancer.close()
     torch.distributed.destroy_process_group()

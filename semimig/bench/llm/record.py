@@ -42,6 +42,17 @@ def step_split_by_rank(splits: list) -> tuple[list, list]:
     return medians, [g[1] for g in gathered]
 
 
+def reflex_by_rank(gammas: list) -> list:
+    """Per rank of the job (global rank order), every step whose step reflex fired, as ``[step, γ]``
+    (:mod:`semimig.controller.reflex`: the rank pruned the rest of that step on its own evidence, so the
+    step was lossy although no plan shed anything).  ``gammas``: this rank's ``γ`` per step, 0 where it did
+    not fire.  Collective over the default group."""
+    mine = [[i, round(float(g), 4)] for i, g in enumerate(gammas) if g > 0.0]
+    gathered = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, mine)
+    return gathered
+
+
 def plan_state(balancer, tp: int):
     """The balancing state to show (a :class:`semimig.balancer.PlanView`): the latest report's plan, or
     'every rank dense'."""
@@ -72,10 +83,11 @@ def summary_line(fields: dict) -> str:
 def write_record(path: str, fields: dict, *, losses: list, times: list, val_losses: list, eval_s: float,
                  sheds: list, starts: list, corpus, vocab: int, by_rank: list,
                  reshard: Optional[dict], split_by_rank: Optional[list] = None,
-                 splits_by_step: Optional[list] = None) -> None:
+                 splits_by_step: Optional[list] = None, reflex_each: Optional[list] = None) -> None:
     """The ``--json`` record: the summary (with the per-rank balanced shares and step splits, the re-plans and the
     corpus's unigram entropy beside the line's fields), the losses, step times and step start times,
-    the validation losses, the plans' shed shares per step, every rank's step split per step and the data."""
+    the validation losses, the plans' shed shares per step, every rank's step split per step, every rank's
+    steps pruned by its step reflex (:func:`reflex_by_rank`) and the data."""
     from semimig._io import write_json
 
     fields = dict(fields, balanced_share_by_rank=by_rank)
@@ -87,5 +99,5 @@ def write_record(path: str, fields: dict, *, losses: list, times: list, val_loss
         fields["unigram_entropy_nats"] = corpus.unigram_entropy()
     write_json(path, {"summary": fields, "losses": losses, "step_s": times, "val_losses": val_losses,
                       "eval_s": eval_s, "shed": sheds, "step_start_unix": starts,
-                      "step_split_each": splits_by_step,
+                      "step_split_each": splits_by_step, "reflex_each": reflex_each,
                       "data": corpus.describe() if corpus is not None else {"synthetic": True, "vocab": vocab}})
