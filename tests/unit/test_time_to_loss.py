@@ -48,6 +48,17 @@ def test_step_splits_are_read_and_their_fields_taken_as_medians_per_rank():
     assert s["step_split"] == [{"compute_s": 0.4, "comm_s": 0.1, "gemm_s": 0.2}, None]
 
 
+def test_reflex_steps_are_counted_per_run_and_unknown_where_a_file_lacks_them():
+    fired = {"step_s": [1.0], "val_losses": [], "summary": {}, "reflex_each": [[], [[3, 0.5], [7, 0.25]]]}
+    clean = dict(fired, reflex_each=[[], []])
+    older = {"step_s": [1.0], "val_losses": [], "summary": {}}
+    runs = [RunResult.from_json(f) for f in (fired, clean, older)]
+    assert runs[0].reflex_steps == (0, 2) and runs[2].reflex_steps is None
+    assert summarize_mode(runs, target=None)["reflex_steps_each"] == [2, 0, None]
+    with pytest.raises(ConfigError, match="semi run 0"):
+        RunResult.from_json(dict(fired, reflex_each=[3]), "semi run 0")
+
+
 def test_a_mode_most_of_whose_repeats_never_reach_the_target_has_no_time():
     runs = [RunResult(step_s=(1.0,), val_losses=((1, 3.0),)), RunResult(step_s=(1.0,), val_losses=((1, 1.0),))]
     assert summarize_mode(runs, target=2.0)["time_to_target_s"] is None
