@@ -319,10 +319,9 @@ class ReshardPolicy:
         base = dict(current_s=measured_s, predicted_s=current, speed_ratios=ratios)
         if self.samples.steps >= N_MIN and not self.samples.pending:  # a reading at one set of speeds
             self.measured.record(self.plans, measured_s, self.slowdown.slow)
-        toward_even = max(self.shares(proposal)) < max(self.shares())
         if proposal == self.plans:
             return self._hold(step, "the plan in force is the best", event=hold, **base)
-        if not self.slowdown.slow and not toward_even:
+        if not self.slowdown.slow and not max(self.shares(proposal)) < max(self.shares()):  # not toward even
             return self._hold(step, "no rank is slow: only a move toward even is taken", event=hold, **base)
         known = self.measured.measured(proposal, self.slowdown.slow) if measured_s > 0.0 else None
         current, predicted = (measured_s, known) if known is not None else (  # measured beats predicted

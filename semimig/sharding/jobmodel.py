@@ -269,9 +269,10 @@ def seat_scale(speeds: Sequence[float], plans: Sequence[ShardPlan], *, idle_free
     fastest rank (module docstring): a reduction runs at its slowest member's pace.  The vocabulary seats
     every rank, or with ``idle_free`` the ranks holding any unit (ranks holding none skip the step).  The
     re-shard policy prices seats with this same function (:mod:`semimig.controller.policy.propose`)."""
-    top = max(speeds)
-    total = sum(top / min((v for v, n in zip(speeds, p.units) if n > 0), default=top) for p in plans)
-    vocab = [v for r, v in enumerate(speeds) if not idle_free or any(p.units[r] > 0 for p in plans)]
+    top, total = max(speeds), 0
+    for p in plans:
+        total += top / min([v for v, n in zip(speeds, p.units) if n > 0], default=top)
+    vocab = speeds if not idle_free else [v for r, v in enumerate(speeds) if any(p.units[r] > 0 for p in plans)]
     return total + top / min(vocab, default=top)
 
 

@@ -91,6 +91,10 @@ class ShardPlan:
     unit_size: int = 1
 
     def __post_init__(self) -> None:
+        units, size = self.units, self.unit_size
+        if (type(units) is tuple and units and type(size) is int and size >= 1  # plain ints: nothing to convert
+                and all(type(n) is int and n >= 0 for n in units) and sum(units) >= 1):
+            return
         if isinstance(self.units, (str, bytes)) or not isinstance(self.units, (tuple, list)) or not self.units:
             raise ConfigError(f"units must be a non-empty tuple of ints (one per tensor-parallel rank), "
                               f"got {self.units!r}")

@@ -57,6 +57,11 @@ class StepModel:
     idle_free: bool = False
 
     def __post_init__(self) -> None:
+        speeds, R, S = self.speeds, self.replicated, self.shardable
+        if (type(speeds) is tuple and speeds and type(R) is float and type(S) is float  # plain floats: as they are
+                and all(type(v) is float and 0.0 < v < math.inf for v in speeds) and 0.0 <= R < math.inf
+                and 0.0 < S < math.inf):
+            return
         if isinstance(self.speeds, (str, bytes)) or not isinstance(self.speeds, (tuple, list)) or not self.speeds:
             raise ConfigError(f"speeds must be a non-empty tuple of numbers > 0 (one per rank), got {self.speeds!r}")
         speeds = tuple(check_number(f"speeds[{r}]", v, minimum=0.0, low_open=True) for r, v in enumerate(self.speeds))

@@ -31,6 +31,7 @@ PROFILE = "profiling before training (Poplar's probes), synchronised on purpose"
 TEST_STRAGGLER = "injected test straggler only (benchmarks, tests): its delay needs the GEMM's own time"
 HARNESS = "benchmark harness (semimig.bench), not the library a user runs"
 PROCESS = "a subprocess or thread, not a device"
+SIMULATOR = "the policy simulator's numpy arrays, read once per scenario (no device)"
 LINEAGE = ("only when a layer's lineage is another tensor than the one its forward recorded (compared by "
            "identity first): the values then decide")
 
@@ -110,6 +111,8 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("semimig/bench/train.py", "train_case", ".synchronize()"): HARNESS,
     ("semimig/bench/train2d.py", "train_2d_case", ".tolist()"): HARNESS,
     ("semimig/bench/llm/loop.py", "run", ".synchronize()"): HARNESS + ": the training binary times each step on the device",
+    ("semimig/controller/sim/simulate.py", "_Noise.__init__", ".tolist()"): SIMULATOR,
+    ("semimig/controller/sim/simulate.py", "_Step.__init__", ".tolist()"): SIMULATOR,
     ("semimig/cluster/launcher.py", "_stop", ".wait()"): PROCESS,
     ("semimig/straggler/throttle_cli.py", "run_throttled", ".wait()"): PROCESS,
     ("semimig/straggler/throttle_pattern.py", "PatternDriver._run", ".wait()"): PROCESS,

@@ -39,14 +39,15 @@ drifts and to the plan changing, which is never inside a pair).
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import math
-import statistics
 from dataclasses import dataclass
 from typing import AbstractSet, Optional, Sequence, Tuple
 
 from semimig.controller.policy.propose import pooled
+from semimig.controller.policy.stepmodel import ordered_median
 from semimig.controller.policy.window import SLOW_STEPS
 from semimig.sharding.solver import StepModel
 
@@ -64,21 +65,31 @@ class Noise:
     def __init__(self, prior: float = 0.1) -> None:
         self.diffs: collections.deque = collections.deque(maxlen=NOISE_PAIRS)
         self.prior = prior
+        self._ordered: list = []
+        """:attr:`diffs` in order, kept as pairs come and go: the median is read every step."""
+        self._sigma: Optional[float] = None
+        """:attr:`sigma` as last read (it is read several times a step)."""
 
     def add(self, before: Sequence[float], after: Sequence[float]) -> None:
         """Two consecutive steps under one plan: every rank's compute."""
         for a, b in zip(before, after):
             if a > 0.0 and b > 0.0:
-                self.diffs.append(abs(math.log(b / a)))
+                diff = abs(math.log(b / a))
+                if len(self.diffs) == self.diffs.maxlen:
+                    del self._ordered[bisect.bisect_left(self._ordered, self.diffs[0])]
+                self.diffs.append(diff)
+                bisect.insort(self._ordered, diff)
+                self._sigma = None
 
     @property
     def sigma(self) -> float:
         """The estimate, at least a prior that fades as pairs accrue (a few pairs can read a noisy machine
         as a quiet one, and a move decided on that costs more than the steps a wider band waits)."""
-        floor = self.prior * NOISE_PRIOR_PAIRS / (NOISE_PRIOR_PAIRS + len(self.diffs))
-        if len(self.diffs) < 4:
-            return max(self.prior, floor)
-        return max(1.4826 * statistics.median(self.diffs) / math.sqrt(2.0), floor)
+        if self._sigma is None:
+            floor = self.prior * NOISE_PRIOR_PAIRS / (NOISE_PRIOR_PAIRS + len(self.diffs))
+            self._sigma = (max(self.prior, floor) if len(self.diffs) < 4
+                           else max(1.4826 * ordered_median(self._ordered) / math.sqrt(2.0), floor))
+        return self._sigma
 
     def of_median(self, n: int) -> float:
         """Relative standard error of a median over ``n`` steps."""

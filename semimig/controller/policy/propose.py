@@ -122,18 +122,22 @@ def propose(model: StepModel, plans: Sequence[ShardPlan], weights: Sequence[floa
         return even
     solved = tuple(solve_plan(model, total_units=p.total_units, unit_size=p.unit_size, min_units=min_units)
                    for p in plans)
-    candidates = [solved] + [solved[:d] + (_around(model, solved, weights, d, min_units),) + solved[d + 1:]
-                             for d in range(len(solved))]
+    # a candidate reached twice is priced once: its first place is kept, so ties resolve as in the full list
+    memo: dict = {}  # one rounding of a dimension around the same others, reached from several candidates
+    candidates = _distinct([solved] + [solved[:d] + (_around(model, solved, weights, d, min_units),) + solved[d + 1:]
+                                       for d in range(len(solved))])
     if min_units == 0 and comm > 0.0:
-        candidates += [c for base in list(candidates) for r in sorted(unseat) for c in _unseated(model, base, weights, r)]
+        candidates = _distinct(candidates + [c for base in candidates for r in sorted(unseat)
+                                             for c in _unseated(model, base, weights, r, memo)])
     if min_units == 0 and model.idle_free:  # a slow rank emptied skips the step: it bounds none
         sets = [[r] for r in sorted(unseat)] + ([sorted(unseat)] if len(unseat) > 1 else [])
         for ranks in sets:
             emptied = solved
             for r in ranks:
-                emptied = _unseated(model, emptied, weights, r)[-1] if any(p.units[r] for p in emptied) else emptied
+                emptied = _unseated(model, emptied, weights, r, memo)[-1] if any(p.units[r] for p in emptied) else emptied
             candidates.append(emptied)
 
+    candidates = _distinct(candidates)
     here = seat_scale(model.speeds, plans, idle_free=model.idle_free) if comm > 0.0 else None  # scaled once
 
     def cost(c: Tuple[ShardPlan, ...]) -> float:
@@ -151,38 +155,50 @@ def propose(model: StepModel, plans: Sequence[ShardPlan], weights: Sequence[floa
     return best
 
 
+def _distinct(candidates: list) -> list:
+    """``candidates`` with each plan at its first place only."""
+    return list(dict.fromkeys(candidates))
+
+
 def _unseated(model: StepModel, plans: Tuple[ShardPlan, ...], weights: Sequence[float],
-              rank: int) -> list[Tuple[ShardPlan, ...]]:
+              rank: int, memo: Optional[dict] = None) -> list[Tuple[ShardPlan, ...]]:
     """``plans`` with ``rank`` out of one dimension, for each dimension it holds units of, and out of all of them."""
     held = [d for d, p in enumerate(plans) if p.units[rank] > 0]
-    out = [plans[:d] + (_around(model, plans, weights, d, 0, skip=rank),) + plans[d + 1:] for d in held]
+    out = [plans[:d] + (_around(model, plans, weights, d, 0, skip=rank, memo=memo),) + plans[d + 1:] for d in held]
     if len(held) > 1:  # out of every one in turn: the first step is the first candidate's
         every = out[0]
         for d in held[1:]:
-            every = every[:d] + (_around(model, every, weights, d, 0, skip=rank),) + every[d + 1:]
+            every = every[:d] + (_around(model, every, weights, d, 0, skip=rank, memo=memo),) + every[d + 1:]
         out.append(every)
     return out
 
 
 def _around(model: StepModel, plans: Tuple[ShardPlan, ...], weights: Sequence[float], d: int,
-            floor: int, skip: Optional[int] = None) -> ShardPlan:
+            floor: int, skip: Optional[int] = None, memo: Optional[dict] = None) -> ShardPlan:
     """Dimension ``d``'s units, each to the rank that finishes it soonest on top of the other
-    dimensions' shares in ``plans`` (at least ``floor`` each; ``skip``: a rank given none)."""
+    dimensions' shares in ``plans`` (at least ``floor`` each; ``skip``: a rank given none; ``memo``: the
+    roundings already made for ``model`` and ``weights``, by what they depend on)."""
+    if memo is not None:
+        key = (plans[:d], plans[d + 1:], plans[d].total_units, plans[d].unit_size, d, floor, skip)
+        if key not in memo:
+            memo[key] = _around(model, plans, weights, d, floor, skip)
+        return memo[key]
     total, plan, tp = sum(weights), plans[d], plans[d].tp
     unit = weights[d] / total / plan.total_units
     per = [p.shares() for p in plans]
-    base = [sum(w * s[r] for q, (w, s) in enumerate(zip(weights, per)) if q != d) / total + floor * unit
-            for r in range(tp)]
+    others = [(w, s) for q, (w, s) in enumerate(zip(weights, per)) if q != d]
+    base = [sum([w * s[r] for w, s in others]) / total + floor * unit for r in range(tp)]
     ranks = [r for r in range(tp) if r != skip]
     left = plan.total_units - floor * tp
     units = [floor + n for n in _below(model, base, unit, ranks, left)]
     left -= sum(units) - floor * tp
-    heap = [(model.rank_time(r, base[r] + (units[r] - floor + 1) * unit), r) for r in ranks]
+    R, S, v = model.replicated, model.shardable, model.speeds  # model.rank_time, read inline
+    heap = [((R + S * (base[r] + (units[r] - floor + 1) * unit)) / v[r], r) for r in ranks]
     heapq.heapify(heap)
     for _ in range(left):
         _, r = heapq.heappop(heap)
         units[r] += 1
-        heapq.heappush(heap, (model.rank_time(r, base[r] + (units[r] - floor + 1) * unit), r))
+        heapq.heappush(heap, ((R + S * (base[r] + (units[r] - floor + 1) * unit)) / v[r], r))
     return ShardPlan(units=tuple(units), unit_size=plan.unit_size)
 
 
@@ -192,17 +208,17 @@ def _below(model: StepModel, base: Sequence[float], unit: float, ranks: Sequence
     its units, so every unit finishing before ``T`` precedes every unit finishing at or after it).
     ``T`` is the continuous level at which ``count − len(ranks)`` units fit; none where that is ``≤ 0``."""
     out = [0] * len(base)
-    R, S = model.replicated, model.shardable
-    speed = sum(model.speeds[r] for r in ranks)
+    R, S, v = model.replicated, model.shardable, model.speeds  # model.rank_time, read inline
+    speed = sum(v[r] for r in ranks)
     if count <= len(ranks) or S <= 0.0 or speed <= 0.0:
         return out
     # Σ_r ((T·v_r − R)/S − base_r)/unit = count − |ranks|, solved for T
     level = (S * (unit * (count - len(ranks)) + sum(base[r] for r in ranks)) + R * len(ranks)) / speed
     for r in ranks:
-        k = max(0, int(((level * model.speeds[r] - R) / S - base[r]) / unit))
-        while k > 0 and model.rank_time(r, base[r] + k * unit) >= level:
+        k = max(0, int(((level * v[r] - R) / S - base[r]) / unit))
+        while k > 0 and (R + S * (base[r] + k * unit)) / v[r] >= level:
             k -= 1
-        while model.rank_time(r, base[r] + (k + 1) * unit) < level:
+        while (R + S * (base[r] + (k + 1) * unit)) / v[r] < level:
             k += 1
         out[r] = k
     return out if sum(out) <= count else [0] * len(base)

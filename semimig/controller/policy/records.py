@@ -2,6 +2,8 @@
 and the units a move between two plans sends.  Plain records, identical on every rank."""
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -41,6 +43,9 @@ class ReshardSample:
                               f"per rank, got {', '.join(map(str, lengths))}")
         optional = tuple(name for name in ("gemm_s", "dp_wait_s") if getattr(self, name) is not None)
         for name in ("compute_s", "shardable_s", "comm_s") + optional:
+            values = getattr(self, name)
+            if type(values) is tuple and all(type(v) is float and 0.0 <= v < math.inf for v in values):
+                continue  # plain floats in range: kept as they are
             values = tuple(check_number(f"{name}[{r}]", float(v), minimum=0.0)
                            for r, v in enumerate(getattr(self, name)))
             object.__setattr__(self, name, values)

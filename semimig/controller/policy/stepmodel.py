@@ -33,7 +33,7 @@ import numpy as np
 
 from semimig.sharding.solver import StepModel
 
-__all__ = ["LearnedModel", "median_times", "tercile"]
+__all__ = ["LearnedModel", "median_times", "ordered_median", "tercile"]
 
 K_FLOOR = 1e-3
 """Smallest ``R/S`` used: a rank holding no unit is read through ``R``, which must not vanish."""
@@ -53,6 +53,13 @@ def tercile(values: Sequence[float]) -> float:
     bias under symmetric noise is the same on every rank and cancels in the speed ratios."""
     ordered = sorted(values)
     return ordered[(len(ordered) - 1) // 3]
+
+
+def ordered_median(ordered: Sequence[float]) -> float:
+    """The median of values already in order (:func:`statistics.median`'s value), for a reading kept in order
+    as its values come and go."""
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
 def median_times(window: Sequence[Any]) -> Tuple[Tuple[float, ...], float]:
@@ -99,9 +106,11 @@ class LearnedModel:
         """The split's bound of ``k`` from ``window``, measured under shares ``p``."""
         found = []
         for r in range(self.tp):
+            if p[r] <= 0.0:  # a rank holding nothing does no shardable work
+                continue
             b = tercile([o.shardable_s[r] for o in window])
             c = tercile([o.compute_s[r] for o in window])
-            if p[r] > 0.0 and 0.0 < b < c:
+            if 0.0 < b < c:
                 found.append((c - b) * p[r] / b)
         if found:
             self.bound = min(found)

@@ -27,13 +27,14 @@ also pass for a slow rank.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import math
 import statistics
 from typing import Any, List, Optional, Sequence, Tuple
 
 from semimig.controller.policy.states import N_MIN
-from semimig.controller.policy.stepmodel import tercile
+from semimig.controller.policy.stepmodel import ordered_median, tercile
 
 __all__ = ["Window", "Rates", "LASTED", "CHANGE_Z", "SLOW_STEPS", "RATE_PRIOR_STEPS", "PRIOR_OUTLIER_RATE", "PRIOR_SLOWDOWN_RATE"]
 
@@ -106,6 +107,8 @@ class Window:
 
     def __init__(self, size: int, tp: int) -> None:
         self.samples: collections.deque = collections.deque(maxlen=size)
+        self.columns: List[List[float]] = [[] for _ in range(tp)]
+        """Per rank, its compute over the window's steps (oldest first): the column every reading slices."""
         self.fresh: List[int] = [0] * tp
         self.trigger: List[int] = [0] * tp
         """Per rank, the steps among its fresh ones that made its last change: chosen for being far from
@@ -129,6 +132,7 @@ class Window:
 
     def clear(self) -> None:
         self.samples.clear()
+        self.columns = [[] for _ in self.fresh]
         self.fresh = [0] * len(self.fresh)
         self.trigger = [0] * len(self.fresh)
         self.slower = [False] * len(self.fresh)
@@ -149,13 +153,16 @@ class Window:
         """Append one step; ``True`` when some rank's speed changed (module docstring)."""
         self.samples.append(sample)
         n = len(self.samples)
+        for column, value in zip(self.columns, sample.compute_s):
+            column.append(value)
+            if len(column) > n:
+                del column[0]
         self.trigger = [t - 1 if f + 1 > n and t > 0 else t for f, t in zip(self.fresh, self.trigger)]
         self.fresh = [min(f + 1, n) for f in self.fresh]
         changed, pending = False, []
         self.rates.rank_steps += len(self.fresh)
-        window = list(self.samples)
         for r, fresh in enumerate(self.fresh):
-            m, slower = self._change([s.compute_s[r] for s in window[-fresh:]], fresh, sigma, z)
+            m, slower = self._change(self.columns[r][-fresh:], fresh, sigma, z)
             if m:
                 self.fresh[r], self.trigger[r], self.slower[r], changed = m, m, slower, True
                 continue
@@ -170,9 +177,14 @@ class Window:
         """The most recent of a rank's ``fresh`` steps ``times`` that differ from its earlier ones (0: none)
         and whether they are slower, each beyond the one-step band; with none, whether its last step alone
         is slower than the band."""
-        slower = False
-        for m in range(1, min(N_MIN, fresh - N_MIN) + 1):  # the latest change first: its steps read the new speed
-            base = statistics.median(times[:-m])
+        slower, last = False, min(N_MIN, fresh - N_MIN)
+        earlier = sorted(times[:-last]) if last > 0 else []  # times[:-m] sorted, from the longest m down
+        bases = []
+        for m in range(last, 0, -1):
+            bases.append(ordered_median(earlier))
+            bisect.insort(earlier, times[-m])
+        for m in range(1, last + 1):  # the latest change first: its steps read the new speed
+            base = bases[last - m]
             devs = [math.log(t / base) for t in times[-m:]]
             band = z * sigma / math.sqrt(m)
             if all(d < -band for d in devs):
@@ -191,9 +203,8 @@ class Window:
     def times(self) -> Tuple[Tuple[float, ...], float]:
         """Every rank's compute (the lower tercile of its fresh steps) and the median of the step's
         smallest collective time over the window."""
-        window = list(self.samples)
-        compute = tuple(tercile([s.compute_s[r] for s in window[-max(f, 1):]]) for r, f in enumerate(self.fresh))
-        return compute, statistics.median(min(s.comm_s) for s in window)
+        compute = tuple(tercile(column[-max(f, 1):]) for column, f in zip(self.columns, self.fresh))
+        return compute, statistics.median([min(s.comm_s) for s in self.samples])
 
     def betting(self) -> Tuple[float, ...]:
         """:meth:`times` with every pending rank read from its last step alone: the speeds if each
@@ -206,7 +217,6 @@ class Window:
         """Every rank's compute over its fresh steps after the ones that made its last change (the lower
         tercile; ``None`` while there is none): the steps that made a change were chosen for being far from
         the earlier ones, so only the steps after them tell a slowdown from a run of outliers."""
-        window = list(self.samples)
-        return tuple(tercile([s.compute_s[r] for s in window[-(f - t):]]) if f > t else None
-                     for r, (f, t) in enumerate(zip(self.fresh, self.trigger)))
+        return tuple(tercile(column[-(f - t):]) if f > t else None
+                     for column, f, t in zip(self.columns, self.fresh, self.trigger))
 

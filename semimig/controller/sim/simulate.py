@@ -71,19 +71,44 @@ class _Noise:
         self.compute *= self.outlier
         self.comm = np.exp(0.5 * sigma * rng.standard_normal((n, tp)))
         self.probe = np.exp(sigma * rng.standard_normal((PROBE_REPEATS, tp)))
+        for name in ("compute", "shardable", "outlier", "comm", "probe"):  # rows of floats: read once a step
+            setattr(self, name, getattr(self, name).tolist())
 
 
-def _sample(scenario: Scenario, plans: Plans, speeds: Sequence[float], noise: _Noise, i: int) -> ReshardSample:
-    """Step ``i`` as the ranks measure it (module docstring)."""
-    workload = scenario.workload
-    compute = [c * f for c, f in zip(workload.rank_compute(plans, speeds), noise.compute[i])]
-    shardable = [min(workload.timed_share * b * f * o, 0.98 * c) for b, f, o, c in
-                 zip(workload.shardable_compute(plans, speeds), noise.shardable[i], noise.outlier[i], compute)]
-    slowest = workload.bound(plans, speeds, noise.compute[i])
-    idle = [workload.idle_skips and p == 0.0 for p in workload.shares(plans)]  # waits the whole step
-    comm = [(workload.seat_comm(plans, speeds) + max(0.0, slowest - (0.0 if skips else c))) * f
-            for c, f, skips in zip(compute, noise.comm[i], idle)]
-    return ReshardSample(tuple(compute), tuple(shardable), tuple(comm))
+class _Step:
+    """What step ``i`` costs and how its ranks measure it (module docstring); the noise-free parts read once
+    for each plan and speeds (a trace holds both for many steps)."""
+
+    def __init__(self, scenario: Scenario, noise: _Noise) -> None:
+        self.workload, self.noise = scenario.workload, noise
+        self.speeds = [tuple(row) for row in scenario.speeds.tolist()]
+        self._key, self._parts = None, None
+
+    def _read(self, plans: Plans, i: int) -> tuple:
+        key = (plans, self.speeds[i])
+        if key != self._key:
+            workload, speeds = self.workload, self.speeds[i]
+            self._key = key
+            self._parts = (workload.step_seconds(plans, speeds), workload.rank_compute(plans, speeds),
+                           workload.shardable_compute(plans, speeds), workload.seat_comm(plans, speeds),
+                           [workload.idle_skips and p == 0.0 for p in workload.shares(plans)])  # idle: waits the step
+        return self._parts
+
+    def seconds(self, plans: Plans, i: int) -> float:
+        """The step's time under ``plans`` (the model's, noise-free)."""
+        return self._read(plans, i)[0]
+
+    def sample(self, plans: Plans, i: int) -> ReshardSample:
+        """Step ``i`` as the ranks measure it (module docstring)."""
+        _, rank, sharded, seats, idle = self._read(plans, i)
+        workload, noise = self.workload, self.noise
+        compute = [c * f for c, f in zip(rank, noise.compute[i])]
+        shardable = [min(workload.timed_share * b * f * o, 0.98 * c) for b, f, o, c in
+                     zip(sharded, noise.shardable[i], noise.outlier[i], compute)]
+        slowest = workload.bound(plans, self.speeds[i], noise.compute[i])
+        comm = [(seats + max(0.0, slowest - (0.0 if skips else c))) * f
+                for c, f, skips in zip(compute, noise.comm[i], idle)]
+        return ReshardSample(tuple(compute), tuple(shardable), tuple(comm))
 
 
 def run_policy(scenario: Scenario, factory: PolicyFactory) -> RunResult:
@@ -113,10 +138,10 @@ def run_policy(scenario: Scenario, factory: PolicyFactory) -> RunResult:
         if decision.plans is not None:
             plans = move(decision.plans, -1, decision.reason)
     pending: collections.deque = collections.deque()
+    step = _Step(scenario, noise)
     for i in range(scenario.steps):
-        speeds = scenario.speeds[i]
-        result.time_s += workload.step_seconds(plans, speeds)
-        pending.append(_sample(scenario, plans, speeds, noise, i))
+        result.time_s += step.seconds(plans, i)
+        pending.append(step.sample(plans, i))
         if len(pending) <= scenario.lag:
             continue
         decision = policy.observe(pending.popleft())

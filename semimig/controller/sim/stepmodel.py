@@ -195,13 +195,28 @@ class Workload:
 
 @functools.lru_cache(maxsize=4096)
 def _seat_comm(workload: Workload, plans: Plans, speeds: Tuple[float, ...]) -> float:
-    """:meth:`Workload.seat_comm` (a trace holds its speeds and its plan for many steps: read once)."""
-    return float(workload.seat_comms([plans], np.array(speeds)[None, :])[0, 0])
+    """:meth:`Workload.seat_comm` of one plan: :meth:`Workload.seat_comms`'s sums in its order (a trace holds
+    its speeds and its plan for many steps: read once)."""
+    top, total, holders = max(speeds), 0.0, [False] * len(speeds)
+    for dim in plans:
+        seated = [v for v, n in zip(speeds, dim.units) if n > 0]
+        holders = [h or n > 0 for h, n in zip(holders, dim.units)]
+        total += top / min(seated) if seated else 1.0
+    total += top / min(v for v, h in zip(speeds, holders) if h or not workload.idle_skips)
+    return workload.comm_s * total / (len(plans) + 1)
+
+
+def _bound(workload: Workload, plans: Plans, speeds: Tuple[float, ...], factors: Optional[Tuple[float, ...]]) -> float:
+    """:meth:`Workload.bound`: noise-free, one reading per plan and speeds (:func:`_noise_free`)."""
+    return _noise_free(workload, plans, speeds) if factors is None else _scaled(workload, plans, speeds, factors)
 
 
 @functools.lru_cache(maxsize=4096)
-def _bound(workload: Workload, plans: Plans, speeds: Tuple[float, ...], factors: Optional[Tuple[float, ...]]) -> float:
-    """:meth:`Workload.bound`."""
+def _noise_free(workload: Workload, plans: Plans, speeds: Tuple[float, ...]) -> float:
+    return _scaled(workload, plans, speeds, None)
+
+
+def _scaled(workload: Workload, plans: Plans, speeds: Tuple[float, ...], factors: Optional[Tuple[float, ...]]) -> float:
     (mlp, kv), a = plans, workload.attention_share
     R, S, unit = workload.replicated, workload.shardable, workload.compute_s
     held = [n > 0 or k > 0 or not workload.idle_skips for n, k in zip(mlp.units, kv.units)]

@@ -1,0 +1,110 @@
+"""The policy's per-step readings kept in order as values come and go equal the same readings taken afresh.
+
+The noise estimate keeps its pairs in order, the window's change test reads the medians of a rank's earlier
+steps from one sorted list, and the simulator reads a plan's collectives without numpy: each is checked here
+against the plain computation it replaces, value for value, on random inputs with ties and changes of speed.
+"""
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+import numpy as np
+import pytest
+
+from semimig.controller.policy.gain import NOISE_PAIRS, NOISE_PRIOR_PAIRS, Noise
+from semimig.controller.policy.records import ReshardSample
+from semimig.controller.policy.states import N_MIN
+from semimig.controller.policy.stepmodel import ordered_median
+from semimig.controller.policy.window import SLOW_STEPS, Window
+from semimig.controller.sim import Workload
+from semimig.errors import ConfigError
+from semimig.sharding.plan import ShardPlan
+from semimig.sharding.solver import StepModel
+
+
+def _change_afresh(times, fresh, sigma, z):
+    """The change test with every median read afresh (:meth:`Window._change`'s definition)."""
+    slower = False
+    for m in range(1, min(N_MIN, fresh - N_MIN) + 1):
+        base = statistics.median(times[:-m])
+        devs = [math.log(t / base) for t in times[-m:]]
+        band = z * sigma / math.sqrt(m)
+        if all(d < -band for d in devs):
+            return m, False
+        if m >= SLOW_STEPS and all(d > band for d in devs):
+            return m, all(d > z * sigma for d in devs)
+        slower = slower or (m == 1 and devs[0] > band)
+    return 0, slower
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_ordered_median_is_the_median(seed):
+    rng = random.Random(seed)
+    for n in range(1, 30):
+        values = sorted(rng.choice([0.5, 1.0, 1.5]) + rng.random() * (n % 3) for _ in range(n))
+        assert ordered_median(values) == statistics.median(values)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_noise_kept_in_order_reads_the_median_of_its_pairs(seed):
+    rng = np.random.default_rng(seed)
+    noise = Noise()
+    before = [1.0, 2.0, 0.5]
+    for i in range(NOISE_PAIRS + 150):  # past the deque's length: old pairs leave the order too
+        after = [b * float(np.exp(0.1 * rng.standard_normal())) if i % 7 else b for b in before]  # ties: log 1 = 0
+        noise.add(before, after)
+        before = after
+        expected = statistics.median(noise.diffs) if len(noise.diffs) >= 4 else None
+        if expected is not None:
+            floor = noise.prior * NOISE_PRIOR_PAIRS / (NOISE_PRIOR_PAIRS + len(noise.diffs))
+            assert noise.sigma == max(1.4826 * expected / math.sqrt(2.0), floor)
+    assert sorted(noise.diffs) == noise._ordered
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_change_test_equals_its_medians_read_afresh(seed):
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for _ in range(200):
+        fresh = int(rng.integers(1, 49))
+        level = np.where(np.arange(fresh) >= fresh - int(rng.integers(0, 5)), rng.choice([0.5, 1.0, 2.0]), 1.0)
+        times = [float(t) for t in level * np.exp(0.05 * rng.standard_normal(fresh))]
+        sigma = float(rng.choice([0.01, 0.05, 0.2]))
+        got = Window._change(times, fresh, sigma, 3.0)
+        assert got == _change_afresh(times, fresh, sigma, 3.0)
+        hits += got[0] > 0
+    assert hits > 0  # some of the drawn sequences hold a change
+
+
+@pytest.mark.parametrize("idle_skips", [False, True])
+def test_the_simulators_collectives_for_one_plan_equal_its_batch_reading(idle_skips):
+    rng = np.random.default_rng(1)
+    workload = Workload(tp=4, replicated_share=0.2, mlp_units=8, kv_units=4, idle_skips=idle_skips)
+    for _ in range(100):
+        mlp = ShardPlan(units=tuple(int(n) for n in rng.multinomial(8, [0.25] * 4)))
+        kv = ShardPlan(units=tuple(int(n) for n in rng.multinomial(4, [0.25] * 4)))
+        speeds = tuple(float(v) for v in rng.uniform(0.1, 1.0, 4))
+        batch = workload.seat_comms([(mlp, kv)], np.array(speeds)[None, :])[0, 0]
+        assert workload.seat_comm((mlp, kv), speeds) == batch
+
+
+def test_plain_values_pass_the_constructors_and_bad_ones_are_still_refused():
+    assert StepModel(speeds=(1.0, 0.5), replicated=0.2, shardable=1.6).speeds == (1.0, 0.5)
+    assert StepModel(speeds=[1, np.float64(0.5)], replicated=0, shardable=2).speeds == (1.0, 0.5)
+    for speeds in [(1.0, math.nan), (1.0, 0.0), (1.0, math.inf), (1.0, True)]:
+        with pytest.raises(ConfigError, match="speeds"):
+            StepModel(speeds=speeds, replicated=0.2, shardable=1.0)
+    with pytest.raises(ConfigError, match="replicated"):
+        StepModel(speeds=(1.0,), replicated=math.inf, shardable=1.0)
+    assert ShardPlan(units=(np.int64(2), 1)).units == (2, 1)
+    assert type(ShardPlan(units=(np.int64(2), 1)).units[0]) is int
+    for units in [(True, 1), (-1, 2), (0, 0), (1.0, 1)]:
+        with pytest.raises(ConfigError, match="units"):
+            ShardPlan(units=units)
+    sample = ReshardSample((1.0, np.float64(2.0)), (0.5, 1), (0.1, 0.2))
+    assert sample.compute_s == (1.0, 2.0) and type(sample.compute_s[1]) is float and type(sample.shardable_s[1]) is float
+    for bad in [(1.0, -0.1), (1.0, math.nan), (1.0, math.inf)]:
+        with pytest.raises(ConfigError, match="compute_s"):
+            ReshardSample(bad, (0.5, 0.5), (0.1, 0.1))
