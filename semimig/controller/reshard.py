@@ -240,7 +240,7 @@ class ReshardPolicy:
         if self.samples.pending:  # a bet, or wait: the next step tells a change from an outlier
             return self._bet(step) or self._hold(step, "a rank's last step alone is slower than the noise")
         shares = self.shares()
-        self.learned.read_bound(shares, window)
+        self.learned.read_bound(shares, self.samples.compute, self.samples.shardable)
         compute, comm = self.samples.times()
         if len(window) == self.config.window and not self._fitted:  # one full window of a plan: across the ranks
             self._fitted = True

@@ -271,7 +271,8 @@ def seat_scale(speeds: Sequence[float], plans: Sequence[ShardPlan], *, idle_free
     re-shard policy prices seats with this same function (:mod:`semimig.controller.policy.propose`)."""
     top, total = max(speeds), 0
     for p in plans:
-        total += top / min([v for v, n in zip(speeds, p.units) if n > 0], default=top)
+        total += top / (min(speeds) if min(p.units) > 0 else min([v for v, n in zip(speeds, p.units) if n > 0],
+                                                                      default=top))
     vocab = speeds if not idle_free else [v for r, v in enumerate(speeds) if any(p.units[r] > 0 for p in plans)]
     return total + top / min(vocab, default=top)
 

@@ -29,15 +29,17 @@ every rank given the same numbers computes the same plan.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, replace
-from typing import Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 from semimig._validate import check_int, check_number
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 
-__all__ = ["StepModel", "continuous_shares", "solve_plan", "predicted_step", "speeds_from_times", "fit_step_model"]
+__all__ = ["StepModel", "continuous_shares", "solve_plan", "soonest_first", "predicted_step", "speeds_from_times",
+           "fit_step_model"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,6 +141,46 @@ def solve_plan(model: StepModel, *, total_units: int, unit_size: int = 1, min_un
         r = min(range(e), key=lambda r: (_time(model, r, units[r] + 1, total_units), r))
         units[r] += 1
     return ShardPlan(units=tuple(units), unit_size=unit_size)
+
+
+def soonest_first(model: StepModel, base: Sequence[float], unit: float, ranks: Sequence[int], count: int) -> List[int]:
+    """``count`` units of share ``unit`` each, one at a time to the rank of ``ranks`` that finishes it soonest on top
+    of its ``base`` share, ``(R + S·(base_r + (n_r + 1)·unit))/v_r``, ties to the lower rank: the units each rank
+    takes (0 outside ``ranks``).
+
+    Each rank's finish times rise with its units, so every unit finishing before a level ``T`` precedes
+    every unit finishing at or after it: the units below the continuous level at which ``count − |ranks|``
+    units fit are handed out in one pass (:func:`_below`), the rest one at a time."""
+    units = _below(model, base, unit, ranks, count)
+    R, S, v = model.replicated, model.shardable, model.speeds  # model.rank_time, read inline
+    heap = [((R + S * (base[r] + (units[r] + 1) * unit)) / v[r], r) for r in ranks]
+    heapq.heapify(heap)
+    for _ in range(count - sum(units)):
+        _, r = heapq.heappop(heap)
+        units[r] += 1
+        heapq.heappush(heap, ((R + S * (base[r] + (units[r] + 1) * unit)) / v[r], r))
+    return units
+
+
+def _below(model: StepModel, base: Sequence[float], unit: float, ranks: Sequence[int], count: int) -> List[int]:
+    """Per rank, its units that finish before a level ``T`` under which at most ``count`` units finish
+    (:func:`soonest_first`); ``T`` is the continuous level at which ``count − len(ranks)`` units fit; none
+    where that is ``≤ 0``."""
+    out = [0] * len(base)
+    R, S, v = model.replicated, model.shardable, model.speeds
+    speed = sum(v[r] for r in ranks)
+    if count <= len(ranks) or S <= 0.0 or speed <= 0.0:
+        return out
+    # Σ_r ((T·v_r − R)/S − base_r)/unit = count − |ranks|, solved for T
+    level = (S * (unit * (count - len(ranks)) + sum(base[r] for r in ranks)) + R * len(ranks)) / speed
+    for r in ranks:
+        k = max(0, int(((level * v[r] - R) / S - base[r]) / unit))
+        while k > 0 and (R + S * (base[r] + k * unit)) / v[r] >= level:
+            k -= 1
+        while (R + S * (base[r] + (k + 1) * unit)) / v[r] < level:
+            k += 1
+        out[r] = k
+    return out if sum(out) <= count else [0] * len(base)
 
 
 def predicted_step(model: StepModel, plan: ShardPlan) -> float:

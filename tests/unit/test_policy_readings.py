@@ -1,11 +1,13 @@
 """The policy's per-step readings kept in order as values come and go equal the same readings taken afresh.
 
 The noise estimate keeps its pairs in order, the window's change test reads the medians of a rank's earlier
-steps from one sorted list, and the simulator reads a plan's collectives without numpy: each is checked here
+steps from one sorted list, units are handed out soonest first with the ones below the continuous level in
+one pass, and the simulator reads a plan's collectives without numpy: each is checked here
 against the plain computation it replaces, value for value, on random inputs with ties and changes of speed.
 """
 from __future__ import annotations
 
+import heapq
 import math
 import random
 import statistics
@@ -21,7 +23,7 @@ from semimig.controller.policy.window import SLOW_STEPS, Window
 from semimig.controller.sim import Workload
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
-from semimig.sharding.solver import StepModel
+from semimig.sharding.solver import StepModel, soonest_first
 
 
 def _change_afresh(times, fresh, sigma, z):
@@ -108,3 +110,22 @@ def test_plain_values_pass_the_constructors_and_bad_ones_are_still_refused():
     for bad in [(1.0, -0.1), (1.0, math.nan), (1.0, math.inf)]:
         with pytest.raises(ConfigError, match="compute_s"):
             ReshardSample(bad, (0.5, 0.5), (0.1, 0.1))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_soonest_first_hands_out_the_units_of_the_one_at_a_time_order(seed):
+    rng = random.Random(seed)
+    tp = rng.choice([2, 3, 4, 8])
+    model = StepModel(speeds=tuple(rng.choice([1.0, rng.uniform(0.05, 1.0)]) for _ in range(tp)),
+                      replicated=rng.choice([0.0, rng.uniform(0.0, 0.5)]), shardable=rng.uniform(0.5, 8.0))
+    base = [rng.choice([0.0, rng.uniform(0.0, 0.3)]) for _ in range(tp)]
+    ranks = sorted(rng.sample(range(tp), rng.randint(1, tp)))
+    count, unit = rng.choice([1, 4, 8, 32, 64]), rng.uniform(0.005, 0.2)
+    units = [0] * tp
+    heap = [(model.rank_time(r, base[r] + unit), r) for r in ranks]
+    heapq.heapify(heap)
+    for _ in range(count):
+        _, r = heapq.heappop(heap)
+        units[r] += 1
+        heapq.heappush(heap, (model.rank_time(r, base[r] + (units[r] + 1) * unit), r))
+    assert soonest_first(model, base, unit, ranks, count) == units

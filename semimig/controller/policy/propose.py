@@ -34,13 +34,13 @@ is measured its reductions are not priced, and an emptied rank sits in none.
 from __future__ import annotations
 
 import dataclasses
-import heapq
+import functools
 import statistics
 from typing import AbstractSet, Optional, Sequence, Tuple
 
 from semimig.sharding.jobmodel import seat_scale
 from semimig.sharding.plan import ShardPlan
-from semimig.sharding.solver import StepModel, solve_plan
+from semimig.sharding.solver import StepModel, solve_plan, soonest_first
 
 __all__ = ["shares", "plan_step", "healthy_step", "even_plans", "propose", "pooled", "seat_scale", "seat_reading", "seat_delta"]
 
@@ -54,9 +54,9 @@ def shares(weights: Sequence[float], plans: Sequence[ShardPlan]) -> Tuple[float,
 def plan_step(model: StepModel, weights: Sequence[float], plans: Sequence[ShardPlan]) -> float:
     """``Σ_d ω_d·max_r (R + S·n_{d,r}/U_d)/v_r`` (module docstring), over the ranks holding some unit where
     a rank holding none skips the step (``model.idle_free``)."""
-    total = sum(weights)
+    total, R, S, v = sum(weights), model.replicated, model.shardable, model.speeds  # model.rank_time, inline
     ranks = [r for r in range(model.tp) if not model.idle_free or any(p.units[r] > 0 for p in plans)]
-    return sum(w / total * max(model.rank_time(r, s[r]) for r in ranks) for w, s in zip(weights, map(ShardPlan.shares, plans)))
+    return sum(w / total * max([(R + S * s[r]) / v[r] for r in ranks]) for w, s in zip(weights, map(ShardPlan.shares, plans)))
 
 
 def healthy_step(model: StepModel) -> float:
@@ -79,9 +79,15 @@ def pooled(model: StepModel, slow: AbstractSet[int]) -> StepModel:
 
 def even_plans(plans: Sequence[ShardPlan]) -> Optional[Tuple[ShardPlan, ...]]:
     """Every rank an equal part of each dimension; ``None`` when some dimension does not divide."""
-    if not all(p.total_units % p.tp == 0 for p in plans):
+    return _even(tuple((p.total_units, p.tp, p.unit_size) for p in plans))
+
+
+@functools.lru_cache(maxsize=64)
+def _even(dims: Tuple[Tuple[int, int, int], ...]) -> Optional[Tuple[ShardPlan, ...]]:
+    """:func:`even_plans` of dimensions ``(total_units, tp, unit_size)`` (read every step: made once)."""
+    if not all(total % tp == 0 for total, tp, _ in dims):
         return None
-    return tuple(ShardPlan.even(p.total_units, p.tp, unit_size=p.unit_size) for p in plans)
+    return tuple(ShardPlan.even(total, tp, unit_size=size) for total, tp, size in dims)
 
 
 def seat_reading(window: Sequence, plans: Sequence[ShardPlan]) -> float:
@@ -96,8 +102,9 @@ def seat_reading(window: Sequence, plans: Sequence[ShardPlan]) -> float:
     seated = [r for r in range(len(plans[0].units)) if any(p.units[r] > 0 for p in plans)]
     if not seated or not window:
         return 0.0
-    return statistics.median(min(s.comm_s[r] - (0.0 if s.dp_wait_s is None else s.dp_wait_s[r]) for r in seated)
-                             for s in window)
+    every = len(seated) == len(plans[0].units)
+    return statistics.median([(min(s.comm_s) if every else min([s.comm_s[r] for r in seated])) if s.dp_wait_s is None
+                              else min([s.comm_s[r] - s.dp_wait_s[r] for r in seated]) for s in window])
 
 
 def seat_delta(speeds: Sequence[float], now: Sequence[ShardPlan], plans: Sequence[ShardPlan], comm: float, *,
@@ -188,37 +195,5 @@ def _around(model: StepModel, plans: Tuple[ShardPlan, ...], weights: Sequence[fl
     per = [p.shares() for p in plans]
     others = [(w, s) for q, (w, s) in enumerate(zip(weights, per)) if q != d]
     base = [sum([w * s[r] for w, s in others]) / total + floor * unit for r in range(tp)]
-    ranks = [r for r in range(tp) if r != skip]
-    left = plan.total_units - floor * tp
-    units = [floor + n for n in _below(model, base, unit, ranks, left)]
-    left -= sum(units) - floor * tp
-    R, S, v = model.replicated, model.shardable, model.speeds  # model.rank_time, read inline
-    heap = [((R + S * (base[r] + (units[r] - floor + 1) * unit)) / v[r], r) for r in ranks]
-    heapq.heapify(heap)
-    for _ in range(left):
-        _, r = heapq.heappop(heap)
-        units[r] += 1
-        heapq.heappush(heap, ((R + S * (base[r] + (units[r] - floor + 1) * unit)) / v[r], r))
-    return ShardPlan(units=tuple(units), unit_size=plan.unit_size)
-
-
-def _below(model: StepModel, base: Sequence[float], unit: float, ranks: Sequence[int], count: int) -> list[int]:
-    """Per rank, its units that finish before a level ``T`` under which at most ``count`` units finish:
-    the first units :func:`_around`'s soonest-first order hands out (each rank's finish times rise with
-    its units, so every unit finishing before ``T`` precedes every unit finishing at or after it).
-    ``T`` is the continuous level at which ``count − len(ranks)`` units fit; none where that is ``≤ 0``."""
-    out = [0] * len(base)
-    R, S, v = model.replicated, model.shardable, model.speeds  # model.rank_time, read inline
-    speed = sum(v[r] for r in ranks)
-    if count <= len(ranks) or S <= 0.0 or speed <= 0.0:
-        return out
-    # Σ_r ((T·v_r − R)/S − base_r)/unit = count − |ranks|, solved for T
-    level = (S * (unit * (count - len(ranks)) + sum(base[r] for r in ranks)) + R * len(ranks)) / speed
-    for r in ranks:
-        k = max(0, int(((level * v[r] - R) / S - base[r]) / unit))
-        while k > 0 and (R + S * (base[r] + k * unit)) / v[r] >= level:
-            k -= 1
-        while (R + S * (base[r] + (k + 1) * unit)) / v[r] < level:
-            k += 1
-        out[r] = k
-    return out if sum(out) <= count else [0] * len(base)
+    handed = soonest_first(model, base, unit, [r for r in range(tp) if r != skip], plan.total_units - floor * tp)
+    return ShardPlan(units=tuple(floor + n for n in handed), unit_size=plan.unit_size)

@@ -102,14 +102,15 @@ class LearnedModel:
         candidates = [self.prior_k] + ([self.bound] if self.bound is not None else [])
         return max(K_FLOOR, min(candidates))
 
-    def read_bound(self, p: Sequence[float], window: Sequence[Any]) -> None:
-        """The split's bound of ``k`` from ``window``, measured under shares ``p``."""
+    def read_bound(self, p: Sequence[float], compute: Sequence[Sequence[float]],
+                   shardable: Sequence[Sequence[float]]) -> None:
+        """The split's bound of ``k`` from a window measured under shares ``p``: per rank its compute and its
+        timed shardable seconds over the window's steps."""
         found = []
         for r in range(self.tp):
             if p[r] <= 0.0:  # a rank holding nothing does no shardable work
                 continue
-            b = tercile([o.shardable_s[r] for o in window])
-            c = tercile([o.compute_s[r] for o in window])
+            b, c = tercile(shardable[r]), tercile(compute[r])
             if 0.0 < b < c:
                 found.append((c - b) * p[r] / b)
         if found:

@@ -107,8 +107,10 @@ class Window:
 
     def __init__(self, size: int, tp: int) -> None:
         self.samples: collections.deque = collections.deque(maxlen=size)
-        self.columns: List[List[float]] = [[] for _ in range(tp)]
+        self.compute: List[List[float]] = [[] for _ in range(tp)]
         """Per rank, its compute over the window's steps (oldest first): the column every reading slices."""
+        self.shardable: List[List[float]] = [[] for _ in range(tp)]
+        """Per rank, its timed shardable seconds over the window's steps (oldest first)."""
         self.fresh: List[int] = [0] * tp
         self.trigger: List[int] = [0] * tp
         """Per rank, the steps among its fresh ones that made its last change: chosen for being far from
@@ -132,7 +134,8 @@ class Window:
 
     def clear(self) -> None:
         self.samples.clear()
-        self.columns = [[] for _ in self.fresh]
+        self.compute = [[] for _ in self.fresh]
+        self.shardable = [[] for _ in self.fresh]
         self.fresh = [0] * len(self.fresh)
         self.trigger = [0] * len(self.fresh)
         self.slower = [False] * len(self.fresh)
@@ -153,16 +156,17 @@ class Window:
         """Append one step; ``True`` when some rank's speed changed (module docstring)."""
         self.samples.append(sample)
         n = len(self.samples)
-        for column, value in zip(self.columns, sample.compute_s):
-            column.append(value)
-            if len(column) > n:
-                del column[0]
+        for columns, values in ((self.compute, sample.compute_s), (self.shardable, sample.shardable_s)):
+            for column, value in zip(columns, values):
+                column.append(value)
+                if len(column) > n:
+                    del column[0]
         self.trigger = [t - 1 if f + 1 > n and t > 0 else t for f, t in zip(self.fresh, self.trigger)]
         self.fresh = [min(f + 1, n) for f in self.fresh]
         changed, pending = False, []
         self.rates.rank_steps += len(self.fresh)
         for r, fresh in enumerate(self.fresh):
-            m, slower = self._change(self.columns[r][-fresh:], fresh, sigma, z)
+            m, slower = self._change(self.compute[r][-fresh:], fresh, sigma, z)
             if m:
                 self.fresh[r], self.trigger[r], self.slower[r], changed = m, m, slower, True
                 continue
@@ -185,8 +189,10 @@ class Window:
             bisect.insort(earlier, times[-m])
         for m in range(1, last + 1):  # the latest change first: its steps read the new speed
             base = bases[last - m]
-            devs = [math.log(t / base) for t in times[-m:]]
             band = z * sigma / math.sqrt(m)
+            if abs(math.log(times[-1] / base)) <= band:  # the last step inside the band: no run of m clears it
+                continue
+            devs = [math.log(t / base) for t in times[-m:]]
             if all(d < -band for d in devs):
                 return m, False
             if m >= SLOW_STEPS and all(d > band for d in devs):
@@ -203,7 +209,7 @@ class Window:
     def times(self) -> Tuple[Tuple[float, ...], float]:
         """Every rank's compute (the lower tercile of its fresh steps) and the median of the step's
         smallest collective time over the window."""
-        compute = tuple(tercile(column[-max(f, 1):]) for column, f in zip(self.columns, self.fresh))
+        compute = tuple(tercile(column[-max(f, 1):]) for column, f in zip(self.compute, self.fresh))
         return compute, statistics.median([min(s.comm_s) for s in self.samples])
 
     def betting(self) -> Tuple[float, ...]:
@@ -218,5 +224,5 @@ class Window:
         tercile; ``None`` while there is none): the steps that made a change were chosen for being far from
         the earlier ones, so only the steps after them tell a slowdown from a run of outliers."""
         return tuple(tercile(column[-(f - t):]) if f > t else None
-                     for column, f, t in zip(self.columns, self.fresh, self.trigger))
+                     for column, f, t in zip(self.compute, self.fresh, self.trigger))
 

@@ -39,7 +39,6 @@ The *limit* is what no plan of whole units beats: each segment at the continuous
 """
 from __future__ import annotations
 
-import heapq
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -47,7 +46,7 @@ import numpy as np
 from semimig.controller.sim.scenarios import Scenario
 from semimig.controller.sim.stepmodel import Plans, Workload
 from semimig.sharding.plan import ShardPlan
-from semimig.sharding.solver import StepModel, continuous_shares, solve_plan
+from semimig.sharding.solver import StepModel, continuous_shares, solve_plan, soonest_first
 
 __all__ = ["MAX_STATES", "best_plans", "candidate_plans", "segments", "oracle_time", "reactive_starts", "reactive_time",
            "fixed_time", "limit_time"]
@@ -56,19 +55,12 @@ MAX_STATES = 40
 """Distinct states of a trace the oracle solves a plan for (a ramp has one per step)."""
 
 
-def _greedy(workload: Workload, speeds: Sequence[float], total: int, weight: float,
-            base: Sequence[float], skip: Optional[int] = None, *, out: Sequence[int] = ()) -> ShardPlan:
+def _greedy(model: StepModel, total: int, weight: float, base: Sequence[float], skip: Optional[int] = None, *,
+            out: Sequence[int] = ()) -> ShardPlan:
     """``total`` units of ``weight`` each (share of the shardable work), each to the rank that finishes it
     soonest, on top of each rank's ``base`` share (a rank may get none; ``skip``, ``out``: ranks given none)."""
-    R, S, tp = workload.replicated, workload.shardable, workload.tp
-    units = [0] * tp
-    heap = [((R + S * (base[r] + weight)) / speeds[r], r) for r in range(tp) if r != skip and r not in out]
-    heapq.heapify(heap)
-    for _ in range(total):
-        _, r = heapq.heappop(heap)
-        units[r] += 1
-        heapq.heappush(heap, ((R + S * (base[r] + (units[r] + 1) * weight)) / speeds[r], r))
-    return ShardPlan(units=tuple(units))
+    ranks = [r for r in range(model.tp) if r != skip and r not in out]
+    return ShardPlan(units=tuple(soonest_first(model, base, weight, ranks, total)))
 
 
 def best_plans(workload: Workload, speeds: Sequence[float]) -> Plans:
@@ -86,32 +78,32 @@ def best_plans(workload: Workload, speeds: Sequence[float]) -> Plans:
             units[fastest], units[r] = units[fastest] + give, units[r] - give
             if min(units) >= 0 and give and units != list(solved_kv.units):
                 nearby.append(ShardPlan(units=tuple(units)))
-    for kv in (solved_kv, _greedy(workload, speeds, K, a / K, [0.0] * workload.tp), *nearby):
+    for kv in (solved_kv, _greedy(model, K, a / K, [0.0] * workload.tp), *nearby):
         base = [a * k / K for k in kv.units]
-        candidates.append((_greedy(workload, speeds, U, (1.0 - a) / U, base), kv))
-    for mlp in (candidates[0][0], _greedy(workload, speeds, U, (1.0 - a) / U, [0.0] * workload.tp)):
+        candidates.append((_greedy(model, U, (1.0 - a) / U, base), kv))
+    for mlp in (candidates[0][0], _greedy(model, U, (1.0 - a) / U, [0.0] * workload.tp)):
         base = [(1.0 - a) * n / U for n in mlp.units]  # the other way round: the KV groups around the MLP
-        candidates.append((mlp, _greedy(workload, speeds, K, a / K, base)))
+        candidates.append((mlp, _greedy(model, K, a / K, base)))
     slowest = min(range(workload.tp), key=lambda r: speeds[r])
     if speeds[slowest] < max(speeds):  # the slowest rank out of one dimension's reductions, or of both
         mlp, kv = candidates[0]
-        kv_out = _greedy(workload, speeds, K, a / K, [(1.0 - a) * n / U for n in mlp.units], skip=slowest)
-        mlp_out = _greedy(workload, speeds, U, (1.0 - a) / U, [a * k / K for k in kv.units], skip=slowest)
-        kv_first = _greedy(workload, speeds, K, a / K, [0.0] * workload.tp, skip=slowest)
+        kv_out = _greedy(model, K, a / K, [(1.0 - a) * n / U for n in mlp.units], skip=slowest)
+        mlp_out = _greedy(model, U, (1.0 - a) / U, [a * k / K for k in kv.units], skip=slowest)
+        kv_first = _greedy(model, K, a / K, [0.0] * workload.tp, skip=slowest)
         candidates += [(mlp, kv_out), (mlp_out, kv),
-                       (_greedy(workload, speeds, U, (1.0 - a) / U, [a * k / K for k in kv_first.units],
+                       (_greedy(model, U, (1.0 - a) / U, [a * k / K for k in kv_first.units],
                                 skip=slowest), kv_first)]
-        alone = [_greedy(workload, speeds, n, 1.0 / n, [0.0] * workload.tp, skip=slowest) for n in (U, K)]
+        alone = [_greedy(model, n, 1.0 / n, [0.0] * workload.tp, skip=slowest) for n in (U, K)]
         candidates += [(candidates[0][0], alone[1]), (alone[0], candidates[0][1]), tuple(alone)]  # each kind alone
     if workload.idle_skips:  # the k slowest ranks emptied of both kinds: they skip the step
         order = sorted(range(workload.tp), key=lambda r: speeds[r])
         for k in range(1, workload.tp):
             if speeds[order[k - 1]] >= max(speeds):
                 break
-            kv = _greedy(workload, speeds, K, a / K, [0.0] * workload.tp, out=order[:k])
-            candidates.append((_greedy(workload, speeds, U, (1.0 - a) / U, [a * n / K for n in kv.units],
+            kv = _greedy(model, K, a / K, [0.0] * workload.tp, out=order[:k])
+            candidates.append((_greedy(model, U, (1.0 - a) / U, [a * n / K for n in kv.units],
                                        out=order[:k]), kv))
-            candidates.append(tuple(_greedy(workload, speeds, n, 1.0 / n, [0.0] * workload.tp, out=order[:k])
+            candidates.append(tuple(_greedy(model, n, 1.0 / n, [0.0] * workload.tp, out=order[:k])
                                     for n in (U, K)))
     return min(candidates, key=lambda plans: workload.step_seconds(plans, speeds))
 
