@@ -149,6 +149,7 @@ class ReshardPolicy:
         self._skip = config.warmup
         self._fitted = False  # the window of the plan in force was read across the ranks
         self._before: Optional[tuple] = None  # (plans, window, slow ranks) the last move was decided on
+        self._shares: tuple = (None, None, None)  # (plans, weights, shares) of the plan in force
 
     # ------------------------------------------------------------------ public
     @property
@@ -157,8 +158,13 @@ class ReshardPolicy:
         return self.learned.k
 
     def shares(self, plans: Optional[Sequence[ShardPlan]] = None) -> Tuple[float, ...]:
-        """Effective share ``p_r = Σ_d w_d·n_{d,r}/U_d / Σ_d w_d`` of each rank."""
-        return shares(self.learned.weights, self.plans if plans is None else plans)
+        """Effective share ``p_r = Σ_d w_d·n_{d,r}/U_d / Σ_d w_d`` of each rank (``plans``: the plan in force)."""
+        weights = self.learned.weights
+        if plans is not None:
+            return shares(weights, plans)
+        if self._shares[0] is not self.plans or self._shares[1] != weights:  # read several times a step
+            self._shares = (self.plans, weights, shares(weights, self.plans))
+        return self._shares[2]
 
     def moved(self, new: Sequence[ShardPlan]) -> Tuple[int, int]:
         """``(units, bytes)`` a move from the plan in force to ``new`` sends."""

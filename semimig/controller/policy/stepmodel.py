@@ -79,6 +79,7 @@ class LearnedModel:
         """A rank holding no unit skips the step (:attr:`~semimig.sharding.solver.StepModel.idle_free`)."""
         self.prior_weights = tuple(weights)
         self.weight_fits: List[Tuple[float, ...]] = []
+        self._weights: Tuple[int, Tuple[float, ...]] = (0, ())  # (fits read, their medians)
         """Every dimension's weight (a share of the shardable work) measured across the healthy ranks."""
         self.prior_k = prior_share / (tp * (1.0 - prior_share))
         self.fits: List[float] = []
@@ -149,7 +150,10 @@ class LearnedModel:
         """Each dimension's share of the shardable work: the median of the measured ones, else the prior."""
         if not self.weight_fits:
             return self.prior_weights
-        return tuple(statistics.median(w[d] for w in self.weight_fits) for d in range(len(self.prior_weights)))
+        if self._weights[0] != len(self.weight_fits):  # read every step, fitted once a plan: kept until a new fit
+            self._weights = (len(self.weight_fits), tuple(statistics.median(w[d] for w in self.weight_fits)
+                                                          for d in range(len(self.prior_weights))))
+        return self._weights[1]
 
     def fit_across(self, fractions: Sequence[Sequence[float]], window: Sequence[Any],
                    healthy: Sequence[int]) -> None:

@@ -105,7 +105,7 @@ def best_plans(workload: Workload, speeds: Sequence[float]) -> Plans:
                                        out=order[:k]), kv))
             candidates.append(tuple(_greedy(model, n, 1.0 / n, [0.0] * workload.tp, out=order[:k])
                                     for n in (U, K)))
-    return min(candidates, key=lambda plans: workload.step_seconds(plans, speeds))
+    return min(candidates, key=lambda plans: workload.step_seconds(plans, model.speeds))
 
 
 def segments(speeds: np.ndarray) -> List[Tuple[int, int]]:
