@@ -264,15 +264,23 @@ def segment_times(problem: JointProblem, d: int, b: float, units: np.ndarray) ->
     return seconds
 
 
-def seat_scale(speeds: Sequence[float], plans: Sequence[ShardPlan], *, idle_free: bool = False) -> float:
+def seat_scale(speeds: Sequence[float], plans: Sequence[ShardPlan], *, idle_free: bool = False,
+               memo: Optional[dict] = None) -> float:
     """``Σ_k 1/min_{r seated in k} v_r`` over the plans' kinds and the vocabulary, ``v`` relative to the
     fastest rank (module docstring): a reduction runs at its slowest member's pace.  The vocabulary seats
     every rank, or with ``idle_free`` the ranks holding any unit (ranks holding none skip the step).  The
-    re-shard policy prices seats with this same function (:mod:`semimig.controller.policy.propose`)."""
+    re-shard policy prices seats with this same function (:mod:`semimig.controller.policy.propose`); ``memo``:
+    each plan's term already read at ``speeds``."""
     top, total = max(speeds), 0
     for p in plans:
-        total += top / (min(speeds) if min(p.units) > 0 else min([v for v, n in zip(speeds, p.units) if n > 0],
-                                                                      default=top))
+        if memo is not None and p in memo:
+            total += memo[p]
+            continue
+        term = top / (min(speeds) if min(p.units) > 0 else min([v for v, n in zip(speeds, p.units) if n > 0],
+                                                                default=top))
+        if memo is not None:
+            memo[p] = term
+        total += term
     vocab = speeds if not idle_free else [v for r, v in enumerate(speeds) if any(p.units[r] > 0 for p in plans)]
     return total + top / min(vocab, default=top)
 

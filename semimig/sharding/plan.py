@@ -106,6 +106,14 @@ class ShardPlan:
         object.__setattr__(self, "units", tuple(int(n) for n in self.units))
         object.__setattr__(self, "unit_size", check_int("unit_size", self.unit_size, minimum=1))
 
+    def __hash__(self) -> int:
+        """The fields' hash, computed once (the plan is frozen; plans key the policy's per-step memos)."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.units, self.unit_size))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
     # --- construction -------------------------------------------------------------------
     @classmethod
     def even(cls, total_units: int, tp: int, *, unit_size: int = 1) -> "ShardPlan":

@@ -16,12 +16,14 @@ import numpy as np
 import pytest
 
 from semimig.controller.policy.gain import NOISE_PAIRS, NOISE_PRIOR_PAIRS, Noise
+from semimig.controller.policy.propose import plan_step
 from semimig.controller.policy.records import ReshardSample
 from semimig.controller.policy.states import N_MIN
 from semimig.controller.policy.stepmodel import ordered_median
 from semimig.controller.policy.window import SLOW_STEPS, Window
 from semimig.controller.sim import Workload
 from semimig.errors import ConfigError
+from semimig.sharding.jobmodel import seat_scale
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, soonest_first
 
@@ -129,3 +131,19 @@ def test_soonest_first_hands_out_the_units_of_the_one_at_a_time_order(seed):
         units[r] += 1
         heapq.heappush(heap, (model.rank_time(r, base[r] + (units[r] + 1) * unit), r))
     assert soonest_first(model, base, unit, ranks, count) == units
+
+
+@pytest.mark.parametrize("idle_free", [False, True])
+def test_a_proposals_shared_terms_price_every_candidate_as_alone(idle_free):
+    rng = random.Random(3)
+    memo_steps, memo_seats = {}, {}
+    model = StepModel(speeds=(1.0, 0.3, 1.0, 0.9), replicated=0.2, shardable=3.2, idle_free=idle_free)
+    weights = (0.7, 0.3)
+    for _ in range(200):
+        plans = tuple(ShardPlan(units=tuple(int(n) for n in np.random.default_rng(rng.randrange(10**6))
+                                            .multinomial(total, [0.25] * 4))) for total in (8, 4))
+        assert plan_step(model, weights, plans, memo_steps) == plan_step(model, weights, plans)
+        assert seat_scale(model.speeds, plans, idle_free=idle_free, memo=memo_seats) == \
+            seat_scale(model.speeds, plans, idle_free=idle_free)
+    assert memo_seats and (memo_steps or idle_free)  # the terms were shared, where the ranks allow it
+    assert hash(ShardPlan(units=(3, 1))) == hash(((3, 1), 1))

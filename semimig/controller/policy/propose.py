@@ -51,12 +51,22 @@ def shares(weights: Sequence[float], plans: Sequence[ShardPlan]) -> Tuple[float,
     return tuple(sum(w * s[r] for w, s in zip(weights, per)) / total for r in range(tp))
 
 
-def plan_step(model: StepModel, weights: Sequence[float], plans: Sequence[ShardPlan]) -> float:
+def plan_step(model: StepModel, weights: Sequence[float], plans: Sequence[ShardPlan],
+              memo: Optional[dict] = None) -> float:
     """``Σ_d ω_d·max_r (R + S·n_{d,r}/U_d)/v_r`` (module docstring), over the ranks holding some unit where
-    a rank holding none skips the step (``model.idle_free``)."""
+    a rank holding none skips the step (``model.idle_free``); ``memo``: each dimension's term already read for
+    ``model`` and ``weights`` (a term depends on its own plan alone unless ranks holding none skip)."""
     total, R, S, v = sum(weights), model.replicated, model.shardable, model.speeds  # model.rank_time, inline
     ranks = [r for r in range(model.tp) if not model.idle_free or any(p.units[r] > 0 for p in plans)]
-    return sum(w / total * max([(R + S * s[r]) / v[r] for r in ranks]) for w, s in zip(weights, map(ShardPlan.shares, plans)))
+
+    def term(w: float, plan: ShardPlan) -> float:
+        s = plan.shares()
+        return w / total * max([(R + S * s[r]) / v[r] for r in ranks])
+
+    if memo is None or model.idle_free:
+        return sum(term(w, p) for w, p in zip(weights, plans))
+    return sum(memo[d, p] if (d, p) in memo else memo.setdefault((d, p), term(w, p))
+               for d, (w, p) in enumerate(zip(weights, plans)))
 
 
 def healthy_step(model: StepModel) -> float:
@@ -108,14 +118,14 @@ def seat_reading(window: Sequence, plans: Sequence[ShardPlan]) -> float:
 
 
 def seat_delta(speeds: Sequence[float], now: Sequence[ShardPlan], plans: Sequence[ShardPlan], comm: float, *,
-               idle_free: bool = False, here: Optional[float] = None) -> float:
+               idle_free: bool = False, here: Optional[float] = None, memo: Optional[dict] = None) -> float:
     """Seconds ``plans`` add to the step's collectives against ``now``, measured at ``comm`` (module docstring;
     ``idle_free``: a rank holding nothing skips the step, and the vocabulary's collectives with it; ``here``:
-    ``seat_scale`` of ``now``, where the caller prices many plans against it)."""
+    ``seat_scale`` of ``now``, and ``memo`` its terms at ``speeds``, where the caller prices many plans against it)."""
     if comm <= 0.0:
         return 0.0
     here = seat_scale(speeds, now, idle_free=idle_free) if here is None else here
-    return comm * (seat_scale(speeds, plans, idle_free=idle_free) - here) / here
+    return comm * (seat_scale(speeds, plans, idle_free=idle_free, memo=memo) - here) / here
 
 
 def propose(model: StepModel, plans: Sequence[ShardPlan], weights: Sequence[float], *, slow: bool,
@@ -147,9 +157,12 @@ def propose(model: StepModel, plans: Sequence[ShardPlan], weights: Sequence[floa
     candidates = _distinct(candidates)
     here = seat_scale(model.speeds, plans, idle_free=model.idle_free) if comm > 0.0 else None  # scaled once
 
+    terms: dict = {}  # each dimension's step term, shared by the candidates holding the same plan of it
+    seats: dict = {}  # and each plan's seat term
+
     def cost(c: Tuple[ShardPlan, ...]) -> float:
-        return plan_step(model, weights, c) + seat_delta(model.speeds, plans, c, comm, idle_free=model.idle_free,
-                                                         here=here)
+        return plan_step(model, weights, c, terms) + seat_delta(model.speeds, plans, c, comm, idle_free=model.idle_free,
+                                                                here=here, memo=seats)
 
     priced = [(cost(c), c) for c in candidates]
     best_cost, best = min(priced, key=lambda pc: pc[0])
