@@ -150,6 +150,7 @@ class ReshardPolicy:
         self._fitted = False  # the window of the plan in force was read across the ranks
         self._before: Optional[tuple] = None  # (plans, window, slow ranks) the last move was decided on
         self._shares: tuple = (None, None, None)  # (plans, weights, shares) of the plan in force
+        self._proposal: tuple = (None, None)  # (question, proposal) of the last proposal
 
     # ------------------------------------------------------------------ public
     @property
@@ -289,8 +290,7 @@ class ReshardPolicy:
             return None
         model, base = pooled(model, slowdown.slow), pooled(base, slowdown.slow)
         seats = self._seat_comm(slowdown.slow)
-        proposal = propose(model, self.plans, self.learned.weights, slow=True, min_units=cfg.min_units,
-                           margin=cfg.margin, unseat=slowdown.slow, comm=seats)
+        proposal = self._propose(model, seats, slowdown.slow)
         if proposal == self.plans:
             return None
         w, seated = self.learned.weights, seat_delta(model.speeds, self.plans, proposal, seats, idle_free=model.idle_free)
@@ -375,11 +375,16 @@ class ReshardPolicy:
         self.state = transition(self.state, event)
         return ReshardDecision(step, reason=reason, **info)
 
-    def _propose(self, model: StepModel, seats: float) -> Tuple[ShardPlan, ...]:
-        """The proposal for ``model``; ``seats``: :meth:`_seat_comm` of the slow set."""
-        slow = self.slowdown.slow
-        return propose(model, self.plans, self.learned.weights, slow=bool(slow), min_units=self.config.min_units,
-                       margin=self.config.margin, unseat=slow, comm=seats)
+    def _propose(self, model: StepModel, seats: float, slow=None) -> Tuple[ShardPlan, ...]:
+        """The proposal for ``model`` with ``slow`` the slow set (default: the one in force); ``seats``:
+        :meth:`_seat_comm` of it.  A bet that passes asks its decision the same question: answered once."""
+        slow = frozenset(self.slowdown.slow if slow is None else slow)
+        key = (model, self.plans, self.learned.weights, slow, seats)
+        if self._proposal[0] != key:
+            self._proposal = (key, propose(model, self.plans, self.learned.weights, slow=bool(slow),
+                                           min_units=self.config.min_units, margin=self.config.margin, unseat=slow,
+                                           comm=seats))
+        return self._proposal[1]
 
     def _seat_comm(self, slow) -> float:
         """What a slow rank's seats stretch: the layers' reductions in force (:func:`seat_reading`; 0: none slow)."""

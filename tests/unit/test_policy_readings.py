@@ -147,3 +147,18 @@ def test_a_proposals_shared_terms_price_every_candidate_as_alone(idle_free):
             seat_scale(model.speeds, plans, idle_free=idle_free)
     assert memo_seats and (memo_steps or idle_free)  # the terms were shared, where the ranks allow it
     assert hash(ShardPlan(units=(3, 1))) == hash(((3, 1), 1))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_windows_readings_equal_its_fresh_steps_read_afresh(seed):
+    rng = np.random.default_rng(seed)
+    window, speeds = Window(48, 3), np.ones(3)
+    for step in range(300):
+        if step % 60 == 30:
+            speeds[int(rng.integers(3))] = float(rng.choice([0.25, 0.5, 1.0]))
+        compute = tuple(float(c) for c in np.exp(0.05 * rng.standard_normal(3)) / speeds)
+        window.add(ReshardSample(compute, tuple(0.5 * c for c in compute), (0.01,) * 3), sigma=0.05)
+        terciles = tuple(sorted(window.compute[r][-max(f, 1):])[(max(f, 1) - 1) // 3] for r, f in enumerate(window.fresh))
+        assert window.times()[0] == terciles
+        assert [list(c) for c in window.compute] == [[s.compute_s[r] for s in window] for r in range(3)]
+        assert [list(c) for c in window.shardable] == [[s.shardable_s[r] for s in window] for r in range(3)]

@@ -111,6 +111,8 @@ class Window:
         """Per rank, its compute over the window's steps (oldest first): the column every reading slices."""
         self.shardable: List[List[float]] = [[] for _ in range(tp)]
         """Per rank, its timed shardable seconds over the window's steps (oldest first)."""
+        self._ordered: List[Optional[list]] = [None] * tp
+        """Per rank, its fresh steps' compute in order where the change test sorted them (:func:`tercile` reads it)."""
         self.fresh: List[int] = [0] * tp
         self.trigger: List[int] = [0] * tp
         """Per rank, the steps among its fresh ones that made its last change: chosen for being far from
@@ -136,6 +138,7 @@ class Window:
         self.samples.clear()
         self.compute = [[] for _ in self.fresh]
         self.shardable = [[] for _ in self.fresh]
+        self._ordered = [None] * len(self.fresh)
         self.fresh = [0] * len(self.fresh)
         self.trigger = [0] * len(self.fresh)
         self.slower = [False] * len(self.fresh)
@@ -166,7 +169,8 @@ class Window:
         changed, pending = False, []
         self.rates.rank_steps += len(self.fresh)
         for r, fresh in enumerate(self.fresh):
-            m, slower = self._change(self.compute[r][-fresh:], fresh, sigma, z)
+            m, slower, ordered = self._test(self.compute[r][-fresh:], fresh, sigma, z)
+            self._ordered[r] = ordered if not m else None  # the fresh steps in order, while they stay the fresh ones
             if m:
                 self.fresh[r], self.trigger[r], self.slower[r], changed = m, m, slower, True
                 continue
@@ -181,6 +185,11 @@ class Window:
         """The most recent of a rank's ``fresh`` steps ``times`` that differ from its earlier ones (0: none)
         and whether they are slower, each beyond the one-step band; with none, whether its last step alone
         is slower than the band."""
+        return Window._test(times, fresh, sigma, z)[:2]
+
+    @staticmethod
+    def _test(times: Sequence[float], fresh: int, sigma: float, z: float) -> Tuple[int, bool, Optional[list]]:
+        """:meth:`_change`, and ``times`` in order where the test sorted them (``None`` where it did not)."""
         slower, last = False, min(N_MIN, fresh - N_MIN)
         earlier = sorted(times[:-last]) if last > 0 else []  # times[:-m] sorted, from the longest m down
         bases = []
@@ -194,11 +203,11 @@ class Window:
                 continue
             devs = [math.log(t / base) for t in times[-m:]]
             if all(d < -band for d in devs):
-                return m, False
+                return m, False, earlier
             if m >= SLOW_STEPS and all(d > band for d in devs):
-                return m, all(d > z * sigma for d in devs)
+                return m, all(d > z * sigma for d in devs), earlier
             slower = slower or (m == 1 and devs[0] > band)
-        return 0, slower
+        return 0, slower, (earlier if last > 0 else None)
 
     def unconfirmed(self) -> dict:
         """``{rank: m}`` for every rank whose last change is a slowdown of ``m`` steps, each slower than the
@@ -209,7 +218,8 @@ class Window:
     def times(self) -> Tuple[Tuple[float, ...], float]:
         """Every rank's compute (the lower tercile of its fresh steps) and the median of the step's
         smallest collective time over the window."""
-        compute = tuple(tercile(column[-max(f, 1):]) for column, f in zip(self.compute, self.fresh))
+        compute = tuple(tercile(column[-max(f, 1):]) if ordered is None else ordered[(len(ordered) - 1) // 3]
+                        for column, f, ordered in zip(self.compute, self.fresh, self._ordered))
         return compute, statistics.median([min(s.comm_s) for s in self.samples])
 
     def betting(self) -> Tuple[float, ...]:
