@@ -14,8 +14,9 @@ group of a Llama-family model: :mod:`semimig.shardformer.skip`), for the policy,
 the oracle alike; without it an emptied rank still runs its replicated work (pipelines, replicas, ZeRO,
 other models).
 The JSON holds ``{"overall", "categories", "policy"}`` for the policy in use, every policy's summary
-under ``"policies"``, each scenario's record, the replay, and the command, commit, machine, date,
-wall and CPU time and the machine's load around the run.
+under ``"policies"``, each scenario's record, the replay, the policy in use's host time per decision by
+tensor-parallel size (``"decision_ms"``: one ``observe`` a step, what the step hook adds on every rank of a
+real run), and the command, commit, machine, date, wall and CPU time and the machine's load around the run.
 """
 from __future__ import annotations
 
@@ -67,6 +68,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.replay is not None and not args.replay.is_dir():
         parser.error(f"--replay {args.replay} is not a folder")
     return args
+
+
+class DecisionClock:
+    """Host seconds of each policy decision (one ``observe`` a step), per tensor-parallel size: the work the step
+    hook adds on every rank of a real run, the same code whatever the device."""
+
+    def __init__(self) -> None:
+        self.seconds: dict = {}
+
+    def wrap(self, factory):
+        """``factory`` whose policies time their ``observe``."""
+        def timed_factory(plans, **kwargs):
+            policy = factory(plans, **kwargs)
+            observe, seconds = policy.observe, self.seconds.setdefault(len(plans[0].units), [])
+
+            def timed(sample):
+                start = time.perf_counter()
+                decision = observe(sample)
+                seconds.append(time.perf_counter() - start)
+                return decision
+            policy.observe = timed
+            return policy
+        return timed_factory
+
+    def summary(self) -> dict:
+        """``{tp: {"steps", "mean_ms", "p99_ms"}}``."""
+        return {str(tp): {"steps": len(s), "mean_ms": 1e3 * sum(s) / len(s), "p99_ms": 1e3 * sorted(s)[int(0.99 * (len(s) - 1))]}
+                for tp, s in sorted(self.seconds.items()) if s}
 
 
 def _commit() -> str:
@@ -132,7 +161,9 @@ def main(argv=None) -> int:
     start, cpu_start = time.perf_counter(), time.process_time()
     scenarios = family(count, args.seed, **steps, idle_skips=args.idle_skips)
     policies = {**POLICIES, **_optional_policies()}
-    records = evaluate(scenarios, policies)
+    clock = DecisionClock()
+    in_use = next(iter(POLICIES))
+    records = evaluate(scenarios, {name: clock.wrap(f) if name == in_use else f for name, f in policies.items()})
     summaries = {name: summarise(records, name) for name in policies}
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     replay = None
@@ -145,13 +176,15 @@ def main(argv=None) -> int:
     policy_word = "policy" if len(policies) == 1 else "policies"
     print(f"{count} scenarios in {wall:.1f} s (load {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after)")
     print(f"{cpu:.1f} s of CPU: the oracles and {len(policies)} {policy_word}")
+    decisions = clock.summary()
+    for tp, d in decisions.items():
+        print(f"tp {tp}: the policy's decision takes {d['mean_ms']:.2f} ms of host time a step (p99 {d['p99_ms']:.2f})")
     if replay is not None:
         s = replay["summary"]
         print(_replay_table(replay))
         print(f"replay: {s['within_10pct']} of {s['files']} recorded files within 10 % "
               f"(median {s['median_abs_error'] or 0:.1%}, worst {s['max_abs_error'] or 0:.1%}); "
               f"{s['in_band']} within 10 % of their band; {len(s['skipped'])} skipped")
-    in_use = next(iter(POLICIES))
     try:
         write_result(args.json, "policy_sim", argv, {"scenarios": count, "seed": args.seed, "quick": args.quick,
                                                       "idle_skips": args.idle_skips, **steps},
@@ -159,7 +192,7 @@ def main(argv=None) -> int:
                                                                                else argv)]),
                      commit=_commit(), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), wall_s=wall, cpu_s=cpu,
                      load_average={"before": list(load_before), "after": list(os.getloadavg())},
-                     policy=in_use, overall=_round(summaries[in_use]["overall"]),
+                     policy=in_use, decision_ms=_round(decisions), overall=_round(summaries[in_use]["overall"]),
                      categories=_round(summaries[in_use]["categories"]), policies=_round(summaries),
                      replay=_round(replay), records=_round(records))
     except OSError as err:

@@ -199,6 +199,8 @@ def test_the_quick_run_writes_the_schema(tmp_path, capsys):
         assert keys | {"colossal_median", "reactive_bound_share_above_1_10", "median_ratio_to_reactive",
                        "share_within_1_10_of_reactive"} <= set(block)
     assert {"command", "commit", "date", "machine"} <= set(data)
+    assert set(data["decision_ms"]) == {str(r["tp"]) for r in data["records"]}  # every size's decisions timed
+    assert all(d["steps"] > 0 and d["mean_ms"] > 0.0 and d["p99_ms"] > 0.0 for d in data["decision_ms"].values())
     table = capsys.readouterr().out
     assert "overall" in table and max(len(line) for line in table.splitlines()) <= 80
     with pytest.raises(SystemExit):
