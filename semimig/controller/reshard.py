@@ -149,8 +149,6 @@ class ReshardPolicy:
         self._skip = config.warmup
         self._fitted = False  # the window of the plan in force was read across the ranks
         self._before: Optional[tuple] = None  # (plans, window, slow ranks) the last move was decided on
-        self._shares: tuple = (None, None, None)  # (plans, weights, shares) of the plan in force
-        self._proposal: tuple = (None, None)  # (question, proposal) of the last proposal
 
     # ------------------------------------------------------------------ public
     @property
@@ -159,13 +157,8 @@ class ReshardPolicy:
         return self.learned.k
 
     def shares(self, plans: Optional[Sequence[ShardPlan]] = None) -> Tuple[float, ...]:
-        """Effective share ``p_r = Σ_d w_d·n_{d,r}/U_d / Σ_d w_d`` of each rank (``plans``: the plan in force)."""
-        weights = self.learned.weights
-        if plans is not None:
-            return shares(weights, plans)
-        if self._shares[0] is not self.plans or self._shares[1] != weights:  # read several times a step
-            self._shares = (self.plans, weights, shares(weights, self.plans))
-        return self._shares[2]
+        """Effective share ``p_r = Σ_d w_d·n_{d,r}/U_d / Σ_d w_d`` of each rank."""
+        return shares(self.learned.weights, self.plans if plans is None else plans)
 
     def moved(self, new: Sequence[ShardPlan]) -> Tuple[int, int]:
         """``(units, bytes)`` a move from the plan in force to ``new`` sends."""
@@ -376,15 +369,10 @@ class ReshardPolicy:
         return ReshardDecision(step, reason=reason, **info)
 
     def _propose(self, model: StepModel, seats: float, slow=None) -> Tuple[ShardPlan, ...]:
-        """The proposal for ``model`` with ``slow`` the slow set (default: the one in force); ``seats``:
-        :meth:`_seat_comm` of it.  A bet that passes asks its decision the same question: answered once."""
-        slow = frozenset(self.slowdown.slow if slow is None else slow)
-        key = (model, self.plans, self.learned.weights, slow, seats)
-        if self._proposal[0] != key:
-            self._proposal = (key, propose(model, self.plans, self.learned.weights, slow=bool(slow),
-                                           min_units=self.config.min_units, margin=self.config.margin, unseat=slow,
-                                           comm=seats))
-        return self._proposal[1]
+        """The proposal for ``model`` with ``slow`` the slow set (default: the one in force); ``seats``: :meth:`_seat_comm` of it."""
+        slow = self.slowdown.slow if slow is None else slow
+        return propose(model, self.plans, self.learned.weights, slow=bool(slow), min_units=self.config.min_units,
+                       margin=self.config.margin, unseat=slow, comm=seats)
 
     def _seat_comm(self, slow) -> float:
         """What a slow rank's seats stretch: the layers' reductions in force (:func:`seat_reading`; 0: none slow)."""

@@ -47,6 +47,12 @@ __all__ = ["shares", "plan_step", "healthy_step", "even_plans", "propose", "pool
 
 def shares(weights: Sequence[float], plans: Sequence[ShardPlan]) -> Tuple[float, ...]:
     """``p_r`` of each rank under ``plans`` (module docstring)."""
+    return _shares(tuple(weights), tuple(plans))
+
+
+@functools.lru_cache(maxsize=64)
+def _shares(weights: Tuple[float, ...], plans: Tuple[ShardPlan, ...]) -> Tuple[float, ...]:
+    """:func:`shares` (the plan in force's are read several times a step)."""
     total, tp, per = sum(weights), plans[0].tp, [p.shares() for p in plans]
     return tuple(sum(w * s[r] for w, s in zip(weights, per)) / total for r in range(tp))
 
@@ -134,6 +140,13 @@ def propose(model: StepModel, plans: Sequence[ShardPlan], weights: Sequence[floa
     """The proposal for ``model`` from the dimensions of ``plans`` (module docstring); ``slow``: some
     rank is slow; ``unseat``: the slow ranks a candidate may take out of a dimension's reductions,
     ``comm`` the seconds those reductions measure under ``plans`` (0: seats not weighed)."""
+    return _propose(model, tuple(plans), tuple(weights), bool(slow), min_units, margin, frozenset(unseat), comm)
+
+
+@functools.lru_cache(maxsize=8)
+def _propose(model: StepModel, plans: Tuple[ShardPlan, ...], weights: Tuple[float, ...], slow: bool, min_units: int,
+             margin: float, unseat: AbstractSet[int], comm: float) -> Tuple[ShardPlan, ...]:
+    """:func:`propose`, a function of its arguments: a bet's proposal and its decision's ask one question."""
     even = even_plans(plans)
     if even is not None and not slow:
         return even

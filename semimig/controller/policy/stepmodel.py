@@ -79,8 +79,8 @@ class LearnedModel:
         """A rank holding no unit skips the step (:attr:`~semimig.sharding.solver.StepModel.idle_free`)."""
         self.prior_weights = tuple(weights)
         self.weight_fits: List[Tuple[float, ...]] = []
-        self._weights: Tuple[int, Tuple[float, ...]] = (0, ())  # (fits read, their medians)
         """Every dimension's weight (a share of the shardable work) measured across the healthy ranks."""
+        self._weights: Tuple[int, Tuple[float, ...]] = (0, ())  # (fits read, their medians)
         self.prior_k = prior_share / (tp * (1.0 - prior_share))
         self.fits: List[float] = []
         """Every ``k`` measured across two plans."""
