@@ -169,7 +169,7 @@ class Window:
         changed, pending = False, []
         self.rates.rank_steps += len(self.fresh)
         for r, fresh in enumerate(self.fresh):
-            m, slower, ordered = self._test(self.compute[r][-fresh:], fresh, sigma, z)
+            m, slower, ordered = self._change(self.compute[r][-fresh:], fresh, sigma, z)
             self._ordered[r] = ordered if not m else None  # the fresh steps in order, while they stay the fresh ones
             if m:
                 self.fresh[r], self.trigger[r], self.slower[r], changed = m, m, slower, True
@@ -181,15 +181,10 @@ class Window:
         return changed
 
     @staticmethod
-    def _change(times: Sequence[float], fresh: int, sigma: float, z: float) -> Tuple[int, bool]:
+    def _change(times: Sequence[float], fresh: int, sigma: float, z: float) -> Tuple[int, bool, Optional[list]]:
         """The most recent of a rank's ``fresh`` steps ``times`` that differ from its earlier ones (0: none)
         and whether they are slower, each beyond the one-step band; with none, whether its last step alone
-        is slower than the band."""
-        return Window._test(times, fresh, sigma, z)[:2]
-
-    @staticmethod
-    def _test(times: Sequence[float], fresh: int, sigma: float, z: float) -> Tuple[int, bool, Optional[list]]:
-        """:meth:`_change`, and ``times`` in order where the test sorted them (``None`` where it did not)."""
+        is slower than the band; and ``times`` in order where the test sorted them (``None`` where it did not)."""
         slower, last = False, min(N_MIN, fresh - N_MIN)
         earlier = sorted(times[:-last]) if last > 0 else []  # times[:-m] sorted, from the longest m down
         bases = []

@@ -38,6 +38,7 @@ import numpy as np
 from semimig._validate import check_int, check_number
 from semimig.controller.reshard import moved_units
 from semimig.errors import ConfigError
+from semimig.sharding.jobmodel import seat_scale
 from semimig.sharding.plan import ShardPlan
 
 __all__ = ["Workload", "Plans", "FIRST_MOVE_SHARE"]
@@ -195,15 +196,9 @@ class Workload:
 
 @functools.lru_cache(maxsize=4096)
 def _seat_comm(workload: Workload, plans: Plans, speeds: Tuple[float, ...]) -> float:
-    """:meth:`Workload.seat_comm` of one plan: :meth:`Workload.seat_comms`'s sums in its order (a trace holds
-    its speeds and its plan for many steps: read once)."""
-    top, total, holders = max(speeds), 0.0, [False] * len(speeds)
-    for dim in plans:
-        seated = [v for v, n in zip(speeds, dim.units) if n > 0]
-        holders = [h or n > 0 for h, n in zip(holders, dim.units)]
-        total += top / min(seated) if seated else 1.0
-    total += top / min(v for v, h in zip(speeds, holders) if h or not workload.idle_skips)
-    return workload.comm_s * total / (len(plans) + 1)
+    """:meth:`Workload.seat_comm`: the policy's :func:`~semimig.sharding.jobmodel.seat_scale` over the dimensions and
+    the vocabulary (a trace holds its speeds and its plan for many steps: read once)."""
+    return workload.comm_s * seat_scale(speeds, plans, idle_free=workload.idle_skips) / (len(plans) + 1)
 
 
 def _bound(workload: Workload, plans: Plans, speeds: Tuple[float, ...], factors: Optional[Tuple[float, ...]]) -> float:
