@@ -144,10 +144,9 @@ class ReshardPolicy:
         self.measured = PlanMemory()
         """The step each plan measured at the speeds in force (:mod:`~semimig.controller.policy.memory`)."""
         self.slowdown = Slowdown(self.samples.rates)
-        self.history: list[ReshardDecision] = []
-        """Every decision that re-planned."""
+        self.history: list[ReshardDecision] = []  # every decision that re-planned
         self._skip = config.warmup
-        self._fitted = False  # the window of the plan in force was read across the ranks
+        self._fitted = 0  # reads of the plan in force across the ranks (at N_MIN steps, at a full window)
         self._before: Optional[tuple] = None  # (plans, window, slow ranks) the last move was decided on
 
     # ------------------------------------------------------------------ public
@@ -183,7 +182,7 @@ class ReshardPolicy:
         self.plans, self.last_move_step = plans, self.step
         self.samples.clear()
         self._skip = self.config.warmup
-        self._fitted = False
+        self._fitted = 0
 
     def profile(self, times: Sequence[Sequence[float]]) -> ReshardDecision:
         """The plan to take before the first step from the device probe: ``times[i][r]`` is rank ``r``'s
@@ -242,10 +241,13 @@ class ReshardPolicy:
         shares = self.shares()
         self.learned.read_bound(shares, self.samples.compute, self.samples.shardable)
         compute, comm = self.samples.times()
-        if len(window) == self.config.window and not self._fitted:  # one full window of a plan: across the ranks
-            self._fitted = True
-            self.learned.fit_across([[p.shares()[r] for p in self.plans] for r in range(self.tp)], window,
-                                    [r for r in range(self.tp) if r not in self.slowdown.slow])
+        full = len(window) == self.config.window  # a plan is read across the ranks at N_MIN steady steps and full
+        if self._fitted < 1 + full and (full or self.samples.steps >= N_MIN):
+            self._fitted = 1 + full
+            read = window if full else window[len(window) - self.samples.steps:]
+            self.learned.fit_across([[p.shares()[r] for p in self.plans] for r in range(self.tp)], read,
+                                    [r for r in range(self.tp) if r not in self.slowdown.slow],
+                                    se=None if full else self.noise.of_median(len(read)))
             shares = self.shares()
         model = self.learned.model(shares, compute)
         se = self.noise.of_median(self.samples.independent)
@@ -332,7 +334,7 @@ class ReshardPolicy:
         slow, odds = self.slowdown.slow, self.slowdown.return_odds()
         risk = return_risk(model, slow, self.slowdown.previous, self.shares(), self.shares(proposal), odds)
         way_back = life != remaining  # a state expected to outlive the run is never moved back from
-        test = gain_test(current, predicted, needed=self._needed(se), life=life, risk_s=risk, way_back=way_back,
+        test = gain_test(current, predicted, needed=self.needed_gain(se), life=life, risk_s=risk, way_back=way_back,
                          back_odds=odds, move_s=self._move_cost(nbytes, healthy_s))
         paid = "the move and its way back" if way_back else "the move"
         info = dict(base, predicted_s=predicted, move_bytes=nbytes, move_cost_s=test.cost_s, horizon=life)
@@ -378,13 +380,11 @@ class ReshardPolicy:
         """What a slow rank's seats stretch: the layers' reductions in force (:func:`seat_reading`; 0: none slow)."""
         return seat_reading(list(self.samples), self.plans) if slow else 0.0
 
-    def _needed(self, se: float) -> float:
-        """``ε``: the margin, the noise of the window's median (relative) and the step model's own error."""
+    def needed_gain(self, se: Optional[float] = None) -> float:
+        """``ε``: the margin, ``z`` relative errors ``se`` of a median (default: the window in force's) and the
+        step model's own error; the least share of the step a move must predict to save."""
+        se = self.noise.of_median(max(self.samples.independent, 1)) if se is None else se
         return max(self.config.margin, -math.expm1(-self.config.noise_z * se), self.learned.error)
-
-    def needed_gain(self) -> float:
-        """``ε`` of the window in force: the least share of the step a move must predict to save."""
-        return self._needed(self.noise.of_median(max(self.samples.independent, 1)))
 
     def move_cost_s(self, new: Sequence[ShardPlan], step_s: float) -> float:
         """Seconds a move from the plan in force to ``new`` costs (``step_s``: the step the prior is in)."""

@@ -278,6 +278,38 @@ def test_a_plan_that_under_delivers_is_revisited():
     assert step_of(pol.plans) == pytest.approx(step_of(solved((1.0, 0.25), rho)), rel=0.03)
 
 
+def test_a_plans_first_steps_are_read_across_the_ranks_only_beyond_their_noise():
+    """A plan's first steps (``se`` given): R/S well above the noise is taken, R/S inside it is not (a rank
+    holding nothing would be read through a noise-sized R), nor a fit whose residuals are small by chance
+    against the noise the window's steps were measured with; a full window (no ``se``) reads its weights."""
+    w, scatter = (0.6, 0.4), (0.02, -0.02, 0.015, -0.015, 0.0)
+    fractions = [(0.3, 0.25), (0.3, 0.5), (0.2, 0.25), (0.2, 0.0), (0.0, 0.0)]
+    for k, scale, se, taken in ((0.2, 1.0, 0.01, True), (0.002, 1.0, 0.01, False), (0.002, 1.0, None, True),
+                                (0.2, 0.01, 0.2, False), (0.2, 0.01, 0.001, True)):
+        learned = LearnedModel(5, 0.2, (0.8, 0.2))
+        c = [k + w[0] * a + w[1] * b + scale * d for (a, b), d in zip(fractions, scatter)]
+        learned.fit_across(fractions, [ReshardSample(tuple(c), (0.0,) * 5, (0.0,) * 5)] * 3, healthy=range(5), se=se)
+        assert bool(learned.fits) is taken, (k, scale, se)
+
+
+def test_a_plan_is_read_across_the_ranks_as_soon_as_it_is_measured():
+    """tp 8, all healthy, the prior R/S a sixth of the truth, which the even plan cannot read (every rank
+    holds the same); moved to a plan that varies among the ranks, one of them holding nothing, its first
+    N_MIN steps read the true R/S across the ranks, so the rank that holds nothing (read through R alone)
+    is read at its true speed, not as a straggler, long before the plan's full window."""
+    rho, e = 0.4, 8
+    pol = policy(ReshardConfig(replicated_share=0.1), tp=e)
+    for _ in range(20):
+        assert not pol.observe(sample(pol, (1.0,) * e, rho=rho)).replan
+    assert pol.replicated_ratio < 0.2 * rho / (e * (1 - rho))
+    plans = (ShardPlan(units=(5, 5, 5, 5, 4, 4, 4, 0)), ShardPlan(units=(2, 1, 1, 1, 1, 1, 1, 0)))
+    pol.moved_to(plans, seconds=0.01, bytes_moved=pol.moved(plans)[1])
+    for _ in range(pol.config.warmup + N_MIN):
+        pol.observe(sample(pol, (1.0,) * e, rho=rho))
+    assert pol.replicated_ratio == pytest.approx(rho / (e * (1 - rho)), rel=1e-6)
+    assert not pol.slowdown.slow
+
+
 # ---------------------------------------------------------------- zero units
 def test_a_rank_holding_nothing_is_read_from_its_replicated_work():
     plans = (ShardPlan(units=(MLP_UNITS, 0)), ShardPlan(units=(KV_UNITS, 0)))

@@ -40,9 +40,11 @@ K_FLOOR = 1e-3
 ERRORS = 3
 """Latest moves whose predicted-against-measured step gives the model's error."""
 FIT_Z = 3.0
-"""Standard errors every dimension's coefficient must clear for a fit across the ranks to be taken: a
-weight read from a plan that barely varies among the healthy ranks is noise, and a plan solved on it
-hands out the units of the dimension it underrates as if they were free."""
+"""Standard errors every dimension's weight must clear for a fit across the ranks to be taken (and ``R``
+too, on a plan's first steps): a weight read from a plan that barely varies among the healthy ranks is
+noise, and a plan solved on it hands out the units of the dimension it underrates as if they were free;
+``R`` read within its noise reads a rank that holds no unit (read through ``R`` alone) slow or fast by
+the fit's error."""
 MIN_SHARE_CHANGE = 0.02
 """Smallest change of a rank's share across two plans that measures ``k`` from that rank."""
 
@@ -156,11 +158,15 @@ class LearnedModel:
         return self._weights[1]
 
     def fit_across(self, fractions: Sequence[Sequence[float]], window: Sequence[Any],
-                   healthy: Sequence[int]) -> None:
+                   healthy: Sequence[int], se: Optional[float] = None) -> None:
         """``k`` and the dimensions' weights from one window, across the ``healthy`` ranks (equal speeds):
         ``c_r = α + Σ_d β_d·x_{r,d}`` (``x_{r,d}`` the rank's fraction of dimension ``d``'s units) by least
         squares, ``w_d ∝ β_d`` and ``k = α/Σ_d β_d``; nothing when the plan does not vary enough among
-        them or a coefficient comes out negative (noise)."""
+        them or a weight does not clear :data:`FIT_Z` standard errors.  ``se``: the window is a plan's
+        first few steps, read before its full window to follow a rank's recovery sooner; a reading's error
+        is then at least ``se``, the relative error of a median of those steps (the residuals of a few
+        steps can be small by chance), and ``α`` must clear as many standard errors too, for a rank that
+        holds nothing is read through it alone."""
         dims = len(self.prior_weights)
         if len(healthy) < dims + 2:
             return
@@ -175,9 +181,10 @@ class LearnedModel:
             return
         dof = len(healthy) - dims - 1
         resid = float(rss[0]) if len(rss) else float(np.sum((y - x @ coef) ** 2))
-        se = np.sqrt(np.diag(np.linalg.pinv(x.T @ x)) * resid / dof)[1:]
-        if np.any(beta < FIT_Z * se):
-            return  # a weight within the noise of the fit: the plans do not vary enough among these ranks
+        floor = 0.0 if se is None else (se * float(np.median(y))) ** 2
+        error = np.sqrt(np.diag(np.linalg.pinv(x.T @ x)) * max(resid / dof, floor))
+        if np.any(beta < FIT_Z * error[1:]) or (se is not None and alpha < FIT_Z * error[0]):
+            return  # within the noise of the fit: the plans do not vary enough among these ranks
         self.weight_fits.append(tuple(float(b / beta.sum()) for b in beta))
         self.fits.append(alpha / float(beta.sum()))
 
