@@ -173,7 +173,7 @@ class ReshardPolicy:
         check_int("bytes_moved", bytes_moved, minimum=0)
         if bytes_moved > 0:
             self.seconds_per_byte = seconds / bytes_moved
-        window = list(self.samples)[len(self.samples) - self.samples.steps:]  # at one set of speeds, as R/S needs
+        window = self.samples.steady()  # at one set of speeds, as R/S needs
         # a move bet on slow steps left a window whose last steps have other speeds: it measures nothing
         measured = len(window) >= N_MIN and not (self.history and self.history[-1].step == self.step - 1
                                                  and self.history[-1].bet)
@@ -244,7 +244,7 @@ class ReshardPolicy:
         full = len(window) == self.config.window  # a plan is read across the ranks at N_MIN steady steps and full
         if self._fitted < 1 + full and (full or self.samples.steps >= N_MIN):
             self._fitted = 1 + full
-            read = window if full else window[len(window) - self.samples.steps:]
+            read = window if full else self.samples.steady()
             self.learned.fit_across([[p.shares()[r] for p in self.plans] for r in range(self.tp)], read,
                                     [r for r in range(self.tp) if r not in self.slowdown.slow],
                                     se=None if full else self.noise.of_median(len(read)))
@@ -263,7 +263,7 @@ class ReshardPolicy:
         if unconfirmed and self.samples.rates.slowdowns and (bet := self._bet(step, min(unconfirmed))):
             return bet
         measured = self.learned.slowest(compute, self.shares()) + comm
-        if self.state == SETTLING and self._verify(window[len(window) - self.samples.steps:], measured):
+        if self.state == SETTLING and self._verify(self.samples.steady(), measured):
             model = self.learned.model(self.shares(), compute)
         return self._decide(step, model, comm, se, healthy_s=healthy_step(model) + comm, measured_s=measured)
 

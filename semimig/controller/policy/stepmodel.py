@@ -184,7 +184,7 @@ class LearnedModel:
         floor = 0.0 if se is None else (se * float(np.median(y))) ** 2
         error = np.sqrt(np.diag(np.linalg.pinv(x.T @ x)) * max(resid / dof, floor))
         if np.any(beta < FIT_Z * error[1:]) or (se is not None and alpha < FIT_Z * error[0]):
-            return  # within the noise of the fit: the plans do not vary enough among these ranks
+            return  # a weight (or R, on first steps) within the fit's noise: too little to read among these ranks
         self.weight_fits.append(tuple(float(b / beta.sum()) for b in beta))
         self.fits.append(alpha / float(beta.sum()))
 

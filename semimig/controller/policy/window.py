@@ -149,6 +149,10 @@ class Window:
         """Steps every rank's reading rests on (the fewest fresh steps of any rank)."""
         return min(self.fresh)
 
+    def steady(self) -> list:
+        """The window's last :attr:`steps` steps: those at one set of speeds, every rank's reading among them."""
+        return list(self.samples)[len(self.samples) - self.steps:]
+
     @property
     def independent(self) -> int:
         """Steps the noise of every rank's reading is counted over: its fresh steps after the ones that
