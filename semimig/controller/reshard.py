@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
@@ -186,7 +185,10 @@ class ReshardPolicy:
 
     def profile(self, times: Sequence[Sequence[float]]) -> ReshardDecision:
         """The plan to take before the first step from the device probe: ``times[i][r]`` is rank ``r``'s
-        seconds for the probe's fixed work in repeat ``i`` (module docstring).  ``predicted_s`` is the
+        seconds for the probe's fixed work in repeat ``i`` (module docstring).  A repeat's seconds are
+        the rank's speed plus interference that only adds (another process on its core, a late wake-up),
+        so each rank is read at its fastest repeat: its ratio is ``min_r' min_i t[i][r'] / min_i t[i][r]``,
+        and a rank slowed in some repeats but not in all is not called slow.  ``predicted_s`` is the
         proposal's step relative to the even one; ``current_s`` is 0 (no step was measured)."""
         cfg = self.config
         if self.step != 0 or self.last_move_step is not None:
@@ -202,8 +204,8 @@ class ReshardPolicy:
         noise = Noise()
         for a, b in zip(rows, rows[1:]):
             noise.add(a, b)
-        fastest = [min(row) for row in rows]
-        ratios = tuple(statistics.median(f / row[r] for f, row in zip(fastest, rows)) for r in range(self.tp))
+        best = [min(row[r] for row in rows) for r in range(self.tp)]  # interference only adds to a repeat
+        ratios = tuple(min(best) / b for b in best)
         model = self.learned.from_ratios(ratios)
         se = noise.of_median(len(rows))
         self.slowdown.update(-1, ratios, se=math.sqrt(2.0) * se, tolerance=cfg.tolerance, z=cfg.noise_z,

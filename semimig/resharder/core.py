@@ -354,14 +354,14 @@ class Resharder(JointMoves):
                 for d in range(self.replicas)]
 
     def _measured(self, decision: ReshardDecision, *, replica: Optional[int] = None) -> bool:
-        """The first full window after a re-plan (of ``replica``, with a plan per replica): its measured
-        step beside the predicted one (True then)."""
+        """The first measured step after a re-plan (of ``replica``, with a plan per replica), read over the
+        policy's steps at one set of speeds: beside the predicted one (True then)."""
         event = next((e for e in reversed(self.events) if e.replica == replica), None)
         if event is None or event.measured_s is not None or decision.current_s <= 0.0:
             return False
         event.measured_s = decision.current_s
         if self._speaks and (replica is None or replica == self.dp_rank):
-            log_measured(event, self.policy.config.window)
+            log_measured(event, (self.policy if replica is None else self.policies[replica]).samples.steps)
         return True
 
     @property

@@ -55,12 +55,12 @@ def log_replan(event: ReplanEvent, new: Any, decision: Any) -> None:
                     decision.predicted_s, event.bytes_moved / 1e6, event.move_s, decision.reason)
 
 
-def log_measured(event: ReplanEvent, window: int) -> None:
-    """One INFO line once a full window ran under a re-plan: its measured step beside the predicted one."""
+def log_measured(event: ReplanEvent, steps: int) -> None:
+    """One INFO line once a re-plan's step is measured (over ``steps`` steps): beside the predicted one."""
     who = "" if event.replica is None else f" of replica {event.replica}"
     if event.step < 0:  # the probe's: predicted relative to the even step
         logger.info("semimig re-plan%s before the first step: measured step %.4f s over the first %d steps under "
-                    "it (predicted %.2fx the even step)", who, event.measured_s, window, event.predicted_s)
+                    "it (predicted %.2fx the even step)", who, event.measured_s, steps, event.predicted_s)
     else:
         logger.info("semimig re-plan%s of step %d: measured step %.4f s over the next %d steps (predicted %.4f s, "
-                    "%.4f s before)", who, event.step, event.measured_s, window, event.predicted_s, event.before_s)
+                    "%.4f s before)", who, event.step, event.measured_s, steps, event.predicted_s, event.before_s)

@@ -375,6 +375,17 @@ def test_a_device_slow_from_the_start_moves_before_the_first_step_and_stays():
     assert run_.plans[-1][1][1] < MLP_UNITS // 4  # the slow rank holds little
 
 
+def test_the_probe_reads_each_rank_at_its_fastest_repeat():
+    """Interference only adds to a repeat: a rank slowed 6x in four repeats in a row but not in the fifth is as
+    fast as the others and nothing moves; a rank slowed 4x in every repeat moves before the first step."""
+    flaky = [[0.02, 0.12], [0.021, 0.121], [0.02, 0.12], [0.0205, 0.119], [0.02, 0.021]]
+    pol = policy(ReshardConfig(window=6))
+    assert not pol.profile(flaky).replan and not pol.slowdown.slow
+    pol = policy(ReshardConfig(window=6))
+    slow = [[0.02, 0.08 * (1.0 + 0.02 * i)] for i in range(5)]
+    assert pol.profile(slow).replan and pol.slowdown.slow == {1}
+
+
 def test_a_straggler_that_comes_and_goes_slowly_is_served_and_released():
     """Back to even once the healthy state's expected life pays the move and the risk of the straggler
     resuming (even odds after one episode: a few steps at a quarter speed on the even plan)."""
