@@ -4,10 +4,11 @@ A step is the span between two calls of :meth:`StepClock.step`.  Inside it, semi
 work with :meth:`StepClock.region`: ``"gemm"`` around its GEMM passes, ``"comm"`` around its own
 collectives (the time they block the compute stream for), ``"dp"`` around the data-parallel gradient
 reduction's wait (inside a ``"comm"`` region: the part of the collectives spent waiting for the other
-replicas), and the layers' pair spans with
+replicas), ``"off"`` around what runs between two steps but is no step's work (an evaluation inside
+``balancer.dense()``: no region inside it is recorded), and the layers' pair spans with
 :meth:`StepClock.open_span` / :meth:`StepClock.close_span` (kind ``"gap"``).  Per step::
 
-    wall_s  = t(boundary ending the step) − t(boundary starting it)
+    wall_s  = t(boundary ending the step) − t(boundary starting it) − Σ "off" regions
     gemm_s  = Σ over outermost "gemm" regions of t(end) − t(start)
     comm_s  = Σ over outermost "comm" regions of t(end) − t(start)
     dp_s    = Σ over outermost "dp" regions of t(end) − t(start)      (a part of comm_s)
@@ -57,8 +58,9 @@ __all__ = ["KINDS", "CudaEventClock", "HostClock", "StepClock", "StepTimes", "ma
 
 logger = logging.getLogger(__name__)
 
-KINDS: tuple[str, ...] = ("gemm", "comm", "gap", "dp")
-"""What a region marks: semimig's GEMM passes, its own collectives, the spans between a pair's layers."""
+KINDS: tuple[str, ...] = ("gemm", "comm", "gap", "dp", "off")
+"""What a region marks: semimig's GEMM passes, its own collectives, the spans between a pair's layers, the
+data-parallel wait, and time that is no step's work."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ class StepTimes:
     step: int
     """Index of the step these times belong to (0 for the first step after construction)."""
     wall_s: float
-    """Boundary to boundary."""
+    """Boundary to boundary, less the ``"off"`` regions."""
     gemm_s: float
     """Union of the ``"gemm"`` regions."""
     comm_s: float
@@ -234,6 +236,9 @@ class StepClock:
         depth = self._depth[kind]
         self._depth[kind] = depth + 1
         if depth == 0:
+            if kind != "off" and self._depth["off"]:  # inside time that is no step's work: not timed
+                self._open[kind] = None
+                return
             marker = self._take()
             if marker is None:
                 self._dry()
@@ -263,7 +268,7 @@ class StepClock:
 
     @contextlib.contextmanager
     def region(self, kind: str) -> Iterator[None]:
-        """Time the block as ``kind`` (``"gemm"`` or ``"comm"``); never waits."""
+        """Time the block as ``kind`` (one of :data:`KINDS`); never waits."""
         if kind not in KINDS:
             raise ValueError(f"region kind must be one of {KINDS}, got {kind!r}")
         self.start(kind)
@@ -338,7 +343,8 @@ class StepClock:
         seconds = self._marks.seconds
         for kind, start, end in step.regions:
             sums[kind] += seconds(start, end)
-        times = StepTimes(step=step.index, wall_s=seconds(step.start, step.end), gemm_s=sums["gemm"],
+        times = StepTimes(step=step.index, wall_s=max(seconds(step.start, step.end) - sums["off"], 0.0),
+                          gemm_s=sums["gemm"],
                           comm_s=sums["comm"], gap_s=sums["gap"], dp_s=sums["dp"], regions=len(step.regions), dropped=step.dropped)
         self._give([step.start] + [m for _, a, b in step.regions for m in (a, b)])  # end: the next step's start
         return times

@@ -133,10 +133,26 @@ class DeviceClock:
     def take(self) -> DeviceTime:
         """This step's split since the previous ``take`` (or the attach); starts the next step."""
         now = time.perf_counter()
-        result = DeviceTime(wall_s=now - self._step_start, comm_s=self._comm_s, sleep_s=self._sleep_s,
-                            collectives=self._count)
-        self._step_start, self._comm_s, self._sleep_s, self._count = now, 0.0, 0.0, 0
+        result = DeviceTime(wall_s=max(now - self._step_start - self._off_s, 0.0), comm_s=self._comm_s,
+                            sleep_s=self._sleep_s, collectives=self._count)
+        self._step_start, self._comm_s, self._sleep_s, self._count, self._off_s = now, 0.0, 0.0, 0, 0.0
         return result
+
+    @contextlib.contextmanager
+    def off(self) -> Iterator[None]:
+        """Time inside the block is no step's work (an evaluation between steps): it is left out of the
+        step's wall time and of the span a slow rank's sleep scales with, its collectives are not the
+        step's, and no rank is slowed in it."""
+        start = time.perf_counter()
+        saved = (self._comm_s, self._sleep_s, self._count, self._span_start, self._excluded, self.slows)
+        self.slows = False
+        try:
+            yield
+        finally:
+            spent = time.perf_counter() - start
+            self._comm_s, self._sleep_s, self._count, self._span_start, self._excluded, self.slows = saved
+            self._excluded += spent
+            self._off_s += spent
 
     @contextlib.contextmanager
     def excluded(self) -> Iterator[None]:
@@ -149,7 +165,7 @@ class DeviceClock:
 
     def _reset(self, now: float) -> None:
         self._step_start = self._span_start = now
-        self._comm_s = self._sleep_s = self._excluded = 0.0
+        self._comm_s = self._sleep_s = self._excluded = self._off_s = 0.0
         self._count = 0
 
     def _before(self) -> None:

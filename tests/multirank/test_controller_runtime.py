@@ -432,3 +432,44 @@ def test_a_refused_or_closed_controller_leaves_no_hook_on_the_layers():
     assert refused == before and failed == before and after == before, (before, refused, failed, after)
     assert directives == [None, None], directives
     assert live == [[n + 1 for n in before]] * 3, live
+
+
+def _evaluated_body(rank, world, spec):
+    """Eight iterations of the MLP under mode semi; between iterations 3 and 4 an evaluation inside
+    ``ctl.dense()`` (three forward passes and 0.3 s of local work).  Per iteration: the step's compute as the report carries it; and the
+    evaluation's own seconds."""
+    from semimig.controller import BalanceConfig, BalanceController
+    from semimig.straggler import StragglerConfig
+
+    model = _model(world)()
+    straggler = {} if spec is None else {"straggler": StragglerConfig.from_cli(spec)}
+    ctl = BalanceController(model, BalanceConfig(mode="semi", **straggler))
+    x = torch.randn(32, 64)
+    computes, evaluated = [], 0.0
+    for i in range(8):
+        if i == 4:
+            start = time.perf_counter()
+            with ctl.dense(), torch.no_grad():
+                for _ in range(3):
+                    model(x)
+                a = torch.randn(256, 256)
+                while time.perf_counter() - start < 0.3:  # the rest of an evaluation: this rank's own work
+                    a = torch.tanh(a @ a)
+            evaluated = time.perf_counter() - start
+        model(x).sum().backward()
+        report = ctl.step()
+        computes.append(report.device.compute_s if report.device is not None else None)
+    gathered = [None] * world
+    dist.all_gather_object(gathered, (computes, evaluated))
+    return gathered
+
+
+@pytest.mark.parametrize("spec", [None, "fixed:1:4:scope=device"])
+def test_an_evaluation_between_steps_is_no_steps_work(spec):
+    """Time inside ``dense()`` is left out of the step's clock (the step clock, and the whole-device
+    straggler's): the step after an evaluation reads as its neighbours, not as a slowdown of every rank."""
+    for computes, evaluated in run_on_ranks(_evaluated_body, 2, spec, timeout_s=120):
+        steady = sorted(c for i, c in enumerate(computes) if i >= 1 and i != 4 and c is not None)
+        typical = steady[len(steady) // 2]
+        assert evaluated > 3 * typical, (evaluated, computes)  # the evaluation alone is several steps' work
+        assert computes[4] is not None and computes[4] < typical + 0.25 * evaluated, (computes, evaluated)

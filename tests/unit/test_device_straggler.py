@@ -87,6 +87,28 @@ def test_device_scope_multiplies_every_span_of_work_and_not_the_collectives(fake
     assert t.collectives == len(spans)
 
 
+def test_time_off_the_step_is_no_work_no_collective_and_no_sleep(fake_time, monkeypatch):
+    """An evaluation between steps (``off``): its time leaves the step's wall time and the span a slow
+    rank's next sleep scales with, its collectives are not the step's, and the slow rank is not slowed in it."""
+    from torch.distributed import distributed_c10d as c10d
+
+    collective = _collective_taking(fake_time, 0.5)
+    monkeypatch.setattr(c10d, "all_reduce", collective)
+    monkeypatch.setattr(dist, "all_reduce", collective)
+    injector = StragglerInjector(StragglerConfig.from_cli("fixed:1:4:scope=device"), group_rank=1, group_size=2)
+    with DeviceClock(injector) as clock:
+        fake_time.work(0.1)
+        with clock.off():
+            fake_time.work(2.0)
+            dist.all_reduce(torch.zeros(1))
+        fake_time.work(0.1)
+        dist.all_reduce(torch.zeros(1))
+        t = clock.take()
+    assert fake_time.slept == pytest.approx([3 * 0.2])  # one sleep, for the step's own 0.2 s of work
+    assert t.collectives == 1 and t.comm_s == pytest.approx(0.5)
+    assert t.compute_s == pytest.approx(4 * 0.2)
+
+
 def test_a_rank_that_does_not_straggle_only_measures(fake_time, monkeypatch):
     # rank 1 is the injector's rank; the straggler is rank 0
     t = _run_spans(fake_time, monkeypatch, "fixed:0:4:scope=device", [0.2, 0.3], comm_s=0.1)

@@ -121,6 +121,23 @@ def test_a_dry_pool_drops_the_rest_of_the_step_and_says_so():
     assert times.dropped == 0 and times.regions == 2
 
 
+def test_time_that_is_no_steps_work_is_left_out_of_the_step():
+    """An "off" region (an evaluation between steps) leaves the step's wall time, and no region inside it is
+    recorded: the step reads as the work around it alone."""
+    clock = HostClock(lag=0)
+    _work(clock)
+    with clock.region("off"):
+        _work(clock, n=3)
+        _work(clock, "comm", n=2)
+        sum(range(200_000))
+    whole = clock.live("off")
+    times = clock.step()
+    assert whole > 0 and times.regions == 2 and times.comm_s == 0.0  # the gemm before it and the "off" itself
+    assert times.wall_s < whole and times.gemm_s > 0
+    _work(clock, n=2)  # the next step counts its regions again
+    assert clock.step().regions == 2
+
+
 def test_reset_drops_pending_steps_and_restarts_the_open_one():
     clock = HostClock()
     _work(clock)

@@ -3,6 +3,7 @@ train, evaluate, save; the summary and the ``--json`` record."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import sys
@@ -128,8 +129,9 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
                             times[-1] * 1e3, plan.describe())
             if args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
                 start = time.perf_counter()
-                val_losses.append([step + 1, evaluate(model, val_batches) if pp == 1 else
-                                   _pipeline_eval(booster, model, val_batches, plugin)])
+                with balancer.dense() if balancer is not None else contextlib.nullcontext():  # no step's work
+                    val_losses.append([step + 1, evaluate(model, val_batches) if pp == 1 else
+                                       _pipeline_eval(booster, model, val_batches, plugin)])
                 eval_s += time.perf_counter() - start
                 logger.info("step %d/%d validation loss %.4f%s", step + 1, args.steps, val_losses[-1][1], baseline)
 
