@@ -49,6 +49,30 @@ def loss_scale(micro_batch_size: int, *, global_batch_size: int, dp_world_size: 
     return dp_world_size / global_batch_size
 
 
+def evaluation_share(count: int, samples: Sequence[int], group: int) -> range:
+    """Group ``group``'s items of ``count`` evaluation items (batches) when the data-parallel groups
+    train ``samples[g]`` rows of each global batch: the contiguous range ``[b_g, b_{g+1})`` with
+    ``b_g = round(count·Σ_{j<g} samples_j / Σ_j samples_j)`` (halves up).
+
+    Every group's evaluation then takes the share of the items its training takes of the batch, so a
+    slow group evaluates less, as it trains less, and no group waits at the next step's gradient
+    reduction for another's evaluation.  The ranges are disjoint and cover ``range(count)``; a group
+    with no samples gets none.  Each group sums its items' losses, and the sum and the count are summed
+    over the data-parallel group for the mean over all ``count`` items."""
+    check_int("count", count, minimum=0)
+    samples = [check_int(f"samples[{g}]", s, minimum=0) for g, s in enumerate(samples)]
+    total = sum(samples)
+    if total == 0:
+        raise ConfigError(f"evaluation_share: samples {samples} give no group any rows")
+    check_int("group", group, minimum=0, maximum=len(samples) - 1)
+    before = sum(samples[:group])
+
+    def bound(cumulative: int) -> int:
+        return (2 * count * cumulative + total) // (2 * total)
+
+    return range(bound(before), bound(before + samples[group]))
+
+
 def partition_global_batch(plan: AllocationPlan, indices: Sequence[int]) -> list[list[list[int]]]:
     """``[device][micro_step] -> sample indices`` for one global batch ``indices`` (len ``gbs``)."""
     if len(indices) != plan.global_batch_size:

@@ -234,6 +234,18 @@ class Balancer:
                               "semimig.enable(..., batch=semimig.BatchSplit(global_batch_size=...)) to use it")
         return self.hybrid.micro_batches(batch)
 
+    def evaluation_share(self, count: int) -> range:
+        """This rank's DP group's items of ``count`` evaluation batches (the same list on every rank):
+        its share of the batch plan in force (:func:`~semimig.allocation.evaluation_share`), so a slow
+        group evaluates less, as it trains less, and no group waits at the next step for another's
+        evaluation.  Sum the losses of these items, then sum that and the count over the DP group."""
+        if self.hybrid is None:
+            raise ConfigError("balancer.evaluation_share() splits evaluation between data-parallel groups by the "
+                              "batch split: call semimig.enable(..., batch=semimig.BatchSplit(global_batch_size=...))")
+        from semimig.allocation.data import evaluation_share
+
+        return evaluation_share(count, self.hybrid.plan.samples, self.hybrid.layout.dp_rank)
+
     @property
     def batch_plan(self) -> Any:
         """The DP groups' batch plan in force (:class:`~semimig.allocation.plan.AllocationPlan`), or ``None``."""

@@ -13,9 +13,11 @@ from semimig.allocation import (
     HeteroDataLoader,
     SpeedCurve,
     allocate,
+    evaluation_share,
     loss_scale,
     partition_global_batch,
 )
+from semimig.errors import ConfigError
 
 
 @st.composite
@@ -131,3 +133,26 @@ def test_empty_micro_batch_keeps_shapes_and_gives_zero_gradient() -> None:
     scaled.backward()
     assert scaled.item() == 0.0
     assert all(torch.equal(p.grad, torch.zeros_like(p)) for p in model.parameters())
+
+
+@settings(max_examples=200, deadline=None)
+@given(count=st.integers(0, 50), samples=st.lists(st.integers(0, 20), min_size=1, max_size=6).filter(any))
+def test_evaluation_shares_cover_the_items_once_in_proportion_to_the_samples(count, samples) -> None:
+    shares = [evaluation_share(count, samples, g) for g in range(len(samples))]
+    assert [i for share in shares for i in share] == list(range(count))  # disjoint, in order, covering
+    total = sum(samples)
+    for share, rows in zip(shares, samples):
+        assert abs(len(share) - count * rows / total) < len(samples)  # rounding of two cumulative bounds
+        if rows == 0:
+            assert len(share) == 0
+
+
+def test_evaluation_share_follows_the_batch_split_and_names_bad_values() -> None:
+    assert [evaluation_share(8, (5, 3), g) for g in (0, 1)] == [range(0, 5), range(5, 8)]
+    assert [len(evaluation_share(8, (1, 1, 1, 1), g)) for g in range(4)] == [2, 2, 2, 2]
+    with pytest.raises(ConfigError, match="no group"):
+        evaluation_share(8, (0, 0), 0)
+    with pytest.raises(ConfigError, match="group"):
+        evaluation_share(8, (5, 3), 2)
+    with pytest.raises(ConfigError, match="count"):
+        evaluation_share(-1, (5, 3), 0)

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Tuple
 
 import torch
 
@@ -148,12 +148,25 @@ def make_data(args: argparse.Namespace, vocab: int, dp_rank: int, device: torch.
     return (global_batches() if global_batch else stream(dp_rank)), val, corpus
 
 
-def evaluate(model: torch.nn.Module, batches: list) -> float:
+def evaluate(model: torch.nn.Module, batches: list, *, share: Optional[range] = None, dp_group: Any = None) -> float:
     """Mean loss (nats a token) over ``batches``: eval mode (semimig's layers then run densely and
-    untimed), no gradients.  Collective: every rank of the TP group must call it with the same batches."""
+    untimed), no gradients.  Collective: every rank of the TP group must call it with the same batches.
+
+    With ``share`` (this data-parallel group's items of ``batches``,
+    :func:`~semimig.allocation.evaluation_share`) the group evaluates only those, and the loss sum and
+    the item count are summed over ``dp_group``: the mean over all ``batches``, each evaluated once."""
+    mine = batches if share is None else [batches[i] for i in share]
     model.eval()
     with torch.no_grad():
-        total = sum(float(model(**batch).loss.float()) for batch in batches)
+        total = sum(float(model(**batch).loss.float()) for batch in mine)
     model.train()
-    return total / len(batches)
+    if share is None:
+        return total / len(batches)
+    both = torch.tensor([total, float(len(mine))], dtype=torch.float64, device=_device_of(model))
+    torch.distributed.all_reduce(both, group=dp_group)  # NCCL: on the model's device
+    return float(both[0] / both[1])
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
 

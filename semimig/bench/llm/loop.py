@@ -129,9 +129,10 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
                             times[-1] * 1e3, plan.describe())
             if args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
                 start = time.perf_counter()
+                eval_share = _evaluation_share(len(val_batches), balancer, plugin)
                 with balancer.dense() if balancer is not None else contextlib.nullcontext():  # no step's work
-                    val_losses.append([step + 1, evaluate(model, val_batches) if pp == 1 else
-                                       _pipeline_eval(booster, model, val_batches, plugin)])
+                    val_losses.append([step + 1, evaluate(model, val_batches, share=eval_share, dp_group=plugin.dp_group)
+                                       if pp == 1 else _pipeline_eval(booster, model, val_batches, plugin)])
                 eval_s += time.perf_counter() - start
                 logger.info("step %d/%d validation loss %.4f%s", step + 1, args.steps, val_losses[-1][1], baseline)
 
@@ -252,6 +253,19 @@ def _pipeline_reshard(stages: list) -> Optional[dict]:
     return {"replans": sum(r["replans"] for _, r in held), "plan": " | ".join(str(r and r["plan"]) for r in stages),
             "bytes_moved": sum(r["bytes_moved"] for _, r in held), "move_s": sum(r["move_s"] for _, r in held),
             "events": [dict(e, stage=s) for s, r in held for e in r["events"]], "stages": stages}
+
+
+def _evaluation_share(count: int, balancer, plugin) -> Optional[range]:
+    """This DP group's evaluation batches: its share of the global batch in force (even without a batch
+    split), so a slow replica evaluates less and no replica waits at the next step for another's
+    evaluation; ``None`` with one replica (every rank evaluates all)."""
+    if plugin.dp_size == 1:
+        return None
+    if balancer is not None and balancer.batch_plan is not None:
+        return balancer.evaluation_share(count)
+    from semimig.allocation import evaluation_share
+
+    return evaluation_share(count, (1,) * plugin.dp_size, torch.distributed.get_rank(plugin.dp_group))
 
 
 def _split_iteration(booster, model, optimizer, balancer, batch: dict, plugin) -> torch.Tensor:
