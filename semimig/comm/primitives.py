@@ -112,6 +112,17 @@ def all_gather_rows(values: Sequence[float], group: ProcessGroup | None) -> list
     return [t.cpu().tolist() for t in out]
 
 
+def broadcast_object(value: object, src: int, group: ProcessGroup | None) -> object:
+    """Group rank ``src``'s ``value`` (a picklable object; the others pass anything) on every rank of
+    ``group``, in the comm region (the root's own ``value`` with a group of one)."""
+    if group_size(group) == 1:
+        return value
+    box = [value]
+    with _region():
+        dist.broadcast_object_list(box, src=_global(group, src), group=group, device=collective_device(group))
+    return box[0]
+
+
 def all_gather_floats(value: float, group: ProcessGroup | None) -> list[float]:
     """Every rank's ``value``, in group-rank order (one float64 all-gather)."""
     return [row[0] for row in all_gather_rows([value], group)]

@@ -63,7 +63,7 @@ from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel
 
 __all__ = ["JointSetup", "SeatMemory", "at_measured_pace", "even_samples", "joint_problem", "joint_setup",
-           "own_steps", "per_mean_batch", "reading_due", "split_ratio"]
+           "own_steps", "per_mean_batch", "reading_due", "search_root", "split_ratio"]
 
 KINDS = ("mlp", "kv")
 """The paired dimensions a plan splits, in the policies' order."""
@@ -96,8 +96,19 @@ def reading_due(age: int, last: Optional[int]) -> bool:
     With the speeds held, the gain test's answer changes only with the life it counts (the age) and with
     drift within the noise.  It is read at once, then whenever the age has doubled since the last reading:
     a gain that needs a life ``L`` is taken by age ``2L`` at the latest, and a run of ``T`` steps reads it
-    about ``log₂ T`` times instead of every step (the planner's search is host work on every rank)."""
+    about ``log₂ T`` times instead of every step (the planner's search is host work every rank waits for)."""
     return last is None or age >= 2 * max(last, 1)
+
+
+def search_root(speeds: Sequence[Sequence[float]], seats: Sequence[tuple[int, int]]) -> int:
+    """The rank that searches the joint plan: of ``seats`` (each rank's ``(replica, TP rank)`` in the
+    group's order) the one at the fastest of ``speeds[replica][TP rank]``, ties to the lowest replica,
+    then TP rank."""
+    where = [(d, r) for d, row in enumerate(speeds) for r in range(len(row))]
+    fastest = max(where, key=lambda seat: (speeds[seat[0]][seat[1]], -seat[0], -seat[1]))
+    if list(seats).count(fastest) != 1:
+        raise ConfigError(f"search_root: seat {fastest} must be held by exactly one rank of {list(seats)}")
+    return list(seats).index(fastest)
 
 
 def even_samples(global_batch: int, dp: int) -> tuple[int, ...]:

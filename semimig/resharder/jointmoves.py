@@ -11,10 +11,11 @@ import logging
 import math
 from typing import Any, Optional
 
+from semimig.comm import primitives as P
 from semimig.controller.policy.gain import expected_life, gain_test
 from semimig.controller.policy.states import HOLDING
 from semimig.controller.reshard import ReshardDecision
-from semimig.resharder.joint import as_policy_plans, joint_problem, reading_due
+from semimig.resharder.joint import as_policy_plans, joint_problem, reading_due, search_root
 from semimig.sharding.joint import job_step, plan_job
 
 __all__ = ["JointMoves"]
@@ -32,8 +33,8 @@ class JointMoves:
         against the joint planner's, with the policies' own gain test: the least gain ``ε`` the noisiest
         replica's window allows, the moves' cost and their way back, over a life of the steps since
         the job last moved (at least ``life_floor``).  A change of split alone moves no weights.  Read when
-        :func:`reading_due` says so, not every step: the planner's search is host work on every rank, the
-        slowest one's included."""
+        :func:`reading_due` says so, not every step: the planner's search is host work (on the fastest rank,
+        :meth:`_search`) that every rank waits for."""
         if any(policy.state != HOLDING for policy in self.policies):
             self._job_read = None
             return None
@@ -45,7 +46,7 @@ class JointMoves:
         if problem is None:
             return None
         current = tuple(policy.plans for policy in self.policies)
-        answer = plan_job(problem, reference=current)
+        answer = self._search(problem, current)
         plans = tuple(as_policy_plans(row, now) for row, now in zip(answer.plans, current))
         if plans == current and answer.samples == self.samples:
             return None
@@ -60,6 +61,19 @@ class JointMoves:
             return None
         return self._take_joint(decisions, step=step, answer=answer, problem=problem)
 
+    def _search(self, problem: Any, reference: tuple) -> Any:
+        """:func:`plan_job` on ``problem``, searched by the fastest rank of the job alone (``problem.speeds``;
+        ties: the lowest replica, then TP rank) and broadcast to the rest (collective over the world group).
+        The answer depends on the problem only, so it is the one every rank would find; the search is host
+        work, and where a slow device's host is slow too (a shared or throttled node) searching there would
+        hold every rank at the next collective for the slow host's time."""
+        if self._world_seats is None:  # (dp rank, TP rank) of every rank of the world group, in its order
+            rows = P.all_gather_rows([self.dp_rank, self.rank], self.world_group)
+            self._world_seats = [(int(d), int(r)) for d, r in rows]
+        root = search_root(problem.speeds, self._world_seats)
+        mine = plan_job(problem, reference=reference) if P.group_rank(self.world_group) == root else None
+        return P.broadcast_object(mine, root, self.world_group)
+
     def _take_joint(self, decisions: list[ReshardDecision], *, step: int, answer: Any = None,
                     problem: Any = None) -> Optional[Any]:
         """A policy decided: every replica's plan and the split from :func:`plan_job` on every replica's
@@ -72,7 +86,7 @@ class JointMoves:
             problem = joint_problem(self.joint, self.policies, self.samples, self._seats)
             if problem is None:
                 return None
-            answer = plan_job(problem, reference=current)
+            answer = self._search(problem, current)
         plans = tuple(as_policy_plans(row, now) for row, now in zip(answer.plans, current))
         if plans == current and answer.samples == self.samples:
             return None

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from semimig.controller.reshard import ReshardConfig, ReshardPolicy, ReshardSample
-from semimig.resharder.joint import JointSetup, joint_problem, per_mean_batch, split_ratio
+from semimig.errors import ConfigError
+from semimig.resharder.joint import JointSetup, joint_problem, per_mean_batch, search_root, split_ratio
 from semimig.sharding.joint import JointProblem, UnitKind, from_measured, job_step, plan_job, seat_scale
 from semimig.sharding.jobmodel import rank_times, unit_counts
 from semimig.sharding.plan import ShardPlan
@@ -129,3 +130,13 @@ def test_the_job_gain_is_read_at_once_then_at_doubled_ages():
     assert read[:1] == [0] and all(b == max(2 * a, 2) for a, b in zip(read, read[1:])), read
     assert len(read) <= 11  # about log2 of the run, not every step
     assert reading_due(5, None)  # after a move, or a policy leaving its plan held: at once
+
+
+def test_the_joint_search_runs_on_the_fastest_rank_ties_to_the_lowest_seat():
+    seats = [(0, 0), (0, 1), (1, 0), (1, 1)]  # world-group order: replica-major
+    assert search_root(((1.0, 0.5), (1.0, 0.125)), seats) == 0
+    assert search_root(((0.5, 0.9), (1.0, 0.125)), seats) == 2
+    assert search_root(((0.2, 0.5), (0.5, 1.0)), seats) == 3
+    assert search_root(((0.2, 0.5), (0.5, 1.0)), [(1, 1), (0, 0), (0, 1), (1, 0)]) == 0  # any group order
+    with pytest.raises(ConfigError, match="exactly one rank"):
+        search_root(((1.0, 1.0),), [(0, 1), (1, 1)])
