@@ -50,15 +50,17 @@ def loss_scale(micro_batch_size: int, *, global_batch_size: int, dp_world_size: 
 
 
 def evaluation_share(count: int, samples: Sequence[int], group: int) -> range:
-    """Group ``group``'s items of ``count`` evaluation items (batches) when the data-parallel groups
-    train ``samples[g]`` rows of each global batch: the contiguous range ``[b_g, b_{g+1})`` with
-    ``b_g = round(count·Σ_{j<g} samples_j / Σ_j samples_j)`` (halves up).
+    """Group ``group``'s items of ``count`` evaluation items (the rows of an evaluation batch) when the
+    data-parallel groups train ``samples[g]`` rows of each global batch: the contiguous range
+    ``[b_g, b_{g+1})`` with ``b_g = round(count·Σ_{j<g} samples_j / Σ_j samples_j)`` (halves up).
 
     Every group's evaluation then takes the share of the items its training takes of the batch, so a
     slow group evaluates less, as it trains less, and no group waits at the next step's gradient
     reduction for another's evaluation.  The ranges are disjoint and cover ``range(count)``; a group
-    with no samples gets none.  Each group sums its items' losses, and the sum and the count are summed
-    over the data-parallel group for the mean over all ``count`` items."""
+    with no samples gets none.  Rows of every batch rather than whole batches: each group then runs one
+    forward per batch, as a forward that is a collective over the data-parallel group needs (torch DDP
+    broadcasts its buffers in each one).  Each group sums its rows' losses, and the sum and the count
+    are summed over the data-parallel group for the mean over all rows."""
     check_int("count", count, minimum=0)
     samples = [check_int(f"samples[{g}]", s, minimum=0) for g, s in enumerate(samples)]
     total = sum(samples)

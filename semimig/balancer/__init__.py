@@ -235,10 +235,11 @@ class Balancer:
         return self.hybrid.micro_batches(batch)
 
     def evaluation_share(self, count: int) -> range:
-        """This rank's DP group's items of ``count`` evaluation batches (the same list on every rank):
-        its share of the batch plan in force (:func:`~semimig.allocation.evaluation_share`), so a slow
-        group evaluates less, as it trains less, and no group waits at the next step for another's
-        evaluation.  Sum the losses of these items, then sum that and the count over the DP group."""
+        """This rank's DP group's rows of an evaluation batch of ``count`` rows (the same batches on every
+        rank): its share of the batch plan in force (:func:`~semimig.allocation.evaluation_share`), so a
+        slow group evaluates less, as it trains less, and no group waits at the next step for another's
+        evaluation.  Run one forward per batch on these rows (a group with none: a one-row stand-in,
+        weighted 0), sum each loss times its rows, then sum that and the rows over the DP group."""
         if self.hybrid is None:
             raise ConfigError("balancer.evaluation_share() splits evaluation between data-parallel groups by the "
                               "batch split: call semimig.enable(..., batch=semimig.BatchSplit(global_batch_size=...))")

@@ -148,21 +148,31 @@ def make_data(args: argparse.Namespace, vocab: int, dp_rank: int, device: torch.
     return (global_batches() if global_batch else stream(dp_rank)), val, corpus
 
 
-def evaluate(model: torch.nn.Module, batches: list, *, share: Optional[range] = None, dp_group: Any = None) -> float:
+def evaluate(model: torch.nn.Module, batches: list, *, rows: Optional[range] = None, dp_group: Any = None) -> float:
     """Mean loss (nats a token) over ``batches``: eval mode (semimig's layers then run densely and
     untimed), no gradients.  Collective: every rank of the TP group must call it with the same batches.
 
-    With ``share`` (this data-parallel group's items of ``batches``,
-    :func:`~semimig.allocation.evaluation_share`) the group evaluates only those, and the loss sum and
-    the item count are summed over ``dp_group``: the mean over all ``batches``, each evaluated once."""
-    mine = batches if share is None else [batches[i] for i in share]
+    With ``rows`` (this data-parallel group's rows of every batch,
+    :func:`~semimig.allocation.evaluation_share` of a batch's rows) the group evaluates those rows of
+    each batch: one forward per batch on every group, so a forward that is itself a collective over the
+    data-parallel group (torch DDP broadcasts its buffers in each one) stays matched, and a group with no
+    rows runs a one-row stand-in weighted 0.  Each forward's loss times its rows, and the rows, are
+    summed over ``dp_group``: the mean over every batch, each row evaluated once, for batches of equal
+    rows that each predict the same number of tokens (fixed-length rows, as these batches are)."""
     model.eval()
+    total, count = 0.0, 0
     with torch.no_grad():
-        total = sum(float(model(**batch).loss.float()) for batch in mine)
+        for batch in batches:
+            if rows is None:
+                total, count = total + float(model(**batch).loss.float()), count + 1
+                continue
+            a, b = (rows.start, rows.stop) if len(rows) else (0, 1)  # no rows: a stand-in row, weighted 0
+            loss = float(model(**{k: v[a:b] for k, v in batch.items()}).loss.float())
+            total, count = total + loss * len(rows), count + len(rows)
     model.train()
-    if share is None:
-        return total / len(batches)
-    both = torch.tensor([total, float(len(mine))], dtype=torch.float64, device=_device_of(model))
+    if rows is None:
+        return total / count
+    both = torch.tensor([total, float(count)], dtype=torch.float64, device=_device_of(model))
     torch.distributed.all_reduce(both, group=dp_group)  # NCCL: on the model's device
     return float(both[0] / both[1])
 

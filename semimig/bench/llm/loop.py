@@ -129,9 +129,9 @@ def run(args: argparse.Namespace, prog: str) -> Optional[str]:
                             times[-1] * 1e3, plan.describe())
             if args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
                 start = time.perf_counter()
-                eval_share = _evaluation_share(len(val_batches), balancer, plugin)
+                eval_rows = _evaluation_rows(int(val_batches[0]["input_ids"].shape[0]), balancer, plugin)
                 with balancer.dense() if balancer is not None else contextlib.nullcontext():  # no step's work
-                    val_losses.append([step + 1, evaluate(model, val_batches, share=eval_share, dp_group=plugin.dp_group)
+                    val_losses.append([step + 1, evaluate(model, val_batches, rows=eval_rows, dp_group=plugin.dp_group)
                                        if pp == 1 else _pipeline_eval(booster, model, val_batches, plugin)])
                 eval_s += time.perf_counter() - start
                 logger.info("step %d/%d validation loss %.4f%s", step + 1, args.steps, val_losses[-1][1], baseline)
@@ -255,10 +255,10 @@ def _pipeline_reshard(stages: list) -> Optional[dict]:
             "events": [dict(e, stage=s) for s, r in held for e in r["events"]], "stages": stages}
 
 
-def _evaluation_share(count: int, balancer, plugin) -> Optional[range]:
-    """This DP group's evaluation batches: its share of the global batch in force (even without a batch
-    split), so a slow replica evaluates less and no replica waits at the next step for another's
-    evaluation; ``None`` with one replica (every rank evaluates all)."""
+def _evaluation_rows(count: int, balancer, plugin) -> Optional[range]:
+    """This DP group's rows of each evaluation batch (``count`` rows): its share of the global batch in
+    force (even without a batch split), so a slow replica evaluates less and no replica waits at the next
+    step for another's evaluation; ``None`` with one replica (every rank evaluates every row)."""
     if plugin.dp_size == 1:
         return None
     if balancer is not None and balancer.batch_plan is not None:
