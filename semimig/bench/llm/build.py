@@ -172,11 +172,9 @@ def evaluate(model: torch.nn.Module, batches: list, *, rows: Optional[range] = N
     model.train()
     if rows is None:
         return total / count
-    both = torch.tensor([total, float(count)], dtype=torch.float64, device=_device_of(model))
-    torch.distributed.all_reduce(both, group=dp_group)  # NCCL: on the model's device
+    from semimig.comm.primitives import collective_device
+
+    both = torch.tensor([total, float(count)], dtype=torch.float64, device=collective_device(dp_group))
+    torch.distributed.all_reduce(both, group=dp_group)
     return float(both[0] / both[1])
-
-
-def _device_of(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
 
