@@ -144,6 +144,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="dp > 1: the re-sharding and resizing modes split the global batch across the replicas "
                         "(llm_run.py's --batch-split; with reshard one joint planner chooses every replica's plan "
                         "and the split); healthy and off keep equal batches")
+    p.add_argument("--max-micro-batch", type=int, default=None, metavar="ROWS",
+                   help="with --batch-split: the most rows a replica runs in one forward and backward (llm_run.py's "
+                        "flag; default --batch-size, the plain run's activation memory, so a replica given more rows "
+                        "runs two micro-steps)")
     p.add_argument("--plot", type=Path, default=None, action=OutputPath,
                    help="PNG: validation loss against training time")
     add_run_flags(p)
@@ -163,6 +167,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--modes: unknown mode(s) {bad}; expected some of {MODES}")
     args.modes = ["healthy"] + [m for m in modes if m != "healthy"]
     check_run_flags(p, args, ("steps", "repeats", "eval_every"))
+    if args.max_micro_batch is not None and not 1 <= args.max_micro_batch <= 65536:
+        p.error(f"--max-micro-batch must be in [1, 65536], got {args.max_micro_batch}")
     if args.plot is not None:
         from semimig._io import check_apart, check_figure_path
         from semimig.errors import ConfigError
@@ -216,12 +222,15 @@ def check_flags_apply(p: argparse.ArgumentParser, args: argparse.Namespace) -> N
         unused += [(f, v) for f, v in (("--reflex", args.reflex), ("--resize-block", args.resize_block)) if v is not None]
     if args.batch_split is not None and args.dp < 2:
         unused.append(("--batch-split", args.batch_split))
+    if args.max_micro_batch is not None and (args.batch_split is None or args.dp < 2):
+        unused.append(("--max-micro-batch", args.max_micro_batch))
     if unused:
         flag, value = unused[0]
         p.error(f"{flag} {value} applies to no run of --straggler {args.straggler} --modes {','.join(modes)}: "
                 "drop it (--fraction/--period-us/--share/--straggler-rank: the real throttle; --chi: device or gemm; "
                 "--shard-plan: uneven; "
-                "--reflex/--resize-block: the resizing modes; --batch-split: --dp 2 or more)")
+                "--reflex/--resize-block: the resizing modes; --batch-split: --dp 2 or more; --max-micro-batch: "
+                "--batch-split)")
     args.period_us = 4000 if args.period_us is None else args.period_us
     args.shard_plan = "28,4:3,1" if args.shard_plan is None else args.shard_plan
     args.reflex = "on" if args.reflex is None else args.reflex
@@ -317,6 +326,8 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
         example += ["--shard-plan", args.shard_plan]
     if getattr(args, "batch_split", None) and mode not in ("healthy", "off", "uneven"):
         example += ["--batch-split", args.batch_split]
+        if args.max_micro_batch is not None:
+            example += ["--max-micro-batch", str(args.max_micro_batch)]
     if args.resize_block is not None and mode.startswith(("zero-pri", "semi")):
         example += ["--resize-block", str(args.resize_block)]
     if args.reflex != "on" and mode in RESIZING:  # the resizing modes' reflex: the others refuse the flag

@@ -1,4 +1,5 @@
-"""The training binary's pipeline flags (``--pp``, ``--microbatches``, ``--straggler-stage``): checked
+"""The training binary's pipeline and batch-split flags (``--pp``, ``--microbatches``, ``--straggler-stage``,
+``--max-micro-batch``): checked
 against the launch before any process group, one line naming the flag, exit 2; what a pipeline
 cannot take is refused rather than dropped."""
 from __future__ import annotations
@@ -45,6 +46,8 @@ def _refusal(binary, *argv) -> tuple[int, list[str]]:
     (["--pp", "2", "--straggler-stage", "1"], "--straggler-stage 1"),            # no --straggler
     (["--pp", "2", "--tp", "1", "--batch-split", "even"], "--batch-split even"),
     (["--pp", "2", "--tp", "1", "--balance", "reshard"], "--balance reshard"),   # dp 2 per stage
+    (["--tp", "2", "--max-micro-batch", "8"], "--max-micro-batch 8"),            # no --batch-split
+    (["--tp", "2", "--batch-split", "poplar", "--max-micro-batch", "0"], "--max-micro-batch"),
 ])
 def test_pipeline_flags_that_do_not_fit_are_refused_in_one_line(binary, world, argv, flag):
     code, err = _refusal(binary, *argv)

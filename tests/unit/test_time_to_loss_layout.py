@@ -122,6 +122,22 @@ def test_batch_split_reaches_the_balancing_modes_of_replicas_only(ttl, tmp_path)
         assert split == ("poplar" if mode in ("reshard", "semi") else None), (mode, cmd)
 
 
+def test_max_micro_batch_reaches_the_split_runs_only(ttl, tmp_path):
+    args = _parse(ttl, tmp_path, "--tp", "2", "--dp", "2", "--batch-split", "poplar", "--max-micro-batch", "8")
+    for mode in ("healthy", "reshard"):
+        cmd = ttl.command(args, mode, tmp_path / f"{mode}.json")
+        cap = _value(cmd, "--max-micro-batch") if "--max-micro-batch" in cmd else None
+        assert cap == ("8" if mode == "reshard" else None), (mode, cmd)
+
+
+@pytest.mark.parametrize("argv", [["--dp", "2", "--max-micro-batch", "8"],            # no --batch-split
+                                  ["--dp", "2", "--batch-split", "poplar", "--max-micro-batch", "0"]])
+def test_max_micro_batch_without_a_split_or_below_one_is_refused(ttl, tmp_path, capsys, argv):
+    with pytest.raises(SystemExit):
+        _parse(ttl, tmp_path, "--tp", "2", *argv)
+    assert "--max-micro-batch" in capsys.readouterr().err
+
+
 def test_batch_split_without_replicas_is_refused(ttl, tmp_path, capsys):
     with pytest.raises(SystemExit):
         _parse(ttl, tmp_path, "--tp", "4", "--batch-split", "poplar")

@@ -74,6 +74,10 @@ def parse_args(argv: Optional[list[str]] = None, description: Optional[str] = No
                         "them; 'poplar' gives faster TP groups more rows (the gradient stays the global-batch mean); "
                         "with --balance reshard and --zero-stage 0 one joint planner chooses every replica's shard "
                         "plan and the split together")
+    p.add_argument("--max-micro-batch", type=int, default=None, metavar="ROWS",
+                   help="with --batch-split: the most rows a DP group runs in one forward and backward (default "
+                        "--batch-size, the plain run's activation memory); a group given more rows runs them as "
+                        "accumulation micro-steps")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=64)
@@ -156,6 +160,10 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.straggler_replica is not None and args.straggler is None:
         raise ConfigError(f"--straggler-replica {args.straggler_replica} names where --straggler acts: give --straggler")
     check_int("--straggler-replica", args.straggler_replica, minimum=0, maximum=65535, allow_none=True)
+    check_int("--max-micro-batch", args.max_micro_batch, minimum=1, maximum=65536, allow_none=True)
+    if args.max_micro_batch is not None and args.batch_split == "none":
+        raise ConfigError(f"--max-micro-batch {args.max_micro_batch} caps a batch split's micro-steps: it needs "
+                          f"--batch-split even or poplar")
     if args.batch_split != "none" and args.policy != "semimig":
         raise ConfigError(f"--batch-split {args.batch_split} times each data-parallel group by semimig's layers: it "
                           f"needs --policy semimig, got --policy {args.policy}")

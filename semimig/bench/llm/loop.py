@@ -177,11 +177,11 @@ def _enable(args: argparse.Namespace, model, plugin, optimizer, prog: str):
     from semimig.resizing.config import ResizingConfig
 
     reflex = None if args.reflex == "off" else ReflexConfig(forward=args.reflex == "on")
-    # a group's micro-steps hold at most --batch-size rows (the plain run's activation memory); more rows
-    # than that become accumulation steps
+    # a group's micro-steps hold at most --max-micro-batch rows (default --batch-size: the plain run's activation
+    # memory); more rows than that become accumulation steps
     split = None if args.batch_split == "none" else \
         semimig.BatchSplit(global_batch_size=args.batch_size * plugin.dp_size, allocation=args.batch_split,
-                           max_batch_size=args.batch_size)
+                           max_batch_size=args.max_micro_batch or args.batch_size)
     replica = torch.distributed.get_rank(plugin.dp_group)
     stage = int(plugin.stage_manager.stage) if plugin.pp_size > 1 else 0
     straggler = args.straggler if args.straggler_replica in (None, replica) and \
