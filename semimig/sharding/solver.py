@@ -32,7 +32,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, replace
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from semimig._validate import check_int, check_number
 from semimig.errors import ConfigError
@@ -137,9 +137,13 @@ def solve_plan(model: StepModel, *, total_units: int, unit_size: int = 1, min_un
         above = [r for r in range(e) if units[r] > min_units]
         r = max(above, key=lambda r: (_time(model, r, units[r], total_units), -r))
         units[r] -= 1
-    while sum(units) < total_units:
-        r = min(range(e), key=lambda r: (_time(model, r, units[r] + 1, total_units), r))
-        units[r] += 1
+    left = total_units - sum(units)
+    if left > 0:  # each rank's time after one more unit; only the rank given it changes
+        after = [(_time(model, r, units[r] + 1, total_units), r) for r in range(e)]
+        for _ in range(left):
+            r = min(after)[1]
+            units[r] += 1
+            after[r] = (_time(model, r, units[r] + 1, total_units), r)
     return ShardPlan(units=tuple(units), unit_size=unit_size)
 
 
@@ -150,37 +154,44 @@ def soonest_first(model: StepModel, base: Sequence[float], unit: float, ranks: S
 
     Each rank's finish times rise with its units, so every unit finishing before a level ``T`` precedes
     every unit finishing at or after it: the units below the continuous level at which ``count − |ranks|``
-    units fit are handed out in one pass (:func:`_below`), the rest one at a time."""
-    units = _below(model, base, unit, ranks, count)
+    units fit are handed out in one pass (:func:`_below`), the rest one at a time (the heap holds each rank's
+    next unit once, so which entry is least never depends on the heap's order)."""
+    units, heap = _below(model, base, unit, ranks, count)
     R, S, v = model.replicated, model.shardable, model.speeds  # model.rank_time, read inline
-    heap = [((R + S * (base[r] + (units[r] + 1) * unit)) / v[r], r) for r in ranks]
+    if heap is None:
+        heap = [((R + S * (base[r] + (units[r] + 1) * unit)) / v[r], r) for r in ranks]
     heapq.heapify(heap)
     for _ in range(count - sum(units)):
-        _, r = heapq.heappop(heap)
+        r = heap[0][1]
         units[r] += 1
-        heapq.heappush(heap, ((R + S * (base[r] + (units[r] + 1) * unit)) / v[r], r))
+        heapq.heapreplace(heap, ((R + S * (base[r] + (units[r] + 1) * unit)) / v[r], r))
     return units
 
 
-def _below(model: StepModel, base: Sequence[float], unit: float, ranks: Sequence[int], count: int) -> List[int]:
+def _below(model: StepModel, base: Sequence[float], unit: float, ranks: Sequence[int],
+           count: int) -> Tuple[List[int], Optional[List[Tuple[float, int]]]]:
     """Per rank, its units that finish before a level ``T`` under which at most ``count`` units finish
     (:func:`soonest_first`); ``T`` is the continuous level at which ``count − len(ranks)`` units fit; none
-    where that is ``≤ 0``."""
+    where that is ``≤ 0``.  With them, each rank of ``ranks``' finish time of its next unit and the rank, read
+    in the pass (``None`` where no rank was given a unit: :func:`soonest_first` reads them itself)."""
     out = [0] * len(base)
     R, S, v = model.replicated, model.shardable, model.speeds
     speed = sum(v[r] for r in ranks)
     if count <= len(ranks) or S <= 0.0 or speed <= 0.0:
-        return out
+        return out, None
     # Σ_r ((T·v_r − R)/S − base_r)/unit = count − |ranks|, solved for T
     level = (S * (unit * (count - len(ranks)) + sum(base[r] for r in ranks)) + R * len(ranks)) / speed
+    after = []
     for r in ranks:
-        k = max(0, int(((level * v[r] - R) / S - base[r]) / unit))
-        while k > 0 and (R + S * (base[r] + k * unit)) / v[r] >= level:
+        b, vr = base[r], v[r]
+        k = max(0, int(((level * vr - R) / S - b) / unit))
+        while k > 0 and (R + S * (b + k * unit)) / vr >= level:
             k -= 1
-        while (R + S * (base[r] + (k + 1) * unit)) / v[r] < level:
+        while (t := (R + S * (b + (k + 1) * unit)) / vr) < level:
             k += 1
         out[r] = k
-    return out if sum(out) <= count else [0] * len(base)
+        after.append((t, r))
+    return (out, after) if sum(out) <= count else ([0] * len(base), None)
 
 
 def predicted_step(model: StepModel, plan: ShardPlan) -> float:
