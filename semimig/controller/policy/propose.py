@@ -62,17 +62,23 @@ def plan_step(model: StepModel, weights: Sequence[float], plans: Sequence[ShardP
     """``Σ_d ω_d·max_r (R + S·n_{d,r}/U_d)/v_r`` (module docstring), over the ranks holding some unit where
     a rank holding none skips the step (``model.idle_free``); ``memo``: each dimension's term already read for
     ``model`` and ``weights`` (a term depends on its own plan alone unless ranks holding none skip)."""
-    total, R, S, v = sum(weights), model.replicated, model.shardable, model.speeds  # model.rank_time, inline
-    ranks = [r for r in range(model.tp) if not model.idle_free or any(p.units[r] > 0 for p in plans)]
+    total, idle_free = sum(weights), model.idle_free
+    ranks = [r for r in range(model.tp) if any(p.units[r] > 0 for p in plans)] if idle_free else range(model.tp)
+    if memo is None or idle_free:
+        return sum([_step_term(model, w / total, p, ranks) for w, p in zip(weights, plans)])
+    terms = []
+    for d, (w, p) in enumerate(zip(weights, plans)):
+        found = memo.get((d, p))
+        if found is None:
+            found = memo[d, p] = _step_term(model, w / total, p, ranks)
+        terms.append(found)
+    return sum(terms)
 
-    def term(w: float, plan: ShardPlan) -> float:
-        s = plan.shares()
-        return w / total * max([(R + S * s[r]) / v[r] for r in ranks])
 
-    if memo is None or model.idle_free:
-        return sum(term(w, p) for w, p in zip(weights, plans))
-    return sum(memo[d, p] if (d, p) in memo else memo.setdefault((d, p), term(w, p))
-               for d, (w, p) in enumerate(zip(weights, plans)))
+def _step_term(model: StepModel, omega: float, plan: ShardPlan, ranks: Sequence[int]) -> float:
+    """One dimension's term of :func:`plan_step`, ``ω_d·max_r (R + S·n_{d,r}/U_d)/v_r`` over ``ranks``."""
+    R, S, v, s = model.replicated, model.shardable, model.speeds, plan.shares()  # model.rank_time, inline
+    return omega * max([(R + S * s[r]) / v[r] for r in ranks])
 
 
 def healthy_step(model: StepModel) -> float:
@@ -166,17 +172,8 @@ def _propose(model: StepModel, plans: Tuple[ShardPlan, ...], weights: Tuple[floa
             for r in ranks:
                 emptied = _unseated(model, emptied, weights, r, memo)[-1] if any(p.units[r] for p in emptied) else emptied
             candidates.append(emptied)
-
-    candidates = _distinct(candidates)
-    here = seat_scale(model.speeds, plans, idle_free=model.idle_free) if comm > 0.0 else None  # scaled once
-
-    terms: dict = {}  # each dimension's step term, shared by the candidates holding the same plan of it
-    seats: dict = {}  # and each plan's seat term
-
-    def cost(c: Tuple[ShardPlan, ...]) -> float:
-        return plan_step(model, weights, c, terms) + seat_delta(model.speeds, plans, c, comm, idle_free=model.idle_free,
-                                                                here=here, memo=seats)
-
+        candidates = _distinct(candidates)
+    cost = _Prices(model, weights, plans, comm)
     priced = [(cost(c), c) for c in candidates]
     best_cost, best = min(priced, key=lambda pc: pc[0])
     if model.idle_free and unseat:  # within the margin: the fewest seats of the slow ranks (module docstring)
@@ -186,6 +183,36 @@ def _propose(model: StepModel, plans: Tuple[ShardPlan, ...], weights: Tuple[floa
     if even is not None and best_cost * (1.0 + margin) >= cost(even):
         return even
     return best
+
+
+class _Prices:
+    """What :func:`_propose` ranks a candidate by: ``plan_step + seat_delta`` against the plan in force ``now``,
+    each dimension's step term and each plan's seat term read once for all the candidates holding that plan,
+    and summed as :func:`plan_step` and :func:`seat_delta` sum them (the same floats).  Where a rank holding
+    none skips the step (``idle_free``) a step term depends on every dimension: a candidate is priced whole."""
+
+    def __init__(self, model: StepModel, weights: Sequence[float], now: Sequence[ShardPlan], comm: float) -> None:
+        self.model, self.weights, self.now, self.comm = model, weights, now, comm
+        self.here = seat_scale(model.speeds, now, idle_free=model.idle_free) if comm > 0.0 else None  # scaled once
+        total = sum(weights)
+        self.omegas, self.ranks = [w / total for w in weights], range(model.tp)
+        self.steps: dict = {}  # (dimension, plan): its step term
+        self.seats: dict = {}  # plan: its seat term
+
+    def __call__(self, plans: Tuple[ShardPlan, ...]) -> float:
+        model, comm = self.model, self.comm
+        if model.idle_free:
+            return plan_step(model, self.weights, plans) + seat_delta(model.speeds, self.now, plans, comm,
+                                                                      idle_free=True, here=self.here, memo=self.seats)
+        terms = []
+        for key in enumerate(plans):
+            found = self.steps.get(key)
+            if found is None:
+                found = self.steps[key] = _step_term(model, self.omegas[key[0]], key[1], self.ranks)
+            terms.append(found)
+        if comm <= 0.0:
+            return sum(terms) + 0.0
+        return sum(terms) + comm * (seat_scale(model.speeds, plans, memo=self.seats) - self.here) / self.here
 
 
 def _distinct(candidates: list) -> list:
@@ -210,16 +237,21 @@ def _around(model: StepModel, plans: Tuple[ShardPlan, ...], weights: Sequence[fl
             floor: int, skip: Optional[int] = None, memo: Optional[dict] = None) -> ShardPlan:
     """Dimension ``d``'s units, each to the rank that finishes it soonest on top of the other
     dimensions' shares in ``plans`` (at least ``floor`` each; ``skip``: a rank given none; ``memo``: the
-    roundings already made for ``model`` and ``weights``, by what they depend on)."""
+    roundings already made for ``model``, ``weights`` and plans of the same dimensions, by what they depend on)."""
     if memo is not None:
-        key = (plans[:d], plans[d + 1:], plans[d].total_units, plans[d].unit_size, d, floor, skip)
-        if key not in memo:
-            memo[key] = _around(model, plans, weights, d, floor, skip)
-        return memo[key]
+        key = (plans[:d], plans[d + 1:], d, floor, skip)
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = _around(model, plans, weights, d, floor, skip)
+        return found
     total, plan, tp = sum(weights), plans[d], plans[d].tp
-    unit = weights[d] / total / plan.total_units
-    per = [p.shares() for p in plans]
-    others = [(w, s) for q, (w, s) in enumerate(zip(weights, per)) if q != d]
-    base = [sum([w * s[r] for w, s in others]) / total + floor * unit for r in range(tp)]
-    handed = soonest_first(model, base, unit, [r for r in range(tp) if r != skip], plan.total_units - floor * tp)
-    return ShardPlan(units=tuple(floor + n for n in handed), unit_size=plan.unit_size)
+    count = plan.total_units
+    unit = weights[d] / total / count
+    held = [0] * tp  # Σ_{q≠d} w_q·s_{q,r}, summed in dimension order
+    for q, (w, p) in enumerate(zip(weights, plans)):
+        if q != d:
+            held = [h + w * x for h, x in zip(held, p.shares())]
+    lowest = floor * unit
+    base = [h / total + lowest for h in held]
+    handed = soonest_first(model, base, unit, [r for r in range(tp) if r != skip], count - floor * tp)
+    return ShardPlan(units=tuple(floor + n for n in handed) if floor else tuple(handed), unit_size=plan.unit_size)
