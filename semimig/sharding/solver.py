@@ -153,8 +153,8 @@ def soonest_first(model: StepModel, base: Sequence[float], unit: float, ranks: S
     takes (0 outside ``ranks``).
 
     Each rank's finish times rise with its units, so every unit finishing before a level ``T`` precedes
-    every unit finishing at or after it: the units below the continuous level at which ``count − |ranks|``
-    units fit are handed out in one pass (:func:`_below`), the rest one at a time (the heap holds each rank's
+    every unit finishing at or after it: the units below a level at which at most ``count`` finish are
+    handed out in one pass (:func:`_below`), the rest one at a time (the heap holds each rank's
     next unit once, so which entry is least never depends on the heap's order)."""
     units, heap = _below(model, base, unit, ranks, count)
     R, S, v = model.replicated, model.shardable, model.speeds  # model.rank_time, read inline
@@ -171,27 +171,34 @@ def soonest_first(model: StepModel, base: Sequence[float], unit: float, ranks: S
 def _below(model: StepModel, base: Sequence[float], unit: float, ranks: Sequence[int],
            count: int) -> Tuple[List[int], Optional[List[Tuple[float, int]]]]:
     """Per rank, its units that finish before a level ``T`` under which at most ``count`` units finish
-    (:func:`soonest_first`); ``T`` is the continuous level at which ``count − len(ranks)`` units fit; none
-    where that is ``≤ 0``.  With them, each rank of ``ranks``' finish time of its next unit and the rank, read
-    in the pass (``None`` where no rank was given a unit: :func:`soonest_first` reads them itself)."""
-    out = [0] * len(base)
+    (:func:`soonest_first`), with each rank of ``ranks``' finish time of its next unit and the rank, read in
+    the pass (``None`` where no rank was given a unit: :func:`soonest_first` reads them itself).
+
+    ``T`` is the continuous level at which ``count`` units fit: a rank fits ``c_r`` there and finishes fewer
+    than ``c_r`` whole units before it, so at most ``count`` finish in all unless some rank's base lies above
+    ``T`` (``c_r < 0``); then the level at which ``count − |ranks|`` fit, and none where that too holds more."""
     R, S, v = model.replicated, model.shardable, model.speeds
     speed = sum(v[r] for r in ranks)
-    if count <= len(ranks) or S <= 0.0 or speed <= 0.0:
-        return out, None
-    # Σ_r ((T·v_r − R)/S − base_r)/unit = count − |ranks|, solved for T
-    level = (S * (unit * (count - len(ranks)) + sum(base[r] for r in ranks)) + R * len(ranks)) / speed
-    after = []
-    for r in ranks:
-        b, vr = base[r], v[r]
-        k = max(0, int(((level * vr - R) / S - b) / unit))
-        while k > 0 and (R + S * (b + k * unit)) / vr >= level:
-            k -= 1
-        while (t := (R + S * (b + (k + 1) * unit)) / vr) < level:
-            k += 1
-        out[r] = k
-        after.append((t, r))
-    return (out, after) if sum(out) <= count else ([0] * len(base), None)
+    if S <= 0.0 or speed <= 0.0:
+        return [0] * len(base), None
+    for fit in (count, count - len(ranks)):
+        if fit <= 0:
+            break
+        # Σ_r ((T·v_r − R)/S − base_r)/unit = fit, solved for T
+        level = (S * (unit * fit + sum(base[r] for r in ranks)) + R * len(ranks)) / speed
+        out, after = [0] * len(base), []
+        for r in ranks:
+            b, vr = base[r], v[r]
+            k = max(0, int(((level * vr - R) / S - b) / unit))
+            while k > 0 and (R + S * (b + k * unit)) / vr >= level:
+                k -= 1
+            while (t := (R + S * (b + (k + 1) * unit)) / vr) < level:
+                k += 1
+            out[r] = k
+            after.append((t, r))
+        if sum(out) <= count:
+            return out, after
+    return [0] * len(base), None
 
 
 def predicted_step(model: StepModel, plan: ShardPlan) -> float:
