@@ -47,7 +47,7 @@ def _rows(problem: JointProblem) -> list:
 
 def _brute_force(problem: JointProblem) -> float:
     """The least job step over every split (multiples of the micro-batch) and every plan that fits."""
-    m, dp, tp = problem.micro_batch, problem.dp, problem.tp
+    m, dp = problem.micro_batch, problem.dp
     rows = _rows(problem)
     best = math.inf
     for granules in itertools.product(range(1, problem.global_batch // m + 1), repeat=dp):
