@@ -32,7 +32,7 @@ candidates (:mod:`semimig.controller.policy.propose`): every rank seated, and ea
 replica's fastest emptied of one kind or of all (its admissible vectors those with zero units there),
 each seating priced by :func:`~semimig.sharding.jobmodel.seat_scale`; ``T_d(b)`` is the least over them.
 Where a rank holding nothing skips the step (``idle_free``) each slower rank emptied of all is a seating too,
-priced or not: there its segments are 0.
+priced or not: there its segments are 0; with more than one replica no rank is emptied of all (:func:`_seatings`).
 It is exact over every plan while one rank per replica is slower than the rest (emptying a rank at the
 fastest speed never lowers the pace, so the seatings left out cost no less than one priced).
 
