@@ -104,3 +104,46 @@ def test_within_the_margin_the_policy_empties_the_slow_rank_when_it_may_skip():
     assert not any(p.units[3] for p in emptied)
     tight = propose(skipping, plans, (0.7, 0.3), slow=True, min_units=0, margin=0.0, unseat={3})
     assert any(p.units[3] for p in tight)  # no margin: the lower predicted step
+
+
+def test_with_every_rank_seated_the_slow_rank_keeps_one_unit_where_it_would_be_emptied():
+    """The same tp 4 problem with the slow rank at a twentieth: emptied where an idle rank skips, but with
+    ``seated`` (DP replicas beside the group) it keeps exactly one unit, and the proposal's predicted step is
+    no worse than the plan solved with a unit of every kind per rank, which seats it too."""
+    import dataclasses
+
+    from semimig.controller.policy.propose import plan_step, propose
+    from semimig.sharding.solver import solve_plan
+
+    plans = (ShardPlan(units=(12, 12, 12, 12)), ShardPlan(units=(4, 4, 4, 4)))
+    weights = (0.7, 0.3)
+    skipping = dataclasses.replace(StepModel.normalised((1.0, 1.0, 1.0, 0.05), replicated_share=0.2), idle_free=True)
+    emptied = propose(skipping, plans, weights, slow=True, min_units=0, margin=0.03, unseat={3})
+    assert not any(p.units[3] for p in emptied)
+    seated = propose(skipping, plans, weights, slow=True, min_units=0, margin=0.03, unseat={3}, seated=True)
+    assert sum(p.units[3] for p in seated) == 1
+    floor = tuple(solve_plan(skipping, total_units=p.total_units, min_units=1) for p in plans)
+    assert plan_step(skipping, weights, seated) <= plan_step(skipping, weights, floor) * 1.03
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_seated_proposal_never_empties_a_rank(seed):
+    """Random speeds at tp 2-4, one to three slow ranks, seats priced or not: with ``seated`` every rank of
+    the proposal holds a unit of some kind, and every dimension keeps its units."""
+    import dataclasses
+
+    from semimig.controller.policy.propose import propose
+
+    rng = np.random.default_rng(seed)
+    tp = int(rng.integers(2, 5))
+    speeds = tuple(float(v) for v in rng.uniform(0.02, 1.0, tp))
+    slow = frozenset(int(r) for r in np.argsort(speeds)[: int(rng.integers(1, tp))])
+    model = dataclasses.replace(StepModel.normalised(speeds, replicated_share=float(rng.uniform(0.05, 0.45))),
+                                idle_free=True)
+    plans = (ShardPlan(units=(int(rng.integers(1, 9)),) * tp), ShardPlan(units=(int(rng.integers(1, 5)),) * tp))
+    weights = (float(rng.uniform(0.3, 0.9)), 0.0)
+    weights = (weights[0], 1.0 - weights[0])
+    comm = float(rng.choice([0.0, 0.1]))
+    got = propose(model, plans, weights, slow=True, min_units=0, margin=0.03, unseat=slow, comm=comm, seated=True)
+    assert all(any(p.units[r] for p in got) for r in range(tp)), (speeds, got)
+    assert [p.total_units for p in got] == [p.total_units for p in plans]
