@@ -26,12 +26,14 @@ Where a plan leaves a rank idle and idle ranks skip their steps (:mod:`semimig.s
 idle rank computes no gradient and must take part in no reduction.  Replicas leaving the same TP
 positions idle need nothing more (those positions' DP groups are idle whole).  Where the replicas' idle
 ranks differ, DDP is set aside (its forward runs the module alone, its reducer is never armed) and the
-cross-layout reduction covers every parameter: the vocabulary's rows as one more plan (each replica's
-rows per rank), and the replicated parameters (norms), whose gradient every holder of a replica holds
-alike, summed between the replicas' first holders in replica order, over ``D``, each first holder then
-sending the means to its replica's other holders.  That reduction runs whole in the end-of-backward
-callback, not overlapped: the replicated parameters' sum is one flat tensor of every norm's gradient,
-complete only when the backward is, and its wait is timed on the step clock as DDP's would be.
+cross-layout reduction covers every parameter: the paired parameters' in the same per-layer buckets,
+overlapped with the backward (an idle rank holds no column of any layer: it exchanges nothing in any
+bucket, and no bucket waits for it), then, in the end-of-backward callback, the vocabulary's rows as
+one more plan (each replica's rows per rank) and the replicated parameters (norms), whose gradient
+every holder of a replica holds alike, summed between the replicas' first holders in replica order,
+over ``D``, each first holder then sending the means to its replica's other holders.  Those two run
+whole: the replicated parameters' sum is one flat tensor of every norm's gradient, complete only when
+the backward is.  The callback's wait is timed on the step clock as DDP's would be.
 
 When every replica holds the same plan nothing of this is installed and DDP is Colossal-AI's, bit
 for bit.  ZeRO-1/2 cut the gradients into flat DP buckets of equal shapes: a plan per replica is
@@ -100,10 +102,11 @@ class ReplicaReduction:
                 self.params.append(param)
         self.jobs = [(cache[key], by_plan[key]) for key in cache]
         self.replica, self.tp_rank, self.grid, self.ddp = replica, tp_rank, [list(r) for r in grid], ddp
-        self.overlap: Optional[LayerBuckets] = None
-        """The per-layer buckets posted during the backward (``None`` while DDP is set aside)."""
-        if self.idle is None:
-            self.overlap = LayerBuckets(buckets, replica=replica, tp_rank=tp_rank, grid=self.grid)
+        self.overlap: Optional[LayerBuckets] = LayerBuckets(buckets, replica=replica, tp_rank=tp_rank, grid=self.grid)
+        """The paired parameters' per-layer buckets, posted during the backward (``None``: every job at once
+        at the end of the backward, the reference the buckets are bit for bit)."""
+        self.rest: list = []
+        """The jobs run whole at the end of the backward while DDP is set aside: the vocabulary's rows."""
         self.replicated: List[nn.Parameter] = []
         self.replicated_plan: Optional[ReductionPlan] = None
         self.shares: List[int] = []  # global ranks the first holder of this replica sends the replicated means to
@@ -124,7 +127,8 @@ class ReplicaReduction:
 
         rows = skip.vocab_rows(model)
         vocab = reduction_plan([(ShardPlan(units=skip.vocab_layout(rows, idle, tp)),) for idle in self.idle])
-        self.jobs.append((vocab, [(weight, 0) for weight in skip.vocab_parameters(model)]))
+        self.rest = [(vocab, [(weight, 0) for weight in skip.vocab_parameters(model)])]
+        self.jobs.extend(self.rest)
         roots = [next(t for t in range(tp) if t not in idle) for idle in self.idle]
         self.root = roots[self.replica]
         self.replicated = [p for p in skip.replicated_parameters(model) if p.requires_grad]
@@ -147,10 +151,11 @@ class ReplicaReduction:
             self.overlap.ready(param)
 
     def reduce(self) -> None:
-        """Finish the reduction of the gradients now (collective over the grid; the autograd callback): with
-        DDP in place, post the buckets not yet posted, wait for every one and sum; with DDP set aside, the
-        whole reduction, whose wait is then the step clock's ``"comm"`` and ``"dp"``, as DDP's hook times its
-        own (:mod:`semimig.straggler.ddp_wait`): the re-shard policy tells a replica's own step from it.
+        """Finish the reduction of the gradients now (collective over the grid; the autograd callback): post
+        the buckets not yet posted, wait for every one and sum; with DDP set aside, then the vocabulary's
+        rows and the replicated parameters, all of it timed as the step clock's ``"comm"`` and ``"dp"``, as
+        DDP's hook times its own (:mod:`semimig.straggler.ddp_wait`): the re-shard policy tells a replica's
+        own step from it.
         With DDP in place the callback runs before DDP's finalize, inside the wait semimig's DDP hook times
         (its last bucket, posted before the backward ends, opens it), and its own waits are in the comm region."""
         clock = None
@@ -172,13 +177,19 @@ class ReplicaReduction:
 
     def _reduce(self) -> None:
         self._queued = False
+        sent = received = 0
         if self.overlap is not None:
             sent, received = self.overlap.finish()
-            self.bytes_sent, self.bytes_received = self.bytes_sent + sent, self.bytes_received + received
-            self.reductions += 1
-            return
+        if self.overlap is None or self.idle is not None:
+            rest = self._reduce_whole(self.rest if self.overlap is not None else self.jobs)
+            sent, received = sent + rest[0], received + rest[1]
+        self.bytes_sent, self.bytes_received = self.bytes_sent + sent, self.bytes_received + received
+        self.reductions += 1
+
+    def _reduce_whole(self, whole: Sequence[Tuple[ReductionPlan, List[Tuple[nn.Parameter, int]]]]) -> Tuple[int, int]:
+        """``whole`` (and the replicated parameters, DDP set aside) reduced at once."""
         jobs = []
-        for plan, params in self.jobs:
+        for plan, params in whole:
             tensors = []
             for param, dim in params:
                 if param.grad is None:  # unused in this backward: its gradient is zero on this rank
@@ -194,8 +205,7 @@ class ReplicaReduction:
         if self.replicated_plan is not None:
             shared = self._share(flat, grads)
             sent, received = sent + shared[0], received + shared[1]
-        self.bytes_sent, self.bytes_received = self.bytes_sent + sent, self.bytes_received + received
-        self.reductions += 1
+        return sent, received
 
     def _share(self, flat: Optional[torch.Tensor], grads: List[torch.Tensor]) -> Tuple[int, int]:
         """The replicated parameters' means from this replica's first holder to its other holders, into

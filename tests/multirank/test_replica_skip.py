@@ -9,7 +9,8 @@ training on all 8 rows from the same seed (losses: the idle rank's is its replic
 
 - every weight after the steps, gathered by each rank's own layout, on every rank, and bit-equal
   across the ranks (every holder of a column sums the replicas in one order);
-- the idle rank runs no layer and takes no gradient;
+- the idle rank runs no layer and takes no gradient, and the other ranks post their paired gradients'
+  per-layer buckets during the backward (DDP set aside, the rest reduced at its end);
 - a re-plan into the idle plan and back out between steps trains like the uninterrupted run, and
   gradient accumulation (``no_sync``) reduces once, at the last micro-batch.
 """
@@ -45,7 +46,7 @@ def _boost(precision="fp32"):
 def _train(schedule, micro=1, precision="fp32"):
     """``schedule[step]``: the replicas' plans applied before that step (``None``: keep).  Returns
     ``(losses, weights, what the idle rank did, the skipping ranks at each step)``."""
-    from semimig.shardformer.replicas import apply_replica_plans
+    from semimig.shardformer.replicas import apply_replica_plans, replica_reduction
     from semimig.shardformer.skip import skipping_ranks
 
     plugin, booster, model, optimizer, balancer = _boost(precision)
@@ -64,7 +65,9 @@ def _train(schedule, micro=1, precision="fp32"):
         losses.append(float(loss.detach()) * micro)
         for hook in hooks[-len(list(model.unwrap().parameters())):]:
             hook.remove()
-        skipping[-1] = (skipping[-1], len(fired), len(grads))
+        reduction = replica_reduction(model)
+        hooked = reduction.overlap.last[0] if reduction is not None and reduction.idle is not None else None
+        skipping[-1] = (skipping[-1], len(fired), len(grads), hooked)
         fired.clear(), grads.clear()
     for hook in hooks:
         hook.remove()
@@ -108,11 +111,13 @@ def test_an_idle_rank_of_one_replica_skips_and_training_is_the_dense_models(case
         for name, value in weights.items():
             torch.testing.assert_close(rank_weights[name], value, **TOL, msg=lambda m, n=name, r=rank: f"rank {r} {n}: {m}")
             assert torch.equal(rank_weights[name], every[0][1][name]), (rank, name)
-        for step, (ranks, fired, grads) in enumerate(skipping):
+        for step, (ranks, fired, grads, hooked) in enumerate(skipping):
             skips = idle[step] == rank
             assert ranks == (() if idle[step] is None or idle[step] // 2 != rank // 2 else (idle[step] % 2,)), \
                 (rank, step, ranks)
             assert (fired == 0 and grads == 0) if skips else (fired > 0 and grads > 0), (rank, step, fired, grads)
+            if idle[step] is not None and not skips:  # the paired buckets overlap the backward with DDP set aside
+                assert hooked, (rank, step, hooked)
         assert losses == every[rank - rank % 2][0], f"rank {rank} reads another loss than its replica's first rank"
 
 
@@ -138,4 +143,4 @@ def test_bf16_with_an_idle_rank_follows_the_even_bf16_run():
         for name, value in weights.items():
             torch.testing.assert_close(value, even_weights[name], atol=1e-3, rtol=2 ** -7, msg=name)
             assert torch.equal(value, every[0]["skipping"][1][name]), (rank, name)
-        assert all(ranks == ((1,) if rank >= 2 else ()) for ranks, _, _ in skipping), (rank, skipping)
+        assert all(ranks == ((1,) if rank >= 2 else ()) for ranks, *_ in skipping), (rank, skipping)
