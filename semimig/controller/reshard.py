@@ -376,7 +376,7 @@ class ReshardPolicy:
         """The proposal for ``model`` with ``slow`` the slow set (default: the one in force); ``seats``: :meth:`_seat_comm` of it."""
         slow = self.slowdown.slow if slow is None else slow
         return propose(model, self.plans, self.learned.weights, slow=bool(slow), min_units=self.config.min_units,
-                       margin=self.config.margin, unseat=slow, comm=seats, seated=self.learned.seated)
+                       margin=self.config.margin, unseat=slow, comm=seats)
 
     def _seat_comm(self, slow) -> float:
         """What a slow rank's seats stretch: the layers' reductions in force (:func:`seat_reading`; 0: none slow)."""

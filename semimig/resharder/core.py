@@ -378,7 +378,6 @@ class Resharder(JointMoves):
         self._idle_clock = clock if allowed else None
         for policy in self.policies:
             policy.learned.idle_free = allowed
-            policy.learned.seated = allowed and self.replicas > 1  # an emptied rank: the whole reduction
         if not allowed:
             self.idle = None
         elif self.probe_work is not None and self.idle is None:

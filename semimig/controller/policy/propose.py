@@ -30,19 +30,11 @@ slowest holder's, a discontinuity the per-dimension solver cannot see: each slow
 of them together, are candidates too.  Among the candidates within ``margin`` of the best (the step
 model's own resolution) the one seating the slow ranks in the fewest dimensions is taken: before a plan
 is measured its reductions are not priced, and an emptied rank sits in none.
-
-Every rank seated.  Where DP replicas run beside this TP group and a rank holding nothing skips the
-step, a rank emptied of every kind leaves the replicas' idle ranks different, and the gradient
-reduction across their layouts then runs whole after the backward (:mod:`semimig.sharding.joint`), a
-cost the step model does not hold.  With ``seated`` no such plan is proposed: a candidate emptying a
-rank of every kind is taken instead with that rank given one unit of a dimension (each in turn, that
-dimension handed out again around it), and every dimension solved with one unit per rank is a candidate.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import statistics
 from typing import AbstractSet, Optional, Sequence, Tuple
 
@@ -150,18 +142,16 @@ def seat_delta(speeds: Sequence[float], now: Sequence[ShardPlan], plans: Sequenc
 
 def propose(model: StepModel, plans: Sequence[ShardPlan], weights: Sequence[float], *, slow: bool,
             min_units: int, margin: float, unseat: AbstractSet[int] = frozenset(),
-            comm: float = 0.0, seated: bool = False) -> Tuple[ShardPlan, ...]:
+            comm: float = 0.0) -> Tuple[ShardPlan, ...]:
     """The proposal for ``model`` from the dimensions of ``plans`` (module docstring); ``slow``: some
     rank is slow; ``unseat``: the slow ranks a candidate may take out of a dimension's reductions,
-    ``comm`` the seconds those reductions measure under ``plans`` (0: seats not weighed); ``seated``:
-    every rank keeps a unit of some kind."""
-    return _propose(model, tuple(plans), tuple(weights), bool(slow), min_units, margin, frozenset(unseat), comm,
-                    bool(seated))
+    ``comm`` the seconds those reductions measure under ``plans`` (0: seats not weighed)."""
+    return _propose(model, tuple(plans), tuple(weights), bool(slow), min_units, margin, frozenset(unseat), comm)
 
 
 @functools.lru_cache(maxsize=8)
 def _propose(model: StepModel, plans: Tuple[ShardPlan, ...], weights: Tuple[float, ...], slow: bool, min_units: int,
-             margin: float, unseat: AbstractSet[int], comm: float, seated: bool) -> Tuple[ShardPlan, ...]:
+             margin: float, unseat: AbstractSet[int], comm: float) -> Tuple[ShardPlan, ...]:
     """:func:`propose`, a function of its arguments: a bet's proposal and its decision's ask one question."""
     even = even_plans(plans)
     if even is not None and not slow:
@@ -183,11 +173,6 @@ def _propose(model: StepModel, plans: Tuple[ShardPlan, ...], weights: Tuple[floa
                 emptied = _unseated(model, emptied, weights, r, memo)[-1] if any(p.units[r] for p in emptied) else emptied
             candidates.append(emptied)
         candidates = _distinct(candidates)
-    if seated and min_units == 0:
-        floor = [tuple(solve_plan(model, total_units=p.total_units, unit_size=p.unit_size, min_units=1)
-                       for p in plans)] if all(p.total_units >= p.tp for p in plans) else []
-        reseated = [s for c in candidates for s in _reseated(model, c, weights, memo)]
-        candidates = [c for c in _distinct(reseated + floor) if _empty(c) is None] or [even or plans]
     cost = _Prices(model, weights, plans, comm)
     priced = [(cost(c), c) for c in candidates]
     best_cost, best = min(priced, key=lambda pc: pc[0])
@@ -235,32 +220,6 @@ def _distinct(candidates: list) -> list:
     return list(dict.fromkeys(candidates))
 
 
-def _empty(plans: Tuple[ShardPlan, ...]) -> Optional[list]:
-    """The ranks holding no unit of any dimension of ``plans`` (``None``: none)."""
-    empty = [r for r in range(plans[0].tp) if not any(p.units[r] for p in plans)]
-    return empty or None
-
-
-def _reseated(model: StepModel, plans: Tuple[ShardPlan, ...], weights: Sequence[float],
-              memo: Optional[dict] = None) -> list[Tuple[ShardPlan, ...]]:
-    """``plans`` itself where every rank holds a unit of some kind; else, for every way of giving each rank
-    holding none a unit of one dimension, ``plans`` with each such dimension handed out again around the
-    ranks given one there (``[]`` past three empty ranks: the candidate solved with a unit per rank stands)."""
-    empty = _empty(plans)
-    if empty is None:
-        return [plans]
-    if len(empty) > 3:
-        return []
-    out = []
-    for dims in itertools.product(range(len(plans)), repeat=len(empty)):
-        seated = plans
-        for d in sorted(set(dims)):
-            seats = frozenset(r for r, e in zip(empty, dims) if e == d)
-            seated = seated[:d] + (_around(model, seated, weights, d, 0, seats=seats, memo=memo),) + seated[d + 1:]
-        out.append(seated)
-    return out
-
-
 def _unseated(model: StepModel, plans: Tuple[ShardPlan, ...], weights: Sequence[float],
               rank: int, memo: Optional[dict] = None) -> list[Tuple[ShardPlan, ...]]:
     """``plans`` with ``rank`` out of one dimension, for each dimension it holds units of, and out of all of them."""
@@ -275,17 +234,15 @@ def _unseated(model: StepModel, plans: Tuple[ShardPlan, ...], weights: Sequence[
 
 
 def _around(model: StepModel, plans: Tuple[ShardPlan, ...], weights: Sequence[float], d: int,
-            floor: int, skip: Optional[int] = None, memo: Optional[dict] = None,
-            seats: AbstractSet[int] = frozenset()) -> ShardPlan:
+            floor: int, skip: Optional[int] = None, memo: Optional[dict] = None) -> ShardPlan:
     """Dimension ``d``'s units, each to the rank that finishes it soonest on top of the other
-    dimensions' shares in ``plans`` (at least ``floor`` each, and one more first to each rank of ``seats``;
-    ``skip``: a rank given none; ``memo``: the roundings already made for ``model``, ``weights`` and plans
-    of the same dimensions, by what they depend on)."""
+    dimensions' shares in ``plans`` (at least ``floor`` each; ``skip``: a rank given none; ``memo``: the
+    roundings already made for ``model``, ``weights`` and plans of the same dimensions, by what they depend on)."""
     if memo is not None:
-        key = (plans[:d], plans[d + 1:], d, floor, skip, seats)
+        key = (plans[:d], plans[d + 1:], d, floor, skip)
         found = memo.get(key)
         if found is None:
-            found = memo[key] = _around(model, plans, weights, d, floor, skip, seats=seats)
+            found = memo[key] = _around(model, plans, weights, d, floor, skip)
         return found
     total, plan, tp = sum(weights), plans[d], plans[d].tp
     count = plan.total_units
@@ -296,9 +253,5 @@ def _around(model: StepModel, plans: Tuple[ShardPlan, ...], weights: Sequence[fl
             held = [h + w * x for h, x in zip(held, p.shares())]
     lowest = floor * unit
     base = [h / total + lowest for h in held]
-    for r in seats:
-        base[r] += unit
-    handed = soonest_first(model, base, unit, [r for r in range(tp) if r != skip], count - floor * tp - len(seats))
-    for r in seats:
-        handed[r] += 1
+    handed = soonest_first(model, base, unit, [r for r in range(tp) if r != skip], count - floor * tp)
     return ShardPlan(units=tuple(floor + n for n in handed) if floor else tuple(handed), unit_size=plan.unit_size)

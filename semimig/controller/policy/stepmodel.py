@@ -79,9 +79,6 @@ class LearnedModel:
         self.tp = tp
         self.idle_free = False
         """A rank holding no unit skips the step (:attr:`~semimig.sharding.solver.StepModel.idle_free`)."""
-        self.seated = False
-        """Every rank keeps a unit of some kind: DP replicas run beside this group and a rank holding none
-        skips the step (:func:`~semimig.controller.policy.propose.propose`)."""
         self.prior_weights = tuple(weights)
         self.weight_fits: List[Tuple[float, ...]] = []
         """Every dimension's weight (a share of the shardable work) measured across the healthy ranks."""
