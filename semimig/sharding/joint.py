@@ -32,7 +32,7 @@ candidates (:mod:`semimig.controller.policy.propose`): every rank seated, and ea
 replica's fastest emptied of one kind or of all (its admissible vectors those with zero units there),
 each seating priced by :func:`~semimig.sharding.jobmodel.seat_scale`; ``T_d(b)`` is the least over them.
 Where a rank holding nothing skips the step (``idle_free``) each slower rank emptied of all is a seating too,
-priced or not: there its segments are 0; with more than one replica no rank is emptied of all (:func:`_seatings`).
+priced or not: there its segments are 0.
 It is exact over every plan while one rank per replica is slower than the rest (emptying a rank at the
 fastest speed never lowers the pace, so the seatings left out cost no less than one priced).
 
@@ -88,9 +88,6 @@ class _Replica:
         low = np.all(n >= np.array(self.low), axis=1)
         self.times = [work / v for v in problem.speeds[d]]  # [rank][points, kind]
         self.fits = [low & (nbytes <= (problem.capacity(d, r) if memory else math.inf)) for r in range(problem.tp)]
-        if problem.idle_free and problem.dp > 1:  # no rank holds nothing: see _seatings
-            held = np.any(n > 0, axis=1)
-            self.fits = [f & held for f in self.fits]
         rank, emptied = empty
         if emptied:
             self.fits[rank] = self.fits[rank] & np.all(n[:, sorted(emptied)] == 0, axis=1)
@@ -235,25 +232,18 @@ def _assign(rep: _Replica, options: list, reference: Optional[np.ndarray]) -> Op
 def _seatings(problem: JointProblem, d: int) -> List[Tuple[int, FrozenSet[int]]]:
     """The seatings replica ``d``'s plans are sought under, as the re-shard policy's candidates: every rank
     seated, and (seats priced) each rank slower than the replica's fastest emptied of one kind or of every
-    kind a rank may hold none of (``min_units == 0``).
-
-    With more than one replica where a rank holding nothing skips the step, no rank is emptied of every
-    kind (nor given the empty vector under any seating): an idle rank takes part in no gradient reduction,
-    so while the replicas' idle ranks differ the reduction across their layouts covers every parameter and
-    runs whole after the backward instead of overlapping it (:mod:`semimig.shardformer.replicas`), a cost
-    the step model does not hold; a rank holding one unit keeps the reduction layer by layer."""
+    kind a rank may hold none of (``min_units == 0``)."""
     out: List[Tuple[int, FrozenSet[int]]] = [(-1, frozenset())]
     free = [k for k, kind in enumerate(problem.kinds) if kind.min_units == 0]
     priced = problem.seat_per_sample > 0.0
-    whole = not (problem.idle_free and problem.dp > 1)  # a rank may be emptied of every kind
-    idle = problem.idle_free and len(free) == len(problem.kinds) and whole
+    idle = problem.idle_free and len(free) == len(problem.kinds)
     if not free or not (priced or idle):
         return out
     speeds = problem.speeds[d]
     for r in sorted(range(problem.tp), key=lambda r: (speeds[r], r)):
         if speeds[r] < max(speeds):
             ones = [(r, frozenset((k,))) for k in free] if priced else []
-            every = [(r, frozenset(free))] if (priced and len(free) > 1 and whole) or idle else []
+            every = [(r, frozenset(free))] if (priced and len(free) > 1) or idle else []
             out += ones + [e for e in every if e not in ones]
     return out
 

@@ -36,19 +36,10 @@ def _plans_of(total: int, tp: int, least: int = 0):
     return [ShardPlan(units=u) for u in itertools.product(range(least, total + 1), repeat=tp) if sum(u) == total]
 
 
-def _rows(problem: JointProblem) -> list:
-    """Every replica plan of whole units; with replicas whose empty ranks skip the step, none leaving a rank
-    empty of every kind (the planner's rule: the reduction across layouts would run whole)."""
-    tp = problem.tp
-    rows = itertools.product(*[_plans_of(k.total_units, tp, k.min_units) for k in problem.kinds])
-    return [row for row in rows if not (problem.idle_free and problem.dp > 1)
-            or all(any(p.units[r] for p in row) for r in range(tp))]
-
-
 def _brute_force(problem: JointProblem) -> float:
     """The least job step over every split (multiples of the micro-batch) and every plan that fits."""
-    m, dp = problem.micro_batch, problem.dp
-    rows = _rows(problem)
+    m, dp, tp = problem.micro_batch, problem.dp, problem.tp
+    rows = list(itertools.product(*[_plans_of(k.total_units, tp, k.min_units) for k in problem.kinds]))
     best = math.inf
     for granules in itertools.product(range(1, problem.global_batch // m + 1), repeat=dp):
         if sum(granules) * m != problem.global_batch:
@@ -272,21 +263,13 @@ def test_a_problem_read_from_measured_compute_gives_the_same_plan(measured_sampl
 
 def test_a_rank_that_skips_when_empty_is_emptied_when_its_replicated_work_alone_would_bound_the_step():
     """A third of the work replicated and one rank 8x slower: seated at all it takes at least the replicated
-    work at its pace (a third of a step, times 8); skipping when it holds nothing, the group runs on its
-    other rank alone."""
-    problem = _problem(((1.0, 0.125),), rho=1 / 3)
+    work at its pace (a third of a step, times 8); skipping when it holds nothing, the replica runs on its
+    other rank, whose whole share of the batch the split then sizes."""
+    problem = _problem(((1.0, 1.0), (1.0, 0.125)), rho=1 / 3)
     idle = plan_job(dataclasses.replace(problem, idle_free=True))
     seated = plan_job(problem)
-    assert [p.units[1] for p in idle.plans[0]] == [0, 0]
+    assert [p.units[1] for p in idle.plans[1]] == [0, 0]
     assert idle.step < seated.step
-    assert idle.replica_steps[0] == pytest.approx(1 / 3 + 2 * 2 / 3, rel=1e-12)  # (R + S)·b at speed 1
-
-
-def test_with_replicas_no_rank_is_emptied_of_every_kind_where_empty_ranks_skip():
-    """The same rank in the second of two replicas: emptied, it would skip its steps and the reduction across
-    the replicas' layouts would run whole after the backward; it keeps a unit, and the split carries the rest."""
-    problem = dataclasses.replace(_problem(((1.0, 1.0), (1.0, 0.125)), rho=1 / 3), idle_free=True)
-    plan = plan_job(problem)
-    assert all(any(p.units[r] for p in replica) for replica in plan.plans for r in range(problem.tp))
-    assert plan.step == pytest.approx(_brute_force(problem), rel=1e-12)
-    assert plan.samples[1] < plan.samples[0]
+    # the replica of one working rank: (R + S)·b at speed 1 against the other's (R + S/2)·b
+    b0, b1 = idle.samples
+    assert idle.replica_steps[1] == pytest.approx(b1 / 32 * (1 / 3 + 2 * 2 / 3), rel=1e-12)

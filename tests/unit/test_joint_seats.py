@@ -36,12 +36,10 @@ def _plans_of(total: int, tp: int, least: int = 0):
 
 
 def _brute_force(problem: JointProblem) -> float:
-    """The least job step (compute and seats) over every split and every replica's every plan (with replicas
-    whose empty ranks skip the step, none leaving a rank empty of every kind): given the split the replicas
-    are independent, each at its least step."""
+    """The least job step (compute and seats) over every split and every replica's every plan: given the
+    split the replicas are independent, each at its least step."""
     m, dp, tp = problem.micro_batch, problem.dp, problem.tp
-    rows = [row for row in itertools.product(*[_plans_of(k.total_units, tp, k.min_units) for k in problem.kinds])
-            if not (problem.idle_free and dp > 1) or all(any(p.units[r] for p in row) for r in range(tp))]
+    rows = list(itertools.product(*[_plans_of(k.total_units, tp, k.min_units) for k in problem.kinds]))
     best = math.inf
     for granules in itertools.product(range(1, problem.global_batch // m + 1), repeat=dp):
         if sum(granules) * m == problem.global_batch:
