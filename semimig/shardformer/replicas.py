@@ -327,8 +327,8 @@ def _set_reduction(model: nn.Module, ddp: Optional[nn.parallel.DistributedDataPa
                                  idle=idle if aside else None)
     _rebuild_ignoring(ddp, reduction.params)  # set aside, it keeps the others, unreduced: it may not hold none
     model.__dict__[_ATTR] = reduction
-    logger.info("replica plans %s: the %s gradients are reduced across layouts (%.2fx the even DP all-reduce's "
-                "bytes)%s", [str(p) for p in plans], "every parameter's" if aside else "paired parameters'",
+    logger.info("replica plans %s: %s gradients are reduced across layouts (%.2fx the even DP all-reduce's "
+                "bytes)%s", [str(p) for p in plans], "every parameter's" if aside else "the paired parameters'",
                 reduction.ratio_to_even(), f"; idle ranks {list(idle)} skip, DDP set aside" if aside else "")
 
 
