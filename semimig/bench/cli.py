@@ -301,12 +301,31 @@ def run_bench_command(args: argparse.Namespace) -> int:
     except (ConfigError, runner.Refused) as err:  # refused before training: say which, no traceback
         if env is None or env.local_rank == 0:
             message = str(err)
-            print(f"semimig bench: error: {_flag_of(message)}{message}", file=sys.stderr)
+            print(f"semimig bench: error: {_flag_of(message)}{message}", file=sys.stderr, flush=True)
+        else:
+            _let_local_rank_zero_speak()
         return getattr(err, "code", 2)
     except runner.Stopped as err:
         if env is None or env.rank == 0:
             print(f"semimig bench: {err}", file=sys.stderr)
         return err.code
+
+
+REFUSAL_GRACE_S = 10.0
+"""How long a launcher's other local ranks wait before they exit on a refusal that every rank reached."""
+
+
+def _let_local_rank_zero_speak() -> None:
+    """Wait (at most :data:`REFUSAL_GRACE_S`) before a silent rank exits on a refusal.
+
+    Every rank reaches the same refusal; local rank 0 alone prints it.  torchrun stops every rank
+    as soon as the first one exits, so a silent rank that exited first would have local rank 0
+    killed before it printed: the user would see a failed launch and no reason.  Waiting lets local
+    rank 0 exit first (the launcher then stops this rank); the wait is bounded so that a launcher
+    which does not stop the others still ends."""
+    import time
+
+    time.sleep(REFUSAL_GRACE_S)
 
 
 PLOT_FILES = ("rt_vs_chi.png", "acc_delta.png", "lambda_sweep.png", "grid_modes.png")
