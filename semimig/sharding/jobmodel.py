@@ -41,7 +41,8 @@ its step: ``T_d = Σ_k max_r t_{d,r,k} + b_d·s·seat_scale``.  :func:`with_seat
 measured under the plans in force.  The vocabulary's collectives (the vocabulary-parallel embedding, head
 and loss, timed as communication: :mod:`semimig.shardformer.vocab_clock`) are one more such group; every
 rank sits in it, or, where a rank holding no unit skips the step (``idle_free``), every rank holding a
-unit of any kind: a plan seats a slow rank there unless it empties it and it skips.
+unit of any kind: a plan seats a slow rank there unless it empties it and it skips.  A replica left with
+one holder (every other rank skipping) runs no collective: its seats cost nothing.
 """
 from __future__ import annotations
 
@@ -270,7 +271,12 @@ def seat_scale(speeds: Sequence[float], plans: Sequence[ShardPlan], *, idle_free
     fastest rank (module docstring): a reduction runs at its slowest member's pace.  The vocabulary seats
     every rank, or with ``idle_free`` the ranks holding any unit (ranks holding none skip the step).  The
     re-shard policy prices seats with this same function (:mod:`semimig.controller.policy.propose`); ``memo``:
-    each plan's term already read at ``speeds``."""
+    each plan's term already read at ``speeds``.  With ``idle_free`` and a single rank holding any unit the
+    group runs no collective at all (every other rank skips the step, the holder's sums and its vocabulary
+    are whole on it): 0."""
+    vocab = speeds if not idle_free else [v for r, v in enumerate(speeds) if any(p.units[r] > 0 for p in plans)]
+    if idle_free and len(vocab) <= 1:
+        return 0.0
     top, total = max(speeds), 0
     for p in plans:
         if memo is not None and p in memo:
@@ -281,7 +287,6 @@ def seat_scale(speeds: Sequence[float], plans: Sequence[ShardPlan], *, idle_free
         if memo is not None:
             memo[p] = term
         total += term
-    vocab = speeds if not idle_free else [v for r, v in enumerate(speeds) if any(p.units[r] > 0 for p in plans)]
     return total + top / min(vocab, default=top)
 
 
@@ -303,14 +308,14 @@ def with_seats(problem: JointProblem, samples: Sequence[int], plans: Sequence[Se
                comm_s: Sequence[float]) -> JointProblem:
     """``problem`` with ``s`` fitted to ``comm_s[d]``, replica ``d``'s layer reductions measured at
     ``samples[d]`` under ``plans[d]``: the mean over the replicas that measured any of ``m_d/(b_d·seat_scale)``
-    (0 where none did: seats not priced)."""
+    (0 where none did: seats not priced; a replica whose lone holder runs no collective fits nothing)."""
     unit_counts(problem, plans)
     samples = _samples(problem, samples)
     if len(comm_s) != problem.dp:
         raise ConfigError(f"comm_s must give one time per replica ({problem.dp}), got {tuple(comm_s)!r}")
     measured = [check_number(f"comm_s[{d}]", m, minimum=0.0) for d, m in enumerate(comm_s)]
-    fits = [m / (b * seat_scale(problem.speeds[d], plans[d], idle_free=problem.idle_free))
-            for d, (m, b) in enumerate(zip(measured, samples)) if m > 0.0 and b > 0]
+    scales = [seat_scale(problem.speeds[d], plans[d], idle_free=problem.idle_free) for d in range(problem.dp)]
+    fits = [m / (b * scale) for m, b, scale in zip(measured, samples, scales) if m > 0.0 and b > 0 and scale > 0.0]
     return dataclasses.replace(problem, seat_per_sample=sum(fits) / len(fits) if fits else 0.0)
 
 

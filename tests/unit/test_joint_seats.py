@@ -14,6 +14,7 @@ import random
 
 import pytest
 
+from semimig.controller.policy.propose import seat_delta as policy_seat_delta
 from semimig.controller.policy.propose import seat_scale as policy_seat_scale
 from semimig.errors import ConfigError
 from semimig.sharding.joint import JointProblem, UnitKind, job_step, plan_job, replica_step, seat_scale, with_seats
@@ -132,8 +133,26 @@ def test_with_ranks_that_skip_the_vocabulary_seats_every_rank_holding_a_unit():
     seated = (ShardPlan(units=(3, 1)), ShardPlan(units=(2, 0)))
     emptied = (ShardPlan(units=(4, 0)), ShardPlan(units=(2, 0)))
     assert seat_scale(speeds, seated, idle_free=True) == pytest.approx(4 + 1 + 4)
-    assert seat_scale(speeds, emptied, idle_free=True) == pytest.approx(1 + 1 + 1)
+    assert seat_scale(speeds, emptied, idle_free=True) == 0.0  # the lone holder runs no collective at all
     assert seat_scale(speeds, emptied) == pytest.approx(1 + 1 + 4)  # it does not skip: still in the vocabulary's
+    four = (1.0, 1.0, 1.0, 0.25)
+    assert seat_scale(four, (ShardPlan(units=(4, 4, 0, 0)), ShardPlan(units=(2, 0, 0, 0))),
+                      idle_free=True) == pytest.approx(1 + 1 + 1)  # two holders: their reductions remain
+    assert seat_scale(four, (ShardPlan(units=(8, 0, 0, 0)), ShardPlan(units=(2, 0, 0, 0))), idle_free=True) == 0.0
     problem = _problem(((1.0, 1.0), (1.0, 0.25)), seat=0.05, idle_free=True, mlp=4, kv=2)
     assert replica_step(problem, 1, 4, seated) - replica_step(dataclasses.replace(problem, seat_per_sample=0.0), 1, 4,
                                                                 seated) == pytest.approx(4 * 0.05 * 9)
+
+
+def test_a_replica_left_with_one_holder_pays_no_seat_and_fits_none():
+    """Every rank but one skips: the holder's sums and vocabulary are whole on it, so the replica's step is its
+    compute alone, and what it measures in collectives (the replicated parameters' sends) prices no seat."""
+    problem = _problem(((1.0, 1.0), (1.0, 0.25)), seat=0.05, idle_free=True, mlp=4, kv=2)
+    lone = (ShardPlan(units=(4, 0)), ShardPlan(units=(2, 0)))
+    unpriced = dataclasses.replace(problem, seat_per_sample=0.0)
+    assert replica_step(problem, 1, 3, lone) == pytest.approx(replica_step(unpriced, 1, 3, lone))
+    even = (ShardPlan.even(4, 2), ShardPlan.even(2, 2))
+    fitted = with_seats(problem, (5, 3), (even, lone), [5 * 0.01 * 3.0, 0.2])
+    assert fitted.seat_per_sample == pytest.approx(0.01)  # replica 0's reading alone
+    assert with_seats(problem, (5, 3), (even, lone), [0.0, 0.2]).seat_per_sample == 0.0
+    assert policy_seat_delta((1.0, 0.25), lone, even, 0.2, idle_free=True) == 0.0  # nothing to scale from

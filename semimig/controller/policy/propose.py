@@ -137,6 +137,8 @@ def seat_delta(speeds: Sequence[float], now: Sequence[ShardPlan], plans: Sequenc
     if comm <= 0.0:
         return 0.0
     here = seat_scale(speeds, now, idle_free=idle_free) if here is None else here
+    if here <= 0.0:
+        return 0.0  # a lone holder: what it measured is no reduction's pace, so nothing to scale from
     return comm * (seat_scale(speeds, plans, idle_free=idle_free, memo=memo) - here) / here
 
 
