@@ -61,7 +61,8 @@ def test_the_step_is_the_slowest_ranks_compute_plus_the_collectives():
     emptied = (ShardPlan(units=(8, 0)), ShardPlan(units=(4, 0)))  # in the vocabulary's alone, unless it skips
     assert workload.seat_comm(emptied, (1.0, 0.5)) == pytest.approx(0.2 * (1.0 + 1.0 + 2.0) / 3)
     skipping = dataclasses.replace(workload, idle_skips=True)
-    assert skipping.seat_comm(emptied, (1.0, 0.5)) == pytest.approx(0.2)
+    assert skipping.seat_comm(emptied, (1.0, 0.5)) == 0.0  # the holder alone runs no collective
+    assert skipping.seat_comm(alone, (1.0, 0.5)) == pytest.approx(0.2 * (1.0 + 2.0 + 2.0) / 3)
     assert workload.step_seconds(workload.even_plans(), (1.0, 1.0)) == pytest.approx(2.0)
 
 
