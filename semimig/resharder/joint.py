@@ -36,7 +36,9 @@ replica's own step (:func:`own_steps`: its ranks' compute and collectives less t
 replicas in the data-parallel reduction, which the step clock times apart) over the model's step for it
 under the plans and split in force, ``m_d``, divides that replica's speeds: the split then gives each
 replica the samples it really steps at.  Each factor is read from the replica's own measurement, never
-from another's, so it cannot feed on itself; with no rank slow anywhere nothing is scaled.
+from another's, so it cannot feed on itself; with no rank slow anywhere nothing is scaled.  What it reads
+beyond the model arises where the ranks meet, so a lone holder (a tp 2 replica whose other rank skips)
+keeps a factor of its own, and each form's is kept across a move into the other (:class:`SeatMemory`).
 
 Memory (:class:`JointSetup`): every rank's capacity (``BatchSplit.capacity``), the bytes of one unit of
 each kind (its parameters over the layers, times the bytes a trained parameter holds: weight, gradient,
@@ -52,12 +54,14 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+import numpy as np
+
 from semimig.comm import primitives as P
 from semimig.controller.policy.propose import pooled, seat_reading
 from semimig.controller.policy.stepmodel import K_FLOOR
 from semimig.controller.reshard import ReshardSample
 from semimig.errors import ConfigError
-from semimig.sharding.jobmodel import (JointProblem, UnitKind, from_measured, replica_step, seat_seconds,
+from semimig.sharding.jobmodel import (JointProblem, UnitKind, from_measured, lone, replica_step, seat_seconds,
                                       state_bytes_per_param, with_seats)
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel
@@ -190,7 +194,9 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
     if memory is not None:
         problem = memory.apply(problem, slow=any(slow))
     own = own_steps(windows, samples, mean, plans if problem.idle_free else None)
-    return at_measured_pace(problem, own, samples, plans) if own is not None and any(slow) else problem
+    if own is None or not any(slow):
+        return problem
+    return at_measured_pace(problem, own, samples, plans, memory)
 
 
 def own_steps(windows: Sequence[Sequence[ReshardSample]], samples: Sequence[int], mean: float,
@@ -212,33 +218,53 @@ def own_steps(windows: Sequence[Sequence[ReshardSample]], samples: Sequence[int]
 
 
 def at_measured_pace(problem: JointProblem, own: Sequence[float], samples: Sequence[int],
-                     plans: Sequence[Sequence[ShardPlan]]) -> JointProblem:
+                     plans: Sequence[Sequence[ShardPlan]], memory: Optional["SeatMemory"] = None) -> JointProblem:
     """``problem`` with every replica's speeds over ``m_d``, its own step measured under the plans and split in
     force over the model's (module docstring; the seats' reductions, which the speeds do not scale, taken off
-    both): each replica is read at the pace it steps at."""
-    speeds = []
+    both): each replica is read at the pace it steps at.
+
+    What ``m_d`` reads beyond the model comes from the ranks meeting at every reduction (a slow rank's work at
+    the meetings, the order they arrive in); a lone holder (:func:`~semimig.sharding.jobmodel.lone`) meets no
+    one.  So a pace read under a plan whose ranks meet scales the plans whose ranks meet, one read under a lone
+    holder scales lone holders (:attr:`~semimig.sharding.jobmodel.JointProblem.lone_speeds`), and the other is
+    the one ``memory`` kept from the last plan of that form (1 where none was read: the model's pace)."""
+    speeds, alone = [], []
     for d, (row, b, mine) in enumerate(zip(problem.speeds, samples, own)):
+        units = np.array([[p.units[r] for p in plans[d]] for r in range(problem.tp)])
         seats = seat_seconds(problem, d, b, plans[d])
         predicted = replica_step(problem, d, b, plans[d]) - seats
         scale = (mine - seats) / predicted if predicted > 0.0 and mine > seats else 1.0
-        speeds.append(tuple(v / scale for v in row))
-    return dataclasses.replace(problem, speeds=tuple(speeds))
+        paces = memory.pace(d, lone(problem, units), scale) if memory is not None else (
+            (1.0, scale) if lone(problem, units) else (scale, 1.0))
+        speeds.append(tuple(v / paces[0] for v in row))
+        alone.append(tuple(v / paces[1] for v in row))
+    return dataclasses.replace(problem, speeds=tuple(speeds), lone_speeds=tuple(alone) if problem.idle_free else None)
 
 
 class SeatMemory:
-    """The last seat fit measured with a slow rank seated, kept while some rank stays slow.
+    """The last seat fit measured with a slow rank seated, and each replica's last pace read under each form of
+    plan (its ranks meeting, a lone holder: :func:`at_measured_pace`), kept while some rank stays slow.
 
     Emptied of a kind, a slow rank leaves no trace of its pace in what the others measure (at tp 2 its
     partner holds the kind alone and reduces nothing), so a fit read then would price seating it again at
     nothing and the planner would hand it units back, to find the old pace and move again.  The fit in
-    force is the last one read with the slow rank seated; it is forgotten when no rank is slow."""
+    force is the last one read with the slow rank seated; likewise a lone holder's pace says nothing of
+    its ranks' meetings, nor theirs of it.  All is forgotten when no rank is slow."""
 
     def __init__(self) -> None:
         self.seat_per_sample = 0.0
+        self.paces: dict = {}
+        """``(replica, lone)``: the last pace read under a plan of that form."""
+
+    def pace(self, d: int, alone: bool, scale: float) -> tuple[float, float]:
+        """Replica ``d``'s (meeting, lone) paces, ``scale`` just read under the form ``alone`` says."""
+        self.paces[(d, alone)] = scale
+        return self.paces.get((d, False), 1.0), self.paces.get((d, True), 1.0)
 
     def apply(self, problem: JointProblem, *, slow: bool) -> JointProblem:
         if not slow:
             self.seat_per_sample = 0.0
+            self.paces.clear()
             return problem
         if problem.seat_per_sample > 0.0:
             self.seat_per_sample = problem.seat_per_sample

@@ -22,7 +22,8 @@ one segment,
 (:func:`segment_times`; ``Σ_k t_{d,r,k} = t_{d,r}``).  A plan giving every rank the same share of every kind
 steps ``max_r t_{d,r}``; one that balances the ranks' totals with a slow rank holding many units of one kind
 and few of another does not: the others wait for it in the first kind's reductions and it waits for them in
-the second's.  With :attr:`JointProblem.idle_free` a rank holding no unit skips the step (``t_{d,r,k} = 0``).
+the second's.  With :attr:`JointProblem.idle_free` a rank holding no unit skips the step (``t_{d,r,k} = 0``);
+a replica left with one holder is that rank alone, at :attr:`JointProblem.lone_speeds` (:func:`rank_speeds`).
 
 Rank ``r``'s peak bytes under a plan are
 
@@ -57,8 +58,8 @@ from semimig._validate import check_choice, check_int, check_number
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 
-__all__ = ["UnitKind", "JointProblem", "JointPlan", "from_measured", "job_step", "peak_bytes", "replica_step",
-           "seat_scale", "seat_seconds", "segment_times", "segment_work", "state_bytes_per_param", "with_seats"]
+__all__ = ["UnitKind", "JointProblem", "JointPlan", "from_measured", "job_step", "lone", "peak_bytes", "rank_speeds",
+           "replica_step", "seat_scale", "seat_seconds", "segment_times", "segment_work", "state_bytes_per_param", "with_seats"]
 
 _BYTES = {"fp32": (4, 4, 0), "bf16": (2, 2, 4), "fp16": (2, 2, 4)}
 """Per parameter: (weight, gradient, fp32 master copy) bytes of each precision."""
@@ -147,6 +148,10 @@ class JointProblem:
     idle_free: bool = False
     """A rank holding no unit of any kind skips the step (:mod:`semimig.shardformer.skip`): ``t_{d,r} = 0``,
     its replica's replicated work being its holders'."""
+    lone_speeds: Optional[Tuple[Tuple[float, ...], ...]] = None
+    """With :attr:`idle_free`, the speeds of replica ``d``'s ranks under a plan that leaves one rank holding every
+    unit (:func:`lone`): that rank meets no other, so a pace read from the ranks' meetings does not apply to it
+    (:func:`~semimig.resharder.joint.at_measured_pace`); ``None``: :attr:`speeds`."""
 
     def __post_init__(self) -> None:
         speeds = _grid("speeds", self.speeds, allow_inf=False)
@@ -177,6 +182,12 @@ class JointProblem:
                 raise ConfigError(f"capacity_bytes must be {dp} replicas x {tp} ranks like speeds, got "
                                   f"{len(caps)} x {len(caps[0])}")
             object.__setattr__(self, "capacity_bytes", caps)
+        if self.lone_speeds is not None:
+            lone = _grid("lone_speeds", self.lone_speeds, allow_inf=False)
+            if (len(lone), len(lone[0])) != (dp, tp):
+                raise ConfigError(f"lone_speeds must be {dp} replicas x {tp} ranks like speeds, got "
+                                  f"{len(lone)} x {len(lone[0])}")
+            object.__setattr__(self, "lone_speeds", lone)
 
     @property
     def dp(self) -> int:
@@ -259,10 +270,24 @@ def segment_times(problem: JointProblem, d: int, b: float, units: np.ndarray) ->
     rank, its share of the replicated work included (0 for a rank holding none with
     :attr:`JointProblem.idle_free`: it skips the step)."""
     units = np.asarray(units, dtype=float)
-    seconds = segment_work(problem, b, units) / np.array(problem.speeds[d])[:, None]
+    seconds = segment_work(problem, b, units) / np.array(rank_speeds(problem, d, units))[:, None]
     if problem.idle_free:
         seconds = np.where(np.all(units == 0, axis=1)[:, None], 0.0, seconds)
     return seconds
+
+
+def lone(problem: JointProblem, units: np.ndarray) -> bool:
+    """Whether ``units`` ``[rank, kind]`` leave one rank holding every unit while the others skip the step
+    (:attr:`JointProblem.idle_free`): the replica is that rank alone, meeting no other."""
+    return problem.idle_free and int(np.any(np.asarray(units) > 0, axis=1).sum()) == 1
+
+
+def rank_speeds(problem: JointProblem, d: int, units: np.ndarray) -> Tuple[float, ...]:
+    """Replica ``d``'s speeds under ``units`` ``[rank, kind]``: :attr:`JointProblem.lone_speeds` for a lone
+    holder (:func:`lone`), else :attr:`JointProblem.speeds`."""
+    if problem.lone_speeds is not None and lone(problem, units):
+        return problem.lone_speeds[d]
+    return problem.speeds[d]
 
 
 def seat_scale(speeds: Sequence[float], plans: Sequence[ShardPlan], *, idle_free: bool = False,

@@ -34,7 +34,8 @@ each seating priced by :func:`~semimig.sharding.jobmodel.seat_scale`; ``T_d(b)``
 Where a rank holding nothing skips the step (``idle_free``) each slower rank emptied of all is a seating too,
 priced or not: there its segments are 0.
 It is exact over every plan while one rank per replica is slower than the rest (emptying a rank at the
-fastest speed never lowers the pace, so the seatings left out cost no less than one priced).
+fastest speed never lowers the pace, so the seatings left out cost no less than one priced), a lone holder
+at its own speeds included (``lone_speeds``: a tp 2 replica whose other rank skips).
 
 Limits.  :func:`continuous_limit`: fractional samples and shares, memory ignored, the replicated work still
 on every rank.  :func:`job_limit`: every second of work movable to any rank, ``total work / Σ v``; with one
@@ -74,7 +75,10 @@ class _Replica:
     """Replica ``d`` at ``b`` samples under one seating: every rank's segment times and fit over the grid of
     unit vectors.  A rank emptied of every kind where idle ranks skip the step holds none and times 0; every
     other rank's vector, the empty one too, times as a rank taking part (the seating that empties it prices
-    its skip), so without memory bounds each rank's admissible vectors are a product over the kinds."""
+    its skip), so without memory bounds each rank's admissible vectors are a product over the kinds.  At
+    tp 2 a rank holding nothing leaves its partner alone, at the lone holder's speeds
+    (:attr:`~semimig.sharding.jobmodel.JointProblem.lone_speeds`): only the seating that empties it holds
+    that plan."""
 
     def __init__(self, problem: JointProblem, d: int, b: int, *, memory: bool,
                  empty: Tuple[int, FrozenSet[int]] = (-1, frozenset())) -> None:
@@ -86,9 +90,14 @@ class _Replica:
         nbytes = problem.fixed_bytes + b * problem.activation_bytes_per_sample + n @ np.array(problem.unit_bytes(b))
         self.low = tuple(k.min_units for k in kinds)
         low = np.all(n >= np.array(self.low), axis=1)
-        self.times = [work / v for v in problem.speeds[d]]  # [rank][points, kind]
-        self.fits = [low & (nbytes <= (problem.capacity(d, r) if memory else math.inf)) for r in range(problem.tp)]
         rank, emptied = empty
+        pair = problem.idle_free and problem.tp == 2
+        alone = pair and len(emptied) == len(kinds)  # the other rank holds every unit, alone
+        speeds = problem.lone_speeds[d] if alone and problem.lone_speeds is not None else problem.speeds[d]
+        self.times = [work / v for v in speeds]  # [rank][points, kind]
+        self.fits = [low & (nbytes <= (problem.capacity(d, r) if memory else math.inf)) for r in range(problem.tp)]
+        if pair and not alone:  # a rank of a pair holding nothing leaves a lone holder: its own seating's
+            self.fits = [f & np.any(n > 0, axis=1) for f in self.fits]
         if emptied:
             self.fits[rank] = self.fits[rank] & np.all(n[:, sorted(emptied)] == 0, axis=1)
             if problem.idle_free and len(emptied) == len(kinds):

@@ -65,8 +65,11 @@ def _replica_step(problem: JointProblem, d: int, b: int, row) -> float:
     whole = [c * k.total_units for c, k in zip(work, problem.kinds)]
     step = 0.0
     for c, plan, share in zip(work, row, whole):
+        holders = sum(1 for r in range(problem.tp) if any(p.units[r] for p in row))
+        speeds = problem.lone_speeds[d] if problem.idle_free and holders == 1 and problem.lone_speeds else \
+            problem.speeds[d]
         step += max(0.0 if problem.idle_free and not any(p.units[r] for p in row) else
-                    (problem.replicated(b) * share / sum(whole) + c * plan.units[r]) / problem.speeds[d][r]
+                    (problem.replicated(b) * share / sum(whole) + c * plan.units[r]) / speeds[r]
                     for r in range(problem.tp))
     return step
 
@@ -85,13 +88,17 @@ def _random_case(seed: int) -> JointProblem:
     capacity = None
     if seed % 2:  # some ranks short of memory
         capacity = tuple(tuple(rng.choice([math.inf, 60.0, 90.0]) for _ in range(tp)) for _ in range(dp))
+    idle = seed % 3 == 0
+    lone = None  # a lone holder at its own pace, in a replica with a slower rank to empty (tp 2)
+    if idle and tp == 2:
+        lone = tuple(tuple(v / (rng.uniform(0.7, 1.4) if min(row) < max(row) else 1.0) for v in row) for row in speeds)
     return JointProblem(speeds=speeds, kinds=kinds, global_batch=batch, micro_batch=micro,
                         replicated_per_sample=rng.uniform(0.0, 0.3), replicated_fixed=rng.choice([0.0, 0.2]),
                         comm_s=0.01, capacity_bytes=capacity, fixed_bytes=5.0, activation_bytes_per_sample=2.0,
-                        idle_free=seed % 3 == 0)
+                        idle_free=idle, lone_speeds=lone)
 
 
-@pytest.mark.parametrize("seed", range(15))
+@pytest.mark.parametrize("seed", range(30))
 def test_the_planner_finds_the_brute_force_optimum_and_its_plan_fits(seed):
     problem = _random_case(seed)
     expected = _brute_force(problem)
@@ -106,6 +113,30 @@ def test_the_planner_finds_the_brute_force_optimum_and_its_plan_fits(seed):
     for d, row in enumerate(plan.peak_bytes):
         assert all(x <= problem.capacity(d, r) for r, x in enumerate(row))
     assert plan.peak_bytes == peak_bytes(problem, plan.samples, plan.plans)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_lone_holder_at_its_own_pace_is_found_where_it_is_the_fastest_plan(seed):
+    """tp 2 x dp 2 where an emptied rank skips the step: one replica's slow rank, the lone holder left by
+    emptying it read at a pace of its own (faster or slower than the meeting ranks'); the planner's step is
+    the brute-force optimum over every split and plan."""
+    rng = random.Random(1000 + seed)
+    slow = rng.choice([0.125, 0.25, 0.5])
+    speeds = ((1.0, 1.0), (1.0, slow))
+    lone = ((1.0, 1.0), tuple(v / rng.uniform(0.6, 1.5) for v in speeds[1]))
+    problem = JointProblem(speeds=speeds, lone_speeds=lone, global_batch=rng.choice([6, 8]), idle_free=True,
+                           kinds=(UnitKind(name="mlp", total_units=4, work_per_sample=rng.uniform(0.5, 2.0)),
+                                  UnitKind(name="kv", total_units=2, work_per_sample=rng.uniform(0.2, 1.0))),
+                           replicated_per_sample=rng.uniform(0.0, 0.3), comm_s=0.01)
+    plan = plan_job(problem)
+    assert plan.step == pytest.approx(_brute_force(problem), rel=1e-12)
+    assert job_step(problem, plan.samples, plan.plans) == pytest.approx(plan.step, rel=1e-12)
+
+
+def test_lone_speeds_are_checked_against_the_speeds_shape():
+    with pytest.raises(ConfigError, match="lone_speeds must be 1 replicas x 2 ranks"):
+        JointProblem(speeds=((1.0, 1.0),), lone_speeds=((1.0,),), global_batch=2, idle_free=True,
+                     kinds=(UnitKind(name="mlp", total_units=2, work_per_sample=1.0),))
 
 
 @pytest.mark.parametrize("tp,dp", [(2, 1), (2, 2), (4, 2), (2, 4), (8, 1)])

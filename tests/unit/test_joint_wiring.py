@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from semimig.controller.reshard import ReshardSample
+from semimig.controller.reshard import ReshardConfig, ReshardPolicy, ReshardSample
 from semimig.errors import ConfigError
 from semimig.hybrid.split import BatchSplit
 from semimig.resharder.joint import JointSetup, even_samples, per_mean_batch
@@ -216,3 +216,62 @@ def test_a_rank_that_skips_the_step_is_no_part_of_its_replica_s_own_step():
     calm = [ReshardSample((1.0, 1.0), (0.5, 0.5), (0.3, 0.3), dp_wait_s=(0.1, 0.1))]
     assert own_steps([calm, idle], (4, 4), 4.0, [even, emptied]) == [pytest.approx(1.2), pytest.approx(1.2)]
     assert own_steps([calm, idle], (4, 4), 4.0) == [pytest.approx(1.2), pytest.approx(5.1)]  # it did not skip
+
+
+def _idle_free(policies):
+    for policy in policies:
+        policy.learned.idle_free = True
+    return policies
+
+
+def test_a_pace_read_while_the_ranks_meet_does_not_slow_a_lone_holder():
+    """Where an emptied rank skips the step, replica 1 seats its slow rank (a quarter of the speed, holding one
+    MLP block) and steps over 1.2 times what the model says, seats priced: the meetings with the slow rank
+    cost what the model does not see.  Emptying it leaves its partner alone, meeting no one: that plan is priced at the partner's
+    own pace (not the meetings'), so the planner takes it; once there, the meeting pace is remembered, so the
+    planner does not hand the slow rank units back on the lone holder's reading, and it is forgotten when no
+    rank is slow."""
+    from semimig.resharder.joint import SeatMemory, joint_problem, own_steps
+    from semimig.sharding.joint import plan_job
+    from semimig.sharding.jobmodel import replica_step
+    from semimig.sharding.plan import ShardPlan
+
+    setup = JointSetup(global_batch=8, dp=2, bytes_per_unit=(1.0, 1.0), fixed_bytes=0.0, capacity_bytes=None)
+    healthy = ReshardSample((2.0, 2.0), (1.0, 1.0), (0.1, 0.1), dp_wait_s=(0.0, 0.0))
+    emptied = (ShardPlan(units=(8, 0)), ShardPlan(units=(4, 0)))
+    seated_plans = (ShardPlan(units=(7, 1)), ShardPlan(units=(4, 0)))
+
+    def replicas(comm):
+        policies = _idle_free([ReshardPolicy(plans, weights=(3.0, 1.0), bytes_per_unit=(1, 1),
+                                             config=ReshardConfig(window=4))
+                               for plans in ((ShardPlan.even(8, 2), ShardPlan.even(4, 2)), seated_plans)])
+        for _ in range(4):  # rank 1 holds 1 of 8 MLP blocks at a quarter of the speed
+            policies[0].observe(healthy)
+            policies[1].observe(ReshardSample((3.5, 2.6), (3.0, 0.5), (comm, 0.9), dp_wait_s=(0.0, 0.0)))
+        assert policies[1].slowdown.slow == {1}
+        return policies
+
+    policies = replicas(2.0)  # rank 0 waits 2 s at the meetings, rank 1 (done early) 0.9 s more
+    memory = SeatMemory()
+    read = joint_problem(setup, policies, (4, 4), memory)
+    own = own_steps([p.samples for p in policies], (4, 4), 4.0)[1]
+    assert replica_step(read, 1, 4, seated_plans) == pytest.approx(own)
+    pace = memory.paces[(1, False)]
+    assert pace > 1.2  # the model, its seats priced, says less than replica 1 steps
+    blind = dataclasses.replace(read, lone_speeds=None)  # the meetings' pace on the lone holder too
+    assert replica_step(read, 1, 4, emptied) == pytest.approx(replica_step(blind, 1, 4, emptied) / pace)
+    assert plan_job(read, reference=[p.plans for p in policies]).plans[1] == emptied
+    assert plan_job(blind, reference=[p.plans for p in policies]).plans[1] != emptied
+
+    lone = [ReshardPolicy(plans, weights=(3.0, 1.0), bytes_per_unit=(1, 1), config=ReshardConfig(window=4))
+            for plans in ((ShardPlan.even(8, 2), ShardPlan.even(4, 2)), emptied)]
+    _idle_free(lone)
+    for _ in range(4):  # there: the holder steps as the model says; the slow rank's probe reads it slow
+        lone[0].observe(healthy)
+        lone[1].observe(ReshardSample((4.0, 2.0), (3.5, 0.0), (0.1, 0.0), dp_wait_s=(0.0, 0.0)))
+    kept = joint_problem(setup, lone, (4, 4), memory)
+    assert memory.paces[(1, False)] == pace and memory.paces[(1, True)] == pytest.approx(1.0, abs=0.05)
+    assert plan_job(kept, reference=[p.plans for p in lone]).plans[1] == emptied
+    calm = _policies([[healthy], [healthy]])
+    joint_problem(setup, calm, (4, 4), memory)
+    assert memory.paces == {}
