@@ -58,8 +58,9 @@ from semimig._validate import check_choice, check_int, check_number
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 
-__all__ = ["UnitKind", "JointProblem", "JointPlan", "from_measured", "job_step", "lone", "peak_bytes", "rank_speeds",
-           "replica_step", "seat_scale", "seat_seconds", "segment_times", "segment_work", "state_bytes_per_param", "with_seats"]
+__all__ = ["UnitKind", "JointProblem", "JointPlan", "from_measured", "job_step", "lone", "peak_bytes",
+           "rank_speeds", "replica_step", "seat_scale", "seat_seconds", "segment_times", "segment_work",
+           "state_bytes_per_param", "with_seats"]
 
 _BYTES = {"fp32": (4, 4, 0), "bf16": (2, 2, 4), "fp16": (2, 2, 4)}
 """Per parameter: (weight, gradient, fp32 master copy) bytes of each precision."""

@@ -227,10 +227,10 @@ def _idle_free(policies):
 def test_a_pace_read_while_the_ranks_meet_does_not_slow_a_lone_holder():
     """Where an emptied rank skips the step, replica 1 seats its slow rank (a quarter of the speed, holding one
     MLP block) and steps over 1.2 times what the model says, seats priced: the meetings with the slow rank
-    cost what the model does not see.  Emptying it leaves its partner alone, meeting no one: that plan is priced at the partner's
-    own pace (not the meetings'), so the planner takes it; once there, the meeting pace is remembered, so the
-    planner does not hand the slow rank units back on the lone holder's reading, and it is forgotten when no
-    rank is slow."""
+    cost what the model does not see.  Emptying it leaves its partner alone, meeting no one: that plan is
+    priced at the partner's own pace (not the meetings'), so the planner takes it; once there, the meeting
+    pace is remembered, so the planner does not hand the slow rank units back on the lone holder's reading,
+    and it is forgotten when no rank is slow."""
     from semimig.resharder.joint import SeatMemory, joint_problem, own_steps
     from semimig.sharding.joint import plan_job
     from semimig.sharding.jobmodel import replica_step
