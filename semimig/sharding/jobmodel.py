@@ -177,18 +177,13 @@ class JointProblem:
         for field in ("replicated_per_sample", "replicated_fixed", "comm_s", "fixed_bytes",
                       "activation_bytes_per_sample", "seat_per_sample"):
             object.__setattr__(self, field, check_number(field, getattr(self, field), minimum=0.0))
-        if self.capacity_bytes is not None:
-            caps = _grid("capacity_bytes", self.capacity_bytes, allow_inf=True)
-            if (len(caps), len(caps[0])) != (dp, tp):
-                raise ConfigError(f"capacity_bytes must be {dp} replicas x {tp} ranks like speeds, got "
-                                  f"{len(caps)} x {len(caps[0])}")
-            object.__setattr__(self, "capacity_bytes", caps)
-        if self.lone_speeds is not None:
-            lone = _grid("lone_speeds", self.lone_speeds, allow_inf=False)
-            if (len(lone), len(lone[0])) != (dp, tp):
-                raise ConfigError(f"lone_speeds must be {dp} replicas x {tp} ranks like speeds, got "
-                                  f"{len(lone)} x {len(lone[0])}")
-            object.__setattr__(self, "lone_speeds", lone)
+        for field, allow_inf in (("capacity_bytes", True), ("lone_speeds", False)):
+            if getattr(self, field) is not None:
+                table = _grid(field, getattr(self, field), allow_inf=allow_inf)
+                if (len(table), len(table[0])) != (dp, tp):
+                    raise ConfigError(f"{field} must be {dp} replicas x {tp} ranks like speeds, got "
+                                      f"{len(table)} x {len(table[0])}")
+                object.__setattr__(self, field, table)
 
     @property
     def dp(self) -> int:
