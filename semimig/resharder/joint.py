@@ -54,15 +54,13 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-import numpy as np
-
 from semimig.comm import primitives as P
 from semimig.controller.policy.propose import pooled, seat_reading
 from semimig.controller.policy.stepmodel import K_FLOOR
 from semimig.controller.reshard import ReshardSample
 from semimig.errors import ConfigError
 from semimig.sharding.jobmodel import (JointProblem, UnitKind, from_measured, lone, replica_step, seat_seconds,
-                                      state_bytes_per_param, with_seats)
+                                      state_bytes_per_param, unit_counts, with_seats)
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel
 
@@ -228,14 +226,13 @@ def at_measured_pace(problem: JointProblem, own: Sequence[float], samples: Seque
     one.  So a pace read under a plan whose ranks meet scales the plans whose ranks meet, one read under a lone
     holder scales lone holders (:attr:`~semimig.sharding.jobmodel.JointProblem.lone_speeds`), and the other is
     the one ``memory`` kept from the last plan of that form (1 where none was read: the model's pace)."""
-    speeds, alone = [], []
+    speeds, alone, counts = [], [], unit_counts(problem, plans)
     for d, (row, b, mine) in enumerate(zip(problem.speeds, samples, own)):
-        units = np.array([[p.units[r] for p in plans[d]] for r in range(problem.tp)])
         seats = seat_seconds(problem, d, b, plans[d])
         predicted = replica_step(problem, d, b, plans[d]) - seats
         scale = (mine - seats) / predicted if predicted > 0.0 and mine > seats else 1.0
-        paces = memory.pace(d, lone(problem, units), scale) if memory is not None else (
-            (1.0, scale) if lone(problem, units) else (scale, 1.0))
+        now_lone = lone(problem, counts[d])
+        paces = memory.pace(d, now_lone, scale) if memory is not None else ((1.0, scale) if now_lone else (scale, 1.0))
         speeds.append(tuple(v / paces[0] for v in row))
         alone.append(tuple(v / paces[1] for v in row))
     return dataclasses.replace(problem, speeds=tuple(speeds), lone_speeds=tuple(alone) if problem.idle_free else None)
