@@ -297,7 +297,8 @@ class Balancer:
         original = _check_optimizer(optimizer)
 
         def step(*args: Any, **kwargs: Any) -> Any:
-            result = original(*args, **kwargs)
+            with self.controller.step_clock.region("update"):  # work per step, whatever the batch (.resharder.joint)
+                result = original(*args, **kwargs)
             if self.skip_model is not None:  # idle ranks take the replicated parameters' new values
                 from semimig.shardformer.skip import after_step
 

@@ -388,7 +388,7 @@ class BalanceController(Decisions, Phase):
             device_time = None
         else:
             device_time = DeviceTime(wall_s=times.wall_s, comm_s=times.comm_s, sleep_s=0.0, collectives=0,
-                                     dp_s=times.dp_s)
+                                     dp_s=times.dp_s, update_s=times.update_s)
         if self.step_clock.backend != "host":
             return stats, device_time, 0.0 if times is None else times.wall_s
         now = time.perf_counter()

@@ -137,7 +137,9 @@ class Resharder(JointMoves):
         if self.replicas > 1:
             waited = getattr(device, "dp_s", None) if self.ddp_waits else None  # timed only by semimig's DDP hook
             dp = math.nan if waited is None else float(waited)
-            return self._gather_replicas(report, [compute, busy, comm, sleep, wall, work, gap, dp])
+            update = getattr(device, "update_s", None)
+            return self._gather_replicas(report, [compute, busy, comm, sleep, wall, work, gap, dp,
+                                                  math.nan if update is None else float(update)])
         idle = skipping(self.group) if self.idle is not None else ()
         probe = [self.idle.take(wall)] if idle else []
         rows = P.all_gather_rows([compute, busy, comm, sleep, wall, work, gap] + probe, self.group)
@@ -157,16 +159,18 @@ class Resharder(JointMoves):
         with nothing in flight)."""
         decision = getattr(report, "decision", None)
         fixed = getattr(decision, "fixed_fraction", None) or (math.nan,) * self.size
-        *row, dp = mine
+        *row, dp, update = mine
         idle = skipping(self.group) if self.idle is not None else ()
         wall = row[4]
         probe = [self.idle.take(wall)] if idle else []
-        gathered = P.all_gather_rows(row + probe + [dp], self.group)
-        rows = self.idle.rows([g[:-1] for g in gathered], idle) if idle else [g[:7] for g in gathered]
+        gathered = P.all_gather_rows(row + probe + [dp, update], self.group)
+        updates = [g[-1] for g in gathered]
+        rows = self.idle.rows([g[:-2] for g in gathered], idle, update=updates) if idle else [g[:7] for g in gathered]
         local = []
         for r, ((compute, busy, comm, sleep, wall, work, gap), g) in enumerate(zip(rows, gathered)):
             c, b = unshed(compute, busy, sleep_s=sleep, work=work, fixed=float(fixed[r]))
-            local.append([r, self.dp_rank, c, b + gap, comm, b, sleep, wall, work, gap, g[-1]])
+            u = 0.0 if r in idle else g[-1]  # a rank that skips the step: its row is read without an update (.idle)
+            local.append([r, self.dp_rank, c, b + gap, comm, b, sleep, wall, work, gap, g[-2], u])
         mine_sample = None if self.per_replica else row_sample(local)
         lagged = self._lagged.exchange([v for row in local for v in row], mine_sample)
         if lagged is None:

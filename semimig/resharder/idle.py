@@ -62,11 +62,16 @@ class IdleReader:
         seconds, self.seconds, self.wall = self.seconds, math.nan, wall
         return seconds
 
-    def rows(self, rows: list[list[float]], idle: Sequence[int]) -> list[list[float]]:
+    def rows(self, rows: list[list[float]], idle: Sequence[int], *,
+             update: Sequence[float] = ()) -> list[list[float]]:
         """Every rank's gathered row ``[compute, busy, comm, sleep, wall, work, gap, probe]`` as the policy
-        reads it ``[compute, ..., gap]``: an idle rank's compute is its replicated work at its probed speed."""
+        reads it ``[compute, ..., gap]``: an idle rank's compute is its replicated work at its probed speed.
+        ``update``: each rank's optimizer step (NaN: not timed), which is its own units' update, not
+        replicated work: taken off the holders' replicated work where every holder timed it."""
         holders = [r for r in range(len(rows)) if r not in idle]
-        replicated = statistics.median(max(0.0, rows[h][0] - rows[h][1] - rows[h][6]) for h in holders)
+        timed = len(update) == len(rows) and not any(math.isnan(update[h]) for h in holders)
+        replicated = statistics.median(max(0.0, rows[h][0] - rows[h][1] - rows[h][6] - (update[h] if timed else 0.0))
+                                       for h in holders)
         base = statistics.median(self.base[h] for h in holders)
         out = []
         for r, row in enumerate(rows):

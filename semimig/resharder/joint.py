@@ -40,6 +40,13 @@ from another's, so it cannot feed on itself; with no rank slow anywhere nothing 
 beyond the model arises where the ranks meet, so a lone holder (a tp 2 replica whose other rank skips)
 keeps a factor of its own, and each form's is kept across a move into the other (:class:`SeatMemory`).
 
+The optimizer's update.  The step clock times the optimizer's step apart (the balancer's hook, region
+``"update"``): it is work per step in proportion to the state a rank holds, whatever its samples, so it is
+neither scaled per mean batch (:func:`per_mean_batch`) nor read as replicated work (:func:`split_ratio`), and
+:func:`~semimig.sharding.jobmodel.from_measured` reads it as the model's per-step parts.  Read per sample
+instead, a rank that takes every unit at fewer samples (the lone holder of a replica given less of the
+batch) would be priced as if it updated fewer parameters.
+
 Memory (:class:`JointSetup`): every rank's capacity (``BatchSplit.capacity``), the bytes of one unit of
 each kind (its parameters over the layers, times the bytes a trained parameter holds: weight, gradient,
 fp32 master under bf16/fp16, the optimizer's moments) and the most any rank holds outside its units.
@@ -64,8 +71,8 @@ from semimig.sharding.jobmodel import (JointProblem, UnitKind, from_measured, lo
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel
 
-__all__ = ["JointSetup", "SeatMemory", "at_measured_pace", "even_samples", "joint_problem", "joint_setup",
-           "own_steps", "per_mean_batch", "reading_due", "search_root", "split_ratio"]
+__all__ = ["JointSetup", "SeatMemory", "at_measured_pace", "at_samples", "even_samples", "joint_problem",
+           "joint_setup", "own_steps", "per_mean_batch", "reading_due", "search_root", "split_ratio", "update_part"]
 
 KINDS = ("mlp", "kv")
 """The paired dimensions a plan splits, in the policies' order."""
@@ -118,13 +125,26 @@ def even_samples(global_batch: int, dp: int) -> tuple[int, ...]:
     return tuple(global_batch // dp + (1 if d < global_batch % dp else 0) for d in range(dp))
 
 
+def update_part(sample: ReshardSample, r: int) -> float:
+    """Rank ``r``'s optimizer step in ``sample`` (0 where it was not timed), at most its compute."""
+    return 0.0 if sample.update_s is None else min(sample.update_s[r], sample.compute_s[r])
+
+
+def at_samples(sample: ReshardSample, r: int, scale: float) -> float:
+    """Rank ``r``'s compute in ``sample`` with its per-sample part times ``scale`` (its update as it is)."""
+    update = update_part(sample, r)
+    return (sample.compute_s[r] - update) * scale + update
+
+
 def per_mean_batch(sample: ReshardSample, samples: int, mean: float) -> ReshardSample:
-    """``sample`` (a replica's step at ``samples`` samples) scaled to ``mean`` samples: compute, shardable and
-    GEMM seconds times ``mean/samples``, the collectives as they are (module docstring)."""
+    """``sample`` (a replica's step at ``samples`` samples) scaled to ``mean`` samples: compute (less the
+    optimizer's update, work per step), shardable and GEMM seconds times ``mean/samples``, the collectives
+    and the update as they are (module docstring)."""
     scale = mean / samples
     if scale == 1.0:
         return sample
-    return dataclasses.replace(sample, compute_s=tuple(c * scale for c in sample.compute_s),
+    ranks = range(len(sample.compute_s))
+    return dataclasses.replace(sample, compute_s=tuple(at_samples(sample, r, scale) for r in ranks),
                                shardable_s=tuple(b * scale for b in sample.shardable_s),
                                gemm_s=None if sample.gemm_s is None else tuple(g * scale for g in sample.gemm_s))
 
@@ -134,8 +154,9 @@ def split_ratio(windows: Sequence[Sequence[ReshardSample]], shares: Sequence[Seq
 
     Rank ``r`` of a replica at ``b`` samples, speed ``v_r``, holding the share ``p_r`` of the shardable work
     (``shares[d]``, the kinds' weights included: the policy's :meth:`shares`) computes
-    ``c_r = b·(ρ + σ·p_r)/v_r`` seconds, ``b_r = b·σ·p_r/v_r`` of them shardable (``ρ``, ``σ``: the replicated
-    and shardable work per sample, ``k = ρ/σ``).  So ``(c_r − b_r)/b_r = k/p_r``, whatever the rank's speed
+    ``c_r = b·(ρ + σ·p_r)/v_r`` seconds besides its optimizer's update (timed apart where
+    ``ReshardSample.update_s`` is given, and taken off), ``b_r = b·σ·p_r/v_r`` of them shardable (``ρ``, ``σ``:
+    the replicated and shardable work per sample, ``k = ρ/σ``).  So ``(c_r − b_r)/b_r = k/p_r``, whatever the rank's speed
     and batch (a window scaled per mean batch reads the same):
 
         k_r = p_r·(c_r − b_r)/b_r
@@ -149,7 +170,7 @@ def split_ratio(windows: Sequence[Sequence[ReshardSample]], shares: Sequence[Seq
     readings = []
     for window, p in zip(windows, shares):
         for r, share in enumerate(p):
-            steps = [share * (s.compute_s[r] - s.shardable_s[r]) / s.shardable_s[r]
+            steps = [share * (s.compute_s[r] - update_part(s, r) - s.shardable_s[r]) / s.shardable_s[r]
                      for s in window if share > 0.0 and s.shardable_s[r] > 0.0]
             if steps:
                 readings.append(statistics.median(steps))
@@ -172,15 +193,22 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
     k = split_ratio(windows, [policy.shares() for policy in policies])
     if k is None:
         k = sum(policy.replicated_ratio for policy in policies) / len(policies)
-    compute = [[statistics.median(s.compute_s[r] for s in window) * b / mean for r in range(tp)]
-               for window, b in zip(windows, samples)]
+    own = [[statistics.median(s.compute_s[r] - update_part(s, r) for s in window) * b / mean for r in range(tp)]
+           for window, b in zip(windows, samples)]
+    timed = all(s.update_s is not None for window in windows for s in window) and min(map(min, own)) > 0.0
+    update = [[statistics.median(update_part(s, r) for s in window) if timed else 0.0 for r in range(tp)]
+              for window in windows]
+    compute = [[c + u for c, u in zip(*rows)] if timed else
+               [statistics.median(s.compute_s[r] for s in window) * b / mean for r in range(tp)]
+               for rows, window, b in zip(zip(own, update), windows, samples)]
     kinds = tuple(UnitKind(name=name, total_units=plan.total_units, work_per_sample=float(weight),
                            min_units=setup.min_units, bytes_per_unit=nbytes)
                   for name, plan, weight, nbytes in zip(KINDS, policies[0].plans, policies[0].weights,
                                                         setup.bytes_per_unit))
     plans = [policy.plans for policy in policies]
     problem = from_measured(compute, samples, plans, replicated_over_shardable=k, kinds=kinds,
-                            global_batch=setup.global_batch, capacity_bytes=setup.capacity_bytes,
+                            global_batch=setup.global_batch, update_s=update if timed else None,
+                            capacity_bytes=setup.capacity_bytes,
                             fixed_bytes=setup.fixed_bytes, idle_free=policies[0].learned.idle_free)
     slow = [frozenset(policy.slowdown.slow) for policy in policies]
     speeds = tuple(pooled(StepModel(speeds=row, replicated=0.0, shardable=1.0), s).speeds
@@ -210,7 +238,7 @@ def own_steps(windows: Sequence[Sequence[ReshardSample]], samples: Sequence[int]
     for d, (window, b) in enumerate(zip(windows, samples)):
         ranks = [r for r in range(len(window[0].compute_s))
                  if plans is None or any(p.units[r] > 0 for p in plans[d])]
-        out.append(statistics.median(max(s.compute_s[r] * b / mean + s.comm_s[r] - s.dp_wait_s[r] for r in ranks)
+        out.append(statistics.median(max(at_samples(s, r, b / mean) + s.comm_s[r] - s.dp_wait_s[r] for r in ranks)
                                      for s in window))
     return out
 

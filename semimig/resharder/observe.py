@@ -146,12 +146,14 @@ def probe_times(group: Any, clock: Any = None, *, size: int, device: Any = None,
 
 def row_sample(rows: list[list[float]]) -> ReshardSample:
     """The policy's sample from one replica's rows ``[tp_rank, dp_rank, compute, shardable, comm, gemm, …]``
-    in TP rank order (seconds at full work); ``row[10]``, where rows carry it, is the rank's data-parallel
-    wait (NaN: not told apart)."""
-    waits = tuple(r[10] for r in rows) if len(rows[0]) > 10 else ()
-    known = bool(waits) and not any(math.isnan(w) for w in waits)
+    in TP rank order (seconds at full work); ``row[10]`` and ``row[11]``, where rows carry them, are the
+    rank's data-parallel wait and its optimizer step (NaN: not told apart, not timed)."""
+    def column(i: int) -> Optional[tuple[float, ...]]:
+        values = tuple(r[i] for r in rows) if len(rows[0]) > i else ()
+        return values if values and not any(math.isnan(v) for v in values) else None
+
     return ReshardSample(tuple(r[2] for r in rows), tuple(r[3] for r in rows), tuple(r[4] for r in rows),
-                         gemm_s=tuple(r[5] for r in rows), dp_wait_s=waits if known else None)
+                         gemm_s=tuple(r[5] for r in rows), dp_wait_s=column(10), update_s=column(11))
 
 
 def step_sample(split: list[tuple[float, float]], rows: list[list[float]], *,

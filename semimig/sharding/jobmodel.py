@@ -358,7 +358,7 @@ def job_step(problem: JointProblem, samples: Sequence[int], plans: Sequence[Sequ
 
 def from_measured(compute_s: Sequence[Sequence[float]], samples: Sequence[int], plans: Sequence[Sequence[ShardPlan]],
                   *, replicated_over_shardable: float, kinds: Sequence[UnitKind], global_batch: int,
-                  **fields: object) -> JointProblem:
+                  update_s: Optional[Sequence[Sequence[float]]] = None, **fields: object) -> JointProblem:
     """The problem whose speeds explain every rank's compute seconds ``compute_s[d][r]``, measured with
     ``samples[d]`` samples under ``plans[d]`` (one plan per kind), from a step model's ``k = R/S`` (at run time
     read from the ranks' measured split of compute into shardable and replicated seconds,
@@ -366,10 +366,19 @@ def from_measured(compute_s: Sequence[Sequence[float]], samples: Sequence[int], 
     rescaled).
 
     Work per sample, in healthy even replica steps at ``b̄ = B/D`` samples: ``σ = 1/((k + 1/e)·b̄)`` of
-    shardable work split over the kinds by weight, ``ρ = k·σ`` replicated (no per-step parts); then
+    shardable work split over the kinds by weight, ``ρ = k·σ`` replicated (the per-sample parts); then
     ``v_{d,r} = b_d·(ρ + Σ_k σ_k·n_{d,r,k}/U_k)/c_{d,r}``: a rank holding no unit reads ``b_d·ρ/c_{d,r}``,
     its compute all replicated work, so its speed is only as right as ``k``.  ``fields``: the rest of
-    :class:`JointProblem`."""
+    :class:`JointProblem`.
+
+    ``update_s[d][r]``: the part of ``compute_s[d][r]`` in the optimizer's step, the parameters' update.  It is
+    work per step whatever the batch, in proportion to the state the rank holds: ``τ·(F + Σ_k n_{d,r,k}·β_k)``
+    (``F`` the ``fixed_bytes`` field, ``β_k`` the kinds' ``bytes_per_unit``).  Then the speeds are read from the
+    compute less the update, and ``τ`` is the median over the ranks holding a unit of ``u_{d,r}·v_{d,r}`` over
+    their state: ``R_0 = τ·F`` and ``S_{0,k} = τ·β_k·U_k``.  A rank taking every unit of a replica at fewer
+    samples updates every unit's parameters all the same, which the per-sample parts alone would scale
+    down with its samples.  Without ``update_s`` (or without the bytes to weigh it) the update is read as
+    per-sample work, as before."""
     k = check_number("replicated_over_shardable", replicated_over_shardable, minimum=0.0)
     if isinstance(plans, (str, bytes)) or not plans or not plans[0]:
         raise ConfigError(f"plans must be one row of plans (one per kind) per replica, got {plans!r}")
@@ -387,7 +396,37 @@ def from_measured(compute_s: Sequence[Sequence[float]], samples: Sequence[int], 
     grid = _grid("compute_s", compute_s, allow_inf=False)
     if (len(grid), len(grid[0])) != (dp, tp):
         raise ConfigError(f"compute_s must be {dp} replicas x {tp} ranks like the plans, got {len(grid)} x {len(grid[0])}")
-    speeds = tuple(tuple(float(b * (k * sigma + units[d, r] @ np.array(shape.unit_work(1.0)))) / grid[d][r]
-                         for r in range(tp)) for d, b in enumerate(samples))
+    state_f = float(fields.get("fixed_bytes", 0.0))  # type: ignore[arg-type]
+    state = units @ np.array([kind.bytes_per_unit for kind in kinds], dtype=float) + state_f
+    update = None if update_s is None else _grid_at_least_zero("update_s", update_s, (dp, tp))
+    if update is not None and not any(u > 0.0 and state[d, r] > state_f for d, row in enumerate(update)
+                                      for r, u in enumerate(row)):
+        update = None  # nothing to weigh it by: the update stays per-sample work
+    work = [[float(b * (k * sigma + units[d, r] @ np.array(shape.unit_work(1.0)))) for r in range(tp)]
+            for d, b in enumerate(samples)]
+    own = [[grid[d][r] - (0.0 if update is None else update[d][r]) for r in range(tp)] for d in range(dp)]
+    for d, r in np.ndindex(dp, tp):
+        if own[d][r] <= 0.0:
+            raise ConfigError(f"update_s[{d}][{r}]={update[d][r]!r} leaves no compute of "  # type: ignore[index]
+                              f"compute_s[{d}][{r}]={grid[d][r]!r}: the update is a part of the compute")
+    speeds = tuple(tuple(work[d][r] / own[d][r] for r in range(tp)) for d in range(dp))
+    replicated_fixed = 0.0
+    if update is not None:
+        tau = float(np.median([update[d][r] * speeds[d][r] / state[d, r] for d in range(dp) for r in range(tp)
+                               if update[d][r] > 0.0 and state[d, r] > state_f]))
+        replicated_fixed = tau * state_f
+        scaled = tuple(dataclasses.replace(kind, work_fixed=tau * kind.bytes_per_unit * kind.total_units)
+                       for kind in scaled)
     return JointProblem(speeds=speeds, kinds=scaled, global_batch=global_batch, replicated_per_sample=k * sigma,
-                        **fields)
+                        replicated_fixed=replicated_fixed, **fields)
+
+
+def _grid_at_least_zero(name: str, value: object, shape: Tuple[int, int]) -> Tuple[Tuple[float, ...], ...]:
+    """A ``[replica][rank]`` table of ``shape`` of numbers ≥ 0."""
+    def bad(row: object, n: int) -> bool:
+        return isinstance(row, (str, bytes)) or not isinstance(row, (tuple, list)) or len(row) != n
+
+    if bad(value, shape[0]) or any(bad(row, shape[1]) for row in value):  # type: ignore[union-attr]
+        raise ConfigError(f"{name} must be {shape[0]} replicas x {shape[1]} ranks like the plans, got {value!r}")
+    return tuple(tuple(check_number(f"{name}[{d}][{r}]", x, minimum=0.0) for r, x in enumerate(row))
+                 for d, row in enumerate(value))

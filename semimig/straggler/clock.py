@@ -4,7 +4,8 @@ A step is the span between two calls of :meth:`StepClock.step`.  Inside it, semi
 work with :meth:`StepClock.region`: ``"gemm"`` around its GEMM passes, ``"comm"`` around its own
 collectives (the time they block the compute stream for), ``"dp"`` around the data-parallel gradient
 reduction's wait (inside a ``"comm"`` region: the part of the collectives spent waiting for the other
-replicas), ``"off"`` around what runs between two steps but is no step's work (an evaluation inside
+replicas), ``"update"`` around the optimizer's step (the parameters' update: work per step, whatever the
+batch), ``"off"`` around what runs between two steps but is no step's work (an evaluation inside
 ``balancer.dense()``: no region inside it is recorded), and the layers' pair spans with
 :meth:`StepClock.open_span` / :meth:`StepClock.close_span` (kind ``"gap"``).  Per step::
 
@@ -12,6 +13,7 @@ replicas), ``"off"`` around what runs between two steps but is no step's work (a
     gemm_s  = Σ over outermost "gemm" regions of t(end) − t(start)
     comm_s  = Σ over outermost "comm" regions of t(end) − t(start)
     dp_s    = Σ over outermost "dp" regions of t(end) − t(start)      (a part of comm_s)
+    update_s = Σ over outermost "update" regions of t(end) − t(start) (a part of wall_s)
     compute = wall_s − comm_s
 
 A region nested in one of the same kind records nothing (its time is inside the outer one), so
@@ -58,9 +60,9 @@ __all__ = ["KINDS", "CudaEventClock", "HostClock", "StepClock", "StepTimes", "ma
 
 logger = logging.getLogger(__name__)
 
-KINDS: tuple[str, ...] = ("gemm", "comm", "gap", "dp", "off")
+KINDS: tuple[str, ...] = ("gemm", "comm", "gap", "dp", "update", "off")
 """What a region marks: semimig's GEMM passes, its own collectives, the spans between a pair's layers, the
-data-parallel wait, and time that is no step's work."""
+data-parallel wait, the optimizer's update, and time that is no step's work."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class StepTimes:
     """Sum of the closed pair spans (kind ``"gap"``)."""
     dp_s: float = 0.0
     """Union of the ``"dp"`` regions: the data-parallel gradient reduction's wait, a part of ``comm_s``."""
+    update_s: float = 0.0
+    """Union of the ``"update"`` regions: the optimizer's step."""
     regions: int = 0
     """Regions recorded (outermost ones; spans included)."""
     dropped: int = 0
@@ -345,7 +349,8 @@ class StepClock:
             sums[kind] += seconds(start, end)
         times = StepTimes(step=step.index, wall_s=max(seconds(step.start, step.end) - sums["off"], 0.0),
                           gemm_s=sums["gemm"],
-                          comm_s=sums["comm"], gap_s=sums["gap"], dp_s=sums["dp"], regions=len(step.regions), dropped=step.dropped)
+                          comm_s=sums["comm"], gap_s=sums["gap"], dp_s=sums["dp"], update_s=sums["update"],
+                          regions=len(step.regions), dropped=step.dropped)
         self._give([step.start] + [m for _, a, b in step.regions for m in (a, b)])  # end: the next step's start
         return times
 

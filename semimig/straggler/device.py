@@ -82,6 +82,9 @@ class DeviceTime:
     dp_s: Optional[float] = None
     """The part of ``comm_s`` spent in the data-parallel gradient reduction's wait (the step clock's ``"dp"``
     regions); ``None``: not told apart."""
+    update_s: Optional[float] = None
+    """The part of ``compute_s`` in the optimizer's step (the step clock's ``"update"`` regions); ``None``: not
+    timed."""
 
     @property
     def compute_s(self) -> float:

@@ -95,7 +95,8 @@ def _run(straggler, *, split, probe=False):
             losses.append(float(total[0]) / 2)
             samples = balancer.batch_plan.samples if split else None
             trace.append(([(p.mlp_units, p.kv_units) for p in balancer.resharder.plans], samples))
-        summary = balancer.reshard_summary
+        summary = dict(balancer.reshard_summary, timed=[(s.compute_s, s.update_s) for s in
+                                                         (p.samples[-1] for p in balancer.resharder.policies)])
     finally:
         balancer.close()
     return losses, trace, summary, _weights(model)
@@ -149,6 +150,9 @@ def test_the_joint_planner_moves_plans_and_split_together_and_trains_exactly():
         calm_losses, calm_trace, calm_summary, calm_weights = out["calm"]
         plain_losses, _, _, plain_weights = out["plain"]
         assert calm_summary["replans"] == 0 and not calm_summary["joint_replans"], calm_summary
+        # every rank's optimizer step is timed apart, a part of its compute (the model's work per step)
+        assert all(update is not None and all(0.0 < u < c for u, c in zip(update, compute))
+                   for compute, update in calm_summary["timed"]), calm_summary["timed"]
         assert all(s == (4, 4) for _, s in calm_trace), calm_trace
         assert calm_losses == plain_losses  # the even split scales each loss by 1: bit for bit
         for name, value in calm_weights.items():

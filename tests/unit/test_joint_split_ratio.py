@@ -13,7 +13,7 @@ from semimig.controller.reshard import ReshardConfig, ReshardPolicy, ReshardSamp
 from semimig.errors import ConfigError
 from semimig.resharder.joint import JointSetup, joint_problem, per_mean_batch, search_root, split_ratio
 from semimig.sharding.joint import JointProblem, UnitKind, from_measured, job_step, plan_job, seat_scale
-from semimig.sharding.jobmodel import rank_times, unit_counts
+from semimig.sharding.jobmodel import rank_times, replica_step, unit_counts
 from semimig.sharding.plan import ShardPlan
 
 K = 0.6
@@ -28,26 +28,37 @@ MEASURED = ((ShardPlan.even(24, 2), ShardPlan.even(8, 2)),  # replica 0 even
 SAMPLES = (5, 3)
 
 
-def _truth() -> JointProblem:
+STATE = (6.0, 2.0, 20.0)
+"""Bytes of state of one MLP block, of one KV group, and outside the units (what the optimizer updates)."""
+
+
+def _truth(tau: float = 0.0) -> JointProblem:
     """The generating model in :func:`~semimig.sharding.jobmodel.from_measured`'s units (a healthy even
-    replica step of 1 at the mean batch)."""
+    replica step of 1 at the mean batch, less the update); ``tau``: the optimizer's update, seconds at speed 1
+    per byte of :data:`STATE` a rank holds, once a step."""
     sigma = 1.0 / ((K + 1.0 / TP) * BATCH / DP)
-    kinds = tuple(UnitKind(name=name, total_units=plan.total_units, work_per_sample=sigma * w / sum(WEIGHTS))
-                  for name, plan, w in zip(("mlp", "kv"), MEASURED[0], WEIGHTS))
+    kinds = tuple(UnitKind(name=name, total_units=plan.total_units, work_per_sample=sigma * w / sum(WEIGHTS),
+                           work_fixed=tau * nbytes * plan.total_units, bytes_per_unit=nbytes)
+                  for name, plan, w, nbytes in zip(("mlp", "kv"), MEASURED[0], WEIGHTS, STATE))
     return JointProblem(speeds=SPEEDS, kinds=kinds, global_batch=BATCH, replicated_per_sample=K * sigma,
-                        seat_per_sample=SEAT)
+                        replicated_fixed=tau * STATE[2], fixed_bytes=STATE[2], seat_per_sample=SEAT)
 
 
-def _windows(truth: JointProblem, steps: int = 5) -> list[list[ReshardSample]]:
+def _windows(truth: JointProblem, steps: int = 5, *, timed: bool = False) -> list[list[ReshardSample]]:
     """Every replica's steps under :data:`MEASURED` at :data:`SAMPLES`, per mean batch as the policies read them:
-    each rank's compute, its shardable part, and the layers' reductions at the seats' pace."""
+    each rank's compute, its shardable part, and the layers' reductions at the seats' pace (``timed``: and its
+    optimizer's update)."""
     units = unit_counts(truth, MEASURED)
+    per_sample = [k.work_per_sample / k.total_units for k in truth.kinds]
     windows = []
     for d, b in enumerate(SAMPLES):
         compute = rank_times(truth, d, b, units[d])
-        shardable = [b * (units[d, r] @ truth.unit_work(1.0)) / truth.speeds[d][r] for r in range(TP)]
+        shardable = [b * (units[d, r] @ per_sample) / truth.speeds[d][r] for r in range(TP)]
+        update = [(truth.replicated_fixed + units[d, r] @ [k.work_fixed / k.total_units for k in truth.kinds])
+                  / truth.speeds[d][r] for r in range(TP)]
         comm = b * SEAT * seat_scale(truth.speeds[d], MEASURED[d])
-        sample = ReshardSample(tuple(compute), tuple(shardable), (comm,) * TP)
+        sample = ReshardSample(tuple(compute), tuple(shardable), (comm,) * TP,
+                               update_s=tuple(update) if timed else None)
         windows.append([per_mean_batch(sample, b, BATCH / DP)] * steps)
     return windows
 
@@ -83,6 +94,24 @@ def test_the_joint_problem_is_the_generating_model_whatever_the_policies_ratio()
     answer = plan_job(problem)
     assert (answer.samples, answer.plans) == (best.samples, best.plans)
     assert answer.step == pytest.approx(best.step, rel=1e-6)
+
+
+def test_the_optimizers_update_timed_apart_is_read_as_work_per_step():
+    """Ranks that update their state once a step, whatever their samples: with the update timed the joint
+    problem predicts the generating model's steps under other splits and plans (a lone holder at fewer
+    samples, which updates every unit); read as per-sample work it prices the emptied plan short."""
+    truth = _truth(tau=0.01)
+    setup = JointSetup(global_batch=BATCH, dp=DP, bytes_per_unit=STATE[:2], fixed_bytes=STATE[2], capacity_bytes=None)
+    even = (ShardPlan.even(24, 2), ShardPlan.even(8, 2))
+    emptied = (ShardPlan(units=(24, 0)), ShardPlan(units=(8, 0)))
+    cases = (((4, 4), (even, even)), ((5, 3), (even, emptied)), ((6, 2), (even, emptied)), ((3, 5), MEASURED))
+    problem = joint_problem(setup, _policies(_windows(truth, timed=True), k_prior=K / 3), SAMPLES)
+    for row, true in zip(problem.speeds, truth.speeds):
+        assert row == pytest.approx(true, rel=1e-6)
+    for samples, plans in cases:
+        assert job_step(problem, samples, plans) == pytest.approx(job_step(truth, samples, plans), rel=1e-6)
+    untimed = joint_problem(setup, _policies(_windows(truth), k_prior=K / 3), SAMPLES)
+    assert replica_step(untimed, 1, 2, emptied) < 0.97 * replica_step(truth, 1, 2, emptied)
 
 
 def test_split_ratio_reads_each_rank_s_split_through_its_share():

@@ -33,6 +33,9 @@ def test_per_mean_batch_scales_the_work_not_the_collectives():
     assert scaled.compute_s == (4.0, 8.0) and scaled.shardable_s == (2.0, 6.0) and scaled.gemm_s == (1.6, 4.0)
     assert scaled.comm_s == sample.comm_s
     assert per_mean_batch(sample, 4, 4.0) is sample
+    timed = ReshardSample((2.0, 4.0), (1.0, 3.0), (0.5, 0.5), update_s=(0.5, 1.0))
+    scaled = per_mean_batch(timed, 2, 4.0)  # the update is work per step: only the rest doubles
+    assert scaled.compute_s == (3.5, 7.0) and scaled.update_s == timed.update_s
 
 
 def test_the_joint_problem_reads_every_rank_s_compute_as_measured():

@@ -63,6 +63,16 @@ def test_nested_regions_of_one_kind_count_once():
     assert times.comm_s < times.gemm_s <= times.wall_s
 
 
+def test_the_optimizer_update_is_timed_apart_inside_the_step_s_compute():
+    clock = HostClock(lag=0)
+    _work(clock)
+    with clock.region("update"):
+        sum(range(20000))
+    times = clock.step()
+    assert 0 < times.update_s < times.compute_s and times.update_s + times.gemm_s <= times.wall_s
+    assert clock.step().update_s == 0.0
+
+
 def test_live_reads_the_open_step_as_the_steps_resolve_it():
     clock = HostClock(lag=0)
     _work(clock, n=3)

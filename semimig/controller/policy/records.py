@@ -33,15 +33,19 @@ class ReshardSample:
     dp_wait_s: Optional[Tuple[float, ...]] = None
     """The part of ``m_r`` spent waiting in the data-parallel gradient reduction (for other replicas);
     ``None``: not told apart."""
+    update_s: Optional[Tuple[float, ...]] = None
+    """The part of ``c_r`` in the optimizer's step (the parameters' update, work per step whatever the batch);
+    ``None``: not timed."""
 
     def __post_init__(self) -> None:
         lengths = [len(self.compute_s), len(self.shardable_s), len(self.comm_s)]
         lengths += [] if self.gemm_s is None else [len(self.gemm_s)]
         lengths += [] if self.dp_wait_s is None else [len(self.dp_wait_s)]
+        lengths += [] if self.update_s is None else [len(self.update_s)]
         if lengths[0] == 0 or any(n != lengths[0] for n in lengths):
-            raise ConfigError(f"ReshardSample: compute_s, shardable_s, comm_s (and gemm_s, dp_wait_s) need one entry "
-                              f"per rank, got {', '.join(map(str, lengths))}")
-        optional = tuple(name for name in ("gemm_s", "dp_wait_s") if getattr(self, name) is not None)
+            raise ConfigError(f"ReshardSample: compute_s, shardable_s, comm_s (and gemm_s, dp_wait_s, update_s) need "
+                              f"one entry per rank, got {', '.join(map(str, lengths))}")
+        optional = tuple(name for name in ("gemm_s", "dp_wait_s", "update_s") if getattr(self, name) is not None)
         for name in ("compute_s", "shardable_s", "comm_s") + optional:
             values = getattr(self, name)
             if type(values) is tuple and all(type(v) is float and 0.0 <= v < math.inf for v in values):
