@@ -37,6 +37,9 @@ class JointMoves:
         :meth:`_search`) that every rank waits for."""
         if any(policy.state != HOLDING for policy in self.policies):
             self._job_read = None
+            if self._speaks and self.dp_rank == 0 and logger.isEnabledFor(logging.DEBUG):
+                logger.debug("semimig job gain at step %d: not read, the policies are %s", step,
+                             [policy.state for policy in self.policies])
             return None
         age = step - self._job_moved
         if not reading_due(age, self._job_read):
@@ -49,6 +52,9 @@ class JointMoves:
         answer = self._search(problem, current)
         plans = tuple(as_policy_plans(row, now) for row, now in zip(answer.plans, current))
         if plans == current and answer.samples == self.samples:
+            if self._speaks and self.dp_rank == 0 and logger.isEnabledFor(logging.DEBUG):
+                logger.debug("semimig job gain at step %d (age %d): the plans in force are the planner's (%.4g s) "
+                             "from %r", step, age, answer.step, problem)
             return None
         now_s = job_step(problem, self.samples, current)
         config = self.policy.config
@@ -57,6 +63,10 @@ class JointMoves:
         cost = sum(policy.move_cost_s(row, now_s) for policy, row in zip(self.policies, plans))
         test = gain_test(now_s, answer.step, needed=max(policy.needed_gain() for policy in self.policies),
                          life=life, move_s=cost, way_back=life != remaining)
+        if self._speaks and self.dp_rank == 0 and logger.isEnabledFor(logging.DEBUG):
+            logger.debug("semimig job gain at step %d (age %d): %.4g s in force, %.4g s for samples %s plans %s; "
+                         "life %.3g, moves %.3g s: %s; from %r", step, age, now_s, answer.step, list(answer.samples),
+                         [[p.units for p in row] for row in plans], life, cost, test, problem)
         if not test.passed:
             return None
         return self._take_joint(decisions, step=step, answer=answer, problem=problem)

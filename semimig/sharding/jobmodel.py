@@ -75,8 +75,8 @@ def state_bytes_per_param(precision: str = "fp32", optimizer: str = "adam") -> i
     return weight + grad + master + _MOMENTS[check_choice("optimizer", optimizer, tuple(_MOMENTS))]
 
 
-def _grid(name: str, value: object, *, allow_inf: bool) -> Tuple[Tuple[float, ...], ...]:
-    """A non-empty rectangular ``[replica][tp position]`` table of numbers > 0."""
+def _grid(name: str, value: object, *, allow_inf: bool, allow_zero: bool = False) -> Tuple[Tuple[float, ...], ...]:
+    """A non-empty rectangular ``[replica][tp position]`` table of numbers > 0 (``allow_zero``: ≥ 0)."""
     if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) or not value or any(
             isinstance(row, (str, bytes)) or not isinstance(row, (tuple, list)) or not row for row in value):
         raise ConfigError(f"{name} must be a non-empty tuple of non-empty tuples ([replica][tp position]), got {value!r}")
@@ -85,7 +85,8 @@ def _grid(name: str, value: object, *, allow_inf: bool) -> Tuple[Tuple[float, ..
     out = []
     for d, row in enumerate(value):
         out.append(tuple(math.inf if allow_inf and x == math.inf else
-                         check_number(f"{name}[{d}][{r}]", x, minimum=0.0, low_open=True) for r, x in enumerate(row)))
+                         check_number(f"{name}[{d}][{r}]", x, minimum=0.0, low_open=not allow_zero)
+                for r, x in enumerate(row)))
     return tuple(out)
 
 
@@ -398,7 +399,10 @@ def from_measured(compute_s: Sequence[Sequence[float]], samples: Sequence[int], 
         raise ConfigError(f"compute_s must be {dp} replicas x {tp} ranks like the plans, got {len(grid)} x {len(grid[0])}")
     state_f = float(fields.get("fixed_bytes", 0.0))  # type: ignore[arg-type]
     state = units @ np.array([kind.bytes_per_unit for kind in kinds], dtype=float) + state_f
-    update = None if update_s is None else _grid_at_least_zero("update_s", update_s, (dp, tp))
+    update = None if update_s is None else _grid("update_s", update_s, allow_inf=False, allow_zero=True)
+    if update is not None and (len(update), len(update[0])) != (dp, tp):
+        raise ConfigError(f"update_s must be {dp} replicas x {tp} ranks like the plans, got "
+                          f"{len(update)} x {len(update[0])}")
     if update is not None and not any(u > 0.0 and state[d, r] > state_f for d, row in enumerate(update)
                                       for r, u in enumerate(row)):
         update = None  # nothing to weigh it by: the update stays per-sample work
@@ -419,14 +423,3 @@ def from_measured(compute_s: Sequence[Sequence[float]], samples: Sequence[int], 
                        for kind in scaled)
     return JointProblem(speeds=speeds, kinds=scaled, global_batch=global_batch, replicated_per_sample=k * sigma,
                         replicated_fixed=replicated_fixed, **fields)
-
-
-def _grid_at_least_zero(name: str, value: object, shape: Tuple[int, int]) -> Tuple[Tuple[float, ...], ...]:
-    """A ``[replica][rank]`` table of ``shape`` of numbers ≥ 0."""
-    def bad(row: object, n: int) -> bool:
-        return isinstance(row, (str, bytes)) or not isinstance(row, (tuple, list)) or len(row) != n
-
-    if bad(value, shape[0]) or any(bad(row, shape[1]) for row in value):  # type: ignore[union-attr]
-        raise ConfigError(f"{name} must be {shape[0]} replicas x {shape[1]} ranks like the plans, got {value!r}")
-    return tuple(tuple(check_number(f"{name}[{d}][{r}]", x, minimum=0.0) for r, x in enumerate(row))
-                 for d, row in enumerate(value))

@@ -326,7 +326,7 @@ def test_the_optimizers_update_read_apart_is_work_per_step_and_prices_a_lone_hol
     assert plan_job(read).plans == plan_job(truth).plans and plan_job(read).samples == plan_job(truth).samples
     with pytest.raises(ConfigError, match=r"update_s\[1\]\[0\]=9.0 leaves no compute of compute_s\[1\]\[0\]"):
         from_measured(compute, samples, measured, update_s=[update[0], [9.0, update[1][1]]], **fields)
-    with pytest.raises(ConfigError, match=r"update_s must be 2 replicas x 2 ranks like the plans, got \[\[0.1\]\]"):
+    with pytest.raises(ConfigError, match=r"update_s must be 2 replicas x 2 ranks like the plans, got 1 x 1"):
         from_measured(compute, samples, measured, update_s=[[0.1]], **fields)
     with pytest.raises(ConfigError, match=r"update_s\[0\]\[1\] must be .* got -0.1"):
         from_measured(compute, samples, measured, update_s=[[0.1, -0.1], [0.1, 0.1]], **fields)
