@@ -169,7 +169,7 @@ class Resharder(JointMoves):
         local = []
         for r, ((compute, busy, comm, sleep, wall, work, gap), g) in enumerate(zip(rows, gathered)):
             c, b = unshed(compute, busy, sleep_s=sleep, work=work, fixed=float(fixed[r]))
-            u = 0.0 if r in idle else g[-1]  # a rank that skips the step: its row is read without an update (.idle)
+            u = 0.0 if r in idle else updates[r]  # a rank that skips the step is read without an update (.idle)
             local.append([r, self.dp_rank, c, b + gap, comm, b, sleep, wall, work, gap, g[-2], u])
         mine_sample = None if self.per_replica else row_sample(local)
         lagged = self._lagged.exchange([v for row in local for v in row], mine_sample)

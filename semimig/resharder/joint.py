@@ -156,8 +156,8 @@ def split_ratio(windows: Sequence[Sequence[ReshardSample]], shares: Sequence[Seq
     (``shares[d]``, the kinds' weights included: the policy's :meth:`shares`) computes
     ``c_r = b·(ρ + σ·p_r)/v_r`` seconds besides its optimizer's update (timed apart where
     ``ReshardSample.update_s`` is given, and taken off), ``b_r = b·σ·p_r/v_r`` of them shardable (``ρ``, ``σ``:
-    the replicated and shardable work per sample, ``k = ρ/σ``).  So ``(c_r − b_r)/b_r = k/p_r``, whatever the rank's speed
-    and batch (a window scaled per mean batch reads the same):
+    the replicated and shardable work per sample, ``k = ρ/σ``).  So ``(c_r − b_r)/b_r = k/p_r``, whatever the
+    rank's speed and batch (a window scaled per mean batch reads the same):
 
         k_r = p_r·(c_r − b_r)/b_r
 
@@ -193,21 +193,22 @@ def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[
     k = split_ratio(windows, [policy.shares() for policy in policies])
     if k is None:
         k = sum(policy.replicated_ratio for policy in policies) / len(policies)
-    own = [[statistics.median(s.compute_s[r] - update_part(s, r) for s in window) * b / mean for r in range(tp)]
-           for window, b in zip(windows, samples)]
-    timed = all(s.update_s is not None for window in windows for s in window) and min(map(min, own)) > 0.0
-    update = [[statistics.median(update_part(s, r) for s in window) if timed else 0.0 for r in range(tp)]
-              for window in windows]
-    compute = [[c + u for c, u in zip(*rows)] if timed else
-               [statistics.median(s.compute_s[r] for s in window) * b / mean for r in range(tp)]
-               for rows, window, b in zip(zip(own, update), windows, samples)]
+    per_sample = [[statistics.median(s.compute_s[r] - update_part(s, r) for s in window) * b / mean
+                   for r in range(tp)] for window, b in zip(windows, samples)]
+    update = None
+    if all(s.update_s is not None for window in windows for s in window) and min(map(min, per_sample)) > 0.0:
+        update = [[statistics.median(update_part(s, r) for s in window) for r in range(tp)] for window in windows]
+        compute = [[c + u for c, u in zip(part, whole)] for part, whole in zip(per_sample, update)]
+    else:  # the update not timed (or all of some rank's compute): read per sample
+        compute = [[statistics.median(s.compute_s[r] for s in window) * b / mean for r in range(tp)]
+                   for window, b in zip(windows, samples)]
     kinds = tuple(UnitKind(name=name, total_units=plan.total_units, work_per_sample=float(weight),
                            min_units=setup.min_units, bytes_per_unit=nbytes)
                   for name, plan, weight, nbytes in zip(KINDS, policies[0].plans, policies[0].weights,
                                                         setup.bytes_per_unit))
     plans = [policy.plans for policy in policies]
     problem = from_measured(compute, samples, plans, replicated_over_shardable=k, kinds=kinds,
-                            global_batch=setup.global_batch, update_s=update if timed else None,
+                            global_batch=setup.global_batch, update_s=update,
                             capacity_bytes=setup.capacity_bytes,
                             fixed_bytes=setup.fixed_bytes, idle_free=policies[0].learned.idle_free)
     slow = [frozenset(policy.slowdown.slow) for policy in policies]

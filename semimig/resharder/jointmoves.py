@@ -37,7 +37,7 @@ class JointMoves:
         :meth:`_search`) that every rank waits for."""
         if any(policy.state != HOLDING for policy in self.policies):
             self._job_read = None
-            if self._speaks and self.dp_rank == 0 and logger.isEnabledFor(logging.DEBUG):
+            if self._tells(logging.DEBUG):
                 logger.debug("semimig job gain at step %d: not read, the policies are %s", step,
                              [policy.state for policy in self.policies])
             return None
@@ -52,7 +52,7 @@ class JointMoves:
         answer = self._search(problem, current)
         plans = tuple(as_policy_plans(row, now) for row, now in zip(answer.plans, current))
         if plans == current and answer.samples == self.samples:
-            if self._speaks and self.dp_rank == 0 and logger.isEnabledFor(logging.DEBUG):
+            if self._tells(logging.DEBUG):
                 logger.debug("semimig job gain at step %d (age %d): the plans in force are the planner's (%.4g s) "
                              "from %r", step, age, answer.step, problem)
             return None
@@ -63,13 +63,18 @@ class JointMoves:
         cost = sum(policy.move_cost_s(row, now_s) for policy, row in zip(self.policies, plans))
         test = gain_test(now_s, answer.step, needed=max(policy.needed_gain() for policy in self.policies),
                          life=life, move_s=cost, way_back=life != remaining)
-        if self._speaks and self.dp_rank == 0 and logger.isEnabledFor(logging.DEBUG):
+        if self._tells(logging.DEBUG):
             logger.debug("semimig job gain at step %d (age %d): %.4g s in force, %.4g s for samples %s plans %s; "
                          "life %.3g, moves %.3g s: %s; from %r", step, age, now_s, answer.step, list(answer.samples),
                          [[p.units for p in row] for row in plans], life, cost, test, problem)
         if not test.passed:
             return None
         return self._take_joint(decisions, step=step, answer=answer, problem=problem)
+
+    def _tells(self, level: int) -> bool:
+        """Whether this rank logs the job's decisions at ``level``: one rank of the job speaks (the first of
+        replica 0's TP group), and only where the level is enabled."""
+        return self._speaks and self.dp_rank == 0 and logger.isEnabledFor(level)
 
     def _search(self, problem: Any, reference: tuple) -> Any:
         """:func:`plan_job` on ``problem``, searched by the fastest rank of the job alone (``problem.speeds``;
@@ -101,9 +106,9 @@ class JointMoves:
         if plans == current and answer.samples == self.samples:
             return None
         self._job_moved, self._job_read = step, None
-        if problem is not None and self._speaks and self.dp_rank == 0:
+        if problem is not None and self._tells(logging.DEBUG):
             logger.debug("semimig joint plan at step %d from %r", step, problem)
-        if answer.memory_bound and self._speaks and self.dp_rank == 0:
+        if answer.memory_bound and self._tells(logging.INFO):
             logger.info("semimig joint plan at step %d: %s", step, answer.memory_bound)
         changed = [row != now for row, now in zip(plans, current)]
         uneven = tuple(self._uneven(ReshardDecision(step, plans=row)) if moved else old
@@ -112,7 +117,7 @@ class JointMoves:
         if self._lagged is not None:
             self._lagged.collect()  # measured under the old plans and split: dropped
         before = [d.current_s for d in decisions]
-        if self._speaks and self.dp_rank == 0:
+        if self._tells(logging.INFO):
             logger.info("semimig joint plan at step %d: samples %s -> %s, plans %s, predicted step %.4g s "
                         "(replicas %s; the plans in force: modelled %.4g s, measured %s)", step, list(self.samples),
                         list(answer.samples), [[p.units for p in row] for row in plans], answer.step,

@@ -75,8 +75,10 @@ def state_bytes_per_param(precision: str = "fp32", optimizer: str = "adam") -> i
     return weight + grad + master + _MOMENTS[check_choice("optimizer", optimizer, tuple(_MOMENTS))]
 
 
-def _grid(name: str, value: object, *, allow_inf: bool, allow_zero: bool = False) -> Tuple[Tuple[float, ...], ...]:
-    """A non-empty rectangular ``[replica][tp position]`` table of numbers > 0 (``allow_zero``: ≥ 0)."""
+def _grid(name: str, value: object, *, allow_inf: bool, allow_zero: bool = False,
+          shape: Optional[Tuple[int, int]] = None, like: str = "speeds") -> Tuple[Tuple[float, ...], ...]:
+    """A non-empty rectangular ``[replica][tp position]`` table of numbers > 0 (``allow_zero``: ≥ 0); ``shape``:
+    the ``(replicas, ranks)`` it must have, as ``like`` has."""
     if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) or not value or any(
             isinstance(row, (str, bytes)) or not isinstance(row, (tuple, list)) or not row for row in value):
         raise ConfigError(f"{name} must be a non-empty tuple of non-empty tuples ([replica][tp position]), got {value!r}")
@@ -87,6 +89,9 @@ def _grid(name: str, value: object, *, allow_inf: bool, allow_zero: bool = False
         out.append(tuple(math.inf if allow_inf and x == math.inf else
                          check_number(f"{name}[{d}][{r}]", x, minimum=0.0, low_open=not allow_zero)
                 for r, x in enumerate(row)))
+    if shape is not None and (len(out), len(out[0])) != shape:
+        raise ConfigError(f"{name} must be {shape[0]} replicas x {shape[1]} ranks like {like}, got "
+                          f"{len(out)} x {len(out[0])}")
     return tuple(out)
 
 
@@ -180,10 +185,7 @@ class JointProblem:
             object.__setattr__(self, field, check_number(field, getattr(self, field), minimum=0.0))
         for field, allow_inf in (("capacity_bytes", True), ("lone_speeds", False)):
             if getattr(self, field) is not None:
-                table = _grid(field, getattr(self, field), allow_inf=allow_inf)
-                if (len(table), len(table[0])) != (dp, tp):
-                    raise ConfigError(f"{field} must be {dp} replicas x {tp} ranks like speeds, got "
-                                      f"{len(table)} x {len(table[0])}")
+                table = _grid(field, getattr(self, field), allow_inf=allow_inf, shape=(dp, tp))
                 object.__setattr__(self, field, table)
 
     @property
@@ -394,15 +396,11 @@ def from_measured(compute_s: Sequence[Sequence[float]], samples: Sequence[int], 
     shape = JointProblem(speeds=((1.0,) * tp,) * dp, kinds=scaled, global_batch=global_batch,
                          replicated_per_sample=k * sigma, **fields)
     units, samples = unit_counts(shape, plans), _samples(shape, samples)
-    grid = _grid("compute_s", compute_s, allow_inf=False)
-    if (len(grid), len(grid[0])) != (dp, tp):
-        raise ConfigError(f"compute_s must be {dp} replicas x {tp} ranks like the plans, got {len(grid)} x {len(grid[0])}")
+    grid = _grid("compute_s", compute_s, allow_inf=False, shape=(dp, tp), like="the plans")
     state_f = float(fields.get("fixed_bytes", 0.0))  # type: ignore[arg-type]
     state = units @ np.array([kind.bytes_per_unit for kind in kinds], dtype=float) + state_f
-    update = None if update_s is None else _grid("update_s", update_s, allow_inf=False, allow_zero=True)
-    if update is not None and (len(update), len(update[0])) != (dp, tp):
-        raise ConfigError(f"update_s must be {dp} replicas x {tp} ranks like the plans, got "
-                          f"{len(update)} x {len(update[0])}")
+    update = None if update_s is None else _grid("update_s", update_s, allow_inf=False, allow_zero=True,
+                                                 shape=(dp, tp), like="the plans")
     if update is not None and not any(u > 0.0 and state[d, r] > state_f for d, row in enumerate(update)
                                       for r, u in enumerate(row)):
         update = None  # nothing to weigh it by: the update stays per-sample work
