@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
 from semimig._validate import check_int, check_number
-from semimig.controller.policy.gain import Noise, bet_pays, expected_life, gain_test, return_risk
+from semimig.controller.policy.gain import MoveRate, Noise, bet_pays, expected_life, gain_test, return_risk
 from semimig.controller.policy.memory import PlanMemory
 from semimig.controller.policy.propose import healthy_step, plan_step, pooled, propose, seat_delta, seat_reading, shares
 from semimig.controller.policy.records import ReshardDecision, ReshardSample, moved_units
@@ -134,7 +134,8 @@ class ReshardPolicy:
         self.config, self.plans, self.tp = config, plans, plans[0].tp
         self.state, self.step = START, 0
         self.last_move_step: Optional[int] = None
-        self.seconds_per_byte: Optional[float] = None
+        self.move_rate = MoveRate()
+        """Seconds per byte of the moves measured (what a move is priced at)."""
         self.samples = Window(config.window, self.tp)
         """The window: steps of the plan in force fed to the model, and each rank's fresh steps."""
         total = sum(self.weights)
@@ -170,8 +171,7 @@ class ReshardPolicy:
             raise ConfigError(f"moved_to: plans {[str(p) for p in plans]} do not match the dimensions in force")
         check_number("seconds", seconds, minimum=0.0)
         check_int("bytes_moved", bytes_moved, minimum=0)
-        if bytes_moved > 0:
-            self.seconds_per_byte = seconds / bytes_moved
+        self.move_rate.add(seconds, bytes_moved)
         window = self.samples.steady()  # at one set of speeds, as R/S needs
         # a move bet on slow steps left a window whose last steps have other speeds: it measures nothing
         measured = len(window) >= N_MIN and not (self.history and self.history[-1].step == self.step - 1
@@ -393,8 +393,8 @@ class ReshardPolicy:
         return self._move_cost(self.moved(new)[1], step_s)
 
     def _move_cost(self, nbytes: int, healthy_s: float) -> float:
-        """Seconds a move of ``nbytes`` costs: the last move's seconds per byte, or the prior in steps."""
-        if self.seconds_per_byte is not None:
-            return nbytes * self.seconds_per_byte
+        """Seconds a move of ``nbytes`` costs: at the moves' measured rate (:class:`MoveRate`), or the prior in steps."""
+        if self.move_rate.per_byte is not None:
+            return nbytes * self.move_rate.per_byte
         total = sum(b * p.total_units for b, p in zip(self.bytes_per_unit, self.plans))
         return nbytes / total * self.config.move_steps * healthy_s if total else 0.0

@@ -420,6 +420,25 @@ def test_a_straggler_too_short_to_pay_its_move_is_not_moved_for():
     assert run_.moves == 0
 
 
+def test_a_move_is_priced_at_the_least_rate_of_the_last_two_moves():
+    """A run's first move pays the exchange's one-time set-up, a move off a slow rank its pace: neither prices the
+    next move (the way back above all) by its excess, while two slower moves in a row raise the price."""
+    pol, uneven, even = policy(), solved([1.0, 0.25]), even_plans()
+    n = pol.moved(uneven)[1]
+    assert pol.move_cost_s(uneven, 1.0) == pytest.approx(n / sum(b * p.total_units for b, p in zip(BYTES, even))
+                                                         * ReshardConfig().move_steps)  # the prior, in steps
+    pol.moved_to(uneven, seconds=5e-9 * n, bytes_moved=n)  # the first move, set-up included
+    assert pol.move_cost_s(even, 1.0) == pytest.approx(5e-9 * n)
+    pol.moved_to(even, seconds=1e-9 * n, bytes_moved=n)
+    assert pol.move_cost_s(uneven, 1.0) == pytest.approx(1e-9 * n)
+    pol.moved_to(uneven, seconds=2e-9 * n, bytes_moved=n)  # one slower move
+    assert pol.move_cost_s(even, 1.0) == pytest.approx(1e-9 * n)
+    pol.moved_to(even, seconds=0.0, bytes_moved=0)  # a move of no bytes tells no rate
+    assert pol.move_cost_s(uneven, 1.0) == pytest.approx(1e-9 * n)
+    pol.moved_to(uneven, seconds=3e-9 * n, bytes_moved=n)  # two slower moves in a row
+    assert pol.move_cost_s(even, 1.0) == pytest.approx(2e-9 * n)
+
+
 def test_a_plan_measured_at_the_speeds_in_force_is_not_traded_on_a_biased_prediction():
     """The policy's KV weight (the parameter share, 0.27) understates attention's work (0.39): read from
     either of two neighbouring plans, the other looks a few per cent faster.  Once both were measured at

@@ -13,9 +13,9 @@ step model) is taken when
   over the ended lengths ``D > a`` (the empirical hazard); a state that has outlived every past one
   falls back to its age ``a`` (the floor is a bet on a state nothing is known of, and here the past
   says states of this kind end sooner).  At most the run's remaining steps when they are known;
-- ``C`` the move's cost: the measured seconds per byte of the last move times the bytes of this one,
-  or before any move ``bytes / all bytes × move_steps × the healthy even step`` (a prior in steps, so it
-  holds from 20 ms to 5 s steps).  ``(1 + p)·C`` pays the move, and the move back with the odds ``p``
+- ``C`` the move's cost: the bytes of this one at the least seconds per byte of the last
+  :data:`MOVE_RATES` moves measured (:class:`MoveRate`), or before any move ``bytes / all bytes ×
+  move_steps × the healthy even step`` (a prior in steps, so it holds from 20 ms to 5 s steps).  ``(1 + p)·C`` pays the move, and the move back with the odds ``p``
   that the state after the present one is the one before (below): a state after it that is new calls
   for a move from either plan, so only a return makes the move back this move's own cost.  Where
   the state is expected to outlive the run (its life, uncapped, reaches the run's remaining steps) no
@@ -51,12 +51,14 @@ from semimig.controller.policy.stepmodel import ordered_median
 from semimig.controller.policy.window import SLOW_STEPS
 from semimig.sharding.solver import StepModel
 
-__all__ = ["Noise", "Gain", "gain_test", "expected_life", "bet_pays", "return_risk"]
+__all__ = ["Noise", "Gain", "MoveRate", "MOVE_RATES", "gain_test", "expected_life", "bet_pays", "return_risk"]
 
 NOISE_PAIRS = 400
 """Consecutive-step pairs (all ranks together) the noise estimate is read from."""
 NOISE_PRIOR_PAIRS = 24
 """Pairs after which the prior noise has faded to half its value."""
+MOVE_RATES = 2
+"""Moves whose seconds per byte price the next (:class:`MoveRate`)."""
 
 
 class Noise:
@@ -94,6 +96,29 @@ class Noise:
     def of_median(self, n: int) -> float:
         """Relative standard error of a median over ``n`` steps."""
         return 1.25 * self.sigma / math.sqrt(max(n, 1))
+
+
+class MoveRate:
+    """Seconds per byte of a move: the least over the last :data:`MOVE_RATES` moves measured (``None`` before any).
+
+    A move's time is its bytes at the exchange's rate plus whatever delayed it, and every such part only
+    lengthens it: the exchange's one-time set-up, which a run's first move pays (measured at 2-5x the same
+    move made later), a slow rank taking part, contention on the link.  One such
+    move read alone would price the next moves by its excess, the way back from it above all (and a way
+    back priced too high keeps a plan made for a slowdown that has ended); the least of the last two
+    leaves one move's excess out, while a link that stays slower raises the rate after two moves."""
+
+    def __init__(self) -> None:
+        self._rates: collections.deque = collections.deque(maxlen=MOVE_RATES)
+
+    def add(self, seconds: float, nbytes: int) -> None:
+        """A move of ``nbytes`` took ``seconds`` (nothing is learned from a move of no bytes)."""
+        if nbytes > 0:
+            self._rates.append(seconds / nbytes)
+
+    @property
+    def per_byte(self) -> Optional[float]:
+        return min(self._rates) if self._rates else None
 
 
 @dataclass(frozen=True)
