@@ -393,7 +393,7 @@ class ReshardPolicy:
         return self._move_cost(self.moved(new)[1], step_s)
 
     def _move_cost(self, nbytes: int, healthy_s: float) -> float:
-        """Seconds a move of ``nbytes`` costs: at the moves' measured rate (:class:`MoveRate`), or the prior in steps."""
+        """Seconds a move of ``nbytes`` costs: at the moves' rate (:class:`MoveRate`), or the prior in steps."""
         if self.move_rate.per_byte is not None:
             return nbytes * self.move_rate.per_byte
         total = sum(b * p.total_units for b, p in zip(self.bytes_per_unit, self.plans))

@@ -14,8 +14,9 @@ step model) is taken when
   falls back to its age ``a`` (the floor is a bet on a state nothing is known of, and here the past
   says states of this kind end sooner).  At most the run's remaining steps when they are known;
 - ``C`` the move's cost: the bytes of this one at the least seconds per byte of the last
-  :data:`MOVE_RATES` moves measured (:class:`MoveRate`), or before any move ``bytes / all bytes ×
-  move_steps × the healthy even step`` (a prior in steps, so it holds from 20 ms to 5 s steps).  ``(1 + p)·C`` pays the move, and the move back with the odds ``p``
+  :data:`MOVE_RATES` moves measured (:class:`MoveRate`), or before any move
+  ``bytes / all bytes × move_steps × the healthy even step`` (a prior in steps, so it holds from
+  20 ms to 5 s steps).  ``(1 + p)·C`` pays the move, and the move back with the odds ``p``
   that the state after the present one is the one before (below): a state after it that is new calls
   for a move from either plan, so only a return makes the move back this move's own cost.  Where
   the state is expected to outlive the run (its life, uncapped, reaches the run's remaining steps) no
@@ -102,11 +103,11 @@ class MoveRate:
     """Seconds per byte of a move: the least over the last :data:`MOVE_RATES` moves measured (``None`` before any).
 
     A move's time is its bytes at the exchange's rate plus whatever delayed it, and every such part only
-    lengthens it: the exchange's one-time set-up, which a run's first move pays (measured at 2-5x the same
-    move made later), a slow rank taking part, contention on the link.  One such
-    move read alone would price the next moves by its excess, the way back from it above all (and a way
-    back priced too high keeps a plan made for a slowdown that has ended); the least of the last two
-    leaves one move's excess out, while a link that stays slower raises the rate after two moves."""
+    lengthens it: the exchange's one-time set-up, which a run's first move pays (measured at several times
+    the same move made later), a slow rank taking part, contention on the link.  One such move read alone
+    would price the next moves by its excess, the way back from it above all (and a way back priced too
+    high keeps a plan made for a slowdown that has ended); the least of the last two leaves one move's
+    excess out, while a link that stays slower raises the rate after two moves."""
 
     def __init__(self) -> None:
         self._rates: collections.deque = collections.deque(maxlen=MOVE_RATES)
