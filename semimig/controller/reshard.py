@@ -394,7 +394,7 @@ class ReshardPolicy:
 
     def _move_cost(self, nbytes: int, healthy_s: float) -> float:
         """Seconds a move of ``nbytes`` costs: at the moves' rate (:class:`MoveRate`), or the prior in steps."""
-        if self.move_rate.per_byte is not None:
-            return nbytes * self.move_rate.per_byte
+        if (rate := self.move_rate.per_byte) is not None:
+            return nbytes * rate
         total = sum(b * p.total_units for b, p in zip(self.bytes_per_unit, self.plans))
         return nbytes / total * self.config.move_steps * healthy_s if total else 0.0
