@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
 from semimig._validate import check_int, check_number
-from semimig.controller.policy.gain import MoveRate, Noise, bet_pays, expected_life, gain_test, return_risk
+from semimig.controller.policy.gain import (MoveRate, Noise, bet_pays, expected_life, gain_test, move_pace, movers,
+                                            return_risk)
 from semimig.controller.policy.memory import PlanMemory
 from semimig.controller.policy.propose import healthy_step, plan_step, pooled, propose, seat_delta, seat_reading, shares
 from semimig.controller.policy.records import ReshardDecision, ReshardSample, moved_units
@@ -136,6 +137,7 @@ class ReshardPolicy:
         self.last_move_step: Optional[int] = None
         self.move_rate = MoveRate()
         """Seconds per byte of the moves measured (what a move is priced at)."""
+        self.speeds: Tuple[float, ...] = (1.0,) * self.tp  # the ranks' speeds the last decision read
         self.samples = Window(config.window, self.tp)
         """The window: steps of the plan in force fed to the model, and each rank's fresh steps."""
         total = sum(self.weights)
@@ -171,7 +173,7 @@ class ReshardPolicy:
             raise ConfigError(f"moved_to: plans {[str(p) for p in plans]} do not match the dimensions in force")
         check_number("seconds", seconds, minimum=0.0)
         check_int("bytes_moved", bytes_moved, minimum=0)
-        self.move_rate.add(seconds, bytes_moved)
+        self.move_rate.add(seconds, bytes_moved, move_pace(movers(self.plans, plans), self.speeds))
         window = self.samples.steady()  # at one set of speeds, as R/S needs
         # a move bet on slow steps left a window whose last steps have other speeds: it measures nothing
         measured = len(window) >= N_MIN and not (self.history and self.history[-1].step == self.step - 1
@@ -293,7 +295,7 @@ class ReshardPolicy:
         w, seated = self.learned.weights, seat_delta(model.speeds, self.plans, proposal, seats, idle_free=model.idle_free)
         wrong = max(0.0, plan_step(base, w, proposal) - plan_step(base, w, self.plans)) * (cfg.warmup + N_MIN + 1)
         healthy = healthy_step(base) + comm
-        move = 2.0 * self._move_cost(self.moved(proposal)[1], healthy)
+        move = 2.0 * self.move_cost_s(proposal, healthy, model.speeds)
         gain = plan_step(model, w, self.plans) - plan_step(model, w, proposal) - seated
         if not bet_pays(gain, wrong + move, self.samples.rates.change_odds(steps)):
             return None
@@ -315,6 +317,7 @@ class ReshardPolicy:
         """The gain test on the best proposal (module docstring), the ranks outside the slow set alike."""
         cfg = self.config
         model = pooled(model, self.slowdown.slow)
+        self.speeds = model.speeds
         current = plan_step(model, self.learned.weights, self.plans) + comm
         seats = self._seat_comm(self.slowdown.slow)
         proposal = self._propose(model, seats)
@@ -337,7 +340,7 @@ class ReshardPolicy:
         risk = return_risk(model, slow, self.slowdown.previous, self.shares(), self.shares(proposal), odds)
         way_back = life != remaining  # a state expected to outlive the run is never moved back from
         test = gain_test(current, predicted, needed=self.needed_gain(se), life=life, risk_s=risk, way_back=way_back,
-                         back_odds=odds, move_s=self._move_cost(nbytes, healthy_s))
+                         back_odds=odds, move_s=self.move_cost_s(proposal, healthy_s, model.speeds))
         paid = "the move and its way back" if way_back else "the move"
         info = dict(base, predicted_s=predicted, move_bytes=nbytes, move_cost_s=test.cost_s, horizon=life)
         if not test.passed or test.gain_s < needed_gain * current:
@@ -388,13 +391,10 @@ class ReshardPolicy:
         se = self.noise.of_median(max(self.samples.independent, 1)) if se is None else se
         return max(self.config.margin, -math.expm1(-self.config.noise_z * se), self.learned.error)
 
-    def move_cost_s(self, new: Sequence[ShardPlan], step_s: float) -> float:
-        """Seconds a move from the plan in force to ``new`` costs (``step_s``: the step the prior is in)."""
-        return self._move_cost(self.moved(new)[1], step_s)
-
-    def _move_cost(self, nbytes: int, healthy_s: float) -> float:
-        """Seconds a move of ``nbytes`` costs: at the moves' rate (:class:`MoveRate`), or the prior in steps."""
-        if (rate := self.move_rate.per_byte) is not None:
-            return nbytes * rate
-        total = sum(b * p.total_units for b, p in zip(self.bytes_per_unit, self.plans))
-        return nbytes / total * self.config.move_steps * healthy_s if total else 0.0
+    def move_cost_s(self, new: Sequence[ShardPlan], step_s: float, speeds: Optional[Sequence[float]] = None) -> float:
+        """Seconds a move from the plan in force to ``new`` costs at ``speeds`` (default: the last decision's): its
+        bytes at the moves' rate (:class:`MoveRate`) or the prior in steps of ``step_s``, times its pace."""
+        total, rate = sum(b * p.total_units for b, p in zip(self.bytes_per_unit, self.plans)), self.move_rate.per_byte
+        if rate is None:
+            rate = self.config.move_steps * step_s / total if total else 0.0
+        return self.moved(new)[1] * rate * move_pace(movers(self.plans, new), self.speeds if speeds is None else speeds)

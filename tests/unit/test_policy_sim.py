@@ -135,6 +135,21 @@ def test_the_reactive_bound_lies_between_the_oracle_and_the_policy(index):
     assert oracle - 1e-9 <= bound <= run_policy(scenario, reshard_policy).time_s + 1e-9
 
 
+def test_a_move_runs_at_the_pace_of_its_slowest_rank():
+    """Half a move's work runs at each end's pace: a move with a rank χ times slower taking part costs
+    ``(1 + χ)/2`` of its bytes' time, one between healthy ranks its bytes' time, whatever else is slow."""
+    workload = _workload(tp=4, latency_s=0.01)
+    even = workload.even_plans()
+    between_healthy = (ShardPlan(units=(3, 1, 2, 2)), even[1])
+    onto_slow = (ShardPlan(units=(2, 2, 3, 1)), even[1])
+    speeds = (1.0, 1.0, 1.0, 0.25)
+    for plan, pace in ((between_healthy, 1.0), (onto_slow, 2.5)):
+        nbytes, free = workload.move(even, plan)
+        assert nbytes > 0 and free == pytest.approx(0.01 + nbytes / 1e8)
+        assert workload.move(even, plan, speeds=speeds) == (nbytes, pytest.approx(0.01 + pace * nbytes / 1e8))
+    assert workload.move(even, even, speeds=speeds) == (0, 0.0)
+
+
 def test_the_oracle_pays_its_moves():
     """A straggler for two steps of a long run is not worth moving every unit for when a move costs
     more than it saves."""

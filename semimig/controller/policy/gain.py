@@ -13,12 +13,13 @@ step model) is taken when
   over the ended lengths ``D > a`` (the empirical hazard); a state that has outlived every past one
   falls back to its age ``a`` (the floor is a bet on a state nothing is known of, and here the past
   says states of this kind end sooner).  At most the run's remaining steps when they are known;
-- ``C`` the move's cost: the bytes of this one at the least seconds per byte of the last
+- ``C`` the move's cost: the bytes of this one at the least free seconds per byte of the last
   :data:`MOVE_RATES` moves measured (:class:`MoveRate`), or before any move
   ``bytes / all bytes × move_steps × the healthy even step`` (a prior in steps, so it holds from
-  20 ms to 5 s steps).  ``(1 + p)·C`` pays the move, and the move back with the odds ``p``
-  that the state after the present one is the one before (below): a state after it that is new calls
-  for a move from either plan, so only a return makes the move back this move's own cost.  Where
+  20 ms to 5 s steps), times its pace (:func:`move_pace`: a slow rank taking part stretches it).
+  ``(1 + p)·C`` pays the move, and the move back with the odds ``p`` that the state after the present
+  one is the one before (below): a state after it that is new calls for a move from either plan, so
+  only a return makes the move back this move's own cost.  Where
   the state is expected to outlive the run (its life, uncapped, reaches the run's remaining steps) no
   move back is paid and nothing comes back within the run: the cost is ``C`` alone, without ``ρ``;
 - ``ρ`` the risk of the state before coming back: when the present state ends, with probability ``p``
@@ -50,9 +51,11 @@ from typing import AbstractSet, Optional, Sequence, Tuple
 from semimig.controller.policy.propose import pooled
 from semimig.controller.policy.stepmodel import ordered_median
 from semimig.controller.policy.window import SLOW_STEPS
+from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel
 
-__all__ = ["Noise", "Gain", "MoveRate", "MOVE_RATES", "gain_test", "expected_life", "bet_pays", "return_risk"]
+__all__ = ["Noise", "Gain", "MoveRate", "MOVE_RATES", "move_pace", "movers", "gain_test", "expected_life", "bet_pays",
+           "return_risk"]
 
 NOISE_PAIRS = 400
 """Consecutive-step pairs (all ranks together) the noise estimate is read from."""
@@ -99,23 +102,39 @@ class Noise:
         return 1.25 * self.sigma / math.sqrt(max(n, 1))
 
 
-class MoveRate:
-    """Seconds per byte of a move: the least over the last :data:`MOVE_RATES` moves measured (``None`` before any).
+def movers(old: Sequence[ShardPlan], new: Sequence[ShardPlan]) -> Tuple[bool, ...]:
+    """Per rank, whether a move from plans ``old`` to ``new`` changes its units of some dimension."""
+    return tuple(any(o.units[r] != n.units[r] for o, n in zip(old, new)) for r in range(old[0].tp))
 
-    A move's time is its bytes at the exchange's rate plus whatever delayed it, and every such part only
-    lengthens it: the exchange's one-time set-up, which a run's first move pays (measured at several times
-    the same move made later), a slow rank taking part, contention on the link.  One such move read alone
-    would price the next moves by its excess, the way back from it above all (and a way back priced too
-    high keeps a plan made for a slowdown that has ended); the least of the last two leaves one move's
-    excess out, while a link that stays slower raises the rate after two moves."""
+
+def move_pace(moving: Sequence[bool], speeds: Sequence[float]) -> float:
+    """How much slower than a free move one is: ``(1 + χ)/2``, ``χ`` the slowdown (the fastest rank's speed over
+    its own) of the slowest rank ``moving``; 1 when none moves.  Half of a move's work (packing and sending, or
+    receiving and unpacking) runs at each end's pace (a move with a rank at a quarter of a core, ``χ`` 4,
+    measured 2-4x a free move's seconds per byte on the reference machine)."""
+    top = max(speeds)
+    return (1.0 + max((top / v for v, m in zip(speeds, moving) if m), default=1.0)) / 2.0
+
+
+class MoveRate:
+    """Seconds per byte of a free move (:func:`move_pace` 1): the least over the last :data:`MOVE_RATES` moves
+    measured, each read at its pace (``None`` before any).
+
+    A move's time is its bytes at the exchange's rate, stretched by the pace of its slowest rank, plus whatever
+    else delayed it, and every such part only lengthens it: the exchange's one-time set-up, which a run's first
+    move pays (measured at several times the same move made later), contention on the link.  One such move
+    read alone would price the next moves by its excess, the way back from it above all (and a way back
+    priced too high keeps a plan made for a slowdown that has ended); the least of the last two leaves one
+    move's excess out, while a link that stays slower raises the rate after two moves.  Read at its pace, a
+    move onto a straggler prices the way back, which no slow rank slows, at a free move's rate."""
 
     def __init__(self) -> None:
         self._rates: collections.deque = collections.deque(maxlen=MOVE_RATES)
 
-    def add(self, seconds: float, nbytes: int) -> None:
-        """A move of ``nbytes`` took ``seconds`` (nothing is learned from a move of no bytes)."""
+    def add(self, seconds: float, nbytes: int, pace: float = 1.0) -> None:
+        """A move of ``nbytes`` at ``pace`` took ``seconds`` (nothing is learned from a move of no bytes)."""
         if nbytes > 0:
-            self._rates.append(seconds / nbytes)
+            self._rates.append(seconds / nbytes / pace)
 
     @property
     def per_byte(self) -> Optional[float]:

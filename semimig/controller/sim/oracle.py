@@ -17,7 +17,9 @@ move (one before the first step sends weights only, as the device probe's does):
 over the trace's constant
 segments (within a segment whose speeds do not change, a schedule that moves at most once, at its
 start, is as good as any: the step costs are constant and the bytes of two moves are at least those of
-one move to the same end, so the triangle inequality holds).  Restricted to those plans it can be a
+one move to the same end, so the triangle inequality holds for the bytes; a move's pace is its slowest
+rank's, so two moves that keep a slow rank out of the bulk of the bytes can beat one, which the oracle
+does not try).  Restricted to those plans it can be a
 little slower than the best schedule over every plan (another plan with the same step, cheaper to reach,
 or a compromise between phases): on scenarios small enough to list every plan, within 2 %.
 
@@ -44,6 +46,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from semimig.controller.sim.scenarios import Scenario
+from semimig.controller.policy.gain import movers
 from semimig.controller.sim.stepmodel import Plans, Workload
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, continuous_shares, solve_plan, soonest_first
@@ -153,17 +156,22 @@ def _schedule(scenario: Scenario, plans: Sequence[Plans], starts: Sequence[int])
     if even not in plans:
         plans.insert(0, even)
     start = plans.index(even)
-    moves = np.array([[workload.move(p, q)[1] for q in plans] for p in plans])
+    nbytes = np.array([[workload.move(p, q)[0] for q in plans] for p in plans], dtype=float)
+    moving = np.array([[movers(p, q) for q in plans] for p in plans], dtype=bool)  # (K, K, tp)
     pieces = sorted(set(starts) | {s for s, _ in segments(scenario.speeds)})  # constant speeds, one interval
     lengths = np.diff(np.array(pieces + [scenario.steps], dtype=float))
     piece_cost = _step_matrix(workload, plans, scenario.speeds[pieces]) * lengths[None, :]  # (K, pieces)
     owner = np.searchsorted(np.array(starts), np.array(pieces), side="right") - 1
     cost = np.zeros((len(plans), len(starts)))
     np.add.at(cost.T, owner, piece_cost.T)  # (K, intervals)
-    first = np.array([workload.move(even, q, first=True)[1] for q in plans])  # before the first step
+    speeds = np.asarray(scenario.speeds, dtype=float)
+    first = np.array([workload.move(even, q, first=True, speeds=speeds[0])[1] for q in plans])  # before the first step
     value = first + cost[:, 0]
     count = (np.arange(len(plans)) != start).astype(int)
     for s in range(1, len(starts)):
+        chi = np.max(np.where(moving, speeds[starts[s]].max() / speeds[starts[s]], 1.0), axis=2)  # move_pace's
+        moves = np.where(nbytes > 0.0, workload.latency_s + nbytes / workload.bandwidth_bytes_s * (1.0 + chi) / 2.0,
+                         0.0)
         total = value[:, None] + moves  # from j to k
         best = np.argmin(total, axis=0)
         count = count[best] + (best != np.arange(len(plans)))

@@ -14,9 +14,10 @@ further 1.5-3x), its timed shardable seconds (``timed_share`` of the shardable w
 noise, at most its compute), its seconds in collectives (the step's collectives plus the wait for the
 slowest rank as measured).  With a lag of ``L`` steps the policy reads step ``i − L`` at the end of
 step ``i``.  A decision to move is carried out before the next step: the move costs its bytes over the
-link plus its latency, and the policy is told that cost.  Before the first step, when the scenario
-has the device probe, the policy's ``profile`` reads five repeats of a fixed GEMM work timed at each
-rank's first-step speed (with the same noise); a move then sends weights only
+link, stretched by its slowest rank's pace at that step's speeds, plus its latency
+(:meth:`~semimig.controller.sim.stepmodel.Workload.move`), and the policy is told that cost.  Before the
+first step, when the scenario has the device probe, the policy's ``profile`` reads five repeats of a
+fixed GEMM work timed at each rank's first-step speed (with the same noise); a move then sends weights only
 (:data:`~semimig.controller.sim.stepmodel.FIRST_MOVE_SHARE`).
 
 The noise is drawn once per scenario from its seed, so every policy meets the same measurements
@@ -122,7 +123,8 @@ def run_policy(scenario: Scenario, factory: PolicyFactory) -> RunResult:
     result = RunResult(time_s=0.0)
 
     def move(new: Sequence[Any], step: int, reason: str) -> Plans:
-        nbytes, seconds = workload.move(plans, tuple(new), first=step < 0)
+        nbytes, seconds = workload.move(plans, tuple(new), first=step < 0,  # at the speeds of the step after it
+                                        speeds=scenario.speeds[step + 1])
         result.time_s += seconds
         result.moves += 1
         result.bytes_moved += nbytes

@@ -24,8 +24,12 @@ shard is not timed), so the replicated work it infers is an upper bound, as on r
 
 A move sends, for every unit that changes owner, its weights and optimizer state
 (``state_bytes`` for all units together, split by parameter share), in
-``latency_s + bytes / bandwidth_bytes_s`` (before the first step: the weights alone,
-:data:`FIRST_MOVE_SHARE` of those bytes).
+``latency_s + bytes / bandwidth_bytes_s · pace`` (before the first step: the weights alone,
+:data:`FIRST_MOVE_SHARE` of those bytes).  Half of a move's work (packing and sending, or receiving
+and unpacking) runs at each end's pace, so a slow rank taking part stretches it:
+``pace = (1 + χ)/2`` with ``χ`` the slowdown (fastest speed over its speed) of the slowest rank whose
+units change (the policy's :func:`~semimig.controller.policy.gain.move_pace`; a move with a rank at a
+quarter of a core, ``χ`` 4, measured 2-4x a free move's seconds per byte on the reference machine).
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from semimig._validate import check_int, check_number
+from semimig.controller.policy.gain import move_pace, movers
 from semimig.controller.reshard import moved_units
 from semimig.errors import ConfigError
 from semimig.sharding.jobmodel import seat_scale
@@ -183,15 +188,18 @@ class Workload:
                       None if factors is None else tuple(float(f) for f in factors))
 
     # ------------------------------------------------------------------ a move
-    def move(self, old: Plans, new: Plans, *, first: bool = False) -> Tuple[int, float]:
-        """``(bytes, seconds)`` of moving from ``old`` to ``new`` (nothing when they are equal);
-        ``first``: before the first step (weights only)."""
+    def move(self, old: Plans, new: Plans, *, first: bool = False,
+             speeds: Optional[Sequence[float]] = None) -> Tuple[int, float]:
+        """``(bytes, seconds)`` of moving from ``old`` to ``new`` (nothing when they are equal) at the ranks'
+        ``speeds`` (``None``: all alike); ``first``: before the first step (weights only)."""
         if tuple(old) == tuple(new):
             return 0, 0.0
         nbytes = sum(moved_units(o, n) * b for o, n, b in zip(old, new, self.bytes_per_unit))
         if first:
             nbytes = int(nbytes * FIRST_MOVE_SHARE)
-        return nbytes, self.latency_s + nbytes / self.bandwidth_bytes_s
+        pace = 1.0 if speeds is None else move_pace(movers(old, new), speeds)
+        return nbytes, self.latency_s + nbytes / self.bandwidth_bytes_s * pace
+
 
 
 @functools.lru_cache(maxsize=4096)
