@@ -48,6 +48,8 @@ import math
 from dataclasses import dataclass
 from typing import AbstractSet, Optional, Sequence, Tuple
 
+import numpy as np
+
 from semimig.controller.policy.propose import pooled
 from semimig.controller.policy.stepmodel import ordered_median
 from semimig.controller.policy.window import SLOW_STEPS
@@ -107,13 +109,14 @@ def movers(old: Sequence[ShardPlan], new: Sequence[ShardPlan]) -> Tuple[bool, ..
     return tuple(any(o.units[r] != n.units[r] for o, n in zip(old, new)) for r in range(old[0].tp))
 
 
-def move_pace(moving: Sequence[bool], speeds: Sequence[float]) -> float:
+def move_pace(moving, speeds: Sequence[float]):
     """How much slower than a free move one is: ``(1 + χ)/2``, ``χ`` the slowdown (the fastest rank's speed over
     its own) of the slowest rank ``moving``; 1 when none moves.  Half of a move's work (packing and sending, or
     receiving and unpacking) runs at each end's pace (a move with a rank at a quarter of a core, ``χ`` 4,
-    measured 2-4x a free move's seconds per byte on the reference machine)."""
-    top = max(speeds)
-    return (1.0 + max((top / v for v, m in zip(speeds, moving) if m), default=1.0)) / 2.0
+    measured 2-4x a free move's seconds per byte on the reference machine).  ``moving``: one flag per rank, or
+    an array of such rows (the last axis the ranks), for which the paces come as an array."""
+    slowdown = max(speeds) / np.asarray(speeds, dtype=float)
+    return (1.0 + np.max(np.where(moving, slowdown, 1.0), axis=-1)) / 2.0
 
 
 class MoveRate:

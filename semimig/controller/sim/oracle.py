@@ -45,8 +45,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from semimig.controller.policy.gain import move_pace, movers
 from semimig.controller.sim.scenarios import Scenario
-from semimig.controller.policy.gain import movers
 from semimig.controller.sim.stepmodel import Plans, Workload
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, continuous_shares, solve_plan, soonest_first
@@ -158,6 +158,7 @@ def _schedule(scenario: Scenario, plans: Sequence[Plans], starts: Sequence[int])
     start = plans.index(even)
     nbytes = np.array([[workload.move(p, q)[0] for q in plans] for p in plans], dtype=float)
     moving = np.array([[movers(p, q) for q in plans] for p in plans], dtype=bool)  # (K, K, tp)
+    changed = moving.any(axis=2)  # the plans differ: a move, with its latency
     pieces = sorted(set(starts) | {s for s, _ in segments(scenario.speeds)})  # constant speeds, one interval
     lengths = np.diff(np.array(pieces + [scenario.steps], dtype=float))
     piece_cost = _step_matrix(workload, plans, scenario.speeds[pieces]) * lengths[None, :]  # (K, pieces)
@@ -169,9 +170,7 @@ def _schedule(scenario: Scenario, plans: Sequence[Plans], starts: Sequence[int])
     value = first + cost[:, 0]
     count = (np.arange(len(plans)) != start).astype(int)
     for s in range(1, len(starts)):
-        chi = np.max(np.where(moving, speeds[starts[s]].max() / speeds[starts[s]], 1.0), axis=2)  # move_pace's
-        moves = np.where(nbytes > 0.0, workload.latency_s + nbytes / workload.bandwidth_bytes_s * (1.0 + chi) / 2.0,
-                         0.0)
+        moves = np.where(changed, workload.move_seconds(nbytes, move_pace(moving, speeds[starts[s]])), 0.0)
         total = value[:, None] + moves  # from j to k
         best = np.argmin(total, axis=0)
         count = count[best] + (best != np.arange(len(plans)))

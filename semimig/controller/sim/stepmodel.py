@@ -197,9 +197,12 @@ class Workload:
         nbytes = sum(moved_units(o, n) * b for o, n, b in zip(old, new, self.bytes_per_unit))
         if first:
             nbytes = int(nbytes * FIRST_MOVE_SHARE)
-        pace = 1.0 if speeds is None else move_pace(movers(old, new), speeds)
-        return nbytes, self.latency_s + nbytes / self.bandwidth_bytes_s * pace
+        return nbytes, self.move_seconds(nbytes, 1.0 if speeds is None else move_pace(movers(old, new), speeds))
 
+    def move_seconds(self, nbytes, pace):
+        """Seconds of a move of ``nbytes`` at ``pace`` (:func:`~semimig.controller.policy.gain.move_pace`; arrays
+        of both alike)."""
+        return self.latency_s + nbytes / self.bandwidth_bytes_s * pace
 
 
 @functools.lru_cache(maxsize=4096)
