@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from typing import Any, Optional
 
 import torch
@@ -24,6 +23,7 @@ from semimig.comm import primitives as P
 from semimig.controller.reshard import PROBE_REPEATS, ReshardSample
 from semimig.controller.timing import dense_equivalent
 from semimig.errors import ConfigError
+from semimig.straggler.clock import Span
 
 __all__ = ["PROBE_MAX_SIZE", "PROBE_TARGET_S", "ProbeWork", "gemm_baseline", "probe_times", "row_sample",
            "slowest_per_position", "step_sample", "unshed"]
@@ -95,17 +95,18 @@ class ProbeWork:
         device = torch.device(device or "cpu")
         self.a = torch.full((size, size), 1.0 / size, device=device, dtype=dtype or torch.float32)
         self.b, self.c = self.a.clone(), torch.empty_like(self.a)
+        self.device = device
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         self.run(1)  # first touch
 
     def run(self, n: int) -> float:
-        """Seconds of ``n`` products, from now to the device's end of them (a synchronisation: the probe's
-        work is timed on purpose, at enable time or on a rank that skips the step)."""
-        start = time.perf_counter()
+        """Seconds of ``n`` products on the device, from the end of the work queued before them to the end of
+        theirs (:class:`~semimig.straggler.clock.Span`: one wait; the probe's work is timed on purpose, at
+        enable time or on a rank that skips the step)."""
+        span = Span(self.device)
         for _ in range(n):
             torch.mm(self.a, self.b, out=self.c)
-        self.sync()
-        return time.perf_counter() - start
+        return span.seconds()
 
 
 def probe_times(group: Any, clock: Any = None, *, size: int, device: Any = None, dtype: Any = None,

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -66,6 +65,7 @@ from semimig.sharding.move import move_schedule
 from semimig.sharding.plan import ShardPlan, kv_group_unit
 from semimig.sharding.split import packed_shard_functions
 from semimig.straggler import ddp_wait
+from semimig.straggler.clock import Span
 
 logger = logging.getLogger(__name__)
 
@@ -341,6 +341,12 @@ def _zero_stage(optimizer: Any) -> int:
     return 0
 
 
+def _device(model: nn.Module) -> torch.device:
+    """The device the model's parameters live on (the CPU for a model without any)."""
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
 def _replica_group(model: nn.Module, zero: Any, layers: List[_Layer]):
     """The data-parallel group whose replicas must move with this one: torch DDP's (HybridParallelPlugin
     wraps the model in it at ZeRO 0) or ZeRO's (the layers' parameters' DP group); ``None`` at dp = 1.
@@ -372,7 +378,7 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None,
     """
     from semimig.shardformer.uneven import UnevenPlan
 
-    started = time.perf_counter()
+    span = Span(_device(model))  # the move's time on the device: its collectives run after the host issues them
     not_a_plan = None if isinstance(new_plan, UnevenPlan) else \
         f"new_plan must be a semimig.shardformer.UnevenPlan, got {type(new_plan).__name__}"
     try:
@@ -466,7 +472,7 @@ def apply_plan(model: nn.Module, optimizer: Any, new_plan: Any, *, group=None,
         _set_attention(model, layers, resolved, rank)
         _rebuild_ddp(model)
     skip.configure(model, resolved)  # the ranks the new plan leaves idle skip their steps (when enabled)
-    seconds = time.perf_counter() - started
+    seconds = span.seconds()
     report = MoveReport(old_plan=old_plan, new_plan=new_plan, bytes_sent=sent, bytes_received=received,
                         seconds=seconds, tensors_moved=moved, layers_changed=len(changed))
     logger.info("apply_plan: %s -> %s on TP rank %d: %d layer(s), %d tensor(s), sent %d B, received %d B, %.3f s",

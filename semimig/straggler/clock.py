@@ -56,7 +56,7 @@ import torch
 
 from semimig._validate import check_int
 
-__all__ = ["KINDS", "CudaEventClock", "HostClock", "StepClock", "StepTimes", "make_clock"]
+__all__ = ["KINDS", "CudaEventClock", "HostClock", "Span", "StepClock", "StepTimes", "make_clock"]
 
 logger = logging.getLogger(__name__)
 
@@ -423,6 +423,32 @@ class CudaEventClock(StepClock):
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         super().__init__(_CudaMarks(device), pool_size=pool_size, lag=lag)
+
+
+class Span:
+    """Seconds of one piece of work between two points, on ``device``'s own time: the same markers as the step
+    clock (module docstring) — CUDA events on the current stream, or ``time.perf_counter()`` on the host.
+
+    Made, it marks its start; :meth:`seconds` marks the end and reads the span, waiting once on CUDA for the end
+    marker (for work that runs once per re-plan: a move, the device probe).  On CUDA the start marker completes
+    when the work queued before it does, so the span is the delay the work adds to the device's timeline —
+    its kernels and collectives, and any time the device idled waiting for the host to issue them — where the
+    host's clock would read only the issuing (a collective returns before the device has run it)."""
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self._marks = _CudaMarks(device) if device.type == "cuda" else _HostMarks()
+        self._start = self._marks.new()
+        self._marks.record(self._start)
+
+    def seconds(self) -> float:
+        """Seconds from the start to now on the device (one wait on CUDA)."""
+        end = self._marks.new()
+        self._marks.record(end)
+        self._marks.wait(end)
+        return self._marks.seconds(self._start, end)
 
 
 def make_clock(device: torch.device | str | None = None, *, pool_size: int = 4096,

@@ -2,12 +2,13 @@
 the same code as the CUDA one: lag, pool reuse and exhaustion, a step whose markers are not complete
 yet, nested regions, reset between steps, and the busy meter on top of it."""
 import math
+import time
 
 import pytest
 import torch
 
 from semimig.straggler.busy import BusyMeter
-from semimig.straggler.clock import HostClock, StepTimes, make_clock
+from semimig.straggler.clock import HostClock, Span, StepTimes, make_clock
 
 
 def _work(clock, kind="gemm", n=1):
@@ -25,6 +26,18 @@ def test_make_clock_picks_the_host_backend_on_cpu():
     with pytest.raises(ValueError, match="kind"):
         with clock.region("sleep"):
             pass
+
+
+def test_a_span_reads_the_work_between_its_two_points():
+    span = Span("cpu")
+    time.sleep(0.05)
+    first = span.seconds()
+    time.sleep(0.02)
+    second = span.seconds()  # read again: from the same start
+    assert 0.05 <= first < second < 5.0
+    assert second - first >= 0.02
+    with pytest.raises(RuntimeError, match="nowhere"):
+        Span("nowhere")
 
 
 def test_lag_one_returns_the_step_before_the_one_that_ended():
@@ -226,3 +239,16 @@ def test_cuda_events_carry_the_same_bookkeeping():
     assert all(r.gemm_s > 0 and r.comm_s > 0 and r.wall_s >= r.gemm_s for r in results[1:])
     assert clock.host_syncs <= 3  # at most one wait per step
     assert clock.markers_made <= 2 * 5 + 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_span_on_cuda_reads_the_device_not_the_host_issuing():
+    a = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    issued = time.perf_counter()
+    span = Span("cuda")
+    for _ in range(20):
+        a = a @ a / 4096.0
+    issued = time.perf_counter() - issued  # the host only queued the products
+    seconds = span.seconds()
+    assert seconds > issued and torch.isfinite(a).all()
