@@ -455,6 +455,10 @@ def test_a_move_is_priced_at_the_pace_of_its_slowest_rank_and_read_back_at_it():
     pol.moved_to(uneven, seconds=5e-9 * n, bytes_moved=n)
     assert pol.move_cost_s(even_plans(), 1.0, (1.0, 1.0)) == pytest.approx(2e-9 * n)  # the way back, free
     assert pol.move_cost_s(even_plans(), 1.0, (1.0, 0.25)) == pytest.approx(5e-9 * n)  # back while it is slow
+    with pytest.raises(ConfigError, match=r"one positive speed per rank.*\[1.0, 0.25, 0.5\]"):
+        pol.move_cost_s(uneven, 1.0, (1.0, 0.25, 0.5))
+    with pytest.raises(ConfigError, match=r"\[1.0, 0.0\]"):
+        move_pace((True, True), (1.0, 0.0))
 
 
 def test_a_plan_measured_at_the_speeds_in_force_is_not_traded_on_a_biased_prediction():

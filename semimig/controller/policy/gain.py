@@ -51,6 +51,7 @@ from typing import AbstractSet, Optional, Sequence, Tuple
 import numpy as np
 
 from semimig.controller.policy.propose import pooled
+from semimig.errors import ConfigError
 from semimig.controller.policy.stepmodel import ordered_median
 from semimig.controller.policy.window import SLOW_STEPS
 from semimig.sharding.plan import ShardPlan
@@ -115,7 +116,11 @@ def move_pace(moving, speeds: Sequence[float]):
     receiving and unpacking) runs at each end's pace (a move with a rank at a quarter of a core, ``χ`` 4,
     measured 2-4x a free move's seconds per byte on the reference machine).  ``moving``: one flag per rank, or
     an array of such rows (the last axis the ranks), for which the paces come as an array."""
-    slowdown = max(speeds) / np.asarray(speeds, dtype=float)
+    speeds = np.asarray(speeds, dtype=float)
+    if speeds.ndim != 1 or np.shape(moving)[-1:] != speeds.shape or not np.all(speeds > 0.0):
+        raise ConfigError(f"move_pace: speeds must be one positive speed per rank of the move's flags "
+                          f"({np.shape(moving)[-1:]} ranks), got {[float(v) for v in speeds.ravel()]}")
+    slowdown = speeds.max() / speeds
     return (1.0 + np.max(np.where(moving, slowdown, 1.0), axis=-1)) / 2.0
 
 
