@@ -57,6 +57,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import os
 import signal
 import subprocess
@@ -108,6 +109,8 @@ def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, counts
         p.error(f"--period-us must be in [1000, 1000000] (the kernel's bounds for a CFS period), got {args.period_us}")
     if not 1 <= args.chi <= 100:
         p.error(f"--chi must be in [1, 100], got {args.chi}")
+    if not 0 < args.timeout_s < math.inf:  # NaN fails too
+        p.error(f"--timeout-s must be a finite number > 0, got {args.timeout_s}")
     for name in ("hidden", "layers", "heads", "kv_heads", "batch_size", "seq_len") + counts:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

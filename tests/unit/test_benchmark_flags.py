@@ -44,6 +44,21 @@ def test_device_vs_throttle_builds_its_run_commands_and_refuses_a_zero_fraction(
     assert exit_info.value.code == 2 and "--fraction must be in (0, 1], got 0.0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("script", ["time_to_loss", "device_vs_throttle"])
+@pytest.mark.parametrize("bad", ["nan", "inf", "0", "-1"])
+def test_a_run_timeout_that_is_not_a_positive_finite_number_is_refused_naming_it(script, bad, tmp_path, capsys):
+    """``--timeout-s`` bounds every run's wait: NaN, infinity, zero or a negative value is refused at parse
+    time, before the healthy run starts (each run would otherwise be killed at once or never)."""
+    argv = ["--json", str(tmp_path / "r.json"), "--timeout-s", bad]
+    if script == "time_to_loss":
+        argv = ["--straggler", "device", *argv]
+    with pytest.raises(SystemExit) as exit_info:
+        _script(script).parse_args(argv)
+    assert exit_info.value.code == 2
+    assert f"--timeout-s must be a finite number > 0, got {float(bad)}" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("flags, said", [
     (["--blocks", "0"], "--blocks must be some of"), (["--gammas", "1.5"], "--gammas must be shares in [0, 1)"),
     (["--own-share", "2"], "--own-share must be in (0, 1]"), (["--steps", "0"], "--steps must be >= 1"),
