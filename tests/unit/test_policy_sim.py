@@ -11,6 +11,7 @@ import pytest
 from semimig.controller.sim import (Scenario, Workload, candidate_plans, family, fixed_time, limit_time, oracle_time,
                                     reactive_time, run_policy)
 from semimig.controller.sim.oracle import best_plans
+from semimig.controller.sim.scenarios import make_scenario
 from semimig.controller.sim.score import evaluate, summarise
 from semimig.controller.sim.simulate import reshard_policy
 from semimig.errors import ConfigError
@@ -193,6 +194,27 @@ def test_a_bad_scenario_is_refused_by_name():
         _workload(tp=4, kv_units=6)
     with pytest.raises(ConfigError, match="Scenario.category"):
         Scenario(name="x", category="bursty", workload=_workload(), speeds=np.ones((5, 2)))
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    (dict(steps=0), r"steps must be an int >= 10 or None, got 0"),
+    (dict(steps=-5), r"steps must be an int >= 10 or None, got -5"),
+    (dict(steps=2.5), r"steps must be an int >= 10 or None, got 2\.5"),
+    (dict(steps=1), r"steps must be an int >= 10 or None, got 1"),
+    (dict(min_steps=0), r"min_steps must be an int >= 10, got 0"),
+    (dict(min_steps=float("nan")), r"min_steps must be an int >= 10, got nan"),
+    (dict(min_steps=700), r"max_steps must be an int >= 700, got 600"),
+    (dict(idle_skips="no"), r"Workload.idle_skips must be a bool, got 'no'"),
+])
+def test_a_scenarios_bad_length_or_flag_is_refused_naming_it(kwargs, said):
+    """A length the traces cannot be drawn in, or a range upside down, is refused before any draw (never a
+    numpy error, never 0 steps silently replaced by a draw); ``idle_skips`` is a bool, not a truthy string."""
+    with pytest.raises(ConfigError, match=said):
+        make_scenario(1, "persistent", **kwargs)
+    if "steps" not in kwargs:
+        with pytest.raises(ConfigError, match=said):
+            family(2, **kwargs)
+    assert make_scenario(1, "ramp", steps=10).steps == 10
 
 
 def test_candidate_plans_start_with_the_even_plan_without_repeats():

@@ -39,6 +39,8 @@ from semimig.errors import ConfigError
 __all__ = ["Scenario", "CATEGORIES", "family", "make_scenario"]
 
 CATEGORIES = ("none", "persistent", "come_and_go", "ramp", "moving", "two")
+MIN_STEPS = 10
+"""Fewest steps a scenario has: every category's trace is drawn within the run (a ramp lasts 10 steps or more)."""
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -141,10 +143,18 @@ def _trace(rng: np.random.Generator, category: str, steps: int, tp: int, step_s:
     return speeds, info
 
 
+def _check_step_range(min_steps: int, max_steps: int) -> None:
+    check_int("min_steps", min_steps, minimum=MIN_STEPS)
+    check_int("max_steps", max_steps, minimum=min_steps)
+
+
 def make_scenario(seed: int, category: str, *, steps: Optional[int] = None, min_steps: int = 150,
                   max_steps: int = 600, idle_skips: bool = False) -> Scenario:
-    """One scenario of ``category``, every draw from ``seed`` (module docstring)."""
+    """One scenario of ``category``, every draw from ``seed`` (module docstring): ``steps`` steps, or when ``None``
+    a log-uniform draw in ``[min_steps, max_steps]`` (each at least :data:`MIN_STEPS`)."""
     check_int("seed", seed, minimum=0)
+    check_int("steps", steps, minimum=MIN_STEPS, allow_none=True)
+    _check_step_range(min_steps, max_steps)
     rng = np.random.default_rng([seed, CATEGORIES.index(category) if category in CATEGORIES else 99])
     tp = int(rng.choice([4, 8])) if category == "two" else int(rng.choice([2, 4, 8]))
     n = steps or int(round(_log_uniform(rng, min_steps, max_steps)))
@@ -175,5 +185,6 @@ def family(count: int, seed: int = 0, *, min_steps: int = 150, max_steps: int = 
     a rank holding nothing skips the step (:class:`~semimig.controller.sim.stepmodel.Workload`)."""
     check_int("count", count, minimum=1)
     check_int("seed", seed, minimum=0)
+    _check_step_range(min_steps, max_steps)
     return [make_scenario(seed * 1_000_003 + i, CATEGORIES[i % len(CATEGORIES)], min_steps=min_steps,
                           max_steps=max_steps, idle_skips=idle_skips) for i in range(count)]

@@ -39,7 +39,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from semimig._validate import check_int, check_number
+from semimig._validate import check_bool, check_int, check_number
 from semimig.controller.policy.gain import move_pace, movers
 from semimig.controller.reshard import moved_units
 from semimig.errors import ConfigError
@@ -101,6 +101,7 @@ class Workload:
         check_int("Workload.state_bytes", self.state_bytes, minimum=0)
         check_number("Workload.bandwidth_bytes_s", self.bandwidth_bytes_s, minimum=0.0, low_open=True)
         check_number("Workload.latency_s", self.latency_s, minimum=0.0)
+        check_bool("Workload.idle_skips", self.idle_skips)
 
     # ------------------------------------------------------------------ constants
     @property
