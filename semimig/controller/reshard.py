@@ -120,15 +120,18 @@ class ReshardPolicy:
                  config: ReshardConfig = ReshardConfig()) -> None:
         if not isinstance(config, ReshardConfig):
             raise ConfigError(f"config must be a ReshardConfig, got {config!r}")
-        plans = tuple(plans)
-        if not plans or not all(isinstance(p, ShardPlan) for p in plans):
+        if not isinstance(plans, (list, tuple)) or not plans or not all(isinstance(p, ShardPlan) for p in plans):
             raise ConfigError(f"plans must be a non-empty sequence of ShardPlan, got {plans!r}")
+        plans = tuple(plans)
         if len({p.tp for p in plans}) != 1:
             raise ConfigError(f"plans must all have the same tp, got {[p.tp for p in plans]}")
+        for name, values in (("weights", weights), ("bytes_per_unit", bytes_per_unit)):
+            if not isinstance(values, (list, tuple)):
+                raise ConfigError(f"{name} must be a sequence with one entry per plan ({len(plans)}), got {values!r}")
         if len(weights) != len(plans) or len(bytes_per_unit) != len(plans):
             raise ConfigError(f"weights and bytes_per_unit need one entry per plan ({len(plans)}), got "
                               f"{len(weights)} and {len(bytes_per_unit)}")
-        self.weights = tuple(check_number(f"weights[{d}]", float(w), minimum=0.0, low_open=True)
+        self.weights = tuple(check_number(f"weights[{d}]", w, minimum=0.0, low_open=True)
                              for d, w in enumerate(weights))
         self.bytes_per_unit = tuple(check_int(f"bytes_per_unit[{d}]", b, minimum=0)
                                     for d, b in enumerate(bytes_per_unit))
@@ -168,6 +171,8 @@ class ReshardPolicy:
 
     def moved_to(self, plans: Sequence[ShardPlan], *, seconds: float, bytes_moved: int) -> None:
         """The move decided at the last step happened: ``plans`` in force, its measured cost noted."""
+        if not isinstance(plans, (list, tuple)) or not all(isinstance(p, ShardPlan) for p in plans):
+            raise ConfigError(f"moved_to: plans must be a sequence of ShardPlan, got {plans!r}")
         plans = tuple(plans)
         if len(plans) != len(self.plans) or any(p.total_units != q.total_units for p, q in zip(plans, self.plans)):
             raise ConfigError(f"moved_to: plans {[str(p) for p in plans]} do not match the dimensions in force")
@@ -196,10 +201,10 @@ class ReshardPolicy:
         if self.step != 0 or self.last_move_step is not None:
             raise ConfigError(f"profile() is for before the first step and the first move; {self.step} steps were "
                               f"observed{', and a move was made' if self.last_move_step is not None else ''}")
-        rows = [tuple(row) for row in times] if isinstance(times, (list, tuple)) else None
-        if not rows or any(len(row) != self.tp for row in rows):
+        rows = list(times) if isinstance(times, (list, tuple)) else None
+        if not rows or any(not isinstance(row, (list, tuple)) or len(row) != self.tp for row in rows):
             raise ConfigError(f"profile() takes one row of {self.tp} probe times per repeat, got {times!r}")
-        rows = [tuple(check_number(f"times[{i}][{r}]", float(t), minimum=0.0, low_open=True)
+        rows = [tuple(check_number(f"times[{i}][{r}]", t, minimum=0.0, low_open=True)
                       for r, t in enumerate(row)) for i, row in enumerate(rows)]
         if cfg.probe <= 0.0:
             return self._hold(-1, "the device probe is off (probe=0)", event="probe_hold")

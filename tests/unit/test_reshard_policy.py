@@ -519,6 +519,29 @@ def test_bad_configs_and_inputs_are_refused_by_name():
     assert N_MIN == ReshardConfig().first_steps
 
 
+@pytest.mark.parametrize("call, said", [
+    (lambda: ReshardPolicy(None, weights=WEIGHTS, bytes_per_unit=BYTES), r"plans must be .*, got None"),
+    (lambda: ReshardPolicy(ShardPlan(units=(2, 2)), weights=(1.0,), bytes_per_unit=(1,)),
+     r"plans must be .*, got ShardPlan\(units=\(2, 2\)"),
+    (lambda: ReshardPolicy(even_plans(), weights=5, bytes_per_unit=BYTES), r"weights must be a sequence .*, got 5"),
+    (lambda: ReshardPolicy(even_plans(), weights=WEIGHTS, bytes_per_unit=3), r"bytes_per_unit must be .*, got 3"),
+    (lambda: ReshardPolicy(even_plans(), weights=(1.0, "x"), bytes_per_unit=BYTES), r"weights\[1\] .*, got 'x'"),
+    (lambda: ReshardPolicy(even_plans(), weights=(None, 1.0), bytes_per_unit=BYTES), r"weights\[0\] .*, got None"),
+    (lambda: policy().profile([0.02, 0.02]), r"one row of 2 probe times per repeat, got \[0.02, 0.02\]"),
+    (lambda: policy().profile([[0.02, "slow"]]), r"times\[0\]\[1\] must be a finite number > 0, got 'slow'"),
+    (lambda: policy().moved_to(None, seconds=1.0, bytes_moved=0), r"moved_to: plans must be .*, got None"),
+    (lambda: ReshardSample(1.0, (0.5,), (0.0,)), r"ReshardSample.compute_s must be a tuple .*, got 1.0"),
+    (lambda: ReshardSample((1.0,), (0.5,), (0.0,), gemm_s=0.5), r"ReshardSample.gemm_s must be a tuple .*, got 0.5"),
+    (lambda: ReshardSample(("x",), (0.5,), (0.0,)), r"compute_s\[0\] must be a finite number >= 0, got 'x'"),
+    (lambda: ReshardSample((1.0,), (0.5,), (0.0,), step_s="x"), r"step_s must be a finite number >= 0, got 'x'"),
+])
+def test_a_policy_input_of_the_wrong_shape_or_type_is_refused_naming_it(call, said):
+    """Not a sequence, or an entry that is not a number: a ConfigError naming the value, not a TypeError or
+    ValueError from inside ``len`` or ``float``."""
+    with pytest.raises(ConfigError, match=said):
+        call()
+
+
 def test_the_odds_of_one_slow_step_follow_the_counts_of_outliers_and_lasting_slowdowns():
     rates = Rates()
     prior = rates.change_odds()

@@ -14,6 +14,15 @@ from semimig.sharding.plan import ShardPlan
 __all__ = ["ReshardSample", "ReshardDecision", "moved_units"]
 
 
+def _seconds(name: str, value: object) -> float:
+    """``value`` as seconds (anything ``float()`` reads: a numpy or torch scalar too), finite and >= 0."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        pass  # refused just below, by name
+    return check_number(name, value, minimum=0.0)
+
+
 @dataclass(frozen=True)
 class ReshardSample:
     """One step of the group, every rank's numbers (all-gathered, so identical on every rank)."""
@@ -38,6 +47,11 @@ class ReshardSample:
     ``None``: not timed."""
 
     def __post_init__(self) -> None:
+        required = ("compute_s", "shardable_s", "comm_s")
+        for name in required + ("gemm_s", "dp_wait_s", "update_s"):
+            values = getattr(self, name)
+            if not isinstance(values, (list, tuple)) and not (values is None and name not in required):
+                raise ConfigError(f"ReshardSample.{name} must be a tuple of seconds, one per rank, got {values!r}")
         lengths = [len(self.compute_s), len(self.shardable_s), len(self.comm_s)]
         lengths += [] if self.gemm_s is None else [len(self.gemm_s)]
         lengths += [] if self.dp_wait_s is None else [len(self.dp_wait_s)]
@@ -50,11 +64,10 @@ class ReshardSample:
             values = getattr(self, name)
             if type(values) is tuple and all(type(v) is float and 0.0 <= v < math.inf for v in values):
                 continue  # plain floats in range: kept as they are
-            values = tuple(check_number(f"{name}[{r}]", float(v), minimum=0.0)
-                           for r, v in enumerate(getattr(self, name)))
+            values = tuple(_seconds(f"{name}[{r}]", v) for r, v in enumerate(getattr(self, name)))
             object.__setattr__(self, name, values)
         if self.step_s is not None:
-            object.__setattr__(self, "step_s", check_number("step_s", float(self.step_s), minimum=0.0))
+            object.__setattr__(self, "step_s", _seconds("step_s", self.step_s))
 
     @property
     def gemm(self) -> Tuple[float, ...]:
