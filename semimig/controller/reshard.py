@@ -39,7 +39,7 @@ from semimig.controller.policy.gain import (MoveRate, Noise, bet_pays, expected_
                                             return_risk)
 from semimig.controller.policy.memory import PlanMemory
 from semimig.controller.policy.propose import healthy_step, plan_step, pooled, propose, seat_delta, seat_reading, shares
-from semimig.controller.policy.records import ReshardDecision, ReshardSample, moved_units
+from semimig.controller.policy.records import ReshardDecision, ReshardSample, check_plans, moved_units
 from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, transition
 from semimig.controller.policy.stepmodel import LearnedModel, median_times
 from semimig.controller.policy.window import Window
@@ -120,17 +120,12 @@ class ReshardPolicy:
                  config: ReshardConfig = ReshardConfig()) -> None:
         if not isinstance(config, ReshardConfig):
             raise ConfigError(f"config must be a ReshardConfig, got {config!r}")
-        if not isinstance(plans, (list, tuple)) or not plans or not all(isinstance(p, ShardPlan) for p in plans):
-            raise ConfigError(f"plans must be a non-empty sequence of ShardPlan, got {plans!r}")
-        plans = tuple(plans)
+        plans = check_plans("plans", plans)
         if len({p.tp for p in plans}) != 1:
             raise ConfigError(f"plans must all have the same tp, got {[p.tp for p in plans]}")
         for name, values in (("weights", weights), ("bytes_per_unit", bytes_per_unit)):
-            if not isinstance(values, (list, tuple)):
+            if not isinstance(values, (list, tuple)) or len(values) != len(plans):
                 raise ConfigError(f"{name} must be a sequence with one entry per plan ({len(plans)}), got {values!r}")
-        if len(weights) != len(plans) or len(bytes_per_unit) != len(plans):
-            raise ConfigError(f"weights and bytes_per_unit need one entry per plan ({len(plans)}), got "
-                              f"{len(weights)} and {len(bytes_per_unit)}")
         self.weights = tuple(check_number(f"weights[{d}]", w, minimum=0.0, low_open=True)
                              for d, w in enumerate(weights))
         self.bytes_per_unit = tuple(check_int(f"bytes_per_unit[{d}]", b, minimum=0)
@@ -171,9 +166,7 @@ class ReshardPolicy:
 
     def moved_to(self, plans: Sequence[ShardPlan], *, seconds: float, bytes_moved: int) -> None:
         """The move decided at the last step happened: ``plans`` in force, its measured cost noted."""
-        if not isinstance(plans, (list, tuple)) or not all(isinstance(p, ShardPlan) for p in plans):
-            raise ConfigError(f"moved_to: plans must be a sequence of ShardPlan, got {plans!r}")
-        plans = tuple(plans)
+        plans = check_plans("moved_to: plans", plans)
         if len(plans) != len(self.plans) or any(p.total_units != q.total_units for p, q in zip(plans, self.plans)):
             raise ConfigError(f"moved_to: plans {[str(p) for p in plans]} do not match the dimensions in force")
         check_number("seconds", seconds, minimum=0.0)

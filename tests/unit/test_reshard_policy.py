@@ -504,7 +504,7 @@ def test_bad_configs_and_inputs_are_refused_by_name():
                      (dict(move_steps=-1.0), "move_steps"), (dict(probe=1.0), "probe")):
         with pytest.raises(ConfigError, match=f"ReshardConfig.{name}"):
             ReshardConfig(**kw)
-    with pytest.raises(ConfigError, match="weights and bytes_per_unit"):
+    with pytest.raises(ConfigError, match=r"weights must be a sequence with one entry per plan \(2\), got \(1.0,\)"):
         ReshardPolicy(even_plans(), weights=(1.0,), bytes_per_unit=BYTES)
     with pytest.raises(ConfigError, match="same tp"):
         ReshardPolicy((ShardPlan(units=(2, 2)), ShardPlan(units=(1, 1, 1))), weights=(1, 1), bytes_per_unit=(1, 1))

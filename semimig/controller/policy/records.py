@@ -11,7 +11,14 @@ from semimig._validate import check_number
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 
-__all__ = ["ReshardSample", "ReshardDecision", "moved_units"]
+__all__ = ["ReshardSample", "ReshardDecision", "check_plans", "moved_units"]
+
+
+def check_plans(name: str, plans: object) -> Tuple[ShardPlan, ...]:
+    """``plans`` as a tuple: a non-empty list or tuple of :class:`ShardPlan`, one per paired dimension."""
+    if not isinstance(plans, (list, tuple)) or not plans or not all(isinstance(p, ShardPlan) for p in plans):
+        raise ConfigError(f"{name} must be a non-empty sequence of ShardPlan, got {plans!r}")
+    return tuple(plans)
 
 
 def _seconds(name: str, value: object) -> float:
