@@ -65,6 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--scenarios must be >= 1, got {args.scenarios}")
     if args.seed < 0:
         parser.error(f"--seed must be >= 0, got {args.seed}")
+    if args.replay is not None and args.no_replay:
+        parser.error(f"--replay {args.replay} and --no-replay contradict each other: give one")
     if args.replay is not None and not args.replay.is_dir():
         parser.error(f"--replay {args.replay} is not a folder")
     return args
@@ -168,7 +170,7 @@ def main(argv=None) -> int:
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     replay = None
     folder = args.replay or (None if args.quick or args.no_replay else REPO / "docs" / "results")
-    if folder is not None and not args.no_replay:
+    if folder is not None:
         replay = _replay(folder)
     for name, summary in summaries.items():
         print(table(summary, title=f"policy {name}: time to N steps / oracle ({count} scenarios)"))

@@ -194,6 +194,7 @@ class ReshardPolicy:
         if self.step != 0 or self.last_move_step is not None:
             raise ConfigError(f"profile() is for before the first step and the first move; {self.step} steps were "
                               f"observed{', and a move was made' if self.last_move_step is not None else ''}")
+        times = times.tolist() if hasattr(times, "tolist") else times  # a numpy array or a tensor of seconds
         rows = list(times) if isinstance(times, (list, tuple)) else None
         if not rows or any(not isinstance(row, (list, tuple)) or len(row) != self.tp for row in rows):
             raise ConfigError(f"profile() takes one row of {self.tp} probe times per repeat, got {times!r}")

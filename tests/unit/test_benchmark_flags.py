@@ -97,3 +97,16 @@ def test_an_existing_result_file_is_kept_unless_overwrite_is_given(tmp_path, cap
     add_json_flag(parser, required=False, help="x")
     assert parser.parse_args([]).json is None  # not given: nothing to keep
     assert parser.parse_args(["--json", str(tmp_path / "new.json")]).overwrite is False
+
+
+def test_the_simulator_refuses_a_replay_folder_together_with_no_replay(tmp_path, capsys):
+    """``--replay DIR --no-replay`` asks for both; it is refused naming the folder instead of skipping the
+    replay silently. Either flag alone is accepted."""
+    script = _script("policy_sim")
+    argv = ["--json", str(tmp_path / "s.json"), "--replay", str(tmp_path)]
+    with pytest.raises(SystemExit) as exit_info:
+        script.parse_args([*argv, "--no-replay"])
+    assert exit_info.value.code == 2
+    assert f"--replay {tmp_path} and --no-replay contradict each other" in capsys.readouterr().err
+    assert script.parse_args(argv).replay == tmp_path
+    assert script.parse_args(["--json", str(tmp_path / "s.json"), "--no-replay"]).no_replay is True

@@ -534,12 +534,26 @@ def test_bad_configs_and_inputs_are_refused_by_name():
     (lambda: ReshardSample((1.0,), (0.5,), (0.0,), gemm_s=0.5), r"ReshardSample.gemm_s must be a tuple .*, got 0.5"),
     (lambda: ReshardSample(("x",), (0.5,), (0.0,)), r"compute_s\[0\] must be a finite number >= 0, got 'x'"),
     (lambda: ReshardSample((1.0,), (0.5,), (0.0,), step_s="x"), r"step_s must be a finite number >= 0, got 'x'"),
+    (lambda: ReshardSample(("1.5",), (0.5,), (0.0,)), r"compute_s\[0\] must be a finite number >= 0, got '1.5'"),
+    (lambda: policy().profile(np.array([0.02, 0.02])), r"one row of 2 probe times per repeat, got \[0.02, 0.02\]"),
 ])
 def test_a_policy_input_of_the_wrong_shape_or_type_is_refused_naming_it(call, said):
     """Not a sequence, or an entry that is not a number: a ConfigError naming the value, not a TypeError or
     ValueError from inside ``len`` or ``float``."""
     with pytest.raises(ConfigError, match=said):
         call()
+
+
+def test_numpy_and_torch_seconds_are_read_as_the_numbers_they_hold():
+    """A numpy array of probe times and numpy or torch scalars in a sample are what a caller timing with
+    those libraries holds: they give the decision the same floats would."""
+    import torch
+
+    rows = [[0.02, 0.08], [0.021, 0.079]]
+    assert policy().profile(np.array(rows)) == policy().profile(rows)
+    assert policy().profile(torch.tensor(rows, dtype=torch.float64)) == policy().profile(rows)
+    got = ReshardSample((np.float32(1.0), torch.tensor(2.0)), (np.float64(0.5), 0.5), (0.0, 0.0))
+    assert got.compute_s == (1.0, 2.0) and all(type(v) is float for v in got.compute_s + got.shardable_s)
 
 
 def test_the_odds_of_one_slow_step_follow_the_counts_of_outliers_and_lasting_slowdowns():

@@ -22,11 +22,13 @@ def check_plans(name: str, plans: object) -> Tuple[ShardPlan, ...]:
 
 
 def _seconds(name: str, value: object) -> float:
-    """``value`` as seconds (anything ``float()`` reads: a numpy or torch scalar too), finite and >= 0."""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        pass  # refused just below, by name
+    """``value`` as seconds (a number, or a numpy or torch scalar ``float()`` reads; never a string), finite
+    and >= 0."""
+    if not isinstance(value, (str, bytes)):
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            pass  # refused just below, by name
     return check_number(name, value, minimum=0.0)
 
 
