@@ -84,6 +84,8 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("semimig/controller/binding.py", "LayerBinding._reader.read", "torch.equal()"): LINEAGE,
     ("kernels/choice.py", "_clock", ".synchronize()"): "once per tuning key: a new shape's first pruned launch "
                                                                "times both paths",
+    ("semimig/controller/reshard.py", "ReshardPolicy.profile", ".tolist()"): SETUP + ": the device probe's times, "
+                                                                            "once, if handed as an array or tensor",
     ("semimig/controller/pretest.py", "PretestRun._samples", ".cpu()"): RE_PLAN + ": the SEMI pretest",
     ("semimig/controller/pretest.py", "PretestRun._samples", ".tolist()"): RE_PLAN + ": the SEMI pretest",
     ("semimig/controller/pretest.py", "_best_of", ".synchronize()"): RE_PLAN + ": the SEMI pretest times its tasks",
