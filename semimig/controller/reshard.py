@@ -19,8 +19,8 @@ measured for ``N_MIN`` steps before the next decision, and the two plans refit `
 last step alone is slower than the noise is an outlier or a change, told apart at the next step, and a
 slowdown of two steps in a row is confirmed by the step after them; the move either calls for is taken
 at once when the gain test passes on it and acting a step sooner pays for the risk of outliers
-(:func:`~semimig.controller.policy.gain.bet_pays`, the odds of that many slow steps counted over the
-run; two steps once the run has seen a slowdown last).  Before the first step, :meth:`profile` reads
+(:func:`~semimig.controller.policy.gain.bet_pays`, the odds of that many slow steps counted over the run,
+or a hand-over's where a slowdown ends; two steps once a slowdown lasted).  Before the first step, :meth:`profile` reads
 the device probe's speed ratios with the prior ``R/S`` and takes its plan only when the gain test
 passes on the probe's noise and the gain is at least ``probe`` of the even step.
 
@@ -296,7 +296,8 @@ class ReshardPolicy:
         healthy = healthy_step(base) + comm
         move = 2.0 * self.move_cost_s(proposal, healthy, model.speeds)
         gain = plan_step(model, w, self.plans) - plan_step(model, w, proposal) - seated
-        if not bet_pays(gain, wrong + move, self.samples.rates.change_odds(steps)):
+        onset = self.slowdown.handover(self.tp) if self.slowdown.slow & set(self.samples.sped_up()) else None  # one ended
+        if not bet_pays(gain, wrong + move, self.samples.rates.change_odds(steps, onset)):
             return None
         saved, state, self.slowdown = self.slowdown, self.state, slowdown
         slowdown.rates = saved.rates

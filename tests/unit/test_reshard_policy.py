@@ -181,6 +181,41 @@ def test_the_odds_of_the_state_before_coming_back_are_counted_from_the_changes_a
     assert len(trial.sets) == len(slowdown.sets) + 1 and slowdown.slow == {2}  # a trial leaves the original
 
 
+def test_a_straggler_that_moves_to_another_rank_is_counted_as_a_handover():
+    slowdown = Slowdown()
+    read = dict(se=0.01, tolerance=0.1, z=3.0, samples=N_MIN)
+    assert slowdown.handover(2) == pytest.approx(1 / 2) and slowdown.handover(4) == pytest.approx(1 / 6)
+    slowdown.update(0, (1.0, 0.25, 1.0), **read)
+    slowdown.update(10, (1.0, 1.0, 0.25), **read)  # rank 1 recovered as rank 2 slowed: a hand-over
+    assert (slowdown.ends, slowdown.handovers) == (1, 1) and slowdown.handover(3) == pytest.approx(2 / 3 / 2)
+    slowdown.update(20, (1.0, 1.0, 1.0), **read)  # rank 2 recovered, no other slowed
+    slowdown.update(30, (1.0, 1.0, 1.0), **read)
+    assert (slowdown.ends, slowdown.handovers) == (2, 1) and slowdown.handover(3) == pytest.approx(2 / 4 / 2)
+
+
+def test_a_slow_step_where_the_slowdown_ends_is_bet_on_as_the_straggler_moving():
+    """Rank 1 at a quarter of its speed, then from step 40 rank 0 instead; outliers counted common, so a
+    single slow step alone is not worth a move (odds under 0.15).  Rank 1's slowdown ends at rank 0's first
+    slow step: read at the hand-over's odds, the move (three healthy steps' worth) follows that step at
+    once (step 40, a bet on one step).  In a run whose many slowdowns all ended without one, the step waits for the next (step 41)."""
+    for handed_over in (True, False):
+        pol = policy()
+        got = []
+        for step in range(44):
+            if step == 20:
+                pol.samples.rates.rank_steps, pol.samples.rates.outliers = 2000, 100
+                assert pol.samples.rates.change_odds(1) < 0.15
+                if not handed_over:
+                    pol.slowdown.ends = 200
+            decision = pol.observe(sample(pol, (1.0, 0.25) if step < 40 else (0.25, 1.0)))
+            if decision.replan:
+                got.append(decision)
+                pol.moved_to(decision.plans, seconds=3.0, bytes_moved=pol.moved(decision.plans)[1])
+        later = [(d.step, d.bet) for d in got if d.step >= 40]
+        assert later[:1] == ([(40, 1)] if handed_over else [(41, 0)]), later
+        assert pol.slowdown.slow == {0}
+
+
 def test_the_risk_of_the_state_before_coming_back_prices_the_plan_at_its_speeds():
     model = StepModel(speeds=(1.0, 1.0), replicated=0.2, shardable=1.6)  # a healthy even step of 1
     even, uneven = (0.5, 0.5), (0.9, 0.1)

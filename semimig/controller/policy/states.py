@@ -28,7 +28,9 @@ its speed ratio (to the fastest rank) is below ``1 − tolerance`` by ``z`` stan
 slow rank over ``N_MIN`` or more steps, and also over its steps after the ones that made its change:
 a few slow steps in a row on one rank are also what a run of outliers looks like, and the steps after
 them read its true speed; a rank that keeps slowing, a change every few steps, is read so after each), and leaves when it is above by as many — and its age, the steps since
-that set last changed.  A set that is
+that set last changed.  A change of the set that a slow rank leaves as another joins is a *hand-over*, the straggler moving
+(:meth:`Slowdown.handover`: their share of the ended slowdowns, the odds the bet on one slow step
+reads at the step a slowdown ends).  A set that is
 empty is the state "no straggler": from it only moves toward even (a smaller largest share) are
 proposed, so noise never moves an even plan.  A straggler that ends empties the set and starts the
 way back toward even; one that moves to another rank changes the set and restarts the age.  The
@@ -86,6 +88,10 @@ class Slowdown:
         """The state before the present one: its slow set and its last speed ratios (``None``: none ended)."""
         self.sets: List[FrozenSet[int]] = [frozenset()]
         """Every set the run has held, the first (the run's start) included."""
+        self.ends = 0
+        """Changes of the set that some slow rank left."""
+        self.handovers = 0
+        """Those of :attr:`ends` that another rank joined: a straggler that moved to another rank."""
 
     def update(self, step: int, ratios: Sequence[float], *, se: float, tolerance: float, z: float,
                samples: int, confirm: Optional[Sequence[float]] = None, since: Optional[int] = None) -> bool:
@@ -110,6 +116,8 @@ class Slowdown:
         if frozenset(slow) == self.slow:
             self.ratios = tuple(ratios)
             return False
+        self.ends += bool(self.slow - slow)
+        self.handovers += bool(self.slow - slow) and bool(slow - self.slow)
         self.previous = (self.slow, self.ratios if self.ratios is not None else (1.0,) * len(ratios))
         self.sets.append(frozenset(slow))
         self.ratios = tuple(ratios)
@@ -137,6 +145,14 @@ class Slowdown:
         change is the way back to it by construction, not by evidence."""
         back = sum(a == b for a, b in zip(self.sets[1:], self.sets[3:]))
         return (back + 1.0) / (max(len(self.sets) - 3, 0) + 2.0)
+
+    def handover(self, tp: int) -> float:
+        """Probability that a given other rank of ``tp`` slows at the step a slowdown ends: the share of ended
+        slowdowns that another rank took over at once, with one of each assumed (Laplace), spread over the
+        ``tp − 1`` ranks it could go to.  Beside the outlier rate (a percent of rank-steps) even the prior
+        reads a slow step at that moment as the straggler moving, and a run whose slowdowns end without one
+        learns to read it as an outlier."""
+        return (self.handovers + 1.0) / (self.ends + 2.0) / max(tp - 1, 1)
 
     def past(self) -> List[int]:
         """Lengths of the ended states of the present kind (some rank slow, or none)."""

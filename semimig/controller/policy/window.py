@@ -91,13 +91,15 @@ class Rates:
                 del self.since[r]
                 self.slowdowns += 1
 
-    def change_odds(self, steps: int = 1) -> float:
+    def change_odds(self, steps: int = 1, onset: Optional[float] = None) -> float:
         """Probability that ``steps`` slow steps in a row on one rank are a slowdown rather than as many
         outliers (each independent): ``h / (h + q^steps)`` with the two rates read with their prior.  Each
         of the steps must be slower than the one-step band, as a pending step is: ``q`` counts every such
-        step that did not last, the noise's own false alarms among them."""
+        step that did not last, the noise's own false alarms among them.  ``onset``: the probability that a
+        slowdown starts on this rank at these steps where something else is known of them (a straggler
+        handing over, :meth:`~semimig.controller.policy.states.Slowdown.handover`), in place of ``h``."""
         n = self.rank_steps + RATE_PRIOR_STEPS
-        h = (self.slowdowns + PRIOR_SLOWDOWN_RATE * RATE_PRIOR_STEPS) / n
+        h = (self.slowdowns + PRIOR_SLOWDOWN_RATE * RATE_PRIOR_STEPS) / n if onset is None else onset
         q = (self.outliers + PRIOR_OUTLIER_RATE * RATE_PRIOR_STEPS) / n
         return h / (h + q ** steps)
 
@@ -213,6 +215,11 @@ class Window:
         one-step band, with no step after them yet: a change or as many outliers (:meth:`Rates.change_odds`),
         the next step tells which."""
         return {r: t for r, (f, t, s) in enumerate(zip(self.fresh, self.trigger, self.slower)) if s and f == t}
+
+    def sped_up(self) -> Tuple[int, ...]:
+        """The ranks whose last change is a speed-up with no step after it: a change this step (one step
+        faster than the band is a change: :data:`SLOW_STEPS` is for slowdowns)."""
+        return tuple(r for r, (f, t, s) in enumerate(zip(self.fresh, self.trigger, self.slower)) if f == t and not s)
 
     def times(self) -> Tuple[Tuple[float, ...], float]:
         """Every rank's compute (the lower tercile of its fresh steps) and the median of the step's
