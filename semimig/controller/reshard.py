@@ -131,8 +131,7 @@ class ReshardPolicy:
         self.bytes_per_unit = tuple(check_int(f"bytes_per_unit[{d}]", b, minimum=0)
                                     for d, b in enumerate(bytes_per_unit))
         self.config, self.plans, self.tp = config, plans, plans[0].tp
-        self.state, self.step = START, 0
-        self.last_move_step: Optional[int] = None
+        self.state, self.step, self.last_move_step = START, 0, None
         self.move_rate = MoveRate()
         """Seconds per byte of the moves measured (what a move is priced at)."""
         self.speeds: Tuple[float, ...] = (1.0,) * self.tp  # the ranks' speeds the last decision read
@@ -362,6 +361,7 @@ class ReshardPolicy:
         if before is None or slow != self.slowdown.slow or len(window) < N_MIN:
             return False  # no window before the move, or the speeds changed across it: it measures neither
         then, now, before_c = self.shares(before_plans), self.shares(), median_times(before)[0]
+        self.learned.calibrate(then, before_c, now, median_times(window)[0])  # an emptied rank's own R
         old, se = self.learned.model(then, before_c).step(now), self.noise.of_median(min(len(before), len(window)))
         fitted = self.learned.fit(then, before, now, window, se=se,  # an emptied slow rank: read through k alone
                                   doubtful={r for r in slow if now[r] == 0.0}) is not None

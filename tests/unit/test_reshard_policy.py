@@ -289,6 +289,32 @@ def test_a_rank_holding_nothing_is_read_no_faster_than_the_fastest_of_two_holder
     assert one[0] > one[1]
 
 
+@pytest.mark.parametrize("pace, recovered", [(2.0, False), (0.5, False), (1.0, True)])
+def test_a_rank_a_measured_move_emptied_is_read_through_its_own_replicated_work(pace, recovered):
+    """Rank 1 at a quarter speed holding a share 0.2, then emptied at the same speeds.  Its replicated work
+    runs ``pace`` times as fast as its shardable work (a quota that lets short kernels through, or the
+    other way round): read through ``R`` it would read ``pace`` times its speed; the move measured its own
+    ``R_r``, and it reads its speed, and a later speed-up of its own scales the reading.  A move during
+    which its slowdown ended (the compute after it a quarter of a healthy rank's replicated work, a factor
+    4 under ``R``) is not read as its own work: it reads the speed it recovered to."""
+    e, k = 2, 0.1
+    learned = LearnedModel(e, 0.2, (0.8, 0.2))
+    learned.fits.append(k)
+    R, S = learned.scale()
+    v = 0.25
+    before = ((R + S * 0.8) / 1.0, (R / pace + S * 0.2) / v)
+    after = ((R + S) / 1.0, R / (1.0 if recovered else v * pace))
+    learned.calibrate((0.8, 0.2), before, (1.0, 0.0), after)
+    read = learned.speeds((1.0, 0.0), after)
+    if recovered:
+        assert learned.replicated_at == {} and read[1] == pytest.approx(1.0)
+        return
+    assert read[1] / read[0] == pytest.approx((R + S * 0.2) / (R / pace + S * 0.2) * v)
+    assert abs(read[1] / read[0] - v) < abs(pace * v - v)  # nearer its speed than R alone reads it
+    faster = learned.speeds((1.0, 0.0), (after[0], after[1] / 2.0))
+    assert faster[1] == pytest.approx(2.0 * read[1])
+
+
 def test_the_healthy_ranks_measure_the_dimensions_weights():
     """Across healthy ranks holding different mixes of units: the true weights and R/S."""
     k, w = 0.1, (0.6, 0.4)

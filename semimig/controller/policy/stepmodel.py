@@ -4,7 +4,14 @@ A rank's compute in a step is ``c_r = (R + S·p_r)/v_r`` (``p_r`` its share of t
 the plan in force).  Only the ratio ``k = R/S`` matters for a plan; the scale is fixed by ``R + S/e = 1``
 (``S = 1/(k + 1/e)``), so ``v_r = (R + S·p_r)/c_r`` is in healthy even steps per second.  Speeds are
 work over time: a rank holding less that finishes with the others reads as slow as it is, and a rank
-holding nothing (``p_r = 0``) reads ``v_r = R/c_r`` from its replicated work alone.
+holding nothing (``p_r = 0``) reads ``v_r = R_r/c_r`` from its replicated work alone: ``R_r = R`` until a
+move that emptied it was measured at one set of speeds, and then its own replicated work as that move
+measured it, ``R_r = v_r·c'_r`` with ``v_r`` its speed read from its work just before the move and
+``c'_r`` its compute just after (:meth:`LearnedModel.calibrate`).  A rank's replicated work need not run
+at the pace of its shardable work (many small kernels against a few large GEMMs: a CPU quota that lets
+short bursts through runs the small ones faster), and ``k``'s error scales ``R`` alone, so an emptied
+rank read through ``R`` can read twice as fast as it is and be handed units it cannot carry, or read
+slow after it recovered and be handed too few.
 
 ``k`` comes from three sources, in order of trust:
 
@@ -45,6 +52,10 @@ too, on a plan's first steps): a weight read from a plan that barely varies amon
 noise, and a plan solved on it hands out the units of the dimension it underrates as if they were free;
 ``R`` read within its noise reads a rank that holds no unit (read through ``R`` alone) slow or fast by
 the fit's error."""
+CALIBRATION = 3.0
+"""Largest factor between an emptied rank's own replicated work and ``R`` that :meth:`LearnedModel.calibrate`
+takes: a move during which the rank's slowdown of ``χ`` ended reads a factor near ``1/χ``, and a straggler
+is emptied only where it is several times slower, so such a move is not read as the rank's own work."""
 MIN_SHARE_CHANGE = 0.02
 """Smallest change of a rank's share across two plans that measures ``k`` from that rank."""
 
@@ -90,6 +101,8 @@ class LearnedModel:
         """The split's latest upper bound of ``k``."""
         self.errors: collections.deque = collections.deque(maxlen=ERRORS)
         """How much slower than predicted the latest plans moved to measured (0: as predicted or faster)."""
+        self.replicated_at: dict = {}
+        """Per rank a measured move emptied: its own replicated work ``R_r`` (module docstring)."""
 
     @property
     def error(self) -> float:
@@ -193,13 +206,27 @@ class LearnedModel:
         S = 1.0 / (self.k + 1.0 / self.tp)
         return self.k * S, S
 
-    def speeds(self, shares: Sequence[float], compute: Sequence[float]) -> Tuple[float, ...]:
-        """``v_r = (R + S·p_r)/c_r``.  A rank holding no unit is read through ``R`` alone, so ``k``'s error
-        scales its speed by as much (``k`` read 3x too high reads it 3x fast, and the ranks holding units
-        as slow beside it): it is read no faster than the fastest of two or more ranks holding units, whose
-        readings rest on the work they do (one holder may itself be the slow rank, and tells nothing)."""
+    def calibrate(self, then: Sequence[float], before: Sequence[float], now: Sequence[float],
+                  after: Sequence[float]) -> None:
+        """A move from shares ``then`` to ``now`` measured at one set of speeds (each rank's compute
+        ``before`` and ``after`` it): every rank it emptied keeps its own replicated work ``R_r`` (module
+        docstring), within :data:`CALIBRATION` of ``R``."""
         R, S = self.scale()
-        speeds = [(R + S * p) / max(c, 1e-12) for p, c in zip(shares, compute)]
+        for r, (a, b, ca, cb) in enumerate(zip(then, now, before, after)):
+            seen = (R + S * a) / max(ca, 1e-12) * cb
+            if a > 0.0 and b == 0.0 and R / CALIBRATION <= seen <= CALIBRATION * R:
+                self.replicated_at[r] = seen
+
+    def speeds(self, shares: Sequence[float], compute: Sequence[float]) -> Tuple[float, ...]:
+        """``v_r = (R + S·p_r)/c_r``.  A rank holding no unit is read through its replicated work alone
+        (``R``, or its own where a move measured it: :meth:`calibrate`), so ``k``'s error scales its speed
+        by as much (``k`` read 3x too high reads it 3x fast, and the ranks holding units as slow beside it):
+        it is read no faster than the fastest of two or more ranks holding units, whose readings rest on
+        the work they do (one holder may itself be the slow rank, and tells nothing)."""
+        R, S = self.scale()
+        own = self.replicated_at
+        speeds = [(R + S * p if p > 0.0 else own.get(r, R)) / max(c, 1e-12)
+                  for r, (p, c) in enumerate(zip(shares, compute))]
         holders = [v for v, p in zip(speeds, shares) if p > 0.0]
         if len(holders) < 2:
             return tuple(speeds)
