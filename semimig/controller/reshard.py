@@ -37,7 +37,7 @@ from typing import Optional, Sequence, Tuple
 from semimig._validate import check_int, check_number
 from semimig.controller.policy.gain import (MoveRate, Noise, bet_pays, expected_life, gain_test, move_pace, movers,
                                             return_risk)
-from semimig.controller.policy.memory import PlanMemory
+from semimig.controller.policy.memory import PlanMemory, SeatRates
 from semimig.controller.policy.propose import healthy_step, plan_step, pooled, propose, seat_delta, seat_reading, shares
 from semimig.controller.policy.records import ReshardDecision, ReshardSample, check_plans, moved_units
 from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, transition
@@ -139,13 +139,12 @@ class ReshardPolicy:
         """The window: steps of the plan in force fed to the model, and each rank's fresh steps."""
         total = sum(self.weights)
         self.learned = LearnedModel(self.tp, config.replicated_share, [w / total for w in self.weights])
-        self.noise = Noise()
+        self.noise, self.seats = Noise(), SeatRates()  # the reductions' rate where a slow rank was seated
         self.measured = PlanMemory()
         """The step each plan measured at the speeds in force (:mod:`~semimig.controller.policy.memory`)."""
         self.slowdown = Slowdown(self.samples.rates)
         self.history: list[ReshardDecision] = []  # every decision that re-planned
-        self._skip = config.warmup
-        self._fitted = 0  # reads of the plan in force across the ranks (at N_MIN steps, at a full window)
+        self._skip, self._fitted = config.warmup, 0  # _fitted: reads of the plan across the ranks (N_MIN steps, full)
         self._before: Optional[tuple] = None  # (plans, window, slow ranks) the last move was decided on
 
     # ------------------------------------------------------------------ public
@@ -355,13 +354,13 @@ class ReshardPolicy:
 
     def _verify(self, window: list, measured_s: float) -> bool:
         """Leaving ``settling`` (the slow set read on the new window; one set of speeds in each window): the
-        plan moved to against the plan it left (``R/S``) and against its prediction re-read with the refitted
-        ``R/S`` (an error the refit corrected would hold every later gain below it).  ``True``: refitted."""
+        plan moved to against the plan it left (``R/S``, an emptied rank's own ``R``) and against its prediction
+        re-read with the refit (an error it corrected would hold every later gain below it).  ``True``: refitted."""
         (before_plans, before, slow), self._before = self._before or (None, None, None), None
         if before is None or slow != self.slowdown.slow or len(window) < N_MIN:
             return False  # no window before the move, or the speeds changed across it: it measures neither
         then, now, before_c = self.shares(before_plans), self.shares(), median_times(before)[0]
-        self.learned.calibrate(then, before_c, now, median_times(window)[0])  # an emptied rank's own R
+        calibrated = self.learned.calibrate(then, before_c, now, median_times(window)[0])  # an emptied rank's own R
         old, se = self.learned.model(then, before_c).step(now), self.noise.of_median(min(len(before), len(window)))
         fitted = self.learned.fit(then, before, now, window, se=se,  # an emptied slow rank: read through k alone
                                   doubtful={r for r in slow if now[r] == 0.0}) is not None
@@ -369,7 +368,7 @@ class ReshardPolicy:
         last = self.history[-1] if self.history else None
         if last is not None and last.current_s > 0.0:
             self.learned.errors.append(max(0.0, (measured_s - last.predicted_s - new + old) / last.current_s))
-        return fitted
+        return fitted or calibrated
 
     def _hold(self, step: int, reason: str, *, event: str = "hold", **info) -> ReshardDecision:
         self.state = transition(self.state, event)
@@ -382,8 +381,9 @@ class ReshardPolicy:
                        margin=self.config.margin, unseat=slow, comm=seats)
 
     def _seat_comm(self, slow) -> float:
-        """What a slow rank's seats stretch: the layers' reductions in force (:func:`seat_reading`; 0: none slow)."""
-        return seat_reading(list(self.samples), self.plans) if slow else 0.0
+        """What a slow rank's seats stretch: the reductions in force (:func:`seat_reading`), at the rate where one sat."""
+        return self.seats.read(seat_reading(list(self.samples), self.plans), self.speeds, self.plans, slow,
+                               idle_free=self.learned.idle_free) if slow else 0.0
 
     def needed_gain(self, se: Optional[float] = None) -> float:
         """``ε``: the margin, ``z`` relative errors ``se`` of a median (default: the window in force's) and the

@@ -315,6 +315,30 @@ def test_a_rank_a_measured_move_emptied_is_read_through_its_own_replicated_work(
     assert faster[1] == pytest.approx(2.0 * read[1])
 
 
+def test_a_plan_without_the_slow_rank_seated_prices_its_seat_at_the_rate_last_measured_with_it():
+    """Rank 1 at a quarter speed.  Seated in both kinds the reductions measure 0.2 s (seat scale 12: each
+    kind and the vocabulary at its pace); emptied, they measure 0.004 s, for the slow rank now only waits
+    for the vocabulary's sums, early.  The emptied plan prices seating it again at the rate measured when
+    it sat (0.2/12 per unit of scale), not at its own reading; a plan reading more than that keeps its own."""
+    from semimig.controller.policy.memory import SeatRates
+    from semimig.controller.policy.propose import seat_delta
+    from semimig.sharding.jobmodel import seat_scale
+
+    speeds, slow = (1.0, 0.25), {1}
+    seated = (ShardPlan(units=(28, 4)), ShardPlan(units=(7, 1)))
+    emptied = (ShardPlan(units=(32, 0)), ShardPlan(units=(8, 0)))
+    rates = SeatRates()
+    assert rates.read(0.004, speeds, emptied, slow) == 0.004  # nothing measured with it seated: its own reading
+    assert seat_scale(speeds, seated) == pytest.approx(12.0)
+    assert rates.read(0.2, speeds, seated, slow) == 0.2
+    here = seat_scale(speeds, emptied)
+    assert rates.read(0.004, speeds, emptied, slow) == pytest.approx(0.2 / 12.0 * here)
+    assert rates.read(1.0, speeds, emptied, slow) == 1.0
+    assert rates.read(0.004, speeds, emptied, {0}) == 0.004  # another slow set: nothing kept for it
+    gain = seat_delta(speeds, emptied, seated, rates.read(0.004, speeds, emptied, slow))
+    assert gain == pytest.approx(0.2 - 0.2 / 12.0 * here)  # seating it again costs what it measured
+
+
 def test_the_healthy_ranks_measure_the_dimensions_weights():
     """Across healthy ranks holding different mixes of units: the true weights and R/S."""
     k, w = 0.1, (0.6, 0.4)

@@ -18,12 +18,22 @@ the faster one is kept, and a plan that measured slower is not proposed again on
 "The same speeds": the same set of slow ranks and no change of any rank's speed detected since (the
 window's change-point test).  A drift too slow for that test leaves a record stale; the plan in force
 is recorded afresh at every decision, so only a plan left earlier can be held back by an old reading.
+
+Seats (:class:`SeatRates`).  The layers' reductions are priced as a rate times the plan's seat scale
+(:func:`~semimig.controller.policy.propose.seat_delta`: a reduction at its slowest member's pace).  A plan
+that seats no slow rank in any dimension measures its reductions without one, and a slow seat may cost
+more than its pace: each reduction also waits for the slow member to reach it, and under a CPU quota
+for the quota's next period.  Such a plan cannot measure what seating the slow rank again costs, so
+the rate is read, for that set of slow ranks, from the last plan that seated one of them, where it is
+the higher.
 """
 from __future__ import annotations
 
-from typing import AbstractSet, Dict, Hashable, Optional, Tuple
+from typing import AbstractSet, Dict, Hashable, Optional, Sequence, Tuple
 
-__all__ = ["PlanMemory"]
+from semimig.sharding.jobmodel import seat_scale
+
+__all__ = ["PlanMemory", "SeatRates"]
 
 
 class PlanMemory:
@@ -46,3 +56,24 @@ class PlanMemory:
         """The step ``plans`` measured at the speeds in force (``slow`` slow), or ``None``."""
         found = self.records.get(plans)
         return found[0] if found is not None and found[1] == frozenset(slow) else None
+
+
+class SeatRates:
+    """The reductions' seconds per unit of seat scale, per set of slow ranks, as the last plan that seated
+    one of them measured it (module docstring)."""
+
+    def __init__(self) -> None:
+        self.rates: Dict[frozenset, float] = {}
+
+    def read(self, seconds: float, speeds: Sequence[float], plans: Sequence, slow: AbstractSet[int], *,
+             idle_free: bool = False) -> float:
+        """The reductions' ``seconds`` the plan in force ``plans`` measured at ``speeds``, to price other plans
+        from: as measured where a rank of ``slow`` holds a unit (the rate kept), else at least the kept rate
+        (``idle_free``: a rank holding nothing skips the step, as :func:`seat_scale` reads it)."""
+        here, key = seat_scale(speeds, plans, idle_free=idle_free), frozenset(slow)
+        if here <= 0.0:
+            return seconds
+        if any(p.units[r] > 0 for p in plans for r in key):
+            self.rates[key] = seconds / here
+            return seconds
+        return max(seconds, self.rates.get(key, 0.0) * here)

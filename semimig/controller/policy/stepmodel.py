@@ -207,15 +207,16 @@ class LearnedModel:
         return self.k * S, S
 
     def calibrate(self, then: Sequence[float], before: Sequence[float], now: Sequence[float],
-                  after: Sequence[float]) -> None:
+                  after: Sequence[float]) -> bool:
         """A move from shares ``then`` to ``now`` measured at one set of speeds (each rank's compute
         ``before`` and ``after`` it): every rank it emptied keeps its own replicated work ``R_r`` (module
-        docstring), within :data:`CALIBRATION` of ``R``."""
-        R, S = self.scale()
+        docstring), within :data:`CALIBRATION` of ``R``; ``True`` when it kept one."""
+        R, S, kept = *self.scale(), False
         for r, (a, b, ca, cb) in enumerate(zip(then, now, before, after)):
             seen = (R + S * a) / max(ca, 1e-12) * cb
             if a > 0.0 and b == 0.0 and R / CALIBRATION <= seen <= CALIBRATION * R:
-                self.replicated_at[r] = seen
+                self.replicated_at[r], kept = seen, True
+        return kept
 
     def speeds(self, shares: Sequence[float], compute: Sequence[float]) -> Tuple[float, ...]:
         """``v_r = (R + S·p_r)/c_r``.  A rank holding no unit is read through its replicated work alone
