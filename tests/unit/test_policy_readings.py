@@ -162,3 +162,23 @@ def test_the_windows_readings_equal_its_fresh_steps_read_afresh(seed):
         assert window.times()[0] == terciles
         assert [list(c) for c in window.compute] == [[s.compute_s[r] for s in window] for r in range(3)]
         assert [list(c) for c in window.shardable] == [[s.shardable_s[r] for s in window] for r in range(3)]
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.05, 2.0])
+def test_only_a_speed_up_is_read_as_one(factor):
+    """A rank's last change names it sped up only when its steps got faster: a slowdown whose steps clear the
+    band only together (each inside the one-step band) is a change too, and not a speed-up."""
+    sigma, tp = 0.02, 2
+    window = Window(48, tp)
+    rng = np.random.default_rng(0)
+    steps = [1.0] * 20 + [factor] * SLOW_STEPS
+    for i, c in enumerate(steps):
+        base = tuple(float(x) for x in np.exp(0.002 * rng.standard_normal(tp)))
+        compute = (c * base[0], base[1])
+        changed = window.add(ReshardSample(compute, compute, (0.01,) * tp), sigma=sigma)
+        if factor < 1.0 and i == 20:  # one faster step is a change at once
+            assert changed and window.sped_up() == (0,)
+            return
+    assert window.trigger[0] > 0  # the last steps made a change
+    assert window.sped_up() == ()
+    assert (0 in window.unconfirmed()) == (factor == 2.0)

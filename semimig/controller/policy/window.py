@@ -124,6 +124,9 @@ class Window:
         self.slower: List[bool] = [False] * tp
         """Per rank, whether its last change is a slowdown whose every step is slower than the one-step band
         (each as a pending step is: what :meth:`Rates.change_odds` prices)."""
+        self.faster: List[bool] = [False] * tp
+        """Per rank, whether its last change is a speed-up (a slowdown whose steps clear the band only
+        together is neither this nor :attr:`slower`)."""
         self.rates = Rates()
         """Outliers and slowdowns counted over every step seen (kept across plans)."""
 
@@ -144,6 +147,7 @@ class Window:
         self.fresh = [0] * len(self.fresh)
         self.trigger = [0] * len(self.fresh)
         self.slower = [False] * len(self.fresh)
+        self.faster = [False] * len(self.fresh)
         self.pending = ()
 
     @property
@@ -175,10 +179,10 @@ class Window:
         changed, pending = False, []
         self.rates.rank_steps += len(self.fresh)
         for r, fresh in enumerate(self.fresh):
-            m, slower, ordered = self._change(self.compute[r][-fresh:], fresh, sigma, z)
+            m, slower, faster, ordered = self._change(self.compute[r][-fresh:], fresh, sigma, z)
             self._ordered[r] = ordered if not m else None  # the fresh steps in order, while they stay the fresh ones
             if m:
-                self.fresh[r], self.trigger[r], self.slower[r], changed = m, m, slower, True
+                self.fresh[r], self.trigger[r], self.slower[r], self.faster[r], changed = m, m, slower, faster, True
                 continue
             self.rates.outliers += r in self.pending  # the slow step before did not last
             if slower:
@@ -187,10 +191,11 @@ class Window:
         return changed
 
     @staticmethod
-    def _change(times: Sequence[float], fresh: int, sigma: float, z: float) -> Tuple[int, bool, Optional[list]]:
+    def _change(times: Sequence[float], fresh: int, sigma: float, z: float) -> Tuple[int, bool, bool, Optional[list]]:
         """The most recent of a rank's ``fresh`` steps ``times`` that differ from its earlier ones (0: none)
         and whether they are slower, each beyond the one-step band; with none, whether its last step alone
-        is slower than the band; and ``times`` in order where the test sorted them (``None`` where it did not)."""
+        is slower than the band; whether they are faster; and ``times`` in order where the test sorted them
+        (``None`` where it did not)."""
         slower, last = False, min(N_MIN, fresh - N_MIN)
         earlier = sorted(times[:-last]) if last > 0 else []  # times[:-m] sorted, from the longest m down
         bases = []
@@ -204,11 +209,11 @@ class Window:
                 continue
             devs = [math.log(t / base) for t in times[-m:]]
             if all(d < -band for d in devs):
-                return m, False, earlier
+                return m, False, True, earlier
             if m >= SLOW_STEPS and all(d > band for d in devs):
-                return m, all(d > z * sigma for d in devs), earlier
+                return m, all(d > z * sigma for d in devs), False, earlier
             slower = slower or (m == 1 and devs[0] > band)
-        return 0, slower, (earlier if last > 0 else None)
+        return 0, slower, False, (earlier if last > 0 else None)
 
     def unconfirmed(self) -> dict:
         """``{rank: m}`` for every rank whose last change is a slowdown of ``m`` steps, each slower than the
@@ -219,7 +224,7 @@ class Window:
     def sped_up(self) -> Tuple[int, ...]:
         """The ranks whose last change is a speed-up with no step after it: a change this step (one step
         faster than the band is a change: :data:`SLOW_STEPS` is for slowdowns)."""
-        return tuple(r for r, (f, t, s) in enumerate(zip(self.fresh, self.trigger, self.slower)) if f == t and not s)
+        return tuple(r for r, (f, t, up) in enumerate(zip(self.fresh, self.trigger, self.faster)) if up and f == t)
 
     def times(self) -> Tuple[Tuple[float, ...], float]:
         """Every rank's compute (the lower tercile of its fresh steps) and the median of the step's
