@@ -599,6 +599,12 @@ def test_bad_configs_and_inputs_are_refused_by_name():
     with pytest.raises(ConfigError, match="3 ranks"):
         pol.observe(ReshardSample((1.0,) * 3, (0.5,) * 3, (0.0,) * 3))
     pol.observe(sample(pol, (1.0, 1.0)))
+    arrays = ReshardSample(np.array([0.4, 0.5]), np.array([0.3, 0.3]), np.array([0.01, 0.02]))  # as profile() takes
+    assert arrays == ReshardSample((0.4, 0.5), (0.3, 0.3), (0.01, 0.02))
+    with pytest.raises(ConfigError, match=r"compute_s\[1\]"):
+        ReshardSample(np.array([0.4, -1.0]), np.array([0.3, 0.3]), np.array([0.01, 0.02]))
+    with pytest.raises(ConfigError, match="ReshardSample.compute_s must be a tuple"):
+        ReshardSample(np.float64(0.4), (0.3,), (0.01,))
     with pytest.raises(ConfigError, match="before the first step"):
         pol.profile([[0.02, 0.02]])
     assert N_MIN == ReshardConfig().first_steps

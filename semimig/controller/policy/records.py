@@ -59,6 +59,8 @@ class ReshardSample:
         required = ("compute_s", "shardable_s", "comm_s")
         for name in required + ("gemm_s", "dp_wait_s", "update_s"):
             values = getattr(self, name)
+            if hasattr(values, "tolist") and isinstance(listed := values.tolist(), list):  # a numpy array or a tensor
+                object.__setattr__(self, name, values := listed)
             if not isinstance(values, (list, tuple)) and not (values is None and name not in required):
                 raise ConfigError(f"ReshardSample.{name} must be a tuple of seconds, one per rank, got {values!r}")
         lengths = [len(self.compute_s), len(self.shardable_s), len(self.comm_s)]
