@@ -285,7 +285,7 @@ class ReshardPolicy:
         if not slowdown.slow - self.slowdown.slow:
             return None
         model, base = pooled(model, slowdown.slow), pooled(base, slowdown.slow)
-        seats = self._seat_comm(slowdown.slow)
+        seats = self._seat_comm(slowdown.slow, model.speeds)
         proposal = self._propose(model, seats, slowdown.slow)
         if proposal == self.plans:
             return None
@@ -317,7 +317,7 @@ class ReshardPolicy:
         model = pooled(model, self.slowdown.slow)
         self.speeds = model.speeds
         current = plan_step(model, self.learned.weights, self.plans) + comm
-        seats = self._seat_comm(self.slowdown.slow)
+        seats = self._seat_comm(self.slowdown.slow, model.speeds)
         proposal = self._propose(model, seats)
         ratios = tuple(v / max(model.speeds) for v in model.speeds)
         base = dict(current_s=measured_s, predicted_s=current, speed_ratios=ratios)
@@ -380,9 +380,9 @@ class ReshardPolicy:
         return propose(model, self.plans, self.learned.weights, slow=bool(slow), min_units=self.config.min_units,
                        margin=self.config.margin, unseat=slow, comm=seats)
 
-    def _seat_comm(self, slow) -> float:
-        """What a slow rank's seats stretch: the reductions in force (:func:`seat_reading`), at the rate where one sat."""
-        return self.seats.read(seat_reading(list(self.samples), self.plans), self.speeds, self.plans, slow,
+    def _seat_comm(self, slow, speeds: Sequence[float]) -> float:
+        """What a slow rank's seats stretch at ``speeds``: the reductions in force (:func:`seat_reading`), at the rate where one sat."""
+        return self.seats.read(seat_reading(list(self.samples), self.plans), speeds, self.plans, slow,
                                idle_free=self.learned.idle_free) if slow else 0.0
 
     def needed_gain(self, se: Optional[float] = None) -> float:
