@@ -86,6 +86,8 @@ ALLOWED: dict[tuple[str, str, str], str] = {
                                                                "times both paths",
     ("semimig/controller/reshard.py", "ReshardPolicy.profile", ".tolist()"): SETUP + ": the device probe's times, "
                                                                             "once, if handed as an array or tensor",
+    ("semimig/controller/policy/records.py", "ReshardSample.__post_init__", ".tolist()"): "a caller's sample handed "
+        "as arrays; semimig builds its samples from host floats (the gathered rows)",
     ("semimig/controller/pretest.py", "PretestRun._samples", ".cpu()"): RE_PLAN + ": the SEMI pretest",
     ("semimig/controller/pretest.py", "PretestRun._samples", ".tolist()"): RE_PLAN + ": the SEMI pretest",
     ("semimig/controller/pretest.py", "_best_of", ".synchronize()"): RE_PLAN + ": the SEMI pretest times its tasks",
