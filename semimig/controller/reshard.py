@@ -40,7 +40,7 @@ from semimig.controller.policy.gain import (MoveRate, Noise, bet_pays, expected_
 from semimig.controller.policy.memory import PlanMemory, SeatRates
 from semimig.controller.policy.propose import healthy_step, plan_step, pooled, propose, seat_delta, seat_reading, shares
 from semimig.controller.policy.records import ReshardDecision, ReshardSample, check_plans, moved_units
-from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, transition
+from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, handed_over, transition
 from semimig.controller.policy.stepmodel import LearnedModel, median_times
 from semimig.controller.policy.window import Window
 from semimig.errors import ConfigError
@@ -284,7 +284,8 @@ class ReshardPolicy:
                         since=step - steps + 1)
         if not slowdown.slow - self.slowdown.slow:
             return None
-        model, base = pooled(model, slowdown.slow), pooled(base, slowdown.slow)
+        base, ended = pooled(base, slowdown.slow), self.slowdown.slow & set(self.samples.sped_up())  # one ended now
+        model = handed_over(pooled(model, slowdown.slow), self.slowdown, ended, slowdown.slow, shares)
         seats = self._seat_comm(slowdown.slow, model.speeds)
         proposal = self._propose(model, seats, slowdown.slow)
         if proposal == self.plans:
@@ -294,11 +295,10 @@ class ReshardPolicy:
         healthy = healthy_step(base) + comm
         move = 2.0 * self.move_cost_s(proposal, healthy, model.speeds)
         gain = plan_step(model, w, self.plans) - plan_step(model, w, proposal) - seated
-        onset = self.slowdown.handover(self.tp) if self.slowdown.slow & set(self.samples.sped_up()) else None  # one ended
+        onset = self.slowdown.handover(self.tp) if ended else None
         if not bet_pays(gain, wrong + move, self.samples.rates.change_odds(steps, onset)):
             return None
-        saved, state, self.slowdown = self.slowdown, self.state, slowdown
-        slowdown.rates = saved.rates
+        saved, state, self.slowdown, slowdown.rates = self.slowdown, self.state, slowdown, self.slowdown.rates
         decision = self._decide(step, model, comm, se, healthy_s=healthy,
                                 measured_s=self.learned.slowest(compute, shares) + comm)
         if not decision.replan:

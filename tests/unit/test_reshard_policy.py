@@ -216,6 +216,21 @@ def test_a_slow_step_where_the_slowdown_ends_is_bet_on_as_the_straggler_moving()
         assert pol.slowdown.slow == {0}
 
 
+def test_a_handed_over_slowdown_is_bet_on_at_the_size_it_had():
+    """Rank 1 at a third of its speed, then from step 40 rank 0 instead, its first slow step further slowed by
+    half (noise).  Read at that one step, rank 0 would look 4.5x slow and the bet would take a plan for that;
+    read no slower than rank 1's slowdown was, the bet takes the mirror of the plan rank 1's slowdown held, and
+    the steps after it call for no correction."""
+    pol = policy()
+    moves = run(pol, lambda step: (1.0, 1 / 3) if step < 40 else ((1 / 4.5, 1.0) if step == 40 else (1 / 3, 1.0)), 60,
+                move_s=0.3)
+    held = [m for m in moves if m.step < 40][-1].plans
+    bet = [m for m in moves if m.step >= 40]
+    assert bet[0].step == 40 and bet[0].bet == 1
+    assert [p.units for p in bet[0].plans] == [tuple(reversed(p.units)) for p in held]
+    assert len(bet) == 1, [(m.step, [p.units for p in m.plans]) for m in bet]
+
+
 def test_the_risk_of_the_state_before_coming_back_prices_the_plan_at_its_speeds():
     model = StepModel(speeds=(1.0, 1.0), replicated=0.2, shardable=1.6)  # a healthy even step of 1
     even, uneven = (0.5, 0.5), (0.9, 0.1)

@@ -38,16 +38,22 @@ lengths of the ended states are kept by kind (some rank slow, or none): they are
 long the present state will last (:func:`~semimig.controller.policy.gain.expected_life`); the first state
 is not among them, for it began with the run, not with a change, and its length tells when the run
 started rather than how long a state lasts.
+
+A slowdown handed over keeps its size (:func:`handed_over`): the bet on a rank's one slow step at the
+step another's slowdown ended reads it no slower than the ended one read, one step's noise being the
+larger error.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from semimig.errors import ConfigError
 
-__all__ = ["START", "MEASURING", "HOLDING", "MOVING", "SETTLING", "TABLE", "N_MIN", "transition", "Slowdown"]
+__all__ = ["START", "MEASURING", "HOLDING", "MOVING", "SETTLING", "TABLE", "N_MIN", "transition", "Slowdown",
+           "handed_over"]
 
 START, MEASURING, HOLDING, MOVING, SETTLING = "start", "measuring", "holding", "moving", "settling"
 N_MIN = 3
@@ -157,3 +163,20 @@ class Slowdown:
     def past(self) -> List[int]:
         """Lengths of the ended states of the present kind (some rank slow, or none)."""
         return self.ended[bool(self.slow)]
+
+
+def handed_over(model: Any, slowdown: Slowdown, ended: AbstractSet[int], slow: AbstractSet[int],
+                shares: Sequence[float]) -> Any:
+    """``model`` (a :class:`~semimig.sharding.solver.StepModel` read from one step) with each rank newly in
+    ``slow`` read no slower than the slowdown that ``ended`` on the same step, at the ratio ``slowdown`` last read
+    for it: if the straggler moved, the new rank's speed is the one the ended rank held, read over its
+    window, where one step's reading of the new rank is as noisy as one step is (an overshooting plan, a
+    correction after it).  A rank read faster than that keeps its own reading (a smaller slowdown, or an
+    outlier), so the bet is never larger than its one step says.  Only where every ended rank held units:
+    an emptied rank's ratio rests on its replicated work alone (``R/S``) and is the less sure reading."""
+    if not ended or slowdown.ratios is None or any(shares[r] <= 0.0 for r in ended):
+        return model
+    top = max((v for r, v in enumerate(model.speeds) if r not in slow), default=max(model.speeds))
+    floor = min(slowdown.ratios[r] for r in ended) * top
+    new = set(slow) - slowdown.slow
+    return dataclasses.replace(model, speeds=tuple(max(v, floor) if r in new else v for r, v in enumerate(model.speeds)))
