@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -119,12 +120,21 @@ def test_a_straggler_is_balanced_and_summarised(tmp_path: Path, backend: str) ->
     text, run = _torchrun(tmp_path, "straggler", "--steps", "16", "--straggler", "fixed:1:6")
     summary = run["summary"]
     assert summary["straggler"] == "fixed:1:6" and summary["balance"] == "semi" and summary["steps"] == 16
-    assert "WARNING semimig.balancer: semimig is balancing straggler(s) [1]" in text, text[-4000:]
-    assert "TP rank 1 flagged as a straggler" in text
     assert len(summary["shed"].split(",")) == 2 and float(summary["median_step_s"]) > 0
     # the plan's shed shares per step and TP rank; the last is the summary's
     assert len(run["shed"]) == 16 and all(len(row) == 2 for row in run["shed"])
-    assert ",".join(f"{s:.3f}" for s in run["shed"][-1]) == summary["shed"] and any(r[1] > 0 for r in run["shed"])
+    assert ",".join(f"{s:.3f}" for s in run["shed"][-1]) == summary["shed"]
+    # semi balances rank 1 by re-sharding (a re-plan leaving it fewer MLP blocks than rank 0) or, where the
+    # re-shard policy has not moved yet when the resizer's window flags it, by resizing: which comes first
+    # turns on the timing of ~1 ms GEMMs
+    mlp = re.search(r"mlp=\[(\d+),\s*(\d+)\]", summary.get("reshard_plan", ""))
+    if int(summary.get("replans", 0)) >= 1 and mlp is not None:
+        assert int(mlp.group(2)) < int(mlp.group(1)), summary
+        assert "semimig re-plan at step" in text, text[-4000:]
+    else:
+        assert "WARNING semimig.balancer: semimig is balancing straggler(s) [1]" in text, text[-4000:]
+        assert "TP rank 1 flagged as a straggler" in text
+        assert any(r[1] > 0 for r in run["shed"])
 
 
 def test_shakespeare_trains_and_records_validation_losses(tmp_path: Path, backend: str) -> None:
