@@ -177,14 +177,6 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 # -- semimig cluster: SIGHUP, SIGQUIT (SIGINT, SIGTERM and SIGKILL: test_cluster.py) ------------------
 @pytest.mark.mutex("netns")
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGQUIT], ids=lambda s: s.name)
