@@ -23,7 +23,8 @@ later); COMMAND gets SIGTERM if the launcher itself is killed, SIGKILL included
 (:func:`semimig._lifetime.die_with_parent`); every cgroup is removed on every exit path, and
 leftovers of crashed runs are removed first.
 
-Exit status: COMMAND's (128 + N when it died of signal N, 124 after ``--timeout``); 1 when COMMAND
+Exit status: COMMAND's (128 + N when it died of signal N, 124 after ``--timeout``); 128 + N when the
+launcher got signal N before COMMAND started (it is not started then); 1 when COMMAND
 succeeded but nothing was throttled as asked (no process of rank R appeared, or the
 ``--pattern-after`` file never did), said in one line; 2 with a one-line message when the flags
 cannot apply (a rank outside the world COMMAND launches, ``torchrun --nproc_per_node N``) or a
@@ -315,77 +316,80 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
     switches: List[Dict[str, float]] = []
 
     first = 1.0 if pattern_after is not None else pattern.fraction if pattern else fraction
-    with CpuThrottle(first, period_us=period_us, controller=controller,
-                     handle_signals=False) as throttle, contextlib.ExitStack() as shares:
-        # after the throttle exists, so that an unusable cgroup refuses before anything is started
-        for path in remove_stale_throttles(controller):
-            logger.warning("removed a stale throttle cgroup left by a dead run: %s", path)
-        kill_at: List[float] = []
-        pending: List[int] = []  # signals that arrive before the command has started
-        proc: Optional[subprocess.Popen] = None
+    kill_at: List[float] = []
+    pending: List[int] = []  # signals that arrive before the command has started
+    proc: Optional[subprocess.Popen] = None
 
-        def forward(signum: int, _frame: object) -> None:
-            if proc is None:
-                pending.append(signum)
-                return
-            logger.info("throttle: forwarding signal %d to process group %d", signum, proc.pid)
-            try:
-                os.killpg(proc.pid, signum)
-            except ProcessLookupError:
-                pass
-            kill_at.append(time.monotonic() + KILL_GRACE_S)
-
-        previous = {}
-        if threading.current_thread() is threading.main_thread():  # before Popen: no signal slips between
-            previous = {s: signal.signal(s, forward) for s in END_SIGNALS}
+    def forward(signum: int, _frame: object) -> None:
+        if proc is None:
+            pending.append(signum)
+            return
+        logger.info("throttle: forwarding signal %d to process group %d", signum, proc.pid)
         try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+        kill_at.append(time.monotonic() + KILL_GRACE_S)
+
+    # Before the first cgroup exists and until the last is gone, an ending signal is this handler's: a
+    # launcher ended by the default action in between would leave its cgroup to the next run's reaping.
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.signal(s, forward) for s in END_SIGNALS}
+    try:
+        with CpuThrottle(first, period_us=period_us, controller=controller,
+                         handle_signals=False) as throttle, contextlib.ExitStack() as shares:
+            # after the throttle exists, so that an unusable cgroup refuses before anything is started
+            for path in remove_stale_throttles(controller):
+                logger.warning("removed a stale throttle cgroup left by a dead run: %s", path)
+            if pending:  # ended before the command started: it never starts
+                logger.info("throttle: signal %d before %s started; not starting it", pending[0], argv[0])
+                return 128 + pending[0]
             proc = subprocess.Popen(argv, preexec_fn=own_group_dying_with_parent())
-        except BaseException:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-            raise
-        for signum in pending:
-            forward(signum, None)
-        share_throttle = None if share is None else lambda: shares.enter_context(CpuThrottle(
-            share, period_us=period_us, controller=controller, handle_signals=False))
-        watcher = _Watcher(proc.pid, throttle, rank=rank, pin=pin, pattern=pattern, announce=announce,
-                           on_switch=lambda unix_s, f: switches.append({"unix_s": unix_s, "fraction": f}),
-                           pattern_after=pattern_after, share_throttle=share_throttle, world=world)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        timed_out = False
-        try:
-            while proc.poll() is None:
-                watcher.poll()
-                now = time.monotonic()
-                if deadline is not None and now > deadline and not timed_out:
-                    logger.warning("throttle: %s ran past %g s; terminating it", argv[0], timeout_s)
-                    timed_out = True
-                    forward(signal.SIGTERM, None)
-                if kill_at and now > min(kill_at):
-                    kill_at.clear()
-                    logger.warning("throttle: %s still running %g s after a signal; killing it", argv[0], KILL_GRACE_S)
+            for signum in pending:  # arrived between the check and Popen
+                forward(signum, None)
+            share_throttle = None if share is None else lambda: shares.enter_context(CpuThrottle(
+                share, period_us=period_us, controller=controller, handle_signals=False))
+            watcher = _Watcher(proc.pid, throttle, rank=rank, pin=pin, pattern=pattern, announce=announce,
+                               on_switch=lambda unix_s, f: switches.append({"unix_s": unix_s, "fraction": f}),
+                               pattern_after=pattern_after, share_throttle=share_throttle, world=world)
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            timed_out = False
+            try:
+                while proc.poll() is None:
+                    watcher.poll()
+                    now = time.monotonic()
+                    if deadline is not None and now > deadline and not timed_out:
+                        logger.warning("throttle: %s ran past %g s; terminating it", argv[0], timeout_s)
+                        timed_out = True
+                        forward(signal.SIGTERM, None)
+                    if kill_at and now > min(kill_at):
+                        kill_at.clear()
+                        logger.warning("throttle: %s still running %g s after a signal; killing it", argv[0],
+                                       KILL_GRACE_S)
+                        _kill_tree(proc.pid)
+                    time.sleep(poll_s if not watcher.settled else max(poll_s, 0.25))
+            finally:
+                if proc.poll() is None:   # we are leaving on an exception: do not leave the command running
                     _kill_tree(proc.pid)
-                time.sleep(poll_s if not watcher.settled else max(poll_s, 0.25))
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-            if proc.poll() is None:   # we are leaving on an exception: do not leave the command running
-                _kill_tree(proc.pid)
-                proc.wait()
-            if watcher.driver is not None:
-                watcher.driver.stop()
-            if switch_log is not None:
-                write_json(switch_log, switches)
-        status = 124 if timed_out else _exit_status(proc.returncode)
-        idle = None
-        if not watcher.found:
-            idle = f"no process with RANK {rank} appeared; nothing was throttled"
-        elif pattern_after is not None and watcher.driver is None:
-            idle = f"--pattern-after {pattern_after} never appeared; the pattern never started"
-        if idle is not None:
-            announce(f"semimig throttle: error: {idle}")
-            if status == 0:
-                return 1
+                    proc.wait()
+                if watcher.driver is not None:
+                    watcher.driver.stop()
+                if switch_log is not None:
+                    write_json(switch_log, switches)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    status = 124 if timed_out else _exit_status(proc.returncode)
+    idle = None
+    if not watcher.found:
+        idle = f"no process with RANK {rank} appeared; nothing was throttled"
+    elif pattern_after is not None and watcher.driver is None:
+        idle = f"--pattern-after {pattern_after} never appeared; the pattern never started"
+    if idle is not None:
+        announce(f"semimig throttle: error: {idle}")
+        if status == 0:
+            return 1
     return status
 
 

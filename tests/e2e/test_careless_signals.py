@@ -109,6 +109,34 @@ def test_the_throttle_launcher_leaves_nothing_on_any_signal(sig):
         remove_stale_throttles(controller)
 
 
+@pytest.mark.parametrize("sig", SIGNALS[:-1], ids=lambda s: s.name)
+def test_a_signal_the_moment_the_cgroup_exists_leaves_nothing(sig):
+    """The launcher's handlers are in place before its cgroup exists: a signal sent the moment the cgroup
+    appears (before the command may have started) ends the launcher with ``128 + N``, its cgroup removed
+    and no process of the run left, whether the command had started or not."""
+    from semimig.straggler.throttle import remove_stale_throttles
+
+    controller = _controller()
+    mark = secrets.token_hex(4)
+    proc = subprocess.Popen([sys.executable, "-m", "semimig.straggler.throttle_cli", "--rank", "0", "--fraction",
+                             "0.5", "--", "env", "RANK=0", *SLEEP], env=_env(mark),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_from_a_terminal)
+    try:
+        deadline = time.monotonic() + 30
+        while not _throttle_cgroups(controller, proc.pid):  # no sleep: the signal follows the mkdir closely
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the launcher never made its cgroup"
+        proc.send_signal(sig)
+        proc.wait(timeout=20)
+        _until(lambda: not _marked(mark), 10, f"processes of the run outlive {sig.name}: {_marked(mark)}")
+        assert proc.returncode == 128 + sig, (proc.returncode, proc.stderr.read())
+        assert not _throttle_cgroups(controller, proc.pid)
+    finally:
+        _stop(proc, mark)
+        remove_stale_throttles(controller)
+
+
 # -- benchmarks/time_to_loss.py -----------------------------------------------------------------
 _TTL_DRIVER = """
 import sys
