@@ -47,7 +47,8 @@ from torch.distributed import ProcessGroup
 
 from semimig.comm import primitives as P
 
-__all__ = ["IN_FLIGHT", "HolderSum", "holder_group", "holders_of", "pending_sends", "set_skipping", "skipping"]
+__all__ = ["IN_FLIGHT", "HolderSum", "drain_sends", "holder_group", "holders_of", "pending_sends", "set_skipping",
+           "skipping"]
 
 IN_FLIGHT = 256
 """Sends to idle ranks this process leaves open before it waits for the oldest."""
@@ -81,6 +82,13 @@ def holders_of(sizes: Sequence[Sequence[int]]) -> tuple[int, ...]:
 def pending_sends() -> int:
     """Sends to idle ranks posted by this process and not yet waited for."""
     return len(_SENDS)
+
+
+def drain_sends() -> None:
+    """Wait for every send this process posted: before the idle ranks stop receiving (no rank skips any
+    more) and before a process group is destroyed, no send of it may still be open."""
+    while _SENDS:
+        _SENDS.popleft().wait()
 
 
 def _post(work: Optional[dist.Work]) -> None:

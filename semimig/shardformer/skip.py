@@ -445,6 +445,7 @@ def release(model: nn.Module, resolved: Any) -> None:
         return
     from semimig.shardformer.replicas import after_release
 
+    H.drain_sends()
     before_move(model)
     state.blocked = "released"
     configure(model, resolved)
