@@ -7,22 +7,22 @@ The plan in force is one :class:`~semimig.sharding.ShardPlan` per paired dimensi
 groups), with a weight ``w_d`` per dimension (its share of the shardable work); a rank's share is
 ``p_r = Σ_d w_d·n_{d,r}/U_d / Σ_d w_d`` and may be 0 (``min_units=0``: a rank holding no unit of a kind).
 
-The decision is a small state machine (:mod:`semimig.controller.policy.states`: the table), one gain
-test shared by every move (:mod:`semimig.controller.policy.gain`) and a step model that learns ``R/S``
-from every plan it measured (:mod:`semimig.controller.policy.stepmodel`).  Per step: the step joins a
-window of the plan in force (at most ``window`` steps; each rank reads only its steps since its speed
-last changed, a change-point test on its log compute: :mod:`semimig.controller.policy.window`); the
-window's readings give the step model, the slow ranks and their age; the proposal is the solved plan
-(or the even one, when it is within ``margin``), scored by its own measurement when it was measured at
-the speeds in force (:mod:`semimig.controller.policy.memory`); the gain test decides.  A move is then
-measured for ``N_MIN`` steps before the next decision, and the two plans refit ``R/S``.  A rank whose
-last step alone is slower than the noise is an outlier or a change, told apart at the next step, and a
-slowdown of two steps in a row is confirmed by the step after them; the move either calls for is taken
-at once when the gain test passes on it and acting a step sooner pays for the risk of outliers
-(:func:`~semimig.controller.policy.gain.bet_pays`, the odds of that many slow steps counted over the run,
-or a hand-over's where a slowdown ends; two steps once a slowdown lasted).  Before the first step, :meth:`profile` reads
-the device probe's speed ratios with the prior ``R/S`` and takes its plan only when the gain test
-passes on the probe's noise and the gain is at least ``probe`` of the even step.
+The decision is a small state machine (:mod:`semimig.controller.policy.states`: the table), one gain test shared by
+every move (:mod:`semimig.controller.policy.gain`) and a step model that learns ``R/S`` from every plan it measured
+(:mod:`semimig.controller.policy.stepmodel`). Per step: the step joins a window of the plan in force (at most
+``window`` steps; each rank reads only its steps since its speed last changed, a change-point test on its log
+compute: :mod:`semimig.controller.policy.window`); the window's readings give the step model, the slow ranks and
+their age; the proposal is the solved plan (or the even one, when it is within ``margin``), scored by its own
+measurement when it was measured at the speeds in force (:mod:`semimig.controller.policy.memory`); the gain test
+decides. A move is then measured for ``N_MIN`` steps before the next decision, and the two plans refit ``R/S``. A
+rank whose last step alone is slower than the noise is an outlier or a change, told apart at the next step, and a
+slowdown of two steps in a row is confirmed by the step after them; the move either calls for is taken at once when
+the gain test passes on it and acting a step sooner pays for the risk of outliers
+(:func:`~semimig.controller.policy.gain.bet_pays`, the odds of that many slow steps counted over the run, or a
+hand-over's where a slowdown ends; two steps once a slowdown lasted), and no move that such steps, read as a change,
+would undo is taken before the step that tells. Before the first step, :meth:`profile` reads the device probe's
+speed ratios with the prior ``R/S`` and takes its plan only when the gain test passes on the probe's noise and the
+gain is at least ``probe`` of the even step.
 
 Every input is a number all ranks share and the arithmetic is in a fixed order, so every rank takes
 the same decision at the same step; nothing is broadcast.
@@ -60,22 +60,17 @@ class ReshardConfig:
     window: int = 48
     """Most steps of one plan the step model reads: more averages the noise away, fewer follow a change sooner."""
     margin: float = 0.03
-    """Smallest relative gain ever acted on: guards against the step model's own error, at the price of gains
-    below it."""
+    """Smallest relative gain ever acted on: guards against the step model's error, at the price of gains below it."""
     noise_z: float = 3.0
     """Standard errors a gain (and a slow rank) must clear: fewer false moves against a later reaction under noise."""
     tolerance: float = 0.1
-    """Smallest slowdown (relative speed) that counts as a straggler: a lower one reacts to milder stragglers and
-    to more of the noise."""
+    """Smallest slowdown (relative speed) that counts as a straggler: lower reacts to milder ones, and to more noise."""
     life_floor: int = 10
-    """Fewest steps any state is expected to last: higher bets on young slowdowns sooner, and loses more on short
-    ones."""
+    """Fewest steps any state is expected to last: higher bets on young slowdowns sooner, loses more on short ones."""
     move_steps: float = 2.0
-    """Before any move is measured, what moving every unit is assumed to cost, in healthy even steps: lower moves
-    sooner on a fast link and overpays on a slow one."""
+    """Before a move is measured, moving every unit's assumed cost in healthy even steps: lower moves sooner."""
     replicated_share: float = 0.2
-    """Before ``R/S`` is measured, the replicated work's assumed share of a healthy even step: the first plan's
-    prior, corrected once two plans are measured."""
+    """Before ``R/S`` is measured, the replicated work's assumed share of a healthy even step (the first prior)."""
     horizon: Optional[int] = None
     """Steps the run has left at its start (``None``: unknown): a gain is never counted past the run's end."""
     warmup: int = 1
@@ -178,8 +173,7 @@ class ReshardPolicy:
         self.state = transition(self.state if self.state == MOVING else MOVING, "moved")
         self.plans, self.last_move_step = plans, self.step
         self.samples.clear()
-        self._skip = self.config.warmup
-        self._fitted = 0
+        self._skip, self._fitted = self.config.warmup, 0
 
     def profile(self, times: Sequence[Sequence[float]]) -> ReshardDecision:
         """The plan to take before the first step from the device probe: ``times[i][r]`` is rank ``r``'s
@@ -200,15 +194,12 @@ class ReshardPolicy:
                       for r, t in enumerate(row)) for i, row in enumerate(rows)]
         if cfg.probe <= 0.0:
             return self._hold(-1, "the device probe is off (probe=0)", event="probe_hold")
-        noise = Noise()
-        for a, b in zip(rows, rows[1:]):
-            noise.add(a, b)
+        noise = Noise().add_rows(rows)
         best = [min(row[r] for row in rows) for r in range(self.tp)]  # interference only adds to a repeat
         ratios = tuple(min(best) / b for b in best)
         model = self.learned.from_ratios(ratios)
         se = noise.of_median(len(rows))
-        self.slowdown.update(-1, ratios, se=math.sqrt(2.0) * se, tolerance=cfg.tolerance, z=cfg.noise_z,
-                             samples=len(rows))
+        self.slowdown.update(-1, ratios, se=math.sqrt(2.0) * se, tolerance=cfg.tolerance, z=cfg.noise_z, samples=len(rows))
         decision = self._decide(-1, model, 0.0, se, healthy_s=1.0, needed_gain=cfg.probe, hold="probe_hold",
                                 gain="probe_move")
         relative = dataclasses.replace(decision, reason=f"device probe: {decision.reason}",
@@ -266,7 +257,15 @@ class ReshardPolicy:
         measured = self.learned.slowest(compute, self.shares()) + comm
         if self.state == SETTLING and self._verify(self.samples.steady(), measured):
             model = self.learned.model(self.shares(), compute)
-        return self._decide(step, model, comm, se, healthy_s=healthy_step(model) + comm, measured_s=measured)
+        state = self.state
+        decision = self._decide(step, model, comm, se, healthy_s=healthy_step(model) + comm, measured_s=measured)
+        if decision.replan and unconfirmed:  # read as a change, those steps must not undo it: the next step tells
+            w, pending = self.learned.weights, self.learned.model(self.shares(), self.samples.betting())
+            if plan_step(pending, w, decision.plans) > plan_step(pending, w, self.plans):
+                self.history.pop()
+                self.state = state
+                return self._hold(step, "unconfirmed slow steps would undo the move: the next step tells")
+        return decision
 
     # ------------------------------------------------------------------ decision
     def _bet(self, step: int, steps: int = 1) -> Optional[ReshardDecision]:

@@ -231,6 +231,23 @@ def test_a_handed_over_slowdown_is_bet_on_at_the_size_it_had():
     assert len(bet) == 1, [(m.step, [p.units for p in m.plans]) for m in bet]
 
 
+def test_no_move_is_taken_that_unconfirmed_slow_steps_would_undo():
+    """Rank 1 at a sixth of its speed, free from step 40; with moves this costly the way back to even is
+    decided some steps into the pause.  Where rank 1 slows again the step before, its two slow steps are not
+    yet a slowdown (the step after them confirms it), but read as one they make the way back a loss: the
+    policy waits for the step that tells, keeps the plan it holds and makes neither the move nor the move
+    back."""
+    def speeds(back):
+        return lambda step: (1.0, 1 / 6) if step < 40 or (back is not None and step >= back) else (1.0, 1.0)
+
+    pause = run(policy(), speeds(None), 80, move_s=2.0)
+    way_back = [m.step for m in pause if m.step >= 40]
+    assert way_back and way_back[0] > 42  # decided on the pause's steps, not on its first
+    held = [m for m in pause if m.step < 40][-1].plans
+    moves = run(policy(), speeds(way_back[0] - 1), 80, move_s=2.0)
+    assert [m.plans for m in moves] == [held], [(m.step, [p.units for p in m.plans]) for m in moves]
+
+
 def test_the_risk_of_the_state_before_coming_back_prices_the_plan_at_its_speeds():
     model = StepModel(speeds=(1.0, 1.0), replicated=0.2, shardable=1.6)  # a healthy even step of 1
     even, uneven = (0.5, 0.5), (0.9, 0.1)

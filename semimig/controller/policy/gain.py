@@ -90,6 +90,12 @@ class Noise:
                 bisect.insort(self._ordered, diff)
                 self._sigma = None
 
+    def add_rows(self, rows: Sequence[Sequence[float]]) -> "Noise":
+        """Every consecutive pair of ``rows`` (:meth:`add`); returns itself."""
+        for before, after in zip(rows, rows[1:]):
+            self.add(before, after)
+        return self
+
     @property
     def sigma(self) -> float:
         """The estimate, at least a prior that fades as pairs accrue (a few pairs can read a noisy machine
