@@ -77,6 +77,14 @@ def _throttle_cgroups(controller, pid: int) -> list[str]:
     return [n for n in os.listdir(controller.root) if n.startswith(f"semimig-throttle-{pid}-")]
 
 
+def _throttle_launcher(mark: str) -> subprocess.Popen:
+    """``semimig throttle`` holding rank 0 of a sleeping payload to half a core."""
+    return subprocess.Popen([sys.executable, "-m", "semimig.straggler.throttle_cli", "--rank", "0", "--fraction",
+                             "0.5", "--", "env", "RANK=0", *SLEEP], env=_env(mark),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_from_a_terminal)
+
+
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_the_throttle_launcher_leaves_nothing_on_any_signal(sig):
     """On every signal, SIGHUP and SIGKILL included, no cgroup is left with the command throttled
@@ -85,10 +93,7 @@ def test_the_throttle_launcher_leaves_nothing_on_any_signal(sig):
 
     controller = _controller()
     mark = secrets.token_hex(4)
-    proc = subprocess.Popen([sys.executable, "-m", "semimig.straggler.throttle_cli", "--rank", "0", "--fraction",
-                             "0.5", "--", "env", "RANK=0", *SLEEP], env=_env(mark),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=sigint_as_from_a_terminal)
+    proc = _throttle_launcher(mark)
     try:
         def attached() -> bool:
             assert proc.poll() is None, proc.stderr.read()
@@ -118,10 +123,7 @@ def test_a_signal_the_moment_the_cgroup_exists_leaves_nothing(sig):
 
     controller = _controller()
     mark = secrets.token_hex(4)
-    proc = subprocess.Popen([sys.executable, "-m", "semimig.straggler.throttle_cli", "--rank", "0", "--fraction",
-                             "0.5", "--", "env", "RANK=0", *SLEEP], env=_env(mark),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=sigint_as_from_a_terminal)
+    proc = _throttle_launcher(mark)
     try:
         deadline = time.monotonic() + 30
         while not _throttle_cgroups(controller, proc.pid):  # no sleep: the signal follows the mkdir closely
