@@ -72,7 +72,8 @@ from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel
 
 __all__ = ["JointSetup", "SeatMemory", "at_measured_pace", "at_samples", "even_samples", "joint_problem",
-           "joint_setup", "own_steps", "per_mean_batch", "reading_due", "search_root", "split_ratio", "update_part"]
+           "joint_setup", "noise_blocked", "own_steps", "per_mean_batch", "reading_due", "search_root", "split_ratio",
+           "update_part"]
 
 KINDS = ("mlp", "kv")
 """The paired dimensions a plan splits, in the policies' order."""
@@ -98,15 +99,28 @@ class JointSetup:
                               f"sample: BatchSplit.global_batch_size={self.global_batch} is too small")
 
 
-def reading_due(age: int, last: Optional[int]) -> bool:
+def reading_due(age: int, last: Optional[int], *, needed: float = 0.0, blocked: float = 0.0) -> bool:
     """Whether the job's gain is read again at ``age`` steps since the job last moved, the last reading taken
     at age ``last`` (``None``: none since the move, or a policy has since left its plan held).
 
-    With the speeds held, the gain test's answer changes only with the life it counts (the age) and with
-    drift within the noise.  It is read at once, then whenever the age has doubled since the last reading:
-    a gain that needs a life ``L`` is taken by age ``2L`` at the latest, and a run of ``T`` steps reads it
-    about ``log₂ T`` times instead of every step (the planner's search is host work every rank waits for)."""
-    return last is None or age >= 2 * max(last, 1)
+    With the speeds held, the gain test's answer changes with the life it counts (the age), with the noise
+    the replicas' windows allow (``needed``, ``ε``, which shrinks as a window gains steps) and with drift
+    within that noise.  It is read at once, then whenever the age has doubled since the last reading: a gain
+    that needs a life ``L`` is taken by age ``2L`` at the latest, and a run of ``T`` steps reads it about
+    ``log₂ T`` times instead of every step (the planner's search is host work every rank waits for).  A
+    scheduled reading whose gain only the noise held back (:func:`noise_blocked`) is read once more as soon as
+    ``needed`` falls below ``blocked``, the most noise with which it passes: ``ε`` falls as the windows gain
+    steps, about as ``1/√n``, well before the age doubles."""
+    return last is None or age >= 2 * max(last, 1) or needed < blocked
+
+
+def noise_blocked(test: Any, step_s: float) -> float:
+    """The largest ``ε`` with which the failed gain ``test`` (:class:`~semimig.controller.policy.gain.Gain` of a
+    step of ``step_s``) would have passed: ``(g − C/L)/t₀``; 0 where it passed or where no ``ε`` would let it
+    pass (the gain does not pay the moves over its life even without noise)."""
+    if test.passed or test.life <= 0 or step_s <= 0.0:
+        return 0.0
+    return max(0.0, (test.gain_s - test.cost_s / test.life) / step_s)
 
 
 def search_root(speeds: Sequence[Sequence[float]], seats: Sequence[tuple[int, int]]) -> int:

@@ -15,7 +15,7 @@ from semimig.comm import primitives as P
 from semimig.controller.policy.gain import expected_life, gain_test
 from semimig.controller.policy.states import HOLDING
 from semimig.controller.reshard import ReshardDecision
-from semimig.resharder.joint import as_policy_plans, joint_problem, reading_due, search_root
+from semimig.resharder.joint import as_policy_plans, joint_problem, noise_blocked, reading_due, search_root
 from semimig.sharding.joint import job_step, plan_job
 
 __all__ = ["JointMoves"]
@@ -34,17 +34,19 @@ class JointMoves:
         replica's window allows, the moves' cost and their way back, over a life of the steps since
         the job last moved (at least ``life_floor``).  A change of split alone moves no weights.  Read when
         :func:`reading_due` says so, not every step: the planner's search is host work (on the fastest rank,
-        :meth:`_search`) that every rank waits for."""
+        :meth:`_search`) that every rank waits for; a gain only the noise held back is read again once the
+        windows' noise allows it (:func:`noise_blocked`)."""
         if any(policy.state != HOLDING for policy in self.policies):
-            self._job_read = None
+            self._job_read, self._job_blocked = None, 0.0
             if self._tells(logging.DEBUG):
                 logger.debug("semimig job gain at step %d: not read, the policies are %s", step,
                              [policy.state for policy in self.policies])
             return None
-        age = step - self._job_moved
-        if not reading_due(age, self._job_read):
+        age, needed = step - self._job_moved, max(policy.needed_gain() for policy in self.policies)
+        scheduled = reading_due(age, self._job_read)  # by age; at most one read more between two of those
+        if not scheduled and not reading_due(age, self._job_read, needed=needed, blocked=self._job_blocked):
             return None
-        self._job_read = age
+        self._job_read, self._job_blocked = age, 0.0
         problem = joint_problem(self.joint, self.policies, self.samples, self._seats)
         if problem is None:
             return None
@@ -61,13 +63,13 @@ class JointMoves:
         remaining = None if config.horizon is None else max(config.horizon - step, 1)
         life = expected_life(step - self._job_moved, (), floor=config.life_floor, remaining=remaining)
         cost = sum(policy.move_cost_s(row, now_s) for policy, row in zip(self.policies, plans))
-        test = gain_test(now_s, answer.step, needed=max(policy.needed_gain() for policy in self.policies),
-                         life=life, move_s=cost, way_back=life != remaining)
+        test = gain_test(now_s, answer.step, needed=needed, life=life, move_s=cost, way_back=life != remaining)
         if self._tells(logging.DEBUG):
             logger.debug("semimig job gain at step %d (age %d): %.4g s in force, %.4g s for samples %s plans %s; "
                          "life %.3g, moves %.3g s: %s; from %r", step, age, now_s, answer.step, list(answer.samples),
                          [[p.units for p in row] for row in plans], life, cost, test, problem)
         if not test.passed:
+            self._job_blocked = noise_blocked(test, now_s) if scheduled else 0.0  # once the noise allows it
             return None
         return self._take_joint(decisions, step=step, answer=answer, problem=problem)
 
@@ -105,7 +107,7 @@ class JointMoves:
         plans = tuple(as_policy_plans(row, now) for row, now in zip(answer.plans, current))
         if plans == current and answer.samples == self.samples:
             return None
-        self._job_moved, self._job_read = step, None
+        self._job_moved, self._job_read, self._job_blocked = step, None, 0.0
         if problem is not None and self._tells(logging.DEBUG):
             logger.debug("semimig joint plan at step %d from %r", step, problem)
         if answer.memory_bound and self._tells(logging.INFO):

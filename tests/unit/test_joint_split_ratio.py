@@ -161,6 +161,25 @@ def test_the_job_gain_is_read_at_once_then_at_doubled_ages():
     assert reading_due(5, None)  # after a move, or a policy leaving its plan held: at once
 
 
+def test_a_gain_only_the_noise_held_back_is_read_again_once_the_noise_allows_it():
+    from semimig.controller.policy.gain import gain_test
+    from semimig.resharder.joint import noise_blocked, reading_due
+
+    # a 20 % gain that pays its moves many times over, against young windows that ask for 26 % of the step
+    test = gain_test(1.0, 0.8, needed=0.26, life=10, move_s=0.2)
+    assert not test.passed
+    blocked = noise_blocked(test, 1.0)
+    assert blocked == pytest.approx(0.2 - 0.4 / 10)  # (g - C/L)/t0: the most noise with which it passes
+    assert gain_test(1.0, 0.8, needed=blocked * 0.99, life=10, move_s=0.2).passed
+    assert not gain_test(1.0, 0.8, needed=blocked * 1.01, life=10, move_s=0.2).passed
+    assert not reading_due(5, 4, needed=0.2, blocked=blocked)  # the noise has not shrunk enough: the schedule
+    assert reading_due(5, 4, needed=0.15, blocked=blocked)  # it has: read again before the age doubles
+    # a gain that does not pay its moves even without noise, or a test that passed, sets no such reading
+    assert noise_blocked(gain_test(1.0, 0.99, needed=0.26, life=10, move_s=0.2), 1.0) == 0.0
+    assert noise_blocked(gain_test(1.0, 0.5, needed=0.03, life=10, move_s=0.2), 1.0) == 0.0
+    assert not reading_due(5, 4, needed=0.0, blocked=0.0)
+
+
 def test_the_joint_search_runs_on_the_fastest_rank_ties_to_the_lowest_seat():
     seats = [(0, 0), (0, 1), (1, 0), (1, 1)]  # world-group order: replica-major
     assert search_root(((1.0, 0.5), (1.0, 0.125)), seats) == 0
