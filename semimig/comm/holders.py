@@ -84,19 +84,18 @@ def pending_sends() -> int:
     return len(_SENDS)
 
 
-def drain_sends() -> None:
-    """Wait for every send this process posted: before the idle ranks stop receiving (no rank skips any
-    more) and before a process group is destroyed, no send of it may still be open."""
-    while _SENDS:
+def drain_sends(keep: int = 0) -> None:
+    """Wait for this process's oldest sends until at most ``keep`` are open.  With none kept: before the idle
+    ranks stop receiving (no rank skips any more) and before a process group is destroyed, no send of it may
+    still be open."""
+    while len(_SENDS) > keep:
         _SENDS.popleft().wait()
 
 
 def _post(work: Optional[dist.Work]) -> None:
-    if work is None:
-        return
-    _SENDS.append(work)
-    while len(_SENDS) > IN_FLIGHT:
-        _SENDS.popleft().wait()
+    if work is not None:
+        _SENDS.append(work)
+        drain_sends(IN_FLIGHT)
 
 
 def holder_group(group: ProcessGroup, holders: Sequence[int]) -> Optional[ProcessGroup]:

@@ -67,8 +67,8 @@ ALLOWED: dict[tuple[str, str, str], str] = {
                                                                                         "during the backward, waited "
                                                                                         "once at its end)",
     ("semimig/comm/holders.py", "_Pending.wait", ".wait()"): STREAM + " (the holders' sum, as the group's all-reduce)",
-    ("semimig/comm/holders.py", "_post", ".wait()"): STREAM + " (a send to an idle rank, waited only beyond the sends in flight)",
-    ("semimig/comm/holders.py", "drain_sends", ".wait()"): STREAM + " (the sends to idle ranks, once, when they stop skipping)",
+    ("semimig/comm/holders.py", "drain_sends", ".wait()"): STREAM + " (a send to an idle rank: beyond the sends in flight, "
+                                                                 "and every one once, when they stop skipping)",
     ("semimig/comm/holders.py", "HolderSum.all_reduce_", ".wait()"): STREAM + " (an idle rank's receive of the holders' slices)",
     ("semimig/nn/functional.py", "_ColumnParallelLinear.backward", ".wait()"): STREAM,
     ("semimig/nn/functional.py", "_paired_column_backward", ".wait()"): STREAM,

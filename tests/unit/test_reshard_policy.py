@@ -266,11 +266,9 @@ def test_the_risk_of_the_state_before_coming_back_prices_the_plan_at_its_speeds(
 
 def test_the_noise_is_one_robust_estimator_of_a_steps_relative_noise():
     rng = np.random.default_rng(0)
-    noise = Noise()
     times = np.exp(0.1 * rng.standard_normal((2000, 4)))
     times[rng.random((2000, 4)) < 0.02] *= 3.0  # outliers
-    for a, b in zip(times, times[1:]):
-        noise.add(a, b)
+    noise = Noise().add_rows(times)
     assert noise.sigma == pytest.approx(0.1, rel=0.15)
     assert noise.of_median(16) == pytest.approx(1.25 * noise.sigma / 4)
     assert tercile([5.0, 1.0, 9.0, 2.0, 100.0, 3.0]) == 2.0
