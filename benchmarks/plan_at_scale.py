@@ -1,10 +1,11 @@
 """The joint planner's plans and batch split for one slow rank in a tp x dp job, scored by the policy
 simulator's step model (DESIGN §8), against the job's limit.
 
-    python benchmarks/plan_at_scale.py [--chi 4] [--global-batch 64] [--json F]
+    python benchmarks/plan_at_scale.py [--chi 4] [--global-batch 64] [--shapes example,llama3-8b] [--json F]
 
-Eight ranks laid out as tp 8 x dp 1, tp 4 x dp 2 and tp 2 x dp 4 (each TP group holds the example's Llama
-at tp 8: 32 MLP blocks, 8 KV groups), the last rank ``chi`` times slower.  For each replicated-to-shardable
+Eight ranks laid out as tp 8 x dp 1, tp 4 x dp 2 and tp 2 x dp 4 (each TP group holds a model of
+:data:`SHAPES`: the example's Llama, 32 MLP blocks and 8 KV groups, or Llama-3-8B's 112 and 8), the last rank
+``chi`` times slower.  For each replicated-to-shardable
 ratio ``R/S`` (the work every rank of a TP group does whole over the group's paired work)
 :func:`semimig.sharding.joint.plan_job` chooses every replica's plan (a rank may hold no unit of a kind, and a
 rank holding none skips the step) and the batch split together, on the simulator's model with its seats priced;
@@ -16,7 +17,7 @@ the plans alone (per-replica plans, even split) and the job's limit ``n / (n −
 movable).  The ranks meet at every layer's reduction, so each kind's units bound its layers: at tp 8 the seven
 ranks left hold eight KV groups, one of them two, whatever the MLP blocks do.  ``--kv-units`` scores a finer
 attention unit too (``--kv-units 16``: the example's 16 query heads one by one, the K/V rows a split group
-needs on both holders not counted), and ``--mlp-units`` another model's MLP blocks.
+needs on both holders not counted).
 """
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ RATIOS = {"0.032": "R/S the re-shard policy measures across moves at tp 2 (the e
 """The replicated-to-shardable ratios scored, and where each comes from."""
 LAYOUTS = ((8, 1), (4, 2), (2, 4))
 """``(tp, dp)`` of the eight ranks."""
+SHAPES = {"example": (32, 8), "llama3-8b": (112, 8)}
+"""Per TP group ``(MLP blocks of 128 columns, KV groups)``: the example's Llama at hidden 1024 (intermediate 4096),
+and Llama-3-8B (intermediate 14336, 8 KV heads), the canonical GQA model at tp 8."""
 
 
 def problem(work: Workload, speeds: tuple, global_batch: int) -> JointProblem:
@@ -86,29 +90,34 @@ def score(tp: int, dp: int, chi: float, ratio: float, mlp_units: int, kv_units: 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chi", type=float, default=4.0, help="the slow rank's slowdown, > 1 (default 4)")
-    parser.add_argument("--mlp-units", type=int, default=32, help="MLP blocks per TP group (default 32)")
-    parser.add_argument("--kv-units", type=int, default=8, help="attention units per TP group: KV groups, or query heads "
-                        "for a finer unit (default 8)")
+    parser.add_argument("--shapes", default=",".join(SHAPES),
+                        help=f"comma-separated model shapes among {', '.join(SHAPES)} (default all)")
+    parser.add_argument("--kv-units", type=int, default=None, help="attention units per TP group instead of the shape's "
+                        "KV groups: query heads for a finer unit (not built; a split group's K/V rows not counted)")
     parser.add_argument("--global-batch", type=int, default=64, help="samples per step over all replicas (default 64)")
     add_json_flag(parser, required=False, help="write the rows here")
     args = parser.parse_args(argv)
     if not args.chi > 1.0:
         parser.error(f"--chi must be > 1, got {args.chi}")
-    for flag, units in (("--mlp-units", args.mlp_units), ("--kv-units", args.kv_units)):
-        if units < 8 or units % 8:
-            parser.error(f"{flag} must be a multiple of 8 (the even plan at tp 8), got {units}")
+    shapes = [name.strip() for name in args.shapes.split(",") if name.strip()]
+    if not shapes or any(name not in SHAPES for name in shapes):
+        parser.error(f"--shapes must name some of {', '.join(SHAPES)}, got {args.shapes!r}")
+    if args.kv_units is not None and (args.kv_units < 8 or args.kv_units % 8):
+        parser.error(f"--kv-units must be a multiple of 8 (the even plan at tp 8), got {args.kv_units}")
     if args.global_batch < 4 or args.global_batch % 4:
         parser.error(f"--global-batch must be a multiple of 4 (an even split at dp 4), got {args.global_batch}")
-    rows = [dict(score(tp, dp, args.chi, float(r), args.mlp_units, args.kv_units, args.global_batch), source=RATIOS[r])
-            for tp, dp in LAYOUTS for r in RATIOS]
-    print(f"8 ranks, the last {args.chi:g}x slower; per TP group {args.mlp_units} MLP blocks, {args.kv_units} KV groups;"
-          f" global batch {args.global_batch}")
-    print(f"{'layout':<9} {'R/S':>6} {'samples':<13} {'slow replica MLP / KV':<32} {'joint':>6} {'even':>6} "
-          f"{'split':>6} {'plans':>6} {'job':>6}")
+    rows = [dict(score(tp, dp, args.chi, float(r), SHAPES[shape][0], args.kv_units or SHAPES[shape][1],
+                       args.global_batch), shape=shape, source=RATIOS[r])
+            for shape in shapes for tp, dp in LAYOUTS for r in RATIOS]
+    print(f"8 ranks, the last {args.chi:g}x slower; global batch {args.global_batch}; per TP group "
+          + "; ".join(f"{name}: {SHAPES[name][0]} MLP blocks, {args.kv_units or SHAPES[name][1]} attention units"
+                      for name in shapes))
+    print(f"{'shape':<10} {'layout':<9} {'R/S':>6} {'samples':<13} {'slow replica MLP / KV':<36} {'joint':>6} "
+          f"{'even':>6} {'split':>6} {'plans':>6} {'job':>6}")
     for row in rows:
         slow = f"{','.join(map(str, row['mlp_units'][-1]))} / {','.join(map(str, row['kv_units'][-1]))}"
-        print(f"{'tp%d x dp%d' % (row['tp'], row['dp']):<9} {row['replicated_over_shardable']:>6.3f} "
-              f"{','.join(map(str, row['samples'])):<13} {slow:<32} {row['step_vs_healthy']:>5.3f}x "
+        print(f"{row['shape']:<10} {'tp%d x dp%d' % (row['tp'], row['dp']):<9} {row['replicated_over_shardable']:>6.3f} "
+              f"{','.join(map(str, row['samples'])):<13} {slow:<36} {row['step_vs_healthy']:>5.3f}x "
               f"{row['even_vs_healthy']:>5.2f}x {row['split_only_vs_healthy']:>5.2f}x {row['plans_only_vs_healthy']:>5.2f}x "
               f"{row['job_limit_vs_healthy']:>5.3f}x")
     print("joint: the planner's plans and split; even: Colossal-AI alone; split: the batch split alone (even plans); "
