@@ -295,7 +295,7 @@ class ReshardPolicy:
         move = 2.0 * self.move_cost_s(proposal, healthy, model.speeds)
         gain = plan_step(model, w, self.plans) - plan_step(model, w, proposal) - seated
         onset = self.slowdown.handover(self.tp) if ended else None
-        if not bet_pays(gain, wrong + move, self.samples.rates.change_odds(steps, onset)):
+        if not bet_pays(gain, wrong + move, self.samples.rates.change_odds(steps, onset, self.samples.bet_size())):
             return None
         saved, state, self.slowdown, slowdown.rates = self.slowdown, self.state, slowdown, self.slowdown.rates
         decision = self._decide(step, model, comm, se, healthy_s=healthy,

@@ -727,3 +727,34 @@ def test_a_bet_pays_when_the_odds_weigh_its_gain_above_what_being_wrong_costs():
     assert bet_pays(1.0, 1.0, 0.6) and not bet_pays(1.0, 1.0, 0.4)
     assert not bet_pays(10.0, 0.0, 0.0)  # no chance of a change: nothing to gain
     assert bet_pays(0.1, 0.0, 0.01)  # nothing to lose
+
+
+def test_a_slow_step_many_times_the_reading_is_rarer_as_an_outlier():
+    """Outliers stretch a step by a small factor: up to ``OUTLIER_SIZE`` times the reading a slow step is
+    priced as any outlier, beyond it as a thinning share of them, so its odds of being a change grow; a run
+    whose counted outliers were large prices large steps by them (one of unknown size counts as any)."""
+    from semimig.controller.policy.window import OUTLIER_SIZE, outlier_tail
+
+    rates = Rates()
+    rates.rank_steps, rates.outliers = 2000, 20
+    assert outlier_tail(1.2) == outlier_tail(OUTLIER_SIZE) == 1.0 > outlier_tail(2 * OUTLIER_SIZE) > outlier_tail(8.0)
+    assert rates.change_odds(1, size=1.2) == rates.change_odds(1, size=OUTLIER_SIZE) == rates.change_odds(1)
+    assert rates.change_odds(1) < rates.change_odds(1, size=5.0) < rates.change_odds(1, size=10.0)
+    assert rates.change_odds(2, size=5.0) > rates.change_odds(1, size=5.0)
+    small, large = Rates(), Rates()
+    for rates, size in ((small, 1.5), (large, 10.0)):
+        rates.rank_steps, rates.outliers, rates.sizes = 2000, 40, [size] * 40
+    assert small.change_odds(1, size=8.0) > 10 * large.change_odds(1, size=8.0)
+    assert large.change_odds(1, size=8.0) < 2 * large.change_odds(1)
+
+
+@pytest.mark.parametrize("speed", [1.0 / 12.0, 0.5])
+def test_a_first_slowdown_far_beyond_any_outlier_is_bet_on_at_its_first_step(speed):
+    """The run's first slowdown, on the prior's odds (an outlier three times as likely as a slowdown): rank 1
+    at a twelfth of its speed from step 30 is read at a step ten times its reading, beyond what outliers
+    reach, and moved on at that step (a bet on one step); at half its speed (twice its reading, an outlier's
+    size) the move waits for the step that confirms the change (step 32)."""
+    pol = policy()
+    assert pol.samples.rates.change_odds(1) < 0.25
+    moves = run(pol, lambda step: (1.0, speed if step >= 30 else 1.0), 40)
+    assert [(d.step, d.bet) for d in moves][:1] == ([(30, 1)] if speed < 0.5 else [(32, 0)])

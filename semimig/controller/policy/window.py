@@ -17,7 +17,9 @@ believed faster after one step and slower after :data:`SLOW_STEPS`.  A rank whos
 slower than the band is *pending*; the next step tells which it was.  :class:`Rates` counts, over every
 step seen, the one-step excursions that did not last (outliers, and the noise's own false alarms) and
 the slowdowns that did (a rank that stayed in the slow set for :data:`LASTED` steps,
-:class:`~semimig.controller.policy.states.Slowdown`; one that left it sooner counts as an outlier).  Their ratio is
+:class:`~semimig.controller.policy.states.Slowdown`; one that left it sooner counts as an outlier), and the
+outliers' sizes: an outlier stretches a step by a small factor, so a step many times a rank's reading is
+rarely one (:data:`OUTLIER_SIZE`).  Their ratio, at the step's size, is
 what a single slow step is worth as evidence of a change (:meth:`Rates.change_odds`), which lets the
 gain test bet on a pending step when acting a step sooner is worth the risk.  A change resets only that rank's
 fresh steps; the other ranks keep their readings and their precision.  The steps that made a change
@@ -36,7 +38,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from semimig.controller.policy.states import N_MIN
 from semimig.controller.policy.stepmodel import ordered_median, tercile
 
-__all__ = ["Window", "Rates", "LASTED", "CHANGE_Z", "SLOW_STEPS", "RATE_PRIOR_STEPS", "PRIOR_OUTLIER_RATE", "PRIOR_SLOWDOWN_RATE"]
+__all__ = ["Window", "Rates", "outlier_tail", "OUTLIER_SIZE", "OUTLIER_TAIL", "OUTLIER_PRIOR", "LASTED", "CHANGE_Z", "SLOW_STEPS", "RATE_PRIOR_STEPS", "PRIOR_OUTLIER_RATE", "PRIOR_SLOWDOWN_RATE"]
 
 CHANGE_Z = 3.0
 """Standard errors a change of speed must clear: its own false-alarm rate (``Φ(−z)`` per rank and step),
@@ -58,6 +60,26 @@ is bet on only for a gain over three times what being wrong costs, and readily o
 come.  Chosen on the simulator's family: as likely as an outlier, noise alone moves an even plan."""
 
 
+OUTLIER_SIZE = 3.0
+"""Times a rank's reading up to which an outlier is as likely as any slow step: an interrupt, a collection or a
+page fault stretches a step by a small factor."""
+OUTLIER_TAIL = 3.0
+"""How fast outliers thin beyond :data:`OUTLIER_SIZE` (:func:`outlier_tail`), so that one step several times
+slower is read as a change sooner.  With :data:`OUTLIER_SIZE`, chosen on the simulator's family (whose outliers
+run 1.5-3x, stretched further by the noise): a sharper tail bets on the outliers of its noisiest groups."""
+
+
+OUTLIER_PRIOR = 20
+"""Outliers of :func:`outlier_tail`'s shape assumed beside the counted ones' sizes: the run's own sizes outweigh
+it after a few dozen, so a run whose outliers are large stops betting on large steps."""
+
+
+def outlier_tail(size: float) -> float:
+    """Share of outliers at least ``size`` times the rank's reading: 1 up to :data:`OUTLIER_SIZE`, then
+    ``(OUTLIER_SIZE/size)^OUTLIER_TAIL``."""
+    return min(1.0, (OUTLIER_SIZE / size) ** OUTLIER_TAIL) if size > 0.0 else 1.0
+
+
 LASTED = 2 * N_MIN
 """Steps a rank must stay in the slow set, from its first slow step, for its slowdown to count as one that
 lasted: two decisions' worth of steps, past the move a bet may have made and the steps that measure the
@@ -71,6 +93,8 @@ class Rates:
     def __init__(self) -> None:
         self.rank_steps = 0
         self.outliers = 0
+        self.sizes: List[float] = []
+        """The sizes of the outliers counted with one (a step over the rank's reading)."""
         self.slowdowns = 0
         self.since: dict = {}
         """Step each rank joined the slow set, until its stay is counted."""
@@ -91,16 +115,24 @@ class Rates:
                 del self.since[r]
                 self.slowdowns += 1
 
-    def change_odds(self, steps: int = 1, onset: Optional[float] = None) -> float:
-        """Probability that ``steps`` slow steps in a row on one rank are a slowdown rather than as many
-        outliers (each independent): ``h / (h + q^steps)`` with the two rates read with their prior.  Each
-        of the steps must be slower than the one-step band, as a pending step is: ``q`` counts every such
-        step that did not last, the noise's own false alarms among them.  ``onset``: the probability that a
+    def share_at_least(self, size: float) -> float:
+        """Share of outliers at least ``size`` times the rank's reading: the counted ones' sizes (one of unknown
+        size counts as any) beside :data:`OUTLIER_PRIOR` outliers shaped as :func:`outlier_tail`."""
+        known = sum(x >= size for x in self.sizes)
+        unknown = self.outliers - len(self.sizes)
+        return (unknown + known + OUTLIER_PRIOR * outlier_tail(size)) / (self.outliers + OUTLIER_PRIOR)
+
+    def change_odds(self, steps: int = 1, onset: Optional[float] = None, size: float = 1.0) -> float:
+        """Probability that ``steps`` slow steps in a row on one rank, each at least ``size`` times its reading,
+        are a slowdown rather than as many outliers (each independent): ``h / (h + q^steps)`` with the two rates
+        read with their prior.  Each of the steps must be slower than the one-step band, as a pending step is:
+        ``q`` counts every such step that did not last, the noise's own false alarms among them, times the
+        share of outliers at least ``size`` (:meth:`share_at_least`).  ``onset``: the probability that a
         slowdown starts on this rank at these steps where something else is known of them (a straggler
         handing over, :meth:`~semimig.controller.policy.states.Slowdown.handover`), in place of ``h``."""
         n = self.rank_steps + RATE_PRIOR_STEPS
         h = (self.slowdowns + PRIOR_SLOWDOWN_RATE * RATE_PRIOR_STEPS) / n if onset is None else onset
-        q = (self.outliers + PRIOR_OUTLIER_RATE * RATE_PRIOR_STEPS) / n
+        q = (self.outliers + PRIOR_OUTLIER_RATE * RATE_PRIOR_STEPS) / n * self.share_at_least(size)
         return h / (h + q ** steps)
 
 
@@ -124,6 +156,8 @@ class Window:
         self.slower: List[bool] = [False] * tp
         """Per rank, whether its last change is a slowdown whose every step is slower than the one-step band
         (each as a pending step is: what :meth:`Rates.change_odds` prices)."""
+        self.size: List[float] = [1.0] * tp
+        """Per rank, its pending step's, or its last slowdown's smallest step's, time over its earlier reading."""
         self.faster: List[bool] = [False] * tp
         """Per rank, whether its last change is a speed-up (a slowdown whose steps clear the band only
         together is neither this nor :attr:`slower`)."""
@@ -147,6 +181,7 @@ class Window:
         self.fresh = [0] * len(self.fresh)
         self.trigger = [0] * len(self.fresh)
         self.slower = [False] * len(self.fresh)
+        self.size = [1.0] * len(self.fresh)
         self.faster = [False] * len(self.fresh)
         self.pending = ()
 
@@ -179,24 +214,30 @@ class Window:
         changed, pending = False, []
         self.rates.rank_steps += len(self.fresh)
         for r, fresh in enumerate(self.fresh):
-            m, slower, faster, ordered = self._change(self.compute[r][-fresh:], fresh, sigma, z)
+            m, slower, faster, ordered, size = self._change(self.compute[r][-fresh:], fresh, sigma, z)
             self._ordered[r] = ordered if not m else None  # the fresh steps in order, while they stay the fresh ones
             if m:
                 self.fresh[r], self.trigger[r], self.slower[r], self.faster[r], changed = m, m, slower, faster, True
+                self.size[r] = size
                 continue
-            self.rates.outliers += r in self.pending  # the slow step before did not last
+            if r in self.pending:  # the slow step before did not last
+                self.rates.outliers += 1
+                self.rates.sizes.append(self.size[r])
             if slower:
                 pending.append(r)
+                self.size[r] = size
         self.pending = tuple(pending)
         return changed
 
     @staticmethod
-    def _change(times: Sequence[float], fresh: int, sigma: float, z: float) -> Tuple[int, bool, bool, Optional[list]]:
+    def _change(times: Sequence[float], fresh: int, sigma: float,
+                z: float) -> Tuple[int, bool, bool, Optional[list], float]:
         """The most recent of a rank's ``fresh`` steps ``times`` that differ from its earlier ones (0: none)
         and whether they are slower, each beyond the one-step band; with none, whether its last step alone
-        is slower than the band; whether they are faster; and ``times`` in order where the test sorted them
-        (``None`` where it did not)."""
-        slower, last = False, min(N_MIN, fresh - N_MIN)
+        is slower than the band; whether they are faster; ``times`` in order where the test sorted them
+        (``None`` where it did not); and the slow steps' size, the smallest over the earlier median (1.0 where
+        none is slow)."""
+        slower, size, last = False, 1.0, min(N_MIN, fresh - N_MIN)
         earlier = sorted(times[:-last]) if last > 0 else []  # times[:-m] sorted, from the longest m down
         bases = []
         for m in range(last, 0, -1):
@@ -209,11 +250,18 @@ class Window:
                 continue
             devs = [math.log(t / base) for t in times[-m:]]
             if all(d < -band for d in devs):
-                return m, False, True, earlier
+                return m, False, True, earlier, 1.0
             if m >= SLOW_STEPS and all(d > band for d in devs):
-                return m, all(d > z * sigma for d in devs), False, earlier
-            slower = slower or (m == 1 and devs[0] > band)
-        return 0, slower, False, (earlier if last > 0 else None)
+                return m, all(d > z * sigma for d in devs), False, earlier, math.exp(min(devs))
+            if m == 1 and devs[0] > band:
+                slower, size = True, math.exp(devs[0])
+        return 0, slower, False, (earlier if last > 0 else None), size
+
+    def bet_size(self) -> float:
+        """The smallest :attr:`size` of the ranks a bet is on (pending, or slowed with no step after): what
+        :meth:`Rates.change_odds` prices their steps as outliers by."""
+        ranks = set(self.pending) | set(self.unconfirmed())
+        return min((self.size[r] for r in ranks), default=1.0)
 
     def unconfirmed(self) -> dict:
         """``{rank: m}`` for every rank whose last change is a slowdown of ``m`` steps, each slower than the
