@@ -38,7 +38,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 from semimig.controller.policy.states import N_MIN
 from semimig.controller.policy.stepmodel import ordered_median, tercile
 
-__all__ = ["Window", "Rates", "outlier_tail", "OUTLIER_SIZE", "OUTLIER_TAIL", "OUTLIER_PRIOR", "LASTED", "CHANGE_Z", "SLOW_STEPS", "RATE_PRIOR_STEPS", "PRIOR_OUTLIER_RATE", "PRIOR_SLOWDOWN_RATE"]
+__all__ = ["Window", "Rates", "outlier_tail", "OUTLIER_SIZE", "OUTLIER_TAIL", "OUTLIER_PRIOR", "LASTED", "CHANGE_Z",
+           "SLOW_STEPS", "RATE_PRIOR_STEPS", "PRIOR_OUTLIER_RATE", "PRIOR_SLOWDOWN_RATE"]
 
 CHANGE_Z = 3.0
 """Standard errors a change of speed must clear: its own false-alarm rate (``Φ(−z)`` per rank and step),
