@@ -42,7 +42,7 @@ from semimig.controller.policy.propose import healthy_step, plan_step, pooled, p
 from semimig.controller.policy.records import ReshardDecision, ReshardSample, check_plans, moved_units
 from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, handed_over, transition
 from semimig.controller.policy.stepmodel import LearnedModel, median_times
-from semimig.controller.policy.window import Window
+from semimig.controller.policy.window import SLOW_STEPS, Window
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel
@@ -294,8 +294,9 @@ class ReshardPolicy:
         healthy = healthy_step(base) + comm
         move = 2.0 * self.move_cost_s(proposal, healthy, model.speeds)
         gain = plan_step(model, w, self.plans) - plan_step(model, w, proposal) - seated
-        onset = self.slowdown.handover(self.tp) if ended else None
-        if not bet_pays(gain, wrong + move, self.samples.rates.change_odds(steps, onset, self.samples.bet_size())):
+        onset = self.slowdown.handover(self.tp) if ended else None  # acting now saves the steps until a move is believed:
+        waits = 1 if steps >= SLOW_STEPS or self.samples.rates.slowdowns else SLOW_STEPS + 1 - steps  # no 2-step bet
+        if not bet_pays(gain * waits, wrong + move, self.samples.rates.change_odds(steps, onset, self.samples.bet_size())):
             return None
         saved, state, self.slowdown, slowdown.rates = self.slowdown, self.state, slowdown, self.slowdown.rates
         decision = self._decide(step, model, comm, se, healthy_s=healthy,

@@ -758,3 +758,18 @@ def test_a_first_slowdown_far_beyond_any_outlier_is_bet_on_at_its_first_step(spe
     assert pol.samples.rates.change_odds(1) < 0.25
     moves = run(pol, lambda step: (1.0, speed if step >= 30 else 1.0), 40)
     assert [(d.step, d.bet) for d in moves][:1] == ([(30, 1)] if speed < 0.5 else [(32, 0)])
+
+
+def test_a_bet_on_the_first_slow_step_weighs_every_step_it_saves():
+    """Rank 1 at a sixth of its speed from step 30, the run's first slowdown: one step's gain alone does not
+    pay what a wrong bet costs, but before any slowdown was seen to last two slow steps are not bet on either,
+    so waiting costs the steps until the third confirms the change; acting at once saves two, and the move
+    follows the first slow step (step 30).  Once slowdowns were seen to last, the next step can be bet on, and
+    the first waits for it (step 31, a bet on two)."""
+    for slowdowns, expected in ((0, [(30, 1)]), (10, [(31, 2)])):
+        pol = policy()
+        rates = pol.samples.rates
+        if slowdowns:
+            rates.rank_steps, rates.slowdowns, rates.outliers = 2000, slowdowns, 40
+        moves = run(pol, lambda step: (1.0, 1.0 / 6.0 if step >= 30 else 1.0), 40)
+        assert [(d.step, d.bet) for d in moves][:1] == expected, slowdowns

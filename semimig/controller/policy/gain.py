@@ -209,9 +209,9 @@ def expected_life(age: int, past: Sequence[int], *, floor: int, remaining: Optio
 
 
 def bet_pays(gain_s: float, wrong_s: float, odds: float) -> bool:
-    """Whether to act on one slow step before the next step tells a change from an outlier: with
-    probability ``odds`` it is a change and acting now saves one step's ``gain_s``; otherwise the move,
-    its way back and the steps under a plan made for a slowdown that was not there cost ``wrong_s``.
-    Waiting costs nothing else (the next step decides either way), so the bet pays when
+    """Whether to act on slow steps before the steps after them tell a change from outliers: with
+    probability ``odds`` it is a change and acting now saves ``gain_s``, the gain of every step until the
+    change would be believed; otherwise the move, its way back and the steps under a plan made for a
+    slowdown that was not there cost ``wrong_s``.  Waiting costs nothing else, so the bet pays when
     ``odds·gain_s > (1 − odds)·wrong_s``."""
     return odds * gain_s > (1.0 - odds) * wrong_s
