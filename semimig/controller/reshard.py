@@ -269,9 +269,9 @@ class ReshardPolicy:
 
     # ------------------------------------------------------------------ decision
     def _bet(self, step: int, steps: int = 1) -> Optional[ReshardDecision]:
-        """A rank's last ``steps`` steps are slower than the band: read as a change, its move is taken now when the
-        gain test passes on it and acting a step sooner is worth the risk (:func:`~semimig.controller.policy.gain.
-        bet_pays`, the odds of that many slow steps in a row); else ``None``, the next step tells them apart."""
+        """A rank's last ``steps`` steps are slower than the band: read as a change, its move is taken now when the gain
+        test passes and acting sooner pays for the risk (:func:`~semimig.controller.policy.gain.bet_pays`: the odds of
+        that many slow steps, the gain of each step until the move is believed, two before a slowdown lasted); else None."""
         cfg, shares = self.config, self.shares()
         compute, comm = self.samples.times()
         base = self.learned.model(shares, compute)
@@ -294,8 +294,8 @@ class ReshardPolicy:
         healthy = healthy_step(base) + comm
         move = 2.0 * self.move_cost_s(proposal, healthy, model.speeds)
         gain = plan_step(model, w, self.plans) - plan_step(model, w, proposal) - seated
-        onset = self.slowdown.handover(self.tp) if ended else None  # acting now saves the steps until a move is believed:
-        waits = 1 if steps >= SLOW_STEPS or self.samples.rates.slowdowns else SLOW_STEPS + 1 - steps  # no 2-step bet
+        onset = self.slowdown.handover(self.tp) if ended else None
+        waits = 1 if steps >= SLOW_STEPS or self.samples.rates.slowdowns else SLOW_STEPS + 1 - steps  # steps saved
         if not bet_pays(gain * waits, wrong + move, self.samples.rates.change_odds(steps, onset, self.samples.bet_size())):
             return None
         saved, state, self.slowdown, slowdown.rates = self.slowdown, self.state, slowdown, self.slowdown.rates
