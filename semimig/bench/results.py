@@ -164,11 +164,24 @@ class ResultsFile:
         return [c for c in cases if normal_case(c) not in done]
 
     def add(self, record: dict, *, cases_total: int) -> None:
-        """Append one finished case and rewrite the file atomically (kept only once written)."""
+        """Append one finished case and rewrite the file atomically: :attr:`records` holds the case exactly when
+        the file does, whatever interrupts the write (a signal after the file's rename keeps it in both)."""
         if not self.full_trace:
             record = slim_record(record)
-        self.write(complete=False, cases_total=cases_total, records=[*self.records, record])
         self.records.append(record)
+        try:
+            self.write(complete=False, cases_total=cases_total)
+        except BaseException:
+            if self._saved_count() != len(self.records):
+                self.records.pop()
+            raise
+
+    def _saved_count(self) -> int:
+        """Records the file on disk holds (-1 where it cannot be read)."""
+        try:
+            return len(json.loads(self.path.read_text())["records"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return -1
 
     def write(self, *, complete: bool, cases_total: int, records: Optional[list] = None) -> None:
         records = self.records if records is None else records

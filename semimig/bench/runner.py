@@ -133,6 +133,7 @@ def _train_all(results: Optional[ResultsFile], todo: Sequence[Case], train: Call
     from rich.progress import Progress
 
     done, current = 0, None
+    before = len(results.records) if results is not None else 0
     try:
         with terminate_on_signals(), Progress(disable=results is None, transient=True) as progress:
             task = progress.add_task("training", total=len(todo))
@@ -144,6 +145,8 @@ def _train_all(results: Optional[ResultsFile], todo: Sequence[Case], train: Call
                 done += 1
                 progress.advance(task)
     except (KeyboardInterrupt, Terminated, Exception) as err:  # noqa: BLE001 - every stop keeps the results
+        if results is not None:  # what the file holds: a stop may land between a case's write and its count
+            done = len(results.records) - before
         kept = f"{done} of {len(todo)} cases of this run finished"
         if results is not None:
             kept += (f"; every finished case is in {results.path}" if results.records

@@ -120,3 +120,35 @@ def test_an_interrupted_run_keeps_its_finished_case_and_resume_completes_it(tmp_
     assert [r["mode"] for r in final["records"]] == ["baseline", "zero-pri", "semi"]
     assert final["records"][0] == saved["records"][0]  # kept, not retrained
     assert final["status"]["complete"] is True
+
+
+@pytest.mark.parametrize("after_rename", [True, False])
+def test_a_stop_while_a_case_is_saved_counts_it_exactly_when_the_file_holds_it(tmp_path, monkeypatch, after_rename):
+    """SIGINT lands while the second case is written: after the file's rename the case is in the file, so the
+    stop counts two finished cases and the resume hint stands on them; before it the file holds one and the
+    stop says one.  The message and the file never disagree."""
+    from semimig import _io
+    from semimig.bench import results as results_module
+    from semimig.bench.runner import Outputs, Stopped, _train_all
+
+    out = tmp_path / "r.json"
+    results = results_module.ResultsFile(out, {"modes": ["baseline", "semi"]}, machine={"platform": "test"})
+    real, calls = _io.write_json, []
+
+    def interrupted(path, data):
+        calls.append(len(data["records"]))
+        if len(calls) == 2 and after_rename:
+            real(path, data)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(path, data)
+
+    monkeypatch.setattr(results_module, "write_json", interrupted)
+    record = {"mode": "baseline", "chi": 1.0, "seed": 0, "lambda": None, "iter_time_s": 0.1, "epoch_time_s": 1.0,
+              "accuracy": None}
+    with pytest.raises(Stopped) as stop:
+        _train_all(results, [("baseline", 1.0, 0, None), ("semi", 1.0, 0, None)], lambda case: dict(record, mode=case[0]),
+                   total=2, out=Outputs(json=out, plots=None), launched=True)
+    on_disk = len(json.loads(out.read_text())["records"])
+    assert on_disk == (2 if after_rename else 1) == len(results.records)
+    assert f"{on_disk} of 2 cases of this run finished" in str(stop.value) and stop.value.code == 130
