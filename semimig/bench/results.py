@@ -172,16 +172,19 @@ class ResultsFile:
         try:
             self.write(complete=False, cases_total=cases_total)
         except BaseException:
-            if self._saved_count() != len(self.records):
+            if not self._saved_last():
                 self.records.pop()
             raise
 
-    def _saved_count(self) -> int:
-        """Records the file on disk holds (-1 where it cannot be read)."""
+    def _saved_last(self) -> bool:
+        """Whether the file on disk holds :attr:`records`, the last one included (as JSON reads it back): the
+        write reached its rename.  A file of another run (``--overwrite``) never does."""
         try:
-            return len(json.loads(self.path.read_text())["records"])
+            saved = json.loads(self.path.read_text())["records"]
         except (OSError, ValueError, KeyError, TypeError):
-            return -1
+            return False
+        same = json.dumps(saved[-1], sort_keys=True) == json.dumps(as_json(self.records[-1]), sort_keys=True) if saved else False
+        return len(saved) == len(self.records) and same  # compared as text: a NaN equals itself there
 
     def write(self, *, complete: bool, cases_total: int, records: Optional[list] = None) -> None:
         records = self.records if records is None else records

@@ -152,3 +152,24 @@ def test_a_stop_while_a_case_is_saved_counts_it_exactly_when_the_file_holds_it(t
     on_disk = len(json.loads(out.read_text())["records"])
     assert on_disk == (2 if after_rename else 1) == len(results.records)
     assert f"{on_disk} of 2 cases of this run finished" in str(stop.value) and stop.value.code == 130
+
+
+def test_a_stop_before_the_first_write_over_another_runs_file_counts_nothing(tmp_path, monkeypatch):
+    """``--overwrite`` of a file holding one case of another run: the first write of this run is interrupted
+    before its rename, so the file still holds the other run's case, which this run must not count as its own."""
+    from semimig.bench import results as results_module
+
+    out = tmp_path / "r.json"
+    record = {"mode": "baseline", "chi": 1.0, "seed": 0, "lambda": None, "iter_time_s": 0.1, "epoch_time_s": 1.0,
+              "accuracy": None}
+    old = results_module.ResultsFile(out, {"modes": ["baseline"]}, machine={"platform": "test"})
+    old.add(dict(record, iter_time_s=0.2), cases_total=1)
+
+    def interrupted(path, data):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(results_module, "write_json", interrupted)
+    results = results_module.ResultsFile(out, {"modes": ["baseline"]}, machine={"platform": "test"})
+    with pytest.raises(KeyboardInterrupt):
+        results.add(record, cases_total=1)
+    assert results.records == [] and json.loads(out.read_text())["records"][0]["iter_time_s"] == 0.2
