@@ -4,7 +4,8 @@
 
 Used by the test suite (every multi-rank case), ``semimig bench`` and the CPU benchmarks, which
 start their ranks on one machine.  It starts ``world_size`` processes (from a forkserver that has
-torch and colossalai preloaded, so a rank costs a fork, not an interpreter start), initialises a
+torch, and on a machine without CUDA colossalai too, preloaded, so a rank costs a fork, not an
+interpreter start; see :func:`_preload_modules`), initialises a
 fresh process group in each, calls ``body(rank, world_size, *args)`` and returns rank 0's result.
 
 Failure is bounded and names the culprit:
@@ -51,17 +52,32 @@ __all__ = ["RankFailure", "RanksTimedOut", "Terminated", "TorchrunEnv", "BACKEND
 
 # semimig._quiet first: it hides third-party warnings in the ranks when the CLI asked for it (before they import)
 _PRELOAD = ["semimig._quiet", "torch", "torch.distributed", "colossalai.shardformer", "colossalai.booster", "semimig.nn"]
+_PRELOAD_WITH_CUDA = ["semimig._quiet", "torch", "torch.distributed"]
 _CTX = None
 _GRACE_S = 2.0  # after the first failure: how long to wait for the other ranks' news before blaming
 _COLLECTIVE_MARKERS = ("/gloo/", "gloo::", "NCCL", "Connection reset by peer", "Connection closed by peer",
                        "Timed out waiting", "DistBackendError", "DistNetworkError", "Broken pipe")
 
 
+def _preload_modules(cuda: bool) -> list[str]:
+    """The modules the forkserver imports before it forks the ranks.
+
+    A process forked from one that has initialised CUDA fails at its first CUDA call ("Cannot
+    re-initialize CUDA in forked subprocess"), and on a machine with CUDA importing Colossal-AI
+    initialises it (``colossalai.quantization.fp8`` reads the device's capability at import), as
+    does ``semimig.nn`` (its CPU shim asks whether CUDA is there).  So with CUDA present the
+    forkserver holds torch alone and each rank imports Colossal-AI after its fork.
+    """
+    return _PRELOAD_WITH_CUDA if cuda else _PRELOAD
+
+
 def _context():
     global _CTX
     if _CTX is None:
+        import torch
+
         _CTX = mp.get_context("forkserver")
-        _CTX.set_forkserver_preload(_PRELOAD)
+        _CTX.set_forkserver_preload(_preload_modules(torch.cuda.is_available()))
     return _CTX
 
 
