@@ -1,7 +1,7 @@
 """The Triton kernels themselves, run on CPU by Triton's interpreter (``TRITON_INTERPRET=1``).
 
-Tiny shapes, fp32 and fp16 (the interpreter has no bf16 ``tl.dot``: it runs but returns
-garbage).  Oracle: float64 products of the gathered operands, computed here with plain
+Tiny shapes, fp32 and fp16, and bf16 on a GPU (the interpreter has no bf16 ``tl.dot``: it runs but
+returns garbage).  Oracle: float64 products of the gathered operands, computed here with plain
 indexing.  Tolerance: the bound of ``test_kernels_torch`` (fp32 accumulation of K' terms plus
 one rounding to the output dtype, times two), i.e.
 
@@ -28,7 +28,9 @@ pytestmark = [
 ]
 
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
-UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11}
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+"""The operand dtypes under test: bf16 only where Triton compiles for a GPU."""
 SETTINGS = settings(max_examples=20, deadline=None)
 
 
@@ -59,7 +61,7 @@ def problems(draw):
     group = draw(st.sampled_from([8, 16, 32]))
     m, n = draw(st.sampled_from([1, 2, 5, 17, 33])), draw(st.sampled_from([1, 3, 16, 19]))
     k = group * draw(st.integers(1, 3)) if kind == "grouped" else draw(st.sampled_from([1, 7, 33, 64, 70]))
-    dtype = draw(st.sampled_from([torch.float32, torch.float16]))
+    dtype = draw(st.sampled_from(DTYPES))
     rng = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
     x = strided(torch.randn(m, k, generator=rng).to(dtype), draw(st.booleans()))
     w = strided(torch.randn(n, k, generator=rng).to(dtype), draw(st.booleans()))
@@ -104,7 +106,8 @@ def test_triton_kernels_match_float64_oracle(problem):
     assert bool((dx.cpu()[:, pruned] == 0).all()) and bool((dw.cpu()[:, pruned] == 0).all())
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    DEVICE != "cuda", reason="Triton's interpreter has no bf16 tl.dot (it runs and returns wrong values)"))])
 @pytest.mark.parametrize("kind", ["random", "grouped"])
 def test_pruned_linear_on_triton_backend_3d(dtype, kind):
     rng = torch.Generator().manual_seed(5)
@@ -168,11 +171,6 @@ def test_dispatch_uses_triton_and_matches_torch_path():
         y_torch = sk.gather_linear_fwd(x, w, None, keep)
     assert calls == [1]
     torch.testing.assert_close(y_triton, y_torch, rtol=1e-5, atol=1e-5)  # fp32, 5 terms
-
-
-@pytest.mark.skip(reason="Triton's interpreter has no bf16 tl.dot (it runs and returns wrong values); bf16 is tested on the torch path and benchmarked on GPU")
-def test_bf16_triton_kernels():
-    """Placeholder recording the gap; on a GPU, bf16 goes through the same kernels as fp16."""
 
 
 def test_autotune_configs_for_hopper(monkeypatch):
