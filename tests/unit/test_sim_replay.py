@@ -101,6 +101,46 @@ def test_a_recorded_step_split_sets_the_point_estimate():
     assert best["vs_healthy"] == pytest.approx(run["simulated_mean_s"] / T, rel=1e-6)
 
 
+def _split_file(events, steps=11):
+    """tp 4, rank 3 at χ 4 holding nothing; each rank's own non-GEMM seconds are ``R + N·p`` at its pace:
+    R = 0.05 T replicated, N = 0.4 T following its share ``p`` of the shardable work."""
+    layout = {"tp": 4, "dp": 1, "straggler_rank": 3, "share": 0.5, "fraction": 0.125}
+    model = {"hidden": 768, "heads": 16, "kv_heads": 8}
+    a, R, N = _attention(768, 384, 24), 0.05 * T, 0.4 * T
+    run = _run([9.0] + [0.7] * (steps - 1), events)
+    last = events[-1]
+    shares = [(1 - a) * n / 24 + a * k / 8 for n, k in zip(last["mlp_units"], last["kv_units"])]
+    run["summary"]["step_split_by_rank"] = [
+        {"compute_s": (R + N * p + 0.3 * T * 4 * p) * (4.0 if r == 3 else 1.0), "comm_s": 0.3 * T,
+         "gemm_s": 0.3 * T * 4 * p * (4.0 if r == 3 else 1.0)} for r, p in enumerate(shares)]
+    data = _file([run], tp=4, share=0.55, layout=layout, model=model, chi=None)
+    own = R + N / 4  # at even
+    data["modes"]["healthy"]["step_split"] = [{"compute_s": own + 0.3 * T, "comm_s": 0.3 * T,
+                                               "gemm_s": 0.3 * T}] * 4
+    return data, R, own
+
+
+def test_the_replicated_part_of_the_own_work_is_fitted_over_the_ranks_shares():
+    """Where the reshard runs record each rank's split under one plan, ``compute − gemm`` is read as a
+    replicated ``R`` plus work that follows the rank's share: the line through the ranks recovers ``R``, and
+    the rest of the own work joins the shardable share."""
+    data, R, own = _split_file([_event(-1, [8, 8, 8, 0], [3, 3, 2, 0])])
+    c = file_constants(data)
+    assert c["replicated_s"] == pytest.approx(R, rel=1e-9)
+    healthy = own + 0.6 * T  # c + m of the healthy split
+    assert c["shardable_share"] == pytest.approx((own + 0.3 * T - R) / healthy, rel=1e-9)
+    assert c["split"] == pytest.approx(R / (R + 0.3 * T), rel=1e-9)
+    assert "fitted" in c["split_from"]
+
+
+def test_a_split_read_across_two_plans_is_not_fitted():
+    """The per-rank split is a median over the run's steps: a plan that held for less than half of them
+    leaves the point estimate to the healthy split alone."""
+    data, _, _ = _split_file([_event(-1, [6, 6, 6, 6], [2, 2, 2, 2]), _event(6, [8, 8, 8, 0], [3, 3, 2, 0])])
+    c = file_constants(data)
+    assert c["split_from"] == "step_split" and "replicated_s" not in c
+
+
 def test_the_slowdown_is_read_from_an_off_run_when_the_file_has_one():
     data = _file([_run([9.0] + [T] * 4)], chi=None, straggler="device")
     data["raw"]["off"] = [_run([9.0] + [3 * T] * 4)]

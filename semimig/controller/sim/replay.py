@@ -33,7 +33,12 @@ each rank's step split (``step_split``: its own work ``c``, the time in semimig'
 balanced GEMMs ``g``, medians over ranks) splits it: ``B = g/(c + m)`` and ``f = (c − g)/(c − g + m)``,
 the point estimate.  An older file keeps ``balanced_share`` as its only per-rank time, so its point
 estimate is ``f = 1`` (all of it replicated: what the policy itself reads, a rank's ``compute − busy``
-being the replicated seconds it posts).  Either way the replay also runs every split ``f`` in
+being the replicated seconds it posts).  Not all of a rank's own non-GEMM work ``c − g`` is replicated:
+the attention core goes with the heads a rank holds and the MLP's activation with its columns.  Where
+the file's ``reshard`` runs record each rank's split under one plan for most of their steps, the
+replicated seconds ``R`` are fitted over the ranks' shares (:func:`_replicated_s`), the rest of
+``c − g`` joins the shardable work and the collectives stay ``m``: ``B = (c − R)/(c + m)`` and
+``f = R/(R + m)``.  Either way the replay also runs every split ``f`` in
 :data:`SPLITS` (``f`` of ``1 − B`` replicated, the rest collectives) and reports the band of simulated
 means over them.  In
 the model's terms: ``comm_share = (1 − f)·(1 − B)`` and ``replicated_share = f·(1 − B) / (f·(1 − B) + B)``
@@ -122,20 +127,53 @@ def file_constants(data: dict) -> dict:
     if not shares or any(b is None for b in shares):
         return {"skipped": "no balanced_share of the healthy mode: the shardable share is unknown"}
     split, b = 1.0, statistics.median(float(x) for x in shares)
-    measured = ((data.get("modes") or {}).get("healthy") or {}).get("step_split")
-    if measured and all(r is not None for r in measured):
-        c, m, g = (statistics.median(float(r[k]) for r in measured) for k in ("compute_s", "comm_s", "gemm_s"))
-        if c + m > 0 and c - g + m > 0:
-            split, b = max(c - g, 0.0) / (c - g + m), g / (c + m)
     model = data.get("model") or {}
     if not model.get("hidden") or not model.get("heads"):
         return {"skipped": "no model shape (hidden, heads)"}
     hidden = int(model["hidden"])
     kv_heads = int(model.get("kv_heads") or model["heads"])
-    return {"tp": tp, "straggler_rank": slow, "healthy_step_s": healthy, "chi": max(chi, 1.0), "chi_from": source,
-            "shardable_share": b, "split": split, "split_from": "step_split" if measured else "none (f = 1)",
-            "hidden": hidden,
-            "kv_heads": kv_heads, "kv_dim": hidden // int(model["heads"]) * kv_heads}
+    out = {"tp": tp, "straggler_rank": slow, "healthy_step_s": healthy, "chi": max(chi, 1.0), "chi_from": source,
+           "shardable_share": b, "split": split, "split_from": "none (f = 1)", "hidden": hidden,
+           "kv_heads": kv_heads, "kv_dim": hidden // int(model["heads"]) * kv_heads}
+    measured = ((data.get("modes") or {}).get("healthy") or {}).get("step_split")
+    if measured and all(r is not None for r in measured):
+        c, m, g = (statistics.median(float(r[k]) for r in measured) for k in ("compute_s", "comm_s", "gemm_s"))
+        if c + m > 0 and c - g + m > 0:
+            out.update(split=max(c - g, 0.0) / (c - g + m), shardable_share=g / (c + m), split_from="step_split")
+            replicated = None if pattern else _replicated_s(data, out, c - g)
+            if replicated is not None:  # the rest of c − g follows the shares
+                out.update(split=replicated / (replicated + m), shardable_share=(c - replicated) / (c + m),
+                           split_from="step_split, R fitted over the ranks' shares", replicated_s=replicated)
+    return out
+
+
+def _replicated_s(data: dict, c: dict, own_even: float) -> Optional[float]:
+    """``R``: the seconds of a rank's own non-GEMM work (``compute − gemm``) that stay whatever it holds, the
+    rest following its share of the shardable work (the attention core with its heads, the MLP's activation
+    with its columns): the least-squares line ``own/pace = R + N·p`` through every rank of every ``reshard``
+    run whose split was read under one plan for most of its steps (``p`` its share under that plan, ``pace``
+    ``χ`` on the throttled rank, 1 elsewhere) and the healthy ranks at even (``p = 1/tp``, ``own_even``), ``R``
+    and ``N`` both kept ≥ 0; ``None`` where no run spreads the shares."""
+    tp, points = c["tp"], [(1.0 / c["tp"], own_even)]
+    for run in data["raw"]["reshard"]:
+        split = ((run.get("summary") or {}).get("step_split_by_rank"))
+        events, steps = _run_events(run), len(run["step_s"])
+        if not split or len(split) != tp or any(r is None for r in split) or not events:
+            continue
+        last = sorted(events, key=lambda e: e["step"])[-1]
+        if steps - 1 - last["step"] <= steps / 2:  # the split is a median over steps: one plan must hold most
+            continue
+        workload = _file_workload(c, 1.0, events)
+        shares = workload.shares((ShardPlan(units=tuple(last["mlp_units"])), ShardPlan(units=tuple(last["kv_units"]))))
+        for r, (row, p) in enumerate(zip(split, shares)):
+            pace = c["chi"] if r == c["straggler_rank"] else 1.0
+            points.append((p, max(float(row["compute_s"]) - float(row["gemm_s"]), 0.0) / pace))
+    xs, ys = [p for p, _ in points], [y for _, y in points]
+    if len(points) < 3 or max(xs) - min(xs) < 1e-9:
+        return None
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = max(sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs), 0.0)
+    return min(max(my - slope * mx, 0.0), own_even)
 
 
 def _workload(c: dict, split: float, mlp_units: int, kv_units: int) -> Workload:
