@@ -29,6 +29,10 @@ layers at the shard shapes a rank of a larger tensor-parallel group holds.  Part
 ``graph``     CUDA-graph capture of a layer bound by the controller and of a GEMM inside a clock
               region: ok or the reason it failed (skipped on CPU).
 ``allreduce`` a 64 MiB all-reduce's enqueue (host) time against its clock time.
+``launch``    a rank started by :func:`semimig.launch.run_on_ranks` (the forkserver every multi-rank
+              test and ``semimig bench`` start their ranks from) runs a GEMM and an all-reduce on the
+              device (NCCL on CUDA, gloo on CPU): a rank forked from a process that has initialised
+              CUDA fails at its first CUDA call.
 
 Bars printed beside the figures: meter overhead <= 1 % of a step at both shard shapes, event time
 within 5 % of the profiler's kernel time, fused <= 1.10x dense at K'.
@@ -57,7 +61,7 @@ from bench_output import add_json_flag, interleaved_ms, refuse, write_result
 from semimig.straggler.clock import make_clock
 from semimig.straggler.nvml import HealthWatch
 
-PARTS = ("meter", "resize", "clock", "kernels", "stats", "graph", "allreduce")
+PARTS = ("meter", "resize", "clock", "kernels", "stats", "graph", "allreduce", "launch")
 BARS = {"meter_overhead": 0.01, "event_vs_profiler": 0.05, "fused_vs_kprime": 1.10}
 WIDTH = 80
 
@@ -448,6 +452,32 @@ def graph_part(cfg: CheckConfig, device, dtype, group) -> list[dict]:
     return records
 
 
+# ----------------------------------------------------------------------------- part: launch
+def _launch_body(rank: int, world_size: int, device_type: str) -> float:
+    """One launched rank's device work: a GEMM and an all-reduce of its result (64 on every element)."""
+    import torch.distributed as dist
+
+    device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+    x = torch.ones(64, 64, device=device)
+    y = x @ x
+    dist.all_reduce(y)
+    return float(y[0, 0].item()) / world_size
+
+
+def launch_part(device) -> dict:
+    from semimig.launch import run_on_ranks
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    start = time.perf_counter()
+    try:
+        value = run_on_ranks(_launch_body, 1, device.type, backend=backend, timeout_s=180)
+        ok, reason = value == 64.0, None if value == 64.0 else f"the rank computed {value}, not 64"
+    except Exception as err:  # noqa: BLE001 - the failure is the finding
+        lines = [line for line in str(err).strip().splitlines() if line.strip()]
+        ok, reason = False, f"{type(err).__name__}: {lines[-1] if lines else ''}"[:300]
+    return {"backend": backend, "ranks": 1, "ok": ok, "seconds": time.perf_counter() - start, "reason": reason}
+
+
 # ----------------------------------------------------------------------------- part: allreduce
 def allreduce_part(cfg: CheckConfig, device, group) -> dict:
     import torch.distributed as dist
@@ -524,6 +554,12 @@ def table(result: dict) -> str:
     if a:
         lines.append(row("allreduce", f"{a['mib']} MiB {a['backend']}: enq/event",
                          f"{a['enqueue_ms']:.3f} / {a['event_ms']:.3f} ms"))
+    launched = result.get("launch")
+    if launched:
+        lines.append(row("launch", f"a launched rank, {launched['backend']}",
+                         f"GEMM + all-reduce {'ok' if launched['ok'] else 'FAILED'}, {launched['seconds']:.1f} s"))
+        if launched["reason"]:
+            lines.append(f"{'':<10}{launched['reason']}")
     return "\n".join(line[:WIDTH] for line in lines)
 
 
@@ -599,7 +635,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         runners = {"meter": lambda: meter_part(cfg, device, dtype, group),
                    "resize": lambda: resize_part(cfg, device, dtype, group), "clock": lambda: clock_part(cfg, device, dtype),
                    "kernels": lambda: kernels_part(cfg, device, dtype), "stats": lambda: stats_part(cfg, device, dtype),
-                   "allreduce": lambda: allreduce_part(cfg, device, group),
+                   "allreduce": lambda: allreduce_part(cfg, device, group), "launch": lambda: launch_part(device),
                    "graph": lambda: graph_part(cfg, device, dtype, group)}  # last: a failed capture may upset the device
         for part in sorted(parts, key=lambda p: p == "graph"):
             begin = time.perf_counter()

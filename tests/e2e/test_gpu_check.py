@@ -12,7 +12,7 @@ from example_ranks import quiet_env
 from scripts import REPO
 
 PROVENANCE = ("benchmark", "argv", "machine", "config", "command", "git_commit", "date", "versions", "bars")
-PARTS = ("meter", "resize", "clock", "kernels", "stats", "graph", "allreduce")
+PARTS = ("meter", "resize", "clock", "kernels", "stats", "graph", "allreduce", "launch")
 
 
 def _script():
@@ -59,6 +59,8 @@ def test_the_quick_cpu_run_records_every_part_with_its_provenance(quick_run):
     assert record["graph"] == [{"case": "timed layer", "ok": None, "reason": "CUDA graphs need a CUDA device"}]
     allreduce = record["allreduce"]
     assert allreduce["backend"] == "gloo" and allreduce["enqueue_ms"] > 0 and allreduce["event_ms"] > 0
+    launched = record["launch"]  # a rank of semimig.launch ran its GEMM and all-reduce
+    assert launched == {"backend": "gloo", "ranks": 1, "ok": True, "seconds": launched["seconds"], "reason": None}
 
 
 def test_the_table_fits_80_columns(quick_run):
