@@ -40,7 +40,7 @@ from semimig.controller.policy.gain import (MoveRate, Noise, bet_pays, expected_
 from semimig.controller.policy.memory import PlanMemory, SeatRates
 from semimig.controller.policy.propose import healthy_step, plan_step, pooled, propose, seat_delta, seat_reading, shares
 from semimig.controller.policy.records import ReshardDecision, ReshardSample, check_plans, moved_units
-from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, handed_over, transition
+from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, handed_over, took_over, transition
 from semimig.controller.policy.stepmodel import LearnedModel, median_times
 from semimig.controller.policy.window import SLOW_STEPS, Window
 from semimig.errors import ConfigError
@@ -257,6 +257,8 @@ class ReshardPolicy:
         measured = self.learned.slowest(compute, self.shares()) + comm
         if self.state == SETTLING and self._verify(self.samples.steady(), measured):
             model = self.learned.model(self.shares(), compute)
+        model, lasted = took_over(model, self.slowdown) if self.slowdown.handed else (model, 0)  # a moved straggler
+        se = self.noise.of_median(max(self.samples.independent, min(self.config.window, lasted)))  # keeps its pace
         state = self.state
         decision = self._decide(step, model, comm, se, healthy_s=healthy_step(model) + comm, measured_s=measured)
         if decision.replan and unconfirmed:  # read as a change, those steps must not undo it: the next step tells
@@ -365,8 +367,7 @@ class ReshardPolicy:
         fitted = self.learned.fit(then, before, now, window, se=se,  # an emptied slow rank: read through k alone
                                   doubtful={r for r in slow if now[r] == 0.0}) is not None
         new = self.learned.model(self.shares(before_plans), before_c).step(self.shares())
-        last = self.history[-1] if self.history else None
-        if last is not None and last.current_s > 0.0:
+        if self.history and (last := self.history[-1]).current_s > 0.0:
             self.learned.errors.append(max(0.0, (measured_s - last.predicted_s - new + old) / last.current_s))
         return fitted or calibrated
 
@@ -395,6 +396,5 @@ class ReshardPolicy:
         """Seconds a move from the plan in force to ``new`` costs at ``speeds`` (default: the last decision's): its
         bytes at the moves' rate (:class:`MoveRate`) or the prior in steps of ``step_s``, times its pace."""
         total, rate = sum(b * p.total_units for b, p in zip(self.bytes_per_unit, self.plans)), self.move_rate.per_byte
-        if rate is None:
-            rate = self.config.move_steps * step_s / total if total else 0.0
+        rate = (self.config.move_steps * step_s / total if total else 0.0) if rate is None else rate
         return self.moved(new)[1] * rate * move_pace(movers(self.plans, new), self.speeds if speeds is None else speeds)

@@ -39,9 +39,15 @@ long the present state will last (:func:`~semimig.controller.policy.gain.expecte
 is not among them, for it began with the run, not with a change, and its length tells when the run
 started rather than how long a state lasts.
 
-A slowdown handed over keeps its size (:func:`handed_over`): the bet on a rank's one slow step at the
-step another's slowdown ended reads it no slower than the ended one read, one step's noise being the
-larger error.
+A slowdown handed over keeps its size.  As a slow rank leaves, another rank joins when its reading is
+likelier slowed as the leaving one was than healthy: the log-likelihood ratio of its ratio ``s`` under
+the leaving rank's last ratio ``ρ`` against 1, ``(ln²s − ln²(s/ρ))/(2·se²)``, plus the log-odds of a
+hand-over, is positive (a rank must still read below ``1 − tolerance``).  The one-sided band asks a
+rank that just took a straggler over for ``z`` standard errors below the tolerance on the few steps
+since it did; the known size asks it only to be nearer that size than health.  The step it joins on, its
+speed is read no slower than the ended one read, over as many steps as the ended state lasted
+(:func:`handed_over`), and the bet on a rank's one slow step at the step another's slowdown ended reads
+it so too: one step's (or a few steps') noise is the larger error.
 """
 from __future__ import annotations
 
@@ -53,7 +59,7 @@ from typing import AbstractSet, Any, Dict, FrozenSet, List, Optional, Sequence, 
 from semimig.errors import ConfigError
 
 __all__ = ["START", "MEASURING", "HOLDING", "MOVING", "SETTLING", "TABLE", "N_MIN", "transition", "Slowdown",
-           "handed_over"]
+           "handed_over", "took_over"]
 
 START, MEASURING, HOLDING, MOVING, SETTLING = "start", "measuring", "holding", "moving", "settling"
 N_MIN = 3
@@ -98,6 +104,8 @@ class Slowdown:
         """Changes of the set that some slow rank left."""
         self.handovers = 0
         """Those of :attr:`ends` that another rank joined: a straggler that moved to another rank."""
+        self.handed: FrozenSet[int] = frozenset()
+        """The ranks that joined by a hand-over at the last :meth:`update` (empty: none did)."""
 
     def update(self, step: int, ratios: Sequence[float], *, se: float, tolerance: float, z: float,
                samples: int, confirm: Optional[Sequence[float]] = None, since: Optional[int] = None) -> bool:
@@ -114,6 +122,8 @@ class Slowdown:
                 slow.add(r)
             elif s > min((1.0 - tolerance) * band, 1.0 - tolerance / 2.0):
                 slow.discard(r)
+        slow |= self._taken_over(ratios, slow, se=se, tolerance=tolerance)
+        self.handed = frozenset(slow - self.slow) if self.slow - slow else frozenset()
         since = step - samples + 1 if since is None else since
         if self.rates is not None:  # a stay is counted from the slowdown's first step
             self.rates.held(step, self.slow & slow)
@@ -131,6 +141,18 @@ class Slowdown:
             self.ended[bool(self.slow)].append(max(1, since - self.since))
         self.slow, self.since, self.changes = frozenset(slow), since, self.changes + 1
         return True
+
+    def _taken_over(self, ratios: Sequence[float], slow: AbstractSet[int], *, se: float, tolerance: float) -> set:
+        """The ranks that took over a slowdown leaving now: nearer its size than health (module docstring)."""
+        leaving = self.slow - slow
+        if not leaving or self.ratios is None or se <= 0.0:
+            return set()
+        size = math.log(min(self.ratios[r] for r in leaving))
+        p = self.handover(len(ratios))
+        prior = math.log(p / (1.0 - p))
+        return {r for r, s in enumerate(ratios) if r not in slow and r not in leaving and s < 1.0 - tolerance
+                and size < math.log(1.0 - tolerance)
+                and (math.log(s) ** 2 - (math.log(s) - size) ** 2) / (2.0 * se * se) + prior > 0.0}
 
     def age(self, step: int) -> int:
         """Steps the present set has held (at least 1)."""
@@ -176,7 +198,21 @@ def handed_over(model: Any, slowdown: Slowdown, ended: AbstractSet[int], slow: A
     an emptied rank's ratio rests on its replicated work alone (``R/S``) and is the less sure reading."""
     if not ended or slowdown.ratios is None or any(shares[r] <= 0.0 for r in ended):
         return model
+    return _no_slower(model, slow, set(slow) - slowdown.slow, min(slowdown.ratios[r] for r in ended))
+
+
+def took_over(model: Any, slowdown: Slowdown) -> Tuple[Any, int]:
+    """At the step ranks joined by a hand-over (:attr:`Slowdown.handed`): ``model`` with them read no slower
+    than the ended slowdown's last ratio, and the steps that reading rests on, the ended state's length
+    (module docstring)."""
+    before, ratios = slowdown.previous
+    ended = set(before) - slowdown.slow
+    ratio = min(ratios[r] for r in ended)
+    return _no_slower(model, slowdown.slow, slowdown.handed, ratio), (slowdown.ended[True] or [N_MIN])[-1]
+
+
+def _no_slower(model: Any, slow: AbstractSet[int], new: AbstractSet[int], ratio: float) -> Any:
+    """``model`` with each rank of ``new`` read no slower than ``ratio`` of the fastest rank outside ``slow``."""
     top = max((v for r, v in enumerate(model.speeds) if r not in slow), default=max(model.speeds))
-    floor = min(slowdown.ratios[r] for r in ended) * top
-    new = set(slow) - slowdown.slow
-    return dataclasses.replace(model, speeds=tuple(max(v, floor) if r in new else v for r, v in enumerate(model.speeds)))
+    return dataclasses.replace(model, speeds=tuple(max(v, ratio * top) if r in new else v
+                                                   for r, v in enumerate(model.speeds)))
