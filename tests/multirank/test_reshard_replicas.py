@@ -129,7 +129,7 @@ def test_the_slow_replica_re_plans_alone_and_every_replica_trains_exactly():
         dp_rank, healthy, _ = out["off"]
         assert out["reshard"][0] == dp_rank
         torch.testing.assert_close(torch.tensor(out["reshard"][1]), torch.tensor(healthy), **LOSS_TOL)
-        assert out["calm"][2]["replans"] == 0 and out["calm"][1] == healthy  # nothing moves, bit for bit
+        assert out["calm"][2]["replans"] == 0 and out["calm"][1] == healthy, out["calm"][2]  # nothing moves, bit for bit
     # the two replicas trained on different data: their losses differ, so both were checked
     assert every[0]["off"][1] != every[2]["off"][1]
 

@@ -196,7 +196,8 @@ def test_a_straggler_that_moves_to_another_rank_is_counted_as_a_handover():
 def test_a_rank_taking_a_slowdown_over_joins_when_nearer_its_size_than_health():
     """Rank 1 slow at 0.65; then, on three steps of a new window (a wide band), rank 0 reads 0.70 and rank 1
     healthy.  The band alone (0.9 over a factor 1.6) leaves rank 0 out and the set empty; nearer the leaving
-    slowdown's size than health, rank 0 takes it over.  A rank reading 0.85 is nearer health: it does not."""
+    slowdown's size than health, rank 0 takes it over.  A rank reading 0.85 is nearer health: it does not;
+    nor does one where the slowdown leaving was read on too few steps to have lasted."""
     read = dict(tolerance=0.1, z=3.0, samples=N_MIN)
     slowdown = Slowdown()
     slowdown.update(0, (1.0, 0.65), se=0.05, **read)
@@ -210,6 +211,11 @@ def test_a_rank_taking_a_slowdown_over_joins_when_nearer_its_size_than_health():
     milder.update(0, (1.0, 0.65), se=0.05, **read)
     milder.update(40, (0.85, 1.0), se=0.157, **read)
     assert milder.slow == set() and milder.handed == set()
+    brief = Slowdown()  # a slowdown read on fewer than LASTED steps (a probe's, a bet's) has no size to hand over
+    brief.update(2, (1.0, 0.65), se=0.05, **read)
+    assert brief.slow == {1}
+    brief.update(4, (0.70, 1.0), se=0.157, **read)
+    assert brief.slow == set() and brief.handed == set()
 
 
 def test_a_taken_over_slowdown_is_read_at_the_size_and_over_the_steps_of_the_one_that_ended():

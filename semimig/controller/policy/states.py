@@ -44,7 +44,9 @@ likelier slowed as the leaving one was than healthy: the log-likelihood ratio of
 the leaving rank's last ratio ``ρ`` against 1, ``(ln²s − ln²(s/ρ))/(2·se²)``, plus the log-odds of a
 hand-over, is positive (a rank must still read below ``1 − tolerance``).  The one-sided band asks a
 rank that just took a straggler over for ``z`` standard errors below the tolerance on the few steps
-since it did; the known size asks it only to be nearer that size than health.  The step it joins on, its
+since it did; the known size asks it only to be nearer that size than health.  Only a slowdown that
+lasted (:data:`LASTED` steps in the set) has a size to hand over: the device probe's reading and a bet's
+on a step or two are not one.  The step it joins on, its
 speed is read no slower than the ended one read, over as many steps as the ended state lasted
 (:func:`handed_over`), and the bet on a rank's one slow step at the step another's slowdown ended reads
 it so too: one step's (or a few steps') noise is the larger error.
@@ -58,12 +60,16 @@ from typing import AbstractSet, Any, Dict, FrozenSet, List, Optional, Sequence, 
 
 from semimig.errors import ConfigError
 
-__all__ = ["START", "MEASURING", "HOLDING", "MOVING", "SETTLING", "TABLE", "N_MIN", "transition", "Slowdown",
-           "handed_over", "took_over"]
+__all__ = ["START", "MEASURING", "HOLDING", "MOVING", "SETTLING", "TABLE", "N_MIN", "LASTED", "transition",
+           "Slowdown", "handed_over", "took_over"]
 
 START, MEASURING, HOLDING, MOVING, SETTLING = "start", "measuring", "holding", "moving", "settling"
 N_MIN = 3
 """Fewest steps of one plan a decision reads: a median that one outlier step cannot move."""
+LASTED = 2 * N_MIN
+"""Steps a rank must stay in the slow set, from its first slow step, for its slowdown to count as one that
+lasted: two decisions' worth of steps, past the move a bet may have made and the steps that measure the
+plan it moved to (a bet on outliers leaves the set within them)."""
 
 TABLE: Dict[str, Dict[str, str]] = {
     START: {"probe_move": MOVING, "probe_hold": START, "skip": START, "short": MEASURING},
@@ -122,9 +128,9 @@ class Slowdown:
                 slow.add(r)
             elif s > min((1.0 - tolerance) * band, 1.0 - tolerance / 2.0):
                 slow.discard(r)
-        slow |= self._taken_over(ratios, slow, se=se, tolerance=tolerance)
-        self.handed = frozenset(slow - self.slow) if self.slow - slow else frozenset()
         since = step - samples + 1 if since is None else since
+        slow |= self._taken_over(ratios, slow, since, se=se, tolerance=tolerance)
+        self.handed = frozenset(slow - self.slow) if self.slow - slow else frozenset()
         if self.rates is not None:  # a stay is counted from the slowdown's first step
             self.rates.held(step, self.slow & slow)
             self.rates.left(step, self.slow - slow)
@@ -142,11 +148,12 @@ class Slowdown:
         self.slow, self.since, self.changes = frozenset(slow), since, self.changes + 1
         return True
 
-    def _taken_over(self, ratios: Sequence[float], slow: AbstractSet[int], *, se: float, tolerance: float) -> set:
+    def _taken_over(self, ratios: Sequence[float], slow: AbstractSet[int], since: int, *, se: float,
+                    tolerance: float) -> set:
         """The ranks that took over a slowdown leaving now: nearer its size than health (module docstring)."""
         leaving = self.slow - slow
-        if not leaving or self.ratios is None or se <= 0.0:
-            return set()
+        if not leaving or self.ratios is None or se <= 0.0 or since - self.since < LASTED:
+            return set()  # a slowdown read on fewer steps (a probe's, a bet's on outliers) has no size to hand
         size = math.log(min(self.ratios[r] for r in leaving))
         p = self.handover(len(ratios))
         prior = math.log(p / (1.0 - p))

@@ -35,7 +35,7 @@ import math
 import statistics
 from typing import Any, List, Optional, Sequence, Tuple
 
-from semimig.controller.policy.states import N_MIN
+from semimig.controller.policy.states import LASTED, N_MIN
 from semimig.controller.policy.stepmodel import ordered_median, tercile
 
 __all__ = ["Window", "Rates", "outlier_tail", "OUTLIER_SIZE", "OUTLIER_TAIL", "OUTLIER_PRIOR", "LASTED", "CHANGE_Z",
@@ -81,10 +81,6 @@ def outlier_tail(size: float) -> float:
     return min(1.0, (OUTLIER_SIZE / size) ** OUTLIER_TAIL) if size > 0.0 else 1.0
 
 
-LASTED = 2 * N_MIN
-"""Steps a rank must stay in the slow set, from its first slow step, for its slowdown to count as one that
-lasted: two decisions' worth of steps, past the move a bet may have made and the steps that measure the
-plan it moved to (a bet on outliers leaves the set within them)."""
 
 
 class Rates:
