@@ -51,8 +51,8 @@ __all__ = ["RankFailure", "RanksTimedOut", "Terminated", "TorchrunEnv", "BACKEND
            "report_activity", "run_on_ranks", "set_collective_timeout", "terminate_on_signals"]
 
 # semimig._quiet first: it hides third-party warnings in the ranks when the CLI asked for it (before they import)
-_PRELOAD = ["semimig._quiet", "torch", "torch.distributed", "colossalai.shardformer", "colossalai.booster", "semimig.nn"]
 _PRELOAD_WITH_CUDA = ["semimig._quiet", "torch", "torch.distributed"]
+_PRELOAD = _PRELOAD_WITH_CUDA + ["colossalai.shardformer", "colossalai.booster", "semimig.nn"]
 _CTX = None
 _GRACE_S = 2.0  # after the first failure: how long to wait for the other ranks' news before blaming
 _COLLECTIVE_MARKERS = ("/gloo/", "gloo::", "NCCL", "Connection reset by peer", "Connection closed by peer",

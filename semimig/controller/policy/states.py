@@ -155,10 +155,11 @@ class Slowdown:
         if not leaving or self.ratios is None or se <= 0.0 or since - self.since < LASTED:
             return set()  # a slowdown read on fewer steps (a probe's, a bet's on outliers) has no size to hand
         size = math.log(min(self.ratios[r] for r in leaving))
+        if size >= math.log(1.0 - tolerance):
+            return set()
         p = self.handover(len(ratios))
         prior = math.log(p / (1.0 - p))
         return {r for r, s in enumerate(ratios) if r not in slow and r not in leaving and s < 1.0 - tolerance
-                and size < math.log(1.0 - tolerance)
                 and (math.log(s) ** 2 - (math.log(s) - size) ** 2) / (2.0 * se * se) + prior > 0.0}
 
     def age(self, step: int) -> int:

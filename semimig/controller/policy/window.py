@@ -81,8 +81,6 @@ def outlier_tail(size: float) -> float:
     return min(1.0, (OUTLIER_SIZE / size) ** OUTLIER_TAIL) if size > 0.0 else 1.0
 
 
-
-
 class Rates:
     """How often a rank's single slow step was an outlier, and how often a slowdown that lasted (module
     docstring); both per rank-step, over every step the window has seen."""
