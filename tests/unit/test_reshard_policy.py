@@ -806,6 +806,72 @@ def test_a_slow_step_many_times_the_reading_is_rarer_as_an_outlier():
     assert large.change_odds(1, size=8.0) < 2 * large.change_odds(1)
 
 
+def test_the_slowdowns_counted_keep_the_size_of_the_change_that_began_them():
+    """A rank 1.6x slower for good: the window's change test reads the size of its slow steps, and the stay
+    counted as a slowdown keeps it; a step far beyond that size is then likelier an outlier than another such
+    slowdown, one of that size is not (its odds fall by less than half: a step at the slowdown's size is at
+    least it half the time), and a run that counted none prices every size alike."""
+    from semimig.controller.policy.window import Window
+
+    window = Window(48, 2)
+    for step in range(40):
+        window.add(ReshardSample((1.0, 1.6 if step >= 20 else 1.0), (0.5, 0.5), (0.0, 0.0)), sigma=0.03)
+    rates = window.rates
+    rates.joined(20, {1})
+    rates.held(20 + LASTED, {1})
+    assert rates.slowdowns == 1 and rates.slowdown_sizes == [pytest.approx(1.6)]
+    rates.rank_steps, rates.outliers = 2000, 20
+    fresh = Rates()
+    fresh.rank_steps, fresh.outliers, fresh.slowdowns, fresh.sigma = 2000, 20, 1, 0.03
+    assert rates.change_odds(1, size=2.6) < 0.6 * fresh.change_odds(1, size=2.6)
+    assert rates.change_odds(1, size=1.6) > 0.5 * fresh.change_odds(1, size=1.6)
+    assert fresh.change_odds(1, size=1.6) == fresh.change_odds(1, size=2.6) == fresh.change_odds(1)
+
+
+@pytest.mark.parametrize("counted", [2.6, 1.6])
+def test_a_step_larger_than_the_runs_slowdowns_waits_for_the_step_after_it(counted):
+    """Rank 1 at 1/2.6 of its speed from step 30, slowdowns seen to last and outliers common.  Where the run's
+    slowdowns were that size, two slow steps are bet on (step 31); where they were 1.6x, steps of 2.6x are
+    likelier outliers and the move waits for the step that confirms the change (step 32)."""
+    import random
+
+    pol = policy()
+    rates = pol.samples.rates
+    rates.rank_steps, rates.slowdowns, rates.outliers, rates.slowdown_sizes = 2000, 10, 50, [counted] * 10
+    moves = run(pol, lambda step: (1.0, 1.0 / 2.6 if step >= 30 else 1.0), 40, noise=0.02, rng=random.Random(0))
+    assert [(d.step, d.bet) for d in moves][:1] == ([(31, 2)] if counted == 2.6 else [(32, 0)])
+
+
+def test_expected_max_is_the_mean_of_the_largest_of_n_normals():
+    from semimig.controller.policy.states import expected_max
+
+    largest = np.random.default_rng(0).standard_normal((200_000, 8))
+    for n in (2, 4, 8):
+        assert expected_max(n) == pytest.approx(float(largest[:, :n].max(axis=1).mean()), abs=0.03)
+    assert expected_max(1) == expected_max(0) == 0.0
+
+
+@pytest.mark.parametrize("tp", [2, 8])
+def test_a_recovered_rank_leaves_the_slow_set_read_against_the_fastest_of_many_noisy_readings(tp):
+    """Rank 1 slow, then read at 0.90 of the fastest rank, its readings' relative error 7 %: among eight ranks
+    the fastest of seven noisy readings stands about 1.36 errors above their speed, so 0.90 is what a recovered
+    rank reads and it leaves the set; with one other rank there is no such excess and 0.90 stays below the
+    band's edge (0.95).  A rank at 0.80 stays at either size, and joining reads the plain ratio."""
+    se = 0.1  # a ratio's relative error: sqrt(2) readings' of 0.071
+
+    def read(ratio_1, slowdown):
+        ratios = tuple(ratio_1 if r == 1 else 1.0 for r in range(tp))
+        slowdown.update(30, ratios, se=se, tolerance=0.1, z=3.0, samples=10)
+        return slowdown.slow
+
+    for recovered, left in ((0.90, tp == 8), (0.80, False)):
+        slowdown = Slowdown()
+        assert read(0.5, slowdown) == {1}
+        assert read(recovered, slowdown) == (frozenset() if left else {1}), (tp, recovered)
+    assert read(0.70, Slowdown()) == set()  # above (1 - 0.1)/e^0.3 = 0.67: not slow at any size
+    assert read(0.66, Slowdown()) == {1}
+
+
 @pytest.mark.parametrize("speed", [1.0 / 12.0, 0.5])
 def test_a_first_slowdown_far_beyond_any_outlier_is_bet_on_at_its_first_step(speed):
     """The run's first slowdown, on the prior's odds (an outlier three times as likely as a slowdown): rank 1

@@ -28,7 +28,11 @@ its speed ratio (to the fastest rank) is below ``1 − tolerance`` by ``z`` stan
 slow rank over ``N_MIN`` or more steps, and also over its steps after the ones that made its change:
 a few slow steps in a row on one rank are also what a run of outliers looks like, and the steps after
 them read its true speed; a rank that keeps slowing, a change every few steps, is read so after each), and leaves when it is above by as many — and its age, the steps since
-that set last changed.  A change of the set that a slow rank leaves as another joins is a *hand-over*, the straggler moving
+that set last changed.  The fastest rank is the fastest of ``n`` noisy readings (``n`` the ranks outside the
+set), which stands about ``E_n`` standard errors above their speed (``E_n`` the expected largest of ``n``
+standard normals, :func:`expected_max`: 1.4 at ``n = 8``): a rank that recovered reads that much below 1, so
+the test for leaving reads it with that excess taken off.  Joining keeps the plain ratio, so a mild straggler
+is not hidden by the correction.  A change of the set that a slow rank leaves as another joins is a *hand-over*, the straggler moving
 (:meth:`Slowdown.handover`: their share of the ended slowdowns, the odds the bet on one slow step
 reads at the step a slowdown ends).  A set that is
 empty is the state "no straggler": from it only moves toward even (a smaller largest share) are
@@ -56,12 +60,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from statistics import NormalDist
 from typing import AbstractSet, Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from semimig.errors import ConfigError
 
 __all__ = ["START", "MEASURING", "HOLDING", "MOVING", "SETTLING", "TABLE", "N_MIN", "LASTED", "transition",
-           "Slowdown", "handed_over", "took_over"]
+           "Slowdown", "handed_over", "took_over", "expected_max"]
 
 START, MEASURING, HOLDING, MOVING, SETTLING = "start", "measuring", "holding", "moving", "settling"
 N_MIN = 3
@@ -87,6 +92,12 @@ def transition(state: str, event: str) -> str:
     except KeyError:
         raise ConfigError(f"the re-shard policy has no transition from state {state!r} on event {event!r}") \
             from None
+
+
+def expected_max(n: int) -> float:
+    """The expected largest of ``n`` independent standard normals (Blom's approximation,
+    ``Φ⁻¹((n − 0.375)/(n + 0.25))``, within 0.03 of it for ``n ≤ 8``; 0 for one)."""
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
 
 
 class Slowdown:
@@ -123,10 +134,11 @@ class Slowdown:
         slow = set(self.slow)
         onset = bool(self.slow) or samples >= N_MIN  # a median one outlier cannot move
         confirm = ratios if confirm is None or self.slow else confirm
+        excess = math.exp(expected_max(len(ratios) - len(self.slow)) * se / math.sqrt(2.0))  # a reading's se: se/√2
         for r, (s, c) in enumerate(zip(ratios, confirm)):
             if max(s, c) < (1.0 - tolerance) / band and onset:
                 slow.add(r)
-            elif s > min((1.0 - tolerance) * band, 1.0 - tolerance / 2.0):
+            elif s * excess > min((1.0 - tolerance) * band, 1.0 - tolerance / 2.0):
                 slow.discard(r)
         since = step - samples + 1 if since is None else since
         slow |= self._taken_over(ratios, slow, since, se=se, tolerance=tolerance)

@@ -19,8 +19,9 @@ step seen, the one-step excursions that did not last (outliers, and the noise's 
 the slowdowns that did (a rank that stayed in the slow set for :data:`LASTED` steps,
 :class:`~semimig.controller.policy.states.Slowdown`; one that left it sooner counts as an outlier), and the
 outliers' sizes: an outlier stretches a step by a small factor, so a step many times a rank's reading is
-rarely one (:data:`OUTLIER_SIZE`).  Their ratio, at the step's size, is
-what a single slow step is worth as evidence of a change (:meth:`Rates.change_odds`), which lets the
+rarely one (:data:`OUTLIER_SIZE`).  The slowdowns' sizes are counted too: a run whose slowdowns made its
+ranks 1.6x slower explains a step 2.6x slower better by its outliers than by another such slowdown.  Their
+ratio, each at the step's size, is what a single slow step is worth as evidence of a change (:meth:`Rates.change_odds`), which lets the
 gain test bet on a pending step when acting a step sooner is worth the risk.  A change resets only that rank's
 fresh steps; the other ranks keep their readings and their precision.  The steps that made a change
 were chosen for being far from the earlier ones: the noise of a reading is counted over the fresh
@@ -38,8 +39,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 from semimig.controller.policy.states import LASTED, N_MIN
 from semimig.controller.policy.stepmodel import ordered_median, tercile
 
-__all__ = ["Window", "Rates", "outlier_tail", "OUTLIER_SIZE", "OUTLIER_TAIL", "OUTLIER_PRIOR", "LASTED", "CHANGE_Z",
-           "SLOW_STEPS", "RATE_PRIOR_STEPS", "PRIOR_OUTLIER_RATE", "PRIOR_SLOWDOWN_RATE"]
+__all__ = ["Window", "Rates", "outlier_tail", "OUTLIER_SIZE", "OUTLIER_TAIL", "OUTLIER_PRIOR", "SLOWDOWN_PRIOR",
+           "LASTED", "CHANGE_Z", "SLOW_STEPS", "RATE_PRIOR_STEPS", "PRIOR_OUTLIER_RATE", "PRIOR_SLOWDOWN_RATE"]
 
 CHANGE_Z = 3.0
 """Standard errors a change of speed must clear: its own false-alarm rate (``Φ(−z)`` per rank and step),
@@ -75,6 +76,12 @@ OUTLIER_PRIOR = 20
 it after a few dozen, so a run whose outliers are large stops betting on large steps."""
 
 
+SLOWDOWN_PRIOR = 1
+"""Slowdowns of any size assumed beside the counted ones' sizes (:meth:`Rates.slowdown_share_at_least`): one, so a
+run's first counted slowdown already tells a step of another size apart, and a slowdown larger than every one
+counted is still believed on the steps after it."""
+
+
 def outlier_tail(size: float) -> float:
     """Share of outliers at least ``size`` times the rank's reading: 1 up to :data:`OUTLIER_SIZE`, then
     ``(OUTLIER_SIZE/size)^OUTLIER_TAIL``."""
@@ -91,6 +98,12 @@ class Rates:
         self.sizes: List[float] = []
         """The sizes of the outliers counted with one (a step over the rank's reading)."""
         self.slowdowns = 0
+        self.slowdown_sizes: List[float] = []
+        """The sizes of the slowdowns counted (each its slow steps' smallest time over the rank's reading before)."""
+        self.onset: dict = {}
+        """Per rank, the size of its latest change to slower steps, counted with its slowdown if it lasts."""
+        self.sigma = 0.0
+        """The one-step noise (a log time's standard deviation) the window's latest change test read with."""
         self.since: dict = {}
         """Step each rank joined the slow set, until its stay is counted."""
 
@@ -109,6 +122,8 @@ class Rates:
             if r in self.since and step - self.since[r] >= LASTED:
                 del self.since[r]
                 self.slowdowns += 1
+                if r in self.onset:
+                    self.slowdown_sizes.append(self.onset.pop(r))
 
     def share_at_least(self, size: float) -> float:
         """Share of outliers at least ``size`` times the rank's reading: the counted ones' sizes (one of unknown
@@ -117,16 +132,31 @@ class Rates:
         unknown = self.outliers - len(self.sizes)
         return (unknown + known + OUTLIER_PRIOR * outlier_tail(size)) / (self.outliers + OUTLIER_PRIOR)
 
+    def slowdown_share_at_least(self, size: float, steps: int = 1) -> float:
+        """Probability that a slowdown's ``steps`` steps are each at least ``size`` times the rank's reading: over
+        the counted slowdowns' sizes ``χ``, each step's log time normal about ``ln χ`` with the one-step noise
+        :attr:`sigma`, ``Φ(−(ln size − ln χ)/σ)^steps``, beside :data:`SLOWDOWN_PRIOR` slowdowns of any size."""
+        sigma = self.sigma
+
+        def tail(chi: float) -> float:
+            if sigma <= 0.0:
+                return float(chi >= size)
+            return (0.5 * math.erfc((math.log(size) - math.log(chi)) / (sigma * math.sqrt(2.0)))) ** steps
+        counted = self.slowdown_sizes
+        return (sum(tail(chi) for chi in counted) + SLOWDOWN_PRIOR) / (len(counted) + SLOWDOWN_PRIOR)
+
     def change_odds(self, steps: int = 1, onset: Optional[float] = None, size: float = 1.0) -> float:
         """Probability that ``steps`` slow steps in a row on one rank, each at least ``size`` times its reading,
-        are a slowdown rather than as many outliers (each independent): ``h / (h + q^steps)`` with the two rates
-        read with their prior.  Each of the steps must be slower than the one-step band, as a pending step is:
-        ``q`` counts every such step that did not last, the noise's own false alarms among them, times the
-        share of outliers at least ``size`` (:meth:`share_at_least`).  ``onset``: the probability that a
-        slowdown starts on this rank at these steps where something else is known of them (a straggler
-        handing over, :meth:`~semimig.controller.policy.states.Slowdown.handover`), in place of ``h``."""
+        are a slowdown rather than as many outliers (each independent): ``h·s / (h·s + q^steps)`` with the two
+        rates read with their prior.  Each of the steps must be slower than the one-step band, as a pending step
+        is: ``q`` counts every such step that did not last, the noise's own false alarms among them, times the
+        share of outliers at least ``size`` (:meth:`share_at_least`); ``s`` is the share of slowdowns whose steps
+        run at least that slow (:meth:`slowdown_share_at_least`).  ``onset``: the
+        probability that a slowdown starts on this rank at these steps where something else is known of them (a
+        straggler handing over, :meth:`~semimig.controller.policy.states.Slowdown.handover`), in place of ``h``."""
         n = self.rank_steps + RATE_PRIOR_STEPS
         h = (self.slowdowns + PRIOR_SLOWDOWN_RATE * RATE_PRIOR_STEPS) / n if onset is None else onset
+        h *= self.slowdown_share_at_least(size, steps) if size > 1.0 else 1.0
         q = (self.outliers + PRIOR_OUTLIER_RATE * RATE_PRIOR_STEPS) / n * self.share_at_least(size)
         return h / (h + q ** steps)
 
@@ -207,13 +237,15 @@ class Window:
         self.trigger = [t - 1 if f + 1 > n and t > 0 else t for f, t in zip(self.fresh, self.trigger)]
         self.fresh = [min(f + 1, n) for f in self.fresh]
         changed, pending = False, []
-        self.rates.rank_steps += len(self.fresh)
+        self.rates.rank_steps, self.rates.sigma = self.rates.rank_steps + len(self.fresh), sigma
         for r, fresh in enumerate(self.fresh):
             m, slower, faster, ordered, size = self._change(self.compute[r][-fresh:], fresh, sigma, z)
             self._ordered[r] = ordered if not m else None  # the fresh steps in order, while they stay the fresh ones
             if m:
                 self.fresh[r], self.trigger[r], self.slower[r], self.faster[r], changed = m, m, slower, faster, True
                 self.size[r] = size
+                if slower:
+                    self.rates.onset[r] = size
                 continue
             if r in self.pending:  # the slow step before did not last
                 self.rates.outliers += 1
