@@ -216,7 +216,7 @@ def test_the_healthy_pipeline_equals_the_dense_reference(runs):
 
 
 def test_no_straggler_moves_nothing_and_equals_colossalai_bit_for_bit(runs):
-    assert all(r["summary"]["replans"] == 0 for r in runs["calm"])
+    assert all(r["summary"]["replans"] == 0 for r in runs["calm"]), [r["summary"] for r in runs["calm"]]
     assert _last_stage_losses(runs["calm"]) == _last_stage_losses(runs["stock"])
     want, got = _merged(runs["stock"]), _merged(runs["calm"])
     assert want.keys() == got.keys()
