@@ -100,7 +100,7 @@ class Rates:
         self.slowdowns = 0
         self.slowdown_sizes: List[float] = []
         """The sizes of the slowdowns counted (each its slow steps' smallest time over the rank's reading before)."""
-        self.onset: dict = {}
+        self.change_size: dict = {}
         """Per rank, the size of its latest change to slower steps, counted with its slowdown if it lasts."""
         self.sigma = 0.0
         """The one-step noise (a log time's standard deviation) the window's latest change test read with."""
@@ -122,8 +122,8 @@ class Rates:
             if r in self.since and step - self.since[r] >= LASTED:
                 del self.since[r]
                 self.slowdowns += 1
-                if r in self.onset:
-                    self.slowdown_sizes.append(self.onset.pop(r))
+                if r in self.change_size:
+                    self.slowdown_sizes.append(self.change_size.pop(r))
 
     def share_at_least(self, size: float) -> float:
         """Share of outliers at least ``size`` times the rank's reading: the counted ones' sizes (one of unknown
@@ -245,7 +245,7 @@ class Window:
                 self.fresh[r], self.trigger[r], self.slower[r], self.faster[r], changed = m, m, slower, faster, True
                 self.size[r] = size
                 if slower:
-                    self.rates.onset[r] = size
+                    self.rates.change_size[r] = size
                 continue
             if r in self.pending:  # the slow step before did not last
                 self.rates.outliers += 1
