@@ -828,6 +828,19 @@ def test_the_slowdowns_counted_keep_the_size_of_the_change_that_began_them():
     assert fresh.change_odds(1, size=1.6) == fresh.change_odds(1, size=2.6) == fresh.change_odds(1)
 
 
+def test_a_stay_that_ended_as_an_outlier_leaves_no_size_to_a_later_slowdown():
+    """Rank 1's change to 3x slower steps joins the slow set and leaves it at once (an outlier stay); a later
+    stay that begins with no change read (a slow drift) and lasts is a slowdown of unknown size, not of the
+    outlier's."""
+    rates = Rates()
+    rates.change_size[1] = 3.0  # the window read the outlier's change
+    rates.joined(20, {1})
+    rates.left(22, {1})
+    rates.joined(40, {1})
+    rates.held(40 + LASTED, {1})
+    assert rates.outliers == 1 and rates.slowdowns == 1 and rates.slowdown_sizes == []
+
+
 @pytest.mark.parametrize("counted", [2.6, 1.6])
 def test_a_step_larger_than_the_runs_slowdowns_waits_for_the_step_after_it(counted):
     """Rank 1 at 1/2.6 of its speed from step 30, slowdowns seen to last and outliers common.  Where the run's

@@ -112,9 +112,11 @@ class Rates:
         self.since.update({r: step for r in ranks})
 
     def left(self, step: int, ranks) -> None:
-        """``ranks`` left the slow set at ``step``: a stay shorter than :data:`LASTED` was an outlier."""
+        """``ranks`` left the slow set at ``step``: a stay shorter than :data:`LASTED` was an outlier, and the size
+        of the change that began it is no slowdown's (a later stay is counted at its own change's size)."""
         for r in ranks:
             self.outliers += step - self.since.pop(r, step - LASTED) < LASTED
+            self.change_size.pop(r, None)
 
     def held(self, step: int, ranks) -> None:
         """``ranks`` are in the slow set at ``step``: a stay of :data:`LASTED` steps is a slowdown."""
