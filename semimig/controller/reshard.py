@@ -42,7 +42,7 @@ from semimig.controller.policy.propose import healthy_step, plan_step, pooled, p
 from semimig.controller.policy.records import ReshardDecision, ReshardSample, check_plans, moved_units
 from semimig.controller.policy.states import MOVING, N_MIN, SETTLING, START, Slowdown, handed_over, took_over, transition
 from semimig.controller.policy.stepmodel import LearnedModel, median_times
-from semimig.controller.policy.window import SLOW_STEPS, Window
+from semimig.controller.policy.window import SLOW_STEPS, Window, drifted
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel
@@ -355,9 +355,9 @@ class ReshardPolicy:
         return decision
 
     def _verify(self, window: list, measured_s: float) -> bool:
-        """Leaving ``settling`` (the slow set read on the new window; one set of speeds in each window): the
-        plan moved to against the plan it left (``R/S``, an emptied rank's own ``R``) and against its prediction
-        re-read with the refit (an error it corrected would hold every later gain below it).  ``True``: refitted."""
+        """Leaving ``settling`` (the slow set read on the new window; one set of speeds in each window): the plan moved
+        to against the plan it left (``R/S``, an emptied rank's own ``R``) and against its prediction re-read with the
+        refit (an error it corrected would hold later gains below it; none where a slow rank drifted).  ``True``: refitted."""
         (before_plans, before, slow), self._before = self._before or (None, None, None), None
         if before is None or slow != self.slowdown.slow or len(window) < N_MIN:
             return False  # no window before the move, or the speeds changed across it: it measures neither
@@ -367,7 +367,7 @@ class ReshardPolicy:
         fitted = self.learned.fit(then, before, now, window, se=se,  # an emptied slow rank: read through k alone
                                   doubtful={r for r in slow if now[r] == 0.0}) is not None
         new = self.learned.model(self.shares(before_plans), before_c).step(self.shares())
-        if self.history and (last := self.history[-1]).current_s > 0.0:
+        if self.history and (last := self.history[-1]).current_s > 0.0 and not drifted((before, window), slow, self.noise.sigma):
             self.learned.errors.append(max(0.0, (measured_s - last.predicted_s - new + old) / last.current_s))
         return fitted or calibrated
 

@@ -255,3 +255,23 @@ def test_summaries_count_the_share_within_1_10():
     assert summary["overall"]["share_within_1_10_of_reactive"] == 0.75
     assert summary["overall"]["median_ratio"] == pytest.approx(1.125)
     assert summary["overall"]["no_straggler_max"] is None
+
+
+@pytest.mark.parametrize("seed", [0, 2, 5])
+def test_a_slowdown_that_deepens_step_by_step_is_followed_to_the_best_plan(seed):
+    """Rank 1 slows over 17 steps to 1/4.4 of its speed and stays there.  The moves made while it deepens are
+    measured slower than predicted by the drift alone; read as the step model's error, that would hold the
+    last correction's gain below it for the rest of the run.  The policy ends on the best plan for the final
+    speeds and within 5 % of the oracle's time."""
+    chi, start, length, steps = 4.4, 37, 17, 320
+    t = np.clip((np.arange(steps) - start + 1) / length, 0.0, 1.0)
+    speeds = np.stack([np.ones(steps), 1.0 / (1.0 + (chi - 1.0) * t)], axis=1)
+    workload = _workload(replicated_share=0.25, mlp_units=32, kv_units=16, attention_share=0.45,
+                         attention_param_share=0.35, timed_share=0.9, comm_share=0.08, step_s=0.13,
+                         state_bytes=39 * 10**9, bandwidth_bytes_s=1e11, latency_s=0.005)
+    scenario = Scenario(name="ramp", category="ramp", workload=workload, speeds=speeds, noise=0.017, outliers=0.03,
+                        lag=1, seed=seed)
+    run = run_policy(scenario, reshard_policy)
+    final = best_plans(workload, speeds[-1])
+    assert run.plans[-1][1:3] == (final[0].units, final[1].units), run.plans
+    assert run.time_s / oracle_time(scenario)[0] < 1.05

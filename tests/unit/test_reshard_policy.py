@@ -910,3 +910,18 @@ def test_a_bet_on_the_first_slow_step_weighs_every_step_it_saves():
             rates.rank_steps, rates.slowdowns, rates.outliers = 2000, slowdowns, 40
         moves = run(pol, lambda step: (1.0, 1.0 / 6.0 if step >= 30 else 1.0), 40)
         assert [(d.step, d.bet) for d in moves][:1] == expected, slowdowns
+
+
+def test_a_window_drifted_where_a_rank_ran_its_last_step_beyond_the_two_step_band_of_its_first():
+    from semimig.controller.policy.window import CHANGE_Z, drifted
+
+    def window(times):
+        return [ReshardSample((1.0, t), (0.5, 0.5), (0.0, 0.0)) for t in times]
+    sigma = 0.02
+    band = math.exp(CHANGE_Z * math.sqrt(2.0) * sigma)  # 1.088
+    steady, deepening = window([1.0, 1.03, 0.98, 1.02]), window([1.0, 1.05, 1.08, 1.10])
+    assert not drifted((steady,), {1}, sigma) and drifted((steady, deepening), {1}, sigma)
+    assert not drifted((deepening,), {0}, sigma)  # only the ranks asked about
+    assert not drifted((window([1.0, band * 0.99]),), {1}, sigma) and drifted((window([1.0, band * 1.01]),), {1}, sigma)
+    assert drifted((window([1.0, 1.0 / (band * 1.01)]),), {1}, sigma)  # faster as well as slower
+    assert not drifted((window([1.3]), []), {1}, sigma)  # one step, or none: nothing to compare

@@ -39,7 +39,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from semimig.controller.policy.states import LASTED, N_MIN
 from semimig.controller.policy.stepmodel import ordered_median, tercile
 
-__all__ = ["Window", "Rates", "outlier_tail", "OUTLIER_SIZE", "OUTLIER_TAIL", "OUTLIER_PRIOR", "SLOWDOWN_PRIOR",
+__all__ = ["Window", "Rates", "drifted", "outlier_tail", "OUTLIER_SIZE", "OUTLIER_TAIL", "OUTLIER_PRIOR", "SLOWDOWN_PRIOR",
            "LASTED", "CHANGE_Z", "SLOW_STEPS", "RATE_PRIOR_STEPS", "PRIOR_OUTLIER_RATE", "PRIOR_SLOWDOWN_RATE"]
 
 CHANGE_Z = 3.0
@@ -86,6 +86,17 @@ def outlier_tail(size: float) -> float:
     """Share of outliers at least ``size`` times the rank's reading: 1 up to :data:`OUTLIER_SIZE`, then
     ``(OUTLIER_SIZE/size)^OUTLIER_TAIL``."""
     return min(1.0, (OUTLIER_SIZE / size) ** OUTLIER_TAIL) if size > 0.0 else 1.0
+
+
+def drifted(windows: Sequence[Sequence[Any]], ranks, sigma: float, z: float = CHANGE_Z) -> bool:
+    """Whether a rank of ``ranks`` ran its last step of one of ``windows`` more than ``z`` two-step noise bands
+    (``z·√2·σ`` in log time, ``σ`` the one-step noise) away from its first: its speed moved within the window,
+    so a step predicted at one end and measured at the other differs by the drift, not only by the model's
+    error.  A slowdown that deepens step by step (a ramp) is such a rank; the change test, which reads a change
+    against ``N_MIN`` earlier steps, cannot cut the few steps around a move."""
+    band = z * math.sqrt(2.0) * sigma
+    return any(abs(math.log(max(w[-1].compute_s[r], 1e-12) / max(w[0].compute_s[r], 1e-12))) > band
+               for w in windows if len(w) > 1 for r in ranks)
 
 
 class Rates:
