@@ -925,3 +925,20 @@ def test_a_window_drifted_where_a_rank_ran_its_last_step_beyond_the_two_step_ban
     assert not drifted((window([1.0, band * 0.99]),), {1}, sigma) and drifted((window([1.0, band * 1.01]),), {1}, sigma)
     assert drifted((window([1.0, 1.0 / (band * 1.01)]),), {1}, sigma)  # faster as well as slower
     assert not drifted((window([1.3]), []), {1}, sigma)  # one step, or none: nothing to compare
+
+
+@pytest.mark.parametrize("size", [1.3, 1.7])
+def test_two_slow_steps_beside_a_slow_rank_are_a_bet_at_their_odds(size):
+    """Rank 2 at a quarter of its speed from step 10 (moved for), then rank 0 ``size`` times slower for two steps
+    only, in a run whose outliers are common.  Joining the slow set on those two steps alone would take the
+    move without their odds; they are a bet like a first slow rank's, and at these odds not taken: no move
+    for rank 0, and nothing to move back."""
+    pol = policy(tp=4)
+
+    def speeds(step):
+        return (1.0 / size if step in (60, 61) else 1.0, 1.0, 0.25 if step >= 10 else 1.0, 1.0)
+    moves = run(pol, speeds, 30)
+    rates = pol.samples.rates
+    rates.rank_steps, rates.outliers = rates.rank_steps + 2000, 400
+    moves += run(pol, lambda step: speeds(step + 30), 50)
+    assert [d.step for d in moves] == [12] and 0 not in pol.slowdown.slow

@@ -128,12 +128,13 @@ class Slowdown:
                samples: int, confirm: Optional[Sequence[float]] = None, since: Optional[int] = None) -> bool:
         """Read the window's speed ratios (``se``: a ratio's relative standard error) at ``step`` over
         ``samples`` steps; ``True`` when the set changed.  ``confirm``: each rank's ratio read over only
-        its steps after its last change; a first slow rank must be slow on those too.  ``since``: the
+        its steps after its last change; a rank joins only where it is slow on those too (slow steps with none
+        after them are a bet, priced at their odds, whether or not another rank is slow).  ``since``: the
         step the new set holds from (default: the first of the ``samples``)."""
         band = math.exp(z * se)  # the ratio's noise is relative: its band is a factor
         slow = set(self.slow)
         onset = bool(self.slow) or samples >= N_MIN  # a median one outlier cannot move
-        confirm = ratios if confirm is None or self.slow else confirm
+        confirm = ratios if confirm is None else confirm
         excess = math.exp(expected_max(len(ratios) - len(self.slow)) * se / math.sqrt(2.0))  # a reading's se: se/√2
         for r, (s, c) in enumerate(zip(ratios, confirm)):
             if max(s, c) < (1.0 - tolerance) / band and onset:
