@@ -37,7 +37,8 @@ BLOCK = 32
 HIDDEN, INTERMEDIATE, LAYERS = 256, 1024, 4
 STEPS = 14
 # GEMM time charged at a nominal rate (a quarter of 2e10 FLOP/s): the same every step, so a loaded machine's
-# noise cannot hide it; the probe is not slowed by it, so the steps decide
+# noise cannot hide it; the device probe is not slowed by it and reads only the machine's load (four ranks on
+# two cores), so it is off and the steps decide
 STRAGGLER = "fixed:1:4:mode=flops:flops=2e10"
 WINDOW = 4  # a first slow rank is flagged once a window holds more than the policy's 3-step minimum
 # fp32 reassociation (the uneven split's sums over the intermediate dimension and the heads' columns, 1F1B's
@@ -113,7 +114,7 @@ def _run(mode, straggler_on_stage, *, semimig=True, save=None, steps=STEPS):
     if semimig:
         straggler = STRAGGLER if stage == straggler_on_stage else None
         balancer = sm.enable(model, plugin, optimizer=optimizer, mode=mode, straggler=straggler,
-                             reshard=ReshardConfig(window=WINDOW, block_size=BLOCK))
+                             reshard=ReshardConfig(window=WINDOW, block_size=BLOCK, probe=0.0))
     losses = [_step(booster, model, optimizer, step) for step in range(steps)]
     summary = balancer.reshard_summary if balancer is not None else None
     if save is not None:
