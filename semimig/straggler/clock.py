@@ -116,14 +116,13 @@ class _HostMarks:
     def new(self) -> _HostMarker:
         return _HostMarker()
 
-    def stream(self) -> Optional[int]:
-        return None
-
-    def record(self, marker: _HostMarker) -> None:
+    def record(self, marker: _HostMarker) -> Optional[int]:
+        """Record ``marker`` now; the stream it went on (``None``: the host has one)."""
         marker.t = time.perf_counter()
         marker.done = not self.holding
         if self.holding:
             self._held.append(marker)
+        return None
 
     def done(self, marker: _HostMarker) -> bool:
         return marker.done
@@ -154,11 +153,12 @@ class _CudaMarks:
     def new(self) -> Any:
         return torch.cuda.Event(enable_timing=True)
 
-    def stream(self) -> Optional[int]:
-        return torch.cuda.current_stream(self.device).cuda_stream
-
-    def record(self, marker: Any) -> None:
-        marker.record(torch.cuda.current_stream(self.device))
+    def record(self, marker: Any) -> int:
+        """Record ``marker`` on the current stream; that stream's handle (one stream lookup per marker: a
+        step records dozens, and at small shards the host's time per marker is the step's)."""
+        stream = torch.cuda.current_stream(self.device)
+        marker.record(stream)
+        return stream.cuda_stream
 
     def done(self, marker: Any) -> bool:
         return marker.query()
@@ -209,6 +209,7 @@ class StepClock:
         """Steps older than the one :meth:`step` returns, resolved late (their markers completed after
         their own turn); the most recent 16."""
         self._index = 0
+        self._stream: Optional[int] = None  # the stream the latest marker was recorded on
         self._step: _Step = self._new_step(0)
 
     # ------------------------------------------------------------------ markers
@@ -221,8 +222,8 @@ class StepClock:
             self._made += 1
         else:
             return None
-        self._marks.record(marker)
-        self._step.last[self._marks.stream()] = marker
+        self._stream = self._marks.record(marker)
+        self._step.last[self._stream] = marker
         return marker
 
     def _give(self, markers: list) -> None:
@@ -315,7 +316,7 @@ class StepClock:
         self._index += 1
         nxt = self._new_step(self._index)
         closing.end = nxt.start
-        closing.last[self._marks.stream()] = nxt.start
+        closing.last[self._stream] = nxt.start  # the stream its boundary marker went on
         self._pending.append(closing)
         wanted = self._index - 1 - self.lag
         while self._pending and self._pending[0].index < wanted:  # older: resolved late, or dropped
