@@ -13,22 +13,21 @@ every rank inside the GEMMs' region, as replicated work the plan balances.)
 
 Part 1 measures ``ρ``: on the example's tiny Llama (hidden 1024, 2 layers, 16 / 8 heads, intermediate 4096,
 batch 4, sequence 128, fp32, one process, one thread) a training step (forward, backward, AdamW) against the
-same norms and residual adds alone, forward and backward, on the step's activations; the two are timed in
-turn and the medians taken.  Part 2 scores one rank ``χ`` times slower at tp 2, 4 and 8, in healthy even
-steps: the GEMMs' region at the planner's best whole-unit plan (:func:`~semimig.sharding.solver.solve_plan`,
-32 units) plus the sequence region split evenly, against the same plus the sequence region split by speed,
-for the measured ``ρ`` and larger shares a GPU's faster GEMMs would leave (the norms are memory-bound there:
-unmeasured here).
+same norms and residual adds alone, forward and backward, on the step's activations; the two are timed
+interleaved (``bench_output.interleaved_ms``) and the medians taken.  Part 2 scores one rank ``χ`` times
+slower at tp 2, 4 and 8, in healthy even steps: the GEMMs' region at the planner's best whole-unit plan
+(:func:`~semimig.sharding.solver.solve_plan`, 32 units) plus the sequence region split evenly, against the
+same plus the sequence region split by speed, for the measured ``ρ`` and larger shares a GPU's faster GEMMs
+would leave (the norms are memory-bound there: unmeasured here).
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
-import time
 
 import torch
-from bench_output import add_json_flag, write_result
+from bench_output import add_json_flag, interleaved_ms, write_result
 
 from semimig.sharding.solver import StepModel, predicted_step, solve_plan
 
@@ -68,15 +67,8 @@ def measure(repeats: int) -> dict:
             y = y + norm(y)
         norm(y).sum().backward()
 
-    for _ in range(2):
-        step(), sequence_work()
-    steps, seq = [], []
-    for _ in range(repeats):
-        for fn, out in ((step, steps), (sequence_work, seq)):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-    step_s, seq_s = statistics.median(steps), statistics.median(seq)
+    times = interleaved_ms({"step": step, "sequence": sequence_work}, repeats, warmup=2)
+    step_s, seq_s = (statistics.median(times[name]) / 1e3 for name in ("step", "sequence"))
     return {"step_s": step_s, "sequence_work_s": seq_s, "share": seq_s / step_s}
 
 
@@ -87,11 +79,11 @@ def score(tp: int, chi: float, share: float) -> dict:
     gemms = StepModel(speeds=speeds, replicated=0.0, shardable=tp * (1.0 - share))
     plan = solve_plan(gemms, total_units=UNITS)
     gemm_s = predicted_step(gemms, plan)
-    even_s = gemm_s + max(share / v for v in speeds)
-    by_speed_s = gemm_s + share * tp / sum(speeds)
+    limit = tp / sum(speeds)  # the job's step with every piece of work split by speed
+    even_s, by_speed_s = gemm_s + max(share / v for v in speeds), gemm_s + share * limit
     return {"tp": tp, "chi": chi, "share": share, "plan": list(plan.units), "gemm_region": gemm_s,
             "even_split_step": even_s, "split_by_speed_step": by_speed_s, "gain": even_s / by_speed_s - 1.0,
-            "limit": tp / sum(speeds)}
+            "limit": limit}
 
 
 def main(argv: list[str] | None = None) -> int:
