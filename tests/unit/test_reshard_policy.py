@@ -6,6 +6,7 @@ Synthetic series come from the step model itself, ``c_r = (R + S·p_r)/v_r`` wit
 series moves (the next samples use the new shares).  Expected plans are the solver's for the true
 speeds and the true ``R/S`` (:func:`semimig.sharding.solve_plan`), computed independently.
 """
+import dataclasses
 import math
 import random
 
@@ -533,8 +534,8 @@ def test_a_run_of_outliers_on_one_rank_is_not_a_slow_rank():
 
 
 # ---------------------------------------------------------------- traces replayed through the simulator
-def _scenario(speeds, *, noise=0.05, step_s=1.0, move_steps=ReshardConfig().move_steps):
-    workload = Workload(tp=len(speeds[0]), replicated_share=0.2, mlp_units=MLP_UNITS, kv_units=KV_UNITS,
+def _scenario(speeds, *, noise=0.05, step_s=1.0, move_steps=ReshardConfig().move_steps, kv_units=KV_UNITS):
+    workload = Workload(tp=len(speeds[0]), replicated_share=0.2, mlp_units=MLP_UNITS, kv_units=kv_units,
                         attention_share=0.2, attention_param_share=0.2, comm_share=0.05, step_s=step_s,
                         state_bytes=int(move_steps * step_s * 1e8), bandwidth_bytes_s=1e8, latency_s=0.0)
     return Scenario(name="trace", category="persistent", workload=workload, speeds=np.array(speeds), noise=noise,
@@ -942,3 +943,31 @@ def test_two_slow_steps_beside_a_slow_rank_are_a_bet_at_their_odds(size):
     rates.rank_steps, rates.outliers = rates.rank_steps + 2000, 400
     moves += run(pol, lambda step: speeds(step + 30), 50)
     assert [d.step for d in moves] == [12] and 0 not in pol.slowdown.slow
+
+
+def test_ranks_slow_from_the_run_s_first_reading_are_no_slowdown_counted():
+    """The device probe reads rank 1 slow before step 0: it stays slow, but nothing was seen to begin, so no
+    slowdown is counted (the odds of a slow step being a change rest on onsets) and its leaving is no
+    outlier; rank 2 slowing at step 30 and staying is one."""
+    rates = Rates()
+    slowdown = Slowdown(rates)
+    kw = dict(se=0.02, tolerance=0.15, z=3.0)
+    slowdown.update(-1, (1.0, 0.3, 1.0), samples=10, **kw)
+    for step in range(3, 30):
+        slowdown.update(step, (1.0, 0.3, 1.0), samples=step + 1, **kw)
+    assert slowdown.slow == {1} and rates.slowdowns == 0
+    for step in range(30, 40):
+        slowdown.update(step, (1.0, 0.3, 0.3), samples=step - 29, **kw)
+    assert slowdown.slow == {1, 2} and rates.slowdowns == 1
+    slowdown.update(40, (1.0, 1.0, 0.3), samples=1, **kw)
+    assert slowdown.slow == {2} and rates.outliers == 0
+
+
+def test_stragglers_slow_from_the_start_lend_no_odds_to_bets_on_other_ranks_outliers():
+    """tp 8, ranks 2 and 7 at 0.79 and 0.5 of the others' speed from the start, 14 % noise and 3 % outliers: the
+    probe's move serves them; the other ranks' single slow steps stay outliers (no bet moves on them)."""
+    speeds = [1.0, 1.0, 0.79, 1.0, 1.0, 1.0, 1.0, 0.5]
+    scenario = dataclasses.replace(_scenario([speeds] * 200, noise=0.14, kv_units=16), outliers=0.03, seed=1)
+    run_ = run_policy(scenario, reshard_policy)
+    assert not [reason for *_, reason in run_.plans if "slow step(s)" in reason]
+    assert run_.moves <= 3

@@ -41,7 +41,10 @@ way back toward even; one that moves to another rank changes the set and restart
 lengths of the ended states are kept by kind (some rank slow, or none): they are the evidence of how
 long the present state will last (:func:`~semimig.controller.policy.gain.expected_life`); the first state
 is not among them, for it began with the run, not with a change, and its length tells when the run
-started rather than how long a state lasts.
+started rather than how long a state lasts.  For the same reason the ranks the run's first reading finds
+slow (the device probe's, or the first window's over steps reaching back to the run's start) are no onset:
+their stays count neither as slowdowns nor as outliers in the rates that price a bet on slow steps
+(:class:`~semimig.controller.policy.window.Rates`), which count only what was seen to begin.
 
 A slowdown handed over keeps its size.  As a slow rank leaves, another rank joins when its reading is
 likelier slowed as the leaving one was than healthy: the log-likelihood ratio of its ratio ``s`` under
@@ -123,6 +126,10 @@ class Slowdown:
         """Those of :attr:`ends` that another rank joined: a straggler that moved to another rank."""
         self.handed: FrozenSet[int] = frozenset()
         """The ranks that joined by a hand-over at the last :meth:`update` (empty: none did)."""
+        self.start: Optional[int] = None
+        """The first step of the run's first reading of steps (``None`` before it; the device probe's reading
+        comes before step 0): ranks that join the set at the run's first change over readings reaching back
+        to it were slow from the start."""
 
     def update(self, step: int, ratios: Sequence[float], *, se: float, tolerance: float, z: float,
                samples: int, confirm: Optional[Sequence[float]] = None, since: Optional[int] = None) -> bool:
@@ -142,12 +149,15 @@ class Slowdown:
             elif s * excess > min((1.0 - tolerance) * band, 1.0 - tolerance / 2.0):
                 slow.discard(r)
         since = step - samples + 1 if since is None else since
+        if step >= 0 and self.start is None:
+            self.start = since
+        from_start = not self.changes and (self.start is None or since <= self.start)
         slow |= self._taken_over(ratios, slow, since, se=se, tolerance=tolerance)
         self.handed = frozenset(slow - self.slow) if self.slow - slow else frozenset()
         if self.rates is not None:  # a stay is counted from the slowdown's first step
             self.rates.held(step, self.slow & slow)
             self.rates.left(step, self.slow - slow)
-            self.rates.joined(since, slow - self.slow)
+            self.rates.joined(since, slow - self.slow, onset=not from_start)
         if frozenset(slow) == self.slow:
             self.ratios = tuple(ratios)
             return False
