@@ -971,3 +971,17 @@ def test_stragglers_slow_from_the_start_lend_no_odds_to_bets_on_other_ranks_outl
     run_ = run_policy(scenario, reshard_policy)
     assert not [reason for *_, reason in run_.plans if "slow step(s)" in reason]
     assert run_.moves <= 3
+
+
+def test_a_slow_rank_s_recovery_read_before_it_leaves_is_not_the_size_kept_for_its_slowdown():
+    """Rank 1 holds at a quarter, then reads half as its recovery begins (still slow): the state before, kept as
+    the set changes, holds it within the band of a quarter, the size the risk of its return is priced at."""
+    slowdown = Slowdown()
+    kw = dict(se=0.02, tolerance=0.15, z=3.0)
+    for step in range(3, 12):
+        slowdown.update(step, (1.0, 0.25), samples=step - 2, **kw)
+    slowdown.update(12, (1.0, 0.5), samples=10, **kw)
+    assert slowdown.slow == {1}
+    slowdown.update(13, (1.0, 1.0), samples=1, **kw)
+    before, ratios = slowdown.previous
+    assert before == {1} and ratios[1] == pytest.approx(0.25, rel=0.1)

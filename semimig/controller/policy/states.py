@@ -46,6 +46,11 @@ slow (the device probe's, or the first window's over steps reaching back to the 
 their stays count neither as slowdowns nor as outliers in the rates that price a bet on slow steps
 (:class:`~semimig.controller.policy.window.Rates`), which count only what was seen to begin.
 
+The set's ratios (:attr:`Slowdown.ratios`, kept as the state before when the set changes) are the latest
+reading, except that a slow rank's is not let rise beyond the band while it stays in the set: its recovery
+begins some steps before it leaves, and those readings are not the size of its slowdown (the risk of its
+return and a hand-over are priced at that size).
+
 A slowdown handed over keeps its size.  As a slow rank leaves, another rank joins when its reading is
 likelier slowed as the leaving one was than healthy: the log-likelihood ratio of its ratio ``s`` under
 the leaving rank's last ratio ``ρ`` against 1, ``(ln²s − ln²(s/ρ))/(2·se²)``, plus the log-odds of a
@@ -159,7 +164,7 @@ class Slowdown:
             self.rates.left(step, self.slow - slow)
             self.rates.joined(since, slow - self.slow, onset=not from_start)
         if frozenset(slow) == self.slow:
-            self.ratios = tuple(ratios)
+            self.ratios = self._held_ratios(ratios, band)
             return False
         self.ends += bool(self.slow - slow)
         self.handovers += bool(self.slow - slow) and bool(slow - self.slow)
@@ -170,6 +175,14 @@ class Slowdown:
             self.ended[bool(self.slow)].append(max(1, since - self.since))
         self.slow, self.since, self.changes = frozenset(slow), since, self.changes + 1
         return True
+
+    def _held_ratios(self, ratios: Sequence[float], band: float) -> Tuple[float, ...]:
+        """The ratios the present set holds at: each rank's reading, but a slow rank's not above its last by more
+        than the band (its recovery beginning, read before it leaves, is not the size of its slowdown)."""
+        if self.ratios is None:
+            return tuple(ratios)
+        return tuple(min(s, old * band) if r in self.slow else s
+                     for r, (s, old) in enumerate(zip(ratios, self.ratios)))
 
     def _taken_over(self, ratios: Sequence[float], slow: AbstractSet[int], since: int, *, se: float,
                     tolerance: float) -> set:
