@@ -162,7 +162,8 @@ class Slowdown:
         if self.rates is not None:  # a stay is counted from the slowdown's first step
             self.rates.held(step, self.slow & slow)
             self.rates.left(step, self.slow - slow)
-            self.rates.joined(since, slow - self.slow, onset=not from_start)
+            if not from_start:  # a rank slow since the run's first reading is no onset
+                self.rates.joined(since, slow - self.slow)
         if frozenset(slow) == self.slow:
             self.ratios = self._held_ratios(ratios, band)
             return False

@@ -117,26 +117,18 @@ class Rates:
         """The one-step noise (a log time's standard deviation) the window's latest change test read with."""
         self.since: dict = {}
         """Step each rank joined the slow set, until its stay is counted."""
-        self.from_start: set = set()
-        """Ranks slow since the run's first reading: their stays are neither slowdowns nor outliers (nothing was
-        seen to begin, so they tell nothing of how often a rank slows or a slow step is one alone)."""
 
-    def joined(self, step: int, ranks, *, onset: bool = True) -> None:
-        """``ranks`` joined the slow set, their slowdown's first slow step ``step``; ``onset=False``: they were slow
-        from the run's first reading on."""
-        if onset:
-            self.since.update({r: step for r in ranks})
-        else:
-            self.from_start.update(ranks)
+    def joined(self, step: int, ranks) -> None:
+        """``ranks`` joined the slow set, their slowdown's first slow step ``step``.  Ranks slow since the run's
+        first reading are not joined: nothing was seen to begin, so their stays are neither slowdowns nor
+        outliers (a rank :meth:`left` without a step joined is counted as neither)."""
+        self.since.update({r: step for r in ranks})
 
     def left(self, step: int, ranks) -> None:
         """``ranks`` left the slow set at ``step``: a stay shorter than :data:`LASTED` was an outlier, and the size
         of the change that began it is no slowdown's (a later stay is counted at its own change's size)."""
         for r in ranks:
-            if r in self.from_start:
-                self.from_start.discard(r)
-            else:
-                self.outliers += step - self.since.pop(r, step - LASTED) < LASTED
+            self.outliers += step - self.since.pop(r, step - LASTED) < LASTED
             self.change_size.pop(r, None)
 
     def held(self, step: int, ranks) -> None:
