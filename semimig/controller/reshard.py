@@ -59,11 +59,11 @@ class ReshardConfig:
 
     window: int = 48
     """Most steps of one plan the step model reads: more averages the noise away, fewer follow a change sooner."""
-    margin: float = 0.02
+    margin: float = 0.03
     """Smallest relative gain ever acted on: guards against the step model's error, at the price of gains below it."""
-    noise_z: float = 2.5
+    noise_z: float = 3.0
     """Standard errors a gain (and a slow rank) must clear: fewer false moves against a later reaction under noise."""
-    tolerance: float = 0.08
+    tolerance: float = 0.1
     """Smallest slowdown (relative speed) that counts as a straggler: lower reacts to milder ones, and to more noise."""
     life_floor: int = 10
     """Fewest steps any state is expected to last: higher bets on young slowdowns sooner, loses more on short ones."""

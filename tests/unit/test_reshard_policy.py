@@ -233,10 +233,10 @@ def test_a_taken_over_slowdown_is_read_at_the_size_and_over_the_steps_of_the_one
 def test_a_straggler_that_moves_while_a_plan_settles_is_followed_at_the_next_reading():
     """Rank 1 at 0.65 of its speed (14 % noise) until the policy has moved for it, then rank 0 instead, from
     the second step after the move: the slowdown moves while the new plan settles.  The first reading of the
-    new plan hands it over and the mirror move follows within three steps in most runs (sixteen seeds: the
-    median delay), not once the band has narrowed on a longer window."""
+    new plan hands it over and the mirror move follows within three steps in most runs (eight seeds), not
+    once the band has narrowed on a longer window."""
     delays = []
-    for seed in range(16):
+    for seed in range(8):
         pol, switch = policy(), []
 
         def speeds(step):
@@ -249,7 +249,7 @@ def test_a_straggler_that_moves_while_a_plan_settles_is_followed_at_the_next_rea
         assert after and pol.slowdown.slow == {0}, [(m.step, m.reason) for m in moves]
         assert "slow ranks [0]" in after[0].reason, after[0].reason
         delays.append(after[0].step - switch[0])
-    assert sorted(delays)[len(delays) // 2] <= 3, delays
+    assert sum(d <= 3 for d in delays) >= 6, delays
 
 
 def test_a_slow_step_where_the_slowdown_ends_is_bet_on_as_the_straggler_moving():
@@ -659,8 +659,7 @@ def test_a_straggler_emptied_as_it_recovers_is_read_recovered():
     run_ = run_policy(Scenario(name="burst", category="come_and_go", workload=workload, speeds=np.array(burst),
                                noise=0.11, seed=5), reshard_policy)
     assert run_.plans and run_.plans[0][1][2] == 0, run_.plans  # moved for the burst, rank 2 emptied
-    back = [plan for plan in run_.plans[1:] if plan[1][2] >= 12]
-    assert back and back[0][0] < 60 and run_.plans[-1][1][2] >= 12, run_.plans  # its share given back, and kept
+    assert run_.plans[-1][0] < 60 and run_.plans[-1][1][2] >= 12, run_.plans  # its share given back
 
 
 # ---------------------------------------------------------------- inputs
