@@ -67,6 +67,32 @@ def test_the_step_is_the_slowest_ranks_compute_plus_the_collectives():
     assert workload.step_seconds(workload.even_plans(), (1.0, 1.0)) == pytest.approx(2.0)
 
 
+@pytest.mark.parametrize("phi", [0.0, 0.5, 1.0])
+def test_a_slow_ranks_replicated_work_runs_at_its_own_pace(phi):
+    """``c_r = R/v^φ + S·p_r/v``: at φ 0 the slow rank's replicated seconds are a healthy rank's, at 1 they slow
+    with the rest; the oracle's step matrix prices a trace as the step model does, step by step."""
+    workload = _workload(replicated_pace=phi, comm_share=0.1, step_s=2.0)
+    plans = (ShardPlan(units=(7, 1)), ShardPlan(units=(3, 1)))
+    speeds = (1.0, 0.25)
+    shares = workload.shares(plans)
+    expected = [1.8 * (0.2 / v ** phi + 1.6 * p / v) for p, v in zip(shares, speeds)]
+    assert workload.rank_compute(plans, speeds) == pytest.approx(expected)
+    trace = np.array([[1.0, 1.0]] * 2 + [list(speeds)] * 3 + [[0.5, 1.0]] * 2)
+    scenario = Scenario(name="paced", category="persistent", workload=workload, speeds=trace)
+    assert fixed_time(scenario, plans) == pytest.approx(sum(workload.step_seconds(plans, row) for row in trace))
+    emptied = (ShardPlan(units=(8, 0)), ShardPlan(units=(4, 0)))
+    assert workload.rank_compute(emptied, speeds)[1] == pytest.approx(1.8 * 0.2 * 4.0 ** phi)
+
+
+def test_a_replicated_pace_outside_0_1_is_refused_and_the_limit_holds_only_at_1():
+    with pytest.raises(ConfigError, match=r"Workload.replicated_pace must be"):
+        _workload(replicated_pace=1.5)
+    scenario = Scenario(name="paced", category="persistent", workload=_workload(replicated_pace=0.5),
+                        speeds=np.array([[1.0, 0.5]] * 3))
+    with pytest.raises(ConfigError, match=r"limit_time: .*replicated_pace 1, got 0.5 \(scenario 'paced'\)"):
+        limit_time(scenario)
+
+
 def test_the_ranks_meet_at_every_reduction_so_each_kinds_segment_waits_for_its_slowest_rank():
     """Rank 1 at half speed holds little MLP and most of the attention: its total is no longer than rank
     0's, but rank 0 waits for it in the attention's reductions and it waits for rank 0 in the MLP's."""

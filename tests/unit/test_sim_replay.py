@@ -133,6 +133,31 @@ def test_the_replicated_part_of_the_own_work_is_fitted_over_the_ranks_shares():
     assert "fitted" in c["split_from"]
 
 
+def test_a_seated_slow_ranks_gemm_pace_and_replicated_pace_are_read_from_its_split():
+    """The throttled rank holds units: its GEMMs per share run χ = 3 times a healthy rank's and its replicated
+    work at ``χ^φ`` (φ 0.5: a CPU quota lets short bursts through), whatever the nominal 4 says; the replay
+    reads both from the split and simulates that rank as it ran."""
+    layout = {"tp": 4, "dp": 1, "straggler_rank": 3, "share": 0.5, "fraction": 0.125}
+    model = {"hidden": 768, "heads": 16, "kv_heads": 8}
+    a, R, N, G, chi, phi = _attention(768, 384, 24), 0.05 * T, 0.4 * T, 0.3 * T * 4, 3.0, 0.5
+    plan = ([7, 7, 7, 3], [3, 2, 2, 1])
+    run = _run([9.0] + [0.7] * 10, [_event(-1, *plan)])
+    shares = [(1 - a) * n / 24 + a * k / 8 for n, k in zip(*plan)]
+    pace = [1.0, 1.0, 1.0, chi]
+    run["summary"]["step_split_by_rank"] = [
+        {"compute_s": R * v ** phi + (N + G) * p * v, "comm_s": 0.3 * T, "gemm_s": G * p * v}
+        for p, v in zip(shares, pace)]
+    data = _file([run], tp=4, share=0.55, layout=layout, model=model, chi=None)
+    own = R + N / 4
+    data["modes"]["healthy"]["step_split"] = [{"compute_s": own + G / 4, "comm_s": 0.3 * T, "gemm_s": G / 4}] * 4
+    c = file_constants(data)
+    assert c["chi"] == pytest.approx(chi, rel=1e-9) and "split" in c["chi_from"]
+    assert c["replicated_s"] == pytest.approx(R, rel=1e-9)
+    assert c["replicated_pace"] == pytest.approx(phi, rel=1e-9)
+    flat = file_constants(_split_file([_event(-1, [8, 8, 8, 0], [3, 3, 2, 0])])[0])
+    assert flat["replicated_pace"] == 1.0 and flat["chi"] == 4.0  # an emptied slow rank tells neither
+
+
 def test_a_split_read_across_two_plans_is_not_fitted():
     """The per-rank split is a median over the run's steps: a plan that held for less than half of them
     leaves the point estimate to the healthy split alone."""

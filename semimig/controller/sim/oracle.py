@@ -48,6 +48,7 @@ import numpy as np
 from semimig.controller.policy.gain import move_pace, movers
 from semimig.controller.sim.scenarios import Scenario
 from semimig.controller.sim.stepmodel import Plans, Workload
+from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, continuous_shares, solve_plan, soonest_first
 
@@ -137,12 +138,19 @@ def candidate_plans(scenario: Scenario) -> List[Plans]:
 
 def _step_matrix(workload: Workload, plans: Sequence[Plans], speeds: np.ndarray) -> np.ndarray:
     """``[k, s]``: the step of plan ``k`` at speeds ``speeds[s]``."""
-    a, R, S = workload.attention_share, workload.replicated, workload.shardable
+    a, S = workload.attention_share, workload.shardable
+    phi = workload.replicated_pace
     mlp = np.array([p[0].units for p in plans], dtype=float) / workload.mlp_units  # (K, tp)
     kv = np.array([p[1].units for p in plans], dtype=float) / workload.kv_units
     held = (mlp + kv > 0.0) if workload.idle_skips else np.ones(mlp.shape, dtype=bool)  # an idle rank bounds nothing
-    compute = sum(np.max(np.where(held, omega * (R + S * share), 0.0)[:, None, :] / speeds[None, :, :], axis=2)
-                  for omega, share in ((1.0 - a, mlp), (a, kv)))  # (K, s): each kind's segment at its slowest rank
+    if phi == 1.0:  # R/v like the rest: one row per plan, divided by each state's speeds
+        work = [omega * (workload.replicated + S * share) for omega, share in ((1.0 - a, mlp), (a, kv))]
+        work = [np.where(held, w, 0.0)[:, None, :] for w in work]
+    else:  # R/v^φ = R·v^(1 − φ)/v: the replicated part depends on the state's speeds too
+        R = workload.replicated * speeds ** (1.0 - phi)  # (s, tp)
+        work = [np.where(held[:, None, :], omega * (R[None, :, :] + S * share[:, None, :]), 0.0)
+                for omega, share in ((1.0 - a, mlp), (a, kv))]
+    compute = sum(np.max(w / speeds[None, :, :], axis=2) for w in work)  # (K, s): each kind's segment at its slowest rank
     comm = workload.seat_comms(plans, speeds)  # (K, s): each dimension's reductions at its slowest member's pace
     return workload.compute_s * compute + comm
 
@@ -209,8 +217,12 @@ def fixed_time(scenario: Scenario, plans: Plans) -> float:
 
 
 def limit_time(scenario: Scenario) -> float:
-    """Seconds of the trace at the continuous optimum of every segment, moves free (module docstring)."""
+    """Seconds of the trace at the continuous optimum of every segment, moves free (module docstring): of a
+    workload whose ranks run their replicated work at their speed (``replicated_pace`` 1, the family's)."""
     workload = scenario.workload
+    if workload.replicated_pace != 1.0:
+        raise ConfigError(f"limit_time: the continuous optimum is solved for replicated_pace 1, got "
+                          f"{workload.replicated_pace} (scenario {scenario.name!r})")
     total = 0.0
     for start, length in segments(scenario.speeds):
         speeds = tuple(float(v) for v in scenario.speeds[start])

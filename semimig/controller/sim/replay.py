@@ -18,7 +18,10 @@ fields of the file being replayed, none is carried over from another run:
   of every kind, so its collectives run at its pace too); else the throttle's nominal ratio, the
   others' core ``share`` over the slow rank's ``fraction``, or the file's ``chi``, or (a plain
   ``real`` throttle on one core each) one over ``config.fraction``.  A straggler with no nominal
-  slowdown (``neighbour``: ``chi`` null) and no ``off`` run is skipped;
+  slowdown (``neighbour``: ``chi`` null) and no ``off`` run is skipped.  Where the ``reshard`` runs
+  record each rank's split under one plan and the throttled rank holds units there, its GEMM seconds per
+  share over the healthy ranks' are ``χ`` instead: the pace of its shardable work under the plans being
+  replayed (an ``off`` run's step carries its replicated work as well, which need not slow alike);
 - the shardable share ``B``: the median over ranks of the healthy mode's ``balanced_share``, the share
   of a rank's step its sheddable GEMM passes took (``busy / compute``, where ``compute`` is the step
   less the controller's own exchanges: the layers' collectives are inside it);
@@ -38,7 +41,9 @@ the attention core goes with the heads a rank holds and the MLP's activation wit
 the file's ``reshard`` runs record each rank's split under one plan for most of their steps, the
 replicated seconds ``R`` are fitted over the ranks' shares (:func:`_replicated_s`), the rest of
 ``c − g`` joins the shardable work and the collectives stay ``m``: ``B = (c − R)/(c + m)`` and
-``f = R/(R + m)``.  Either way the replay also runs every split ``f`` in
+``f = R/(R + m)``; the throttled rank's own non-GEMM seconds then give the pace ``φ`` of its replicated
+work (:attr:`~semimig.controller.sim.stepmodel.Workload.replicated_pace`: a CPU quota that lets short
+bursts through runs the many small kernels of the replicated work faster than the GEMMs).  Either way the replay also runs every split ``f`` in
 :data:`SPLITS` (``f`` of ``1 − B`` replicated, the rest collectives) and reports the band of simulated
 means over them.  In
 the model's terms: ``comm_share = (1 − f)·(1 − B)`` and ``replicated_share = f·(1 − B) / (f·(1 − B) + B)``
@@ -53,6 +58,7 @@ mean measured one, both over the steps after the first (a move's own seconds are
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from typing import List, Optional, Sequence, Tuple
 
@@ -140,21 +146,31 @@ def file_constants(data: dict) -> dict:
         c, m, g = (statistics.median(float(r[k]) for r in measured) for k in ("compute_s", "comm_s", "gemm_s"))
         if c + m > 0 and c - g + m > 0:
             out.update(split=max(c - g, 0.0) / (c - g + m), shardable_share=g / (c + m), split_from="step_split")
-            replicated = None if pattern else _replicated_s(data, out, c - g)
-            if replicated is not None:  # the rest of c − g follows the shares
+            fitted = None if pattern else _replicated_s(data, out, c - g)
+            if fitted is not None:  # the rest of c − g follows the shares
+                replicated, pace, chi = fitted
                 out.update(split=replicated / (replicated + m), shardable_share=(c - replicated) / (c + m),
-                           split_from="step_split, R fitted over the ranks' shares", replicated_s=replicated)
+                           split_from="step_split, R fitted over the ranks' shares", replicated_s=replicated,
+                           replicated_pace=pace)
+                if chi != out["chi"]:
+                    out.update(chi=chi, chi_from="the reshard runs' split (the throttled rank's GEMMs per share)")
     return out
 
 
-def _replicated_s(data: dict, c: dict, own_even: float) -> Optional[float]:
-    """``R``: the seconds of a rank's own non-GEMM work (``compute − gemm``) that stay whatever it holds, the
-    rest following its share of the shardable work (the attention core with its heads, the MLP's activation
-    with its columns): the least-squares line ``own/pace = R + N·p`` through every rank of every ``reshard``
-    run whose split was read under one plan for most of its steps (``p`` its share under that plan, ``pace``
-    ``χ`` on the throttled rank, 1 elsewhere) and the healthy ranks at even (``p = 1/tp``, ``own_even``), ``R``
-    and ``N`` both kept ≥ 0; ``None`` where no run spreads the shares."""
-    tp, points = c["tp"], [(1.0 / c["tp"], own_even)]
+def _replicated_s(data: dict, c: dict, own_even: float) -> Optional[Tuple[float, float, float]]:
+    """``(R, φ, χ)`` from the per-rank split of every ``reshard`` run whose split was read under one plan for most
+    of its steps (``p`` a rank's share under that plan), or ``None`` where no run spreads the shares:
+
+    - ``R``: the seconds of a healthy rank's own non-GEMM work (``compute − gemm``) that stay whatever it holds,
+      the rest following its share of the shardable work (the attention core with its heads, the MLP's
+      activation with its columns): the least-squares line ``own = R + N·p`` through those runs' healthy ranks
+      and the ranks at even (``p = 1/tp``, ``own_even``), ``R`` and ``N`` both kept ≥ 0;
+    - ``χ``: the throttled rank's GEMM seconds per share over the healthy ranks' (the median over the runs):
+      the pace of its shardable work under the plans it ran;
+    - ``φ``: the pace of its replicated work (:attr:`~semimig.controller.sim.stepmodel.Workload.replicated_pace`):
+      its own non-GEMM seconds are ``R·χ^φ + N·p·χ``, so ``φ`` is the median of ``log((own − N·p·χ)/R)/log χ``
+      within ``[0, 1]`` (1 where ``R`` or the slowdown is nil)."""
+    tp, points, slow, paces = c["tp"], [(1.0 / c["tp"], own_even)], [], []
     for run in data["raw"]["reshard"]:
         split = ((run.get("summary") or {}).get("step_split_by_rank"))
         events, steps = _run_events(run), len(run["step_s"])
@@ -165,15 +181,27 @@ def _replicated_s(data: dict, c: dict, own_even: float) -> Optional[float]:
             continue
         workload = _file_workload(c, 1.0, events)
         shares = workload.shares((ShardPlan(units=tuple(last["mlp_units"])), ShardPlan(units=tuple(last["kv_units"]))))
+        healthy = []
         for r, (row, p) in enumerate(zip(split, shares)):
-            pace = c["chi"] if r == c["straggler_rank"] else 1.0
-            points.append((p, max(float(row["compute_s"]) - float(row["gemm_s"]), 0.0) / pace))
+            own = max(float(row["compute_s"]) - float(row["gemm_s"]), 0.0)
+            if r == c["straggler_rank"]:
+                slow.append((p, own, float(row["gemm_s"])))
+            else:
+                points.append((p, own))
+                healthy += [float(row["gemm_s"]) / p] if p > 0.0 else []
+        if slow and slow[-1][0] > 0.0 and healthy:
+            paces.append(slow[-1][2] / slow[-1][0] / statistics.median(healthy))
     xs, ys = [p for p, _ in points], [y for _, y in points]
-    if len(points) < 3 or max(xs) - min(xs) < 1e-9:
+    if max(xs) - min(xs) < 1e-9:  # the ranks at even alone: no line
         return None
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     slope = max(sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs), 0.0)
-    return min(max(my - slope * mx, 0.0), own_even)
+    R = min(max(my - slope * mx, 0.0), own_even)
+    chi = max(statistics.median(paces), 1.0) if paces else c["chi"]
+    if not slow or R <= 0.0 or chi <= 1.0 + 1e-9:
+        return R, 1.0, chi
+    phis = [math.log(max(own - slope * p * chi, 1e-12) / R) / math.log(chi) for p, own, _ in slow]
+    return R, min(max(statistics.median(phis), 0.0), 1.0), chi
 
 
 def _workload(c: dict, split: float, mlp_units: int, kv_units: int) -> Workload:
@@ -182,7 +210,8 @@ def _workload(c: dict, split: float, mlp_units: int, kv_units: int) -> Workload:
     replicated = split * (1.0 - b)
     return Workload(tp=c["tp"], replicated_share=replicated / (replicated + b), mlp_units=mlp_units,
                     kv_units=kv_units, attention_share=attention, attention_param_share=attention,
-                    comm_share=(1.0 - split) * (1.0 - b), step_s=c["healthy_step_s"])
+                    comm_share=(1.0 - split) * (1.0 - b), step_s=c["healthy_step_s"],
+                    replicated_pace=c.get("replicated_pace", 1.0))
 
 
 def _schedule(events: Sequence[dict], steps: int, even: Plans) -> List[Plans]:

@@ -17,6 +17,12 @@ step split over each kind's reductions and the vocabulary's, each at its slowest
 the step is the slowest *holder*'s, and what the policy reads of the idle rank is its replicated work at
 its speed, ``R/v_r`` (what :mod:`semimig.resharder.idle` gives it from the probe).
 
+A rank's replicated work need not slow as its shardable work does: at speed ``v_r`` it runs at
+``v_r^φ`` (``replicated_pace``), so ``c_r = R/v_r^φ + S·p_r/v_r``.  ``φ = 1`` (the family's) is a device that
+slows all of its work alike, as a slow GPU does; below 1 the many small kernels of the replicated work slow
+less than the large GEMMs, as under a CPU quota that lets short bursts through (the recorded throttles'
+replay reads ``φ`` from the slow rank's own split, :mod:`~semimig.controller.sim.replay`).
+
 What the policy reads is not the truth: its weights are the paired *parameters*' shares
 (``attention_param_share``: the attention core's time is not in them), and the shardable seconds a
 rank's timers see are a share ``timed_share`` of its shardable work (the optimizer's update of the
@@ -84,6 +90,8 @@ class Workload:
     latency_s: float = 0.01
     idle_skips: bool = False
     """A rank holding no unit skips the step (module docstring)."""
+    replicated_pace: float = 1.0
+    """``φ``: a rank at speed ``v`` runs its replicated work at ``v^φ`` (module docstring)."""
 
     def __post_init__(self) -> None:
         check_int("Workload.tp", self.tp, minimum=1, maximum=1024)
@@ -102,6 +110,7 @@ class Workload:
         check_number("Workload.bandwidth_bytes_s", self.bandwidth_bytes_s, minimum=0.0, low_open=True)
         check_number("Workload.latency_s", self.latency_s, minimum=0.0)
         check_bool("Workload.idle_skips", self.idle_skips)
+        check_number("Workload.replicated_pace", self.replicated_pace, minimum=0.0, maximum=1.0)
 
     # ------------------------------------------------------------------ constants
     @property
@@ -148,8 +157,8 @@ class Workload:
 
     def rank_compute(self, plans: Plans, speeds: Sequence[float]) -> Tuple[float, ...]:
         """``c_r`` in seconds."""
-        R, S, unit = self.replicated, self.shardable, self.compute_s
-        return tuple(unit * (R + S * p) / v for p, v in zip(self.shares(plans), speeds))
+        R, S, unit, phi = self.replicated, self.shardable, self.compute_s, self.replicated_pace
+        return tuple(unit * (R * v ** (1.0 - phi) + S * p) / v for p, v in zip(self.shares(plans), speeds))
 
     def shardable_compute(self, plans: Plans, speeds: Sequence[float]) -> Tuple[float, ...]:
         """Each rank's seconds of shardable work (all of it, timed or not)."""
@@ -225,9 +234,10 @@ def _noise_free(workload: Workload, plans: Plans, speeds: Tuple[float, ...]) -> 
 
 def _scaled(workload: Workload, plans: Plans, speeds: Tuple[float, ...], factors: Optional[Tuple[float, ...]]) -> float:
     (mlp, kv), a = plans, workload.attention_share
-    R, S, unit = workload.replicated, workload.shardable, workload.compute_s
+    S, unit, phi = workload.shardable, workload.compute_s, workload.replicated_pace
     held = [n > 0 or k > 0 or not workload.idle_skips for n, k in zip(mlp.units, kv.units)]
     scale = factors if factors is not None else (1.0,) * workload.tp
     ranks = [r for r in range(workload.tp) if held[r]]
-    return unit * (max((1.0 - a) * (R + S * mlp.units[r] / workload.mlp_units) / speeds[r] * scale[r] for r in ranks)
-                   + max(a * (R + S * kv.units[r] / workload.kv_units) / speeds[r] * scale[r] for r in ranks))
+    R = [workload.replicated * v ** (1.0 - phi) for v in speeds]  # R/v^φ = R·v^(1 − φ)/v
+    return unit * (max((1.0 - a) * (R[r] + S * mlp.units[r] / workload.mlp_units) / speeds[r] * scale[r] for r in ranks)
+                   + max(a * (R[r] + S * kv.units[r] / workload.kv_units) / speeds[r] * scale[r] for r in ranks))
