@@ -165,8 +165,8 @@ def _replicated_s(data: dict, c: dict, own_even: float) -> Optional[Tuple[float,
       the rest following its share of the shardable work (the attention core with its heads, the MLP's
       activation with its columns): the least-squares line ``own = R + N·p`` through those runs' healthy ranks
       and the ranks at even (``p = 1/tp``, ``own_even``), ``R`` and ``N`` both kept ≥ 0;
-    - ``χ``: the throttled rank's GEMM seconds per share over the healthy ranks' (the median over the runs):
-      the pace of its shardable work under the plans it ran;
+    - ``χ``: the throttled rank's GEMM seconds per share over the healthy ranks' (the median over the runs where
+      it holds units; else the file's ``χ``): the pace of its shardable work under the plans it ran;
     - ``φ``: the pace of its replicated work (:attr:`~semimig.controller.sim.stepmodel.Workload.replicated_pace`):
       its own non-GEMM seconds are ``R·χ^φ + N·p·χ``, so ``φ`` is the median of ``log((own − N·p·χ)/R)/log χ``
       within ``[0, 1]`` (1 where ``R`` or the slowdown is nil)."""
