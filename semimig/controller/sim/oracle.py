@@ -139,17 +139,12 @@ def candidate_plans(scenario: Scenario) -> List[Plans]:
 def _step_matrix(workload: Workload, plans: Sequence[Plans], speeds: np.ndarray) -> np.ndarray:
     """``[k, s]``: the step of plan ``k`` at speeds ``speeds[s]``."""
     a, S = workload.attention_share, workload.shardable
-    phi = workload.replicated_pace
     mlp = np.array([p[0].units for p in plans], dtype=float) / workload.mlp_units  # (K, tp)
     kv = np.array([p[1].units for p in plans], dtype=float) / workload.kv_units
     held = (mlp + kv > 0.0) if workload.idle_skips else np.ones(mlp.shape, dtype=bool)  # an idle rank bounds nothing
-    if phi == 1.0:  # R/v like the rest: one row per plan, divided by each state's speeds
-        work = [omega * (workload.replicated + S * share) for omega, share in ((1.0 - a, mlp), (a, kv))]
-        work = [np.where(held, w, 0.0)[:, None, :] for w in work]
-    else:  # R/v^φ = R·v^(1 − φ)/v: the replicated part depends on the state's speeds too
-        R = workload.replicated * speeds ** (1.0 - phi)  # (s, tp)
-        work = [np.where(held[:, None, :], omega * (R[None, :, :] + S * share[:, None, :]), 0.0)
-                for omega, share in ((1.0 - a, mlp), (a, kv))]
+    R = workload.replicated_at(speeds)  # (s, tp): it may depend on each state's speeds
+    work = [np.where(held[:, None, :], omega * (R[None, :, :] + S * share[:, None, :]), 0.0)
+            for omega, share in ((1.0 - a, mlp), (a, kv))]
     compute = sum(np.max(w / speeds[None, :, :], axis=2) for w in work)  # (K, s): each kind's segment at its slowest rank
     comm = workload.seat_comms(plans, speeds)  # (K, s): each dimension's reductions at its slowest member's pace
     return workload.compute_s * compute + comm

@@ -155,10 +155,15 @@ class Workload:
         a = self.attention_share
         return tuple((1.0 - a) * n / self.mlp_units + a * k / self.kv_units for n, k in zip(mlp.units, kv.units))
 
+    def replicated_at(self, speed):
+        """``R·v^(1 − φ)``: the replicated work at speed ``v`` (a float or an array of them) in units of the
+        shardable work's pace, so that a rank's compute is ``(R·v^(1 − φ) + S·p)/v = R/v^φ + S·p/v``."""
+        return self.replicated * speed ** (1.0 - self.replicated_pace)
+
     def rank_compute(self, plans: Plans, speeds: Sequence[float]) -> Tuple[float, ...]:
         """``c_r`` in seconds."""
-        R, S, unit, phi = self.replicated, self.shardable, self.compute_s, self.replicated_pace
-        return tuple(unit * (R * v ** (1.0 - phi) + S * p) / v for p, v in zip(self.shares(plans), speeds))
+        S, unit = self.shardable, self.compute_s
+        return tuple(unit * (self.replicated_at(v) + S * p) / v for p, v in zip(self.shares(plans), speeds))
 
     def shardable_compute(self, plans: Plans, speeds: Sequence[float]) -> Tuple[float, ...]:
         """Each rank's seconds of shardable work (all of it, timed or not)."""
@@ -234,10 +239,10 @@ def _noise_free(workload: Workload, plans: Plans, speeds: Tuple[float, ...]) -> 
 
 def _scaled(workload: Workload, plans: Plans, speeds: Tuple[float, ...], factors: Optional[Tuple[float, ...]]) -> float:
     (mlp, kv), a = plans, workload.attention_share
-    S, unit, phi = workload.shardable, workload.compute_s, workload.replicated_pace
+    S, unit = workload.shardable, workload.compute_s
     held = [n > 0 or k > 0 or not workload.idle_skips for n, k in zip(mlp.units, kv.units)]
     scale = factors if factors is not None else (1.0,) * workload.tp
     ranks = [r for r in range(workload.tp) if held[r]]
-    R = [workload.replicated * v ** (1.0 - phi) for v in speeds]  # R/v^φ = R·v^(1 − φ)/v
+    R = [workload.replicated_at(v) for v in speeds]
     return unit * (max((1.0 - a) * (R[r] + S * mlp.units[r] / workload.mlp_units) / speeds[r] * scale[r] for r in ranks)
                    + max(a * (R[r] + S * kv.units[r] / workload.kv_units) / speeds[r] * scale[r] for r in ranks))
