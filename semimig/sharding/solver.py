@@ -5,12 +5,16 @@ does whole (norms, embeddings, head, loss, host), ``S`` the shardable work of th
 (the paired GEMMs, their heads' attention, their parameters' optimizer update), ``p_r`` the
 rank's share of the paired dimension (``Σ p_r = 1``) and ``v_r > 0`` its speed on its whole
 work.  Units are free (``R``, ``S`` in work, ``v`` in work per second, ``t`` in seconds); with
-``R + S/e = 1`` and a healthy rank at ``v = 1`` the even step of a healthy group is 1.
+``R + S/e = 1`` and a healthy rank at ``v = 1`` the even step of a healthy group is 1.  A rank may run
+its replicated work at another pace than its shardable work (many small kernels against a few large
+GEMMs): at ``v_r^φ_r`` relative to the fastest rank, so that its replicated work counts as
+``R_r = R·(v_r/V)^(1 − φ_r)`` at its speed ``v_r`` (``V`` the fastest rank's); every ``R`` below is then
+that rank's ``R_r`` (``φ_r = 1``: ``R_r = R``).
 
 Continuous optimum.  ``t = max_r t_r`` is minimal when every rank finishes together:
-``p_r = (t·v_r − R)/S`` and, summing, ``t = (S + e·R)/Σ v_r``.  A rank with
+``p_r = (t·v_r − R)/S`` and, summing, ``t = (S + Σ_r R_r)/Σ v_r``.  A rank with
 ``t·v_r − R < S·p_min`` (it cannot finish even its replicated work in ``t``) is pinned at the
-minimum share ``p_min`` and the rest re-solved, ``t = (S·(1 − |F|·p_min) + |A|·R)/Σ_{A} v_r`` for
+minimum share ``p_min`` and the rest re-solved, ``t = (S·(1 − |F|·p_min) + Σ_A R_r)/Σ_{A} v_r`` for
 the free ranks ``A`` and pinned ranks ``F``; pinning a rank lowers ``t``, so this repeats until
 no free rank falls below ``p_min`` (at most ``e`` rounds).  The step is then
 ``max(t, max_{F} (R + S·p_min)/v_r)``.  Two ranks, one ``χ`` times slower, ``R + S/2 = 1``:
@@ -38,8 +42,12 @@ from semimig._validate import check_int, check_number
 from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 
-__all__ = ["StepModel", "continuous_shares", "solve_plan", "soonest_first", "predicted_step", "speeds_from_times",
+__all__ = ["StepModel", "MAX_PACE", "continuous_shares", "solve_plan", "soonest_first", "predicted_step", "speeds_from_times",
            "fit_step_model"]
+
+MAX_PACE = 4.0
+"""Largest replicated pace ``φ`` a :class:`StepModel` takes (a rank's replicated work slowing as the fourth power
+of its shardable work's slowdown is beyond any device measured)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,25 +59,46 @@ class StepModel:
     ``shardable``   ``S > 0``: the whole group's work along the paired dimension.
     ``idle_free``   a rank holding no unit takes no part in the step (it skips it,
                     :mod:`semimig.shardformer.skip`): the step is the slowest *holder*'s.
+    ``replicated_pace``  ``φ_r`` per rank (``None``: 1 on every rank): a rank at speed ``v_r`` runs its
+                    replicated work at ``V·(v_r/V)^φ_r``, ``V`` the fastest rank's speed, so its replicated
+                    work counts as ``R_r = R·(v_r/V)^(1 − φ_r)`` at its own speed (:attr:`replicated_work`).
     """
 
     speeds: Tuple[float, ...]
     replicated: float
     shardable: float
     idle_free: bool = False
+    replicated_pace: Optional[Tuple[float, ...]] = None
 
     def __post_init__(self) -> None:
         speeds, R, S = self.speeds, self.replicated, self.shardable
-        if (type(speeds) is tuple and speeds and type(R) is float and type(S) is float  # plain floats: as they are
+        if not (type(speeds) is tuple and speeds and type(R) is float and type(S) is float  # plain floats: as they are
                 and all(type(v) is float and 0.0 < v < math.inf for v in speeds) and 0.0 <= R < math.inf
                 and 0.0 < S < math.inf):
+            if isinstance(speeds, (str, bytes)) or not isinstance(speeds, (tuple, list)) or not speeds:
+                raise ConfigError(f"speeds must be a non-empty tuple of numbers > 0 (one per rank), got {speeds!r}")
+            speeds = tuple(check_number(f"speeds[{r}]", v, minimum=0.0, low_open=True) for r, v in enumerate(speeds))
+            object.__setattr__(self, "speeds", speeds)
+            object.__setattr__(self, "replicated", check_number("replicated", self.replicated, minimum=0.0))
+            object.__setattr__(self, "shardable", check_number("shardable", self.shardable, minimum=0.0,
+                                                               low_open=True))
+        paces = self.replicated_pace
+        if paces is None:
+            object.__setattr__(self, "_work", (self.replicated,) * len(speeds))
             return
-        if isinstance(self.speeds, (str, bytes)) or not isinstance(self.speeds, (tuple, list)) or not self.speeds:
-            raise ConfigError(f"speeds must be a non-empty tuple of numbers > 0 (one per rank), got {self.speeds!r}")
-        speeds = tuple(check_number(f"speeds[{r}]", v, minimum=0.0, low_open=True) for r, v in enumerate(self.speeds))
-        object.__setattr__(self, "speeds", speeds)
-        object.__setattr__(self, "replicated", check_number("replicated", self.replicated, minimum=0.0))
-        object.__setattr__(self, "shardable", check_number("shardable", self.shardable, minimum=0.0, low_open=True))
+        if isinstance(paces, (str, bytes)) or not isinstance(paces, (tuple, list)) or len(paces) != len(speeds):
+            raise ConfigError(f"replicated_pace must be one number >= 0 per rank ({len(speeds)}), got {paces!r}")
+        paces = tuple(check_number(f"replicated_pace[{r}]", phi, minimum=0.0, maximum=MAX_PACE)
+                      for r, phi in enumerate(paces))
+        object.__setattr__(self, "replicated_pace", paces)
+        fastest = max(speeds)
+        object.__setattr__(self, "_work", tuple(self.replicated * (v / fastest) ** (1.0 - phi)
+                                                for v, phi in zip(speeds, paces)))
+
+    @property
+    def replicated_work(self) -> Tuple[float, ...]:
+        """``R_r`` per rank: its replicated work at its own speed (``R`` on every rank where ``φ`` is 1)."""
+        return self._work
 
     @classmethod
     def normalised(cls, speeds: Sequence[float], *, replicated_share: float) -> "StepModel":
@@ -83,11 +112,11 @@ class StepModel:
         return len(self.speeds)
 
     def rank_time(self, rank: int, share: float) -> float:
-        """``(R + S·p)/v_r``."""
-        return (self.replicated + self.shardable * share) / self.speeds[rank]
+        """``(R_r + S·p)/v_r``."""
+        return (self._work[rank] + self.shardable * share) / self.speeds[rank]
 
     def step(self, shares: Sequence[float]) -> float:
-        """``max_r (R + S·p_r)/v_r`` (over the ranks with ``p_r > 0`` when :attr:`idle_free`)."""
+        """``max_r (R_r + S·p_r)/v_r`` (over the ranks with ``p_r > 0`` when :attr:`idle_free`)."""
         if len(shares) != self.tp:
             raise ConfigError(f"shares must have one entry per rank ({self.tp}), got {len(shares)}")
         return max(self.rank_time(r, p) for r, p in enumerate(shares) if p > 0.0 or not self.idle_free)
@@ -97,16 +126,16 @@ def continuous_shares(model: StepModel, *, min_share: float = 0.0) -> Tuple[floa
     """The real-valued optimum ``p_r`` (module docstring), every ``p_r ≥ min_share``, ``Σ p_r = 1``."""
     e = model.tp
     check_number("min_share", min_share, minimum=0.0, maximum=1.0 / e)
-    R, S, v = model.replicated, model.shardable, model.speeds
+    R, S, v = model.replicated_work, model.shardable, model.speeds
     pinned: set[int] = set()
     while True:
         free = [r for r in range(e) if r not in pinned]
-        t = (S * (1.0 - len(pinned) * min_share) + len(free) * R) / sum(v[r] for r in free)
-        low = [r for r in free if (t * v[r] - R) / S < min_share]
+        t = (S * (1.0 - len(pinned) * min_share) + sum(R[r] for r in free)) / sum(v[r] for r in free)
+        low = [r for r in free if (t * v[r] - R[r]) / S < min_share]
         if not low or len(low) == len(free):  # all free ranks low: only float noise at min_share = 1/e
             break
         pinned.update(low)
-    shares = [min_share if r in pinned else (t * v[r] - R) / S for r in range(e)]
+    shares = [min_share if r in pinned else (t * v[r] - R[r]) / S for r in range(e)]
     # renormalise the free ranks' float residue so the shares sum to 1 exactly enough
     free = [r for r in range(e) if r not in pinned]
     if free:
@@ -157,14 +186,14 @@ def soonest_first(model: StepModel, base: Sequence[float], unit: float, ranks: S
     handed out in one pass (:func:`_below`), the rest one at a time (the heap holds each rank's
     next unit once, so which entry is least never depends on the heap's order)."""
     units, heap = _below(model, base, unit, ranks, count)
-    R, S, v = model.replicated, model.shardable, model.speeds  # model.rank_time, read inline
+    R, S, v = model.replicated_work, model.shardable, model.speeds  # model.rank_time, read inline
     if heap is None:
-        heap = [((R + S * (base[r] + (units[r] + 1) * unit)) / v[r], r) for r in ranks]
+        heap = [((R[r] + S * (base[r] + (units[r] + 1) * unit)) / v[r], r) for r in ranks]
     heapq.heapify(heap)
     for _ in range(count - sum(units)):
         r = heap[0][1]
         units[r] += 1
-        heapq.heapreplace(heap, ((R + S * (base[r] + (units[r] + 1) * unit)) / v[r], r))
+        heapq.heapreplace(heap, ((R[r] + S * (base[r] + (units[r] + 1) * unit)) / v[r], r))
     return units
 
 
@@ -177,18 +206,18 @@ def _below(model: StepModel, base: Sequence[float], unit: float, ranks: Sequence
     ``T`` is the continuous level at which ``count`` units fit: a rank fits ``c_r`` there and finishes fewer
     than ``c_r`` whole units before it, so at most ``count`` finish in all unless some rank's base lies above
     ``T`` (``c_r < 0``); then the level at which ``count − |ranks|`` fit, and none where that too holds more."""
-    R, S, v = model.replicated, model.shardable, model.speeds
+    Rs, S, v = model.replicated_work, model.shardable, model.speeds
     speed = sum(v[r] for r in ranks)
     if S <= 0.0 or speed <= 0.0:
         return [0] * len(base), None
     for fit in (count, count - len(ranks)):
         if fit <= 0:
             break
-        # Σ_r ((T·v_r − R)/S − base_r)/unit = fit, solved for T
-        level = (S * (unit * fit + sum(base[r] for r in ranks)) + R * len(ranks)) / speed
+        # Σ_r ((T·v_r − R_r)/S − base_r)/unit = fit, solved for T
+        level = (S * (unit * fit + sum(base[r] for r in ranks)) + sum(Rs[r] for r in ranks)) / speed
         out, after = [0] * len(base), []
         for r in ranks:
-            b, vr = base[r], v[r]
+            b, vr, R = base[r], v[r], Rs[r]
             k = max(0, int(((level * vr - R) / S - b) / unit))
             while k > 0 and (R + S * (b + k * unit)) / vr >= level:
                 k -= 1

@@ -84,13 +84,17 @@ def test_a_slow_ranks_replicated_work_runs_at_its_own_pace(phi):
     assert workload.rank_compute(emptied, speeds)[1] == pytest.approx(1.8 * 0.2 * 4.0 ** phi)
 
 
-def test_a_replicated_pace_outside_0_1_is_refused_and_the_limit_holds_only_at_1():
+def test_a_replicated_pace_outside_0_1_is_refused_and_the_limit_solves_two_paces():
+    """Two ranks, one χ times slower, whose replicated work runs at χ^-φ: every rank finishes together at
+    ``t = (S + R + R·χ^(φ-1))/(1 + 1/χ)`` (the slow rank's replicated work counted at its shardable pace)."""
     with pytest.raises(ConfigError, match=r"Workload.replicated_pace must be"):
         _workload(replicated_pace=1.5)
-    scenario = Scenario(name="paced", category="persistent", workload=_workload(replicated_pace=0.5),
-                        speeds=np.array([[1.0, 0.5]] * 3))
-    with pytest.raises(ConfigError, match=r"limit_time: .*replicated_pace 1, got 0.5 \(scenario 'paced'\)"):
-        limit_time(scenario)
+    chi, phi = 4.0, 0.5
+    scenario = Scenario(name="paced", category="persistent", workload=_workload(replicated_pace=phi),
+                        speeds=np.array([[1.0, 1.0 / chi]] * 3))
+    expected = (1.6 + 0.2 + 0.2 * chi ** (phi - 1.0)) / (1.0 + 1.0 / chi)
+    assert limit_time(scenario) / 3 == pytest.approx(expected, rel=1e-9)
+    assert expected < 2 * chi / (chi + 1)  # below the one-pace limit: the slow rank's replicated work runs faster
 
 
 def test_the_ranks_meet_at_every_reduction_so_each_kinds_segment_waits_for_its_slowest_rank():

@@ -250,6 +250,43 @@ def test_continuous_optimum_equalises_the_free_ranks(speeds, rho):
         assert step == pytest.approx((model.shardable + model.tp * model.replicated) / sum(model.speeds), rel=1e-9)
 
 
+@settings(max_examples=150, deadline=None)
+@given(speeds=st.lists(st.floats(min_value=0.05, max_value=1.0), min_size=2, max_size=3),
+       paces=st.lists(st.floats(min_value=0.0, max_value=2.0), min_size=3, max_size=3),
+       rho=st.floats(min_value=0.0, max_value=0.9), total=st.integers(3, 12))
+def test_two_paces_per_rank_the_plan_is_the_brute_force_optimum(speeds, paces, rho, total):
+    """A rank whose replicated work runs at ``(v/V)^φ`` of the fastest rank's pace: the solved plan against every
+    whole-unit plan, the continuous optimum's free ranks finishing together, and each rank's time against
+    ``R/(V·(v/V)^φ) + S·p/v`` written out."""
+    base = StepModel.normalised(speeds, replicated_share=rho)
+    model = StepModel(speeds=base.speeds, replicated=base.replicated, shardable=base.shardable,
+                      replicated_pace=tuple(paces[:len(speeds)]))
+    fastest = max(model.speeds)
+    for r, (v, phi) in enumerate(zip(model.speeds, model.replicated_pace)):
+        written = model.replicated / (fastest * (v / fastest) ** phi) + model.shardable * 0.25 / v
+        assert model.rank_time(r, 0.25) == pytest.approx(written, rel=1e-12)
+    e = model.tp
+    plans = [c for c in itertools.product(range(total + 1), repeat=e) if sum(c) == total]
+    optimum = min(model.step([n / total for n in c]) for c in plans)
+    assert predicted_step(model, solve_plan(model, total_units=total)) == pytest.approx(optimum, rel=1e-12)
+    shares = continuous_shares(model)
+    free = [model.rank_time(r, p) for r, p in enumerate(shares) if p > 1e-9]
+    assert math.isclose(sum(shares), 1.0, rel_tol=1e-9) and min(shares) >= -1e-12
+    assert max(free) == pytest.approx(min(free), rel=1e-9)
+    assert model.step(shares) <= optimum * (1 + 1e-12)
+
+
+def test_a_replicated_pace_is_one_per_rank_and_within_its_range():
+    with pytest.raises(ConfigError, match=r"replicated_pace must be one number >= 0 per rank \(2\), got \(0.5,\)"):
+        StepModel(speeds=(1.0, 0.5), replicated=0.1, shardable=1.0, replicated_pace=(0.5,))
+    with pytest.raises(ConfigError, match=r"replicated_pace\[1\] must be .*got -0.5"):
+        StepModel(speeds=(1.0, 0.5), replicated=0.1, shardable=1.0, replicated_pace=(1.0, -0.5))
+    paced = StepModel(speeds=(1.0, 0.25), replicated=0.2, shardable=1.6, replicated_pace=(1.0, 1.0))
+    assert paced.replicated_work == (0.2, 0.2)  # φ = 1: every rank's replicated work is R
+    assert StepModel(speeds=(1.0, 0.25), replicated=0.2, shardable=1.6,
+                     replicated_pace=(1.0, 0.5)).replicated_work == pytest.approx((0.2, 0.1))
+
+
 # ----------------------------------------------------------------------------- attention, one process
 def _attention(x, q, k, v, o, n_q, n_kv, d):
     """Causal GQA attention of x [B, T, H] with projection weights q [n_q·d, H], k, v [n_kv·d, H], o [H, n_q·d]."""

@@ -77,8 +77,8 @@ def plan_step(model: StepModel, weights: Sequence[float], plans: Sequence[ShardP
 
 def _step_term(model: StepModel, omega: float, plan: ShardPlan, ranks: Sequence[int]) -> float:
     """One dimension's term of :func:`plan_step`, ``ω_d·max_r (R + S·n_{d,r}/U_d)/v_r`` over ``ranks``."""
-    R, S, v, s = model.replicated, model.shardable, model.speeds, plan.shares()  # model.rank_time, inline
-    return omega * max([(R + S * s[r]) / v[r] for r in ranks])
+    R, S, v, s = model.replicated_work, model.shardable, model.speeds, plan.shares()  # model.rank_time, inline
+    return omega * max([(R[r] + S * s[r]) / v[r] for r in ranks])
 
 
 def healthy_step(model: StepModel) -> float:

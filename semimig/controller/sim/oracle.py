@@ -70,8 +70,7 @@ def _greedy(model: StepModel, total: int, weight: float, base: Sequence[float], 
 def best_plans(workload: Workload, speeds: Sequence[float]) -> Plans:
     """The best plan found for constant ``speeds`` (module docstring)."""
     a, U, K = workload.attention_share, workload.mlp_units, workload.kv_units
-    model = StepModel(speeds=tuple(float(v) for v in speeds), replicated=workload.replicated,
-                      shardable=workload.shardable)
+    model = workload.step_model(speeds)
     solved_kv = solve_plan(model, total_units=K)
     candidates = [(solve_plan(model, total_units=U), solved_kv)]
     fastest = max(range(workload.tp), key=lambda r: speeds[r])
@@ -212,16 +211,11 @@ def fixed_time(scenario: Scenario, plans: Plans) -> float:
 
 
 def limit_time(scenario: Scenario) -> float:
-    """Seconds of the trace at the continuous optimum of every segment, moves free (module docstring): of a
-    workload whose ranks run their replicated work at their speed (``replicated_pace`` 1, the family's)."""
+    """Seconds of the trace at the continuous optimum of every segment, moves free (module docstring)."""
     workload = scenario.workload
-    if workload.replicated_pace != 1.0:
-        raise ConfigError(f"limit_time: the continuous optimum is solved for replicated_pace 1, got "
-                          f"{workload.replicated_pace} (scenario {scenario.name!r})")
     total = 0.0
     for start, length in segments(scenario.speeds):
-        speeds = tuple(float(v) for v in scenario.speeds[start])
-        model = StepModel(speeds=speeds, replicated=workload.replicated, shardable=workload.shardable)
+        model = workload.step_model(scenario.speeds[start])
         step = model.step(continuous_shares(model))
         total += length * (workload.compute_s * step + workload.comm_s)
     return total

@@ -49,6 +49,7 @@ from semimig._validate import check_bool, check_int, check_number
 from semimig.controller.policy.gain import move_pace, movers
 from semimig.controller.reshard import moved_units
 from semimig.errors import ConfigError
+from semimig.sharding.solver import StepModel
 from semimig.sharding.jobmodel import seat_scale
 from semimig.sharding.plan import ShardPlan
 
@@ -159,6 +160,13 @@ class Workload:
         """``R·v^(1 − φ)``: the replicated work at speed ``v`` (a float or an array of them) in units of the
         shardable work's pace, so that a rank's compute is ``(R·v^(1 − φ) + S·p)/v = R/v^φ + S·p/v``."""
         return self.replicated * speed ** (1.0 - self.replicated_pace)
+
+    def step_model(self, speeds: Sequence[float]) -> StepModel:
+        """The planner's :class:`~semimig.sharding.solver.StepModel` of this workload at ``speeds`` (its replicated
+        pace on every rank; relative to the fastest rank, which the family's traces keep at 1)."""
+        phi = self.replicated_pace
+        return StepModel(speeds=tuple(float(v) for v in speeds), replicated=self.replicated, shardable=self.shardable,
+                         replicated_pace=None if phi == 1.0 else (phi,) * len(speeds))
 
     def rank_compute(self, plans: Plans, speeds: Sequence[float]) -> Tuple[float, ...]:
         """``c_r`` in seconds."""
