@@ -121,22 +121,17 @@ class ReshardPolicy:
         for name, values in (("weights", weights), ("bytes_per_unit", bytes_per_unit)):
             if not isinstance(values, (list, tuple)) or len(values) != len(plans):
                 raise ConfigError(f"{name} must be a sequence with one entry per plan ({len(plans)}), got {values!r}")
-        self.weights = tuple(check_number(f"weights[{d}]", w, minimum=0.0, low_open=True)
-                             for d, w in enumerate(weights))
-        self.bytes_per_unit = tuple(check_int(f"bytes_per_unit[{d}]", b, minimum=0)
-                                    for d, b in enumerate(bytes_per_unit))
+        self.weights = tuple(check_number(f"weights[{d}]", w, minimum=0.0, low_open=True) for d, w in enumerate(weights))
+        self.bytes_per_unit = tuple(check_int(f"bytes_per_unit[{d}]", b, minimum=0) for d, b in enumerate(bytes_per_unit))
         self.config, self.plans, self.tp = config, plans, plans[0].tp
         self.state, self.step, self.last_move_step = START, 0, None
-        self.move_rate = MoveRate()
-        """Seconds per byte of the moves measured (what a move is priced at)."""
+        self.move_rate = MoveRate()  # seconds per byte of the moves measured (what a move is priced at)
         self.speeds: Tuple[float, ...] = (1.0,) * self.tp  # the ranks' speeds the last decision read
-        self.samples = Window(config.window, self.tp)
-        """The window: steps of the plan in force fed to the model, and each rank's fresh steps."""
+        self.samples = Window(config.window, self.tp)  # the plan in force's steps fed to the model, each rank's fresh ones
         total = sum(self.weights)
         self.learned = LearnedModel(self.tp, config.replicated_share, [w / total for w in self.weights])
         self.noise, self.seats = Noise(), SeatRates()  # the reductions' rate where a slow rank was seated
-        self.measured = PlanMemory()
-        """The step each plan measured at the speeds in force (:mod:`~semimig.controller.policy.memory`)."""
+        self.measured = PlanMemory()  # the step each plan measured at the speeds in force (policy.memory)
         self.slowdown = Slowdown(self.samples.rates)
         self.history: list[ReshardDecision] = []  # every decision that re-planned
         self._skip, self._fitted = config.warmup, 0  # _fitted: reads of the plan across the ranks (N_MIN steps, full)
@@ -355,14 +350,18 @@ class ReshardPolicy:
         return decision
 
     def _verify(self, window: list, measured_s: float) -> bool:
-        """Leaving ``settling`` (the slow set read on the new window; one set of speeds in each window): the plan moved
-        to against the plan it left (``R/S``, an emptied rank's own ``R``) and against its prediction re-read with the
-        refit (an error it corrected would hold later gains below it; none where a slow rank drifted).  ``True``: refitted."""
+        """Leaving ``settling`` (the slow set read on the new window): the plan moved to against the plan it left (``R/S``,
+        an emptied rank's own ``R``; where only ranks it seated changed the slow set, their own ``R``) and against its
+        prediction re-read with the refit (none where a slow rank drifted).  ``True``: refitted."""
         (before_plans, before, slow), self._before = self._before or (None, None, None), None
-        if before is None or slow != self.slowdown.slow or len(window) < N_MIN:
-            return False  # no window before the move, or the speeds changed across it: it measures neither
-        then, now, before_c = self.shares(before_plans), self.shares(), median_times(before)[0]
-        calibrated = self.learned.calibrate(then, before_c, now, median_times(window)[0])  # an emptied rank's own R
+        if before is None or len(window) < N_MIN:
+            return False  # no window before the move: it measures nothing
+        then, now, before_c, after_c = self.shares(before_plans), self.shares(), median_times(before)[0], median_times(window)[0]
+        if slow != self.slowdown.slow:  # the speeds changed across it, or ranks it seated read otherwise while empty
+            if all(then[r] == 0.0 < now[r] for r in slow ^ self.slowdown.slow):
+                self.learned.reseat(now, before_c, after_c, slow ^ self.slowdown.slow)
+            return False
+        calibrated = self.learned.calibrate(then, before_c, now, after_c)  # an emptied rank's own R
         old, se = self.learned.model(then, before_c).step(now), self.noise.of_median(min(len(before), len(window)))
         fitted = self.learned.fit(then, before, now, window, se=se,  # an emptied slow rank: read through k alone
                                   doubtful={r for r in slow if now[r] == 0.0}) is not None

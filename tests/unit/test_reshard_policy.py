@@ -404,6 +404,37 @@ def test_a_rank_a_measured_move_emptied_is_read_through_its_own_replicated_work(
     assert faster[1] == pytest.approx(2.0 * read[1])
 
 
+def test_a_rank_seated_again_reads_while_empty_at_the_speed_its_units_bore_out():
+    """Rank 1 at a quarter speed, emptied, its replicated work running 4x its shardable pace: read through ``R`` it
+    reads healthy.  A move that seats it again measures it at a quarter holding a share 0.2; its compute while empty
+    then reads that speed, and a later speed-up of its own scales the reading."""
+    e, k, v = 2, 0.1, 0.25
+    learned = LearnedModel(e, 0.2, (0.8, 0.2))
+    learned.fits.append(k)
+    R, S = learned.scale()
+    empty = ((R + S) / 1.0, R / (4 * v))  # its replicated work at 4x its shardable pace: a healthy rank's seconds
+    assert learned.speeds((1.0, 0.0), empty)[1] == pytest.approx(learned.speeds((1.0, 0.0), empty)[0])
+    seated = ((R + S * 0.8) / 1.0, (R + S * 0.2) / v)
+    learned.reseat((0.8, 0.2), empty, seated, {1})
+    read = learned.speeds((1.0, 0.0), empty)
+    assert read[1] / read[0] == pytest.approx(v)
+    assert learned.speeds((1.0, 0.0), (empty[0], empty[1] / 4))[1] == pytest.approx(4 * read[1])
+
+
+def test_an_emptied_straggler_whose_replicated_work_runs_near_healthy_is_not_moved_back_and_forth():
+    """tp 8, rank 1 5.4x slower from the start, its replicated work at ``v^0.31`` (a CPU quota): emptied by the
+    probe, it reads near healthy through ``R``.  The policy tries it once with units, measures it slow, and from then
+    reads it at that speed while empty: the run moves a few times, not once every straggler's life."""
+    from semimig.controller.sim.oracle import candidate_plans, oracle_time
+    from semimig.controller.sim.scenarios import make_scenario
+    scenario = make_scenario(703, "persistent")
+    scenario = dataclasses.replace(scenario, workload=dataclasses.replace(scenario.workload, replicated_pace=0.31))
+    assert scenario.tp == 8 and scenario.info["chi"] > 5 and scenario.info["start"] == 0
+    run = run_policy(scenario, reshard_policy)
+    assert run.moves <= 4, [(step, mlp, kv) for step, mlp, kv, _ in run.plans]
+    assert run.time_s <= 1.10 * oracle_time(scenario, candidate_plans(scenario))[0]
+
+
 def test_a_plan_without_the_slow_rank_seated_prices_its_seat_at_the_rate_last_measured_with_it():
     """Rank 1 at a quarter speed.  Seated in both kinds the reductions measure 0.2 s (seat scale 12: each
     kind and the vocabulary at its pace); emptied, they measure 0.004 s, for the slow rank now only waits

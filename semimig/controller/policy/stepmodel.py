@@ -7,7 +7,10 @@ work over time: a rank holding less that finishes with the others reads as slow 
 holding nothing (``p_r = 0``) reads ``v_r = R_r/c_r`` from its replicated work alone: ``R_r = R`` until a
 move that emptied it was measured at one set of speeds, and then its own replicated work as that move
 measured it, ``R_r = v_r·c'_r`` with ``v_r`` its speed read from its work just before the move and
-``c'_r`` its compute just after (:meth:`LearnedModel.calibrate`).  A rank's replicated work need not run
+``c'_r`` its compute just after (:meth:`LearnedModel.calibrate`); or, where a measured move seated it again and
+its speed read holding units differs from what its reading while empty said (the slow set changed by it alone),
+``R_r = v_r·c_r`` with ``v_r`` that speed and ``c_r`` its compute while empty (:meth:`LearnedModel.reseat`): the
+work it then held bore out one reading and not the other.  A rank's replicated work need not run
 at the pace of its shardable work (many small kernels against a few large GEMMs: a CPU quota that lets
 short bursts through runs the small ones faster), and ``k``'s error scales ``R`` alone, so an emptied
 rank read through ``R`` can read twice as fast as it is and be handed units it cannot carry, or read
@@ -217,6 +220,14 @@ class LearnedModel:
             if a > 0.0 and b == 0.0 and R / CALIBRATION <= seen <= CALIBRATION * R:
                 self.replicated_at[r], kept = seen, True
         return kept
+
+    def reseat(self, now: Sequence[float], before: Sequence[float], after: Sequence[float], ranks) -> None:
+        """A move to shares ``now`` measured at one set of speeds seated ``ranks``, each empty before it (every rank's
+        compute ``before`` and ``after`` it), and they alone changed the slow set: each keeps its own replicated work
+        ``R_r = v_r·c_r``, ``v_r`` its speed read holding units and ``c_r`` its compute while empty (module docstring)."""
+        speeds = self.speeds(now, after)
+        for r in ranks:
+            self.replicated_at[r] = speeds[r] * before[r]
 
     def speeds(self, shares: Sequence[float], compute: Sequence[float]) -> Tuple[float, ...]:
         """``v_r = (R + S·p_r)/c_r``.  A rank holding no unit is read through its replicated work alone
