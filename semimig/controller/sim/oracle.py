@@ -48,7 +48,6 @@ import numpy as np
 from semimig.controller.policy.gain import move_pace, movers
 from semimig.controller.sim.scenarios import Scenario
 from semimig.controller.sim.stepmodel import Plans, Workload
-from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, continuous_shares, solve_plan, soonest_first
 
