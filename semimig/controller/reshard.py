@@ -357,9 +357,9 @@ class ReshardPolicy:
         if before is None or len(window) < N_MIN:
             return False  # no window before the move: it measures nothing
         then, now, before_c, after_c = self.shares(before_plans), self.shares(), median_times(before)[0], median_times(window)[0]
-        if slow != self.slowdown.slow:  # the speeds changed across it, or ranks it seated read otherwise while empty
-            if all(then[r] == 0.0 < now[r] for r in slow ^ self.slowdown.slow):
-                self.learned.reseat(now, before_c, after_c, slow ^ self.slowdown.slow)
+        if changed := slow ^ self.slowdown.slow:  # speeds changed across it, or ranks it seated read otherwise empty
+            if all(then[r] == 0.0 < now[r] for r in changed):
+                self.learned.reseat(now, before_c, after_c, changed)
             return False
         calibrated = self.learned.calibrate(then, before_c, now, after_c)  # an emptied rank's own R
         old, se = self.learned.model(then, before_c).step(now), self.noise.of_median(min(len(before), len(window)))
