@@ -219,6 +219,35 @@ def test_a_rank_taking_a_slowdown_over_joins_when_nearer_its_size_than_health():
     assert brief.slow == set() and brief.handed == set()
 
 
+def test_a_hand_over_that_shows_after_the_slowdown_ended_is_read_at_its_size_while_the_set_stays_empty():
+    """Rank 1 slow at 0.65 for 40 steps leaves the set while rank 0 still reads healthy (its window holds its
+    healthy steps); three steps later rank 0 reads 0.70 on a restarted window (a wide band).  The band alone
+    leaves it out; read against the slowdown that emptied the set, it is nearer that size than health and
+    joins, counted as a hand-over (no reading of its own speed is forced: ``handed`` stays empty).  Not so
+    once another state came between, nor for a rank of the set that ended (its return is the band's to read),
+    nor after a slowdown too short to have lasted."""
+    read = dict(tolerance=0.1, z=3.0, samples=N_MIN)
+
+    def run(steps):
+        slowdown = Slowdown()
+        slowdown.update(0, (1.0, 0.65), se=0.05, **read)
+        for step, ratios in steps:
+            slowdown.update(step, ratios, se=0.157, **read)
+        return slowdown
+
+    late = run([(40, (1.0, 1.0)), (43, (0.70, 1.0))])
+    assert late.slow == {0} and late.handed == set() and (late.ends, late.handovers) == (1, 1)
+    assert run([(40, (1.0, 1.0)), (43, (1.0, 0.70))]).slow == set()  # rank 1 itself: the band reads it
+    assert run([(40, (1.0, 1.0)), (43, (0.85, 1.0))]).slow == set()  # nearer health
+    brief = Slowdown()
+    brief.update(2, (1.0, 0.65), se=0.05, **read)
+    brief.update(4, (1.0, 1.0), se=0.05, **read)
+    brief.update(7, (0.70, 1.0), se=0.157, **read)
+    assert brief.slow == set()
+    between = run([(40, (1.0, 1.0)), (41, (1.0, 0.5)), (42, (1.0, 1.0)), (45, (0.70, 1.0))])
+    assert between.slow == set()  # the state before the empty set is a brief one: no size to hand over
+
+
 def test_a_taken_over_slowdown_is_read_at_the_size_and_over_the_steps_of_the_one_that_ended():
     read = dict(tolerance=0.1, z=3.0, samples=N_MIN)
     slowdown = Slowdown()

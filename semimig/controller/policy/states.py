@@ -61,7 +61,11 @@ lasted (:data:`LASTED` steps in the set) has a size to hand over: the device pro
 on a step or two are not one.  The step it joins on, its
 speed is read no slower than the ended one read, over as many steps as the ended state lasted
 (:func:`handed_over`), and the bet on a rank's one slow step at the step another's slowdown ended reads
-it so too: one step's (or a few steps') noise is the larger error.
+it so too: one step's (or a few steps') noise is the larger error.  A hand-over need not show on the step the
+slowdown ends: the new rank's window still holds its healthy steps, and the change test restarts it as its
+slow ones come in, so its band stays wide for as many steps.  While the set stays empty after a slowdown
+that lasted, every reading is tested the same way (no rank of the ended set, the same size and odds), so a
+straggler that moved joins on the steps that show it, not when the band has narrowed on them.
 """
 from __future__ import annotations
 
@@ -131,6 +135,8 @@ class Slowdown:
         """Those of :attr:`ends` that another rank joined: a straggler that moved to another rank."""
         self.handed: FrozenSet[int] = frozenset()
         """The ranks that joined by a hand-over at the last :meth:`update` (empty: none did)."""
+        self.lasted_before = 0
+        """Steps the state before the present one held (0: none ended)."""
         self.start: Optional[int] = None
         """The first step of the run's first reading of steps (``None`` before it; the device probe's reading
         comes before step 0): ranks that join the set at the run's first change over readings reaching back
@@ -157,7 +163,8 @@ class Slowdown:
         if step >= 0 and self.start is None:
             self.start = since
         from_start = not self.changes and (self.start is None or since <= self.start)
-        slow |= self._taken_over(ratios, slow, since, se=se, tolerance=tolerance)
+        taken = self._taken_over(ratios, slow, since, se=se, tolerance=tolerance)
+        slow |= taken
         self.handed = frozenset(slow - self.slow) if self.slow - slow else frozenset()
         if self.rates is not None:  # a stay is counted from the slowdown's first step
             self.rates.held(step, self.slow & slow)
@@ -168,8 +175,9 @@ class Slowdown:
             self.ratios = self._held_ratios(ratios, band)
             return False
         self.ends += bool(self.slow - slow)
-        self.handovers += bool(self.slow - slow) and bool(slow - self.slow)
+        self.handovers += bool(self.slow - slow) and bool(slow - self.slow) or bool(taken) and not self.slow
         self.previous = (self.slow, self.ratios if self.ratios is not None else (1.0,) * len(ratios))
+        self.lasted_before = since - self.since
         self.sets.append(frozenset(slow))
         self.ratios = tuple(ratios)
         if self.changes:  # the first state began with the run, not with a change: its length is not a life
@@ -187,12 +195,18 @@ class Slowdown:
 
     def _taken_over(self, ratios: Sequence[float], slow: AbstractSet[int], since: int, *, se: float,
                     tolerance: float) -> set:
-        """The ranks that took over a slowdown leaving now: nearer its size than health (module docstring)."""
+        """The ranks that took over a slowdown leaving now, or one whose end emptied the set that has stayed
+        empty since: nearer its size than health (module docstring)."""
         leaving = self.slow - slow
-        if not leaving or self.ratios is None or se <= 0.0 or since - self.since < LASTED:
+        if leaving and self.ratios is not None and since - self.since >= LASTED:
+            size = math.log(min(self.ratios[r] for r in leaving))
+        elif not self.slow and not slow and self.previous is not None and self.previous[0] \
+                and self.lasted_before >= LASTED:
+            leaving = set(self.previous[0])
+            size = math.log(min(self.previous[1][r] for r in leaving))
+        else:
             return set()  # a slowdown read on fewer steps (a probe's, a bet's on outliers) has no size to hand
-        size = math.log(min(self.ratios[r] for r in leaving))
-        if size >= math.log(1.0 - tolerance):
+        if se <= 0.0 or size >= math.log(1.0 - tolerance):
             return set()
         p = self.handover(len(ratios))
         prior = math.log(p / (1.0 - p))
