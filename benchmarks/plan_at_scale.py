@@ -16,13 +16,18 @@ Colossal-AI alone (even plans, even split), the batch split alone (even plans, s
 the plans alone (per-replica plans, even split) and the job's limit ``n / (n − 1 + 1/chi)`` (every rank's work
 movable).  The ranks meet at every layer's reduction, so each kind's units bound its layers: at tp 8 the seven
 ranks left hold eight KV groups, one of them two, whatever the MLP blocks do.  ``--kv-units`` scores a finer
-attention unit too (``--kv-units 16``: the example's 16 query heads one by one, the K/V rows a split group
-needs on both holders not counted).
+attention unit too (``--kv-units 16``: the example's 16 query heads one by one; not built).  A rank holding
+``h`` query heads in order, which span ``g`` of the ``G`` KV groups, computes the K/V rows of each group it
+spans, so its attention is ``(1 − κ)·h/H + κ·g/G`` of the whole instead of ``h/H`` (``κ`` the K/V
+projections' share of the attention's projections, :data:`KV_SHARE`; the attention's core, which follows the
+query heads, left out, so ``κ`` is the most a split costs): the planner plans on ``h/H`` and each row also
+gives its plan's step so counted (``step_with_kv_rows_vs_healthy``).
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from collections import namedtuple
 from dataclasses import replace
 
 from bench_output import add_json_flag, write_result
@@ -39,6 +44,16 @@ LAYOUTS = ((8, 1), (4, 2), (2, 4))
 SHAPES = {"example": (32, 8), "llama3-8b": (112, 8)}
 """Per TP group ``(MLP blocks of 128 columns, KV groups)``: the example's Llama at hidden 1024 (intermediate 4096),
 and Llama-3-8B (intermediate 14336, 8 KV heads), the canonical GQA model at tp 8."""
+QUERY_HEADS = {"example": 16, "llama3-8b": 32}
+"""Query heads per model: a finer attention unit is a whole number of them (``--kv-units`` divides it)."""
+KV_SHARE = {"example": 1 / 3, "llama3-8b": 0.2}
+"""``κ``: the K and V projections' share of the attention's projections, ``2·n_kv/(2·n_q + 2·n_kv)``: the
+example's 16 query heads over 8 KV heads, Llama-3-8B's 32 over 8."""
+
+
+Held = namedtuple("Held", "units")
+"""One kind's units as each rank's work in units (fractional where a split group's K/V rows count on every
+holder), for the step model."""
 
 
 def problem(work: Workload, speeds: tuple, global_batch: int) -> JointProblem:
@@ -55,16 +70,36 @@ def problem(work: Workload, speeds: tuple, global_batch: int) -> JointProblem:
                         seat_per_sample=work.comm_s / (len(kinds) + 1) / (global_batch / len(speeds)))
 
 
-def simulated(work: Workload, speeds: tuple, samples: tuple, plans: tuple) -> float:
+def attention_held(heads: tuple, groups: int, kappa: float) -> Held:
+    """Each rank's attention work in query-head units when rank ``r`` holds ``heads[r]`` heads in order and
+    computes the K/V rows of every one of the ``groups`` KV groups its heads span (module docstring)."""
+    total, start, held = sum(heads), 0, []
+    per = total // groups
+    for h in heads:
+        spanned = len({head // per for head in range(start, start + h)})
+        held.append((1.0 - kappa) * h + kappa * spanned * per)
+        start += h
+    return Held(units=tuple(held))
+
+
+def simulated(work: Workload, speeds: tuple, samples: tuple, plans: tuple, kv: tuple | None = None) -> float:
     """The job's step in the simulator's model: each replica's :meth:`~Workload.step_seconds` (each kind's
     layers at their slowest holder, the collectives at their seats, an idle rank skipping) scaled by its
-    samples over an even share; the slowest replica's."""
+    samples over an even share; the slowest replica's.  ``kv``: ``(groups, κ)`` where the attention's units
+    are query heads whose groups' K/V rows count on every holder (:func:`attention_held`)."""
     even = sum(samples) / len(samples)
-    return max(work.step_seconds(p, v) * b / even for v, b, p in zip(speeds, samples, plans))
+
+    def step(p: tuple, v: tuple) -> float:
+        if kv is None:
+            return work.step_seconds(p, v)
+        return work.bound((p[0], attention_held(p[1].units, *kv)), v) + work.seat_comm(p, v)
+    return max(step(p, v) * b / even for v, b, p in zip(speeds, samples, plans))
 
 
-def score(tp: int, dp: int, chi: float, ratio: float, mlp_units: int, kv_units: int, global_batch: int) -> dict:
-    """The planner's answer for the last rank ``chi`` times slower, against the references (module docstring)."""
+def score(tp: int, dp: int, chi: float, ratio: float, mlp_units: int, kv_units: int, global_batch: int,
+          kv: tuple | None = None) -> dict:
+    """The planner's answer for the last rank ``chi`` times slower, against the references (module docstring);
+    ``kv``: ``(KV groups, κ)`` where ``kv_units`` counts query heads."""
     rho = ratio / (ratio + 1.0 / tp)  # R as a share of a healthy even step's compute
     work = Workload(tp=tp, replicated_share=rho, mlp_units=mlp_units, kv_units=kv_units, idle_skips=True)
     speeds = ((1.0,) * tp,) * (dp - 1) + ((1.0,) * (tp - 1) + (1.0 / chi,),)
@@ -84,7 +119,9 @@ def score(tp: int, dp: int, chi: float, ratio: float, mlp_units: int, kv_units: 
             "kv_units": [list(p[1].units) for p in best.plans], "step_vs_healthy": step["step"],
             "planner_predicted_vs_healthy": best.step / healthy, "even_vs_healthy": step["even"],
             "split_only_vs_healthy": step["split_only"], "plans_only_vs_healthy": step["plans_only"],
-            "job_limit_vs_healthy": tp * dp / (tp * dp - 1 + 1.0 / chi)}
+            "job_limit_vs_healthy": tp * dp / (tp * dp - 1 + 1.0 / chi),
+            "step_with_kv_rows_vs_healthy": None if kv is None else
+            simulated(work, speeds, best.samples, best.plans, kv) / healthy}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES),
                         help=f"comma-separated model shapes among {', '.join(SHAPES)} (default all)")
     parser.add_argument("--kv-units", type=int, default=None, help="attention units per TP group instead of the shape's "
-                        "KV groups: query heads for a finer unit (not built; a split group's K/V rows not counted)")
+                        "KV groups: query heads for a finer unit (not built; also scored with a split group's K/V rows on every "
+                        "holder: the 'K/V' column)")
     parser.add_argument("--global-batch", type=int, default=64, help="samples per step over all replicas (default 64)")
     add_json_flag(parser, required=False, help="write the rows here")
     args = parser.parse_args(argv)
@@ -104,24 +142,31 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--shapes must name some of {', '.join(SHAPES)}, got {args.shapes!r}")
     if args.kv_units is not None and (args.kv_units < 8 or args.kv_units % 8):
         parser.error(f"--kv-units must be a multiple of 8 (the even plan at tp 8), got {args.kv_units}")
+    for name in shapes if args.kv_units is not None else ():
+        if QUERY_HEADS[name] % args.kv_units:
+            parser.error(f"--kv-units {args.kv_units}: a unit must be whole query heads, and {name} has "
+                         f"{QUERY_HEADS[name]} (pass --shapes to score one shape)")
     if args.global_batch < 4 or args.global_batch % 4:
         parser.error(f"--global-batch must be a multiple of 4 (an even split at dp 4), got {args.global_batch}")
     rows = [dict(score(tp, dp, args.chi, float(r), SHAPES[shape][0], args.kv_units or SHAPES[shape][1],
-                       args.global_batch), shape=shape, source=RATIOS[r])
+                       args.global_batch, kv=None if not args.kv_units or args.kv_units == SHAPES[shape][1]
+                       else (SHAPES[shape][1], KV_SHARE[shape])), shape=shape, source=RATIOS[r])
             for shape in shapes for tp, dp in LAYOUTS for r in RATIOS]
     print(f"8 ranks, the last {args.chi:g}x slower; global batch {args.global_batch}; per TP group "
           + "; ".join(f"{name}: {SHAPES[name][0]} MLP blocks, {args.kv_units or SHAPES[name][1]} attention units"
                       for name in shapes))
     print(f"{'shape':<10} {'layout':<9} {'R/S':>6} {'samples':<13} {'slow replica MLP / KV':<36} {'joint':>6} "
-          f"{'even':>6} {'split':>6} {'plans':>6} {'job':>6}")
+          f"{'even':>6} {'split':>6} {'plans':>6} {'job':>6} {'K/V':>6}")
     for row in rows:
         slow = f"{','.join(map(str, row['mlp_units'][-1]))} / {','.join(map(str, row['kv_units'][-1]))}"
         print(f"{row['shape']:<10} {'tp%d x dp%d' % (row['tp'], row['dp']):<9} {row['replicated_over_shardable']:>6.3f} "
               f"{','.join(map(str, row['samples'])):<13} {slow:<36} {row['step_vs_healthy']:>5.3f}x "
               f"{row['even_vs_healthy']:>5.2f}x {row['split_only_vs_healthy']:>5.2f}x {row['plans_only_vs_healthy']:>5.2f}x "
-              f"{row['job_limit_vs_healthy']:>5.3f}x")
+              f"{row['job_limit_vs_healthy']:>5.3f}x "
+              + ("     -" if row['step_with_kv_rows_vs_healthy'] is None else f"{row['step_with_kv_rows_vs_healthy']:>5.3f}x"))
     print("joint: the planner's plans and split; even: Colossal-AI alone; split: the batch split alone (even plans); "
-          "plans: per-replica plans alone (even split); job: the job's limit, every rank's work movable")
+          "plans: per-replica plans alone (even split); job: the job's limit, every rank's work movable; "
+          "K/V: joint with a split KV group's K/V rows on each of its holders")
     if args.json is not None:
         write_result(args.json, "plan_at_scale", None, vars(args) | {"json": str(args.json)}, rows=rows)
     return 0

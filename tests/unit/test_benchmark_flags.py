@@ -110,3 +110,17 @@ def test_the_simulator_refuses_a_replay_folder_together_with_no_replay(tmp_path,
     assert f"--replay {tmp_path} and --no-replay contradict each other" in capsys.readouterr().err
     assert script.parse_args(argv).replay == tmp_path
     assert script.parse_args(["--json", str(tmp_path / "s.json"), "--no-replay"]).no_replay is True
+
+
+def test_plan_at_scale_counts_a_split_groups_kv_rows_on_each_holder_and_refuses_a_unit_of_part_of_a_head(capsys):
+    """The even plan's attention is what it is in units (each rank spans one group); a rank of five heads over
+    groups of four spans two and computes both groups' K/V rows: ``(1 − κ)·5 + κ·2·4``.  A unit finer than a
+    query head is refused naming the shape."""
+    scale = _script("plan_at_scale")
+    assert scale.attention_held((4,) * 8, 8, 0.2).units == pytest.approx((4.0,) * 8)
+    held = scale.attention_held((5, 5, 5, 5, 4, 4, 4, 0), 8, 0.2).units
+    assert held == pytest.approx((5.6, 5.6, 5.6, 5.6, 4.0, 4.0, 4.0, 0.0))
+    assert scale.attention_held((2, 2, 2, 2), 4, 0.5).units == pytest.approx((2.0,) * 4)  # groups of two, aligned
+    with pytest.raises(SystemExit) as exit_info:
+        scale.main(["--kv-units", "32"])
+    assert exit_info.value.code == 2 and "example has 16" in capsys.readouterr().err
