@@ -246,6 +246,11 @@ def test_a_hand_over_that_shows_after_the_slowdown_ended_is_read_at_its_size_whi
     assert brief.slow == set()
     between = run([(40, (1.0, 1.0)), (41, (1.0, 0.5)), (42, (1.0, 1.0)), (45, (0.70, 1.0))])
     assert between.slow == set()  # the state before the empty set is a brief one: no size to hand over
+    probe = Slowdown()  # the device probe's five repeats read rank 1 slow; it reads healthy by step 3
+    probe.update(-1, (1.0, 0.65), se=0.05, tolerance=0.1, z=3.0, samples=5)
+    probe.update(3, (1.0, 1.0), se=0.05, **read)
+    probe.update(6, (0.70, 1.0), se=0.157, **read)
+    assert probe.slow == set()  # the probe's repeats are no steps run: its reading has no size to hand over
 
 
 def test_a_taken_over_slowdown_is_read_at_the_size_and_over_the_steps_of_the_one_that_ended():

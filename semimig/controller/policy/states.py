@@ -136,7 +136,7 @@ class Slowdown:
         self.handed: FrozenSet[int] = frozenset()
         """The ranks that joined by a hand-over at the last :meth:`update` (empty: none did)."""
         self.lasted_before = 0
-        """Steps the state before the present one held (0: none ended)."""
+        """Steps the state before the present one held, from step 0 at the earliest (0: none ended)."""
         self.start: Optional[int] = None
         """The first step of the run's first reading of steps (``None`` before it; the device probe's reading
         comes before step 0): ranks that join the set at the run's first change over readings reaching back
@@ -177,7 +177,7 @@ class Slowdown:
         self.ends += bool(self.slow - slow)
         self.handovers += bool(self.slow - slow) and bool(slow - self.slow) or bool(taken) and not self.slow
         self.previous = (self.slow, self.ratios if self.ratios is not None else (1.0,) * len(ratios))
-        self.lasted_before = since - self.since
+        self.lasted_before = since - max(self.since, 0)  # steps run: the device probe's repeats are none
         self.sets.append(frozenset(slow))
         self.ratios = tuple(ratios)
         if self.changes:  # the first state began with the run, not with a change: its length is not a life
