@@ -19,7 +19,7 @@ ranks left hold eight KV groups, one of them two, whatever the MLP blocks do.  `
 attention unit too (``--kv-units 16``: the example's 16 query heads one by one; not built).  A rank holding
 ``h`` query heads in order, which span ``g`` of the ``G`` KV groups, computes the K/V rows of each group it
 spans, so its attention is ``(1 − κ)·h/H + κ·g/G`` of the whole instead of ``h/H`` (``κ`` the K/V
-projections' share of the attention's projections, :data:`KV_SHARE`; the attention's core, which follows the
+projections' share of the attention's projections, :func:`kv_share`; the attention's core, which follows the
 query heads, left out, so ``κ`` is the most a split costs): the planner plans on ``h/H`` and each row also
 gives its plan's step so counted (``step_with_kv_rows_vs_healthy``).
 """
@@ -46,9 +46,13 @@ SHAPES = {"example": (32, 8), "llama3-8b": (112, 8)}
 and Llama-3-8B (intermediate 14336, 8 KV heads), the canonical GQA model at tp 8."""
 QUERY_HEADS = {"example": 16, "llama3-8b": 32}
 """Query heads per model: a finer attention unit is a whole number of them (``--kv-units`` divides it)."""
-KV_SHARE = {"example": 1 / 3, "llama3-8b": 0.2}
-"""``κ``: the K and V projections' share of the attention's projections, ``2·n_kv/(2·n_q + 2·n_kv)``: the
-example's 16 query heads over 8 KV heads, Llama-3-8B's 32 over 8."""
+
+
+def kv_share(shape: str) -> float:
+    """``κ``: the K and V projections' share of the attention's projections, ``2·n_kv/(2·n_q + 2·n_kv)`` (1/3 for
+    the example's 16 query heads over 8 KV heads, 0.2 for Llama-3-8B's 32 over 8)."""
+    kv = SHAPES[shape][1]
+    return kv / (QUERY_HEADS[shape] + kv)
 
 
 Held = namedtuple("Held", "units")
@@ -150,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--global-batch must be a multiple of 4 (an even split at dp 4), got {args.global_batch}")
     rows = [dict(score(tp, dp, args.chi, float(r), SHAPES[shape][0], args.kv_units or SHAPES[shape][1],
                        args.global_batch, kv=None if not args.kv_units or args.kv_units == SHAPES[shape][1]
-                       else (SHAPES[shape][1], KV_SHARE[shape])), shape=shape, source=RATIOS[r])
+                       else (SHAPES[shape][1], kv_share(shape))), shape=shape, source=RATIOS[r])
             for shape in shapes for tp, dp in LAYOUTS for r in RATIOS]
     print(f"8 ranks, the last {args.chi:g}x slower; global batch {args.global_batch}; per TP group "
           + "; ".join(f"{name}: {SHAPES[name][0]} MLP blocks, {args.kv_units or SHAPES[name][1]} attention units"
