@@ -217,6 +217,10 @@ def test_a_rank_taking_a_slowdown_over_joins_when_nearer_its_size_than_health():
     assert brief.slow == {1}
     brief.update(4, (0.70, 1.0), se=0.157, **read)
     assert brief.slow == set() and brief.handed == set()
+    probe = Slowdown()  # the device probe's five repeats are no steps run: its reading has no size either
+    probe.update(-1, (1.0, 0.65), se=0.05, tolerance=0.1, z=3.0, samples=5)
+    probe.update(3, (0.70, 1.0), se=0.157, **read)
+    assert probe.slow == set() and probe.handed == set()
 
 
 def test_a_hand_over_that_shows_after_the_slowdown_ended_is_read_at_its_size_while_the_set_stays_empty():

@@ -198,7 +198,7 @@ class Slowdown:
         """The ranks that took over a slowdown leaving now, or one whose end emptied the set that has stayed
         empty since: nearer its size than health (module docstring)."""
         leaving = self.slow - slow
-        if leaving and self.ratios is not None and since - self.since >= LASTED:
+        if leaving and self.ratios is not None and since - max(self.since, 0) >= LASTED:  # steps run, as below
             size = math.log(min(self.ratios[r] for r in leaving))
         elif not self.slow and not slow and self.previous is not None and self.previous[0] \
                 and self.lasted_before >= LASTED:
