@@ -507,6 +507,18 @@ def test_the_healthy_ranks_measure_the_dimensions_weights():
     assert learned.weights == pytest.approx(w) and learned.k == pytest.approx(k)
 
 
+def test_a_healthy_ranks_readings_over_the_plans_measure_r_over_s_where_no_window_can():
+    """tp 2: a window has one healthy rank, so no window reads R/S across the ranks; the healthy rank's readings at
+    three shares over three plans do (``c = R + S·p`` on a line), and readings within their noise leave the prior."""
+    k = 0.3
+    for se, expected in ((None, k), (0.5, 0.2 / (2 * 0.8))):
+        learned = LearnedModel(2, 0.2, (0.5, 0.5))
+        for f in (0.5, 0.625, 0.75):
+            window = [ReshardSample((k + f, 9.0), (0.0,) * 2, (0.0,) * 2)] * 3  # rank 1 slow: not read
+            learned.fit_across([(f, f), (1 - f, 1 - f)], window, healthy=[0], se=se)
+        assert learned.k == pytest.approx(expected) and not learned.fits
+
+
 def test_a_plan_that_under_delivers_is_revisited():
     """The split hides R/S (a third of the shardable seconds untimed) and the prior is below it: the first
     plan gives the slow rank too much; its measurement refits R/S and the next plan is the true one."""

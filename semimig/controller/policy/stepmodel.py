@@ -18,10 +18,12 @@ slow after it recovered and be handed too few.
 
 ``k`` comes from three sources, in order of trust:
 
-- two plans measured at the same speeds: per rank whose share changed,
-  ``c_a·(k + p_b) = c_b·(k + p_a)`` gives ``k = (c_b·p_a − c_a·p_b)/(c_a − c_b)``; the median over the
-  ranks, and over every such pair measured so far, is the estimate (a pair whose ranks disagree by more
-  than 2x measured a change of speed, not ``k``, and is dropped);
+- plans measured: two at the same speeds, per rank whose share changed, ``c_a·(k + p_b) = c_b·(k + p_a)``
+  gives ``k = (c_b·p_a − c_a·p_b)/(c_a − c_b)`` (the median over the ranks; a pair whose ranks disagree by
+  more than 2x measured a change of speed, not ``k``, and is dropped); one window's healthy ranks holding
+  different shares, by least squares across them; where no window has, every healthy rank's reading of
+  every plan so far, one line through them all (:meth:`LearnedModel.fit_across`).  The estimate is the
+  median of all of them;
 - the split of a step into shardable seconds ``b_r`` and the rest: ``(c_r − b_r)·p_r/b_r`` is an upper
   bound of ``k`` (the timers do not see every shardable second), the smallest over the ranks;
 - a prior replicated share ``ρ`` of a healthy even step (``k = ρ/(e·(1 − ρ))``), taken when it is below
@@ -37,7 +39,7 @@ from __future__ import annotations
 import collections
 import math
 import statistics
-from typing import AbstractSet, Any, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -86,6 +88,24 @@ def median_times(window: Sequence[Any]) -> Tuple[Tuple[float, ...], float]:
             statistics.median(min(o.comm_s) for o in window))
 
 
+def _regress(x: Sequence[Sequence[float]], y: Sequence[float], se: Optional[float]) -> Optional[np.ndarray]:
+    """Least squares of ``y`` on ``x`` (a first column of ones: ``α``, then the ``β``\ s), or ``None`` where
+    ``x`` does not vary enough, ``α < 0`` or a ``β ≤ 0``, or a ``β`` (and ``α`` where ``se`` is given: a
+    reading's least relative error) is within :data:`FIT_Z` standard errors (:meth:`LearnedModel.fit_across`)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if np.linalg.matrix_rank(x, tol=1e-9) < x.shape[1]:
+        return None
+    coef, rss, _, _ = np.linalg.lstsq(x, y, rcond=None)
+    if coef[0] < 0.0 or np.any(coef[1:] <= 0.0):
+        return None
+    resid = float(rss[0]) if len(rss) else float(np.sum((y - x @ coef) ** 2))
+    floor = 0.0 if se is None else (se * float(np.median(y))) ** 2
+    error = np.sqrt(np.diag(np.linalg.pinv(x.T @ x)) * max(resid / (len(y) - x.shape[1]), floor))
+    if np.any(coef[1:] < FIT_Z * error[1:]) or (se is not None and coef[0] < FIT_Z * error[0]):
+        return None
+    return coef
+
+
 class LearnedModel:
     """``k = R/S`` learned from the plans measured (module docstring); speeds from any window."""
 
@@ -99,7 +119,12 @@ class LearnedModel:
         self._weights: Tuple[int, Tuple[float, ...]] = (0, ())  # (fits read, their medians)
         self.prior_k = prior_share / (tp * (1.0 - prior_share))
         self.fits: List[float] = []
-        """Every ``k`` measured across two plans."""
+        """Every ``k`` measured across two plans or across the ranks of one window."""
+        self.readings: Dict[Tuple[Tuple[Tuple[float, ...], ...], int], Tuple[Tuple[float, ...], float]] = {}
+        """Per plan (every rank's fractions of each dimension's units) and healthy rank read across the ranks: the
+        rank's fractions and its compute (:meth:`fit_across`)."""
+        self.pooled: Optional[float] = None
+        """``k`` from :attr:`readings` (``None``: they have not said it)."""
         self.bound: Optional[float] = None
         """The split's latest upper bound of ``k``."""
         self.errors: collections.deque = collections.deque(maxlen=ERRORS)
@@ -115,8 +140,9 @@ class LearnedModel:
 
     @property
     def k(self) -> float:
-        if self.fits:
-            k = statistics.median(self.fits)
+        fits = self.fits + ([self.pooled] if self.pooled is not None else [])
+        if fits:
+            k = statistics.median(fits)
             return max(K_FLOOR, min(k, self.bound) if self.bound is not None else k)
         candidates = [self.prior_k] + ([self.bound] if self.bound is not None else [])
         return max(K_FLOOR, min(candidates))
@@ -182,27 +208,32 @@ class LearnedModel:
         first few steps, read before its full window to follow a rank's recovery sooner; a reading's error
         is then at least ``se``, the relative error of a median of those steps (the residuals of a few
         steps can be small by chance), and ``α`` must clear as many standard errors too, for a rank that
-        holds nothing is read through it alone."""
-        dims = len(self.prior_weights)
-        if len(healthy) < dims + 2:
-            return
+        holds nothing is read through it alone.
+
+        Where the window says nothing, the healthy ranks' readings of every plan read so far do
+        (:attr:`readings`): ``c = α + β·p`` over them, ``p`` a reading's share under the weights in use, and
+        ``k = α/β`` (:attr:`pooled`, the same tests).  A TP group of two has one healthy rank in a window,
+        and a plan that moves units off one rank gives the others nearly the same share, but over a run the
+        same healthy speed is read at many shares."""
         c, _ = median_times(window)
-        x = np.array([[1.0, *fractions[r]] for r in healthy])
-        y = np.array([c[r] for r in healthy])
-        if np.linalg.matrix_rank(x, tol=1e-9) < dims + 1:
-            return
-        coef, rss, _, _ = np.linalg.lstsq(x, y, rcond=None)
-        alpha, beta = float(coef[0]), coef[1:]
-        if alpha < 0.0 or np.any(beta <= 0.0):
-            return
-        dof = len(healthy) - dims - 1
-        resid = float(rss[0]) if len(rss) else float(np.sum((y - x @ coef) ** 2))
-        floor = 0.0 if se is None else (se * float(np.median(y))) ** 2
-        error = np.sqrt(np.diag(np.linalg.pinv(x.T @ x)) * max(resid / dof, floor))
-        if np.any(beta < FIT_Z * error[1:]) or (se is not None and alpha < FIT_Z * error[0]):
-            return  # a weight (or R, on first steps) within the fit's noise: too little to read among these ranks
-        self.weight_fits.append(tuple(float(b / beta.sum()) for b in beta))
-        self.fits.append(alpha / float(beta.sum()))
+        plan = tuple(tuple(f) for f in fractions)
+        for r in healthy:
+            self.readings.pop((plan, r), None)  # a plan read again: its latest reading
+            self.readings[plan, r] = (tuple(fractions[r]), c[r])
+        dims = len(self.prior_weights)
+        if len(healthy) >= dims + 2:
+            found = _regress([[1.0, *fractions[r]] for r in healthy], [c[r] for r in healthy], se)
+            if found is not None:  # a weight (or R, on first steps) within the fit's noise: nothing from this window
+                alpha, beta = found[0], found[1:]
+                self.weight_fits.append(tuple(float(b / beta.sum()) for b in beta))
+                self.fits.append(alpha / float(beta.sum()))
+                return
+        w = self.weights
+        rows = [(sum(a * b for a, b in zip(w, f)) / sum(w), t) for f, t in self.readings.values()]
+        if len(rows) > 2 and max(p for p, _ in rows) - min(p for p, _ in rows) >= MIN_SHARE_CHANGE:
+            found = _regress([[1.0, p] for p, _ in rows], [t for _, t in rows], se)
+            if found is not None:
+                self.pooled = float(found[0] / found[1])
 
     def scale(self) -> Tuple[float, float]:
         """``(R, S)`` with ``R + S/e = 1``."""
