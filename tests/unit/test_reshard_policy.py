@@ -423,7 +423,8 @@ def test_a_rank_a_measured_move_emptied_is_read_through_its_own_replicated_work(
     other way round): read through ``R`` it would read ``pace`` times its speed; the move measured its own
     ``R_r``, and it reads its speed, and a later speed-up of its own scales the reading.  A move during
     which its slowdown ended (the compute after it a quarter of a healthy rank's replicated work, a factor
-    4 under ``R``) is not read as its own work: it reads the speed it recovered to."""
+    4 under ``R``) is not read as its own work: it reads the speed it recovered to; nor is a move that emptied it
+    from a share whose work was mostly ``R``."""
     e, k = 2, 0.1
     learned = LearnedModel(e, 0.2, (0.8, 0.2))
     learned.fits.append(k)
@@ -440,6 +441,10 @@ def test_a_rank_a_measured_move_emptied_is_read_through_its_own_replicated_work(
     assert abs(read[1] / read[0] - v) < abs(pace * v - v)  # nearer its speed than R alone reads it
     faster = learned.speeds((1.0, 0.0), (after[0], after[1] / 2.0))
     assert faster[1] == pytest.approx(2.0 * read[1])
+    little = LearnedModel(e, 0.2, (0.8, 0.2))  # holding 0.05 its work was mostly R: its speed was read through k
+    little.fits.append(k)
+    little.calibrate((0.95, 0.05), ((R + S * 0.95) / 1.0, (R / pace + S * 0.05) / v), (1.0, 0.0), after)
+    assert little.replicated_at == {}
 
 
 def test_a_rank_seated_again_reads_while_empty_at_the_speed_its_units_bore_out():

@@ -7,7 +7,8 @@ work over time: a rank holding less that finishes with the others reads as slow 
 holding nothing (``p_r = 0``) reads ``v_r = R_r/c_r`` from its replicated work alone: ``R_r = R`` until a
 move that emptied it was measured at one set of speeds, and then its own replicated work as that move
 measured it, ``R_r = v_r·c'_r`` with ``v_r`` its speed read from its work just before the move and
-``c'_r`` its compute just after (:meth:`LearnedModel.calibrate`); or, where a measured move seated it again and
+``c'_r`` its compute just after, where that work was mostly shardable (``S·p_r ≥ R``: a speed read from
+work that is mostly ``R`` is read through ``k``, and so is ``R_r`` then) (:meth:`LearnedModel.calibrate`); or, where a measured move seated it again and
 its speed read holding units differs from what its reading while empty said (the slow set changed by it alone),
 ``R_r = v_r·c_r`` with ``v_r`` that speed and ``c_r`` its compute while empty (:meth:`LearnedModel.reseat`): the
 work it then held bore out one reading and not the other.  A rank's replicated work need not run
@@ -244,11 +245,13 @@ class LearnedModel:
                   after: Sequence[float]) -> bool:
         """A move from shares ``then`` to ``now`` measured at one set of speeds (each rank's compute
         ``before`` and ``after`` it): every rank it emptied keeps its own replicated work ``R_r`` (module
-        docstring), within :data:`CALIBRATION` of ``R``; ``True`` when it kept one."""
+        docstring), within :data:`CALIBRATION` of ``R``, where its work before the move was mostly shardable (a
+        rank that held little was read through ``R``: its ``R_r`` would be ``R``'s error again); ``True`` when it
+        kept one."""
         R, S, kept = *self.scale(), False
         for r, (a, b, ca, cb) in enumerate(zip(then, now, before, after)):
             seen = (R + S * a) / max(ca, 1e-12) * cb
-            if a > 0.0 and b == 0.0 and R / CALIBRATION <= seen <= CALIBRATION * R:
+            if S * a >= R and b == 0.0 and R / CALIBRATION <= seen <= CALIBRATION * R:
                 self.replicated_at[r], kept = seen, True
         return kept
 
