@@ -67,7 +67,7 @@ class ReshardConfig:
     """Smallest slowdown (relative speed) that counts as a straggler: lower reacts to milder ones, and to more noise."""
     life_floor: int = 10
     """Fewest steps any state is expected to last: higher bets on young slowdowns sooner, loses more on short ones."""
-    move_steps: float = 2.0
+    move_steps: float = 1.5
     """Before a move is measured, moving every unit's assumed cost in healthy even steps: lower moves sooner."""
     replicated_share: float = 0.2
     """Before ``R/S`` is measured, the replicated work's assumed share of a healthy even step (the first prior)."""

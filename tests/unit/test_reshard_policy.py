@@ -272,10 +272,12 @@ def test_a_straggler_that_moves_while_a_plan_settles_is_followed_at_the_next_rea
     """Rank 1 at 0.65 of its speed (14 % noise) until the policy has moved for it, then rank 0 instead, from
     the second step after the move: the slowdown moves while the new plan settles.  The first reading of the
     new plan hands it over and the mirror move follows within three steps in most runs (eight seeds), not
-    once the band has narrowed on a longer window."""
+    once the band has narrowed on a longer window.  The first move is priced at two steps' cost so that it
+    comes after the slowdown lasted (:data:`LASTED` steps): a slowdown read on fewer has no size to hand over
+    (a cheaper prior moves sooner, and the band alone then reads the new rank)."""
     delays = []
     for seed in range(8):
-        pol, switch = policy(), []
+        pol, switch = policy(ReshardConfig(move_steps=2.0)), []
 
         def speeds(step):
             if not switch and pol.last_move_step is not None:
