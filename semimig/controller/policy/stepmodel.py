@@ -8,10 +8,10 @@ holding nothing (``p_r = 0``) reads ``v_r = R_r/c_r`` from its replicated work a
 move that emptied it was measured at one set of speeds, and then its own replicated work as that move
 measured it, ``R_r = v_r·c'_r`` with ``v_r`` its speed read from its work just before the move and
 ``c'_r`` its compute just after, where that work was mostly shardable (``S·p_r ≥ R``: a speed read from
-work that is mostly ``R`` is read through ``k``, and so is ``R_r`` then) (:meth:`LearnedModel.calibrate`); or, where a measured move seated it again and
-its speed read holding units differs from what its reading while empty said (the slow set changed by it alone),
-``R_r = v_r·c_r`` with ``v_r`` that speed and ``c_r`` its compute while empty (:meth:`LearnedModel.reseat`): the
-work it then held bore out one reading and not the other.  A rank's replicated work need not run
+work that is mostly ``R`` is read through ``k``, and so is ``R_r`` then; :meth:`LearnedModel.calibrate`); or,
+where a measured move seated it again and its speed read holding units differs from what its reading while
+empty said (the slow set changed by it alone), ``R_r = v_r·c_r`` with ``v_r`` that speed and ``c_r`` its
+compute while empty (:meth:`LearnedModel.reseat`): the work it then held bore out one reading and not the other.  A rank's replicated work need not run
 at the pace of its shardable work (many small kernels against a few large GEMMs: a CPU quota that lets
 short bursts through runs the small ones faster), and ``k``'s error scales ``R`` alone, so an emptied
 rank read through ``R`` can read twice as fast as it is and be handed units it cannot carry, or read
@@ -219,12 +219,11 @@ class LearnedModel:
         c, _ = median_times(window)
         plan = tuple(tuple(f) for f in fractions)
         for r in healthy:
-            self.readings.pop((plan, r), None)  # a plan read again: its latest reading
-            self.readings[plan, r] = (tuple(fractions[r]), c[r])
+            self.readings[plan, r] = (tuple(fractions[r]), c[r])  # a plan read again: its latest reading
         dims = len(self.prior_weights)
-        if len(healthy) >= dims + 2:
+        if len(healthy) >= dims + 2:  # None: a weight (or R, on first steps) within the fit's noise
             found = _regress([[1.0, *fractions[r]] for r in healthy], [c[r] for r in healthy], se)
-            if found is not None:  # a weight (or R, on first steps) within the fit's noise: nothing from this window
+            if found is not None:
                 alpha, beta = found[0], found[1:]
                 self.weight_fits.append(tuple(float(b / beta.sum()) for b in beta))
                 self.fits.append(alpha / float(beta.sum()))
