@@ -11,8 +11,8 @@ measured it, ``R_r = v_r·c'_r`` with ``v_r`` its speed read from its work just 
 work that is mostly ``R`` is read through ``k``, and so is ``R_r`` then; :meth:`LearnedModel.calibrate`); or,
 where a measured move seated it again and its speed read holding units differs from what its reading while
 empty said (the slow set changed by it alone), ``R_r = v_r·c_r`` with ``v_r`` that speed and ``c_r`` its
-compute while empty (:meth:`LearnedModel.reseat`): the work it then held bore out one reading and not the other.  A rank's replicated work need not run
-at the pace of its shardable work (many small kernels against a few large GEMMs: a CPU quota that lets
+compute while empty (:meth:`LearnedModel.reseat`): the work it then held bore out one reading and not the
+other.  A rank's replicated work need not run at the pace of its shardable work (many small kernels against a few large GEMMs: a CPU quota that lets
 short bursts through runs the small ones faster), and ``k``'s error scales ``R`` alone, so an emptied
 rank read through ``R`` can read twice as fast as it is and be handed units it cannot carry, or read
 slow after it recovered and be handed too few.
