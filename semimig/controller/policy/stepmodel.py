@@ -12,10 +12,10 @@ work that is mostly ``R`` is read through ``k``, and so is ``R_r`` then; :meth:`
 where a measured move seated it again and its speed read holding units differs from what its reading while
 empty said (the slow set changed by it alone), ``R_r = v_r·c_r`` with ``v_r`` that speed and ``c_r`` its
 compute while empty (:meth:`LearnedModel.reseat`): the work it then held bore out one reading and not the
-other.  A rank's replicated work need not run at the pace of its shardable work (many small kernels against a few large GEMMs: a CPU quota that lets
-short bursts through runs the small ones faster), and ``k``'s error scales ``R`` alone, so an emptied
-rank read through ``R`` can read twice as fast as it is and be handed units it cannot carry, or read
-slow after it recovered and be handed too few.
+other.  A rank's replicated work need not run at the pace of its shardable work (many small kernels
+against a few large GEMMs: a CPU quota that lets short bursts through runs the small ones faster), and
+``k``'s error scales ``R`` alone, so an emptied rank read through ``R`` can read twice as fast as it is and
+be handed units it cannot carry, or read slow after it recovered and be handed too few.
 
 ``k`` comes from three sources, in order of trust:
 
@@ -121,9 +121,9 @@ class LearnedModel:
         self.prior_k = prior_share / (tp * (1.0 - prior_share))
         self.fits: List[float] = []
         """Every ``k`` measured across two plans or across the ranks of one window."""
-        self.readings: Dict[Tuple[Tuple[Tuple[float, ...], ...], int], Tuple[Tuple[float, ...], float]] = {}
+        self.readings: Dict[Tuple[Tuple[Tuple[float, ...], ...], int], float] = {}
         """Per plan (every rank's fractions of each dimension's units) and healthy rank read across the ranks: the
-        rank's fractions and its compute (:meth:`fit_across`)."""
+        rank's compute (:meth:`fit_across`)."""
         self.pooled: Optional[float] = None
         """``k`` from :attr:`readings` (``None``: they have not said it)."""
         self.bound: Optional[float] = None
@@ -219,17 +219,17 @@ class LearnedModel:
         c, _ = median_times(window)
         plan = tuple(tuple(f) for f in fractions)
         for r in healthy:
-            self.readings[plan, r] = (tuple(fractions[r]), c[r])  # a plan read again: its latest reading
+            self.readings[plan, r] = c[r]  # a plan read again: its latest reading
         dims = len(self.prior_weights)
-        if len(healthy) >= dims + 2:  # None: a weight (or R, on first steps) within the fit's noise
+        if len(healthy) >= dims + 2:
             found = _regress([[1.0, *fractions[r]] for r in healthy], [c[r] for r in healthy], se)
-            if found is not None:
+            if found is not None:  # else a weight (or R, on first steps) within the fit's noise
                 alpha, beta = found[0], found[1:]
                 self.weight_fits.append(tuple(float(b / beta.sum()) for b in beta))
                 self.fits.append(alpha / float(beta.sum()))
                 return
         w = self.weights
-        rows = [(sum(a * b for a, b in zip(w, f)) / sum(w), t) for f, t in self.readings.values()]
+        rows = [(sum(a * b for a, b in zip(w, plan[r])) / sum(w), t) for (plan, r), t in self.readings.items()]
         if len(rows) > 2 and max(p for p, _ in rows) - min(p for p, _ in rows) >= MIN_SHARE_CHANGE:
             found = _regress([[1.0, p] for p, _ in rows], [t for _, t in rows], se)
             if found is not None:
