@@ -38,6 +38,7 @@ import functools
 import statistics
 from typing import AbstractSet, Optional, Sequence, Tuple
 
+from semimig.controller.policy.stepmodel import weighted_share
 from semimig.sharding.jobmodel import seat_scale
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel, solve_plan, soonest_first
@@ -53,8 +54,8 @@ def shares(weights: Sequence[float], plans: Sequence[ShardPlan]) -> Tuple[float,
 @functools.lru_cache(maxsize=64)
 def _shares(weights: Tuple[float, ...], plans: Tuple[ShardPlan, ...]) -> Tuple[float, ...]:
     """:func:`shares` (the plan in force's are read several times a step)."""
-    total, tp, per = sum(weights), plans[0].tp, [p.shares() for p in plans]
-    return tuple(sum(w * s[r] for w, s in zip(weights, per)) / total for r in range(tp))
+    per = [p.shares() for p in plans]
+    return tuple(weighted_share(weights, [s[r] for s in per]) for r in range(plans[0].tp))
 
 
 def plan_step(model: StepModel, weights: Sequence[float], plans: Sequence[ShardPlan],

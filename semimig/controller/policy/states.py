@@ -177,7 +177,7 @@ class Slowdown:
         self.ends += bool(self.slow - slow)
         self.handovers += bool(self.slow - slow) and bool(slow - self.slow) or bool(taken) and not self.slow
         self.previous = (self.slow, self.ratios if self.ratios is not None else (1.0,) * len(ratios))
-        self.lasted_before = since - max(self.since, 0)  # steps run: the device probe's repeats are none
+        self.lasted_before = self.ran(since)
         self.sets.append(frozenset(slow))
         self.ratios = tuple(ratios)
         if self.changes:  # the first state began with the run, not with a change: its length is not a life
@@ -198,7 +198,7 @@ class Slowdown:
         """The ranks that took over a slowdown leaving now, or one whose end emptied the set that has stayed
         empty since: nearer its size than health (module docstring)."""
         leaving = self.slow - slow
-        if leaving and self.ratios is not None and since - max(self.since, 0) >= LASTED:  # steps run, as below
+        if leaving and self.ratios is not None and self.ran(since) >= LASTED:
             size = math.log(min(self.ratios[r] for r in leaving))
         elif not self.slow and not slow and self.previous is not None and self.previous[0] \
                 and self.lasted_before >= LASTED:
@@ -212,6 +212,11 @@ class Slowdown:
         prior = math.log(p / (1.0 - p))
         return {r for r, s in enumerate(ratios) if r not in slow and r not in leaving and s < 1.0 - tolerance
                 and (math.log(s) ** 2 - (math.log(s) - size) ** 2) / (2.0 * se * se) + prior > 0.0}
+
+    def ran(self, since: int) -> int:
+        """Steps the present set ran before ``since`` (the first step of the next): counted from step 0 at the
+        earliest, as the device probe's repeats, before step 0, are no steps run."""
+        return since - max(self.since, 0)
 
     def age(self, step: int) -> int:
         """Steps the present set has held (at least 1)."""

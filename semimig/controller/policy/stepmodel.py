@@ -46,7 +46,7 @@ import numpy as np
 
 from semimig.sharding.solver import StepModel
 
-__all__ = ["LearnedModel", "median_times", "ordered_median", "tercile"]
+__all__ = ["LearnedModel", "median_times", "ordered_median", "tercile", "weighted_share"]
 
 K_FLOOR = 1e-3
 """Smallest ``R/S`` used: a rank holding no unit is read through ``R``, which must not vanish."""
@@ -64,6 +64,12 @@ takes: a move during which the rank's slowdown of ``χ`` ended reads a factor ne
 is emptied only where it is several times slower, so such a move is not read as the rank's own work."""
 MIN_SHARE_CHANGE = 0.02
 """Smallest change of a rank's share across two plans that measures ``k`` from that rank."""
+
+
+def weighted_share(weights: Sequence[float], fractions: Sequence[float]) -> float:
+    """A rank's share of the shardable work, ``p = Σ_d w_d·x_d / Σ_d w_d``, from its fraction ``x_d`` of each
+    dimension's units and the dimensions' weights ``w_d``."""
+    return sum(w * x for w, x in zip(weights, fractions)) / sum(weights)
 
 
 def tercile(values: Sequence[float]) -> float:
@@ -229,7 +235,7 @@ class LearnedModel:
                 self.fits.append(alpha / float(beta.sum()))
                 return
         w = self.weights
-        rows = [(sum(a * b for a, b in zip(w, plan[r])) / sum(w), t) for (plan, r), t in self.readings.items()]
+        rows = [(weighted_share(w, plan[r]), t) for (plan, r), t in self.readings.items()]
         if len(rows) > 2 and max(p for p, _ in rows) - min(p for p, _ in rows) >= MIN_SHARE_CHANGE:
             found = _regress([[1.0, p] for p, _ in rows], [t for _, t in rows], se)
             if found is not None:
