@@ -13,8 +13,8 @@ seconds), ``t_idle`` the probe's seconds on the idle rank now and ``t_h,0`` the 
 before the first step: the replicated work at the holders' pace, scaled by how much slower the idle
 rank runs the same work.  It assumes the holders run at their enable-time speed (their own rows say
 when they do not).  Only part of the probe runs when it would take more than a quarter of the last
-step (a very slow rank would otherwise hold the group at the step's end); its time is scaled to the
-whole work.  The step model then prices the idle rank as holding nothing and bounding no step
+step (a very slow rank would otherwise hold the group at the step's end), and one product before a step
+has been timed; its time is scaled to the whole work.  The step model then prices the idle rank as holding nothing and bounding no step
 (:attr:`~semimig.sharding.solver.StepModel.idle_free`), and hands it units back when it is fast again.
 """
 from __future__ import annotations
@@ -45,11 +45,17 @@ class IdleReader:
         self._per: Optional[float] = None  # seconds per product at the latest probe
         self._last: dict[int, float] = {}  # an idle rank's latest probe, kept for a step that has none
 
+    def count(self) -> int:
+        """Products the next probe runs: as many as fit a quarter of the last step at the latest probe's pace
+        (at most the whole work), and one until a probe and a step have both been timed, since the whole
+        work on a very slow rank could outlast the step and hold the group at its end."""
+        if self._per is None or self.wall <= 0.0:
+            return 1
+        return max(1, min(self.n, int(QUARTER * self.wall / self._per)))
+
     def probe(self) -> None:
-        """Time the probe's work, or the part of it that fits a quarter of the last step."""
-        k = self.n
-        if self._per is not None and self.wall > 0.0:
-            k = max(1, min(self.n, int(QUARTER * self.wall / self._per)))
+        """Time the probe's work, or the part of it that fits a quarter of the last step (:meth:`count`)."""
+        k = self.count()
         # made here, not kept: only an idle rank runs it, and its matrices (up to 3 x 64 MB) need not stay
         elapsed = ProbeWork(self.size, device=self.device, dtype=self.dtype).run(k)
         if self.clock is not None and getattr(self.clock, "slows", False):  # slept at the next collective

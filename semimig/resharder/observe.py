@@ -32,8 +32,9 @@ PROBE_TARGET_S = 0.1
 """Seconds one repeat of the device probe takes on the fastest rank (:func:`probe_times`).  A repeat must
 hold several products on every device: a repeat of one product reads its start-up (thread wake-up, cache,
 a clock ramping up) and where in its time base a quota or power limit caught it, and can read a slow
-rank well off its steady speed.  The cost is paid once, at enable time: ``PROBE_REPEATS``
-repeats, each ``target_s`` times the slowest rank's slowdown."""
+rank well off its steady speed.  The whole cost is paid once, at enable time: ``PROBE_REPEATS``
+repeats, each ``target_s`` times the slowest rank's slowdown; a rank that skips the step reruns at most a
+quarter of a step of it (:mod:`semimig.resharder.idle`)."""
 PROBE_MAX_SIZE = 4096
 """Largest side of the probe's matrices (the model's hidden size below it): 3 x 64 MB in fp32."""
 

@@ -68,6 +68,18 @@ def test_an_idle_ranks_row_is_its_replicated_work_at_its_probed_speed():
     assert reader.rows(rows, idle=(3,))[3][0] == pytest.approx(2.4)
 
 
+def test_an_idle_ranks_probe_fits_a_quarter_of_the_last_step():
+    reader = IdleReader(size=8, n=50, base=(0.02, 0.08), device="cpu", dtype=None)
+    assert reader.count() == 1  # nothing timed yet: the whole work could outlast the step
+    reader.probe()
+    assert reader.count() == 1 and not math.isnan(reader.seconds)  # a probe but no step's wall
+    per = reader.seconds / reader.n  # seconds a product, scaled to the whole work
+    reader.take(wall=9 * per)
+    assert reader.count() == 2  # a quarter of 9 products' time, whole products
+    reader.take(wall=1e6)
+    assert reader.count() == reader.n  # never more than the whole work
+
+
 def test_the_simulator_prices_an_idle_rank_as_the_product_runs_it():
     base = dict(tp=4, replicated_share=1 / 3, mlp_units=16, kv_units=8, comm_share=0.0)
     speeds = (1.0, 1.0, 1.0, 0.125)
