@@ -1,6 +1,7 @@
 """Score the re-shard policy on a family of simulated scenarios (DESIGN §9), and replay recorded runs.
 
     python benchmarks/policy_sim.py --json F [--quick] [--scenarios N] [--seed S] [--replay DIR] [--idle-skips]
+                                    [--clock wall|steps]
 
 Runs :mod:`semimig.controller.sim` on ``N`` generated scenarios (default 1200; ``--quick``: 30 short
 ones, for CI): each policy's time to the last step over the scenario's oracle, per category and
@@ -12,7 +13,9 @@ simulated mean step against the measured one, per run, and every straggler resul
 with the reason.  ``--idle-skips``: in every scenario a rank holding no unit skips the step (one TP
 group of a Llama-family model: :mod:`semimig.shardformer.skip`), for the policy, its step model and
 the oracle alike; without it an emptied rank still runs its replicated work (pipelines, replicas, ZeRO,
-other models).
+other models).  ``--clock``: what the traces' rows count (:mod:`semimig.controller.sim.scenarios`): the
+wall clock's seconds (default: a slowdown from outside the job keeps its own time), or the steps (the
+same draws, a phase lasting as many steps under every plan).
 The JSON holds ``{"overall", "categories", "policy"}`` for the policy in use, every policy's summary
 under ``"policies"``, each scenario's record, the replay, the policy in use's host time per decision by
 tensor-parallel size (``"decision_ms"``: one ``observe`` a step, what the step hook adds on every rank of a
@@ -31,6 +34,7 @@ from pathlib import Path
 from bench_output import add_json_flag, refuse, write_result
 
 from semimig.controller.sim import family
+from semimig.controller.sim.scenarios import CLOCKS
 from semimig.controller.sim.replay import replay_file, replay_summary
 from semimig.controller.sim.score import evaluate, summarise, table
 from semimig.controller.sim.simulate import reshard_policy
@@ -60,6 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-replay", action="store_true", help="skip the replay")
     parser.add_argument("--idle-skips", action="store_true",
                         help="a rank holding no unit skips the step in every scenario (one TP group, Llama family)")
+    parser.add_argument("--clock", default="wall", choices=CLOCKS,
+                        help="what the traces' rows count: wall-clock seconds (default) or steps")
     args = parser.parse_args(argv)
     if args.scenarios is not None and args.scenarios < 1:
         parser.error(f"--scenarios must be >= 1, got {args.scenarios}")
@@ -161,7 +167,7 @@ def main(argv=None) -> int:
     steps = dict(min_steps=60, max_steps=160) if args.quick else dict(min_steps=150, max_steps=600)
     load_before = os.getloadavg()
     start, cpu_start = time.perf_counter(), time.process_time()
-    scenarios = family(count, args.seed, **steps, idle_skips=args.idle_skips)
+    scenarios = family(count, args.seed, **steps, idle_skips=args.idle_skips, clock=args.clock)
     policies = {**POLICIES, **_optional_policies()}
     clock = DecisionClock()
     in_use = next(iter(POLICIES))
@@ -189,7 +195,8 @@ def main(argv=None) -> int:
               f"{s['in_band']} within 10 % of their band; {len(s['skipped'])} skipped")
     try:
         write_result(args.json, "policy_sim", argv, {"scenarios": count, "seed": args.seed, "quick": args.quick,
-                                                      "idle_skips": args.idle_skips, **steps},
+                                                      "idle_skips": args.idle_skips, "clock": args.clock,
+                                                      **steps},
                      command=" ".join(["python", "benchmarks/policy_sim.py", *(sys.argv[1:] if argv is None
                                                                                else argv)]),
                      commit=_commit(), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), wall_s=wall, cpu_s=cpu,

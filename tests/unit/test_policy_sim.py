@@ -305,3 +305,91 @@ def test_a_slowdown_that_deepens_step_by_step_is_followed_to_the_best_plan(seed)
     final = best_plans(workload, speeds[-1])
     assert run.plans[-1][1:3] == (final[0].units, final[1].units), run.plans
     assert run.time_s / oracle_time(scenario)[0] < 1.05
+
+
+def _on_the_wall(scenario: Scenario, steps: int) -> Scenario:
+    return dataclasses.replace(scenario, clock="wall", length=steps)
+
+
+def test_a_wall_trace_of_constant_speeds_runs_as_the_step_trace():
+    """With speeds that never change, the clocks agree: the oracle, every fixed plan, the limit and the policy."""
+    scenario = _hand_built()[0]  # one rank at a quarter from the start
+    wall = _on_the_wall(scenario, scenario.steps)
+    for measure in (oracle_time, reactive_time):
+        assert measure(wall)[0] == pytest.approx(measure(scenario)[0], rel=1e-9)
+    assert limit_time(wall) == pytest.approx(limit_time(scenario), rel=1e-9)
+    assert fixed_time(wall, scenario.workload.even_plans()) == pytest.approx(
+        fixed_time(scenario, scenario.workload.even_plans()), rel=1e-9)
+    assert run_policy(wall, reshard_policy).time_s == pytest.approx(run_policy(scenario, reshard_policy).time_s,
+                                                                    rel=1e-9)
+
+
+def test_on_the_wall_clock_a_slow_phase_holds_fewer_steps_of_a_slower_plan():
+    """Rows of healthy-step seconds: 10 healthy, 20 at a quarter, then healthy.  The even plan steps 4 s in
+    the slow phase, so it runs 10 + 5 steps in the first 30 s and the last 25 of 40 after: 55 s (on the step
+    clock the 20 slow steps alone take 80 s)."""
+    workload = _workload(replicated_share=0.0)
+    speeds = np.ones((60, 2))
+    speeds[10:30, 1] = 0.25
+    steps = Scenario(name="phase", category="come_and_go", workload=workload, speeds=speeds[:40])
+    wall = Scenario(name="phase", category="come_and_go", workload=workload, speeds=speeds, clock="wall", length=40)
+    assert fixed_time(wall, workload.even_plans()) == pytest.approx(55.0)
+    assert fixed_time(steps, workload.even_plans()) == pytest.approx(100.0)
+    # the limit, moves free: the slow phase at 2χ/(χ + 1) = 1.6 s a step (12.5 steps), 17.5 after
+    assert limit_time(wall) == pytest.approx(30.0 + 17.5)
+    assert [wall.row_at(0, 0.0), wall.row_at(3, 29.99), wall.row_at(9, 1e9)] == [0, 29, 59]
+
+
+def test_on_the_wall_clock_the_oracle_beats_every_fixed_plan_and_the_policy():
+    """The wall clock's oracle over every plan (the bursts scenario's rows as seconds) is at most every fixed
+    plan's time with its move, the reactive bound's and the policy's; the restricted oracle within 2 %."""
+    scenario = _on_the_wall(_hand_built()[1], 50)
+    workload = scenario.workload
+    plans = _all_plans(workload)
+    exact, _ = oracle_time(scenario, plans)
+    for p in plans:
+        assert exact <= fixed_time(scenario, p) + workload.move(workload.even_plans(), p, first=True)[1] + 1e-9
+    bound, _ = reactive_time(scenario, plans)
+    assert exact - 1e-9 <= bound <= run_policy(scenario, reshard_policy).time_s + 1e-9
+    restricted, _ = oracle_time(scenario)
+    assert exact - 1e-9 <= restricted <= 1.02 * exact
+    assert limit_time(scenario) <= exact + 1e-9
+
+
+def test_the_wall_reactive_bound_pays_the_steps_before_a_change_is_measured():
+    """A straggler from second 10 on, moves free: the oracle moves at second 10, the reactive bound after
+    ``lag + 1`` steps at the straggler's speeds under the plan held (even, or a compromise held from the
+    start where it beats even over those steps)."""
+    workload = _workload(state_bytes=8, latency_s=0.0)
+    speeds = np.ones((200, 2))
+    speeds[10:, 1] = 0.25
+    for lag in (0, 2):
+        scenario = Scenario(name="late", category="persistent", workload=workload, speeds=speeds, lag=lag,
+                            clock="wall", length=40)
+        plans = candidate_plans(scenario)
+        best = workload.step_seconds(best_plans(workload, (1.0, 0.25)), (1.0, 0.25))
+        even = workload.step_seconds(workload.even_plans(), (1.0, 0.25))
+        oracle, bound = oracle_time(scenario, plans)[0], reactive_time(scenario, plans)[0]
+        assert oracle == pytest.approx(10.0 + 30 * best, rel=1e-6)
+        assert 0.0 < bound - oracle <= (lag + 1) * (even - best) + 1e-9
+
+
+def test_a_family_on_either_clock_has_the_same_draws():
+    steps = family(12, seed=2, min_steps=40, max_steps=60, clock="steps")
+    wall = family(12, seed=2, min_steps=40, max_steps=60)
+    for a, b in zip(steps, wall):
+        assert (a.clock, b.clock, a.steps) == ("steps", "wall", b.steps)
+        assert np.array_equal(a.speeds, b.speeds[:a.steps]) and a.noise == b.noise and a.workload == b.workload
+        assert b.speeds.shape[0] == 9 * b.steps
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    (dict(clock="seconds"), r"Scenario.clock must be one of \('wall', 'steps'\), got 'seconds'"),
+    (dict(clock="steps", length=7), r"Scenario.length=7: a trace on the step clock runs one step per row \(5 rows\)"),
+    (dict(clock="wall", length=0), r"Scenario.length must be an int >= 1 or None, got 0"),
+])
+def test_a_bad_clock_or_length_is_refused_naming_it(kwargs, said):
+    with pytest.raises(ConfigError, match=said):
+        Scenario(name="x", category="none", workload=_workload(), speeds=np.ones((5, 2)), **kwargs)
+    with pytest.raises(ConfigError, match=r"clock must be one of \('wall', 'steps'\), got 'hours'"):
+        make_scenario(1, "none", clock="hours")

@@ -41,6 +41,7 @@ The *limit* is what no plan of whole units beats: each segment at the continuous
 """
 from __future__ import annotations
 
+import math
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -180,10 +181,81 @@ def _schedule(scenario: Scenario, plans: Sequence[Plans], starts: Sequence[int])
     return float(value[k]), int(count[k])
 
 
+def _wall_segments(scenario: Scenario) -> Tuple[List[Tuple[int, int]], np.ndarray, np.ndarray]:
+    """A wall trace's constant segments: ``(rows, start seconds, lengths in seconds)``, the last one open."""
+    segs = segments(scenario.speeds)
+    T = scenario.workload.step_s
+    begins = np.array([s for s, _ in segs], dtype=float) * T
+    lengths = np.array([n for _, n in segs], dtype=float) * T
+    lengths[-1] = math.inf
+    return segs, begins, lengths
+
+
+def _wall_schedule(scenario: Scenario, plans: Sequence[Plans], reactive: bool) -> Tuple[float, int]:
+    """:func:`_schedule` on a wall trace: ``(seconds to the last step, moves)`` of the best schedule over
+    ``plans`` from the even plan, moving at most once per segment of constant speeds, at its start (a
+    segment's step costs are constant, so a later move only loses what the plan moved to saves), or with
+    ``reactive`` only once the plan in force has run ``lag + 1`` steps at the segment's speeds (the
+    first segment's move, before the first step, sends weights only).
+
+    A dynamic programme over the segments: the steps done by each segment's end, by plan held.  Steps are
+    counted in fractions (a step that straddles a change runs at the speeds it ends in), and a move longer
+    than its segment is charged at that segment's pace."""
+    workload = scenario.workload
+    plans = list(plans)
+    even = workload.even_plans()
+    if even not in plans:
+        plans.insert(0, even)
+    K, start = len(plans), plans.index(even)
+    nbytes = np.array([[workload.move(p, q)[0] for q in plans] for p in plans], dtype=float)
+    moving = np.array([[movers(p, q) for q in plans] for p in plans], dtype=bool)
+    changed = moving.any(axis=2)
+    segs, begins, lengths = _wall_segments(scenario)
+    speeds = np.asarray(scenario.speeds, dtype=float)
+    step = _step_matrix(workload, plans, speeds[[s for s, _ in segs]])  # (K, segments)
+    N, wait = float(scenario.steps), float(scenario.lag + 1)
+    first = np.array([workload.move(even, q, first=True, speeds=speeds[0])[1] for q in plans])
+    done = np.full(K, -math.inf)
+    done[start] = 0.0
+    count = np.zeros(K, dtype=int)
+    best, best_moves = math.inf, 0
+    ks = np.arange(K)
+    for j, (row, _) in enumerate(segs):
+        t0, length, cost = begins[j], lengths[j], step[:, j]
+        if j == 0:
+            moves = np.full((K, K), math.inf)
+            moves[start] = first
+        else:
+            moves = np.where(changed, workload.move_seconds(nbytes, move_pace(moving, speeds[row])), 0.0)
+        need = N - done  # (K,) steps left, by plan held
+        ran = np.zeros((K, K))  # steps the plan held runs at this segment's speeds before the move
+        if reactive and j > 0:
+            ran = np.where(changed, np.minimum(wait, need)[:, None], 0.0)
+        spent = ran * cost[:, None] + moves  # (from, to): seconds before the plan moved to runs
+        reached = np.isfinite(done)[:, None] & np.isfinite(spent)
+        with np.errstate(invalid="ignore"):
+            progress = done[:, None] + ran + (length - spent) / cost[None, :]
+            finish = t0 + spent + np.maximum(need[:, None] - ran, 0.0) * cost[None, :]
+        ends = reached & (finish <= t0 + length)  # the run's last step falls in this segment
+        if np.any(ends):
+            q, k = np.unravel_index(np.argmin(np.where(ends, finish, math.inf)), finish.shape)
+            if finish[q, k] < best:
+                best, best_moves = float(finish[q, k]), int(count[q] + changed[q, k])
+        progress = np.where(reached & ~ends, progress, -math.inf)
+        came = np.argmax(progress, axis=0)
+        done = progress[came, ks]
+        count = count[came] + ((came != ks) & changed[came, ks])
+        if not np.any(np.isfinite(done)):
+            break
+    return best, best_moves
+
+
 def oracle_time(scenario: Scenario, plans: Sequence[Plans] | None = None) -> Tuple[float, int]:
     """``(seconds, moves)`` of the best schedule over ``plans`` (default :func:`candidate_plans`) that
     starts from the even plan and pays each move (module docstring)."""
     plans = list(plans) if plans is not None else candidate_plans(scenario)
+    if scenario.wall:
+        return _wall_schedule(scenario, plans, reactive=False)
     return _schedule(scenario, plans, [s for s, _ in segments(scenario.speeds)])
 
 
@@ -198,23 +270,37 @@ def reactive_time(scenario: Scenario, plans: Sequence[Plans] | None = None) -> T
     """``(seconds, moves)`` of the reactive bound (module docstring): the oracle's schedule, allowed to move
     only where a change of speeds has just been measured (:func:`reactive_starts`)."""
     plans = list(plans) if plans is not None else candidate_plans(scenario)
+    if scenario.wall:
+        return _wall_schedule(scenario, plans, reactive=True)
     return _schedule(scenario, plans, reactive_starts(scenario))
 
 
+def _run_time(scenario: Scenario, steps: np.ndarray) -> float:
+    """Seconds to the last step with segment ``j`` of the trace stepping ``steps[j]`` seconds: their sum over
+    each segment's steps, or on a wall trace the time the steps done over the segments' seconds reach the
+    run's (counted in fractions, as :func:`_wall_schedule` counts them)."""
+    if not scenario.wall:
+        return float(steps @ np.array([n for _, n in segments(scenario.speeds)], dtype=float))
+    _, begins, lengths = _wall_segments(scenario)
+    left = float(scenario.steps)
+    for t0, length, step in zip(begins, lengths, steps):
+        if left * step <= length:
+            return float(t0 + left * step)
+        left -= length / step
+    raise AssertionError("the last segment is open")  # pragma: no cover
+
+
 def fixed_time(scenario: Scenario, plans: Plans) -> float:
-    """Seconds of the whole trace under one plan, never moved (the even plan: Colossal-AI alone)."""
-    segs = segments(scenario.speeds)
-    rows = np.array([scenario.speeds[s] for s, _ in segs])
-    lengths = np.array([n for _, n in segs], dtype=float)
-    return float(_step_matrix(scenario.workload, [plans], rows)[0] @ lengths)
+    """Seconds of the run under one plan, never moved (the even plan: Colossal-AI alone)."""
+    rows = np.array([scenario.speeds[s] for s, _ in segments(scenario.speeds)])
+    return _run_time(scenario, _step_matrix(scenario.workload, [plans], rows)[0])
 
 
 def limit_time(scenario: Scenario) -> float:
-    """Seconds of the trace at the continuous optimum of every segment, moves free (module docstring)."""
+    """Seconds of the run at the continuous optimum of every segment, moves free (module docstring)."""
     workload = scenario.workload
-    total = 0.0
-    for start, length in segments(scenario.speeds):
+    steps = []
+    for start, _ in segments(scenario.speeds):
         model = workload.step_model(scenario.speeds[start])
-        step = model.step(continuous_shares(model))
-        total += length * (workload.compute_s * step + workload.comm_s)
-    return total
+        steps.append(workload.compute_s * model.step(continuous_shares(model)) + workload.comm_s)
+    return _run_time(scenario, np.array(steps))

@@ -6,8 +6,9 @@ The policy is the real object, unmodified: anything with the interface of
 built by a *factory* ``factory(plans, weights=, bytes_per_unit=)`` exactly as the resharder builds it
 (the weights are the paired parameters' shares; a unit's bytes are its weights and optimizer state).
 
-Per step ``i`` the group runs the plan in force at the speeds of the trace and the step costs what the
-step model says (:meth:`~semimig.controller.sim.stepmodel.Workload.step_seconds`: time is the model's,
+Per step ``i`` the group runs the plan in force at the speeds of the trace (the row of step ``i``, or on a
+wall trace the row its start time falls in, :meth:`~semimig.controller.sim.scenarios.Scenario.row_at`)
+and the step costs what the step model says (:meth:`~semimig.controller.sim.stepmodel.Workload.step_seconds`: time is the model's,
 noise-free).  What the policy reads is a :class:`~semimig.controller.reshard.ReshardSample` of that
 step as the ranks would measure it: each rank's compute times ``exp(σ·z)`` (and, for an outlier, a
 further 1.5-3x), its timed shardable seconds (``timed_share`` of the shardable work, with its own
@@ -17,7 +18,7 @@ step ``i``.  A decision to move is carried out before the next step: the move co
 link, stretched by its slowest rank's pace at that step's speeds, plus its latency
 (:meth:`~semimig.controller.sim.stepmodel.Workload.move`), and the policy is told that cost.  Before the
 first step, when the scenario has the device probe, the policy's ``profile`` reads five repeats of a
-fixed GEMM work timed at each rank's first-step speed (with the same noise); a move then sends weights only
+fixed GEMM work timed at each rank's speed in the trace's first row (with the same noise); a move then sends weights only
 (:data:`~semimig.controller.sim.stepmodel.FIRST_MOVE_SHARE`).
 
 The noise is drawn once per scenario from its seed, so every policy meets the same measurements
@@ -85,28 +86,28 @@ class _Step:
         self.speeds = [tuple(row) for row in scenario.speeds.tolist()]
         self._key, self._parts = None, None
 
-    def _read(self, plans: Plans, i: int) -> tuple:
-        key = (plans, self.speeds[i])
+    def _read(self, plans: Plans, row: int) -> tuple:
+        key = (plans, self.speeds[row])
         if key != self._key:
-            workload, speeds = self.workload, self.speeds[i]
+            workload, speeds = self.workload, self.speeds[row]
             self._key = key
             self._parts = (workload.step_seconds(plans, speeds), workload.rank_compute(plans, speeds),
                            workload.shardable_compute(plans, speeds), workload.seat_comm(plans, speeds),
                            [workload.idle_skips and p == 0.0 for p in workload.shares(plans)])  # idle: waits the step
         return self._parts
 
-    def seconds(self, plans: Plans, i: int) -> float:
-        """The step's time under ``plans`` (the model's, noise-free)."""
-        return self._read(plans, i)[0]
+    def seconds(self, plans: Plans, row: int) -> float:
+        """The step's time under ``plans`` at the speeds of the trace's ``row`` (the model's, noise-free)."""
+        return self._read(plans, row)[0]
 
-    def sample(self, plans: Plans, i: int) -> ReshardSample:
-        """Step ``i`` as the ranks measure it (module docstring)."""
-        _, rank, sharded, seats, idle = self._read(plans, i)
+    def sample(self, plans: Plans, i: int, row: int) -> ReshardSample:
+        """Step ``i``, run at the speeds of ``row``, as the ranks measure it (module docstring)."""
+        _, rank, sharded, seats, idle = self._read(plans, row)
         workload, noise = self.workload, self.noise
         compute = [c * f for c, f in zip(rank, noise.compute[i])]
         shardable = [min(workload.timed_share * b * f * o, 0.98 * c) for b, f, o, c in
                      zip(sharded, noise.shardable[i], noise.outlier[i], compute)]
-        slowest = workload.bound(plans, self.speeds[i], noise.compute[i])
+        slowest = workload.bound(plans, self.speeds[row], noise.compute[i])
         comm = [(seats + max(0.0, slowest - (0.0 if skips else c))) * f
                 for c, f, skips in zip(compute, noise.comm[i], idle)]
         return ReshardSample(tuple(compute), tuple(shardable), tuple(comm))
@@ -123,8 +124,8 @@ def run_policy(scenario: Scenario, factory: PolicyFactory) -> RunResult:
     result = RunResult(time_s=0.0)
 
     def move(new: Sequence[Any], step: int, reason: str) -> Plans:
-        nbytes, seconds = workload.move(plans, tuple(new), first=step < 0,  # at the speeds of the step after it
-                                        speeds=scenario.speeds[step + 1])
+        row = scenario.row_at(step + 1, result.time_s)  # at the speeds of the step after it
+        nbytes, seconds = workload.move(plans, tuple(new), first=step < 0, speeds=scenario.speeds[row])
         result.time_s += seconds
         result.moves += 1
         result.bytes_moved += nbytes
@@ -142,8 +143,9 @@ def run_policy(scenario: Scenario, factory: PolicyFactory) -> RunResult:
     pending: collections.deque = collections.deque()
     step = _Step(scenario, noise)
     for i in range(scenario.steps):
-        result.time_s += step.seconds(plans, i)
-        pending.append(step.sample(plans, i))
+        row = scenario.row_at(i, result.time_s)
+        result.time_s += step.seconds(plans, row)
+        pending.append(step.sample(plans, i, row))
         if len(pending) <= scenario.lag:
             continue
         decision = policy.observe(pending.popleft())
