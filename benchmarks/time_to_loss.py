@@ -524,15 +524,14 @@ def main(argv=None) -> int:
 
 
 def run(args: argparse.Namespace, argv) -> int:
-    from semimig.bench.time_to_loss import TARGET_TOLERANCE, RunResult, exact_limit, summarize_mode
+    from semimig.bench.time_to_loss import TARGET_TOLERANCE, RunResult, exact_limit, run_order, summarize_mode
 
     started = time.time()
     raw: dict[str, list[dict]] = {mode: [] for mode in args.modes}
     reap_stale_scratch()
     with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-") as tmp:
-        for k in range(args.repeats):  # interleaved: a machine that drifts over the run touches every mode alike
-            for mode in args.modes:
-                raw[mode].append(run_once(args, mode, Path(tmp), k))
+        for k, mode in run_order(args.modes, args.repeats):  # interleaved, the order reversed every other repeat
+            raw[mode].append(run_once(args, mode, Path(tmp), k))
     runs = {mode: [RunResult.from_json(d, f"{mode} run {k}") for k, d in enumerate(rs)] for mode, rs in raw.items()}
     healthy = summarize_mode(runs["healthy"], None)
     target = None if healthy["final_val_loss"] is None else healthy["final_val_loss"] * (1 + TARGET_TOLERANCE)

@@ -30,7 +30,7 @@ from semimig._validate import check_number
 from semimig.errors import ConfigError
 
 __all__ = ["TARGET_TOLERANCE", "RunResult", "steady_step_s", "time_to_target_s", "summarize_mode",
-           "exact_limit", "pattern_limit", "throttled_steps", "phase_mean_step_s"]
+           "exact_limit", "pattern_limit", "throttled_steps", "phase_mean_step_s", "run_order"]
 
 TARGET_TOLERANCE = 0.02
 """A mode reaches the healthy model when its validation loss is within 2 % of healthy's final one."""
@@ -89,6 +89,16 @@ class RunResult:
     @property
     def final_val_loss(self) -> Optional[float]:
         return self.val_losses[-1][1] if self.val_losses else None
+
+
+def run_order(modes: Sequence[str], repeats: int) -> list[tuple[int, str]]:
+    """``(repeat, mode)`` in the order the runs are made: every mode once per repeat, in the given order on
+    even repeats and reversed on odd ones, so a machine whose speed drifts over the benchmark (its load,
+    its clock) weighs each mode's runs alike: a drift linear in time cancels over each pair of repeats,
+    where a fixed order would leave the modes run later in every repeat on the slower machine."""
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"repeats must be an int >= 1, got {repeats!r}")
+    return [(k, mode) for k in range(repeats) for mode in (modes if k % 2 == 0 else list(reversed(modes)))]
 
 
 def steady_step_s(step_s: Sequence[float]) -> float:

@@ -149,3 +149,16 @@ def test_pattern_limit_weighs_the_phases_a_run_spends_its_time_in():
                        ((4.0, 20.0, 40.0, 0.0), "healthy_s"), ((0.5, 20.0, 40.0, 10.0), "chi")):
         with pytest.raises(ConfigError, match=match):
             pattern_limit(*bad)
+
+
+def test_the_runs_are_interleaved_and_every_other_repeat_reversed():
+    """A drift linear in time cancels over a pair of repeats: each mode's mean position is the same."""
+    from semimig.bench.time_to_loss import run_order
+
+    order = run_order(["healthy", "off", "semi"], 4)
+    assert order[:6] == [(0, "healthy"), (0, "off"), (0, "semi"), (1, "semi"), (1, "off"), (1, "healthy")]
+    positions = {m: [i for i, (_, mode) in enumerate(order) if mode == m] for m in ("healthy", "off", "semi")}
+    assert len({sum(p) for p in positions.values()}) == 1
+    assert [k for k, mode in order if mode == "off"] == [0, 1, 2, 3]
+    with pytest.raises(ConfigError, match=r"repeats must be an int >= 1, got 0"):
+        run_order(["healthy"], 0)
