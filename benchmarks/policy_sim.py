@@ -10,7 +10,8 @@ changes costs by itself), and prints one table per policy.  ``--replay DIR``
 (default: the repository's ``docs/results`` unless ``--quick``) runs every ``time_to_loss`` result
 with re-shard runs through the step model (:mod:`semimig.controller.sim.replay`) and reports the
 simulated mean step against the measured one, per run, and every straggler result it cannot replay
-with the reason.  ``--idle-skips``: in every scenario a rank holding no unit skips the step (one TP
+with the reason; a throttle pattern also through the policy itself, on the wall clock, against what its
+runs gained over Colossal-AI alone.  ``--idle-skips``: in every scenario a rank holding no unit skips the step (one TP
 group of a Llama-family model: :mod:`semimig.shardformer.skip`), for the policy, its step model and
 the oracle alike; without it an emptied rank still runs its replicated work (pipelines, replicas, ZeRO,
 other models).  ``--clock``: what the traces' rows count (:mod:`semimig.controller.sim.scenarios`): the
@@ -146,6 +147,12 @@ def _replay_table(replay: dict) -> str:
             lines.append(f"{result['file'][:40]:40s} {i:3d} {run['measured_mean_s']:8.3f} "
                          f"{run['simulated_mean_s']:7.3f} {run['ratio']:6.2f} {lo:6.3f}-{hi:6.3f} "
                          + (f"{best['vs_healthy']:4.2f}x" if best else "    -"))
+    for result in replay["files"]:
+        if (pattern := result.get("pattern_policy")) is not None:
+            ratio, sim, real = pattern["policy_vs_even"], pattern["simulated"], pattern["measured"]
+            lines.append(f"{result['file'][:40]}: the policy through its pattern {ratio['simulated']:.3f}x the even "
+                         f"plan's mean step ({sim['moves']:.1f} moves); its reshard runs {ratio['measured']:.3f}x "
+                         f"off's ({real['moves']:.1f} moves)")
     for name, why in replay["summary"]["skipped"].items():
         lines.append(f"skipped {name}: {why}")
     return "\n".join(lines)

@@ -184,6 +184,26 @@ def test_a_pattern_throttles_only_its_flagged_steps():
     assert "throttled flags" in replay_file(data)["skipped"]
 
 
+def test_a_pattern_runs_through_the_policy_on_the_wall_clock():
+    """4 s throttled at χ 4, 4 s free, from the start: the even plan steps 2 s twice and 0.5 s eight times
+    a cycle, so 20 steps take two cycles, 0.8 s a step; the measured side is the runs' own means."""
+    flags = [True] * 3 + [False] * 8 + [True] * 2 + [False] * 7
+    steps = [2.0 if f else T for f in flags]
+    move = dict(_event(2, [28, 4], [8, 0]), bytes_moved=40_000_000, move_s=0.4)
+    data = _file([_run(steps, [move, dict(_event(5, [16, 16], [4, 4]), bytes_moved=40_000_000, move_s=0.2)],
+                       throttled=flags)], pattern="4:4")
+    data["raw"]["off"] = [_run([4 * T if f else T for f in flags], throttled=flags)]
+    out = replay_file(data)["pattern_policy"]
+    assert out["simulated"]["even_s"] == pytest.approx(0.8)
+    assert out["measured"] == pytest.approx({"reshard_s": sum(steps) / 20, "off_s": (5 * 2.0 + 15 * T) / 20,
+                                             "moves": 2})
+    assert out["policy_vs_even"]["measured"] == pytest.approx(sum(steps) / (5 * 2.0 + 15 * T))
+    assert out["policy_vs_even"]["simulated"] == pytest.approx(out["simulated"]["policy_s"] / 0.8)
+    assert 0.0 < out["simulated"]["policy_s"] and out["simulated"]["moves"] >= 0
+    del data["raw"]["off"]
+    assert "pattern_policy" not in replay_file(data)
+
+
 @pytest.mark.parametrize("change, reason", [
     (lambda d: d.update(layout={"tp": 2, "dp": 2}), "dp 2"),
     (lambda d: d.update(layout={"pp": 2, "tp": 2, "dp": 1}), "pp 2"),

@@ -54,6 +54,14 @@ The run's recorded plan schedule then runs through the model (no policy involved
 model), the throttled rank at ``1/χ`` on every step (a pattern: on the steps its ``throttled``
 flags mark; a pattern run without them is skipped), and the mean simulated step is set against the
 mean measured one, both over the steps after the first (a move's own seconds are in neither).
+
+A throttle pattern (``on:off`` seconds) is also run through the policy itself (:func:`pattern_policy`):
+the pattern laid on the wall clock from the run's start at the file's constants, its moves priced at the
+fastest rate and the bytes per unit its ``reshard`` runs measured, its noise the healthy runs' own (the
+one estimator, :class:`~semimig.controller.policy.gain.Noise`), over as many steps as the runs took and a
+few seeds of that noise; the policy's mean step and Colossal-AI's (the even plan) are set against the
+``reshard`` and ``off`` runs' measured ones.  This checks what the schedule replay cannot: whether the
+policy, meeting the pattern, chooses as the runs chose and gains as much over doing nothing.
 """
 from __future__ import annotations
 
@@ -62,16 +70,24 @@ import math
 import statistics
 from typing import List, Optional, Sequence, Tuple
 
-from semimig.controller.sim.oracle import best_plans
+import numpy as np
+
+from semimig.controller.policy.gain import Noise
+from semimig.controller.policy.records import moved_units
+from semimig.controller.sim.oracle import best_plans, fixed_time
+from semimig.controller.sim.scenarios import WALL_ROWS, Scenario
+from semimig.controller.sim.simulate import reshard_policy, run_policy
 from semimig.controller.sim.stepmodel import Plans, Workload
 from semimig.sharding.plan import ShardPlan
 
-__all__ = ["SPLITS", "BLOCK", "replay_file", "replay_summary", "file_constants"]
+__all__ = ["SPLITS", "BLOCK", "PATTERN_SEEDS", "replay_file", "replay_summary", "file_constants", "pattern_policy"]
 
 SPLITS: Tuple[float, ...] = tuple(i / 10 for i in range(11))
 """The shares ``f`` of a healthy step's non-shardable seconds taken as replicated work (module docstring)."""
 BLOCK = 128
 """Columns of one MLP unit (the example's re-shard block)."""
+PATTERN_SEEDS = 4
+"""Seeds of the measurement noise a pattern's policy run is averaged over."""
 
 
 def _layout(data: dict) -> Tuple[int, int, int, int]:
@@ -253,6 +269,61 @@ def _simulated_mean(c: dict, split: float, run: dict, events: Sequence[dict], pa
     return total / (steps - 1)
 
 
+def _moves_measured(runs: Sequence[dict], workload: Workload) -> Optional[Tuple[int, float]]:
+    """``(state bytes, bytes per second)`` of the runs' moves after the first step: every unit's bytes, the
+    median over moves of their bytes over the units' weights they moved, and the fastest move's rate
+    (a free move's: :meth:`~semimig.controller.sim.stepmodel.Workload.move` stretches it by its pace)."""
+    sizes, rates = [], []
+    for run in runs:
+        plans = workload.even_plans()
+        for e in sorted(_run_events(run), key=lambda e: e["step"]):
+            new = (ShardPlan(units=tuple(e["mlp_units"])), ShardPlan(units=tuple(e["kv_units"])))
+            weight = sum(moved_units(o, n) * w / n.total_units for o, n, w in zip(plans, new, workload.weights))
+            if e["step"] >= 0 and weight > 0.0 and e.get("bytes_moved") and e.get("move_s"):
+                sizes.append(e["bytes_moved"] / weight)
+                rates.append(e["bytes_moved"] / e["move_s"])
+            plans = new
+    return (int(statistics.median(sizes)), max(rates)) if sizes else None
+
+
+def pattern_policy(data: dict, c: dict) -> Optional[dict]:
+    """The policy in use through the file's throttle pattern on the wall clock (module docstring):
+    ``{"simulated": {"policy_s", "even_s", "moves"}, "measured": {"reshard_s", "off_s", "moves"},
+    "policy_vs_even": {"simulated", "measured"}}``, mean steps in seconds; ``None`` without a pattern, an
+    ``off`` run or a measured move."""
+    try:
+        on_s, off_s = (float(x) for x in str(data.get("pattern")).split(":"))
+    except ValueError:
+        return None
+    raw = data["raw"]
+    if not raw.get("off") or on_s <= 0.0:
+        return None
+    workload = _file_workload(c, c["split"], _run_events(raw["reshard"][0]))
+    moves = _moves_measured(raw["reshard"], workload)
+    if moves is None:
+        return None
+    workload = dataclasses.replace(workload, state_bytes=moves[0], bandwidth_bytes_s=moves[1], latency_s=0.0)
+    steps, T = len(raw["reshard"][0]["step_s"]), c["healthy_step_s"]
+    rows = np.arange(steps * WALL_ROWS)
+    speeds = np.ones((rows.size, c["tp"]))
+    speeds[(rows * T) % (on_s + off_s) < on_s, c["straggler_rank"]] = 1.0 / c["chi"]  # on from the start
+    noise = Noise(prior=0.0)
+    for run in raw["healthy"]:
+        noise.add_rows([[t] for t in run["step_s"][1:]])
+    scenario = Scenario(name="pattern", category="come_and_go", workload=workload, speeds=speeds,
+                        noise=min(noise.sigma, 1.0), clock="wall", length=steps)
+    runs = [run_policy(dataclasses.replace(scenario, seed=seed), reshard_policy) for seed in range(PATTERN_SEEDS)]
+    simulated = {"policy_s": statistics.fmean(r.time_s for r in runs) / steps,
+                 "even_s": fixed_time(scenario, workload.even_plans()) / steps,
+                 "moves": statistics.fmean(r.moves for r in runs)}
+    measured = {"reshard_s": statistics.fmean(statistics.fmean(r["step_s"]) for r in raw["reshard"]),
+                "off_s": statistics.fmean(statistics.fmean(r["step_s"]) for r in raw["off"]),
+                "moves": statistics.fmean(len(_run_events(r)) for r in raw["reshard"])}
+    return {"simulated": simulated, "measured": measured,
+            "policy_vs_even": {"simulated": simulated["policy_s"] / simulated["even_s"],
+                               "measured": measured["reshard_s"] / measured["off_s"]}}
+
+
 def replay_file(data: dict, name: str = "") -> dict:
     """Every ``reshard`` run of a ``time_to_loss`` result through the model (module docstring):
     ``{"file", "constants", "runs": [{"measured_mean_s", "simulated_mean_s", "ratio", "band_s", "moves",
@@ -287,7 +358,9 @@ def replay_file(data: dict, name: str = "") -> dict:
         best = {"plan": [list(p.units) for p in plans],
                 "vs_healthy": workload.step_seconds(plans, speeds) / workload.step_seconds(workload.even_plans(),
                                                                                           [1.0] * c["tp"])}
+    policy = pattern_policy(data, c) if pattern else None
     return {"file": name, "constants": c, "runs": out, "ratio": statistics.fmean(ratios), "model_best": best,
+            **({"pattern_policy": policy} if policy is not None else {}),
             "error": statistics.fmean(abs(x - 1.0) for x in ratios),
             "in_band": all(r["band_s"][0] * 0.9 <= r["measured_mean_s"] <= r["band_s"][1] * 1.1 for r in out)}
 
