@@ -53,7 +53,7 @@ PROVENANCE = ("command", "commit", "machine", "date")
 """What every result file's ``provenance`` object states."""
 COMPUTE = ("measured", "emulated", "simulated")
 """How a result's figures were obtained: real compute, an emulated device, or the policy simulator."""
-MAX_FILES = 45
+MAX_FILES = 46
 """The most files ``docs/results/`` holds: one per question, not its history."""
 
 
