@@ -14,7 +14,9 @@ before the first step: the replicated work at the holders' pace, scaled by how m
 rank runs the same work.  It assumes the holders run at their enable-time speed (their own rows say
 when they do not).  Only part of the probe runs when it would take more than a quarter of the last
 step (a very slow rank would otherwise hold the group at the step's end), and one product before a step
-has been timed; its time is scaled to the whole work.  The step model then prices the idle rank as holding nothing and bounding no step
+has been timed; its time is scaled to the whole work.  It runs once between two rows: the rank skips
+every forward of the step's micro-steps and of an evaluation between steps, and a row reads one probe,
+so a probe at each would only hold the group (eight evaluation batches at a quarter step each).  The step model then prices the idle rank as holding nothing and bounding no step
 (:attr:`~semimig.sharding.solver.StepModel.idle_free`), and hands it units back when it is fast again.
 """
 from __future__ import annotations
@@ -54,7 +56,10 @@ class IdleReader:
         return max(1, min(self.n, int(QUARTER * self.wall / self._per)))
 
     def probe(self) -> None:
-        """Time the probe's work, or the part of it that fits a quarter of the last step (:meth:`count`)."""
+        """Time the probe's work, or the part of it that fits a quarter of the last step (:meth:`count`), unless
+        it was timed since the last row was taken (:meth:`take`): one probe a row."""
+        if not math.isnan(self.seconds):
+            return
         k = self.count()
         # made here, not kept: only an idle rank runs it, and its matrices (up to 3 x 64 MB) need not stay
         elapsed = ProbeWork(self.size, device=self.device, dtype=self.dtype).run(k)

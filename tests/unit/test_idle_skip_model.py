@@ -80,6 +80,24 @@ def test_an_idle_ranks_probe_fits_a_quarter_of_the_last_step():
     assert reader.count() == reader.n  # never more than the whole work
 
 
+def test_an_idle_rank_probes_once_a_row_however_many_forwards_it_skips(monkeypatch):
+    """A rank that skips every forward of a step's micro-steps and of an evaluation runs the probe once
+    until its row is taken: the work it times (the real ProbeWork, made for each probe) is made once a row."""
+    from semimig.resharder import observe
+
+    made = []
+    real = observe.ProbeWork.__init__
+    monkeypatch.setattr(observe.ProbeWork, "__init__", lambda self, *a, **k: made.append(1) or real(self, *a, **k))
+    reader = IdleReader(size=8, n=50, base=(0.02, 0.08), device="cpu", dtype=None)
+    for _ in range(8):  # eight forwards skipped between two rows
+        reader.probe()
+    assert len(made) == 1 and not math.isnan(reader.take(wall=1.0))
+    reader.probe()
+    reader.probe()
+    assert len(made) == 2 and not math.isnan(reader.take(wall=1.0))
+    assert math.isnan(reader.take(wall=1.0))  # no probe since: the row has none (rows() keeps the last one)
+
+
 def test_the_simulator_prices_an_idle_rank_as_the_product_runs_it():
     base = dict(tp=4, replicated_share=1 / 3, mlp_units=16, kv_units=8, comm_share=0.0)
     speeds = (1.0, 1.0, 1.0, 0.125)
