@@ -149,17 +149,26 @@ def _step_matrix(workload: Workload, plans: Sequence[Plans], speeds: np.ndarray)
     return workload.compute_s * compute + comm
 
 
-def _schedule(scenario: Scenario, plans: Sequence[Plans], starts: Sequence[int]) -> Tuple[float, int]:
-    """``(seconds, moves)`` of the best schedule over ``plans`` from the even plan that may move only before
-    the steps ``starts`` (the first is 0; one move before it sends weights only), paying each move."""
+def _moves(scenario: Scenario, plans: Sequence[Plans]) -> Tuple[List[Plans], int, np.ndarray, np.ndarray, np.ndarray]:
+    """What both clocks' schedules move between: ``plans`` with the even plan among them, its index, the bytes
+    of every move ``[from, to]``, which ranks take part in it ``[from, to, rank]``, and the seconds of each
+    first move from even (before the first step: weights only, at the trace's first speeds)."""
     workload = scenario.workload
     plans = list(plans)
     even = workload.even_plans()
     if even not in plans:
         plans.insert(0, even)
-    start = plans.index(even)
     nbytes = np.array([[workload.move(p, q)[0] for q in plans] for p in plans], dtype=float)
-    moving = np.array([[movers(p, q) for q in plans] for p in plans], dtype=bool)  # (K, K, tp)
+    moving = np.array([[movers(p, q) for q in plans] for p in plans], dtype=bool)
+    first = np.array([workload.move(even, q, first=True, speeds=scenario.speeds[0])[1] for q in plans])
+    return plans, plans.index(even), nbytes, moving, first
+
+
+def _schedule(scenario: Scenario, plans: Sequence[Plans], starts: Sequence[int]) -> Tuple[float, int]:
+    """``(seconds, moves)`` of the best schedule over ``plans`` from the even plan that may move only before
+    the steps ``starts`` (the first is 0; one move before it sends weights only), paying each move."""
+    workload = scenario.workload
+    plans, start, nbytes, moving, first = _moves(scenario, plans)
     changed = moving.any(axis=2)  # the plans differ: a move, with its latency
     pieces = sorted(set(starts) | {s for s, _ in segments(scenario.speeds)})  # constant speeds, one interval
     lengths = np.diff(np.array(pieces + [scenario.steps], dtype=float))
@@ -168,7 +177,6 @@ def _schedule(scenario: Scenario, plans: Sequence[Plans], starts: Sequence[int])
     cost = np.zeros((len(plans), len(starts)))
     np.add.at(cost.T, owner, piece_cost.T)  # (K, intervals)
     speeds = np.asarray(scenario.speeds, dtype=float)
-    first = np.array([workload.move(even, q, first=True, speeds=speeds[0])[1] for q in plans])  # before the first step
     value = first + cost[:, 0]
     count = (np.arange(len(plans)) != start).astype(int)
     for s in range(1, len(starts)):
@@ -203,19 +211,12 @@ def _wall_schedule(scenario: Scenario, plans: Sequence[Plans], reactive: bool) -
     policy's run takes the whole step at the speeds it starts at), and a move longer than its segment is
     charged at that segment's pace."""
     workload = scenario.workload
-    plans = list(plans)
-    even = workload.even_plans()
-    if even not in plans:
-        plans.insert(0, even)
-    K, start = len(plans), plans.index(even)
-    nbytes = np.array([[workload.move(p, q)[0] for q in plans] for p in plans], dtype=float)
-    moving = np.array([[movers(p, q) for q in plans] for p in plans], dtype=bool)
-    changed = moving.any(axis=2)
+    plans, start, nbytes, moving, first = _moves(scenario, plans)
+    K, changed = len(plans), moving.any(axis=2)
     segs, begins, lengths = _wall_segments(scenario)
     speeds = np.asarray(scenario.speeds, dtype=float)
     step = _step_matrix(workload, plans, speeds[[s for s, _ in segs]])  # (K, segments)
     N, wait = float(scenario.steps), float(scenario.lag + 1)
-    first = np.array([workload.move(even, q, first=True, speeds=speeds[0])[1] for q in plans])
     done = np.full(K, -math.inf)
     done[start] = 0.0
     count = np.zeros(K, dtype=int)
