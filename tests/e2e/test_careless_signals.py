@@ -2,13 +2,16 @@
 and SIGKILL of it (its children notice through the parent-death signal; what it made on the machine is
 reaped by the next run).  Each case compares the machine before and after: the processes carrying the
 case's marker in their environment, the launcher's cgroups, namespaces, links and scratch directories.
-The payload is a sleeping Python, not training; every wait is bounded.  The cgroup and namespace cases
+The payload is ``sleep``, not training: every ending signal keeps its default action from its first
+instruction, so the command dies of the signal whenever it arrives (a Python payload still in its
+start-up turns SIGINT into a KeyboardInterrupt and exits 1).  Every wait is bounded.  The cgroup and namespace cases
 skip where this is not root or the machine lacks them; whatever a case makes, it removes.
 """
 from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +24,7 @@ from dist_harness import sigint_as_from_a_terminal
 from scripts import REPO
 
 SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGKILL]
-SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+SLEEP = [shutil.which("sleep") or "/bin/sleep", "60"]
 
 
 def _marked(mark: str) -> list[int]:
