@@ -192,6 +192,26 @@ def test_the_oracle_pays_its_moves():
     assert moves == 0 and seconds == pytest.approx(fixed_time(scenario, workload.even_plans()))
 
 
+@pytest.mark.parametrize("clock", ["steps", "wall"])
+def test_the_step_after_each_move_runs_longer_and_the_run_and_the_oracle_pay_it(clock):
+    """Rank 1 slows to a quarter from step 30 of 120.  With ``settle`` the step after each move (not the one
+    before the first step) runs ``settle`` healthy steps longer: the policy never feeds that step to its model
+    (its warm-up step), so it decides as without it and its run takes exactly that much more a move; the oracle
+    pays it on each of its moves, so it is at least as slow and no slower than its own schedule paying it."""
+    workload = _workload(state_bytes=4 * 10**7, bandwidth_bytes_s=1e8)  # every unit: 0.4 s
+    speeds = np.ones((120 if clock == "steps" else 1080, 2))
+    speeds[30:, 1] = 0.25
+    free = Scenario(name="late", category="persistent", workload=workload, speeds=speeds, clock=clock,
+                    length=None if clock == "steps" else 120)
+    settled = dataclasses.replace(free, workload=dataclasses.replace(workload, settle=0.5))
+    a, b = run_policy(free, reshard_policy), run_policy(settled, reshard_policy)
+    assert b.plans == a.plans and a.moves >= 1
+    after_first = sum(step >= 0 for step, *_ in a.plans)
+    assert b.time_s == pytest.approx(a.time_s + 0.5 * workload.step_s * after_first)
+    (free_s, free_moves), (settled_s, settled_moves) = oracle_time(free), oracle_time(settled)
+    assert free_moves >= 1 and free_s < settled_s <= free_s + 0.5 * workload.step_s * free_moves + 1e-9
+
+
 def test_best_plans_is_the_best_of_all_plans_for_constant_speeds():
     workload = _workload(replicated_share=0.1)
     for speeds in ((1.0, 0.25), (0.6, 1.0), (1.0, 1.0)):
@@ -224,6 +244,8 @@ def test_a_bad_scenario_is_refused_by_name():
         _workload(tp=4, kv_units=6)
     with pytest.raises(ConfigError, match="Scenario.category"):
         Scenario(name="x", category="bursty", workload=_workload(), speeds=np.ones((5, 2)))
+    with pytest.raises(ConfigError, match="Workload.settle"):
+        _workload(settle=-0.5)
 
 
 @pytest.mark.parametrize("kwargs, said", [

@@ -240,3 +240,21 @@ def test_the_benchmark_replays_a_folder_and_lists_what_it_skips(tmp_path):
     assert replay["summary"]["files"] == 1 and replay["summary"]["within_10pct"] == 1
     assert set(replay["summary"]["skipped"]) == {"pp.json"}
     assert replay["files"][1]["runs"][0]["ratio"] == pytest.approx(1.0)
+
+
+def test_what_the_steps_after_a_move_add_is_read_from_the_runs():
+    """A move at step ``s`` is made in that step's optimizer hook: steps ``s + 1`` and ``s + 2`` run over the
+    median of the three after them by what the move adds (0.3 and 0.5 s here, median 0.4 over three moves),
+    and a move whose six steps after it cross a throttle change measures that change, so it is not read."""
+    flags = [True] * 4 + [False] * 36
+    steps = [2.0] * 4 + [T] * 36
+    events = []
+    for s, excess in ((8, 0.3), (18, 0.4), (28, 0.5)):
+        steps[s + 1] += excess / 2
+        steps[s + 2] += excess / 2
+        events.append(dict(_event(s, [16, 16], [4, 4]), bytes_moved=40_000_000, move_s=0.2))
+    events.insert(0, dict(_event(1, [28, 4], [8, 0]), bytes_moved=40_000_000, move_s=0.4))  # crosses the change
+    data = _file([_run(steps, events, throttled=flags)], pattern="4:16")
+    data["raw"]["off"] = [_run([4 * T if f else T for f in flags], throttled=flags)]
+    out = replay_file(data)["pattern_policy"]
+    assert out["settle_s"] == pytest.approx(0.4)

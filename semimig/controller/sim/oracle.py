@@ -13,7 +13,8 @@ since a reduction runs at its slowest member's pace, :meth:`~semimig.controller.
 each kind then balanced alone; and, where idle ranks skip, the slowest ranks emptied of both).  The step is
 the model's, kind by kind (:meth:`~semimig.controller.sim.stepmodel.Workload.bound`), so the plan solved per
 dimension alone is among the candidates for every balance of the kinds.  Over those plans it picks the best schedule exactly, paying every
-move (one before the first step sends weights only, as the device probe's does): a dynamic programme
+move and what the step after it runs over steady (one before the first step sends weights only, as the
+device probe's does, and runs before the run's first step): a dynamic programme
 over the trace's constant
 segments (within a segment whose speeds do not change, a schedule that moves at most once, at its
 start, is as good as any: the step costs are constant and the bytes of two moves are at least those of
@@ -164,6 +165,12 @@ def _moves(scenario: Scenario, plans: Sequence[Plans]) -> Tuple[List[Plans], int
     return plans, plans.index(even), nbytes, moving, first
 
 
+def _move_cost(workload: Workload, nbytes: np.ndarray, pace: np.ndarray) -> np.ndarray:
+    """Seconds a move costs in a run (not the first, before any step): its own and what the step after it runs
+    over the plan's steady step (``settle`` healthy steps)."""
+    return workload.move_seconds(nbytes, pace) + workload.settle * workload.step_s
+
+
 def _schedule(scenario: Scenario, plans: Sequence[Plans], starts: Sequence[int]) -> Tuple[float, int]:
     """``(seconds, moves)`` of the best schedule over ``plans`` from the even plan that may move only before
     the steps ``starts`` (the first is 0; one move before it sends weights only), paying each move."""
@@ -180,7 +187,7 @@ def _schedule(scenario: Scenario, plans: Sequence[Plans], starts: Sequence[int])
     value = first + cost[:, 0]
     count = (np.arange(len(plans)) != start).astype(int)
     for s in range(1, len(starts)):
-        moves = np.where(changed, workload.move_seconds(nbytes, move_pace(moving, speeds[starts[s]])), 0.0)
+        moves = np.where(changed, _move_cost(workload, nbytes, move_pace(moving, speeds[starts[s]])), 0.0)
         total = value[:, None] + moves  # from j to k
         best = np.argmin(total, axis=0)
         count = count[best] + (best != np.arange(len(plans)))
@@ -228,7 +235,7 @@ def _wall_schedule(scenario: Scenario, plans: Sequence[Plans], reactive: bool) -
             moves = np.full((K, K), math.inf)
             moves[start] = first
         else:
-            moves = np.where(changed, workload.move_seconds(nbytes, move_pace(moving, speeds[row])), 0.0)
+            moves = np.where(changed, _move_cost(workload, nbytes, move_pace(moving, speeds[row])), 0.0)
         need = N - done  # (K,) steps left, by plan held
         ran = np.zeros((K, K))  # steps the plan held runs at this segment's speeds before the move
         if reactive and j > 0:

@@ -57,7 +57,8 @@ mean measured one, both over the steps after the first (a move's own seconds are
 
 A throttle pattern (``on:off`` seconds) is also run through the policy itself (:func:`pattern_policy`):
 the pattern laid on the wall clock from the run's start at the file's constants, its moves priced at the
-fastest rate and the bytes per unit its ``reshard`` runs measured, its noise the healthy runs' own (the
+fastest rate and the bytes per unit its ``reshard`` runs measured, the step after each move longer than
+steady by what the two steps after the runs' moves ran over it (their median), its noise the healthy runs' own (the
 one estimator, :class:`~semimig.controller.policy.gain.Noise`), over as many steps as the runs took and a
 few seeds of that noise; the policy's mean step and Colossal-AI's (the even plan) are set against the
 ``reshard`` and ``off`` runs' measured ones.  This checks what the schedule replay cannot: whether the
@@ -286,11 +287,27 @@ def _moves_measured(runs: Sequence[dict], workload: Workload) -> Optional[Tuple[
     return (int(statistics.median(sizes)), max(rates)) if sizes else None
 
 
+def _settle_measured(runs: Sequence[dict], pattern: bool) -> Optional[float]:
+    """Seconds the two steps after a move ran over the plan's steady step (the median of the three after them),
+    the median over the runs' moves after the first step whose six steps after it kept one throttle state
+    (``None``: no such move).  A move is made in its step's optimizer hook, so a run's step ``s`` holds it."""
+    excess = []
+    for run in runs:
+        steps, flags = run["step_s"], run.get("throttled") or [False] * len(run["step_s"])
+        for e in _run_events(run):
+            s = e["step"]
+            if s >= 0 and s + 6 <= len(steps) and (not pattern or len(set(flags[s + 1:s + 6])) == 1):
+                steady = statistics.median(steps[s + 3:s + 6])
+                excess.append(steps[s + 1] + steps[s + 2] - 2.0 * steady)
+    return max(0.0, statistics.median(excess)) if excess else None
+
+
 def pattern_policy(data: dict, c: dict) -> Optional[dict]:
     """The policy in use through the file's throttle pattern on the wall clock (module docstring):
-    ``{"simulated": {"policy_s", "even_s", "moves"}, "measured": {"reshard_s", "off_s", "moves"},
-    "policy_vs_even": {"simulated", "measured"}}``, mean steps in seconds; ``None`` without a pattern, an
-    ``off`` run or a measured move."""
+    ``{"simulated": {"policy_s", "even_s", "moves"}, "measured": {"reshard_s", "off_s", "moves"}, "settle_s",
+    "policy_vs_even": {"simulated", "measured"}}``, mean steps in seconds (``settle_s``: what the two steps
+    after a move ran over steady in the runs, :func:`_settle_measured`); ``None`` without a pattern, an ``off``
+    run or a measured move."""
     try:
         on_s, off_s = (float(x) for x in str(data.get("pattern")).split(":"))
     except ValueError:
@@ -302,8 +319,10 @@ def pattern_policy(data: dict, c: dict) -> Optional[dict]:
     moves = _moves_measured(raw["reshard"], workload)
     if moves is None:
         return None
-    workload = dataclasses.replace(workload, state_bytes=moves[0], bandwidth_bytes_s=moves[1], latency_s=0.0)
     steps, T = len(raw["reshard"][0]["step_s"]), c["healthy_step_s"]
+    settle = _settle_measured(raw["reshard"], True) or 0.0
+    workload = dataclasses.replace(workload, state_bytes=moves[0], bandwidth_bytes_s=moves[1], latency_s=0.0,
+                                   settle=settle / T)
     rows = np.arange(steps * WALL_ROWS)
     speeds = np.ones((rows.size, c["tp"]))
     speeds[(rows * T) % (on_s + off_s) < on_s, c["straggler_rank"]] = 1.0 / c["chi"]  # on from the start
@@ -319,7 +338,7 @@ def pattern_policy(data: dict, c: dict) -> Optional[dict]:
     measured = {"reshard_s": statistics.fmean(statistics.fmean(r["step_s"]) for r in raw["reshard"]),
                 "off_s": statistics.fmean(statistics.fmean(r["step_s"]) for r in raw["off"]),
                 "moves": statistics.fmean(len(_run_events(r)) for r in raw["reshard"])}
-    return {"simulated": simulated, "measured": measured,
+    return {"simulated": simulated, "measured": measured, "settle_s": settle,
             "policy_vs_even": {"simulated": simulated["policy_s"] / simulated["even_s"],
                                "measured": measured["reshard_s"] / measured["off_s"]}}
 

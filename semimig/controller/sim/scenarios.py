@@ -33,11 +33,13 @@ Common draws: tp 2, 4, 8; replicated share 5-45 %; attention 20-45 % of the shar
 parameter share up to 30 % less: the core is not in the parameters); the timers see 75-100 % of the
 shardable work; collectives 0-10 % of a step; healthy steps of 20 ms to 5 s (GPU-like below 0.3 s:
 NVLink-class bandwidth and one step's lag on the exchange; CPU-like above: a host link, no lag); a
-move of every unit costing 0.3-10 healthy steps; noise 1-20 % per rank and step, outliers in 0-3 %
+move of every unit costing 0.3-10 healthy steps, and the step after a move 0-1 healthy steps longer
+than steady (the reference machine: a third); noise 1-20 % per rank and step, outliers in 0-3 %
 of them.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -218,8 +220,10 @@ def make_scenario(seed: int, category: str, *, steps: Optional[int] = None, min_
     speeds, info = _trace(rng, category, n, tp, step_s, rows=n * WALL_ROWS if clock == "wall" else n)
     noise = _log_uniform(rng, 0.01, 0.2)
     outliers = float(rng.choice([0.0, 0.01, 0.03]))
+    workload = dataclasses.replace(workload, settle=float(rng.uniform(0.0, 1.0)))  # drawn last: the others as before
     info.update(steps=n, step_s=step_s, tp=tp, replicated_share=workload.replicated_share, noise=noise,
-                move_all_steps=move_all / step_s, mlp_units=workload.mlp_units, kv_units=workload.kv_units)
+                move_all_steps=move_all / step_s, mlp_units=workload.mlp_units, kv_units=workload.kv_units,
+                settle=workload.settle)
     return Scenario(name=f"{category}-{seed}", category=category, workload=workload, speeds=speeds, noise=noise,
                     outliers=outliers, lag=1 if gpu else 0, seed=seed, info=info, clock=clock, length=n)
 

@@ -16,7 +16,9 @@ noise, at most its compute), its seconds in collectives (the step's collectives 
 slowest rank as measured).  With a lag of ``L`` steps the policy reads step ``i − L`` at the end of
 step ``i``.  A decision to move is carried out before the next step: the move costs its bytes over the
 link, stretched by its slowest rank's pace at that step's speeds, plus its latency
-(:meth:`~semimig.controller.sim.stepmodel.Workload.move`), and the policy is told that cost.  Before the
+(:meth:`~semimig.controller.sim.stepmodel.Workload.move`), and the policy is told that cost; the step
+after it runs ``settle`` healthy steps longer (every rank's compute as measured too): what the policy
+reads of that step, as on a real run.  Before the
 first step, when the scenario has the device probe, the policy's ``profile`` reads five repeats of a
 fixed GEMM work timed at each rank's speed in the trace's first row (with the same noise); a move then sends weights only
 (:data:`~semimig.controller.sim.stepmodel.FIRST_MOVE_SHARE`).
@@ -27,13 +29,14 @@ for the same plans (common random numbers).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Sequence
 
 import numpy as np
 
-from semimig.controller.reshard import ReshardConfig, ReshardPolicy, ReshardSample
+from semimig.controller.reshard import PROBE_REPEATS, ReshardConfig, ReshardPolicy, ReshardSample
 from semimig.controller.sim.scenarios import Scenario
 from semimig.controller.sim.stepmodel import Plans
 
@@ -41,9 +44,6 @@ __all__ = ["PolicyFactory", "RunResult", "run_policy", "ratio", "reshard_policy"
 
 PolicyFactory = Callable[..., Any]
 """``factory(plans, *, weights, bytes_per_unit) -> policy`` (module docstring)."""
-
-PROBE_REPEATS = 5
-"""Repeats of the device probe's fixed work."""
 
 
 @dataclass
@@ -122,10 +122,13 @@ def run_policy(scenario: Scenario, factory: PolicyFactory) -> RunResult:
         policy.learned.idle_free = True
     noise = _Noise(scenario)
     result = RunResult(time_s=0.0)
+    settle = 0.0  # what the step after a move runs over its steady time
 
     def move(new: Sequence[Any], step: int, reason: str) -> Plans:
+        nonlocal settle
         row = scenario.row_at(step + 1, result.time_s)  # at the speeds of the step after it
         nbytes, seconds = workload.move(plans, tuple(new), first=step < 0, speeds=scenario.speeds[row])
+        settle = 0.0 if step < 0 or not nbytes else workload.settle * workload.step_s
         result.time_s += seconds
         result.moves += 1
         result.bytes_moved += nbytes
@@ -144,8 +147,12 @@ def run_policy(scenario: Scenario, factory: PolicyFactory) -> RunResult:
     step = _Step(scenario, noise)
     for i in range(scenario.steps):
         row = scenario.row_at(i, result.time_s)
-        result.time_s += step.seconds(plans, row)
-        pending.append(step.sample(plans, i, row))
+        result.time_s += step.seconds(plans, row) + settle
+        sample = step.sample(plans, i, row)
+        if settle:  # every rank's step ran longer: its own work (the first touches) or the wait for it
+            sample = dataclasses.replace(sample, compute_s=tuple(c + settle for c in sample.compute_s))
+            settle = 0.0
+        pending.append(sample)
         if len(pending) <= scenario.lag:
             continue
         decision = policy.observe(pending.popleft())

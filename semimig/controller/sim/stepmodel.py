@@ -36,6 +36,10 @@ and unpacking) runs at each end's pace, so a slow rank taking part stretches it:
 ``pace = (1 + χ)/2`` with ``χ`` the slowdown (fastest speed over its speed) of the slowest rank whose
 units change (the policy's :func:`~semimig.controller.policy.gain.move_pace`; a move with a rank at a
 quarter of a core, ``χ`` 4, measured 2-4x a free move's seconds per byte on the reference machine).
+The step after a move (not the first, before any step) runs ``settle`` healthy even steps over the plan's
+steady step, whatever the move's bytes: the first touches of the units moved in, the allocator's new blocks,
+what the framework rebuilds (on the reference machine the two steps after a move ran 0.2-0.35 s over steady,
+about a third of a healthy step, after moves of 0.1-0.35 s).
 """
 from __future__ import annotations
 
@@ -93,6 +97,9 @@ class Workload:
     """A rank holding no unit skips the step (module docstring)."""
     replicated_pace: float = 1.0
     """``φ``: a rank at speed ``v`` runs its replicated work at ``v^φ`` (module docstring)."""
+    settle: float = 0.0
+    """The step after a move runs this many healthy even steps longer than the plan's steady step (module
+    docstring)."""
 
     def __post_init__(self) -> None:
         check_int("Workload.tp", self.tp, minimum=1, maximum=1024)
@@ -112,6 +119,7 @@ class Workload:
         check_number("Workload.latency_s", self.latency_s, minimum=0.0)
         check_bool("Workload.idle_skips", self.idle_skips)
         check_number("Workload.replicated_pace", self.replicated_pace, minimum=0.0, maximum=1.0)
+        check_number("Workload.settle", self.settle, minimum=0.0)
 
     # ------------------------------------------------------------------ constants
     @property
