@@ -245,7 +245,7 @@ def test_the_benchmark_replays_a_folder_and_lists_what_it_skips(tmp_path):
 def test_what_the_steps_after_a_move_add_is_read_from_the_runs():
     """A move at step ``s`` is made in that step's optimizer hook: steps ``s + 1`` and ``s + 2`` run over the
     median of the three after them by what the move adds (0.3 and 0.5 s here, median 0.4 over three moves),
-    and a move whose six steps after it cross a throttle change measures that change, so it is not read."""
+    and a move whose five steps after it cross a throttle change measures that change, so it is not read."""
     flags = [True] * 4 + [False] * 36
     steps = [2.0] * 4 + [T] * 36
     events = []

@@ -287,16 +287,16 @@ def _moves_measured(runs: Sequence[dict], workload: Workload) -> Optional[Tuple[
     return (int(statistics.median(sizes)), max(rates)) if sizes else None
 
 
-def _settle_measured(runs: Sequence[dict], pattern: bool) -> Optional[float]:
+def _settle_measured(runs: Sequence[dict]) -> Optional[float]:
     """Seconds the two steps after a move ran over the plan's steady step (the median of the three after them),
-    the median over the runs' moves after the first step whose six steps after it kept one throttle state
+    the median over the runs' moves after the first step whose five steps after it kept one throttle state
     (``None``: no such move).  A move is made in its step's optimizer hook, so a run's step ``s`` holds it."""
     excess = []
     for run in runs:
         steps, flags = run["step_s"], run.get("throttled") or [False] * len(run["step_s"])
         for e in _run_events(run):
             s = e["step"]
-            if s >= 0 and s + 6 <= len(steps) and (not pattern or len(set(flags[s + 1:s + 6])) == 1):
+            if s >= 0 and s + 6 <= len(steps) and len(set(flags[s + 1:s + 6])) == 1:
                 steady = statistics.median(steps[s + 3:s + 6])
                 excess.append(steps[s + 1] + steps[s + 2] - 2.0 * steady)
     return max(0.0, statistics.median(excess)) if excess else None
@@ -320,7 +320,7 @@ def pattern_policy(data: dict, c: dict) -> Optional[dict]:
     if moves is None:
         return None
     steps, T = len(raw["reshard"][0]["step_s"]), c["healthy_step_s"]
-    settle = _settle_measured(raw["reshard"], True) or 0.0
+    settle = _settle_measured(raw["reshard"]) or 0.0
     workload = dataclasses.replace(workload, state_bytes=moves[0], bandwidth_bytes_s=moves[1], latency_s=0.0,
                                    settle=settle / T)
     rows = np.arange(steps * WALL_ROWS)

@@ -34,7 +34,7 @@ parameter share up to 30 % less: the core is not in the parameters); the timers 
 shardable work; collectives 0-10 % of a step; healthy steps of 20 ms to 5 s (GPU-like below 0.3 s:
 NVLink-class bandwidth and one step's lag on the exchange; CPU-like above: a host link, no lag); a
 move of every unit costing 0.3-10 healthy steps, and the step after a move 0-1 healthy steps longer
-than steady (the reference machine: a third); noise 1-20 % per rank and step, outliers in 0-3 %
+than steady (the reference machine: 0.7-0.8); noise 1-20 % per rank and step, outliers in 0-3 %
 of them.
 """
 from __future__ import annotations

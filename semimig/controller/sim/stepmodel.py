@@ -38,8 +38,8 @@ units change (the policy's :func:`~semimig.controller.policy.gain.move_pace`; a 
 quarter of a core, ``χ`` 4, measured 2-4x a free move's seconds per byte on the reference machine).
 The step after a move (not the first, before any step) runs ``settle`` healthy even steps over the plan's
 steady step, whatever the move's bytes: the first touches of the units moved in, the allocator's new blocks,
-what the framework rebuilds (on the reference machine the two steps after a move ran 0.2-0.35 s over steady,
-about a third of a healthy step, after moves of 0.1-0.35 s).
+what the framework rebuilds (on the reference machine the two steps after a move ran a median 0.60 s over
+steady under a 20:40 throttle and 0.35 s under 45:45, 0.7-0.8 of a healthy step, after transfers of 0.1-0.5 s).
 """
 from __future__ import annotations
 
