@@ -274,7 +274,8 @@ def decide_plan(
 
     mode = config.mode
     t_min = min(times)
-    t_ref = sum(times) / e if (mode == "zero" and config.zero_reference == "mean") else t_min
+    # the mean is never below the least time, but its floating-point sum can round so where every time is equal
+    t_ref = max(math.fsum(times) / e, t_min) if (mode == "zero" and config.zero_reference == "mean") else t_min
     if shed is None:
         slow = [r for r in range(e) if times[r] > t_ref * (1.0 + config.tol)]
     else:

@@ -572,6 +572,16 @@ def test_plan_invariants(scenario):
     assert math.isclose(migrated_cols, received_cols, rel_tol=1e-9, abs_tol=1e-9)
 
 
+def test_equal_times_make_no_straggler_against_the_mean():
+    """Three equal times: their mean rounds below them in floating point, and no rank may straggle for it."""
+    times = [10.79246285129889] * 3
+    assert sum(times) / 3 < times[0]  # the round-off the reference must not follow
+    zero = CostCurves(omega1=0.0, omega2=Curve(coeffs=(0.0, 0.0)), phi1=Curve(coeffs=(0.0, 0.0, 0.0)),
+                      phi2=Curve(coeffs=(0.0, 0.0)))
+    plan = decide_plan(times, 1, zero, ControllerConfig(mode="zero", tol=0.0, zero_reference="mean"))
+    assert plan.stragglers == () and all(a.kind == "normal" for a in plan.actions)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     n=st.floats(1.0, 1e4),
