@@ -10,6 +10,7 @@ import pytest
 
 from semimig.controller.sim import (Scenario, Workload, candidate_plans, family, fixed_time, limit_time, oracle_time,
                                     reactive_time, run_policy)
+from semimig.controller.reshard import ReshardDecision
 from semimig.controller.sim.oracle import best_plans
 from semimig.controller.sim.scenarios import make_scenario
 from semimig.controller.sim.score import evaluate, summarise
@@ -360,6 +361,36 @@ def test_on_the_wall_clock_a_slow_phase_holds_fewer_steps_of_a_slower_plan():
     # the limit, moves free: the slow phase at 2χ/(χ + 1) = 1.6 s a step (12.5 steps), 17.5 after
     assert limit_time(wall) == pytest.approx(30.0 + 17.5)
     assert [wall.row_at(0, 0.0), wall.row_at(3, 29.99), wall.row_at(9, 1e9)] == [0, 29, 59]
+
+
+class _Never:
+    """A policy that never moves: what Colossal-AI alone runs."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def observe(self, sample):
+        return ReshardDecision(0, reason="never")
+
+    def moved_to(self, *args, **kwargs) -> None:  # pragma: no cover - never asked
+        raise AssertionError("a policy that never moves was moved")
+
+
+def test_on_the_wall_clock_a_step_runs_each_share_of_its_work_at_the_speeds_in_force():
+    """Rows of healthy-step seconds, rank 1 at a quarter for the first second: the even plan's first step (4 s at
+    that pace) does a quarter of its work by then and the rest at healthy speed, 1 + 0.75 s, and the run counts
+    it so, as the oracle does: a policy that never moves runs exactly the even plan's time."""
+    workload = _workload(replicated_share=0.0)
+    speeds = np.ones((60, 2))
+    speeds[:1, 1] = 0.25
+    scenario = Scenario(name="span", category="come_and_go", workload=workload, speeds=speeds, clock="wall",
+                        length=5)
+    assert workload.step_seconds(workload.even_plans(), (1.0, 0.25)) == pytest.approx(4.0)
+    assert run_policy(scenario, _Never).time_s == pytest.approx(1.0 + (1.0 - 1.0 / 4.0) * 1.0 + 4 * 1.0)
+    for index in range(4):  # the family's come-and-go draws, phases as short as a few steps
+        drawn = make_scenario(6 * index + 2, "come_and_go", min_steps=40, max_steps=60, clock="wall")
+        assert run_policy(drawn, _Never).time_s == pytest.approx(fixed_time(drawn, drawn.workload.even_plans()),
+                                                                 rel=1e-9)
 
 
 def test_on_the_wall_clock_the_oracle_beats_every_fixed_plan_and_the_policy():

@@ -214,9 +214,8 @@ def _wall_schedule(scenario: Scenario, plans: Sequence[Plans], reactive: bool) -
     first segment's move, before the first step, sends weights only).
 
     A dynamic programme over the segments: the steps done by each segment's end, by plan held.  Steps are
-    counted in fractions (a step that straddles a change runs each part at its segment's pace, where a
-    policy's run takes the whole step at the speeds it starts at), and a move longer than its segment is
-    charged at that segment's pace."""
+    counted in fractions (a step that straddles a change runs each part at its segment's pace, as a
+    policy's run counts it), and a move longer than its segment is charged at that segment's pace."""
     workload = scenario.workload
     plans, start, nbytes, moving, first = _moves(scenario, plans)
     K, changed = len(plans), moving.any(axis=2)

@@ -5,8 +5,8 @@ trace (``speeds[i][r]``: rank ``r``'s speed in row ``i``, 1 healthy), the noise 
 measures and the exchange's lag.  A trace runs on one of two clocks:
 
 - ``wall`` (the family's): row ``i`` holds over the wall-clock seconds ``[i·T, (i + 1)·T)``, ``T`` the
-  healthy even step, and the run lasts ``length`` steps, each at the speeds of the row its start falls
-  in (the last row holds beyond the trace).  A slowdown from outside the job (a neighbour's work, a
+  healthy even step, and the run lasts ``length`` steps, each share of a step's work at the speeds of the
+  row it runs in (a step that spans a change runs partly at each; the last row holds beyond the trace).  A slowdown from outside the job (a neighbour's work, a
   cooling limit, a co-scheduled job) keeps its own time: a phase of ``P`` seconds holds fewer steps
   for a plan that steps slower, so what a plan saves in a slow phase is the steps it adds to it, and
   a phase that ends sooner than a move repays runs as many steps under either plan;

@@ -7,7 +7,8 @@ built by a *factory* ``factory(plans, weights=, bytes_per_unit=)`` exactly as th
 (the weights are the paired parameters' shares; a unit's bytes are its weights and optimizer state).
 
 Per step ``i`` the group runs the plan in force at the speeds of the trace (the row of step ``i``, or on a
-wall trace the row its start time falls in, :meth:`~semimig.controller.sim.scenarios.Scenario.row_at`)
+wall trace each share of the step's work at the row it runs in: a step that spans a change of speeds
+runs partly at each, as the oracle counts it, and every rank's reading of it mixes the two alike)
 and the step costs what the step model says (:meth:`~semimig.controller.sim.stepmodel.Workload.step_seconds`: time is the model's,
 noise-free).  What the policy reads is a :class:`~semimig.controller.reshard.ReshardSample` of that
 step as the ranks would measure it: each rank's compute times ``exp(σ·z)`` (and, for an outlier, a
@@ -32,7 +33,7 @@ import collections
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Sequence
+from typing import Any, Callable, List, Sequence, Tuple
 
 import numpy as np
 
@@ -144,11 +145,11 @@ def run_policy(scenario: Scenario, factory: PolicyFactory) -> RunResult:
         if decision.plans is not None:
             plans = move(decision.plans, -1, decision.reason)
     pending: collections.deque = collections.deque()
-    step = _Step(scenario, noise)
+    step, ends = _Step(scenario, noise), _segment_ends(scenario)
     for i in range(scenario.steps):
-        row = scenario.row_at(i, result.time_s)
-        result.time_s += step.seconds(plans, row) + settle
-        sample = step.sample(plans, i, row)
+        seconds, parts = _spans(scenario, ends, result.time_s, i, lambda row: step.seconds(plans, row))
+        result.time_s += seconds + settle
+        sample = _mixed([(step.sample(plans, i, row), share) for row, share in parts])
         if settle:  # every rank's step ran longer: its own work (the first touches) or the wait for it
             sample = dataclasses.replace(sample, compute_s=tuple(c + settle for c in sample.compute_s))
             settle = 0.0
@@ -159,6 +160,47 @@ def run_policy(scenario: Scenario, factory: PolicyFactory) -> RunResult:
         if decision.plans is not None and i + 1 < scenario.steps:
             plans = move(decision.plans, i, decision.reason)
     return result
+
+
+def _segment_ends(scenario: Scenario) -> List[float]:
+    """Per row of a wall trace, the second its run of equal speeds ends (the last run's: never)."""
+    speeds = scenario.speeds
+    ends, end = [math.inf] * speeds.shape[0], math.inf
+    for row in range(speeds.shape[0] - 1, -1, -1):
+        ends[row] = end
+        if row and not np.array_equal(speeds[row], speeds[row - 1]):
+            end = row * scenario.workload.step_s
+    return ends
+
+
+def _spans(scenario: Scenario, ends: Sequence[float], start_s: float, i: int,
+           seconds_at: Callable[[int], float]) -> Tuple[float, List[Tuple[int, float]]]:
+    """Step ``i``, started ``start_s`` into the run: its seconds and ``(row, share of its work)`` for each run of
+    equal speeds it spans.  On a wall trace a step runs each share of its work at the speeds in force while it
+    runs (a slowdown from outside the job slows it while it lasts, as the oracle counts it), where
+    ``seconds_at(row)`` is the whole step's at a row's speeds; on the step clock, one row, the step's."""
+    row = scenario.row_at(i, start_s)
+    if not scenario.wall:
+        return seconds_at(row), [(row, 1.0)]
+    left, t, parts, T, last = 1.0, start_s, [], scenario.workload.step_s, scenario.speeds.shape[0] - 1
+    while True:
+        seconds = seconds_at(row)
+        if left * seconds <= ends[row] - t:
+            parts.append((row, left))
+            return t + left * seconds - start_s, parts
+        share = (ends[row] - t) / seconds
+        parts.append((row, share))
+        left, t = left - share, ends[row]
+        row = min(int(round(t / T)), last)
+
+
+def _mixed(parts: Sequence[Tuple[ReshardSample, float]]) -> ReshardSample:
+    """One step's reading from its parts' readings, each weighed by its share of the work."""
+    if len(parts) == 1:
+        return parts[0][0]
+    return ReshardSample(*(tuple(sum(getattr(sample, name)[r] * share for sample, share in parts)
+                                 for r in range(len(getattr(parts[0][0], name))))
+                           for name in ("compute_s", "shardable_s", "comm_s")))
 
 
 def ratio(time_s: float, oracle_s: float) -> float:
