@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
 from semimig._validate import check_int, check_number
-from semimig.controller.policy.gain import (MoveRate, Noise, bet_pays, expected_life, gain_test, move_pace, movers,
+from semimig.controller.policy.gain import (MoveRate, Noise, bet_pays, gain_test, move_pace, movers,
                                             return_risk)
 from semimig.controller.policy.memory import PlanMemory, SeatRates
 from semimig.controller.policy.propose import healthy_step, plan_step, pooled, propose, seat_delta, seat_reading, shares
@@ -160,6 +160,7 @@ class ReshardPolicy:
         check_number("seconds", seconds, minimum=0.0)
         check_int("bytes_moved", bytes_moved, minimum=0)
         self.move_rate.add(seconds, bytes_moved, move_pace(movers(self.plans, plans), self.speeds))
+        self.slowdown.clock.moved(seconds)
         window = self.samples.steady()  # at one set of speeds, as R/S needs
         # a move bet on slow steps left a window whose last steps have other speeds: it measures nothing
         measured = len(window) >= N_MIN and not (self.history and self.history[-1].step == self.step - 1
@@ -210,6 +211,7 @@ class ReshardPolicy:
         if len(sample.compute_s) != self.tp:
             raise ConfigError(f"the sample has {len(sample.compute_s)} ranks, the plans {self.tp}")
         step, self.step = self.step, self.step + 1
+        self.slowdown.clock.add(sample.step_s or max(c + m for c, m in zip(sample.compute_s, sample.comm_s)))
         if self.state == MOVING:
             self.state = transition(MOVING, "stayed")
         if self._skip > 0 or not sample.valid:
@@ -330,20 +332,19 @@ class ReshardPolicy:
             + seat_delta(model.speeds, self.plans, proposal, seats, idle_free=model.idle_free))
         units, nbytes = self.moved(proposal)
         remaining = None if cfg.horizon is None else max(cfg.horizon - step, 1)
-        life = expected_life(self.slowdown.age(step), self.slowdown.past(), floor=cfg.life_floor, remaining=remaining)
+        life, way_back = self.slowdown.life(step, current, predicted, floor=cfg.life_floor, remaining=remaining)
         slow, odds = self.slowdown.slow, self.slowdown.return_odds()
         risk = return_risk(model, slow, self.slowdown.previous, self.shares(), self.shares(proposal), odds)
-        way_back = life != remaining  # a state expected to outlive the run is never moved back from
         test = gain_test(current, predicted, needed=self.needed_gain(se), life=life, risk_s=risk, way_back=way_back,
                          back_odds=odds, move_s=self.move_cost_s(proposal, healthy_s, model.speeds))
         paid = "the move and its way back" if way_back else "the move"
         info = dict(base, predicted_s=predicted, move_bytes=nbytes, move_cost_s=test.cost_s, horizon=life)
         if not test.passed or test.gain_s < needed_gain * current:
-            return self._hold(step, f"gain {test.gain_s:.4g} s/step ({test.margin_s:.4g} beyond the noise) x {life} "
+            return self._hold(step, f"gain {test.gain_s:.4g} s/step ({test.margin_s:.4g} beyond the noise) x {life:.3g} "
                                     f"steps does not pay {paid} ({test.cost_s:.4g} s)", event=hold, **info)
         self.state = transition(self.state, gain)
         decision = ReshardDecision(step, plans=proposal, reason=f"gain {test.gain_s:.4g} s/step "
-                                   f"({test.margin_s:.4g} beyond the noise) x {life} steps > {paid} "
+                                   f"({test.margin_s:.4g} beyond the noise) x {life:.3g} steps > {paid} "
                                    f"{test.cost_s:.4g} s ({units} units; slow ranks {sorted(self.slowdown.slow)})",
                                    **info)
         self.history.append(decision)

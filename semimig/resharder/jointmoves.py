@@ -12,8 +12,8 @@ import math
 from typing import Any, Optional
 
 from semimig.comm import primitives as P
-from semimig.controller.policy.gain import expected_life, gain_test
-from semimig.controller.policy.states import HOLDING
+from semimig.controller.policy.gain import gain_test
+from semimig.controller.policy.states import HOLDING, expected_life
 from semimig.controller.reshard import ReshardDecision
 from semimig.resharder.joint import as_policy_plans, joint_problem, noise_blocked, reading_due, search_root
 from semimig.sharding.joint import job_step, plan_job

@@ -5,8 +5,13 @@ step model) is taken when
 
     (g − ε·t₀) · L  >  (1 + p)·C + ρ   with  g = t₀ − t₁,  ε = max(margin, z·σ̂_med, e_model)
 
-- ``L`` the present state's expected remaining life in steps (the state: which ranks are slow, or that
-  none is).  With no ended state of the same kind to go by, its age so far ``a`` (a state that has
+- ``L`` the present state's expected remaining life (the state: which ranks are slow, or that none is),
+  counted in steps of the plan in force: its remaining seconds ``W`` over ``t₀``.  A slowdown from outside
+  the job keeps its own time, so the lives are read in seconds of the run's clock
+  (:meth:`~semimig.controller.policy.states.Slowdown.life`): a state that lasted 4 steps of a plan
+  stepping 25 s lasts some 25 of one stepping 4 s, and in steps the two would read as different lives.
+  Staying runs ``W/t₀`` steps in them and moving ``(W − C)/t₁``, a difference of ``(W/t₀)·(t₀ − t₁) − C``
+  at ``t₁`` a step: the test below with ``L = W/t₀``.  With no ended state of the same kind to go by, its age so far ``a`` (a state that has
   lasted ``a`` steps is, with no other knowledge, as likely to end before ``2a`` as after — the Lindy
   estimate), at least ``life_floor`` (a bet on a young state).  With ended states of the same kind
   (a straggler that comes and goes, or moves), their residual lives past ``a``: the mean of ``D − a``
@@ -57,7 +62,7 @@ from semimig.controller.policy.window import SLOW_STEPS
 from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel
 
-__all__ = ["Noise", "Gain", "MoveRate", "MOVE_RATES", "move_pace", "movers", "gain_test", "expected_life", "bet_pays",
+__all__ = ["Noise", "Gain", "MoveRate", "MOVE_RATES", "move_pace", "movers", "gain_test", "bet_pays",
            "return_risk"]
 
 NOISE_PAIRS = 400
@@ -163,7 +168,7 @@ class Gain:
     """``g``: predicted seconds saved per step."""
     margin_s: float
     """``g − ε·t₀``: the gain beyond the noise and the margin."""
-    life: int
+    life: float
     """``L``: steps the gain is counted over."""
     cost_s: float
     """``(1 + p)·C + ρ``: the move, and the move back and the risk of the state before coming back."""
@@ -173,7 +178,7 @@ class Gain:
         return self.margin_s > 0.0 and self.margin_s * self.life > self.cost_s
 
 
-def gain_test(current_s: float, proposed_s: float, *, needed: float, life: int, move_s: float,
+def gain_test(current_s: float, proposed_s: float, *, needed: float, life: float, move_s: float,
               risk_s: float = 0.0, way_back: bool = True, back_odds: float = 1.0) -> Gain:
     """The gain test (module docstring); ``way_back``: whether the state is expected to end within the run
     (else the move alone is paid); ``back_odds``: ``p``, the odds that the state before follows the present one."""
@@ -194,18 +199,6 @@ def return_risk(model: StepModel, slow: AbstractSet[int], previous: Optional[Tup
     before = pooled(dataclasses.replace(model, speeds=tuple(v * fastest for v in ratios)), before_slow)
     delay = (SLOW_STEPS if set(before_slow) - set(slow) else 1) + 1
     return odds * delay * max(0.0, before.step(then) - before.step(now))
-
-
-def expected_life(age: int, past: Sequence[int], *, floor: int, remaining: Optional[int]) -> int:
-    """``L``: with ended states of the same kind, the mean of ``D − age`` over those that lasted
-    ``D > age``, or ``age`` when none did; with none, ``max(age, floor)``; at most the run's
-    ``remaining`` steps (module docstring; ``L == remaining``: the state is expected to outlive the run)."""
-    longer = [d - age for d in past if d > age]
-    if longer:
-        life = round(sum(longer) / len(longer))
-    else:  # no evidence: a bet on a young state; outlived every past one: its age alone (Lindy)
-        life = age if past else max(age, floor)
-    return min(life, remaining) if remaining is not None else life
 
 
 def bet_pays(gain_s: float, wrong_s: float, odds: float) -> bool:

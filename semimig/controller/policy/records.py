@@ -107,8 +107,8 @@ class ReshardDecision:
     move_bytes: int = 0
     move_cost_s: float = 0.0
     """The move's predicted cost and its way back's."""
-    horizon: int = 0
-    """Steps the gain was counted over (the expected remaining life)."""
+    horizon: float = 0.0
+    """Steps of the plan in force the gain was counted over (the state's expected remaining life)."""
     bet: int = 0
     """The slow steps in a row it was decided on before the next step told a change from outliers (0: none)."""
 

@@ -39,7 +39,7 @@ empty is the state "no straggler": from it only moves toward even (a smaller lar
 proposed, so noise never moves an even plan.  A straggler that ends empties the set and starts the
 way back toward even; one that moves to another rank changes the set and restarts the age.  The
 lengths of the ended states are kept by kind (some rank slow, or none): they are the evidence of how
-long the present state will last (:func:`~semimig.controller.policy.gain.expected_life`); the first state
+long the present state will last (:meth:`Slowdown.life`, in seconds of the run's clock); the first state
 is not among them, for it began with the run, not with a change, and its length tells when the run
 started rather than how long a state lasts.  For the same reason the ranks the run's first reading finds
 slow (the device probe's, or the first window's over steps reaching back to the run's start) are no onset:
@@ -78,7 +78,7 @@ from typing import AbstractSet, Any, Dict, FrozenSet, List, Optional, Sequence, 
 from semimig.errors import ConfigError
 
 __all__ = ["START", "MEASURING", "HOLDING", "MOVING", "SETTLING", "TABLE", "N_MIN", "LASTED", "transition",
-           "Slowdown", "handed_over", "took_over", "expected_max"]
+           "Slowdown", "RunClock", "expected_life", "handed_over", "took_over", "expected_max"]
 
 START, MEASURING, HOLDING, MOVING, SETTLING = "start", "measuring", "holding", "moving", "settling"
 N_MIN = 3
@@ -112,12 +112,57 @@ def expected_max(n: int) -> float:
     return NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
 
 
+def expected_life(age: float, past: Sequence[float], *, floor: float, remaining: Optional[float]) -> float:
+    """``L``: with ended states of the same kind, the mean of ``D − age`` over those that lasted
+    ``D > age``, or ``age`` when none did; with none, ``max(age, floor)``; at most the run's
+    ``remaining`` steps (module docstring; ``L == remaining``: the state is expected to outlive the run)."""
+    longer = [d - age for d in past if d > age]
+    if longer:
+        life = sum(longer) / len(longer)
+    else:  # no evidence: a bet on a young state; outlived every past one: its age alone (Lindy)
+        life = age if past else max(age, floor)
+    return min(life, remaining) if remaining is not None else life
+
+
+class RunClock:
+    """The run's seconds at the start of each step: its steps as measured and its moves between them.
+
+    A slowdown from outside the job (a neighbour, a cooling limit, another job on the device) keeps its
+    own time: it lasts seconds, and a plan that steps slower meets fewer of its steps.  The states'
+    lives are read on this clock (:meth:`Slowdown.life`)."""
+
+    def __init__(self) -> None:
+        self._at: List[float] = [0.0]
+        self._between = 0.0  # a move's seconds, counted into the next step's start
+        self._last = 0.0
+
+    def add(self, seconds: float) -> None:
+        """One step observed, ``seconds`` long (a step without numbers: as long as the last)."""
+        if isinstance(seconds, bool) or not (isinstance(seconds, (int, float)) and 0.0 < seconds < math.inf):
+            seconds = self._last
+        self._last = seconds
+        self._at.append(self._at[-1] + self._between + seconds)
+        self._between = 0.0
+
+    def moved(self, seconds: float) -> None:
+        """A move of ``seconds`` before the next step."""
+        self._between += seconds
+
+    def at(self, step: int) -> float:
+        """Seconds from the run's first step to the start of ``step`` (clamped to the steps observed)."""
+        return self._at[min(max(step, 0), len(self._at) - 1)]
+
+
 class Slowdown:
     """Which ranks are slow, and since when (module docstring)."""
 
-    def __init__(self, rates: Optional[Any] = None) -> None:
+    def __init__(self, rates: Optional[Any] = None, clock: Optional[RunClock] = None) -> None:
         self.rates = rates
         """Where stays in the set are counted (:class:`~semimig.controller.policy.window.Rates`), or ``None``."""
+        self.clock = RunClock() if clock is None else clock
+        """The run's seconds by step (:class:`RunClock`): what the states' lives are read in."""
+        self.spans: Dict[bool, List[Tuple[int, int]]] = {False: [], True: []}
+        """First and next-after-last step of the ended states, by kind (as :attr:`ended`)."""
         self.slow: FrozenSet[int] = frozenset()
         self.since = 0
         self.changes = 0
@@ -182,6 +227,7 @@ class Slowdown:
         self.ratios = tuple(ratios)
         if self.changes:  # the first state began with the run, not with a change: its length is not a life
             self.ended[bool(self.slow)].append(max(1, since - self.since))
+            self.spans[bool(self.slow)].append((self.since, max(since, self.since + 1)))
         self.slow, self.since, self.changes = frozenset(slow), since, self.changes + 1
         return True
 
@@ -226,6 +272,7 @@ class Slowdown:
         """A copy to read a step on that may not be kept: its own lists, no :attr:`rates` to count in."""
         out = copy.copy(self)
         out.ended = {kind: list(lengths) for kind, lengths in self.ended.items()}
+        out.spans = {kind: list(spans) for kind, spans in self.spans.items()}
         out.sets, out.rates = list(self.sets), None
         return out
 
@@ -249,6 +296,24 @@ class Slowdown:
     def past(self) -> List[int]:
         """Lengths of the ended states of the present kind (some rank slow, or none)."""
         return self.ended[bool(self.slow)]
+
+    def life(self, step: int, current_s: float, proposed_s: float, *, floor: int,
+             remaining: Optional[int]) -> Tuple[float, bool]:
+        """``(L, ends)``: the steps of the plan in force (``current_s`` each) the present state is expected to
+        hold from ``step`` on, and whether it is expected to end within the run.  Its remaining seconds ``W``
+        are :func:`expected_life` on :attr:`clock`: its age and the ended
+        lives of its kind in seconds, at least ``floor`` steps of the plan in force.  A move to a plan of
+        step ``t₁`` costing ``C`` runs ``(W − C)/t₁`` steps in them where staying runs ``W/t₀``; the
+        difference, at ``t₁`` a step, is ``(W/t₀)·(t₀ − t₁) − C``: the gain test with ``L = W/t₀``.  Where
+        ``W`` holds the run's ``remaining`` steps at ``proposed_s`` the state outlives the run: ``L`` is
+        ``remaining`` and nothing ends."""
+        clock = self.clock
+        lives = [clock.at(b) - clock.at(a) for a, b in self.spans[bool(self.slow)]]
+        seconds = expected_life(clock.at(step + 1) - clock.at(self.since), lives, floor=floor * current_s,
+                                remaining=None)
+        if remaining is not None and seconds >= remaining * proposed_s:
+            return float(remaining), False
+        return seconds / current_s, True
 
 
 def handed_over(model: Any, slowdown: Slowdown, ended: AbstractSet[int], slow: AbstractSet[int],
