@@ -60,8 +60,10 @@ since it did; the known size asks it only to be nearer that size than health.  O
 lasted (:data:`LASTED` steps in the set) has a size to hand over: the device probe's reading and a bet's
 on a step or two are not one.  The step it joins on, its
 speed is read no slower than the ended one read, over as many steps as the ended state lasted
-(:func:`handed_over`), and the bet on a rank's one slow step at the step another's slowdown ended reads
-it so too: one step's (or a few steps') noise is the larger error.  A hand-over need not show on the step the
+(:func:`took_over`): one step's (or a few steps') noise is the larger error.  The bet on a rank's one slow step
+at the step another's slowdown ended reads it at the ended one's size (:func:`handed_over`): that step is
+often the one the straggler moved during, which ran partly at each rank's pace and reads the new rank less
+slow than it is.  A hand-over need not show on the step the
 slowdown ends: the new rank's window still holds its healthy steps, and the change test restarts it as its
 slow ones come in, so its band stays wide for as many steps.  While the set stays empty after a slowdown
 that lasted, every reading is tested the same way (no rank of the ended set, the same size and odds), so a
@@ -319,15 +321,17 @@ class Slowdown:
 def handed_over(model: Any, slowdown: Slowdown, ended: AbstractSet[int], slow: AbstractSet[int],
                 shares: Sequence[float]) -> Any:
     """``model`` (a :class:`~semimig.sharding.solver.StepModel` read from one step) with each rank newly in
-    ``slow`` read no slower than the slowdown that ``ended`` on the same step, at the ratio ``slowdown`` last read
+    ``slow`` read at the size of the slowdown that ``ended`` on the same step, the ratio ``slowdown`` last read
     for it: if the straggler moved, the new rank's speed is the one the ended rank held, read over its
-    window, where one step's reading of the new rank is as noisy as one step is (an overshooting plan, a
-    correction after it).  A rank read faster than that keeps its own reading (a smaller slowdown, or an
-    outlier), so the bet is never larger than its one step says.  Only where every ended rank held units:
-    an emptied rank's ratio rests on its replicated work alone (``R/S``) and is the less sure reading."""
+    window.  The one step the bet reads is as noisy as one step is (an overshooting plan, a correction after
+    it), and, where the straggler moved during it, it ran partly at each rank's pace, so it reads the new rank
+    less slow than the slowdown it took over (a plan one correction short, a second move after it).  The bet
+    itself is priced at the odds of that one step (:meth:`Slowdown.handover`).  Only where every ended rank
+    held units: an emptied rank's ratio rests on its replicated work alone (``R/S``) and is the less sure
+    reading."""
     if not ended or slowdown.ratios is None or any(shares[r] <= 0.0 for r in ended):
         return model
-    return _no_slower(model, slow, set(slow) - slowdown.slow, min(slowdown.ratios[r] for r in ended))
+    return _no_slower(model, slow, set(slow) - slowdown.slow, min(slowdown.ratios[r] for r in ended), exact=True)
 
 
 def took_over(model: Any, slowdown: Slowdown) -> Tuple[Any, int]:
@@ -340,8 +344,9 @@ def took_over(model: Any, slowdown: Slowdown) -> Tuple[Any, int]:
     return _no_slower(model, slowdown.slow, slowdown.handed, ratio), (slowdown.ended[True] or [N_MIN])[-1]
 
 
-def _no_slower(model: Any, slow: AbstractSet[int], new: AbstractSet[int], ratio: float) -> Any:
-    """``model`` with each rank of ``new`` read no slower than ``ratio`` of the fastest rank outside ``slow``."""
+def _no_slower(model: Any, slow: AbstractSet[int], new: AbstractSet[int], ratio: float, exact: bool = False) -> Any:
+    """``model`` with each rank of ``new`` read no slower than ``ratio`` of the fastest rank outside ``slow``
+    (``exact``: read at it)."""
     top = max((v for r, v in enumerate(model.speeds) if r not in slow), default=max(model.speeds))
-    return dataclasses.replace(model, speeds=tuple(max(v, ratio * top) if r in new else v
+    return dataclasses.replace(model, speeds=tuple((ratio * top if exact else max(v, ratio * top)) if r in new else v
                                                    for r, v in enumerate(model.speeds)))
