@@ -330,28 +330,15 @@ def test_a_slow_step_where_the_slowdown_ends_is_bet_on_as_the_straggler_moving()
         assert pol.slowdown.slow == {0}
 
 
-def test_a_handed_over_slowdown_is_bet_on_at_the_size_it_had():
-    """Rank 1 at a third of its speed, then from step 40 rank 0 instead, its first slow step further slowed by
-    half (noise).  Read at that one step, rank 0 would look 4.5x slow and the bet would take a plan for that;
-    read no slower than rank 1's slowdown was, the bet takes the mirror of the plan rank 1's slowdown held, and
+@pytest.mark.parametrize("first", [1 / 4.5, 1 / 2])
+def test_a_handed_over_slowdown_is_bet_on_at_the_size_it_had(first):
+    """Rank 1 at a third of its speed, then from step 40 rank 0 instead.  Its first slow step reads it at
+    ``first``: further slowed by half (noise, 4.5x), or at half its speed (the step the straggler moved during,
+    half of it at each rank's pace).  Read from that one step the bet would take a plan for that slowdown and a
+    correction would follow; read at rank 1's size it takes the mirror of the plan rank 1's slowdown held, and
     the steps after it call for no correction."""
     pol = policy()
-    moves = run(pol, lambda step: (1.0, 1 / 3) if step < 40 else ((1 / 4.5, 1.0) if step == 40 else (1 / 3, 1.0)), 60,
-                move_s=0.3)
-    held = [m for m in moves if m.step < 40][-1].plans
-    bet = [m for m in moves if m.step >= 40]
-    assert bet[0].step == 40 and bet[0].bet == 1
-    assert [p.units for p in bet[0].plans] == [tuple(reversed(p.units)) for p in held]
-    assert len(bet) == 1, [(m.step, [p.units for p in m.plans]) for m in bet]
-
-
-def test_a_slowdown_handed_over_on_a_step_it_moved_during_is_bet_on_at_its_size():
-    """Rank 1 at a third of its speed, then from step 40 rank 0 instead; step 40 is the one the straggler moved
-    during, half of it at each rank's pace, so it reads rank 0 at half its speed.  Read from that step the bet
-    would take a plan for a 2x straggler and a correction would follow; read at rank 1's size it takes the
-    mirror of the plan rank 1's slowdown held, and the steps after it call for no correction."""
-    pol = policy()
-    moves = run(pol, lambda step: (1.0, 1 / 3) if step < 40 else ((1 / 2, 1.0) if step == 40 else (1 / 3, 1.0)), 60,
+    moves = run(pol, lambda step: (1.0, 1 / 3) if step < 40 else ((first, 1.0) if step == 40 else (1 / 3, 1.0)), 60,
                 move_s=0.3)
     held = [m for m in moves if m.step < 40][-1].plans
     bet = [m for m in moves if m.step >= 40]
