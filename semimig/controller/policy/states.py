@@ -158,10 +158,10 @@ class RunClock:
 class Slowdown:
     """Which ranks are slow, and since when (module docstring)."""
 
-    def __init__(self, rates: Optional[Any] = None, clock: Optional[RunClock] = None) -> None:
+    def __init__(self, rates: Optional[Any] = None) -> None:
         self.rates = rates
         """Where stays in the set are counted (:class:`~semimig.controller.policy.window.Rates`), or ``None``."""
-        self.clock = RunClock() if clock is None else clock
+        self.clock = RunClock()
         """The run's seconds by step (:class:`RunClock`): what the states' lives are read in."""
         self.spans: Dict[bool, List[Tuple[int, int]]] = {False: [], True: []}
         """First and next-after-last step of the ended states, by kind (as :attr:`ended`)."""

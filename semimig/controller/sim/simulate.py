@@ -38,6 +38,7 @@ from typing import Any, Callable, List, Sequence, Tuple
 import numpy as np
 
 from semimig.controller.reshard import PROBE_REPEATS, ReshardConfig, ReshardPolicy, ReshardSample
+from semimig.controller.sim.oracle import segments
 from semimig.controller.sim.scenarios import Scenario
 from semimig.controller.sim.stepmodel import Plans
 
@@ -163,14 +164,10 @@ def run_policy(scenario: Scenario, factory: PolicyFactory) -> RunResult:
 
 
 def _segment_ends(scenario: Scenario) -> List[float]:
-    """Per row of a wall trace, the second its run of equal speeds ends (the last run's: never)."""
-    speeds = scenario.speeds
-    ends, end = [math.inf] * speeds.shape[0], math.inf
-    for row in range(speeds.shape[0] - 1, -1, -1):
-        ends[row] = end
-        if row and not np.array_equal(speeds[row], speeds[row - 1]):
-            end = row * scenario.workload.step_s
-    return ends
+    """Per row of a wall trace, the second its run of equal speeds (:func:`~.oracle.segments`) ends (the last: never)."""
+    runs = segments(scenario.speeds)
+    return [math.inf if k == len(runs) - 1 else (start + n) * scenario.workload.step_s
+            for k, (start, n) in enumerate(runs) for _ in range(n)]
 
 
 def _spans(scenario: Scenario, ends: Sequence[float], start_s: float, i: int,
