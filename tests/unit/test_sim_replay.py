@@ -258,3 +258,19 @@ def test_what_the_steps_after_a_move_add_is_read_from_the_runs():
     data["raw"]["off"] = [_run([4 * T if f else T for f in flags], throttled=flags)]
     out = replay_file(data)["pattern_policy"]
     assert out["settle_s"] == pytest.approx(0.4)
+
+
+def test_a_moves_seconds_and_the_steps_after_it_are_in_the_replayed_steps():
+    """The step that decided a move holds the move's recorded seconds (the optimizer hook makes it inside the
+    timed step), and the two steps after it what the runs' moves added there: the replay adds both, so a run
+    whose steady steps match the model replays to its measured mean exactly, and without them it would not."""
+    plan = ([26, 6], [6, 2])
+    moved = _closed_form(*plan, (1.0, 0.25), 0.8)
+    steps = [9.0] + [4 * T] * 3 + [moved] * 8
+    steps[3] += 0.7  # the move's own seconds
+    steps[4] += 0.25  # the first touches after it
+    steps[5] += 0.05
+    data = _file([_run(steps, [dict(_event(3, *plan), bytes_moved=10_000_000, move_s=0.7)])])
+    run = replay_file(data, "f.json")["runs"][0]
+    assert run["measured_mean_s"] == pytest.approx((3 * 4 * T + 8 * moved + 1.0) / 11)
+    assert run["simulated_mean_s"] == pytest.approx(run["measured_mean_s"], rel=1e-9)

@@ -53,7 +53,10 @@ the model's terms: ``comm_share = (1 − f)·(1 − B)`` and ``replicated_share 
 The run's recorded plan schedule then runs through the model (no policy involved: this checks the
 model), the throttled rank at ``1/χ`` on every step (a pattern: on the steps its ``throttled``
 flags mark; a pattern run without them is skipped), and the mean simulated step is set against the
-mean measured one, both over the steps after the first (a move's own seconds are in neither).
+mean measured one, both over the steps after the first.  A move is made in its step's optimizer hook, so the
+measured step that decided it holds its seconds: the simulated step holds the seconds the run recorded for
+it, and the step after it runs longer than steady by what the two steps after the runs' moves ran over
+it (:func:`_settle_measured`, as the policy's replay below prices it).
 
 A throttle pattern (``on:off`` seconds) is also run through the policy itself (:func:`pattern_policy`):
 the pattern laid on the wall clock from the run's start at the file's constants, its moves priced at the
@@ -256,7 +259,9 @@ def _file_workload(c: dict, split: float, events: Sequence[dict], idle_skips: bo
     return dataclasses.replace(_workload(c, split, *units), idle_skips=idle_skips)
 
 
-def _simulated_mean(c: dict, split: float, run: dict, events: Sequence[dict], pattern: bool) -> float:
+def _simulated_mean(c: dict, split: float, run: dict, events: Sequence[dict], pattern: bool, settle_s: float) -> float:
+    """The mean simulated step of ``run`` after the first (module docstring): the model's step under the recorded
+    plans, the recorded moves' seconds in the steps that made them and ``settle_s`` in the step after each."""
     idle_skips = bool(((run.get("summary") or {}).get("reshard") or {}).get("idle_skips"))
     workload = _file_workload(c, split, events, idle_skips)
     steps = len(run["step_s"])
@@ -267,6 +272,8 @@ def _simulated_mean(c: dict, split: float, run: dict, events: Sequence[dict], pa
         if not pattern or run["throttled"][i]:
             speeds[c["straggler_rank"]] = 1.0 / c["chi"]
         total += workload.step_seconds(schedule[i], speeds)
+    for e in events:  # a move after step s is in step s; the step after it settles
+        total += (e.get("move_s") or 0.0) * (1 <= e["step"] < steps) + settle_s * (0 <= e["step"] < steps - 1)
     return total / (steps - 1)
 
 
@@ -354,14 +361,15 @@ def replay_file(data: dict, name: str = "") -> dict:
     if "skipped" in c:
         return {"file": name, "skipped": c["skipped"]}
     pattern = bool(data.get("pattern"))
+    settle = _settle_measured(data["raw"]["reshard"]) or 0.0
     out = []
     for run in data["raw"]["reshard"]:
         events = _run_events(run)
         if any(len(e["mlp_units"]) != c["tp"] or len(e["kv_units"]) != c["tp"] for e in events):
             return {"file": name, "skipped": f"a plan whose length is not tp {c['tp']}"}
-        band = [_simulated_mean(c, f, run, events, pattern) for f in SPLITS]
+        band = [_simulated_mean(c, f, run, events, pattern, settle) for f in SPLITS]
         measured = statistics.fmean(run["step_s"][1:])
-        point = _simulated_mean(c, c["split"], run, events, pattern)
+        point = _simulated_mean(c, c["split"], run, events, pattern, settle)
         out.append({"measured_mean_s": measured, "simulated_mean_s": point, "ratio": point / measured,
                     "band_s": [min(band), max(band)], "moves": len(events),
                     "plan": [e["mlp_units"], e["kv_units"]] if (e := events[-1] if events else None) else None})
