@@ -935,6 +935,38 @@ def test_the_slowdowns_counted_keep_the_size_of_the_change_that_began_them():
     assert fresh.change_odds(1, size=1.6) == fresh.change_odds(1, size=2.6) == fresh.change_odds(1)
 
 
+def test_a_slowdown_that_began_within_a_step_is_counted_at_its_latest_steps_size():
+    """Rank 1 turns 4x slower part-way through step 20 (that step runs 1.6x, a mix of the two paces) and stays:
+    the change's steps read 1.6x and 4x, and the slowdown counted keeps the latest step's size, 4x, not the
+    straddled step's."""
+    from semimig.controller.policy.window import Window
+
+    window = Window(48, 2)
+    for step in range(40):
+        slow = 1.0 if step < 20 else (1.6 if step == 20 else 4.0)
+        window.add(ReshardSample((1.0, slow), (0.5, 0.5), (0.0, 0.0)), sigma=0.03)
+    rates = window.rates
+    rates.joined(20, {1})
+    rates.held(20 + LASTED, {1})
+    assert rates.slowdown_sizes == [pytest.approx(4.0)]
+
+
+def test_a_bet_on_slow_steps_reads_their_rank_at_the_latest():
+    """Rank 1's step 20 runs 1.6x (a slowdown beginning within it), step 21 4x: the two make a change with no
+    step after them, and the speeds a bet reads take rank 1 at its latest step, 4x, where the window's reading
+    of its fresh steps (their lower tercile) is the straddled 1.6x; after one slow step it is that step."""
+    from semimig.controller.policy.window import Window
+
+    window = Window(48, 2)
+    for step in range(21):
+        window.add(ReshardSample((1.0, 1.6 if step == 20 else 1.0), (0.5, 0.5), (0.0, 0.0)), sigma=0.03)
+    assert window.pending == (1,) and window.betting() == pytest.approx((1.0, 1.6))
+    window.add(ReshardSample((1.0, 4.0), (0.5, 0.5), (0.0, 0.0)), sigma=0.03)
+    assert set(window.unconfirmed()) == {1}
+    assert window.times()[0] == pytest.approx((1.0, 1.6))
+    assert window.betting() == pytest.approx((1.0, 4.0))
+
+
 def test_a_stay_that_ended_as_an_outlier_leaves_no_size_to_a_later_slowdown():
     """Rank 1's change to 3x slower steps joins the slow set and leaves it at once (an outlier stay); a later
     stay that begins with no change read (a slow drift) and lasts is a slowdown of unknown size, not of the

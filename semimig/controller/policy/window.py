@@ -259,8 +259,8 @@ class Window:
             if m:
                 self.fresh[r], self.trigger[r], self.slower[r], self.faster[r], changed = m, m, slower, faster, True
                 self.size[r] = size
-                if slower:
-                    self.rates.change_size[r] = size
+                if slower:  # the slowdown's size, read at its latest step (the first may straddle its start)
+                    self.rates.change_size[r] = size * self.compute[r][-1] / min(self.compute[r][-m:])
                 continue
             if r in self.pending:  # the slow step before did not last
                 self.rates.outliers += 1
@@ -324,11 +324,14 @@ class Window:
         return compute, statistics.median([min(s.comm_s) for s in self.samples])
 
     def betting(self) -> Tuple[float, ...]:
-        """:meth:`times` with every pending rank read from its last step alone: the speeds if each
-        pending step is a change."""
+        """:meth:`times` with every rank a bet is on read from its last step alone: the speeds if its slow steps
+        are a change.  A pending rank has one slow step; a rank with slow steps and none after them is read at
+        the latest (a change on the wall clock begins within a step, so its first step runs partly at the old
+        pace and only the later ones read the new)."""
         compute, _ = self.times()
         last = self.samples[-1].compute_s
-        return tuple(last[r] if r in self.pending else c for r, c in enumerate(compute))
+        ranks = set(self.pending) | set(self.unconfirmed())
+        return tuple(last[r] if r in ranks else c for r, c in enumerate(compute))
 
     def after_change(self) -> Tuple[Optional[float], ...]:
         """Every rank's compute over its fresh steps after the ones that made its last change (the lower
