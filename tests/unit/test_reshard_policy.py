@@ -1083,10 +1083,12 @@ def test_two_slow_steps_beside_a_slow_rank_are_a_bet_at_their_odds(size):
     assert [d.step for d in moves] == [12] and 0 not in pol.slowdown.slow
 
 
-def test_ranks_slow_from_the_run_s_first_reading_are_no_slowdown_counted():
-    """The device probe reads rank 1 slow before step 0: it stays slow, but nothing was seen to begin, so no
-    slowdown is counted (the odds of a slow step being a change rest on onsets) and its leaving is no
-    outlier; rank 2 slowing at step 30 and staying is one."""
+def test_ranks_slow_from_the_run_s_first_reading_are_counted_only_when_they_end():
+    """The device probe reads rank 1 slow before step 0: while it stays slow nothing was seen to begin, so no
+    slowdown is counted (the odds of a slow step being a change rest on onsets; a device slow for the whole
+    run tells nothing of how often a rank slows); rank 2 slowing at step 30 and staying is one.  Rank 1's
+    slowdown ending at step 40, after lasting, is counted then (one was there and ended), and no outlier; a
+    rank read slow at the start that leaves within :data:`LASTED` steps is neither."""
     rates = Rates()
     slowdown = Slowdown(rates)
     kw = dict(se=0.02, tolerance=0.15, z=3.0)
@@ -1098,7 +1100,13 @@ def test_ranks_slow_from_the_run_s_first_reading_are_no_slowdown_counted():
         slowdown.update(step, (1.0, 0.3, 0.3), samples=step - 29, **kw)
     assert slowdown.slow == {1, 2} and rates.slowdowns == 1
     slowdown.update(40, (1.0, 1.0, 0.3), samples=1, **kw)
-    assert slowdown.slow == {2} and rates.outliers == 0
+    assert slowdown.slow == {2} and rates.outliers == 0 and rates.slowdowns == 2
+    brief = Rates()
+    misread = Slowdown(brief)
+    misread.update(-1, (1.0, 0.3), samples=N_MIN, **kw)
+    assert misread.slow == {1}
+    misread.update(1, (1.0, 1.0), samples=1, **kw)
+    assert misread.slow == frozenset() and brief.slowdowns == 0 and brief.outliers == 0
 
 
 def test_stragglers_slow_from_the_start_lend_no_odds_to_bets_on_other_ranks_outliers():

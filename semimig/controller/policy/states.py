@@ -216,7 +216,9 @@ class Slowdown:
         if self.rates is not None:  # a stay is counted from the slowdown's first step
             self.rates.held(step, self.slow & slow)
             self.rates.left(step, self.slow - slow)
-            if not from_start:  # a rank slow since the run's first reading is no onset
+            if from_start:  # a rank slow since the run's first reading is no onset: counted only if it ends
+                self.rates.began(since, slow - self.slow)
+            else:
                 self.rates.joined(since, slow - self.slow)
         if frozenset(slow) == self.slow:
             self.ratios = self._held_ratios(ratios, band)

@@ -117,17 +117,29 @@ class Rates:
         """The one-step noise (a log time's standard deviation) the window's latest change test read with."""
         self.since: dict = {}
         """Step each rank joined the slow set, until its stay is counted."""
+        self.from_start: dict = {}
+        """Step each rank slow since the run's first reading was first read slow, until it leaves the set."""
 
     def joined(self, step: int, ranks) -> None:
         """``ranks`` joined the slow set, their slowdown's first slow step ``step``.  Ranks slow since the run's
-        first reading are not joined: nothing was seen to begin, so their stays are neither slowdowns nor
-        outliers (a rank :meth:`left` without a step joined is counted as neither)."""
+        first reading are not joined (:meth:`began`): nothing was seen to begin, so while they stay slow they
+        are neither slowdowns nor outliers."""
         self.since.update({r: step for r in ranks})
+
+    def began(self, step: int, ranks) -> None:
+        """``ranks`` are slow from the run's first reading, at ``step``: a stay that ends after :data:`LASTED`
+        steps or more is counted a slowdown when it ends (one was there, lasted and ended, its size unknown); one
+        that never ends is never counted (a device slow for the whole run tells nothing of how often a rank
+        slows), and a shorter one (a misread probe) is neither."""
+        self.from_start.update({r: step for r in ranks})
 
     def left(self, step: int, ranks) -> None:
         """``ranks`` left the slow set at ``step``: a stay shorter than :data:`LASTED` was an outlier, and the size
         of the change that began it is no slowdown's (a later stay is counted at its own change's size)."""
         for r in ranks:
+            if r in self.from_start:
+                self.slowdowns += step - self.from_start.pop(r) >= LASTED
+                continue
             self.outliers += step - self.since.pop(r, step - LASTED) < LASTED
             self.change_size.pop(r, None)
 
