@@ -309,12 +309,12 @@ def _settle_measured(runs: Sequence[dict]) -> Optional[float]:
     return max(0.0, statistics.median(excess)) if excess else None
 
 
-def pattern_policy(data: dict, c: dict) -> Optional[dict]:
+def pattern_policy(data: dict, c: dict, settle_s: Optional[float] = None) -> Optional[dict]:
     """The policy in use through the file's throttle pattern on the wall clock (module docstring):
     ``{"simulated": {"policy_s", "even_s", "moves"}, "measured": {"reshard_s", "off_s", "moves"}, "settle_s",
     "policy_vs_even": {"simulated", "measured"}}``, mean steps in seconds (``settle_s``: what the two steps
-    after a move ran over steady in the runs, :func:`_settle_measured`); ``None`` without a pattern, an ``off``
-    run or a measured move."""
+    after a move ran over steady in the runs, :func:`_settle_measured`, read here where not given); ``None``
+    without a pattern, an ``off`` run or a measured move."""
     try:
         on_s, off_s = (float(x) for x in str(data.get("pattern")).split(":"))
     except ValueError:
@@ -327,7 +327,7 @@ def pattern_policy(data: dict, c: dict) -> Optional[dict]:
     if moves is None:
         return None
     steps, T = len(raw["reshard"][0]["step_s"]), c["healthy_step_s"]
-    settle = _settle_measured(raw["reshard"]) or 0.0
+    settle = (_settle_measured(raw["reshard"]) or 0.0) if settle_s is None else settle_s
     workload = dataclasses.replace(workload, state_bytes=moves[0], bandwidth_bytes_s=moves[1], latency_s=0.0,
                                    settle=settle / T)
     rows = np.arange(steps * WALL_ROWS)
@@ -385,7 +385,7 @@ def replay_file(data: dict, name: str = "") -> dict:
         best = {"plan": [list(p.units) for p in plans],
                 "vs_healthy": workload.step_seconds(plans, speeds) / workload.step_seconds(workload.even_plans(),
                                                                                           [1.0] * c["tp"])}
-    policy = pattern_policy(data, c) if pattern else None
+    policy = pattern_policy(data, c, settle) if pattern else None
     return {"file": name, "constants": c, "runs": out, "ratio": statistics.fmean(ratios), "model_best": best,
             **({"pattern_policy": policy} if policy is not None else {}),
             "error": statistics.fmean(abs(x - 1.0) for x in ratios),
