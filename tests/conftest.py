@@ -85,7 +85,8 @@ SERIAL_CASES = frozenset({"test_a_straggler_is_balanced_and_summarised",
                           "test_the_joint_planner_moves_plans_and_split_together_and_trains_exactly",
                           "test_bench_reshard_moves_shards_off_a_slow_device_and_keeps_the_baselines_accuracy",
                           "test_the_slow_replica_re_plans_alone_and_every_replica_trains_exactly",
-                          "test_the_joint_planner_moves_nothing_when_calm_and_never_the_healthy_replica"})
+                          "test_the_joint_planner_moves_nothing_when_calm_and_never_the_healthy_replica",
+                          "test_a_batch_split_trains_the_model_of_the_plain_data_parallel_run"})
 SERIAL_RERUNS = 1
 
 SPAWNS = ("run_on_ranks(", "run_pooled(", "subprocess.", "Popen(", "torchrun", "_torchrun(", "run_throttled(")
