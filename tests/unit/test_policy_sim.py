@@ -288,7 +288,7 @@ def test_the_quick_run_writes_the_schema(tmp_path, capsys):
     assert data["overall"]["scenarios"] == 12 and data["overall"]["no_straggler_max"] == pytest.approx(1.0)
     for block in data["categories"].values():
         assert keys | {"colossal_median", "reactive_bound_share_above_1_10", "median_ratio_to_reactive",
-                       "share_within_1_10_of_reactive"} <= set(block)
+                       "share_within_1_10_of_reactive", "share_over_colossal", "max_over_colossal"} <= set(block)
     assert {"command", "commit", "date", "machine"} <= set(data)
     assert set(data["decision_ms"]) == {str(r["tp"]) for r in data["records"]}  # every size's decisions timed
     assert all(d["steps"] > 0 and d["mean_ms"] > 0.0 and d["p99_ms"] > 0.0 for d in data["decision_ms"].values())
@@ -308,6 +308,17 @@ def test_summaries_count_the_share_within_1_10():
     assert summary["overall"]["share_within_1_10_of_reactive"] == 0.75
     assert summary["overall"]["median_ratio"] == pytest.approx(1.125)
     assert summary["overall"]["no_straggler_max"] is None
+
+
+def test_summaries_count_the_scenarios_slower_than_colossal_ai_alone():
+    """A scenario counts as hurt where the policy runs more than 1 % slower than the even plan never moved:
+    what the runs with no straggler are held to, applied to every scenario against its own even plan."""
+    records = [{"category": "come_and_go", "tp": 2, "colossal": c, "limit": 0.9, "reactive": 1.0,
+                "policies": {"p": {"ratio": r, "moves": 1, "ratio_to_reactive": r}}}
+               for r, c in ((1.0, 1.0), (1.009, 1.0), (1.19, 1.0), (1.3, 2.0))]
+    overall = summarise(records, "p")["overall"]
+    assert overall["share_over_colossal"] == 0.25  # 1.009 is within the 1 %; 1.3 beats its even plan's 2.0
+    assert overall["max_over_colossal"] == pytest.approx(1.19)
 
 
 @pytest.mark.parametrize("seed", [0, 2, 5])
