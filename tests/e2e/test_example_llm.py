@@ -37,14 +37,6 @@ TINY = ["--hidden", "32", "--layers", "2", "--seq-len", "16", "--batch-size", "4
         "--log-every", "3", "--timeout-s", "60", "--data", "synthetic", "--eval-batches", "2"]
 
 
-def _with(flags: list, values: dict) -> list:
-    """``flags`` with the value after each flag named in ``values`` replaced."""
-    out = list(flags)
-    for flag, value in values.items():
-        out[out.index(flag) + 1] = value
-    return out
-
-
 def _torchrun(tmp_path: Path, name: str, *flags: str, timeout_s: float = 240, ranks: int = 2,
               launcher: str = "fork", script: Path = BINARY, tiny: tuple = tuple(TINY)) -> tuple[str, dict]:
     """``script`` on ``ranks`` ranks: ``launcher="torchrun"`` as a user starts it, ``"fork"`` from the
@@ -173,11 +165,11 @@ def test_a_batch_split_trains_the_model_of_the_plain_data_parallel_run(tmp_path:
     than the other cases' so that the slow device's extra busy time (about 10 ms an iteration) stands
     above a busy host's preemptions (a few ms each): at hidden 32 it is a fraction of a millisecond and
     the calibration reads the scheduler, not the device."""
-    flags = ("--tp", "2", "--steps", "10", "--balance", "off", "--eval-every", "5")
+    flags = ("--tp", "2", "--steps", "10", "--balance", "off", "--eval-every", "5", "--hidden", "128",
+             "--seq-len", "64")  # after TINY's: the later value of a flag is the one taken
     straggler = ("--straggler", "fixed:1:4:scope=device", "--straggler-replica", "0")
-    wide = tuple(_with(TINY, {"--hidden": "128", "--seq-len": "64"}))
-    _, plain = _torchrun(tmp_path, "plain", *flags, ranks=4, tiny=wide)
-    _, split = _torchrun(tmp_path, "split", *flags, *straggler, "--batch-split", "poplar", ranks=4, tiny=wide)
+    _, plain = _torchrun(tmp_path, "plain", *flags, ranks=4)
+    _, split = _torchrun(tmp_path, "split", *flags, *straggler, "--batch-split", "poplar", ranks=4)
     assert "batch_split" not in plain["summary"]
     allocation, samples = split["summary"]["batch_split"].split(":")
     slow, fast = (int(s) for s in samples.split("/"))

@@ -100,7 +100,8 @@ def table(summary: dict, title: Optional[str] = None) -> str:
                      f"{s['p90_ratio']:>6.2f} {s['max_ratio']:>6.2f} {s['mean_moves']:>6.2f} "
                      f"{s['reactive_bound_share_above_1_10']:>9.1%} "
                      f"{s['median_ratio_to_reactive']:>6.3f} {s['share_within_1_10_of_reactive']:>6.1%}")
-    worst, overall = summary["overall"]["no_straggler_max"], summary["overall"]
+    overall = summary["overall"]
+    worst = overall["no_straggler_max"]
     if worst is not None:
         lines.append(f"no straggler: worst ratio {worst:.4f}")
     lines.append(f"over {HURTS:.2f}x Colossal-AI alone: {overall['share_over_colossal']:.1%} of the scenarios, "
