@@ -6,7 +6,8 @@ rank) once with no straggler (``healthy``) and then in every balancing mode with
     --straggler real     the straggler's process under a cgroup CPU-bandwidth limit (--fraction of a
                          core, default a quarter of --share; ``semimig throttle``), nothing injected;
                          any layout: --tp N --dp M (world N*M <= 8), --straggler-rank R (default the
-                         last rank), --share S (every rank held to S of a core in a cgroup of its own;
+                         last rank; R,R,... with --pattern: a straggler that moves, the ranks taking
+                         the throttled phases in turn), --share S (every rank held to S of a core in a cgroup of its own;
                          default 1 when the world fits the cores, else cores / world: four ranks on two
                          cores at half a core each).  The job's exact limit with one of n ranks
                          chi = S / F times slower is n / (n - 1 + 1/chi) of healthy's step
@@ -138,8 +139,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="one repeat of 40 steps (about 10 minutes on 2 cores)")
     p.add_argument("--tp", type=int, default=2, help="tensor-parallel size (llm_run.py's --tp; default 2)")
     p.add_argument("--dp", type=int, default=1, help="data-parallel replicas: torchrun starts tp x dp ranks (default 1)")
-    p.add_argument("--straggler-rank", type=int, default=None, metavar="R",
-                   help="real throttle: the global rank slowed (default the last one, tp x dp - 1)")
+    p.add_argument("--straggler-rank", default=None, metavar="R[,R...]",
+                   help="real throttle: the global rank slowed (default the last one, tp x dp - 1); several with "
+                        "--pattern: a straggler that moves, the ranks taking the throttled phases in turn")
     p.add_argument("--share", type=float, default=None, metavar="S",
                    help="real throttle: every rank's share of a core, each in a cgroup of its own (semimig throttle "
                         "--share; default 1 when tp x dp fits the cores, else cores / (tp x dp))")
@@ -266,9 +268,22 @@ def check_layout(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 "rank is rank 1 of the one TP group); use --straggler real for other layouts")
     if args.straggler_rank is None:
         args.straggler_rank = args.world - 1
-    elif not 0 <= args.straggler_rank < args.world:
-        p.error(f"--straggler-rank must be a rank of the {args.world} launched (0..{args.world - 1}), "
-                f"got {args.straggler_rank}")
+    else:
+        from semimig.errors import ConfigError
+        from semimig.straggler.throttle_args import parse_ranks
+
+        try:
+            ranks = parse_ranks(args.straggler_rank, "--straggler-rank")
+        except ConfigError as err:
+            p.error(str(err))
+        outside = [r for r in ranks if r >= args.world]
+        if outside:
+            p.error(f"--straggler-rank must be a rank of the {args.world} launched (0..{args.world - 1}), "
+                    f"got {outside[0]}")
+        if len(ranks) > 1 and args.pattern is None:
+            p.error(f"--straggler-rank {args.straggler_rank} names {len(ranks)} ranks: several take a --pattern's "
+                    "throttled phases in turn (a straggler that moves); give --pattern ON:OFF or one rank")
+        args.straggler_rank = ranks[0] if len(ranks) == 1 else list(ranks)
     args.cores = len(os.sched_getaffinity(0))
     if args.share is None:
         args.share = default_share(args.world, args.cores)
@@ -341,7 +356,7 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
             example += ["--straggler", device_spec(args)]
         elif args.straggler == "real":
             fraction = args.fraction  # (a neighbour runs beside the ranks: run_once)
-    throttle = [sys.executable, "-m", "semimig.cli", "throttle", "--rank", str(args.straggler_rank),
+    throttle = [sys.executable, "-m", "semimig.cli", "throttle", "--rank", ranks_text(args.straggler_rank),
                 "--fraction", f"{fraction:g}", "--period-us", str(args.period_us), "--pin"]
     if args.share < 1:
         throttle += ["--share", f"{args.share:g}"]
@@ -355,6 +370,11 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.world),
                 "--log-dir", str(out.with_name(out.stem + "-torchrun"))]
     return throttle + ["--"] + torchrun + example
+
+
+def ranks_text(ranks) -> str:
+    """``3`` or ``0,1`` (a straggler that moves): the throttled ranks as the flags take them."""
+    return ",".join(map(str, ranks)) if isinstance(ranks, list) else str(ranks)
 
 
 def switch_log(out: Path) -> Path:
@@ -648,6 +668,9 @@ def straggler_spec(args: argparse.Namespace) -> str:
     """The straggler in words, for the result file and the printed header."""
     if args.straggler == "real":
         others = "" if args.share >= 1 else f", every other rank at {args.share:g}"
+        if isinstance(args.straggler_rank, list):
+            return (f"ranks {ranks_text(args.straggler_rank)} in turn at {args.fraction:g} of a core (one at a time, "
+                    f"moving each {args.pattern} phase){others}")
         return f"rank {args.straggler_rank} at {args.fraction:g} of a core{others}"
     if args.straggler == "neighbour":
         return f"a busy loop on rank {args.straggler_rank}'s core ({rank_core(args.straggler_rank)})"

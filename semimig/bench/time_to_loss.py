@@ -131,17 +131,22 @@ def time_to_target_s(step_s: Sequence[float], val_losses: Sequence[tuple[int, fl
 
 def throttled_steps(step_start_unix: Sequence[float], step_s: Sequence[float],
                     switches: Sequence[dict]) -> tuple[Optional[bool], ...]:
-    """Per step, whether the throttle held it at its midpoint ``start + step_s / 2``: the fraction of
-    the last switch at or before it below 1 (``None`` before the first switch: not yet attached).
+    """Per step, whether the throttle held some rank at the step's midpoint ``start + step_s / 2``: a
+    rank's fraction, that of its last switch at or before it, below 1 (``None`` before the first switch:
+    not yet attached).
 
-    ``switches``: ``[{"unix_s": t, "fraction": f}, ...]`` in time order (``semimig throttle
-    --switch-log``)."""
+    ``switches``: ``[{"unix_s": t, "fraction": f, "rank": r}, ...]`` in time order (``semimig throttle
+    --switch-log``; several ranks for a straggler that moves, ``rank`` absent for one)."""
     if len(step_start_unix) != len(step_s):
         raise ConfigError(f"{len(step_start_unix)} step start times for {len(step_s)} steps")
     times = [float(s["unix_s"]) for s in switches]
     if any(b < a for a, b in zip(times, times[1:])):
         raise ConfigError("the throttle's switches are not in time order")
-    throttled = [float(s["fraction"]) < 1.0 for s in switches]
+    state: dict = {}
+    throttled = []
+    for s in switches:  # after each switch: whether any rank is held
+        state[s.get("rank")] = float(s["fraction"]) < 1.0
+        throttled.append(any(state.values()))
     # the last switch at or before each step's midpoint
     at = [bisect.bisect_right(times, float(start) + float(dt) / 2.0) for start, dt in zip(step_start_unix, step_s)]
     return tuple(None if i == 0 else throttled[i - 1] for i in at)

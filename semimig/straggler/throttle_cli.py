@@ -1,6 +1,6 @@
 """``semimig throttle``: run a command and throttle its worker of one rank (a real CPU straggler).
 
-    semimig [-v] throttle --rank R --fraction F [--share S] [--period-us P]
+    semimig [-v] throttle --rank R[,R...] --fraction F [--share S] [--period-us P]
                           [--pattern ON:OFF [--pattern-after PATH] [--switch-log F]]
                           [--pin] [--timeout S] -- COMMAND ARGS...
 
@@ -17,7 +17,10 @@ with a known share of one (``F <= S``; no ``--pattern``: its free phases would r
 from the moment the worker is attached (or, with ``--pattern-after PATH``, from the moment PATH
 exists: the rank runs free until then); ``--switch-log FILE`` writes the wall-clock times of its
 switches there when COMMAND ends (to match a run's steps with the phases; an existing file needs
-``--overwrite``, and it may not be one of COMMAND's own output paths).  SIGINT, SIGTERM, SIGHUP
+``--overwrite``, and it may not be one of COMMAND's own output paths).  Several ranks (``--rank 0,1``)
+each get a cgroup of their own: all at ``F``, or with ``--pattern`` a straggler that moves, the ranks
+taking the throttled phases in turn in the order listed (``--rank 0,1 --pattern 30:0``: rank 0 for 30 s,
+then rank 1 for 30 s, ...; the pattern starts once every listed rank is attached).  SIGINT, SIGTERM, SIGHUP
 and SIGQUIT are forwarded to COMMAND's process group (SIGKILL follows if it is still running 10 s
 later); COMMAND gets SIGTERM if the launcher itself is killed, SIGKILL included
 (:func:`semimig._lifetime.die_with_parent`); every cgroup is removed on every exit path, and
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -46,7 +50,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from semimig._io import check_apart, check_new_file, write_json
 from semimig._lifetime import END_SIGNALS, own_group_dying_with_parent
-from semimig._validate import check_bool, check_int, check_number
+from semimig._validate import check_bool, check_number
 from semimig.errors import ConfigError
 from semimig.straggler.throttle import (
     DEFAULT_PERIOD_US,
@@ -57,8 +61,9 @@ from semimig.straggler.throttle import (
     pin_to_core,
     remove_stale_throttles,
 )
+from semimig.straggler.throttle_args import command_outputs, launched_world, parse_ranks
 
-__all__ = ["add_throttle_subcommand", "run_throttled"]
+__all__ = ["add_throttle_subcommand", "run_throttled", "parse_ranks"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,18 +86,18 @@ def _rank_env(proc: Any) -> Optional[Dict[str, int]]:
 
 
 class _Watcher:
-    """The per-poll work: find ranked descendants, attach rank R's (and, with ``share_throttle``,
-    every other rank's to a cgroup of its own), pin workers."""
+    """The per-poll work: find ranked descendants, attach each throttled rank's to its own throttle (and,
+    with ``share_throttle``, every other rank's to a cgroup of its own), pin workers, start the patterns."""
 
-    def __init__(self, root_pid: int, throttle: CpuThrottle, *, rank: int, pin: bool,
-                 pattern: Optional[ThrottlePattern], announce: Callable[[str], None],
-                 on_switch: Optional[Callable[[float, float], None]] = None,
+    def __init__(self, root_pid: int, throttles: Dict[int, CpuThrottle], *, pin: bool,
+                 patterns: Optional[Dict[int, ThrottlePattern]], announce: Callable[[str], None],
+                 on_switch: Optional[Callable[[int, float, float], None]] = None,
                  pattern_after: Optional[str] = None,
                  share_throttle: Optional[Callable[[], CpuThrottle]] = None, world: Optional[int] = None) -> None:
         import psutil
 
         self._root = psutil.Process(root_pid)
-        self._throttle, self._rank, self._pin, self._pattern = throttle, rank, pin, pattern
+        self._throttles, self._pin, self._patterns = throttles, pin, patterns
         self._announce, self._on_switch, self._pattern_after = announce, on_switch, pattern_after
         self._share_throttle, self._world = share_throttle, world
         self._cpus = sorted(os.sched_getaffinity(0))
@@ -100,25 +105,48 @@ class _Watcher:
         self._pinned: Dict[int, set] = {}
         self.shares: Dict[int, CpuThrottle] = {}
         """With ``share_throttle``: every other rank seen so far and its own throttle."""
-        self.driver: Optional[PatternDriver] = None
-        self.found = False
-        """Whether a process of rank R has been attached (and announced)."""
+        self.drivers: List[PatternDriver] = []
+        """The patterns' drivers, one per throttled rank, started together (from one origin)."""
+        self.attached: set = set()
+        """The throttled ranks a process of which has been attached (and announced)."""
+
+    @property
+    def found(self) -> bool:
+        """Whether a process of every throttled rank has been attached."""
+        return len(self.attached) == len(self._throttles)
+
+    @property
+    def started(self) -> bool:
+        """Whether the patterns run (``True`` without one)."""
+        return self._patterns is None or bool(self.drivers)
 
     @property
     def settled(self) -> bool:
-        """Whether every rank asked for has been attached (polling may slow down then): rank R, and with
-        ``share_throttle`` and a known world every other rank as well."""
+        """Whether every rank asked for has been attached (polling may slow down then): the throttled
+        ranks, and with ``share_throttle`` and a known world every other rank as well."""
         if not self.found:
             return False
-        return self._share_throttle is None or self._world is None or len(self.shares) >= self._world - 1
+        others = None if self._world is None else self._world - len(self._throttles)
+        return self._share_throttle is None or others is None or len(self.shares) >= others
+
+    def _start_patterns(self) -> None:
+        """Every throttled rank's pattern from one origin, once all of them are attached (and, with
+        ``pattern_after``, the file exists): a straggler in turn keeps one rank throttled at a time."""
+        if self.started or not self.found:
+            return
+        if self._pattern_after is not None:
+            if not os.path.exists(self._pattern_after):
+                return
+            logger.info("throttle: %s appeared; the pattern starts", self._pattern_after)
+        origin = time.monotonic()
+        for rank, throttle in sorted(self._throttles.items()):
+            report = None if self._on_switch is None else functools.partial(self._on_switch, rank)
+            self.drivers.append(PatternDriver(throttle, self._patterns[rank], on_switch=report).start(origin))
 
     def poll(self) -> None:
         import psutil
 
-        if self.found and self.driver is None and self._pattern_after is not None \
-                and os.path.exists(self._pattern_after):
-            logger.info("throttle: %s appeared; the pattern starts", self._pattern_after)
-            self.driver = PatternDriver(self._throttle, self._pattern, on_switch=self._on_switch).start()
+        self._start_patterns()
 
         try:
             procs = [self._root] + self._root.children(recursive=True)
@@ -130,7 +158,7 @@ class _Watcher:
                 if info is None:
                     continue
                 self._ranked[proc.pid] = info
-                if info["rank"] == self._rank:
+                if info["rank"] in self._throttles:
                     self._attach(proc.pid, info)
                 elif self._share_throttle is not None:
                     self._attach_share(proc.pid, info)
@@ -138,26 +166,28 @@ class _Watcher:
                 self._pin_new_threads(proc.pid, self._ranked[proc.pid]["local_rank"])
 
     def _attach(self, pid: int, info: Dict[str, int]) -> None:
+        rank = info["rank"]
+        throttle = self._throttles[rank]
         try:
-            self._throttle.attach(pid)
+            throttle.attach(pid)
         except ProcessLookupError:
             return
-        if not self.found:
-            self.found = True
-            if self._pattern is not None:
-                what = (f"pattern {self._pattern.on_s:g}s at {self._pattern.fraction:g} of a core / "
-                        f"{self._pattern.off_s:g}s free")
-            elif self._throttle.fraction >= 1.0:
-                what = "fraction 1 (unlimited)"
-            else:
-                what = f"fraction {self._throttle.fraction:g} of a core"
-            self._announce(f"semimig throttle: pid {pid} (RANK {info['rank']}, LOCAL_RANK {info['local_rank']}) "
-                           f"throttled, {what}, period {self._throttle.period_us} us, "
-                           f"cgroup {self._throttle.path}")
-            if self._pattern is not None and self._pattern_after is None:
-                self.driver = PatternDriver(self._throttle, self._pattern, on_switch=self._on_switch).start()
+        if rank in self.attached:
+            logger.info("throttle: pid %d (RANK %d) joins %s", pid, rank, throttle.path)
+            return
+        self.attached.add(rank)
+        pattern = None if self._patterns is None else self._patterns[rank]
+        if pattern is not None:
+            what = f"pattern {pattern.on_s:g}s at {pattern.fraction:g} of a core / {pattern.off_s:g}s free"
+            if pattern.turns > 1:
+                what += f", turn {pattern.turn + 1} of {pattern.turns}"
+        elif throttle.fraction >= 1.0:
+            what = "fraction 1 (unlimited)"
         else:
-            logger.info("throttle: pid %d (RANK %d) joins %s", pid, info["rank"], self._throttle.path)
+            what = f"fraction {throttle.fraction:g} of a core"
+        self._announce(f"semimig throttle: pid {pid} (RANK {rank}, LOCAL_RANK {info['local_rank']}) "
+                       f"throttled, {what}, period {throttle.period_us} us, cgroup {throttle.path}")
+        self._start_patterns()
 
     def _attach_share(self, pid: int, info: Dict[str, int]) -> None:
         """Into the cgroup of ``info``'s rank (made at its first process; later ones join it)."""
@@ -212,50 +242,11 @@ def _kill_tree(pid: int) -> None:
             pass
 
 
-_OUTPUT_WORDS = ("json", "log", "out", "save", "plot", "csv", "file", "trace")
-
-
-def command_outputs(argv: Sequence[str]) -> List[tuple]:
-    """``(flag, path)`` of the output-looking flags of a command line (``--json F``, ``--log-file=F``):
-    what ``--switch-log`` must not share a path with."""
-    found = []
-    for i, word in enumerate(argv):
-        if not word.startswith("--"):
-            continue
-        flag, eq, value = word.partition("=")
-        if not eq:
-            value = argv[i + 1] if i + 1 < len(argv) else ""
-        if any(w in flag for w in _OUTPUT_WORDS) and value and not value.startswith("-"):
-            found.append((f"the command's {flag}", value))
-    return found
-
-
-def launched_world(argv: Sequence[str]) -> Optional[int]:
-    """The world size a ``torchrun`` / ``python -m torch.distributed.run`` command line states
-    (``--nproc_per_node N`` times a fixed ``--nnodes M``), else ``None`` (not stated, or elastic)."""
-    words = list(argv)
-    launcher = bool(words) and os.path.basename(words[0]) in ("torchrun", "colossalai")
-    if "torch.distributed.run" in words or "torch.distributed.launch" in words:
-        launcher = True
-    if not launcher or "--hosts" in words or "--hostfile" in words:  # colossalai run over hosts: not stated
-        return None
-    values: Dict[str, str] = {}
-    for i, word in enumerate(words):
-        flag, eq, value = word.partition("=")
-        key = flag.replace("-", "_")
-        if key in ("__nproc_per_node", "__nnodes"):
-            values.setdefault(key, value if eq else (words[i + 1] if i + 1 < len(words) else ""))
-    nproc, nnodes = values.get("__nproc_per_node"), values.get("__nnodes", "1")
-    if nproc is None or not nproc.isdigit() or not nnodes.isdigit():
-        return None
-    return int(nproc) * int(nnodes)
-
-
 def _exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us: int = DEFAULT_PERIOD_US,
+def run_throttled(argv: Sequence[str], *, rank: Any, fraction: float, period_us: int = DEFAULT_PERIOD_US,
                   pattern: Optional[ThrottlePattern] = None, pin: bool = True, timeout_s: Optional[float] = None,
                   poll_s: float = 0.05, controller: Optional[CpuController] = None,
                   announce: Optional[Callable[[str], None]] = None, switch_log: Optional[str] = None,
@@ -263,11 +254,14 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
                   share: Optional[float] = None) -> int:
     """Run ``argv`` with its rank-``rank`` worker throttled (module docstring); returns the exit status.
 
+    ``rank``: one rank or several (:func:`parse_ranks`), each in a cgroup of its own: all at ``fraction``,
+    or with a ``pattern`` taking its throttled phases in turn, in the order listed (a straggler that moves:
+    :meth:`~semimig.straggler.throttle.ThrottlePattern.in_turn`).
     ``pattern`` (its own fraction) replaces ``fraction`` when given.  ``announce`` receives the one
     line saying what was throttled (default: logged at INFO).  ThrottleUnavailable is raised before
     anything starts when no throttle can be made.  Signals are forwarded only when called from the
     main thread.  ``switch_log`` (with a ``pattern`` only): a JSON file written when the command
-    ends, ``[{"unix_s": .., "fraction": ..}, ...]``, the pattern's start and every switch (checked
+    ends, ``[{"unix_s": .., "fraction": .., "rank": ..}, ...]``, each rank's start and every switch (checked
     writable before the command starts).  ``pattern_after`` (with a ``pattern`` only): the rank runs
     free until this path exists, then the pattern starts (a run's training, not its start-up).
     ``overwrite``: replace an existing ``switch_log``.  A command that succeeds with nothing throttled
@@ -278,7 +272,7 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
     argv = [str(a) for a in argv]
     if not argv:
         raise ConfigError("command must not be empty, got []")
-    check_int("rank", rank, minimum=0)
+    ranks = parse_ranks(rank)
     fraction = check_number("fraction", fraction, minimum=0.0, maximum=1.0, low_open=True)
     check_bool("pin", pin)
     if share is not None:
@@ -287,8 +281,12 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
     check_number("poll_s", poll_s, minimum=0.0, low_open=True)
     announce = announce or logger.info
     world = launched_world(argv)
-    if world is not None and rank >= world:
-        raise ConfigError(f"--rank {rank} does not exist: the command launches {world} rank(s), 0..{world - 1}")
+    missing = [r for r in ranks if world is not None and r >= world]
+    if missing:
+        raise ConfigError(f"--rank {missing[0]} does not exist: the command launches {world} rank(s), 0..{world - 1}")
+    if world is not None and share is not None and len(ranks) == world:
+        raise ConfigError(f"--share {share:g} holds the ranks not throttled, and --rank "
+                          f"{','.join(map(str, ranks))} throttles all {world}: drop --share or a rank")
     if switch_log is not None:
         if pattern is None:
             raise ConfigError(f"--switch-log {switch_log} records a pattern's switches: it needs --pattern")
@@ -310,12 +308,15 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
             raise ConfigError(f"--pattern {pattern.on_s:g}:{pattern.off_s:g} with --share {share:g}: the free phases "
                               "would run at a whole core, above the other ranks' share; drop one of them")
         if fraction > share:
-            raise ConfigError(f"--fraction {fraction:g} is above --share {share:g}: rank {rank} would be the fastest, "
-                              "not a straggler; give a fraction <= the share")
+            raise ConfigError(f"--fraction {fraction:g} is above --share {share:g}: rank "
+                              f"{','.join(map(str, ranks))} would be the fastest, not a straggler; give a fraction "
+                              "<= the share")
         pin = True  # a share of a core means one core: every rank on its own (LOCAL_RANK mod ncpu)
     switches: List[Dict[str, float]] = []
 
-    first = 1.0 if pattern_after is not None else pattern.fraction if pattern else fraction
+    patterns = None if pattern is None else dict(zip(ranks, pattern.in_turn(len(ranks))))
+    first = {r: 1.0 if pattern_after is not None else patterns[r].fraction_at(0.0) if patterns else fraction
+             for r in ranks}
     kill_at: List[float] = []
     pending: List[int] = []  # signals that arrive before the command has started
     proc: Optional[subprocess.Popen] = None
@@ -337,8 +338,9 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
     if threading.current_thread() is threading.main_thread():
         previous = {s: signal.signal(s, forward) for s in END_SIGNALS}
     try:
-        with CpuThrottle(first, period_us=period_us, controller=controller,
-                         handle_signals=False) as throttle, contextlib.ExitStack() as shares:
+        with contextlib.ExitStack() as owned, contextlib.ExitStack() as shares:
+            throttles = {r: owned.enter_context(CpuThrottle(first[r], period_us=period_us, controller=controller,
+                                                            handle_signals=False)) for r in ranks}
             # after the throttle exists, so that an unusable cgroup refuses before anything is started
             for path in remove_stale_throttles(controller):
                 logger.warning("removed a stale throttle cgroup left by a dead run: %s", path)
@@ -350,8 +352,9 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
                 forward(signum, None)
             share_throttle = None if share is None else lambda: shares.enter_context(CpuThrottle(
                 share, period_us=period_us, controller=controller, handle_signals=False))
-            watcher = _Watcher(proc.pid, throttle, rank=rank, pin=pin, pattern=pattern, announce=announce,
-                               on_switch=lambda unix_s, f: switches.append({"unix_s": unix_s, "fraction": f}),
+            watcher = _Watcher(proc.pid, throttles, pin=pin, patterns=patterns, announce=announce,
+                               on_switch=lambda r, unix_s, f: switches.append({"unix_s": unix_s, "fraction": f,
+                                                                                "rank": r}),
                                pattern_after=pattern_after, share_throttle=share_throttle, world=world)
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
             timed_out = False
@@ -373,18 +376,21 @@ def run_throttled(argv: Sequence[str], *, rank: int, fraction: float, period_us:
                 if proc.poll() is None:   # we are leaving on an exception: do not leave the command running
                     _kill_tree(proc.pid)
                     proc.wait()
-                if watcher.driver is not None:
-                    watcher.driver.stop()
+                for driver in watcher.drivers:
+                    driver.stop()
                 if switch_log is not None:
-                    write_json(switch_log, switches)
+                    write_json(switch_log, sorted(switches, key=lambda s: s["unix_s"]))
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     status = 124 if timed_out else _exit_status(proc.returncode)
     idle = None
-    if not watcher.found:
-        idle = f"no process with RANK {rank} appeared; nothing was throttled"
-    elif pattern_after is not None and watcher.driver is None:
+    absent = [r for r in ranks if r not in watcher.attached]
+    if absent:
+        idle = (f"no process with RANK {','.join(map(str, absent))} appeared; "
+                + ("nothing was throttled" if len(absent) == len(ranks) else "it was not throttled")
+                + ("" if pattern is None or len(ranks) == 1 else " and the pattern never started"))
+    elif pattern_after is not None and not watcher.started:
         idle = f"--pattern-after {pattern_after} never appeared; the pattern never started"
     if idle is not None:
         announce(f"semimig throttle: error: {idle}")
@@ -397,7 +403,9 @@ def add_throttle_subcommand(subparsers: Any) -> None:
     """Register ``throttle`` on an ``argparse`` subparsers object; its handler is ``args.func``."""
     parser = subparsers.add_parser("throttle", help="run a command with one rank's worker CPU-throttled "
                                    "(a real straggler; Linux cgroups, root)", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rank", type=int, required=True, help="throttle the process whose RANK is this")
+    parser.add_argument("--rank", required=True, metavar="R[,R...]",
+                        help="throttle the process whose RANK is this (several: each in a cgroup of its own, all at "
+                             "--fraction, or with --pattern taking its throttled phases in turn: a straggler that moves)")
     parser.add_argument("--fraction", type=float, required=True, help="share of one core it may use, (0, 1]")
     parser.add_argument("--share", type=float, default=None, metavar="S",
                         help="every other rank in a cgroup of its own at S of a core, (0, 1], >= --fraction "

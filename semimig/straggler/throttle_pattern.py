@@ -2,6 +2,13 @@
 
     fraction_at(t) = fraction   if (t mod (on_s + off_s)) < on_s   else 1.0      (t >= 0 from the start)
 
+A straggler that moves visits ``n`` ranks in turn (:meth:`ThrottlePattern.in_turn`): each rank's pattern
+has the cycle ``n·c`` (``c = on_s + off_s``) and rank ``j`` of them is throttled during
+``[j·c, j·c + on_s)`` of it, so exactly one rank is throttled in every ``on_s`` phase, the next one after
+each ``off_s`` (with ``off_s = 0`` the straggler moves straight on)::
+
+    fraction_at_j(t) = fraction   if 0 <= (t mod n·c) − j·c < on_s   else 1.0
+
 :class:`ThrottlePattern` is the pure schedule; :class:`PatternDriver` is a daemon thread that applies
 it to a :class:`~semimig.straggler.throttle.CpuThrottle`, waking only at the switching times and
 logging each switch at INFO.
@@ -12,10 +19,10 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
-from semimig._validate import check_number
+from semimig._validate import check_int, check_number
 from semimig.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -31,16 +38,33 @@ class ThrottlePattern:
     """Throttled for ``on_s`` seconds at ``fraction``, then free for ``off_s``, repeating from ``t = 0``:
 
         fraction_at(t) = fraction   if (t mod (on_s + off_s)) < on_s   else 1.0
+
+    ``turn`` of ``turns``: this rank's share of a straggler that visits ``turns`` ranks in turn (module
+    docstring; ``turns = 1``: the plain pattern).
     """
 
     on_s: float
     off_s: float
     fraction: float
+    turn: int = 0
+    turns: int = 1
 
     def __post_init__(self) -> None:
         check_number("pattern on_s", self.on_s, minimum=0.0, low_open=True)
         check_number("pattern off_s", self.off_s, minimum=0.0)
         check_number("pattern fraction", self.fraction, minimum=0.0, maximum=1.0, low_open=True)
+        check_int("pattern turns", self.turns, minimum=1)
+        check_int("pattern turn", self.turn, minimum=0, maximum=self.turns - 1)
+
+    def in_turn(self, n: int) -> Tuple["ThrottlePattern", ...]:
+        """The patterns of ``n`` ranks that take this pattern's throttled phases in turn (module docstring)."""
+        check_int("ranks in turn", n, minimum=1)
+        return tuple(replace(self, turn=j, turns=n) for j in range(n))
+
+    @property
+    def always(self) -> bool:
+        """Throttled at every ``t`` (one rank, no free phase)."""
+        return self.turns == 1 and self.off_s == 0
 
     @classmethod
     def parse(cls, text: str, *, fraction: float) -> "ThrottlePattern":
@@ -54,22 +78,24 @@ class ThrottlePattern:
 
     def fraction_at(self, t: float) -> float:
         """The fraction in force ``t`` seconds after the pattern started (``t < 0``: as ``t = 0``)."""
-        if self.off_s == 0:
+        if self.always:
             return self.fraction
-        phase = math.fmod(max(0.0, t), self.on_s + self.off_s)
-        return self.fraction if phase < self.on_s else 1.0
+        phase = self.on_s + self.off_s
+        at = math.fmod(max(0.0, t), self.turns * phase) - self.turn * phase
+        return self.fraction if 0.0 <= at < self.on_s else 1.0
 
     def next_change(self, t: float) -> float:
         """The first time after ``t`` at which :meth:`fraction_at` changes (``inf`` if it never does)."""
-        if self.off_s == 0:
+        if self.always:
             return math.inf
         t = max(0.0, t)
-        cycle = self.on_s + self.off_s
+        cycle = self.turns * (self.on_s + self.off_s)
+        begin = self.turn * (self.on_s + self.off_s)  # this rank's throttled phase within a cycle
         start = math.floor(t / cycle) * cycle
-        for edge in (start + self.on_s, start + cycle, start + cycle + self.on_s):
+        for edge in (start + begin, start + begin + self.on_s, start + cycle + begin, start + cycle + begin + self.on_s):
             if edge > t:
                 return edge
-        return start + 2 * cycle  # unreachable: kept for floating-point safety
+        return start + 2 * cycle + begin  # unreachable: kept for floating-point safety
 
 
 class PatternDriver:
@@ -86,8 +112,10 @@ class PatternDriver:
         self._thread = threading.Thread(target=self._run, name="semimig-throttle-pattern", daemon=True)
         self._start = 0.0
 
-    def start(self) -> "PatternDriver":
-        self._start = self._clock()
+    def start(self, origin: Optional[float] = None) -> "PatternDriver":
+        """Apply the pattern from ``origin`` on (a reading of the driver's clock; default now): drivers of
+        ranks that take a pattern in turn start from one origin."""
+        self._start = self._clock() if origin is None else origin
         self._throttle.set_fraction(self._pattern.fraction_at(0.0))
         if self._on_switch is not None:
             self._on_switch(time.time(), self._pattern.fraction_at(0.0))

@@ -81,6 +81,31 @@ def test_pattern_schedule_starts_throttled_and_repeats():
     assert always.fraction_at(1e6) == 0.5 and always.next_change(3.0) == float("inf")
 
 
+def test_ranks_in_turn_take_the_throttled_phases_one_at_a_time():
+    """Three ranks in turn: at every instant at most one is throttled (exactly one with no free phase), each
+    for ``on_s`` in every cycle of ``n·(on_s + off_s)``; the switching times are where the schedule changes."""
+    for on_s, off_s in ((10.0, 0.0), (10.0, 5.0)):
+        turns = ThrottlePattern(on_s=on_s, off_s=off_s, fraction=0.25).in_turn(3)
+        cycle = 3 * (on_s + off_s)
+        grid = [i * 0.25 for i in range(int(2 * cycle / 0.25))]
+        for t in grid:
+            throttled = [j for j, p in enumerate(turns) if p.fraction_at(t) < 1.0]
+            phase = int(t // (on_s + off_s)) % 3
+            in_on = (t % (on_s + off_s)) < on_s
+            assert throttled == ([phase] if in_on else []), (on_s, off_s, t, throttled)
+        for p in turns:
+            for t in grid:
+                edge = p.next_change(t)
+                assert edge > t and p.fraction_at(edge) != p.fraction_at(t), (p.turn, t, edge)
+                assert all(p.fraction_at(u) == p.fraction_at(t) for u in grid if t <= u < edge), (p.turn, t, edge)
+
+
+@pytest.mark.parametrize("kwargs", [{"turn": 2, "turns": 2}, {"turn": -1, "turns": 2}, {"turns": 0}])
+def test_a_turn_outside_the_ranks_in_turn_is_refused(kwargs):
+    with pytest.raises(ConfigError, match="pattern turn"):
+        ThrottlePattern(on_s=1.0, off_s=0.0, fraction=0.5, **kwargs)
+
+
 @pytest.mark.parametrize("text", ["20", "a:b", "20:40:1", "0:5", "-1:5", "5:-1"])
 def test_pattern_refuses_bad_text(text):
     with pytest.raises(ConfigError, match="pattern"):
@@ -351,6 +376,64 @@ def test_a_pattern_after_a_file_starts_when_the_file_appears(controller, tmp_pat
     assert switches and switches[0]["fraction"] == 0.25
     assert switches[0]["unix_s"] >= flag.stat().st_mtime >= started + 0.7  # not before the file appeared
     assert switches[0]["unix_s"] - flag.stat().st_mtime < 1.0  # and soon after it (the watcher's poll)
+
+
+TURN_LAUNCHER = r"""
+import os, subprocess, sys
+WORKER = "import time\nt0 = time.monotonic()\nwhile time.monotonic() - t0 < 2.4:\n    pass\n"
+workers = [subprocess.Popen([sys.executable, "-c", WORKER], env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r)})
+           for r in (0, 1)]
+sys.exit(0 if [w.wait() for w in workers] == [0, 0] else 1)
+"""
+
+
+def test_two_ranks_in_turn_share_one_straggler_and_log_each_switch(controller, tmp_path):
+    """``--rank 1,0 --pattern 0.4:0``: one cgroup per rank, the pattern starting once both are attached,
+    rank 1 throttled first; the switch log holds each rank's start at one instant and then alternates
+    ranks, so that at every instant exactly one rank is throttled; no cgroup left."""
+    from semimig.straggler.throttle_cli import run_throttled
+
+    script, log, lines = tmp_path / "fake_torchrun.py", tmp_path / "switches.json", []
+    script.write_text(TURN_LAUNCHER)
+    before = {n for n in os.listdir(controller.root) if n.startswith(NAME_PREFIX)}
+    rc = run_throttled([sys.executable, str(script)], rank="1,0", fraction=0.25,
+                       pattern=ThrottlePattern(on_s=0.4, off_s=0.0, fraction=0.25), pin=True,
+                       announce=lines.append, switch_log=str(log))
+    assert rc == 0
+    assert sorted(int(re.search(r"RANK (\d)", line).group(1)) for line in lines) == [0, 1], lines
+    assert any("turn 1 of 2" in line and "RANK 1" in line for line in lines), lines
+    switches = json.loads(log.read_text())
+    first = sorted(switches[:2], key=lambda s: s["rank"])
+    assert [(s["rank"], s["fraction"]) for s in first] == [(0, 1.0), (1, 0.25)], switches
+    assert first[0]["unix_s"] == pytest.approx(first[1]["unix_s"], abs=0.05)
+    moves = []  # the switches of one move come within a few ms of each other (two drivers, one origin)
+    for s in switches:
+        if moves and s["unix_s"] - moves[-1][-1]["unix_s"] < 0.1:
+            moves[-1].append(s)
+        else:
+            moves.append([s])
+    state = {}
+    for move in moves:
+        state.update({s["rank"]: s["fraction"] for s in move})
+        assert sorted(state.items()) in ([(0, 1.0), (1, 0.25)], [(0, 0.25), (1, 1.0)]), moves
+    assert len(moves) >= 4, moves  # 2.4 s of work over 0.4 s phases: the straggler moves several times
+    assert all(0.3 < b[0]["unix_s"] - a[0]["unix_s"] < 0.6 for a, b in zip(moves, moves[1:])), moves
+    assert {n for n in os.listdir(controller.root) if n.startswith(NAME_PREFIX)} <= before
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--rank", "0,0"], "lists a rank twice"),
+    (["--rank", "0,x"], "comma-separated ranks"),
+    (["--rank", "-1"], "ranks >= 0"),
+])
+def test_bad_rank_lists_are_refused_in_one_line(flags, said, tmp_path, capsys):
+    from semimig.straggler.throttle_cli import main
+
+    marker = tmp_path / "ran"
+    assert main([*flags, "--fraction", "0.25", "--", "touch", str(marker)]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("semimig throttle: error: --rank") and said in errors[0], errors
+    assert not marker.exists()
 
 
 def test_a_switch_log_without_a_pattern_is_refused_before_anything_starts(tmp_path):

@@ -207,6 +207,7 @@ def test_a_pattern_runs_through_the_policy_on_the_wall_clock():
 @pytest.mark.parametrize("change, reason", [
     (lambda d: d.update(layout={"tp": 2, "dp": 2}), "dp 2"),
     (lambda d: d.update(layout={"pp": 2, "tp": 2, "dp": 1}), "pp 2"),
+    (lambda d: d.update(layout={"tp": 2, "dp": 1, "straggler_rank": [0, 1]}), "ranks [0, 1] slowed in turn"),
     (lambda d: d.update(chi=None, straggler="neighbour"), "no nominal slowdown"),
     (lambda d: d["modes"]["healthy"].pop("balanced_share"), "balanced_share"),
     (lambda d: d["raw"].pop("reshard"), "no healthy and reshard runs"),

@@ -102,6 +102,19 @@ def test_each_step_is_throttled_or_free_by_the_switch_in_force_at_its_midpoint()
     assert throttled_steps(starts, steps, []) == (None,) * 8  # never attached
     with pytest.raises(ConfigError, match="7 step start times for 8 steps"):
         throttled_steps(starts[:7], steps, switches)
+
+
+def test_a_straggler_that_moves_throttles_every_step_it_holds_some_rank():
+    """Two ranks in turn (``--rank 0,1 --pattern 10:5``): a step is throttled while either rank is held, free
+    in the pauses between them, whichever rank's switch came last."""
+    from semimig.bench.time_to_loss import throttled_steps
+
+    switches = [{"unix_s": 100.0, "fraction": 0.25, "rank": 0}, {"unix_s": 100.0, "fraction": 1.0, "rank": 1},
+                {"unix_s": 110.0, "fraction": 1.0, "rank": 0}, {"unix_s": 115.0, "fraction": 0.25, "rank": 1},
+                {"unix_s": 125.0, "fraction": 1.0, "rank": 1}, {"unix_s": 130.0, "fraction": 0.25, "rank": 0}]
+    starts = [101.0, 111.0, 116.0, 124.0, 126.0, 131.0]
+    steps = [1.0] * 6
+    assert throttled_steps(starts, steps, switches) == (True, False, True, True, False, True)
     with pytest.raises(ConfigError, match="time order"):
         throttled_steps(starts, steps, switches[::-1])
 

@@ -58,6 +58,20 @@ def test_eight_ranks_at_a_quarter_core_with_the_straggler_at_a_sixteenth(ttl, tm
     assert ttl.straggler_chi(args, {}) == 4.0
 
 
+def test_a_straggler_that_moves_throttles_the_listed_ranks_in_turn(ttl, tmp_path):
+    """``--straggler-rank 0,1 --pattern 30:0``: the throttle gets both ranks (in turn) and the pattern; the
+    layout records the list; the limit is the one-straggler limit in every phase (one rank at a time)."""
+    args = _parse(ttl, tmp_path, "--straggler-rank", "0,1", "--pattern", "30:0")
+    assert args.straggler_rank == [0, 1]
+    cmd = ttl.command(args, "reshard", tmp_path / "r.json")
+    throttle = cmd[:cmd.index("--")]
+    assert (_value(throttle, "--rank"), _value(throttle, "--fraction"), _value(throttle, "--pattern")) == \
+        ("0,1", "0.25", "30:0")
+    assert ttl.layout(args)["straggler_rank"] == [0, 1]
+    assert ttl.straggler_spec(args).startswith("ranks 0,1 in turn at 0.25 of a core")
+    assert ttl.straggler_chi(args, {}) == 4.0
+
+
 def test_the_default_share_splits_the_cores_when_the_ranks_outnumber_them(ttl):
     assert [ttl.default_share(w, 2) for w in (2, 4, 8)] == [1.0, 0.5, 0.25]
     assert ttl.default_share(4, 4) == 1.0 and ttl.default_share(3, 2) == pytest.approx(2 / 3)
@@ -76,7 +90,10 @@ def test_the_jobs_limit_with_one_of_n_ranks_chi_times_slower(ranks, chi, limit):
     (["--tp", "4", "--dp", "4"], "--tp 4 --dp 4 launches 16 rank(s): a run needs 2..8"),
     (["--tp", "1"], "--tp 1 --dp 1 launches 1 rank(s)"),
     (["--tp", "4", "--straggler-rank", "4"], "--straggler-rank must be a rank of the 4 launched (0..3), got 4"),
-    (["--straggler-rank", "-1"], "--straggler-rank must be a rank of the 2 launched (0..1), got -1"),
+    (["--straggler-rank", "-1"], "--straggler-rank must name ranks >= 0, got '-1'"),
+    (["--straggler-rank", "1,1", "--pattern", "30:0"], "--straggler-rank '1,1' lists a rank twice"),
+    (["--straggler-rank", "0,1"], "--straggler-rank 0,1 names 2 ranks: several take a --pattern's throttled phases"),
+    (["--straggler-rank", "0,2", "--pattern", "30:0"], "--straggler-rank must be a rank of the 2 launched (0..1), got 2"),
     (["--share", "0"], "--share must be in (0, 1], got 0.0"),
     (["--share", "1.5"], "--share must be in (0, 1], got 1.5"),
     (["--tp", "4", "--share", "0.5", "--fraction", "0.6"], "--fraction 0.6 is above --share 0.5"),

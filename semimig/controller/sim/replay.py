@@ -128,6 +128,9 @@ def file_constants(data: dict) -> dict:
     "chi", "chi_from", "shardable_share", "split", "split_from", "hidden", "kv_heads", "kv_dim"}``, or
     ``{"skipped": why}``."""
     raw = data.get("raw") or {}
+    moving = (data.get("layout") or {}).get("straggler_rank")
+    if isinstance(moving, list):
+        return {"skipped": f"ranks {moving} slowed in turn: the replay lays one rank's slowdown on the steps"}
     tp, dp, pp, slow = _layout(data)
     if pp > 1:
         return {"skipped": f"pp {pp}: the step model is one tensor-parallel group (no pipeline stages)"}

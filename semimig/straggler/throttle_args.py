@@ -1,0 +1,67 @@
+"""The launcher's reading of its own flags and of the command it runs (:mod:`semimig.straggler.throttle_cli`):
+the ranks to throttle, the world a ``torchrun`` line launches, the command's output paths."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from semimig._validate import check_int
+from semimig.errors import ConfigError
+
+__all__ = ["parse_ranks", "launched_world", "command_outputs"]
+
+
+def parse_ranks(value: Any, flag: str = "--rank") -> Tuple[int, ...]:
+    """The throttled ranks: an int, a sequence of them or ``"R[,R...]"``, each ``>= 0`` and listed once;
+    :class:`ConfigError` naming ``flag`` and the bad value otherwise."""
+    items = value.split(",") if isinstance(value, str) else [value] if not isinstance(value, (list, tuple)) else value
+    ranks = []
+    for item in items:
+        try:
+            ranks.append(int(item.strip()) if isinstance(item, str) else check_int(flag, item, minimum=0))
+        except ValueError:
+            raise ConfigError(f"{flag} must be a rank or comma-separated ranks (e.g. 1 or 0,1), got {value!r}") from None
+    if not ranks or any(r < 0 for r in ranks):
+        raise ConfigError(f"{flag} must name ranks >= 0, got {value!r}")
+    if len(set(ranks)) != len(ranks):
+        raise ConfigError(f"{flag} {value!r} lists a rank twice")
+    return tuple(ranks)
+
+
+_OUTPUT_WORDS = ("json", "log", "out", "save", "plot", "csv", "file", "trace")
+
+
+def command_outputs(argv: Sequence[str]) -> List[tuple]:
+    """``(flag, path)`` of the output-looking flags of a command line (``--json F``, ``--log-file=F``):
+    what ``--switch-log`` must not share a path with."""
+    found = []
+    for i, word in enumerate(argv):
+        if not word.startswith("--"):
+            continue
+        flag, eq, value = word.partition("=")
+        if not eq:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        if any(w in flag for w in _OUTPUT_WORDS) and value and not value.startswith("-"):
+            found.append((f"the command's {flag}", value))
+    return found
+
+
+def launched_world(argv: Sequence[str]) -> Optional[int]:
+    """The world size a ``torchrun`` / ``python -m torch.distributed.run`` command line states
+    (``--nproc_per_node N`` times a fixed ``--nnodes M``), else ``None`` (not stated, or elastic)."""
+    words = list(argv)
+    launcher = bool(words) and os.path.basename(words[0]) in ("torchrun", "colossalai")
+    if "torch.distributed.run" in words or "torch.distributed.launch" in words:
+        launcher = True
+    if not launcher or "--hosts" in words or "--hostfile" in words:  # colossalai run over hosts: not stated
+        return None
+    values: Dict[str, str] = {}
+    for i, word in enumerate(words):
+        flag, eq, value = word.partition("=")
+        key = flag.replace("-", "_")
+        if key in ("__nproc_per_node", "__nnodes"):
+            values.setdefault(key, value if eq else (words[i + 1] if i + 1 < len(words) else ""))
+    nproc, nnodes = values.get("__nproc_per_node"), values.get("__nnodes", "1")
+    if nproc is None or not nproc.isdigit() or not nnodes.isdigit():
+        return None
+    return int(nproc) * int(nnodes)
