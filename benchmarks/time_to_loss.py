@@ -444,10 +444,12 @@ def run_once(args: argparse.Namespace, mode: str, workdir: Path, repeat: int) ->
                          + "\n".join(tail))
     data = json.loads(out.read_text())
     if switch_log(out).is_file():  # a throttle pattern: which steps ran throttled
-        from semimig.bench.time_to_loss import throttled_steps
+        from semimig.bench.time_to_loss import held_ranks
 
-        data["throttled"] = list(throttled_steps(data["step_start_unix"], data["step_s"],
-                                                 json.loads(switch_log(out).read_text())))
+        held = held_ranks(data["step_start_unix"], data["step_s"], json.loads(switch_log(out).read_text()))
+        data["throttled"] = [None if h is None else bool(h) for h in held]
+        if isinstance(args.straggler_rank, list):  # a straggler that moves: which rank each step
+            data["throttled_ranks"] = [None if h is None else list(h) for h in held]
     return data
 
 
@@ -576,6 +578,7 @@ def run(args: argparse.Namespace, argv) -> int:
         "raw": {mode: [{"step_s": d["step_s"], "val_losses": d["val_losses"], "shed": d.get("shed", []),
                         "throttled": d.get("throttled"), "step_split_each": d.get("step_split_each"),
                         "reflex_each": d.get("reflex_each"),
+                        **({"throttled_ranks": d["throttled_ranks"]} if "throttled_ranks" in d else {}),
                         "summary": d["summary"]} for d in rs]
                 for mode, rs in raw.items()},
     }

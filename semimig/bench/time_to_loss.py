@@ -129,11 +129,11 @@ def time_to_target_s(step_s: Sequence[float], val_losses: Sequence[tuple[int, fl
     return None
 
 
-def throttled_steps(step_start_unix: Sequence[float], step_s: Sequence[float],
-                    switches: Sequence[dict]) -> tuple[Optional[bool], ...]:
-    """Per step, whether the throttle held some rank at the step's midpoint ``start + step_s / 2``: a
-    rank's fraction, that of its last switch at or before it, below 1 (``None`` before the first switch:
-    not yet attached).
+def held_ranks(step_start_unix: Sequence[float], step_s: Sequence[float],
+               switches: Sequence[dict]) -> tuple[Optional[tuple], ...]:
+    """Per step, the ranks the throttle held at its midpoint ``start + step_s / 2``: those whose last
+    switch at or before it set a fraction below 1 (``()``: none, a free step; ``None`` before the first
+    switch: not yet attached).
 
     ``switches``: ``[{"unix_s": t, "fraction": f, "rank": r}, ...]`` in time order (``semimig throttle
     --switch-log``; several ranks for a straggler that moves, ``rank`` absent for one)."""
@@ -143,13 +143,20 @@ def throttled_steps(step_start_unix: Sequence[float], step_s: Sequence[float],
     if any(b < a for a, b in zip(times, times[1:])):
         raise ConfigError("the throttle's switches are not in time order")
     state: dict = {}
-    throttled = []
-    for s in switches:  # after each switch: whether any rank is held
+    held = []
+    for s in switches:  # after each switch: the ranks held
         state[s.get("rank")] = float(s["fraction"]) < 1.0
-        throttled.append(any(state.values()))
+        held.append(tuple(sorted((r for r, on in state.items() if on), key=lambda r: -1 if r is None else r)))
     # the last switch at or before each step's midpoint
     at = [bisect.bisect_right(times, float(start) + float(dt) / 2.0) for start, dt in zip(step_start_unix, step_s)]
-    return tuple(None if i == 0 else throttled[i - 1] for i in at)
+    return tuple(None if i == 0 else held[i - 1] for i in at)
+
+
+def throttled_steps(step_start_unix: Sequence[float], step_s: Sequence[float],
+                    switches: Sequence[dict]) -> tuple[Optional[bool], ...]:
+    """Per step, whether the throttle held some rank at its midpoint (:func:`held_ranks`; ``None``
+    before the first switch: not yet attached)."""
+    return tuple(None if h is None else bool(h) for h in held_ranks(step_start_unix, step_s, switches))
 
 
 def phase_mean_step_s(run: RunResult) -> Optional[dict]:

@@ -115,6 +115,10 @@ def test_a_straggler_that_moves_throttles_every_step_it_holds_some_rank():
     starts = [101.0, 111.0, 116.0, 124.0, 126.0, 131.0]
     steps = [1.0] * 6
     assert throttled_steps(starts, steps, switches) == (True, False, True, True, False, True)
+    from semimig.bench.time_to_loss import held_ranks
+
+    assert held_ranks(starts, steps, switches) == ((0,), (), (1,), (1,), (), (0,))
+    assert held_ranks([99.0], [1.0], switches) == (None,)  # before the throttle attached
     with pytest.raises(ConfigError, match="time order"):
         throttled_steps(starts, steps, switches[::-1])
 
