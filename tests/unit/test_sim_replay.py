@@ -184,6 +184,38 @@ def test_a_pattern_throttles_only_its_flagged_steps():
     assert "throttled flags" in replay_file(data)["skipped"]
 
 
+def test_a_straggler_that_moves_slows_the_rank_held_on_each_step():
+    """Ranks 0 and 1 in turn: a plan that unloads rank 1 is right while rank 1 is held and wrong once rank 0
+    is: each step is simulated with the rank its ``throttled_ranks`` names slow (the closed form)."""
+    plan = ([26, 6], [6, 2])
+    held = [[1], [1], [1], [1], [0], [0], [0], []]
+    run = _run([9.0] * 8, [_event(0, *plan)], throttled=[bool(h) for h in held])
+    run["throttled_ranks"] = held
+    data = _file([run], layout={"tp": 2, "dp": 1, "straggler_rank": [1, 0], "share": 1.0, "fraction": 0.25},
+                 pattern="3:0", chi=None)
+    expected = [_closed_form(*plan, (1.0, 0.25), 0.8)] * 3 + [_closed_form(*plan, (0.25, 1.0), 0.8)] * 3 \
+        + [_closed_form(*plan, (1.0, 1.0), 0.8)]
+    out = replay_file(data)["runs"][0]
+    assert out["simulated_mean_s"] == pytest.approx(sum(expected) / 7, rel=1e-9)
+    assert file_constants(data)["straggler_rank"] == [1, 0]
+
+
+def test_a_straggler_that_moves_runs_through_the_policy_as_one():
+    """Ranks 0 and 1 in turn, 4 s each, no free phase: the even plan steps χ·T whichever rank is held, and the
+    policy laid on the same pattern sees the slowdown move (a ``moving`` scenario)."""
+    held = [[0]] * 5 + [[1]] * 5 + [[0]] * 5 + [[1]] * 5
+    move = dict(_event(2, [28, 4], [8, 0]), bytes_moved=40_000_000, move_s=0.4)
+    run = _run([2.0] * 20, [move], throttled=[True] * 20)
+    off = _run([4 * T] * 20, throttled=[True] * 20)
+    run["throttled_ranks"], off["throttled_ranks"] = held, held
+    data = _file([run], layout={"tp": 2, "dp": 1, "straggler_rank": [0, 1], "share": 1.0, "fraction": 0.25},
+                 pattern="4:0", chi=None)
+    data["raw"]["off"] = [off]
+    out = replay_file(data)["pattern_policy"]
+    assert out["simulated"]["even_s"] == pytest.approx(4 * T)
+    assert out["simulated"]["policy_s"] > 0.0 and out["measured"]["off_s"] == pytest.approx(4 * T)
+
+
 def test_a_pattern_runs_through_the_policy_on_the_wall_clock():
     """4 s throttled at χ 4, 4 s free, from the start: the even plan steps 2 s twice and 0.5 s eight times
     a cycle, so 20 steps take two cycles, 0.8 s a step; the measured side is the runs' own means."""
@@ -207,7 +239,9 @@ def test_a_pattern_runs_through_the_policy_on_the_wall_clock():
 @pytest.mark.parametrize("change, reason", [
     (lambda d: d.update(layout={"tp": 2, "dp": 2}), "dp 2"),
     (lambda d: d.update(layout={"pp": 2, "tp": 2, "dp": 1}), "pp 2"),
-    (lambda d: d.update(layout={"tp": 2, "dp": 1, "straggler_rank": [0, 1]}), "ranks [0, 1] slowed in turn"),
+    (lambda d: (d.update(layout={"tp": 2, "dp": 1, "straggler_rank": [0, 1]}, pattern="1:0"),
+                d["raw"]["reshard"][0].update(throttled=[True] * 5)),
+     "ranks [0, 1] slowed in turn without the rank held on each step"),
     (lambda d: d.update(chi=None, straggler="neighbour"), "no nominal slowdown"),
     (lambda d: d["modes"]["healthy"].pop("balanced_share"), "balanced_share"),
     (lambda d: d["raw"].pop("reshard"), "no healthy and reshard runs"),

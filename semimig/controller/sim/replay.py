@@ -8,7 +8,8 @@ per-rank ``balanced_share`` and the layout (``layout``: ``tp``, ``dp``, the thro
 fields of the file being replayed, none is carried over from another run:
 
 - layout: ``tp``, ``dp`` and the throttled rank from ``layout`` (else ``config``; files without them
-  ran the benchmark's defaults: tp 2, dp 1, the last rank throttled).  The model is one
+  ran the benchmark's defaults: tp 2, dp 1, the last rank throttled; a straggler that moves lists the
+  ranks it visits, and its runs record the rank held on each step, ``throttled_ranks``).  The model is one
   tensor-parallel group: a file with ``dp > 1`` (per-replica plans, a batch split) or ``pp > 1``
   (stages) is skipped with that reason;
 - the healthy step ``T``: the mean of the healthy runs' steps after the first (the statistic the
@@ -52,14 +53,15 @@ the model's terms: ``comm_share = (1 − f)·(1 − B)`` and ``replicated_share 
 
 The run's recorded plan schedule then runs through the model (no policy involved: this checks the
 model), the throttled rank at ``1/χ`` on every step (a pattern: on the steps its ``throttled``
-flags mark; a pattern run without them is skipped), and the mean simulated step is set against the
+flags mark, a straggler that moves: the rank its ``throttled_ranks`` name; a run without them is skipped), and the mean simulated step is set against the
 mean measured one, both over the steps after the first.  A move is made in its step's optimizer hook, so the
 measured step that decided it holds its seconds: the simulated step holds the seconds the run recorded for
 it, and the step after it runs longer than steady by what the two steps after the runs' moves ran over
 it (:func:`_settle_measured`, as the policy's replay below prices it).
 
 A throttle pattern (``on:off`` seconds) is also run through the policy itself (:func:`pattern_policy`):
-the pattern laid on the wall clock from the run's start at the file's constants, its moves priced at the
+the pattern laid on the wall clock from the run's start at the file's constants (a straggler that moves
+visiting its ranks in turn, one a phase), its moves priced at the
 fastest rate and the bytes per unit its ``reshard`` runs measured, the step after each move longer than
 steady by what the two steps after the runs' moves ran over it (their median), its noise the healthy runs' own (the
 one estimator, :class:`~semimig.controller.policy.gain.Noise`), over as many steps as the runs took and a
@@ -103,6 +105,9 @@ def _layout(data: dict) -> Tuple[int, int, int, int]:
         return default if value is None else int(value)
 
     tp, dp, pp = read("tp", 2), read("dp", 1), read("pp", 1)
+    moving = layout.get("straggler_rank")
+    if isinstance(moving, list):  # a straggler that moves: the ranks it visits, in turn
+        return tp, dp, pp, [int(r) for r in moving]
     return tp, dp, pp, read("straggler_rank", tp * dp * pp - 1)
 
 
@@ -128,9 +133,6 @@ def file_constants(data: dict) -> dict:
     "chi", "chi_from", "shardable_share", "split", "split_from", "hidden", "kv_heads", "kv_dim"}``, or
     ``{"skipped": why}``."""
     raw = data.get("raw") or {}
-    moving = (data.get("layout") or {}).get("straggler_rank")
-    if isinstance(moving, list):
-        return {"skipped": f"ranks {moving} slowed in turn: the replay lays one rank's slowdown on the steps"}
     tp, dp, pp, slow = _layout(data)
     if pp > 1:
         return {"skipped": f"pp {pp}: the step model is one tensor-parallel group (no pipeline stages)"}
@@ -145,6 +147,8 @@ def file_constants(data: dict) -> dict:
     pattern = bool(data.get("pattern"))
     if pattern and any(run.get("throttled") is None for run in raw["reshard"] + raw.get("off", [])):
         return {"skipped": "a throttle pattern without per-step throttled flags"}
+    if isinstance(slow, list) and any(run.get("throttled_ranks") is None for run in raw["reshard"] + raw.get("off", [])):
+        return {"skipped": f"ranks {slow} slowed in turn without the rank held on each step (throttled_ranks)"}
     healthy = statistics.fmean(_steps(raw["healthy"], pattern=False))
     chi, source = _nominal_chi(data), "nominal"
     off = _steps(raw.get("off") or [], pattern) if all(r.get("step_s") for r in raw.get("off") or []) else []
@@ -272,12 +276,20 @@ def _simulated_mean(c: dict, split: float, run: dict, events: Sequence[dict], pa
     total = 0.0
     for i in range(1, steps):
         speeds = [1.0] * c["tp"]
-        if not pattern or run["throttled"][i]:
-            speeds[c["straggler_rank"]] = 1.0 / c["chi"]
+        for r in _held(c, run, i, pattern):
+            speeds[r] = 1.0 / c["chi"]
         total += workload.step_seconds(schedule[i], speeds)
     for e in events:  # a move after step s is in step s; the step after it settles
         total += (e.get("move_s") or 0.0) * (1 <= e["step"] < steps) + settle_s * (0 <= e["step"] < steps - 1)
     return total / (steps - 1)
+
+
+def _held(c: dict, run: dict, i: int, pattern: bool) -> Sequence[int]:
+    """The ranks slow on step ``i`` of ``run``: the throttled rank (under a pattern, on the steps its flags
+    mark), or for a straggler that moves the rank the throttle held then (``throttled_ranks``)."""
+    if isinstance(c["straggler_rank"], list):
+        return run["throttled_ranks"][i] or ()
+    return (c["straggler_rank"],) if not pattern or run["throttled"][i] else ()
 
 
 def _moves_measured(runs: Sequence[dict], workload: Workload) -> Optional[Tuple[int, float]]:
@@ -303,7 +315,8 @@ def _settle_measured(runs: Sequence[dict]) -> Optional[float]:
     (``None``: no such move).  A move is made in its step's optimizer hook, so a run's step ``s`` holds it."""
     excess = []
     for run in runs:
-        steps, flags = run["step_s"], run.get("throttled") or [False] * len(run["step_s"])
+        steps = run["step_s"]
+        flags = [str(h) for h in run.get("throttled_ranks") or run.get("throttled") or [False] * len(steps)]
         for e in _run_events(run):
             s = e["step"]
             if s >= 0 and s + 6 <= len(steps) and len(set(flags[s + 1:s + 6])) == 1:
@@ -335,11 +348,16 @@ def pattern_policy(data: dict, c: dict, settle_s: Optional[float] = None) -> Opt
                                    settle=settle / T)
     rows = np.arange(steps * WALL_ROWS)
     speeds = np.ones((rows.size, c["tp"]))
-    speeds[(rows * T) % (on_s + off_s) < on_s, c["straggler_rank"]] = 1.0 / c["chi"]  # on from the start
+    on = (rows * T) % (on_s + off_s) < on_s  # on from the start
+    ranks = c["straggler_rank"] if isinstance(c["straggler_rank"], list) else [c["straggler_rank"]]
+    turn = (rows * T // (on_s + off_s)).astype(int) % len(ranks)  # a straggler that moves: the next rank each phase
+    for j, r in enumerate(ranks):
+        speeds[on & (turn == j), r] = 1.0 / c["chi"]
     noise = Noise(prior=0.0)
     for run in raw["healthy"]:
         noise.add_rows([[t] for t in run["step_s"][1:]])
-    scenario = Scenario(name="pattern", category="come_and_go", workload=workload, speeds=speeds,
+    scenario = Scenario(name="pattern", category="moving" if len(ranks) > 1 else "come_and_go", workload=workload,
+                        speeds=speeds,
                         noise=min(noise.sigma, 1.0), clock="wall", length=steps)
     runs = [run_policy(dataclasses.replace(scenario, seed=seed), reshard_policy) for seed in range(PATTERN_SEEDS)]
     simulated = {"policy_s": statistics.fmean(r.time_s for r in runs) / steps,
