@@ -47,7 +47,7 @@ Every mode's command line is checked (the binary's own checks, at the layout's w
 healthy run starts, and a flag that no run given would use (``--fraction`` or ``--period-us``
 without the real throttle, ``--share`` or ``--straggler-rank`` without it, ``--chi`` with it,
 ``--shard-plan`` without ``uneven``, ``--reflex`` or ``--resize-block`` without a resizing mode) is
-refused; so is ``--pattern`` with a share below 1 (its free phases would run at a whole core).  SIGINT, SIGTERM, SIGHUP and SIGQUIT end
+refused (with a share below 1 a pattern's free phases return to the share).  SIGINT, SIGTERM, SIGHUP and SIGQUIT end
 the run in progress (its throttle, torchrun and ranks) and remove the scratch directory (exit
 128 + the signal); a run also ends if this script is killed (:mod:`semimig._lifetime`).  A failed
 run's log is kept beside ``--json`` (``<json stem>-<mode>-<repeat>.log``).
@@ -183,9 +183,6 @@ def parse_args(argv=None) -> argparse.Namespace:
             check_figure_path(args.plot, "--plot")
         except ConfigError as err:
             p.error(str(err))
-    if args.pattern is not None and args.straggler == "real" and args.share < 1:
-        p.error(f"--pattern {args.pattern} with --share {args.share:g}: the throttle's free phases would run at a "
-                "whole core, above the other ranks' share (a pattern needs as many cores as ranks)")
     if args.pattern is not None and args.straggler == "real" and args.fraction >= 1:
         p.error(f"--pattern {args.pattern} with --fraction {args.fraction:g}: the throttled phases would be free too")
     if args.pattern is not None and args.straggler == "neighbour":

@@ -135,8 +135,9 @@ def held_ranks(step_start_unix: Sequence[float], step_s: Sequence[float],
     switch at or before it set a fraction below 1 (``()``: none, a free step; ``None`` before the first
     switch: not yet attached).
 
-    ``switches``: ``[{"unix_s": t, "fraction": f, "rank": r}, ...]`` in time order (``semimig throttle
-    --switch-log``; several ranks for a straggler that moves, ``rank`` absent for one)."""
+    ``switches``: ``[{"unix_s": t, "fraction": f, "rank": r, "held": h}, ...]`` in time order (``semimig
+    throttle --switch-log``; several ranks for a straggler that moves; a log without ``held`` or ``rank``, one
+    rank's throttle whose free phases ran at a whole core: held while the fraction is below 1)."""
     if len(step_start_unix) != len(step_s):
         raise ConfigError(f"{len(step_start_unix)} step start times for {len(step_s)} steps")
     times = [float(s["unix_s"]) for s in switches]
@@ -145,7 +146,7 @@ def held_ranks(step_start_unix: Sequence[float], step_s: Sequence[float],
     state: dict = {}
     held = []
     for s in switches:  # after each switch: the ranks held
-        state[s.get("rank")] = float(s["fraction"]) < 1.0
+        state[s.get("rank")] = bool(s["held"]) if "held" in s else float(s["fraction"]) < 1.0
         held.append(tuple(sorted((r for r, on in state.items() if on), key=lambda r: -1 if r is None else r)))
     # the last switch at or before each step's midpoint
     at = [bisect.bisect_right(times, float(start) + float(dt) / 2.0) for start, dt in zip(step_start_unix, step_s)]

@@ -13,7 +13,8 @@ it started before that (they share the rank's quota; later children follow by th
 launcher may use.  ``--share S`` holds every other rank too, each in a cgroup of its own at ``S``
 of a core (``--fraction`` stays absolute: ``--share 0.5 --fraction 0.125`` makes rank R four times
 slower than the others), and pins every worker as ``--pin`` does: more ranks than cores, each
-with a known share of one (``F <= S``; no ``--pattern``: its free phases would run at a whole core).  ``--pattern ON:OFF`` throttles for ON seconds then frees for OFF, repeating,
+with a known share of one (``F <= S``; with ``--pattern`` its free phases return to ``S``).  ``--pattern ON:OFF``
+throttles for ON seconds then frees for OFF, repeating,
 from the moment the worker is attached (or, with ``--pattern-after PATH``, from the moment PATH
 exists: the rank runs free until then); ``--switch-log FILE`` writes the wall-clock times of its
 switches there when COMMAND ends (to match a run's steps with the phases; an existing file needs
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -261,13 +263,14 @@ def run_throttled(argv: Sequence[str], *, rank: Any, fraction: float, period_us:
     line saying what was throttled (default: logged at INFO).  ThrottleUnavailable is raised before
     anything starts when no throttle can be made.  Signals are forwarded only when called from the
     main thread.  ``switch_log`` (with a ``pattern`` only): a JSON file written when the command
-    ends, ``[{"unix_s": .., "fraction": .., "rank": ..}, ...]``, each rank's start and every switch (checked
+    ends, ``[{"unix_s": .., "fraction": .., "rank": .., "held": ..}, ...]``, each rank's start and every switch (checked
     writable before the command starts).  ``pattern_after`` (with a ``pattern`` only): the rank runs
     free until this path exists, then the pattern starts (a run's training, not its start-up).
-    ``overwrite``: replace an existing ``switch_log``.  A command that succeeds with nothing throttled
+    ``overwrite``: replace an existing ``switch_log``.  Each switch's ``held`` says whether it throttled its
+    rank (set the pattern's fraction) or freed it.  A command that succeeds with nothing throttled
     as asked returns 1 (module docstring).  ``share`` (in (0, 1], at least ``fraction``): every other
     rank in a cgroup of its own at this share of a core, each made when the rank's first process
-    appears, all removed on every exit path; it implies ``pin`` and excludes ``pattern``.
+    appears, all removed on every exit path; it implies ``pin``, and a ``pattern``'s free phases return to it.
     """
     argv = [str(a) for a in argv]
     if not argv:
@@ -304,9 +307,9 @@ def run_throttled(argv: Sequence[str], *, rank: Any, fraction: float, period_us:
         if os.path.exists(pattern_after):
             raise ConfigError(f"--pattern-after {pattern_after} exists already: the pattern would start at once")
     if share is not None:
-        if pattern is not None:
-            raise ConfigError(f"--pattern {pattern.on_s:g}:{pattern.off_s:g} with --share {share:g}: the free phases "
-                              "would run at a whole core, above the other ranks' share; drop one of them")
+        if pattern is not None:  # its free phases return to the share every other rank is held to
+            fraction = pattern.fraction
+            pattern = dataclasses.replace(pattern, free=share) if pattern.fraction <= share else pattern
         if fraction > share:
             raise ConfigError(f"--fraction {fraction:g} is above --share {share:g}: rank "
                               f"{','.join(map(str, ranks))} would be the fastest, not a straggler; give a fraction "
@@ -315,8 +318,8 @@ def run_throttled(argv: Sequence[str], *, rank: Any, fraction: float, period_us:
     switches: List[Dict[str, float]] = []
 
     patterns = None if pattern is None else dict(zip(ranks, pattern.in_turn(len(ranks))))
-    first = {r: 1.0 if pattern_after is not None else patterns[r].fraction_at(0.0) if patterns else fraction
-             for r in ranks}
+    first = {r: (patterns[r].free if pattern_after is not None else patterns[r].fraction_at(0.0)) if patterns
+             else fraction for r in ranks}
     kill_at: List[float] = []
     pending: List[int] = []  # signals that arrive before the command has started
     proc: Optional[subprocess.Popen] = None
@@ -353,8 +356,8 @@ def run_throttled(argv: Sequence[str], *, rank: Any, fraction: float, period_us:
             share_throttle = None if share is None else lambda: shares.enter_context(CpuThrottle(
                 share, period_us=period_us, controller=controller, handle_signals=False))
             watcher = _Watcher(proc.pid, throttles, pin=pin, patterns=patterns, announce=announce,
-                               on_switch=lambda r, unix_s, f: switches.append({"unix_s": unix_s, "fraction": f,
-                                                                                "rank": r}),
+                               on_switch=lambda r, unix_s, f: switches.append({
+                                   "unix_s": unix_s, "fraction": f, "rank": r, "held": f == patterns[r].fraction}),
                                pattern_after=pattern_after, share_throttle=share_throttle, world=world)
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
             timed_out = False

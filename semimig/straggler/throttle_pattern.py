@@ -1,13 +1,15 @@
 """A time-varying throttle: throttled ``on_s`` seconds, free ``off_s``, repeating (``"20:40"``).
 
-    fraction_at(t) = fraction   if (t mod (on_s + off_s)) < on_s   else 1.0      (t >= 0 from the start)
+    fraction_at(t) = fraction   if (t mod (on_s + off_s)) < on_s   else free     (t >= 0 from the start)
+
+(``free`` 1, a whole core, unless the rank is held to a share of one: ``semimig throttle --share``.)
 
 A straggler that moves visits ``n`` ranks in turn (:meth:`ThrottlePattern.in_turn`): each rank's pattern
 has the cycle ``n·c`` (``c = on_s + off_s``) and rank ``j`` of them is throttled during
 ``[j·c, j·c + on_s)`` of it, so exactly one rank is throttled in every ``on_s`` phase, the next one after
 each ``off_s`` (with ``off_s = 0`` the straggler moves straight on)::
 
-    fraction_at_j(t) = fraction   if 0 <= (t mod n·c) − j·c < on_s   else 1.0
+    fraction_at_j(t) = fraction   if 0 <= (t mod n·c) − j·c < on_s   else free
 
 :class:`ThrottlePattern` is the pure schedule; :class:`PatternDriver` is a daemon thread that applies
 it to a :class:`~semimig.straggler.throttle.CpuThrottle`, waking only at the switching times and
@@ -37,10 +39,11 @@ logger = logging.getLogger("semimig.straggler.throttle")  # one logger for the t
 class ThrottlePattern:
     """Throttled for ``on_s`` seconds at ``fraction``, then free for ``off_s``, repeating from ``t = 0``:
 
-        fraction_at(t) = fraction   if (t mod (on_s + off_s)) < on_s   else 1.0
+        fraction_at(t) = fraction   if (t mod (on_s + off_s)) < on_s   else free
 
     ``turn`` of ``turns``: this rank's share of a straggler that visits ``turns`` ranks in turn (module
-    docstring; ``turns = 1``: the plain pattern).
+    docstring; ``turns = 1``: the plain pattern).  ``free``: the fraction outside the throttled phases (1: a
+    whole core; a rank held to a share of a core, as every other rank is, returns to that share).
     """
 
     on_s: float
@@ -48,6 +51,7 @@ class ThrottlePattern:
     fraction: float
     turn: int = 0
     turns: int = 1
+    free: float = 1.0
 
     def __post_init__(self) -> None:
         check_number("pattern on_s", self.on_s, minimum=0.0, low_open=True)
@@ -55,6 +59,10 @@ class ThrottlePattern:
         check_number("pattern fraction", self.fraction, minimum=0.0, maximum=1.0, low_open=True)
         check_int("pattern turns", self.turns, minimum=1)
         check_int("pattern turn", self.turn, minimum=0, maximum=self.turns - 1)
+        check_number("pattern free fraction", self.free, minimum=0.0, maximum=1.0, low_open=True)
+        if self.free < self.fraction:
+            raise ConfigError(f"pattern: the free fraction {self.free:g} is below the throttled one "
+                              f"{self.fraction:g}: the free phases would be the slow ones")
 
     def in_turn(self, n: int) -> Tuple["ThrottlePattern", ...]:
         """The patterns of ``n`` ranks that take this pattern's throttled phases in turn (module docstring)."""
@@ -82,7 +90,7 @@ class ThrottlePattern:
             return self.fraction
         phase = self.on_s + self.off_s
         at = math.fmod(max(0.0, t), self.turns * phase) - self.turn * phase
-        return self.fraction if 0.0 <= at < self.on_s else 1.0
+        return self.fraction if 0.0 <= at < self.on_s else self.free
 
     def next_change(self, t: float) -> float:
         """The first time after ``t`` at which :meth:`fraction_at` changes (``inf`` if it never does)."""

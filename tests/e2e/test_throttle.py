@@ -106,6 +106,13 @@ def test_a_turn_outside_the_ranks_in_turn_is_refused(kwargs):
         ThrottlePattern(on_s=1.0, off_s=0.0, fraction=0.5, **kwargs)
 
 
+def test_the_free_phases_return_to_the_share_the_rank_is_held_to():
+    p = ThrottlePattern(on_s=2.0, off_s=4.0, fraction=0.125, free=0.5)
+    assert [p.fraction_at(t) for t in (0.0, 1.9, 2.0, 5.9, 6.0)] == [0.125, 0.125, 0.5, 0.5, 0.125]
+    with pytest.raises(ConfigError, match="free fraction 0.1 is below the throttled one 0.125"):
+        ThrottlePattern(on_s=2.0, off_s=4.0, fraction=0.125, free=0.1)
+
+
 @pytest.mark.parametrize("text", ["20", "a:b", "20:40:1", "0:5", "-1:5", "5:-1"])
 def test_pattern_refuses_bad_text(text):
     with pytest.raises(ConfigError, match="pattern"):
@@ -404,7 +411,7 @@ def test_two_ranks_in_turn_share_one_straggler_and_log_each_switch(controller, t
     assert any("turn 1 of 2" in line and "RANK 1" in line for line in lines), lines
     switches = json.loads(log.read_text())
     first = sorted(switches[:2], key=lambda s: s["rank"])
-    assert [(s["rank"], s["fraction"]) for s in first] == [(0, 1.0), (1, 0.25)], switches
+    assert [(s["rank"], s["fraction"], s["held"]) for s in first] == [(0, 1.0, False), (1, 0.25, True)], switches
     assert first[0]["unix_s"] == pytest.approx(first[1]["unix_s"], abs=0.05)
     moves = []  # the switches of one move come within a few ms of each other (two drivers, one origin)
     for s in switches:
@@ -419,6 +426,22 @@ def test_two_ranks_in_turn_share_one_straggler_and_log_each_switch(controller, t
     assert len(moves) >= 4, moves  # 2.4 s of work over 0.4 s phases: the straggler moves several times
     assert all(0.3 < b[0]["unix_s"] - a[0]["unix_s"] < 0.6 for a, b in zip(moves, moves[1:])), moves
     assert {n for n in os.listdir(controller.root) if n.startswith(NAME_PREFIX)} <= before
+
+
+def test_ranks_in_turn_under_a_share_return_to_it_between_their_phases(controller, tmp_path):
+    """``--share 0.5 --rank 1,0 --pattern 0.4:0 --fraction 0.125``: a rank's free phases run at the share every
+    other rank is held to, not at a whole core; the switch log's ``held`` tells the phases apart."""
+    from semimig.straggler.throttle_cli import run_throttled
+
+    script, log = tmp_path / "fake_torchrun.py", tmp_path / "switches.json"
+    script.write_text(TURN_LAUNCHER)
+    rc = run_throttled([sys.executable, str(script)], rank="1,0", fraction=0.125, share=0.5,
+                       pattern=ThrottlePattern(on_s=0.4, off_s=0.0, fraction=0.125), announce=lambda line: None,
+                       switch_log=str(log))
+    assert rc == 0
+    switches = json.loads(log.read_text())
+    assert len(switches) >= 4 and {s["fraction"] for s in switches} == {0.125, 0.5}, switches
+    assert all(s["held"] == (s["fraction"] == 0.125) for s in switches), switches
 
 
 @pytest.mark.parametrize("flags, said", [
@@ -602,7 +625,7 @@ def test_share_puts_every_rank_in_a_cgroup_of_its_own_and_removes_them_all(contr
     (["--share", "0"], "--share must be a finite number > 0 and <= 1, got 0.0"),
     (["--share", "1.5"], "--share must be a finite number > 0 and <= 1, got 1.5"),
     (["--share", "0.1"], "--fraction 0.25 is above --share 0.1"),
-    (["--share", "0.5", "--pattern", "2:2"], "--pattern 2:2 with --share 0.5"),
+    (["--share", "0.5", "--pattern", "2:2", "--fraction", "0.6"], "--fraction 0.6 is above --share 0.5"),
 ])
 def test_share_refusals_are_one_line_and_start_nothing(flags, said, tmp_path, capsys):
     from semimig.straggler.throttle_cli import main

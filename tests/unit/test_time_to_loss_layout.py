@@ -72,6 +72,17 @@ def test_a_straggler_that_moves_throttles_the_listed_ranks_in_turn(ttl, tmp_path
     assert ttl.straggler_chi(args, {}) == 4.0
 
 
+def test_a_straggler_that_moves_among_four_ranks_at_half_a_core(ttl, tmp_path):
+    """tp 4 on two cores: the pattern's ranks return to the share between their phases (``semimig throttle``
+    gets ``--share`` with the pattern); the limit is the one-straggler limit of four ranks."""
+    args = _parse(ttl, tmp_path, "--tp", "4", "--share", "0.5", "--straggler-rank", "3,1", "--pattern", "30:0")
+    cmd = ttl.command(args, "reshard", tmp_path / "r.json")
+    throttle = cmd[:cmd.index("--")]
+    assert (_value(throttle, "--rank"), _value(throttle, "--fraction"), _value(throttle, "--share"),
+            _value(throttle, "--pattern")) == ("3,1", "0.125", "0.5", "30:0")
+    assert ttl.straggler_chi(args, {}) == 4.0
+
+
 def test_the_default_share_splits_the_cores_when_the_ranks_outnumber_them(ttl):
     assert [ttl.default_share(w, 2) for w in (2, 4, 8)] == [1.0, 0.5, 0.25]
     assert ttl.default_share(4, 4) == 1.0 and ttl.default_share(3, 2) == pytest.approx(2 / 3)
@@ -97,7 +108,6 @@ def test_the_jobs_limit_with_one_of_n_ranks_chi_times_slower(ranks, chi, limit):
     (["--share", "0"], "--share must be in (0, 1], got 0.0"),
     (["--share", "1.5"], "--share must be in (0, 1], got 1.5"),
     (["--tp", "4", "--share", "0.5", "--fraction", "0.6"], "--fraction 0.6 is above --share 0.5"),
-    (["--tp", "4", "--share", "0.5", "--pattern", "2:2"], "--pattern 2:2 with --share 0.5"),
     (["--tp", "4", "--share", "0.5", "--modes", "healthy,uneven"], "mode uneven: its run of llm_run.py would be refused"),
 ])
 def test_layout_refusals_are_one_line_before_any_run(ttl, tmp_path, capsys, flags, said):
