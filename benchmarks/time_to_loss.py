@@ -353,6 +353,8 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
             example += ["--straggler", device_spec(args)]
         elif args.straggler == "real":
             fraction = args.fraction  # (a neighbour runs beside the ranks: run_once)
+    from semimig.straggler.throttle_args import ranks_text
+
     throttle = [sys.executable, "-m", "semimig.cli", "throttle", "--rank", ranks_text(args.straggler_rank),
                 "--fraction", f"{fraction:g}", "--period-us", str(args.period_us), "--pin"]
     if args.share < 1:
@@ -367,11 +369,6 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.world),
                 "--log-dir", str(out.with_name(out.stem + "-torchrun"))]
     return throttle + ["--"] + torchrun + example
-
-
-def ranks_text(ranks) -> str:
-    """``3`` or ``0,1`` (a straggler that moves): the throttled ranks as the flags take them."""
-    return ",".join(map(str, ranks)) if isinstance(ranks, list) else str(ranks)
 
 
 def switch_log(out: Path) -> Path:
@@ -669,6 +666,8 @@ def straggler_spec(args: argparse.Namespace) -> str:
     if args.straggler == "real":
         others = "" if args.share >= 1 else f", every other rank at {args.share:g}"
         if isinstance(args.straggler_rank, list):
+            from semimig.straggler.throttle_args import ranks_text
+
             return (f"ranks {ranks_text(args.straggler_rank)} in turn at {args.fraction:g} of a core (one at a time, "
                     f"moving each {args.pattern} phase){others}")
         return f"rank {args.straggler_rank} at {args.fraction:g} of a core{others}"

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from semimig._validate import check_int
 from semimig.errors import ConfigError
 
-__all__ = ["parse_ranks", "launched_world", "command_outputs"]
+__all__ = ["parse_ranks", "ranks_text", "launched_world", "command_outputs"]
 
 
 def parse_ranks(value: Any, flag: str = "--rank") -> Tuple[int, ...]:
@@ -26,6 +26,11 @@ def parse_ranks(value: Any, flag: str = "--rank") -> Tuple[int, ...]:
     if len(set(ranks)) != len(ranks):
         raise ConfigError(f"{flag} {value!r} lists a rank twice")
     return tuple(ranks)
+
+
+def ranks_text(ranks: Any) -> str:
+    """``3`` or ``0,1``: ranks as ``--rank`` takes them (one rank, or several taking a pattern in turn)."""
+    return ",".join(map(str, ranks)) if isinstance(ranks, (list, tuple)) else str(ranks)
 
 
 _OUTPUT_WORDS = ("json", "log", "out", "save", "plot", "csv", "file", "trace")

@@ -63,7 +63,7 @@ from semimig.straggler.throttle import (
     pin_to_core,
     remove_stale_throttles,
 )
-from semimig.straggler.throttle_args import command_outputs, launched_world, parse_ranks
+from semimig.straggler.throttle_args import command_outputs, launched_world, parse_ranks, ranks_text
 
 __all__ = ["add_throttle_subcommand", "run_throttled", "parse_ranks"]
 
@@ -288,8 +288,8 @@ def run_throttled(argv: Sequence[str], *, rank: Any, fraction: float, period_us:
     if missing:
         raise ConfigError(f"--rank {missing[0]} does not exist: the command launches {world} rank(s), 0..{world - 1}")
     if world is not None and share is not None and len(ranks) == world:
-        raise ConfigError(f"--share {share:g} holds the ranks not throttled, and --rank "
-                          f"{','.join(map(str, ranks))} throttles all {world}: drop --share or a rank")
+        raise ConfigError(f"--share {share:g} holds the ranks not throttled, and --rank {ranks_text(ranks)} "
+                          f"throttles all {world}: drop --share or a rank")
     if switch_log is not None:
         if pattern is None:
             raise ConfigError(f"--switch-log {switch_log} records a pattern's switches: it needs --pattern")
@@ -307,13 +307,12 @@ def run_throttled(argv: Sequence[str], *, rank: Any, fraction: float, period_us:
         if os.path.exists(pattern_after):
             raise ConfigError(f"--pattern-after {pattern_after} exists already: the pattern would start at once")
     if share is not None:
-        if pattern is not None:  # its free phases return to the share every other rank is held to
-            fraction = pattern.fraction
-            pattern = dataclasses.replace(pattern, free=share) if pattern.fraction <= share else pattern
+        fraction = fraction if pattern is None else pattern.fraction
         if fraction > share:
-            raise ConfigError(f"--fraction {fraction:g} is above --share {share:g}: rank "
-                              f"{','.join(map(str, ranks))} would be the fastest, not a straggler; give a fraction "
-                              "<= the share")
+            raise ConfigError(f"--fraction {fraction:g} is above --share {share:g}: rank {ranks_text(ranks)} would be "
+                              "the fastest, not a straggler; give a fraction <= the share")
+        if pattern is not None:  # its free phases return to the share every other rank is held to
+            pattern = dataclasses.replace(pattern, free=share)
         pin = True  # a share of a core means one core: every rank on its own (LOCAL_RANK mod ncpu)
     switches: List[Dict[str, float]] = []
 
@@ -390,7 +389,7 @@ def run_throttled(argv: Sequence[str], *, rank: Any, fraction: float, period_us:
     idle = None
     absent = [r for r in ranks if r not in watcher.attached]
     if absent:
-        idle = (f"no process with RANK {','.join(map(str, absent))} appeared; "
+        idle = (f"no process with RANK {ranks_text(absent)} appeared; "
                 + ("nothing was throttled" if len(absent) == len(ranks) else "it was not throttled")
                 + ("" if pattern is None or len(ranks) == 1 else " and the pattern never started"))
     elif pattern_after is not None and not watcher.started:
