@@ -132,8 +132,8 @@ def time_to_target_s(step_s: Sequence[float], val_losses: Sequence[tuple[int, fl
 def held_ranks(step_start_unix: Sequence[float], step_s: Sequence[float],
                switches: Sequence[dict]) -> tuple[Optional[tuple], ...]:
     """Per step, the ranks the throttle held at its midpoint ``start + step_s / 2``: those whose last
-    switch at or before it set a fraction below 1 (``()``: none, a free step; ``None`` before the first
-    switch: not yet attached).
+    switch at or before it held them (``()``: none, a free step; ``None`` before the first switch: not yet
+    attached).
 
     ``switches``: ``[{"unix_s": t, "fraction": f, "rank": r, "held": h}, ...]`` in time order (``semimig
     throttle --switch-log``; several ranks for a straggler that moves; a log without ``held`` or ``rank``, one
