@@ -84,13 +84,18 @@ class ThrottlePattern:
             raise ConfigError(f"pattern must be ON:OFF in seconds (e.g. 20:40), got {text!r}") from None
         return cls(on_s=on_s, off_s=off_s, fraction=fraction)
 
-    def fraction_at(self, t: float) -> float:
-        """The fraction in force ``t`` seconds after the pattern started (``t < 0``: as ``t = 0``)."""
+    def held_at(self, t: float) -> bool:
+        """Whether ``t`` seconds after the pattern started fall in this rank's throttled phase (``t < 0``: as
+        ``t = 0``)."""
         if self.always:
-            return self.fraction
+            return True
         phase = self.on_s + self.off_s
         at = math.fmod(max(0.0, t), self.turns * phase) - self.turn * phase
-        return self.fraction if 0.0 <= at < self.on_s else self.free
+        return 0.0 <= at < self.on_s
+
+    def fraction_at(self, t: float) -> float:
+        """The fraction in force ``t`` seconds after the pattern started (``t < 0``: as ``t = 0``)."""
+        return self.fraction if self.held_at(t) else self.free
 
     def next_change(self, t: float) -> float:
         """The first time after ``t`` at which :meth:`fraction_at` changes (``inf`` if it never does)."""

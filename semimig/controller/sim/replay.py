@@ -84,7 +84,9 @@ from semimig.controller.sim.oracle import best_plans, fixed_time
 from semimig.controller.sim.scenarios import WALL_ROWS, Scenario
 from semimig.controller.sim.simulate import reshard_policy, run_policy
 from semimig.controller.sim.stepmodel import Plans, Workload
+from semimig.errors import ConfigError
 from semimig.sharding.plan import ShardPlan
+from semimig.straggler.throttle_pattern import ThrottlePattern
 
 __all__ = ["SPLITS", "BLOCK", "PATTERN_SEEDS", "replay_file", "replay_summary", "file_constants", "pattern_policy"]
 
@@ -331,12 +333,12 @@ def pattern_policy(data: dict, c: dict, settle_s: Optional[float] = None) -> Opt
     "policy_vs_even": {"simulated", "measured"}}``, mean steps in seconds (``settle_s``: what the two steps
     after a move ran over steady in the runs, :func:`_settle_measured`, read here where not given); ``None``
     without a pattern, an ``off`` run or a measured move."""
-    try:
-        on_s, off_s = (float(x) for x in str(data.get("pattern")).split(":"))
-    except ValueError:
+    try:  # the throttle's own schedule (its fraction is not read here: the slowdown is the file's χ)
+        pattern = ThrottlePattern.parse(str(data.get("pattern")), fraction=1.0)
+    except ConfigError:
         return None
     raw = data["raw"]
-    if not raw.get("off") or on_s <= 0.0:
+    if not raw.get("off"):
         return None
     workload = _file_workload(c, c["split"], _run_events(raw["reshard"][0]))
     moves = _moves_measured(raw["reshard"], workload)
@@ -348,11 +350,9 @@ def pattern_policy(data: dict, c: dict, settle_s: Optional[float] = None) -> Opt
                                    settle=settle / T)
     rows = np.arange(steps * WALL_ROWS)
     speeds = np.ones((rows.size, c["tp"]))
-    on = (rows * T) % (on_s + off_s) < on_s  # on from the start
     ranks = c["straggler_rank"] if isinstance(c["straggler_rank"], list) else [c["straggler_rank"]]
-    turn = (rows * T // (on_s + off_s)).astype(int) % len(ranks)  # a straggler that moves: the next rank each phase
-    for j, r in enumerate(ranks):
-        speeds[on & (turn == j), r] = 1.0 / c["chi"]
+    for r, turn in zip(ranks, pattern.in_turn(len(ranks))):  # on from the start; several ranks in turn
+        speeds[[turn.held_at(t) for t in rows * T], r] = 1.0 / c["chi"]
     noise = Noise(prior=0.0)
     for run in raw["healthy"]:
         noise.add_rows([[t] for t in run["step_s"][1:]])
