@@ -309,3 +309,40 @@ def test_a_moves_seconds_and_the_steps_after_it_are_in_the_replayed_steps():
     run = replay_file(data, "f.json")["runs"][0]
     assert run["measured_mean_s"] == pytest.approx((3 * 4 * T + 8 * moved + 1.0) / 11)
     assert run["simulated_mean_s"] == pytest.approx(run["measured_mean_s"], rel=1e-9)
+
+
+def test_a_straggler_that_moves_is_fitted_from_every_steps_split_under_each_plan():
+    """Ranks 0 and 1 slowed in turn, the plan following them: no plan holds most of the run, so the split's
+    medians over the run mix plans, but every step's split names its plan and held rank.  Grouped by plan and
+    throttle state, the healthy ranks' points give ``R``, the held ranks' GEMMs per share over the healthy
+    ranks' under the same plan give ``χ``, and their own seconds ``φ``; a move's step and the one after it
+    (their seconds the move's and its settling) are left out, whatever they hold."""
+    R, N, G, chi, phi = 0.05 * T, 0.4 * T, 1.2 * T, 3.0, 0.5
+    a = _attention()
+    plans = {1: ([26, 6], [6, 2]), 0: ([6, 26], [2, 6])}
+    held, events, steps = [], [], 24
+    for i in range(steps):  # rank 1 held for steps 0-11, rank 0 after; the plan moves at steps 2 and 14
+        held.append([1] if i < 12 else [0])
+    events = [_event(2, *plans[1]), _event(14, *plans[0])]
+    schedule = [None] * 3 + [plans[1]] * 12 + [plans[0]] * 9
+
+    def split(plan, r, slow):
+        v = chi if slow else 1.0
+        p = 0.5 if plan is None else (1 - a) * plan[0][r] / 32 + a * plan[1][r] / 8
+        return [R * v ** phi + (N + G) * p * v, 0.3 * T, G * p * v, 0.0]
+
+    each = [[split(schedule[i], r, r in held[i]) for i in range(steps)] for r in range(2)]
+    for r in range(2):  # a move's step and the next hold its seconds and its settling
+        for i in (2, 3, 14, 15):
+            each[r][i] = [9.0, 0.3 * T, 0.1, 0.0]
+    run = _run([9.0] * steps, events, throttled=[True] * steps)
+    run["throttled_ranks"], run["step_split_each"] = held, each
+    data = _file([run], layout={"tp": 2, "dp": 1, "straggler_rank": [1, 0], "share": 1.0, "fraction": 0.25},
+                 pattern="12:0", chi=None)
+    data["modes"]["healthy"]["step_split"] = [{"compute_s": R + (N + G) / 2, "comm_s": 0.3 * T,
+                                               "gemm_s": G / 2}] * 2
+    c = file_constants(data)
+    assert c["replicated_s"] == pytest.approx(R, rel=1e-9)
+    assert c["chi"] == pytest.approx(chi, rel=1e-9) and c["replicated_pace"] == pytest.approx(phi, rel=1e-9)
+    run["step_split_each"] = [column[:-1] for column in each]  # not one split per step: no points
+    assert file_constants(data)["split_from"] == "step_split"

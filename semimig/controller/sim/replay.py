@@ -20,8 +20,8 @@ fields of the file being replayed, none is carried over from another run:
   others' core ``share`` over the slow rank's ``fraction``, or the file's ``chi``, or (a plain
   ``real`` throttle on one core each) one over ``config.fraction``.  A straggler with no nominal
   slowdown (``neighbour``: ``chi`` null) and no ``off`` run is skipped.  Where the ``reshard`` runs
-  record each rank's split under one plan and the throttled rank holds units there, its GEMM seconds per
-  share over the healthy ranks' are ``χ`` instead: the pace of its shardable work under the plans being
+  record each rank's split under the plans they held and the throttled rank holds units there, its GEMM
+  seconds per share over the healthy ranks' under the same plan are ``χ`` instead: the pace of its shardable work under the plans being
   replayed (an ``off`` run's step carries its replicated work as well, which need not slow alike);
 - the shardable share ``B``: the median over ranks of the healthy mode's ``balanced_share``, the share
   of a rank's step its sheddable GEMM passes took (``busy / compute``, where ``compute`` is the step
@@ -39,8 +39,9 @@ the point estimate.  An older file keeps ``balanced_share`` as its only per-rank
 estimate is ``f = 1`` (all of it replicated: what the policy itself reads, a rank's ``compute − busy``
 being the replicated seconds it posts).  Not all of a rank's own non-GEMM work ``c − g`` is replicated:
 the attention core goes with the heads a rank holds and the MLP's activation with its columns.  Where
-the file's ``reshard`` runs record each rank's split under one plan for most of their steps, the
-replicated seconds ``R`` are fitted over the ranks' shares (:func:`_replicated_s`), the rest of
+the file's ``reshard`` runs record each rank's split under the plans they held (every step's, grouped by plan
+and throttle state: :func:`_split_points`), the replicated seconds ``R`` are fitted over the ranks' shares
+(:func:`_replicated_s`), the rest of
 ``c − g`` joins the shardable work and the collectives stay ``m``: ``B = (c − R)/(c + m)`` and
 ``f = R/(R + m)``; the throttled rank's own non-GEMM seconds then give the pace ``φ`` of its replicated
 work (:attr:`~semimig.controller.sim.stepmodel.Workload.replicated_pace`: a CPU quota that lets short
@@ -94,6 +95,8 @@ SPLITS: Tuple[float, ...] = tuple(i / 10 for i in range(11))
 """The shares ``f`` of a healthy step's non-shardable seconds taken as replicated work (module docstring)."""
 BLOCK = 128
 """Columns of one MLP unit (the example's re-shard block)."""
+GROUP_STEPS = 5
+"""Fewest steps of one plan and throttle state whose split medians make a point of the fit (:func:`_split_points`)."""
 PATTERN_SEEDS = 4
 """Seeds of the measurement noise a pattern's policy run is averaged over."""
 
@@ -175,7 +178,7 @@ def file_constants(data: dict) -> dict:
         c, m, g = (statistics.median(float(r[k]) for r in measured) for k in ("compute_s", "comm_s", "gemm_s"))
         if c + m > 0 and c - g + m > 0:
             out.update(split=max(c - g, 0.0) / (c - g + m), shardable_share=g / (c + m), split_from="step_split")
-            fitted = None if pattern else _replicated_s(data, out, c - g)
+            fitted = _replicated_s(data, out, c - g)
             if fitted is not None:  # the rest of c − g follows the shares
                 replicated, pace, chi = fitted
                 out.update(split=replicated / (replicated + m), shardable_share=(c - replicated) / (c + m),
@@ -186,40 +189,68 @@ def file_constants(data: dict) -> dict:
     return out
 
 
-def _replicated_s(data: dict, c: dict, own_even: float) -> Optional[Tuple[float, float, float]]:
-    """``(R, φ, χ)`` from the per-rank split of every ``reshard`` run whose split was read under one plan for most
-    of its steps (``p`` a rank's share under that plan), or ``None`` where no run spreads the shares:
-
-    - ``R``: the seconds of a healthy rank's own non-GEMM work (``compute − gemm``) that stay whatever it holds,
-      the rest following its share of the shardable work (the attention core with its heads, the MLP's
-      activation with its columns): the least-squares line ``own = R + N·p`` through those runs' healthy ranks
-      and the ranks at even (``p = 1/tp``, ``own_even``), ``R`` and ``N`` both kept ≥ 0;
-    - ``χ``: the throttled rank's GEMM seconds per share over the healthy ranks' (the median over the runs where
-      it holds units; else the file's ``χ``): the pace of its shardable work under the plans it ran;
-    - ``φ``: the pace of its replicated work (:attr:`~semimig.controller.sim.stepmodel.Workload.replicated_pace`):
-      its own non-GEMM seconds are ``R·χ^φ + N·p·χ``, so ``φ`` is the median of ``log((own − N·p·χ)/R)/log χ``
-      within ``[0, 1]`` (1 where ``R`` or the slowdown is nil)."""
-    tp, points, slow, paces = c["tp"], [(1.0 / c["tp"], own_even)], [], []
+def _split_points(data: dict, c: dict) -> List[Tuple[Tuple, int, bool, float, float, float]]:
+    """Every rank's split under each plan its ``reshard`` runs held, as ``(plan, rank, held, p, own, gemm)``:
+    ``p`` the rank's share under that plan, ``held`` whether the throttle held it, ``own = compute − gemm``
+    and ``gemm`` medians.  A run that records every step's split (``step_split_each``) gives one point per plan,
+    rank and throttle state that held for at least :data:`GROUP_STEPS` steps, the first step and each move's
+    step and the one after it left out (the move's seconds and its settling are not the plan's); an older run
+    gives its split's medians over the second half of its steps where one plan held for most of them (no
+    pattern: its medians would mix the throttle's states)."""
+    tp, pattern, points = c["tp"], bool(data.get("pattern")), []
     for run in data["raw"]["reshard"]:
-        split = ((run.get("summary") or {}).get("step_split_by_rank"))
         events, steps = _run_events(run), len(run["step_s"])
-        if not split or len(split) != tp or any(r is None for r in split) or not events:
+        workload = _file_workload(c, 1.0, events)
+        each = run.get("step_split_each")
+        if each and len(each) == tp and all(rank and len(rank) == steps for rank in each):
+            schedule, groups = _schedule(events, steps, workload.even_plans()), {}
+            moved = {e["step"] + d for e in events for d in (0, 1)}
+            for i in range(1, steps):
+                held = _held(c, run, i, pattern)
+                for r in range(tp):
+                    if i not in moved and each[r][i] is not None:
+                        key = (tuple(tuple(p.units) for p in schedule[i]), r, r in held)
+                        groups.setdefault(key, []).append(each[r][i])
+            for (plan, r, held), rows in groups.items():
+                if len(rows) >= GROUP_STEPS:
+                    p = workload.shares(tuple(ShardPlan(units=u) for u in plan))[r]
+                    points.append((plan, r, held, p, statistics.median(max(x[0] - x[2], 0.0) for x in rows),
+                                   statistics.median(x[2] for x in rows)))
+            continue
+        split = ((run.get("summary") or {}).get("step_split_by_rank"))
+        if pattern or not split or len(split) != tp or any(r is None for r in split) or not events:
             continue
         last = sorted(events, key=lambda e: e["step"])[-1]
         if steps - 1 - last["step"] <= steps / 2:  # the split is a median over steps: one plan must hold most
             continue
-        workload = _file_workload(c, 1.0, events)
-        shares = workload.shares((ShardPlan(units=tuple(last["mlp_units"])), ShardPlan(units=tuple(last["kv_units"]))))
-        healthy = []
-        for r, (row, p) in enumerate(zip(split, shares)):
-            own = max(float(row["compute_s"]) - float(row["gemm_s"]), 0.0)
-            if r == c["straggler_rank"]:
-                slow.append((p, own, float(row["gemm_s"])))
-            else:
-                points.append((p, own))
-                healthy += [float(row["gemm_s"]) / p] if p > 0.0 else []
-        if slow and slow[-1][0] > 0.0 and healthy:
-            paces.append(slow[-1][2] / slow[-1][0] / statistics.median(healthy))
+        plan = (tuple(last["mlp_units"]), tuple(last["kv_units"]))
+        shares = workload.shares(tuple(ShardPlan(units=u) for u in plan))
+        points += [(plan, r, r == c["straggler_rank"], p, max(float(row["compute_s"]) - float(row["gemm_s"]), 0.0),
+                    float(row["gemm_s"])) for r, (row, p) in enumerate(zip(split, shares))]
+    return points
+
+
+def _replicated_s(data: dict, c: dict, own_even: float) -> Optional[Tuple[float, float, float]]:
+    """``(R, φ, χ)`` from the ranks' splits under the plans the ``reshard`` runs held (:func:`_split_points`,
+    ``p`` a rank's share under a plan), or ``None`` where no plan spreads the healthy ranks' shares:
+
+    - ``R``: the seconds of a healthy rank's own non-GEMM work (``compute − gemm``) that stay whatever it holds,
+      the rest following its share of the shardable work (the attention core with its heads, the MLP's
+      activation with its columns): the least-squares line ``own = R + N·p`` through the healthy ranks' points
+      and the ranks at even (``p = 1/tp``, ``own_even``), ``R`` and ``N`` both kept ≥ 0;
+    - ``χ``: a held rank's GEMM seconds per share over the healthy ranks' under the same plan (the median over
+      its points where it holds units; else the file's ``χ``): the pace of its shardable work as it ran;
+    - ``φ``: the pace of its replicated work (:attr:`~semimig.controller.sim.stepmodel.Workload.replicated_pace`):
+      its own non-GEMM seconds are ``R·χ^φ + N·p·χ``, so ``φ`` is the median of ``log((own − N·p·χ)/R)/log χ``
+      over its points, within ``[0, 1]`` (1 where ``R`` or the slowdown is nil)."""
+    split_points = _split_points(data, c)
+    points = [(1.0 / c["tp"], own_even)] + [(p, own) for _, _, held, p, own, _ in split_points if not held]
+    slow = [(p, own, gemm) for _, _, held, p, own, gemm in split_points if held]
+    paces = []
+    for plan, _, held, p, _, gemm in split_points:
+        healthy = [g / q for other, _, h, q, _, g in split_points if other == plan and not h and q > 0.0]
+        if held and p > 0.0 and healthy:
+            paces.append(gemm / p / statistics.median(healthy))
     xs, ys = [p for p, _ in points], [y for _, y in points]
     if max(xs) - min(xs) < 1e-9:  # the ranks at even alone: no line
         return None
