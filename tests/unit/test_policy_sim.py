@@ -71,13 +71,15 @@ def test_the_step_is_the_slowest_ranks_compute_plus_the_collectives():
 @pytest.mark.parametrize("phi", [0.0, 0.5, 1.0])
 def test_a_slow_ranks_replicated_work_runs_at_its_own_pace(phi):
     """``c_r = R/v^φ + S·p_r/v``: at φ 0 the slow rank's replicated seconds are a healthy rank's, at 1 they slow
-    with the rest; the oracle's step matrix prices a trace as the step model does, step by step."""
+    with the rest, and so do its seats in the collectives; the oracle's step matrix prices a trace as the step
+    model does, step by step."""
     workload = _workload(replicated_pace=phi, comm_share=0.1, step_s=2.0)
     plans = (ShardPlan(units=(7, 1)), ShardPlan(units=(3, 1)))
     speeds = (1.0, 0.25)
     shares = workload.shares(plans)
     expected = [1.8 * (0.2 / v ** phi + 1.6 * p / v) for p, v in zip(shares, speeds)]
     assert workload.rank_compute(plans, speeds) == pytest.approx(expected)
+    assert workload.seat_comm(plans, speeds) == pytest.approx(0.2 * 4.0 ** phi)  # every seat at the slow rank's
     trace = np.array([[1.0, 1.0]] * 2 + [list(speeds)] * 3 + [[0.5, 1.0]] * 2)
     scenario = Scenario(name="paced", category="persistent", workload=workload, speeds=trace)
     assert fixed_time(scenario, plans) == pytest.approx(sum(workload.step_seconds(plans, row) for row in trace))

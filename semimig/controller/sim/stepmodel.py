@@ -18,10 +18,12 @@ the step is the slowest *holder*'s, and what the policy reads of the idle rank i
 its speed, ``R/v_r`` (what :mod:`semimig.resharder.idle` gives it from the probe).
 
 A rank's replicated work need not slow as its shardable work does: at speed ``v_r`` it runs at
-``v_r^φ`` (``replicated_pace``), so ``c_r = R/v_r^φ + S·p_r/v_r``.  ``φ = 1`` (the family's) is a device that
-slows all of its work alike, as a slow GPU does; below 1 the many small kernels of the replicated work slow
-less than the large GEMMs, as under a CPU quota that lets short bursts through (the recorded throttles'
-replay reads ``φ`` from the slow rank's own split, :mod:`~semimig.controller.sim.replay`).
+``v_r^φ`` (``replicated_pace``), so ``c_r = R/v_r^φ + S·p_r/v_r``, and its seats in the collectives run at that
+pace too.  ``φ = 1`` (the family's) is a device that slows all of its work alike, as a slow GPU does; below 1
+the many small kernels of the replicated work and the collectives' short bursts slow less than the large GEMMs,
+as under a CPU quota that lets short bursts through (the recorded throttles' replay reads ``φ`` from the slow
+rank's own split, :mod:`~semimig.controller.sim.replay`, and the collectives of a plan that seats the slow rank
+ran as that ``φ`` predicts).
 
 What the policy reads is not the truth: its weights are the paired *parameters*' shares
 (``attention_param_share``: the attention core's time is not in them), and the shardable seconds a
@@ -96,7 +98,8 @@ class Workload:
     idle_skips: bool = False
     """A rank holding no unit skips the step (module docstring)."""
     replicated_pace: float = 1.0
-    """``φ``: a rank at speed ``v`` runs its replicated work at ``v^φ`` (module docstring)."""
+    """``φ``: a rank at speed ``v`` runs its replicated work and its seats in the collectives at ``v^φ`` (module
+    docstring)."""
     settle: float = 0.0
     """The step after a move runs this many healthy even steps longer than the plan's steady step (module
     docstring)."""
@@ -189,13 +192,14 @@ class Workload:
     def seat_comm(self, plans: Plans, speeds: Sequence[float]) -> float:
         """The collectives' seconds: ``comm_s`` split evenly over the paired dimensions and the vocabulary's
         collectives, each dimension's reductions at the pace of its slowest rank holding units of it, the
-        vocabulary's at its slowest rank (its slowest holder with ``idle_skips``) (``comm_s`` on healthy ranks;
+        vocabulary's at its slowest rank (its slowest holder with ``idle_skips``), a rank at speed ``v`` seated at
+        ``v^φ`` (``replicated_pace``) (``comm_s`` on healthy ranks;
         the policy's :func:`~semimig.controller.policy.propose.seat_scale`; :meth:`seat_comms`)."""
         return _seat_comm(self, tuple(plans), tuple(float(v) for v in speeds))
 
     def seat_comms(self, plans: Sequence[Plans], speeds: np.ndarray) -> np.ndarray:
         """``[k, s]``: :meth:`seat_comm` of ``plans[k]`` at the speeds ``speeds[s]`` (one row per state)."""
-        speeds = np.asarray(speeds, dtype=float)
+        speeds = np.asarray(speeds, dtype=float) ** self.replicated_pace
         top = speeds.max(axis=1)  # (s,)
         out = np.zeros((len(plans), speeds.shape[0]))
         for k, plan in enumerate(plans):
@@ -240,7 +244,8 @@ class Workload:
 def _seat_comm(workload: Workload, plans: Plans, speeds: Tuple[float, ...]) -> float:
     """:meth:`Workload.seat_comm`: the policy's :func:`~semimig.sharding.jobmodel.seat_scale` over the dimensions and
     the vocabulary (a trace holds its speeds and its plan for many steps: read once)."""
-    return workload.comm_s * seat_scale(speeds, plans, idle_free=workload.idle_skips) / (len(plans) + 1)
+    paces = tuple(v ** workload.replicated_pace for v in speeds)
+    return workload.comm_s * seat_scale(paces, plans, idle_free=workload.idle_skips) / (len(plans) + 1)
 
 
 def _bound(workload: Workload, plans: Plans, speeds: Tuple[float, ...], factors: Optional[Tuple[float, ...]]) -> float:
