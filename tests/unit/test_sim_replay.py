@@ -346,3 +346,18 @@ def test_a_straggler_that_moves_is_fitted_from_every_steps_split_under_each_plan
     assert c["chi"] == pytest.approx(chi, rel=1e-9) and c["replicated_pace"] == pytest.approx(phi, rel=1e-9)
     run["step_split_each"] = [column[:-1] for column in each]  # not one split per step: no points
     assert file_constants(data)["split_from"] == "step_split"
+
+
+def test_a_patterns_policy_meets_its_first_phase_without_the_probe():
+    """The throttle's pattern starts with the first step, after the device probe read every rank at full speed:
+    throttled from step 0 on, the simulated policy runs its warm-up step and its first reading on the even
+    plan (χ·T each) before any move, where a probe that saw the slow rank would have moved before step 0."""
+    flags = [True] * 12
+    move = dict(_event(3, [28, 4], [8, 0]), bytes_moved=40_000_000, move_s=0.4)
+    data = _file([_run([2.0] * 4 + [0.7] * 8, [move], throttled=flags)], pattern="1000:1")
+    data["raw"]["off"] = [_run([4 * T] * 12, throttled=flags)]
+    out = replay_file(data)["pattern_policy"]
+    assert out["simulated"]["even_s"] == pytest.approx(4 * T)
+    limit = 2 * 4.0 / (4.0 + 1.0) * T  # no plan steps faster at χ 4 (tp 2)
+    assert out["simulated"]["policy_s"] * 12 >= 4 * (4 * T) + 8 * limit - 1e-9  # steps 0-3 at even
+    assert out["simulated"]["moves"] >= 1

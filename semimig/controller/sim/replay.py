@@ -61,8 +61,9 @@ it, and the step after it runs longer than steady by what the two steps after th
 it (:func:`_settle_measured`, as the policy's replay below prices it).
 
 A throttle pattern (``on:off`` seconds) is also run through the policy itself (:func:`pattern_policy`):
-the pattern laid on the wall clock from the run's start at the file's constants (a straggler that moves
-visiting its ranks in turn, one a phase), its moves priced at the
+the pattern laid on the wall clock from the run's first step at the file's constants (a straggler that moves
+visiting its ranks in turn, one a phase; the device probe, which ran before the pattern started, takes no
+plan), its moves priced at the
 fastest rate and the bytes per unit its ``reshard`` runs measured, the step after each move longer than
 steady by what the two steps after the runs' moves ran over it (their median), its noise the healthy runs' own (the
 one estimator, :class:`~semimig.controller.policy.gain.Noise`), over as many steps as the runs took and a
@@ -387,9 +388,10 @@ def pattern_policy(data: dict, c: dict, settle_s: Optional[float] = None) -> Opt
     noise = Noise(prior=0.0)
     for run in raw["healthy"]:
         noise.add_rows([[t] for t in run["step_s"][1:]])
+    # the throttle's pattern starts with the first step (time_to_loss's --pattern-after), after the device probe
+    # read every rank at full speed: a probe that reads the ranks alike takes no plan
     scenario = Scenario(name="pattern", category="moving" if len(ranks) > 1 else "come_and_go", workload=workload,
-                        speeds=speeds,
-                        noise=min(noise.sigma, 1.0), clock="wall", length=steps)
+                        speeds=speeds, noise=min(noise.sigma, 1.0), clock="wall", length=steps, probe=False)
     runs = [run_policy(dataclasses.replace(scenario, seed=seed), reshard_policy) for seed in range(PATTERN_SEEDS)]
     simulated = {"policy_s": statistics.fmean(r.time_s for r in runs) / steps,
                  "even_s": fixed_time(scenario, workload.even_plans()) / steps,
