@@ -361,3 +361,17 @@ def test_a_patterns_policy_meets_its_first_phase_without_the_probe():
     limit = 2 * 4.0 / (4.0 + 1.0) * T  # no plan steps faster at χ 4 (tp 2)
     assert out["simulated"]["policy_s"] * 12 >= 4 * (4 * T) + 8 * limit - 1e-9  # steps 0-3 at even
     assert out["simulated"]["moves"] >= 1
+
+
+def test_a_skipping_ranks_split_is_no_point_of_the_fit():
+    """Where idle ranks skip the step, an emptied rank runs no replicated work: its split is the device probe's
+    seconds and its wait, whatever they are, and the fit leaves it out; where it runs the step, its own
+    non-GEMM seconds are its replicated work and set the pace ``φ``."""
+    data, R, _ = _split_file([_event(-1, [8, 8, 8, 0], [3, 3, 2, 0])])
+    run = data["raw"]["reshard"][0]
+    run["summary"]["step_split_by_rank"][3] = {"compute_s": 0.3 * R, "comm_s": 0.3 * T, "gemm_s": 0.0}
+    fitted = file_constants(data)
+    assert fitted["replicated_s"] == pytest.approx(R, rel=1e-9) and fitted["replicated_pace"] == 0.0
+    run["summary"]["reshard"]["idle_skips"] = True
+    skipped = file_constants(data)
+    assert skipped["replicated_s"] == pytest.approx(R, rel=1e-9) and skipped["replicated_pace"] == 1.0

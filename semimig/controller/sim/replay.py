@@ -197,12 +197,14 @@ def _split_points(data: dict, c: dict) -> List[Tuple[Tuple, int, bool, float, fl
     rank and throttle state that held for at least :data:`GROUP_STEPS` steps, the first step and each move's
     step and the one after it left out (the move's seconds and its settling are not the plan's); an older run
     gives its split's medians over the second half of its steps where one plan held for most of them (no
-    pattern: its medians would mix the throttle's states)."""
+    pattern: its medians would mix the throttle's states).  A rank holding nothing in a run whose idle ranks skip
+    the step gives no point: it ran no replicated work, and its split is the device probe's seconds and its wait."""
     tp, pattern, points = c["tp"], bool(data.get("pattern")), []
     for run in data["raw"]["reshard"]:
         events, steps = _run_events(run), len(run["step_s"])
         workload = _file_workload(c, 1.0, events)
         each = run.get("step_split_each")
+        skips = bool(((run.get("summary") or {}).get("reshard") or {}).get("idle_skips"))
         if each and len(each) == tp and all(rank and len(rank) == steps for rank in each):
             schedule, groups = _schedule(events, steps, workload.even_plans()), {}
             moved = {e["step"] + d for e in events for d in (0, 1)}
@@ -213,8 +215,8 @@ def _split_points(data: dict, c: dict) -> List[Tuple[Tuple, int, bool, float, fl
                         key = (tuple(tuple(p.units) for p in schedule[i]), r, r in held)
                         groups.setdefault(key, []).append(each[r][i])
             for (plan, r, held), rows in groups.items():
-                if len(rows) >= GROUP_STEPS:
-                    p = workload.shares(tuple(ShardPlan(units=u) for u in plan))[r]
+                p = workload.shares(tuple(ShardPlan(units=u) for u in plan))[r]
+                if len(rows) >= GROUP_STEPS and (p > 0.0 or not skips):
                     points.append((plan, r, held, p, statistics.median(max(x[0] - x[2], 0.0) for x in rows),
                                    statistics.median(x[2] for x in rows)))
             continue
@@ -227,7 +229,7 @@ def _split_points(data: dict, c: dict) -> List[Tuple[Tuple, int, bool, float, fl
         plan = (tuple(last["mlp_units"]), tuple(last["kv_units"]))
         shares = workload.shares(tuple(ShardPlan(units=u) for u in plan))
         points += [(plan, r, r == c["straggler_rank"], p, max(float(row["compute_s"]) - float(row["gemm_s"]), 0.0),
-                    float(row["gemm_s"])) for r, (row, p) in enumerate(zip(split, shares))]
+                    float(row["gemm_s"])) for r, (row, p) in enumerate(zip(split, shares)) if p > 0.0 or not skips]
     return points
 
 
