@@ -204,7 +204,7 @@ def _split_points(data: dict, c: dict) -> List[Tuple[Tuple, int, bool, float, fl
         events, steps = _run_events(run), len(run["step_s"])
         workload = _file_workload(c, 1.0, events)
         each = run.get("step_split_each")
-        skips = bool(((run.get("summary") or {}).get("reshard") or {}).get("idle_skips"))
+        skips = _idle_skips(run)
         if each and len(each) == tp and all(rank and len(rank) == steps for rank in each):
             schedule, groups = _schedule(events, steps, workload.even_plans()), {}
             moved = {e["step"] + d for e in events for d in (0, 1)}
@@ -294,6 +294,11 @@ def _run_events(run: dict) -> List[dict]:
     return ((run.get("summary") or {}).get("reshard") or {}).get("events") or []
 
 
+def _idle_skips(run: dict) -> bool:
+    """Whether the run's idle ranks skipped the step (its summary's ``reshard.idle_skips``)."""
+    return bool(((run.get("summary") or {}).get("reshard") or {}).get("idle_skips"))
+
+
 def _file_workload(c: dict, split: float, events: Sequence[dict], idle_skips: bool = False) -> Workload:
     """The file's workload at ``split``: its unit totals from a recorded plan, else the model's shape; with
     ``idle_skips`` (the run recorded it) a rank holding nothing skips the step."""
@@ -305,7 +310,7 @@ def _file_workload(c: dict, split: float, events: Sequence[dict], idle_skips: bo
 def _simulated_mean(c: dict, split: float, run: dict, events: Sequence[dict], pattern: bool, settle_s: float) -> float:
     """The mean simulated step of ``run`` after the first (module docstring): the model's step under the recorded
     plans, the recorded moves' seconds in the steps that made them and ``settle_s`` in the step after each."""
-    idle_skips = bool(((run.get("summary") or {}).get("reshard") or {}).get("idle_skips"))
+    idle_skips = _idle_skips(run)
     workload = _file_workload(c, split, events, idle_skips)
     steps = len(run["step_s"])
     schedule = _schedule(events, steps, workload.even_plans())
@@ -433,8 +438,7 @@ def replay_file(data: dict, name: str = "") -> dict:
     best = None
     if not pattern:  # the best plan the model finds at the throttled speeds, over the healthy step
         first = data["raw"]["reshard"][0]
-        workload = _file_workload(c, c["split"], _run_events(first),
-                                  bool(((first.get("summary") or {}).get("reshard") or {}).get("idle_skips")))
+        workload = _file_workload(c, c["split"], _run_events(first), _idle_skips(first))
         speeds = [1.0] * c["tp"]
         speeds[c["straggler_rank"]] = 1.0 / c["chi"]
         plans = best_plans(workload, speeds)
