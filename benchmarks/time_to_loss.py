@@ -83,9 +83,27 @@ COLLECTIVE_TIMEOUT_S = 900
 of a core takes minutes to import and reach the first collective."""
 
 
+def fraction_flag(text: str):
+    """``--fraction``: one share of a core (a number), or one per straggler rank (``0.25,0.125``: a tuple)."""
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a share of a core, or one per straggler rank (e.g. 0.25 or 0.25,0.125), "
+                                         f"got {text!r}") from None
+    return values[0] if len(values) == 1 else values
+
+
+def fractions_of(args: argparse.Namespace) -> tuple:
+    """The real throttle's fractions, one per straggler rank (one fraction given: every rank at it)."""
+    ranks = args.straggler_rank if isinstance(args.straggler_rank, list) else [args.straggler_rank]
+    return tuple(args.fraction) if isinstance(args.fraction, tuple) else (args.fraction,) * len(ranks)
+
+
 def add_run_flags(p: argparse.ArgumentParser) -> None:
     """The flags every run of the binary shares (this script and ``device_vs_throttle.py``)."""
-    p.add_argument("--fraction", type=float, default=0.25, help="real throttle: the straggler's share of a core (absolute, not a part of --share)")
+    p.add_argument("--fraction", type=fraction_flag, default=0.25, metavar="F[,F...]",
+                   help="real throttle: the straggler's share of a core (absolute, not a part of --share); one per "
+                        "--straggler-rank for stragglers of different speeds")
     p.add_argument("--period-us", type=int, default=4000,
                    help="real throttle: its CFS period in microseconds (semimig throttle --period-us; default 4000, "
                         "the kernel's tick at HZ=250; 1000 is the shortest the kernel takes)")
@@ -104,7 +122,8 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
 def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, counts: tuple[str, ...]) -> None:
     """Bounds of the shared flags and of ``counts`` (each >= 1); ``--json`` and ``--plot`` were
     checked as they were parsed (:class:`bench_output.OutputPath`)."""
-    if not 0 < args.fraction <= 1:
+    fractions = args.fraction if isinstance(args.fraction, tuple) else (args.fraction,)
+    if not all(0 < f <= 1 for f in fractions):
         p.error(f"--fraction must be in (0, 1], got {args.fraction}")
     if not 1000 <= args.period_us <= 1_000_000:
         p.error(f"--period-us must be in [1000, 1000000] (the kernel's bounds for a CFS period), got {args.period_us}")
@@ -183,6 +202,9 @@ def parse_args(argv=None) -> argparse.Namespace:
             check_figure_path(args.plot, "--plot")
         except ConfigError as err:
             p.error(str(err))
+    if args.pattern is not None and isinstance(args.fraction, tuple):
+        p.error(f"--pattern {args.pattern} with --fraction {','.join(f'{f:g}' for f in args.fraction)}: a pattern's "
+                "ranks take one straggler's phases in turn; give one fraction")
     if args.pattern is not None and args.straggler == "real" and args.fraction >= 1:
         p.error(f"--pattern {args.pattern} with --fraction {args.fraction:g}: the throttled phases would be free too")
     if args.pattern is not None and args.straggler == "neighbour":
@@ -277,10 +299,13 @@ def check_layout(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if outside:
             p.error(f"--straggler-rank must be a rank of the {args.world} launched (0..{args.world - 1}), "
                     f"got {outside[0]}")
-        if len(ranks) > 1 and args.pattern is None:
-            p.error(f"--straggler-rank {args.straggler_rank} names {len(ranks)} ranks: several take a --pattern's "
-                    "throttled phases in turn (a straggler that moves); give --pattern ON:OFF or one rank")
+        if isinstance(args.fraction, tuple) and len(args.fraction) != len(ranks):
+            p.error(f"--fraction {','.join(f'{f:g}' for f in args.fraction)} gives {len(args.fraction)} fractions for "
+                    f"--straggler-rank {args.straggler_rank}'s {len(ranks)} rank(s): give one, or one per rank")
         args.straggler_rank = ranks[0] if len(ranks) == 1 else list(ranks)
+    if isinstance(args.fraction, tuple) and not isinstance(args.straggler_rank, list):
+        p.error(f"--fraction {','.join(f'{f:g}' for f in args.fraction)} gives several fractions for one straggler "
+                f"rank ({args.straggler_rank}): give one, or --straggler-rank with one rank per fraction")
     args.cores = len(os.sched_getaffinity(0))
     if args.share is None:
         args.share = default_share(args.world, args.cores)
@@ -288,8 +313,8 @@ def check_layout(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--share must be in (0, 1], got {args.share}")
     if args.fraction is None:
         args.fraction = args.share / 4
-    elif args.straggler == "real" and 0 < args.fraction <= 1 and args.fraction > args.share:
-        p.error(f"--fraction {args.fraction:g} is above --share {args.share:g}: the straggler would be the "
+    elif args.straggler == "real" and any(1 >= f > args.share for f in fractions_of(args)):
+        p.error(f"--fraction {max(fractions_of(args)):g} is above --share {args.share:g}: the straggler would be the "
                 "fastest rank; give a fraction <= the share")
 
 
@@ -352,11 +377,12 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
         if args.straggler in ("device", "gemm"):
             example += ["--straggler", device_spec(args)]
         elif args.straggler == "real":
-            fraction = args.fraction  # (a neighbour runs beside the ranks: run_once)
+            fraction = args.fraction  # one per straggler rank, or one for all (a neighbour runs beside the ranks: run_once)
     from semimig.straggler.throttle_args import ranks_text
 
     throttle = [sys.executable, "-m", "semimig.cli", "throttle", "--rank", ranks_text(args.straggler_rank),
-                "--fraction", f"{fraction:g}", "--period-us", str(args.period_us), "--pin"]
+                "--fraction", ",".join(f"{f:g}" for f in (fraction if isinstance(fraction, tuple) else (fraction,))),
+                "--period-us", str(args.period_us), "--pin"]
     if args.share < 1:
         throttle += ["--share", f"{args.share:g}"]
     if mode != "healthy" and args.straggler == "real" and args.pattern:
@@ -582,7 +608,8 @@ def run(args: argparse.Namespace, argv) -> int:
           f"{args.steps} steps x {args.repeats}; target val loss {target if target is None else round(target, 4)} "
           f"(healthy's final + {TARGET_TOLERANCE:.0%}); exact limit "
           + ("n/a" if result["exact_limit_vs_healthy"] is None
-             else f"{limit:.2f}x (chi {chi:.2f}, {args.world} ranks)"))
+             else f"{limit:.2f}x (chi {', '.join(f'{c:.2f}' for c in (chi if isinstance(chi, list) else [chi]))}, "
+                  f"{args.world} ranks)"))
     print(f"{'mode':>10} {'steady s':>9} {'vs healthy':>10} {'limit':>6} {'mean step':>9} {'worst':>6} "
           f"{'final val':>9} {'to target s':>11} {'vs healthy':>10}  balanced share by rank; re-plans")
     print(f"{'':>10} {'':>9} {'':>10} {'':>6} {'vs healthy steady step':>16}")
@@ -613,14 +640,17 @@ def layout(args: argparse.Namespace) -> dict:
     """The run's layout as the result file records it."""
     return {"tp": args.tp, "dp": args.dp, "world": args.world, "cores": args.cores, "straggler_rank": args.straggler_rank,
             "share": args.share if args.straggler == "real" else None,
-            "fraction": args.fraction if args.straggler == "real" else None}
+            "fraction": (list(args.fraction) if isinstance(args.fraction, tuple) else args.fraction)
+            if args.straggler == "real" else None}
 
 
-def straggler_chi(args: argparse.Namespace, modes: dict) -> Optional[float]:
-    """The straggler's slowdown against the other ranks: the throttle's ``share / fraction``, the device
-    straggler's ``chi``; a neighbour's from ``off``'s steady step against healthy's (``None`` without
-    ``off``); none for GEMMs only."""
+def straggler_chi(args: argparse.Namespace, modes: dict):
+    """The straggler's slowdown against the other ranks: the throttle's ``share / fraction`` (a list, one per
+    rank, for stragglers of different fractions), the device straggler's ``chi``; a neighbour's from ``off``'s
+    steady step against healthy's (``None`` without ``off``); none for GEMMs only."""
     if args.straggler == "real":
+        if isinstance(args.fraction, tuple):
+            return [args.share / f for f in args.fraction]
         return args.share / args.fraction
     if args.straggler == "device":
         return args.chi
@@ -665,6 +695,11 @@ def straggler_spec(args: argparse.Namespace) -> str:
     """The straggler in words, for the result file and the printed header."""
     if args.straggler == "real":
         others = "" if args.share >= 1 else f", every other rank at {args.share:g}"
+        if isinstance(args.fraction, tuple):
+            from semimig.straggler.throttle_args import ranks_text
+
+            return (f"ranks {ranks_text(args.straggler_rank)} at {', '.join(f'{f:g}' for f in args.fraction)} of a core"
+                    f"{others}")
         if isinstance(args.straggler_rank, list):
             from semimig.straggler.throttle_args import ranks_text
 

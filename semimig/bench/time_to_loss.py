@@ -24,7 +24,7 @@ import bisect
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from semimig._validate import check_number
 from semimig.errors import ConfigError
@@ -238,17 +238,22 @@ def _median_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
     return statistics.median(known) if known else None
 
 
-def exact_limit(chi: float, ranks: int = 2) -> float:
+def exact_limit(chi: Union[float, Sequence[float]], ranks: int = 2) -> float:
     """The exact limit with one of ``ranks`` ranks ``chi`` times slower and work re-split in proportion
     to speed (DESIGN §8, replicated work R = 0 or small enough that every share stays >= 0): a TP
     group's, and a whole tp x dp job's with ``ranks`` = tp·dp (its speed is the sum of its ranks')::
 
         t / t_healthy = e / (e − 1 + 1/chi) = e·chi / ((e − 1)·chi + 1)      2chi/(chi+1) for e = 2
 
-    (1.23x for one of four ranks at chi 4, 1.10x for one of eight.)
+    (1.23x for one of four ranks at chi 4, 1.10x for one of eight.)  Several slow ranks, ``chi`` one
+    slowdown each: ``e / (e − k + Σ_i 1/chi_i)`` (1.45x for two of four at chi 2 and 4).
     """
-    check_number("chi", chi, minimum=1.0)
-    return ranks * chi / ((ranks - 1) * chi + 1)
+    chis = [chi] if isinstance(chi, (int, float)) else list(chi)
+    for i, c in enumerate(chis):
+        check_number(f"chi[{i}]" if len(chis) > 1 else "chi", c, minimum=1.0)
+    if not 1 <= len(chis) < ranks:
+        raise ConfigError(f"exact_limit needs 1..{ranks - 1} slow ranks of {ranks}, got {len(chis)}")
+    return ranks / (ranks - len(chis) + sum(1.0 / c for c in chis))
 
 
 def pattern_limit(chi: float, on_s: float, off_s: float, healthy_s: float, ranks: int = 2) -> float:

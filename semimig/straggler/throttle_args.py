@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from semimig._validate import check_int
 from semimig.errors import ConfigError
 
-__all__ = ["parse_ranks", "ranks_text", "launched_world", "command_outputs"]
+__all__ = ["parse_ranks", "parse_fractions", "ranks_text", "launched_world", "command_outputs"]
 
 
 def parse_ranks(value: Any, flag: str = "--rank") -> Tuple[int, ...]:
@@ -26,6 +26,28 @@ def parse_ranks(value: Any, flag: str = "--rank") -> Tuple[int, ...]:
     if len(set(ranks)) != len(ranks):
         raise ConfigError(f"{flag} {value!r} lists a rank twice")
     return tuple(ranks)
+
+
+def parse_fractions(value: Any, count: int, flag: str = "--fraction") -> Tuple[float, ...]:
+    """One share of a core, in (0, 1], per throttled rank: a number for all ``count`` of them, or one per rank
+    (a sequence or ``"F[,F...]"``, in the order the ranks are listed); :class:`ConfigError` naming ``flag``
+    and the bad value otherwise."""
+    items = value.split(",") if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else [value]
+    fractions = []
+    for item in items:
+        try:
+            f = float(item.strip()) if isinstance(item, str) else item
+        except ValueError:
+            f = None
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < f <= 1.0:
+            raise ConfigError(f"{flag} must be a share of a core in (0, 1], or one per rank (e.g. 0.25 or 0.25,0.125), "
+                              f"got {value!r}")
+        fractions.append(float(f))
+    if len(fractions) == 1:
+        return tuple(fractions) * count
+    if len(fractions) != count:
+        raise ConfigError(f"{flag} {value!r} gives {len(fractions)} fractions for {count} rank(s): give one, or one per rank")
+    return tuple(fractions)
 
 
 def ranks_text(ranks: Any) -> str:

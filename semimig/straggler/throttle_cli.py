@@ -1,6 +1,6 @@
 """``semimig throttle``: run a command and throttle its worker of one rank (a real CPU straggler).
 
-    semimig [-v] throttle --rank R[,R...] --fraction F [--share S] [--period-us P]
+    semimig [-v] throttle --rank R[,R...] --fraction F[,F...] [--share S] [--period-us P]
                           [--pattern ON:OFF [--pattern-after PATH] [--switch-log F]]
                           [--pin] [--timeout S] -- COMMAND ARGS...
 
@@ -19,7 +19,8 @@ from the moment the worker is attached (or, with ``--pattern-after PATH``, from 
 exists: the rank runs free until then); ``--switch-log FILE`` writes the wall-clock times of its
 switches there when COMMAND ends (to match a run's steps with the phases; an existing file needs
 ``--overwrite``, and it may not be one of COMMAND's own output paths).  Several ranks (``--rank 0,1``)
-each get a cgroup of their own: all at ``F``, or with ``--pattern`` a straggler that moves, the ranks
+each get a cgroup of their own: all at ``F``, each at its own (``--rank 2,3 --fraction 0.25,0.125``: two
+stragglers of different speeds), or with ``--pattern`` a straggler that moves, the ranks
 taking the throttled phases in turn in the order listed (``--rank 0,1 --pattern 30:0``: rank 0 for 30 s,
 then rank 1 for 30 s, ...; the pattern starts once every listed rank is attached).  SIGINT, SIGTERM, SIGHUP
 and SIGQUIT are forwarded to COMMAND's process group (SIGKILL follows if it is still running 10 s
@@ -63,7 +64,7 @@ from semimig.straggler.throttle import (
     pin_to_core,
     remove_stale_throttles,
 )
-from semimig.straggler.throttle_args import command_outputs, launched_world, parse_ranks, ranks_text
+from semimig.straggler.throttle_args import command_outputs, launched_world, parse_fractions, parse_ranks, ranks_text
 
 __all__ = ["add_throttle_subcommand", "run_throttled", "parse_ranks"]
 
@@ -248,7 +249,7 @@ def _exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def run_throttled(argv: Sequence[str], *, rank: Any, fraction: float, period_us: int = DEFAULT_PERIOD_US,
+def run_throttled(argv: Sequence[str], *, rank: Any, fraction: Any, period_us: int = DEFAULT_PERIOD_US,
                   pattern: Optional[ThrottlePattern] = None, pin: bool = True, timeout_s: Optional[float] = None,
                   poll_s: float = 0.05, controller: Optional[CpuController] = None,
                   announce: Optional[Callable[[str], None]] = None, switch_log: Optional[str] = None,
@@ -256,8 +257,9 @@ def run_throttled(argv: Sequence[str], *, rank: Any, fraction: float, period_us:
                   share: Optional[float] = None) -> int:
     """Run ``argv`` with its rank-``rank`` worker throttled (module docstring); returns the exit status.
 
-    ``rank``: one rank or several (:func:`parse_ranks`), each in a cgroup of its own: all at ``fraction``,
-    or with a ``pattern`` taking its throttled phases in turn, in the order listed (a straggler that moves:
+    ``rank``: one rank or several (:func:`parse_ranks`), each in a cgroup of its own: all at ``fraction``, each
+    at its own where ``fraction`` gives one per rank (:func:`parse_fractions`), or with a ``pattern`` taking its
+    throttled phases in turn, in the order listed (a straggler that moves:
     :meth:`~semimig.straggler.throttle.ThrottlePattern.in_turn`).
     ``pattern`` (its own fraction) replaces ``fraction`` when given.  ``announce`` receives the one
     line saying what was throttled (default: logged at INFO).  ThrottleUnavailable is raised before
@@ -276,7 +278,10 @@ def run_throttled(argv: Sequence[str], *, rank: Any, fraction: float, period_us:
     if not argv:
         raise ConfigError("command must not be empty, got []")
     ranks = parse_ranks(rank)
-    fraction = check_number("fraction", fraction, minimum=0.0, maximum=1.0, low_open=True)
+    fractions = dict(zip(ranks, parse_fractions(fraction, len(ranks))))
+    if pattern is not None and len(set(fractions.values())) > 1:
+        raise ConfigError(f"--fraction {fraction!r} gives the ranks different fractions, but --pattern's ranks take one "
+                          "straggler's phases in turn: give one fraction")
     check_bool("pin", pin)
     if share is not None:
         share = check_number("--share", share, minimum=0.0, maximum=1.0, low_open=True)
@@ -307,9 +312,11 @@ def run_throttled(argv: Sequence[str], *, rank: Any, fraction: float, period_us:
         if os.path.exists(pattern_after):
             raise ConfigError(f"--pattern-after {pattern_after} exists already: the pattern would start at once")
     if share is not None:
-        fraction = fraction if pattern is None else pattern.fraction
-        if fraction > share:
-            raise ConfigError(f"--fraction {fraction:g} is above --share {share:g}: rank {ranks_text(ranks)} would be "
+        if pattern is not None:
+            fractions = dict.fromkeys(ranks, pattern.fraction)
+        above = [r for r in ranks if fractions[r] > share]
+        if above:
+            raise ConfigError(f"--fraction {fractions[above[0]]:g} is above --share {share:g}: rank {above[0]} would be "
                               "the fastest, not a straggler; give a fraction <= the share")
         if pattern is not None:  # its free phases return to the share every other rank is held to
             pattern = dataclasses.replace(pattern, free=share)
@@ -318,7 +325,7 @@ def run_throttled(argv: Sequence[str], *, rank: Any, fraction: float, period_us:
 
     patterns = None if pattern is None else dict(zip(ranks, pattern.in_turn(len(ranks))))
     first = {r: (patterns[r].free if pattern_after is not None else patterns[r].fraction_at(0.0)) if patterns
-             else fraction for r in ranks}
+             else fractions[r] for r in ranks}
     kill_at: List[float] = []
     pending: List[int] = []  # signals that arrive before the command has started
     proc: Optional[subprocess.Popen] = None
@@ -408,7 +415,8 @@ def add_throttle_subcommand(subparsers: Any) -> None:
     parser.add_argument("--rank", required=True, metavar="R[,R...]",
                         help="throttle the process whose RANK is this (several: each in a cgroup of its own, all at "
                              "--fraction, or with --pattern taking its throttled phases in turn: a straggler that moves)")
-    parser.add_argument("--fraction", type=float, required=True, help="share of one core it may use, (0, 1]")
+    parser.add_argument("--fraction", required=True, metavar="F[,F...]",
+                        help="share of one core it may use, (0, 1]; one per --rank for ranks of different speeds")
     parser.add_argument("--share", type=float, default=None, metavar="S",
                         help="every other rank in a cgroup of its own at S of a core, (0, 1], >= --fraction "
                              "(more ranks than cores; implies --pin)")
@@ -435,8 +443,9 @@ def run_throttle_cli(args: argparse.Namespace) -> int:
     try:
         if not command:
             raise ConfigError("a command to run is required after --, got none")
-        pattern = None if args.pattern is None else ThrottlePattern.parse(args.pattern, fraction=args.fraction)
-        return run_throttled(command, rank=args.rank, fraction=args.fraction, period_us=args.period_us,
+        fractions = parse_fractions(args.fraction, len(parse_ranks(args.rank)))
+        pattern = None if args.pattern is None else ThrottlePattern.parse(args.pattern, fraction=fractions[0])
+        return run_throttled(command, rank=args.rank, fraction=fractions, period_us=args.period_us,
                              pattern=pattern, pin=args.pin, timeout_s=args.timeout, switch_log=args.switch_log,
                              share=args.share,
                              pattern_after=args.pattern_after, overwrite=args.overwrite,

@@ -444,6 +444,54 @@ def test_ranks_in_turn_under_a_share_return_to_it_between_their_phases(controlle
     assert all(s["held"] == (s["fraction"] == 0.125) for s in switches), switches
 
 
+SPEEDS_LAUNCHER = r"""
+import os, subprocess, sys
+WORKER = ("import sys, time\nt0 = time.monotonic()\nwhile time.monotonic() - t0 < 2.4:\n    pass\n"
+          "open(sys.argv[1], 'w').write(repr((time.process_time(), time.monotonic() - t0)))\n")
+out = sys.argv[1]
+workers = [subprocess.Popen([sys.executable, "-c", WORKER, os.path.join(out, f"cpu{r}")],
+                            env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in (0, 1)]
+sys.exit(0 if [w.wait() for w in workers] == [0, 0] else 1)
+"""
+
+
+def test_ranks_of_different_fractions_are_each_held_to_their_own(controller, tmp_path):
+    """``--rank 1,0 --fraction 0.25,0.5``: two stragglers of different speeds, each rank in a cgroup of its own at
+    the fraction listed beside it: each runs at most its own share of a core (the kernel's quota), rank 0 more
+    than rank 1's share allows; no cgroup left."""
+    from semimig.straggler.throttle_cli import run_throttled
+
+    script, lines = tmp_path / "fake_torchrun.py", []
+    script.write_text(SPEEDS_LAUNCHER)
+    before = {n for n in os.listdir(controller.root) if n.startswith(NAME_PREFIX)}
+    rc = run_throttled([sys.executable, str(script), str(tmp_path)], rank="1,0", fraction="0.25,0.5", pin=True,
+                       announce=lines.append)
+    assert rc == 0
+    said = {int(re.search(r"RANK (\d)", line).group(1)): re.search(r"fraction ([\d.]+)", line).group(1) for line in lines}
+    assert said == {0: "0.5", 1: "0.25"}, lines
+    rate = {r: (lambda cpu, wall: cpu / wall)(*eval((tmp_path / f"cpu{r}").read_text())) for r in (0, 1)}
+    assert rate[1] < 0.25 * 1.2 + 0.03 and rate[0] < 0.5 * 1.2 + 0.03, rate
+    assert rate[0] > 0.25 * 1.2 + 0.03, rate
+    assert {n for n in os.listdir(controller.root) if n.startswith(NAME_PREFIX)} <= before
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--rank", "0,1", "--fraction", "0.25,0.5,0.5"], "gives 3 fractions for 2 rank(s)"),
+    (["--rank", "0,1", "--fraction", "0.25,x"], "one per rank"),
+    (["--rank", "0", "--fraction", "1.5"], "(0, 1]"),
+    (["--rank", "0,1", "--fraction", "0.25,0.5", "--pattern", "1:1"], "take one straggler's phases in turn"),
+    (["--rank", "0,1", "--fraction", "0.25,0.5", "--share", "0.4"], "--fraction 0.5 is above --share 0.4: rank 1"),
+])
+def test_bad_fraction_lists_are_refused_in_one_line(flags, said, tmp_path, capsys):
+    from semimig.straggler.throttle_cli import main
+
+    marker = tmp_path / "ran"
+    assert main([*flags, "--", "touch", str(marker)]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("semimig throttle: error: ") and said in errors[0], errors
+    assert not marker.exists()
+
+
 @pytest.mark.parametrize("flags, said", [
     (["--rank", "0,0"], "lists a rank twice"),
     (["--rank", "0,x"], "comma-separated ranks"),

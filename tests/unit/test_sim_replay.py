@@ -242,6 +242,8 @@ def test_a_pattern_runs_through_the_policy_on_the_wall_clock():
     (lambda d: (d.update(layout={"tp": 2, "dp": 1, "straggler_rank": [0, 1]}, pattern="1:0"),
                 d["raw"]["reshard"][0].update(throttled=[True] * 5)),
      "ranks [0, 1] slowed in turn without the rank held on each step"),
+    (lambda d: d.update(layout={"tp": 4, "dp": 1, "straggler_rank": [2, 3], "share": 0.5, "fraction": [0.25, 0.125]}),
+     "ranks [2, 3] slowed together (at [0.25, 0.125] of a core): the replay fits one held rank's pace"),
     (lambda d: d.update(chi=None, straggler="neighbour"), "no nominal slowdown"),
     (lambda d: d["modes"]["healthy"].pop("balanced_share"), "balanced_share"),
     (lambda d: d["raw"].pop("reshard"), "no healthy and reshard runs"),

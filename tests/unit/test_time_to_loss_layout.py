@@ -5,6 +5,7 @@ import sys
 import pytest
 
 from semimig.bench.time_to_loss import exact_limit
+from semimig.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -83,13 +84,45 @@ def test_a_straggler_that_moves_among_four_ranks_at_half_a_core(ttl, tmp_path):
     assert ttl.straggler_chi(args, {}) == 4.0
 
 
+def test_two_stragglers_of_different_speeds_each_take_their_own_fraction(ttl, tmp_path):
+    """``--straggler-rank 2,3 --fraction 0.25,0.125`` at tp 4 on half a core each: the throttle gets both ranks with
+    their fractions and no pattern; the layout and the spec record both; the job's limit counts both slowdowns
+    (2x and 4x: 4 / (2 + 1/2 + 1/4))."""
+    args = _parse(ttl, tmp_path, "--tp", "4", "--share", "0.5", "--straggler-rank", "2,3", "--fraction", "0.25,0.125")
+    assert (args.straggler_rank, args.fraction) == ([2, 3], (0.25, 0.125))
+    throttle = (cmd := ttl.command(args, "reshard", tmp_path / "r.json"))[:cmd.index("--")]
+    assert (_value(throttle, "--rank"), _value(throttle, "--fraction"), _value(throttle, "--share")) == \
+        ("2,3", "0.25,0.125", "0.5") and "--pattern" not in throttle
+    assert _value(ttl.command(args, "healthy", tmp_path / "h.json"), "--fraction") == "0.5"
+    assert ttl.layout(args)["fraction"] == [0.25, 0.125] and ttl.layout(args)["straggler_rank"] == [2, 3]
+    assert ttl.straggler_spec(args) == "ranks 2,3 at 0.25, 0.125 of a core, every other rank at 0.5"
+    assert ttl.straggler_chi(args, {}) == [2.0, 4.0]
+    assert exact_limit(ttl.straggler_chi(args, {}), args.world) == pytest.approx(4 / 2.75)
+
+
+def test_several_stragglers_at_one_fraction_are_each_held_to_it(ttl, tmp_path):
+    args = _parse(ttl, tmp_path, "--tp", "4", "--share", "0.5", "--straggler-rank", "1,3", "--fraction", "0.25")
+    throttle = (cmd := ttl.command(args, "off", tmp_path / "o.json"))[:cmd.index("--")]
+    assert (_value(throttle, "--rank"), _value(throttle, "--fraction")) == ("1,3", "0.25") and "--pattern" not in throttle
+
+
 def test_the_default_share_splits_the_cores_when_the_ranks_outnumber_them(ttl):
     assert [ttl.default_share(w, 2) for w in (2, 4, 8)] == [1.0, 0.5, 0.25]
     assert ttl.default_share(4, 4) == 1.0 and ttl.default_share(3, 2) == pytest.approx(2 / 3)
 
 
+def test_the_jobs_limit_with_several_slow_ranks_is_its_total_speed():
+    assert exact_limit([2.0, 4.0], 4) == pytest.approx(4 / (2 + 0.5 + 0.25))
+    assert exact_limit([4.0, 4.0], 8) == pytest.approx(8 / 6.5)
+    with pytest.raises(ConfigError, match="1..3 slow ranks of 4, got 4"):
+        exact_limit([2.0] * 4, 4)
+    with pytest.raises(ConfigError, match=r"chi\[1\]"):
+        exact_limit([2.0, 0.5], 4)
+
+
 @pytest.mark.parametrize("ranks, chi, limit", [(4, 4.0, 16 / 13), (8, 4.0, 32 / 29), (2, 4.0, 1.6), (4, 1.0, 1.0)])
 def test_the_jobs_limit_with_one_of_n_ranks_chi_times_slower(ranks, chi, limit):
+    assert exact_limit([chi], ranks) == pytest.approx(limit)
     # n / (n - 1 + 1/chi): the job's speed is the sum of its ranks' speeds
     assert exact_limit(chi, ranks) == pytest.approx(limit)
     assert exact_limit(chi, ranks) == pytest.approx(ranks / (ranks - 1 + 1 / chi))
@@ -103,7 +136,13 @@ def test_the_jobs_limit_with_one_of_n_ranks_chi_times_slower(ranks, chi, limit):
     (["--tp", "4", "--straggler-rank", "4"], "--straggler-rank must be a rank of the 4 launched (0..3), got 4"),
     (["--straggler-rank", "-1"], "--straggler-rank must name ranks >= 0, got '-1'"),
     (["--straggler-rank", "1,1", "--pattern", "30:0"], "--straggler-rank '1,1' lists a rank twice"),
-    (["--straggler-rank", "0,1"], "--straggler-rank 0,1 names 2 ranks: several take a --pattern's throttled phases"),
+    (["--tp", "4", "--straggler-rank", "2,3", "--fraction", "0.25,0.125,0.1"],
+     "--fraction 0.25,0.125,0.1 gives 3 fractions for --straggler-rank 2,3's 2 rank(s)"),
+    (["--tp", "4", "--fraction", "0.25,0.125"], "gives several fractions for one straggler rank (3)"),
+    (["--straggler-rank", "0,1", "--fraction", "0.25,0.125", "--pattern", "30:0"], "give one fraction"),
+    (["--tp", "4", "--share", "0.5", "--straggler-rank", "2,3", "--fraction", "0.25,0.6"],
+     "--fraction 0.6 is above --share 0.5"),
+    (["--fraction", "0.25,x"], "--fraction: a share of a core, or one per straggler rank (e.g. 0.25 or 0.25,0.125), got '0.25,x'"),
     (["--straggler-rank", "0,2", "--pattern", "30:0"], "--straggler-rank must be a rank of the 2 launched (0..1), got 2"),
     (["--share", "0"], "--share must be in (0, 1], got 0.0"),
     (["--share", "1.5"], "--share must be in (0, 1], got 1.5"),

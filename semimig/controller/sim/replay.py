@@ -151,6 +151,9 @@ def file_constants(data: dict) -> dict:
     if not all(run.get("step_s") and len(run["step_s"]) > 1 for run in raw["reshard"] + raw["healthy"]):
         return {"skipped": "a run without per-step times"}
     pattern = bool(data.get("pattern"))
+    if isinstance(slow, list) and not pattern:
+        return {"skipped": f"ranks {slow} slowed together (at {(data.get('layout') or {}).get('fraction')} of a core): the "
+                           f"replay fits one held rank's pace"}
     if pattern and any(run.get("throttled") is None for run in raw["reshard"] + raw.get("off", [])):
         return {"skipped": "a throttle pattern without per-step throttled flags"}
     if isinstance(slow, list) and any(run.get("throttled_ranks") is None for run in raw["reshard"] + raw.get("off", [])):
