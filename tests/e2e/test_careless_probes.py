@@ -184,6 +184,8 @@ THROTTLE_BAD = [
     (["--pattern", "1:1", "--switch-log", "{tmp}/kept"], "--switch-log"),
     (["--pattern", "1:1", "--pattern-after", "{tmp}/kept"], "--pattern-after"),
     (["--rank", "7", "--world", "2"], "--rank"), (["--pattern", "1:1", "--fraction", "1"], "--pattern"),
+    (["--rank", "0,1", "--fraction", "0.5,0.25,0.1"], "--fraction"), (["--fraction", "0.5,0.25"], "--fraction"),
+    (["--rank", "0,1", "--fraction", "0.5,0.25", "--pattern", "1:1"], "--fraction"),
 ]
 
 
