@@ -7,10 +7,11 @@ rank) once with no straggler (``healthy``) and then in every balancing mode with
                          core, default a quarter of --share; ``semimig throttle``), nothing injected;
                          any layout: --tp N --dp M (world N*M <= 8), --straggler-rank R (default the
                          last rank; R,R,... with --pattern: a straggler that moves, the ranks taking
-                         the throttled phases in turn), --share S (every rank held to S of a core in a cgroup of its own;
-                         default 1 when the world fits the cores, else cores / world: four ranks on two
-                         cores at half a core each).  The job's exact limit with one of n ranks
-                         chi = S / F times slower is n / (n - 1 + 1/chi) of healthy's step
+                         the throttled phases in turn; without it several stragglers, each at its own
+                         --fraction F,F,... or all at one), --share S (every rank held to S of a core in a
+                         cgroup of its own; default 1 when the world fits the cores, else cores / world:
+                         four ranks on two cores at half a core each).  The job's exact limit with k of n
+                         ranks chi_i = S / F_i times slower is n / (n - k + sum 1/chi_i) of healthy's step
                          (``limit_vs_healthy``, printed beside every mode's ratio)
     --straggler device   ``--straggler fixed:1:<chi>:scope=device``: every span of rank 1's work
                          between collectives takes chi times as long (default chi 4)
@@ -102,8 +103,8 @@ def fractions_of(args: argparse.Namespace) -> tuple:
 def add_run_flags(p: argparse.ArgumentParser) -> None:
     """The flags every run of the binary shares (this script and ``device_vs_throttle.py``)."""
     p.add_argument("--fraction", type=fraction_flag, default=0.25, metavar="F[,F...]",
-                   help="real throttle: the straggler's share of a core (absolute, not a part of --share); one per "
-                        "--straggler-rank for stragglers of different speeds")
+                   help="real throttle: the straggler's share of a core (absolute, not a part of --share); "
+                        "time_to_loss takes one per --straggler-rank for stragglers of different speeds")
     p.add_argument("--period-us", type=int, default=4000,
                    help="real throttle: its CFS period in microseconds (semimig throttle --period-us; default 4000, "
                         "the kernel's tick at HZ=250; 1000 is the shortest the kernel takes)")
@@ -123,8 +124,9 @@ def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, counts
     """Bounds of the shared flags and of ``counts`` (each >= 1); ``--json`` and ``--plot`` were
     checked as they were parsed (:class:`bench_output.OutputPath`)."""
     fractions = args.fraction if isinstance(args.fraction, tuple) else (args.fraction,)
-    if not all(0 < f <= 1 for f in fractions):
-        p.error(f"--fraction must be in (0, 1], got {args.fraction}")
+    bad = [f for f in fractions if not 0 < f <= 1]
+    if bad:
+        p.error(f"--fraction must be in (0, 1], got {bad[0]}")
     if not 1000 <= args.period_us <= 1_000_000:
         p.error(f"--period-us must be in [1000, 1000000] (the kernel's bounds for a CFS period), got {args.period_us}")
     if not 1 <= args.chi <= 100:
@@ -160,7 +162,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dp", type=int, default=1, help="data-parallel replicas: torchrun starts tp x dp ranks (default 1)")
     p.add_argument("--straggler-rank", default=None, metavar="R[,R...]",
                    help="real throttle: the global rank slowed (default the last one, tp x dp - 1); several with "
-                        "--pattern: a straggler that moves, the ranks taking the throttled phases in turn")
+                        "--pattern: a straggler that moves, the ranks taking the throttled phases in turn; several "
+                        "without it: stragglers slowed together, each at its own --fraction or all at one")
     p.add_argument("--share", type=float, default=None, metavar="S",
                    help="real throttle: every rank's share of a core, each in a cgroup of its own (semimig throttle "
                         "--share; default 1 when tp x dp fits the cores, else cores / (tp x dp))")
@@ -250,6 +253,7 @@ def check_flags_apply(p: argparse.ArgumentParser, args: argparse.Namespace) -> N
         unused.append(("--max-micro-batch", args.max_micro_batch))
     if unused:
         flag, value = unused[0]
+        value = ",".join(f"{v:g}" for v in value) if isinstance(value, tuple) else value
         p.error(f"{flag} {value} applies to no run of --straggler {args.straggler} --modes {','.join(modes)}: "
                 "drop it (--fraction/--period-us/--share/--straggler-rank: the real throttle; --chi: device or gemm; "
                 "--shard-plan: uneven; "
@@ -302,6 +306,9 @@ def check_layout(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if isinstance(args.fraction, tuple) and len(args.fraction) != len(ranks):
             p.error(f"--fraction {','.join(f'{f:g}' for f in args.fraction)} gives {len(args.fraction)} fractions for "
                     f"--straggler-rank {args.straggler_rank}'s {len(ranks)} rank(s): give one, or one per rank")
+        if len(ranks) >= args.world and args.pattern is None:
+            p.error(f"--straggler-rank {args.straggler_rank} slows all {args.world} ranks: a straggler needs a rank "
+                    "to be slow against; leave one out")
         args.straggler_rank = ranks[0] if len(ranks) == 1 else list(ranks)
     if isinstance(args.fraction, tuple) and not isinstance(args.straggler_rank, list):
         p.error(f"--fraction {','.join(f'{f:g}' for f in args.fraction)} gives several fractions for one straggler "
@@ -313,9 +320,11 @@ def check_layout(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--share must be in (0, 1], got {args.share}")
     if args.fraction is None:
         args.fraction = args.share / 4
-    elif args.straggler == "real" and any(1 >= f > args.share for f in fractions_of(args)):
-        p.error(f"--fraction {max(fractions_of(args)):g} is above --share {args.share:g}: the straggler would be the "
+    elif args.straggler == "real" and (above := [f for f in fractions_of(args) if 1 >= f > args.share]):
+        p.error(f"--fraction {above[0]:g} is above --share {args.share:g}: the straggler would be the "
                 "fastest rank; give a fraction <= the share")
+    if isinstance(args.straggler_rank, list) and args.pattern is None and not isinstance(args.fraction, tuple):
+        args.fraction = (args.fraction,) * len(args.straggler_rank)  # stragglers slowed together, all at one
 
 
 def check_commands(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -700,7 +709,7 @@ def straggler_spec(args: argparse.Namespace) -> str:
 
             return (f"ranks {ranks_text(args.straggler_rank)} at {', '.join(f'{f:g}' for f in args.fraction)} of a core"
                     f"{others}")
-        if isinstance(args.straggler_rank, list):
+        if isinstance(args.straggler_rank, list) and args.pattern:
             from semimig.straggler.throttle_args import ranks_text
 
             return (f"ranks {ranks_text(args.straggler_rank)} in turn at {args.fraction:g} of a core (one at a time, "

@@ -57,8 +57,8 @@ SUMMARIES = {
               "the modes, chi values, seeds and lambdas, and measure no case twice.",
     "plan": "Print the Poplar batch allocation (the samples each device takes) for a JSON file of device "
             "specs or a measured profile.",
-    "throttle": "Run a command and throttle the worker of one rank with a Linux cgroup CPU limit: a real "
-                "slow device on a CPU machine (needs root and a cpu controller).",
+    "throttle": "Run a command and throttle the worker of one rank, or of several, with a Linux cgroup CPU "
+                "limit: a real slow device on a CPU machine (needs root and a cpu controller).",
     "cluster": "Run a torchrun script on N emulated nodes on this machine, each a network namespace joined "
                "to the others by a shaped link (needs root).",
 }

@@ -248,11 +248,11 @@ def exact_limit(chi: Union[float, Sequence[float]], ranks: int = 2) -> float:
     (1.23x for one of four ranks at chi 4, 1.10x for one of eight.)  Several slow ranks, ``chi`` one
     slowdown each: ``e / (e − k + Σ_i 1/chi_i)`` (1.45x for two of four at chi 2 and 4).
     """
-    chis = [chi] if isinstance(chi, (int, float)) else list(chi)
+    chis = list(chi) if isinstance(chi, (list, tuple)) else [chi]
     for i, c in enumerate(chis):
         check_number(f"chi[{i}]" if len(chis) > 1 else "chi", c, minimum=1.0)
-    if not 1 <= len(chis) < ranks:
-        raise ConfigError(f"exact_limit needs 1..{ranks - 1} slow ranks of {ranks}, got {len(chis)}")
+    if not 1 <= len(chis) <= ranks:
+        raise ConfigError(f"exact_limit needs 1..{ranks} slow ranks of {ranks}, got {len(chis)}")
     return ranks / (ranks - len(chis) + sum(1.0 / c for c in chis))
 
 

@@ -51,7 +51,7 @@ def parse_fractions(value: Any, count: int, flag: str = "--fraction") -> Tuple[f
 
 
 def ranks_text(ranks: Any) -> str:
-    """``3`` or ``0,1``: ranks as ``--rank`` takes them (one rank, or several taking a pattern in turn)."""
+    """``3`` or ``0,1``: ranks as ``--rank`` takes them (one rank, or several)."""
     return ",".join(map(str, ranks)) if isinstance(ranks, (list, tuple)) else str(ranks)
 
 

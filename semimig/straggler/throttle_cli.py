@@ -1,4 +1,4 @@
-"""``semimig throttle``: run a command and throttle its worker of one rank (a real CPU straggler).
+"""``semimig throttle``: run a command and throttle its worker of one rank, or several (a real CPU straggler).
 
     semimig [-v] throttle --rank R[,R...] --fraction F[,F...] [--share S] [--period-us P]
                           [--pattern ON:OFF [--pattern-after PATH] [--switch-log F]]
@@ -280,7 +280,8 @@ def run_throttled(argv: Sequence[str], *, rank: Any, fraction: Any, period_us: i
     ranks = parse_ranks(rank)
     fractions = dict(zip(ranks, parse_fractions(fraction, len(ranks))))
     if pattern is not None and len(set(fractions.values())) > 1:
-        raise ConfigError(f"--fraction {fraction!r} gives the ranks different fractions, but --pattern's ranks take one "
+        raise ConfigError(f"--fraction {','.join(f'{f:g}' for f in fractions.values())} gives the ranks different "
+                          f"fractions, but --pattern's ranks take one "
                           "straggler's phases in turn: give one fraction")
     check_bool("pin", pin)
     if share is not None:
@@ -414,7 +415,8 @@ def add_throttle_subcommand(subparsers: Any) -> None:
                                    "(a real straggler; Linux cgroups, root)", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rank", required=True, metavar="R[,R...]",
                         help="throttle the process whose RANK is this (several: each in a cgroup of its own, all at "
-                             "--fraction, or with --pattern taking its throttled phases in turn: a straggler that moves)")
+                             "--fraction or each at its own, or with --pattern taking its throttled phases in turn: a "
+                             "straggler that moves)")
     parser.add_argument("--fraction", required=True, metavar="F[,F...]",
                         help="share of one core it may use, (0, 1]; one per --rank for ranks of different speeds")
     parser.add_argument("--share", type=float, default=None, metavar="S",

@@ -103,7 +103,12 @@ def test_two_stragglers_of_different_speeds_each_take_their_own_fraction(ttl, tm
 def test_several_stragglers_at_one_fraction_are_each_held_to_it(ttl, tmp_path):
     args = _parse(ttl, tmp_path, "--tp", "4", "--share", "0.5", "--straggler-rank", "1,3", "--fraction", "0.25")
     throttle = (cmd := ttl.command(args, "off", tmp_path / "o.json"))[:cmd.index("--")]
-    assert (_value(throttle, "--rank"), _value(throttle, "--fraction")) == ("1,3", "0.25") and "--pattern" not in throttle
+    assert (_value(throttle, "--rank"), _value(throttle, "--fraction")) == ("1,3", "0.25,0.25") and "--pattern" not in throttle
+    assert ttl.straggler_spec(args) == "ranks 1,3 at 0.25, 0.25 of a core, every other rank at 0.5"
+    assert ttl.straggler_chi(args, {}) == [2.0, 2.0]
+    assert exact_limit(ttl.straggler_chi(args, {}), args.world) == pytest.approx(4 / 3)
+    default = _parse(ttl, tmp_path, "--tp", "4", "--share", "0.5", "--straggler-rank", "1,3")  # a quarter of the share each
+    assert default.fraction == (0.125, 0.125) and ttl.straggler_chi(default, {}) == [4.0, 4.0]
 
 
 def test_the_default_share_splits_the_cores_when_the_ranks_outnumber_them(ttl):
@@ -114,8 +119,10 @@ def test_the_default_share_splits_the_cores_when_the_ranks_outnumber_them(ttl):
 def test_the_jobs_limit_with_several_slow_ranks_is_its_total_speed():
     assert exact_limit([2.0, 4.0], 4) == pytest.approx(4 / (2 + 0.5 + 0.25))
     assert exact_limit([4.0, 4.0], 8) == pytest.approx(8 / 6.5)
-    with pytest.raises(ConfigError, match="1..3 slow ranks of 4, got 4"):
-        exact_limit([2.0] * 4, 4)
+    assert exact_limit([2.0, 4.0], 2) == pytest.approx(2 / 0.75)  # every rank slow: their total speed still
+    assert exact_limit(4.0, 1) == pytest.approx(4.0)
+    with pytest.raises(ConfigError, match="1..4 slow ranks of 4, got 5"):
+        exact_limit([2.0] * 5, 4)
     with pytest.raises(ConfigError, match=r"chi\[1\]"):
         exact_limit([2.0, 0.5], 4)
 
@@ -142,6 +149,8 @@ def test_the_jobs_limit_with_one_of_n_ranks_chi_times_slower(ranks, chi, limit):
     (["--straggler-rank", "0,1", "--fraction", "0.25,0.125", "--pattern", "30:0"], "give one fraction"),
     (["--tp", "4", "--share", "0.5", "--straggler-rank", "2,3", "--fraction", "0.25,0.6"],
      "--fraction 0.6 is above --share 0.5"),
+    (["--straggler-rank", "0,1", "--fraction", "0.25,0.125"], "--straggler-rank 0,1 slows all 2 ranks"),
+    (["--tp", "4", "--share", "0.5", "--straggler-rank", "2,3", "--fraction", "0.6,1.5"], "--fraction 0.6 is above"),
     (["--fraction", "0.25,x"], "--fraction: a share of a core, or one per straggler rank (e.g. 0.25 or 0.25,0.125), got '0.25,x'"),
     (["--straggler-rank", "0,2", "--pattern", "30:0"], "--straggler-rank must be a rank of the 2 launched (0..1), got 2"),
     (["--share", "0"], "--share must be in (0, 1], got 0.0"),
