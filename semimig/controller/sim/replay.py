@@ -9,7 +9,9 @@ fields of the file being replayed, none is carried over from another run:
 
 - layout: ``tp``, ``dp`` and the throttled rank from ``layout`` (else ``config``; files without them
   ran the benchmark's defaults: tp 2, dp 1, the last rank throttled; a straggler that moves lists the
-  ranks it visits, and its runs record the rank held on each step, ``throttled_ranks``).  The model is one
+  ranks it visits, and its runs record the rank held on each step, ``throttled_ranks``; stragglers slowed
+  together, without a pattern, list their ranks and one ``fraction`` each, every rank with its own ``χ``
+  below).  The model is one
   tensor-parallel group: a file with ``dp > 1`` (per-replica plans, a batch split) or ``pp > 1``
   (stages) is skipped with that reason;
 - the healthy step ``T``: the mean of the healthy runs' steps after the first (the statistic the
@@ -128,6 +130,22 @@ def _nominal_chi(data: dict) -> Optional[float]:
     return None
 
 
+def _nominal_chis(data: dict, ranks: Sequence[int]) -> Optional[dict]:
+    """Stragglers slowed together: ``{rank: share / fraction}`` from ``layout`` (one fraction for all, or one
+    each), or ``None`` where it does not say."""
+    layout = data.get("layout") or {}
+    share, fraction = layout.get("share"), layout.get("fraction")
+    fractions = fraction if isinstance(fraction, list) else [fraction] * len(ranks)
+    if not share or len(fractions) != len(ranks) or not all(fractions):
+        return None
+    return {int(r): float(share) / float(f) for r, f in zip(ranks, fractions)}
+
+
+def _chi(c: dict, rank: int) -> float:
+    """The slowdown of a throttled ``rank``: its own where stragglers are slowed together, else the file's."""
+    return c["chis"][rank] if "chis" in c else c["chi"]
+
+
 def _steps(runs: Sequence[dict], pattern: bool, throttled: bool = True) -> List[float]:
     """The runs' steps after the first; under a pattern only those whose flag equals ``throttled``."""
     return [s for run in runs for i, s in enumerate(run["step_s"]) if i > 0
@@ -151,17 +169,19 @@ def file_constants(data: dict) -> dict:
     if not all(run.get("step_s") and len(run["step_s"]) > 1 for run in raw["reshard"] + raw["healthy"]):
         return {"skipped": "a run without per-step times"}
     pattern = bool(data.get("pattern"))
-    if isinstance(slow, list) and not pattern:
-        return {"skipped": f"ranks {slow} slowed together (at {(data.get('layout') or {}).get('fraction')} of a core): the "
-                           f"replay fits one held rank's pace"}
     if pattern and any(run.get("throttled") is None for run in raw["reshard"] + raw.get("off", [])):
         return {"skipped": "a throttle pattern without per-step throttled flags"}
-    if isinstance(slow, list) and any(run.get("throttled_ranks") is None for run in raw["reshard"] + raw.get("off", [])):
+    if isinstance(slow, list) and pattern and any(run.get("throttled_ranks") is None
+                                                  for run in raw["reshard"] + raw.get("off", [])):
         return {"skipped": f"ranks {slow} slowed in turn without the rank held on each step (throttled_ranks)"}
     healthy = statistics.fmean(_steps(raw["healthy"], pattern=False))
-    chi, source = _nominal_chi(data), "nominal"
+    together = isinstance(slow, list) and not pattern  # stragglers slowed together, each at its own fraction
+    chis = _nominal_chis(data, slow) if together else None
+    if together and chis is None:
+        return {"skipped": f"ranks {slow} slowed together without a fraction and a share for each"}
+    chi, source = (max(chis.values()), "nominal") if together else (_nominal_chi(data), "nominal")
     off = _steps(raw.get("off") or [], pattern) if all(r.get("step_s") for r in raw.get("off") or []) else []
-    if off:
+    if off and not together:  # the even plan's step is the slowest straggler's: it says nothing of the others
         chi, source = statistics.fmean(off) / healthy, "off"
     if chi is None:
         return {"skipped": f"straggler {data.get('straggler')!r}: no nominal slowdown and no off run to measure it"}
@@ -176,7 +196,8 @@ def file_constants(data: dict) -> dict:
     kv_heads = int(model.get("kv_heads") or model["heads"])
     out = {"tp": tp, "straggler_rank": slow, "healthy_step_s": healthy, "chi": max(chi, 1.0), "chi_from": source,
            "shardable_share": b, "split": split, "split_from": "none (f = 1)", "hidden": hidden,
-           "kv_heads": kv_heads, "kv_dim": hidden // int(model["heads"]) * kv_heads}
+           "kv_heads": kv_heads, "kv_dim": hidden // int(model["heads"]) * kv_heads,
+           **({"chis": chis} if together else {})}
     measured = ((data.get("modes") or {}).get("healthy") or {}).get("step_split")
     if measured and all(r is not None for r in measured):
         c, m, g = (statistics.median(float(r[k]) for r in measured) for k in ("compute_s", "comm_s", "gemm_s"))
@@ -188,15 +209,21 @@ def file_constants(data: dict) -> dict:
                 out.update(split=replicated / (replicated + m), shardable_share=(c - replicated) / (c + m),
                            split_from="step_split, R fitted over the ranks' shares", replicated_s=replicated,
                            replicated_pace=pace)
-                if chi != out["chi"]:
+                if together and chi != out["chis"]:
+                    out.update(chis=chi, chi=max(chi.values()),
+                               chi_from="the reshard runs' split (each throttled rank's GEMMs per share, where it held units)")
+                elif not together and chi != out["chi"]:
                     out.update(chi=chi, chi_from="the reshard runs' split (the throttled rank's GEMMs per share)")
+                psi = _seat_pace(data, out, m)  # at the slowdowns just read
+                if psi is not None:
+                    out.update(seat_pace=psi)
     return out
 
 
-def _split_points(data: dict, c: dict) -> List[Tuple[Tuple, int, bool, float, float, float]]:
-    """Every rank's split under each plan its ``reshard`` runs held, as ``(plan, rank, held, p, own, gemm)``:
-    ``p`` the rank's share under that plan, ``held`` whether the throttle held it, ``own = compute − gemm``
-    and ``gemm`` medians.  A run that records every step's split (``step_split_each``) gives one point per plan,
+def _split_points(data: dict, c: dict) -> List[Tuple[Tuple, int, bool, float, float, float, float]]:
+    """Every rank's split under each plan its ``reshard`` runs held, as ``(plan, rank, held, p, own, gemm, comm)``:
+    ``p`` the rank's share under that plan, ``held`` whether the throttle held it, ``own = compute − gemm``,
+    ``gemm`` and ``comm`` (its seconds in the collectives, waits included) medians.  A run that records every step's split (``step_split_each``) gives one point per plan,
     rank and throttle state that held for at least :data:`GROUP_STEPS` steps, the first step and each move's
     step and the one after it left out (the move's seconds and its settling are not the plan's); an older run
     gives its split's medians over the second half of its steps where one plan held for most of them (no
@@ -221,7 +248,7 @@ def _split_points(data: dict, c: dict) -> List[Tuple[Tuple, int, bool, float, fl
                 p = workload.shares(tuple(ShardPlan(units=u) for u in plan))[r]
                 if len(rows) >= GROUP_STEPS and (p > 0.0 or not skips):
                     points.append((plan, r, held, p, statistics.median(max(x[0] - x[2], 0.0) for x in rows),
-                                   statistics.median(x[2] for x in rows)))
+                                   statistics.median(x[2] for x in rows), statistics.median(x[1] for x in rows)))
             continue
         split = ((run.get("summary") or {}).get("step_split_by_rank"))
         if pattern or not split or len(split) != tp or any(r is None for r in split) or not events:
@@ -231,8 +258,10 @@ def _split_points(data: dict, c: dict) -> List[Tuple[Tuple, int, bool, float, fl
             continue
         plan = (tuple(last["mlp_units"]), tuple(last["kv_units"]))
         shares = workload.shares(tuple(ShardPlan(units=u) for u in plan))
-        points += [(plan, r, r == c["straggler_rank"], p, max(float(row["compute_s"]) - float(row["gemm_s"]), 0.0),
-                    float(row["gemm_s"])) for r, (row, p) in enumerate(zip(split, shares)) if p > 0.0 or not skips]
+        held = _held(c, run, 0, False)
+        points += [(plan, r, r in held, p, max(float(row["compute_s"]) - float(row["gemm_s"]), 0.0),
+                    float(row["gemm_s"]), float(row["comm_s"]))
+                   for r, (row, p) in enumerate(zip(split, shares)) if p > 0.0 or not skips]
     return points
 
 
@@ -250,24 +279,66 @@ def _replicated_s(data: dict, c: dict, own_even: float) -> Optional[Tuple[float,
       its own non-GEMM seconds are ``R·χ^φ + N·p·χ``, so ``φ`` is the median of ``log((own − N·p·χ)/R)/log χ``
       over its points, within ``[0, 1]`` (1 where ``R`` or the slowdown is nil)."""
     split_points = _split_points(data, c)
-    points = [(1.0 / c["tp"], own_even)] + [(p, own) for _, _, held, p, own, _ in split_points if not held]
-    slow = [(p, own, gemm) for _, _, held, p, own, gemm in split_points if held]
-    paces = []
-    for plan, _, held, p, _, gemm in split_points:
-        healthy = [g / q for other, _, h, q, _, g in split_points if other == plan and not h and q > 0.0]
+    points = [(1.0 / c["tp"], own_even)] + [(p, own) for _, _, held, p, own, _, _ in split_points if not held]
+    slow = [(r, p, own, gemm) for _, r, held, p, own, gemm, _ in split_points if held]
+    paces: dict = {}
+    for plan, rank, held, p, _, gemm, _ in split_points:
+        healthy = [g / q for other, _, h, q, _, g, _ in split_points if other == plan and not h and q > 0.0]
         if held and p > 0.0 and healthy:
-            paces.append(gemm / p / statistics.median(healthy))
+            paces.setdefault(rank if "chis" in c else None, []).append(gemm / p / statistics.median(healthy))
     xs, ys = [p for p, _ in points], [y for _, y in points]
     if max(xs) - min(xs) < 1e-9:  # the ranks at even alone: no line
         return None
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     slope = max(sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs), 0.0)
     R = min(max(my - slope * mx, 0.0), own_even)
-    chi = max(statistics.median(paces), 1.0) if paces else c["chi"]
-    if not slow or R <= 0.0 or chi <= 1.0 + 1e-9:
+    if "chis" in c:  # stragglers slowed together: each its own pace, where it held units
+        chi = {r: max(statistics.median(paces[r]), 1.0) if r in paces else x for r, x in c["chis"].items()}
+    else:
+        chi = max(statistics.median(paces[None]), 1.0) if paces else c["chi"]
+    pace = (lambda r: chi[r]) if "chis" in c else (lambda r: chi)
+    if not slow or R <= 0.0 or all(pace(r) <= 1.0 + 1e-9 for r, _, _, _ in slow):
         return R, 1.0, chi
-    phis = [math.log(max(own - slope * p * chi, 1e-12) / R) / math.log(chi) for p, own, _ in slow]
+    phis = [math.log(max(own - slope * p * pace(r), 1e-12) / R) / math.log(pace(r))
+            for r, p, own, _ in slow if pace(r) > 1.0 + 1e-9]
     return R, min(max(statistics.median(phis), 0.0), 1.0), chi
+
+
+def _seat_pace(data: dict, c: dict, comm_healthy: float) -> Optional[float]:
+    """``ψ``, the pace of a slow rank's seats in the collectives (:attr:`~semimig.controller.sim.stepmodel.Workload.
+    seat_pace`), from a steady throttle's ``reshard`` runs (no pattern: one set of held ranks), or ``None`` where no
+    plan they held seats a slow rank: under each such plan the collectives' seconds of the healthy rank that computes
+    longest (the one that waits least for the others) over the healthy step's (``comm_healthy``), matched by the
+    model's seats at ``v^ψ`` (monotone in ``ψ``: bisection over ``[0, 1]``); the median over the plans."""
+    if data.get("pattern") or comm_healthy <= 0.0:
+        return None
+    points, found = _split_points(data, c), []
+    for plan in {pt[0] for pt in points}:
+        mine = [pt for pt in points if pt[0] == plan]
+        seated = [pt[1] for pt in mine if pt[2] and pt[3] > 0.0]
+        free = [pt for pt in mine if not pt[2]]
+        if not seated or not free:
+            continue
+        lead = max(free, key=lambda pt: pt[4] + pt[5])
+        observed = statistics.median(pt[6] for pt in free if pt[1] == lead[1]) / comm_healthy
+        plans = tuple(ShardPlan(units=u) for u in plan)
+        workload = _workload(c, 0.5, sum(plan[0]), sum(plan[1]))  # the collectives' share cancels in the ratio
+        speeds = [1.0] * c["tp"]
+        for r in {pt[1] for pt in mine if pt[2]}:
+            speeds[r] = 1.0 / _chi(c, r)
+
+        def ratio(psi: float) -> float:
+            return dataclasses.replace(workload, seat_pace=psi).seat_comm(plans, speeds) / workload.comm_s
+
+        lo, hi = 0.0, 1.0
+        if observed <= ratio(lo) or observed >= ratio(hi):
+            found.append(lo if observed <= ratio(lo) else hi)
+            continue
+        for _ in range(40):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if ratio(mid) < observed else (lo, mid)
+        found.append(0.5 * (lo + hi))
+    return statistics.median(found) if found else None
 
 
 def _workload(c: dict, split: float, mlp_units: int, kv_units: int) -> Workload:
@@ -277,7 +348,7 @@ def _workload(c: dict, split: float, mlp_units: int, kv_units: int) -> Workload:
     return Workload(tp=c["tp"], replicated_share=replicated / (replicated + b), mlp_units=mlp_units,
                     kv_units=kv_units, attention_share=attention, attention_param_share=attention,
                     comm_share=(1.0 - split) * (1.0 - b), step_s=c["healthy_step_s"],
-                    replicated_pace=c.get("replicated_pace", 1.0))
+                    replicated_pace=c.get("replicated_pace", 1.0), seat_pace=c.get("seat_pace"))
 
 
 def _schedule(events: Sequence[dict], steps: int, even: Plans) -> List[Plans]:
@@ -321,7 +392,7 @@ def _simulated_mean(c: dict, split: float, run: dict, events: Sequence[dict], pa
     for i in range(1, steps):
         speeds = [1.0] * c["tp"]
         for r in _held(c, run, i, pattern):
-            speeds[r] = 1.0 / c["chi"]
+            speeds[r] = 1.0 / _chi(c, r)
         total += workload.step_seconds(schedule[i], speeds)
     for e in events:  # a move after step s is in step s; the step after it settles
         total += (e.get("move_s") or 0.0) * (1 <= e["step"] < steps) + settle_s * (0 <= e["step"] < steps - 1)
@@ -332,7 +403,7 @@ def _held(c: dict, run: dict, i: int, pattern: bool) -> Sequence[int]:
     """The ranks slow on step ``i`` of ``run``: the throttled rank (under a pattern, on the steps its flags
     mark), or for a straggler that moves the rank the throttle held then (``throttled_ranks``)."""
     if isinstance(c["straggler_rank"], list):
-        return run["throttled_ranks"][i] or ()
+        return tuple(c["straggler_rank"]) if "chis" in c else run["throttled_ranks"][i] or ()
     return (c["straggler_rank"],) if not pattern or run["throttled"][i] else ()
 
 
@@ -443,7 +514,8 @@ def replay_file(data: dict, name: str = "") -> dict:
         first = data["raw"]["reshard"][0]
         workload = _file_workload(c, c["split"], _run_events(first), _idle_skips(first))
         speeds = [1.0] * c["tp"]
-        speeds[c["straggler_rank"]] = 1.0 / c["chi"]
+        for r in _held(c, first, 0, False):
+            speeds[r] = 1.0 / _chi(c, r)
         plans = best_plans(workload, speeds)
         best = {"plan": [list(p.units) for p in plans],
                 "vs_healthy": workload.step_seconds(plans, speeds) / workload.step_seconds(workload.even_plans(),

@@ -23,7 +23,9 @@ pace too.  ``φ = 1`` (the family's) is a device that slows all of its work alik
 the many small kernels of the replicated work and the collectives' short bursts slow less than the large GEMMs,
 as under a CPU quota that lets short bursts through (the recorded throttles' replay reads ``φ`` from the slow
 rank's own split, :mod:`~semimig.controller.sim.replay`, and the collectives of a plan that seats the slow rank
-ran as that ``φ`` predicts).
+ran as that ``φ`` predicts in the throttles that come and go).  Where the step's collectives say otherwise its
+seats run at ``v^ψ`` (``seat_pace``): a mildly slow rank with slack before each reduction, under a quota, ran its
+seats near full pace while its replicated work ran slower than its GEMMs.
 
 What the policy reads is not the truth: its weights are the paired *parameters*' shares
 (``attention_param_share``: the attention core's time is not in them), and the shardable seconds a
@@ -98,8 +100,10 @@ class Workload:
     idle_skips: bool = False
     """A rank holding no unit skips the step (module docstring)."""
     replicated_pace: float = 1.0
-    """``φ``: a rank at speed ``v`` runs its replicated work and its seats in the collectives at ``v^φ`` (module
-    docstring)."""
+    """``φ``: a rank at speed ``v`` runs its replicated work at ``v^φ``, and its seats in the collectives too unless
+    :attr:`seat_pace` says otherwise (module docstring)."""
+    seat_pace: Optional[float] = None
+    """``ψ``: a rank at speed ``v`` seated in the collectives runs them at ``v^ψ`` (``None``: ``φ``)."""
     settle: float = 0.0
     """The step after a move runs this many healthy even steps longer than the plan's steady step (module
     docstring)."""
@@ -122,9 +126,15 @@ class Workload:
         check_number("Workload.latency_s", self.latency_s, minimum=0.0)
         check_bool("Workload.idle_skips", self.idle_skips)
         check_number("Workload.replicated_pace", self.replicated_pace, minimum=0.0, maximum=1.0)
+        check_number("Workload.seat_pace", self.seat_pace, minimum=0.0, maximum=1.0, allow_none=True)
         check_number("Workload.settle", self.settle, minimum=0.0)
 
     # ------------------------------------------------------------------ constants
+    @property
+    def seat_exponent(self) -> float:
+        """The exponent a slow rank's seats in the collectives run at: :attr:`seat_pace`, else ``φ``."""
+        return self.replicated_pace if self.seat_pace is None else self.seat_pace
+
     @property
     def replicated(self) -> float:
         """``R`` in units of a healthy even step's compute."""
@@ -193,13 +203,13 @@ class Workload:
         """The collectives' seconds: ``comm_s`` split evenly over the paired dimensions and the vocabulary's
         collectives, each dimension's reductions at the pace of its slowest rank holding units of it, the
         vocabulary's at its slowest rank (its slowest holder with ``idle_skips``), a rank at speed ``v`` seated at
-        ``v^φ`` (``replicated_pace``) (``comm_s`` on healthy ranks;
+        ``v^ψ`` (:attr:`seat_exponent`) (``comm_s`` on healthy ranks;
         the policy's :func:`~semimig.controller.policy.propose.seat_scale`; :meth:`seat_comms`)."""
         return _seat_comm(self, tuple(plans), tuple(float(v) for v in speeds))
 
     def seat_comms(self, plans: Sequence[Plans], speeds: np.ndarray) -> np.ndarray:
         """``[k, s]``: :meth:`seat_comm` of ``plans[k]`` at the speeds ``speeds[s]`` (one row per state)."""
-        speeds = np.asarray(speeds, dtype=float) ** self.replicated_pace
+        speeds = np.asarray(speeds, dtype=float) ** self.seat_exponent
         top = speeds.max(axis=1)  # (s,)
         out = np.zeros((len(plans), speeds.shape[0]))
         for k, plan in enumerate(plans):
@@ -244,7 +254,7 @@ class Workload:
 def _seat_comm(workload: Workload, plans: Plans, speeds: Tuple[float, ...]) -> float:
     """:meth:`Workload.seat_comm`: the policy's :func:`~semimig.sharding.jobmodel.seat_scale` over the dimensions and
     the vocabulary (a trace holds its speeds and its plan for many steps: read once)."""
-    paces = tuple(v ** workload.replicated_pace for v in speeds)
+    paces = tuple(v ** workload.seat_exponent for v in speeds)
     return workload.comm_s * seat_scale(paces, plans, idle_free=workload.idle_skips) / (len(plans) + 1)
 
 
