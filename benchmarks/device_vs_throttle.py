@@ -41,7 +41,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_run_flags(p)
     args = p.parse_args(argv)
     if isinstance(args.fraction, tuple):
-        p.error(f"--fraction {','.join(f'{f:g}' for f in args.fraction)}: this comparison throttles rank 1 alone; "
+        from semimig.straggler.throttle_args import fractions_text
+
+        p.error(f"--fraction {fractions_text(args.fraction)}: this comparison throttles rank 1 alone; "
                 "give one fraction")
     if args.chi is None:  # default: the throttle's own slowdown (a bad --fraction is refused just below)
         args.chi = 1.0 / args.fraction if 0 < args.fraction <= 1 else 1.0

@@ -94,12 +94,6 @@ def fraction_flag(text: str):
     return values[0] if len(values) == 1 else values
 
 
-def fractions_of(args: argparse.Namespace) -> tuple:
-    """The real throttle's fractions, one per straggler rank (one fraction given: every rank at it)."""
-    ranks = args.straggler_rank if isinstance(args.straggler_rank, list) else [args.straggler_rank]
-    return tuple(args.fraction) if isinstance(args.fraction, tuple) else (args.fraction,) * len(ranks)
-
-
 def add_run_flags(p: argparse.ArgumentParser) -> None:
     """The flags every run of the binary shares (this script and ``device_vs_throttle.py``)."""
     p.add_argument("--fraction", type=fraction_flag, default=0.25, metavar="F[,F...]",
@@ -123,8 +117,7 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
 def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, counts: tuple[str, ...]) -> None:
     """Bounds of the shared flags and of ``counts`` (each >= 1); ``--json`` and ``--plot`` were
     checked as they were parsed (:class:`bench_output.OutputPath`)."""
-    fractions = args.fraction if isinstance(args.fraction, tuple) else (args.fraction,)
-    bad = [f for f in fractions if not 0 < f <= 1]
+    bad = [f for f in (args.fraction if isinstance(args.fraction, tuple) else (args.fraction,)) if not 0 < f <= 1]
     if bad:
         p.error(f"--fraction must be in (0, 1], got {bad[0]}")
     if not 1000 <= args.period_us <= 1_000_000:
@@ -206,7 +199,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         except ConfigError as err:
             p.error(str(err))
     if args.pattern is not None and isinstance(args.fraction, tuple):
-        p.error(f"--pattern {args.pattern} with --fraction {','.join(f'{f:g}' for f in args.fraction)}: a pattern's "
+        from semimig.straggler.throttle_args import fractions_text
+
+        p.error(f"--pattern {args.pattern} with --fraction {fractions_text(args.fraction)}: a pattern's "
                 "ranks take one straggler's phases in turn; give one fraction")
     if args.pattern is not None and args.straggler == "real" and args.fraction >= 1:
         p.error(f"--pattern {args.pattern} with --fraction {args.fraction:g}: the throttled phases would be free too")
@@ -253,7 +248,10 @@ def check_flags_apply(p: argparse.ArgumentParser, args: argparse.Namespace) -> N
         unused.append(("--max-micro-batch", args.max_micro_batch))
     if unused:
         flag, value = unused[0]
-        value = ",".join(f"{v:g}" for v in value) if isinstance(value, tuple) else value
+        if isinstance(value, tuple):
+            from semimig.straggler.throttle_args import fractions_text
+
+            value = fractions_text(value)
         p.error(f"{flag} {value} applies to no run of --straggler {args.straggler} --modes {','.join(modes)}: "
                 "drop it (--fraction/--period-us/--share/--straggler-rank: the real throttle; --chi: device or gemm; "
                 "--shard-plan: uneven; "
@@ -293,7 +291,7 @@ def check_layout(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         args.straggler_rank = args.world - 1
     else:
         from semimig.errors import ConfigError
-        from semimig.straggler.throttle_args import parse_ranks
+        from semimig.straggler.throttle_args import fractions_text, parse_ranks
 
         try:
             ranks = parse_ranks(args.straggler_rank, "--straggler-rank")
@@ -304,27 +302,31 @@ def check_layout(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             p.error(f"--straggler-rank must be a rank of the {args.world} launched (0..{args.world - 1}), "
                     f"got {outside[0]}")
         if isinstance(args.fraction, tuple) and len(args.fraction) != len(ranks):
-            p.error(f"--fraction {','.join(f'{f:g}' for f in args.fraction)} gives {len(args.fraction)} fractions for "
+            p.error(f"--fraction {fractions_text(args.fraction)} gives {len(args.fraction)} fractions for "
                     f"--straggler-rank {args.straggler_rank}'s {len(ranks)} rank(s): give one, or one per rank")
         if len(ranks) >= args.world and args.pattern is None:
             p.error(f"--straggler-rank {args.straggler_rank} slows all {args.world} ranks: a straggler needs a rank "
                     "to be slow against; leave one out")
         args.straggler_rank = ranks[0] if len(ranks) == 1 else list(ranks)
     if isinstance(args.fraction, tuple) and not isinstance(args.straggler_rank, list):
-        p.error(f"--fraction {','.join(f'{f:g}' for f in args.fraction)} gives several fractions for one straggler "
+        from semimig.straggler.throttle_args import fractions_text
+
+        p.error(f"--fraction {fractions_text(args.fraction)} gives several fractions for one straggler "
                 f"rank ({args.straggler_rank}): give one, or --straggler-rank with one rank per fraction")
     args.cores = len(os.sched_getaffinity(0))
     if args.share is None:
         args.share = default_share(args.world, args.cores)
     elif not 0 < args.share <= 1:
         p.error(f"--share must be in (0, 1], got {args.share}")
-    if args.fraction is None:
+    given = args.fraction is not None
+    if not given:
         args.fraction = args.share / 4
-    elif args.straggler == "real" and (above := [f for f in fractions_of(args) if 1 >= f > args.share]):
-        p.error(f"--fraction {above[0]:g} is above --share {args.share:g}: the straggler would be the "
-                "fastest rank; give a fraction <= the share")
     if isinstance(args.straggler_rank, list) and args.pattern is None and not isinstance(args.fraction, tuple):
         args.fraction = (args.fraction,) * len(args.straggler_rank)  # stragglers slowed together, all at one
+    fractions = args.fraction if isinstance(args.fraction, tuple) else (args.fraction,)
+    if given and args.straggler == "real" and (above := [f for f in fractions if 1 >= f > args.share]):
+        p.error(f"--fraction {above[0]:g} is above --share {args.share:g}: the straggler would be the "
+                "fastest rank; give a fraction <= the share")
 
 
 def check_commands(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -387,10 +389,10 @@ def command(args: argparse.Namespace, mode: str, out: Path) -> list[str]:
             example += ["--straggler", device_spec(args)]
         elif args.straggler == "real":
             fraction = args.fraction  # one per straggler rank, or one for all (a neighbour runs beside the ranks: run_once)
-    from semimig.straggler.throttle_args import ranks_text
+    from semimig.straggler.throttle_args import fractions_text, ranks_text
 
     throttle = [sys.executable, "-m", "semimig.cli", "throttle", "--rank", ranks_text(args.straggler_rank),
-                "--fraction", ",".join(f"{f:g}" for f in (fraction if isinstance(fraction, tuple) else (fraction,))),
+                "--fraction", fractions_text(fraction),
                 "--period-us", str(args.period_us), "--pin"]
     if args.share < 1:
         throttle += ["--share", f"{args.share:g}"]
@@ -703,15 +705,13 @@ def print_against_pattern(modes: dict, limits: Optional[dict]) -> None:
 def straggler_spec(args: argparse.Namespace) -> str:
     """The straggler in words, for the result file and the printed header."""
     if args.straggler == "real":
+        from semimig.straggler.throttle_args import ranks_text
+
         others = "" if args.share >= 1 else f", every other rank at {args.share:g}"
         if isinstance(args.fraction, tuple):
-            from semimig.straggler.throttle_args import ranks_text
-
             return (f"ranks {ranks_text(args.straggler_rank)} at {', '.join(f'{f:g}' for f in args.fraction)} of a core"
                     f"{others}")
         if isinstance(args.straggler_rank, list) and args.pattern:
-            from semimig.straggler.throttle_args import ranks_text
-
             return (f"ranks {ranks_text(args.straggler_rank)} in turn at {args.fraction:g} of a core (one at a time, "
                     f"moving each {args.pattern} phase){others}")
         return f"rank {args.straggler_rank} at {args.fraction:g} of a core{others}"

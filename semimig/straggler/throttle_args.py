@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from semimig._validate import check_int
 from semimig.errors import ConfigError
 
-__all__ = ["parse_ranks", "parse_fractions", "ranks_text", "launched_world", "command_outputs"]
+__all__ = ["parse_ranks", "parse_fractions", "ranks_text", "fractions_text", "launched_world", "command_outputs"]
 
 
 def parse_ranks(value: Any, flag: str = "--rank") -> Tuple[int, ...]:
@@ -53,6 +53,11 @@ def parse_fractions(value: Any, count: int, flag: str = "--fraction") -> Tuple[f
 def ranks_text(ranks: Any) -> str:
     """``3`` or ``0,1``: ranks as ``--rank`` takes them (one rank, or several)."""
     return ",".join(map(str, ranks)) if isinstance(ranks, (list, tuple)) else str(ranks)
+
+
+def fractions_text(fractions: Any) -> str:
+    """``0.25`` or ``0.25,0.125``: fractions as ``--fraction`` takes them (one, or one per rank)."""
+    return ",".join(f"{f:g}" for f in (fractions if isinstance(fractions, (list, tuple)) else (fractions,)))
 
 
 _OUTPUT_WORDS = ("json", "log", "out", "save", "plot", "csv", "file", "trace")

@@ -64,7 +64,8 @@ from semimig.straggler.throttle import (
     pin_to_core,
     remove_stale_throttles,
 )
-from semimig.straggler.throttle_args import command_outputs, launched_world, parse_fractions, parse_ranks, ranks_text
+from semimig.straggler.throttle_args import (command_outputs, fractions_text, launched_world, parse_fractions,
+                                             parse_ranks, ranks_text)
 
 __all__ = ["add_throttle_subcommand", "run_throttled", "parse_ranks"]
 
@@ -280,7 +281,7 @@ def run_throttled(argv: Sequence[str], *, rank: Any, fraction: Any, period_us: i
     ranks = parse_ranks(rank)
     fractions = dict(zip(ranks, parse_fractions(fraction, len(ranks))))
     if pattern is not None and len(set(fractions.values())) > 1:
-        raise ConfigError(f"--fraction {','.join(f'{f:g}' for f in fractions.values())} gives the ranks different "
+        raise ConfigError(f"--fraction {fractions_text(list(fractions.values()))} gives the ranks different "
                           f"fractions, but --pattern's ranks take one "
                           "straggler's phases in turn: give one fraction")
     check_bool("pin", pin)
