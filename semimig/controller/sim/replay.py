@@ -78,7 +78,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -203,7 +203,8 @@ def file_constants(data: dict) -> dict:
         c, m, g = (statistics.median(float(r[k]) for r in measured) for k in ("compute_s", "comm_s", "gemm_s"))
         if c + m > 0 and c - g + m > 0:
             out.update(split=max(c - g, 0.0) / (c - g + m), shardable_share=g / (c + m), split_from="step_split")
-            fitted = _replicated_s(data, out, c - g)
+            points = _split_points(data, out)  # held flags and shares only: the slowdowns read below leave them
+            fitted = _replicated_s(points, out, c - g)
             if fitted is not None:  # the rest of c − g follows the shares
                 replicated, pace, chi = fitted
                 out.update(split=replicated / (replicated + m), shardable_share=(c - replicated) / (c + m),
@@ -214,13 +215,25 @@ def file_constants(data: dict) -> dict:
                                chi_from="the reshard runs' split (each throttled rank's GEMMs per share, where it held units)")
                 elif not together and chi != out["chi"]:
                     out.update(chi=chi, chi_from="the reshard runs' split (the throttled rank's GEMMs per share)")
-                psi = _seat_pace(data, out, m)  # at the slowdowns just read
+                psi = _seat_pace(data, points, out, m)  # at the slowdowns just read
                 if psi is not None:
                     out.update(seat_pace=psi)
     return out
 
 
-def _split_points(data: dict, c: dict) -> List[Tuple[Tuple, int, bool, float, float, float, float]]:
+class SplitPoint(NamedTuple):
+    """One rank's split under one plan and throttle state (:func:`_split_points`)."""
+
+    plan: Tuple
+    rank: int
+    held: bool
+    p: float
+    own: float
+    gemm: float
+    comm: float
+
+
+def _split_points(data: dict, c: dict) -> List[SplitPoint]:
     """Every rank's split under each plan its ``reshard`` runs held, as ``(plan, rank, held, p, own, gemm, comm)``:
     ``p`` the rank's share under that plan, ``held`` whether the throttle held it, ``own = compute − gemm``,
     ``gemm`` and ``comm`` (its seconds in the collectives, waits included) medians.  A run that records every step's split (``step_split_each``) gives one point per plan,
@@ -247,8 +260,8 @@ def _split_points(data: dict, c: dict) -> List[Tuple[Tuple, int, bool, float, fl
             for (plan, r, held), rows in groups.items():
                 p = workload.shares(tuple(ShardPlan(units=u) for u in plan))[r]
                 if len(rows) >= GROUP_STEPS and (p > 0.0 or not skips):
-                    points.append((plan, r, held, p, statistics.median(max(x[0] - x[2], 0.0) for x in rows),
-                                   statistics.median(x[2] for x in rows), statistics.median(x[1] for x in rows)))
+                    points.append(SplitPoint(plan, r, held, p, statistics.median(max(x[0] - x[2], 0.0) for x in rows),
+                                             statistics.median(x[2] for x in rows), statistics.median(x[1] for x in rows)))
             continue
         split = ((run.get("summary") or {}).get("step_split_by_rank"))
         if pattern or not split or len(split) != tp or any(r is None for r in split) or not events:
@@ -259,13 +272,13 @@ def _split_points(data: dict, c: dict) -> List[Tuple[Tuple, int, bool, float, fl
         plan = (tuple(last["mlp_units"]), tuple(last["kv_units"]))
         shares = workload.shares(tuple(ShardPlan(units=u) for u in plan))
         held = _held(c, run, 0, False)
-        points += [(plan, r, r in held, p, max(float(row["compute_s"]) - float(row["gemm_s"]), 0.0),
-                    float(row["gemm_s"]), float(row["comm_s"]))
+        points += [SplitPoint(plan, r, r in held, p, max(float(row["compute_s"]) - float(row["gemm_s"]), 0.0),
+                              float(row["gemm_s"]), float(row["comm_s"]))
                    for r, (row, p) in enumerate(zip(split, shares)) if p > 0.0 or not skips]
     return points
 
 
-def _replicated_s(data: dict, c: dict, own_even: float) -> Optional[Tuple[float, float, float]]:
+def _replicated_s(split_points: Sequence[SplitPoint], c: dict, own_even: float) -> Optional[Tuple[float, float, Any]]:
     """``(R, φ, χ)`` from the ranks' splits under the plans the ``reshard`` runs held (:func:`_split_points`,
     ``p`` a rank's share under a plan), or ``None`` where no plan spreads the healthy ranks' shares:
 
@@ -278,7 +291,6 @@ def _replicated_s(data: dict, c: dict, own_even: float) -> Optional[Tuple[float,
     - ``φ``: the pace of its replicated work (:attr:`~semimig.controller.sim.stepmodel.Workload.replicated_pace`):
       its own non-GEMM seconds are ``R·χ^φ + N·p·χ``, so ``φ`` is the median of ``log((own − N·p·χ)/R)/log χ``
       over its points, within ``[0, 1]`` (1 where ``R`` or the slowdown is nil)."""
-    split_points = _split_points(data, c)
     points = [(1.0 / c["tp"], own_even)] + [(p, own) for _, _, held, p, own, _, _ in split_points if not held]
     slow = [(r, p, own, gemm) for _, r, held, p, own, gemm, _ in split_points if held]
     paces: dict = {}
@@ -304,7 +316,7 @@ def _replicated_s(data: dict, c: dict, own_even: float) -> Optional[Tuple[float,
     return R, min(max(statistics.median(phis), 0.0), 1.0), chi
 
 
-def _seat_pace(data: dict, c: dict, comm_healthy: float) -> Optional[float]:
+def _seat_pace(data: dict, points: Sequence[SplitPoint], c: dict, comm_healthy: float) -> Optional[float]:
     """``ψ``, the pace of a slow rank's seats in the collectives (:attr:`~semimig.controller.sim.stepmodel.Workload.
     seat_pace`), from a steady throttle's ``reshard`` runs (no pattern: one set of held ranks), or ``None`` where no
     plan they held seats a slow rank: under each such plan the collectives' seconds of the healthy rank that computes
@@ -312,19 +324,18 @@ def _seat_pace(data: dict, c: dict, comm_healthy: float) -> Optional[float]:
     model's seats at ``v^ψ`` (monotone in ``ψ``: bisection over ``[0, 1]``); the median over the plans."""
     if data.get("pattern") or comm_healthy <= 0.0:
         return None
-    points, found = _split_points(data, c), []
-    for plan in {pt[0] for pt in points}:
-        mine = [pt for pt in points if pt[0] == plan]
-        seated = [pt[1] for pt in mine if pt[2] and pt[3] > 0.0]
-        free = [pt for pt in mine if not pt[2]]
-        if not seated or not free:
+    found = []
+    for plan in {pt.plan for pt in points}:
+        mine = [pt for pt in points if pt.plan == plan]
+        free = [pt for pt in mine if not pt.held]
+        if not any(pt.held and pt.p > 0.0 for pt in mine) or not free:
             continue
-        lead = max(free, key=lambda pt: pt[4] + pt[5])
-        observed = statistics.median(pt[6] for pt in free if pt[1] == lead[1]) / comm_healthy
+        lead = max(free, key=lambda pt: pt.own + pt.gemm)
+        observed = statistics.median(pt.comm for pt in free if pt.rank == lead.rank) / comm_healthy
         plans = tuple(ShardPlan(units=u) for u in plan)
         workload = _workload(c, 0.5, sum(plan[0]), sum(plan[1]))  # the collectives' share cancels in the ratio
         speeds = [1.0] * c["tp"]
-        for r in {pt[1] for pt in mine if pt[2]}:
+        for r in {pt.rank for pt in mine if pt.held}:
             speeds[r] = 1.0 / _chi(c, r)
 
         def ratio(psi: float) -> float:
