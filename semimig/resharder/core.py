@@ -110,6 +110,7 @@ class Resharder(JointMoves):
         self._job_moved = 0  # the step the job last moved (the joint gain test's age)
         self._job_read: Optional[int] = None  # the age at which the job's gain was last read (:func:`reading_due`)
         self._job_blocked = 0.0  # the most noise the last reading's gain allowed, where only the noise held it
+        self._job_held: Optional[tuple] = None  # the speeds in force at the last reading that moved nothing
         self._world_seats: Optional[list] = None  # (dp rank, TP rank) of each world-group rank (JointMoves._search)
         self._seats = SeatMemory()  # the joint planner's seat fit across a move that empties a slow rank
         self.probe_work: Optional[dict] = None
@@ -207,7 +208,7 @@ class Resharder(JointMoves):
 
     def _observe_replicas(self, samples: tuple, report: Any) -> Optional[Any]:
         """Each replica's policy fed its own replica's sample; any decision moves the world at once (with a
-        joint planner: to its plans and split, :meth:`_take_joint`)."""
+        joint planner: to its plans and split where the job gains, :meth:`_policy_move`)."""
         if self.joint is not None:  # the policies read times per mean batch (.joint)
             mean = self.joint.global_batch / self.replicas
             samples = tuple(per_mean_batch(s, b, mean) for s, b in zip(samples, self.samples))
@@ -220,7 +221,7 @@ class Resharder(JointMoves):
         if not any(decision.replan for decision in decisions):
             return self._job_gain(decisions, step=step) if self.joint is not None else None
         if self.joint is not None:
-            return self._take_joint(decisions, step=step)
+            return self._policy_move(decisions, step=step)
         return self._take_replicas(decisions, step=int(getattr(report, "iteration", self.last.step)))
 
     def _debug(self, policy: ReshardPolicy, sample: ReshardSample, decision: ReshardDecision) -> None:

@@ -1,14 +1,23 @@
-"""The joint planner's moves of the re-sharder (DESIGN §8): when no replica's policy decided yet the job
-would gain (:meth:`JointMoves._job_gain`), and carrying out the planner's answer for every replica at once
-(:meth:`JointMoves._take_joint`).  The planner says *what* (:func:`~semimig.sharding.joint.plan_job`); the
-replicas' policies, and the job's gain read here with the policies' own gain test, say *when*.
+"""The joint planner's moves of the re-sharder (DESIGN §8): when a replica's policy decided
+(:meth:`JointMoves._policy_move`) or none did yet the job would gain (:meth:`JointMoves._job_gain`), and carrying
+out the planner's answer for every replica at once (:meth:`JointMoves._take_joint`).  The planner says *what*
+(:func:`~semimig.sharding.joint.plan_job`); the replicas' policies, and the job's gain read here with the
+policies' own gain test, say *when*.
+
+Either way the answer is moved to only when the job's gain test passes on it (:meth:`JointMoves._job_test`): a
+policy's decision says that its replica's speeds or its step model changed, not that the planner's answer
+pays.  The answer is chosen for the whole job, and where two layouts are priced within the noise of each
+other the planner may swap one replica between them, or the split with it, on each new reading, while the
+policy that called it is answered by neither (its replica's plan kept): without the test every window of
+that policy would move the job.  A reading the test held back is repeated on the job's reading schedule
+(:func:`~semimig.resharder.joint.reading_due`) while the speeds in force stay those it was read at
+(:meth:`JointMoves._speeds_in_force`), and at once when they change.
 
 :class:`JointMoves` is that part of :class:`~semimig.resharder.core.Resharder` (a mixin of it).
 """
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any, Optional
 
 from semimig.comm import primitives as P
@@ -47,6 +56,48 @@ class JointMoves:
         if not scheduled and not reading_due(age, self._job_read, needed=needed, blocked=self._job_blocked):
             return None
         self._job_read, self._job_blocked = age, 0.0
+        remaining = self._remaining(step)
+        life = expected_life(age, (), floor=self.policy.config.life_floor, remaining=remaining)
+        return self._read_job(decisions, step=step, life=life, remaining=remaining, scheduled=scheduled,
+                              trigger="job gain")
+
+    def _policy_move(self, decisions: list[ReshardDecision], *, step: int) -> Optional[Any]:
+        """A replica's policy decided: the planner's answer for every replica and the split, taken when the
+        job's gain test passes on it over the deciding policies' expected life of the state in force (module
+        docstring).  A decision at the speeds a held reading was taken at is read again only when
+        :func:`reading_due` says so."""
+        age, needed = step - self._job_moved, max(policy.needed_gain() for policy in self.policies)
+        if self._job_held == self._speeds_in_force() and not reading_due(age, self._job_read, needed=needed,
+                                                                          blocked=self._job_blocked):
+            if self._tells(logging.DEBUG):
+                logger.debug("semimig joint plan at step %d: a policy decided at the speeds of the reading held at "
+                             "age %s; read again when due", step, self._job_read)
+            return None
+        self._job_read, self._job_blocked = age, 0.0
+        remaining = self._remaining(step)
+        lives = [d.horizon for d in decisions if d.replan and d.horizon]
+        life = max(lives) if lives else expected_life(age, (), floor=self.policy.config.life_floor,
+                                                      remaining=remaining)
+        return self._read_job(decisions, step=step, life=life, remaining=remaining, scheduled=True,
+                              trigger="policy decision")
+
+    def _remaining(self, step: int) -> Optional[int]:
+        """Steps the run has left after ``step`` (``ReshardConfig.horizon``), ``None`` where it is not told."""
+        horizon = self.policy.config.horizon
+        return None if horizon is None else max(horizon - step, 1)
+
+    def _speeds_in_force(self) -> tuple:
+        """What a reading is taken at: every replica's slow set and how many changes of speed its policy
+        detected (:class:`~semimig.controller.policy.memory.PlanMemory`)."""
+        return tuple((frozenset(policy.slowdown.slow), policy.measured.changes) for policy in self.policies)
+
+    def _read_job(self, decisions: list[ReshardDecision], *, step: int, life: float, remaining: Optional[int],
+                  scheduled: bool, trigger: str) -> Optional[Any]:
+        """The planner's answer on every replica's window, moved to when the job's gain test passes on it
+        over ``life`` steps (:meth:`_job_test`); else the reading is held (``scheduled``: the noise that held
+        it back is kept, so it is read again once the windows allow it, :func:`noise_blocked`)."""
+        age = step - self._job_moved
+        self._job_held = self._speeds_in_force()
         problem = joint_problem(self.joint, self.policies, self.samples, self._seats)
         if problem is None:
             return None
@@ -55,23 +106,31 @@ class JointMoves:
         plans = tuple(as_policy_plans(row, now) for row, now in zip(answer.plans, current))
         if plans == current and answer.samples == self.samples:
             if self._tells(logging.DEBUG):
-                logger.debug("semimig job gain at step %d (age %d): the plans in force are the planner's (%.4g s) "
-                             "from %r", step, age, answer.step, problem)
+                logger.debug("semimig %s at step %d (age %d): the plans in force are the planner's (%.4g s) "
+                             "from %r", trigger, step, age, answer.step, problem)
             return None
-        now_s = job_step(problem, self.samples, current)
-        config = self.policy.config
-        remaining = None if config.horizon is None else max(config.horizon - step, 1)
-        life = expected_life(step - self._job_moved, (), floor=config.life_floor, remaining=remaining)
-        cost = sum(policy.move_cost_s(row, now_s) for policy, row in zip(self.policies, plans))
-        test = gain_test(now_s, answer.step, needed=needed, life=life, move_s=cost, way_back=life != remaining)
+        now_s, test = self._job_test(problem, answer, plans, current, life=life, remaining=remaining)
         if self._tells(logging.DEBUG):
-            logger.debug("semimig job gain at step %d (age %d): %.4g s in force, %.4g s for samples %s plans %s; "
-                         "life %.3g, moves %.3g s: %s; from %r", step, age, now_s, answer.step, list(answer.samples),
-                         [[p.units for p in row] for row in plans], life, cost, test, problem)
+            logger.debug("semimig %s at step %d (age %d): %.4g s in force, %.4g s for samples %s plans %s; "
+                         "life %.3g, moves %.3g s: %s; from %r", trigger, step, age, now_s, answer.step,
+                         list(answer.samples), [[p.units for p in row] for row in plans], life, test.cost_s, test,
+                         problem)
         if not test.passed:
             self._job_blocked = noise_blocked(test, now_s) if scheduled else 0.0  # once the noise allows it
             return None
         return self._take_joint(decisions, step=step, answer=answer, problem=problem)
+
+    def _job_test(self, problem: Any, answer: Any, plans: tuple, current: tuple, *, life: float,
+                  remaining: Optional[int]) -> tuple[float, Any]:
+        """The job's step in force and the policies' gain test on ``answer`` (its ``plans`` per replica):
+        the job's step under the plans and split in force against the answer's, both priced by the
+        planner's model; the least gain ``ε`` the noisiest replica's window allows; the moves' cost (every
+        replica's, at its policy's measured rate) and, unless the state outlives the run, their way back."""
+        now_s = job_step(problem, self.samples, current)
+        needed = max(policy.needed_gain() for policy in self.policies)
+        cost = sum(policy.move_cost_s(row, now_s) for policy, row in zip(self.policies, plans))
+        return now_s, gain_test(now_s, answer.step, needed=needed, life=life, move_s=cost,
+                                way_back=life != remaining)
 
     def _tells(self, level: int) -> bool:
         """Whether this rank logs the job's decisions at ``level``: one rank of the job speaks (the first of
@@ -91,24 +150,15 @@ class JointMoves:
         mine = plan_job(problem, reference=reference) if P.group_rank(self.world_group) == root else None
         return P.broadcast_object(mine, root, self.world_group)
 
-    def _take_joint(self, decisions: list[ReshardDecision], *, step: int, answer: Any = None,
-                    problem: Any = None) -> Optional[Any]:
-        """A policy decided: every replica's plan and the split from :func:`plan_job` on every replica's
-        window (plans in force kept where they meet the job's step), every replica moved at once, every
-        policy told its replica's plans (its window, measured under the old plans or split, dropped);
-        this replica's new plan, or ``None`` when it kept its plan.  Nothing moves when the planner keeps
-        every plan and the split."""
+    def _take_joint(self, decisions: list[ReshardDecision], *, step: int, answer: Any, problem: Any) -> Optional[Any]:
+        """The job's gain test passed on ``answer`` (:func:`plan_job` on ``problem``, every replica's window;
+        plans in force kept where they meet the job's step): every replica moved at once, every policy told
+        its replica's plans (its window, measured under the old plans or split, dropped); this replica's
+        new plan, or ``None`` when it kept its plan."""
         current = tuple(policy.plans for policy in self.policies)
-        if answer is None:
-            problem = joint_problem(self.joint, self.policies, self.samples, self._seats)
-            if problem is None:
-                return None
-            answer = self._search(problem, current)
         plans = tuple(as_policy_plans(row, now) for row, now in zip(answer.plans, current))
-        if plans == current and answer.samples == self.samples:
-            return None
-        self._job_moved, self._job_read, self._job_blocked = step, None, 0.0
-        if problem is not None and self._tells(logging.DEBUG):
+        self._job_moved, self._job_read, self._job_blocked, self._job_held = step, None, 0.0, None
+        if self._tells(logging.DEBUG):
             logger.debug("semimig joint plan at step %d from %r", step, problem)
         if answer.memory_bound and self._tells(logging.INFO):
             logger.info("semimig joint plan at step %d: %s", step, answer.memory_bound)
@@ -123,8 +173,8 @@ class JointMoves:
             logger.info("semimig joint plan at step %d: samples %s -> %s, plans %s, predicted step %.4g s "
                         "(replicas %s; the plans in force: modelled %.4g s, measured %s)", step, list(self.samples),
                         list(answer.samples), [[p.units for p in row] for row in plans], answer.step,
-                        [round(t, 4) for t in answer.replica_steps], job_step(problem, self.samples, current)
-                        if problem is not None else math.nan, [round(t, 4) for t in before])
+                        [round(t, 4) for t in answer.replica_steps], job_step(problem, self.samples, current),
+                        [round(t, 4) for t in before])
         for d, (policy, row) in enumerate(zip(self.policies, plans)):
             bytes_moved, seconds = costs[d]
             policy.moved_to(row, seconds=seconds, bytes_moved=int(bytes_moved))

@@ -1,4 +1,5 @@
-"""The joint planner's ``k = R/S`` read from the windows' measured split of compute (split_ratio).
+"""The joint planner's ``k = R/S`` read from the windows' measured split of compute (split_ratio), and when the
+job moves to the planner's answer.
 
 Windows are generated from a known step model (known replicated and shardable work, per-rank speeds, kind
 weights) under uneven plans and an uneven split, and read back through real re-shard policies whose own
@@ -9,9 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from semimig.controller.reshard import ReshardConfig, ReshardPolicy, ReshardSample
+from semimig.controller.reshard import ReshardConfig, ReshardDecision, ReshardPolicy, ReshardSample
 from semimig.errors import ConfigError
-from semimig.resharder.joint import JointSetup, joint_problem, per_mean_batch, search_root, split_ratio
+from semimig.resharder.joint import JointSetup, SeatMemory, joint_problem, per_mean_batch, search_root, split_ratio
+from semimig.resharder.jointmoves import JointMoves
 from semimig.sharding.joint import JointProblem, UnitKind, from_measured, job_step, plan_job, seat_scale
 from semimig.sharding.jobmodel import rank_times, replica_step, unit_counts
 from semimig.sharding.plan import ShardPlan
@@ -44,29 +46,30 @@ def _truth(tau: float = 0.0) -> JointProblem:
                         replicated_fixed=tau * STATE[2], fixed_bytes=STATE[2], seat_per_sample=SEAT)
 
 
-def _windows(truth: JointProblem, steps: int = 5, *, timed: bool = False) -> list[list[ReshardSample]]:
-    """Every replica's steps under :data:`MEASURED` at :data:`SAMPLES`, per mean batch as the policies read them:
-    each rank's compute, its shardable part, and the layers' reductions at the seats' pace (``timed``: and its
+def _windows(truth: JointProblem, steps: int = 5, *, timed: bool = False, plans=MEASURED,
+             samples=SAMPLES) -> list[list[ReshardSample]]:
+    """Every replica's steps under ``plans`` at ``samples``, per mean batch as the policies read them: each
+    rank's compute, its shardable part, and the layers' reductions at the seats' pace (``timed``: and its
     optimizer's update)."""
-    units = unit_counts(truth, MEASURED)
+    units = unit_counts(truth, plans)
     per_sample = [k.work_per_sample / k.total_units for k in truth.kinds]
     windows = []
-    for d, b in enumerate(SAMPLES):
+    for d, b in enumerate(samples):
         compute = rank_times(truth, d, b, units[d])
         shardable = [b * (units[d, r] @ per_sample) / truth.speeds[d][r] for r in range(TP)]
         update = [(truth.replicated_fixed + units[d, r] @ [k.work_fixed / k.total_units for k in truth.kinds])
                   / truth.speeds[d][r] for r in range(TP)]
-        comm = b * SEAT * seat_scale(truth.speeds[d], MEASURED[d])
+        comm = b * SEAT * seat_scale(truth.speeds[d], plans[d])
         sample = ReshardSample(tuple(compute), tuple(shardable), (comm,) * TP,
                                update_s=tuple(update) if timed else None)
         windows.append([per_mean_batch(sample, b, BATCH / DP)] * steps)
     return windows
 
 
-def _policies(windows, *, k_prior: float) -> list[ReshardPolicy]:
+def _policies(windows, *, k_prior: float, plans=MEASURED) -> list[ReshardPolicy]:
     share = k_prior * TP / (1.0 + k_prior * TP)  # the prior replicated share whose R/S is k_prior
-    policies = [ReshardPolicy(plans, weights=WEIGHTS, bytes_per_unit=(1, 1),
-                              config=ReshardConfig(window=8, replicated_share=share)) for plans in MEASURED]
+    policies = [ReshardPolicy(row, weights=WEIGHTS, bytes_per_unit=(1, 1),
+                              config=ReshardConfig(window=8, replicated_share=share)) for row in plans]
     for policy, window in zip(policies, windows):
         for sample in [window[0]] + window:  # a warm-up step, then the window
             policy.observe(sample)
@@ -188,3 +191,56 @@ def test_the_joint_search_runs_on_the_fastest_rank_ties_to_the_lowest_seat():
     assert search_root(((0.2, 0.5), (0.5, 1.0)), [(1, 1), (0, 0), (0, 1), (1, 0)]) == 0  # any group order
     with pytest.raises(ConfigError, match="exactly one rank"):
         search_root(((1.0, 1.0),), [(0, 1), (1, 1)])
+
+
+class _Job(JointMoves):
+    """What a policy's decision reads of the re-sharder (:meth:`JointMoves._policy_move`): the replicas' policies,
+    the split in force, the planner searched in this process (four gloo ranks get its answer alike:
+    ``tests/multirank/test_joint_search.py``), and the moves it hands out, recorded instead of carried out."""
+
+    _speaks, dp_rank, _job_moved, _job_read, _job_blocked, _job_held = False, 0, 0, None, 0.0, None
+
+    def __init__(self, policies, samples):
+        self.policies, self.policy, self.samples, self._seats = tuple(policies), policies[0], tuple(samples), SeatMemory()
+        self.joint = JointSetup(global_batch=BATCH, dp=DP, bytes_per_unit=(1.0, 1.0), fixed_bytes=0.0,
+                                capacity_bytes=None)
+        self.searched, self.taken = 0, []
+
+    def _search(self, problem, reference):
+        self.searched += 1
+        return plan_job(problem, reference=reference)
+
+    def _take_joint(self, decisions, *, step, answer, problem):
+        self.taken.append((step, answer.samples, answer.plans))
+        return answer.plans[self.dp_rank]
+
+
+def _decided(step: int, life: float = 20.0) -> list[ReshardDecision]:
+    """Replica 1's policy decided at ``step`` (a move it proposed, expected to pay over ``life`` steps)."""
+    return [ReshardDecision(step), ReshardDecision(step, plans=MEASURED[1], horizon=life)]
+
+
+def test_a_policy_s_decision_moves_the_job_only_where_the_planner_s_answer_pays():
+    """Far from the planner's answer the job moves to it; a sample from it the answer's gain is below the
+    least gain a move is taken on, so the policy that decided moves nothing, and its next decisions at the same speeds
+    are read again only when the job's reading schedule says so, or at once after a change of speed."""
+    truth = _truth()
+    far = _Job(_policies(_windows(truth), k_prior=K), SAMPLES)
+    best = plan_job(truth)
+    assert far._policy_move(_decided(9), step=9) is not None
+    assert far.taken == [(9, best.samples, best.plans)] and far.searched == 1
+
+    near_samples = (6, 2)  # the planner's plans, one sample more on the replica that sets the pace
+    near = _Job(_policies(_windows(truth, plans=best.plans, samples=near_samples), k_prior=K, plans=best.plans),
+                near_samples)
+    near_s = job_step(truth, near_samples, best.plans)
+    assert best.step < near_s < (1.0 - ReshardConfig().margin) ** -1 * best.step  # better by less than the margin
+    assert near._policy_move(_decided(9), step=9) is None
+    assert near.taken == [] and near.searched == 1
+    for step in (10, 11, 12, 13):  # the same speeds, the age (steps since the job moved) not yet doubled
+        assert near._policy_move(_decided(step), step=step) is None
+    assert near.searched == 1
+    assert near._policy_move(_decided(18), step=18) is None and near.searched == 2  # due: read, still held
+    near.policies[0].measured.forget()  # a change of speed detected: read at once
+    assert near._policy_move(_decided(19), step=19) is None and near.searched == 3
+    assert near.taken == []
