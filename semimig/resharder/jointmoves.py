@@ -132,6 +132,14 @@ class JointMoves:
         return now_s, gain_test(now_s, answer.step, needed=needed, life=life, move_s=cost,
                                 way_back=life != remaining)
 
+    def _carry_out(self, step: int, plans: tuple, changed: list[bool]) -> tuple[tuple, list[tuple[int, float]]]:
+        """Every replica whose ``changed`` moved to its ``plans`` (the policies' per kind) at once: the layers'
+        plans now in force, and each replica's ``(bytes, seconds)``, the same on every rank."""
+        uneven = tuple(self._uneven(ReshardDecision(step, plans=row)) if moved else old
+                       for row, moved, old in zip(plans, changed, self.plans))
+        costs = self._replica_costs(*self._move_replicas(uneven)) if any(changed) else [(0, 0.0)] * self.replicas
+        return uneven, costs
+
     def _tells(self, level: int) -> bool:
         """Whether this rank logs the job's decisions at ``level``: one rank of the job speaks (the first of
         replica 0's TP group), and only where the level is enabled."""
@@ -163,9 +171,7 @@ class JointMoves:
         if answer.memory_bound and self._tells(logging.INFO):
             logger.info("semimig joint plan at step %d: %s", step, answer.memory_bound)
         changed = [row != now for row, now in zip(plans, current)]
-        uneven = tuple(self._uneven(ReshardDecision(step, plans=row)) if moved else old
-                       for row, moved, old in zip(plans, changed, self.plans))
-        costs = self._replica_costs(*self._move_replicas(uneven)) if any(changed) else [(0, 0.0)] * self.replicas
+        uneven, costs = self._carry_out(step, plans, changed)
         if self._lagged is not None:
             self._lagged.collect()  # measured under the old plans and split: dropped
         before = [d.current_s for d in decisions]
