@@ -1,7 +1,7 @@
 """Score the re-shard policy on a family of simulated scenarios (DESIGN §9), and replay recorded runs.
 
     python benchmarks/policy_sim.py --json F [--quick] [--scenarios N] [--seed S] [--replay DIR] [--idle-skips]
-                                    [--clock wall|steps]
+                                    [--clock wall|steps] [--joint N]
 
 Runs :mod:`semimig.controller.sim` on ``N`` generated scenarios (default 1200; ``--quick``: 30 short
 ones, for CI): each policy's time to the last step over the scenario's oracle, per category and
@@ -21,6 +21,9 @@ The JSON holds ``{"overall", "categories", "policy"}`` for the policy in use, ev
 under ``"policies"``, each scenario's record, the replay, the policy in use's host time per decision by
 tensor-parallel size (``"decision_ms"``: one ``observe`` a step, what the step hook adds on every rank of a
 real run), and the command, commit, machine, date, wall and CPU time and the machine's load around the run.
+``--joint N`` (default 200; ``--quick`` 8; 0: none): the joint planner's family of tp x dp jobs
+(:mod:`semimig.resharder.jointsim`: the replicas' policies and the job's readings on a known job model),
+each job's time against the oracle's and against the reactive bound, and its joint moves, under ``"joint"``.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from bench_output import add_json_flag, refuse, write_result
 
@@ -67,11 +71,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="a rank holding no unit skips the step in every scenario (one TP group, Llama family)")
     parser.add_argument("--clock", default="wall", choices=CLOCKS,
                         help="what the traces' rows count: wall-clock seconds (default) or steps")
+    parser.add_argument("--joint", type=int, default=None,
+                        help="tp x dp jobs for the joint planner's family (default 200; --quick 8; 0: none)")
     args = parser.parse_args(argv)
     if args.scenarios is not None and args.scenarios < 1:
         parser.error(f"--scenarios must be >= 1, got {args.scenarios}")
     if args.seed < 0:
         parser.error(f"--seed must be >= 0, got {args.seed}")
+    if args.joint is not None and args.joint < 0:
+        parser.error(f"--joint must be >= 0, got {args.joint}")
     if args.replay is not None and args.no_replay:
         parser.error(f"--replay {args.replay} and --no-replay contradict each other: give one")
     if args.replay is not None and not args.replay.is_dir():
@@ -158,6 +166,27 @@ def _replay_table(replay: dict) -> str:
     return "\n".join(lines)
 
 
+def _joint(count: int, seed: int) -> Optional[dict]:
+    """The joint planner's family (:mod:`semimig.resharder.jointsim`): ``count`` jobs, the categories in turn."""
+    if count == 0:
+        return None
+    from semimig.resharder.jointsim import CATEGORIES, make_joint_scenario, run_joint, summarize_joint
+
+    start = time.perf_counter()
+    records = [run_joint(make_joint_scenario(seed + i, CATEGORIES[i % len(CATEGORIES)])) for i in range(count)]
+    return {**summarize_joint(records), "wall_s": time.perf_counter() - start, "records": records}
+
+
+def _joint_table(joint: dict) -> str:
+    rows = [f"joint planner, tp x dp: time to N steps / oracle ({joint['overall']['scenarios']} jobs)",
+            f"{'category':<10} {'jobs':>5} {'median':>7} {'<=1.10':>7} {'worst':>7} {'moves':>6} {'most':>5} {'<=2 more':>8}"]
+    for name, c in [*joint["categories"].items(), ("overall", joint["overall"])]:
+        rows.append(f"{name:<10} {c['scenarios']:>5} {c['median_ratio']:>7.3f} {c['share_within_1_10']:>7.1%} "
+                    f"{c['max_ratio']:>7.3f} {c['mean_moves']:>6.2f} {c['max_moves']:>5} "
+                    f"{c['share_at_most_two_after_first']:>8.1%}")
+    return "\n".join(rows)
+
+
 def _round(value):
     if isinstance(value, float):
         return round(value, 5)
@@ -181,6 +210,7 @@ def main(argv=None) -> int:
     records = evaluate(scenarios, {name: clock.wrap(f) if name == in_use else f for name, f in policies.items()})
     summaries = {name: summarise(records, name) for name in policies}
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    joint = _joint(args.joint if args.joint is not None else (8 if args.quick else 200), args.seed)
     replay = None
     folder = args.replay or (None if args.quick or args.no_replay else REPO / "docs" / "results")
     if folder is not None:
@@ -194,6 +224,9 @@ def main(argv=None) -> int:
     decisions = clock.summary()
     for tp, d in decisions.items():
         print(f"tp {tp}: the policy's decision takes {d['mean_ms']:.2f} ms of host time a step (p99 {d['p99_ms']:.2f})")
+    if joint is not None:
+        print(_joint_table(joint))
+        print(f"{joint['overall']['scenarios']} joint jobs in {joint['wall_s']:.1f} s")
     if replay is not None:
         s = replay["summary"]
         print(_replay_table(replay))
@@ -210,7 +243,7 @@ def main(argv=None) -> int:
                      load_average={"before": list(load_before), "after": list(os.getloadavg())},
                      policy=in_use, decision_ms=_round(decisions), overall=_round(summaries[in_use]["overall"]),
                      categories=_round(summaries[in_use]["categories"]), policies=_round(summaries),
-                     replay=_round(replay), records=_round(records))
+                     replay=_round(replay), records=_round(records), joint=_round(joint))
     except OSError as err:
         return refuse("policy_sim.py", err)
     return 0

@@ -110,7 +110,7 @@ class Resharder(JointMoves):
         self._job_moved = 0  # the step the job last moved (the joint gain test's age)
         self._job_read: Optional[int] = None  # the age at which the job's gain was last read (:func:`reading_due`)
         self._job_blocked = 0.0  # the most noise the last reading's gain allowed, where only the noise held it
-        self._job_held: Optional[tuple] = None  # the speeds in force at the last reading that moved nothing
+        self._job_held: Optional[tuple] = None  # the speeds the planner read at the last reading that moved nothing
         self._world_seats: Optional[list] = None  # (dp rank, TP rank) of each world-group rank (JointMoves._search)
         self._seats = SeatMemory()  # the joint planner's seat fit across a move that empties a slow rank
         self.probe_work: Optional[dict] = None

@@ -72,8 +72,8 @@ from semimig.sharding.plan import ShardPlan
 from semimig.sharding.solver import StepModel
 
 __all__ = ["JointSetup", "SeatMemory", "at_measured_pace", "at_samples", "even_samples", "joint_problem",
-           "joint_setup", "noise_blocked", "own_steps", "per_mean_batch", "reading_due", "search_root", "split_ratio",
-           "update_part"]
+           "joint_setup", "noise_blocked", "own_steps", "per_mean_batch", "reading_due", "same_speeds", "search_root",
+           "split_ratio", "update_part"]
 
 KINDS = ("mlp", "kv")
 """The paired dimensions a plan splits, in the policies' order."""
@@ -121,6 +121,15 @@ def noise_blocked(test: Any, step_s: float) -> float:
     if test.passed or test.life <= 0 or step_s <= 0.0:
         return 0.0
     return max(0.0, (test.gain_s - test.cost_s / test.life) / step_s)
+
+
+def same_speeds(speeds: Sequence[Sequence[float]], held: Optional[Sequence[Sequence[float]]], band: float) -> bool:
+    """Whether every rank's speed relative to the job's fastest in ``speeds`` is within ``band`` (a relative
+    error, the least gain a move is taken on) of its speed in ``held`` (``None``: no reading held)."""
+    if held is None or len(held) != len(speeds) or any(len(a) != len(b) for a, b in zip(speeds, held)):
+        return False
+    top, was = max(map(max, speeds)), max(map(max, held))
+    return all(abs(math.log((v / top) / (h / was))) <= band for row, old in zip(speeds, held) for v, h in zip(row, old))
 
 
 def search_root(speeds: Sequence[Sequence[float]], seats: Sequence[tuple[int, int]]) -> int:
@@ -193,13 +202,15 @@ def split_ratio(windows: Sequence[Sequence[ReshardSample]], shares: Sequence[Seq
 
 def joint_problem(setup: JointSetup, policies: Sequence[Any], samples: Sequence[int],
                   memory: Optional["SeatMemory"] = None) -> Optional[JointProblem]:
-    """The problem every replica's window poses (``None`` while some window is empty): per rank the median
+    """The problem every replica's window poses (``None`` while some window is empty), read over its steps at
+    one set of speeds (the steps since some rank's speed last changed, as the policy reads its own model:
+    the older steps of a window hold the speeds before the change until they leave it): per rank the median
     compute per mean batch scaled to its replica's ``samples``, ``R/S`` from the windows' split
     (:func:`split_ratio`; the policies' mean ``R/S`` where no rank measured one) and the kinds' weights of
     replica 0's policy (every replica's policy starts from the same); each replica's ranks outside its
     policy's slow set at their median speed, the seats fitted to the reductions they measure while a slow
     rank is seated (module docstring; ``memory``: the fit kept across a move that empties it)."""
-    windows = [list(policy.samples) for policy in policies]
+    windows = [policy.samples.steady() or list(policy.samples) for policy in policies]  # at one set of speeds
     if any(not window for window in windows):
         return None
     mean = setup.global_batch / setup.dp

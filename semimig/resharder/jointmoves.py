@@ -10,13 +10,14 @@ pays.  The answer is chosen for the whole job, and where two layouts are priced 
 other the planner may swap one replica between them, or the split with it, on each new reading, while the
 policy that called it is answered by neither (its replica's plan kept): without the test every window of
 that policy would move the job.  A reading the test held back is repeated on the job's reading schedule
-(:func:`~semimig.resharder.joint.reading_due`) while the speeds in force stay those it was read at
-(:meth:`JointMoves._speeds_in_force`), and at once when they change.
+(:func:`~semimig.resharder.joint.reading_due`) while the speeds the planner reads stay within the least gain
+acted on of those it was read at (:func:`~semimig.resharder.joint.same_speeds`), and at once when they move.
 
 :class:`JointMoves` is that part of :class:`~semimig.resharder.core.Resharder` (a mixin of it).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Optional
 
@@ -24,7 +25,8 @@ from semimig.comm import primitives as P
 from semimig.controller.policy.gain import gain_test
 from semimig.controller.policy.states import HOLDING, expected_life
 from semimig.controller.reshard import ReshardDecision
-from semimig.resharder.joint import as_policy_plans, joint_problem, noise_blocked, reading_due, search_root
+from semimig.resharder.joint import (as_policy_plans, joint_problem, noise_blocked, reading_due, same_speeds,
+                                     search_root)
 from semimig.sharding.joint import job_step, plan_job
 
 __all__ = ["JointMoves"]
@@ -56,19 +58,27 @@ class JointMoves:
         if not scheduled and not reading_due(age, self._job_read, needed=needed, blocked=self._job_blocked):
             return None
         self._job_read, self._job_blocked = age, 0.0
+        problem = joint_problem(self.joint, self.policies, self.samples, self._seats)
+        if problem is None:
+            return None
         remaining = self._remaining(step)
         life = expected_life(age, (), floor=self.policy.config.life_floor, remaining=remaining)
-        return self._read_job(decisions, step=step, life=life, remaining=remaining, scheduled=scheduled,
+        return self._read_job(decisions, problem, step=step, life=life, remaining=remaining, scheduled=scheduled,
                               trigger="job gain")
 
     def _policy_move(self, decisions: list[ReshardDecision], *, step: int) -> Optional[Any]:
         """A replica's policy decided: the planner's answer for every replica and the split, taken when the
         job's gain test passes on it over the deciding policies' expected life of the state in force (module
-        docstring).  A decision at the speeds a held reading was taken at is read again only when
-        :func:`reading_due` says so."""
+        docstring).  Where a reading since the job last moved held the plans at speeds the planner still
+        reads within ``ε`` of each rank's (:func:`same_speeds`), the decision is read only when
+        :func:`reading_due` says so: the search is host work every rank waits for, and a policy whose
+        replica's plan the planner keeps may decide again at every step."""
+        problem = joint_problem(self.joint, self.policies, self.samples, self._seats)
+        if problem is None:
+            return None
         age, needed = step - self._job_moved, max(policy.needed_gain() for policy in self.policies)
-        if self._job_held == self._speeds_in_force() and not reading_due(age, self._job_read, needed=needed,
-                                                                          blocked=self._job_blocked):
+        if same_speeds(problem.speeds, self._job_held, needed) and not reading_due(
+                age, self._job_read, needed=needed, blocked=self._job_blocked):
             if self._tells(logging.DEBUG):
                 logger.debug("semimig joint plan at step %d: a policy decided at the speeds of the reading held at "
                              "age %s; read again when due", step, self._job_read)
@@ -78,7 +88,7 @@ class JointMoves:
         lives = [d.horizon for d in decisions if d.replan and d.horizon]
         life = max(lives) if lives else expected_life(age, (), floor=self.policy.config.life_floor,
                                                       remaining=remaining)
-        return self._read_job(decisions, step=step, life=life, remaining=remaining, scheduled=True,
+        return self._read_job(decisions, problem, step=step, life=life, remaining=remaining, scheduled=True,
                               trigger="policy decision")
 
     def _remaining(self, step: int) -> Optional[int]:
@@ -86,21 +96,14 @@ class JointMoves:
         horizon = self.policy.config.horizon
         return None if horizon is None else max(horizon - step, 1)
 
-    def _speeds_in_force(self) -> tuple:
-        """What a reading is taken at: every replica's slow set and how many changes of speed its policy
-        detected (:class:`~semimig.controller.policy.memory.PlanMemory`)."""
-        return tuple((frozenset(policy.slowdown.slow), policy.measured.changes) for policy in self.policies)
-
-    def _read_job(self, decisions: list[ReshardDecision], *, step: int, life: float, remaining: Optional[int],
-                  scheduled: bool, trigger: str) -> Optional[Any]:
-        """The planner's answer on every replica's window, moved to when the job's gain test passes on it
-        over ``life`` steps (:meth:`_job_test`); else the reading is held (``scheduled``: the noise that held
-        it back is kept, so it is read again once the windows allow it, :func:`noise_blocked`)."""
+    def _read_job(self, decisions: list[ReshardDecision], problem: Any, *, step: int, life: float,
+                  remaining: Optional[int], scheduled: bool, trigger: str) -> Optional[Any]:
+        """The planner's answer on ``problem`` (every replica's window), moved to when the job's gain test
+        passes on it over ``life`` steps (:meth:`_job_test`); else the reading is held at the speeds read
+        (``scheduled``: the noise that held it back is kept, so it is read again once the windows allow it,
+        :func:`noise_blocked`)."""
         age = step - self._job_moved
-        self._job_held = self._speeds_in_force()
-        problem = joint_problem(self.joint, self.policies, self.samples, self._seats)
-        if problem is None:
-            return None
+        self._job_held = problem.speeds
         current = tuple(policy.plans for policy in self.policies)
         answer = self._search(problem, current)
         plans = tuple(as_policy_plans(row, now) for row, now in zip(answer.plans, current))
@@ -124,11 +127,18 @@ class JointMoves:
                   remaining: Optional[int]) -> tuple[float, Any]:
         """The job's step in force and the policies' gain test on ``answer`` (its ``plans`` per replica):
         the job's step under the plans and split in force against the answer's, both priced by the
-        planner's model; the least gain ``ε`` the noisiest replica's window allows; the moves' cost (every
-        replica's, at its policy's measured rate) and, unless the state outlives the run, their way back."""
+        planner's model; the least gain ``ε`` the noisiest replica's window allows; the moves' cost and,
+        unless the state outlives the run, their way back.  The replicas move at once, so the moves cost the
+        slowest replica's: its bytes at its policy's measured rate, or before any move was measured the
+        policies' prior in steps of a healthy job's step (every rank at the fastest one's speed), each at
+        its movers' pace."""
         now_s = job_step(problem, self.samples, current)
         needed = max(policy.needed_gain() for policy in self.policies)
-        cost = sum(policy.move_cost_s(row, now_s) for policy, row in zip(self.policies, plans))
+        top = max(map(max, problem.speeds))
+        healthy = dataclasses.replace(problem, speeds=tuple((top,) * len(row) for row in problem.speeds),
+                                      lone_speeds=None)
+        healthy_s = job_step(healthy, self.samples, current)
+        cost = max(policy.move_cost_s(row, healthy_s) for policy, row in zip(self.policies, plans))
         return now_s, gain_test(now_s, answer.step, needed=needed, life=life, move_s=cost,
                                 way_back=life != remaining)
 

@@ -8,6 +8,8 @@ model itself, its speeds and its predicted steps under other plans and splits.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from semimig.controller.reshard import ReshardConfig, ReshardDecision, ReshardPolicy, ReshardSample
@@ -223,7 +225,7 @@ def _decided(step: int, life: float = 20.0) -> list[ReshardDecision]:
 def test_a_policy_s_decision_moves_the_job_only_where_the_planner_s_answer_pays():
     """Far from the planner's answer the job moves to it; a sample from it the answer's gain is below the
     least gain a move is taken on, so the policy that decided moves nothing, and its next decisions at the same speeds
-    are read again only when the job's reading schedule says so, or at once after a change of speed."""
+    are read again only when the job's reading schedule says so, or at once when the speeds it reads move."""
     truth = _truth()
     far = _Job(_policies(_windows(truth), k_prior=K), SAMPLES)
     best = plan_job(truth)
@@ -241,6 +243,9 @@ def test_a_policy_s_decision_moves_the_job_only_where_the_planner_s_answer_pays(
         assert near._policy_move(_decided(step), step=step) is None
     assert near.searched == 1
     assert near._policy_move(_decided(18), step=18) is None and near.searched == 2  # due: read, still held
-    near.policies[0].measured.forget()  # a change of speed detected: read at once
-    assert near._policy_move(_decided(19), step=19) is None and near.searched == 3
-    assert near.taken == []
+    slower = dataclasses.replace(truth, speeds=((0.9, 0.9), (1.0, 0.15)))  # the straggler slows further
+    for policy, window in zip(near.policies, _windows(slower, steps=8, plans=best.plans, samples=near_samples)):
+        for sample in window:
+            policy.observe(sample)
+    near._policy_move(_decided(27), step=27)  # the speeds the planner reads moved beyond the band: read at once
+    assert near.searched == 3

@@ -293,6 +293,10 @@ def test_the_quick_run_writes_the_schema(tmp_path, capsys):
                        "share_within_1_10_of_reactive", "share_over_colossal", "max_over_colossal"} <= set(block)
     assert {"command", "commit", "date", "machine"} <= set(data)
     assert set(data["decision_ms"]) == {str(r["tp"]) for r in data["records"]}  # every size's decisions timed
+    joint = data["joint"]  # the joint planner's tp x dp family, its categories in turn
+    assert joint["overall"]["scenarios"] == 8 and set(joint["categories"]) == {"none", "one", "onset", "two"}
+    assert {"median_ratio", "share_within_1_10", "median_ratio_to_reactive", "max_moves"} <= set(joint["overall"])
+    assert len(joint["records"]) == 8 and all(r["dp"] > 1 for r in joint["records"])
     assert all(d["steps"] > 0 and d["mean_ms"] > 0.0 and d["p99_ms"] > 0.0 for d in data["decision_ms"].values())
     table = capsys.readouterr().out
     assert "overall" in table and max(len(line) for line in table.splitlines()) <= 80
