@@ -133,7 +133,7 @@ class SimulatedJob(Resharder):
     rank holds every replica's policy, so one view is every rank's), its search in this process, its moves
     made on the model."""
 
-    def __init__(self, scenario: JointScenario, config: Optional[ReshardConfig] = None) -> None:  # noqa: D107
+    def __init__(self, scenario: JointScenario, config: Optional[ReshardConfig] = None) -> None:
         problem, self.scenario = scenario.healthy, scenario
         config = config or ReshardConfig(horizon=scenario.steps)
         weights = tuple(k.work_per_sample for k in problem.kinds)

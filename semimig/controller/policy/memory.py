@@ -42,14 +42,10 @@ class PlanMemory:
     def __init__(self) -> None:
         self.records: Dict[Hashable, Tuple[float, frozenset]] = {}
         """``plans → (step seconds, slow ranks)`` at the recording."""
-        self.changes = 0
-        """How many changes of speed were detected (each :meth:`forget`): a reading taken at an older count was
-        taken at other speeds."""
 
     def forget(self) -> None:
         """Some rank's speed changed: nothing recorded was measured at the speeds now in force."""
         self.records.clear()
-        self.changes += 1
 
     def record(self, plans: Hashable, step_s: float, slow: AbstractSet[int]) -> None:
         """``plans`` measured ``step_s`` seconds a step with ``slow`` slow."""
