@@ -1,11 +1,12 @@
-"""The replay of recorded runs (semimig.controller.sim.replay): every constant read from the file, the
+"""The replay of recorded runs (semimig.controller.sim.recorded, .replay): every constant read from the file, the
 simulated step against a closed form of the step model, and files the model cannot hold skipped with
 their reason."""
 import json
 
 import pytest
 
-from semimig.controller.sim.replay import SPLITS, file_constants, replay_file, replay_summary
+from semimig.controller.sim.recorded import file_constants
+from semimig.controller.sim.replay import SPLITS, replay_file, replay_summary
 
 T = 0.5  # seconds of a healthy step
 

@@ -4,6 +4,7 @@ observations from a step-time model over a family of scenarios, scored against e
 :mod:`~semimig.controller.sim.stepmodel` (what a step and a move cost), :mod:`~semimig.controller.sim.scenarios`
 (the family), :mod:`~semimig.controller.sim.simulate` (a policy's run), :mod:`~semimig.controller.sim.oracle`
 (the best schedule, the even plan, the limit), :mod:`~semimig.controller.sim.score` (the table) and
+:mod:`~semimig.controller.sim.recorded` (a recorded run's constants) with
 :mod:`~semimig.controller.sim.replay` (recorded runs through the model).  Pure: no torch, no process group.
 """
 from semimig.controller.sim.oracle import (best_plans, candidate_plans, fixed_time, limit_time, oracle_time,

@@ -22,7 +22,7 @@ A rank's replicated work need not slow as its shardable work does: at speed ``v_
 pace too.  ``φ = 1`` (the family's) is a device that slows all of its work alike, as a slow GPU does; below 1
 the many small kernels of the replicated work and the collectives' short bursts slow less than the large GEMMs,
 as under a CPU quota that lets short bursts through (the recorded throttles' replay reads ``φ`` from the slow
-rank's own split, :mod:`~semimig.controller.sim.replay`, and the collectives of a plan that seats the slow rank
+rank's own split, :mod:`~semimig.controller.sim.recorded`, and the collectives of a plan that seats the slow rank
 ran as that ``φ`` predicts in the throttles that come and go).  Where the step's collectives say otherwise its
 seats run at ``v^ψ`` (``seat_pace``): a mildly slow rank with slack before each reduction, under a quota, ran its
 seats near full pace while its replicated work ran slower than its GEMMs.
