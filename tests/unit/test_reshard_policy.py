@@ -638,6 +638,33 @@ def test_a_run_of_outliers_on_one_rank_is_not_a_slow_rank():
         assert not pol.slowdown.slow, step
 
 
+def _slow_run(sizes, seed=0):
+    """Forty steps of two healthy ranks on a quiet machine (1.6 % noise), rank 0's steps 30, 31, ... times ``sizes``;
+    every move carried out.  The steps that moved, and the steps rank 0 was in the slow set."""
+    rng, pol, moved, slow = random.Random(seed), policy(tp=2), [], []
+    for step in range(40):
+        s = sample(pol, (1.0, 1.0), noise=0.016, rng=rng)
+        if 0 <= step - 30 < len(sizes):
+            s = ReshardSample((s.compute_s[0] * sizes[step - 30], s.compute_s[1]), s.shardable_s, s.comm_s)
+        decision = pol.observe(s)
+        if decision.replan:
+            moved.append(step)
+            pol.moved_to(decision.plans, seconds=0.01, bytes_moved=pol.moved(decision.plans)[1])
+        if 0 in pol.slowdown.slow:
+            slow.append(step)
+    return moved, slow
+
+
+def test_slow_steps_that_recede_beyond_the_noise_are_outliers_and_a_level_is_a_slowdown():
+    """Three slow steps in a row on one rank, 1.7x, 2.3x then 1.85x its reading: each beyond the band, but the
+    last recedes from the one before by far more than the noise, which a new speed's steps do not: outliers,
+    nothing moves.  The same rank at one level (1.85x), or slowing step by step (a ramp), is a slowdown."""
+    assert _slow_run((1.68, 2.3, 1.85)) == ([], [])
+    for sizes in ((1.85,) * 10, (1.5, 1.9, 2.3, 2.7) + (3.0,) * 6):
+        moved, slow = _slow_run(sizes)
+        assert moved and moved[0] <= 33 and slow and slow[-1] == 39, sizes
+
+
 # ---------------------------------------------------------------- traces replayed through the simulator
 def _scenario(speeds, *, noise=0.05, step_s=1.0, move_steps=ReshardConfig().move_steps, kv_units=KV_UNITS):
     workload = Workload(tp=len(speeds[0]), replicated_share=0.2, mlp_units=MLP_UNITS, kv_units=kv_units,
