@@ -657,7 +657,7 @@ def _slow_run(sizes, seed=0):
 
 def test_slow_steps_that_recede_beyond_the_noise_are_outliers_and_a_level_is_a_slowdown():
     """Three slow steps in a row on one rank, 1.7x, 2.3x then 1.85x its reading: each beyond the band, but the
-    last recedes from the one before by far more than the noise, which a new speed's steps do not: outliers,
+    last falls below the one before by far more than the noise, which a new speed's steps do not: outliers,
     nothing moves.  The same rank at one level (1.85x), or slowing step by step (a ramp), is a slowdown."""
     assert _slow_run((1.68, 2.3, 1.85)) == ([], [])
     for sizes in ((1.85,) * 10, (1.5, 1.9, 2.3, 2.7) + (3.0,) * 6):

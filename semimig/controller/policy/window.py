@@ -26,10 +26,10 @@ gain test bet on a pending step when acting a step sooner is worth the risk.  A 
 fresh steps; the other ranks keep their readings and their precision.  The steps that made a change
 were chosen for being far from the earlier ones: the noise of a reading is counted over the fresh
 steps after them (:attr:`Window.independent`), so a run of outliers that passes for a change does not
-also pass for a slow rank.  Nor does a run whose latest step recedes from the one before it by more than
-the two-step noise band (``z·√2·σ̂``): a new speed's steps scatter as the old ones did, and a slowdown that
-deepens (a ramp) only rises, while outliers are each their own size, so its steps are not read as a speed
-(:meth:`Window.after_change`) and the next step tells.
+also pass for a slow rank.  Nor does a run whose latest step falls below every earlier one (its first left
+out) by more than the two-step noise band (``z·√2·σ̂``): a new speed's steps scatter as the old ones did,
+and a slowdown that deepens (a ramp) only rises, while outliers are each their own size and only add, so
+its steps are not read as a speed (:meth:`Window.after_change`) and the next step tells.
 """
 from __future__ import annotations
 
@@ -352,7 +352,7 @@ class Window:
         """Every rank's compute over its fresh steps after the ones that made its last change (the lower
         tercile; ``None`` while there is none): the steps that made a change were chosen for being far from
         the earlier ones, so only the steps after them tell a slowdown from a run of outliers.  ``None`` too
-        where a slowdown's latest step recedes from the one before it beyond the two-step band (module
+        where a slowdown's latest step falls below every earlier one beyond the two-step band (module
         docstring; the first of its steps is left out, as a change on the wall clock may begin within it)."""
         out = []
         for r, (column, f, t) in enumerate(zip(self.compute, self.fresh, self.trigger)):
@@ -361,7 +361,7 @@ class Window:
                 continue
             level = column[-f:][1:]  # a slowdown's steps after its first, which may straddle it
             if self.slower[r] and len(level) > 1 and \
-                    math.log(level[-2] / level[-1]) > CHANGE_Z * math.sqrt(2.0) * self.rates.sigma:
+                    math.log(min(level[:-1]) / level[-1]) > CHANGE_Z * math.sqrt(2.0) * self.rates.sigma:
                 out.append(None)
                 continue
             out.append(tercile(column[-(f - t):]))
