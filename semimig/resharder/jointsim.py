@@ -36,7 +36,8 @@ import numpy as np
 
 from semimig.controller.policy.gain import move_pace, movers
 from semimig.controller.policy.states import N_MIN
-from semimig.controller.reshard import ReshardConfig, ReshardPolicy, ReshardSample
+from semimig.controller.reshard import ReshardConfig, ReshardPolicy, ReshardSample, moved_units
+from semimig.errors import ConfigError
 from semimig.resharder.core import Resharder
 from semimig.resharder.joint import JointSetup, SeatMemory, even_samples
 from semimig.sharding.jobmodel import JointProblem, UnitKind, job_step, rank_times, replica_step, unit_counts
@@ -103,7 +104,7 @@ def make_joint_scenario(seed: int, category: str) -> JointScenario:
     """Scenario ``seed`` of ``category`` (:data:`CATEGORIES`): tp 2 or 4, dp 2 or 4, 4–10 samples a replica,
     60–150 steps, ``ρ`` 5–45 %, ``a`` 20–45 %, ``c`` 2–10 %, ``σ`` 1–8 %, ``χ`` 1.5–8, moves of 1–4 steps."""
     if category not in CATEGORIES:
-        raise ValueError(f"category must be one of {CATEGORIES}, got {category!r}")
+        raise ConfigError(f"category must be one of {CATEGORIES}, got {category!r}")
     rng = np.random.default_rng([seed, CATEGORIES.index(category)])
     tp, dp = int(rng.choice((2, 4))), int(rng.choice((2, 4)))
     batch = dp * int(rng.integers(4, 11))
@@ -169,10 +170,11 @@ class SimulatedJob(Resharder):
 
 def _move(scenario: JointScenario, old: Sequence[ShardPlan], new: Sequence[ShardPlan],
           speeds: Sequence[float]) -> tuple[int, float]:
-    """A replica's move from ``old`` to ``new`` at ``speeds``: its bytes, and its seconds (``move_steps`` healthy
-    steps for all the units' bytes, at its movers' pace)."""
+    """A replica's move from ``old`` to ``new`` at ``speeds``: its bytes (the units that change owner, as the layers
+    send them and the policies price them), and its seconds (``move_steps`` healthy steps for all the units'
+    bytes, at its movers' pace)."""
     total = sum(b * k.total_units for b, k in zip(BYTES, scenario.healthy.kinds))
-    nbytes = sum(b * sum(abs(x - y) for x, y in zip(p.units, q.units)) / 2.0 for b, p, q in zip(BYTES, new, old))
+    nbytes = sum(b * moved_units(o, n) for b, o, n in zip(BYTES, old, new))
     return int(round(nbytes)), nbytes / total * scenario.move_steps * move_pace(movers(old, new), speeds)
 
 
